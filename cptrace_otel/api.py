@@ -1,0 +1,180 @@
+"""The hot path: drop-in replacements for SGLang's ``cp_hicache_trace`` functions.
+
+Contract (what a call site may rely on):
+
+* Same names, signatures, sentinels and values as upstream (``cptrace``, ``trace_level``, ``trace_enabled``,
+  ``rng``, ``khash``, ``knz``, ``fwd_hash``).
+* The gate is read once (``CPTRACE_LEVEL``, else ``SGLANG_CP_HICACHE_KV_TRACE``) into a module int; a call below the
+  level costs one compare. :func:`reload_config` (or :func:`configure`) re-reads it.
+* An enabled ``cptrace`` only takes a timestamp and appends ``(ts, level, tag, fields)`` to a bounded buffer; all
+  rendering, span mapping, checking, encoding and sending happen off the caller's thread. It never raises and never
+  blocks; when the buffer is full the record is dropped and counted.
+* Field values are rendered off the caller's thread: pass values that will not be mutated after the call (ints,
+  strings, ``rng()`` strings, deferred fingerprints, fresh lists), as SGLang's call sites do.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+from . import config as _config
+
+# Module state. Global on purpose: the hot path must not pay for attribute lookups on an object.
+_LEVEL: int = 0
+_CONFIG: _config.Config | None = None
+_lock = threading.Lock()
+
+
+def _submit_unstarted(level: int, tag: str, fields: dict) -> None:
+    """First enabled record of a process: start the pipeline, then hand it the record."""
+    try:
+        from . import pipeline
+
+        with _lock:
+            if _submit is _submit_unstarted:
+                pipeline.start(get_config())
+        _submit(level, tag, fields)
+    except Exception:  # tracing must never crash the traced process
+        pass
+
+
+# The pipeline replaces this with its bounded-buffer append once started (and restores it on shutdown/fork).
+_submit = _submit_unstarted
+
+
+def get_config() -> _config.Config:
+    """The configuration in force (resolved from the environment on first use)."""
+    global _CONFIG
+    if _CONFIG is None:
+        reload_config()
+    assert _CONFIG is not None
+    return _CONFIG
+
+
+def reload_config(**overrides: Any) -> _config.Config:
+    """Re-read the environment (and apply ``overrides``); the new gate applies to the next call.
+
+    A running pipeline keeps its sinks until :func:`shutdown`; records after a reload use the new level.
+    """
+    global _CONFIG, _LEVEL
+    cfg = _config.from_env(**overrides)
+    _CONFIG = cfg
+    _LEVEL = cfg.level
+    return cfg
+
+
+def configure(**overrides: Any) -> _config.Config:
+    """Set settings in code (names as :class:`cptrace_otel.config.Config` fields); restarts a running pipeline."""
+    from . import pipeline
+
+    pipeline.shutdown(timeout_s=10.0)
+    return reload_config(**overrides)
+
+
+def trace_level() -> int:
+    """The trace level in force (0 = off)."""
+    return _LEVEL
+
+
+def trace_enabled(level: int = 1) -> bool:
+    """True when records at ``level`` are traced."""
+    return _LEVEL >= level
+
+
+def cptrace(level: int, tag: str, **fields: Any) -> None:
+    """Record one ``tag`` event with ``fields`` if the gate is at least ``level``; never raises, never blocks."""
+    if level > _LEVEL:
+        return
+    _submit(level, tag, fields)
+
+
+def flush(timeout_s: float = 30.0) -> bool:
+    """Block until every record emitted before this call is exported or written; False on timeout."""
+    from . import pipeline
+
+    return pipeline.flush(timeout_s)
+
+
+def shutdown(timeout_s: float = 30.0) -> bool:
+    """Flush, then stop the pipeline (a later ``cptrace`` starts a new one). False if the flush timed out."""
+    from . import pipeline
+
+    return pipeline.shutdown(timeout_s)
+
+
+def rng(t: Any) -> str:
+    """Upstream ``rng``: ``(cnt=N,min=a,max=b,first=c,last=d)``, ``(0)``, ``(none)`` or ``(err:...)``.
+
+    On a CUDA tensor the summary is computed in one launch and the result is deferred (see :func:`khash`).
+    """
+    from .fingerprint import rng as _rng
+
+    return _rng(t)
+
+
+def khash(t: Any) -> Any:
+    """Upstream ``khash``: position-weighted fingerprint of the tensor's bytes (0 empty, -1 failure, -2 non-tensor
+    where upstream gives it). On a CUDA tensor it returns a deferred value; ``int()`` forces it (a sync), passing it
+    to ``cptrace`` resolves it off the caller's thread."""
+    from .fingerprint import khash as _khash
+
+    return _khash(t)
+
+
+def knz(t: Any) -> Any:
+    """Upstream ``knz``: count of nonzero bytes (0 empty, -1 failure). Deferred on CUDA tensors, like :func:`khash`."""
+    from .fingerprint import knz as _knz
+
+    return _knz(t)
+
+
+def fwd_hash(forward_batch: Any, layer_id: Any, stage: Any, t: Any, *, level: int = 3) -> None:
+    """Upstream ``fwd_hash``: a level-3 ``fwd_hash`` record for one per-layer forward tensor.
+
+    Skipped outside the EXTEND path and under CUDA-graph capture (nothing is launched there)."""
+    if level > _LEVEL:
+        return
+    try:
+        fm = getattr(forward_batch, "forward_mode", None)
+        if fm is not None and hasattr(fm, "is_extend") and not fm.is_extend():
+            return
+        from .fingerprint import forward_fingerprint
+
+        h, nz, rows = forward_fingerprint(t)
+        rids = getattr(forward_batch, "rids", None)
+        lay = getattr(forward_batch, "cp_shared_kv_layout", None)
+        cptrace(
+            level,
+            "fwd_hash",
+            rid=(rids[0] if rids else "?"),
+            nreq=(len(rids) if rids else 0),
+            layer=layer_id,
+            stage=stage,
+            h=h,
+            nz=nz,
+            rows=rows,
+            cprank=(getattr(lay, "cp_rank", -1) if lay is not None else -1),
+        )
+    except Exception:
+        pass
+
+
+def _after_fork_in_child() -> None:
+    # The child inherits a copy of the buffer and a dead drainer thread: start over lazily on the next record.
+    global _submit, _lock
+    _submit = _submit_unstarted
+    _lock = threading.Lock()
+    try:
+        from . import pipeline
+
+        pipeline._after_fork_in_child()
+    except Exception:
+        pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+reload_config()

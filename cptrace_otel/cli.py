@@ -1,0 +1,75 @@
+"""``cptrace-otel`` command line. Exit codes: 0 clean, 1 findings, 2 usage error, 3 a source or backend unreachable.
+
+Each subcommand's work lives in its own module, imported only when that subcommand runs, so ``--version`` and
+``--help`` load nothing heavy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ._version import __version__
+
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="cptrace-otel", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"cptrace-otel {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    c = sub.add_parser("check", help="check invariants over upstream log files and/or OTLP JSON-lines files")
+    c.add_argument("paths", nargs="+", metavar="PATH", help="log files ([CPTRACE ...] lines) or OTLP JSON-lines files")
+    c.add_argument("--json", action="store_true", help="print one JSON object (findings, unchecked, stats)")
+    c.add_argument("--level", type=int, default=None, help="force the trace level instead of inferring it")
+    c.add_argument("--jaeger-url", default=None, help="Jaeger query base URL, for trace links in the report")
+    c.add_argument("--run-id", default=None, help="run id used for trace links of log-file sources")
+
+    d = sub.add_parser("demo", help="simulate HiCache with injected faults through the real pipeline, then check")
+    d.add_argument("--ranks", type=int, default=2, help="CP ranks (one process each)")
+    d.add_argument("--faults", default="H1_ack,H2_release,HASH_flip", help="comma-separated fault names, or 'none'")
+    d.add_argument("--seed", type=int, default=1)
+    d.add_argument("--mode", default="replicated", help="CP mode: none, replicated, sharded, dcp, layersplit, shared")
+    d.add_argument("--policy", default="wt", help="write policy: wt, wts, wb")
+    d.add_argument("--level", type=int, default=2)
+    d.add_argument("--endpoint", default=None, help="OTLP traces URL (default: the embedded file sink)")
+    d.add_argument("--protocol", default="http/protobuf", choices=["http/protobuf", "grpc"])
+    d.add_argument("--jaeger-url", default=None, help="Jaeger query base URL, for trace links")
+    d.add_argument("--out", default="cptrace-out/demo", help="folder for the OTLP and log files")
+    d.add_argument("--json", action="store_true")
+
+    g = sub.add_parser("ingest", help="replay upstream log files (all ranks) as OTLP")
+    g.add_argument("logs", nargs="+", metavar="LOG")
+    tgt = g.add_mutually_exclusive_group()
+    tgt.add_argument("--endpoint", default=None, help="OTLP traces URL")
+    tgt.add_argument("--file", default=None, help="OTLP JSON-lines output file")
+    g.add_argument("--protocol", default="http/protobuf", choices=["http/protobuf", "grpc"])
+    g.add_argument("--run-id", default=None)
+    g.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _parser()
+    try:
+        args = p.parse_args(argv)
+    except SystemExit as e:  # argparse exits 2 on usage errors and 0 on --help/--version
+        return int(e.code or 0)
+    if args.command is None:
+        p.print_help(sys.stderr)
+        return EXIT_USAGE
+    if args.command == "check":
+        from .analyze import check_cmd as mod
+    elif args.command == "demo":
+        from .sim import demo as mod
+    else:
+        from . import ingest as mod
+    try:
+        return int(mod.run(args))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,255 @@
+"""Configuration: every environment variable the project reads, parsed once into a frozen :class:`Config`.
+
+Precedence for each setting: an explicit :func:`cptrace_otel.configure` argument, then the cptrace variable, then the
+standard OpenTelemetry variable (signal-specific ``OTEL_EXPORTER_OTLP_TRACES_*`` before the generic
+``OTEL_EXPORTER_OTLP_*``), then the default. A bad value warns once and falls back to the default; it never raises
+into the traced process.
+
+Variables (the README lists the same table):
+
+==================================  ==========================================================================
+``CPTRACE_LEVEL``                   trace level 0-3; else ``SGLANG_CP_HICACHE_KV_TRACE`` (upstream gate); else 0
+``CPTRACE_RUN_ID``                  run id shared by all ranks of one launch (derived when unset, see run_id)
+``CPTRACE_FILE``                    OTLP JSON-lines output file; ``{pid}``, ``{rank}``, ``{run_id}`` expand
+``CPTRACE_LOG_FILE``                also write upstream ``[CPTRACE tag] k=v`` lines here (same placeholders)
+``CPTRACE_CP_RANK`` / ``_TP_RANK``  this process's CP / TP / DP rank (resource attributes); -1 = unknown
+``CPTRACE_DP_RANK``
+``CPTRACE_QUEUE_SIZE``              records buffered in the traced process before drops (default 262144)
+``CPTRACE_EXPORTER``                ``process`` (default: a per-rank exporter subprocess) or ``thread``
+``CPTRACE_SPOOL_DIR``               where OTLP requests wait while the backend is unreachable
+``CPTRACE_SPAN_TIMEOUT_S``          longest a stage span stays open (default 1.0)
+``CPTRACE_CHECKS``                  ``1`` (default) runs the per-rank invariant checks online; ``0`` turns them off
+``OTEL_EXPORTER_OTLP_[TRACES_]*``   ENDPOINT, PROTOCOL (http/protobuf, grpc), HEADERS, TIMEOUT, COMPRESSION
+``OTEL_SERVICE_NAME``               resource service.name (default ``sglang-hicache``)
+``OTEL_RESOURCE_ATTRIBUTES``        extra resource attributes ``k=v,k2=v2``
+==================================  ==========================================================================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import socket
+import warnings
+from typing import Any, Mapping
+from urllib.parse import unquote
+
+DEFAULT_FILE = "cptrace-out/{run_id}/rank{rank}-{pid}.otlp.jsonl"
+DEFAULT_HTTP_ENDPOINT = "http://localhost:4318"
+DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
+
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, msg: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(f"cptrace_otel: {msg}", RuntimeWarning, stacklevel=3)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Everything the project reads from the environment, resolved. Build with :func:`from_env`."""
+
+    level: int = 0
+    run_id: str = ""
+    endpoint: str | None = None          # OTLP base or full traces URL; None = no network sink
+    protocol: str = "http/protobuf"      # or "grpc"
+    headers: tuple[tuple[str, str], ...] = ()
+    timeout_s: float = 10.0
+    compression: str = "gzip"            # or "none"
+    file: str | None = None              # OTLP JSON-lines path (placeholders expanded by :meth:`expand`)
+    log_file: str | None = None
+    cp_rank: int = -1
+    tp_rank: int = -1
+    dp_rank: int = -1
+    queue_size: int = 262144
+    exporter: str = "process"
+    spool_dir: str = ""
+    span_timeout_s: float = 1.0
+    checks: bool = True
+    service_name: str = "sglang-hicache"
+    resource_attributes: tuple[tuple[str, str], ...] = ()
+
+    def expand(self, template: str) -> str:
+        """Fill ``{pid}``, ``{rank}`` and ``{run_id}`` in an output path template."""
+        return template.format(pid=os.getpid(), rank=self.cp_rank, run_id=self.run_id)
+
+    def traces_url(self) -> str | None:
+        """Full OTLP traces URL: a signal-specific endpoint is used as is, a generic one gets ``/v1/traces``."""
+        return self.endpoint
+
+    def resource(self) -> dict[str, Any]:
+        """Resource attributes of this rank process (semconv keys), user attributes last so they can override."""
+        from . import semconv as sc
+
+        host = socket.gethostname()
+        pid = os.getpid()
+        attrs: dict[str, Any] = {
+            sc.SERVICE_NAME: self.service_name,
+            sc.HOST_NAME: host,
+            sc.PROCESS_PID: pid,
+            sc.SERVICE_INSTANCE_ID: f"{host}:{pid}",
+            sc.CP_RANK: self.cp_rank,
+            sc.TP_RANK: self.tp_rank,
+            sc.DP_RANK: self.dp_rank,
+            sc.RUN_ID: self.run_id,
+            sc.TRACE_LEVEL: self.level,
+        }
+        for k, v in self.resource_attributes:
+            attrs[k] = v
+        return attrs
+
+
+def parse_level(raw: str | None) -> int:
+    """The gate value: an int >= 0. Empty or unset means 0; a bad value warns once and means 0."""
+    if raw is None or raw.strip() == "":
+        return 0
+    try:
+        v = int(raw.strip())
+    except ValueError:
+        _warn_once("level:" + raw, f"trace level {raw!r} is not an integer; tracing stays off (level 0)")
+        return 0
+    if v < 0:
+        _warn_once("level:" + raw, f"trace level {raw!r} is negative; tracing stays off (level 0)")
+        return 0
+    return v
+
+
+def _parse_kv_list(raw: str, what: str) -> tuple[tuple[str, str], ...]:
+    out = []
+    for item in raw.split(","):
+        if not item.strip():
+            continue
+        k, eq, v = item.partition("=")
+        if not eq or not k.strip():
+            _warn_once(what + item, f"ignoring malformed {what} entry {item!r} (want key=value)")
+            continue
+        out.append((unquote(k.strip()), unquote(v.strip())))
+    return tuple(out)
+
+
+def _int(env: Mapping[str, str], name: str, default: int, lo: int | None = None) -> int:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        v = int(raw)
+        if lo is not None and v < lo:
+            raise ValueError
+        return v
+    except ValueError:
+        _warn_once(name + raw, f"{name}={raw!r} is invalid; using {default}")
+        return default
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        v = float(raw)
+        if v <= 0:
+            raise ValueError
+        return v
+    except ValueError:
+        _warn_once(name + raw, f"{name}={raw!r} is invalid; using {default}")
+        return default
+
+
+def _otel(env: Mapping[str, str], suffix: str) -> str | None:
+    v = env.get("OTEL_EXPORTER_OTLP_TRACES_" + suffix)
+    if v is None or v == "":
+        v = env.get("OTEL_EXPORTER_OTLP_" + suffix)
+    return v if v else None
+
+
+def derive_run_id(env: Mapping[str, str]) -> str:
+    """A run id that every rank process of one launch on one host derives alike.
+
+    ``CPTRACE_RUN_ID`` wins. Else ``TORCHELASTIC_RUN_ID`` (torchrun), else a hash of the host name, the parent
+    process id and the parent's start time: SGLang starts all rank processes from one launcher, so they share it.
+    Ranks on several hosts have different parents: set ``CPTRACE_RUN_ID`` to one value on every host.
+    """
+    if env.get("CPTRACE_RUN_ID"):
+        return env["CPTRACE_RUN_ID"]
+    if env.get("TORCHELASTIC_RUN_ID"):
+        return "te-" + env["TORCHELASTIC_RUN_ID"]
+    ppid = os.getppid()
+    start = ""
+    try:
+        with open(f"/proc/{ppid}/stat", "rb") as f:
+            # field 22 (starttime) follows the ")" that closes the command name
+            start = f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        pass
+    digest = hashlib.blake2b(f"{socket.gethostname()}|{ppid}|{start}".encode(), digest_size=6).hexdigest()
+    return f"auto-{digest}"
+
+
+def from_env(env: Mapping[str, str] | None = None, **overrides: Any) -> Config:
+    """Resolve a :class:`Config` from ``env`` (default ``os.environ``) and explicit overrides."""
+    env = os.environ if env is None else env
+    raw_level = env.get("CPTRACE_LEVEL")
+    if raw_level is None or raw_level == "":
+        raw_level = env.get("SGLANG_CP_HICACHE_KV_TRACE")
+    protocol = (_otel(env, "PROTOCOL") or "http/protobuf").strip().lower()
+    if protocol not in ("http/protobuf", "grpc"):
+        _warn_once("proto" + protocol, f"OTLP protocol {protocol!r} is not supported (http/protobuf, grpc); using http/protobuf")
+        protocol = "http/protobuf"
+    endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or None
+    if endpoint is None and env.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        base = env["OTEL_EXPORTER_OTLP_ENDPOINT"].rstrip("/")
+        # The generic endpoint is a base URL; per the OTLP spec the signal path is appended for HTTP only.
+        endpoint = base + "/v1/traces" if protocol == "http/protobuf" else base
+    compression = (_otel(env, "COMPRESSION") or "gzip").strip().lower()
+    if compression not in ("gzip", "none"):
+        _warn_once("comp" + compression, f"OTLP compression {compression!r} is not supported; using gzip")
+        compression = "gzip"
+    timeout_raw = _otel(env, "TIMEOUT")
+    timeout_s = 10.0
+    if timeout_raw:
+        try:
+            timeout_s = float(timeout_raw) / 1000.0  # the OTel variable is in milliseconds
+            if timeout_s <= 0:
+                raise ValueError
+        except ValueError:
+            _warn_once("timeout" + timeout_raw, f"OTLP timeout {timeout_raw!r} is invalid; using 10000 ms")
+            timeout_s = 10.0
+    exporter = (env.get("CPTRACE_EXPORTER") or "process").strip().lower()
+    if exporter not in ("process", "thread"):
+        _warn_once("exp" + exporter, f"CPTRACE_EXPORTER={exporter!r} is not process|thread; using process")
+        exporter = "process"
+    values: dict[str, Any] = dict(
+        level=parse_level(raw_level),
+        run_id=derive_run_id(env),
+        endpoint=endpoint,
+        protocol=protocol,
+        headers=_parse_kv_list(_otel(env, "HEADERS") or "", "OTLP header"),
+        timeout_s=timeout_s,
+        compression=compression,
+        file=env.get("CPTRACE_FILE") or None,
+        log_file=env.get("CPTRACE_LOG_FILE") or None,
+        cp_rank=_int(env, "CPTRACE_CP_RANK", -1),
+        tp_rank=_int(env, "CPTRACE_TP_RANK", -1),
+        dp_rank=_int(env, "CPTRACE_DP_RANK", -1),
+        queue_size=_int(env, "CPTRACE_QUEUE_SIZE", 262144, lo=1),
+        exporter=exporter,
+        spool_dir=env.get("CPTRACE_SPOOL_DIR") or "",
+        span_timeout_s=_float(env, "CPTRACE_SPAN_TIMEOUT_S", 1.0),
+        checks=(env.get("CPTRACE_CHECKS", "1").strip() not in ("0", "false", "no", "off")),
+        service_name=env.get("OTEL_SERVICE_NAME") or "sglang-hicache",
+        resource_attributes=_parse_kv_list(env.get("OTEL_RESOURCE_ATTRIBUTES") or "", "OTEL_RESOURCE_ATTRIBUTES"),
+    )
+    unknown = set(overrides) - set(values)
+    if unknown:
+        raise TypeError(f"configure() got unknown settings: {sorted(unknown)}")
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    if values["file"] is None and values["endpoint"] is None:
+        values["file"] = DEFAULT_FILE  # the embedded default: no server needed
+    if not values["spool_dir"]:
+        import tempfile
+
+        values["spool_dir"] = os.path.join(tempfile.gettempdir(), "cptrace-spool")
+    return Config(**values)

@@ -1,0 +1,39 @@
+"""The event model every source feeds: live records, upstream log lines, OTLP files, trace backends.
+
+An :class:`Event` is one cptrace call: its tag, the rank that emitted it, its position in that rank's stream
+(``seq``, authoritative inside a rank), a timestamp, the rank's ``epoch`` (count of ``reset`` records before it) and
+its typed fields (values as :func:`cptrace_otel.logline.parse_value` returns them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass(slots=True)
+class Event:
+    tag: str
+    rank: int
+    seq: int
+    ts: int                      # ns; wall clock for live records, the ``ts=`` field (monotonic) for log lines
+    epoch: int
+    fields: dict[str, Any]
+    level: int = 1               # the level argument of the cptrace call (1 when unknown)
+    src: str = ""                # file path, "live", or a backend URL
+    line_no: int = 0             # 1-based line in ``src`` for log files, 0 otherwise
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.fields.get(key, default)
+
+    @property
+    def node_id(self) -> int | None:
+        v = self.fields.get("node_id")
+        return v if isinstance(v, int) else None
+
+
+# Tags grouped by the trace level that enables them (domain spec 3.2/3.3).
+LEVEL_OF_TAG: dict[str, int] = {
+    "config": 1, "reset": 1, "rid_map": 1, "insert": 1, "split": 1, "prepare": 1, "backup": 1, "evict": 1,
+    "reload": 1, "ack": 2, "free": 2, "compose": 2, "store": 2, "fwd_hash": 3,
+}

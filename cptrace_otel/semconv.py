@@ -1,0 +1,76 @@
+"""Span, event and attribute names shared by the exporter, the online checks and the analyzer.
+
+Every key the project writes to OTLP is declared here, once.  Rules of the schema:
+
+* A cptrace field ``k`` becomes the event attribute ``hicache.<k>`` (:func:`field_key`), typed: ints stay ints
+  (so Jaeger tag search and TraceQL numeric comparisons work), floats are doubles, everything else is the
+  upstream space-free rendering as a string (lists such as ``chain=[3,4]`` included).
+* A range summary ``rng()`` = ``(cnt=N,min=a,max=b,first=c,last=d)`` becomes five int attributes
+  ``hicache.<k>.cnt`` ... ``hicache.<k>.last`` (:data:`RNG_PARTS`); its sentinels ``(none)``, ``(0)`` and
+  ``(err:...)`` stay one string attribute ``hicache.<k>``.
+* Ids and hashes are attributes, never span names or metric dimensions.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# -- resource (one per rank process) -------------------------------------------------------------------------
+SERVICE_NAME: Final = "service.name"
+DEFAULT_SERVICE_NAME: Final = "sglang-hicache"
+HOST_NAME: Final = "host.name"
+PROCESS_PID: Final = "process.pid"
+SERVICE_INSTANCE_ID: Final = "service.instance.id"
+CP_RANK: Final = "sglang.cp.rank"
+TP_RANK: Final = "sglang.tp.rank"
+DP_RANK: Final = "sglang.dp.rank"
+RUN_ID: Final = "cptrace.run_id"
+TRACE_LEVEL: Final = "cptrace.level"
+SCOPE_NAME: Final = "cptrace_otel"
+
+# -- span names (low cardinality; one per stage) --------------------------------------------------------------
+SPAN_D2H: Final = "hicache.d2h"          # prepare -> ack dir=d2h (backup records inside)
+SPAN_H2D: Final = "hicache.h2d"          # reload -> ack dir=h2d
+SPAN_NODE: Final = "hicache.node"        # structural records of one node on one rank (insert, split, evict, ...)
+SPAN_RANK: Final = "hicache.rank"        # records with no node: config, reset, free of unowned slots
+SPAN_REQUEST: Final = "hicache.request"  # per-request trace: fwd_hash records, links to node traces from rid_map
+
+# -- attributes on every event ----------------------------------------------------------------------------------
+FIELD_PREFIX: Final = "hicache."
+NODE_ID: Final = "hicache.node_id"
+NEW_ID: Final = "hicache.new_id"
+OP: Final = "hicache.op"
+RID: Final = "hicache.rid"
+SEQ: Final = "cptrace.seq"               # per-rank record order (authoritative inside a rank)
+EPOCH: Final = "cptrace.epoch"           # per-rank count of reset records so far
+LEVEL: Final = "cptrace.record.level"    # the level argument the record was emitted at
+RANK: Final = "sglang.cp.rank"           # also stamped on spans so cross-rank views need no resource join
+
+# -- span attributes -------------------------------------------------------------------------------------------
+STAGE_CLOSED: Final = "cptrace.span.closed_by"  # "tag" (its closing record), "timeout" or "flush"
+VIOLATION: Final = "cptrace.violation"          # comma-joined codes (H1..H4, ZERO, HASH) found on this span
+VIOLATION_RULES: Final = "cptrace.violation.rules"
+CERTAINTY: Final = "cptrace.certainty"
+
+# -- violation event (one per finding, on the span that holds the evidence) ------------------------------------
+EVENT_VIOLATION: Final = "hicache.violation"
+V_CODE: Final = "code"
+V_RULE: Final = "rule"
+V_CERTAINTY: Final = "certainty"
+V_EVIDENCE: Final = "evidence_seq"
+V_MESSAGE: Final = "message"
+
+# -- pipeline self-telemetry (resource-level counters on the rank span at flush) -----------------------------------
+DROPPED: Final = "cptrace.dropped"
+
+RNG_PARTS: Final = ("cnt", "min", "max", "first", "last")
+
+
+def field_key(name: str) -> str:
+    """Attribute key of the cptrace field ``name``."""
+    return FIELD_PREFIX + name
+
+
+def rng_key(name: str, part: str) -> str:
+    """Attribute key of one part (see :data:`RNG_PARTS`) of the range summary in field ``name``."""
+    return f"{FIELD_PREFIX}{name}.{part}"
