@@ -1,0 +1,49 @@
+"""Per-rank invariant checks: H1-H4, ZERO and HASH (domain spec sections 3.4 and 4), streaming.
+
+Stable API (the exporter, the analyzer and the simulator tests use exactly this)::
+
+    from cptrace_otel.checks import RankChecker, Finding, Unchecked
+
+    chk = RankChecker(rank, level=None)       # level: explicit int, else `config level=`, else inferred
+    for ev in events_of_this_rank_in_seq_order:
+        for f in chk.feed(ev):                # findings whose evidence completes at `ev`
+            ...                               # (the exporter stamps them on the span holding `ev`)
+    tail = chk.finish()                       # end of stream: H4-open (WARN)
+    skipped = chk.unchecked()                 # list[Unchecked]: never a silent pass
+
+``Finding``: ``code`` (H1 H2 H3 H4 ZERO HASH; C1-C5 come from :mod:`cptrace_otel.analyze.crossrank`), ``rule``
+(H1a H1b H2a H2b H2c H3 H4a H4b H4-open ZERO@backup ZERO@reload HASH), ``rank``, ``epoch``, ``node_id``, ``op``,
+``certainty`` ("exact" | "interval"; interval-only findings have ``severity`` WARN), ``evidence`` (seqs, the last
+one being where it completed), ``message``, ``src``/``line_no`` of the completing record, ``evidence_lines``.
+
+``Unchecked``: ``kind="level"`` for a rule the stream's level cannot support (at level 1: H1b, H2b, H2c, H3, H4,
+each ``need_level=2``); ``kind="skip"`` for counted instances a rule could not decide, by ``rule`` name:
+``HASH-skipped(split)`` (split between backup and reload, no ``hp``), ``HASH-skipped(chain)``,
+``HASH-skipped(no reload hash)``, ``HASH-skipped(no backup)``, ``HASH-skipped(no hash)``, ``HASH-skipped(sentinel)``.
+
+Where each finding is reported (the record that proves it):
+H1a at the ``split``; H1b at the ``ack dir=d2h``; H2a and H2b at the ``reload``; H2c at the ``ack dir=h2d``;
+H3 at the stale ``compose hit=1``; H4a/H4b at the ``ack dir=d2h`` of the breached copy; ZERO@backup at the
+``backup``; ZERO@reload at ``reload sync=1`` or the ``ack dir=h2d``; HASH at ``reload sync=1`` or ``ack dir=h2d``.
+
+Conventions the rules rely on (what an emitter such as the simulator should log):
+
+* Slot sets: ``rng`` summaries, plus exact run-length sets ``devx``/``hostx``/``idx_x`` (``a-b:c-d``, in token
+  order). Without exact sets only dense blocks (cnt = max-min+1) overlap exactly; anything else is an "interval"
+  WARN.
+* ``prepare``/``backup``/``ack`` are matched by ``node_id`` (and ``op`` when it is the same): a merged op may carry
+  a new op id. ``ack dir=d2h`` is one record per acked node id; after a split it lists the fragments in ``pub``.
+* ``reload`` carries the whole ``chain`` and the concatenated ``host``/``dev``; its ``h`` (with ``sync=1``) covers
+  the whole chain and is compared only for a one-node chain (or per page via ``hp``). ``ack dir=h2d`` ``h``/``hp``
+  cover the node named by its ``node_id``.
+* HASH across a split needs per-page ``hp`` on the backup and the reload side. In mode ``shared`` the per-rank
+  comparison uses ``hs[rank]`` of the backup when present (else it is left to C5).
+* ``compose`` is keyed by ``key``; ``chain`` lists the nodes it derives from (default ``[node_id]``).
+* Epochs: a ``reset`` record or a created node id (``split new_id``, ``insert kind=new``) that goes backwards
+  starts a new epoch; state of the old epoch is dropped.
+"""
+
+from .findings import CODES, ERROR, WARN, Finding, Unchecked
+from .rank import LEVEL2_RULES, RULE_LEVEL, RankChecker
+
+__all__ = ["RankChecker", "Finding", "Unchecked", "CODES", "ERROR", "WARN", "LEVEL2_RULES", "RULE_LEVEL"]

@@ -1,0 +1,11 @@
+"""Export side of the pipeline (runs in the exporter worker, never on the traced thread).
+
+* :mod:`.worker`: the worker loop (subprocess ``python -m cptrace_otel.export.worker`` or a thread): Records ->
+  events -> spans (:mod:`cptrace_otel.spans`) -> sinks.
+* :mod:`.otlp`: OTLP protobuf and OTLP/JSON encoding of spans, requests split below 3.5 MiB.
+* :mod:`.otlp_http`, :mod:`.otlp_grpc`: transports; :mod:`.spool`: delivery thread, disk spool and replay across
+  backend outages.
+* :mod:`.files`: OTLP JSON-lines file sink (Collector file-exporter format) and upstream log-lines sink.
+
+Nothing here is imported by ``import cptrace_otel``.
+"""

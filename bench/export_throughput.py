@@ -1,0 +1,193 @@
+"""Export throughput from one traced process: ours vs the OpenTelemetry SDK path, into the same local receiver.
+
+* ours: a traced process emits N ``cptrace`` records (8 scalar fields; 500 node ids cycling through prepare, backup,
+  ack and evict, so d2h stage spans and node spans both occur) as fast as it can, then ``flush()``; the per-rank
+  exporter subprocess runs the online checks, maps, encodes (protobuf) and POSTs them (OTLP/HTTP, gzip).
+* SDK: a process does the same work through ``TracerProvider`` + ``BatchSpanProcessor`` + ``OTLPSpanExporter``
+  (HTTP): one span per 8 records, each record a span event with the same 8 attributes, then ``force_flush()``.
+  The queue is raised to 65,536 (the default 2,048 drops about half of a burst; perf-anchors C.3) so both deliver.
+* receiver: ``tests/otlp_receiver.py`` (decodes every request with opentelemetry-proto and counts what arrived), or
+  ``--sink null`` (reads and discards the body).
+
+Reported: events/s delivered (emit start to flush done), the traced process's own CPU seconds per 1,000 events
+(``RUSAGE_SELF``: excludes the exporter subprocess, whose CPU is reported separately), drops, and the ratio. The bar
+is 5x the SDK path; the goal 100,000 events/s.
+
+    python bench/export_throughput.py [--events 100000] [--sink decode|null] [--protocol http/protobuf|grpc]
+                                      [--no-checks]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+OURS = textwrap.dedent("""
+    import json, resource, sys, time
+    import cptrace_otel as ct
+    from cptrace_otel import pipeline
+    n, url, proto, checks = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4] == "1"
+    ct.configure(level=1, run_id="bench-exp", endpoint=url, protocol=proto, cp_rank=0, checks=checks)
+    ct.cptrace(1, "config", cp_size=1)
+    ct.flush(60)  # exporter process started and warm
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.perf_counter()
+    for i in range(n):
+        # a node's d2h round trip (prepare, backup, ack with one op id), then structural records; 500 nodes
+        node, cyc = i % 500, i // 500
+        k = cyc % 4
+        tag = ("prepare", "backup", "ack", "evict")[k]
+        ct.cptrace(1, tag, op=cyc - k if k < 3 else cyc, node_id=node, dev=1234, host=5678, io=1,
+                   h=8765432101234567 + i, nz=4096, ts=i)
+    t_emit = time.perf_counter() - t0
+    ok = ct.flush(600)
+    wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    st = pipeline.stats()
+    ct.shutdown(60)
+    rc = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    print(json.dumps({"ok": ok, "wall": wall, "emit": t_emit, "cpu": cpu, "dropped": st["dropped"],
+                      "worker_cpu": rc.ru_utime + rc.ru_stime}))
+""")
+
+SDK = textwrap.dedent("""
+    import json, resource, sys, time
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    n, url = int(sys.argv[1]), sys.argv[2]
+    tp = TracerProvider(resource=Resource.create({"service.name": "sdk-bench"}))
+    bsp = BatchSpanProcessor(OTLPSpanExporter(endpoint=url), max_queue_size=65536, schedule_delay_millis=200)
+    tp.add_span_processor(bsp)
+    tr = tp.get_tracer("bench")
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.perf_counter()
+    span = None
+    for i in range(n):
+        if i % 8 == 0:
+            if span is not None:
+                span.end()
+            span = tr.start_span("hicache.d2h", attributes={"hicache.node_id": i % 500})
+        span.add_event("backup", {"hicache.op": i, "hicache.node_id": i % 500, "hicache.dev": 1234,
+                       "hicache.host": 5678, "hicache.io": 1, "hicache.h": 8765432101234567 + i,
+                       "hicache.nz": 4096, "hicache.ts": i})
+    span.end()
+    t_emit = time.perf_counter() - t0
+    ok = tp.force_flush(600_000)
+    wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    tp.shutdown()
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    print(json.dumps({"ok": ok, "wall": wall, "emit": t_emit, "cpu": cpu, "dropped": None, "worker_cpu": 0.0}))
+""")
+
+
+class NullReceiver:
+    """Reads each request body and answers 200 (no decoding)."""
+
+    def __init__(self) -> None:
+        from otlp_receiver import free_port
+
+        self.port = free_port()
+        self.bytes = 0
+
+        store = self
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):  # noqa: N802
+                n = int(self.headers.get("Content-Length") or 0)
+                store.bytes += len(self.rfile.read(n))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self._srv = ThreadingHTTPServer(("127.0.0.1", self.port), H)
+        threading.Thread(target=self._srv.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.port}/v1/traces"
+
+    def events(self) -> int | None:
+        return None
+
+    def stop(self) -> None:
+        self._srv.shutdown()
+
+
+def _run(code: str, argv: list[str]) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CPTRACE_", "OTEL_"))}
+    env["PYTHONPATH"] = str(REPO)
+    with tempfile.TemporaryDirectory() as tmp:
+        env["CPTRACE_SPOOL_DIR"] = tmp
+        out = subprocess.run([sys.executable, "-c", code, *argv], env=env, capture_output=True, text=True,
+                             timeout=1800)
+    if out.returncode != 0:
+        raise SystemExit(f"benchmark child failed:\n{out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _count(rx) -> int:
+    return sum(len(sp.events) for sp in rx.spans())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--events", type=int, default=100_000)
+    ap.add_argument("--sink", choices=["decode", "null"], default="decode")
+    ap.add_argument("--protocol", choices=["http/protobuf", "grpc"], default="http/protobuf")
+    ap.add_argument("--no-checks", action="store_true", help="turn the online checks off in our exporter")
+    args = ap.parse_args()
+    n = args.events
+    from otlp_receiver import GrpcReceiver, HttpReceiver
+
+    results = {}
+    for name in ("sdk", "ours"):
+        if args.sink == "null" and not (name == "ours" and args.protocol == "grpc"):
+            rx = NullReceiver()
+        elif name == "ours" and args.protocol == "grpc":
+            rx = GrpcReceiver()
+        else:
+            rx = HttpReceiver()
+        try:
+            if name == "ours":
+                res = _run(OURS, [str(n), rx.url, args.protocol, "0" if args.no_checks else "1"])
+            else:
+                res = _run(SDK, [str(n), rx.url])
+            got = None if isinstance(rx, NullReceiver) else _count(rx)
+            if name == "ours" and got is not None:
+                got -= 1  # the warm-up record
+        finally:
+            rx.stop()
+        res["delivered"] = got
+        res["rate"] = n / res["wall"]
+        results[name] = res
+        print(f"{name:5s}: {res['rate']:9.0f} events/s end to end ({n} events, emit {res['emit']:.2f}s, "
+              f"flushed after {res['wall']:.2f}s, ok={res['ok']}); traced process CPU "
+              f"{res['cpu'] / n * 1000 * 1e3:.2f} ms per 1,000 events"
+              + (f"; exporter process CPU {res['worker_cpu'] / n * 1000 * 1e3:.2f} ms per 1,000 events"
+                 if name == "ours" else "")
+              + (f"; delivered {got}" if got is not None else "")
+              + (f"; dropped {res['dropped']}" if res['dropped'] is not None else ""))
+    ratio = results["ours"]["rate"] / results["sdk"]["rate"]
+    cpu_ratio = results["sdk"]["cpu"] / max(results["ours"]["cpu"], 1e-9)
+    print(f"ratio ours/SDK: {ratio:.1f}x events/s (bar >= 5x, goal 100,000 events/s: "
+          f"{results['ours']['rate'] / 1e5 * 100:.0f}% of it); traced-process CPU {cpu_ratio:.1f}x lower")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

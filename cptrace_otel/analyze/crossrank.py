@@ -1,0 +1,573 @@
+"""Cross-rank rules C1-C5 (domain section 5) over all ranks' events, fed in any interleaving that keeps each rank's
+seq order (the sources merge ranks by ``ts``; a lag of a few hundred records between ranks is fine).
+
+* **C1** lockstep tree: each rank's projection onto structural tuples (tag in insert, split, prepare, evict, reload,
+  reset; node_id; len or pre_len; split_len; evict tier) must be identical; the first divergence per epoch is
+  reported on the rank that deviates from the majority (in a tie: the rank that skipped a record the others have),
+  with the node and op of the expected record.
+* **C2** ack rounds: each round of ``ack`` records (``round=`` when emitted, else a run of consecutive ack records
+  of one direction) holds the same (dir, op count, node set) on all ranks. Level 2.
+* **C3** backup participation: every rank has a ``prepare`` for a node iff any rank does; outside mode ``shared``
+  each ``backup`` has ``io=1``; in ``shared`` exactly the ``config io_rank`` has ``io=1`` and host summaries are
+  equal on all ranks.
+* **C4** count relations: ``dev.cnt``/``host.cnt`` of a node's prepare and reload equal on all ranks (logical,
+  widened counts in dcp).
+* **C5** content relations: ``replicated``: backup ``h`` equal on all ranks; ``shared``: the IO rank's ``hs[r]``
+  equals rank r's ``ack dir=h2d`` hash (nodes split since their prepare are skipped); ``shared`` store fence
+  (rule ``C5-fence``, :mod:`.fence`): no rank's ``store`` to the pages may land after the IO rank's ``backup``.
+
+Pitfall of domain 5: node ids line up across ranks only while C1 holds, so after the first divergence of an epoch
+C2 stops and C3-C5 judge only records at or before the divergence index (the diverging prepare itself still yields
+its C3, as fault ``C1_div`` expects).
+
+Joins are keyed by (epoch, tag, node_id, occurrence of that tag for that node on that rank) and decided once every
+rank of the group (``config cp_size``, the sources' rank hint, at least two) has reported, so memory follows what is
+in flight; per-node counters are forgotten a while after the node's lifecycle ends. A single-rank stream switches
+the cross-rank rules off after 65,536 records.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Iterable
+
+from ..checks.findings import ERROR, Finding, Unchecked
+from ..checks.ranges import slots_of
+from ..events import Event
+from .fence import StoreFence
+
+STRUCTURAL = ("insert", "split", "prepare", "evict", "reload", "reset")
+_FENCE_TAGS = frozenset(("store", "backup", "evict", "free", "reset"))
+_PER_RANK_CONTENT = ("sharded", "dcp", "layersplit")
+
+
+def _int(v: Any) -> int | None:
+    return v if type(v) is int else None
+
+
+def _proj(ev: Event) -> tuple:
+    f = ev.fields
+    return (ev.tag, _int(f.get("node_id")), _int(f.get("len")) if ev.tag != "split" else _int(f.get("pre_len")),
+            _int(f.get("split_len")), _str(f.get("tier")) if ev.tag == "evict" else None)
+
+
+def _str(v: Any) -> str | None:
+    return v if type(v) is str else None
+
+
+class _EpochC1:
+    __slots__ = ("queues", "index", "diverged", "pending")
+
+    def __init__(self) -> None:
+        self.queues: dict[int, deque] = {}
+        self.index = 0              # tuples compared so far
+        self.diverged: int | None = None
+        self.pending: tuple | None = None   # a divergence waiting for one more tuple per rank (tie-break)
+
+
+class CrossRank:
+    """Streaming C1-C5. ``feed(ev)`` for every event of every rank, then ``finish()`` and ``unchecked()``."""
+
+    def __init__(self, level: int | None = None) -> None:
+        self.forced_level = level
+        self.seen_level = 1
+        self.ranks: set[int] = set()
+        self.mode: str | None = None
+        self.io_rank = 0
+        self.findings: list[Finding] = []
+        self._c1: dict[int, _EpochC1] = {}
+        self._idx: dict[tuple[int, int], int] = {}        # (rank, epoch) -> structural index
+        self._occ: dict[tuple, int] = {}                  # (rank, epoch, tag, node) -> occurrences so far
+        self._joins: dict[tuple, dict[int, dict]] = {}    # (epoch, tag, node, occ) -> rank -> facts
+        self._split_since: set[tuple] = set()             # (rank, epoch, node) split since its last prepare
+        self._rounds: dict[tuple[int, int], deque] = {}   # (rank, epoch) -> finished rounds
+        self._cur_round: dict[int, list] = {}             # rank -> [epoch, key, dir, ops, nodes, seqs]
+        self._c2_done: set[int] = set()
+        self._reload_hashes: list[tuple] = []             # shared mode C5 waiting for the IO rank's hs
+        self._io_hs: dict[tuple, dict] = {}              # shared: (epoch, node) -> occ -> IO rank's hs
+        self._saw_ack = False
+        self._saw_hash = False
+        self._forget: deque = deque()
+        self.expected: set[int] = set()
+        self.cp_size = 0
+        self.disabled = False
+        self._n = 0
+        self._is_ready = False
+        self._ranks_sorted: list[int] = []
+        self._fence = StoreFence()
+
+    # -- driving ------------------------------------------------------------------------------------------------
+    def feed(self, ev: Event) -> None:
+        if self.disabled:
+            return
+        r = ev.rank
+        if r not in self.ranks:
+            self.ranks.add(r)
+            self._ranks_sorted = sorted(self.ranks)
+            self._is_ready = False   # recomputed: a new rank can only make the group more complete
+        self._n += 1
+        if self._n == self.SINGLE_RANK_AFTER and len(self.ranks) < 2 and len(self.expected) < 2 \
+                and self.cp_size < 2:
+            self._disable()   # one rank only: nothing to compare, and the joins would only pile up
+            return
+        if ev.level > self.seen_level:
+            self.seen_level = ev.level
+        tag = ev.tag
+        if tag == "config":
+            m = ev.fields.get("mode")
+            if isinstance(m, str) and self.mode is None:
+                self.mode = m
+            io = _int(ev.fields.get("io_rank"))
+            if io is not None:
+                self.io_rank = io
+            cs = _int(ev.fields.get("cp_size"))
+            if cs is not None and cs > self.cp_size:
+                self.cp_size = cs
+            lv = _int(ev.fields.get("level"))
+            if lv is not None and lv > self.seen_level:
+                self.seen_level = lv
+            return
+        if self.mode == "shared" and tag in _FENCE_TAGS:
+            self._fence.io_rank = self.io_rank
+            self._fence.feed(ev)
+        if tag == "ack":
+            self._saw_ack = True
+            if self.seen_level < 2:
+                self.seen_level = 2
+            self._round_add(ev)
+            self._c5_ack(ev)
+            return
+        if self._cur_round:
+            self._round_close(r)
+        if tag in STRUCTURAL:
+            self._c1_add(ev)
+            if tag == "prepare" or tag == "reload":
+                self._join_add(ev)
+            elif tag == "evict":
+                f = ev.fields
+                if f.get("tier") == "host" or f.get("kind") in ("regular", "drop"):
+                    # the node's lifecycle ended: forget its per-node counters a little later (an in-flight
+                    # load may still be acked), so memory follows live nodes
+                    self._forget.append((r, ev.epoch, _int(f.get("node_id"))))
+                    if len(self._forget) > self.FORGET_LAG:
+                        self._forget_one()
+            elif tag == "split":
+                f = ev.fields
+                for nid in (_int(f.get("node_id")), _int(f.get("new_id"))):
+                    if nid is not None:
+                        self._split_since.add((r, ev.epoch, nid))
+        elif tag == "backup":
+            self._backup(ev)
+
+    FORGET_LAG = 4096
+    SINGLE_RANK_AFTER = 65536
+
+    def _disable(self) -> None:
+        self.disabled = True
+        self._c1.clear()
+        self._joins.clear()
+        self._occ.clear()
+        self._rounds.clear()
+        self._cur_round.clear()
+        self._forget.clear()
+        self._split_since.clear()
+
+    def _forget_one(self) -> None:
+        r, epoch, nid = self._forget.popleft()
+        for t in ("prepare", "reload"):
+            self._occ.pop((r, epoch, t, nid), None)
+        self._split_since.discard((r, epoch, nid))
+        if r == self.io_rank and not any(x[1] == nid for x in self._reload_hashes):
+            self._io_hs.pop((epoch, nid), None)
+
+    def expect_ranks(self, ranks: Iterable[int]) -> None:
+        """Ranks the sources know will appear: joins and comparisons wait for all of them."""
+        self.expected |= set(ranks)
+        self._is_ready = False
+
+    def _ready(self) -> bool:
+        """All ranks of the group have shown up (cp_size from config, the sources' hint, at least two)."""
+        if self._is_ready:
+            return True
+        n = max(2, self.cp_size, len(self.expected))
+        self._is_ready = len(self.ranks) >= n
+        return self._is_ready
+
+    @property
+    def level(self) -> int:
+        return self.forced_level if self.forced_level is not None else self.seen_level
+
+    def finish(self) -> list[Finding]:
+        for r in list(self._cur_round):
+            self._round_close(r)
+        for e, st in self._c1.items():
+            self._c1_compare(e, st, final=True)
+            self._c2_compare(e, final=True)
+        for key in list(self._joins):
+            self._decide(key, final=True)
+        self._c5_shared(final=True)
+        self.findings.extend(self._fence.findings)
+        self._fence.findings = []
+        self.findings.sort(key=Finding.sort_key)
+        return self.findings
+
+    def unchecked(self) -> list[Unchecked]:
+        out: list[Unchecked] = []
+        if len(self.ranks) < 2:
+            return out
+        if self.level < 2:
+            out.append(Unchecked("C2", "C2", None, 2, "no ack records (trace level < 2)"))
+        if self.mode is None:
+            out.append(Unchecked("C3-io", "C3", None, 1, "no config record: CP mode unknown, io= rules skipped",
+                                 "skip"))
+            out.append(Unchecked("C5", "C5", None, 1, "no config record: CP mode unknown", "skip"))
+        elif self.mode in ("replicated", "shared") and not self._saw_hash:
+            out.append(Unchecked("C5", "C5", None, 1, "no h fields on backup/reload records", "skip"))
+        if self.mode == "shared" and self._fence.stores == 0:
+            out.append(Unchecked("C5-fence", "C5", None, 2, "no store records (level 2) in mode shared",
+                                 "level" if self.level < 2 else "skip"))
+        return out
+
+    # -- C1 -----------------------------------------------------------------------------------------------------
+    def _c1_add(self, ev: Event) -> None:
+        key = (ev.rank, ev.epoch)
+        i = self._idx.get(key, 0)
+        self._idx[key] = i + 1
+        st = self._c1.get(ev.epoch)
+        if st is None:
+            st = self._c1[ev.epoch] = _EpochC1()
+        if st.diverged is not None:
+            return
+        q = st.queues.get(ev.rank)
+        if q is None:
+            q = st.queues[ev.rank] = deque()
+        q.append((_proj(ev), ev.seq, ev.line_no, ev.src, ev.fields.get("op")))
+        self._c1_compare(ev.epoch, st, final=False)
+
+    def _c1_compare(self, epoch: int, st: _EpochC1, final: bool) -> None:
+        ranks = self._ranks_sorted
+        if len(ranks) < 2 or st.diverged is not None or not (final or self._ready()):
+            return
+        queues = st.queues
+        if len(queues) != len(ranks):
+            for r in ranks:
+                if r not in queues:
+                    queues[r] = deque()
+        qs = [queues[r] for r in ranks]
+        while True:
+            if not all(qs):
+                if not final or not any(qs):
+                    return
+                # end of stream: some ranks have records the others never logged
+                short = [r for r, q in zip(ranks, qs) if not q]
+                longq = next(q for q in qs if q)
+                t0 = longq[0]
+                for r in short:
+                    self._emit_c1(epoch, r, t0, st.index, f"rank {r} ends after {st.index} structural records; "
+                                  f"other ranks continue with {t0[0]}", t0[1:])
+                st.diverged = st.index
+                return
+            heads = [q[0][0] for q in qs]
+            if all(h == heads[0] for h in heads):
+                for q in qs:
+                    q.popleft()
+                st.index += 1
+                continue
+            if not final and not all(len(q) >= 2 for q in qs):
+                return  # wait for one more tuple per rank to break ties
+            self._c1_diverge(epoch, st, ranks, qs)
+            return
+
+    def _c1_diverge(self, epoch: int, st: _EpochC1, ranks: list[int], qs: list[deque]) -> None:
+        heads = [q[0][0] for q in qs]
+        counts: dict[tuple, int] = {}
+        for h in heads:
+            counts[h] = counts.get(h, 0) + 1
+        best = max(counts.values())
+        majority = [h for h in counts if counts[h] == best]
+        if len(majority) == 1:
+            ref = majority[0]
+        else:
+            # tie: the reference is a record that some rank skipped (its next tuple is the other's current one)
+            ref = heads[0]
+            for i, q in enumerate(qs):
+                for j, q2 in enumerate(qs):
+                    if i != j and len(q2) >= 2 and q2[1][0] == q[0][0] and q2[0][0] != q[0][0]:
+                        ref = q2[0][0]  # rank i skipped q2's head
+        ref_item = next(q[0] for q in qs if q[0][0] == ref)
+        for r, q in zip(ranks, qs):
+            if q[0][0] != ref:
+                self._emit_c1(epoch, r, ref_item, st.index,
+                              f"structural record #{st.index}: rank {r} has {_fmt(q[0][0])}, expected "
+                              f"{_fmt(ref)} (ranks {[x for x, y in zip(ranks, qs) if y[0][0] == ref]})",
+                              q[0][1:], ref_item)
+        st.diverged = st.index
+        st.queues.clear()
+
+    def _emit_c1(self, epoch: int, rank: int, ref_item: tuple, index: int, msg: str, where: tuple,
+                 other: tuple | None = None) -> None:
+        seq, line, src, _op = where
+        f = Finding("C1", "C1", rank, epoch, ref_item[0][1], _int(ref_item[4]), "exact", [seq], msg, ERROR, src, line)
+        f.evidence_lines = [line]
+        self.findings.append(f)
+
+    def _diverged_before(self, epoch: int, index: int) -> bool:
+        st = self._c1.get(epoch)
+        return st is not None and st.diverged is not None and index > st.diverged
+
+    # -- C3 / C4 / C5 joins -------------------------------------------------------------------------------------
+    def _occurrence(self, ev: Event, tag: str, nid: int, bump: bool) -> int:
+        k = (ev.rank, ev.epoch, tag, nid)
+        n = self._occ.get(k, 0)
+        if bump:
+            self._occ[k] = n + 1
+            return n
+        return n - 1
+
+    def _join_add(self, ev: Event) -> None:
+        f = ev.fields
+        nid = _int(f.get("node_id"))
+        if nid is None:
+            return
+        occ = self._occurrence(ev, ev.tag, nid, True)
+        if ev.tag == "prepare":
+            self._split_since.discard((ev.rank, ev.epoch, nid))
+        key = (ev.epoch, ev.tag, nid, occ)
+        d = slots_of(f.get("dev"), f.get("devx"))
+        h = slots_of(f.get("host"), f.get("hostx"))
+        facts = {"seq": ev.seq, "line": ev.line_no, "src": ev.src, "op": _int(f.get("op")),
+                 "idx": self._idx.get((ev.rank, ev.epoch), 1) - 1,
+                 "dev": d.cnt if d is not None else None, "host": h.cnt if h is not None else None,
+                 "host_sum": h.summary() if h is not None else None}
+        self._joins.setdefault(key, {})[ev.rank] = facts
+        if ev.tag != "prepare":
+            self._decide(key, final=False)
+
+    def _backup(self, ev: Event) -> None:
+        f = ev.fields
+        nid = _int(f.get("node_id"))
+        if nid is None:
+            return
+        occ = self._occurrence(ev, "prepare", nid, False)
+        if occ < 0:
+            return
+        key = (ev.epoch, "prepare", nid, occ)
+        facts = self._joins.get(key, {}).get(ev.rank)
+        if facts is None:
+            return
+        facts["io"] = _int(f.get("io"))
+        h = _int(f.get("h"))
+        if h is not None:
+            self._saw_hash = True
+        facts["h"] = h
+        facts["hs"] = f.get("hs") if isinstance(f.get("hs"), list) else None
+        facts["bseq"] = ev.seq
+        self._decide(key, final=False)
+
+    def _decide(self, key: tuple, final: bool) -> None:
+        per = self._joins.get(key)
+        if per is None:
+            return
+        epoch, tag, nid, occ = key
+        ranks = sorted(self.ranks)
+        if not final:
+            if not self._ready():
+                return
+            if not all(r in per and (tag != "prepare" or "io" in per[r]) for r in ranks):
+                return
+        del self._joins[key]
+        if len(ranks) < 2:
+            return
+        st = self._c1.get(epoch)
+        if st is not None and st.diverged is not None:
+            # node ids line up across ranks only up to the first C1 divergence (pitfall of domain 5): records
+            # after it do not count, a join that starts after it is not judged
+            per = {r: x for r, x in per.items() if x["idx"] <= st.diverged}
+            if not per:
+                return
+        mode = self.mode
+        any_f = next(iter(per.values()))
+        if tag == "prepare":
+            if tag == "prepare" and len(per) != len(ranks):
+                for r in ranks:
+                    if r not in per:
+                        self._add("C3", "C3", r, epoch, nid, any_f["op"], [any_f["seq"]],
+                                  f"node {nid}: prepare (backup) on ranks {sorted(per)} but not on rank {r}",
+                                  any_f)
+            if mode is not None and mode != "none":
+                ios = {r: x.get("io") for r, x in per.items() if "io" in x}
+                if mode == "shared":
+                    writers = sorted(r for r, v in ios.items() if v == 1)
+                    if ios and writers != [self.io_rank]:
+                        for r, v in ios.items():
+                            if (v == 1) != (r == self.io_rank):
+                                x = per[r]
+                                self._add("C3", "C3", r, epoch, nid, x["op"], [x.get("bseq", x["seq"])],
+                                          f"node {nid}: shared mode expects only io_rank {self.io_rank} to copy; "
+                                          f"io=1 on ranks {writers}", x)
+                    sums = {x["host_sum"] for x in per.values()}
+                    if len(sums) > 1:
+                        self._add("C3", "C3", ranks[-1], epoch, nid, any_f["op"], [x["seq"] for x in per.values()],
+                                  f"node {nid}: shared host ranges differ across ranks: "
+                                  f"{ {r: x['host_sum'] for r, x in per.items()} }", any_f)
+                else:
+                    for r, v in ios.items():
+                        if v != 1:
+                            x = per[r]
+                            self._add("C3", "C3", r, epoch, nid, x["op"], [x.get("bseq", x["seq"])],
+                                      f"node {nid}: backup on rank {r} has io={v}; in mode {mode} every rank "
+                                      "moves its own payload", x)
+            if mode == "replicated":
+                hs = {r: x.get("h") for r, x in per.items() if x.get("h") is not None and x.get("h") >= 0}
+                if len(set(hs.values())) > 1:
+                    vals = sorted(set(hs.values()), key=lambda v: -list(hs.values()).count(v))
+                    ref = vals[0]
+                    for r, v in hs.items():
+                        if v != ref:
+                            x = per[r]
+                            self._add("C5", "C5", r, epoch, nid, x["op"], [x.get("bseq", x["seq"])],
+                                      f"node {nid}: replicated backup h={v} on rank {r}, {ref} elsewhere", x)
+            if mode == "shared":
+                io = per.get(self.io_rank)
+                if io is not None and io.get("hs") is not None:
+                    self._io_hs.setdefault((epoch, nid), {})[occ] = io["hs"]
+        # C4: counts equal on all ranks (dcp: logical widened counts)
+        for part in ("dev", "host"):
+            vals = {r: x[part] for r, x in per.items() if x.get(part) is not None}
+            if len(set(vals.values())) > 1:
+                common = max(set(vals.values()), key=lambda v: list(vals.values()).count(v))
+                for r, v in vals.items():
+                    if v != common:
+                        x = per[r]
+                        self._add("C4", "C4", r, epoch, nid, x["op"], [x["seq"]],
+                                  f"node {nid}: {tag} {part}.cnt={v} on rank {r}, {common} elsewhere", x)
+
+    def _add(self, code: str, rule: str, rank: int, epoch: int, nid: Any, op: Any, seqs: list, msg: str,
+             facts: dict) -> None:
+        f = Finding(code, rule, rank, epoch, nid, op, "exact", sorted(seqs), msg, ERROR, facts.get("src", ""),
+                    facts.get("line", 0))
+        self.findings.append(f)
+
+    # -- C5 shared: the IO rank's hs[r] against rank r's reload hash --------------------------------------------
+    def _c5_ack(self, ev: Event) -> None:
+        f = ev.fields
+        if f.get("dir") != "h2d" or self.mode != "shared":
+            return
+        nid = _int(f.get("node_id"))
+        h = _int(f.get("h"))
+        if nid is None or h is None or h < 0:
+            return
+        self._saw_hash = True
+        if (ev.rank, ev.epoch, nid) in self._split_since:
+            return  # hs covers the whole node as backed up; a fragment's hash is not comparable
+        occ = self._occurrence(ev, "prepare", nid, False)
+        if occ < 0:
+            return
+        self._reload_hashes.append((ev.epoch, nid, occ, ev.rank, h, ev.seq, ev.line_no, ev.src,
+                                    self._idx.get((ev.rank, ev.epoch), 0), _int(f.get("op"))))
+        if len(self._reload_hashes) > 64:
+            self._c5_shared(final=False)
+
+    def _c5_shared(self, final: bool) -> None:
+        keep = []
+        for item in self._reload_hashes:
+            epoch, nid, occ, rank, h, seq, line, src, idx, op = item
+            hs = self._io_hs.get((epoch, nid), {}).get(occ)
+            if hs is None:
+                if not final:
+                    keep.append(item)
+                continue
+            if self._diverged_before(epoch, idx):
+                continue
+            if 0 <= rank < len(hs) and type(hs[rank]) is int and hs[rank] >= 0 and hs[rank] != h:
+                self._add("C5", "C5", rank, epoch, nid, None, [seq],
+                          f"node {nid}: reload hash {h} on rank {rank} but the IO rank's backup hs[{rank}]="
+                          f"{hs[rank]}", {"src": src, "line": line})
+        self._reload_hashes = keep
+
+    # -- C2 -----------------------------------------------------------------------------------------------------
+    def _round_add(self, ev: Event) -> None:
+        f = ev.fields
+        r = ev.rank
+        d = _str(f.get("dir"))
+        rk = f.get("round")
+        if type(rk) is not int:
+            rk = None
+        cur = self._cur_round.get(r)
+        if cur is not None and (cur[0] != ev.epoch or cur[1] != rk or cur[2] != d):
+            self._round_close(r)
+            cur = None
+        if cur is None:
+            cur = self._cur_round[r] = [ev.epoch, rk, d, set(), set(), ev.seq, ev.line_no, ev.src]
+        cur[3].add(_int(f.get("op")))
+        nid = _int(f.get("node_id"))
+        if nid is not None:
+            cur[4].add(nid)
+
+    def _round_close(self, r: int) -> None:
+        cur = self._cur_round.pop(r, None)
+        if cur is None:
+            return
+        epoch = cur[0]
+        q = self._rounds.setdefault((r, epoch), deque())
+        q.append((cur[2], len(cur[3]), frozenset(cur[4]), cur[5], cur[6], cur[7]))
+        self._c2_compare(epoch, final=False)
+
+    def _c2_compare(self, epoch: int, final: bool) -> None:
+        if epoch in self._c2_done:
+            return
+        ranks = sorted(self.ranks)
+        if len(ranks) < 2 or not (final or self._ready()):
+            return
+        qs = [self._rounds.setdefault((r, epoch), deque()) for r in ranks]
+        n = 0
+        while all(qs):
+            heads = [q[0][:3] for q in qs]
+            if all(h == heads[0] for h in heads):
+                for q in qs:
+                    q.popleft()
+                n += 1
+                continue
+            st = self._c1.get(epoch)
+            if st is not None and st.diverged is not None:
+                self._c2_done.add(epoch)  # node sets no longer comparable after a C1 divergence
+                return
+            counts: dict[tuple, int] = {}
+            for h in heads:
+                counts[h] = counts.get(h, 0) + 1
+            ref = max(counts, key=lambda h: (counts[h], len(h[2])))
+            for r, q in zip(ranks, qs):
+                if q[0][:3] != ref:
+                    d, nops, nodes, seq, line, src = q[0]
+                    f = Finding("C2", "C2", r, epoch, min(ref[2] ^ nodes) if ref[2] ^ nodes else None, None, "exact",
+                                [seq], f"ack round on rank {r}: dir={d} ops={nops} nodes={sorted(nodes)}; "
+                                f"expected dir={ref[0]} ops={ref[1]} nodes={sorted(ref[2])}", ERROR, src, line)
+                    f.evidence_lines = [line]
+                    self.findings.append(f)
+            self._c2_done.add(epoch)
+            for q in qs:
+                q.clear()
+            return
+        if final and any(qs):
+            st = self._c1.get(epoch)
+            if st is not None and st.diverged is not None:
+                return
+            for r, q in zip(ranks, qs):
+                if not q and any(qs):
+                    other = next(x for x in qs if x)[0]
+                    f = Finding("C2", "C2", r, epoch, min(other[2]) if other[2] else None, None, "exact",
+                                [other[3]], f"rank {r} has fewer ack rounds than the other ranks", ERROR)
+                    self.findings.append(f)
+            self._c2_done.add(epoch)
+
+
+def _fmt(t: tuple) -> str:
+    tag, nid, ln, sl, tier = t
+    parts = [tag, f"node_id={nid}"]
+    if ln is not None:
+        parts.append(f"len={ln}")
+    if sl is not None:
+        parts.append(f"split_len={sl}")
+    if tier is not None:
+        parts.append(f"tier={tier}")
+    return " ".join(parts)

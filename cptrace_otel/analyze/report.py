@@ -1,0 +1,106 @@
+"""Render an analysis :class:`~cptrace_otel.analyze.engine.Result`: one JSON object, or a table grouped by node.
+
+JSON: ``{"findings": [...], "unchecked": [...], "stats": {...}}``; each finding has ``code, rule, rank, epoch,
+node_id, op, certainty, severity, evidence, message, src, line_no`` and, when a run id is known, ``trace_id`` (the
+node's trace: ``blake2b(f"{run_id}|{epoch}|{node_id}", digest_size=16)``) plus ``jaeger_url`` when a Jaeger base
+URL is given.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from ..checks import Finding, Unchecked
+
+
+def node_trace_id(run_id: str, epoch: int, node_id: int) -> str:
+    """Hex trace id of a node lineage, as the exporter assigns it (all-zero ids are invalid in OTLP)."""
+    d = hashlib.blake2b(f"{run_id}|{epoch}|{node_id}".encode("utf-8", "replace"), digest_size=16).digest()
+    if not any(d):
+        d = b"\x00" * 15 + b"\x01"
+    return d.hex()
+
+
+def finding_dict(f: Finding, run_id: str | None = None, jaeger_url: str | None = None) -> dict[str, Any]:
+    d: dict[str, Any] = {
+        "code": f.code, "rule": f.rule, "rank": f.rank, "epoch": f.epoch, "node_id": f.node_id, "op": f.op,
+        "certainty": f.certainty, "severity": f.severity, "evidence": list(f.evidence), "message": f.message,
+    }
+    if f.src:
+        d["src"] = f.src
+        d["line_no"] = f.line_no
+        if any(f.evidence_lines):
+            d["evidence_lines"] = list(f.evidence_lines)
+    if run_id is not None and isinstance(f.node_id, int) and f.node_id >= 0:
+        tid = node_trace_id(run_id, f.epoch, f.node_id)
+        d["trace_id"] = tid
+        if jaeger_url:
+            try:
+                from .. import links
+                d["jaeger_url"] = links.trace_url(jaeger_url, tid)
+            except Exception:  # links module missing or a bad base URL: plain join
+                d["jaeger_url"] = jaeger_url.rstrip("/") + "/trace/" + tid
+    return d
+
+
+def to_json(result: Any, run_id: str | None = None, jaeger_url: str | None = None) -> str:
+    obj = {
+        "findings": [finding_dict(f, run_id, jaeger_url) for f in result.findings],
+        "unchecked": [u.to_dict() for u in result.unchecked],
+        "stats": result.stats,
+    }
+    return json.dumps(obj, indent=None, sort_keys=False, default=str)
+
+
+def _unchecked_line(u: Unchecked) -> str:
+    who = "all ranks" if u.rank is None else f"rank {u.rank}"
+    if u.kind == "level":
+        return f"  UNCHECKED {u.rule:<22} {who}: needs level {u.need_level} ({u.reason})"
+    ex = f" e.g. nodes {u.examples}" if u.examples else ""
+    return f"  SKIPPED   {u.rule:<22} {who}: {u.count}x ({u.reason}){ex}"
+
+
+def to_text(result: Any, run_id: str | None = None, jaeger_url: str | None = None) -> str:
+    """A table grouped by (epoch, node), groups ordered by their most severe finding."""
+    out: list[str] = []
+    groups: dict[tuple, list[Finding]] = {}
+    for f in result.findings:
+        groups.setdefault((f.epoch, f.node_id), []).append(f)
+
+    def gkey(item: tuple) -> tuple:
+        (epoch, nid), fs = item
+        return (min(f.sort_key()[0] for f in fs), epoch, nid if nid is not None else -1)
+
+    st = result.stats
+    out.append(f"cptrace-otel check: {st.get('events', 0)} events, {len(st.get('ranks', []))} ranks, "
+               f"{st.get('nodes', 0)} nodes, {st.get('malformed', 0)} malformed lines")
+    if not result.findings:
+        out.append("no findings")
+    else:
+        n_err = sum(1 for f in result.findings if f.severity == "ERROR")
+        out.append(f"{len(result.findings)} findings ({n_err} ERROR, {len(result.findings) - n_err} WARN) "
+                   f"on {len(groups)} nodes")
+        out.append(f"  {'SEV':<5} {'CODE':<5} {'RULE':<12} {'RANK':>4} {'OP':>6} {'CERT':<8} {'WHERE':<24} MESSAGE")
+        for (epoch, nid), fs in sorted(groups.items(), key=gkey):
+            head = f"node {nid} (epoch {epoch})" if nid is not None else f"(no node) (epoch {epoch})"
+            if run_id is not None and isinstance(nid, int) and nid >= 0:
+                tid = node_trace_id(run_id, epoch, nid)
+                head += f"  trace {tid}"
+                if jaeger_url:
+                    head += f"  {jaeger_url.rstrip('/')}/trace/{tid}"
+            out.append(head)
+            for f in sorted(fs, key=Finding.sort_key):
+                where = f"{_short(f.src)}:{f.line_no}" if f.src and f.line_no else f"seq {f.evidence[-1] if f.evidence else '?'}"
+                op = "" if f.op is None else str(f.op)
+                out.append(f"  {f.severity:<5} {f.code:<5} {f.rule:<12} {f.rank:>4} {op:>6} {f.certainty:<8} "
+                           f"{where:<24} {f.message}")
+    if result.unchecked:
+        out.append("not checked:")
+        out.extend(_unchecked_line(u) for u in result.unchecked)
+    return "\n".join(out)
+
+
+def _short(path: str) -> str:
+    return path.rsplit("/", 1)[-1]

@@ -1,0 +1,335 @@
+"""Upstream log files (``[CPTRACE tag] k=v ...`` lines, with or without SGLang's prefix) -> :class:`Event` stream.
+
+* Lines without the ``[CPTRACE`` marker are ignored. A line with the marker whose shape is broken, or with tokens
+  lacking ``=``, is reported (file, line number, reason) through ``on_malformed`` and counted; a line whose body
+  still parses is kept (bad tokens dropped), the rest of the file is processed either way.
+* Rank: the ``rank=`` field (``-1`` means unknown), else ``ATTN_CP<n>`` in the prefix, else the file's default
+  (``rank<n>``/``cp<n>`` in the file name, else the file's position on the command line).
+* ``seq`` is the line order within a rank; ``ts`` the ``ts=`` field, else the line number; ``epoch`` counts
+  ``reset`` records and node ids going backwards (:class:`~cptrace_otel.checks.epochs.EpochTracker`).
+* Several files are merged lazily by ``ts`` (``heapq.merge``), so memory does not grow with the files' length.
+
+The field parser is a fast path of :func:`cptrace_otel.logline.parse_line` with identical results (a unit test
+compares them): common value shapes (ints, ``rng`` summaries, bare words) are decoded without regexes and repeated
+scalar tokens are memoized; anything unusual falls back to :func:`~cptrace_otel.logline.parse_value`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+import re
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
+
+from ...checks.epochs import EpochTracker
+from ...events import Event
+from ...logline import Rng, parse_value
+
+MARKER = "[CPTRACE"
+_TAG_RE = re.compile(r"\w+$")
+_FILE_RANK = re.compile(r"(?:rank|cp)[_-]?(\d+)", re.IGNORECASE)
+
+
+class LogReadError(Exception):
+    """A log source that cannot be opened or read (the ``check`` command exits 3)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"cannot read {path}: {reason}")
+        self.path, self.reason = path, reason
+
+
+class Malformed(NamedTuple):
+    path: str
+    line_no: int
+    reason: str
+    text: str
+
+
+class LogStats:
+    """Counters of one read: lines seen, events produced, malformed lines (the first few kept verbatim)."""
+
+    KEEP = 100
+
+    def __init__(self) -> None:
+        self.lines = 0
+        self.events = 0
+        self.malformed = 0
+        self.examples: list[Malformed] = []
+
+    def add(self, m: Malformed) -> None:
+        self.malformed += 1
+        if len(self.examples) < self.KEEP:
+            self.examples.append(m)
+
+
+# -- fast field parser -------------------------------------------------------------------------------------------
+
+_I = r"(0|-?[1-9][0-9]*)"  # a canonical int, exactly the texts parse_value turns into ints
+_INTLIST_FAST = re.compile(rf"\[(?:{_I}(?:,{_I})*)?\]$", re.ASCII)
+_RNG_FAST = re.compile(rf"\(cnt={_I},min={_I},max={_I},first={_I},last={_I}\)$", re.ASCII)
+_TOKCACHE_MAX = 65536
+
+
+def _canon_int(s: str) -> int | None:
+    """``int(s)`` when ``s`` is the canonical rendering of that int (what parse_value accepts), else None."""
+    if s.isascii() and s.isdigit():
+        if s[0] != "0" or len(s) == 1:
+            return int(s)
+        return None
+    if len(s) > 1 and s[0] == "-" and s[1] != "0" and s.isascii() and s[1:].isdigit():
+        return int(s)
+    return None
+
+
+def _value(v: str) -> Any:
+    if not v:
+        return v
+    c = v[0]
+    if c.isdigit():
+        if v.isdigit() and v.isascii() and (c != "0" or len(v) == 1):
+            return int(v)
+        return parse_value(v)
+    if c == "-":
+        i = _canon_int(v)
+        return i if i is not None else parse_value(v)
+    if c == "(":
+        m = _RNG_FAST.match(v)
+        if m is not None:
+            a, b, c_, d, e = m.groups()
+            return Rng(int(a), int(b), int(c_), int(d), int(e))
+        return parse_value(v)
+    if c == "[":
+        m = _INTLIST_FAST.match(v)
+        if m is not None:  # a flat list of canonical ints, the common case (chain, pub, hp, hs)
+            inner = v[1:-1]
+            return [int(x) for x in inner.split(",")] if inner else []
+        return parse_value(v)
+    if c.isalpha() and c.isascii():
+        return v  # a bare word: parse_value keeps it as a string
+    return parse_value(v)
+
+
+_NOCACHE_KEYS = frozenset(("ts", "seq", "h", "hh", "wall", "mono"))  # unique per record: caching them only churns
+
+
+class _BadToken(Exception):
+    pass
+
+
+class _TokenCache(dict):
+    """token -> (key, typed value). Looked up through ``map(cache.__getitem__, tokens)`` so that a line whose tokens
+    are all known is parsed entirely in C; a miss computes the pair in :meth:`__missing__` (and keeps it when the
+    value is immutable and likely to repeat)."""
+
+    def __missing__(self, tok: str) -> tuple[str, Any]:
+        k, eq, v = tok.partition("=")
+        if not eq or not k:
+            raise _BadToken(tok)
+        val = _value(v)
+        if k not in _NOCACHE_KEYS and type(val) is not list and len(tok) < 100:
+            if len(self) >= _TOKCACHE_MAX:
+                self.clear()
+            self[tok] = (k, val)
+        return (k, val)
+
+
+_TOKCACHE = _TokenCache()
+_pair = _TOKCACHE.__getitem__
+
+
+def parse_trace_line(line: str) -> tuple[str, str, dict[str, Any], list[str]] | None:
+    """``(prefix, tag, fields, bad_tokens)`` exactly as :func:`cptrace_otel.logline.parse_line`, or None."""
+    idx = line.find("[CPTRACE ")
+    if idx < 0:
+        return None
+    end = line.find("]", idx + 9)
+    if end < 0:
+        return None
+    tag = line[idx + 9:end]
+    if not tag or not _TAG_RE.match(tag):
+        return None
+    rest = line[end + 1:].rstrip("\r\n")
+    if rest and rest[0] != " ":
+        return None
+    if "\n" in rest or "\r" in rest:  # "." of the line regex does not cross a newline
+        return None
+    j = rest.rfind(" ts=")
+    if j >= 0 and rest.find(" ", j + 1) < 0:
+        # the usual shape: ``ts=`` is the last token and unique per line; keep it out of the token cache
+        tsv = rest[j + 4:]
+        if tsv.isdigit() and tsv.isascii() and (tsv[0] != "0" or len(tsv) == 1):
+            try:
+                fields = dict(map(_pair, rest[:j].split()))
+            except _BadToken:
+                pass
+            else:
+                fields["ts"] = int(tsv)   # an earlier duplicate keeps its position, the last value wins: as logline
+                return line[:idx], tag, fields, []
+    try:
+        return line[:idx], tag, dict(map(_pair, rest.split())), []
+    except _BadToken:
+        pass
+    fields: dict[str, Any] = {}
+    bad: list[str] = []
+    for tok in rest.split():
+        try:
+            k, v = _pair(tok)
+        except _BadToken:
+            bad.append(tok)
+            continue
+        fields[k] = v
+    return line[:idx], tag, fields, bad
+
+
+def _prefix_rank(prefix: str) -> int | None:
+    i = prefix.find("ATTN_CP")
+    if i < 0:
+        return None
+    j = i + 7
+    k = j
+    while k < len(prefix) and prefix[k].isdigit():
+        k += 1
+    return int(prefix[j:k]) if k > j else None
+
+
+def default_rank(path: str, position: int) -> int:
+    """Rank of lines that carry neither ``rank=`` nor ``ATTN_CP``: from the file name, else its position."""
+    m = _FILE_RANK.search(os.path.basename(path))
+    return int(m.group(1)) if m else position
+
+
+# -- readers -----------------------------------------------------------------------------------------------------
+
+def _open(path: str):
+    try:
+        if os.path.isdir(path):
+            raise IsADirectoryError("is a directory")
+        return open(path, "r", encoding="utf-8", errors="replace", newline="", buffering=1 << 20)
+    except OSError as e:
+        raise LogReadError(path, e.strerror or str(e)) from None
+
+
+_CHUNK = 512  # events pulled from one file at a time: the merge works on chunks, not events
+
+
+def _file_chunks(fh, path: str, drank: int, on_bad: Callable[[Malformed], None], stats: LogStats
+                 ) -> Iterator[list[Event]]:
+    """Lists of events of one file, rank and ts set (seq/epoch are assigned in merge order, per rank)."""
+    parse = parse_trace_line
+    line_no = 0
+    chunk: list[Event] = []
+    append = chunk.append
+    try:
+        for line in fh:
+            line_no += 1
+            if MARKER not in line:
+                continue
+            p = parse(line)
+            if p is None:
+                on_bad(Malformed(path, line_no, "broken [CPTRACE tag] marker", line.rstrip("\r\n")))
+                continue
+            prefix, tag, fields, bad = p
+            if bad:
+                on_bad(Malformed(path, line_no, f"tokens without '=': {' '.join(bad)}", line.rstrip("\r\n")))
+            r = fields.get("rank")
+            if type(r) is not int or r < 0:
+                r = _prefix_rank(prefix) if prefix else None
+                if r is None:
+                    r = drank
+            ts = fields.get("ts")
+            if type(ts) is not int:
+                ts = line_no
+            append(Event(tag, r, 0, ts, 0, fields, 1, path, line_no))
+            if len(chunk) >= _CHUNK:
+                yield chunk
+                chunk = []
+                append = chunk.append
+        if chunk:
+            yield chunk
+    except OSError as e:
+        raise LogReadError(path, e.strerror or str(e)) from None
+    finally:
+        stats.lines += line_no
+        fh.close()
+
+
+def _merge_chunks(firsts: list[list[Event]], streams: list[Iterator[list[Event]]]) -> Iterator[list[Event]]:
+    """Chunks of all files, always the one whose first ts is lowest next: each file's order is kept and ranks
+    stay within about one chunk of each other in time (the cross-rank rules only need bounded lag)."""
+    heads = [(c[0].ts, i, c) for i, c in enumerate(firsts) if c]
+    heapq.heapify(heads)
+    while heads:
+        _, i, c = heads[0]
+        yield c
+        n = next(streams[i], None)
+        if n:
+            heapq.heapreplace(heads, (n[0].ts, i, n))
+        else:
+            heapq.heappop(heads)
+
+
+class LogEvents:
+    """The iterator :func:`read_log_events` returns; ``ranks`` are the ranks seen in each file's first chunk (a
+    hint for the cross-rank rules, known before the first event is consumed)."""
+
+    def __init__(self, it: Iterator[Event], ranks: set[int]) -> None:
+        self._it = it
+        self.ranks = ranks
+
+    def __iter__(self) -> Iterator[Event]:
+        return self._it   # the generator itself: no Python-level __next__ per event
+
+    def __next__(self) -> Event:
+        return next(self._it)
+
+
+def read_log_events(paths: Iterable[str], on_malformed: Callable[[Malformed], None] | None = None,
+                    stats: LogStats | None = None) -> LogEvents:
+    """Events of all ``paths`` (any mix of ranks), per rank in line order, ranks merged by ``ts`` (in chunks).
+
+    Opens every file and reads its first chunk here, so an unreadable one raises :class:`LogReadError` before any
+    event is returned."""
+    paths = list(paths)
+    st = stats if stats is not None else LogStats()
+
+    def bad(m: Malformed) -> None:
+        st.add(m)
+        if on_malformed is not None:
+            on_malformed(m)
+
+    handles = [_open(p) for p in paths]
+    streams = [_file_chunks(fh, p, default_rank(p, i), bad, st) for i, (fh, p) in enumerate(zip(handles, paths))]
+    firsts = [next(s, None) or [] for s in streams]
+    ranks = {ev.rank for c in firsts for ev in c}
+    if len(streams) == 1:
+        merged: Iterator[list[Event]] = _chain_first(firsts[0], streams[0])
+    else:
+        merged = _merge_chunks(firsts, streams)
+    return LogEvents(_number(merged, st), ranks)
+
+
+def _chain_first(first: list[Event], rest: Iterator[list[Event]]) -> Iterator[list[Event]]:
+    if first:
+        yield first
+    yield from rest
+
+
+_EPOCH_TAGS = frozenset(("reset", "split", "insert"))
+
+
+def _number(chunks: Iterator[list[Event]], st: LogStats) -> Iterator[Event]:
+    state: dict[int, list] = {}   # rank -> [next seq, EpochTracker]
+    for chunk in chunks:
+        st.events += len(chunk)
+        for ev in chunk:
+            rs = state.get(ev.rank)
+            if rs is None:
+                rs = state[ev.rank] = [0, EpochTracker()]
+            ev.seq = rs[0]
+            rs[0] += 1
+            t = rs[1]
+            if ev.tag in _EPOCH_TAGS or t._after_reset:
+                ev.epoch = t.step(ev.tag, ev.fields)
+            else:
+                ev.epoch = t.epoch
+            yield ev

@@ -1,0 +1,59 @@
+"""Epoch boundaries of one rank's stream (domain 3.1): a ``reset`` record ends an epoch, and so does a node id
+going backwards (a restarted process or a reset that was not logged). Node ids are unique only per (rank, epoch).
+
+The same tracker runs in the sources (which stamp ``Event.epoch``) and in :class:`~.rank.RankChecker` (for
+streams whose producer did not), so both agree: once a source has started a new epoch, the checker's fresh state
+sees no backwards id.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class EpochTracker:
+    """Feed ``(tag, fields)`` in stream order; :meth:`step` returns the epoch of that record."""
+
+    __slots__ = ("epoch", "_after_reset", "_max_new")
+
+    def __init__(self, epoch: int = 0) -> None:
+        self.epoch = epoch
+        self._after_reset = False
+        self._max_new = -1
+
+    def step(self, tag: str, fields: dict[str, Any], hint: int = 0) -> int:
+        """Epoch of this record. ``hint`` is the epoch its source stamped: the tracker never runs behind it."""
+        if self._after_reset:
+            self._after_reset = False
+            self._new_epoch()
+        if hint > self.epoch:
+            self.epoch = hint
+            self._max_new = -1
+        new_id = created_id(tag, fields)
+        if new_id is not None:
+            if new_id <= self._max_new:
+                self._new_epoch()
+            self._max_new = new_id
+        if tag == "reset":
+            self._after_reset = True  # the reset record itself belongs to the epoch it closes
+        return self.epoch
+
+    @property
+    def pending(self) -> bool:
+        """True when the next record starts a new epoch whatever its tag (it follows a reset)."""
+        return self._after_reset
+
+    def _new_epoch(self) -> None:
+        self.epoch += 1
+        self._max_new = -1
+
+
+def created_id(tag: str, fields: dict[str, Any]) -> int | None:
+    """The id a record creates (``split new_id``, ``insert kind=new``), which must grow within an epoch."""
+    if tag == "split":
+        v = fields.get("new_id")
+    elif tag == "insert" and fields.get("kind") == "new":
+        v = fields.get("node_id")
+    else:
+        return None
+    return v if type(v) is int else None

@@ -1,0 +1,191 @@
+"""Slot sets as the trace shows them: an ``rng`` summary, optionally with an exact run-length set.
+
+The emitter logs index tensors as ``(cnt=N,min=a,max=b,first=c,last=d)`` and, when exact sets are on, as
+``a-b:c-d`` runs (fields ``devx``, ``hostx``, ``idx_x``). :class:`Slots` keeps both. A summary whose ``cnt``
+equals ``max-min+1`` is a dense block: its set is known exactly (slot indices in one allocation are distinct), so
+it takes part in exact overlap tests like an explicit run list.
+
+:func:`overlap` answers with a certainty (domain 3.1): ``"exact"`` when both sets are known and intersect,
+``"interval"`` when only the ``[min, max]`` hulls intersect, ``None`` when they surely do not.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..logline import Rng
+
+EXACT, INTERVAL = "exact", "interval"
+
+
+def parse_runs(v: Any) -> tuple[tuple[int, int], ...] | None:
+    """``a-b:c-d:e`` (inclusive) -> ((a,b),(c,d),(e,e)); a bare int is one slot; None when malformed."""
+    if type(v) is int:
+        return ((v, v),)
+    if not isinstance(v, str) or not v:
+        return None
+    out = []
+    try:
+        for part in v.split(":"):
+            a, dash, b = part.partition("-")
+            if not a:  # no negative slots; "-3" is malformed
+                return None
+            lo = int(a)
+            hi = int(b) if dash else lo
+            if hi < lo:
+                return None
+            out.append((lo, hi))
+    except ValueError:
+        return None
+    return tuple(out)
+
+
+class Slots:
+    """One slot set: summary parts plus exact runs when known (``runs`` is None otherwise)."""
+
+    __slots__ = ("cnt", "lo", "hi", "first", "last", "runs", "ordered")
+
+    def __init__(self, cnt: int, lo: int, hi: int, first: int, last: int, runs: tuple | None,
+                 ordered: bool = False) -> None:
+        self.cnt, self.lo, self.hi, self.first, self.last, self.runs = cnt, lo, hi, first, last, runs
+        self.ordered = ordered  # runs list the slots in token order (explicit exact set), not just membership
+
+    @property
+    def exact(self) -> bool:
+        return self.runs is not None
+
+    def summary(self) -> tuple:
+        return (self.cnt, self.lo, self.hi, self.first, self.last)
+
+    def __repr__(self) -> str:  # pragma: no cover - debugging aid
+        return f"Slots(cnt={self.cnt},min={self.lo},max={self.hi},first={self.first},last={self.last},runs={self.runs})"
+
+
+def _is_int(x: Any) -> bool:
+    return type(x) is int
+
+
+_MEMO: dict[tuple, Slots | None] = {}
+_MEMO_MAX = 8192
+
+
+def slots_of(v: Any, x: Any = None) -> Slots | None:
+    """A :class:`Slots` from a field value (an :class:`Rng`) and an optional exact-set field; None for ``(none)``,
+    ``(err:...)`` and anything that is not a summary. ``(0)`` is the empty set.
+
+    Memoized: the same range shows up on several records of a lifecycle (prepare, backup, evict, free), and a
+    :class:`Slots` is never mutated."""
+    if type(v) is Rng and (x is None or type(x) is str or type(x) is int):
+        key = (v, x)
+        s = _MEMO.get(key)
+        if s is None:
+            s = _slots_of(v, x)
+            if len(_MEMO) >= _MEMO_MAX:
+                _MEMO.clear()
+            _MEMO[key] = s
+        return s
+    return _slots_of(v, x)
+
+
+def _slots_of(v: Any, x: Any) -> Slots | None:
+    if type(v) is Rng:
+        cnt, lo, hi, first, last = v
+        if not (_is_int(cnt) and _is_int(lo) and _is_int(hi) and _is_int(first) and _is_int(last)):
+            return None
+        runs = parse_runs(x) if x is not None else None
+        ordered = runs is not None
+        if runs is None and cnt == hi - lo + 1 and cnt > 0:
+            runs = ((lo, hi),)  # dense block: the set is known (its order is not)
+        return Slots(cnt, lo, hi, first, last, runs, ordered)
+    if v == "(0)":
+        return Slots(0, 0, -1, 0, -1, ())
+    if v is None and x is not None:
+        runs = parse_runs(x)
+        if runs:
+            n = sum(b - a + 1 for a, b in runs)
+            return Slots(n, min(a for a, _ in runs), max(b for _, b in runs), runs[0][0], runs[-1][1], runs, True)
+    return None
+
+
+def is_none_range(v: Any) -> bool:
+    """True for the ``(none)`` sentinel: the tensor was None (e.g. a node that is not backuped)."""
+    return v == "(none)"
+
+
+def _runs_intersect(a: tuple, b: tuple) -> bool:
+    if len(a) == 1 and len(b) == 1:
+        return a[0][0] <= b[0][1] and b[0][0] <= a[0][1]
+    sa, sb = sorted(a), sorted(b)
+    i = j = 0
+    while i < len(sa) and j < len(sb):
+        (a0, a1), (b0, b1) = sa[i], sb[j]
+        if a0 <= b1 and b0 <= a1:
+            return True
+        if a1 < b1:
+            i += 1
+        else:
+            j += 1
+    return False
+
+
+def overlap(a: Slots | None, b: Slots | None) -> str | None:
+    """``"exact"`` if the sets surely intersect, ``"interval"`` if they possibly do, None if they surely do not."""
+    if a is None or b is None or a.cnt <= 0 or b.cnt <= 0:
+        return None
+    if a.hi < b.lo or b.hi < a.lo:
+        return None
+    if a.runs is not None and b.runs is not None:
+        return EXACT if _runs_intersect(a.runs, b.runs) else None
+    if a.summary() == b.summary():
+        return EXACT  # equal summaries: the interval form counts as sure (domain 3.1)
+    return INTERVAL
+
+
+def concat(parts: list[Slots]) -> Slots | None:
+    """Summary (and runs, when all parts are exact) of the parts concatenated in order; None if a part is unknown."""
+    if not parts or any(p is None for p in parts):
+        return None
+    nonempty = [p for p in parts if p.cnt > 0]
+    if not nonempty:
+        return Slots(0, 0, -1, 0, -1, ())
+    runs: tuple | None = None
+    ordered = all(p.ordered for p in nonempty)
+    if ordered or all(p.runs is not None for p in nonempty):
+        runs = tuple(r for p in nonempty for r in p.runs)
+        # adjacent runs of consecutive parts form one run (as a single exact set of the whole would render it)
+        merged: list = []
+        for r in runs:
+            if merged and merged[-1][1] + 1 == r[0]:
+                merged[-1] = (merged[-1][0], r[1])
+            else:
+                merged.append(tuple(r))
+        runs = tuple(merged)
+    return Slots(sum(p.cnt for p in nonempty), min(p.lo for p in nonempty), max(p.hi for p in nonempty),
+                 nonempty[0].first, nonempty[-1].last, runs, ordered)
+
+
+def ordered_slots(s: Slots) -> list[int] | None:
+    """The slots in order when the runs give the order (explicit runs, or a dense ascending block)."""
+    if s.runs is None or not s.ordered:
+        return None  # membership may be known (dense block), the token order is not
+    out: list[int] = []
+    for a, b in s.runs:
+        out.extend(range(a, b + 1))
+    return out
+
+
+def slice_slots(s: Slots, start: int, n: int) -> Slots | None:
+    """Slots ``[start, start+n)`` of an ordered set; None when the order is unknown."""
+    if n <= 0:
+        return Slots(0, 0, -1, 0, -1, ())
+    seq = ordered_slots(s)
+    if seq is None or start + n > len(seq):
+        return None
+    part = seq[start:start + n]
+    runs: list[tuple[int, int]] = []
+    for x in part:
+        if runs and runs[-1][1] + 1 == x:
+            runs[-1] = (runs[-1][0], x)
+        else:
+            runs.append((x, x))
+    return Slots(n, min(part), max(part), part[0], part[-1], tuple(runs), True)

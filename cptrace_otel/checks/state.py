@@ -1,0 +1,136 @@
+"""The lineage state a :class:`~.rank.RankChecker` rebuilds for one (rank, epoch) (domain 3.4).
+
+Everything here is bounded by what is live: nodes leave with their lifecycle (host eviction, regular eviction),
+pending writes and loads leave at their ack, compose fills leave with their node, and the few "recently closed"
+and "recently deleted" memories are fixed-size.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+from .ranges import Slots
+
+UNKNOWN = "unknown"  # a slot set the trace implies but does not let us reconstruct (e.g. a reload slice)
+
+Ref = tuple  # (seq, line_no): where a record sits in the stream and its file
+
+
+class Backup:
+    """The content witness of a node's latest backup: ``h`` (whole node) or ``hp`` (per page) or ``hs`` (shared).
+
+    ``whole`` is False for a fragment left by a split: its ``h`` is not composable, only ``hp`` slices are."""
+
+    __slots__ = ("h", "hp", "hs", "ref", "op", "whole", "length")
+
+    def __init__(self, h: Any, hp: Any, hs: Any, ref: Ref, op: Any, whole: bool, length: int) -> None:
+        self.h, self.hp, self.hs, self.ref, self.op, self.whole, self.length = h, hp, hs, ref, op, whole, length
+
+    def fragment(self, start: int, n: int) -> "Backup":
+        hp = None
+        if isinstance(self.hp, list) and self.hp and self.length > 0 and self.length % len(self.hp) == 0:
+            tpp = self.length // len(self.hp)  # tokens per page
+            if start % tpp == 0 and n % tpp == 0:
+                hp = self.hp[start // tpp:(start + n) // tpp]
+        return Backup(None, hp, None, self.ref, self.op, False, n)
+
+
+class Node:
+    __slots__ = ("id", "len", "dev", "host", "host_freed", "gen", "gen_ref", "bk", "bk_state", "from_split")
+
+    def __init__(self, nid: int, length: int, dev: Any, host: Any, ref: Ref) -> None:
+        self.id = nid
+        self.len = length
+        self.dev: Slots | None | str = dev      # None: evicted from device; UNKNOWN: present, slots not known
+        self.host: Slots | None | str = host    # None: not backuped
+        self.host_freed: Ref | None = None      # a host free/evict of this node since its last prepare
+        self.gen = 0                            # our device generation (domain 3.3 `gen`)
+        self.gen_ref: tuple = (ref, "insert")   # the record that last changed the device state
+        self.bk: Backup | None = None
+        self.bk_state: tuple | None = None      # ("pending", write) or ("acked", ref)
+        self.from_split = False
+
+
+class PendingWrite:
+    """A device->host copy from its ``prepare`` to its ``ack dir=d2h``, following the tokens across splits."""
+
+    __slots__ = ("ops", "origin", "L", "dev", "host", "p_ref", "b_ref", "frags", "splits", "viol_a", "viol_b")
+
+    def __init__(self, op: Any, origin: int, length: int, dev: Any, host: Any, p_ref: Ref) -> None:
+        self.ops = {op}
+        self.origin = origin
+        self.L = length
+        self.dev = dev
+        self.host = host
+        self.p_ref = p_ref
+        self.b_ref: Ref | None = None
+        self.frags: list[list] = [[origin, length]]   # [node_id, len] of the lineage fragments, prefix first
+        self.splits: list[Ref] = []
+        self.viol_a: tuple | None = None   # (ref, certainty, what) of the first H4a breach
+        self.viol_b: tuple | None = None
+
+    def op(self) -> int | None:
+        """The op id to report: the prepare's (the lowest known)."""
+        ids = [o for o in self.ops if type(o) is int]
+        return min(ids) if ids else None
+
+    def frag_ids(self) -> list[int]:
+        return [f[0] for f in self.frags]
+
+
+class PendingLoad:
+    """A host->device copy from its ``reload`` to its ``ack dir=h2d``."""
+
+    __slots__ = ("op", "node_id", "chain", "host", "dev", "ref", "snap", "viol", "hashed", "zeroed")
+
+    def __init__(self, op: Any, node_id: int, chain: list[int], host: Any, dev: Any, ref: Ref,
+                 snap: dict[int, Backup | None]) -> None:
+        self.op, self.node_id, self.chain, self.host, self.dev, self.ref = op, node_id, chain, host, dev, ref
+        self.snap = snap            # each chain node's backup witness at issue time (survives its host eviction)
+        self.viol: tuple | None = None
+        self.hashed: set[int] = set()
+        self.zeroed = False
+
+
+class Fill:
+    """A compose fill (``hit=0``): the generation of every node it was derived from."""
+
+    __slots__ = ("ref", "src", "gens", "invalid", "reported")
+
+    def __init__(self, ref: Ref, src: Any, gens: dict[int, int | None]) -> None:
+        self.ref, self.src, self.gens = ref, src, gens
+        self.invalid: tuple | None = None   # (ref, certainty) of a free pool=dev that hit ``src``
+        self.reported = False
+
+
+class Bounded(OrderedDict):
+    """An insertion-ordered dict that forgets its oldest entries beyond ``cap``."""
+
+    def __init__(self, cap: int) -> None:
+        super().__init__()
+        self.cap = cap
+
+    def put(self, k: Any, v: Any) -> None:
+        self[k] = v
+        if len(self) > self.cap:
+            self.popitem(last=False)
+
+
+class EpochState:
+    """All per-(rank, epoch) state."""
+
+    MAX_PENDING = 8192   # in-flight copies kept; at level 1 (no acks) older ones are forgotten
+
+    def __init__(self) -> None:
+        self.nodes: dict[int, Node] = {}
+        self.dead: Bounded = Bounded(8192)              # node id -> ref of its host eviction / deletion
+        self.writes: dict[int, PendingWrite] = {}       # id(write) -> write, in prepare order
+        self.writes_by_node: dict[int, list[PendingWrite]] = {}
+        self.loads: dict[int, PendingLoad] = {}         # id(load) -> load, in reload order
+        self.loads_by_node: dict[int, list[PendingLoad]] = {}
+        self.recent_loads: Bounded = Bounded(256)       # (op, node) of closed loads, for later ack records
+        self.closed_writes: Bounded = Bounded(1024)     # node id -> write closed by an ack (duplicate ack records)
+        self.fills: dict[Any, Fill] = {}
+        self.fills_by_node: dict[int, set] = {}
+        self.nodes_seen = 0

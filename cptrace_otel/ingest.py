@@ -1,0 +1,261 @@
+"""``cptrace-otel ingest LOG...``: replay upstream ``[CPTRACE tag] k=v`` log files of all ranks as OTLP.
+
+The same mapping as the live exporter: every line becomes one span event through :class:`~cptrace_otel.spans.
+SpanBuilder` (one builder and one resource per rank, online checks stamped when the checks package is present), sent
+through the same sinks: OTLP/HTTP or gRPC (``--endpoint``/``--protocol``, spooled and retried like live export) or an
+OTLP JSON-lines file (``--file``; the default is ``cptrace-out/<run id>/ingest.otlp.jsonl`` when neither is given
+and no ``OTEL_EXPORTER_OTLP_*ENDPOINT`` is set).
+
+Timestamps: log ``ts=`` values are monotonic ns. Each file is anchored to wall time by its ``config mono= wall=``
+record, else by the wall time in the logger prefix of its first trace line, else by the file's mtime.
+
+Prints a summary (events, traces, spans, findings, malformed lines with ``file:line``). Exit codes: 0 done, 3 a log
+cannot be read or the endpoint cannot be reached (message with the URL, no traceback).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import time
+from typing import Any
+
+from . import semconv as sc
+
+EXIT_OK, EXIT_UNREACHABLE = 0, 3
+EXPORT_EVERY_EVENTS = 20_000
+WALL_LIKE_NS = 10**17  # a ts above this is already Unix-epoch ns (after 1973)
+
+
+def _err(msg: str) -> None:
+    print(f"cptrace-otel ingest: {msg}", file=sys.stderr, flush=True)
+
+
+def _derived_run_id(paths: list[str]) -> str:
+    h = hashlib.blake2b(digest_size=6)
+    for p in sorted(os.path.abspath(x) for x in paths):
+        h.update(p.encode())
+        try:
+            h.update(str(os.stat(p).st_size).encode())
+        except OSError:
+            pass
+    return "ingest-" + h.hexdigest()
+
+
+def _prefix_wall_ns(path: str) -> int | None:
+    """Wall time (ns, local time) from the logger prefix of the first trace line of ``path``."""
+    from .logline import parse_prefix
+
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for i, line in enumerate(f):
+                idx = line.find("[CPTRACE ")
+                if idx >= 0:
+                    wall = parse_prefix(line[:idx]).wall
+                    if wall:
+                        return _wall_to_ns(wall)
+                    return None
+                if i > 100_000:
+                    return None
+    except OSError:
+        return None
+    return None
+
+
+def _wall_to_ns(wall: str) -> int | None:
+    import datetime as dt
+
+    try:
+        d = dt.datetime.fromisoformat(wall.replace(",", "."))
+    except ValueError:
+        return None
+    return int(d.timestamp() * 1e9)  # naive -> local time, like SGLang's logger
+
+
+def _count_trace_lines(paths: list[str]) -> int:
+    n = 0
+    for p in paths:
+        try:
+            with open(p, "rb") as f:
+                while True:
+                    b = f.read(1 << 22)
+                    if not b:
+                        break
+                    n += b.count(b"[CPTRACE ")
+        except OSError:
+            pass
+    return n
+
+
+class _Clock:
+    """Per source file: monotonic ``ts`` -> wall ns."""
+
+    def __init__(self) -> None:
+        self.offsets: dict[str, int] = {}
+
+    def wall(self, ev: Any) -> int:
+        off = self.offsets.get(ev.src)
+        if off is None:
+            off = self._anchor(ev)
+            self.offsets[ev.src] = off
+        return ev.ts + off
+
+    def _anchor(self, ev: Any) -> int:
+        if ev.ts >= WALL_LIKE_NS:
+            return 0
+        f = ev.fields
+        mono, wall = f.get("mono"), f.get("wall")
+        if ev.tag == "config" and isinstance(mono, int) and isinstance(wall, (int, float)):
+            wall_ns = int(wall * 1e9) if wall < 1e11 else int(wall)  # seconds or ns
+            return wall_ns - mono
+        anchor = _prefix_wall_ns(ev.src)
+        if anchor is None:
+            try:
+                anchor = int(os.stat(ev.src).st_mtime * 1e9)
+            except OSError:
+                anchor = time.time_ns()
+        return anchor - ev.ts
+
+
+def run(args: Any) -> int:
+    from . import config as _config
+    from .analyze.sources.logs import LogReadError, LogStats, read_log_events
+    from .spans import SpanBuilder
+
+    env_cfg = _config.from_env()
+    logs = list(args.logs)
+    run_id = args.run_id or os.environ.get("CPTRACE_RUN_ID") or _derived_run_id(logs)
+    endpoint = args.endpoint
+    protocol = args.protocol
+    if not endpoint and not args.file and env_cfg.endpoint:
+        endpoint, protocol = env_cfg.endpoint, env_cfg.protocol
+    out_file = args.file
+    if not endpoint and not out_file:
+        out_file = os.path.join("cptrace-out", run_id, "ingest.otlp.jsonl")
+
+    # -- sinks -------------------------------------------------------------------------------------------------
+    sender = None
+    file_sink = None
+    url = endpoint or ""
+    if endpoint:
+        try:
+            if protocol == "grpc":
+                from .export.otlp_grpc import GrpcTransport
+
+                transport: Any = GrpcTransport(endpoint, env_cfg.headers, env_cfg.timeout_s, env_cfg.compression)
+            else:
+                from .export.otlp_http import HttpTransport
+
+                if "://" in endpoint and not endpoint.rstrip("/").endswith("/v1/traces") and \
+                        endpoint.count("/") <= 2:
+                    endpoint = endpoint.rstrip("/") + "/v1/traces"  # a bare base URL gets the OTLP path
+                transport = HttpTransport(endpoint, env_cfg.headers, env_cfg.timeout_s, env_cfg.compression)
+        except Exception as e:
+            _err(f"cannot use OTLP endpoint {endpoint}: {e}")
+            return EXIT_UNREACHABLE
+        url = transport.url
+        res, detail = transport.send(b"")  # an empty ExportTraceServiceRequest: is anyone there?
+        if res != "ok":
+            _err(f"OTLP endpoint {url} is unreachable ({detail})")
+            return EXIT_UNREACHABLE
+        from .export.spool import ReliableSender
+
+        sender = ReliableSender(transport, os.path.join(env_cfg.spool_dir, f"{run_id}-ingest-{os.getpid()}"))
+    else:
+        from .export.files import OtlpJsonFileSink
+
+        try:
+            file_sink = OtlpJsonFileSink(out_file)
+        except OSError as e:
+            _err(f"cannot write {out_file}: {e}")
+            return EXIT_UNREACHABLE
+
+    # -- replay ---------------------------------------------------------------------------------------------------
+    checker_factory = None
+    if env_cfg.checks:
+        try:
+            from .checks import RankChecker
+
+            checker_factory = lambda rank: RankChecker(rank, None)  # noqa: E731  level inferred per stream
+        except Exception:
+            checker_factory = None
+    builders: dict[int, SpanBuilder] = {}
+    stats = LogStats()
+    malformed: list[str] = []
+
+    def on_malformed(m: Any) -> None:
+        if len(malformed) < 20:
+            malformed.append(f"{m.path}:{m.line_no}: {m.reason}")
+
+    def resource(rank: int) -> dict[str, Any]:
+        return {sc.SERVICE_NAME: env_cfg.service_name, sc.SERVICE_INSTANCE_ID: f"ingest:{run_id}:{rank}",
+                sc.CP_RANK: rank, sc.RUN_ID: run_id, **dict(env_cfg.resource_attributes)}
+
+    def export() -> None:
+        groups = [(resource(r), b.take()) for r, b in sorted(builders.items())]
+        groups = [g for g in groups if g[1]]
+        if not groups:
+            return
+        if sender is not None:
+            from .export.otlp import encode_requests
+
+            for body in encode_requests(groups):
+                sender.submit(body)
+        if file_sink is not None:
+            file_sink.export(groups)
+
+    bar = None
+    if not args.no_progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=_count_trace_lines(logs), unit="ev", file=sys.stderr, desc="ingest", mininterval=0.5)
+    clock = _Clock()
+    n = 0
+    try:
+        for ev in read_log_events(logs, on_malformed=on_malformed, stats=stats):
+            b = builders.get(ev.rank)
+            if b is None:
+                b = builders[ev.rank] = SpanBuilder(run_id, f"ingest:{ev.rank}", env_cfg.span_timeout_s,
+                                                    checker_factory)
+            ev.ts = clock.wall(ev)
+            b.add(ev)
+            n += 1
+            if n % EXPORT_EVERY_EVENTS == 0:
+                export()
+                if bar is not None:
+                    bar.update(EXPORT_EVERY_EVENTS)
+        for b in builders.values():
+            b.finish()
+        export()
+    except LogReadError as e:
+        _err(str(e))
+        return EXIT_UNREACHABLE
+    finally:
+        if bar is not None:
+            bar.update(n % EXPORT_EVERY_EVENTS)
+            bar.close()
+
+    ok = True
+    if sender is not None:
+        ok = sender.flush(max(60.0, env_cfg.timeout_s * 6))
+        sender.close(1.0)
+    if file_sink is not None:
+        ok = file_sink.close() and ok
+
+    spans = sum(b.spans for b in builders.values())
+    traces = len(set().union(*(b.traces for b in builders.values()))) if builders else 0
+    findings = sum(b.findings for b in builders.values())
+    target = url if sender is not None else out_file
+    print(f"ingested {n} events from {len(logs)} file(s), {len(builders)} rank(s): {spans} spans in {traces} "
+          f"traces, {findings} findings stamped; run id {run_id} -> {target}")
+    if stats.malformed:
+        print(f"{stats.malformed} malformed line(s):")
+        for m in malformed:
+            print(f"  {m}")
+        if stats.malformed > len(malformed):
+            print(f"  ... and {stats.malformed - len(malformed)} more")
+    if not ok:
+        _err(f"not everything was delivered to {target}" + (f" (spool: {sender.spool.dir})" if sender else ""))
+        return EXIT_UNREACHABLE
+    return EXIT_OK

@@ -1,0 +1,467 @@
+"""The traced process's side of the pipeline: bounded buffer, drainer thread, exporter worker.
+
+Contract (docs/ARCHITECTURE.md):
+
+* :func:`start` installs ``api._submit``: a bounded ``deque`` append of ``(time_ns, level, tag, fields)`` on the
+  caller's thread. When the buffer holds ``config.queue_size`` records the new record is dropped and counted. It never
+  blocks and never raises.
+* A daemon drainer thread pops batches in order, resolves deferred fingerprints (``fingerprint.is_deferred/resolve``,
+  waiting on their CUDA event), renders every value into the Record form (ints, floats, space-free strings; bools as
+  ``True``/``False``; anything else with upstream ``_fmt`` semantics; a value whose ``str`` raises becomes
+  ``(err:<ExceptionType>)``; strings are capped at :data:`MAX_VALUE_CHARS`), assigns ``seq`` and ships pickled
+  batches to the exporter worker.
+* The worker is a subprocess per traced process (``python -m cptrace_otel.export.worker``; not ``multiprocessing``,
+  since SGLang rank processes may be daemonic), fed over its stdin and acking over its stdout; it exits after
+  delivering once its stdin closes, so it never outlives the traced process for long. ``CPTRACE_EXPORTER=thread``
+  runs the same worker loop in a thread instead (and a worker that cannot be spawned falls back to it).
+* :func:`flush` returns True only when everything emitted before it is exported or written (open spans closed);
+  False on timeout, while the backend is unreachable (records wait in the spool), or once records were lost because
+  the worker died. :func:`stats` has the counters (``dropped`` is also exported as ``cptrace.dropped`` on the rank
+  span at flush).
+* Exit: an ``atexit`` hook flushes with a short timeout. Fork: :func:`_after_fork_in_child` (called by api's
+  at-fork hook) forgets the parent's pipeline, so the child starts its own drainer and worker on its next record.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import itertools
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import threading
+import time
+from math import isfinite as _isfinite
+from typing import Any
+
+from .logline import parse_value, render_value  # light (re only); imported here, not per value
+
+MAX_VALUE_CHARS = 65536   # longer rendered values are cut (with a marker): keeps a span and a request bounded
+BATCH = 4096              # records per message to the worker
+IDLE_WAIT_S = 0.05        # drainer poll interval when the buffer is empty
+EXIT_FLUSH_S = 5.0        # atexit flush budget
+RESOLVE_TIMEOUT_S = 30.0  # longest wait for one deferred fingerprint
+
+_HEADER = struct.Struct("<I")
+_lock = threading.Lock()
+_state: "_State | None" = None
+_fids = itertools.count(1)
+_atexit_registered = False
+_last_stats: dict[str, Any] = {}
+
+
+# -- rendering (drainer thread) ------------------------------------------------------------------------------------
+def _load_deferred() -> tuple[Any, Any]:
+    try:
+        from .fingerprint import is_deferred, resolve  # type: ignore[attr-defined]
+
+        return is_deferred, resolve
+    except Exception:
+        return None, None
+
+
+def _cut(s: str) -> str:
+    if len(s) > MAX_VALUE_CHARS:
+        return s[:MAX_VALUE_CHARS] + f"...(cut:{len(s) - MAX_VALUE_CHARS})"
+    return s
+
+
+def _render_other(v: Any, is_deferred: Any, resolve: Any) -> Any:
+    """Render a value that is not a plain int/str: deferred fingerprint, bool, float, list, any object."""
+    try:
+        if is_deferred is not None and is_deferred(v):
+            try:
+                r = resolve(v, RESOLVE_TIMEOUT_S)  # its sentinel if the GPU never finishes
+            except Exception:
+                return -1  # the upstream failure sentinel
+            return r if type(r) is int else _render_other(r, None, None)
+        t = type(v)
+        if t is bool:
+            return "True" if v else "False"
+        if t is float:
+            # A finite float is what its log-line text parses back to; inf/nan become whatever parse_value makes
+            # of them, so live records and log lines still give identical events.
+            return v if _isfinite(v) else parse_value(repr(v))
+        if isinstance(v, str):
+            s = str.replace(v, " ", "")
+        else:
+            s = render_value(v)
+        if type(s) is not str:
+            s = str(s)
+        return _cut(s)
+    except Exception as e:  # a value whose __str__ raises must not lose the record
+        try:
+            return f"(err:{type(e).__name__})"
+        except Exception:
+            return "(err:?)"
+
+
+def render_record(seq: int, item: tuple, is_deferred: Any = None, resolve: Any = None) -> tuple:
+    """``(ts, level, tag, fields dict)`` -> Record ``(seq, ts, level, tag, ((k, v), ...))``."""
+    ts, level, tag, fields = item
+    out = []
+    for k, v in fields.items():
+        t = type(v)
+        if t is int:
+            out.append((k, v))
+        elif t is str:
+            if " " in v or len(v) > MAX_VALUE_CHARS:
+                v = _cut(v.replace(" ", ""))
+            out.append((k, v))
+        else:
+            out.append((k, _render_other(v, is_deferred, resolve)))
+    if type(tag) is not str:
+        tag = _render_other(tag, None, None)
+    if type(level) is not int:
+        try:
+            level = int(level)
+        except Exception:
+            level = 1
+    return (seq, ts, level, tag, tuple(out))
+
+
+# -- channels to the worker ----------------------------------------------------------------------------------------
+class _ProcessChannel:
+    """Worker subprocess: framed pickles on its stdin, acks from its stdout."""
+
+    def __init__(self, st: "_State") -> None:
+        env = dict(os.environ)
+        pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cptrace_otel.export.worker"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, close_fds=True, env=env, bufsize=0,
+        )
+        self._fd = self.proc.stdin.fileno()  # type: ignore[union-attr]
+        self._st = st
+        threading.Thread(target=self._read_acks, name="cptrace-acks", daemon=True).start()
+
+    def send(self, msg: tuple) -> None:
+        data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+        view = memoryview(_HEADER.pack(len(data)) + data)
+        while view:
+            n = os.write(self._fd, view)
+            view = view[n:]
+
+    def _read_acks(self) -> None:
+        f = self.proc.stdout
+
+        def read_exact(n: int) -> bytes | None:
+            buf = b""
+            while len(buf) < n:
+                chunk = f.read(n - len(buf))  # type: ignore[union-attr]  # raw pipe: reads may be short
+                if not chunk:
+                    return None
+                buf += chunk
+            return buf
+
+        try:
+            while True:
+                h = read_exact(_HEADER.size)
+                if h is None:
+                    break
+                body = read_exact(_HEADER.unpack(h)[0])
+                if body is None:
+                    break
+                self._st.on_ack(pickle.loads(body))
+        except Exception:
+            pass
+        self._st.on_worker_gone(f"exporter process exited (rc={self.proc.poll()})")
+
+    def close(self, timeout_s: float) -> bool:
+        try:
+            self.proc.stdin.close()  # type: ignore[union-attr]  # EOF: the worker delivers and exits
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=max(0.0, timeout_s))
+            return self.proc.returncode == 0
+        except subprocess.TimeoutExpired:
+            return False  # it keeps delivering on its own and exits within config.timeout_s
+
+    def close_in_child(self) -> None:
+        # After fork: drop this process's copy of the pipe so the parent's worker still sees EOF when the parent
+        # exits. Never touch the Popen object (its lock may be held by a thread that does not exist here).
+        try:
+            os.close(self._fd)
+        except OSError:
+            pass
+
+
+class _ThreadChannel:
+    """The same worker loop in a thread of this process (``CPTRACE_EXPORTER=thread``)."""
+
+    def __init__(self, st: "_State") -> None:
+        import queue
+
+        from .export.worker import run_loop
+
+        self._q: Any = queue.Queue(maxsize=64)
+        self._st = st
+        self._rc: list[int] = []
+
+        def body() -> None:
+            try:
+                self._rc.append(run_loop(lambda t: self._q.get(timeout=t), st.on_ack))
+            except Exception as e:
+                st.on_worker_gone(f"exporter thread failed: {e!r}")
+
+        self._t = threading.Thread(target=body, name="cptrace-exporter", daemon=True)
+        self._t.start()
+
+    def send(self, msg: tuple) -> None:
+        if not self._t.is_alive():
+            raise BrokenPipeError("exporter thread is not running")
+        self._q.put(msg)
+
+    def close(self, timeout_s: float) -> bool:
+        try:
+            self._q.put(None, timeout=max(0.01, timeout_s))
+        except Exception:
+            return False
+        self._t.join(timeout=max(0.0, timeout_s))
+        return not self._t.is_alive() and self._rc == [0]
+
+    def close_in_child(self) -> None:
+        pass
+
+
+# -- state ----------------------------------------------------------------------------------------------------------
+class _State:
+    def __init__(self, cfg: Any) -> None:
+        self.cfg = cfg
+        self.buf: collections.deque = collections.deque()
+        self.cap = max(1, int(cfg.queue_size))
+        self.dropped = 0
+        self.shipped = 0
+        self.seq = 0
+        self.flush_reqs: collections.deque = collections.deque()
+        self.waiters: dict[int, list[Any]] = {}
+        self.wake = threading.Event()
+        self.stop = False
+        self.channel: Any = None
+        self.gone: str | None = None
+        self.lost = 0               # records that could not reach the worker (subset of dropped)
+        self.stats: dict[str, Any] = {}
+        self.pid = os.getpid()
+        self.drainer = threading.Thread(target=self._drain, name="cptrace-drainer", daemon=True)
+
+    # caller side ---------------------------------------------------------------------------------------------------
+    def make_submit(self) -> Any:
+        buf = self.buf
+        cap = self.cap
+        append = buf.append
+        now = time.time_ns
+        st = self
+
+        def _submit(level: int, tag: str, fields: dict, _len: Any = len) -> None:
+            try:
+                if _len(buf) < cap:
+                    append((now(), level, tag, fields))
+                else:
+                    st.dropped += 1
+            except BaseException:  # noqa: BLE001 - the traced process must never see tracing fail
+                pass
+
+        return _submit
+
+    # worker callbacks --------------------------------------------------------------------------------------------
+    def on_ack(self, msg: tuple) -> None:
+        if not msg or msg[0] != "ack":
+            return
+        _, fid, ok, stats = msg
+        self.stats = stats or {}
+        w = self.waiters.get(fid)
+        if w is not None:
+            w[1] = bool(ok)
+            w[0].set()
+
+    def on_worker_gone(self, why: str) -> None:
+        if self.gone is None and not self.stop:
+            self.gone = why
+            print(f"cptrace_otel: {why}; further records are dropped and counted", file=sys.stderr, flush=True)
+        elif self.gone is None:
+            self.gone = why
+        for w in list(self.waiters.values()):
+            w[0].set()
+
+    # drainer -------------------------------------------------------------------------------------------------------
+    def _start_channel(self) -> None:
+        info = {
+            "config": self.cfg,
+            "resource": self.cfg.resource(),
+            "instance": f"{self.cfg.resource().get('service.instance.id', '')}",
+            "file": self.cfg.expand(self.cfg.file) if self.cfg.file else None,
+            "log_file": self.cfg.expand(self.cfg.log_file) if self.cfg.log_file else None,
+            "spool_dir": self.cfg.spool_dir,
+        }
+        if self.cfg.exporter == "process":
+            try:
+                self.channel = _ProcessChannel(self)
+                self.channel.send(("init", info))
+                return
+            except Exception as e:
+                print(f"cptrace_otel: cannot start the exporter process ({e!r}); exporting from a thread instead",
+                      file=sys.stderr, flush=True)
+        self.channel = _ThreadChannel(self)
+        self.channel.send(("init", info))
+
+    def _ship(self, msg: tuple, n_records: int = 0) -> None:
+        if self.gone is None:
+            try:
+                self.channel.send(msg)
+                return
+            except Exception as e:
+                self.on_worker_gone(f"exporter unreachable ({type(e).__name__}: {e})")
+        if n_records:
+            self.dropped += n_records
+            self.lost += n_records
+
+    def _drain(self) -> None:
+        try:
+            self._start_channel()
+        except Exception as e:
+            self.on_worker_gone(f"exporter failed to start: {e!r}")
+        is_deferred, resolve = _load_deferred()
+        buf = self.buf
+        popleft = buf.popleft
+        while True:
+            self.wake.clear()
+            reqs = []
+            while self.flush_reqs:
+                reqs.append(self.flush_reqs.popleft())
+            busy = bool(reqs)
+            while buf:
+                busy = True
+                n = min(len(buf), BATCH)
+                seq = self.seq
+                recs = []
+                for i in range(n):
+                    item = popleft()
+                    try:
+                        recs.append(render_record(seq + i, item, is_deferred, resolve))
+                    except Exception:
+                        self.dropped += 1  # unrenderable beyond repair (e.g. fields not a dict)
+                self.seq = seq + n
+                self.shipped += len(recs)
+                self._ship(("rec", recs, self.dropped), len(recs))
+            for fid, t_req, timeout_s in reqs:
+                left = timeout_s - (time.monotonic() - t_req) - 0.05
+                self._ship(("flush", fid, self.dropped, max(0.0, left)))
+                if self.gone is not None:
+                    w = self.waiters.get(fid)
+                    if w is not None:
+                        w[0].set()
+            if self.stop and not buf and not self.flush_reqs:
+                return
+            if not busy:
+                self.wake.wait(IDLE_WAIT_S)
+
+    def flush(self, timeout_s: float) -> bool:
+        if self.gone is not None and not self.drainer.is_alive():
+            return False
+        fid = next(_fids)
+        w = [threading.Event(), False]
+        self.waiters[fid] = w
+        self.flush_reqs.append((fid, time.monotonic(), timeout_s))
+        self.wake.set()
+        got = w[0].wait(max(0.0, timeout_s))
+        self.waiters.pop(fid, None)
+        return bool(got and w[1] and self.gone is None and self.lost == 0)
+
+
+# -- public (called by api.py) ---------------------------------------------------------------------------------------
+def start(config: Any) -> None:
+    """Start the pipeline for ``config`` (idempotent) and install ``api._submit``."""
+    global _state, _atexit_registered
+    from . import api
+
+    with _lock:
+        if _state is None or _state.pid != os.getpid():
+            st = _State(config)
+            st.drainer.start()
+            _state = st
+            if not _atexit_registered:
+                atexit.register(_at_exit)
+                _atexit_registered = True
+        api._submit = _state.make_submit()
+
+
+def flush(timeout_s: float = 30.0) -> bool:
+    """True once everything emitted before the call is exported or written; False on timeout or loss."""
+    st = _state
+    if st is None:
+        return True
+    try:
+        return st.flush(timeout_s)
+    except Exception:
+        return False
+
+
+def shutdown(timeout_s: float = 30.0) -> bool:
+    """Flush, stop the drainer, close the worker (it delivers and exits). A later record starts a new pipeline."""
+    global _state
+    from . import api
+
+    with _lock:
+        st = _state
+        if st is None:
+            return True
+        _state = None
+        if api._submit is not api._submit_unstarted:
+            api._submit = api._submit_unstarted
+    t0 = time.monotonic()
+    ok = False
+    try:
+        ok = st.flush(timeout_s)
+        st.stop = True
+        st.wake.set()
+        st.drainer.join(timeout=max(0.0, timeout_s - (time.monotonic() - t0)))
+        if st.channel is not None:
+            closed = st.channel.close(max(0.0, timeout_s - (time.monotonic() - t0)))
+            ok = ok and closed
+    except Exception:
+        ok = False
+    _remember(st)
+    return ok
+
+
+def stats() -> dict[str, Any]:
+    """Counters of the running (or last) pipeline: ``dropped``, ``shipped``, ``queued``, ``exporter`` state and the
+    worker's own figures from the last flush (events, spans, sent/spooled requests, ``backend_down``...)."""
+    st = _state
+    if st is None:
+        return dict(_last_stats)
+    return _stats_of(st)
+
+
+def _stats_of(st: _State) -> dict[str, Any]:
+    out = {"dropped": st.dropped, "shipped": st.shipped, "queued": len(st.buf), "lost": st.lost,
+           "exporter": st.cfg.exporter, "worker_gone": st.gone}
+    out.update({"worker": dict(st.stats)})
+    return out
+
+
+def _remember(st: _State) -> None:
+    global _last_stats
+    _last_stats = _stats_of(st)
+
+
+def _at_exit() -> None:
+    st = _state
+    if st is None or st.pid != os.getpid():
+        return
+    shutdown(min(EXIT_FLUSH_S, float(getattr(st.cfg, "timeout_s", EXIT_FLUSH_S)) + 1.0))
+
+
+def _after_fork_in_child() -> None:
+    """Forget the parent's pipeline in a forked child (its threads do not exist here); start afresh lazily."""
+    global _state, _lock
+    st = _state
+    _state = None
+    _lock = threading.Lock()
+    if st is not None and st.channel is not None:
+        st.channel.close_in_child()

@@ -1,0 +1,314 @@
+"""Workloads for the simulator: seeded random request streams (negative controls), one scripted scenario per fault
+of domain 7.2 (each makes its eligible site and its consequence happen), and the legal near-misses of 7.3.
+
+Every function drives a :class:`~cptrace_otel.sim.core.Simulation` and returns it; the records are in its emitter,
+the ground truth in ``sim.oracle``. :func:`analyze` runs the checker (per-rank rules and cross-rank rules) over the
+records of a :class:`~cptrace_otel.sim.tracer.LogEmitter`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from .core import Simulation
+from .faults import FAULTS, FaultPlan
+from .tracer import Emitter
+
+P = 4  # page size of every workload here
+
+
+class Tokens:
+    """Fresh token ids, so scenario prompts never collide by accident."""
+
+    def __init__(self, start: int = 1000) -> None:
+        self.n = start
+
+    def __call__(self, pages: int) -> list[int]:
+        out = list(range(self.n, self.n + pages * P))
+        self.n += pages * P
+        return out
+
+
+def random_workload(seed: int, mode: str = "none", ranks: int = 2, policy: str = "wt", level: int = 3,
+                    emitter: Emitter | None = None, faults: Iterable[FaultPlan] = (), requests: int = 24,
+                    exact: bool = True) -> Simulation:
+    """A seeded random stream: shared prefixes force splits, a small device pool forces eviction and reloads, a
+    small host pool forces host eviction, copy delays ``d_w``/``d_l`` of 1-3 rounds, now and then a reset."""
+    rng = np.random.default_rng(seed)
+    sim = Simulation(mode, ranks, policy, level, faults, emitter, page_size=P, layers=2, width=4,
+                     dev_pages=int(rng.integers(10, 17)), host_pages=int(rng.integers(14, 25)),
+                     d_w=int(rng.integers(1, 4)), d_l=int(rng.integers(1, 4)), lb_threshold=2 * P, exact=exact)
+    random_stream(sim, rng, requests)
+    sim.finish()
+    return sim
+
+
+def random_stream(sim: Simulation, rng: np.random.Generator, requests: int, resets: bool = True) -> None:
+    """Drive ``sim`` with ``requests`` random requests (repeats, shared prefixes with new suffixes, fresh prompts),
+    0-2 rounds apart, random durations."""
+    vocab = 200
+    prefixes = [rng.integers(0, vocab, P * int(k)).tolist() for k in rng.integers(1, 4, size=4)]
+    history: list[list[int]] = []
+    for _ in range(requests):
+        u = rng.random()
+        if u < 0.35 and history:
+            toks = history[int(rng.integers(len(history)))]
+        elif u < 0.8:
+            pre = prefixes[int(rng.integers(len(prefixes)))]
+            k = int(rng.integers(1, len(pre) // P + 1)) * P
+            toks = pre[:k] + rng.integers(0, vocab, P * int(rng.integers(0, 3))).tolist()
+        else:
+            toks = rng.integers(0, vocab, P * int(rng.integers(1, 4))).tolist()
+        history.append(toks)
+        sim.request(toks, dur=int(rng.integers(0, 3)))
+        for _ in range(int(rng.integers(0, 3))):
+            sim.step()
+        if resets and rng.random() < 0.04:
+            sim.reset()
+
+
+# -- scripted scenarios ---------------------------------------------------------------------------------------------
+
+def _sim(mode: str, ranks: int, policy: str, level: int, faults: Iterable[FaultPlan], emitter: Emitter | None,
+         **kw: Any) -> Simulation:
+    opts = dict(page_size=P, layers=2, width=4, dev_pages=8, host_pages=16, d_w=1, d_l=1, lb_threshold=2 * P)
+    opts.update(kw)
+    return Simulation(mode, ranks, policy, level, faults, emitter, **opts)
+
+
+def _steps(sim: Simulation, n: int) -> None:
+    for _ in range(n):
+        sim.step()
+
+
+def _split_pending(sim: Simulation, t: Tokens) -> None:
+    """A node is split while its device->host write is pending; the ack must publish both fragments (H1_ack)."""
+    a = t(4)
+    sim.request(a)
+    sim.step()
+    sim.request(a[:2 * P] + t(2))      # splits a's node at 8 tokens while its write is in flight
+    _steps(sim, 3)
+
+
+def _split_reload(sim: Simulation, t: Tokens) -> None:
+    """A backuped node is split, everything is evicted, then the whole prompt reloads both fragments (H1_swap,
+    H2_stale); then a reload of the split-created node alone, which must use ``host_p``."""
+    a = t(4)
+    sim.request(a)
+    sim.step()
+    sim.request(a[:2 * P] + t(2))
+    _steps(sim, 2)
+    sim.evict_all()
+    sim.request(a)                      # host hit on [prefix, suffix]: one reload of the chain
+    _steps(sim, 2)
+    sim.evict_all()
+    sim.request(a[:2 * P])              # host hit on the split-created prefix alone
+    _steps(sim, 2)
+
+
+def _reload_reuse(sim: Simulation, t: Tokens) -> None:
+    """A reload, and new backups that allocate host pages while it is in flight (freed pages come first, so
+    H2_release turns into a reuse of the loading pages); then host eviction right after the h2d ack."""
+    a = t(4)
+    sim.request(a)
+    sim.step()
+    sim.evict_all()
+    sim.request(a + t(1))               # reload a; the new leaf's backup allocates host pages during the load
+    sim.request(t(2))                   # a new node under the root: its backup allocates host pages too
+    _steps(sim, 3)
+    sim.evict_all()
+    sim.evict_host_all()
+
+
+def _compose_reload(sim: Simulation, t: Tokens) -> None:
+    """The attention's derived view of a node is filled, the node is evicted and reloaded, then read again: the
+    view must be refilled after the reload (H3_noinval serves the stale one)."""
+    a = t(3)
+    sim.request(a)
+    sim.request(a)
+    sim.step()
+    sim.evict_all()
+    sim.request(a)
+    _steps(sim, 2)
+    sim.request(a)
+    sim.step()
+
+
+def _recycle(sim: Simulation, t: Tokens) -> None:
+    """Pressure right after a backup is issued: the next request needs every device page. Correct code holds the
+    node (write_through lock, write_back flush); H4 faults free the pages while the copy is in flight. Then the node
+    is reloaded."""
+    a, u = t(4), t(4)
+    sim.request(a)
+    sim.request(u)                      # needs all 4 pages: evicts a (if it can), stores into them
+    _steps(sim, 3)
+    sim.evict_all()
+    sim.request(a)                      # reload a
+    _steps(sim, 2)
+
+
+def _store_reload(sim: Simulation, t: Tokens) -> None:
+    """Store, backup, evict, reload of one node (ZERO_nostore, ZERO_race, HASH_flip); then a free right after the
+    ack (eviction) and a second reload."""
+    a = t(3)
+    sim.request(a)
+    _steps(sim, 3)
+    sim.evict_all()
+    sim.request(a)
+    _steps(sim, 2)
+    sim.evict_all()
+    sim.request(a)
+    _steps(sim, 2)
+
+
+def _backup_only(sim: Simulation, t: Tokens) -> None:
+    """A few backups and nothing else (C1_div, C3_writer): the divergence stays the last write."""
+    a = t(2)
+    sim.request(a)
+    _steps(sim, 2)
+    sim.request(a + t(2))
+    _steps(sim, 3)
+
+
+# name -> (simulation sizes/delays, body)
+SCENARIOS: dict[str, tuple[dict[str, int], Callable[[Simulation, Tokens], None]]] = {
+    "split_pending": ({"d_w": 2}, _split_pending),
+    "split_reload": ({}, _split_reload),
+    "reload_reuse": ({"d_w": 1, "d_l": 2}, _reload_reuse),
+    "compose_reload": ({}, _compose_reload),
+    "recycle": ({"dev_pages": 4, "d_w": 2}, _recycle),
+    "store_reload": ({}, _store_reload),
+    "backup_only": ({}, _backup_only),
+}
+_FINISH_STEPS = {"backup_only": 4}   # a diverged group never acks its odd write: do not spin on it
+
+
+def run_scenario(name: str, sim_args: dict, faults: Iterable[FaultPlan] = ()) -> Simulation:
+    """Scenario ``name`` in a fresh simulation (``sim_args``: mode, ranks, policy, level, emitter)."""
+    params, body = SCENARIOS[name]
+    sim = _sim(**sim_args, faults=faults, **params)
+    body(sim, Tokens())
+    sim.finish(max_steps=_FINISH_STEPS.get(name, 64))
+    return sim
+
+
+def run_segment(sim: Simulation, name: str) -> None:
+    """Scenario ``name`` as a new epoch of a running simulation (a reset, then the scenario's pool sizes and copy
+    delays), for long runs such as the demo that string several scenarios together."""
+    params, body = SCENARIOS[name]
+    sim.drain()
+    base = dict(dev_pages=8, host_pages=16, d_w=1, d_l=1)
+    base.update(params)
+    for k, v in base.items():
+        setattr(sim, k, v)
+    sim.reset()
+    body(sim, Tokens())
+    sim.drain(_FINISH_STEPS.get(name, 64))
+
+
+def sc_split_pending(sim_args: dict, faults=()) -> Simulation:
+    return run_scenario("split_pending", sim_args, faults)
+
+
+def sc_split_reload(sim_args: dict, faults=()) -> Simulation:
+    return run_scenario("split_reload", sim_args, faults)
+
+
+def sc_reload_reuse(sim_args: dict, faults=()) -> Simulation:
+    return run_scenario("reload_reuse", sim_args, faults)
+
+
+def sc_compose_reload(sim_args: dict, faults=()) -> Simulation:
+    return run_scenario("compose_reload", sim_args, faults)
+
+
+def sc_recycle(sim_args: dict, faults=()) -> Simulation:
+    return run_scenario("recycle", sim_args, faults)
+
+
+def sc_wb_flush(sim_args: dict, faults=()) -> Simulation:
+    """write_back: eviction backs the node up and flushes synchronously before the free; then a reload."""
+    return run_scenario("recycle", sim_args, faults)
+
+
+def sc_store_reload(sim_args: dict, faults=()) -> Simulation:
+    return run_scenario("store_reload", sim_args, faults)
+
+
+def sc_backup_only(sim_args: dict, faults=()) -> Simulation:
+    return run_scenario("backup_only", sim_args, faults)
+
+
+SCENARIO_NAME_OF_FAULT = {
+    "H1_ack": "split_pending", "H1_swap": "split_reload", "H2_release": "reload_reuse", "H2_stale": "split_reload",
+    "H3_noinval": "compose_reload", "H4_nolock": "recycle", "H4_wb_noflush": "recycle",
+    "ZERO_nostore": "store_reload", "ZERO_race": "store_reload", "HASH_flip": "store_reload",
+    "C1_div": "backup_only", "C3_writer": "backup_only",
+}
+
+SCENARIO_OF_FAULT: dict[str, Callable[..., Simulation]] = {
+    "H1_ack": sc_split_pending,
+    "H1_swap": sc_split_reload,
+    "H2_release": sc_reload_reuse,
+    "H2_stale": sc_split_reload,
+    "H3_noinval": sc_compose_reload,
+    "H4_nolock": sc_recycle,
+    "H4_wb_noflush": sc_wb_flush,
+    "ZERO_nostore": sc_store_reload,
+    "ZERO_race": sc_store_reload,
+    "HASH_flip": sc_store_reload,
+    "C1_div": sc_backup_only,
+    "C3_writer": sc_backup_only,
+}
+
+# Legal near-misses (domain 7.3.2): scripted sequences that must stay silent without any fault -> (scenario, policy).
+NEAR_MISSES: dict[str, tuple[str, str]] = {
+    "free right after the ack": ("store_reload", "wt"),
+    "host eviction right after the h2d ack": ("reload_reuse", "wt"),
+    "split with correct fragment publication": ("split_pending", "wt"),
+    "compose refill after a reload": ("compose_reload", "wt"),
+    "write_back flush before the free": ("recycle", "wb"),
+    "reload of a split-created node using host_p": ("split_reload", "wt"),
+    "write_through lock holds the node under pressure": ("recycle", "wt"),
+    "write_back: split, evict, reload": ("split_reload", "wb"),
+    "write_back: store, evict, reload": ("store_reload", "wb"),
+}
+
+
+def run_fault(kind: str, mode: str = "none", ranks: int = 2, level: int = 3, emitter: Emitter | None = None,
+              rank: int | None = None, nth: int = 1, inject: bool = True) -> Simulation:
+    """The scripted scenario of fault ``kind`` in ``mode`` (its policy from the fault table); ``inject=False`` runs
+    the same scenario clean. ``rank`` targets one rank (scope ``rank``); default: the fault's own scope (rank 1 for
+    one-rank faults in multi-rank modes, so rank 0 is not always the odd one)."""
+    spec = FAULTS[kind]
+    if mode == "none":
+        ranks = 1
+    if rank is None:
+        rank = 1 if (spec.scope == "rank" and ranks > 1) else 0
+    faults = [FaultPlan(kind, rank=rank, nth=nth)] if inject else []
+    args = dict(mode=mode, ranks=ranks, policy=spec.policy, level=level, emitter=emitter)
+    return SCENARIO_OF_FAULT[kind](args, faults)
+
+
+def analyze(sim: Simulation, level: int | None = None):
+    """Check a simulation's records (its :class:`LogEmitter`) with the project's checker; returns its ``Result``."""
+    from ..analyze.engine import Analysis
+
+    return Analysis(level).run(sim.emitter.events())  # type: ignore[attr-defined]
+
+
+def expected_set(sim: Simulation, level: int, result=None) -> set[tuple]:
+    """The oracle's ``(code, rank, node_id, op)`` observable at ``level``. Expectations of a rule that the checker
+    declares it cannot run (an ``Unchecked`` entry naming that rule, e.g. ``C5-fence``) are left out: an unchecked
+    rule is reported as such, never passed silently, and the tests assert that entry separately."""
+    skipped = set()
+    if result is not None:
+        skipped = {u.rule for u in result.unchecked if u.rank is None or u.kind == "skip"}
+    return {(e.code, e.rank, e.node_id, e.op) for e in sim.oracle.expected(level) if e.rule not in skipped}
+
+
+def found_set(result) -> set[tuple]:
+    """The checker's findings as ``(code, rank, node_id, op)``; an op of -1 (a ``pend=-1`` field) counts as none."""
+    return {(f.code, f.rank, f.node_id, f.op if f.op is None or f.op >= 0 else None) for f in result.findings}

@@ -1,0 +1,29 @@
+"""Helpers for the checker tests: run hand-written upstream lines through the log source and the analysis."""
+
+from __future__ import annotations
+
+import os
+
+from cptrace_otel.analyze.engine import Analysis, Result
+from cptrace_otel.analyze.sources.logs import read_log_events
+
+FIXTURES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures")
+
+
+def R(lo: int, hi: int) -> str:
+    """A dense ``rng`` summary of slots lo..hi (inclusive)."""
+    return f"(cnt={hi - lo + 1},min={lo},max={hi},first={lo},last={hi})"
+
+
+def check_lines(tmp_path, lines: list[str], level: int | None = None, name: str = "rank0.log") -> Result:
+    p = tmp_path / name
+    p.write_text("".join(x + "\n" for x in lines))
+    return Analysis(level).run(read_log_events([str(p)]))
+
+
+def check_files(paths: list[str], level: int | None = None) -> Result:
+    return Analysis(level).run(read_log_events(paths))
+
+
+def rules(res: Result) -> set[str]:
+    return {f.rule for f in res.findings}

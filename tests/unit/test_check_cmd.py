@@ -1,0 +1,113 @@
+"""``cptrace-otel check``: exit codes, the JSON object, the text table, source detection, trace links."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from cptrace_otel.analyze import check_cmd
+from cptrace_otel.cli import main
+
+from _checks_util import FIXTURES
+
+DOMAIN = os.path.join(FIXTURES, "domain")
+
+
+class Args:
+    def __init__(self, paths, json=False, level=None, jaeger_url=None, run_id=None):
+        self.paths, self.json, self.level, self.jaeger_url, self.run_id = paths, json, level, jaeger_url, run_id
+
+
+def run(args):
+    out, err = io.StringIO(), io.StringIO()
+    rc = check_cmd.run(args, out, err)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def test_exit_codes_clean_findings_usage_unreadable(tmp_path):
+    assert run(Args([os.path.join(DOMAIN, "h4_good.log")]))[0] == 0
+    assert run(Args([os.path.join(DOMAIN, "h4_bad.log")]))[0] == 1
+    assert run(Args([os.path.join(DOMAIN, "h4_bad.log")], level=7))[0] == 2
+    assert run(Args([]))[0] == 2
+    rc, _, err = run(Args([str(tmp_path / "missing.log")]))
+    assert rc == 3 and "missing.log" in err
+    # through the real CLI entry point (argparse usage errors exit 2)
+    assert main(["check", os.path.join(DOMAIN, "h4_good.log")]) == 0
+    assert main(["check"]) == 2
+
+
+def test_json_object(tmp_path):
+    rc, out, _ = run(Args([os.path.join(DOMAIN, "h1b_bad.log"), os.path.join(FIXTURES, "real", "malformed.log")],
+                          json=True, run_id="r1", jaeger_url="http://127.0.0.1:16686/"))
+    assert rc == 1
+    obj = json.loads(out)
+    assert set(obj) == {"findings", "unchecked", "stats"}
+    h1 = next(f for f in obj["findings"] if f["code"] == "H1")
+    for k in ("code", "rule", "rank", "epoch", "node_id", "op", "certainty", "evidence", "message"):
+        assert k in h1
+    # both files are rank 0: one stream merged by ts (malformed.log's three events, ts 1-3, come first)
+    assert (h1["rule"], h1["node_id"], h1["op"], h1["evidence"]) == ("H1b", 3, 7, [3, 4, 5])
+    assert h1["evidence_lines"] == [1, 2, 3] and h1["line_no"] == 3 and h1["src"].endswith("h1b_bad.log")
+    tid = hashlib.blake2b(b"r1|0|3", digest_size=16).hexdigest()
+    assert h1["trace_id"] == tid and h1["jaeger_url"].endswith("/trace/" + tid)
+    st = obj["stats"]
+    assert st["malformed"] == 3 and st["events"] == 6 and st["ranks"] == [0] and st["nodes"] >= 2
+    assert {"rule", "code", "need_level", "kind"} <= set(obj["unchecked"][0]) if obj["unchecked"] else True
+
+
+def test_text_table_groups_by_node_most_severe_first(tmp_path):
+    p = tmp_path / "mix.log"
+    sparse = "(cnt=2,min=500,max=600,first=500,last=600)"
+    lines = open(os.path.join(DOMAIN, "h4_bad.log")).read().splitlines()
+    # an interval-only H4 WARN on node 1 (another lineage), before the exact H4 ERROR on node 6
+    lines = [
+        "[CPTRACE prepare] node_id=1 op=1 len=2 dev=" + sparse + " host=(cnt=2,min=0,max=1,first=0,last=1) policy=wt rank=0 ts=1",
+        "[CPTRACE free] pool=dev idx=(cnt=2,min=550,max=560,first=550,last=560) node_id=-1 why=finish rank=0 ts=2",
+        "[CPTRACE ack] dir=d2h op=1 node_id=1 blen=2 clen=2 pub=[1] rank=0 ts=3",
+    ] + lines
+    p.write_text("\n".join(lines) + "\n")
+    rc, out, _ = run(Args([str(p)]))
+    assert rc == 1
+    rows = out.splitlines()
+    assert "2 findings (1 ERROR, 1 WARN) on 2 nodes" in out
+    i6 = next(i for i, r in enumerate(rows) if r.startswith("node 6"))
+    i1 = next(i for i, r in enumerate(rows) if r.startswith("node 1"))
+    assert i6 < i1 and "ERROR H4" in rows[i6 + 1] and "WARN  H4" in rows[i1 + 1]
+    assert "mix.log:" in rows[i6 + 1]
+
+
+def test_otlp_and_log_sources_detected_by_content(tmp_path):
+    from cptrace_otel import semconv as sc
+    from cptrace_otel.attrs import fields_to_attributes
+    from cptrace_otel.export.otlp import _json_attrs  # noqa: F401  (the exporter's encoder must exist)
+    lines = open(os.path.join(DOMAIN, "h4_bad.log")).read().splitlines()
+    from cptrace_otel.analyze.sources.logs import parse_trace_line
+    events = []
+    for i, ln in enumerate(lines):
+        _, tag, fields, _ = parse_trace_line(ln)
+        attrs = [{"key": k, "value": {"intValue": str(v)} if isinstance(v, int) else {"stringValue": str(v)}}
+                 for k, v in {**fields_to_attributes(fields), sc.SEQ: i, sc.EPOCH: 0}.items()]
+        events.append({"name": tag, "timeUnixNano": str(100 + i), "attributes": attrs})
+    req = {"resourceSpans": [{"resource": {"attributes": [
+        {"key": sc.CP_RANK, "value": {"intValue": "0"}}, {"key": sc.RUN_ID, "value": {"stringValue": "RUN"}}]},
+        "scopeSpans": [{"spans": [{"name": "hicache.node", "events": events}]}]}]}
+    p = tmp_path / "trace.otlp"      # the extension says nothing: the content does
+    p.write_text(json.dumps(req) + "\n")
+    rc, out, _ = run(Args([str(p)], json=True))
+    obj = json.loads(out)
+    assert rc == 1 and [(f["rule"], f["node_id"]) for f in obj["findings"]] == [("H4a", 6)]
+    assert obj["findings"][0]["trace_id"] == hashlib.blake2b(b"RUN|0|6", digest_size=16).hexdigest()
+    assert obj["stats"]["sources"]["otlp"] == [str(p)]
+
+
+def test_cli_subprocess_json(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "check", "--json",
+                        os.path.join(DOMAIN, "hash_bad.log")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1
+    assert [f["code"] for f in json.loads(r.stdout)["findings"]] == ["HASH"]

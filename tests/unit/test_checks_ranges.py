@@ -1,0 +1,46 @@
+"""Slot-set algebra of the checks: exact runs, dense blocks, interval-only overlaps, concatenation, slicing."""
+
+from __future__ import annotations
+
+from cptrace_otel.checks.ranges import EXACT, INTERVAL, concat, overlap, parse_runs, slice_slots, slots_of
+from cptrace_otel.logline import Rng
+
+
+def test_parse_runs():
+    assert parse_runs("1-3:7-7:9") == ((1, 3), (7, 7), (9, 9))
+    assert parse_runs(5) == ((5, 5),)
+    for bad in ("", "3-1", "-3", "a-b", None, 1.5):
+        assert parse_runs(bad) is None
+
+
+def test_slots_of_sentinels_and_dense_blocks():
+    assert slots_of("(none)") is None and slots_of("(err:x)") is None and slots_of("junk") is None
+    e = slots_of("(0)")
+    assert e.cnt == 0 and overlap(e, slots_of(Rng(4, 0, 3, 0, 3))) is None
+    d = slots_of(Rng(4, 10, 13, 10, 13))
+    assert d.runs == ((10, 13),) and not d.ordered      # membership known, order not
+    s = slots_of(Rng(2, 10, 20, 10, 20))
+    assert s.runs is None
+    x = slots_of(Rng(2, 10, 20, 10, 20), "10:20")
+    assert x.runs == ((10, 10), (20, 20)) and x.ordered
+
+
+def test_overlap_certainty():
+    dense = slots_of(Rng(4, 10, 13, 10, 13))
+    sparse = slots_of(Rng(2, 5, 30, 5, 30))
+    assert overlap(dense, slots_of(Rng(2, 13, 14, 13, 14))) == EXACT
+    assert overlap(dense, slots_of(Rng(2, 14, 15, 14, 15))) is None
+    assert overlap(dense, sparse) == INTERVAL                       # hulls intersect, sets unknown
+    assert overlap(dense, slots_of(Rng(2, 5, 30, 5, 30), "5:30")) is None   # exact: they do not
+    assert overlap(sparse, slots_of(Rng(2, 5, 30, 5, 30))) == EXACT      # equal summaries count as sure
+    assert overlap(slots_of(Rng(3, 1, 9, 1, 9), "1:5:9"), slots_of(Rng(2, 4, 5, 4, 5))) == EXACT
+
+
+def test_concat_and_slice():
+    a = slots_of(Rng(2, 7, 8, 7, 8), "7-8")
+    b = slots_of(Rng(2, 1, 2, 1, 2), "1-2")
+    c = concat([a, b])
+    assert c.summary() == (4, 1, 8, 7, 2) and c.runs == ((7, 8), (1, 2)) and c.ordered
+    assert slice_slots(c, 1, 2).summary() == (2, 1, 8, 8, 1)
+    assert slice_slots(slots_of(Rng(4, 1, 4, 1, 4)), 0, 2) is None  # dense but unordered: no slicing
+    assert concat([a, None]) is None

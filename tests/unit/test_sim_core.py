@@ -1,0 +1,239 @@
+"""The simulated HiRadix cache on its own (no checker): splits, lineage, locks, evict/reload, copies that read
+their source at completion, lockstep acks, CP modes, level gating, and the emitted record grammar."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cptrace_otel.logline import Rng, parse_line, parse_prefix
+from cptrace_otel.sim.core import Simulation
+from cptrace_otel.sim.faults import FaultPlan
+from cptrace_otel.sim.workload import P, Tokens
+
+
+def recs(sim: Simulation, tag: str, rank: int = 0) -> list[dict]:
+    out = []
+    for line in sim.emitter.lines[rank]:
+        pl = parse_line(line)
+        if pl.tag == tag:
+            out.append(pl.fields)
+    return out
+
+
+def mk(**kw) -> Simulation:
+    opts = dict(mode="none", ranks=1, policy="wt", level=3, page_size=P, dev_pages=8, host_pages=16)
+    opts.update(kw)
+    return Simulation(**opts)
+
+
+def test_split_gives_the_new_id_to_the_prefix_and_the_old_id_keeps_the_suffix():
+    sim, t = mk(), Tokens()
+    a = t(4)
+    sim.request(a)
+    sim.step()
+    sim.request(a[:2 * P] + t(1))
+    (sp,) = recs(sim, "split")
+    assert sp["node_id"] == 1 and sp["new_id"] == 2 and sp["pre_len"] == 16 and sp["split_len"] == 8
+    assert sp["dev_p"] == Rng(8, 0, 7, 0, 7) and sp["dev_c"] == Rng(8, 8, 15, 8, 15)
+    assert sp["host_p"].first == 0 and sp["host_c"].last == 15
+    rk = sim.ranks_[0]
+    p, c = rk.nodes[2], rk.nodes[1]
+    assert c.parent is p and p.parent is rk.root and len(p) == 8 and len(c) == 8
+    assert c.start == 8 and p.start == 0
+
+
+def test_pending_write_is_rewritten_to_the_fragments_prefix_first():
+    sim, t = mk(d_w=2), Tokens()
+    a = t(4)
+    sim.request(a)
+    sim.request(a[:P] + t(1))      # split at 4 while op 1 is in flight
+    sim.finish()
+    (ack,) = [r for r in recs(sim, "ack") if r["dir"] == "d2h" and r["op"] == 1]
+    assert ack["node_id"] == 1 and ack["blen"] == 16 and ack["clen"] == 12 and ack["pub"] == [2, 1]
+
+
+def test_h1_ack_fault_publishes_only_the_suffix():
+    sim, t = mk(d_w=2, faults=[FaultPlan("H1_ack")]), Tokens()
+    a = t(4)
+    sim.request(a)
+    sim.request(a[:P] + t(1))
+    sim.finish()
+    (ack,) = [r for r in recs(sim, "ack") if r["dir"] == "d2h" and r["op"] == 1]
+    assert ack["pub"] == [1] and ack["clen"] < ack["blen"]
+    assert [(e.code, e.node_id, e.op) for e in sim.oracle.expected(2)] == [("H1", 1, 1)]
+
+
+def test_lock_ref_propagates_to_the_root_and_write_through_holds_until_the_ack():
+    sim, t = mk(d_w=2), Tokens()
+    a = t(2)
+    sim.request(a, dur=5)
+    sim.request(a + t(1), dur=5)
+    rk = sim.ranks_[0]
+    parent, child = rk.nodes[1], rk.nodes[2]
+    # parent: its own request + the child's request (propagated) + its write lock + the child's write lock
+    assert parent.lock_ref == 4 and child.lock_ref == 2
+    sim.step(); sim.step()
+    assert parent.lock_ref == 2 and child.lock_ref == 1      # both writes acked
+    sim.finish()
+    assert parent.lock_ref == 0 and child.lock_ref == 0
+
+
+def test_evict_and_reload_use_new_device_slots_and_bring_back_the_bytes():
+    sim, t = mk(), Tokens()
+    a = t(3)
+    sim.request(a)
+    sim.step()
+    rk = sim.ranks_[0]
+    n = rk.nodes[1]
+    before = rk.gather(n.value).copy()
+    old_dev = n.value.copy()
+    sim.evict_all()
+    assert n.value is None and n.host_value is not None
+    sim.request(t(2))               # takes the freed pages first
+    sim.request(a)                  # host hit: reload
+    (rl,) = recs(sim, "reload")
+    assert rl["chain"] == [1] and rl["dev"].cnt == 12
+    assert n.value.tolist() != old_dev.tolist()      # new slots, not the ones it had
+    sim.finish()
+    assert np.array_equal(rk.gather(n.value), before)
+    h2d = [r for r in recs(sim, "ack") if r["dir"] == "h2d"]
+    bk = recs(sim, "backup")[0]
+    assert h2d[0]["h"] == bk["h"] and h2d[0]["hp"] == bk["hp"] and h2d[0]["nz"] > 0
+
+
+def test_a_copy_reads_its_source_when_it_completes_not_when_issued():
+    # H4_nolock: the node is evicted and its pages reused before its d2h copy completes -> the host holds the new
+    # owner's bytes, while the backup record hashed the node's own bytes at issue.
+    sim, t = mk(dev_pages=4, d_w=2, faults=[FaultPlan("H4_nolock")]), Tokens()
+    a, u = t(4), t(4)
+    sim.request(a)
+    rk = sim.ranks_[0]
+    n = rk.nodes[1]
+    own = rk.gather(n.value).copy()
+    host = n.host_value.copy()
+    sim.request(u)                  # evicts a (no lock), stores u into the same pages
+    foreign = rk.gather(rk.nodes[2].value).copy()
+    sim.step(); sim.step()
+    assert np.array_equal(rk.host.data[host], foreign)
+    assert not np.array_equal(rk.host.data[host], own)
+    assert n.bk is not None and np.array_equal(n.bk, own)
+
+
+def test_without_the_fault_the_lock_keeps_the_node_and_the_backup_is_faithful():
+    sim, t = mk(dev_pages=4, d_w=2), Tokens()
+    a, u = t(4), t(4)
+    sim.request(a)
+    rk = sim.ranks_[0]
+    n = rk.nodes[1]
+    own = rk.gather(n.value).copy()
+    host = n.host_value.copy()
+    sim.request(u)                  # cannot evict a (locked): u is not cached
+    assert n.value is not None and 2 not in rk.nodes
+    sim.finish()
+    assert np.array_equal(rk.host.data[host], own)
+
+
+def test_write_back_backs_up_at_eviction_and_flushes_before_the_free():
+    sim, t = mk(policy="wb"), Tokens()
+    a = t(2)
+    sim.request(a)
+    assert recs(sim, "prepare") == []
+    sim.evict_all()
+    tags = [parse_line(x).tag for x in sim.emitter.lines[0]]
+    i_prep, i_ack, i_evict = tags.index("prepare"), tags.index("ack"), tags.index("evict")
+    assert i_prep < i_ack < i_evict
+
+
+def test_acks_pop_the_minimum_ready_count_across_ranks():
+    sim, t = mk(mode="replicated", ranks=2, d_w=1), Tokens()
+    sim.request(t(2))
+    rk0, rk1 = sim.ranks_
+    rk1.write_q[0].complete_at = 99          # rank 1's copy is slow
+    sim.step()
+    assert recs(sim, "ack", 0) == [] and recs(sim, "ack", 1) == []
+    rk1.write_q[0].complete_at = sim.clock.tick + 1
+    sim.step()
+    assert len(recs(sim, "ack", 0)) == 1 and len(recs(sim, "ack", 1)) == 1
+    assert recs(sim, "ack", 0)[0]["round"] == recs(sim, "ack", 1)[0]["round"]
+
+
+@pytest.mark.parametrize("mode", ["replicated", "sharded", "dcp", "layersplit", "shared"])
+def test_cp_modes_keep_trees_in_lockstep_and_differ_in_content(mode):
+    sim, t = mk(mode=mode, ranks=2), Tokens()
+    a = t(2)
+    sim.request(a)
+    sim.finish()
+    b0, b1 = recs(sim, "backup", 0)[0], recs(sim, "backup", 1)[0]
+    assert b0["node_id"] == b1["node_id"] and b0["dev"] == b1["dev"] and b0["host"] == b1["host"]
+    if mode in ("replicated", "shared"):
+        assert b0["h"] == b1["h"]
+    else:
+        assert b0["h"] != b1["h"]
+    if mode == "shared":
+        assert (b0["io"], b1["io"]) == (1, 0) and b0["hs"] == [b0["h"], b0["h"]]
+        assert sim.ranks_[0].host.data is sim.ranks_[1].host.data
+    else:
+        assert (b0["io"], b1["io"]) == (1, 1)
+    if mode == "dcp":
+        rk = sim.ranks_[1]
+        n = rk.nodes[1]
+        data = rk.gather(n.value)
+        pos = np.arange(len(n))
+        assert np.count_nonzero(data[pos % 2 == 0]) == 0 and np.count_nonzero(data[pos % 2 == 1]) > 0
+    if mode == "layersplit":
+        cfg0, cfg1 = recs(sim, "config", 0)[0], recs(sim, "config", 1)[0]
+        assert (cfg0["layers"], cfg1["layers"]) == ("[0,1)", "[1,2)")
+
+
+def test_shared_mode_reload_loads_only_owned_pages_per_rank():
+    sim, t = mk(mode="shared", ranks=2), Tokens()
+    a = t(4)
+    sim.request(a)
+    sim.step()
+    sim.evict_all()
+    for rk in sim.ranks_:
+        rk.dev.data[:] = 0
+    sim.request(a)
+    sim.finish()
+    rk0, rk1 = sim.ranks_
+    dev = rk0.nodes[1].value
+    pages = dev // P
+    own0 = dev[pages % 2 == 0]
+    own1 = dev[pages % 2 == 1]
+    assert np.count_nonzero(rk0.dev.data[own0]) > 0 and np.count_nonzero(rk0.dev.data[own1]) == 0
+    assert np.count_nonzero(rk1.dev.data[own1]) > 0 and np.count_nonzero(rk1.dev.data[own0]) == 0
+
+
+def test_level_gating_and_record_grammar():
+    for level, forbidden in ((1, {"ack", "free", "compose", "store", "fwd_hash"}), (2, {"fwd_hash"})):
+        sim, t = mk(level=level), Tokens()
+        a = t(3)
+        sim.request(a)
+        sim.step()
+        sim.evict_all()
+        sim.request(a)
+        sim.finish()
+        tags = set()
+        for line in sim.emitter.lines[0]:
+            pl = parse_line(line)
+            assert pl is not None and not pl.bad_tokens
+            assert parse_prefix(pl.prefix).cp_rank == 0
+            assert list(pl.fields)[-2:] == ["rank", "ts"]
+            tags.add(pl.tag)
+        assert not tags & forbidden
+        assert {"config", "insert", "prepare", "backup", "evict", "reload"} <= tags
+    assert recs(sim, "config")[0]["level"] == 2
+
+
+def test_ts_is_monotonic_across_ranks_and_reset_restarts_ids():
+    sim, t = mk(mode="replicated", ranks=2), Tokens()
+    sim.request(t(2))
+    sim.reset()
+    sim.request(t(2))
+    sim.finish()
+    evs = sim.emitter.events()
+    ts = [e.ts for e in evs]
+    assert ts == sorted(ts) and len(set(ts)) == len(ts)
+    ins = [e for e in evs if e.tag == "insert" and e.rank == 0]
+    assert [e.node_id for e in ins] == [1, 1] and [e.epoch for e in ins] == [0, 1]
