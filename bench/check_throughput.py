@@ -9,8 +9,9 @@ recycle slots so the number of live nodes stays bounded while the file grows), t
   then checked (what a private "load everything, then join" analyzer does: memory grows with the file);
 * ours: ``cptrace-otel check`` (streaming fast parser + per-rank rules + cross-rank rules).
 
-Each measurement runs in a fresh subprocess pinned to one core (``taskset`` when present) and reports events/s (wall and CPU
-time) and peak RSS (VmHWM). Two file lengths show that our peak RSS does not grow with the file, the baseline's does.
+Each measurement runs in a fresh subprocess pinned to one core (``taskset`` when present) and reports events/s
+(wall and CPU time) and peak RSS (VmHWM). Two file lengths show that our peak RSS does not grow with the file, the
+baseline's does.
 
     python bench/check_throughput.py                 # 0.5M and 2M lines
     python bench/check_throughput.py --lines 200000 400000 --keep /tmp/bench-logs
@@ -59,7 +60,7 @@ def generate(path_fmt: str, n_lines: int, ranks: int = 2, seed: int = 7) -> list
 
     def emit(tag: str, body: str) -> None:
         ts[0] += 1000
-        lines.append(f"[CPTRACE {tag}] {body} ts={ts[0]}")
+        lines.append((f"[CPTRACE {tag}] {body}", ts[0]))
 
     emit("config", "cp_size=2 cp_rank=0 mode=replicated page_size=16 policy=wt level=2")
     dev = _Pool(256, 64, 0)
@@ -122,8 +123,8 @@ def generate(path_fmt: str, n_lines: int, ranks: int = 2, seed: int = 7) -> list
         p = path_fmt.format(rank=r)
         with open(p, "w") as fh:
             pre = f"[2026-07-18 03:03:06 ATTN_CP{r} TP{r}] "
-            for ln in lines:
-                fh.write(pre + ln.replace("cp_rank=0", f"cp_rank={r}") + f" rank={r}\n")
+            for ln, t in lines:   # rank= and ts= last, as the upstream tracer's common fields (domain 3.2)
+                fh.write(f"{pre}{ln.replace('cp_rank=0', f'cp_rank={r}')} rank={r} ts={t}\n")
         paths.append(p)
     return paths
 
@@ -249,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"peak RSS, ours: {r1['ours']['peak_rss_mib']:.1f} MiB at {n1} lines -> "
                   f"{r2['ours']['peak_rss_mib']:.1f} MiB at {n2} lines ({n2 / n1:.1f}x the lines)")
             if "naive" in r1 and "naive" in r2:
-                print(f"peak RSS, naive: {r1['naive']['peak_rss_mib']:.1f} MiB -> {r2['naive']['peak_rss_mib']:.1f} MiB")
+                print(f"peak RSS, naive: {r1['naive']['peak_rss_mib']:.1f} MiB -> "
+                      f"{r2['naive']['peak_rss_mib']:.1f} MiB")
     finally:
         if not a.keep:
             shutil.rmtree(base, ignore_errors=True)

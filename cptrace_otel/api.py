@@ -83,8 +83,11 @@ def trace_enabled(level: int = 1) -> bool:
     return _LEVEL >= level
 
 
-def cptrace(level: int, tag: str, **fields: Any) -> None:
-    """Record one ``tag`` event with ``fields`` if the gate is at least ``level``; never raises, never blocks."""
+def cptrace(level: int, tag: str, /, **fields: Any) -> None:
+    """Record one ``tag`` event with ``fields`` if the gate is at least ``level``; never raises, never blocks.
+
+    ``level`` and ``tag`` are positional-only (upstream call sites pass them positionally), so a record may carry
+    fields named ``level`` or ``tag``, as the ``config`` record's ``level=`` does."""
     if level > _LEVEL:
         return
     _submit(level, tag, fields)

@@ -6,10 +6,12 @@ Contract (docs/ARCHITECTURE.md):
   caller's thread. When the buffer holds ``config.queue_size`` records the new record is dropped and counted. It never
   blocks and never raises.
 * A daemon drainer thread pops batches in order, resolves deferred fingerprints (``fingerprint.is_deferred/resolve``,
-  waiting on their CUDA event), renders every value into the Record form (ints, floats, space-free strings; bools as
+  waiting on their CUDA event), renders every value that is not already an int, str or float (bools as
   ``True``/``False``; anything else with upstream ``_fmt`` semantics; a value whose ``str`` raises becomes
-  ``(err:<ExceptionType>)``; strings are capped at :data:`MAX_VALUE_CHARS`), assigns ``seq`` and ships pickled
-  batches to the exporter worker.
+  ``(err:<ExceptionType>)``) and ships pickled batches of these compact items to the exporter worker, in order.
+  The worker completes each into the Record of docs/ARCHITECTURE.md with :func:`render_record` (``seq`` in arrival
+  order, spaces removed from strings, strings capped at :data:`MAX_VALUE_CHARS`, non-finite floats as their text):
+  the same function, so the result is the same, but the traced process does the least work.
 * The worker is a subprocess per traced process (``python -m cptrace_otel.export.worker``; not ``multiprocessing``,
   since SGLang rank processes may be daemonic), fed over its stdin and acking over its stdout; it exits after
   delivering once its stdin closes, so it never outlives the traced process for long. ``CPTRACE_EXPORTER=thread``
@@ -121,6 +123,32 @@ def render_record(seq: int, item: tuple, is_deferred: Any = None, resolve: Any =
         except Exception:
             level = 1
     return (seq, ts, level, tag, tuple(out))
+
+
+_PRIM = frozenset((int, str, float))
+
+
+def compact_item(item: tuple, is_deferred: Any = None, resolve: Any = None) -> tuple:
+    """The drainer's share of rendering: ``(ts, level, tag, fields)`` with every field value an exact int, str or
+    float, so it pickles cheaply. The common case (all values already are) returns the item itself; deferred
+    fingerprints are resolved and every other value rendered here, because only this process can. The worker
+    finishes with :func:`render_record` (seq, spaces in strings, length cap, non-finite floats)."""
+    ts, level, tag, fields = item
+    for v in fields.values():
+        if type(v) not in _PRIM:
+            break
+    else:
+        if type(tag) is str and type(level) is int:
+            return item
+    f2 = {k: (v if type(v) in _PRIM else _render_other(v, is_deferred, resolve)) for k, v in fields.items()}
+    if type(tag) is not str:
+        tag = _render_other(tag, None, None)
+    if type(level) is not int:
+        try:
+            level = int(level)
+        except Exception:
+            level = 1
+    return (ts, level, tag, f2)
 
 
 # -- channels to the worker ----------------------------------------------------------------------------------------
@@ -237,7 +265,6 @@ class _State:
         self.cap = max(1, int(cfg.queue_size))
         self.dropped = 0
         self.shipped = 0
-        self.seq = 0
         self.flush_reqs: collections.deque = collections.deque()
         self.waiters: dict[int, list[Any]] = {}
         self.wake = threading.Event()
@@ -337,17 +364,15 @@ class _State:
             while buf:
                 busy = True
                 n = min(len(buf), BATCH)
-                seq = self.seq
-                recs = []
-                for i in range(n):
+                items = []
+                for _ in range(n):
                     item = popleft()
                     try:
-                        recs.append(render_record(seq + i, item, is_deferred, resolve))
+                        items.append(compact_item(item, is_deferred, resolve))
                     except Exception:
                         self.dropped += 1  # unrenderable beyond repair (e.g. fields not a dict)
-                self.seq = seq + n
-                self.shipped += len(recs)
-                self._ship(("rec", recs, self.dropped), len(recs))
+                self.shipped += len(items)
+                self._ship(("items", items, self.dropped), len(items))
             for fid, t_req, timeout_s in reqs:
                 left = timeout_s - (time.monotonic() - t_req) - 0.05
                 self._ship(("flush", fid, self.dropped, max(0.0, left)))

@@ -122,6 +122,8 @@ def event_attributes(fields: dict[str, Any]) -> tuple[dict[str, Any], int]:
         elif t is Rng:
             rk = _RKEYS.get(key)
             if rk is None:
+                if len(_RKEYS) > 10_000:
+                    _RKEYS.clear()
                 rk = _RKEYS[key] = tuple(f"{key}.{p}" for p in sc.RNG_PARTS)
             for pk, pv in zip(rk, v):
                 out[pk] = pv if type(pv) is int and _I64_MIN <= pv <= _I64_MAX else fields_to_attributes({"": pv})[
@@ -142,7 +144,7 @@ class SpanBuilder:
     """
 
     def __init__(self, run_id: str, instance: str = "", span_timeout_s: float = 1.0,
-                 checker_factory: Callable[[int], Any] | None = None) -> None:
+                 checker_factory: Callable[[int], Any] | None = None, track_traces: bool = True) -> None:
         self.run_id = run_id
         self.instance = instance
         self.timeout_ns = int(span_timeout_s * 1e9)
@@ -154,7 +156,9 @@ class SpanBuilder:
         self.events = 0
         self.spans = 0
         self.findings = 0
+        # distinct trace ids, for summaries (ingest); a long-running exporter turns it off to stay bounded
         self.traces: set[bytes] = set()
+        self._track = track_traces
         self._max_ts = 0
         self._opened = 0
         self._last_open_ts = 0
@@ -192,7 +196,8 @@ class SpanBuilder:
         if sp.end < sp.start:
             sp.end = sp.start
         self.spans += 1
-        self.traces.add(sp.trace_id)
+        if self._track:
+            self.traces.add(sp.trace_id)
         self._done.append(sp)
 
     def _span_for(self, key: Any, trace_id: bytes, name: str, ev: Event, extra: dict[str, Any]) -> Span:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -17,9 +18,11 @@ from cptrace_otel.spans import node_trace_id  # noqa: E402
 
 
 def demo(*args: str, timeout: float = 180.0) -> subprocess.CompletedProcess:
+    """Run the installed ``cptrace-otel demo`` (the console script when it is on PATH, else the same entry point)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CPTRACE_", "OTEL_"))}
-    return subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "demo", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    script = shutil.which("cptrace-otel")
+    cmd = [script] if script else [sys.executable, "-m", "cptrace_otel.cli"]
+    return subprocess.run([*cmd, "demo", *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def test_default_demo_finds_every_injected_fault_and_nothing_else(tmp_path):

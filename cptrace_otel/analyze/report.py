@@ -92,7 +92,10 @@ def to_text(result: Any, run_id: str | None = None, jaeger_url: str | None = Non
                     head += f"  {jaeger_url.rstrip('/')}/trace/{tid}"
             out.append(head)
             for f in sorted(fs, key=Finding.sort_key):
-                where = f"{_short(f.src)}:{f.line_no}" if f.src and f.line_no else f"seq {f.evidence[-1] if f.evidence else '?'}"
+                if f.src and f.line_no:
+                    where = f"{_short(f.src)}:{f.line_no}"
+                else:
+                    where = f"seq {f.evidence[-1] if f.evidence else '?'}"
                 op = "" if f.op is None else str(f.op)
                 out.append(f"  {f.severity:<5} {f.code:<5} {f.rule:<12} {f.rank:>4} {op:>6} {f.certainty:<8} "
                            f"{where:<24} {f.message}")

@@ -93,6 +93,8 @@ def any_value(v: Any) -> bytes:
 def _keyp(k: str) -> bytes:
     b = _key_prefix.get(k)
     if b is None:
+        if len(_key_prefix) > 50_000:  # field names are few; a caller inventing names must not grow this forever
+            _key_prefix.clear()
         b = _key_prefix[k] = _ld(b"\x0a", _utf8(k))
     return b
 
@@ -119,7 +121,7 @@ _key_enc: dict[bytes, dict[str, _KeyEnc]] = {}
 def _attrs(tag: bytes, attrs: dict[str, Any]) -> bytes:
     """The repeated ``KeyValue`` field ``tag`` for ``attrs``."""
     encs = _key_enc.get(tag)
-    if encs is None:
+    if encs is None or len(encs) > 50_000:
         encs = _key_enc[tag] = {}
     get = encs.get
     out: list[bytes] = []

@@ -6,7 +6,9 @@ Messages from the traced process (pickled, framed ``<u32 length><pickle>`` on st
 
 * ``("init", info)``: ``info`` = dict(config=Config, resource=dict, instance=str, file=path|None,
   log_file=path|None, spool_dir=str), always first;
-* ``("rec", records, dropped)``: a batch of Records (see docs/ARCHITECTURE.md) and the traced process's drop count;
+* ``("items", items, dropped)``: a batch of compact items ``(ts, level, tag, fields)`` (values int/str/float, see
+  ``pipeline.compact_item``), completed here into Records (docs/ARCHITECTURE.md) with ``seq`` in arrival order, and
+  the traced process's drop count; ``("rec", records, dropped)`` takes finished Records;
 * ``("flush", flush_id, dropped, timeout_s)``: close open spans, deliver everything, answer
   ``("ack", flush_id, ok, stats)`` (on stdout in process mode);
 * end of input (EOF): finish (end-of-stream checks, close spans), deliver within ``config.timeout_s``, exit. So the
@@ -31,6 +33,7 @@ from typing import Any, Callable
 from .. import semconv as sc
 from ..events import Event
 from ..logline import Rng, parse_value
+from ..pipeline import render_record
 from ..spans import SpanBuilder
 from .otlp import encode_requests
 
@@ -101,9 +104,10 @@ class Exporter:
         self.resource: dict[str, Any] = info["resource"]
         self.rank = cfg.cp_rank
         self.builder = SpanBuilder(cfg.run_id, info.get("instance", ""), cfg.span_timeout_s,
-                                   _checker_factory(cfg))
+                                   _checker_factory(cfg), track_traces=False)
         self.epochs: dict[int, Any] = {}
         self.records = 0
+        self.next_seq = 0
         self.dropped_upstream = 0
         self._reported_dropped = 0
         self.sender = None
@@ -149,6 +153,17 @@ class Exporter:
         print(f"cptrace_otel: {msg}", file=sys.stderr, flush=True)
 
     # -- input -----------------------------------------------------------------------------------------------
+    def add_items(self, items: list[tuple], dropped: int) -> None:
+        seq = self.next_seq
+        recs = []
+        for i, item in enumerate(items):
+            try:
+                recs.append(render_record(seq + i, item))
+            except Exception as e:  # should not happen: items are int/str/float by construction
+                self._error(f"dropped an unrenderable record: {e!r}")
+        self.next_seq = seq + len(items)
+        self.add_records(recs, dropped)
+
     def add_records(self, records: list[tuple], dropped: int) -> None:
         self.dropped_upstream = dropped
         if self.log_sink is not None:
@@ -269,7 +284,11 @@ def run_loop(get: Callable[[float], Any], ack: Callable[[tuple], None]) -> int:
             break
         kind = msg[0]
         try:
-            if kind == "rec":
+            if kind == "items":
+                if exp is not None:
+                    exp.add_items(msg[1], msg[2])
+                    exp.tick()
+            elif kind == "rec":
                 if exp is not None:
                     exp.add_records(msg[1], msg[2])
                     exp.tick()

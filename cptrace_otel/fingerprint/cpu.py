@@ -3,7 +3,7 @@
 ``khash`` runs a blocked loop whose per-byte work is 32-bit lane arithmetic, folded once per block into 64-bit sums
 (exact mod 2**64 under any split; see :mod:`.formula`). With numba installed (optional
 dependency ``cptrace-otel[cpu]``) the loop is compiled (``cache=True``, compiled on the first call, never on
-import); without it an exact numpy path does the same tiling with a float32 matrix product (exact below 2**24).
+import); without it an exact numpy path does the same tiling with uint32 row reductions.
 ``knz`` is ``np.count_nonzero`` on the bytes, ``rng`` a single min/max pass.
 
 The functions take torch CPU tensors and go through the same ``contiguous().view(uint8)`` chain as upstream, so an
@@ -24,9 +24,9 @@ from . import formula
 # Both are module constants so numba compiles them in (a fixed trip count vectorizes ~2x better).
 COLS = 256
 BLOCK_ROWS = 4096
-# numpy fallback: float32 partials are exact for rows <= 363 bytes; chunks bound the float32 temporaries.
-NP_ROW = 256
-NP_CHUNK = 1 << 20
+# numpy fallback: uint32 row sums are exact for rows <= 5804 bytes; chunks bound the temporaries.
+NP_ROW = 4096
+NP_CHUNK = 1 << 22
 
 _kernel_lock = threading.Lock()
 _kernel: Callable | None = None
@@ -83,21 +83,22 @@ def _build_numba_kernel() -> Callable:
 def numpy_sums(a: Any, start: int = 0) -> tuple[int, int]:
     """Exact ``(S0, S1) mod 2**64`` of a 1-D uint8 numpy array without numba.
 
-    Rows of 256 bytes: ``S0_row`` by an integer row sum, ``W_row`` by a float32 matrix-vector product (every partial
-    sum is an integer below 2**24, so any summation order is exact), folded in uint64 (wraps mod 2**64)."""
+    Rows of NP_ROW bytes: ``S0_row`` by an integer row sum and ``W_row = sum_j b[j] * j`` by an integer einsum, both
+    exact in uint32 (``255 * 4095 * 4096 / 2 < 2**32``; no BLAS, whose threads would fight the traced process), then
+    folded per row in uint64, which wraps mod 2**64 like the formula."""
     import numpy as np
 
     origin = start & formula.MASK64
     n = a.size
     s0 = 0
     s1 = 0
-    j = np.arange(NP_ROW, dtype=np.float32)
+    j = np.arange(NP_ROW, dtype=np.uint32)
     full = (n // NP_ROW) * NP_ROW
     for lo in range(0, full, NP_CHUNK):
         stop = min(lo + NP_CHUNK, full)
         rows = a[lo:stop].reshape(-1, NP_ROW)
         r0 = rows.sum(axis=1, dtype=np.uint32).astype(np.uint64)
-        w = (rows.astype(np.float32) @ j).astype(np.uint64)
+        w = np.einsum("ij,j->i", rows, j).astype(np.uint64)
         offs = np.arange(lo + 1, stop + 1, NP_ROW, dtype=np.uint64) + np.uint64(origin)
         with np.errstate(over="ignore"):
             s1 += int((offs * r0 + w).sum(dtype=np.uint64))

@@ -149,6 +149,13 @@ class _Ring:
         def release(dropped: bool) -> None:
             if dropped:
                 self.quarantine.append((chunk, slot, ev))
+                # Bound the list even where no slot allocation ever reclaims it (the torch path). Never block here:
+                # this may run inside a garbage collection triggered while the lock is held.
+                if len(self.quarantine) > 4 * SLOTS_PER_CHUNK and _rings_lock.acquire(blocking=False):
+                    try:
+                        self._reclaim()
+                    finally:
+                        _rings_lock.release()
                 return
             if chunk is not None:
                 self.free.append((chunk, slot))

@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 
-import pytest
 
 from cptrace_otel.analyze import check_cmd
 from cptrace_otel.cli import main
@@ -67,7 +66,8 @@ def test_text_table_groups_by_node_most_severe_first(tmp_path):
     lines = open(os.path.join(DOMAIN, "h4_bad.log")).read().splitlines()
     # an interval-only H4 WARN on node 1 (another lineage), before the exact H4 ERROR on node 6
     lines = [
-        "[CPTRACE prepare] node_id=1 op=1 len=2 dev=" + sparse + " host=(cnt=2,min=0,max=1,first=0,last=1) policy=wt rank=0 ts=1",
+        "[CPTRACE prepare] node_id=1 op=1 len=2 dev=" + sparse
+        + " host=(cnt=2,min=0,max=1,first=0,last=1) policy=wt rank=0 ts=1",
         "[CPTRACE free] pool=dev idx=(cnt=2,min=550,max=560,first=550,last=560) node_id=-1 why=finish rank=0 ts=2",
         "[CPTRACE ack] dir=d2h op=1 node_id=1 blen=2 clen=2 pub=[1] rank=0 ts=3",
     ] + lines

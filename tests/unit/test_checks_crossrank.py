@@ -12,7 +12,8 @@ def _node(r, node, op, dev, host, h=None, io=1, hs=None, extra_backup=""):
     return [
         f"[CPTRACE insert] node_id={node} parent=0 len={n} dev={R(*dev)} kind=new rank={r}",
         f"[CPTRACE prepare] node_id={node} op={op} len={n} dev={R(*dev)} host={R(*host)} policy=wt rank={r}",
-        f"[CPTRACE backup] op={op} node_id={node} dev={R(*dev)} host={R(*host)} io={io}{hb}{hsb} nz=4{extra_backup} rank={r}",
+        f"[CPTRACE backup] op={op} node_id={node} dev={R(*dev)} host={R(*host)} io={io}{hb}{hsb} nz=4{extra_backup} "
+        f"rank={r}",
         f"[CPTRACE ack] dir=d2h op={op} node_id={node} blen={n} clen={n} pub=[{node}] rank={r}",
     ]
 

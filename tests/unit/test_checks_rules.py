@@ -55,7 +55,7 @@ def _lifecycle(node=1, dev=(512, 543), host=(64, 95), op=1, h=111):
 
 def test_h1a_swapped_host_halves(tmp_path):
     lines = _lifecycle(3, (100, 163), (0, 63)) + [
-        f"[CPTRACE ack] dir=d2h op=1 node_id=3 blen=64 clen=64 pub=[3]",
+        "[CPTRACE ack] dir=d2h op=1 node_id=3 blen=64 clen=64 pub=[3]",
         # the suffix's host pages went to the new prefix node
         f"[CPTRACE split] node_id=3 new_id=4 parent=0 pre_len=64 split_len=16 dev_p={R(100, 115)} dev_c={R(116, 163)} "
         f"host_p={R(48, 63)} host_c={R(0, 47)} pend=-1",
@@ -309,7 +309,8 @@ def test_checker_never_raises_on_odd_records():
             "compose", "store", "fwd_hash", "weird"]
     keys = ["node_id", "new_id", "op", "len", "pre_len", "split_len", "dev", "host", "dev_p", "dev_c", "host_p",
             "host_c", "idx", "src", "chain", "pub", "blen", "clen", "h", "nz", "hp", "hs", "dir", "tier", "kind",
-            "pool", "hit", "key", "sync", "level", "mode", "io", "devx", "hostx", "idx_x", "cp_size", "round", "io_rank"]
+            "pool", "hit", "key", "sync", "level", "mode", "io", "devx", "hostx", "idx_x", "cp_size", "round",
+            "io_rank"]
     vals = [lambda: rnd.randrange(-3, 6), lambda: "(none)", lambda: "(0)", lambda: "(err:x)", lambda: "d2h",
             lambda: "h2d", lambda: "dev", lambda: "host", lambda: [rnd.randrange(0, 5)], lambda: [], lambda: "1-3:5",
             lambda: Rng(rnd.randrange(0, 4), 0, rnd.randrange(0, 8), 0, 3), lambda: Rng(2, "a", 1, 1, 1),

@@ -22,7 +22,8 @@ def _rand_value(rnd: random.Random) -> str:
     n = rnd.randrange(-5, 100000)
     return [str(n), f"0{abs(n)}", "-0", f"{n}.5", "1e5", "(0)", "(none)", "(err:bad)", f"tensor([{n},{n}])",
             f"(cnt={abs(n)},min={n},max={n + 3},first={n},last={n + 3})", f"(cnt=0{abs(n)},min=1,max=2,first=1,last=2)",
-            f"[{n},{abs(n)}]", f"[[{n}],[1,2]]", rnd.choice(["wt", "d2h", "", "L12:n5", "a=b", "[1,", "1-9:12-20"])][pick]
+            f"[{n},{abs(n)}]", f"[[{n}],[1,2]]",
+            rnd.choice(["wt", "d2h", "", "L12:n5", "a=b", "[1,", "1-9:12-20"])][pick]
 
 
 def test_fast_parser_matches_logline_on_random_lines():

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 
@@ -73,7 +72,8 @@ def test_violation_events_are_skipped_and_findings_match_the_log(tmp_path):
     assert sc.EVENT_VIOLATION in text   # the online checker stamped the H4 finding
     from_log = Analysis().run(read_log_events(paths))
     from_otlp = Analysis().run(read_otlp_events([out]))
-    key = lambda r: sorted((f.code, f.rule, f.rank, f.epoch, f.node_id, f.op, tuple(f.evidence)) for f in r.findings)
+    def key(r):
+        return sorted((f.code, f.rule, f.rank, f.epoch, f.node_id, f.op, tuple(f.evidence)) for f in r.findings)
     assert key(from_log) == key(from_otlp) != []
 
 
@@ -83,7 +83,8 @@ def test_simulator_run_gives_same_findings_from_logs_and_otlp(tmp_path):
     logs = sim.emitter.write(str(tmp_path))
     out = str(tmp_path / "trace.jsonl")
     _write_otlp(logs, out, batch=50)
-    key = lambda r: sorted((f.code, f.rule, f.rank, f.node_id, f.op) for f in r.findings)
+    def key(r):
+        return sorted((f.code, f.rule, f.rank, f.node_id, f.op) for f in r.findings)
     a = Analysis().run(read_log_events(logs))
     b = Analysis().run(read_otlp_events([out]))
     assert key(a) == key(b) and key(a)

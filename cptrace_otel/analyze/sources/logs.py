@@ -17,6 +17,7 @@ scalar tokens are memoized; anything unusual falls back to :func:`~cptrace_otel.
 from __future__ import annotations
 
 import heapq
+import itertools
 import os
 import re
 from typing import Any, Callable, Iterable, Iterator, NamedTuple
@@ -67,7 +68,7 @@ class LogStats:
 _I = r"(0|-?[1-9][0-9]*)"  # a canonical int, exactly the texts parse_value turns into ints
 _INTLIST_FAST = re.compile(rf"\[(?:{_I}(?:,{_I})*)?\]$", re.ASCII)
 _RNG_FAST = re.compile(rf"\(cnt={_I},min={_I},max={_I},first={_I},last={_I}\)$", re.ASCII)
-_TOKCACHE_MAX = 65536
+_TOKCACHE_MAX = 16384
 
 
 def _canon_int(s: str) -> int | None:
@@ -209,16 +210,21 @@ def _open(path: str):
         raise LogReadError(path, e.strerror or str(e)) from None
 
 
+_EPOCH_TAGS = frozenset(("reset", "split", "insert"))  # the only records that can move an epoch tracker
 _CHUNK = 512  # events pulled from one file at a time: the merge works on chunks, not events
 
 
-def _file_chunks(fh, path: str, drank: int, on_bad: Callable[[Malformed], None], stats: LogStats
-                 ) -> Iterator[list[Event]]:
-    """Lists of events of one file, rank and ts set (seq/epoch are assigned in merge order, per rank)."""
+def _file_chunks(fh, path: str, drank: int, on_bad: Callable[[Malformed], None], stats: LogStats,
+                 state: dict[int, list]) -> Iterator[list[Event]]:
+    """Lists of events of one file with rank, ts, seq and epoch set. ``state`` (rank -> [next seq, EpochTracker])
+    is shared by all files: when every rank lives in one file, these numbers are final; otherwise the merge
+    renumbers in merge order (:func:`_renumber`)."""
     parse = parse_trace_line
     line_no = 0
     chunk: list[Event] = []
     append = chunk.append
+    last_r, rs = None, None
+    epoch_tags = _EPOCH_TAGS
     try:
         for line in fh:
             line_no += 1
@@ -239,12 +245,23 @@ def _file_chunks(fh, path: str, drank: int, on_bad: Callable[[Malformed], None],
             ts = fields.get("ts")
             if type(ts) is not int:
                 ts = line_no
-            append(Event(tag, r, 0, ts, 0, fields, 1, path, line_no))
+            if r != last_r:
+                rs = state.get(r)
+                if rs is None:
+                    rs = state[r] = [0, EpochTracker()]
+                last_r = r
+            seq = rs[0]
+            rs[0] = seq + 1
+            t = rs[1]
+            ep = t.step(tag, fields) if (tag in epoch_tags or t._after_reset) else t.epoch
+            append(Event(tag, r, seq, ts, ep, fields, 1, path, line_no))
             if len(chunk) >= _CHUNK:
+                stats.events += len(chunk)
                 yield chunk
                 chunk = []
                 append = chunk.append
         if chunk:
+            stats.events += len(chunk)
             yield chunk
     except OSError as e:
         raise LogReadError(path, e.strerror or str(e)) from None
@@ -298,14 +315,20 @@ def read_log_events(paths: Iterable[str], on_malformed: Callable[[Malformed], No
             on_malformed(m)
 
     handles = [_open(p) for p in paths]
-    streams = [_file_chunks(fh, p, default_rank(p, i), bad, st) for i, (fh, p) in enumerate(zip(handles, paths))]
+    state: dict[int, list] = {}
+    streams = [_file_chunks(fh, p, default_rank(p, i), bad, st, state)
+               for i, (fh, p) in enumerate(zip(handles, paths))]
     firsts = [next(s, None) or [] for s in streams]
-    ranks = {ev.rank for c in firsts for ev in c}
+    per_file = [{ev.rank for ev in c} for c in firsts]
+    ranks = set().union(*per_file) if per_file else set()
     if len(streams) == 1:
         merged: Iterator[list[Event]] = _chain_first(firsts[0], streams[0])
     else:
         merged = _merge_chunks(firsts, streams)
-    return LogEvents(_number(merged, st), ranks)
+    # one rank per file, no rank in two files (the usual layout): the readers' numbers are final
+    if sum(len(x) for x in per_file) == len(ranks) and all(len(x) <= 1 for x in per_file):
+        return LogEvents(itertools.chain.from_iterable(merged), ranks)
+    return LogEvents(_renumber(merged), ranks)
 
 
 def _chain_first(first: list[Event], rest: Iterator[list[Event]]) -> Iterator[list[Event]]:
@@ -314,13 +337,10 @@ def _chain_first(first: list[Event], rest: Iterator[list[Event]]) -> Iterator[li
     yield from rest
 
 
-_EPOCH_TAGS = frozenset(("reset", "split", "insert"))
-
-
-def _number(chunks: Iterator[list[Event]], st: LogStats) -> Iterator[Event]:
+def _renumber(chunks: Iterator[list[Event]]) -> Iterator[Event]:
+    """seq/epoch per rank in merge order: for ranks spread over several files (rotated or combined logs)."""
     state: dict[int, list] = {}   # rank -> [next seq, EpochTracker]
     for chunk in chunks:
-        st.events += len(chunk)
         for ev in chunk:
             rs = state.get(ev.rank)
             if rs is None:

@@ -97,7 +97,7 @@ def read_otlp_events(paths: Iterable[str], info: OtlpInfo | None = None) -> Iter
                     continue
                 _collect(req, path, info, per_rank)
     streams = []
-    for r, lst in per_rank.items():
+    for lst in per_rank.values():
         lst.sort(key=lambda t: (t[0], t[1], t[2]))
         streams.append([t[3] for t in lst])
     if len(streams) == 1:
