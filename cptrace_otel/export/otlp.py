@@ -20,6 +20,9 @@ from typing import Any, Iterable, Sequence
 
 from .. import semconv as sc
 from .._version import __version__
+from ..attrs import fields_to_attributes
+from ..logline import Rng
+from ..spans import EventAttrs
 
 MAX_REQUEST_BYTES = int(3.5 * 1024 * 1024)
 
@@ -152,6 +155,135 @@ def _attrs(tag: bytes, attrs: dict[str, Any]) -> bytes:
     return b"".join(out)
 
 
+# -- span event attributes straight from typed fields ------------------------------------------------------------------
+# ``spans.EventAttrs`` keeps an event's typed fields; this writes exactly the bytes ``_attrs(b"\x1a", attrs.as_dict())``
+# would (a test holds them equal) without building that dict: one pass over the fields, a per-field-name encoder
+# holding the ``hicache.<k>`` key prefixes, and whole KeyValue fields cached for small repeated values.
+_EV_TAG = b"\x1a"
+_VAL_CACHE_INT = 4096      # ints below this have their whole KeyValue field cached per key
+_VAL_CACHE_STR = 64        # so do strings up to this length
+_VAL_CACHE_PER_KEY = 4096  # bounded: a key with many distinct values stops caching new ones
+
+
+class _FieldEnc:
+    """Encoder of one field name's attribute(s) inside a span event (tag 0x1a)."""
+
+    __slots__ = ("key", "ints", "sp", "vals", "parts", "part_keys", "ok")
+
+    def __init__(self, name: str) -> None:
+        key = self.key = sc.FIELD_PREFIX + name
+        ke = _KeyEnc(_EV_TAG, key)
+        self.ints = ke.ints
+        self.sp = ke.sp
+        self.vals: dict[Any, bytes] = {}
+        self.part_keys = [f"{key}.{p}" for p in sc.RNG_PARTS]
+        self.parts = [_KeyEnc(_EV_TAG, pk) for pk in self.part_keys]
+        # A field name with a dot could collide with another field's range part keys (dict semantics would merge
+        # them): such events take the dict path.
+        self.ok = "." not in name
+
+    def int_field(self, v: int) -> bytes:
+        vb = _SMALL[v] if 0 <= v < 16384 else varint(v & _MASK64)
+        return self.ints[len(vb)] + vb
+
+    def str_field(self, v: str) -> bytes:
+        sb = v.encode() if v.isascii() else _utf8(v)
+        n = len(sb)
+        av = b"\x0a" + (_SMALL[n] if n < 16384 else varint(n)) + sb
+        kv = self.sp + (_SMALL[len(av)] if len(av) < 16384 else varint(len(av))) + av
+        return _EV_TAG + (_SMALL[len(kv)] if len(kv) < 16384 else varint(len(kv))) + kv
+
+
+_field_enc: dict[str, _FieldEnc] = {}
+_FIXED = {}  # (key, small int) -> KeyValue field bytes for seq / epoch / level
+_SEQ_ENC = _KeyEnc(_EV_TAG, sc.SEQ)
+_EPOCH_ENC = _KeyEnc(_EV_TAG, sc.EPOCH)
+_LEVEL_ENC = _KeyEnc(_EV_TAG, sc.LEVEL)
+
+
+def _small_fixed(enc: _KeyEnc, v: int) -> bytes:
+    if 0 <= v < 256:
+        ck = (id(enc), v)
+        b = _FIXED.get(ck)
+        if b is None:
+            vb = _SMALL[v]
+            b = _FIXED[ck] = enc.ints[len(vb)] + vb
+        return b
+    vb = varint(v & _MASK64) if -(1 << 63) <= v < (1 << 63) else None
+    if vb is None:
+        return _field(_EV_TAG, "", v)  # unreachable in practice (seq/epoch/level are small ints)
+    return enc.ints[len(vb)] + vb
+
+
+def _event_attrs(a: Any) -> bytes:
+    """The span event's repeated attributes field (tag 0x1a) for a ``spans.EventAttrs``."""
+    if a.dirty:
+        return _attrs(_EV_TAG, a.as_dict())
+    encs = _field_enc
+    out: list[bytes] = []
+    append = out.append
+    small = _SMALL
+    for k, v in a.fields.items():
+        e = encs.get(k)
+        if e is None:
+            if len(encs) > 50_000:
+                encs.clear()
+            e = encs[k] = _FieldEnc(k)
+        if not e.ok:
+            return _attrs(_EV_TAG, a.as_dict())
+        t = type(v)
+        if t is int:
+            if 0 <= v < _VAL_CACHE_INT:
+                b = e.vals.get(v)
+                if b is None:
+                    b = e.int_field(v)
+                    if len(e.vals) < _VAL_CACHE_PER_KEY:
+                        e.vals[v] = b
+                append(b)
+            elif -(1 << 63) <= v < (1 << 63):
+                vb = small[v] if 0 <= v < 16384 else varint(v & _MASK64)
+                append(e.ints[len(vb)])
+                append(vb)
+            else:
+                append(e.str_field(str(v)))
+        elif t is str:
+            if len(v) <= _VAL_CACHE_STR:
+                b = e.vals.get(v)
+                if b is None:
+                    b = e.str_field(v)
+                    if len(e.vals) < _VAL_CACHE_PER_KEY:
+                        e.vals[v] = b
+                append(b)
+            else:
+                append(e.str_field(v))
+        elif t is Rng:
+            for pe, pk, pv in zip(e.parts, e.part_keys, v):
+                if type(pv) is int and -(1 << 63) <= pv < (1 << 63):
+                    vb = small[pv] if 0 <= pv < 16384 else varint(pv & _MASK64)
+                    append(pe.ints[len(vb)])
+                    append(vb)
+                else:
+                    append(_field(_EV_TAG, pk, fields_to_attributes({"": pv})[sc.FIELD_PREFIX]))
+        elif t is float:
+            append(_field(_EV_TAG, e.key, v))
+        else:
+            for ak, av in fields_to_attributes({k: v}).items():
+                append(_field(_EV_TAG, ak, av))
+    seq = a.seq
+    if type(seq) is int and 0 <= seq < (1 << 63):
+        vb = small[seq] if seq < 16384 else varint(seq)
+        append(_SEQ_ENC.ints[len(vb)])
+        append(vb)
+    else:
+        append(_field(_EV_TAG, sc.SEQ, seq))
+    for enc, key, v in ((_EPOCH_ENC, sc.EPOCH, a.epoch), (_LEVEL_ENC, sc.LEVEL, a.level)):
+        if type(v) is int:
+            append(_small_fixed(enc, v))
+        else:
+            append(_field(_EV_TAG, key, v))
+    return b"".join(out)
+
+
 # -- messages -------------------------------------------------------------------------------------------------------
 _name_cache: dict[tuple[bytes, str], bytes] = {}
 
@@ -174,7 +306,8 @@ def encode_span(sp: Any) -> bytes:
         parts.append(_attrs(b"\x4a", sp.attrs))
     append = parts.append
     for ts, name, attrs in sp.events:
-        ev = b"\x09" + _pack_q(ts & _MASK64) + _name(b"\x12", name) + _attrs(b"\x1a", attrs)
+        ev = b"\x09" + _pack_q(ts & _MASK64) + _name(b"\x12", name) + (
+            _event_attrs(attrs) if type(attrs) is EventAttrs else _attrs(b"\x1a", attrs))
         n = len(ev)
         append(b"\x5a")
         append(_SMALL[n] if n < 16384 else varint(n))

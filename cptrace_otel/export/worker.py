@@ -33,7 +33,7 @@ from typing import Any, Callable
 from .. import semconv as sc
 from ..events import Event
 from ..logline import Rng, parse_value
-from ..pipeline import render_record
+from ..pipeline import MAX_VALUE_CHARS, _cut, _render_other, render_record
 from ..spans import SpanBuilder
 from .otlp import encode_requests
 
@@ -154,6 +154,9 @@ class Exporter:
 
     # -- input -----------------------------------------------------------------------------------------------
     def add_items(self, items: list[tuple], dropped: int) -> None:
+        if self.log_sink is None:
+            self._add_items_fast(items, dropped)
+            return
         seq = self.next_seq
         recs = []
         for i, item in enumerate(items):
@@ -163,6 +166,53 @@ class Exporter:
                 self._error(f"dropped an unrenderable record: {e!r}")
         self.next_seq = seq + len(items)
         self.add_records(recs, dropped)
+
+    def _add_items_fast(self, items: list[tuple], dropped: int) -> None:
+        """``add_records([render_record(seq, item) ...])`` in one pass (no log sink needs the Records): the same
+        Events, without the intermediate Record tuples."""
+        self.dropped_upstream = dropped
+        b = self.builder
+        add = b.add
+        epochs = self.epochs
+        default_rank = self.rank
+        value = _value
+        parsed_get = _parsed.get
+        seq = self.next_seq
+        n = 0
+        for item in items:
+            try:
+                ts, level, tag, fields = item
+                f = {}
+                for k, v in fields.items():
+                    t = type(v)
+                    if t is int:
+                        f[k] = v
+                    elif t is str:
+                        if " " in v or len(v) > MAX_VALUE_CHARS:
+                            v = _cut(v.replace(" ", ""))
+                        r = parsed_get(v)
+                        f[k] = value(v) if r is None else r
+                    else:
+                        r = _render_other(v, None, None)
+                        f[k] = value(r) if type(r) is str else r
+                if type(tag) is not str or type(level) is not int:
+                    _, _, level, tag, _ = render_record(0, (ts, level, tag, {}))
+            except Exception as e:  # should not happen: items are int/str/float by construction
+                self._error(f"dropped an unrenderable record: {e!r}")
+                seq += 1
+                continue
+            r = f.get("rank")
+            rank = r if type(r) is int and r >= 0 else default_rank
+            tr = epochs.get(rank)
+            if tr is None:
+                tr = epochs[rank] = _epoch_tracker()
+            add(Event(tag, rank, seq, ts, tr.step(tag, f), f, level, "live", 0))
+            seq += 1
+            n += 1
+        self.next_seq = seq
+        self.records += n
+        if len(b._done) >= EXPORT_MIN_SPANS:
+            self.export()
 
     def add_records(self, records: list[tuple], dropped: int) -> None:
         self.dropped_upstream = dropped

@@ -27,7 +27,8 @@ from ...events import Event
 from ...logline import Rng, parse_value
 
 MARKER = "[CPTRACE"
-_TAG_RE = re.compile(r"\w+$")
+_TAG_RE = re.compile(r"\w+")
+_GOOD_TAGS: set[str] = set()   # tags already validated against _TAG_RE
 _FILE_RANK = re.compile(r"(?:rank|cp)[_-]?(\d+)", re.IGNORECASE)
 
 
@@ -147,8 +148,11 @@ def parse_trace_line(line: str) -> tuple[str, str, dict[str, Any], list[str]] | 
     if end < 0:
         return None
     tag = line[idx + 9:end]
-    if not tag or not _TAG_RE.match(tag):
-        return None
+    if tag not in _GOOD_TAGS:
+        if not tag or not _TAG_RE.fullmatch(tag):
+            return None
+        if len(_GOOD_TAGS) < 4096:
+            _GOOD_TAGS.add(tag)
     rest = line[end + 1:].rstrip("\r\n")
     if rest and rest[0] != " ":
         return None
@@ -225,26 +229,50 @@ def _file_chunks(fh, path: str, drank: int, on_bad: Callable[[Malformed], None],
     append = chunk.append
     last_r, rs = None, None
     epoch_tags = _EPOCH_TAGS
+    good_tags = _GOOD_TAGS
+    pair = _pair
+    bad_token = _BadToken
     try:
         for line in fh:
             line_no += 1
-            if MARKER not in line:
-                continue
-            p = parse(line)
-            if p is None:
-                on_bad(Malformed(path, line_no, "broken [CPTRACE tag] marker", line.rstrip("\r\n")))
-                continue
-            prefix, tag, fields, bad = p
-            if bad:
-                on_bad(Malformed(path, line_no, f"tokens without '=': {' '.join(bad)}", line.rstrip("\r\n")))
+            # Fast path, the same result as parse_trace_line for the usual shape: a known tag, " k=v" tokens that
+            # all carry "=", ``ts=`` last and canonical. _open reads with newline="", so a line holds no "\r"/"\n"
+            # before its ending (the check parse_trace_line makes). Anything else takes the full parser.
+            idx = line.find("[CPTRACE ")
+            if idx < 0:
+                if MARKER not in line:
+                    continue
+                fields = None
+            else:
+                end = line.find("]", idx + 9)
+                tag = line[idx + 9:end] if end >= 0 else ""
+                j = line.rfind(" ts=")
+                fields = None
+                if j > end >= 0 and tag in good_tags and line[end + 1] == " ":
+                    tsv = line[j + 4:].rstrip("\r\n")
+                    if tsv.isdigit() and tsv.isascii() and (tsv[0] != "0" or len(tsv) == 1):
+                        try:
+                            fields = dict(map(pair, line[end + 1:j].split()))
+                        except bad_token:
+                            fields = None
+                        else:
+                            fields["ts"] = ts = int(tsv)
+            if fields is None:
+                p = parse(line)
+                if p is None:
+                    on_bad(Malformed(path, line_no, "broken [CPTRACE tag] marker", line.rstrip("\r\n")))
+                    continue
+                _, tag, fields, bad = p
+                if bad:
+                    on_bad(Malformed(path, line_no, f"tokens without '=': {' '.join(bad)}", line.rstrip("\r\n")))
+                ts = fields.get("ts")
+                if type(ts) is not int:
+                    ts = line_no
             r = fields.get("rank")
             if type(r) is not int or r < 0:
-                r = _prefix_rank(prefix) if prefix else None
+                r = _prefix_rank(line[:idx]) if idx > 0 else None
                 if r is None:
                     r = drank
-            ts = fields.get("ts")
-            if type(ts) is not int:
-                ts = line_no
             if r != last_r:
                 rs = state.get(r)
                 if rs is None:
