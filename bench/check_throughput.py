@@ -15,6 +15,12 @@ baseline's does.
 
     python bench/check_throughput.py                 # 0.5M and 2M lines
     python bench/check_throughput.py --lines 200000 400000 --keep /tmp/bench-logs
+    python bench/check_throughput.py --lines 20000 --no-naive --instructions   # + valgrind instruction counts
+
+Wall-clock figures on a shared VM swing by +-20% between runs; ``--instructions`` also runs raw and ours once more
+under ``valgrind --tool=cachegrind`` (when installed) and prints CPU instructions per event, net of interpreter
+start-up and imports: a noise-free figure to compare two versions of the checker with (keep the file small, the
+run is ~50x slower).
 """
 
 from __future__ import annotations
@@ -148,7 +154,12 @@ def _peak_rss_mib() -> float:
 def _measure(kind: str, paths: list[str]) -> dict:
     t0 = time.perf_counter()
     c0 = time.process_time()
-    if kind == "raw":
+    if kind in ("startup", "imports"):   # the baselines subtracted from instruction counts (raw, ours)
+        if kind == "imports":
+            from cptrace_otel.analyze import check_cmd, engine, report  # noqa: F401
+            from cptrace_otel.analyze.sources import logs, otlpfile  # noqa: F401
+        n, findings = 0, None
+    elif kind == "raw":
         n = 0
         for p in paths:
             with open(p, encoding="utf-8", errors="replace") as fh:
@@ -207,6 +218,19 @@ def _run_child(kind: str, paths: list[str]) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+def _instructions(kind: str, paths: list[str]) -> int | None:
+    """Instructions the child ``kind`` executes (valgrind cachegrind ``I refs``), or None without valgrind."""
+    if not shutil.which("valgrind"):
+        return None
+    cmd = ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
+           sys.executable, __file__, "--child", kind, *paths]
+    err = subprocess.run(cmd, check=True, capture_output=True, text=True).stderr
+    for line in err.splitlines():
+        if "I   refs:" in line or "I refs:" in line:
+            return int(line.split(":")[1].replace(",", "").split()[0])
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lines", type=int, nargs="+", default=[500_000, 2_000_000],
@@ -214,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--keep", default=None, help="folder to keep the generated logs in")
     ap.add_argument("--no-naive", action="store_true", help="skip the load-everything baseline (slow, memory-hungry)")
+    ap.add_argument("--instructions", action="store_true",
+                    help="also count CPU instructions per event of raw and ours under valgrind (slow; small files)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("paths", nargs="*", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -244,6 +270,15 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  ours / naive: {res['ours']['events_per_s'] / res['naive']['events_per_s']:.2f}x speed, "
                       f"{res['naive']['peak_rss_mib'] / res['ours']['peak_rss_mib']:.2f}x less peak memory")
             print(f"  ours / raw line read: {res['ours']['events_per_s'] / res['raw']['events_per_s']:.3f}x")
+            if a.instructions:
+                if not shutil.which("valgrind"):
+                    print("  (--instructions: valgrind not found, skipped)")
+                else:
+                    for k, base in (("raw", "startup"), ("ours", "imports")):
+                        i = _instructions(k, paths) - _instructions(base, paths)
+                        ev = res[k]["events"] or 1
+                        print(f"  {k:<6} {i / ev:>10,.0f} instructions/event (valgrind, net of start-up and imports)",
+                              flush=True)
             rows.append((total, res))
         if len(rows) >= 2:
             (n1, r1), (n2, r2) = rows[0], rows[-1]

@@ -377,7 +377,20 @@ class SpanBuilder:
                 rsp.end = ts
 
         if self._checker_factory is not None:
-            self._check(ev, sp)
+            ck = self._checkers.get(rank)
+            if ck is not None:
+                try:
+                    found = ck.feed(ev)
+                except Exception as e:  # a broken rule must not stop tracing
+                    self._checker_factory = None
+                    print(f"cptrace_otel: online checks disabled after an error in the checker: {e!r}",
+                          file=sys.stderr)
+                    found = None
+                if found:
+                    sp.findings.extend(found)
+                    self.findings += len(found)
+            else:
+                self._check(ev, sp)
 
         if closing:
             self._close(sp, "tag")

@@ -37,6 +37,7 @@ from ..events import Event
 from .fence import StoreFence
 
 STRUCTURAL = ("insert", "split", "prepare", "evict", "reload", "reset")
+_STRUCTURAL = frozenset(STRUCTURAL)
 _FENCE_TAGS = frozenset(("store", "backup", "evict", "free", "reset"))
 _PER_RANK_CONTENT = ("sharded", "dcp", "layersplit")
 
@@ -47,8 +48,13 @@ def _int(v: Any) -> int | None:
 
 def _proj(ev: Event) -> tuple:
     f = ev.fields
-    return (ev.tag, _int(f.get("node_id")), _int(f.get("len")) if ev.tag != "split" else _int(f.get("pre_len")),
-            _int(f.get("split_len")), _str(f.get("tier")) if ev.tag == "evict" else None)
+    tag = ev.tag
+    nid = f.get("node_id")
+    ln = f.get("pre_len" if tag == "split" else "len")
+    sl = f.get("split_len")
+    tier = f.get("tier") if tag == "evict" else None
+    return (tag, nid if type(nid) is int else None, ln if type(ln) is int else None,
+            sl if type(sl) is int else None, tier if type(tier) is str else None)
 
 
 def _str(v: Any) -> str | None:
@@ -137,9 +143,9 @@ class CrossRank:
             self._round_add(ev)
             self._c5_ack(ev)
             return
-        if self._cur_round:
+        if r in self._cur_round:   # any other record of this rank ends its ack round
             self._round_close(r)
-        if tag in STRUCTURAL:
+        if tag in _STRUCTURAL:
             self._c1_add(ev)
             if tag == "prepare" or tag == "reload":
                 self._join_add(ev)
@@ -230,18 +236,26 @@ class CrossRank:
 
     # -- C1 -----------------------------------------------------------------------------------------------------
     def _c1_add(self, ev: Event) -> None:
-        key = (ev.rank, ev.epoch)
-        i = self._idx.get(key, 0)
-        self._idx[key] = i + 1
-        st = self._c1.get(ev.epoch)
+        epoch = ev.epoch
+        key = (ev.rank, epoch)
+        idx = self._idx
+        idx[key] = idx.get(key, 0) + 1
+        st = self._c1.get(epoch)
         if st is None:
-            st = self._c1[ev.epoch] = _EpochC1()
+            st = self._c1[epoch] = _EpochC1()
         if st.diverged is not None:
             return
         q = st.queues.get(ev.rank)
         if q is None:
             q = st.queues[ev.rank] = deque()
-        q.append((_proj(ev), ev.seq, ev.line_no, ev.src, ev.fields.get("op")))
+        n = len(q)
+        f = ev.fields
+        q.append((_proj(ev), ev.seq, ev.line_no, ev.src, f.get("op")))
+        if n >= 2:
+            # this rank was already two or more tuples ahead: the last comparison stopped on another rank's empty
+            # queue, readiness, or a tie-break wait that needs the other ranks' second tuples, none of which a
+            # tuple appended here changes (heads are untouched), so comparing again would return at once
+            return
         self._c1_compare(ev.epoch, st, final=False)
 
     def _c1_compare(self, epoch: int, st: _EpochC1, final: bool) -> None:
@@ -268,12 +282,12 @@ class CrossRank:
                 st.diverged = st.index
                 return
             heads = [q[0][0] for q in qs]
-            if all(h == heads[0] for h in heads):
+            if heads.count(heads[0]) == len(heads):   # all equal (C-level, no generator per tuple)
                 for q in qs:
                     q.popleft()
                 st.index += 1
                 continue
-            if not final and not all(len(q) >= 2 for q in qs):
+            if not final and min(map(len, qs)) < 2:
                 return  # wait for one more tuple per rank to break ties
             self._c1_diverge(epoch, st, ranks, qs)
             return
@@ -326,7 +340,9 @@ class CrossRank:
 
     def _join_add(self, ev: Event) -> None:
         f = ev.fields
-        nid = _int(f.get("node_id"))
+        nid = f.get("node_id")
+        if type(nid) is not int:   # _int(), inlined (hot path)
+            nid = None
         if nid is None:
             return
         occ = self._occurrence(ev, ev.tag, nid, True)
@@ -345,7 +361,9 @@ class CrossRank:
 
     def _backup(self, ev: Event) -> None:
         f = ev.fields
-        nid = _int(f.get("node_id"))
+        nid = f.get("node_id")
+        if type(nid) is not int:   # _int(), inlined (hot path)
+            nid = None
         if nid is None:
             return
         occ = self._occurrence(ev, "prepare", nid, False)
@@ -369,12 +387,19 @@ class CrossRank:
         if per is None:
             return
         epoch, tag, nid, occ = key
-        ranks = sorted(self.ranks)
+        ranks = self._ranks_sorted   # sorted(self.ranks), kept up to date by feed (read-only here)
         if not final:
             if not self._ready():
                 return
-            if not all(r in per and (tag != "prepare" or "io" in per[r]) for r in ranks):
-                return
+            if tag == "prepare":
+                for r in ranks:
+                    x = per.get(r)
+                    if x is None or "io" not in x:
+                        return
+            else:
+                for r in ranks:
+                    if r not in per:
+                        return
         del self._joins[key]
         if len(ranks) < 2:
             return
@@ -453,7 +478,9 @@ class CrossRank:
         f = ev.fields
         if f.get("dir") != "h2d" or self.mode != "shared":
             return
-        nid = _int(f.get("node_id"))
+        nid = f.get("node_id")
+        if type(nid) is not int:   # _int(), inlined (hot path)
+            nid = None
         h = _int(f.get("h"))
         if nid is None or h is None or h < 0:
             return
@@ -500,7 +527,9 @@ class CrossRank:
         if cur is None:
             cur = self._cur_round[r] = [ev.epoch, rk, d, set(), set(), ev.seq, ev.line_no, ev.src]
         cur[3].add(_int(f.get("op")))
-        nid = _int(f.get("node_id"))
+        nid = f.get("node_id")
+        if type(nid) is not int:   # _int(), inlined (hot path)
+            nid = None
         if nid is not None:
             cur[4].add(nid)
 
@@ -516,14 +545,14 @@ class CrossRank:
     def _c2_compare(self, epoch: int, final: bool) -> None:
         if epoch in self._c2_done:
             return
-        ranks = sorted(self.ranks)
+        ranks = self._ranks_sorted
         if len(ranks) < 2 or not (final or self._ready()):
             return
         qs = [self._rounds.setdefault((r, epoch), deque()) for r in ranks]
         n = 0
         while all(qs):
             heads = [q[0][:3] for q in qs]
-            if all(h == heads[0] for h in heads):
+            if heads.count(heads[0]) == len(heads):
                 for q in qs:
                     q.popleft()
                 n += 1

@@ -65,7 +65,7 @@ class Analysis:
                 self.feed(ev)
                 continue
             n += 1
-            out = chk.feed(ev)
+            out = chk.feed_fast(ev)
             if out:
                 found.extend(out)
             cross(ev)

@@ -52,6 +52,12 @@ class RankChecker:
             "backup": self._backup, "ack": self._ack, "evict": self._evict, "free": self._free,
             "reload": self._reload, "compose": self._compose,
         }
+        # tag -> (level of the tag, handler): one lookup per record on the hot path
+        self._tab: dict[str, tuple[int, Callable[[Event], list[Finding] | None] | None]] = {
+            tag: (lv, self._dispatch.get(tag)) for tag, lv in LEVEL_OF_TAG.items()}
+        for tag, h in self._dispatch.items():
+            if tag not in self._tab:
+                self._tab[tag] = (1, h)
 
     # -- level --------------------------------------------------------------------------------------------------
     @property
@@ -66,9 +72,19 @@ class RankChecker:
     # -- driving ------------------------------------------------------------------------------------------------
     def feed(self, ev: Event) -> list[Finding]:
         """Process the next record of this rank; returns the findings whose evidence completes at ``ev``."""
+        out = self.feed_fast(ev)
+        return out if out else []
+
+    def feed_fast(self, ev: Event) -> list[Finding] | None:
+        """:meth:`feed` that may return None (or an empty list) when nothing was found: the engine's hot loop uses
+        it to skip allocating an empty list per record."""
         self.events += 1
         tag = ev.tag
-        lv = LEVEL_OF_TAG.get(tag, 1)
+        ent = self._tab.get(tag)
+        if ent is None:
+            lv, h = LEVEL_OF_TAG.get(tag, 1), None
+        else:
+            lv, h = ent
         if ev.level > lv:
             lv = ev.level
         if lv > self.seen_level:
@@ -76,16 +92,15 @@ class RankChecker:
         t = self._tracker
         if tag in _EPOCH_TAGS or t._after_reset or ev.epoch > t.epoch:
             e = t.step(tag, ev.fields, ev.epoch)
-        else:
-            e = t.epoch
-        if e != self.epoch:
-            self.epoch = e
-            self.st = EpochState()   # pending state of the old epoch is dropped: a reset aborts in-flight copies
-        h = self._dispatch.get(tag)
+            if e != self.epoch:
+                self.epoch = e
+                self.st = EpochState()   # pending state of the old epoch is dropped: a reset aborts in-flight copies
+        elif t.epoch != self.epoch:
+            self.epoch = t.epoch
+            self.st = EpochState()
         if h is None:
-            return []
-        out = h(ev)
-        return out if out else []
+            return None
+        return h(ev)
 
     def finish(self) -> list[Finding]:
         """End of stream: d2h copies whose ack never came after a breach (H4-open, WARN)."""
@@ -252,10 +267,12 @@ class RankChecker:
 
     def _insert(self, ev: Event) -> None:
         f = ev.fields
-        nid = _int(f.get("node_id"))
+        nid = f.get("node_id")
+        if type(nid) is not int:   # _int(), inlined (hot path)
+            nid = None
         if nid is None:
             return None
-        ref = _ref(ev)
+        ref = (ev.seq, ev.line_no)   # _ref(ev), inlined (hot path)
         d = slots_of(f.get("dev"), f.get("devx"))
         st = self.st
         node = st.nodes.get(nid)
@@ -278,7 +295,7 @@ class RankChecker:
         L, s = _int(f.get("pre_len")), _int(f.get("split_len"))
         if c is None or p is None or L is None or s is None:
             return None
-        ref = _ref(ev)
+        ref = (ev.seq, ev.line_no)   # _ref(ev), inlined (hot path)
         st = self.st
         pre = st.nodes.get(c)
         dp, dc = slots_of(f.get("dev_p")), slots_of(f.get("dev_c"))
@@ -345,10 +362,12 @@ class RankChecker:
 
     def _prepare(self, ev: Event) -> None:
         f = ev.fields
-        nid = _int(f.get("node_id"))
+        nid = f.get("node_id")
+        if type(nid) is not int:   # _int(), inlined (hot path)
+            nid = None
         if nid is None:
             return None
-        ref = _ref(ev)
+        ref = (ev.seq, ev.line_no)   # _ref(ev), inlined (hot path)
         st = self.st
         h = slots_of(f.get("host"), f.get("hostx"))
         d = slots_of(f.get("dev"), f.get("devx"))
@@ -372,10 +391,12 @@ class RankChecker:
 
     def _backup(self, ev: Event) -> list[Finding] | None:
         f = ev.fields
-        nid = _int(f.get("node_id"))
+        nid = f.get("node_id")
+        if type(nid) is not int:   # _int(), inlined (hot path)
+            nid = None
         if nid is None:
             return None
-        ref = _ref(ev)
+        ref = (ev.seq, ev.line_no)   # _ref(ev), inlined (hot path)
         st = self.st
         op = _int(f.get("op"))
         w = self._find_write(nid, op, need_unbacked=True)
@@ -403,7 +424,9 @@ class RankChecker:
 
     def _ack(self, ev: Event) -> list[Finding] | None:
         f = ev.fields
-        nid = _int(f.get("node_id"))
+        nid = f.get("node_id")
+        if type(nid) is not int:   # _int(), inlined (hot path)
+            nid = None
         if nid is None:
             return None
         if f.get("dir") == "d2h":
@@ -415,7 +438,7 @@ class RankChecker:
     def _ack_d2h(self, ev: Event, nid: int) -> list[Finding] | None:
         f = ev.fields
         st = self.st
-        ref = _ref(ev)
+        ref = (ev.seq, ev.line_no)   # _ref(ev), inlined (hot path)
         op = _int(f.get("op"))
         w = self._find_write(nid, op)
         if w is None:
@@ -465,7 +488,7 @@ class RankChecker:
     def _ack_h2d(self, ev: Event, nid: int) -> list[Finding] | None:
         f = ev.fields
         st = self.st
-        ref = _ref(ev)
+        ref = (ev.seq, ev.line_no)   # _ref(ev), inlined (hot path)
         op = _int(f.get("op"))
         ld = None
         lst = st.loads_by_node.get(nid)
@@ -551,10 +574,12 @@ class RankChecker:
 
     def _evict(self, ev: Event) -> None:
         f = ev.fields
-        nid = _int(f.get("node_id"))
+        nid = f.get("node_id")
+        if type(nid) is not int:   # _int(), inlined (hot path)
+            nid = None
         if nid is None:
             return None
-        ref = _ref(ev)
+        ref = (ev.seq, ev.line_no)   # _ref(ev), inlined (hot path)
         st = self.st
         node = st.nodes.get(nid)
         tier = f.get("tier")
@@ -578,13 +603,14 @@ class RankChecker:
                 for w in lst:
                     if w.viol_b is None or w.viol_b[1] != EXACT:
                         w.viol_b = (ref, EXACT, f"host eviction of node {nid}")
-            if hs is not None:
+            # (guards: the messages are only built when something is in flight)
+            if hs is not None and st.writes:
                 self._breach_writes(hs, "host", nid, ref, f"host eviction of node {nid} freed host slots", "b")
             for ld in st.loads.values():
                 if nid in ld.chain:
                     if ld.viol is None or ld.viol[1] != EXACT:
                         ld.viol = (ref, EXACT, f"host eviction of node {nid}")
-            if hs is not None:
+            if hs is not None and st.loads:
                 self._breach_loads(hs, nid, ref, f"host eviction of node {nid} freed host slots")
             self._delete(nid, ref, "evict tier=host")
         return None
@@ -595,8 +621,10 @@ class RankChecker:
         s = slots_of(f.get("idx"), f.get("idx_x"))
         if s is None:
             return None
-        ref = _ref(ev)
-        nid = _int(f.get("node_id"))
+        ref = (ev.seq, ev.line_no)   # _ref(ev), inlined (hot path)
+        nid = f.get("node_id")
+        if type(nid) is not int:   # _int(), inlined (hot path)
+            nid = None
         pool = f.get("pool")
         if pool == "dev":
             if st.writes:
@@ -627,10 +655,12 @@ class RankChecker:
 
     def _reload(self, ev: Event) -> list[Finding] | None:
         f = ev.fields
-        nid = _int(f.get("node_id"))
+        nid = f.get("node_id")
+        if type(nid) is not int:   # _int(), inlined (hot path)
+            nid = None
         if nid is None:
             return None
-        ref = _ref(ev)
+        ref = (ev.seq, ev.line_no)   # _ref(ev), inlined (hot path)
         st = self.st
         chain = f.get("chain")
         chain = [x for x in chain if type(x) is int] if isinstance(chain, list) and chain else [nid]
@@ -747,11 +777,13 @@ class RankChecker:
     def _compose(self, ev: Event) -> list[Finding] | None:
         f = ev.fields
         key = f.get("key")
-        nid = _int(f.get("node_id"))
+        nid = f.get("node_id")
+        if type(nid) is not int:   # _int(), inlined (hot path)
+            nid = None
         if key is None or nid is None or type(key) is list:
             return None
         st = self.st
-        ref = _ref(ev)
+        ref = (ev.seq, ev.line_no)   # _ref(ev), inlined (hot path)
         chain = f.get("chain")
         chain = [x for x in chain if type(x) is int] if isinstance(chain, list) and chain else [nid]
         hit = f.get("hit")

@@ -49,6 +49,13 @@ def varint(n: int) -> bytes:
     """Base-128 varint of a non-negative int (negative int64 values must be masked to 64 bits first)."""
     if n < 16384:
         return _SMALL[n]
+    if n < 268435456:  # 2**28: the common cases unrolled (one concatenation instead of a loop and a join)
+        return _CONT14[n & 0x3FFF] + _SMALL[n >> 14]
+    if n < 4398046511104:  # 2**42
+        return _CONT14[n & 0x3FFF] + _CONT14[(n >> 14) & 0x3FFF] + _SMALL[n >> 28]
+    if n < 72057594037927936:  # 2**56
+        return (_CONT14[n & 0x3FFF] + _CONT14[(n >> 14) & 0x3FFF] + _CONT14[(n >> 28) & 0x3FFF]
+                + _SMALL[n >> 42])
     parts = []
     while n >= 16384:
         parts.append(_CONT14[n & 0x3FFF])
@@ -160,7 +167,7 @@ def _attrs(tag: bytes, attrs: dict[str, Any]) -> bytes:
 # would (a test holds them equal) without building that dict: one pass over the fields, a per-field-name encoder
 # holding the ``hicache.<k>`` key prefixes, and whole KeyValue fields cached for small repeated values.
 _EV_TAG = b"\x1a"
-_VAL_CACHE_INT = 4096      # ints below this have their whole KeyValue field cached per key
+_VAL_CACHE_INT = 16384     # ints below this have their whole KeyValue field cached per key
 _VAL_CACHE_STR = 64        # so do strings up to this length
 _VAL_CACHE_PER_KEY = 4096  # bounded: a key with many distinct values stops caching new ones
 
@@ -215,73 +222,129 @@ def _small_fixed(enc: _KeyEnc, v: int) -> bytes:
     return enc.ints[len(vb)] + vb
 
 
+_kv_cache: dict[tuple[str, Any], bytes] = {}   # (field name, small int | short str | all-int Rng) -> field bytes
+_KV_CACHE_MAX = 200_000
+
+
+def _field_miss(k: str, v: Any, t: type) -> bytes:
+    """Encoded attribute field(s) of one typed field, uncached; caches the result when the value is a small one."""
+    e = _field_enc.get(k)
+    if e is None:
+        if len(_field_enc) > 50_000:
+            _field_enc.clear()
+        e = _field_enc[k] = _FieldEnc(k)
+    cache = False
+    if t is int:
+        if -(1 << 63) <= v < (1 << 63):
+            b = e.int_field(v)
+            cache = 0 <= v < _VAL_CACHE_INT
+        else:
+            b = e.str_field(str(v))
+    elif t is str:
+        b = e.str_field(v)
+        cache = len(v) <= _VAL_CACHE_STR
+    elif t is Rng:
+        out = []
+        ints = True
+        for pe, pk, pv in zip(e.parts, e.part_keys, v):
+            if type(pv) is int and -(1 << 63) <= pv < (1 << 63):
+                vb = varint(pv & _MASK64)
+                out.append(pe.ints[len(vb)] + vb)
+            else:
+                ints = False
+                out.append(_field(_EV_TAG, pk, fields_to_attributes({"": pv})[sc.FIELD_PREFIX]))
+        b = b"".join(out)
+        cache = False  # see _event_attrs: ranges are encoded inline
+    elif t is float:
+        b = _field(_EV_TAG, e.key, v)
+    else:
+        b = b"".join([_field(_EV_TAG, ak, av) for ak, av in fields_to_attributes({k: v}).items()])
+    if cache:
+        if len(_kv_cache) >= _KV_CACHE_MAX:
+            _kv_cache.clear()
+        _kv_cache[(k, v)] = b
+    return b
+
+
 def _event_attrs(a: Any) -> bytes:
     """The span event's repeated attributes field (tag 0x1a) for a ``spans.EventAttrs``."""
     if a.dirty:
         return _attrs(_EV_TAG, a.as_dict())
-    encs = _field_enc
+    fields = a.fields
+    for k in fields:
+        if "." in k:  # could collide with another field's range part keys: dict semantics decide
+            return _attrs(_EV_TAG, a.as_dict())
+    get = _kv_cache.get
     out: list[bytes] = []
     append = out.append
-    small = _SMALL
-    for k, v in a.fields.items():
-        e = encs.get(k)
-        if e is None:
-            if len(encs) > 50_000:
-                encs.clear()
-            e = encs[k] = _FieldEnc(k)
-        if not e.ok:
-            return _attrs(_EV_TAG, a.as_dict())
+    for k, v in fields.items():
         t = type(v)
         if t is int:
             if 0 <= v < _VAL_CACHE_INT:
-                b = e.vals.get(v)
-                if b is None:
-                    b = e.int_field(v)
-                    if len(e.vals) < _VAL_CACHE_PER_KEY:
-                        e.vals[v] = b
-                append(b)
-            elif -(1 << 63) <= v < (1 << 63):
-                vb = small[v] if 0 <= v < 16384 else varint(v & _MASK64)
-                append(e.ints[len(vb)])
-                append(vb)
-            else:
-                append(e.str_field(str(v)))
+                b = get((k, v))
+                append(b if b is not None else _field_miss(k, v, t))
+                continue
+            if 0 <= v < (1 << 63):
+                e = _field_enc.get(k)
+                if e is not None:
+                    vb = varint(v)
+                    append(e.ints[len(vb)])
+                    append(vb)
+                    continue
         elif t is str:
             if len(v) <= _VAL_CACHE_STR:
-                b = e.vals.get(v)
-                if b is None:
-                    b = e.str_field(v)
-                    if len(e.vals) < _VAL_CACHE_PER_KEY:
-                        e.vals[v] = b
-                append(b)
-            else:
-                append(e.str_field(v))
+                b = get((k, v))
+                if b is not None:
+                    append(b)
+                    continue
         elif t is Rng:
-            for pe, pk, pv in zip(e.parts, e.part_keys, v):
-                if type(pv) is int and -(1 << 63) <= pv < (1 << 63):
-                    vb = small[pv] if 0 <= pv < 16384 else varint(pv & _MASK64)
-                    append(pe.ints[len(vb)])
+            # ranges are mostly unique (per node): encode the five int64 parts inline, no cache
+            e = _field_enc.get(k)
+            if e is not None:
+                c, lo, hi, fi, la = v
+                if (type(c) is int and type(lo) is int and type(hi) is int and type(fi) is int and type(la) is int
+                        and 0 <= c < _2_63 and 0 <= lo < _2_63 and 0 <= hi < _2_63 and 0 <= fi < _2_63
+                        and 0 <= la < _2_63):
+                    p = e.parts
+                    vb = varint(c)
+                    append(p[0].ints[len(vb)])
                     append(vb)
-                else:
-                    append(_field(_EV_TAG, pk, fields_to_attributes({"": pv})[sc.FIELD_PREFIX]))
-        elif t is float:
-            append(_field(_EV_TAG, e.key, v))
-        else:
-            for ak, av in fields_to_attributes({k: v}).items():
-                append(_field(_EV_TAG, ak, av))
-    seq = a.seq
+                    vb = varint(lo)
+                    append(p[1].ints[len(vb)])
+                    append(vb)
+                    vb = varint(hi)
+                    append(p[2].ints[len(vb)])
+                    append(vb)
+                    vb = varint(fi)
+                    append(p[3].ints[len(vb)])
+                    append(vb)
+                    vb = varint(la)
+                    append(p[4].ints[len(vb)])
+                    append(vb)
+                    continue
+        append(_field_miss(k, v, t))
+    seq, epoch, level = a.seq, a.epoch, a.level
     if type(seq) is int and 0 <= seq < (1 << 63):
-        vb = small[seq] if seq < 16384 else varint(seq)
-        append(_SEQ_ENC.ints[len(vb)])
+        vb = _SMALL[seq] if seq < 16384 else varint(seq)
+        append(_SEQ_INTS[len(vb)])
         append(vb)
     else:
         append(_field(_EV_TAG, sc.SEQ, seq))
-    for enc, key, v in ((_EPOCH_ENC, sc.EPOCH, a.epoch), (_LEVEL_ENC, sc.LEVEL, a.level)):
-        if type(v) is int:
-            append(_small_fixed(enc, v))
-        else:
-            append(_field(_EV_TAG, key, v))
+    b = _EL_CACHE.get((epoch, level)) if type(epoch) is int and type(level) is int else None
+    if b is None:
+        b = _small_fixed(_EPOCH_ENC, epoch) if type(epoch) is int else _field(_EV_TAG, sc.EPOCH, epoch)
+        b += _small_fixed(_LEVEL_ENC, level) if type(level) is int else _field(_EV_TAG, sc.LEVEL, level)
+        if type(epoch) is int and type(level) is int and 0 <= epoch < 65536 and 0 <= level < 16:
+            if len(_EL_CACHE) > 100_000:
+                _EL_CACHE.clear()
+            _EL_CACHE[(epoch, level)] = b
+    append(b)
     return b"".join(out)
+
+
+_SEQ_INTS = _SEQ_ENC.ints
+_2_63 = 1 << 63
+_EL_CACHE: dict[tuple[int, int], bytes] = {}
 
 
 # -- messages -------------------------------------------------------------------------------------------------------
@@ -298,15 +361,43 @@ def _name(tag: bytes, s: str) -> bytes:
     return b
 
 
+_span_attr_cache: dict[tuple, bytes] = {}
+_ev_names: dict[str, bytes] = {}  # event name -> its encoded name field
+
+
+def _span_attrs(attrs: dict[str, Any]) -> bytes:
+    """``_attrs(b"\x4a", attrs)``, cached for the few small int/str attribute sets stage spans repeat (rank, node id,
+    closed_by). Only int and str values are cached: ``True == 1`` would otherwise share an entry."""
+    if len(attrs) > 6:
+        return _attrs(b"\x4a", attrs)
+    for v in attrs.values():
+        t = type(v)
+        if t is not int and t is not str or t is str and len(v) > 64:
+            return _attrs(b"\x4a", attrs)
+    key = tuple(attrs.items())
+    b = _span_attr_cache.get(key)
+    if b is None:
+        if len(_span_attr_cache) >= 100_000:
+            _span_attr_cache.clear()
+        b = _span_attr_cache[key] = _attrs(b"\x4a", attrs)
+    return b
+
+
 def encode_span(sp: Any) -> bytes:
     """Encoded ``Span`` message body (kind INTERNAL, no parent: stage spans are roots of their trace)."""
     parts = [b"\x0a\x10", sp.trace_id, b"\x12\x08", sp.span_id, _name(b"\x2a", sp.name), b"\x30\x01",
              b"\x39", _pack_q(sp.start & _MASK64), b"\x41", _pack_q(sp.end & _MASK64)]
     if sp.attrs:
-        parts.append(_attrs(b"\x4a", sp.attrs))
+        parts.append(_span_attrs(sp.attrs))
     append = parts.append
+    names = _ev_names
     for ts, name, attrs in sp.events:
-        ev = b"\x09" + _pack_q(ts & _MASK64) + _name(b"\x12", name) + (
+        nb = names.get(name)
+        if nb is None:
+            nb = _name(b"\x12", name)
+            if len(names) < 10_000:
+                names[name] = nb
+        ev = b"\x09" + _pack_q(ts & _MASK64) + nb + (
             _event_attrs(attrs) if type(attrs) is EventAttrs else _attrs(b"\x1a", attrs))
         n = len(ev)
         append(b"\x5a")

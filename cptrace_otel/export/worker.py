@@ -23,6 +23,7 @@ import gc
 import os
 import pickle
 import queue
+import re
 import signal
 import struct
 import sys
@@ -83,11 +84,19 @@ _parsed: dict[str, Any] = {}
 _IMMUTABLE = (int, float, str, Rng)
 
 
+# A range summary whose five parts are canonical decimal ints (the usual case: slot ranges): parse_value gives
+# exactly ``Rng(*map(int, parts))`` for it (tests/unit/test_export_fast_paths.py holds them equal), without its general
+# regex, per-part scalar parsing and render round trip. Ranges are unique per node, so the cache rarely helps them.
+_I = r"(0|-?[1-9][0-9]*)"
+_rng_fast = re.compile(rf"\(cnt={_I},min={_I},max={_I},first={_I},last={_I}\)").fullmatch
+
+
 def _value(v: str) -> Any:
     """``parse_value`` with a cache for short repeated strings (only immutable results are shared)."""
     r = _parsed.get(v)
     if r is None:
-        r = parse_value(v)
+        m = _rng_fast(v) if v[:5] == "(cnt=" else None
+        r = Rng(*map(int, m.groups())) if m else parse_value(v)
         if len(v) <= 96 and type(r) in _IMMUTABLE:
             if len(_parsed) > 50_000:
                 _parsed.clear()
@@ -181,13 +190,15 @@ class Exporter:
         n = 0
         for item in items:
             try:
-                ts, level, tag, fields = item
-                f = {}
-                for k, v in fields.items():
+                ts, level, tag, f = item
+                # The fields dict is ours (unpickled here, or in thread mode the call's own **kwargs dict): convert
+                # its values in place (same keys, same order) instead of copying it. Converting twice gives the same
+                # values, should a batch ever be fed again.
+                for k, v in f.items():
                     t = type(v)
                     if t is int:
-                        f[k] = v
-                    elif t is str:
+                        continue
+                    if t is str:
                         if " " in v or len(v) > MAX_VALUE_CHARS:
                             v = _cut(v.replace(" ", ""))
                         r = parsed_get(v)

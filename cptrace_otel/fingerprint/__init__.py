@@ -61,58 +61,37 @@ def _non_tensor_fingerprint(t: Any) -> int:
     return -3  # tensor-like object: let the reference decide
 
 
-def khash(t: Any) -> Any:
-    """Upstream ``khash(t)``: an int (CPU, non-tensors) or a Deferred int (CUDA)."""
+def _dispatch(name: str, t: Any) -> Any:
+    """Run fingerprint ``name`` (``"khash"`` or ``"knz"``) on the path for ``t``'s device; -1 on any failure."""
     try:
         T = _tensor_type()
         if T is not None and isinstance(t, T):
             dev = t.device.type
             if dev == "cuda":
-                from . import gpu
-
-                return gpu.khash(t)
-            if dev == "cpu":
-                from . import cpu
-
-                return cpu.khash(t)
-            from . import reference
-
-            return reference.khash(t)
+                from . import gpu as impl
+            elif dev == "cpu":
+                from . import cpu as impl
+            else:
+                from . import reference as impl
+            return getattr(impl, name)(t)
         v = _non_tensor_fingerprint(t)
         if v != -3:
             return v
         from . import reference
 
-        return reference.khash(t)
+        return getattr(reference, name)(t)
     except Exception:
         return -1
+
+
+def khash(t: Any) -> Any:
+    """Upstream ``khash(t)``: an int (CPU, non-tensors) or a Deferred int (CUDA)."""
+    return _dispatch("khash", t)
 
 
 def knz(t: Any) -> Any:
     """Upstream ``knz(t)``: count of nonzero bytes; an int or a Deferred int (CUDA)."""
-    try:
-        T = _tensor_type()
-        if T is not None and isinstance(t, T):
-            dev = t.device.type
-            if dev == "cuda":
-                from . import gpu
-
-                return gpu.knz(t)
-            if dev == "cpu":
-                from . import cpu
-
-                return cpu.knz(t)
-            from . import reference
-
-            return reference.knz(t)
-        v = _non_tensor_fingerprint(t)
-        if v != -3:
-            return v
-        from . import reference
-
-        return reference.knz(t)
-    except Exception:
-        return -1
+    return _dispatch("knz", t)
 
 
 def khash_knz(t: Any) -> tuple[Any, Any]:

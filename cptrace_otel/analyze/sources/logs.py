@@ -104,7 +104,7 @@ def _value(v: str) -> Any:
         m = _INTLIST_FAST.match(v)
         if m is not None:  # a flat list of canonical ints, the common case (chain, pub, hp, hs)
             inner = v[1:-1]
-            return [int(x) for x in inner.split(",")] if inner else []
+            return list(map(int, inner.split(","))) if inner else []
         return parse_value(v)
     if c.isalpha() and c.isascii():
         return v  # a bare word: parse_value keeps it as a string
@@ -127,7 +127,12 @@ class _TokenCache(dict):
         k, eq, v = tok.partition("=")
         if not eq or not k:
             raise _BadToken(tok)
-        val = _value(v)
+        if v.isdigit() and v.isascii() and (v[0] != "0" or len(v) == 1):
+            val: Any = int(v)   # the commonest miss (node_id, op, h, ...): _value's first case, without the call
+            if k in _NOCACHE_KEYS:
+                return (k, val)
+        else:
+            val = _value(v)
         if k not in _NOCACHE_KEYS and type(val) is not list and len(tok) < 100:
             if len(self) >= _TOKCACHE_MAX:
                 self.clear()

@@ -1,0 +1,77 @@
+"""The exporter worker's fast paths give exactly what the general paths give: the in-place item completion
+(``Exporter.add_items`` without a log sink) against ``render_record`` + ``add_records``, and the canonical-range
+parser against ``logline.parse_value``."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+from cptrace_otel import config
+from cptrace_otel.export import worker
+from cptrace_otel.logline import parse_value
+from cptrace_otel.pipeline import render_record
+
+
+def _exporter() -> worker.Exporter:
+    cfg = config.from_env({}, level=2, run_id="fast", cp_rank=0, checks=True)
+    return worker.Exporter(dict(config=cfg, resource=cfg.resource(), instance="i", file=None, log_file=None,
+                                spool_dir=""))
+
+
+def _items(rng: random.Random, n: int) -> list[tuple]:
+    vals = ["(cnt=3,min=1,max=5,first=1,last=5)", "(cnt=2,min=-0,max=1,first=0,last=1)", "a b", "x" * 70000,
+            "[1,[2,3]]", "(none)", "007", "nan", 1.5, float("inf"), -3, 1 << 70, "wt", "h\u00e9 llo"]
+    out = []
+    for i in range(n):
+        node = rng.randrange(0, 40)
+        tag = rng.choice(["prepare", "backup", "ack", "evict", "insert", "reset", "config", "rid_map"])
+        f = {"node_id": node, "op": rng.randrange(0, 5)}
+        for j in range(rng.randrange(0, 5)):
+            f[rng.choice(["dev", "host", "io", f"k{j}", "rank"])] = rng.choice(vals + [rng.randrange(-5, 1 << 40)])
+        if tag == "ack":
+            f["dir"] = rng.choice(["d2h", "h2d"])
+        out.append((10**18 + i * 1000, rng.choice([1, 2]), tag, f))
+    return out
+
+
+def _dump(ex: worker.Exporter) -> list:
+    ex.builder.close_all()
+    return [(sp.trace_id, sp.span_id, sp.name, sp.start, sp.end, dict(sp.attrs),
+             [(ts, name, dict(a.items())) for ts, name, a in sp.events]) for sp in ex.builder.take()]
+
+
+def test_add_items_fast_path_equals_render_record_path() -> None:
+    rng = random.Random(5)
+    items = _items(rng, 3000)
+    fast, ref = _exporter(), _exporter()
+    for j in range(0, len(items), 500):
+        batch = items[j:j + 500]
+        fast.add_items(copy.deepcopy(batch), 0)
+        seq = ref.next_seq
+        ref.add_records([render_record(seq + i, it) for i, it in enumerate(copy.deepcopy(batch))], 0)
+        ref.next_seq = seq + len(batch)
+    assert fast.records == ref.records == len(items)
+    got, want = _dump(fast), _dump(ref)
+    assert len(got) > 100
+    assert got == want
+    assert fast.builder.findings == ref.builder.findings
+
+
+def test_fast_range_parse_equals_parse_value() -> None:
+    rng = random.Random(9)
+    cases = ["(cnt=64,min=100,max=163,first=100,last=163)", "(cnt=0,min=0,max=0,first=0,last=0)",
+             "(cnt=1,min=-0,max=0,first=0,last=0)", "(cnt=01,min=1,max=1,first=1,last=1)",
+             "(cnt=1,min=\u0661,max=1,first=1,last=1)", "(cnt=1,min=1.5,max=1,first=1,last=1)",
+             "(cnt=1,min=1,max=1,first=1,last=1)\n", "(cnt=1,min=1,max=1,first=1,last=1)x",
+             f"(cnt=2,min={-(1 << 80)},max={1 << 90},first=-5,last=7)", "(cnt=-3,min=-1,max=-2,first=-3,last=-4)"]
+    for _ in range(2000):
+        parts = [rng.choice([str(rng.randrange(-10**6, 10**6)), str(rng.randrange(1 << 70)), "0", "-0", "007",
+                             "1e3", "x"]) for _ in range(5)]
+        cases.append("(cnt={},min={},max={},first={},last={})".format(*parts))
+    for s in cases:
+        worker._parsed.clear()
+        got, want = worker._value(s), parse_value(s)
+        assert got == want and type(got) is type(want), s
+        if isinstance(want, tuple):
+            assert [type(x) for x in got] == [type(x) for x in want], s
