@@ -115,6 +115,15 @@ def render_record(seq: int, item: tuple, is_deferred: Any = None, resolve: Any =
             out.append((k, v))
         else:
             out.append((k, _render_other(v, is_deferred, resolve)))
+    tag, level = _tag_level(tag, level)
+    return (seq, ts, level, tag, tuple(out))
+
+
+_PRIM = frozenset((int, str, float))
+
+
+def _tag_level(tag: Any, level: Any) -> tuple[str, int]:
+    """The record's tag as text and its level as an int (1 when the caller passed something that is not one)."""
     if type(tag) is not str:
         tag = _render_other(tag, None, None)
     if type(level) is not int:
@@ -122,10 +131,7 @@ def render_record(seq: int, item: tuple, is_deferred: Any = None, resolve: Any =
             level = int(level)
         except Exception:
             level = 1
-    return (seq, ts, level, tag, tuple(out))
-
-
-_PRIM = frozenset((int, str, float))
+    return tag, level
 
 
 def compact_item(item: tuple, is_deferred: Any = None, resolve: Any = None) -> tuple:
@@ -141,13 +147,7 @@ def compact_item(item: tuple, is_deferred: Any = None, resolve: Any = None) -> t
         if type(tag) is str and type(level) is int:
             return item
     f2 = {k: (v if type(v) in _PRIM else _render_other(v, is_deferred, resolve)) for k, v in fields.items()}
-    if type(tag) is not str:
-        tag = _render_other(tag, None, None)
-    if type(level) is not int:
-        try:
-            level = int(level)
-        except Exception:
-            level = 1
+    tag, level = _tag_level(tag, level)
     return (ts, level, tag, f2)
 
 

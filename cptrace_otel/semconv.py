@@ -47,7 +47,7 @@ LEVEL: Final = "cptrace.record.level"    # the level argument the record was emi
 RANK: Final = "sglang.cp.rank"           # also stamped on spans so cross-rank views need no resource join
 
 # -- span attributes -------------------------------------------------------------------------------------------
-STAGE_CLOSED: Final = "cptrace.span.closed_by"  # "tag" (its closing record), "timeout" or "flush"
+STAGE_CLOSED: Final = "cptrace.span.closed_by"  # "tag" (closing record), "timeout", "reset", "limit" or "flush"
 VIOLATION: Final = "cptrace.violation"          # comma-joined codes (H1..H4, ZERO, HASH) found on this span
 VIOLATION_RULES: Final = "cptrace.violation.rules"
 CERTAINTY: Final = "cptrace.certainty"

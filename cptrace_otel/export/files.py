@@ -19,25 +19,16 @@ from ..logline import render_line
 from .otlp import request_json
 
 
-def _open_append(path: str):
-    d = os.path.dirname(path)
-    if d:
-        os.makedirs(d, exist_ok=True)
-    return open(path, "a", encoding="utf-8", errors="replace", buffering=1 << 20)
+class _AppendFile:
+    """A line-oriented file opened for append (parents created), with the sink interface's flush/close."""
 
-
-class OtlpJsonFileSink:
     def __init__(self, path: str) -> None:
         self.path = path
-        self._f = _open_append(path)
+        d = os.path.dirname(path)
+        if d:
+            os.makedirs(d, exist_ok=True)
+        self._f = open(path, "a", encoding="utf-8", errors="replace", buffering=1 << 20)
         self.lines = 0
-
-    def export(self, groups: Sequence[tuple[dict[str, Any], Sequence[Any]]]) -> None:
-        line = request_json(groups)
-        if not line:
-            return
-        self._f.write(line + "\n")
-        self.lines += 1
 
     def flush(self, timeout_s: float = 0.0) -> bool:
         self._f.flush()
@@ -49,6 +40,16 @@ class OtlpJsonFileSink:
         except OSError:
             return False
         return True
+
+
+class OtlpJsonFileSink(_AppendFile):
+
+    def export(self, groups: Sequence[tuple[dict[str, Any], Sequence[Any]]]) -> None:
+        line = request_json(groups)
+        if not line:
+            return
+        self._f.write(line + "\n")
+        self.lines += 1
 
     def stats(self) -> dict[str, Any]:
         return {"file": self.path, "file_lines": self.lines}
@@ -62,13 +63,11 @@ def log_prefix(ts_ns: int, cp_rank: int, tp_rank: int) -> str:
     return f"[{t} ATTN_CP{cp} TP{tp}] "
 
 
-class LogLinesSink:
+class LogLinesSink(_AppendFile):
     def __init__(self, path: str, cp_rank: int, tp_rank: int) -> None:
-        self.path = path
+        super().__init__(path)
         self.cp_rank = cp_rank
         self.tp_rank = tp_rank
-        self._f = _open_append(path)
-        self.lines = 0
         self._sec = -1
         self._prefix = ""
 
@@ -83,17 +82,6 @@ class LogLinesSink:
             out.append(self._prefix + render_line(tag, dict(fields)) + "\n")
         self._f.write("".join(out))
         self.lines += len(out)
-
-    def flush(self, timeout_s: float = 0.0) -> bool:
-        self._f.flush()
-        return True
-
-    def close(self, timeout_s: float = 0.0) -> bool:
-        try:
-            self._f.close()
-        except OSError:
-            return False
-        return True
 
     def stats(self) -> dict[str, Any]:
         return {"log_file": self.path, "log_lines": self.lines}

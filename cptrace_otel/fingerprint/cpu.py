@@ -161,8 +161,9 @@ class _Unsupported(Exception):
     """Raised for inputs the fast path leaves to the reference implementation."""
 
 
-def khash(t: Any) -> int:
-    """Upstream ``khash`` of a CPU tensor (exact), or the reference's result for inputs the fast path skips."""
+def _on_bytes(name: str, t: Any, fast: Any) -> int:
+    """``fast(bytes_array)`` for a CPU tensor; 0 when empty, the reference's ``name`` for inputs the fast path
+    leaves to it, -1 on failure (upstream's sentinel)."""
     try:
         if t is None or t.numel() == 0:
             return 0
@@ -170,28 +171,31 @@ def khash(t: Any) -> int:
     except _Unsupported:
         from . import reference
 
-        return reference.khash(t)
+        return getattr(reference, name)(t)
     except Exception:
         return -1
+    return fast(a)
+
+
+def _khash_of(a: Any) -> int:
     s0, s1 = array_sums(a)
     return formula.finish(s0, s1, a.size)
 
 
-def knz(t: Any) -> int:
-    """Upstream ``knz`` of a CPU tensor: number of nonzero bytes."""
-    try:
-        if t is None or t.numel() == 0:
-            return 0
-        a = _bytes_of(t)
-    except _Unsupported:
-        from . import reference
-
-        return reference.knz(t)
-    except Exception:
-        return -1
+def _knz_of(a: Any) -> int:
     import numpy as np
 
     return int(np.count_nonzero(a))
+
+
+def khash(t: Any) -> int:
+    """Upstream ``khash`` of a CPU tensor (exact), or the reference's result for inputs the fast path skips."""
+    return _on_bytes("khash", t, _khash_of)
+
+
+def knz(t: Any) -> int:
+    """Upstream ``knz`` of a CPU tensor: number of nonzero bytes."""
+    return _on_bytes("knz", t, _knz_of)
 
 
 def khash_knz(t: Any) -> tuple[int, int]:
