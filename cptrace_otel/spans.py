@@ -243,6 +243,7 @@ class SpanBuilder:
         self.timeout_ns = int(span_timeout_s * 1e9)
         self._checker_factory = checker_factory
         self._checkers: dict[int, Any] = {}
+        self._feeds: dict[int, Callable[[Event], Any]] = {}   # rank -> its checker's feed method
         self._open: dict[Any, Span] = {}          # insertion order = open order (oldest first)
         self._done: list[Span] = []
         self._trace_cache: dict[tuple[int, int], bytes] = {}
@@ -341,7 +342,10 @@ class SpanBuilder:
                 sp = self._open_span(key, self._node_trace(epoch, node), sc.SPAN_H2D, ev, {sc.NODE_ID: node})
             elif tag == "backup":
                 key = (rank, epoch, node, "d2h", op)
-                sp = self._span_for(key, self._node_trace(epoch, node), sc.SPAN_D2H, ev, {sc.NODE_ID: node})
+                # (the open span is looked up first: its trace id and attributes are only built for a new one)
+                sp = self._open.get(key)
+                if sp is None:
+                    sp = self._open_span(key, self._node_trace(epoch, node), sc.SPAN_D2H, ev, {sc.NODE_ID: node})
             else:
                 sp = None
                 if tag == "ack":
@@ -351,13 +355,18 @@ class SpanBuilder:
                         closing = sp is not None
                 if sp is None:
                     key = (rank, epoch, node, "node")
-                    sp = self._span_for(key, self._node_trace(epoch, node), sc.SPAN_NODE, ev, {sc.NODE_ID: node})
+                    sp = self._open.get(key)
+                    if sp is None:
+                        sp = self._open_span(key, self._node_trace(epoch, node), sc.SPAN_NODE, ev,
+                                             {sc.NODE_ID: node})
                     if tag == "rid_map" and "rid" in f:
                         link_rid = render_value(f["rid"])
                         sp.attrs[sc.RID] = link_rid
         else:
             key = (rank, "rank")
-            sp = self._span_for(key, rank_trace_id(self.run_id, rank), sc.SPAN_RANK, ev, {})
+            sp = self._open.get(key)
+            if sp is None:
+                sp = self._open_span(key, rank_trace_id(self.run_id, rank), sc.SPAN_RANK, ev, {})
 
         sp.events.append((ts, tag, EventAttrs(f, ev.seq, epoch, ev.level)))
         sp.nbytes += _approx_bytes(f)
@@ -377,10 +386,15 @@ class SpanBuilder:
                 rsp.end = ts
 
         if self._checker_factory is not None:
-            ck = self._checkers.get(rank)
-            if ck is not None:
+            fd = self._feeds.get(rank)
+            if fd is None:
+                ck = self._checkers.get(rank)
+                if ck is not None:
+                    # feed_fast (RankChecker): feed without the empty list per record; same findings
+                    fd = self._feeds[rank] = getattr(ck, "feed_fast", None) or ck.feed
+            if fd is not None:
                 try:
-                    found = ck.feed(ev)
+                    found = fd(ev)
                 except Exception as e:  # a broken rule must not stop tracing
                     self._checker_factory = None
                     print(f"cptrace_otel: online checks disabled after an error in the checker: {e!r}",

@@ -90,7 +90,8 @@ def slots_of(v: Any, x: Any = None) -> Slots | None:
 def _slots_of(v: Any, x: Any) -> Slots | None:
     if type(v) is Rng:
         cnt, lo, hi, first, last = v
-        if not (_is_int(cnt) and _is_int(lo) and _is_int(hi) and _is_int(first) and _is_int(last)):
+        if not (type(cnt) is int and type(lo) is int and type(hi) is int and type(first) is int
+                and type(last) is int):
             return None
         runs = parse_runs(x) if x is not None else None
         ordered = runs is not None
@@ -143,6 +144,18 @@ def overlap(a: Slots | None, b: Slots | None) -> str | None:
 
 def concat(parts: list[Slots]) -> Slots | None:
     """Summary (and runs, when all parts are exact) of the parts concatenated in order; None if a part is unknown."""
+    if len(parts) == 1:
+        # one part (a single-node reload chain): the part itself, its one run (if any) as a plain tuple
+        p = parts[0]
+        if p is None:
+            return None
+        if p.cnt > 0:
+            runs = p.runs
+            if runs is None:
+                if not p.ordered:
+                    return Slots(p.cnt, p.lo, p.hi, p.first, p.last, None, False)
+            elif len(runs) == 1:
+                return Slots(p.cnt, p.lo, p.hi, p.first, p.last, (tuple(runs[0]),), p.ordered)
     if not parts or any(p is None for p in parts):
         return None
     nonempty = [p for p in parts if p.cnt > 0]

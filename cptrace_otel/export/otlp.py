@@ -271,9 +271,9 @@ def _event_attrs(a: Any) -> bytes:
     if a.dirty:
         return _attrs(_EV_TAG, a.as_dict())
     fields = a.fields
-    for k in fields:
-        if "." in k:  # could collide with another field's range part keys: dict semantics decide
-            return _attrs(_EV_TAG, a.as_dict())
+    # A field name with a dot could collide with another field's range part keys: dict semantics decide. The
+    # caches (_kv_cache, _field_enc, _rng_cache) only ever hold dot-free names (_field_miss, their only filler, is
+    # reached below after the dot test), so a cache hit proves the name dot-free and only misses test for a dot.
     get = _kv_cache.get
     out: list[bytes] = []
     append = out.append
@@ -282,7 +282,11 @@ def _event_attrs(a: Any) -> bytes:
         if t is int:
             if 0 <= v < _VAL_CACHE_INT:
                 b = get((k, v))
-                append(b if b is not None else _field_miss(k, v, t))
+                if b is None:
+                    if "." in k:
+                        return _attrs(_EV_TAG, a.as_dict())
+                    b = _field_miss(k, v, t)
+                append(b)
                 continue
             if 0 <= v < (1 << 63):
                 e = _field_enc.get(k)
@@ -298,30 +302,40 @@ def _event_attrs(a: Any) -> bytes:
                     append(b)
                     continue
         elif t is Rng:
-            # ranges are mostly unique (per node): encode the five int64 parts inline, no cache
+            # A range recurs on a few records of its node's lifecycle (dev on insert / prepare / backup / evict,
+            # host on prepare / backup / reloads): cache its five int64 parts per (field, range) in a small
+            # table. Only all-int ranges are cached or looked up (``1 == True == 1.0`` must not share an entry).
             e = _field_enc.get(k)
             if e is not None:
                 c, lo, hi, fi, la = v
                 if (type(c) is int and type(lo) is int and type(hi) is int and type(fi) is int and type(la) is int
                         and 0 <= c < _2_63 and 0 <= lo < _2_63 and 0 <= hi < _2_63 and 0 <= fi < _2_63
                         and 0 <= la < _2_63):
-                    p = e.parts
-                    vb = varint(c)
-                    append(p[0].ints[len(vb)])
-                    append(vb)
-                    vb = varint(lo)
-                    append(p[1].ints[len(vb)])
-                    append(vb)
-                    vb = varint(hi)
-                    append(p[2].ints[len(vb)])
-                    append(vb)
-                    vb = varint(fi)
-                    append(p[3].ints[len(vb)])
-                    append(vb)
-                    vb = varint(la)
-                    append(p[4].ints[len(vb)])
-                    append(vb)
+                    ck = (k, v)
+                    b = _rng_cache.get(ck)
+                    if b is None:
+                        p = e.parts
+                        vb0, vb1, vb2, vb3, vb4 = varint(c), varint(lo), varint(hi), varint(fi), varint(la)
+                        b = b"".join((p[0].ints[len(vb0)], vb0, p[1].ints[len(vb1)], vb1, p[2].ints[len(vb2)], vb2,
+                                      p[3].ints[len(vb3)], vb3, p[4].ints[len(vb4)], vb4))
+                        if len(_rng_cache) >= _RNG_CACHE_MAX:
+                            _rng_cache.clear()
+                        _rng_cache[ck] = b
+                    append(b)
                     continue
+        elif t is list:
+            # a list travels as its rendered text (attrs: render_value); for a list of plain ints that text is
+            # ``[a,b,...]`` with str() of each item
+            e = _field_enc.get(k)
+            if e is not None and len(v) <= 4096:
+                for x in v:
+                    if type(x) is not int:
+                        break
+                else:
+                    append(e.str_field("[" + ",".join(map(str, v)) + "]"))
+                    continue
+        if "." in k:
+            return _attrs(_EV_TAG, a.as_dict())
         append(_field_miss(k, v, t))
     seq, epoch, level = a.seq, a.epoch, a.level
     if type(seq) is int and 0 <= seq < (1 << 63):
@@ -343,6 +357,8 @@ def _event_attrs(a: Any) -> bytes:
 
 
 _SEQ_INTS = _SEQ_ENC.ints
+_rng_cache: dict[tuple[str, Any], bytes] = {}   # (field name, all-int Rng) -> its five KeyValue fields
+_RNG_CACHE_MAX = 16384   # a few live node lifecycles' worth; cleared when full
 _2_63 = 1 << 63
 _EL_CACHE: dict[tuple[int, int], bytes] = {}
 
