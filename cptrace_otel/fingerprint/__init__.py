@@ -61,18 +61,27 @@ def _non_tensor_fingerprint(t: Any) -> int:
     return -3  # tensor-like object: let the reference decide
 
 
+def _device_impl(t: Any) -> Any:
+    """The module that fingerprints ``t`` (``gpu`` for CUDA tensors, ``cpu`` for CPU tensors, ``reference`` for
+    tensors elsewhere), or None when ``t`` is not a tensor."""
+    T = _tensor_type()
+    if T is None or not isinstance(t, T):
+        return None
+    dev = t.device.type
+    if dev == "cuda":
+        from . import gpu as impl
+    elif dev == "cpu":
+        from . import cpu as impl
+    else:
+        from . import reference as impl
+    return impl
+
+
 def _dispatch(name: str, t: Any) -> Any:
     """Run fingerprint ``name`` (``"khash"`` or ``"knz"``) on the path for ``t``'s device; -1 on any failure."""
     try:
-        T = _tensor_type()
-        if T is not None and isinstance(t, T):
-            dev = t.device.type
-            if dev == "cuda":
-                from . import gpu as impl
-            elif dev == "cpu":
-                from . import cpu as impl
-            else:
-                from . import reference as impl
+        impl = _device_impl(t)
+        if impl is not None:
             return getattr(impl, name)(t)
         v = _non_tensor_fingerprint(t)
         if v != -3:
@@ -97,17 +106,9 @@ def knz(t: Any) -> Any:
 def khash_knz(t: Any) -> tuple[Any, Any]:
     """``(khash(t), knz(t))`` from one pass over the bytes."""
     try:
-        T = _tensor_type()
-        if T is not None and isinstance(t, T):
-            dev = t.device.type
-            if dev == "cuda":
-                from . import gpu
-
-                return gpu.khash_knz(t)
-            if dev == "cpu":
-                from . import cpu
-
-                return cpu.khash_knz(t)
+        impl = _device_impl(t)
+        if impl is not None and hasattr(impl, "khash_knz"):
+            return impl.khash_knz(t)
         return khash(t), knz(t)
     except Exception:
         return -1, -1
@@ -118,20 +119,10 @@ def rng(t: Any) -> Any:
     try:
         if t is None:
             return "(none)"
-        T = _tensor_type()
-        if T is not None and isinstance(t, T):
-            dev = t.device.type
-            if dev == "cuda":
-                from . import gpu
-
-                return gpu.rng(t)
-            if dev == "cpu":
-                from . import cpu
-
-                return cpu.rng(t)
-        from . import reference
-
-        return reference.rng(t)
+        impl = _device_impl(t)
+        if impl is None:
+            from . import reference as impl
+        return impl.rng(t)
     except Exception as e:  # pragma: no cover - reference.rng already catches
         try:
             return f"(err:{e})"
