@@ -1,0 +1,104 @@
+"""The C encoder of span events (``export/_otlpc.c``) writes exactly the bytes of the Python encoder, for the common
+events it encodes itself and for every odd event it hands back to Python; both decode with opentelemetry-proto.
+
+Skipped when the extension was not built (no compiler), unless ``CPTRACE_REQUIRE_SPEEDUPS=1`` (``.ci/run``), which
+turns a missing build into a failure."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+from cptrace_otel import semconv as sc
+from cptrace_otel.export import otlp
+from cptrace_otel.logline import Rng
+from cptrace_otel.spans import EventAttrs, Span
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+if otlp._span_events is None:
+    if os.environ.get("CPTRACE_REQUIRE_SPEEDUPS") == "1":
+        pytest.fail("cptrace_otel.export._otlpc was not built (CPTRACE_REQUIRE_SPEEDUPS=1)", pytrace=False)
+    pytest.skip("cptrace_otel.export._otlpc not built", allow_module_level=True)
+
+C = otlp._span_events
+
+
+def _python(events: list) -> bytes:
+    return b"".join([otlp._event_field(ts, name, a) for ts, name, a in events])
+
+
+def _value(rng: random.Random):
+    return rng.choice([
+        rng.randrange(0, 16384), rng.randrange(16384, 1 << 62), rng.randrange(-(1 << 63), 0), (1 << 63) - 1,
+        -(1 << 63), 1 << 63, -(1 << 63) - 1, 1 << 70, True, False, 0.5, float("nan"),
+        "wt", "", "h\u00e9llo\u2713", "bad\ud800surrogate", "x" * rng.randrange(60, 200),
+        Rng(64, 0, 63, 0, 63), Rng(2, -5, 1 << 62, 3, 4), Rng(1, 1 << 63, 0, 0, 0), Rng(2, 0.5, 1.5, 0.5, 1.5),
+        [], [1], [rng.randrange(-10**9, 10**9) for _ in range(rng.randrange(1, 8))], [1, 1 << 64], [1, "a"],
+        [True], list(range(4097)), None, (1, 2),
+    ])
+
+
+def _events(rng: random.Random, n: int) -> list:
+    out = []
+    for i in range(n):
+        fields = {}
+        for j in range(rng.randrange(0, 9)):
+            key = rng.choice([f"k{j}", "node_id", "dev", "pub", "a.b" if rng.random() < 0.05 else "op",
+                              "\u00fcber" if rng.random() < 0.05 else "h"])
+            fields[key] = _value(rng)
+        a = EventAttrs(fields, rng.choice([0, 7, 20000, 1 << 40, 1 << 63]), rng.choice([0, 2, 300, -1]),
+                       rng.choice([1, 2, 3]))
+        if rng.random() < 0.05:
+            a["cptrace.extra"] = 1   # dirty: the dict path
+        if rng.random() < 0.05:
+            a = {"hicache.node_id": 3, "x": 0.25}   # a plain dict of attributes (annotations)
+        ts = rng.choice([10**18 + i, 0, -1, (1 << 64) + 5])
+        name = rng.choice(["backup", "ack", "evict", "\u00e9v\u00e9nement", "bad\udc80name"])
+        out.append((ts, name, a))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_c_encoder_writes_the_python_bytes(seed: int) -> None:
+    rng = random.Random(seed)
+    events = _events(rng, 300)
+    for _ in range(2):   # the second pass hits the Python encoder's caches in the fallback
+        assert C(events, otlp._event_field) == _python(events)
+
+
+def test_common_events_never_reach_the_fallback() -> None:
+    """The C encoder covers the exporter's usual events itself (otherwise it would not be worth having)."""
+    fields = {"node_id": 7, "op": 1 << 40, "dev": Rng(64, 0, 63, 0, 63), "kind": "new", "pub": [7, 8],
+              "h": -(1 << 63), "hp": []}
+    events = [(10**18 + i, "backup", EventAttrs(dict(fields), i, 0, 1)) for i in range(50)]
+
+    def refuse(*a):
+        raise AssertionError(f"fallback called for {a!r}")
+
+    assert C(events, refuse) == _python(events)
+
+
+def test_c_encoder_output_decodes_with_opentelemetry_proto() -> None:
+    rng = random.Random(11)
+    events = _events(rng, 200)
+    sp = Span(b"\x01" * 16, b"\x02" * 8, sc.SPAN_NODE, 10**18, 0, ("k",), {sc.RANK: 0})
+    sp.events = events
+    body = otlp.encode_requests([({sc.SERVICE_NAME: "svc"}, [sp])])[0]
+    req = trace_service_pb2.ExportTraceServiceRequest.FromString(body)   # (zero times: no byte-exact re-encode)
+    got = req.resource_spans[0].scope_spans[0].spans[0].events
+    assert len(got) == len(events)
+    for (ts, name, a), ev in zip(events, got):
+        assert ev.time_unix_nano == ts & ((1 << 64) - 1)
+        assert [kv.key for kv in ev.attributes] == list(a.keys())
+
+
+def test_bad_input_is_an_error_not_a_crash() -> None:
+    with pytest.raises(TypeError):
+        C([("not", "a triple")], otlp._event_field)
+    with pytest.raises(TypeError):
+        C([(1, "x", {})], lambda *a: "not bytes")
+    with pytest.raises(ZeroDivisionError):
+        C([(1, "x", {})], lambda *a: 1 / 0)
+    assert C([], otlp._event_field) == b""
