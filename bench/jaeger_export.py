@@ -268,7 +268,11 @@ def main(argv: list[str] | None = None) -> int:
     tag = uuid.uuid4().hex[:8]
     n = args.events - args.events % EVENTS_PER_NODE
     out: dict = {"events_per_path": n, "cpus": os.cpu_count()}
-    print(f"jaeger_export: {n:,} events per path ({EVENTS_PER_NODE}/node), Jaeger {args.query}, {os.cpu_count()} CPUs")
+    from cptrace_otel.export import otlp
+
+    enc = "C span-event encoder" if otlp._span_events is not None else "pure-Python encoder (C speedups not built)"
+    print(f"jaeger_export: {n:,} events per path ({EVENTS_PER_NODE}/node), Jaeger {args.query}, {os.cpu_count()} CPUs, "
+          f"{enc}")
     paths = ["ours"] + ([] if args.skip_sdk else ["sdk", "sdk-pre"])
     for kind in paths:
         run_id = f"bench-{kind}-{tag}"

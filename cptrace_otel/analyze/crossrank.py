@@ -37,7 +37,6 @@ from ..events import Event
 from .fence import StoreFence
 
 STRUCTURAL = ("insert", "split", "prepare", "evict", "reload", "reset")
-_STRUCTURAL = frozenset(STRUCTURAL)
 _FENCE_TAGS = frozenset(("store", "backup", "evict", "free", "reset"))
 _PER_RANK_CONTENT = ("sharded", "dcp", "layersplit")
 
@@ -47,6 +46,7 @@ def _int(v: Any) -> int | None:
 
 
 def _proj(ev: Event) -> tuple:
+    """A record's C1 tuple (the definition; :meth:`CrossRank._c1_add` builds the same tuple inline)."""
     f = ev.fields
     tag = ev.tag
     nid = f.get("node_id")
@@ -57,15 +57,22 @@ def _proj(ev: Event) -> tuple:
             sl if type(sl) is int else None, tier if type(tier) is str else None)
 
 
+def _summary(s: Any) -> tuple | None:
+    return s.summary() if s is not None else None
+
+
 def _str(v: Any) -> str | None:
     return v if type(v) is str else None
 
 
 class _EpochC1:
-    __slots__ = ("queues", "index", "diverged", "pending")
+    __slots__ = ("queues", "index", "diverged", "pending", "counts", "qs", "qs_ranks")
 
     def __init__(self) -> None:
         self.queues: dict[int, deque] = {}
+        self.counts: dict[int, int] = {}    # rank -> structural records of this epoch so far (the join index)
+        self.qs: list[deque] = []           # queues[r] for r in qs_ranks (the comparison's view)
+        self.qs_ranks: list[int] | None = None   # the CrossRank._ranks_sorted list qs was built for
         self.index = 0              # tuples compared so far
         self.diverged: int | None = None
         self.pending: tuple | None = None   # a divergence waiting for one more tuple per rank (tie-break)
@@ -82,7 +89,6 @@ class CrossRank:
         self.io_rank = 0
         self.findings: list[Finding] = []
         self._c1: dict[int, _EpochC1] = {}
-        self._idx: dict[tuple[int, int], int] = {}        # (rank, epoch) -> structural index
         self._occ: dict[tuple, int] = {}                  # (rank, epoch, tag, node) -> occurrences so far
         self._joins: dict[tuple, dict[int, dict]] = {}    # (epoch, tag, node, occ) -> rank -> facts
         self._split_since: set[tuple] = set()             # (rank, epoch, node) split since its last prepare
@@ -98,12 +104,21 @@ class CrossRank:
         self.cp_size = 0
         self.disabled = False
         self._n = 0
+        self._counting = True   # records are counted (_n) only while the single-rank switch-off can still happen
         self._is_ready = False
         self._ranks_sorted: list[int] = []
         self._fence = StoreFence()
+        self._c2_qs: dict[int, tuple] = {}                # epoch -> (ranks list it was built for, round queues)
+        # tag -> handler of the records C1/C3-C5 read besides config and ack (see feed): every STRUCTURAL tag feeds
+        # C1, some also a join or a per-node memory; backup completes a prepare's join
+        extra = {"split": self._on_split, "prepare": self._on_join, "reload": self._on_join, "evict": self._on_evict}
+        self._on_tag = {tag: extra.get(tag, self._c1_add) for tag in STRUCTURAL}
+        self._on_tag["backup"] = self._backup
 
     # -- driving ------------------------------------------------------------------------------------------------
     def feed(self, ev: Event) -> None:
+        """One record of any rank. Per-tag work only: records that no cross-rank rule reads (compose, rid_map, ...)
+        cost the rank/level bookkeeping and the end of an open ack round, nothing else."""
         if self.disabled:
             return
         r = ev.rank
@@ -111,27 +126,22 @@ class CrossRank:
             self.ranks.add(r)
             self._ranks_sorted = sorted(self.ranks)
             self._is_ready = False   # recomputed: a new rank can only make the group more complete
-        self._n += 1
-        if self._n == self.SINGLE_RANK_AFTER and len(self.ranks) < 2 and len(self.expected) < 2 \
-                and self.cp_size < 2:
-            self._disable()   # one rank only: nothing to compare, and the joins would only pile up
-            return
-        if ev.level > self.seen_level:
-            self.seen_level = ev.level
+            if len(self.ranks) >= 2:
+                self._counting = False   # the single-rank switch-off below can no longer happen
+        if self._counting:
+            self._n = n = self._n + 1
+            if n >= self.SINGLE_RANK_AFTER:
+                self._counting = False   # decided once, at that record
+                if n == self.SINGLE_RANK_AFTER and len(self.ranks) < 2 and len(self.expected) < 2 \
+                        and self.cp_size < 2:
+                    self._disable()   # one rank only: nothing to compare, and the joins would only pile up
+                    return
+        lv = ev.level
+        if lv > self.seen_level:
+            self.seen_level = lv
         tag = ev.tag
         if tag == "config":
-            m = ev.fields.get("mode")
-            if isinstance(m, str) and self.mode is None:
-                self.mode = m
-            io = _int(ev.fields.get("io_rank"))
-            if io is not None:
-                self.io_rank = io
-            cs = _int(ev.fields.get("cp_size"))
-            if cs is not None and cs > self.cp_size:
-                self.cp_size = cs
-            lv = _int(ev.fields.get("level"))
-            if lv is not None and lv > self.seen_level:
-                self.seen_level = lv
+            self._config(ev)
             return
         if self.mode == "shared" and tag in _FENCE_TAGS:
             self._fence.io_rank = self.io_rank
@@ -141,29 +151,51 @@ class CrossRank:
             if self.seen_level < 2:
                 self.seen_level = 2
             self._round_add(ev)
-            self._c5_ack(ev)
+            if self.mode == "shared":   # (the only mode _c5_ack acts in)
+                self._c5_ack(ev)
             return
         if r in self._cur_round:   # any other record of this rank ends its ack round
             self._round_close(r)
-        if tag in _STRUCTURAL:
-            self._c1_add(ev)
-            if tag == "prepare" or tag == "reload":
-                self._join_add(ev)
-            elif tag == "evict":
-                f = ev.fields
-                if f.get("tier") == "host" or f.get("kind") in ("regular", "drop"):
-                    # the node's lifecycle ended: forget its per-node counters a little later (an in-flight
-                    # load may still be acked), so memory follows live nodes
-                    self._forget.append((r, ev.epoch, _int(f.get("node_id"))))
-                    if len(self._forget) > self.FORGET_LAG:
-                        self._forget_one()
-            elif tag == "split":
-                f = ev.fields
-                for nid in (_int(f.get("node_id")), _int(f.get("new_id"))):
-                    if nid is not None:
-                        self._split_since.add((r, ev.epoch, nid))
-        elif tag == "backup":
-            self._backup(ev)
+        h = self._on_tag.get(tag)   # structural records and backup; None for tags no other rule reads
+        if h is not None:
+            h(ev)
+
+    def _config(self, ev: Event) -> None:
+        f = ev.fields
+        m = f.get("mode")
+        if isinstance(m, str) and self.mode is None:
+            self.mode = m
+        io = _int(f.get("io_rank"))
+        if io is not None:
+            self.io_rank = io
+        cs = _int(f.get("cp_size"))
+        if cs is not None and cs > self.cp_size:
+            self.cp_size = cs
+        lv = _int(f.get("level"))
+        if lv is not None and lv > self.seen_level:
+            self.seen_level = lv
+
+    def _on_join(self, ev: Event) -> None:
+        """prepare / reload: C1 tuple, then the C3/C4/C5 join."""
+        self._c1_add(ev)
+        self._join_add(ev)
+
+    def _on_evict(self, ev: Event) -> None:
+        self._c1_add(ev)
+        f = ev.fields
+        if f.get("tier") == "host" or f.get("kind") in ("regular", "drop"):
+            # the node's lifecycle ended: forget its per-node counters a little later (an in-flight
+            # load may still be acked), so memory follows live nodes
+            self._forget.append((ev.rank, ev.epoch, _int(f.get("node_id"))))
+            if len(self._forget) > self.FORGET_LAG:
+                self._forget_one()
+
+    def _on_split(self, ev: Event) -> None:
+        self._c1_add(ev)
+        f = ev.fields
+        for nid in (_int(f.get("node_id")), _int(f.get("new_id"))):
+            if nid is not None:
+                self._split_since.add((ev.rank, ev.epoch, nid))
 
     FORGET_LAG = 4096
     SINGLE_RANK_AFTER = 65536
@@ -174,6 +206,7 @@ class CrossRank:
         self._joins.clear()
         self._occ.clear()
         self._rounds.clear()
+        self._c2_qs.clear()
         self._cur_round.clear()
         self._forget.clear()
         self._split_since.clear()
@@ -183,7 +216,7 @@ class CrossRank:
         for t in ("prepare", "reload"):
             self._occ.pop((r, epoch, t, nid), None)
         self._split_since.discard((r, epoch, nid))
-        if r == self.io_rank and not any(x[1] == nid for x in self._reload_hashes):
+        if r == self.io_rank and not (self._reload_hashes and any(x[1] == nid for x in self._reload_hashes)):
             self._io_hs.pop((epoch, nid), None)
 
     def expect_ranks(self, ranks: Iterable[int]) -> None:
@@ -236,38 +269,56 @@ class CrossRank:
 
     # -- C1 -----------------------------------------------------------------------------------------------------
     def _c1_add(self, ev: Event) -> None:
+        """Append the record's structural tuple (see :func:`_proj`, inlined here) to its rank's queue and compare
+        the queue heads when that can decide something."""
         epoch = ev.epoch
-        key = (ev.rank, epoch)
-        idx = self._idx
-        idx[key] = idx.get(key, 0) + 1
+        r = ev.rank
         st = self._c1.get(epoch)
         if st is None:
             st = self._c1[epoch] = _EpochC1()
+        counts = st.counts
+        counts[r] = counts.get(r, 0) + 1   # this rank's structural index in the epoch (counted after a divergence too)
         if st.diverged is not None:
             return
-        q = st.queues.get(ev.rank)
+        q = st.queues.get(r)
         if q is None:
-            q = st.queues[ev.rank] = deque()
+            q = st.queues[r] = deque()
         n = len(q)
         f = ev.fields
-        q.append((_proj(ev), ev.seq, ev.line_no, ev.src, f.get("op")))
+        tag = ev.tag
+        nid = f.get("node_id")
+        if tag == "split":
+            ln = f.get("pre_len")
+            sl = f.get("split_len")
+            tier = None
+        else:
+            ln = f.get("len")
+            sl = f.get("split_len")
+            tier = f.get("tier") if tag == "evict" else None
+        # (tuple, record): the record gives seq, line, src and op if this tuple is ever reported
+        q.append(((tag, nid if type(nid) is int else None, ln if type(ln) is int else None,
+                   sl if type(sl) is int else None, tier if type(tier) is str else None), ev))
         if n >= 2:
             # this rank was already two or more tuples ahead: the last comparison stopped on another rank's empty
             # queue, readiness, or a tie-break wait that needs the other ranks' second tuples, none of which a
             # tuple appended here changes (heads are untouched), so comparing again would return at once
             return
-        self._c1_compare(ev.epoch, st, final=False)
+        if st.qs_ranks is self._ranks_sorted and not all(st.qs):
+            return   # another rank has no tuple yet: _c1_compare would stop at once (its queues are all built)
+        self._c1_compare(epoch, st, final=False)
 
     def _c1_compare(self, epoch: int, st: _EpochC1, final: bool) -> None:
         ranks = self._ranks_sorted
-        if len(ranks) < 2 or st.diverged is not None or not (final or self._ready()):
+        if len(ranks) < 2 or st.diverged is not None or not (final or self._is_ready or self._ready()):
             return
-        queues = st.queues
-        if len(queues) != len(ranks):
+        qs = st.qs
+        if st.qs_ranks is not ranks:   # (re)built when a rank appears: the queue of every rank, in rank order
+            queues = st.queues
             for r in ranks:
                 if r not in queues:
                     queues[r] = deque()
-        qs = [queues[r] for r in ranks]
+            qs = st.qs = [queues[r] for r in ranks]
+            st.qs_ranks = ranks
         while True:
             if not all(qs):
                 if not final or not any(qs):
@@ -278,7 +329,7 @@ class CrossRank:
                 t0 = longq[0]
                 for r in short:
                     self._emit_c1(epoch, r, t0, st.index, f"rank {r} ends after {st.index} structural records; "
-                                  f"other ranks continue with {t0[0]}", t0[1:])
+                                  f"other ranks continue with {t0[0]}", t0[1])
                 st.diverged = st.index
                 return
             heads = [q[0][0] for q in qs]
@@ -314,16 +365,25 @@ class CrossRank:
                 self._emit_c1(epoch, r, ref_item, st.index,
                               f"structural record #{st.index}: rank {r} has {_fmt(q[0][0])}, expected "
                               f"{_fmt(ref)} (ranks {[x for x, y in zip(ranks, qs) if y[0][0] == ref]})",
-                              q[0][1:], ref_item)
+                              q[0][1], ref_item)
         st.diverged = st.index
         st.queues.clear()
+        st.qs = []
+        st.qs_ranks = None
 
-    def _emit_c1(self, epoch: int, rank: int, ref_item: tuple, index: int, msg: str, where: tuple,
+    def _emit_c1(self, epoch: int, rank: int, ref_item: tuple, index: int, msg: str, where: Event,
                  other: tuple | None = None) -> None:
-        seq, line, src, _op = where
-        f = Finding("C1", "C1", rank, epoch, ref_item[0][1], _int(ref_item[4]), "exact", [seq], msg, ERROR, src, line)
+        """C1 on ``rank`` at record ``where``; node and op of the expected queue item ``ref_item`` (tuple, record)."""
+        seq, line, src = where.seq, where.line_no, where.src
+        f = Finding("C1", "C1", rank, epoch, ref_item[0][1], _int(ref_item[1].fields.get("op")), "exact", [seq], msg,
+                    ERROR, src, line)
         f.evidence_lines = [line]
         self.findings.append(f)
+
+    def _index(self, rank: int, epoch: int) -> int:
+        """Structural records of ``rank`` in ``epoch`` so far."""
+        st = self._c1.get(epoch)
+        return st.counts.get(rank, 0) if st is not None else 0
 
     def _diverged_before(self, epoch: int, index: int) -> bool:
         st = self._c1.get(epoch)
@@ -342,43 +402,58 @@ class CrossRank:
         f = ev.fields
         nid = f.get("node_id")
         if type(nid) is not int:   # _int(), inlined (hot path)
-            nid = None
-        if nid is None:
             return
-        occ = self._occurrence(ev, ev.tag, nid, True)
-        if ev.tag == "prepare":
-            self._split_since.discard((ev.rank, ev.epoch, nid))
-        key = (ev.epoch, ev.tag, nid, occ)
+        tag = ev.tag
+        r = ev.rank
+        epoch = ev.epoch
+        k = (r, epoch, tag, nid)   # _occurrence(ev, tag, nid, True), inlined
+        occ = self._occ.get(k, 0)
+        self._occ[k] = occ + 1
+        if tag == "prepare" and self._split_since:
+            self._split_since.discard((r, epoch, nid))
+        key = (epoch, tag, nid, occ)
         d = slots_of(f.get("dev"), f.get("devx"))
         h = slots_of(f.get("host"), f.get("hostx"))
-        facts = {"seq": ev.seq, "line": ev.line_no, "src": ev.src, "op": _int(f.get("op")),
-                 "idx": self._idx.get((ev.rank, ev.epoch), 1) - 1,
+        op = f.get("op")
+        # "hslots": the host Slots, whose summary only mode shared compares (taken when the join is decided)
+        facts = {"seq": ev.seq, "line": ev.line_no, "src": ev.src, "op": op if type(op) is int else None,
+                 "idx": self._c1[epoch].counts.get(r, 1) - 1,
                  "dev": d.cnt if d is not None else None, "host": h.cnt if h is not None else None,
-                 "host_sum": h.summary() if h is not None else None}
-        self._joins.setdefault(key, {})[ev.rank] = facts
-        if ev.tag != "prepare":
+                 "hslots": h}
+        per = self._joins.get(key)
+        if per is None:
+            self._joins[key] = {r: facts}
+        else:
+            per[r] = facts
+        if tag != "prepare":
             self._decide(key, final=False)
 
     def _backup(self, ev: Event) -> None:
         f = ev.fields
         nid = f.get("node_id")
         if type(nid) is not int:   # _int(), inlined (hot path)
-            nid = None
-        if nid is None:
             return
-        occ = self._occurrence(ev, "prepare", nid, False)
+        r = ev.rank
+        occ = self._occ.get((r, ev.epoch, "prepare", nid), 0) - 1   # _occurrence(ev, "prepare", nid, False)
         if occ < 0:
             return
         key = (ev.epoch, "prepare", nid, occ)
-        facts = self._joins.get(key, {}).get(ev.rank)
+        per = self._joins.get(key)
+        if per is None:
+            return
+        facts = per.get(r)
         if facts is None:
             return
-        facts["io"] = _int(f.get("io"))
-        h = _int(f.get("h"))
-        if h is not None:
+        io = f.get("io")
+        facts["io"] = io if type(io) is int else None
+        h = f.get("h")
+        if type(h) is int:
             self._saw_hash = True
+        else:
+            h = None
         facts["h"] = h
-        facts["hs"] = f.get("hs") if isinstance(f.get("hs"), list) else None
+        hs = f.get("hs")
+        facts["hs"] = hs if isinstance(hs, list) else None
         facts["bseq"] = ev.seq
         self._decide(key, final=False)
 
@@ -389,7 +464,7 @@ class CrossRank:
         epoch, tag, nid, occ = key
         ranks = self._ranks_sorted   # sorted(self.ranks), kept up to date by feed (read-only here)
         if not final:
-            if not self._ready():
+            if not (self._is_ready or self._ready()):
                 return
             if tag == "prepare":
                 for r in ranks:
@@ -412,6 +487,19 @@ class CrossRank:
                 return
         mode = self.mode
         any_f = next(iter(per.values()))
+        if len(per) == len(ranks) and mode != "shared":
+            # the common case, decided without the per-rule tallies below: every rank reported the record with the
+            # same dev/host counts (C4) and, for a prepare, io=1 where the mode asks for it (C3) and the same h in
+            # mode replicated (C5): none of the rules below can find anything
+            chk_io = tag == "prepare" and mode is not None and mode != "none"
+            chk_h = tag == "prepare" and mode == "replicated"
+            d0, c0, h0 = any_f["dev"], any_f["host"], any_f.get("h")
+            for x in per.values():
+                if x["dev"] != d0 or x["host"] != c0 or (chk_io and x.get("io", 1) != 1) \
+                        or (chk_h and x.get("h") != h0):
+                    break
+            else:
+                return
         if tag == "prepare":
             if tag == "prepare" and len(per) != len(ranks):
                 for r in ranks:
@@ -430,11 +518,11 @@ class CrossRank:
                                 self._add("C3", "C3", r, epoch, nid, x["op"], [x.get("bseq", x["seq"])],
                                           f"node {nid}: shared mode expects only io_rank {self.io_rank} to copy; "
                                           f"io=1 on ranks {writers}", x)
-                    sums = {x["host_sum"] for x in per.values()}
+                    sums = {_summary(x["hslots"]) for x in per.values()}
                     if len(sums) > 1:
                         self._add("C3", "C3", ranks[-1], epoch, nid, any_f["op"], [x["seq"] for x in per.values()],
                                   f"node {nid}: shared host ranges differ across ranks: "
-                                  f"{ {r: x['host_sum'] for r, x in per.items()} }", any_f)
+                                  f"{ {r: _summary(x['hslots']) for r, x in per.items()} }", any_f)
                 else:
                     for r, v in ios.items():
                         if v != 1:
@@ -491,7 +579,7 @@ class CrossRank:
         if occ < 0:
             return
         self._reload_hashes.append((ev.epoch, nid, occ, ev.rank, h, ev.seq, ev.line_no, ev.src,
-                                    self._idx.get((ev.rank, ev.epoch), 0), _int(f.get("op"))))
+                                    self._index(ev.rank, ev.epoch), _int(f.get("op"))))
         if len(self._reload_hashes) > 64:
             self._c5_shared(final=False)
 
@@ -516,7 +604,9 @@ class CrossRank:
     def _round_add(self, ev: Event) -> None:
         f = ev.fields
         r = ev.rank
-        d = _str(f.get("dir"))
+        d = f.get("dir")
+        if type(d) is not str:   # _str(), inlined (hot path)
+            d = None
         rk = f.get("round")
         if type(rk) is not int:
             rk = None
@@ -526,11 +616,10 @@ class CrossRank:
             cur = None
         if cur is None:
             cur = self._cur_round[r] = [ev.epoch, rk, d, set(), set(), ev.seq, ev.line_no, ev.src]
-        cur[3].add(_int(f.get("op")))
+        op = f.get("op")
+        cur[3].add(op if type(op) is int else None)
         nid = f.get("node_id")
-        if type(nid) is not int:   # _int(), inlined (hot path)
-            nid = None
-        if nid is not None:
+        if type(nid) is int:
             cur[4].add(nid)
 
     def _round_close(self, r: int) -> None:
@@ -538,17 +627,29 @@ class CrossRank:
         if cur is None:
             return
         epoch = cur[0]
-        q = self._rounds.setdefault((r, epoch), deque())
+        if epoch in self._c2_done:
+            return   # C2 of this epoch is decided: its later rounds are never compared (nor kept)
+        q = self._rounds.get((r, epoch))
+        if q is None:
+            q = self._rounds[(r, epoch)] = deque()
         q.append((cur[2], len(cur[3]), frozenset(cur[4]), cur[5], cur[6], cur[7]))
+        c = self._c2_qs.get(epoch)
+        if c is not None and c[0] is self._ranks_sorted and not all(c[1]):
+            return   # another rank has no round yet: _c2_compare would stop at once
         self._c2_compare(epoch, final=False)
 
     def _c2_compare(self, epoch: int, final: bool) -> None:
         if epoch in self._c2_done:
             return
         ranks = self._ranks_sorted
-        if len(ranks) < 2 or not (final or self._ready()):
+        if len(ranks) < 2 or not (final or self._is_ready or self._ready()):
             return
-        qs = [self._rounds.setdefault((r, epoch), deque()) for r in ranks]
+        c = self._c2_qs.get(epoch)
+        if c is not None and c[0] is ranks:
+            qs = c[1]
+        else:   # (re)built when a rank appears: the round queue of every rank, in rank order
+            qs = [self._rounds.setdefault((r, epoch), deque()) for r in ranks]
+            self._c2_qs[epoch] = (ranks, qs)
         n = 0
         while all(qs):
             heads = [q[0][:3] for q in qs]

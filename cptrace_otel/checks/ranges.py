@@ -76,7 +76,9 @@ def slots_of(v: Any, x: Any = None) -> Slots | None:
     Memoized: the same range shows up on several records of a lifecycle (prepare, backup, evict, free), and a
     :class:`Slots` is never mutated."""
     if type(v) is Rng and (x is None or type(x) is str or type(x) is int):
-        key = (v, x)
+        # key: the summary alone when there is no exact-set field (most records), else (summary, field); a 5-field
+        # Rng never equals a 2-tuple, so the two kinds of keys cannot collide
+        key = v if x is None else (v, x)
         s = _MEMO.get(key)
         if s is None:
             s = _slots_of(v, x)

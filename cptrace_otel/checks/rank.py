@@ -52,12 +52,13 @@ class RankChecker:
             "backup": self._backup, "ack": self._ack, "evict": self._evict, "free": self._free,
             "reload": self._reload, "compose": self._compose,
         }
-        # tag -> (level of the tag, handler): one lookup per record on the hot path
-        self._tab: dict[str, tuple[int, Callable[[Event], list[Finding] | None] | None]] = {
-            tag: (lv, self._dispatch.get(tag)) for tag, lv in LEVEL_OF_TAG.items()}
+        # tag -> (level of the tag, handler, whether the record can move the epoch tracker): one lookup per record
+        # on the hot path
+        self._tab: dict[str, tuple[int, Callable[[Event], list[Finding] | None] | None, bool]] = {
+            tag: (lv, self._dispatch.get(tag), tag in _EPOCH_TAGS) for tag, lv in LEVEL_OF_TAG.items()}
         for tag, h in self._dispatch.items():
             if tag not in self._tab:
-                self._tab[tag] = (1, h)
+                self._tab[tag] = (1, h, tag in _EPOCH_TAGS)
 
     # -- level --------------------------------------------------------------------------------------------------
     @property
@@ -81,23 +82,22 @@ class RankChecker:
         self.events += 1
         tag = ev.tag
         ent = self._tab.get(tag)
-        if ent is None:
-            lv, h = LEVEL_OF_TAG.get(tag, 1), None
+        if ent is None:   # a tag no rule reads (it still counts towards the inferred level)
+            lv, h, moves = LEVEL_OF_TAG.get(tag, 1), None, tag in _EPOCH_TAGS
         else:
-            lv, h = ent
-        if ev.level > lv:
-            lv = ev.level
+            lv, h, moves = ent
+        evl = ev.level
+        if evl > lv:
+            lv = evl
         if lv > self.seen_level:
             self.seen_level = lv
         t = self._tracker
-        if tag in _EPOCH_TAGS or t._after_reset or ev.epoch > t.epoch:
+        if moves or t._after_reset or ev.epoch > t.epoch:
             e = t.step(tag, ev.fields, ev.epoch)
             if e != self.epoch:
                 self.epoch = e
                 self.st = EpochState()   # pending state of the old epoch is dropped: a reset aborts in-flight copies
-        elif t.epoch != self.epoch:
-            self.epoch = t.epoch
-            self.st = EpochState()
+        # (the tracker's epoch moves only in step(), so outside the branch above it equals self.epoch)
         if h is None:
             return None
         return h(ev)
@@ -158,7 +158,10 @@ class RankChecker:
     def _delete(self, nid: int, ref: tuple, why: str) -> None:
         st = self.st
         if st.nodes.pop(nid, None) is not None:
-            st.dead.put(nid, (ref, why))
+            dead = st.dead
+            dead[nid] = (ref, why)   # dead.put(), inlined
+            if len(dead) > dead.cap:
+                dead.popitem(last=False)
         keys = st.fills_by_node.pop(nid, None)
         if keys:
             for k in keys:
@@ -174,7 +177,8 @@ class RankChecker:
     def _close_write(self, w: PendingWrite) -> None:
         st = self.st
         st.writes.pop(id(w), None)
-        for nid in w.frag_ids():
+        for fr in w.frags:   # w.frag_ids(), inlined
+            nid = fr[0]
             lst = st.writes_by_node.get(nid)
             if lst:
                 try:
@@ -280,7 +284,9 @@ class RankChecker:
             node.dev = d if d is not None else UNKNOWN
             self._bump(node, ref, "insert kind=revive")
         else:
-            length = _int(f.get("len")) or (d.cnt if d is not None else 0)
+            length = f.get("len")
+            if type(length) is not int or not length:   # _int(f.get("len")) or ..., inlined (hot path)
+                length = d.cnt if d is not None else 0
             node = Node(nid, length, d if d is not None else UNKNOWN, None, ref)
             st.nodes[nid] = node
             st.dead.pop(nid, None)
@@ -376,7 +382,9 @@ class RankChecker:
                 self._breach_writes(h, "host", nid, ref, f"prepare of node {nid} took host slots of the copy", "b")
             if st.loads:
                 self._breach_loads(h, nid, ref, f"prepare of node {nid} took host slots being loaded")
-        length = _int(f.get("len")) or (d.cnt if d is not None else 0)
+        length = f.get("len")
+        if type(length) is not int or not length:   # _int(f.get("len")) or ..., inlined (hot path)
+            length = d.cnt if d is not None else 0
         node = st.nodes.get(nid)
         if node is None:
             node = Node(nid, length, d if d is not None else UNKNOWN, None, ref)
@@ -384,7 +392,8 @@ class RankChecker:
             self.nodes_total += 1
         node.host = h if h is not None else UNKNOWN
         node.host_freed = None
-        w = PendingWrite(_int(f.get("op")), nid, length, d, h, ref)
+        op = f.get("op")
+        w = PendingWrite(op if type(op) is int else None, nid, length, d, h, ref)
         node.bk_state = ("pending", w)
         self._open_write(w)
         return None
@@ -398,8 +407,10 @@ class RankChecker:
             return None
         ref = (ev.seq, ev.line_no)   # _ref(ev), inlined (hot path)
         st = self.st
-        op = _int(f.get("op"))
-        w = self._find_write(nid, op, need_unbacked=True)
+        op = f.get("op")
+        if type(op) is not int:   # _int(), inlined (hot path)
+            op = None
+        w = self._find_write(nid, op, True)
         d = slots_of(f.get("dev"), f.get("devx"))
         if w is not None:
             w.ops.add(op)
@@ -429,9 +440,10 @@ class RankChecker:
             nid = None
         if nid is None:
             return None
-        if f.get("dir") == "d2h":
+        d = f.get("dir")
+        if d == "d2h":
             return self._ack_d2h(ev, nid)
-        if f.get("dir") == "h2d":
+        if d == "h2d":
             return self._ack_h2d(ev, nid)
         return None
 
@@ -439,13 +451,20 @@ class RankChecker:
         f = ev.fields
         st = self.st
         ref = (ev.seq, ev.line_no)   # _ref(ev), inlined (hot path)
-        op = _int(f.get("op"))
+        op = f.get("op")
+        if type(op) is not int:   # _int(), inlined (hot path)
+            op = None
         w = self._find_write(nid, op)
         if w is None:
             return None   # a duplicate record of an ack already closed, or a copy issued before the trace began
         out: list[Finding] = []
         w.ops.add(op)
-        gated = self.level >= 2
+        lv = self.forced_level   # self.level, inlined (hot path)
+        if lv is None:
+            lv = self.config_level
+            if lv is None:
+                lv = self.seen_level
+        gated = lv >= 2
         if gated and w.splits:
             bad: list[str] = []
             L = w.L
@@ -469,7 +488,7 @@ class RankChecker:
                 out.append(self._finding("H1", "H1b", w.origin, op, EXACT, [w.p_ref, *w.splits, ref],
                                          f"d2h ack of op {op} after a split of node {w.origin}: " + "; ".join(bad),
                                          ev))
-        if gated:
+        if gated and (w.viol_a is not None or w.viol_b is not None):
             for rule, v in (("H4a", w.viol_a), ("H4b", w.viol_b)):
                 if v is None:
                     continue
@@ -479,10 +498,13 @@ class RankChecker:
                                          f"{what} before the d2h ack of op {op} (node {w.origin}): the backup may "
                                          "hold foreign bytes", ev))
         self._close_write(w)
-        for fid in w.frag_ids():
-            n = st.nodes.get(fid)
-            if n is not None and n.bk_state is not None and n.bk_state[0] == "pending" and n.bk_state[1] is w:
-                n.bk_state = ("acked", ref)
+        nodes = st.nodes
+        for fr in w.frags:   # w.frag_ids(), inlined
+            n = nodes.get(fr[0])
+            if n is not None:
+                bs = n.bk_state
+                if bs is not None and bs[0] == "pending" and bs[1] is w:
+                    n.bk_state = ("acked", ref)
         return out
 
     def _ack_h2d(self, ev: Event, nid: int) -> list[Finding] | None:
@@ -509,7 +531,7 @@ class RankChecker:
                 return None
         out: list[Finding] = []
         if first:
-            if self.level >= 2 and ld.viol is not None:
+            if ld.viol is not None and self.level >= 2:
                 vref, cert, what = ld.viol
                 out.append(self._finding("H2", "H2c", ld.node_id, ld.op, cert, [ld.ref, vref, ref],
                                          f"{what} before the h2d ack of op {ld.op}: the load read unpinned host "
@@ -591,15 +613,19 @@ class RankChecker:
                 for w in lst:
                     if w.viol_a is None or w.viol_a[1] != EXACT:
                         w.viol_a = (ref, EXACT, f"device eviction of node {nid}")
-            if f.get("kind") in ("regular", "drop"):
-                self._delete(nid, ref, f"evict kind={f.get('kind')}")
+            kind = f.get("kind")
+            if kind == "regular" or kind == "drop":
+                self._delete(nid, ref, f"evict kind={kind}")
             elif node is not None:
                 node.dev = None
-                self._bump(node, ref, "evict tier=dev")
+                node.gen += 1   # _bump(node, ref, ...), inlined (hot path)
+                node.gen_ref = (ref, "evict tier=dev")
         elif tier == "host":
-            hs = slots_of(f.get("host"), f.get("hostx"))
-            if node is not None and isinstance(node.host, Slots) and hs is None:
-                hs = node.host
+            hs = None
+            if st.writes or st.loads:   # the freed host slots matter only to copies in flight
+                hs = slots_of(f.get("host"), f.get("hostx"))
+                if node is not None and isinstance(node.host, Slots) and hs is None:
+                    hs = node.host
             lst = st.writes_by_node.get(nid)
             if lst:
                 for w in lst:
@@ -608,12 +634,13 @@ class RankChecker:
             # (guards: the messages are only built when something is in flight)
             if hs is not None and st.writes:
                 self._breach_writes(hs, "host", nid, ref, f"host eviction of node {nid} freed host slots", "b")
-            for ld in st.loads.values():
-                if nid in ld.chain:
-                    if ld.viol is None or ld.viol[1] != EXACT:
-                        ld.viol = (ref, EXACT, f"host eviction of node {nid}")
-            if hs is not None and st.loads:
-                self._breach_loads(hs, nid, ref, f"host eviction of node {nid} freed host slots")
+            if st.loads:
+                for ld in st.loads.values():
+                    if nid in ld.chain:
+                        if ld.viol is None or ld.viol[1] != EXACT:
+                            ld.viol = (ref, EXACT, f"host eviction of node {nid}")
+                if hs is not None:
+                    self._breach_loads(hs, nid, ref, f"host eviction of node {nid} freed host slots")
             self._delete(nid, ref, "evict tier=host")
         return None
 
@@ -632,17 +659,21 @@ class RankChecker:
             if st.writes:
                 self._breach_writes(s, "dev", None, ref, f"free pool=dev (why={f.get('why')}) of the copy's "
                                     "source slots", "a")
-            if st.fills:
+            fills = st.fills
+            if fills:
                 if nid is not None and nid >= 0:
-                    keys = st.fills_by_node.get(nid, ())
-                    fills = [st.fills[k] for k in keys if k in st.fills]
+                    for k in st.fills_by_node.get(nid, ()):
+                        fl = fills.get(k)
+                        if fl is not None and fl.invalid is None:
+                            c = overlap(s, fl.src)
+                            if c is not None:
+                                fl.invalid = (ref, c)
                 else:
-                    fills = list(st.fills.values())
-                for fl in fills:
-                    if fl.invalid is None:
-                        c = overlap(s, fl.src)
-                        if c is not None:
-                            fl.invalid = (ref, c)
+                    for fl in fills.values():
+                        if fl.invalid is None:
+                            c = overlap(s, fl.src)
+                            if c is not None:
+                                fl.invalid = (ref, c)
         elif pool == "host":
             if st.writes:
                 self._breach_writes(s, "host", None, ref, f"free pool=host (why={f.get('why')}) of the copy's "
@@ -786,31 +817,49 @@ class RankChecker:
         f = ev.fields
         key = f.get("key")
         nid = f.get("node_id")
-        if type(nid) is not int:   # _int(), inlined (hot path)
-            nid = None
-        if key is None or nid is None or type(key) is list:
+        if key is None or type(nid) is not int or type(key) is list:
             return None
         st = self.st
-        ref = (ev.seq, ev.line_no)   # _ref(ev), inlined (hot path)
         chain = f.get("chain")
-        if type(chain) is list and len(chain) == 1 and type(chain[0]) is int:
+        if chain is None:   # the usual record: the view derives from its own node
+            chain = [nid]
+        elif type(chain) is list and len(chain) == 1 and type(chain[0]) is int:
             chain = [chain[0]]
         else:
             chain = [x for x in chain if type(x) is int] if isinstance(chain, list) and chain else [nid]
         hit = f.get("hit")
         if hit == 0:
+            nodes = st.nodes
+            ref = (ev.seq, ev.line_no)   # _ref(ev), inlined (hot path)
+            src = slots_of(f.get("src"))
+            one = len(chain) == 1
             for c in chain:
-                if c not in st.nodes and c not in st.dead:   # first sight of a node (trace began mid-run)
-                    src = slots_of(f.get("src"))
-                    st.nodes[c] = Node(c, src.cnt if src is not None and len(chain) == 1 else 0,
-                                       src if src is not None and len(chain) == 1 else UNKNOWN, UNKNOWN, ref)
-            gens = {c: (st.nodes[c].gen if c in st.nodes else None) for c in chain}
-            st.fills[key] = Fill(ref, slots_of(f.get("src")), gens)
+                if c not in nodes and c not in st.dead:   # first sight of a node (trace began mid-run)
+                    nodes[c] = Node(c, src.cnt if src is not None and one else 0,
+                                    src if src is not None and one else UNKNOWN, UNKNOWN, ref)
+            gens = {}
             for c in chain:
-                st.fills_by_node.setdefault(c, set()).add(key)
+                n = nodes.get(c)
+                gens[c] = n.gen if n is not None else None
+            st.fills[key] = Fill(ref, src, gens)
+            fbn = st.fills_by_node
+            for c in chain:
+                keys = fbn.get(c)
+                if keys is None:
+                    fbn[c] = {key}
+                else:
+                    keys.add(key)
             return None
-        if hit != 1 or self.level < 2:
+        if hit != 1:
             return None
+        lv = self.forced_level   # self.level, inlined (hot path)
+        if lv is None:
+            lv = self.config_level
+            if lv is None:
+                lv = self.seen_level
+        if lv < 2:
+            return None
+        ref = (ev.seq, ev.line_no)   # _ref(ev), inlined (hot path)
         fl = st.fills.get(key)
         if fl is None:
             return [self._finding("H3", "H3", nid, None, EXACT, [ref],

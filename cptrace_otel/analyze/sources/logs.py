@@ -12,6 +12,11 @@
 The field parser is a fast path of :func:`cptrace_otel.logline.parse_line` with identical results (a unit test
 compares them): common value shapes (ints, ``rng`` summaries, bare words) are decoded without regexes and repeated
 scalar tokens are memoized; anything unusual falls back to :func:`~cptrace_otel.logline.parse_value`.
+
+When the optional C extension ``_logc`` was built (``setup.py``), a file is read as bytes in blocks and ``_logc``
+splits, decodes and parses the lines and builds the events in C (the same events, unit-tested against both the
+reference parser and the Python reader); the lines it does not know (non-ASCII text, floats, odd shapes, malformed
+lines) take the Python parser above.
 """
 
 from __future__ import annotations
@@ -146,6 +151,10 @@ _pair = _TOKCACHE.__getitem__
 
 def parse_trace_line(line: str) -> tuple[str, str, dict[str, Any], list[str]] | None:
     """``(prefix, tag, fields, bad_tokens)`` exactly as :func:`cptrace_otel.logline.parse_line`, or None."""
+    if _logc is not None:
+        p = _logc.parse_line(line)   # None: not a shape the C parser knows, the code below decides
+        if p is not None:
+            return p
     idx = line.find("[CPTRACE ")
     if idx < 0:
         return None
@@ -221,14 +230,98 @@ def _open(path: str):
 
 _EPOCH_TAGS = frozenset(("reset", "split", "insert"))  # the only records that can move an epoch tracker
 _CHUNK = 512  # events pulled from one file at a time: the merge works on chunks, not events
+_BLOCK = 1 << 18  # bytes handed to the C parser at a time
+
+
+def _load_speedups():
+    """The C line parser ``_logc`` (same results as this module's Python parser) when it was built, else None."""
+    try:
+        from . import _logc
+    except ImportError:
+        return None
+    _logc.configure(Rng, Event, EpochTracker, _EPOCH_TAGS)
+    return _logc
+
+
+_logc = _load_speedups()
 
 
 def _file_chunks(fh, path: str, drank: int, on_bad: Callable[[Malformed], None], stats: LogStats,
                  state: dict[int, list]) -> Iterator[list[Event]]:
     """Lists of events of one file with rank, ts, seq and epoch set. ``state`` (rank -> [next seq, EpochTracker])
     is shared by all files: when every rank lives in one file, these numbers are final; otherwise the merge
-    renumbers in merge order (:func:`_renumber`)."""
-    parse = parse_trace_line
+    renumbers in merge order (:func:`_renumber`). Uses the C parser when it was built: the same events."""
+    if _logc is not None and hasattr(fh, "buffer"):
+        return _file_chunks_c(fh, path, drank, on_bad, stats, state)
+    return _file_chunks_py(fh, path, drank, on_bad, stats, state)
+
+
+def _slow_line(line: str, path: str, line_no: int, drank: int,
+               on_bad: Callable[[Malformed], None]) -> tuple[str, dict[str, Any], Any, int] | None:
+    """``(tag, fields, ts, rank)`` of a line the C parser left to Python (the full parser), None when it yields
+    no event; malformed lines are reported."""
+    p = parse_trace_line(line)
+    if p is None:
+        on_bad(Malformed(path, line_no, "broken [CPTRACE tag] marker", line.rstrip("\r\n")))
+        return None
+    prefix, tag, fields, bad = p
+    if bad:
+        on_bad(Malformed(path, line_no, f"tokens without '=': {' '.join(bad)}", line.rstrip("\r\n")))
+    ts = fields.get("ts")
+    if type(ts) is not int:
+        ts = line_no
+    r = fields.get("rank")
+    if type(r) is not int or r < 0:
+        r = _prefix_rank(prefix) if prefix else None
+        if r is None:
+            r = drank
+    return tag, fields, ts, r
+
+
+def _file_chunks_c(fh, path: str, drank: int, on_bad: Callable[[Malformed], None], stats: LogStats,
+                   state: dict[int, list]) -> Iterator[list[Event]]:
+    """:func:`_file_chunks` over the file's bytes, read in blocks: ``_logc.fill_chunk`` splits and parses the lines
+    and builds the events (rank, ts, seq, epoch as the Python loop does) in C; a line it cannot parse is decoded
+    as the text reader would and takes :func:`_slow_line`."""
+    fill = _logc.fill_chunk
+
+    def slow(line: str, ln: int):
+        return _slow_line(line, path, ln, drank, on_bad)
+
+    read = fh.buffer.read   # the text layer of fh is never used: no text is buffered there
+    line_no = 0   # lines consumed (as the per-line reader counts them when the consumer stops early)
+    chunk: list[Event] = []
+    rest = b""    # an incomplete last line, completed by the next block
+    try:
+        while True:
+            more = read(_BLOCK)
+            data = rest + more if rest else more
+            final = not more
+            pos = 0
+            while True:
+                pos, nxt = fill(chunk, _CHUNK, data, pos, final, line_no + 1, drank, state, path, slow)
+                line_no = nxt - 1
+                if len(chunk) < _CHUNK:
+                    break
+                stats.events += len(chunk)
+                yield chunk
+                chunk = []
+            if final:
+                break
+            rest = data[pos:]
+        if chunk:
+            stats.events += len(chunk)
+            yield chunk
+    except OSError as e:
+        raise LogReadError(path, e.strerror or str(e)) from None
+    finally:
+        stats.lines += line_no
+        fh.close()
+
+
+def _file_chunks_py(fh, path: str, drank: int, on_bad: Callable[[Malformed], None], stats: LogStats,
+                    state: dict[int, list]) -> Iterator[list[Event]]:
+    """:func:`_file_chunks` line by line in Python (no C parser built)."""
     line_no = 0
     chunk: list[Event] = []
     append = chunk.append
@@ -263,21 +356,16 @@ def _file_chunks(fh, path: str, drank: int, on_bad: Callable[[Malformed], None],
                         else:
                             fields["ts"] = ts = int(tsv)
             if fields is None:
-                p = parse(line)
-                if p is None:
-                    on_bad(Malformed(path, line_no, "broken [CPTRACE tag] marker", line.rstrip("\r\n")))
+                slow = _slow_line(line, path, line_no, drank, on_bad)
+                if slow is None:
                     continue
-                _, tag, fields, bad = p
-                if bad:
-                    on_bad(Malformed(path, line_no, f"tokens without '=': {' '.join(bad)}", line.rstrip("\r\n")))
-                ts = fields.get("ts")
-                if type(ts) is not int:
-                    ts = line_no
-            r = fields.get("rank")
-            if type(r) is not int or r < 0:
-                r = _prefix_rank(line[:idx]) if idx > 0 else None
-                if r is None:
-                    r = drank
+                tag, fields, ts, r = slow
+            else:
+                r = fields.get("rank")
+                if type(r) is not int or r < 0:
+                    r = _prefix_rank(line[:idx]) if idx > 0 else None
+                    if r is None:
+                        r = drank
             if r != last_r:
                 rs = state.get(r)
                 if rs is None:
