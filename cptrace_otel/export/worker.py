@@ -86,6 +86,18 @@ except Exception:  # the checks package is optional here: the shortcut below the
     _EpochTracker = None  # type: ignore[assignment,misc]
 _EPOCH_TAGS = frozenset(("reset", "split", "insert"))  # the only tags EpochTracker.step acts on
 
+def _load_intake() -> Any:
+    """The C intake (``_logc.intake``: the same Events as :meth:`Exporter._item_event`) when it was built and the
+    checks package provides EpochTracker (the tracker it creates), else None."""
+    if _EpochTracker is None:
+        return None
+    try:
+        from ..analyze.sources.logs import _logc
+    except Exception:
+        return None
+    return _logc.intake if _logc is not None else None
+
+
 _parsed: dict[str, Any] = {}
 _IMMUTABLE = (int, float, str, Rng)
 
@@ -118,6 +130,9 @@ def _value(v: str) -> Any:
                 _parsed.clear()
             _parsed[v] = r
     return r
+
+
+_intake = _load_intake()
 
 
 class Exporter:
@@ -194,58 +209,59 @@ class Exporter:
 
     def _add_items_fast(self, items: list[tuple], dropped: int) -> None:
         """``add_records([render_record(seq, item) ...])`` in one pass (no log sink needs the Records): the same
-        Events, without the intermediate Record tuples."""
+        Events, without the intermediate Record tuples; the C intake builds them when it was built."""
         self.dropped_upstream = dropped
-        b = self.builder
-        add = b.add
-        epochs = self.epochs
-        default_rank = self.rank
-        value = _value
-        parsed_get = _parsed.get
         seq = self.next_seq
-        n = 0
-        for item in items:
-            try:
-                ts, level, tag, f = item
-                # The fields dict is ours (unpickled here, or in thread mode the call's own **kwargs dict): convert
-                # its values in place (same keys, same order) instead of copying it. Converting twice gives the same
-                # values, should a batch ever be fed again.
-                for k, v in f.items():
-                    t = type(v)
-                    if t is int:
-                        continue
-                    if t is str:
-                        if " " in v or len(v) > MAX_VALUE_CHARS:
-                            v = _cut(v.replace(" ", ""))
-                        r = parsed_get(v)
-                        f[k] = value(v) if r is None else r
-                    else:
-                        r = _render_other(v, None, None)
-                        f[k] = value(r) if type(r) is str else r
-                if type(tag) is not str or type(level) is not int:
-                    _, _, level, tag, _ = render_record(0, (ts, level, tag, {}))
-            except Exception as e:  # should not happen: items are int/str/float by construction
-                self._error(f"dropped an unrenderable record: {e!r}")
-                seq += 1
-                continue
-            r = f.get("rank")
-            rank = r if type(r) is int and r >= 0 else default_rank
-            tr = epochs.get(rank)
-            if tr is None:
-                tr = epochs[rank] = _epoch_tracker()
-            # EpochTracker.step only moves on reset / split / insert or right after a reset; for every other
-            # record it returns the current epoch unchanged (hint 0 never moves it), so skip the call.
-            if tag in _EPOCH_TAGS or type(tr) is not _EpochTracker or tr._after_reset:
-                ep = tr.step(tag, f)
-            else:
-                ep = tr.epoch
-            add(Event(tag, rank, seq, ts, ep, f, level, "live", 0))
-            seq += 1
-            n += 1
-        self.next_seq = seq
-        self.records += n
-        if len(b._done) >= EXPORT_MIN_SPANS:
+        if _intake is not None:
+            events = _intake(items, seq, self.rank, self.epochs, MAX_VALUE_CHARS, _value, self._item_event)
+        else:
+            item_event = self._item_event
+            events = [ev for ev in map(item_event, items, range(seq, seq + len(items))) if ev is not None]
+        add = self.builder.add
+        for ev in events:
+            add(ev)
+        self.next_seq = seq + len(items)
+        self.records += len(events)
+        if len(self.builder._done) >= EXPORT_MIN_SPANS:
             self.export()
+
+    def _item_event(self, item: tuple, seq: int) -> Event | None:
+        """The Event of one compact item ``(ts, level, tag, fields)`` (None, reported, when it cannot be rendered).
+        The Python intake, and the C intake's path for items of an unusual shape."""
+        try:
+            ts, level, tag, f = item
+            # The fields dict is ours (unpickled here, or in thread mode the call's own **kwargs dict): convert
+            # its values in place (same keys, same order) instead of copying it. Converting twice gives the same
+            # values, should an item ever be converted again.
+            for k, v in f.items():
+                t = type(v)
+                if t is int:
+                    continue
+                if t is str:
+                    if " " in v or len(v) > MAX_VALUE_CHARS:
+                        v = _cut(v.replace(" ", ""))
+                    r = _parsed.get(v)
+                    f[k] = _value(v) if r is None else r
+                else:
+                    r = _render_other(v, None, None)
+                    f[k] = _value(r) if type(r) is str else r
+            if type(tag) is not str or type(level) is not int:
+                _, _, level, tag, _ = render_record(0, (ts, level, tag, {}))
+        except Exception as e:  # should not happen: items are int/str/float by construction
+            self._error(f"dropped an unrenderable record: {e!r}")
+            return None
+        r = f.get("rank")
+        rank = r if type(r) is int and r >= 0 else self.rank
+        tr = self.epochs.get(rank)
+        if tr is None:
+            tr = self.epochs[rank] = _epoch_tracker()
+        # EpochTracker.step only moves on reset / split / insert or right after a reset; for every other
+        # record it returns the current epoch unchanged (hint 0 never moves it), so skip the call.
+        if tag in _EPOCH_TAGS or type(tr) is not _EpochTracker or tr._after_reset:
+            ep = tr.step(tag, f)
+        else:
+            ep = tr.epoch
+        return Event(tag, rank, seq, ts, ep, f, level, "live", 0)
 
     def add_records(self, records: list[tuple], dropped: int) -> None:
         self.dropped_upstream = dropped

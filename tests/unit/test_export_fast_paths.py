@@ -5,7 +5,10 @@ parser against ``logline.parse_value``."""
 from __future__ import annotations
 
 import copy
+import os
 import random
+
+import pytest
 
 from cptrace_otel import config
 from cptrace_otel.export import worker
@@ -21,7 +24,8 @@ def _exporter() -> worker.Exporter:
 
 def _items(rng: random.Random, n: int) -> list[tuple]:
     vals = ["(cnt=3,min=1,max=5,first=1,last=5)", "(cnt=2,min=-0,max=1,first=0,last=1)", "a b", "x" * 70000,
-            "[1,[2,3]]", "(none)", "007", "nan", 1.5, float("inf"), -3, 1 << 70, "wt", "h\u00e9 llo"]
+            "[1,[2,3]]", "(none)", "007", "nan", 1.5, float("inf"), -3, 1 << 70, "wt", "h\u00e9 llo", "h\u00e9llo",
+            "a\tb", "[1,2,3]", "[]", "-0", "1e5", True, None]
     out = []
     for i in range(n):
         node = rng.randrange(0, 40)
@@ -41,7 +45,15 @@ def _dump(ex: worker.Exporter) -> list:
              [(ts, name, dict(a.items())) for ts, name, a in sp.events]) for sp in ex.builder.take()]
 
 
-def test_add_items_fast_path_equals_render_record_path() -> None:
+@pytest.mark.parametrize("intake", ["c", "python"])
+def test_add_items_fast_path_equals_render_record_path(intake: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both intakes (the C one when it was built, and the Python one) against the general path."""
+    if intake == "python":
+        monkeypatch.setattr(worker, "_intake", None)
+    elif worker._intake is None:
+        if os.environ.get("CPTRACE_REQUIRE_SPEEDUPS") == "1":
+            pytest.fail("the C intake (_logc) was not built (CPTRACE_REQUIRE_SPEEDUPS=1)")
+        pytest.skip("the C intake (_logc) was not built")
     rng = random.Random(5)
     items = _items(rng, 3000)
     fast, ref = _exporter(), _exporter()
@@ -75,3 +87,22 @@ def test_fast_range_parse_equals_parse_value() -> None:
         assert got == want and type(got) is type(want), s
         if isinstance(want, tuple):
             assert [type(x) for x in got] == [type(x) for x in want], s
+
+
+@pytest.mark.parametrize("intake", ["c", "python"])
+def test_bad_items_are_dropped_and_reported_the_rest_kept(intake: str, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture) -> None:
+    if intake == "python" or worker._intake is None:
+        monkeypatch.setattr(worker, "_intake", None)
+    ex = _exporter()
+    good = (10**18, 1, "insert", {"node_id": 1, "len": 64, "kind": "new"})
+    ex.add_items([good, ("not", "an item"), (10**18 + 1, 1, "evict", {"node_id": 1, "tier": "dev"})], 0)
+    assert ex.records == 2 and ex.next_seq == 3
+    assert "dropped an unrenderable record" in capsys.readouterr().err
+    seqs = [a.seq for sp in _dump_spans(ex) for _, _, a in sp.events]
+    assert sorted(seqs) == [0, 2]
+
+
+def _dump_spans(ex: worker.Exporter) -> list:
+    ex.builder.close_all()
+    return ex.builder.take()
