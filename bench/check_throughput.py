@@ -249,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     cal = calibrate()
     print(f"calibration: sum(range(1000)) = {cal:.1f} us on this core (about 7 us on a current desktop core; "
           f"scale factor ~{cal / 7:.1f}x); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    from cptrace_otel.analyze.sources import logs
+
+    print("log parser: " + ("C (_logc)" if logs._logc is not None else "pure Python (C speedups not built)"))
     base = a.keep or tempfile.mkdtemp(prefix="cptrace-bench-")
     os.makedirs(base, exist_ok=True)
     rows = []

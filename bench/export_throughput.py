@@ -154,6 +154,11 @@ def main() -> int:
     n = args.events
     from otlp_receiver import GrpcReceiver, HttpReceiver
 
+    from cptrace_otel.export import otlp, worker
+
+    print("exporter: " + ("C span-event encoder and intake" if otlp._span_events and worker._intake
+                          else "pure-Python parts (C speedups not fully built)"))
+
     results = {}
     for name in ("sdk", "ours"):
         if args.sink == "null" and not (name == "ours" and args.protocol == "grpc"):
