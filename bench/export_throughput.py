@@ -10,8 +10,9 @@
   ``--sink null`` (reads and discards the body).
 
 Reported: events/s delivered (emit start to flush done), the traced process's own CPU seconds per 1,000 events
-(``RUSAGE_SELF``: excludes the exporter subprocess, whose CPU is reported separately), drops, and the ratio. The bar
-is 5x the SDK path; the goal 100,000 events/s.
+(``RUSAGE_SELF``: excludes the exporter subprocess, whose CPU is reported separately), drops, and the ratio. The 5x
+bar and the 100,000 events/s goal are measured into the real Jaeger (``bench/jaeger_export.py``); here the receiver
+decodes every request in Python on the same cores, which caps the faster path (``--sink null`` lifts that cap).
 
     python bench/export_throughput.py [--events 100000] [--sink decode|null] [--protocol http/protobuf|grpc]
                                       [--no-checks]
@@ -189,8 +190,8 @@ def main() -> int:
               + (f"; dropped {res['dropped']}" if res['dropped'] is not None else ""))
     ratio = results["ours"]["rate"] / results["sdk"]["rate"]
     cpu_ratio = results["sdk"]["cpu"] / max(results["ours"]["cpu"], 1e-9)
-    print(f"ratio ours/SDK: {ratio:.1f}x events/s (bar >= 5x, goal 100,000 events/s: "
-          f"{results['ours']['rate'] / 1e5 * 100:.0f}% of it); traced-process CPU {cpu_ratio:.1f}x lower")
+    print(f"ratio ours/SDK: {ratio:.1f}x events/s (receiver: {args.sink}; the 5x bar is measured into Jaeger); "
+          f"traced-process CPU {cpu_ratio:.1f}x lower")
     return 0
 
 
