@@ -268,9 +268,10 @@ def main(argv: list[str] | None = None) -> int:
     tag = uuid.uuid4().hex[:8]
     n = args.events - args.events % EVENTS_PER_NODE
     out: dict = {"events_per_path": n, "cpus": os.cpu_count()}
-    from cptrace_otel.export import otlp
+    from cptrace_otel.export import otlp, worker
 
-    enc = "C span-event encoder" if otlp._span_events is not None else "pure-Python encoder (C speedups not built)"
+    enc = ("C span-event encoder and intake" if otlp._span_events is not None and worker._intake is not None
+           else "pure-Python parts (C speedups not fully built)")
     print(f"jaeger_export: {n:,} events per path ({EVENTS_PER_NODE}/node), Jaeger {args.query}, {os.cpu_count()} CPUs, "
           f"{enc}")
     paths = ["ours"] + ([] if args.skip_sdk else ["sdk", "sdk-pre"])
