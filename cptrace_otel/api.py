@@ -46,7 +46,6 @@ _submit = _submit_unstarted
 
 def get_config() -> _config.Config:
     """The configuration in force (resolved from the environment on first use)."""
-    global _CONFIG
     if _CONFIG is None:
         reload_config()
     assert _CONFIG is not None

@@ -122,4 +122,6 @@ def test_faults_at_random_sites_of_random_workloads_match_the_oracle(kind, mode)
         res = analyze(sim)
         assert found_set(res) == expected_set(sim, 3, res), (seed, [f.message for f in res.findings])
         injected += bool(sim.oracle.injected)
-    assert injected or kind in ("H2_stale", "H1_ack")   # these need a rarer site (a split of a pending/backed node)
+    # H2_stale and H1_ack need a rarer site (a split of a pending/backed node); H2_stale_clean needs a re-backup,
+    # which random streams never issue (only its scripted scenario does), so there the oracle must simply stay empty
+    assert injected or kind in ("H2_stale", "H1_ack", "H2_stale_clean")

@@ -1,7 +1,8 @@
 """``cptrace-otel check [--json] [--level N] [--jaeger-url URL] [--run-id ID] PATH...``
 
 Reads upstream log files and/or OTLP JSON-lines files (told apart by content), runs the per-rank rules (H1-H4,
-ZERO, HASH) and the cross-rank rules (C1-C5), and prints the findings. Exit codes: 0 clean, 1 findings, 2 usage
+ZERO, HASH) and the cross-rank rules (C1-C5), and prints the findings, then the advisory fwd_hash localization
+(level 3; it never changes the exit code). Exit codes: 0 clean, 1 findings, 2 usage
 error, 3 a source cannot be read. Log files and OTLP files given together are analyzed as two separate runs
 (their ranks would otherwise collide) and reported together.
 """
@@ -93,4 +94,4 @@ def _merge(results: list) -> Any:
                              "levels": {}}
     for r in results:
         stats["levels"].update(r.stats.get("levels", {}))
-    return Result(findings, unchecked, stats)
+    return Result(findings, unchecked, stats, [e for r in results for e in r.localization])

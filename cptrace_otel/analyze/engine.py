@@ -1,7 +1,9 @@
 """One analysis over an event stream of any number of ranks: per-rank :class:`RankChecker` plus :class:`CrossRank`.
 
 Feed events in an order that keeps each rank's seq order (the sources do); ``result()`` returns the findings
-(sorted most severe first), the unchecked rules and counters. Used by ``cptrace-otel check`` and the demo.
+(sorted most severe first), the unchecked rules and counters, plus the advisory fwd_hash localization
+(:mod:`.localize`: never a finding, so it changes neither ``findings`` nor the exit code). Used by
+``cptrace-otel check`` and the demo.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ from typing import Any, Iterable
 from ..checks import Finding, RankChecker, Unchecked
 from ..events import Event
 from .crossrank import CrossRank
+from .localize import Localizer
+
+_FWD_HASH = "fwd_hash"
 
 
 @dataclasses.dataclass
@@ -19,6 +24,7 @@ class Result:
     findings: list[Finding]
     unchecked: list[Unchecked]
     stats: dict[str, Any]
+    localization: list[dict[str, Any]] = dataclasses.field(default_factory=list)   # advisory, see .localize
 
     @property
     def codes(self) -> set[str]:
@@ -36,6 +42,7 @@ class Analysis:
         self.cross = CrossRank(level)
         self.findings: list[Finding] = []
         self.events = 0
+        self.localizer = Localizer()
 
     def feed(self, ev: Event) -> list[Finding]:
         self.events += 1
@@ -44,11 +51,16 @@ class Analysis:
             chk = self.checkers[ev.rank] = RankChecker(ev.rank, self.level)
             if self.level is None and ev.rank in self.rank_levels:
                 chk.config_level = self.rank_levels[ev.rank]
+            self._route_fwd_hash(chk)
         out = chk.feed(ev)
         if out:
             self.findings.extend(out)
         self.cross.feed(ev)
         return out
+
+    def _route_fwd_hash(self, chk: RankChecker) -> None:
+        """Send this rank's fwd_hash records to the localizer (other records pay nothing for it)."""
+        chk.observe(_FWD_HASH, self.localizer.feed)
 
     def run(self, events: Iterable[Event]) -> "Result":
         hint = getattr(events, "ranks", None)   # sources that know their ranks up front (log files)
@@ -92,4 +104,4 @@ class Analysis:
         }
         if extra_stats:
             stats.update(extra_stats)
-        return Result(findings, unchecked, stats)
+        return Result(findings, unchecked, stats, self.localizer.report())

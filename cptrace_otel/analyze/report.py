@@ -1,6 +1,7 @@
 """Render an analysis :class:`~cptrace_otel.analyze.engine.Result`: one JSON object, or a table grouped by node.
 
-JSON: ``{"findings": [...], "unchecked": [...], "stats": {...}}``; each finding has ``code, rule, rank, epoch,
+JSON: ``{"findings": [...], "unchecked": [...], "stats": {...}, "localization": [...]}`` (``localization``: the
+advisory fwd_hash entries of :mod:`.localize`, ``[]`` when there are none); each finding has ``code, rule, rank, epoch,
 node_id, op, certainty, severity, evidence, message, src, line_no`` and, when a run id is known, ``trace_id`` (the
 node's trace: ``blake2b(f"{run_id}|{epoch}|{node_id}", digest_size=16)``) plus ``jaeger_url`` when a Jaeger base
 URL is given.
@@ -50,6 +51,7 @@ def to_json(result: Any, run_id: str | None = None, jaeger_url: str | None = Non
         "findings": [finding_dict(f, run_id, jaeger_url) for f in result.findings],
         "unchecked": [u.to_dict() for u in result.unchecked],
         "stats": result.stats,
+        "localization": list(getattr(result, "localization", None) or []),
     }
     return json.dumps(obj, indent=None, sort_keys=False, default=str)
 
@@ -102,7 +104,41 @@ def to_text(result: Any, run_id: str | None = None, jaeger_url: str | None = Non
     if result.unchecked:
         out.append("not checked:")
         out.extend(_unchecked_line(u) for u in result.unchecked)
+    out.extend(localization_lines(getattr(result, "localization", None) or []))
     return "\n".join(out)
+
+
+_LOC_SHOWN = 20   # entries printed in the text report; --json has them all
+
+
+def localization_lines(entries: list[dict[str, Any]]) -> list[str]:
+    """The text section of the fwd_hash localization: nothing when there is no entry, matches as one count."""
+    if not entries:
+        return []
+    out = ["fwd_hash localization (advisory, not a finding):"]
+    rest = [e for e in entries if e["verdict"] != "match"]
+    for e in rest[:_LOC_SHOWN]:
+        out.append("  " + _loc_line(e))
+    if len(rest) > _LOC_SHOWN:
+        out.append(f"  ... {len(rest) - _LOC_SHOWN} more (see --json)")
+    n_match = len(entries) - len(rest)
+    if n_match:
+        out.append(f"  {n_match} host-reload forward(s) match their baseline forward")
+    return out
+
+
+def _loc_line(e: dict[str, Any]) -> str:
+    v = e["verdict"]
+    ranks = ",".join(str(r) for r in e.get("ranks", []))
+    if v in ("unpairable", "truncated"):
+        return f"{v.upper():<10} rank {ranks or '-'}: {e.get('count', 0)}x {e.get('reason', '')}"
+    head = f"{v.upper():<10} prompt pfp={e['pfp']} plen={e['plen']} rank {ranks}: reload rid {e['reload_rid']}"
+    if v == "diverged":
+        return (f"{head} vs rid {e['base_rid']}: first divergence at layer {e['layer']} stage {e['stage']} "
+                "(every earlier record matches)")
+    if v == "noisy":
+        return f"{head} vs rid {e['base_rid']}: noisy, {e['reason']}"
+    return f"{head}: {e['reason']}"
 
 
 def _short(path: str) -> str:

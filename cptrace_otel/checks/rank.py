@@ -60,6 +60,17 @@ class RankChecker:
             if tag not in self._tab:
                 self._tab[tag] = (1, h, tag in _EPOCH_TAGS)
 
+    def observe(self, tag: str, fn: Callable[[Event], Any]) -> None:
+        """Also pass every record with ``tag`` to ``fn`` (before the tag's rule, if it has one; ``fn``'s result is
+        ignored). Through the per-tag table the hot path looks up anyway, so records of other tags pay nothing."""
+        lv, rule, moves = self._tab.get(tag, (LEVEL_OF_TAG.get(tag, 1), None, tag in _EPOCH_TAGS))
+
+        def observed(ev: Event) -> list[Finding] | None:
+            fn(ev)
+            return rule(ev) if rule is not None else None
+
+        self._tab[tag] = (lv, observed, moves)
+
     # -- level --------------------------------------------------------------------------------------------------
     @property
     def level(self) -> int:

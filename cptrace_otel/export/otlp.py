@@ -245,13 +245,11 @@ def _field_miss(k: str, v: Any, t: type) -> bytes:
         cache = len(v) <= _VAL_CACHE_STR
     elif t is Rng:
         out = []
-        ints = True
         for pe, pk, pv in zip(e.parts, e.part_keys, v):
             if type(pv) is int and -(1 << 63) <= pv < (1 << 63):
                 vb = varint(pv & _MASK64)
                 out.append(pe.ints[len(vb)] + vb)
             else:
-                ints = False
                 out.append(_field(_EV_TAG, pk, fields_to_attributes({"": pv})[sc.FIELD_PREFIX]))
         b = b"".join(out)
         cache = False  # see _event_attrs: ranges are encoded inline

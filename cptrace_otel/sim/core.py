@@ -35,7 +35,8 @@ THRESHOLD = {"wt": 1, "wts": 2}
 
 class Node:
     __slots__ = ("id", "key", "parent", "children", "value", "host_value", "lock_ref", "host_ref", "hit_count",
-                 "gen", "last_access", "start", "bk", "bk_op", "bk_split", "pend_ops", "loading", "prev_host", "noinval")
+                 "gen", "last_access", "start", "bk", "bk_op", "bk_split", "pend_ops", "loading", "prev_host",
+                 "old_host", "noinval")
 
     def __init__(self, nid: int, key: np.ndarray, parent: "Node | None", start: int) -> None:
         self.id = nid
@@ -56,6 +57,7 @@ class Node:
         self.pend_ops: list[Op] = []             # pending device->host writes whose fragments include this node
         self.loading = False
         self.prev_host: np.ndarray | None = None  # host range before the latest split (for H2_stale)
+        self.old_host: np.ndarray | None = None   # range released by the latest re-backup (for H2_stale_clean)
         self.noinval = False
 
     def __len__(self) -> int:
@@ -64,7 +66,7 @@ class Node:
 
 class Op:
     __slots__ = ("id", "dir", "node", "frags", "blen", "dev", "host", "complete_at", "done", "locked", "chain",
-                 "flip", "stale", "released")
+                 "flip", "stale", "released", "old_host")
 
     def __init__(self, oid: int, direction: str, dev: np.ndarray, host: np.ndarray, complete_at: int) -> None:
         self.id = oid
@@ -81,6 +83,7 @@ class Op:
         self.flip = False
         self.stale = False
         self.released = False
+        self.old_host: np.ndarray | None = None   # a re-backup's previous host range, released at the ack
 
 
 class RankSim:
@@ -262,6 +265,7 @@ class RankSim:
                 sim.oracle.expect("H1", "H1a", self.r, c.id, pend0, "H1_swap")
             p.host_value, c.host_value = hp_, hc_
             c.prev_host = pre_host
+        c.old_host = None    # a re-backup's released range no longer matches the (shorter) node
         if c.bk is not None:
             p.bk, c.bk = c.bk[:s].copy(), c.bk[s:].copy()
             p.bk_op, p.bk_split, c.bk_split = c.bk_op, True, True
@@ -442,6 +446,23 @@ class RankSim:
         self.start_writing(op)
         return op
 
+    def rebackup(self, n: Node) -> Op | None:
+        """Re-back up a device-resident, already backuped node to a fresh host range (a host-pool compaction).
+
+        The new range is allocated while the old one is still held, so the two differ; the old range is released
+        only at the new copy's d2h ack, and its pages keep the node's bytes until some later allocation reuses
+        them. Skips a node that is loading, pinned by a load, or has a write in flight."""
+        old = n.host_value
+        if old is None or n.value is None or n.loading or n.host_ref or n.pend_ops:
+            return None
+        n.host_value = None
+        op = self.write_backup(n)
+        if op is None:
+            n.host_value = old   # no backup issued (guard or no host room): the node keeps its old copy
+            return None
+        op.old_host = old
+        return op
+
     def start_writing(self, op: Op) -> None:
         sim = self.sim
         n = op.node
@@ -512,6 +533,12 @@ class RankSim:
                     f.pend_ops.remove(op)
             if op.locked:
                 self.dec_lock(n)
+            if op.old_host is not None:
+                # a re-backup: the old host range is released now that the new copy is complete
+                self.emit(2, "free", pool="host", idx=kv.rng(op.old_host), node_id=n.id, why="rebackup",
+                          **self.xs("idx_x", op.old_host))
+                self.host.free(op.old_host)
+                n.old_host = op.old_host
 
     # -- host -> device ----------------------------------------------------------------------------------------
     def load_back(self, chain: list[Node], ancestor: Node) -> Op | None:
@@ -529,13 +556,17 @@ class RankSim:
                 n.host_ref -= 1
             return None
         hosts = []
-        stale = None
+        stale = stale_clean = None
         for n in chain:
             h = n.host_value
             if n.prev_host is not None and n.prev_host.size >= len(n) and self.hit("H2_stale"):
                 # the fault: load from the range the node had before its split
                 h = n.prev_host[:len(n)].copy()
                 stale = n
+            elif n.old_host is not None and n.old_host.size == len(n) and self.hit("H2_stale_clean"):
+                # the fault: load from the range the node had before its re-backup (released, not yet reused)
+                h = n.old_host.copy()
+                stale_clean = n
             hosts.append(h)
         host = np.concatenate(hosts)
         op = self._new_op("h2d", dev, host, sim.d_l)
@@ -552,6 +583,11 @@ class RankSim:
         if stale is not None:
             sim.oracle.inject("H2_stale", self.r, last.id, op.id)
             sim.oracle.expect("H2", "H2a", self.r, last.id, op.id, "H2_stale")
+        if stale_clean is not None:
+            # the bytes may well be right (the oracle adds HASH at the ack only if the old pages were reused), but
+            # the reload's host range is not the chain's current one
+            sim.oracle.inject("H2_stale_clean", self.r, last.id, op.id)
+            sim.oracle.expect("H2", "H2a", self.r, last.id, op.id, "H2_stale_clean")
         self.emit(1, "reload", node_id=last.id, chain=[n.id for n in chain], op=op.id, host=kv.rng(host),
                   dev=kv.rng(dev), **self.xs("hostx", host), **self.xs("devx", dev))
         self.load_q.append(op)
@@ -888,6 +924,15 @@ class Simulation:
         """Memory pressure on every rank: evict every evictable device node (write_back backs them up first)."""
         for rk in self.ranks_:
             rk.evict_dev(rk.dev.n_pages)
+
+    def rebackup_all(self) -> None:
+        """Every rank re-backs up every device-resident backuped node to a fresh host range (see
+        :meth:`RankSim.rebackup`), parents before children so the write-through guard holds."""
+        for rk in self.ranks_:
+            todo = sorted((n for n in rk.nodes.values() if n.host_value is not None and n.value is not None),
+                          key=lambda n: (len(rk.path_of(n)), n.id))
+            for n in todo:
+                rk.rebackup(n)
 
     def evict_host_all(self) -> None:
         """Host memory pressure on every rank: evict every evictable host leaf."""

@@ -42,6 +42,8 @@ FAULTS: dict[str, FaultSpec] = {f.kind: f for f in (
         "the host pin is released at reload issue; the host pages are freed and reused before the load completes"),
     _fs("H2_stale", {"H2"}, {"HASH"}, MODES, "all", "wt",
         "a reload uses the node's previous host range (from before a split)"),
+    _fs("H2_stale_clean", {"H2"}, set(), MODES, "all", "wt",
+        "a reload uses the node's previous host range (from before a re-backup; its pages still hold the bytes)"),
     _fs("H3_noinval", {"H3"}, set(), MODES, "all", "wt",
         "the compose cache is not invalidated on evict or reload"),
     _fs("H4_nolock", {"H4"}, {"HASH"}, MODES, "all", "wt",

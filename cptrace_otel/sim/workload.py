@@ -108,6 +108,20 @@ def _split_reload(sim: Simulation, t: Tokens) -> None:
     _steps(sim, 2)
 
 
+def _rebackup_reload(sim: Simulation, t: Tokens) -> None:
+    """A backuped node is re-backed up to a fresh host range (the old range is released at the ack but nothing
+    allocates host pages afterwards, so its pages keep the node's bytes), evicted, then reloaded: the reload must
+    use the new range (H2_stale_clean reads the old one: right bytes, wrong range)."""
+    a = t(3)
+    sim.request(a)
+    _steps(sim, 2)
+    sim.rebackup_all()
+    _steps(sim, 2)
+    sim.evict_all()
+    sim.request(a)                      # host hit on a alone: no new node, so no host allocation during the load
+    _steps(sim, 2)
+
+
 def _reload_reuse(sim: Simulation, t: Tokens) -> None:
     """A reload, and new backups that allocate host pages while it is in flight (freed pages come first, so
     H2_release turns into a reuse of the loading pages); then host eviction right after the h2d ack."""
@@ -176,6 +190,7 @@ def _backup_only(sim: Simulation, t: Tokens) -> None:
 SCENARIOS: dict[str, tuple[dict[str, int], Callable[[Simulation, Tokens], None]]] = {
     "split_pending": ({"d_w": 2}, _split_pending),
     "split_reload": ({}, _split_reload),
+    "rebackup_reload": ({}, _rebackup_reload),
     "reload_reuse": ({"d_w": 1, "d_l": 2}, _reload_reuse),
     "compose_reload": ({}, _compose_reload),
     "recycle": ({"dev_pages": 4, "d_w": 2}, _recycle),
@@ -216,6 +231,10 @@ def sc_split_reload(sim_args: dict, faults=()) -> Simulation:
     return run_scenario("split_reload", sim_args, faults)
 
 
+def sc_rebackup_reload(sim_args: dict, faults=()) -> Simulation:
+    return run_scenario("rebackup_reload", sim_args, faults)
+
+
 def sc_reload_reuse(sim_args: dict, faults=()) -> Simulation:
     return run_scenario("reload_reuse", sim_args, faults)
 
@@ -243,7 +262,8 @@ def sc_backup_only(sim_args: dict, faults=()) -> Simulation:
 
 SCENARIO_NAME_OF_FAULT = {
     "H1_ack": "split_pending", "H1_swap": "split_reload", "H2_release": "reload_reuse", "H2_stale": "split_reload",
-    "H3_noinval": "compose_reload", "H4_nolock": "recycle", "H4_wb_noflush": "recycle",
+    "H2_stale_clean": "rebackup_reload", "H3_noinval": "compose_reload", "H4_nolock": "recycle",
+    "H4_wb_noflush": "recycle",
     "ZERO_nostore": "store_reload", "ZERO_race": "store_reload", "HASH_flip": "store_reload",
     "C1_div": "backup_only", "C3_writer": "backup_only",
 }
@@ -253,6 +273,7 @@ SCENARIO_OF_FAULT: dict[str, Callable[..., Simulation]] = {
     "H1_swap": sc_split_reload,
     "H2_release": sc_reload_reuse,
     "H2_stale": sc_split_reload,
+    "H2_stale_clean": sc_rebackup_reload,
     "H3_noinval": sc_compose_reload,
     "H4_nolock": sc_recycle,
     "H4_wb_noflush": sc_wb_flush,
@@ -271,6 +292,7 @@ NEAR_MISSES: dict[str, tuple[str, str]] = {
     "compose refill after a reload": ("compose_reload", "wt"),
     "write_back flush before the free": ("recycle", "wb"),
     "reload of a split-created node using host_p": ("split_reload", "wt"),
+    "reload after a re-backup using the new host range": ("rebackup_reload", "wt"),
     "write_through lock holds the node under pressure": ("recycle", "wt"),
     "write_back: split, evict, reload": ("split_reload", "wb"),
     "write_back: store, evict, reload": ("store_reload", "wb"),

@@ -46,7 +46,8 @@ def test_json_object(tmp_path):
                           json=True, run_id="r1", jaeger_url="http://127.0.0.1:16686/"))
     assert rc == 1
     obj = json.loads(out)
-    assert set(obj) == {"findings", "unchecked", "stats"}
+    assert set(obj) == {"findings", "unchecked", "stats", "localization"}
+    assert obj["localization"] == []   # no fwd_hash records in these logs
     h1 = next(f for f in obj["findings"] if f["code"] == "H1")
     for k in ("code", "rule", "rank", "epoch", "node_id", "op", "certainty", "evidence", "message"):
         assert k in h1
