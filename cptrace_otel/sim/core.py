@@ -66,7 +66,7 @@ class Node:
 
 class Op:
     __slots__ = ("id", "dir", "node", "frags", "blen", "dev", "host", "complete_at", "done", "locked", "chain",
-                 "flip", "stale", "released", "old_host")
+                 "flip", "stale", "released", "old_host", "fwd")
 
     def __init__(self, oid: int, direction: str, dev: np.ndarray, host: np.ndarray, complete_at: int) -> None:
         self.id = oid
@@ -84,6 +84,7 @@ class Op:
         self.stale = False
         self.released = False
         self.old_host: np.ndarray | None = None   # a re-backup's previous host range, released at the ack
+        self.fwd: tuple | None = None   # a load's forward (fwd_hash arguments): it runs once the load has landed
 
 
 class RankSim:
@@ -635,6 +636,9 @@ class RankSim:
                 n.loading = False
                 n.gen += 1
                 self.invalidate(n)
+            if op.fwd is not None:
+                rid, tokens, final, hit, pfp, dlen = op.fwd
+                self.fwd_hash(rid, tokens, final, hit, pfp, loaded=(dlen, op.chain))
             self.dec_lock(op.node)
             if not op.released:
                 for n in op.chain:
@@ -766,7 +770,10 @@ class RankSim:
                 if n.value is not None:
                     self.compose(n)
         if self.on(3):
-            self.fwd_hash(rid, tokens, final, hit, pfp)
+            if op is not None:   # the forward reads the reloaded KV: it runs when the load has landed (ack_loads)
+                op.fwd = (rid, tokens, final, hit, pfp, dlen)
+            else:
+                self.fwd_hash(rid, tokens, final, hit, pfp)
 
     def do_stores(self) -> None:
         """The forward's KV stores of this request (after every rank scheduled it, so in mode shared no rank's
@@ -786,9 +793,17 @@ class RankSim:
         node, _ = self.requests.pop(rid)
         self.dec_lock(node)
 
-    def fwd_hash(self, rid: str, tokens: np.ndarray, final: list[Node], src: str, pfp: int) -> None:
+    def fwd_hash(self, rid: str, tokens: np.ndarray, final: list[Node], src: str, pfp: int,
+                 loaded: tuple[int, list[Node]] | None = None) -> None:
+        """The forward's per-layer ``fwd_hash`` records: the KV of the prompt as computed, except that the tokens a
+        host reload brought back (``loaded`` = (their first position, the chain)) are the device bytes the load
+        wrote, as the attention reads them: a corrupt reload shows up in the forward."""
         sim = self.sim
         data = self.kv_for(tokens, 0)
+        if loaded is not None:
+            start, chain = loaded
+            rows = np.concatenate([self.gather(n.value) for n in chain]) if chain else data[:0]
+            data[start:start + len(rows)] = rows
         cprank = self.r if sim.mode == "shared" else -1
         for li, layer in enumerate(self.layer_ids.tolist()):
             b = data[:, li]

@@ -1,14 +1,13 @@
 """fwd_hash localization (domain spec 4, level 3, advisory): pairing, first divergence, noise, unpairable records,
 its place in ``Analysis``/``check`` (never a finding, never an exit code), and simulator runs.
-
-Divergences are tested on hand-written streams only: the simulator's fwd_hash hashes the KV computed from the tokens
-when a request is scheduled, not the device KV a forward reads after its h2d copy lands, so a reload content fault
-cannot show in it (HASH still catches that fault)."""
+"""
 
 from __future__ import annotations
 
 import io
 import json
+
+import pytest
 
 
 from cptrace_otel.analyze import check_cmd
@@ -237,3 +236,23 @@ def test_no_fwd_hash_records_no_section(tmp_path):
     sim = run_fault("HASH_flip", "none", level=2, inject=False)
     rc, out = _check(sim.emitter.write(str(tmp_path)), False)
     assert rc == 0 and "localization" not in out
+
+
+@pytest.mark.parametrize("mode", ["none", "replicated", "sharded", "dcp", "layersplit", "shared"])
+def test_flipped_byte_in_a_host_reload_diverges_at_the_flipped_layer(mode):
+    """End to end through the simulator: the forward after a reload reads the device KV the load wrote, so one
+    flipped byte (HASH_flip: layer index 0 of the copy) shows as a divergence at that rank's first layer; the same
+    run without the fault only matches."""
+    sim = run_fault("HASH_flip", mode, level=3)
+    res = analyze(sim)
+    [(_, rank, _node, _op)] = sim.oracle.injected
+    assert "HASH" in res.codes
+    div = by_verdict(res.localization, "diverged")
+    assert div, res.localization
+    for e in div:
+        assert e["stage"] == "attn_kv"
+        assert e["layer"] == int(sim.ranks_[rank].layer_ids[0])
+    # the flipped rank's forward diverges; in mode shared every rank reads that page through the shared view
+    assert {r for e in div for r in e["ranks"]} == ({0, 1} if mode == "shared" else {rank})
+    clean = analyze(run_fault("HASH_flip", mode, level=3, inject=False))
+    assert clean.findings == [] and not by_verdict(clean.localization, "diverged")
