@@ -46,7 +46,7 @@ def _int(v: Any) -> int | None:
 
 
 def _proj(ev: Event) -> tuple:
-    """A record's C1 tuple (the definition; :meth:`CrossRank._c1_add` builds the same tuple inline)."""
+    """A record's C1 tuple: (tag, node id, length, split length, tier), ints and str only."""
     f = ev.fields
     tag = ev.tag
     nid = f.get("node_id")
@@ -269,8 +269,8 @@ class CrossRank:
 
     # -- C1 -----------------------------------------------------------------------------------------------------
     def _c1_add(self, ev: Event) -> None:
-        """Append the record's structural tuple (see :func:`_proj`, inlined here) to its rank's queue and compare
-        the queue heads when that can decide something."""
+        """Append the record's structural tuple (:func:`_proj`) to its rank's queue and compare the queue heads when
+        that can decide something."""
         epoch = ev.epoch
         r = ev.rank
         st = self._c1.get(epoch)
@@ -284,20 +284,8 @@ class CrossRank:
         if q is None:
             q = st.queues[r] = deque()
         n = len(q)
-        f = ev.fields
-        tag = ev.tag
-        nid = f.get("node_id")
-        if tag == "split":
-            ln = f.get("pre_len")
-            sl = f.get("split_len")
-            tier = None
-        else:
-            ln = f.get("len")
-            sl = f.get("split_len")
-            tier = f.get("tier") if tag == "evict" else None
         # (tuple, record): the record gives seq, line, src and op if this tuple is ever reported
-        q.append(((tag, nid if type(nid) is int else None, ln if type(ln) is int else None,
-                   sl if type(sl) is int else None, tier if type(tier) is str else None), ev))
+        q.append((_proj(ev), ev))
         if n >= 2:
             # this rank was already two or more tuples ahead: the last comparison stopped on another rank's empty
             # queue, readiness, or a tie-break wait that needs the other ranks' second tuples, none of which a
@@ -309,7 +297,7 @@ class CrossRank:
 
     def _c1_compare(self, epoch: int, st: _EpochC1, final: bool) -> None:
         ranks = self._ranks_sorted
-        if len(ranks) < 2 or st.diverged is not None or not (final or self._is_ready or self._ready()):
+        if len(ranks) < 2 or st.diverged is not None or not (final or self._ready()):
             return
         qs = st.qs
         if st.qs_ranks is not ranks:   # (re)built when a rank appears: the queue of every rank, in rank order
@@ -406,17 +394,14 @@ class CrossRank:
         tag = ev.tag
         r = ev.rank
         epoch = ev.epoch
-        k = (r, epoch, tag, nid)   # _occurrence(ev, tag, nid, True), inlined
-        occ = self._occ.get(k, 0)
-        self._occ[k] = occ + 1
+        occ = self._occurrence(ev, tag, nid, True)
         if tag == "prepare" and self._split_since:
             self._split_since.discard((r, epoch, nid))
         key = (epoch, tag, nid, occ)
         d = slots_of(f.get("dev"), f.get("devx"))
         h = slots_of(f.get("host"), f.get("hostx"))
-        op = f.get("op")
         # "hslots": the host Slots, whose summary only mode shared compares (taken when the join is decided)
-        facts = {"seq": ev.seq, "line": ev.line_no, "src": ev.src, "op": op if type(op) is int else None,
+        facts = {"seq": ev.seq, "line": ev.line_no, "src": ev.src, "op": _int(f.get("op")),
                  "idx": self._c1[epoch].counts.get(r, 1) - 1,
                  "dev": d.cnt if d is not None else None, "host": h.cnt if h is not None else None,
                  "hslots": h}
@@ -434,7 +419,7 @@ class CrossRank:
         if type(nid) is not int:   # _int(), inlined (hot path)
             return
         r = ev.rank
-        occ = self._occ.get((r, ev.epoch, "prepare", nid), 0) - 1   # _occurrence(ev, "prepare", nid, False)
+        occ = self._occurrence(ev, "prepare", nid, False)
         if occ < 0:
             return
         key = (ev.epoch, "prepare", nid, occ)
@@ -444,13 +429,10 @@ class CrossRank:
         facts = per.get(r)
         if facts is None:
             return
-        io = f.get("io")
-        facts["io"] = io if type(io) is int else None
-        h = f.get("h")
-        if type(h) is int:
+        facts["io"] = _int(f.get("io"))
+        h = _int(f.get("h"))
+        if h is not None:
             self._saw_hash = True
-        else:
-            h = None
         facts["h"] = h
         hs = f.get("hs")
         facts["hs"] = hs if isinstance(hs, list) else None
@@ -464,7 +446,7 @@ class CrossRank:
         epoch, tag, nid, occ = key
         ranks = self._ranks_sorted   # sorted(self.ranks), kept up to date by feed (read-only here)
         if not final:
-            if not (self._is_ready or self._ready()):
+            if not (self._ready()):
                 return
             if tag == "prepare":
                 for r in ranks:
@@ -604,9 +586,7 @@ class CrossRank:
     def _round_add(self, ev: Event) -> None:
         f = ev.fields
         r = ev.rank
-        d = f.get("dir")
-        if type(d) is not str:   # _str(), inlined (hot path)
-            d = None
+        d = _str(f.get("dir"))
         rk = f.get("round")
         if type(rk) is not int:
             rk = None
@@ -616,8 +596,7 @@ class CrossRank:
             cur = None
         if cur is None:
             cur = self._cur_round[r] = [ev.epoch, rk, d, set(), set(), ev.seq, ev.line_no, ev.src]
-        op = f.get("op")
-        cur[3].add(op if type(op) is int else None)
+        cur[3].add(_int(f.get("op")))
         nid = f.get("node_id")
         if type(nid) is int:
             cur[4].add(nid)
@@ -642,7 +621,7 @@ class CrossRank:
         if epoch in self._c2_done:
             return
         ranks = self._ranks_sorted
-        if len(ranks) < 2 or not (final or self._is_ready or self._ready()):
+        if len(ranks) < 2 or not (final or self._ready()):
             return
         c = self._c2_qs.get(epoch)
         if c is not None and c[0] is ranks:

@@ -51,16 +51,12 @@ class Analysis:
             chk = self.checkers[ev.rank] = RankChecker(ev.rank, self.level)
             if self.level is None and ev.rank in self.rank_levels:
                 chk.config_level = self.rank_levels[ev.rank]
-            self._route_fwd_hash(chk)
+            chk.observe(_FWD_HASH, self.localizer.feed)   # only fwd_hash records reach the localizer
         out = chk.feed(ev)
         if out:
             self.findings.extend(out)
         self.cross.feed(ev)
         return out
-
-    def _route_fwd_hash(self, chk: RankChecker) -> None:
-        """Send this rank's fwd_hash records to the localizer (other records pay nothing for it)."""
-        chk.observe(_FWD_HASH, self.localizer.feed)
 
     def run(self, events: Iterable[Event]) -> "Result":
         hint = getattr(events, "ranks", None)   # sources that know their ranks up front (log files)

@@ -29,14 +29,8 @@ class EpochTracker:
         if hint > self.epoch:
             self.epoch = hint
             self._max_new = -1
-        # created_id(tag, fields), inlined: this runs for every insert and split of every rank
-        if tag == "split":
-            new_id = fields.get("new_id")
-        elif tag == "insert" and fields.get("kind") == "new":
-            new_id = fields.get("node_id")
-        else:
-            new_id = None
-        if type(new_id) is int:
+        new_id = created_id(tag, fields)
+        if new_id is not None:
             if new_id <= self._max_new:
                 self._new_epoch()
             self._max_new = new_id

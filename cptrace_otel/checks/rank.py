@@ -169,10 +169,7 @@ class RankChecker:
     def _delete(self, nid: int, ref: tuple, why: str) -> None:
         st = self.st
         if st.nodes.pop(nid, None) is not None:
-            dead = st.dead
-            dead[nid] = (ref, why)   # dead.put(), inlined
-            if len(dead) > dead.cap:
-                dead.popitem(last=False)
+            st.dead.put(nid, (ref, why))
         keys = st.fills_by_node.pop(nid, None)
         if keys:
             for k in keys:
@@ -188,8 +185,7 @@ class RankChecker:
     def _close_write(self, w: PendingWrite) -> None:
         st = self.st
         st.writes.pop(id(w), None)
-        for fr in w.frags:   # w.frag_ids(), inlined
-            nid = fr[0]
+        for nid in w.frag_ids():
             lst = st.writes_by_node.get(nid)
             if lst:
                 try:
@@ -283,9 +279,7 @@ class RankChecker:
     def _insert(self, ev: Event) -> None:
         f = ev.fields
         nid = f.get("node_id")
-        if type(nid) is not int:   # _int(), inlined (hot path)
-            nid = None
-        if nid is None:
+        if type(nid) is not int:
             return None
         ref = (ev.seq, ev.line_no)   # _ref(ev), inlined (hot path)
         d = slots_of(f.get("dev"), f.get("devx"))
@@ -295,9 +289,7 @@ class RankChecker:
             node.dev = d if d is not None else UNKNOWN
             self._bump(node, ref, "insert kind=revive")
         else:
-            length = f.get("len")
-            if type(length) is not int or not length:   # _int(f.get("len")) or ..., inlined (hot path)
-                length = d.cnt if d is not None else 0
+            length = _int(f.get("len")) or (d.cnt if d is not None else 0)
             node = Node(nid, length, d if d is not None else UNKNOWN, None, ref)
             st.nodes[nid] = node
             st.dead.pop(nid, None)
@@ -380,9 +372,7 @@ class RankChecker:
     def _prepare(self, ev: Event) -> None:
         f = ev.fields
         nid = f.get("node_id")
-        if type(nid) is not int:   # _int(), inlined (hot path)
-            nid = None
-        if nid is None:
+        if type(nid) is not int:
             return None
         ref = (ev.seq, ev.line_no)   # _ref(ev), inlined (hot path)
         st = self.st
@@ -393,9 +383,7 @@ class RankChecker:
                 self._breach_writes(h, "host", nid, ref, f"prepare of node {nid} took host slots of the copy", "b")
             if st.loads:
                 self._breach_loads(h, nid, ref, f"prepare of node {nid} took host slots being loaded")
-        length = f.get("len")
-        if type(length) is not int or not length:   # _int(f.get("len")) or ..., inlined (hot path)
-            length = d.cnt if d is not None else 0
+        length = _int(f.get("len")) or (d.cnt if d is not None else 0)
         node = st.nodes.get(nid)
         if node is None:
             node = Node(nid, length, d if d is not None else UNKNOWN, None, ref)
@@ -403,8 +391,7 @@ class RankChecker:
             self.nodes_total += 1
         node.host = h if h is not None else UNKNOWN
         node.host_freed = None
-        op = f.get("op")
-        w = PendingWrite(op if type(op) is int else None, nid, length, d, h, ref)
+        w = PendingWrite(_int(f.get("op")), nid, length, d, h, ref)
         node.bk_state = ("pending", w)
         self._open_write(w)
         return None
@@ -412,15 +399,11 @@ class RankChecker:
     def _backup(self, ev: Event) -> list[Finding] | None:
         f = ev.fields
         nid = f.get("node_id")
-        if type(nid) is not int:   # _int(), inlined (hot path)
-            nid = None
-        if nid is None:
+        if type(nid) is not int:
             return None
         ref = (ev.seq, ev.line_no)   # _ref(ev), inlined (hot path)
         st = self.st
-        op = f.get("op")
-        if type(op) is not int:   # _int(), inlined (hot path)
-            op = None
+        op = _int(f.get("op"))
         w = self._find_write(nid, op, True)
         d = slots_of(f.get("dev"), f.get("devx"))
         if w is not None:
@@ -447,9 +430,7 @@ class RankChecker:
     def _ack(self, ev: Event) -> list[Finding] | None:
         f = ev.fields
         nid = f.get("node_id")
-        if type(nid) is not int:   # _int(), inlined (hot path)
-            nid = None
-        if nid is None:
+        if type(nid) is not int:
             return None
         d = f.get("dir")
         if d == "d2h":
@@ -462,20 +443,13 @@ class RankChecker:
         f = ev.fields
         st = self.st
         ref = (ev.seq, ev.line_no)   # _ref(ev), inlined (hot path)
-        op = f.get("op")
-        if type(op) is not int:   # _int(), inlined (hot path)
-            op = None
+        op = _int(f.get("op"))
         w = self._find_write(nid, op)
         if w is None:
             return None   # a duplicate record of an ack already closed, or a copy issued before the trace began
         out: list[Finding] = []
         w.ops.add(op)
-        lv = self.forced_level   # self.level, inlined (hot path)
-        if lv is None:
-            lv = self.config_level
-            if lv is None:
-                lv = self.seen_level
-        gated = lv >= 2
+        gated = self.level >= 2
         if gated and w.splits:
             bad: list[str] = []
             L = w.L
@@ -509,9 +483,8 @@ class RankChecker:
                                          f"{what} before the d2h ack of op {op} (node {w.origin}): the backup may "
                                          "hold foreign bytes", ev))
         self._close_write(w)
-        nodes = st.nodes
-        for fr in w.frags:   # w.frag_ids(), inlined
-            n = nodes.get(fr[0])
+        for fid in w.frag_ids():
+            n = st.nodes.get(fid)
             if n is not None:
                 bs = n.bk_state
                 if bs is not None and bs[0] == "pending" and bs[1] is w:
@@ -610,9 +583,7 @@ class RankChecker:
     def _evict(self, ev: Event) -> None:
         f = ev.fields
         nid = f.get("node_id")
-        if type(nid) is not int:   # _int(), inlined (hot path)
-            nid = None
-        if nid is None:
+        if type(nid) is not int:
             return None
         ref = (ev.seq, ev.line_no)   # _ref(ev), inlined (hot path)
         st = self.st
@@ -629,8 +600,7 @@ class RankChecker:
                 self._delete(nid, ref, f"evict kind={kind}")
             elif node is not None:
                 node.dev = None
-                node.gen += 1   # _bump(node, ref, ...), inlined (hot path)
-                node.gen_ref = (ref, "evict tier=dev")
+                self._bump(node, ref, "evict tier=dev")
         elif tier == "host":
             hs = None
             if st.writes or st.loads:   # the freed host slots matter only to copies in flight
@@ -672,19 +642,15 @@ class RankChecker:
                                     "source slots", "a")
             fills = st.fills
             if fills:
-                if nid is not None and nid >= 0:
-                    for k in st.fills_by_node.get(nid, ()):
-                        fl = fills.get(k)
-                        if fl is not None and fl.invalid is None:
-                            c = overlap(s, fl.src)
-                            if c is not None:
-                                fl.invalid = (ref, c)
+                if nid is not None and nid >= 0:   # the fills that read this node's slots
+                    cand: Any = (fills.get(k) for k in st.fills_by_node.get(nid, ()))
                 else:
-                    for fl in fills.values():
-                        if fl.invalid is None:
-                            c = overlap(s, fl.src)
-                            if c is not None:
-                                fl.invalid = (ref, c)
+                    cand = fills.values()
+                for fl in cand:
+                    if fl is not None and fl.invalid is None:
+                        c = overlap(s, fl.src)
+                        if c is not None:
+                            fl.invalid = (ref, c)
         elif pool == "host":
             if st.writes:
                 self._breach_writes(s, "host", None, ref, f"free pool=host (why={f.get('why')}) of the copy's "
@@ -700,9 +666,7 @@ class RankChecker:
     def _reload(self, ev: Event) -> list[Finding] | None:
         f = ev.fields
         nid = f.get("node_id")
-        if type(nid) is not int:   # _int(), inlined (hot path)
-            nid = None
-        if nid is None:
+        if type(nid) is not int:
             return None
         ref = (ev.seq, ev.line_no)   # _ref(ev), inlined (hot path)
         st = self.st
@@ -861,14 +825,7 @@ class RankChecker:
                 else:
                     keys.add(key)
             return None
-        if hit != 1:
-            return None
-        lv = self.forced_level   # self.level, inlined (hot path)
-        if lv is None:
-            lv = self.config_level
-            if lv is None:
-                lv = self.seen_level
-        if lv < 2:
+        if hit != 1 or self.level < 2:
             return None
         ref = (ev.seq, ev.line_no)   # _ref(ev), inlined (hot path)
         fl = st.fills.get(key)
