@@ -335,3 +335,32 @@ def test_reader_several_files_same_with_and_without_c(tmp_path, monkeypatch):
     want = _read(paths, monkeypatch, False, 1 << 18)
     assert _read(paths, monkeypatch, True, 1 << 18) == want
     assert _read(paths, monkeypatch, True, 500) == want
+
+
+@needs_logc
+def test_events_built_through_their_slots_equal_constructed_ones():
+    """configure(..., event_slots) makes the parser write Event's slots itself; the Events must be the ones the
+    constructor makes (type, every field, no instance dict), and without event_slots it calls the type."""
+    from cptrace_otel.checks.epochs import EpochTracker
+    from cptrace_otel.events import Event
+
+    names = logs._event_slots()
+    assert names == tuple(f for f in Event.__dataclass_fields__)
+    data = "".join(_fuzz_lines(500, seed=5)).encode("utf-8")
+
+    def events() -> list:
+        chunk: list = []
+        _logc.fill_chunk(chunk, 10**9, data, 0, True, 1, 0, {}, "p", lambda line, ln: None)
+        return chunk
+
+    fast = events()
+    assert fast and all(type(ev) is Event and not hasattr(ev, "__dict__") for ev in fast)
+    rebuilt = [Event(*(getattr(ev, n) for n in names)) for ev in fast]
+    assert fast == rebuilt and [repr(e) for e in fast] == [repr(e) for e in rebuilt]
+    try:
+        _logc.configure(Rng, Event, EpochTracker, logs._EPOCH_TAGS)   # no event_slots: the constructor path
+        assert events() == fast
+        with pytest.raises(TypeError):
+            _logc.configure(Rng, Event, EpochTracker, logs._EPOCH_TAGS, ("tag",))
+    finally:
+        _logc.configure(Rng, Event, EpochTracker, logs._EPOCH_TAGS, names)

@@ -21,6 +21,7 @@ lines) take the Python parser above.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import os
@@ -239,8 +240,17 @@ def _load_speedups():
         from . import _logc
     except ImportError:
         return None
-    _logc.configure(Rng, Event, EpochTracker, _EPOCH_TAGS)
+    _logc.configure(Rng, Event, EpochTracker, _EPOCH_TAGS, _event_slots())
     return _logc
+
+
+def _event_slots() -> tuple[str, ...] | None:
+    """Event's field names in constructor order when its __init__ does nothing but assign them (a slots dataclass
+    without __post_init__ or init=False fields): the C parser may then fill the slots itself. None otherwise."""
+    fs = dataclasses.fields(Event)
+    if hasattr(Event, "__post_init__") or "__dict__" in dir(Event) or not all(f.init for f in fs):
+        return None
+    return tuple(f.name for f in fs)
 
 
 _logc = _load_speedups()
