@@ -74,12 +74,15 @@ def _wall_to_ns(wall: str) -> int | None:
 
 
 def _count_trace_lines(paths: list[str]) -> int:
+    """The progress bar's total: ``[CPTRACE`` markers in the files (decompressed when gzip)."""
+    from .analyze.sources.files import open_text
+
     n = 0
     for p in paths:
         try:
-            with open(p, "rb") as f:
+            with open_text(p) as fh:
                 while True:
-                    b = f.read(1 << 22)
+                    b = fh.buffer.read(1 << 22)
                     if not b:
                         break
                     n += b.count(b"[CPTRACE ")

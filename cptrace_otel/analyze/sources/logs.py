@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple
 from ...checks.epochs import EpochTracker
 from ...events import Event
 from ...logline import Rng, parse_value
+from .files import open_text, truncated
 
 MARKER = "[CPTRACE"
 _TAG_RE = re.compile(r"\w+")
@@ -222,11 +223,16 @@ def default_rank(path: str, position: int) -> int:
 
 def _open(path: str):
     try:
-        if os.path.isdir(path):
-            raise IsADirectoryError("is a directory")
-        return open(path, "r", encoding="utf-8", errors="replace", newline="", buffering=1 << 20)
+        return open_text(path)
     except OSError as e:
         raise LogReadError(path, e.strerror or str(e)) from None
+
+
+def _report_truncation(fh, path: str, line_no: int, on_bad: Callable[[Malformed], None]) -> None:
+    """A compressed log whose stream broke after ``line_no`` lines: reported like a malformed line after them."""
+    why = truncated(fh)
+    if why:
+        on_bad(Malformed(path, line_no + 1, why, ""))
 
 
 _EPOCH_TAGS = frozenset(("reset", "split", "insert"))  # the only records that can move an epoch tracker
@@ -319,6 +325,7 @@ def _file_chunks_c(fh, path: str, drank: int, on_bad: Callable[[Malformed], None
             if final:
                 break
             rest = data[pos:]
+        _report_truncation(fh, path, line_no, on_bad)
         if chunk:
             stats.events += len(chunk)
             yield chunk
@@ -391,6 +398,7 @@ def _file_chunks_py(fh, path: str, drank: int, on_bad: Callable[[Malformed], Non
                 yield chunk
                 chunk = []
                 append = chunk.append
+        _report_truncation(fh, path, line_no, on_bad)
         if chunk:
             stats.events += len(chunk)
             yield chunk

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import heapq
 import json
-import os
 from typing import Any, Iterable, Iterator
 
 from ... import semconv as sc
 from ...attrs import attributes_to_fields
 from ...events import Event
+from .files import open_text, truncated
 from .logs import LogReadError
 
 
@@ -54,7 +54,7 @@ def _attrs(lst: Iterable[dict] | None) -> list[tuple[str, Any]]:
 def looks_like_otlp(path: str) -> bool:
     """True when the first non-blank line of ``path`` is an OTLP/JSON request (``{"resourceSpans": ...``)."""
     try:
-        with open(path, "r", encoding="utf-8", errors="replace") as fh:
+        with open_text(path) as fh:
             for line in fh:
                 s = line.strip()
                 if s:
@@ -80,12 +80,11 @@ def read_otlp_events(paths: Iterable[str], info: OtlpInfo | None = None) -> Iter
     info = info if info is not None else OtlpInfo()
     per_rank: dict[int, list[tuple[int, int, int, Event]]] = {}
     for path in paths:
-        if os.path.isdir(path):
-            raise LogReadError(path, "is a directory")
         try:
-            fh = open(path, "r", encoding="utf-8", errors="replace")
+            fh = open_text(path)
         except OSError as e:
             raise LogReadError(path, e.strerror or str(e)) from None
+        line_no = 0
         with fh:
             for line_no, line in enumerate(fh, 1):
                 if not line.strip():
@@ -96,6 +95,9 @@ def read_otlp_events(paths: Iterable[str], info: OtlpInfo | None = None) -> Iter
                     info.malformed.append((path, line_no, f"not JSON: {e}"))
                     continue
                 _collect(req, path, info, per_rank)
+            why = truncated(fh)
+            if why:
+                info.malformed.append((path, line_no + 1, why))
     streams = []
     for lst in per_rank.values():
         lst.sort(key=lambda t: (t[0], t[1], t[2]))

@@ -1,0 +1,72 @@
+"""Opening the files the sources read: plain text or gzip-compressed.
+
+Compression is told by the gzip magic bytes, not by the name, so rotated logs (``rank0.log.1.gz``) and renamed
+ones read the same. A gzip stream that ends early (a file still being written, or cut off by a copy) is read up to
+where it breaks and then ends like a file would; the reader reports it through :func:`truncated` (a malformed
+line in ``check``), so the events before the break are not lost.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import zlib
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+class _TolerantGzip(io.RawIOBase):
+    """A readable raw stream over a gzip file that turns a broken or early end into EOF and remembers why."""
+
+    def __init__(self, path: str) -> None:
+        self._gz = gzip.GzipFile(path, "rb")
+        self.broken: str | None = None   # why the stream ended early, None while it reads cleanly
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        if self.broken is not None:
+            return 0
+        try:
+            # read1: at most one decompression step, so a break loses nothing that was already decompressed (a
+            # readinto that fills the whole buffer raises and drops the part it had)
+            data = self._gz.read1(len(b))
+            b[:len(data)] = data
+            return len(data)
+        except EOFError:
+            self.broken = "the gzip stream ends early (file cut off or still being written)"
+        except (gzip.BadGzipFile, zlib.error) as e:
+            self.broken = f"corrupt gzip data ({e})"
+        return 0
+
+    def close(self) -> None:
+        try:
+            self._gz.close()
+        finally:
+            super().close()
+
+
+def is_gzip(path: str) -> bool:
+    """True when ``path`` starts with the gzip magic. Raises OSError when it cannot be opened."""
+    with open(path, "rb") as fh:
+        return fh.read(2) == GZIP_MAGIC
+
+
+def open_text(path: str, buffering: int = 1 << 20) -> io.TextIOBase:
+    """``path`` as text: UTF-8 with undecodable bytes replaced and line endings kept (``newline=""``), decompressed
+    when it is gzip. The result's ``buffer`` reads the (decompressed) bytes. Raises OSError, IsADirectoryError for a
+    folder."""
+    if os.path.isdir(path):
+        raise IsADirectoryError(21, "is a directory", path)
+    if is_gzip(path):
+        raw = io.BufferedReader(_TolerantGzip(path), buffer_size=buffering)
+        return io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="")
+    return open(path, "r", encoding="utf-8", errors="replace", newline="", buffering=buffering)
+
+
+def truncated(fh: io.TextIOBase) -> str | None:
+    """Why a file from :func:`open_text` ended early (a broken gzip stream), None when it read to its end."""
+    raw = getattr(getattr(fh, "buffer", None), "raw", None)
+    return raw.broken if isinstance(raw, _TolerantGzip) else None

@@ -1,0 +1,119 @@
+"""gzip-compressed sources: ``check`` and ``ingest`` read rotated ``.gz`` logs and OTLP files like plain ones, and a
+gzip stream that breaks keeps the events before the break and is reported with file and line."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from cptrace_otel.analyze import check_cmd
+from cptrace_otel.analyze.sources import files, logs
+from cptrace_otel.analyze.sources.logs import LogStats, read_log_events
+from cptrace_otel.analyze.sources.otlpfile import OtlpInfo, looks_like_otlp, read_otlp_events
+
+
+def _gzip(src: str, dst: str) -> str:
+    with open(src, "rb") as f, gzip.open(dst, "wb") as g:
+        shutil.copyfileobj(f, g)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def run_files(tmp_path_factory):
+    """A demo run with faults (so there are findings to compare): its two rank logs and two OTLP files, plain and
+    gzip-compressed under names that do not say so."""
+    out = tmp_path_factory.mktemp("demo")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CPTRACE_", "OTEL_"))}
+    p = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "demo", "--out", str(out), "--json", "--seed", "3"],
+                       capture_output=True, text=True, timeout=180, env=env)
+    assert p.returncode == 0, p.stderr
+    plain = {k: [str(out / f"rank{r}.{k}") for r in (0, 1)] for k in ("log", "otlp.jsonl")}
+    packed = {k: [_gzip(x, x + ".1") for x in v] for k, v in plain.items()}
+    return plain, packed
+
+
+class _Args:
+    def __init__(self, paths):
+        self.paths, self.json, self.level, self.jaeger_url, self.run_id = paths, True, None, None, None
+
+
+def _check(paths: list[str]) -> tuple[int, dict, str]:
+    import io
+    out, err = io.StringIO(), io.StringIO()
+    rc = check_cmd.run(_Args(paths), out, err)
+    return rc, json.loads(out.getvalue()), err.getvalue()
+
+
+def _strip_sources(rep: dict) -> str:
+    """The report without file names (they differ between the plain and the compressed copies)."""
+    rep = dict(rep)
+    rep["stats"] = {k: v for k, v in rep["stats"].items() if k != "sources"}
+    return json.dumps(rep, sort_keys=True).replace(".1", "")
+
+
+def test_gzip_is_told_by_content_not_name(run_files):
+    plain, packed = run_files
+    assert not files.is_gzip(plain["log"][0]) and files.is_gzip(packed["log"][0])
+    assert looks_like_otlp(packed["otlp.jsonl"][0]) and not looks_like_otlp(packed["log"][0])
+
+
+@pytest.mark.parametrize("kind", ["log", "otlp.jsonl"])
+def test_compressed_files_give_the_same_check(run_files, kind):
+    plain, packed = run_files
+    rc_p, rep_p, _ = _check(plain[kind])
+    rc_z, rep_z, err = _check(packed[kind])
+    assert rc_p == rc_z == 1 and rep_p["findings"] and not err
+    assert _strip_sources(rep_z) == _strip_sources(rep_p)
+
+
+@pytest.mark.parametrize("use_c", [False, True])
+def test_broken_stream_keeps_the_events_before_it_and_reports_the_line(run_files, tmp_path, monkeypatch, use_c):
+    if use_c and logs._logc is None:
+        pytest.skip("_logc not built")
+    if not use_c:
+        monkeypatch.setattr(logs, "_logc", None)
+    plain, packed = run_files
+    whole = list(read_log_events([plain["log"][0]]))
+    data = open(packed["log"][0], "rb").read()
+    cut = tmp_path / "rank0.log.gz"
+    cut.write_bytes(data[:len(data) * 2 // 3])
+    bad: list = []
+    st = LogStats()
+    got = list(read_log_events([str(cut)], bad.append, st))
+    assert 0 < len(got) < len(whole)
+    # every complete line before the break is an event, identical to the plain file's (the cut line may be lost)
+    assert [(e.tag, e.seq, e.fields) for e in got[:-1]] == [(e.tag, e.seq, e.fields) for e in whole[:len(got) - 1]]
+    assert len(bad) >= 1 and bad[-1].path == str(cut) and "gzip stream ends early" in bad[-1].reason
+    assert bad[-1].line_no == st.lines + 1
+
+
+def test_broken_otlp_stream_is_a_malformed_line_not_an_error(run_files, tmp_path):
+    import zlib
+    plain, _ = run_files
+    lines = open(plain["otlp.jsonl"][0], "rb").read().splitlines(keepends=True)
+    cut = tmp_path / "rank0.otlp.jsonl.gz"
+    with open(cut, "wb") as raw:
+        with gzip.GzipFile(fileobj=raw, mode="wb") as g:
+            g.write(lines[0])
+            g.flush(zlib.Z_SYNC_FLUSH)   # the first line's compressed bytes are all out before the cut
+            keep = raw.tell()
+            g.write(b"".join(lines[1:]) or b"x" * 1000)
+    cut.write_bytes(cut.read_bytes()[:keep + 5])
+    info = OtlpInfo()
+    evs = list(read_otlp_events([str(cut)], info))
+    assert evs and any("gzip stream ends early" in why for _, _, why in info.malformed)
+    rc, rep, err = _check([str(cut)])
+    assert rc in (0, 1) and rep["stats"]["malformed"] >= 1 and "gzip stream ends early" in err
+
+
+def test_ingest_progress_counts_records_of_compressed_logs(run_files):
+    from cptrace_otel.ingest import _count_trace_lines
+    plain, packed = run_files
+    n = _count_trace_lines(plain["log"])
+    assert n > 100 and _count_trace_lines(packed["log"]) == n
