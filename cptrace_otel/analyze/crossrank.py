@@ -513,7 +513,7 @@ class CrossRank:
                                       f"node {nid}: backup on rank {r} has io={v}; in mode {mode} every rank "
                                       "moves its own payload", x)
             if mode == "replicated":
-                hs = {r: x.get("h") for r, x in per.items() if x.get("h") is not None and x.get("h") >= 0}
+                hs = {r: x.get("h") for r, x in per.items() if x.get("h") is not None and x["h"] >= 0}
                 if len(set(hs.values())) > 1:
                     vals = sorted(set(hs.values()), key=lambda v: -list(hs.values()).count(v))
                     ref = vals[0]
@@ -528,10 +528,10 @@ class CrossRank:
                     self._io_hs.setdefault((epoch, nid), {})[occ] = io["hs"]
         # C4: counts equal on all ranks (dcp: logical widened counts)
         for part in ("dev", "host"):
-            vals = {r: x[part] for r, x in per.items() if x.get(part) is not None}
-            if len(set(vals.values())) > 1:
-                common = max(set(vals.values()), key=lambda v: list(vals.values()).count(v))
-                for r, v in vals.items():
+            cnts = {r: x[part] for r, x in per.items() if x.get(part) is not None}
+            if len(set(cnts.values())) > 1:
+                common = max(set(cnts.values()), key=lambda v: list(cnts.values()).count(v))
+                for r, v in cnts.items():
                     if v != common:
                         x = per[r]
                         self._add("C4", "C4", r, epoch, nid, x["op"], [x["seq"]],

@@ -78,8 +78,8 @@ class StoreFence:
         if ev.rank != self.io_rank:
             return
         if tag == "reset":   # the IO rank's reset frees every page: its windows end (node ids restart)
-            for ep, nid in list(self.by_node):
-                self._close(ep, nid, _ts(ev))
+            for ep, n in list(self.by_node):
+                self._close(ep, n, _ts(ev))
             return
         if tag == "backup":
             nid = f.get("node_id")

@@ -144,7 +144,7 @@ def overlap(a: Slots | None, b: Slots | None) -> str | None:
     return INTERVAL
 
 
-def concat(parts: list[Slots]) -> Slots | None:
+def concat(parts: list[Slots | None]) -> Slots | None:
     """Summary (and runs, when all parts are exact) of the parts concatenated in order; None if a part is unknown."""
     if len(parts) == 1:
         # one part (a single-node reload chain): the part itself, its one run (if any) as a plain tuple
@@ -160,13 +160,13 @@ def concat(parts: list[Slots]) -> Slots | None:
                 return Slots(p.cnt, p.lo, p.hi, p.first, p.last, (tuple(runs[0]),), p.ordered)
     if not parts or any(p is None for p in parts):
         return None
-    nonempty = [p for p in parts if p.cnt > 0]
+    nonempty = [p for p in parts if p is not None and p.cnt > 0]   # (no None left: the check above)
     if not nonempty:
         return Slots(0, 0, -1, 0, -1, ())
-    runs: tuple | None = None
+    runs = None
     ordered = all(p.ordered for p in nonempty)
     if ordered or all(p.runs is not None for p in nonempty):
-        runs = tuple(r for p in nonempty for r in p.runs)
+        runs = tuple(r for p in nonempty for r in p.runs)  # type: ignore[union-attr]  # (ordered: runs known)
         # adjacent runs of consecutive parts form one run (as a single exact set of the whole would render it)
         merged: list = []
         for r in runs:

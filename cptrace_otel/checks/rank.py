@@ -231,7 +231,8 @@ class RankChecker:
 
     def _count_unhashed(self, ld: PendingLoad) -> None:
         for nid in ld.chain:
-            if nid not in ld.hashed and ld.snap.get(nid) is not None and ld.snap[nid].h is not None:
+            bk = ld.snap.get(nid)
+            if nid not in ld.hashed and bk is not None and bk.h is not None:
                 self._skip("HASH-skipped(no reload hash)", "HASH", nid,
                            "reload without sync=1 h and no h2d ack hash (level 1?)")
 
@@ -682,7 +683,7 @@ class RankChecker:
         # -- H2a / H1c: the host range is the concatenation of the chain's current host ranges
         bad: list[str] = []
         evid: list = [ref]
-        hosts: list = []
+        hosts: list | None = []   # None once a chain node's host is unknown
         total_len = 0
         split_made = False
         for cid in chain:
@@ -692,19 +693,19 @@ class RankChecker:
                 if d is not None:
                     bad.append(f"chain node {cid} is gone ({d[1]})")
                     evid.append(d[0])
-                hosts = None  # type: ignore[assignment]
+                hosts = None
                 continue
             split_made |= n.from_split
             total_len += n.len
             if n.host is None:
                 bad.append(f"chain node {cid} has no host copy (not backuped)")
-                hosts = None  # type: ignore[assignment]
+                hosts = None
             elif n.host_freed is not None:
                 bad.append(f"chain node {cid}'s host slots were freed")
                 evid.append(n.host_freed)
-                hosts = None  # type: ignore[assignment]
+                hosts = None
             elif n.host is UNKNOWN:
-                hosts = None  # type: ignore[assignment]
+                hosts = None
             elif hosts is not None:
                 hosts.append(n.host)
         if not bad and hosts and H is not None and len(hosts) == len(chain):
