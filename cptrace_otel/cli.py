@@ -25,6 +25,10 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--level", type=int, default=None, help="force the trace level instead of inferring it")
     c.add_argument("--jaeger-url", default=None, help="Jaeger query base URL, for trace links in the report")
     c.add_argument("--run-id", default=None, help="run id used for trace links of log-file sources")
+    pg = c.add_mutually_exclusive_group()
+    pg.add_argument("--progress", dest="progress", action="store_true", default=None,
+                    help="show a progress bar on stderr while reading log files (default: when stderr is a terminal)")
+    pg.add_argument("--no-progress", dest="progress", action="store_false", help="never show the progress bar")
 
     d = sub.add_parser("demo", help="simulate HiCache with injected faults through the real pipeline, then check")
     d.add_argument("--ranks", type=int, default=2, help="CP ranks (one process each)")

@@ -1,10 +1,11 @@
-"""``cptrace-otel check [--json] [--level N] [--jaeger-url URL] [--run-id ID] PATH...``
+"""``cptrace-otel check [--json] [--level N] [--jaeger-url URL] [--run-id ID] [--[no-]progress] PATH...``
 
-Reads upstream log files and/or OTLP JSON-lines files (told apart by content), runs the per-rank rules (H1-H4,
+Reads upstream log files and/or OTLP JSON-lines files (told apart by content; plain or gzip), runs the per-rank rules (H1-H4,
 ZERO, HASH) and the cross-rank rules (C1-C5), and prints the findings, then the advisory fwd_hash localization
 (level 3; it never changes the exit code). Exit codes: 0 clean, 1 findings, 2 usage
 error, 3 a source cannot be read. Log files and OTLP files given together are analyzed as two separate runs
-(their ranks would otherwise collide) and reported together.
+(their ranks would otherwise collide) and reported together. While log files are read, a byte progress bar goes
+to stderr when it is a terminal (``--progress`` / ``--no-progress`` force it on / off).
 """
 
 from __future__ import annotations
@@ -51,10 +52,19 @@ def _run(args: Any, paths: list[str], level: int | None, out: TextIO, err: TextI
         stats = LogStats()
         info = OtlpInfo()
         if logs:
+            bar = _progress_bar(args, err)
+
             def on_bad(m: Any) -> None:
                 if stats.malformed <= 20:
+                    if bar is not None:
+                        bar.clear()
                     print(f"warning: {m.path}:{m.line_no}: malformed line ({m.reason})", file=err)
-            results.append(Analysis(level).run(read_log_events(logs, on_bad, stats)))
+            try:
+                results.append(Analysis(level).run(read_log_events(logs, on_bad, stats,
+                                                                   bar.to if bar is not None else None)))
+            finally:
+                if bar is not None:
+                    bar.close()
         if otlp:
             evs = read_otlp_events(otlp, info)
             results.append(Analysis(level, info.levels).run(evs))
@@ -77,6 +87,37 @@ def _run(args: Any, paths: list[str], level: int | None, out: TextIO, err: TextI
     else:
         out.write(to_text(res, run_id, jaeger) + "\n")
     return EXIT_FINDINGS if res.findings else EXIT_OK
+
+
+class _Bar:
+    """A tqdm byte bar the log reader moves with ``to(done, total)`` (absolute positions, once per chunk)."""
+
+    def __init__(self, err: TextIO) -> None:
+        from tqdm import tqdm
+
+        self._bar = tqdm(total=0, unit="B", unit_scale=True, unit_divisor=1024, desc="check", file=err,
+                         mininterval=0.5, dynamic_ncols=True)
+
+    def to(self, done: int, total: int) -> None:
+        b = self._bar
+        if b.total != total:
+            b.total = total
+        if done > b.n:
+            b.update(done - b.n)
+
+    def clear(self) -> None:
+        self._bar.clear()
+
+    def close(self) -> None:
+        self._bar.close()
+
+
+def _progress_bar(args: Any, err: TextIO) -> _Bar | None:
+    """The bar when ``--progress`` asks for it, or by default when ``err`` is a terminal; None for ``--no-progress``."""
+    want = getattr(args, "progress", None)
+    if want is None:
+        want = bool(getattr(err, "isatty", lambda: False)())
+    return _Bar(err) if want else None
 
 
 def _merge(results: list) -> Any:

@@ -112,3 +112,45 @@ def test_cli_subprocess_json(tmp_path):
                         os.path.join(DOMAIN, "hash_bad.log")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 1
     assert [f["code"] for f in json.loads(r.stdout)["findings"]] == ["HASH"]
+
+
+def _big_log(tmp_path, copies: int = 600) -> str:
+    """A log of many chunks: a fixture's lines repeated, each copy with its own node ids (no findings added)."""
+    lines = [x for x in open(os.path.join(DOMAIN, "h4_good.log")).read().splitlines() if "[CPTRACE" in x]
+    out = []
+    for k in range(copies):
+        out.extend(x.replace("node_id=", f"node_id={k}0") for x in lines)
+    p = tmp_path / "rank0.log"
+    p.write_text("\n".join(out) + "\n")
+    return str(p)
+
+
+def test_reader_progress_is_per_chunk_monotonic_and_ends_at_the_size(tmp_path):
+    import gzip
+    from cptrace_otel.analyze.sources.logs import read_log_events
+    plain = _big_log(tmp_path)
+    packed = str(tmp_path / "rank1.log.gz")
+    with open(plain, "rb") as f, gzip.open(packed, "wb") as g:
+        g.write(f.read())
+    for path in (plain, packed):
+        calls: list = []
+        n = sum(1 for _ in read_log_events([path], progress=lambda d, t: calls.append((d, t))))
+        size = os.path.getsize(path)
+        assert n > 2000 and 2 <= len(calls) < n / 100      # once per chunk, not per event
+        assert all(t == size for _, t in calls) and calls[-1] == (size, size)
+        assert [d for d, _ in calls] == sorted(d for d, _ in calls)
+
+
+def test_progress_bar_on_request_only_and_the_report_unchanged(tmp_path):
+    path = _big_log(tmp_path)
+    a = Args([path], json=True)
+    rc0, out0, err0 = run(a)                  # stderr is not a terminal: no bar by default
+    a.progress = True
+    rc1, out1, err1 = run(a)
+    a.progress = False
+    rc2, out2, err2 = run(a)
+    assert rc0 == rc1 == rc2 == 0 and out0 == out1 == out2
+    assert err0 == err2 == "" and "check:" in err1 and "100%" in err1
+    r = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "check", "--progress", "--no-progress", path],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "not allowed with" in r.stderr

@@ -70,3 +70,19 @@ def truncated(fh: io.TextIOBase) -> str | None:
     """Why a file from :func:`open_text` ended early (a broken gzip stream), None when it read to its end."""
     raw = getattr(getattr(fh, "buffer", None), "raw", None)
     return raw.broken if isinstance(raw, _TolerantGzip) else None
+
+
+def consumed(fh: io.TextIOBase) -> int | None:
+    """Bytes of the file on disk that a file from :func:`open_text` has read so far (compressed bytes for gzip), for
+    progress bars; None once it is closed (it was read to its end, or given up)."""
+    if fh.closed:
+        return None
+    buf = getattr(fh, "buffer", None)
+    raw = getattr(buf, "raw", None)
+    try:
+        if isinstance(raw, _TolerantGzip):
+            return raw._gz.fileobj.tell()   # type: ignore[union-attr]
+        return buf.tell() if buf is not None else None
+    except (OSError, ValueError):
+        return None
+

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple
 from ...checks.epochs import EpochTracker
 from ...events import Event
 from ...logline import Rng, parse_value
-from .files import open_text, truncated
+from .files import consumed, open_text, truncated
 
 MARKER = "[CPTRACE"
 _TAG_RE = re.compile(r"\w+")
@@ -440,11 +440,14 @@ class LogEvents:
 
 
 def read_log_events(paths: Iterable[str], on_malformed: Callable[[Malformed], None] | None = None,
-                    stats: LogStats | None = None) -> LogEvents:
+                    stats: LogStats | None = None,
+                    progress: Callable[[int, int], None] | None = None) -> LogEvents:
     """Events of all ``paths`` (any mix of ranks), per rank in line order, ranks merged by ``ts`` (in chunks).
 
     Opens every file and reads its first chunk here, so an unreadable one raises :class:`LogReadError` before any
-    event is returned."""
+    event is returned. ``progress(done, total)``, when given, is called once per chunk of events (not per event:
+    the hot loop stays as it is) with the bytes of the files read so far and their size on disk (compressed bytes
+    for gzip files)."""
     paths = list(paths)
     st = stats if stats is not None else LogStats()
 
@@ -464,10 +467,36 @@ def read_log_events(paths: Iterable[str], on_malformed: Callable[[Malformed], No
         merged: Iterator[list[Event]] = _chain_first(firsts[0], streams[0])
     else:
         merged = _merge_chunks(firsts, streams)
+    if progress is not None:
+        merged = _reporting(merged, handles, paths, progress)
     # one rank per file, no rank in two files (the usual layout): the readers' numbers are final
     if sum(len(x) for x in per_file) == len(ranks) and all(len(x) <= 1 for x in per_file):
         return LogEvents(itertools.chain.from_iterable(merged), ranks)
     return LogEvents(_renumber(merged), ranks)
+
+
+def _reporting(chunks: Iterator[list[Event]], handles: list, paths: list[str],
+               progress: Callable[[int, int], None]) -> Iterator[list[Event]]:
+    """``chunks`` unchanged, calling ``progress(done, total)`` in bytes before each one and at the end."""
+    sizes = []
+    for p in paths:
+        try:
+            sizes.append(os.path.getsize(p))
+        except OSError:
+            sizes.append(0)
+    total = sum(sizes)
+
+    def done() -> int:
+        n = 0
+        for fh, size in zip(handles, sizes):
+            pos = consumed(fh)
+            n += size if pos is None else min(pos, size)
+        return n
+
+    for chunk in chunks:
+        progress(done(), total)
+        yield chunk
+    progress(total, total)
 
 
 def _chain_first(first: list[Event], rest: Iterator[list[Event]]) -> Iterator[list[Event]]:
