@@ -20,7 +20,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     c = sub.add_parser("check", help="check invariants over upstream log files and/or OTLP JSON-lines files")
-    c.add_argument("paths", nargs="+", metavar="PATH", help="log files ([CPTRACE ...] lines) or OTLP JSON-lines files")
+    c.add_argument("paths", nargs="+", metavar="PATH", help="log files ([CPTRACE ...] lines) or OTLP JSON-lines files, plain or gzip; - reads standard input")
     c.add_argument("--json", action="store_true", help="print one JSON object (findings, unchecked, stats)")
     c.add_argument("--level", type=int, default=None, help="force the trace level instead of inferring it")
     c.add_argument("--jaeger-url", default=None, help="Jaeger query base URL, for trace links in the report")
@@ -44,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true")
 
     g = sub.add_parser("ingest", help="replay upstream log files (all ranks) as OTLP")
-    g.add_argument("logs", nargs="+", metavar="LOG")
+    g.add_argument("logs", nargs="+", metavar="LOG", help="upstream log files, plain or gzip; - reads standard input")
     tgt = g.add_mutually_exclusive_group()
     tgt.add_argument("--endpoint", default=None, help="OTLP traces URL")
     tgt.add_argument("--file", default=None, help="OTLP JSON-lines output file")

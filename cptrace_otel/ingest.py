@@ -33,7 +33,11 @@ def _err(msg: str) -> None:
 
 
 def _derived_run_id(paths: list[str]) -> str:
+    """The same id for the same files (re-ingesting them replaces, not duplicates, their traces); standard input
+    (``-``) has no identity to derive one from, so a run that reads it gets a fresh id."""
     h = hashlib.blake2b(digest_size=6)
+    if "-" in paths:
+        h.update(f"stdin:{time.time_ns()}:{os.getpid()}".encode())
     for p in sorted(os.path.abspath(x) for x in paths):
         h.update(p.encode())
         try:
@@ -44,9 +48,12 @@ def _derived_run_id(paths: list[str]) -> str:
 
 
 def _prefix_wall_ns(path: str) -> int | None:
-    """Wall time (ns, local time) from the logger prefix of the first trace line of ``path``."""
+    """Wall time (ns, local time) from the logger prefix of the first trace line of ``path`` (None for standard
+    input, which cannot be read twice)."""
     from .logline import parse_prefix
 
+    if path == "-":
+        return None
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
             for i, line in enumerate(f):
@@ -73,10 +80,13 @@ def _wall_to_ns(wall: str) -> int | None:
     return int(d.timestamp() * 1e9)  # naive -> local time, like SGLang's logger
 
 
-def _count_trace_lines(paths: list[str]) -> int:
-    """The progress bar's total: ``[CPTRACE`` markers in the files (decompressed when gzip)."""
-    from .analyze.sources.files import open_text
+def _count_trace_lines(paths: list[str]) -> int | None:
+    """The progress bar's total: ``[CPTRACE`` markers in the files (decompressed when gzip); None (unknown) when
+    standard input is among them: it can be read only once."""
+    from .analyze.sources.files import STDIN, open_text
 
+    if STDIN in paths:
+        return None
     n = 0
     for p in paths:
         try:

@@ -1,6 +1,7 @@
 """``cptrace-otel check [--json] [--level N] [--jaeger-url URL] [--run-id ID] [--[no-]progress] PATH...``
 
-Reads upstream log files and/or OTLP JSON-lines files (told apart by content; plain or gzip), runs the per-rank rules (H1-H4,
+Reads upstream log files and/or OTLP JSON-lines files (told apart by content; plain or gzip; ``-`` is standard
+input), runs the per-rank rules (H1-H4,
 ZERO, HASH) and the cross-rank rules (C1-C5), and prints the findings, then the advisory fwd_hash localization
 (level 3; it never changes the exit code). Exit codes: 0 clean, 1 findings, 2 usage
 error, 3 a source cannot be read. Log files and OTLP files given together are analyzed as two separate runs
@@ -23,6 +24,9 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
     level = getattr(args, "level", None)
     if not paths:
         print("cptrace-otel check: no PATH given", file=err)
+        return EXIT_USAGE
+    if paths.count("-") > 1:
+        print("cptrace-otel check: standard input (-) can be given once", file=err)
         return EXIT_USAGE
     if level is not None and level not in (1, 2, 3):
         print(f"cptrace-otel check: --level must be 1, 2 or 3, not {level}", file=err)
@@ -52,7 +56,7 @@ def _run(args: Any, paths: list[str], level: int | None, out: TextIO, err: TextI
         stats = LogStats()
         info = OtlpInfo()
         if logs:
-            bar = _progress_bar(args, err)
+            bar = _progress_bar(args, err, logs)
 
             def on_bad(m: Any) -> None:
                 if stats.malformed <= 20:
@@ -112,8 +116,11 @@ class _Bar:
         self._bar.close()
 
 
-def _progress_bar(args: Any, err: TextIO) -> _Bar | None:
-    """The bar when ``--progress`` asks for it, or by default when ``err`` is a terminal; None for ``--no-progress``."""
+def _progress_bar(args: Any, err: TextIO, paths: list[str]) -> _Bar | None:
+    """The bar when ``--progress`` asks for it, or by default when ``err`` is a terminal; None for ``--no-progress``
+    and when standard input is read (its length is not known)."""
+    if "-" in paths:
+        return None
     want = getattr(args, "progress", None)
     if want is None:
         want = bool(getattr(err, "isatty", lambda: False)())

@@ -1,5 +1,6 @@
-"""gzip-compressed sources: ``check`` and ``ingest`` read rotated ``.gz`` logs and OTLP files like plain ones, and a
-gzip stream that breaks keeps the events before the break and is reported with file and line."""
+"""gzip-compressed and piped sources: ``check`` and ``ingest`` read rotated ``.gz`` logs and OTLP files like plain
+ones, a gzip stream that breaks keeps the events before the break and is reported with file and line, and ``-``
+reads standard input (plain or gzip, log or OTLP)."""
 
 from __future__ import annotations
 
@@ -117,3 +118,46 @@ def test_ingest_progress_counts_records_of_compressed_logs(run_files):
     plain, packed = run_files
     n = _count_trace_lines(plain["log"])
     assert n > 100 and _count_trace_lines(packed["log"]) == n
+
+
+def _cli(*args: str, stdin: bytes) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CPTRACE_", "OTEL_"))}
+    return subprocess.run([sys.executable, "-m", "cptrace_otel.cli", *args], input=stdin, capture_output=True,
+                          timeout=120, env=env)
+
+
+def _findings(rep: dict) -> list:
+    """Findings without where they were read (file, line and the run id in the trace id differ between sources)."""
+    return [{k: v for k, v in f.items() if k not in ("src", "line_no", "trace_id", "evidence_lines")} for f in rep["findings"]]
+
+
+def test_check_reads_standard_input(run_files):
+    plain, packed = run_files
+    want = _check(plain["log"][:1])[1]
+    log0 = open(plain["log"][0], "rb").read()
+    for data in (log0, gzip.compress(log0)):
+        p = _cli("check", "--json", "-", stdin=data)
+        assert p.returncode == 1, p.stderr
+        got = json.loads(p.stdout)
+        assert _findings(got) == _findings(want) and got["stats"]["events"] == want["stats"]["events"]
+        assert got["stats"]["sources"] == {"logs": ["-"], "otlp": []}
+    otlp0 = open(plain["otlp.jsonl"][0], "rb").read()
+    p = _cli("check", "--json", "-", stdin=otlp0)
+    got = json.loads(p.stdout)
+    assert got["stats"]["sources"] == {"logs": [], "otlp": ["-"]}
+    assert _findings(got) == _findings(_check(plain["otlp.jsonl"][:1])[1])
+    # a file and standard input together; standard input twice is a usage error
+    p = _cli("check", "--json", plain["log"][1], "-", stdin=log0)
+    assert json.loads(p.stdout)["stats"]["ranks"] == [0, 1]
+    p = _cli("check", "-", "-", stdin=b"")
+    assert p.returncode == 2 and b"standard input" in p.stderr
+    p = _cli("check", "-", stdin=b"")
+    assert p.returncode == 0 and b"0 events" in p.stdout
+
+
+def test_ingest_reads_standard_input(run_files, tmp_path):
+    plain, _ = run_files
+    out = tmp_path / "in.jsonl"
+    p = _cli("ingest", "-", "--file", str(out), "--no-progress", stdin=gzip.compress(open(plain["log"][0], "rb").read()))
+    assert p.returncode == 0, p.stderr
+    assert _findings(_check([str(out)])[1]) == _findings(_check(plain["log"][:1])[1])

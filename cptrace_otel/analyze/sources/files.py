@@ -1,4 +1,4 @@
-"""Opening the files the sources read: plain text or gzip-compressed.
+"""Opening the files the sources read: plain text or gzip-compressed, or standard input for the path ``-``.
 
 Compression is told by the gzip magic bytes, not by the name, so rotated logs (``rank0.log.1.gz``) and renamed
 ones read the same. A gzip stream that ends early (a file still being written, or cut off by a copy) is read up to
@@ -16,11 +16,14 @@ import zlib
 GZIP_MAGIC = b"\x1f\x8b"
 
 
+STDIN = "-"
+
+
 class _TolerantGzip(io.RawIOBase):
     """A readable raw stream over a gzip file that turns a broken or early end into EOF and remembers why."""
 
-    def __init__(self, path: str) -> None:
-        self._gz = gzip.GzipFile(path, "rb")
+    def __init__(self, source: str | io.BufferedReader) -> None:
+        self._gz = gzip.GzipFile(source, "rb") if isinstance(source, str) else gzip.GzipFile(fileobj=source)
         self.broken: str | None = None   # why the stream ended early, None while it reads cleanly
 
     def readable(self) -> bool:
@@ -50,20 +53,68 @@ class _TolerantGzip(io.RawIOBase):
 
 def is_gzip(path: str) -> bool:
     """True when ``path`` starts with the gzip magic. Raises OSError when it cannot be opened."""
+    if path == STDIN:
+        return _stdin().peek(2)[:2] == GZIP_MAGIC
     with open(path, "rb") as fh:
         return fh.read(2) == GZIP_MAGIC
 
 
+def stdin_head() -> bytes:
+    """The first bytes waiting on standard input (what one read gives, at most the buffer), not consumed."""
+    return _stdin().peek(1 << 16)
+
+
+def _stdin() -> io.BufferedReader:
+    """Standard input's byte stream, buffered so that its start can be peeked at without consuming it (kept in
+    ``sys.stdin`` so that every look at ``-`` sees the same bytes)."""
+    import sys
+
+    buf = getattr(sys.stdin, "buffer", None)
+    if buf is None:
+        raise OSError(9, "standard input is closed or not readable")
+    if not hasattr(buf, "peek"):
+        buf = io.BufferedReader(buf)   # type: ignore[arg-type]
+        sys.stdin = io.TextIOWrapper(buf)
+    return buf
+
+
 def open_text(path: str, buffering: int = 1 << 20) -> io.TextIOBase:
     """``path`` as text: UTF-8 with undecodable bytes replaced and line endings kept (``newline=""``), decompressed
-    when it is gzip. The result's ``buffer`` reads the (decompressed) bytes. Raises OSError, IsADirectoryError for a
-    folder."""
+    when it is gzip; ``-`` reads standard input (closing the result does not close it). The result's ``buffer``
+    reads the (decompressed) bytes. Raises OSError, IsADirectoryError for a folder."""
+    if path == STDIN:
+        src = _stdin()
+        raw: io.BufferedIOBase = (io.BufferedReader(_TolerantGzip(src), buffer_size=buffering)
+                                  if src.peek(2)[:2] == GZIP_MAGIC else _Unclosed(src))
+        return io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="")
     if os.path.isdir(path):
         raise IsADirectoryError(21, "is a directory", path)
     if is_gzip(path):
         raw = io.BufferedReader(_TolerantGzip(path), buffer_size=buffering)
         return io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="")
     return open(path, "r", encoding="utf-8", errors="replace", newline="", buffering=buffering)
+
+
+class _Unclosed(io.BufferedIOBase):
+    """Reads from ``src`` (standard input) and leaves it open when closed itself."""
+
+    def __init__(self, src: io.BufferedReader) -> None:
+        self._src = src
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int | None = -1) -> bytes:
+        return self._src.read(n)
+
+    def read1(self, n: int = -1) -> bytes:
+        return self._src.read1(n)
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        return self._src.readinto(b)
+
+    def peek(self, n: int = 0) -> bytes:
+        return self._src.peek(n)
 
 
 def truncated(fh: io.TextIOBase) -> str | None:

@@ -19,7 +19,7 @@ from typing import Any, Iterable, Iterator
 from ... import semconv as sc
 from ...attrs import attributes_to_fields
 from ...events import Event
-from .files import open_text, truncated
+from .files import STDIN, open_text, stdin_head, truncated
 from .logs import LogReadError
 
 
@@ -52,8 +52,13 @@ def _attrs(lst: Iterable[dict] | None) -> list[tuple[str, Any]]:
 
 
 def looks_like_otlp(path: str) -> bool:
-    """True when the first non-blank line of ``path`` is an OTLP/JSON request (``{"resourceSpans": ...``)."""
+    """True when the first non-blank line of ``path`` is an OTLP/JSON request (``{"resourceSpans": ...``).
+    Standard input (``-``) is only peeked at, not consumed: plain OTLP JSON lines are recognised there, a gzip
+    stream on standard input is taken for a log."""
     try:
+        if path == STDIN:
+            head = stdin_head().lstrip()
+            return head.startswith(b"{") and (b'"resourceSpans"' in head[:200] or b'"resource_spans"' in head[:200])
         with open_text(path) as fh:
             for line in fh:
                 s = line.strip()
