@@ -80,6 +80,9 @@ def _wall_to_ns(wall: str) -> int | None:
     return int(d.timestamp() * 1e9)  # naive -> local time, like SGLang's logger
 
 
+_MARKER = b"[CPTRACE "
+
+
 def _count_trace_lines(paths: list[str]) -> int | None:
     """The progress bar's total: ``[CPTRACE`` markers in the files (decompressed when gzip); None (unknown) when
     standard input is among them: it can be read only once."""
@@ -91,11 +94,13 @@ def _count_trace_lines(paths: list[str]) -> int | None:
     for p in paths:
         try:
             with open_text(p) as fh:
+                tail = b""   # the end of the previous block: a marker split between two blocks counts once
                 while True:
                     b = fh.buffer.read(1 << 22)
                     if not b:
                         break
-                    n += b.count(b"[CPTRACE ")
+                    n += (tail + b).count(_MARKER)   # (tail is shorter than a marker: none counted twice)
+                    tail = b[-(len(_MARKER) - 1):]
         except OSError:
             pass
     return n

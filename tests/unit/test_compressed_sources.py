@@ -161,3 +161,12 @@ def test_ingest_reads_standard_input(run_files, tmp_path):
     p = _cli("ingest", "-", "--file", str(out), "--no-progress", stdin=gzip.compress(open(plain["log"][0], "rb").read()))
     assert p.returncode == 0, p.stderr
     assert _findings(_check([str(out)])[1]) == _findings(_check(plain["log"][:1])[1])
+
+
+def test_ingest_progress_counts_a_marker_split_between_read_blocks(tmp_path):
+    from cptrace_otel.ingest import _count_trace_lines
+    block = 1 << 22   # the counter's read size
+    data = b"x" * (block - 4) + b"[CPTRACE a] x=1\n" + b"y" * (block - 30) + b"[CPTRACE b] y=2\n[CPTRACE c]\n"
+    p = tmp_path / "rank0.log"
+    p.write_bytes(data)
+    assert _count_trace_lines([str(p)]) == data.count(b"[CPTRACE ") == 3
