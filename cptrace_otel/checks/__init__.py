@@ -33,6 +33,8 @@ Conventions the rules rely on (what an emitter such as the simulator should log)
   WARN.
 * ``prepare``/``backup``/``ack`` are matched by ``node_id`` (and ``op`` when it is the same): a merged op may carry
   a new op id. ``ack dir=d2h`` is one record per acked node id; after a split it lists the fragments in ``pub``.
+  Findings about a write (H1b, H4a/H4b, H4-open, ZERO@backup) name its ``prepare``'s op (the lowest op id known for
+  it), not the id of the merged op that carried it, so one write is always reported under one op.
 * ``reload`` carries the whole ``chain`` and the concatenated ``host``/``dev``; its ``h`` (with ``sync=1``) covers
   the whole chain and is compared only for a one-node chain (or per page via ``hp``). ``ack dir=h2d`` ``h``/``hp``
   cover the node named by its ``node_id``.

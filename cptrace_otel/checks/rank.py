@@ -424,7 +424,8 @@ class RankChecker:
             self._seen_nz = True
             cnt = d.cnt if d is not None else (w.dev.cnt if w is not None and isinstance(w.dev, Slots) else 0)
             if nz == 0 and cnt > 0:
-                return [self._finding("ZERO", "ZERO@backup", nid, op, EXACT, [ref],
+                # a merged op carries a new id: name the write by its prepare's op, as the ack-time rules do
+                return [self._finding("ZERO", "ZERO@backup", nid, w.op() if w is not None else op, EXACT, [ref],
                                       f"backup of node {nid} ({cnt} slots) read all-zero KV (nz=0)", ev)]
         return None
 
@@ -450,6 +451,9 @@ class RankChecker:
             return None   # a duplicate record of an ack already closed, or a copy issued before the trace began
         out: list[Finding] = []
         w.ops.add(op)
+        # the write's op as every finding about it names it: its prepare's (the lowest known), not the id of the
+        # merged op that carried it, so H1b/H4 here, H4-open at the end and ZERO@backup agree
+        wop = w.op()
         gated = self.level >= 2
         if gated and w.splits:
             bad: list[str] = []
@@ -471,7 +475,7 @@ class RankChecker:
                 if clen is not None and clen < (blen if blen is not None else L):
                     bad.append(f"clen={clen} < {blen if blen is not None else L} and no pub= fragments")
             if bad:
-                out.append(self._finding("H1", "H1b", w.origin, op, EXACT, [w.p_ref, *w.splits, ref],
+                out.append(self._finding("H1", "H1b", w.origin, wop, EXACT, [w.p_ref, *w.splits, ref],
                                          f"d2h ack of op {op} after a split of node {w.origin}: " + "; ".join(bad),
                                          ev))
         if gated and (w.viol_a is not None or w.viol_b is not None):
@@ -480,7 +484,7 @@ class RankChecker:
                     continue
                 vref, cert, what = v
                 start = w.b_ref if rule == "H4a" and w.b_ref is not None else w.p_ref
-                out.append(self._finding("H4", rule, w.origin, op, cert, [start, vref, ref],
+                out.append(self._finding("H4", rule, w.origin, wop, cert, [start, vref, ref],
                                          f"{what} before the d2h ack of op {op} (node {w.origin}): the backup may "
                                          "hold foreign bytes", ev))
         self._close_write(w)

@@ -9,6 +9,11 @@ Semantics follow SGLang (domain spec sections 1, 2, 5 and 7.1):
 * device eviction of LRU leaves (backuped -> value None; not backuped -> deleted), host eviction of evicted host
   leaves with no host pin, load_back of the evicted chain (threshold, host pin held until the load ack);
 * copies run asynchronously and **read their source when they complete**, so a recycled page becomes corruption;
+* the writes prepared within one scheduler round (the requests between two ``step()`` calls, a write_back eviction
+  pass) are queued and started together by ``start_writing``: several are merged into one op with a new id from the
+  rank's op counter (SGLang's ``merge_ops``), one ``backup`` and one ``ack dir=d2h`` record per node, one copy; a
+  lone write stays its own op (``Simulation(merge=False)``: every write starts at its prepare, as before). The
+  queue is started before anything could change a queued node (a device eviction, a split of that node);
 * ``check_events`` pops MIN(ready acks) over the ranks on every rank, as ``_all_reduce_attn_groups``;
 * CP modes: the KV each rank holds differs by mode (replicated: identical; sharded: per shard; dcp: the rank's token
   stripe; layersplit: the rank's layers; shared: page owner ``page % R`` writes, one shared host pool, the IO rank
@@ -65,8 +70,13 @@ class Node:
 
 
 class Op:
+    """One CacheOperation. A device->host write is first a queued *part* (its ``prepare``: one node, its own op id);
+    ``start_writing`` turns the queue into one *transfer*: the part itself when it is alone, else a merged op with a
+    new id whose ``parts`` are the queued writes (SGLang's ``merge_ops``). The tree's bookkeeping (``pend_ops``,
+    fragments, locks) stays on the parts; the copy, its completion and its place in ``write_q`` are the transfer's."""
+
     __slots__ = ("id", "dir", "node", "frags", "blen", "dev", "host", "complete_at", "done", "locked", "chain",
-                 "flip", "stale", "released", "old_host", "fwd")
+                 "flip", "stale", "released", "old_host", "fwd", "parts")
 
     def __init__(self, oid: int, direction: str, dev: np.ndarray, host: np.ndarray, complete_at: int) -> None:
         self.id = oid
@@ -85,6 +95,11 @@ class Op:
         self.released = False
         self.old_host: np.ndarray | None = None   # a re-backup's previous host range, released at the ack
         self.fwd: tuple | None = None   # a load's forward (fwd_hash arguments): it runs once the load has landed
+        self.parts: list[Op] = []       # a merged write transfer: the queued writes it carries (prepare order)
+
+    def writes(self) -> list["Op"]:
+        """The writes a d2h transfer carries: its parts when merged, else itself."""
+        return self.parts or [self]
 
 
 class RankSim:
@@ -109,7 +124,8 @@ class RankSim:
         self.root.value = np.zeros(0, dtype=np.int64)
         self.root.host_value = np.zeros(0, dtype=np.int64)
         self.nodes: dict[int, Node] = {}
-        self.write_q: deque[Op] = deque()
+        self.write_q: deque[Op] = deque()        # started d2h transfers, FIFO (the ack order)
+        self.write_new: list[Op] = []             # writes prepared but not started yet (merged at start_writing)
         self.load_q: deque[Op] = deque()
         self.compose_cache: dict[tuple[int, int], tuple[str, int]] = {}
         self.pending_stores: list[tuple[int, np.ndarray, np.ndarray, str]] = []
@@ -250,6 +266,8 @@ class RankSim:
         sim = self.sim
         parent = c.parent
         assert parent is not None
+        if self.write_new and any(op in self.write_new for op in c.pend_ops):
+            self.start_writing()   # a queued write of c starts (with the rest of the queue) before c is cut
         L = len(c)
         p = self._new_node(c.key[:s].copy(), parent, c.start)
         pre_dev, pre_host = c.value, c.host_value
@@ -321,27 +339,60 @@ class RankSim:
         return out
 
     def evict_dev(self, need_pages: int) -> None:
+        """Evict LRU device leaves (lock_ref 0) until ``need_pages`` pages are freed or none is left.
+
+        write_back backs a victim up first and flushes synchronously before the free. With merging on, a pass works
+        as SGLang's ``evict()``: it picks LRU leaves until enough pages, backs up the unbacked ones (queued, so they
+        start as one merged op), flushes once, then evicts the whole pass; without merging, one victim at a time."""
         ps = self.sim.page_size
         freed = 0
+        self.start_writing()   # queued writes start before any page is freed: their copies read the pages
         while freed < need_pages:
             cands = self._dev_leaves()
             if not cands:
                 return
-            v = min(cands, key=lambda n: (n.last_access, n.id))
-            if self.sim.policy == "wb" and v.host_value is None:
+            order = sorted(cands, key=lambda n: (n.last_access, n.id))
+            batch = order[:1]
+            if self.sim.policy == "wb" and self.sim.merge:
+                batch, got = [], freed
+                for v in order:
+                    batch.append(v)
+                    got += len(v) // ps
+                    if got >= need_pages:
+                        break
+            if self.sim.policy == "wb":
+                self._write_back(batch)
+            for v in batch:
+                freed += len(v) // ps
+                if v.host_value is not None:
+                    self.evict_backuped(v)
+                else:
+                    self.evict_regular(v)
+
+    def _write_back(self, victims: list[Node]) -> None:
+        """write_back eviction: back up the victims that are not backuped, then ``writing_check(write_back=True)``
+        before any of them is freed (fault ``H4_wb_noflush`` skips the flush: every write of the pass is then still
+        in flight when its pages are freed)."""
+        written = []
+        for v in victims:
+            if v.host_value is None:
                 op = self.write_backup(v, write_back=True)
                 if op is not None:
-                    if self.hit("H4_wb_noflush"):
-                        # the fault: free the device pages while the device->host copy is still in flight
-                        self.sim.oracle.inject("H4_wb_noflush", self.r, v.id, op.id)
-                        self.sim.oracle.expect("H4", "H4", self.r, v.id, op.id, "H4_wb_noflush")
-                    else:
-                        self.flush_writes()
-            freed += len(v) // ps
-            if v.host_value is not None:
-                self.evict_backuped(v)
-            else:
-                self.evict_regular(v)
+                    written.append((v, op))
+        if not written:
+            return
+        noflush = False
+        for v, op in written:
+            if self.hit("H4_wb_noflush"):
+                noflush = True
+                self.sim.oracle.inject("H4_wb_noflush", self.r, v.id, op.id)
+        if not noflush:
+            self.flush_writes()
+            return
+        # the fault: free the device pages while the device->host copy is still in flight
+        self.start_writing()
+        for v, op in written:
+            self.sim.oracle.expect("H4", "H4", self.r, v.id, op.id, "H4_wb_noflush")
 
     def _free_dev(self, n: Node, slots: np.ndarray) -> None:
         for op in n.pend_ops:   # only reachable under a fault: the copy still reads these pages
@@ -422,8 +473,9 @@ class RankSim:
             return None  # write-through contiguity guard: the parent must already be backuped
         if sim.ranks > 1 and self.hit("C1_div"):
             # the fault: the host alloc fails on this rank only, so the backup is skipped here
-            other = 0 if self.r != 0 else 1   # the op id the other ranks give this backup
-            op_id = sim.next_op[other] - 1 if other < self.r else sim.next_op[other]
+            # the op id the other ranks give this prepare: the ranks' op counters run in lockstep up to here, so it
+            # is the id this rank would take now (whether or not a peer already took it, or merged ops since)
+            op_id = sim.next_op[self.r]
             sim.oracle.inject("C1_div", self.r, n.id, op_id)
             sim.oracle.expect("C1", "C1", self.r, n.id, op_id, "C1_div")
             sim.oracle.expect("C3", "C3", self.r, n.id, op_id, "C1_div")
@@ -444,7 +496,9 @@ class RankSim:
         self.emit(1, "prepare", node_id=n.id, op=op.id, len=len(n), dev=kv.rng(op.dev), host=kv.rng(host),
                   policy=sim.policy, parent=parent.id, pbk=int(parent is self.root or parent.host_value is not None),
                   **self.xs("hostx", host), **self.xs("devx", op.dev))
-        self.start_writing(op)
+        self.write_new.append(op)
+        if not sim.merge:
+            self.start_writing()   # one op per write, started right after its prepare
         return op
 
     def rebackup(self, n: Node) -> Op | None:
@@ -464,30 +518,51 @@ class RankSim:
         op.old_host = old
         return op
 
-    def start_writing(self, op: Op) -> None:
+    def start_writing(self) -> None:
+        """``start_writing``: start the queued writes as one transfer. A lone write is its own op; several are merged
+        into one op with a new id from the rank's op counter (``merge_ops``), which carries one ``backup`` record
+        per node (op = the merged id) and one copy of all their pages. Every rank queues the same writes in the
+        same order (lockstep), so every rank makes the same merge."""
         sim = self.sim
-        n = op.node
+        parts, self.write_new = self.write_new, []
+        if not parts:
+            return
+        if len(parts) == 1:
+            t = parts[0]
+        else:
+            t = self._new_op("d2h", np.concatenate([op.dev for op in parts]),
+                             np.concatenate([op.host for op in parts]), sim.d_w)
+            t.parts = parts
         io = 1
         if sim.mode == "shared" and self.r != sim.io_rank:
             io = 0
+        for op in parts:
+            self._backup_record(t, op, io)
+        self.write_q.append(t)
+
+    def _backup_record(self, t: Op, op: Op, io: int) -> None:
+        """The ``backup`` record of write ``op`` (node ``op.node``) in transfer ``t``: the node's KV as the copy's
+        start event sees it (post-store), hashed in token order. Findings about the write name its prepare's op
+        (the checker reports the lowest op id it knows for a write); the backup witness keeps the transfer's id."""
+        sim = self.sim
+        n = op.node
         if self.hit("C3_writer"):
             io = 0   # the fault: this rank does not count as a writer
             sim.oracle.inject("C3_writer", self.r, n.id, op.id)
             sim.oracle.expect("C3", "C3", self.r, n.id, op.id, "C3_writer")
         b = self.gather(op.dev, post_store=True)
         n.bk = b.copy()
-        n.bk_op = op.id
+        n.bk_op = t.id
         n.bk_split = False
         fp = self.fingerprint(b)
         if fp["nz"] == 0 and op.dev.size:
             sim.oracle.expect("ZERO", "ZERO@backup", self.r, n.id, op.id, self._fault_names(), "ZERO@backup")
-        self.write_q.append(op)
         if sim.mode == "shared":
             # every rank reads the node through the shared view after the post-copy fence, so the hash each rank's
             # reload must reproduce is the view's hash
             fp["hs"] = [fp["h"]] * sim.ranks
         if self.on(1):
-            self.emit(1, "backup", op=op.id, node_id=n.id, dev=kv.rng(op.dev), host=kv.rng(op.host), io=io, **fp,
+            self.emit(1, "backup", op=t.id, node_id=n.id, dev=kv.rng(op.dev), host=kv.rng(op.host), io=io, **fp,
                       **self.xs("devx", op.dev), **self.xs("hostx", op.host))
 
     def _fault_names(self) -> str:
@@ -505,6 +580,7 @@ class RankSim:
 
     def flush_writes(self) -> None:
         """write_back's ``writing_check(write_back=True)``: finish and acknowledge every queued write now."""
+        self.start_writing()
         for op in self.write_q:
             if not op.done:
                 self.copy_d2h(op)
@@ -519,27 +595,33 @@ class RankSim:
         return n
 
     def ack_writes(self, count: int) -> None:
-        sim = self.sim
+        """Pop ``count`` finished transfers: one ``ack dir=d2h`` record per write they carry (op = the transfer's
+        id, blen/clen/pub = that write's), then each write's unlock and re-backup release."""
         for _ in range(count):
-            op = self.write_q.popleft()
-            n = op.node
-            frags = [n] if op.stale else op.frags
-            clen = len(n)
-            if op.stale and clen < op.blen:
-                sim.oracle.expect("H1", "H1b", self.r, n.id, op.id, "H1_ack")
-            self.emit(2, "ack", dir="d2h", op=op.id, node_id=n.id, blen=op.blen, clen=clen,
-                      pub=[f.id for f in frags], round=sim.clock.tick)
-            for f in op.frags + [n]:
-                if op in f.pend_ops:
-                    f.pend_ops.remove(op)
-            if op.locked:
-                self.dec_lock(n)
-            if op.old_host is not None:
-                # a re-backup: the old host range is released now that the new copy is complete
-                self.emit(2, "free", pool="host", idx=kv.rng(op.old_host), node_id=n.id, why="rebackup",
-                          **self.xs("idx_x", op.old_host))
-                self.host.free(op.old_host)
-                n.old_host = op.old_host
+            t = self.write_q.popleft()
+            for op in t.writes():
+                self._ack_write(t, op)
+
+    def _ack_write(self, t: Op, op: Op) -> None:
+        sim = self.sim
+        n = op.node
+        frags = [n] if op.stale else op.frags
+        clen = len(n)
+        if op.stale and clen < op.blen:
+            sim.oracle.expect("H1", "H1b", self.r, n.id, op.id, "H1_ack")
+        self.emit(2, "ack", dir="d2h", op=t.id, node_id=n.id, blen=op.blen, clen=clen,
+                  pub=[f.id for f in frags], round=sim.clock.tick)
+        for f in op.frags + [n]:
+            if op in f.pend_ops:
+                f.pend_ops.remove(op)
+        if op.locked:
+            self.dec_lock(n)
+        if op.old_host is not None:
+            # a re-backup: the old host range is released now that the new copy is complete
+            self.emit(2, "free", pool="host", idx=kv.rng(op.old_host), node_id=n.id, why="rebackup",
+                      **self.xs("idx_x", op.old_host))
+            self.host.free(op.old_host)
+            n.old_host = op.old_host
 
     # -- host -> device ----------------------------------------------------------------------------------------
     def load_back(self, chain: list[Node], ancestor: Node) -> Op | None:
@@ -811,7 +893,8 @@ class RankSim:
                       rows=int(tokens.size), cprank=cprank, pfp=pfp, src=src, plen=int(tokens.size))
 
     def idle(self) -> bool:
-        return not self.write_q and not self.load_q and not self.requests and not self.pending_stores
+        return not self.write_q and not self.write_new and not self.load_q and not self.requests \
+            and not self.pending_stores
 
 
 class Simulation:
@@ -824,7 +907,8 @@ class Simulation:
     def __init__(self, mode: str = "none", ranks: int = 1, policy: str = "wt", level: int = 3,
                  faults: Iterable[FaultPlan] = (), emitter: Emitter | None = None, *, page_size: int = 4,
                  layers: int = 2, width: int = 4, dev_pages: int = 32, host_pages: int = 48, d_w: int = 1,
-                 d_l: int = 1, lb_threshold: int = 8, exact: bool = True, io_rank: int = 0) -> None:
+                 d_l: int = 1, lb_threshold: int = 8, exact: bool = True, io_rank: int = 0,
+                 merge: bool = True) -> None:
         if mode not in ("none", "replicated", "sharded", "dcp", "layersplit", "shared"):
             raise ValueError(f"unknown CP mode {mode!r}")
         if policy not in ("wt", "wts", "wb"):
@@ -838,6 +922,9 @@ class Simulation:
         self.dev_pages, self.host_pages = dev_pages, host_pages
         self.d_w, self.d_l, self.lb_threshold = d_w, d_l, lb_threshold
         self.exact, self.io_rank = exact, io_rank
+        # merge: the writes of one scheduler step (a request's backups, a write_back eviction's victims, a
+        # re-backup pass) start as one merged op, as SGLang's merge_ops; off: each write is its own op at once
+        self.merge = merge
         self.faults = list(faults)
         for p in self.faults:
             if p.kind == "ZERO_race" and mode == "shared":
@@ -895,6 +982,8 @@ class Simulation:
     def step(self) -> None:
         """One scheduler round: copies that complete now read their sources, late stores land, then
         ``check_events`` pops MIN(ready) acks on every rank, then due requests finish."""
+        for rk in self.ranks_:
+            rk.start_writing()   # the writes issued since the last round start together (one merged op if several)
         self.clock.advance()
         t = self.clock.tick
         for rk in self.ranks_:

@@ -33,13 +33,15 @@ class Tokens:
 
 def random_workload(seed: int, mode: str = "none", ranks: int = 2, policy: str = "wt", level: int = 3,
                     emitter: Emitter | None = None, faults: Iterable[FaultPlan] = (), requests: int = 24,
-                    exact: bool = True) -> Simulation:
+                    exact: bool = True, merge: bool = True) -> Simulation:
     """A seeded random stream: shared prefixes force splits, a small device pool forces eviction and reloads, a
-    small host pool forces host eviction, copy delays ``d_w``/``d_l`` of 1-3 rounds, now and then a reset."""
+    small host pool forces host eviction, copy delays ``d_w``/``d_l`` of 1-3 rounds, now and then a reset.
+    ``merge``: the writes of one round start as one merged op (the simulator's default); False: one op each."""
     rng = np.random.default_rng(seed)
     sim = Simulation(mode, ranks, policy, level, faults, emitter, page_size=P, layers=2, width=4,
                      dev_pages=int(rng.integers(10, 17)), host_pages=int(rng.integers(14, 25)),
-                     d_w=int(rng.integers(1, 4)), d_l=int(rng.integers(1, 4)), lb_threshold=2 * P, exact=exact)
+                     d_w=int(rng.integers(1, 4)), d_l=int(rng.integers(1, 4)), lb_threshold=2 * P, exact=exact,
+                     merge=merge)
     random_stream(sim, rng, requests)
     sim.finish()
     return sim

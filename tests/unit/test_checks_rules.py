@@ -326,3 +326,29 @@ def test_checker_never_raises_on_odd_records():
         chk.unchecked()
         cross.finish()
         cross.unchecked()
+
+
+def test_findings_on_a_merged_write_name_the_prepare_op(tmp_path):
+    """Two writes (ops 1 and 2) start as one merged op 3 (SGLang ``merge_ops``): one backup and one ack per node,
+    all with op=3. ZERO@backup, H1b and H4 at the ack name each write by its prepare's op, as H4-open does, not by
+    the merged id (before the fix they named op 3, so the same write had two names)."""
+    lines = [
+        f"[CPTRACE insert] node_id=1 parent=0 len=16 dev={R(0, 15)} kind=new",
+        f"[CPTRACE insert] node_id=2 parent=0 len=8 dev={R(16, 23)} kind=new",
+        f"[CPTRACE prepare] node_id=1 op=1 len=16 dev={R(0, 15)} host={R(0, 15)} policy=wt",
+        f"[CPTRACE prepare] node_id=2 op=2 len=8 dev={R(16, 23)} host={R(16, 23)} policy=wt",
+        f"[CPTRACE backup] op=3 node_id=1 dev={R(0, 15)} host={R(0, 15)} io=1 h=5 nz=100",
+        f"[CPTRACE backup] op=3 node_id=2 dev={R(16, 23)} host={R(16, 23)} io=1 h=0 nz=0",
+        # node 1 split while the merged copy is in flight; its pages are then freed before the ack
+        f"[CPTRACE split] node_id=1 new_id=3 parent=0 pre_len=16 split_len=8 dev_p={R(0, 7)} dev_c={R(8, 15)} "
+        f"host_p={R(0, 7)} host_c={R(8, 15)} pend=1",
+        f"[CPTRACE free] pool=dev idx={R(8, 15)} node_id=1 why=evict",
+        "[CPTRACE ack] dir=d2h op=3 node_id=1 blen=16 clen=8 pub=[1]",
+        "[CPTRACE ack] dir=d2h op=3 node_id=2 blen=8 clen=8 pub=[2]",
+    ]
+    res = check_lines(tmp_path, lines, level=2)
+    got = {(f.rule, f.node_id, f.op) for f in res.findings}
+    assert got == {("ZERO@backup", 2, 2), ("H1b", 1, 1), ("H4a", 1, 1)}, [f.message for f in res.findings]
+    # without the ack, the breached write is H4-open at the end of the stream: the same op
+    res = check_lines(tmp_path, lines[:-2], level=2)
+    assert {(f.rule, f.node_id, f.op) for f in res.findings} == {("ZERO@backup", 2, 2), ("H4-open", 1, 1)}

@@ -149,6 +149,8 @@ def test_acks_pop_the_minimum_ready_count_across_ranks():
     sim, t = mk(mode="replicated", ranks=2, d_w=1), Tokens()
     sim.request(t(2))
     rk0, rk1 = sim.ranks_
+    for rk in sim.ranks_:
+        rk.start_writing()                   # the step's queued write starts (step() would do it first)
     rk1.write_q[0].complete_at = 99          # rank 1's copy is slow
     sim.step()
     assert recs(sim, "ack", 0) == [] and recs(sim, "ack", 1) == []
@@ -237,3 +239,36 @@ def test_ts_is_monotonic_across_ranks_and_reset_restarts_ids():
     assert ts == sorted(ts) and len(set(ts)) == len(ts)
     ins = [e for e in evs if e.tag == "insert" and e.rank == 0]
     assert [e.node_id for e in ins] == [1, 1] and [e.epoch for e in ins] == [0, 1]
+
+
+@pytest.mark.parametrize("merge", [True, False])
+def test_writes_of_one_round_start_as_one_merged_op(merge):
+    """Two requests in one round queue two writes (ops 1, 2): merged, they start as one op with a new id (3) that
+    carries one backup and one d2h ack per node (each with its own blen/clen/pub) and one copy of both nodes'
+    pages; unmerged, each write is its own op."""
+    sim, t = mk(d_w=2, merge=merge), Tokens()
+    sim.request(t(2))
+    sim.request(t(3))
+    rk = sim.ranks_[0]
+    sim.step()
+    assert len(rk.write_q) == (1 if merge else 2)
+    sim.finish()
+    assert [p["op"] for p in recs(sim, "prepare")] == [1, 2]
+    m1, m2 = (3, 3) if merge else (1, 2)
+    assert [(b["op"], b["node_id"]) for b in recs(sim, "backup")] == [(m1, 1), (m2, 2)]
+    acks = [(a["op"], a["node_id"], a["blen"], a["clen"], a["pub"]) for a in recs(sim, "ack") if a["dir"] == "d2h"]
+    assert acks == [(m1, 1, 8, 8, [1]), (m2, 2, 12, 12, [2])]
+    for n in (rk.nodes[1], rk.nodes[2]):     # the one copy read each node's own pages
+        assert np.array_equal(rk.host.data[n.host_value], rk.dev.data[n.value])
+    assert sim.next_op[0] == (4 if merge else 3)   # the merged id came from the same counter
+
+
+def test_merged_ops_stay_in_lockstep_across_ranks():
+    sim, t = mk(mode="replicated", ranks=2, d_w=1), Tokens()
+    sim.request(t(2))
+    sim.request(t(1))
+    sim.finish()
+    for tag in ("prepare", "backup", "ack"):
+        r0 = [(x["op"], x["node_id"]) for x in recs(sim, tag, 0)]
+        assert r0 == [(x["op"], x["node_id"]) for x in recs(sim, tag, 1)] and r0
+    assert {x["op"] for x in recs(sim, "backup", 0)} == {3}
