@@ -18,7 +18,11 @@ seq order (the sources merge ranks by ``ts``; a lag of a few hundred records bet
 
 Pitfall of domain 5: node ids line up across ranks only while C1 holds, so after the first divergence of an epoch
 C2 stops and C3-C5 judge only records at or before the divergence index (the diverging prepare itself still yields
-its C3, as fault ``C1_div`` expects).
+its C3 on a rank that never logs it, as fault ``C1_div`` expects; a rank that logs it after the index is not
+judged). C1 may confirm a divergence a few tuples late (a tie-break), so a join whose records lie past what C1 has
+compared waits for it, and a C2 mismatch is kept with the latest structural index of its rounds and dropped at the
+end if that is past the divergence. The store fence too: a diverged rank reuses, for its own nodes, device pages the
+IO rank still holds, so a backup or store after the divergence index is not judged (:mod:`.fence`).
 
 Joins are keyed by (epoch, tag, node_id, occurrence of that tag for that node on that rank) and decided once every
 rank of the group (``config cp_size``, the sources' rank hint, at least two) has reported, so memory follows what is
@@ -66,7 +70,7 @@ def _str(v: Any) -> str | None:
 
 
 class _EpochC1:
-    __slots__ = ("queues", "index", "diverged", "pending", "counts", "qs", "qs_ranks")
+    __slots__ = ("queues", "index", "diverged", "pending", "counts", "qs", "qs_ranks", "wait", "late")
 
     def __init__(self) -> None:
         self.queues: dict[int, deque] = {}
@@ -76,6 +80,8 @@ class _EpochC1:
         self.index = 0              # tuples compared so far
         self.diverged: int | None = None
         self.pending: tuple | None = None   # a divergence waiting for one more tuple per rank (tie-break)
+        self.wait: set = set()      # join keys waiting for C1 to compare up to their records (CrossRank._decide)
+        self.late: list[tuple[Finding, int]] = []   # C2 findings with the structural index they are judged at
 
 
 class CrossRank:
@@ -145,7 +151,7 @@ class CrossRank:
             return
         if self.mode == "shared" and tag in _FENCE_TAGS:
             self._fence.io_rank = self.io_rank
-            self._fence.feed(ev)
+            self._fence.feed(ev, self._index(r, ev.epoch))
         if tag == "ack":
             self._saw_ack = True
             if self.seen_level < 2:
@@ -241,12 +247,18 @@ class CrossRank:
             self._round_close(r)
         for e, st in self._c1.items():
             self._c1_compare(e, st, final=True)
+            if st.wait:
+                self._c1_release(e, st)
             self._c2_compare(e, final=True)
+        for st in self._c1.values():
+            st.wait.clear()
         for key in list(self._joins):
             self._decide(key, final=True)
         self._c5_shared(final=True)
-        self.findings.extend(self._fence.findings)
-        self._fence.findings = []
+        for st in self._c1.values():
+            self.findings.extend(f for f, at in st.late if st.diverged is None or at <= st.diverged)
+            st.late = []
+        self.findings.extend(self._fence.take(self._diverged_before))
         self.findings.sort(key=Finding.sort_key)
         return self.findings
 
@@ -294,6 +306,19 @@ class CrossRank:
         if st.qs_ranks is self._ranks_sorted and not all(st.qs):
             return   # another rank has no tuple yet: _c1_compare would stop at once (its queues are all built)
         self._c1_compare(epoch, st, final=False)
+        if st.wait:
+            self._c1_release(epoch, st)
+
+    def _c1_release(self, epoch: int, st: _EpochC1) -> None:
+        """Decide the joins that waited for C1 (see :meth:`_decide`) once it has diverged or compared up to them."""
+        waiting = st.wait
+        for key in list(waiting):
+            per = self._joins.get(key)
+            if per is None:
+                waiting.discard(key)
+            elif st.diverged is not None or max(x["idx"] for x in per.values()) <= st.index:
+                waiting.discard(key)
+                self._decide(key, final=False)
 
     def _c1_compare(self, epoch: int, st: _EpochC1, final: bool) -> None:
         ranks = self._ranks_sorted
@@ -460,6 +485,7 @@ class CrossRank:
         del self._joins[key]
         if len(ranks) < 2:
             return
+        reported = per
         st = self._c1.get(epoch)
         if st is not None and st.diverged is not None:
             # node ids line up across ranks only up to the first C1 divergence (pitfall of domain 5): records
@@ -482,10 +508,23 @@ class CrossRank:
                     break
             else:
                 return
+        if not final and st is not None and st.diverged is None:
+            top = 0
+            for x in per.values():
+                if x["idx"] > top:
+                    top = x["idx"]
+            if top > st.index:
+                # C1 has not compared every tuple before these records yet (it waits for a tie-break, or for a
+                # lagging rank): a divergence before them would put them out of judgement, so wait for C1 (a
+                # clean join, above, needs no wait: a subset of its records cannot find anything either)
+                self._joins[key] = per
+                st.wait.add(key)
+                return
         if tag == "prepare":
             if tag == "prepare" and len(per) != len(ranks):
                 for r in ranks:
-                    if r not in per:
+                    # a rank whose prepare comes after the divergence index is not judged, nor called missing
+                    if r not in reported:
                         self._add("C3", "C3", r, epoch, nid, any_f["op"], [any_f["seq"]],
                                   f"node {nid}: prepare (backup) on ranks {sorted(per)} but not on rank {r}",
                                   any_f)
@@ -574,6 +613,10 @@ class CrossRank:
                 if not final:
                     keep.append(item)
                 continue
+            st = self._c1.get(epoch)
+            if not final and st is not None and st.diverged is None and idx > st.index:
+                keep.append(item)   # C1 may still find a divergence before this record (see _decide)
+                continue
             if self._diverged_before(epoch, idx):
                 continue
             if 0 <= rank < len(hs) and type(hs[rank]) is int and hs[rank] >= 0 and hs[rank] != h:
@@ -595,7 +638,8 @@ class CrossRank:
             self._round_close(r)
             cur = None
         if cur is None:
-            cur = self._cur_round[r] = [ev.epoch, rk, d, set(), set(), ev.seq, ev.line_no, ev.src]
+            cur = self._cur_round[r] = [ev.epoch, rk, d, set(), set(), ev.seq, ev.line_no, ev.src,
+                                        self._index(r, ev.epoch)]
         cur[3].add(_int(f.get("op")))
         nid = f.get("node_id")
         if type(nid) is int:
@@ -611,7 +655,7 @@ class CrossRank:
         q = self._rounds.get((r, epoch))
         if q is None:
             q = self._rounds[(r, epoch)] = deque()
-        q.append((cur[2], len(cur[3]), frozenset(cur[4]), cur[5], cur[6], cur[7]))
+        q.append((cur[2], len(cur[3]), frozenset(cur[4]), cur[5], cur[6], cur[7], cur[8]))
         c = self._c2_qs.get(epoch)
         if c is not None and c[0] is self._ranks_sorted and not all(c[1]):
             return   # another rank has no round yet: _c2_compare would stop at once
@@ -645,14 +689,20 @@ class CrossRank:
             for h in heads:
                 counts[h] = counts.get(h, 0) + 1
             ref = max(counts, key=lambda h: (counts[h], len(h[2])))
+            # judged at the latest structural index of the rounds compared: a C1 divergence found later (it can
+            # wait for more tuples) at or before that index drops the finding (finish), as C2 stops there
+            at = max(q[0][6] for q in qs)
             for r, q in zip(ranks, qs):
                 if q[0][:3] != ref:
-                    d, nops, nodes, seq, line, src = q[0]
+                    d, nops, nodes, seq, line, src, _ = q[0]
                     f = Finding("C2", "C2", r, epoch, min(ref[2] ^ nodes) if ref[2] ^ nodes else None, None, "exact",
                                 [seq], f"ack round on rank {r}: dir={d} ops={nops} nodes={sorted(nodes)}; "
                                 f"expected dir={ref[0]} ops={ref[1]} nodes={sorted(ref[2])}", ERROR, src, line)
                     f.evidence_lines = [line]
-                    self.findings.append(f)
+                    if st is not None:
+                        st.late.append((f, at))
+                    else:
+                        self.findings.append(f)   # no structural record in this epoch: no divergence to wait for
             self._c2_done.add(epoch)
             for q in qs:
                 q.clear()

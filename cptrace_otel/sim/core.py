@@ -36,12 +36,13 @@ from .pool import PagedPool
 from .tracer import Clock, Emitter, LogEmitter, TS_BASE, WALL_BASE_NS
 
 THRESHOLD = {"wt": 1, "wts": 2}
+STRUCTURAL = frozenset(("insert", "split", "prepare", "evict", "reload", "reset"))   # the C1 projection's tags
 
 
 class Node:
     __slots__ = ("id", "key", "parent", "children", "value", "host_value", "lock_ref", "host_ref", "hit_count",
-                 "gen", "last_access", "start", "bk", "bk_op", "bk_split", "pend_ops", "loading", "prev_host",
-                 "old_host", "noinval")
+                 "gen", "last_access", "start", "bk", "bk_op", "bk_split", "bk_idx", "pend_ops", "loading",
+                 "prev_host", "old_host", "noinval", "host_refused")
 
     def __init__(self, nid: int, key: np.ndarray, parent: "Node | None", start: int) -> None:
         self.id = nid
@@ -59,11 +60,13 @@ class Node:
         self.bk: np.ndarray | None = None        # bytes hashed by this node's latest backup record (token order)
         self.bk_op = -1
         self.bk_split = False                    # split since its backup (whole-node hashes not comparable)
+        self.bk_idx = 0                          # the rank's structural index at that backup record
         self.pend_ops: list[Op] = []             # pending device->host writes whose fragments include this node
         self.loading = False
         self.prev_host: np.ndarray | None = None  # host range before the latest split (for H2_stale)
         self.old_host: np.ndarray | None = None   # range released by the latest re-backup (for H2_stale_clean)
         self.noinval = False
+        self.host_refused = False                 # C1_div: this rank's host pool refused the node (no retry)
 
     def __len__(self) -> int:
         return int(self.key.size)
@@ -132,6 +135,7 @@ class RankSim:
         self.requests: dict[str, tuple[Node, int]] = {}
         self.want_backup: list[Node] = []
         self.to_store: list[tuple[str, Node]] = []
+        self.n_struct = 0    # structural records (C1's tags) emitted in this epoch: the checker's join index
 
     # -- plumbing --------------------------------------------------------------------------------------------
     def emit(self, level: int, tag: str, /, **f: Any) -> None:
@@ -140,6 +144,8 @@ class RankSim:
             f["rank"] = self.r
             f["ts"] = sim.clock.ts()
             sim.emitter.emit(self.r, level, tag, **f)
+            if tag in STRUCTURAL:
+                self.n_struct += 1
 
     def on(self, level: int) -> bool:
         return level <= self.sim.level
@@ -471,8 +477,18 @@ class RankSim:
         parent = n.parent
         if not write_back and parent is not self.root and parent.host_value is None:
             return None  # write-through contiguity guard: the parent must already be backuped
+        if n.host_refused:
+            return None   # C1_div: this rank's host pool keeps refusing the node while it is on the device
         if sim.ranks > 1 and self.hit("C1_div"):
-            # the fault: the host alloc fails on this rank only, so the backup is skipped here
+            # the fault: the host alloc fails on this rank only, so the backup is skipped here. The host pool stays
+            # full for the node on this rank (what made the alloc fail does not clear by the next hit), so the rank
+            # never backs it up while it is on the device; a node that never was backuped is deleted when it
+            # leaves, so this rank never logs the prepare the other ranks logged: the structural streams diverge
+            # here, at this rank's structural index, wherever the site falls. (A retry at the next hit, as SGLang's
+            # _inc_hit_count would try, can land before any other structural record and leave no trace at all.)
+            n.host_refused = True
+            if sim.diverged_at is None:
+                sim.diverged_at = self.n_struct
             # the op id the other ranks give this prepare: the ranks' op counters run in lockstep up to here, so it
             # is the id this rank would take now (whether or not a peer already took it, or merged ops since)
             op_id = sim.next_op[self.r]
@@ -554,6 +570,7 @@ class RankSim:
         n.bk = b.copy()
         n.bk_op = t.id
         n.bk_split = False
+        n.bk_idx = self.n_struct
         fp = self.fingerprint(b)
         if fp["nz"] == 0 and op.dev.size:
             sim.oracle.expect("ZERO", "ZERO@backup", self.r, n.id, op.id, self._fault_names(), "ZERO@backup")
@@ -711,7 +728,7 @@ class RankSim:
                     sim.oracle.expect("ZERO", "ZERO@reload", self.r, n.id, op.id, self._fault_names(), "ZERO@reload")
                 if n.bk is not None and not np.array_equal(b, n.bk):
                     sim.oracle.expect("HASH", "HASH", self.r, n.id, op.id, self._fault_names())
-                    if sim.mode == "shared" and not n.bk_split:
+                    if sim.mode == "shared" and not n.bk_split and sim.judged(self.n_struct):
                         # the same relation across ranks: the IO rank's hs[r] against this rank's reload hash
                         sim.oracle.expect("C5", "C5", self.r, n.id, None, self._fault_names(), "C5 shared")
                 self.emit(2, "ack", dir="h2d", op=op.id, node_id=n.id, round=sim.clock.tick, **fp)
@@ -783,7 +800,7 @@ class RankSim:
             self.emit(2, "store", rid=rid, dev=kv.rng(slots), layer="all",
                       **({"owner": self.r} if sim.mode == "shared" else {}), **self.xs("devx", slots))
             io_node = sim.ranks_[sim.io_rank].nodes.get(nid) if sim.mode == "shared" else None
-            if io_node is not None and io_node.bk_op >= 0:
+            if io_node is not None and io_node.bk_op >= 0 and sim.judged(max(self.n_struct, io_node.bk_idx)):
                 # the IO rank's backup of these pages was issued before this store landed
                 sim.oracle.expect("C5", "C5-fence", sim.io_rank, nid, io_node.bk_op, "ZERO_race", "store fence")
         self.pending_stores = keep
@@ -950,11 +967,19 @@ class Simulation:
                     level=level, **extra, mono=TS_BASE, wall=WALL_BASE_NS)
 
     def _build(self) -> None:
+        self.diverged_at: int | None = None   # structural index of this epoch's first cross-rank divergence
         shared = None
         if self.mode == "shared":
             nl = self.layers
             shared = np.zeros((self.host_pages * self.page_size, nl, self.width), dtype=np.uint8)
         self.ranks_ = [RankSim(self, r, shared) for r in range(self.ranks)]
+
+    def judged(self, index: int) -> bool:
+        """Whether the cross-rank rules C3-C5 judge a record at structural ``index`` of this epoch: node ids (and
+        in mode shared the pages) line up across ranks only up to the first divergence of the trees, so the
+        checker judges only records at or before it (domain 5, pitfall). ``index``: the rank's structural records
+        before the record (:attr:`RankSim.n_struct` when it is emitted)."""
+        return self.diverged_at is None or index <= self.diverged_at
 
     # -- driver ------------------------------------------------------------------------------------------------
     def request(self, tokens: Iterable[int], dur: int = 0, rid: str | None = None) -> str:

@@ -57,7 +57,8 @@ FAULTS: dict[str, FaultSpec] = {f.kind: f for f in (
     _fs("HASH_flip", set(), {"HASH"}, MODES, "rank", "wt",
         "one byte flipped in one host->device copy"),
     _fs("C1_div", {"C1", "C3"}, set(), ("replicated", "sharded", "dcp", "layersplit", "shared"), "rank", "wt",
-        "a host alloc fails on one rank only, so write_backup is skipped there (#28429)"),
+        "a host alloc fails on one rank only, so write_backup is skipped there (#28429); the pool stays full for "
+        "that node there, so the rank never backs it up while it is on the device"),
     _fs("C3_writer", {"C3"}, set(), ("sharded",), "rank", "wt",
         "only rank 0 writes: another rank's backup carries io=0 (pre-#37149)"),
 )}

@@ -184,3 +184,71 @@ def test_c5_store_fence_shared(tmp_path):
     assert res.findings == [] and "C5-fence" not in {u.rule for u in res.unchecked}
     res = _fence_run(tmp_path, late_store=True)
     assert [(f.code, f.rule, f.rank, f.node_id, f.op) for f in res.findings] == [("C5", "C5-fence", 0, 1, 1)]
+
+
+def _ins(r, node, n, dev):
+    return f"[CPTRACE insert] node_id={node} parent=0 len={n} dev={R(*dev)} kind=new rank={r}"
+
+
+def _prep(r, node, op, n, dev, host, io):
+    return [f"[CPTRACE prepare] node_id={node} op={op} len={n} dev={R(*dev)} host={R(*host)} policy=wt rank={r}",
+            f"[CPTRACE backup] op={op} node_id={node} dev={R(*dev)} host={R(*host)} io={io} rank={r}"]
+
+
+def test_store_fence_stops_at_the_c1_divergence(tmp_path):
+    """Mode shared: after the trees diverge (structural record #2), rank 1 reuses, for its own node, pages the IO
+    rank's node 1 still holds, and stores into them after the IO rank's backup. The pages no longer mean the same
+    node on both ranks (domain 5, pitfall): C1 reports the divergence, the fence does not judge that store."""
+    ranks = {}
+    for r in (0, 1):
+        out = _cfg(r, "shared")
+        out += [_ins(r, 1, 32, (10, 41)), f"[CPTRACE store] rid=a dev={R(10, 41)} layer=all owner={r} rank={r}"]
+        out += _prep(r, 1, 1, 32, (10, 41), (50, 81), int(r == 0))
+        out.append(f"[CPTRACE ack] dir=d2h op=1 node_id=1 blen=32 clen=32 pub=[1] rank={r}")
+        if r == 0:
+            out += [_ins(0, 2, 32, (100, 131)), f"[CPTRACE store] rid=b dev={R(100, 131)} layer=all owner=0 rank=0"]
+        else:   # rank 1's tree diverged: its node 2 took node 1's pages (node 1 is gone from its tree)
+            out += [_ins(1, 2, 16, (10, 25)), f"[CPTRACE store] rid=b dev={R(10, 25)} layer=all owner=1 rank=1"]
+        ranks[r] = out
+    res = check_files(_write(tmp_path, ranks))
+    assert [(f.code, f.rule, f.rank, f.node_id) for f in res.findings] == [("C1", "C1", 1, 2)]
+
+
+def test_c2_mismatch_past_the_divergence_is_dropped_even_when_c1_finds_it_later(tmp_path):
+    """Rank 1 skips node 2's backup (C1 #3). Its ack round closes before rank 1 logs another structural record, so
+    C2 compares the rounds before C1 can tell the divergence; the rounds come after the divergence index, so C2
+    (which stops there) must not report them, whatever the order in which the two are decided."""
+    ranks = {}
+    for r in (0, 1):
+        out = _cfg(r, "replicated")
+        out += [_ins(r, 1, 32, (10, 41)), _prep(r, 1, 1, 32, (10, 41), (50, 81), 1)[0], _ins(r, 2, 32, (100, 131))]
+        if r == 0:
+            out += [_prep(0, 2, 2, 32, (100, 131), (82, 113), 1)[0],
+                    f"[CPTRACE backup] op=3 node_id=1 dev={R(10, 41)} host={R(50, 81)} io=1 rank=0",
+                    f"[CPTRACE backup] op=3 node_id=2 dev={R(100, 131)} host={R(82, 113)} io=1 rank=0",
+                    "[CPTRACE ack] dir=d2h op=3 node_id=1 blen=32 clen=32 pub=[1] round=1 rank=0",
+                    "[CPTRACE ack] dir=d2h op=3 node_id=2 blen=32 clen=32 pub=[2] round=1 rank=0"]
+        else:
+            out += [f"[CPTRACE backup] op=1 node_id=1 dev={R(10, 41)} host={R(50, 81)} io=1 rank=1",
+                    "[CPTRACE ack] dir=d2h op=1 node_id=1 blen=32 clen=32 pub=[1] round=1 rank=1"]
+        out += [f"[CPTRACE rid_map] rid=b node_id=2 hit=dev rank={r}", _ins(r, 3, 16, (200, 215))]
+        ranks[r] = out
+    res = check_files(_write(tmp_path, ranks))
+    assert found(res) == {("C1", 1, 2), ("C3", 1, 2)}, [f.message for f in res.findings]
+
+
+def test_a_prepare_logged_after_the_divergence_index_is_not_judged(tmp_path):
+    """Mode shared: rank 1 skips node 1's backup, so its prepare of node 2 is its record #2 where rank 0 has node
+    1's, and rank 0 prepares node 2 one record later (#3), with another host range (the shadow allocators
+    drifted). The join of node 2 is complete before C1 can decide (it waits for a tie-break): it must wait for
+    C1, then judge only records at or before the divergence: no C3 about node 2 on either rank."""
+    ranks = {}
+    for r in (0, 1):
+        out = _cfg(r, "shared") + [_ins(r, 1, 32, (10, 41)), _ins(r, 2, 32, (100, 131))]
+        if r == 0:
+            out += _prep(0, 1, 1, 32, (10, 41), (50, 81), 1) + _prep(0, 2, 2, 32, (100, 131), (82, 113), 1)
+        else:
+            out += _prep(1, 2, 1, 32, (100, 131), (50, 81), 0)
+        ranks[r] = out
+    res = check_files(_write(tmp_path, ranks))
+    assert found(res) == {("C1", 1, 1), ("C3", 1, 1)}, [f.message for f in res.findings]

@@ -54,3 +54,23 @@ def test_every_fault_has_a_scenario_that_reaches_its_site_in_every_applicable_mo
             assert [i for i in sim.oracle.injected if i[0] == kind], (kind, mode)
             assert sim.oracle.entries, (kind, mode)
             assert {e.code for e in sim.oracle.entries} <= spec.structural | spec.content | {"C5"}
+
+
+def test_c1_div_rank_never_backs_the_node_up_so_the_trees_diverge_at_the_fault():
+    """C1_div: the failing rank's host pool keeps refusing the node, so that rank never logs the prepare its peers
+    logged (even when a later hit would have retried it before any other structural record, as in this workload),
+    and the structural streams first differ at the peers' prepare, the index the simulator records."""
+    from cptrace_otel.sim.workload import random_workload
+
+    tags = ("insert", "split", "prepare", "evict", "reload", "reset")
+    sim = random_workload(0, "replicated", 2, "wt", faults=[FaultPlan("C1_div", rank=1, nth=1)])
+    (_, rank, nid, op), = sim.oracle.injected
+    ev = sim.emitter.events()
+    prepares = {r: [e.fields["op"] for e in ev if e.rank == r and e.tag == "prepare" and e.fields["node_id"] == nid]
+                for r in (0, 1)}
+    assert rank == 1 and prepares == {0: [op], 1: []}
+    streams = {r: [(e.tag, e.fields.get("node_id"), e.fields.get("len")) for e in ev
+                   if e.rank == r and e.epoch == 0 and e.tag in tags] for r in (0, 1)}
+    first = next(i for i, (a, b) in enumerate(zip(*streams.values())) if a != b)
+    assert streams[0][first] == ("prepare", nid, streams[0][first][2])
+    assert max(e.epoch for e in ev) == 0 and sim.diverged_at == first   # (a reset would clear it)
