@@ -85,6 +85,12 @@ def _run(args: Any, paths: list[str], level: int | None, out: TextIO, err: TextI
     res.stats["sources"] = {"logs": logs, "otlp": otlp}
     if stats.malformed > 20:
         print(f"warning: {stats.malformed} malformed lines in all (first 20 shown)", file=err)
+    if stats.disordered():
+        print(f"warning: {stats.behind} records of {', '.join(sorted(stats.behind_src))} come after records of "
+              "another rank with a later ts: the ranks in one stream are not interleaved in time (concatenated "
+              "logs?); the cross-rank rules (C1-C5) expect ranks within a few hundred records of each other and "
+              "may report false findings: give each rank's log as its own file (files are merged by ts)", file=err)
+    res.stats["out_of_order"] = stats.behind
     jaeger = getattr(args, "jaeger_url", None)
     if getattr(args, "json", False):
         out.write(to_json(res, run_id, jaeger) + "\n")

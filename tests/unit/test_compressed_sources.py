@@ -170,3 +170,28 @@ def test_ingest_progress_counts_a_marker_split_between_read_blocks(tmp_path):
     p = tmp_path / "rank0.log"
     p.write_bytes(data)
     assert _count_trace_lines([str(p)]) == data.count(b"[CPTRACE ") == 3
+
+
+def test_concatenated_ranks_in_one_stream_are_flagged_interleaved_ones_are_not(run_files, tmp_path):
+    """One stream holding several ranks must be in time order for the cross-rank rules; ranks pasted one after
+    another are counted (``stats.behind``) and ``check`` warns, a time-ordered stream of the same records is not."""
+    import heapq
+    plain, _ = run_files
+    files = [open(p).read().splitlines(keepends=True) for p in plain["log"]]
+
+    def ts(line: str) -> int:
+        return int(line.rsplit(" ts=", 1)[1])
+
+    cat = tmp_path / "cat.log"
+    cat.write_text("".join(files[1] + files[0]))
+    mixed = tmp_path / "mixed.log"
+    mixed.write_text("".join(heapq.merge(*files, key=ts)))
+    for path, flagged in ((cat, True), (mixed, False)):
+        st = LogStats()
+        evs = list(read_log_events([str(path)], stats=st))
+        assert {e.rank for e in evs} == {0, 1} and st.disordered() is flagged, (path, st.behind, len(evs))
+    assert st.behind == 0
+    p = _cli("check", "--json", "-", stdin=cat.read_bytes())
+    assert b"not interleaved in time" in p.stderr and json.loads(p.stdout)["stats"]["out_of_order"] > 50
+    p = _cli("check", "--json", "-", stdin=mixed.read_bytes())
+    assert b"not interleaved" not in p.stderr and json.loads(p.stdout)["stats"]["out_of_order"] == 0

@@ -54,6 +54,9 @@ class Malformed(NamedTuple):
     text: str
 
 
+DISORDER_MIN, DISORDER_SHARE = 50, 20   # check warns about concatenated ranks from 50 records and 1 in 20 behind
+
+
 class LogStats:
     """Counters of one read: lines seen, events produced, malformed lines (the first few kept verbatim)."""
 
@@ -64,6 +67,17 @@ class LogStats:
         self.events = 0
         self.malformed = 0
         self.examples: list[Malformed] = []
+        # records of a file holding several ranks that come after a record with a later ts (see _renumber), and
+        # those files: many means the ranks are concatenated, not interleaved in time
+        self.behind = 0
+        self.behind_src: set[str] = set()
+
+    def disordered(self) -> bool:
+        """True when the ranks sharing a file are far from time order: at least :data:`DISORDER_MIN` records and
+        one in :data:`DISORDER_SHARE` behind (concatenated ranks put about half of them behind; one process's log
+        of several ranks only a few swapped lines). The cross-rank rules assume ranks within a few hundred records
+        of each other."""
+        return self.behind >= DISORDER_MIN and self.behind * DISORDER_SHARE >= self.events
 
     def add(self, m: Malformed) -> None:
         self.malformed += 1
@@ -472,7 +486,7 @@ def read_log_events(paths: Iterable[str], on_malformed: Callable[[Malformed], No
     # one rank per file, no rank in two files (the usual layout): the readers' numbers are final
     if sum(len(x) for x in per_file) == len(ranks) and all(len(x) <= 1 for x in per_file):
         return LogEvents(itertools.chain.from_iterable(merged), ranks)
-    return LogEvents(_renumber(merged), ranks)
+    return LogEvents(_renumber(merged, st), ranks)
 
 
 def _reporting(chunks: Iterator[list[Event]], handles: list, paths: list[str],
@@ -505,11 +519,20 @@ def _chain_first(first: list[Event], rest: Iterator[list[Event]]) -> Iterator[li
     yield from rest
 
 
-def _renumber(chunks: Iterator[list[Event]]) -> Iterator[Event]:
-    """seq/epoch per rank in merge order: for ranks spread over several files (rotated or combined logs)."""
+def _renumber(chunks: Iterator[list[Event]], stats: LogStats) -> Iterator[Event]:
+    """seq/epoch per rank in merge order: for ranks spread over several files (rotated or combined logs). Counts the
+    records whose ts is below the latest ts read before them (``stats.behind``): one process's log of several ranks
+    is in time order up to a few swapped lines, ranks concatenated one after another are not."""
     state: dict[int, list] = {}   # rank -> [next seq, EpochTracker]
+    hi = None
     for chunk in chunks:
         for ev in chunk:
+            if hi is None or ev.ts >= hi:
+                hi = ev.ts
+            else:
+                stats.behind += 1
+                if len(stats.behind_src) < 8:
+                    stats.behind_src.add(ev.src)
             rs = state.get(ev.rank)
             if rs is None:
                 rs = state[ev.rank] = [0, EpochTracker()]
