@@ -43,8 +43,29 @@ class _AppendFile:
 
 
 class OtlpJsonFileSink(_AppendFile):
+    """Appends the spans of each :meth:`export` as requests of at most :attr:`SPANS_PER_LINE` spans, one per line:
+    a reader parses one line at a time, so bounded lines keep its memory bounded (a JSON line costs about ten
+    times its size once parsed), however many spans one export carries (``ingest`` exports tens of thousands)."""
+
+    SPANS_PER_LINE = 512
 
     def export(self, groups: Sequence[tuple[dict[str, Any], Sequence[Any]]]) -> None:
+        n = self.SPANS_PER_LINE
+        batch: list[tuple[dict[str, Any], Sequence[Any]]] = []
+        room = n
+        for resource, spans in groups:
+            i = 0
+            while i < len(spans):
+                part = spans[i:i + room]
+                batch.append((resource, part))
+                i += len(part)
+                room -= len(part)
+                if room == 0:
+                    self._write(batch)
+                    batch, room = [], n
+        self._write(batch)
+
+    def _write(self, groups: list[tuple[dict[str, Any], Sequence[Any]]]) -> None:
         line = request_json(groups)
         if not line:
             return

@@ -197,3 +197,24 @@ def test_event_attrs_from_typed_fields_match_the_dict_path(seed: int) -> None:
     req = trace_service_pb2.ExportTraceServiceRequest.FromString(body)
     assert req.SerializeToString() == body
     _assert_matches([ref], flatten(req), RESOURCE)
+
+
+def test_file_sink_writes_bounded_lines_that_parse_and_keep_every_span(tmp_path, monkeypatch) -> None:
+    from cptrace_otel.export.files import OtlpJsonFileSink
+    monkeypatch.setattr(OtlpJsonFileSink, "SPANS_PER_LINE", 7)
+    rng = random.Random(9)
+    other = dict(RESOURCE, **{sc.CP_RANK: 1})
+    a, b = _spans(rng, 20), _spans(rng, 9)
+    sink = OtlpJsonFileSink(str(tmp_path / "o.jsonl"))
+    sink.export([(RESOURCE, a), (other, []), (other, b)])
+    sink.export([(RESOURCE, a[:3])])
+    sink.export([])
+    sink.close()
+    lines = (tmp_path / "o.jsonl").read_text().splitlines()
+    per_line = [sum(len(ss["spans"]) for rs in json.loads(x)["resourceSpans"] for ss in rs["scopeSpans"])
+                for x in lines]
+    assert per_line == [7, 7, 7, 7, 1, 3] and sink.lines == len(lines)
+    got = [s for x in lines for s in flatten(parse_json_line(x))]   # every line is a valid OTLP/JSON request
+    _assert_matches(a, got[:20], RESOURCE)
+    _assert_matches(b, got[20:29], other)
+    _assert_matches(a[:3], got[29:], RESOURCE)
