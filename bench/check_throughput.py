@@ -7,7 +7,8 @@ recycle slots so the number of live nodes stays bounded while the file grows), t
 * baseline A, raw read: iterate the lines and split them (the floor of any Python reader);
 * baseline B, upstream-style naive analyzer: ``logline.parse_line`` on every line, all events loaded into a list,
   then checked (what a private "load everything, then join" analyzer does: memory grows with the file);
-* ours: ``cptrace-otel check`` (streaming fast parser + per-rank rules + cross-rank rules).
+* ours: ``cptrace-otel check`` (streaming fast parser + per-rank rules + cross-rank rules);
+* parse: our reader alone (the events built, no rules), which splits ours into reading and checking.
 
 Each measurement runs in a fresh subprocess pinned to one core (``taskset`` when present) and reports events/s
 (wall and CPU time) and peak RSS (VmHWM). Two file lengths show that our peak RSS does not grow with the file, the
@@ -19,7 +20,8 @@ baseline's does.
 
 Wall-clock figures on a shared VM swing by +-20% between runs; ``--instructions`` also runs raw and ours once more
 under ``valgrind --tool=cachegrind`` (when installed) and prints CPU instructions per event, net of interpreter
-start-up and imports: a noise-free figure to compare two versions of the checker with (keep the file small, the
+start-up and imports, for the raw read, our reader alone (``parse``: events built, no rules) and ours, and their
+difference (the rules): a noise-free figure to compare two versions of the checker with (keep the file small, the
 run is ~50x slower).
 """
 
@@ -168,6 +170,10 @@ def _measure(kind: str, paths: list[str]) -> dict:
                         line.split()
                         n += 1
         findings = None
+    elif kind == "parse":   # our reader alone (events built, no rules): splits ours into parsing and checking
+        from cptrace_otel.analyze.sources.logs import read_log_events
+        n = sum(1 for _ in read_log_events(paths))
+        findings = None
     elif kind == "naive":
         from cptrace_otel.analyze.engine import Analysis
         from cptrace_otel.events import Event
@@ -262,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
             size = sum(os.path.getsize(p) for p in paths) / 2**20
             print(f"generated {total} lines ({size:.0f} MiB, {a.ranks} ranks) in {time.perf_counter() - t0:.1f}s",
                   flush=True)
-            kinds = ["raw", "ours"] + ([] if a.no_naive else ["naive"])
+            kinds = ["raw", "parse", "ours"] + ([] if a.no_naive else ["naive"])
             res = {k: _run_child(k, paths) for k in kinds}
             for k in kinds:
                 r = res[k]
@@ -277,11 +283,14 @@ def main(argv: list[str] | None = None) -> int:
                 if not shutil.which("valgrind"):
                     print("  (--instructions: valgrind not found, skipped)")
                 else:
-                    for k, base in (("raw", "startup"), ("ours", "imports")):
+                    per = {}
+                    for k, base in (("raw", "startup"), ("parse", "imports"), ("ours", "imports")):
                         i = _instructions(k, paths) - _instructions(base, paths)
-                        ev = res[k]["events"] or 1
-                        print(f"  {k:<6} {i / ev:>10,.0f} instructions/event (valgrind, net of start-up and imports)",
+                        per[k] = i / (res["ours"]["events"] or 1)
+                        print(f"  {k:<6} {per[k]:>10,.0f} instructions/event (valgrind, net of start-up and imports)",
                               flush=True)
+                    print(f"  rules  {per['ours'] - per['parse']:>10,.0f} instructions/event (ours - parse: per-rank "
+                          "and cross-rank rules, report)", flush=True)
             rows.append((total, res))
         if len(rows) >= 2:
             (n1, r1), (n2, r2) = rows[0], rows[-1]
