@@ -86,7 +86,6 @@ def test_text_table_groups_by_node_most_severe_first(tmp_path):
 def test_otlp_and_log_sources_detected_by_content(tmp_path):
     from cptrace_otel import semconv as sc
     from cptrace_otel.attrs import fields_to_attributes
-    from cptrace_otel.export.otlp import _json_attrs  # noqa: F401  (the exporter's encoder must exist)
     lines = open(os.path.join(DOMAIN, "h4_bad.log")).read().splitlines()
     from cptrace_otel.analyze.sources.logs import parse_trace_line
     events = []
