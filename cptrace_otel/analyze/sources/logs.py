@@ -280,10 +280,21 @@ def _file_chunks(fh, path: str, drank: int, on_bad: Callable[[Malformed], None],
                  state: dict[int, list]) -> Iterator[list[Event]]:
     """Lists of events of one file with rank, ts, seq and epoch set. ``state`` (rank -> [next seq, EpochTracker])
     is shared by all files: when every rank lives in one file, these numbers are final; otherwise the merge
-    renumbers in merge order (:func:`_renumber`). Uses the C parser when it was built: the same events."""
-    if _logc is not None and hasattr(fh, "buffer"):
-        return _file_chunks_c(fh, path, drank, on_bad, stats, state)
-    return _file_chunks_py(fh, path, drank, on_bad, stats, state)
+    renumbers in merge order (:func:`_renumber`). Uses the C parser when it was built: the same events.
+
+    Both readers count the lines they consumed in ``seen[0]``; here, once for both: a broken gzip stream is
+    reported after them, an I/O error becomes :class:`LogReadError`, and the file is counted and closed (also when
+    the consumer stops early)."""
+    read = _file_chunks_c if _logc is not None and hasattr(fh, "buffer") else _file_chunks_py
+    seen = [0]
+    try:
+        yield from read(fh, path, drank, on_bad, stats, state, seen)
+        _report_truncation(fh, path, seen[0], on_bad)
+    except OSError as e:
+        raise LogReadError(path, e.strerror or str(e)) from None
+    finally:
+        stats.lines += seen[0]
+        fh.close()
 
 
 def _slow_line(line: str, path: str, line_no: int, drank: int,
@@ -309,7 +320,7 @@ def _slow_line(line: str, path: str, line_no: int, drank: int,
 
 
 def _file_chunks_c(fh, path: str, drank: int, on_bad: Callable[[Malformed], None], stats: LogStats,
-                   state: dict[int, list]) -> Iterator[list[Event]]:
+                   state: dict[int, list], seen: list[int]) -> Iterator[list[Event]]:
     """:func:`_file_chunks` over the file's bytes, read in blocks: ``_logc.fill_chunk`` splits and parses the lines
     and builds the events (rank, ts, seq, epoch as the Python loop does) in C; a line it cannot parse is decoded
     as the text reader would and takes :func:`_slow_line`."""
@@ -339,19 +350,15 @@ def _file_chunks_c(fh, path: str, drank: int, on_bad: Callable[[Malformed], None
             if final:
                 break
             rest = data[pos:]
-        _report_truncation(fh, path, line_no, on_bad)
         if chunk:
             stats.events += len(chunk)
             yield chunk
-    except OSError as e:
-        raise LogReadError(path, e.strerror or str(e)) from None
     finally:
-        stats.lines += line_no
-        fh.close()
+        seen[0] = line_no
 
 
 def _file_chunks_py(fh, path: str, drank: int, on_bad: Callable[[Malformed], None], stats: LogStats,
-                    state: dict[int, list]) -> Iterator[list[Event]]:
+                    state: dict[int, list], seen: list[int]) -> Iterator[list[Event]]:
     """:func:`_file_chunks` line by line in Python (no C parser built)."""
     line_no = 0
     chunk: list[Event] = []
@@ -412,15 +419,11 @@ def _file_chunks_py(fh, path: str, drank: int, on_bad: Callable[[Malformed], Non
                 yield chunk
                 chunk = []
                 append = chunk.append
-        _report_truncation(fh, path, line_no, on_bad)
         if chunk:
             stats.events += len(chunk)
             yield chunk
-    except OSError as e:
-        raise LogReadError(path, e.strerror or str(e)) from None
     finally:
-        stats.lines += line_no
-        fh.close()
+        seen[0] = line_no
 
 
 def _merge_chunks(firsts: list[list[Event]], streams: list[Iterator[list[Event]]]) -> Iterator[list[Event]]:
