@@ -2,10 +2,11 @@
 (deploy/collector/up: the OTel Collector built from builder.yaml, routing by trace id to two Jaeger shards).
 
 Figures (printed, not asserted; Linux: read from /proc):
-* per rank: the exporter subprocess's CPU seconds per second of traffic (its CPU from the start of emission until
-  everything was delivered, divided by the emission time, i.e. what it costs to keep up with the rate) and CPU ms
-  per 1,000 events, its RSS (highest sampled), the traced process's CPU (the emitting loop included) and RSS, and the
-  flush lag (how far the exporter trailed the emission: 0 when it kept up);
+* per rank: the exporter subprocess's CPU seconds per second of traffic at ``--rate`` (its CPU from the start of
+  emission until everything was delivered, per event, times the rate: the share of a core it needs to keep up) and
+  CPU ms per 1,000 events, its RSS (highest sampled), the same CPU figure for the traced process (the emitting loop
+  included) and its RSS, the rate the emitter reached, and the flush lag (how far the exporter trailed the
+  emission: ~0 when the machine kept up);
 * the collector: CPU seconds per 100,000 events (and per 100,000 spans: an event is a span event, several share a
   span), from the start of emission until the shards received every span it accepted, and its RSS; the same for each
   Jaeger shard (memory store ingest);
@@ -230,9 +231,9 @@ def run(args: argparse.Namespace) -> dict:
         out["per_rank"].append({
             "events": res["events"], "emit_rate": res["events"] / res["emit_s"], "flushed": res["flushed"],
             "dropped": res["dropped"], "lag_s": res["delivered_s"] - res["emit_s"],
-            "exporter_cpu_s_per_s": exp_cpu / res["emit_s"], "exporter_cpu_ms_per_1k": 1e6 * exp_cpu / res["events"],
-            "exporter_rss_mib": peak[f"exporter{r}"],
-            "traced_cpu_s_per_s": rank_cpu / res["emit_s"], "traced_rss_mib": peak[f"rank{r}"]})
+            "exporter_cpu_s_per_s": exp_cpu / res["events"] * args.rate,
+            "exporter_cpu_ms_per_1k": 1e6 * exp_cpu / res["events"], "exporter_rss_mib": peak[f"exporter{r}"],
+            "traced_cpu_s_per_s": rank_cpu / res["events"] * args.rate, "traced_rss_mib": peak[f"rank{r}"]})
     for k in servers:
         c = cpu_servers[k] - cpu0[k]
         out["servers"][k] = {"cpu_s": c, "cpu_s_per_100k_events": 1e5 * c / events,
