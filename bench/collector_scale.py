@@ -243,14 +243,14 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def report(o: dict) -> None:
-    print(f"collector_scale: {o['ranks']} ranks x {o['rate_per_rank']:,.0f} events/s x {o['seconds']:.0f} s = "
+    print(f"collector_scale: {o['ranks']} rank(s) x {o['rate_per_rank']:,.0f} events/s x {o['seconds']:.0f} s = "
           f"{o['events']:,} events ({o['spans_accepted']:,.0f} spans), {o['cpus']} CPUs, load average before "
           f"{o['loadavg_before']:.2f}")
     print("  rank  emitted ev/s  exporter CPU s/s  exporter ms/1k ev  exporter RSS  traced CPU s/s  traced RSS  "
           "lag s  dropped")
     for r, x in enumerate(o["per_rank"]):
-        print(f"  {r:4d}  {x['emit_rate']:12,.0f}  {x['exporter_cpu_s_per_s']:16.3f}  {x['exporter_cpu_ms_per_1k']:17.1f}"
-              f"  {x['exporter_rss_mib']:8.0f} MiB  {x['traced_cpu_s_per_s']:14.3f}  {x['traced_rss_mib']:6.0f} MiB"
+        print(f"  {r:4d}  {x['emit_rate']:12,.0f}  {x['exporter_cpu_s_per_s']:16.3f}"
+              f"  {x['exporter_cpu_ms_per_1k']:17.1f}  {x['exporter_rss_mib']:8.0f} MiB  {x['traced_cpu_s_per_s']:14.3f}  {x['traced_rss_mib']:6.0f} MiB"
               f"  {x['lag_s']:5.1f}  {x['dropped']}")
     for k, s in o["servers"].items():
         print(f"  {k:15s} CPU {s['cpu_s_per_100k_events']:.3f} s per 100k events ({s['cpu_s_per_100k_spans']:.3f} s "
