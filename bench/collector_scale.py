@@ -29,8 +29,10 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -156,7 +158,7 @@ def _wait_files(paths: list[Path], procs: list[subprocess.Popen], timeout_s: flo
 def run(args: argparse.Namespace) -> dict:
     tag = uuid.uuid4().hex[:8]
     run_id = f"bench-scale-{tag}"
-    wd = Path(args.workdir or f"/tmp/cptrace-collector-scale-{tag}")
+    wd = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix=f"cptrace-collector-scale-{tag}-"))
     wd.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CPTRACE_", "OTEL_"))}
     env.update(CPTRACE_LEVEL="2", CPTRACE_RUN_ID=run_id, OTEL_EXPORTER_OTLP_ENDPOINT=args.otlp,
@@ -221,6 +223,8 @@ def run(args: argparse.Namespace) -> dict:
     for p in procs:
         p.wait(timeout=120)
     results = [json.loads((wd / f"rank{r}.json").read_text()) for r in range(args.ranks)]
+    if not args.workdir:
+        shutil.rmtree(wd, ignore_errors=True)
     events = sum(r["events"] for r in results)
     out = {"ranks": args.ranks, "rate_per_rank": args.rate, "seconds": args.seconds, "cpus": os.cpu_count(),
            "loadavg_before": args.loadavg, "events": events, "spans_accepted": accepted, "spans_sent": sent,
@@ -274,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=10_000, help="events/s per rank")
     p.add_argument("--seconds", type=float, default=15)
     p.add_argument("--otlp", default=COLLECTOR_HTTP, help="the collector's OTLP endpoint")
-    p.add_argument("--workdir", default=None, help="handshake files (default: a new folder under /tmp)")
+    p.add_argument("--workdir", default=None, help="handshake files (default: a new temporary folder)")
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args(argv)
     args.loadavg = os.getloadavg()[0]
