@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import re
@@ -102,3 +103,31 @@ def tree_env(tree: str, **extra: str) -> dict[str, str]:
     env.update(PYTHONPATH=tree, CPTRACE_REQUIRE_SPEEDUPS="1", TZ="UTC", PYTHONHASHSEED="0")
     env.update(extra)
     return env
+
+
+def add_tree_args(ap: argparse.ArgumentParser) -> None:
+    """The options that name the two trees (shared by the before/after tools)."""
+    ap.add_argument("--baseline", metavar="REV", help="baseline revision (its merge base with HEAD is used)")
+    ap.add_argument("--exact", action="store_true", help="use REV itself, not its merge base with HEAD")
+    ap.add_argument("--baseline-tree", metavar="DIR", help="an existing baseline checkout instead of a worktree")
+    ap.add_argument("--current", metavar="DIR", default=CURRENT,
+                    help="the tree to compare with the baseline (default: this checkout)")
+    ap.add_argument("--no-build", action="store_true",
+                    help="do not build the C extensions of the current tree and of a --baseline-tree (a worktree "
+                         "made here is always built)")
+    ap.add_argument("--keep", action="store_true", help="keep the baseline worktree")
+
+
+@contextlib.contextmanager
+def trees(a: argparse.Namespace, names: tuple[str, str] = ("baseline", "current")) -> Iterator[tuple[str, str, str]]:
+    """``(baseline path, its label, current path)`` from :func:`add_tree_args`' options, both trees built (as the
+    options say) and their C speedups loading; the lines saying so are printed."""
+    current = os.path.abspath(a.current)
+    with baseline(a.baseline, a.baseline_tree, a.exact, a.keep, current) as (old, label):
+        width = max(map(len, names)) + 1
+        print(f"{names[0] + ':':<{width}} {label}\n{names[1] + ':':<{width}} {current}", flush=True)
+        for side, tree in ((names[0], old), (names[1], current)):
+            if not a.no_build or (tree == old and not a.baseline_tree):
+                build(tree)
+            print(f"C speedups loaded from the {side} tree: {', '.join(check_speedups(tree))}", flush=True)
+        yield old, label, current

@@ -37,7 +37,7 @@ from typing import Callable
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from _trees import CURRENT, baseline, build, check_speedups, tree_env  # noqa: E402
+from _trees import add_tree_args, tree_env, trees  # noqa: E402
 
 TOLERANCE = 0.05
 _N = r"(-?[\d,]+(?:\.\d+)?)"
@@ -123,10 +123,7 @@ def change(old: float, new: float, higher_better: bool) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--baseline", metavar="REV", help="baseline revision (its merge base with HEAD is used)")
-    ap.add_argument("--exact", action="store_true", help="use REV itself, not its merge base with HEAD")
-    ap.add_argument("--baseline-tree", metavar="DIR", help="an existing baseline checkout instead of a worktree")
-    ap.add_argument("--current", metavar="DIR", default=CURRENT, help="the new tree (default: this checkout)")
+    add_tree_args(ap)
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians are reported)")
     ap.add_argument("--only", default="check,export,hot", help="benchmarks to run, comma-separated")
     ap.add_argument("--lines", type=int, default=20_000, help="check_throughput.py --lines")
@@ -138,9 +135,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=20_000, help="hot_path.py --calls")
     ap.add_argument("--repeat", type=int, default=5, help="hot_path.py --repeat")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds one benchmark run may take")
-    ap.add_argument("--no-build", action="store_true",
-                    help="do not build the C extensions of the current tree and of a --baseline-tree")
-    ap.add_argument("--keep", action="store_true", help="keep the baseline worktree")
     ap.add_argument("--json", metavar="OUT", help="also write every figure of every run to this JSON file")
     ap.add_argument("--strict", action="store_true", help="exit 1 when a headline figure is worse by more than 5%%")
     a = ap.parse_args(argv)
@@ -149,15 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown benchmarks {sorted(unknown)} (known: {', '.join(FIGURES)})")
     cmds = commands(a)
-    current = os.path.abspath(a.current)
     runs: dict[str, dict[str, list[float]]] = {"old": {}, "new": {}}
     unparsed: list[str] = []
-    with baseline(a.baseline, a.baseline_tree, a.exact, a.keep, current) as (old, label):
-        print(f"old: {label}\nnew: {current}", flush=True)
-        for side, tree in (("old", old), ("new", current)):
-            if not a.no_build or (side == "old" and not a.baseline_tree):
-                build(tree)
-            print(f"C speedups loaded from the {side} tree: {', '.join(check_speedups(tree))}", flush=True)
+    with trees(a, ("old", "new")) as (old, label, current):
         for rnd in range(a.rounds):
             order = [("old", old), ("new", current)]
             if rnd % 2:

@@ -76,6 +76,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from _trees import add_tree_args, tree_env, trees  # noqa: E402  (stdlib only: the children load it too)
 
 # (name, mode, policy, level, faults) of the demo runs whose files are checked; ranks 2, seed 1.
 DEMOS = [
@@ -346,8 +349,6 @@ def scenarios(inp: dict[str, Any], demo: bool) -> list[Scenario]:
 
 def run_one(sc: Scenario, tree: str, work: str, rx: RawReceiver) -> dict[str, bytes]:
     """Run ``sc`` in ``tree``; everything it produced, by artifact name."""
-    from _trees import tree_env
-
     run = os.path.join(work, "run")
     spool = os.path.join(work, "spool")
     for d in (run, spool):
@@ -418,8 +419,6 @@ def first_difference(a: dict[str, bytes], b: dict[str, bytes]) -> str | None:
 # == inputs ==========================================================================================================
 def prepare_inputs(work: str, current: str, baseline: str, lines: int, demo: bool) -> dict[str, Any]:
     """Generate the shared inputs under ``work/inputs``: bench logs, fixture copies, demo runs (baseline tree)."""
-    from _trees import tree_env
-
     inp = os.path.join(work, "inputs")
     os.makedirs(inp, exist_ok=True)
     sys.path.insert(0, os.path.join(current, "bench"))
@@ -609,39 +608,23 @@ def child_sim(specs: list[str]) -> int:
 # == main =============================================================================================================
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--baseline", metavar="REV", help="baseline revision (its merge base with HEAD is used)")
-    ap.add_argument("--exact", action="store_true", help="use REV itself, not its merge base with HEAD")
-    ap.add_argument("--baseline-tree", metavar="DIR", help="an existing baseline checkout instead of a worktree")
-    ap.add_argument("--current", metavar="DIR", default=os.path.dirname(HERE),
-                    help="the tree to compare with the baseline (default: this script's checkout)")
+    add_tree_args(ap)
     ap.add_argument("--out", metavar="DIR", help="keep inputs and both trees' outputs of every scenario here")
     ap.add_argument("--lines", type=int, default=20_000, help="lines of the generated logs (2 ranks together)")
     ap.add_argument("--only", metavar="SUBSTR", action="append", help="run only scenarios whose name contains it")
     ap.add_argument("--no-demo", action="store_true", help="skip the demo runs and the simulator scenario")
-    ap.add_argument("--no-build", action="store_true",
-                    help="do not build the C extensions of the current tree and of a --baseline-tree (a worktree "
-                         "made here is always built)")
-    ap.add_argument("--keep", action="store_true", help="keep the baseline worktree")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
         return {"live": child_live, "sim": child_sim}[a.child](a.rest)
 
-    sys.path.insert(0, HERE)
-    from _trees import baseline, build, check_speedups
-
-    current = os.path.abspath(a.current)
     work = os.path.abspath(a.out) if a.out else tempfile.mkdtemp(prefix="cptrace-same-")
     os.makedirs(work, exist_ok=True)
     failures = 0
     t0 = time.monotonic()
-    with baseline(a.baseline, a.baseline_tree, a.exact, a.keep, current) as (btree, label):
-        print(f"baseline: {label}\ncurrent:  {current}\nwork:     {work}", flush=True)
-        for side, tree in (("baseline", btree), ("current", current)):
-            if not a.no_build or (side == "baseline" and not a.baseline_tree):
-                build(tree)
-            print(f"C speedups loaded from the {side} tree: {', '.join(check_speedups(tree))}", flush=True)
+    with trees(a) as (btree, _, current):
+        print(f"work: {work}", flush=True)
         inp = prepare_inputs(work, current, btree, a.lines, not a.no_demo)
         rx = RawReceiver()
         try:

@@ -15,14 +15,14 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 def _load(name: str):
-    sys.path.insert(0, str(BENCH))
+    saved = list(sys.path)   # the scripts put bench/ on sys.path for their helper module
     try:
         spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         return mod
     finally:
-        sys.path.remove(str(BENCH))
+        sys.path[:] = saved
 
 
 sb = _load("same_behaviour")
