@@ -11,7 +11,7 @@ Stable API (the exporter, the analyzer and the simulator tests use exactly this)
     tail = chk.finish()                       # end of stream: H4-open (WARN)
     skipped = chk.unchecked()                 # list[Unchecked]: never a silent pass
 
-``Finding``: ``code`` (H1 H2 H3 H4 ZERO HASH; C1-C5 come from :mod:`cptrace_otel.analyze.crossrank`), ``rule``
+``Finding``: ``code`` (H1 H2 H3 H4 ZERO HASH; C1-C5 come from :mod:`.crossrank`), ``rule``
 (H1a H1b H2a H2b H2c H3 H4a H4b H4-open ZERO@backup ZERO@reload HASH), ``rank``, ``epoch``, ``node_id``, ``op``,
 ``certainty`` ("exact" | "interval"; interval-only findings have ``severity`` WARN), ``evidence`` (seqs, the last
 one being where it completed), ``message``, ``src``/``line_no`` of the completing record, ``evidence_lines``.

@@ -35,10 +35,10 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Iterable
 
-from ..checks.findings import ERROR, Finding, Unchecked
-from ..checks.ranges import slots_of
 from ..events import Event
 from .fence import StoreFence
+from .findings import ERROR, Finding, Unchecked
+from .ranges import slots_of
 
 STRUCTURAL = ("insert", "split", "prepare", "evict", "reload", "reset")
 _FENCE_TAGS = frozenset(("store", "backup", "evict", "free", "reset"))
