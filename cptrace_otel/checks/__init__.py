@@ -45,7 +45,10 @@ Conventions the rules rely on (what an emitter such as the simulator should log)
   starts a new epoch; state of the old epoch is dropped.
 """
 
-from .findings import CODES, ERROR, WARN, Finding, Unchecked
-from .rank import LEVEL2_RULES, RULE_LEVEL, RankChecker
+from .crossrank import CrossRank
+from .findings import ERROR, WARN, Finding, Unchecked
+from .rank import RankChecker
+from .registry import CODES, LEVEL2_RULES, RULE_LEVEL, RULES, STRUCTURAL, Rule
 
-__all__ = ["RankChecker", "Finding", "Unchecked", "CODES", "ERROR", "WARN", "LEVEL2_RULES", "RULE_LEVEL"]
+__all__ = ["RankChecker", "CrossRank", "Finding", "Unchecked", "CODES", "ERROR", "WARN", "LEVEL2_RULES",
+           "RULE_LEVEL", "RULES", "Rule", "STRUCTURAL"]
