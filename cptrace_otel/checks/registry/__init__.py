@@ -1,17 +1,17 @@
 """The rule registry: one entry per rule id (domain sections 4 and 5), the single index from which the level tables,
 the ``unchecked`` report, the C1 projection's tags and the README's rule table are derived.
 
-An entry (:class:`Rule`) says which finding ``code`` the rule reports under, the lowest trace ``level`` whose records
-it needs (domain 3.2/3.4: 1 structural, 2 adds ack/free/compose/store, 3 adds fwd_hash), the record ``tags`` it reads,
-its ``scope`` (:data:`RANK`: one rank's stream, :class:`~.rank.RankChecker`; :data:`CROSS`: all ranks,
-:class:`~.crossrank.CrossRank`), a one-line ``summary``, the ``Finding.rule`` names it ``emits`` and the ``Unchecked``
-names it may report for skipped instances (``skips``), and ``impl``: the ``module:Class.method`` under
+An entry (:class:`Rule`) says which finding ``code`` the rule reports under, the lowest trace ``level`` whose
+records it needs (domain 3.2/3.4: 1 structural, 2 adds ack/free/compose/store, 3 adds fwd_hash), the record ``tags``
+it reads, its ``scope`` (:data:`RANK`: one rank's stream, ``checks.rank.RankChecker``; :data:`CROSS`: all ranks,
+``checks.crossrank.CrossRank``), a one-line ``summary``, the ``Finding.rule`` names it ``emits`` and the
+``Unchecked`` names it may report for skipped instances (``skips``), and ``impl``: the ``module:Class.method`` under
 ``cptrace_otel.checks`` that holds its logic.
 
 Derived here: :data:`RULE_LEVEL` and :data:`LEVEL2_RULES` (per-rank levels), :func:`unchecked_at` (the rules a
 stream's level cannot support), :data:`STRUCTURAL` (C1's projection tags), :data:`FENCE_TAGS` (the C5 store fence's
 tags), :data:`CODES`, and :func:`render_table` (the README's rule table; ``python -m cptrace_otel.checks.registry``
-prints it). Adding a rule: add its entry here, its method where ``impl`` says, and regenerate the README table.
+prints it, :func:`splice_table` puts it between the markers of a markdown file). Adding a rule: add its entry here, its method where ``impl`` says, and regenerate the README table.
 """
 
 from __future__ import annotations
@@ -114,6 +114,9 @@ def unchecked_at(level: int, scope: str) -> list[Rule]:
     return [r for r in RULES if r.scope == scope and r.level > floor]
 
 
+TABLE_BEGIN, TABLE_END = "<!-- rules:begin -->", "<!-- rules:end -->"   # around the table in a markdown file
+
+
 def render_table() -> str:
     """The README's rule table (markdown), generated from :data:`RULES`."""
     rows = ["| rule | code | level | scope | reads | what it checks | reported as |",
@@ -125,5 +128,9 @@ def render_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-if __name__ == "__main__":
-    print(render_table(), end="")
+def splice_table(text: str) -> str:
+    """``text`` (a markdown document) with the lines between :data:`TABLE_BEGIN` and :data:`TABLE_END` replaced by
+    :func:`render_table`; ValueError when the markers are missing."""
+    a = text.index(TABLE_BEGIN) + len(TABLE_BEGIN)
+    b = text.index(TABLE_END, a)
+    return text[:a] + "\n" + render_table() + text[b:]
