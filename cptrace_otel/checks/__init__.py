@@ -1,4 +1,7 @@
-"""Per-rank invariant checks: H1-H4, ZERO and HASH (domain spec sections 3.4 and 4), streaming.
+"""The invariant rules, streaming: per rank H1-H4, ZERO and HASH (domain spec sections 3.4 and 4; this module's
+:class:`RankChecker`), across ranks C1-C5 (section 5; :class:`.crossrank.CrossRank`, imported from its module so
+that the exporter, which runs only the per-rank rules, does not load it). Every rule id, with its code, level and
+the tags it reads, is an entry of :mod:`.registry`; each has one method in a ``rules_*`` module (``impl``).
 
 Stable API (the exporter, the analyzer and the simulator tests use exactly this)::
 
@@ -45,10 +48,9 @@ Conventions the rules rely on (what an emitter such as the simulator should log)
   starts a new epoch; state of the old epoch is dropped.
 """
 
-from .crossrank import CrossRank
 from .findings import ERROR, WARN, Finding, Unchecked
 from .rank import RankChecker
 from .registry import CODES, LEVEL2_RULES, RULE_LEVEL, RULES, STRUCTURAL, Rule
 
-__all__ = ["RankChecker", "CrossRank", "Finding", "Unchecked", "CODES", "ERROR", "WARN", "LEVEL2_RULES",
-           "RULE_LEVEL", "RULES", "Rule", "STRUCTURAL"]
+__all__ = ["RankChecker", "Finding", "Unchecked", "CODES", "ERROR", "WARN", "LEVEL2_RULES", "RULE_LEVEL", "RULES",
+           "Rule", "STRUCTURAL"]
