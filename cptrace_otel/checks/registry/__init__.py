@@ -11,7 +11,8 @@ it reads, its ``scope`` (:data:`RANK`: one rank's stream, ``checks.rank.RankChec
 Derived here: :data:`RULE_LEVEL` and :data:`LEVEL2_RULES` (per-rank levels), :func:`unchecked_at` (the rules a
 stream's level cannot support), :data:`STRUCTURAL` (C1's projection tags), :data:`FENCE_TAGS` (the C5 store fence's
 tags), :data:`CODES`, and :func:`render_table` (the README's rule table; ``python -m cptrace_otel.checks.registry``
-prints it, :func:`splice_table` puts it between the markers of a markdown file). Adding a rule: add its entry here, its method where ``impl`` says, and regenerate the README table.
+prints it, :func:`splice_table` puts it between the markers of a markdown file). Adding a rule: add its entry
+here, its method where ``impl`` says, and regenerate the README table.
 """
 
 from __future__ import annotations
