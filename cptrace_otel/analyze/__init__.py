@@ -1,6 +1,6 @@
-"""The offline analyzer: event sources (``sources/``: upstream log files, OTLP JSON-lines files), the per-rank
-rules of :mod:`cptrace_otel.checks` plus the cross-rank rules C1-C5 (:mod:`.crossrank`), combined by
-:class:`.engine.Analysis`, rendered by :mod:`.report`, and the ``cptrace-otel check`` command (:mod:`.check_cmd`).
+"""The offline analyzer: event sources (``sources/``: upstream log files, OTLP JSON-lines files), the rules of
+:mod:`cptrace_otel.checks` (per-rank H1-H4, ZERO, HASH and cross-rank C1-C5) combined by :class:`.engine.Analysis`,
+rendered by :mod:`.report`, and the ``cptrace-otel check`` command (:mod:`.check_cmd`).
 
 Programmatic use::
 

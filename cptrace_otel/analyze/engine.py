@@ -12,8 +12,8 @@ import dataclasses
 from typing import Any, Iterable
 
 from ..checks import Finding, RankChecker, Unchecked
+from ..checks.crossrank import CrossRank
 from ..events import Event
-from .crossrank import CrossRank
 from .localize import Localizer
 
 _FWD_HASH = "fwd_hash"

@@ -1,4 +1,7 @@
-"""Per-rank invariant checks: H1-H4, ZERO and HASH (domain spec sections 3.4 and 4), streaming.
+"""The invariant rules, streaming: per rank H1-H4, ZERO and HASH (domain spec sections 3.4 and 4; this module's
+:class:`RankChecker`), across ranks C1-C5 (section 5; :class:`.crossrank.CrossRank`, imported from its module so
+that the exporter, which runs only the per-rank rules, does not load it). Every rule id, with its code, level and
+the tags it reads, is an entry of :mod:`.registry`; each has one method in a ``rules_*`` module (``impl``).
 
 Stable API (the exporter, the analyzer and the simulator tests use exactly this)::
 
@@ -11,7 +14,7 @@ Stable API (the exporter, the analyzer and the simulator tests use exactly this)
     tail = chk.finish()                       # end of stream: H4-open (WARN)
     skipped = chk.unchecked()                 # list[Unchecked]: never a silent pass
 
-``Finding``: ``code`` (H1 H2 H3 H4 ZERO HASH; C1-C5 come from :mod:`cptrace_otel.analyze.crossrank`), ``rule``
+``Finding``: ``code`` (H1 H2 H3 H4 ZERO HASH; C1-C5 come from :mod:`.crossrank`), ``rule``
 (H1a H1b H2a H2b H2c H3 H4a H4b H4-open ZERO@backup ZERO@reload HASH), ``rank``, ``epoch``, ``node_id``, ``op``,
 ``certainty`` ("exact" | "interval"; interval-only findings have ``severity`` WARN), ``evidence`` (seqs, the last
 one being where it completed), ``message``, ``src``/``line_no`` of the completing record, ``evidence_lines``.
@@ -45,7 +48,9 @@ Conventions the rules rely on (what an emitter such as the simulator should log)
   starts a new epoch; state of the old epoch is dropped.
 """
 
-from .findings import CODES, ERROR, WARN, Finding, Unchecked
-from .rank import LEVEL2_RULES, RULE_LEVEL, RankChecker
+from .findings import ERROR, WARN, Finding, Unchecked
+from .rank import RankChecker
+from .registry import CODES, LEVEL2_RULES, RULE_LEVEL, RULES, STRUCTURAL, Rule
 
-__all__ = ["RankChecker", "Finding", "Unchecked", "CODES", "ERROR", "WARN", "LEVEL2_RULES", "RULE_LEVEL"]
+__all__ = ["RankChecker", "Finding", "Unchecked", "CODES", "ERROR", "WARN", "LEVEL2_RULES", "RULE_LEVEL", "RULES",
+           "Rule", "STRUCTURAL"]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+EPOCH_TAGS = frozenset(("reset", "split", "insert"))  # the only records that can move an epoch tracker
+
 
 class EpochTracker:
     """Feed ``(tag, fields)`` in stream order; :meth:`step` returns the epoch of that record."""

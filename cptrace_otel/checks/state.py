@@ -51,6 +51,11 @@ class Node:
         self.bk_state: tuple | None = None      # ("pending", write) or ("acked", ref)
         self.from_split = False
 
+    def bump(self, ref: Ref, why: str) -> None:
+        """The node's device state changed at ``ref`` (H3 compares fills against ``gen``)."""
+        self.gen += 1
+        self.gen_ref = (ref, why)
+
 
 class PendingWrite:
     """A device->host copy from its ``prepare`` to its ``ack dir=d2h``, following the tokens across splits."""
@@ -118,7 +123,8 @@ class Bounded(OrderedDict):
 
 
 class EpochState:
-    """All per-(rank, epoch) state."""
+    """All per-(rank, epoch) state, and the bookkeeping of its indexes (open/close/find a write or a load, delete a
+    node) that the checker's handlers share."""
 
     MAX_PENDING = 8192   # in-flight copies kept; at level 1 (no acks) older ones are forgotten
 
@@ -134,3 +140,70 @@ class EpochState:
         self.fills: dict[Any, Fill] = {}
         self.fills_by_node: dict[int, set] = {}
         self.nodes_seen = 0
+
+    # -- nodes --------------------------------------------------------------------------------------------------
+    def delete(self, nid: int, ref: Ref, why: str) -> None:
+        """Node ``nid`` left the tree at ``ref``: remembered as dead (H2a names why), its compose fills dropped."""
+        if self.nodes.pop(nid, None) is not None:
+            self.dead.put(nid, (ref, why))
+        keys = self.fills_by_node.pop(nid, None)
+        if keys:
+            fills = self.fills
+            for k in keys:
+                fills.pop(k, None)
+
+    # -- pending writes (prepare -> ack dir=d2h) ------------------------------------------------------------------
+    def open_write(self, w: PendingWrite) -> None:
+        self.writes[id(w)] = w
+        self.writes_by_node.setdefault(w.origin, []).append(w)
+        if len(self.writes) > self.MAX_PENDING:  # a level-1 stream never acks: forget the oldest
+            self.close_write(next(iter(self.writes.values())))
+
+    def close_write(self, w: PendingWrite) -> None:
+        self.writes.pop(id(w), None)
+        for nid in w.frag_ids():
+            lst = self.writes_by_node.get(nid)
+            if lst:
+                try:
+                    lst.remove(w)
+                except ValueError:
+                    pass
+                if not lst:
+                    del self.writes_by_node[nid]
+
+    def find_write(self, nid: int, op: Any, need_unbacked: bool = False) -> PendingWrite | None:
+        """The open write of node ``nid`` for ``op`` (``need_unbacked``: not yet seen by a backup record), else the
+        node's first such write (a merged op carries a new op id)."""
+        lst = self.writes_by_node.get(nid)
+        if not lst:
+            return None
+        for w in lst:
+            if op in w.ops and not (need_unbacked and w.b_ref is not None):
+                return w
+        for w in lst:
+            if not (need_unbacked and w.b_ref is not None):
+                return w
+        return None
+
+    # -- pending loads (reload -> ack dir=h2d) --------------------------------------------------------------------
+    def open_load(self, ld: PendingLoad) -> PendingLoad | None:
+        """Open ``ld``; returns the oldest load when it had to be forgotten (over ``MAX_PENDING``), else None."""
+        self.loads[id(ld)] = ld
+        self.loads_by_node.setdefault(ld.node_id, []).append(ld)
+        if len(self.loads) > self.MAX_PENDING:
+            old = next(iter(self.loads.values()))
+            self.close_load(old)
+            return old
+        return None
+
+    def close_load(self, ld: PendingLoad) -> None:
+        self.loads.pop(id(ld), None)
+        lst = self.loads_by_node.get(ld.node_id)
+        if lst:
+            try:
+                lst.remove(ld)
+            except ValueError:
+                pass
+            if not lst:
+                del self.loads_by_node[ld.node_id]
+        self.recent_loads.put((ld.op, ld.node_id), ld)

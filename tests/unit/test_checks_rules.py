@@ -302,7 +302,7 @@ def test_checker_never_raises_on_odd_records():
     """The exporter disables online checks after an exception: odd values must be tolerated, not crash."""
     import random
 
-    from cptrace_otel.analyze.crossrank import CrossRank
+    from cptrace_otel.checks.crossrank import CrossRank
     from cptrace_otel.logline import Rng
     rnd = random.Random(3)
     tags = ["config", "reset", "rid_map", "insert", "split", "prepare", "backup", "ack", "evict", "free", "reload",

@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Callable
 
-from ..checks.findings import ERROR, Finding
-from ..checks.ranges import Slots, overlap, slots_of
 from ..events import Event
+from .findings import ERROR, Finding
+from .ranges import Slots, overlap, slots_of
 
 _B = 256  # slots per bucket
 

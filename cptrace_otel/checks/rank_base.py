@@ -1,0 +1,51 @@
+"""What the per-rank rule classes (``rules_*.py``) share with :class:`~.rank.RankChecker`, which mixes them in: the
+checker's state and the two ways a rule reports (a :class:`Finding`, or a counted skip).
+
+A rule method reads the lineage state (``self.st``, :mod:`.state`) as the per-tag handler of :class:`~.rank.RankChecker`
+leaves it when it calls the rule, and returns its finding (or appends its findings to the handler's list); it never
+dispatches records itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..events import Event
+from .findings import ERROR, WARN, Finding, Unchecked
+from .ranges import EXACT
+from .state import EpochState
+
+
+def _int(v: Any) -> int | None:
+    return v if type(v) is int else None
+
+
+class RankRuleBase:
+    rank: int
+    epoch: int
+    mode: str
+    st: EpochState
+    _skips: dict[str, Unchecked]
+    level: int   # (a property of RankChecker: explicit, else `config level=`, else inferred)
+
+    def _finding(self, code: str, rule: str, node_id: Any, op: Any, cert: str, refs: list, msg: str,
+                 ev: Event | None = None, severity: str = ERROR) -> Finding:
+        """A finding of this rank and epoch; ``refs`` are the (seq, line_no) of its evidence (None entries are
+        dropped), reported in seq order; ``ev`` is the record that completed it. Non-exact findings are WARNs."""
+        refs = sorted({r for r in refs if r is not None})
+        f = Finding(code, rule, self.rank, self.epoch, node_id, op, cert, [r[0] for r in refs], msg,
+                    severity if cert == EXACT else WARN)
+        f.evidence_lines = [r[1] for r in refs]
+        if ev is not None:
+            f.src, f.line_no = ev.src, ev.line_no
+        return f
+
+    def _skip(self, rule: str, code: str, node_id: Any, reason: str) -> None:
+        """Count one instance of ``rule`` that could not be decided (an ``Unchecked`` of kind "skip")."""
+        u = self._skips.get(rule)
+        if u is None:
+            self._skips[rule] = Unchecked(rule, code, self.rank, 1, reason, "skip", 1, [node_id])
+        else:
+            u.count += 1
+            if len(u.examples) < 5 and node_id not in u.examples:
+                u.examples.append(node_id)

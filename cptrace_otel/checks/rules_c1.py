@@ -1,0 +1,157 @@
+"""C1, lockstep tree (domain 5): each rank's projection onto structural tuples (tag in
+:data:`~.registry.STRUCTURAL`; node_id; len or pre_len; split_len; evict tier) must be identical on all ranks of
+the group. The first divergence per epoch is reported on the rank that deviates from the majority (in a tie: the
+rank that skipped a record the others have), with the node and op of the expected record; a rank whose stream ends
+early diverges at its end. A divergence is confirmed only once every rank has one more tuple (the tie-break), so
+C1 may confirm it a few tuples late; the rules that stop at it wait (:meth:`C1Lockstep._c1_release`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from ..events import Event
+from .cross_base import CrossRuleBase, EpochC1, _int
+from .findings import ERROR, Finding
+
+
+def _proj(ev: Event) -> tuple:
+    """A record's C1 tuple: (tag, node id, length, split length, tier), ints and str only."""
+    f = ev.fields
+    tag = ev.tag
+    nid = f.get("node_id")
+    ln = f.get("pre_len" if tag == "split" else "len")
+    sl = f.get("split_len")
+    tier = f.get("tier") if tag == "evict" else None
+    return (tag, nid if type(nid) is int else None, ln if type(ln) is int else None,
+            sl if type(sl) is int else None, tier if type(tier) is str else None)
+
+
+def _fmt(t: tuple) -> str:
+    tag, nid, ln, sl, tier = t
+    parts = [tag, f"node_id={nid}"]
+    if ln is not None:
+        parts.append(f"len={ln}")
+    if sl is not None:
+        parts.append(f"split_len={sl}")
+    if tier is not None:
+        parts.append(f"tier={tier}")
+    return " ".join(parts)
+
+
+class C1Lockstep(CrossRuleBase):
+    def _c1_add(self, ev: Event) -> None:
+        """Append the record's structural tuple (:func:`_proj`) to its rank's queue and compare the queue heads when
+        that can decide something."""
+        epoch = ev.epoch
+        r = ev.rank
+        st = self._c1.get(epoch)
+        if st is None:
+            st = self._c1[epoch] = EpochC1()
+        counts = st.counts
+        counts[r] = counts.get(r, 0) + 1   # this rank's structural index in the epoch (counted after a divergence too)
+        if st.diverged is not None:
+            return
+        q = st.queues.get(r)
+        if q is None:
+            q = st.queues[r] = deque()
+        n = len(q)
+        # (tuple, record): the record gives seq, line, src and op if this tuple is ever reported
+        q.append((_proj(ev), ev))
+        if n >= 2:
+            # this rank was already two or more tuples ahead: the last comparison stopped on another rank's empty
+            # queue, readiness, or a tie-break wait that needs the other ranks' second tuples, none of which a
+            # tuple appended here changes (heads are untouched), so comparing again would return at once
+            return
+        if st.qs_ranks is self._ranks_sorted and not all(st.qs):
+            return   # another rank has no tuple yet: _c1_compare would stop at once (its queues are all built)
+        self._c1_compare(epoch, st, final=False)
+        if st.wait:
+            self._c1_release(epoch, st)
+
+    def _c1_release(self, epoch: int, st: EpochC1) -> None:
+        """Decide the joins that waited for C1 (see :meth:`~.rules_joins.JoinRules._decide`) once it has diverged
+        or compared up to them."""
+        waiting = st.wait
+        for key in list(waiting):
+            per = self._joins.get(key)
+            if per is None:
+                waiting.discard(key)
+            elif st.diverged is not None or max(x["idx"] for x in per.values()) <= st.index:
+                waiting.discard(key)
+                self._decide(key, final=False)
+
+    def _c1_compare(self, epoch: int, st: EpochC1, final: bool) -> None:
+        """C1: pop the tuples all ranks agree on; report the first divergence (at the end of the stream: the ranks
+        whose records ran out)."""
+        ranks = self._ranks_sorted
+        if len(ranks) < 2 or st.diverged is not None or not (final or self._ready()):
+            return
+        qs = st.qs
+        if st.qs_ranks is not ranks:   # (re)built when a rank appears: the queue of every rank, in rank order
+            queues = st.queues
+            for r in ranks:
+                if r not in queues:
+                    queues[r] = deque()
+            qs = st.qs = [queues[r] for r in ranks]
+            st.qs_ranks = ranks
+        while True:
+            if not all(qs):
+                if not final or not any(qs):
+                    return
+                # end of stream: some ranks have records the others never logged
+                short = [r for r, q in zip(ranks, qs) if not q]
+                longq = next(q for q in qs if q)
+                t0 = longq[0]
+                for r in short:
+                    self._emit_c1(epoch, r, t0, st.index, f"rank {r} ends after {st.index} structural records; "
+                                  f"other ranks continue with {t0[0]}", t0[1])
+                st.diverged = st.index
+                return
+            heads = [q[0][0] for q in qs]
+            if heads.count(heads[0]) == len(heads):   # all equal (C-level, no generator per tuple)
+                for q in qs:
+                    q.popleft()
+                st.index += 1
+                continue
+            if not final and min(map(len, qs)) < 2:
+                return  # wait for one more tuple per rank to break ties
+            self._c1_diverge(epoch, st, ranks, qs)
+            return
+
+    def _c1_diverge(self, epoch: int, st: EpochC1, ranks: list[int], qs: list[deque]) -> None:
+        heads = [q[0][0] for q in qs]
+        counts: dict[tuple, int] = {}
+        for h in heads:
+            counts[h] = counts.get(h, 0) + 1
+        best = max(counts.values())
+        majority = [h for h in counts if counts[h] == best]
+        if len(majority) == 1:
+            ref = majority[0]
+        else:
+            # tie: the reference is a record that some rank skipped (its next tuple is the other's current one)
+            ref = heads[0]
+            for i, q in enumerate(qs):
+                for j, q2 in enumerate(qs):
+                    if i != j and len(q2) >= 2 and q2[1][0] == q[0][0] and q2[0][0] != q[0][0]:
+                        ref = q2[0][0]  # rank i skipped q2's head
+        ref_item = next(q[0] for q in qs if q[0][0] == ref)
+        for r, q in zip(ranks, qs):
+            if q[0][0] != ref:
+                self._emit_c1(epoch, r, ref_item, st.index,
+                              f"structural record #{st.index}: rank {r} has {_fmt(q[0][0])}, expected "
+                              f"{_fmt(ref)} (ranks {[x for x, y in zip(ranks, qs) if y[0][0] == ref]})",
+                              q[0][1], ref_item)
+        st.diverged = st.index
+        st.queues.clear()
+        st.qs = []
+        st.qs_ranks = None
+
+    def _emit_c1(self, epoch: int, rank: int, ref_item: tuple, index: int, msg: str, where: Event,
+                 other: tuple | None = None) -> None:
+        """C1 on ``rank`` at record ``where``; node and op of the expected queue item ``ref_item`` (tuple, record)."""
+        seq, line, src = where.seq, where.line_no, where.src
+        f = Finding("C1", "C1", rank, epoch, ref_item[0][1], _int(ref_item[1].fields.get("op")), "exact", [seq], msg,
+                    ERROR, src, line)
+        f.evidence_lines = [line]
+        self.findings.append(f)

@@ -1,0 +1,121 @@
+"""C2, ack-count agreement (domain 5, level 2): each round of ``ack`` records (``round=`` when emitted, else a run
+of consecutive ack records of one direction) holds the same (dir, op count, node set) on all ranks, since
+writing_check and loading_check take the MIN across the attn_cp and attn_tp groups.
+
+The first mismatch per epoch is reported (on each rank that differs from the majority); it is kept with the latest
+structural index of the rounds compared and dropped at the end if that lies past the epoch's C1 divergence (C2
+stops there). A rank with fewer rounds than the others is reported at the end of the stream.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from ..events import Event
+from .cross_base import CrossRuleBase, _int
+from .findings import ERROR, Finding
+
+
+def _str(v: object) -> str | None:
+    return v if type(v) is str else None
+
+
+class C2AckRounds(CrossRuleBase):
+    _rounds: dict[tuple[int, int], deque]   # (rank, epoch) -> finished rounds
+    _cur_round: dict[int, list]            # rank -> [epoch, key, dir, ops, nodes, seq, line, src, index]
+    _c2_done: set[int]
+    _c2_qs: dict[int, tuple]               # epoch -> (ranks list it was built for, round queues)
+
+    def _round_add(self, ev: Event) -> None:
+        f = ev.fields
+        r = ev.rank
+        d = _str(f.get("dir"))
+        rk = f.get("round")
+        if type(rk) is not int:
+            rk = None
+        cur = self._cur_round.get(r)
+        if cur is not None and (cur[0] != ev.epoch or cur[1] != rk or cur[2] != d):
+            self._round_close(r)
+            cur = None
+        if cur is None:
+            cur = self._cur_round[r] = [ev.epoch, rk, d, set(), set(), ev.seq, ev.line_no, ev.src,
+                                        self._index(r, ev.epoch)]
+        cur[3].add(_int(f.get("op")))
+        nid = f.get("node_id")
+        if type(nid) is int:
+            cur[4].add(nid)
+
+    def _round_close(self, r: int) -> None:
+        cur = self._cur_round.pop(r, None)
+        if cur is None:
+            return
+        epoch = cur[0]
+        if epoch in self._c2_done:
+            return   # C2 of this epoch is decided: its later rounds are never compared (nor kept)
+        q = self._rounds.get((r, epoch))
+        if q is None:
+            q = self._rounds[(r, epoch)] = deque()
+        q.append((cur[2], len(cur[3]), frozenset(cur[4]), cur[5], cur[6], cur[7], cur[8]))
+        c = self._c2_qs.get(epoch)
+        if c is not None and c[0] is self._ranks_sorted and not all(c[1]):
+            return   # another rank has no round yet: _c2_compare would stop at once
+        self._c2_compare(epoch, final=False)
+
+    def _c2_compare(self, epoch: int, final: bool) -> None:
+        """C2: pop the rounds all ranks agree on; report the first mismatch of the epoch."""
+        if epoch in self._c2_done:
+            return
+        ranks = self._ranks_sorted
+        if len(ranks) < 2 or not (final or self._ready()):
+            return
+        c = self._c2_qs.get(epoch)
+        if c is not None and c[0] is ranks:
+            qs = c[1]
+        else:   # (re)built when a rank appears: the round queue of every rank, in rank order
+            qs = [self._rounds.setdefault((r, epoch), deque()) for r in ranks]
+            self._c2_qs[epoch] = (ranks, qs)
+        n = 0
+        while all(qs):
+            heads = [q[0][:3] for q in qs]
+            if heads.count(heads[0]) == len(heads):
+                for q in qs:
+                    q.popleft()
+                n += 1
+                continue
+            st = self._c1.get(epoch)
+            if st is not None and st.diverged is not None:
+                self._c2_done.add(epoch)  # node sets no longer comparable after a C1 divergence
+                return
+            counts: dict[tuple, int] = {}
+            for h in heads:
+                counts[h] = counts.get(h, 0) + 1
+            ref = max(counts, key=lambda h: (counts[h], len(h[2])))
+            # judged at the latest structural index of the rounds compared: a C1 divergence found later (it can
+            # wait for more tuples) at or before that index drops the finding (finish), as C2 stops there
+            at = max(q[0][6] for q in qs)
+            for r, q in zip(ranks, qs):
+                if q[0][:3] != ref:
+                    d, nops, nodes, seq, line, src, _ = q[0]
+                    f = Finding("C2", "C2", r, epoch, min(ref[2] ^ nodes) if ref[2] ^ nodes else None, None, "exact",
+                                [seq], f"ack round on rank {r}: dir={d} ops={nops} nodes={sorted(nodes)}; "
+                                f"expected dir={ref[0]} ops={ref[1]} nodes={sorted(ref[2])}", ERROR, src, line)
+                    f.evidence_lines = [line]
+                    if st is not None:
+                        st.late.append((f, at))
+                    else:
+                        self.findings.append(f)   # no structural record in this epoch: no divergence to wait for
+            self._c2_done.add(epoch)
+            for q in qs:
+                q.clear()
+            return
+        if final and any(qs):
+            st = self._c1.get(epoch)
+            if st is not None and st.diverged is not None:
+                return
+            for r, q in zip(ranks, qs):
+                if not q and any(qs):
+                    other = next(x for x in qs if x)[0]
+                    f = Finding("C2", "C2", r, epoch, min(other[2]) if other[2] else None, None, "exact",
+                                [other[3]], f"rank {r} has fewer ack rounds than the other ranks", ERROR)
+                    self.findings.append(f)
+            self._c2_done.add(epoch)
