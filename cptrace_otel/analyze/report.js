@@ -7,10 +7,14 @@
   var recs = data.records, findings = data.findings, traces = data.traces || {};
   var tip = document.getElementById('tip');
 
+  var evidenceOf = {};   // record index -> the findings it is evidence of
+  findings.forEach(function (f, k) { (f.records || []).forEach(function (i) { (evidenceOf[i] = evidenceOf[i] || []).push(k); }); });
   function recText(i) {
     var r = recs[i];
-    var s = '[' + r[0] + '] rank ' + r[1] + '  seq ' + r[2] + '  epoch ' + r[4] + '  ts ' + r[3] + '\n' + r[5];
-    return r[6] ? s + '\n' + r[6] : s;
+    var where = r[6] ? '  ' + r[6].split('/').pop() : '';
+    var ev = (evidenceOf[i] || []).map(function (k) { return '  << evidence of ' + findings[k].code + ' #' + (k + 1); });
+    return '[' + r[0] + '] rank ' + r[1] + '  seq ' + r[2] + '  epoch ' + r[4] + '  ts ' + r[3] + where + ev.join('') +
+      '\n' + r[5];
   }
   // Records a few ns apart share a pixel: the hover text lists every record of the lane under the pointer.
   function recsAt(el) {
@@ -20,7 +24,7 @@
     });
     near.sort(function (a, b) { return recs[a][2] - recs[b][2]; });
     var more = near.length > 10 ? '\n... and ' + (near.length - 10) + ' more records here' : '';
-    return near.slice(0, 10).map(recText).join('\n\n') + more;
+    return near.slice(0, 10).map(recText).join('\n') + more;
   }
   function findingText(i) {
     var f = findings[i];

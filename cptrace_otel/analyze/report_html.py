@@ -121,7 +121,7 @@ class _Page:
                 f = p.finding
                 self.findings.append({"code": f.code, "rule": f.rule, "severity": f.severity, "rank": f.rank,
                                       "epoch": f.epoch, "node": f.node_id, "op": f.op, "message": f.message,
-                                      "evidence": list(f.evidence)})
+                                      "evidence": list(f.evidence), "records": list(p.evidence)})
         for k, mod in enumerate(self.models):
             self._section(mod, self.offsets[k])
         data = {"records": records, "findings": self.findings, "run_id": m.get("run_id"),
