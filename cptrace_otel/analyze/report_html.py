@@ -135,11 +135,8 @@ class _Page:
     # -- one model (one group of sources) ---------------------------------------------------------------------
     def _section(self, mod: Model, off: int) -> None:
         w = self.parts.append
-        nf = len(mod.findings)
-        codes: dict[str, int] = {}
-        for p in mod.findings:
-            codes[p.finding.code] = codes.get(p.finding.code, 0) + 1
-        badges = "".join(f'<span class="badge bad">{_e(c)} × {n}</span>' for c, n in sorted(codes.items())) \
+        nf = sum(mod.codes.values())
+        badges = "".join(f'<span class="badge bad">{_e(c)} × {n}</span>' for c, n in sorted(mod.codes.items())) \
             or '<span class="badge ok">no findings</span>'
         w(f'<section class="run" data-findings="{nf}"><h2>{_e(mod.title)}</h2>\n<p class="meta">')
         w(f"run id <b>{_e(mod.run_id or '(unknown)')}</b> · <b>{mod.events}</b> records · ranks "
@@ -161,8 +158,10 @@ class _Page:
         w = self.parts.append
         if not mod.findings:
             return
-        w(f'<h2>Findings <span class="sub">({len(mod.findings)}; click one to select its evidence)</span></h2>\n'
-          '<table class="findings"><tr><th>#</th><th>code</th><th>severity</th><th>rank</th><th>epoch</th>'
+        total = sum(mod.codes.values())
+        count = f"{len(mod.findings)} of {total}" if total > len(mod.findings) else f"{total}"
+        w(f'<h2>Findings <span class="sub">({count}; click one to select its evidence)</span></h2>\n'
+          '<div class="ftable"><table class="findings"><tr><th>#</th><th>code</th><th>severity</th><th>rank</th><th>epoch</th>'
           '<th>node</th><th>op</th><th>message</th><th>evidence seq</th><th>trace</th></tr>\n')
         for k, p in enumerate(mod.findings):
             f, i = p.finding, off + k
@@ -176,7 +175,7 @@ class _Page:
               f'<td>{_e("" if f.node_id is None else f.node_id)}</td><td>{_e("" if f.op is None else f.op)}</td>'
               f'<td class="msg">{_e(f.message)}</td><td class="mono">{_e(",".join(map(str, f.evidence)))}</td>'
               f"<td>{trace}</td></tr>\n")
-        w("</table>\n")
+        w("</table></div>\n")
 
     def _nodes_table(self, mod: Model) -> None:
         w = self.parts.append
@@ -275,8 +274,9 @@ def _axis(sc: _Scale, height: int) -> str:
     out = ['<g class="axis">']
     for t in _ticks(sc.span):
         x = sc.x(sc.t0 + t)
-        out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{AXIS_H - 6}" y2="{height}"/>'
-                   f'<text x="{x + 2:.1f}" y="{AXIS_H - 9}">+{_dur(t)}</text>')
+        out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{AXIS_H - 6}" y2="{height}"/>')
+        if x < WIDTH - 56:   # a label that would be cut at the right edge is left out
+            out.append(f'<text x="{x + 2:.1f}" y="{AXIS_H - 9}">+{_dur(t)}</text>')
     out.append("</g>")
     return "".join(out)
 

@@ -12,7 +12,8 @@ A report is made of :class:`Panel` s, one per epoch (a run) or per epoch of one 
   the panel's end; a rank whose stream has no ``ack`` at all (level 1) gets no stage bars;
 * density: when a lane has more records than the panel may draw, counts per time bucket instead of marks;
 * findings: every finding of the panel's epoch (and node), placed at the record that completed it, its evidence
-  records always drawn as marks.
+  records always drawn as marks (at most :data:`FINDINGS_SHOWN` findings, most severe first, or
+  :data:`FINDINGS_DRAWN` in a summarised run: the page says how many more ``check --json`` lists).
 
 A run with at most ``full_limit`` records is drawn whole. A larger one is summarised: its epochs (at most
 :data:`MAX_PANELS`, those with findings first) as densities with every finding and its evidence, then the top nodes
@@ -35,6 +36,8 @@ MAX_PANELS = 8           # epoch panels in a summarised run
 BUCKETS = 240            # density buckets per lane
 TABLE_ROWS = 40          # rows of the top-nodes table
 TRACE_MAP_MAX = 20000    # nodes whose trace id the report can resolve (#trace=<hex>)
+FINDINGS_SHOWN = 1000    # findings listed and drawn (most severe first) ...
+FINDINGS_DRAWN = 300     # ... in a summarised run
 _READS = frozenset(("rid_map", "compose", "store", "fwd_hash"))   # records that do not change a node
 
 
@@ -149,6 +152,7 @@ class Model:
     nodes: list[NodeRow]
     trace_map: dict[str, tuple[int, int]]
     notes: list[str]
+    codes: dict[str, int]      # findings per code, all of them (``findings`` holds those listed and drawn)
 
 
 class _Index:
@@ -329,22 +333,31 @@ class Builder:
     # -- the model ------------------------------------------------------------------------------------------------
     def build(self, events: list[Event], findings: list, title: str, node: int | None = None,
               epoch: int | None = None) -> Model:
-        ix = _Index(events, findings)
-        placed = [self._place(f, ix) for f in findings]
+        """The model of ``events`` and their ``findings`` (most severe first, as the analysis sorts them): the run,
+        or with ``node`` that node (every epoch, or ``epoch``) and its findings only."""
+        if node is not None:
+            findings = [f for f in findings if f.node_id == node and (epoch is None or f.epoch == epoch)]
+        summarised = node is None and len(events) > self.full_limit
+        shown = findings[:FINDINGS_DRAWN if summarised else FINDINGS_SHOWN]
+        ix = _Index(events, shown)
+        placed = [self._place(f, ix) for f in shown]
         notes: list[str] = []
+        if len(shown) < len(findings):
+            notes.append(f"{len(findings)} findings: the first {len(shown)} (most severe first) are listed and drawn; "
+                         "cptrace-otel check --json lists them all")
         ranks = sorted(ix.ranks)
         nodes = self._node_rows(ix, findings)
-        summarised = False
+        if node is not None:
+            nodes = [r for r in nodes if r.node == node and (epoch is None or r.epoch == epoch)]
         panels: list[Panel] = []
         if node is not None:
             epochs = [e for e in sorted(ix.lanes) if (e, node) in ix.activity and (epoch is None or e == epoch)]
             for e in epochs:
                 panels.append(self._node_panel(ix, placed, e, node, ranks))
-        elif len(events) <= self.full_limit:
+        elif not summarised:
             for e in sorted(ix.lanes):
                 panels.append(self._epoch_panel(ix, placed, e, ranks, full=True))
         else:
-            summarised = True
             fcount: dict[int, int] = {}
             for f in findings:
                 fcount[f.epoch] = fcount.get(f.epoch, 0) + 1
@@ -372,8 +385,11 @@ class Builder:
                 tid, _ = self._trace(e, n)
                 if tid:
                     trace_map[tid] = (e, n)
+        codes: dict[str, int] = {}
+        for f in findings:
+            codes[f.code] = codes.get(f.code, 0) + 1
         return Model(title, self.run_id, ranks, len(events), summarised, panels, placed,
-                     nodes[:TABLE_ROWS], trace_map, notes)
+                     nodes[:TABLE_ROWS], trace_map, notes, codes)
 
     def _place(self, f: Any, ix: _Index) -> PlacedFinding:
         evs = [ix.evidence[(f.rank, s)] for s in f.evidence if (f.rank, s) in ix.evidence]

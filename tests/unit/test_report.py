@@ -168,6 +168,20 @@ def test_summarised_run_draws_top_nodes(tmp_path):
     assert dom.find("tr", data_node="6")                  # the top-nodes table
 
 
+def test_findings_beyond_the_cap_are_counted_not_listed(tmp_path, monkeypatch):
+    from cptrace_otel.analyze import report_model
+
+    monkeypatch.setattr(report_model, "FINDINGS_SHOWN", 1)
+    out = tmp_path / "c.html"
+    rc, _, _ = run(Args(two_ranks(tmp_path, "h4_bad.log", "hash_bad.log"), str(out)))
+    assert rc == 1
+    page = out.read_text()
+    dom = Dom(page)
+    assert len(dom.find("tr", "finding")) == len(dom.data["findings"]) == 1
+    total = sum(int(n) for n in re.findall(r'class="badge bad">\w+ × (\d+)<', page))
+    assert total >= 2 and f"{total} findings: the first 1 (most severe first)" in page
+
+
 def test_stdout_and_otlp_sources(tmp_path):
     otlp = str(tmp_path / "rank0.otlp.jsonl")
     assert main(["ingest", "--file", otlp, "--run-id", "run-x", "--no-progress",
