@@ -127,6 +127,10 @@ class _Page:
         data = {"records": records, "findings": self.findings, "run_id": m.get("run_id"),
                 "sources": m.get("sources", ""),
                 "traces": {t: list(v) for mod in self.models for t, v in mod.trace_map.items()}}
+        src = m.get("sources", "")
+        src = src if len(src) <= 400 else src[:400] + " …"
+        self.parts.append(f'<p class="meta">made by cptrace-otel {_e(m.get("version", ""))} from <code>{_e(src)}</code>'
+                          "</p>\n")
         self.parts.append('<div id="tip" hidden></div>\n')
         self.parts.append(f'<script type="application/json" id="cptrace-data">{_json_block(data)}</script>\n')
         self.parts.append(f"<script>\n{_asset('report.js')}</script>\n</body></html>\n")

@@ -1,9 +1,9 @@
 """Headless Chromium for the browser tests: Debian's ``chromium`` package driven by Playwright from PyPI.
 
 Playwright's own browser download (``playwright install``) is never used: the browser is launched from
-``CPTRACE_CHROMIUM`` (default ``/usr/bin/chromium``) with ``--no-sandbox`` (the tests run as root). Where the
-browser or Playwright is missing the tests skip with the reason, unless ``CPTRACE_REQUIRE_BROWSER=1`` (``.ci/run``
-sets it): then they fail. Screenshots go to ``CPTRACE_TEST_ARTIFACTS`` (default ``out/browser`` in the repository,
+``CPTRACE_CHROMIUM`` (default ``/usr/bin/chromium``) with ``--no-sandbox`` (the tests run as root) and
+``--disable-dev-shm-usage`` (containers have a small /dev/shm). Where the browser or Playwright is missing the tests
+skip with the reason, unless ``CPTRACE_REQUIRE_BROWSER=1`` (``.ci/run`` sets it): then they fail. Screenshots go to ``CPTRACE_TEST_ARTIFACTS`` (default ``out/browser`` in the repository,
 git-ignored) and their paths are printed.
 """
 
@@ -51,7 +51,8 @@ def chromium_page(width: int = 1500, height: int = 900) -> Iterator[tuple[object
     if not os.access(CHROMIUM, os.X_OK):
         browser_unavailable(f"no Chromium at {CHROMIUM}")
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"], headless=True)
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-dev-shm-usage"],
+                                    headless=True)
         try:
             page = browser.new_page(viewport={"width": width, "height": height})
             errors: list[str] = []
