@@ -43,42 +43,67 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
 
 
 def _run(args: Any, paths: list[str], level: int | None, out: TextIO, err: TextIO) -> int:
-    from .engine import Analysis, Result
     from .report import to_json, to_text
-    from .sources.logs import LogReadError, LogStats, read_log_events
-    from .sources.otlpfile import OtlpInfo, looks_like_otlp, read_otlp_events
+    from .sources.logs import LogReadError
 
     try:
-        otlp = [p for p in paths if looks_like_otlp(p)]
-        logs = [p for p in paths if p not in otlp]
-        results: list[Result] = []
-        run_id = getattr(args, "run_id", None)
-        stats = LogStats()
-        info = OtlpInfo()
-        if logs:
-            bar = _progress_bar(args, err, logs)
-
-            def on_bad(m: Any) -> None:
-                if stats.malformed <= 20:
-                    if bar is not None:
-                        bar.clear()
-                    print(f"warning: {m.path}:{m.line_no}: malformed line ({m.reason})", file=err)
-            try:
-                results.append(Analysis(level).run(read_log_events(logs, on_bad, stats,
-                                                                   bar.to if bar is not None else None)))
-            finally:
-                if bar is not None:
-                    bar.close()
-        if otlp:
-            evs = read_otlp_events(otlp, info)
-            results.append(Analysis(level, info.levels).run(evs))
-            if run_id is None and len(info.run_ids) == 1:
-                run_id = next(iter(info.run_ids))
-            for path, line_no, why in info.malformed[:20]:
-                print(f"warning: {path}:{line_no}: malformed line ({why})", file=err)
+        res, run_id, _ = analyze_sources(args, paths, level, err)
     except LogReadError as e:
         print(f"cptrace-otel check: {e}", file=err)
         return EXIT_UNREADABLE
+    jaeger = getattr(args, "jaeger_url", None)
+    if getattr(args, "json", False):
+        out.write(to_json(res, run_id, jaeger) + "\n")
+    else:
+        out.write(to_text(res, run_id, jaeger) + "\n")
+    return EXIT_FINDINGS if res.findings else EXIT_OK
+
+
+def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
+                    keep: bool = False) -> tuple[Any, str | None, list[tuple[Any, list]]]:
+    """Read ``paths`` as ``check`` does and analyze them: ``(merged Result, run id or None, groups)``.
+
+    Log files and OTLP files are two groups (two runs, analyzed apart); ``groups`` holds one ``(Result, events)``
+    per group read, ``events`` being every Event of the group in the order the rules saw it when ``keep`` is true
+    (the HTML report draws them), else an empty list. The run id is ``args.run_id`` or the one run id the OTLP files
+    name. Reader warnings (malformed lines, interleaving) go to ``err``. Raises
+    :class:`~.sources.logs.LogReadError` when a source cannot be read."""
+    from .engine import Analysis, Result
+    from .sources.logs import LogStats, read_log_events
+    from .sources.otlpfile import OtlpInfo, looks_like_otlp, read_otlp_events
+
+    otlp = [p for p in paths if looks_like_otlp(p)]
+    logs = [p for p in paths if p not in otlp]
+    results: list[Result] = []
+    groups: list[tuple[Result, list]] = []
+    run_id = getattr(args, "run_id", None)
+    stats = LogStats()
+    info = OtlpInfo()
+    if logs:
+        bar = _progress_bar(args, err, logs)
+
+        def on_bad(m: Any) -> None:
+            if stats.malformed <= 20:
+                if bar is not None:
+                    bar.clear()
+                print(f"warning: {m.path}:{m.line_no}: malformed line ({m.reason})", file=err)
+        kept: list = []
+        try:
+            evs = read_log_events(logs, on_bad, stats, bar.to if bar is not None else None)
+            results.append(Analysis(level).run(_Kept(evs, kept) if keep else evs))
+        finally:
+            if bar is not None:
+                bar.close()
+        groups.append((results[-1], kept))
+    if otlp:
+        kept = []
+        evs = read_otlp_events(otlp, info)
+        results.append(Analysis(level, info.levels).run(_Kept(evs, kept) if keep else evs))
+        groups.append((results[-1], kept))
+        if run_id is None and len(info.run_ids) == 1:
+            run_id = next(iter(info.run_ids))
+        for path, line_no, why in info.malformed[:20]:
+            print(f"warning: {path}:{line_no}: malformed line ({why})", file=err)
     res = _merge(results)
     res.stats["malformed"] = stats.malformed + len(info.malformed)
     res.stats["lines"] = stats.lines
@@ -91,12 +116,22 @@ def _run(args: Any, paths: list[str], level: int | None, out: TextIO, err: TextI
               "logs?); the cross-rank rules (C1-C5) expect ranks within a few hundred records of each other and "
               "may report false findings: give each rank's log as its own file (files are merged by ts)", file=err)
     res.stats["out_of_order"] = stats.behind
-    jaeger = getattr(args, "jaeger_url", None)
-    if getattr(args, "json", False):
-        out.write(to_json(res, run_id, jaeger) + "\n")
-    else:
-        out.write(to_text(res, run_id, jaeger) + "\n")
-    return EXIT_FINDINGS if res.findings else EXIT_OK
+    return res, run_id, groups
+
+
+class _Kept:
+    """``events`` passed through unchanged while each one is appended to ``into`` (keeps the ``ranks`` hint of the
+    log reader, which the cross-rank rules read before the first event)."""
+
+    def __init__(self, events: Any, into: list) -> None:
+        self.ranks = getattr(events, "ranks", None)
+        self._events, self._into = events, into
+
+    def __iter__(self) -> Any:
+        keep = self._into.append
+        for ev in self._events:
+            keep(ev)
+            yield ev
 
 
 class _Bar:
