@@ -27,12 +27,14 @@ Standard library only (``urllib``); nothing heavy is imported.
 
 from __future__ import annotations
 
+import base64
+import http.client
 import json
 import time
 import urllib.error
 import urllib.request
 from typing import Any, Iterable, Mapping
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, unquote, urlencode, urlsplit, urlunsplit
 
 from ... import semconv as sc
 from ...attrs import attributes_to_fields
@@ -61,11 +63,29 @@ class JaegerError(RuntimeError):
         self.body = body
 
 
+def mask_url(url: str) -> str:
+    """``url`` with the password of its user part replaced by ``***`` (for messages)."""
+    parts = urlsplit(url if "://" in url else "http://" + url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
+
+
 class JaegerClient:
-    """Read-only client of one Jaeger query service. Thread-safe (no shared state besides settings)."""
+    """Read-only client of one Jaeger query service. Thread-safe (no shared state besides settings).
+
+    ``user:password@`` in ``base_url`` is sent as HTTP basic auth and kept out of :attr:`base_url` (so out of every
+    message and link)."""
 
     def __init__(self, base_url: str = DEFAULT_URL, timeout_s: float = 10.0) -> None:
         self.base_url = normalize_base(base_url)
+        self._headers = {"Accept": "application/json"}
+        parts = urlsplit(self.base_url)
+        if parts.username is not None or parts.password is not None:
+            cred = f"{unquote(parts.username or '')}:{unquote(parts.password or '')}".encode()
+            self._headers["Authorization"] = "Basic " + base64.b64encode(cred).decode()
+            self.base_url = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
         self.timeout_s = timeout_s
 
     # -- transport ---------------------------------------------------------------------------------------------
@@ -73,7 +93,7 @@ class JaegerClient:
         """GET ``path`` and decode JSON; ``None`` on 404."""
         qs = urlencode(list(params), quote_via=quote)
         url = f"{self.base_url}{path}" + (f"?{qs}" if qs else "")
-        req = urllib.request.Request(url, headers={"Accept": "application/json"})
+        req = urllib.request.Request(url, headers=self._headers)
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                 body = resp.read()
@@ -86,6 +106,8 @@ class JaegerClient:
             raise JaegerUnreachable(url, str(e.reason)) from None
         except (TimeoutError, ConnectionError) as e:  # a timeout while reading the body
             raise JaegerUnreachable(url, repr(e)) from None
+        except (ValueError, http.client.HTTPException) as e:  # a URL urllib cannot use, a broken HTTP answer
+            raise JaegerUnreachable(url, str(e) or type(e).__name__) from None
         try:
             return json.loads(body)
         except ValueError:
@@ -106,12 +128,14 @@ class JaegerClient:
         limit: int = 100,
         operation: str | None = None,
         lookback_s: float | None = None,
+        raw: bool = False,
     ) -> list[dict[str, Any]]:
         """Traces of ``service`` with a span matching every tag (``GET /api/traces``), newest first.
 
         ``start_us``/``end_us`` bound span start times (unix µs); ``lookback_s`` sets ``start_us = now - lookback_s``
         when ``start_us`` is not given (Jaeger's own default is 48 h). Raises :class:`JaegerError` with Jaeger's
-        message when the query is refused (e.g. ``limit`` above the memory store's ``max_traces``)."""
+        message when the query is refused (e.g. ``limit`` above the memory store's ``max_traces``). ``raw=True`` skips
+        Jaeger's read-time adjusters (span dedup, sorting of attributes and events, clock-skew warnings)."""
         params: list[tuple[str, str]] = [("service", service), ("limit", str(int(limit)))]
         if operation:
             params.append(("operation", operation))
@@ -123,6 +147,8 @@ class JaegerClient:
             params.append(("end", str(int(end_us))))
         if tags:
             params.append(("tags", json.dumps({k: _tag_str(v) for k, v in tags.items()}, separators=(",", ":"))))
+        if raw:
+            params.append(("raw", "true"))
         out = self._get("/api/traces", params)
         return _data(out, self.base_url + "/api/traces")
 
@@ -305,8 +331,6 @@ def _hex_id(v: str) -> str:
     """OTLP/JSON ids are hex (Jaeger's api_v3 and the OTLP JSON spec); tolerate base64 from protobuf-JSON writers."""
     if all(c in "0123456789abcdefABCDEF" for c in v):
         return v.lower()
-    import base64
-
     try:
         return base64.b64decode(v).hex()
     except ValueError:
