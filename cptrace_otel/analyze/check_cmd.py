@@ -23,7 +23,6 @@ force it on / off); a Jaeger fetch prints a line per search then.
 from __future__ import annotations
 
 import sys
-import time
 from typing import Any, TextIO
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_UNREADABLE = 0, 1, 2, 3
@@ -204,6 +203,10 @@ def _dup_notes(docs: Any, err: TextIO) -> None:
     for (a, b), n in sorted(docs.conflicts.items()):
         print(f"warning: {a} and {b} hold {n} different record(s) under the same rank, epoch and seq (two runs, or a "
               "restarted rank?): both are analysed", file=err)
+    for src, n in sorted(docs.rounded.items()):
+        print(f"warning: {src}: {n} integer(s) above 2^53 look rounded by a browser (the Jaeger UI's downloads pass "
+              "values through JavaScript): hashes compared by HASH and C5 may be off; export with the API instead "
+              "(curl .../api/traces/ID or .../api/v3/traces/ID)", file=err)
 
 
 class _Bar:

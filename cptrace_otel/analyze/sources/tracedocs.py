@@ -54,7 +54,18 @@ class TraceDocs:
         n0 = self.total()
         collect_file(path, self.info, self.per_rank)
         self.formats[path] = "OTLP JSON lines"
-        return self._counted(path, n0)
+        n = self._counted(path, n0)
+        if n == 0:   # only to say what the file held instead: the services of its resources
+            svc = self.services.setdefault(path, set())
+            with open_text(path) as fh:
+                for line in fh:
+                    try:
+                        req = json.loads(line)
+                    except ValueError:
+                        continue
+                    if isinstance(req, dict):
+                        svc.update(_services(req))
+        return n
 
     def add_document_file(self, path: str) -> int:
         """A Jaeger/OTLP JSON document (or JSON lines of them); returns the cptrace events it gave. Raises
@@ -68,7 +79,7 @@ class TraceDocs:
             raise LogReadError(path, e.strerror or str(e)) from None
         if why:
             self.info.malformed.append((path, text.count("\n") + 1, why))
-        for line_no, obj in _parse(text, path, self.info):
+        for _line, obj in _parse(text, path, self.info):
             self.add_object(obj, path)
         return self._counted(path, n0)
 
@@ -108,11 +119,7 @@ class TraceDocs:
 
     def add_otlp(self, td: dict, src: str) -> None:
         """An OTLP/JSON ``TracesData`` (api_v3 ``result``, or an ``ExportTraceServiceRequest``)."""
-        svc = self.services.setdefault(src, set())
-        for rs in td.get("resourceSpans") or td.get("resource_spans") or []:
-            for a in (rs.get("resource") or {}).get("attributes") or []:
-                if a.get("key") == sc.SERVICE_NAME:
-                    svc.add(str((a.get("value") or {}).get("stringValue", "?")))
+        self.services.setdefault(src, set()).update(_services(td))
         _collect(td, src, self.info, self.per_rank)
 
     def add_v2_trace(self, trace: dict, src: str) -> None:
@@ -171,6 +178,15 @@ class TraceDocs:
     def head(self, rank: int, k: int) -> list[Event]:
         """The first ``k`` records of ``rank`` in seq order (after :meth:`dedupe`)."""
         return [t[3] for t in self.per_rank.get(rank, [])[:k]]
+
+
+def _services(td: dict) -> set[str]:
+    out = set()
+    for rs in td.get("resourceSpans") or td.get("resource_spans") or []:
+        for a in (rs.get("resource") or {}).get("attributes") or []:
+            if a.get("key") == sc.SERVICE_NAME:
+                out.add(str((a.get("value") or {}).get("stringValue", "?")))
+    return out
 
 
 def _parse(text: str, path: str, info: OtlpInfo) -> Iterable[tuple[int, Any]]:
