@@ -39,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     j.add_argument("--start", default=None, metavar="TIME", help="window start: ISO 8601 (UTC unless given) or unix s")
     j.add_argument("--end", default=None, metavar="TIME", help="window end (default now)")
     j.add_argument("--limit", type=int, default=None,
-                   help="traces per search (the memory store's search depth, at most its max_traces; default 500)")
+                   help="traces per search (the memory store's search depth, at most its max_traces; default 1000)")
     pg = c.add_mutually_exclusive_group()
     pg.add_argument("--progress", dest="progress", action="store_true", default=None,
                     help="show progress on stderr (default: when stderr is a terminal)")

@@ -23,7 +23,7 @@ from .check_cmd import _PFX, EXIT_UNREADABLE, EXIT_USAGE, report
 def run_jaeger(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:
     from .engine import Analysis
     from .sources.jaeger import JaegerClient, JaegerError, JaegerUnreachable, mask_url
-    from .sources.jaegerquery import DEFAULT_LIMIT, Search, window
+    from .sources.jaegerquery import DEFAULT_LIMIT, PageTooSmall, Search, window
     from .sources.logs import LogStats
     from .sources.tracedocs import TraceDocs
     from .. import semconv as sc
@@ -73,6 +73,9 @@ def run_jaeger(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:
         return EXIT_UNREADABLE
     except JaegerError as e:
         print(f"{_PFX}: Jaeger at {mask_url(given)}: {e}", file=err)
+        return EXIT_UNREADABLE
+    except PageTooSmall as e:
+        print(f"{_PFX}: {mask_url(given)}: {e}", file=err)
         return EXIT_UNREADABLE
     for note in dict.fromkeys(search.notes):
         print(f"check: {note}", file=err)

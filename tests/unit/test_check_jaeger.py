@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import json
-import socket
 import subprocess
 import sys
 
@@ -104,16 +103,8 @@ def test_nothing_to_check_in_jaeger_is_exit_3(demo):
         assert rc == 3 and "3 trace(s) of run" in err and "no cptrace record" in err
 
 
-def _closed_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def test_unreachable_jaeger_is_exit_3_with_the_url_and_no_password():
-    port = _closed_port()
+    port = 1   # nothing listens on loopback port 1 (tcpmux)
     rc, out, err = check("--jaeger", f"http://alice:s3cret@127.0.0.1:{port}", "--run-id", "r")
     assert rc == 3 and out == ""
     assert f"cannot reach Jaeger at http://alice:***@127.0.0.1:{port}" in err and "s3cret" not in err
@@ -156,3 +147,14 @@ def test_window_and_usage_errors():
     rc, _, err = check("--jaeger", "http://127.0.0.1:1", "x.log")
     assert rc == 2 and "not both" in err
 
+
+
+def test_window_split_at_the_median_span_start_and_its_limit():
+    from cptrace_otel.analyze.sources.jaegerquery import PageTooSmall, Search
+
+    s = Search(None, limit=2)   # type: ignore[arg-type]  (no search is made)
+    page = [{"spans": [{"startTime": t} for t in ts]} for ts in ((5, 50, 900), (60, 70))]
+    assert s._split(0, 10**9, page, "r") == [(0, 60), (60, 10**9)]   # not the middle of a 1000 s window
+    assert s._split(10, 20, [{"spans": [{"startTime": 10}]}], "r") == [(10, 15), (15, 20)]
+    with pytest.raises(PageTooSmall, match="raise --limit"):
+        s._split(7, 8, page, "r")

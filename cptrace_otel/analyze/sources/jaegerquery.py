@@ -8,9 +8,11 @@ How (Jaeger v1.76 / v2.13 and later, any storage; facts in the project's backend
   HTTP search takes no attribute filter before v2.19; ``raw=true`` keeps the spans as stored: no dedup, no sorting.)
 * Pagination: a search returns at most L traces (the memory store walks its ring newest-first until L match; L, its
   "search depth", must not exceed ``max_traces``) and has no offset. A window [start, end] (µs, bounds on span start
-  times, inclusive) that comes back full is split in two halves that share their middle microsecond, until no window
-  is full; traces are deduplicated by id. A trace starts in at least one half, so the union is the run. When Jaeger
-  refuses L ("search depth ... max traces"), L is halved and the search retried.
+  times, inclusive) that comes back full is split in two closed windows that share their end (so every span start
+  of the window is in one of them), at the median span start of the page, until no window is full; traces are
+  deduplicated by id. A node trace lives as long as its node, so windows overlap in traces: the searches grow
+  faster than traces / L, and a larger L (up to ``max_traces``) saves most of them. When Jaeger refuses L ("search
+  depth ... max traces"), L is halved and the search retried.
 * Without ``--run-id``: the newest L traces of the service in the window are searched and the run ids of their
   processes listed; exactly one must be there.
 
@@ -28,7 +30,7 @@ from ... import semconv as sc
 from .jaeger import JaegerClient, JaegerError
 
 DEFAULT_SINCE_S = 7 * 86400
-DEFAULT_LIMIT = 500
+DEFAULT_LIMIT = 1000
 _DUR = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)", re.IGNORECASE)
 _UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
@@ -89,6 +91,10 @@ def iso_us(us: int) -> str:
     return _dt.datetime.fromtimestamp(us / 1e6, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+class PageTooSmall(Exception):
+    """More traces than one search returns start within one microsecond: no window split can page through them."""
+
+
 class Search:
     """Paginated searches of one service in one Jaeger (see the module doc). ``progress(traces, searches)`` is called
     after every search."""
@@ -140,13 +146,21 @@ class Search:
             if self.progress is not None:
                 self.progress(len(seen), self.searches)
             if len(found) >= self.limit:
-                if b - a < 2:
-                    raise JaegerError(f"{self.client.base_url}/api/traces", 200,
-                                      f"more than {self.limit} traces of run {run_id} start within "
-                                      f"{iso_us(a)}..{iso_us(b)}: raise --limit (at most the store's max_traces)")
-                m = (a + b) // 2
-                todo.append((a, m))
-                todo.append((m, b))
+                todo.extend(self._split(a, b, found, run_id))
+
+    def _split(self, a: int, b: int, found: list[dict[str, Any]], run_id: str) -> list[tuple[int, int]]:
+        """Two closed windows covering [a, b] (they share their end) for a search that came back full, split at the
+        median span start of the page inside the window (a run is short next to a default window of days, and its
+        traces live long: halving the time would take many searches to reach the data), else at the middle."""
+        if b - a < 2:
+            raise PageTooSmall(f"more than {self.limit} traces of run {run_id} have spans starting within "
+                               f"{iso_us(a)}..{iso_us(b)}: raise --limit (at most the store's max_traces)")
+        starts = sorted(t for tr in found for sp in tr.get("spans") or ()
+                        if a <= (t := int(sp.get("startTime") or 0)) <= b)
+        m = starts[len(starts) // 2] if starts else a
+        if not a < m < b:
+            m = (a + b) // 2
+        return [(a, m), (m, b)]
 
 
 def _run_ids(trace: dict[str, Any]) -> set[str]:
