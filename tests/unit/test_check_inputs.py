@@ -55,6 +55,8 @@ def test_sniff_tells_every_kind_by_content(tmp_path, demo):
         put("f", json.dumps(to_v3(reqs), indent=1)): ("jaeger", ""),
         put("g", json.dumps(to_v2(reqs)["data"][0])): ("jaeger", ""),     # one trace object
         put("h.gz", gzip.compress(json.dumps(to_v2(reqs)).encode())): ("jaeger", ""),
+        put("o", json.dumps(to_v2(reqs)["data"], indent=1)): ("jaeger", ""),   # a list of traces
+        put("p", b"\x00\x00garbage\n[CPTRACE reset] rank=0 ts=1\n"): ("log", ""),  # NULs before the records
         put("i", b""): (None, "empty"),
         put("j", b"  \n\n\t\n"): (None, "only whitespace"),
         put("k", os.urandom(5000)): (None, "binary data"),

@@ -33,6 +33,7 @@ MARKER = b"[CPTRACE"
 HEAD = 1 << 16          # bytes looked at to classify
 _BLOCK = 1 << 22        # read size when scanning a whole text file for the marker
 _FIRST_KEY = re.compile(rb'\A\s*\{\s*"([A-Za-z_]+)"')
+_ARRAY = re.compile(rb'\A\[\s*\{\s*"')
 _OTLP_KEYS = ("resourceSpans", "resource_spans")
 _DOC_KEYS = ("result", "data", "traceID", "spans", "error")
 
@@ -64,17 +65,19 @@ def sniff(path: str) -> Sniff:
 def _classify(path: str, head: bytes, fh) -> Sniff:
     if not head:
         return Sniff(path, None, "empty")
+    if MARKER in head:   # first: a log may hold a few binary bytes (NULs after a crash) and still its records
+        return Sniff(path, "log")
     if not _is_text(head):
         return Sniff(path, None, f"binary data, not text (starts with bytes {head[:8].hex(' ')})")
     body = head.lstrip(b"\xef\xbb\xbf \t\r\n")
     if not body:
         return Sniff(path, None, "only whitespace")
-    if MARKER in head:
-        return Sniff(path, "log")
     if body[:1] == b"{":
         js = _json_kind(path, body)
         if js is not None:
             return js
+    if _ARRAY.match(body):   # a JSON list of traces (e.g. the "data" of an answer, saved alone)
+        return Sniff(path, "jaeger")
     lines = head.count(b"\n")
     last = head[-1:]
     if fh is not None:

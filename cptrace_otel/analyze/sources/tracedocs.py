@@ -30,6 +30,7 @@ from .logs import LogReadError
 from .otlpfile import OtlpInfo, _collect, collect_file, merge_ranks
 
 _JS_SAFE = 1 << 53
+_FINGERPRINTS = ("hicache.h", "hicache.pfp")   # random 63-bit values: a round one is a rounded one
 
 
 class TraceDocs:
@@ -258,7 +259,7 @@ def _value(tag: dict, docs: TraceDocs | None, src: str) -> dict:
             v = int(v)
         except (TypeError, ValueError):
             return {"stringValue": str(v)}
-        if docs is not None and abs(v) > _JS_SAFE and _js_rounded(v):
+        if docs is not None and abs(v) > _JS_SAFE and tag.get("key") in _FINGERPRINTS and _js_rounded(v):
             docs.rounded[src] = docs.rounded.get(src, 0) + 1
         return {"intValue": v}
     if t in ("float64", "float") or (not t and type(v) is float):
