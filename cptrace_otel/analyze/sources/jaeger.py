@@ -20,7 +20,10 @@ Contract:
   and the start of the body.
 * :func:`events_from_otlp` turns api_v3 output into :class:`cptrace_otel.events.Event` objects (one per cptrace
   record; ``hicache.violation`` finding events are skipped), and :func:`findings_from_otlp` lists the stamped verdicts.
-* :func:`run_events` fetches every record of one run (all ranks, all traces) for the analyzer's re-checks.
+* :func:`run_events` fetches every record of one run (all ranks, all traces, at most ``limit`` traces) for the
+  analyzer's re-checks; ``check --jaeger`` pages past that limit (:mod:`.jaegerquery`).
+* :func:`mask_url` hides the password of a URL in messages; ``user:password@`` in the base URL is sent as HTTP
+  basic auth.
 
 Standard library only (``urllib``); nothing heavy is imported.
 """
@@ -196,7 +199,8 @@ class JaegerClient:
 
 
 class RunEvents(list):
-    """Events of a run (a list, per rank in seq order); ``traces`` fetched, ``truncated`` if the search hit its limit."""
+    """Events of a run (a list: per rank in seq order, ranks merged by ts, ready for the rules); ``traces`` fetched,
+    ``truncated`` if the search hit its limit."""
 
     traces: int = 0
     truncated: bool = False
@@ -208,9 +212,12 @@ def run_events(client: JaegerClient, run_id: str, service: str = sc.DEFAULT_SERV
     ``cptrace.run_id`` (``limit`` at most, newest first; must be <= the memory store's ``max_traces``), then read each
     one back losslessly through api_v3. ``truncated`` is True when the search returned ``limit`` traces, i.e. some
     may be missing: raise ``limit`` rather than trust a partial re-check."""
+    from .otlpfile import merge_ranks
+
     found = client.search(service, {sc.RUN_ID: run_id}, lookback_s=lookback_s, limit=limit)
     out = RunEvents()
     seen = set()
+    per_rank: dict[int, list] = {}
     for tr in found:
         tid = tr.get("traceID", "")
         if tid in seen:
@@ -218,8 +225,10 @@ def run_events(client: JaegerClient, run_id: str, service: str = sc.DEFAULT_SERV
         seen.add(tid)
         td = client.get_trace_v3(tid)
         if td is not None:
-            out.extend(e for e in events_from_otlp(td, src=f"{client.base_url}/trace/{tid}"))
-    out.sort(key=lambda e: (e.rank, e.epoch, e.seq))
+            for e in events_from_otlp(td, src=f"{client.base_url}/trace/{tid}"):
+                per_rank.setdefault(e.rank, []).append((e.epoch, e.seq, e.ts, e))
+    # ranks merged by ts as the file sources do: the cross-rank rules need ranks side by side, not one after another
+    out.extend(merge_ranks(per_rank))
     out.traces = len(seen)
     out.truncated = len(found) >= limit
     return out
@@ -280,7 +289,9 @@ def iter_spans(td: Mapping[str, Any]) -> Iterable[tuple[dict[str, Any], dict[str
 
 
 def events_from_otlp(td: Mapping[str, Any], src: str = "") -> list[Event]:
-    """Every cptrace record held in ``td`` as an :class:`Event`, sorted by (rank, epoch, seq).
+    """Every cptrace record held in ``td`` as an :class:`Event`, sorted by (rank, epoch, seq): one rank after the
+    other, for read-back. To run the rules, merge the ranks by ts (:func:`run_events`, :mod:`.tracedocs`): fed one
+    rank after another the cross-rank rules see ranks far apart and report false C1 findings.
 
     rank = the span's ``sglang.cp.rank`` (else the resource's), seq/epoch/level from the event attributes
     ``cptrace.seq``/``cptrace.epoch``/``cptrace.record.level``, ts = the event's time (ns since the epoch),
