@@ -46,14 +46,12 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
         print(f"cptrace-otel report: {why}", file=err)
         return EXIT_USAGE
     t_start = time.perf_counter()
-    from .check_cmd import analyze_sources
-    from .sources.logs import LogReadError
+    from .check_cmd import SourceError, analyze_sources
 
     try:
-        res, run_id, groups = analyze_sources(args, paths, level, err, keep=True)
-    except LogReadError as e:
-        print(f"cptrace-otel report: {e}", file=err)
-        return EXIT_UNREADABLE
+        res, run_id, groups = analyze_sources(args, paths, level, err, keep=True, pfx="cptrace-otel report")[:3]
+    except SourceError as e:
+        return e.code
     page, models = build_page(res, run_id, groups, paths, node=node, epoch=epoch,
                               jaeger_url=getattr(args, "jaeger_url", None),
                               full_limit=getattr(args, "max_records", None), top=getattr(args, "top", None))
