@@ -30,6 +30,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from ..fingerprint.cpu import khash_bytes
 from . import kv
 from .faults import FaultPlan, Oracle
 from .pool import PagedPool
@@ -220,7 +221,7 @@ class RankSim:
         self.dev.data[slots[m]] = data[m]
 
     def fingerprint(self, b: np.ndarray) -> dict[str, Any]:
-        return {"h": kv.khash(b), "nz": kv.knz(b), "hp": kv.page_hashes(b, self.sim.page_size)}
+        return kv.fingerprint(b, self.sim.page_size)
 
     # -- tree ------------------------------------------------------------------------------------------------
     def path_of(self, n: Node) -> list[Node]:
@@ -819,7 +820,7 @@ class RankSim:
         op = self.load_back(chain, ancestor) if chain else None
         hit = "host" if op is not None else ("dev" if dev_nodes else "miss")
         last = path[-1] if path else self.root
-        pfp = kv.khash(tokens.astype(np.int64).view(np.uint8))
+        pfp = khash_bytes(tokens.astype(np.int64).view(np.uint8))
         self.emit(1, "rid_map", rid=rid, node_id=last.id, hit=hit, dlen=dlen, hlen=hlen, plen=int(tokens.size),
                   pfp=pfp)
         cur = ancestor if op is None else chain[-1]
@@ -906,7 +907,7 @@ class RankSim:
         cprank = self.r if sim.mode == "shared" else -1
         for li, layer in enumerate(self.layer_ids.tolist()):
             b = data[:, li]
-            self.emit(3, "fwd_hash", rid=rid, nreq=1, layer=layer, stage="attn_kv", h=kv.khash(b), nz=kv.knz(b),
+            self.emit(3, "fwd_hash", rid=rid, nreq=1, layer=layer, stage="attn_kv", h=khash_bytes(b), nz=kv.knz(b),
                       rows=int(tokens.size), cprank=cprank, pfp=pfp, src=src, plen=int(tokens.size))
 
     def idle(self) -> bool:
