@@ -30,6 +30,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from ..analyze.crossrank import STRUCTURAL as _C1_TAGS
 from ..fingerprint.cpu import khash_bytes
 from . import kv
 from .faults import FaultPlan, Oracle
@@ -37,7 +38,7 @@ from .pool import PagedPool
 from .tracer import Clock, Emitter, LogEmitter, TS_BASE, WALL_BASE_NS
 
 THRESHOLD = {"wt": 1, "wts": 2}
-STRUCTURAL = frozenset(("insert", "split", "prepare", "evict", "reload", "reset"))   # the C1 projection's tags
+STRUCTURAL = frozenset(_C1_TAGS)   # the tags of cross-rank C1's projection: the checker's structural join index
 
 
 class Node:
