@@ -8,11 +8,12 @@ device-evicted host leaves with no host pin and no write in flight.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 if TYPE_CHECKING:
+    from .pool import PagedPool
     from .rank import RankSim
     from .tree import Node
 
@@ -24,19 +25,19 @@ class Evictor:
         self.rk = rk
 
     def alloc_dev(self, n: int, owner: int = -1) -> np.ndarray | None:
-        rk = self.rk
-        idx = rk.dev.alloc(n, owner)
-        if idx is None:
-            self.evict_dev(n // rk.sim.page_size - rk.dev.free_pages)
-            idx = rk.dev.alloc(n, owner)
-        return idx
+        return self._alloc(self.rk.dev, self.evict_dev, n, owner)
 
     def alloc_host(self, n: int, owner: int = -1) -> np.ndarray | None:
-        rk = self.rk
-        idx = rk.host.alloc(n, owner)
+        return self._alloc(self.rk.host, self.evict_host, n, owner)
+
+    @staticmethod
+    def _alloc(pool: PagedPool, evict: Callable[[int], None], n: int, owner: int) -> np.ndarray | None:
+        """``n`` slots of ``pool`` for node ``owner``; when they do not fit, evict the missing pages and retry once
+        (None when they still do not fit)."""
+        idx = pool.alloc(n, owner)
         if idx is None:
-            self.evict_host(n // rk.sim.page_size - rk.host.free_pages)
-            idx = rk.host.alloc(n, owner)
+            evict(n // pool.page_size - pool.free_pages)
+            idx = pool.alloc(n, owner)
         return idx
 
     def _dev_leaves(self) -> list[Node]:
