@@ -25,7 +25,6 @@ Every deviation of a :class:`~cptrace_otel.sim.faults.FaultPlan` is a named hook
 one module each); :class:`Simulation` here runs the ranks in lockstep.
 """
 
-
 from __future__ import annotations
 
 from typing import Iterable
