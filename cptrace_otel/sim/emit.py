@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 # The tags of cross-rank C1's projection: the checker joins the ranks' records by their index among these.
-from ..analyze.crossrank import STRUCTURAL as _C1_TAGS
+from ..checks.registry import STRUCTURAL
 from ..fingerprint.cpu import khash_bytes
 from . import kv
 from .tracer import TS_BASE, WALL_BASE_NS
@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from .core import Simulation
     from .tree import Node
 
-STRUCTURAL = frozenset(_C1_TAGS)
 
 
 class Recorder:
