@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from .tree import Node
 
 
-
 class Recorder:
     """Records of rank ``rank`` of ``sim`` to ``sim.emitter``, gated by ``sim.level``.
 
