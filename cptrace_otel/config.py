@@ -33,7 +33,7 @@ import os
 import socket
 import warnings
 from typing import Any, Mapping
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 DEFAULT_FILE = "cptrace-out/{run_id}/rank{rank}-{pid}.otlp.jsonl"
 TRACES_PATH = "/v1/traces"  # the OTLP/HTTP signal path for traces
@@ -179,8 +179,6 @@ def traces_url(endpoint: str, protocol: str, *, base: bool = False) -> str:
     if base:
         endpoint = endpoint.rstrip("/")
         return endpoint + TRACES_PATH if protocol == "http/protobuf" else endpoint
-    from urllib.parse import urlsplit
-
     u = endpoint if "://" in endpoint else "http://" + endpoint
     if protocol == "http/protobuf" and urlsplit(u).path in ("", "/"):
         u = u.rstrip("/") + TRACES_PATH

@@ -99,8 +99,9 @@ def _items(t0: int = T0) -> list[tuple]:
 def test_items_in_spans_out_with_seq_epoch_and_typed_fields(mem) -> None:
     sink, calls = mem
     ex = worker.Exporter(_info(_cfg(), spool_dir="/sp"))
-    assert calls == [dict(endpoint=None, protocol="http/protobuf", spool_dir=os.path.join("/sp", f"w_run-{os.getpid()}"),
-                          file=None, log_file=None, on_error=ex._sink_error)]
+    spool = os.path.join("/sp", f"w_run-{os.getpid()}")  # the run id made path-safe, one folder per process
+    assert calls == [dict(endpoint=None, protocol="http/protobuf", spool_dir=spool, file=None, log_file=None,
+                          on_error=ex._sink_error)]
     ex.add_items(_items(), 0)
     assert ex.records == 5 and ex.next_seq == 5
     assert sink.spans == []  # nothing is exported before a tick, a flush or EXPORT_MIN_SPANS finished spans
@@ -314,6 +315,7 @@ def test_run_loop_init_items_flush_eof(mem) -> None:
 
 def test_run_loop_flush_before_init_bad_batches_and_unknown_messages(mem, capsys) -> None:
     sink, _ = mem
+    # a flush before init, a batch that is not a list, a message kind the worker does not know (ignored)
     rc, acks = _loop([(FLUSH, 1, 0, 1.0), (INIT, _info(_cfg())), (ITEMS, None, 0), ("rec", [], 0),
                       (ITEMS, _items(), 0), (FLUSH, 2, 0, 1.0), None])
     assert rc == 0
