@@ -229,6 +229,19 @@ def _approx_bytes(fields: dict[str, Any]) -> int:
     return n
 
 
+def checker_factory(enabled: bool, level: int | None) -> Callable[[int], Any] | None:
+    """The ``checker_factory`` for :class:`SpanBuilder`: ``rank -> RankChecker(rank, level)`` (``level`` None: the
+    checker infers it from the stream) when the online checks are ``enabled`` and the checks package provides them,
+    else None."""
+    if not enabled:
+        return None
+    try:
+        from .checks import RankChecker  # type: ignore[attr-defined]
+    except Exception:
+        return None
+    return lambda rank: RankChecker(rank, level)
+
+
 class SpanBuilder:
     """Maps one rank process's events to spans. Not thread-safe: one builder per exporter loop.
 
@@ -497,7 +510,17 @@ class SpanBuilder:
 
     @property
     def open_spans(self) -> int:
+        """Spans open now."""
         return len(self._open)
+
+    @property
+    def finished_spans(self) -> int:
+        """Spans finished and not yet taken (:meth:`take`)."""
+        return len(self._done)
+
+    def rank_span_open(self, rank: int) -> bool:
+        """True while ``rank``'s rank span (the one :meth:`annotate_rank` writes to) is open."""
+        return (rank, "rank") in self._open
 
     def unchecked(self) -> list[Any]:
         out: list[Any] = []

@@ -5,6 +5,8 @@
   and the analyzer read back. Lines are built directly from spans (:func:`cptrace_otel.export.otlp.request_json`)
   rather than through ``json_format.MessageToJson`` (several times slower); tests parse every line back with
   ``google.protobuf.json_format`` against the proto schema.
+* Both have the sink interface's ``flush``/``close``/``stats`` (:class:`~.sinks.Sink`); the OTLP file sink is a
+  span sink (``export``), the log-lines sink takes Records (``write``).
 * :class:`LogLinesSink` writes ``[<YYYY-mm-dd HH:MM:SS> ATTN_CP<r> TP<t>] [CPTRACE tag] k=v ...``: SGLang's log
   prefix (so the log parser recovers the rank) plus the upstream body, byte for byte (``logline.render_line``).
 """

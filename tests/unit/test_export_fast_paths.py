@@ -13,7 +13,7 @@ import pytest
 from cptrace_otel import config
 from cptrace_otel.export import worker
 from cptrace_otel.logline import parse_value
-from cptrace_otel.pipeline import render_record
+from cptrace_otel.records import render_record
 
 
 def _exporter() -> worker.Exporter:
