@@ -35,10 +35,31 @@ def _submit_unstarted(level: int, tag: str, fields: dict) -> None:
 
         with _lock:
             if _submit is _submit_unstarted:
-                _submit = pipeline.start(get_config(), _uninstall)
+                _submit = _started(pipeline)
         _submit(level, tag, fields)
     except Exception:  # tracing must never crash the traced process
         pass
+
+
+def _started(pipeline: Any) -> Any:
+    """Start the pipeline for the configuration in force, with the run id all ranks agree on
+    (:func:`cptrace_otel.ranks.agreed_run_id`, once, before the first record is kept: the sampling decision hashes
+    it), and return the submit function to install (behind the sampler when ``CPTRACE_SAMPLE`` < 1)."""
+    global _CONFIG
+    import dataclasses
+
+    from .ranks import agreed_run_id
+
+    cfg = get_config()
+    run_id = agreed_run_id(cfg)
+    if run_id != cfg.run_id:
+        cfg = _CONFIG = dataclasses.replace(cfg, run_id=run_id)
+    submit = pipeline.start(cfg, _uninstall)
+    if cfg.sample < 1.0:
+        from .sampling import make_submit
+
+        submit = make_submit(submit, cfg.run_id, cfg.sample)
+    return submit
 
 
 def _uninstall() -> None:

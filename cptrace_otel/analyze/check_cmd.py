@@ -25,7 +25,7 @@ from __future__ import annotations
 import sys
 from typing import Any, NamedTuple, TextIO
 
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_UNREADABLE = 0, 1, 2, 3
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_UNREADABLE, EXIT_INCOMPLETE = 0, 1, 2, 3, 4
 _PFX = "cptrace-otel check"
 
 
@@ -165,7 +165,15 @@ def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
         if otlp or docfiles:
             kept = []
             evs = docs.events()
-            results.append(Analysis(level, info.levels).run(_Kept(evs, kept) if keep else evs))
+            an = Analysis(level, info.levels, sampled=info.sampled)
+            unknown = info.unknown_rank_streams()
+            if unknown and len(info.streams) > 1:
+                # their records would be compared as one rank "-1" (or against the known ranks): say so, not pass
+                print(f"check: {unknown} streams with an unknown rank: cross-rank rules not run", file=err)
+                an.cross.disabled = True
+            results.append(an.run(_Kept(evs, kept) if keep else evs))
+            if unknown and len(info.streams) > 1:
+                results[-1].stats["unknown_rank_streams"] = unknown
             groups.append((results[-1], kept))
         if run_id is None and len(info.run_ids) == 1:   # (the trace files' run id also when the logs were chosen)
             run_id = next(iter(info.run_ids))
@@ -176,6 +184,9 @@ def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
         print(f"{pfx}: {e}", file=err)
         raise SourceError(EXIT_UNREADABLE) from None
     res = _merge(results)
+    unknown = sum(r.stats.get("unknown_rank_streams", 0) for r in results)
+    if unknown:
+        res.stats["unknown_rank_streams"] = unknown
     if not res.stats.get("events"):
         read = logs + otlp + docfiles
         why = "; ".join(f"{_name(p)}: {plan.notes[p]}" for p in read if p in plan.notes)
@@ -206,7 +217,8 @@ class _Kept:
 
 def report(args: Any, res: Any, run_id: str | None, jaeger: str | None, sources: dict[str, Any], stats: Any,
            doc_malformed: int, out: TextIO, err: TextIO) -> int:
-    """Finish the stats, warn about disordered logs, print the report; the exit code (0 clean, 1 findings)."""
+    """Finish the stats, warn about disordered logs, print the report; the exit code (0 clean, 1 findings, 4 no
+    finding but the cross-rank rules were not run: streams with an unknown rank)."""
     from .report import to_json, to_text
 
     res.stats["malformed"] = stats.malformed + doc_malformed
@@ -224,7 +236,9 @@ def report(args: Any, res: Any, run_id: str | None, jaeger: str | None, sources:
         out.write(to_json(res, run_id, jaeger) + "\n")
     else:
         out.write(to_text(res, run_id, jaeger) + "\n")
-    return EXIT_FINDINGS if res.findings else EXIT_OK
+    if res.findings:
+        return EXIT_FINDINGS
+    return EXIT_INCOMPLETE if res.stats.get("unknown_rank_streams") else EXIT_OK
 
 
 def _name(path: str) -> str:

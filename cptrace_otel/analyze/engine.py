@@ -32,14 +32,18 @@ class Result:
 
 
 class Analysis:
-    """``Analysis(level=None, rank_levels=None)``: ``rank_levels`` are per-rank levels recorded by the exporter
-    (OTLP resource ``cptrace.level``), used when no explicit level is given."""
+    """``Analysis(level=None, rank_levels=None, sampled=None)``: ``rank_levels`` are per-rank levels recorded by the
+    exporter (OTLP resource ``cptrace.level``), used when no explicit level is given; ``sampled`` the sampled ranks'
+    ``(run id, cptrace.sample)`` (OTLP resource), so the cross-rank rules do not call a sampled-out node missing."""
 
-    def __init__(self, level: int | None = None, rank_levels: dict[int, int] | None = None) -> None:
+    def __init__(self, level: int | None = None, rank_levels: dict[int, int] | None = None,
+                 sampled: dict[int, tuple[str, float]] | None = None) -> None:
         self.level = level
         self.rank_levels = rank_levels or {}
         self.checkers: dict[int, RankChecker] = {}
         self.cross = CrossRank(level)
+        if sampled:   # rank -> (run id, fraction): a node missing there may have been sampled out
+            self.cross.sampled = sampled
         self.findings: list[Finding] = []
         self.events = 0
         self.localizer = Localizer()

@@ -42,6 +42,8 @@ class CrossRank(C1Lockstep, C2AckRounds, JoinRules):
         self.forced_level = level
         self.seen_level = 1
         self.ranks: set[int] = set()
+        self.sampled: dict[int, tuple[str, float]] = {}   # rank -> (run id, fraction) of sampled streams
+        self._split_origin: dict[int, int] = {}           # split child -> its lineage origin (sampled runs only)
         self.mode: str | None = None
         self.io_rank = 0
         self.findings: list[Finding] = []
@@ -151,6 +153,10 @@ class CrossRank(C1Lockstep, C2AckRounds, JoinRules):
         for nid in (_int(f.get("node_id")), _int(f.get("new_id"))):
             if nid is not None:
                 self._split_since.add((ev.rank, ev.epoch, nid))
+        if self.sampled:   # lineage origins, for the sampling decision of a split child (cptrace_otel.sampling)
+            old, new = _int(f.get("node_id")), _int(f.get("new_id"))
+            if old is not None and new is not None:
+                self._split_origin[new] = self._split_origin.get(old, old)
 
     FORGET_LAG = 4096
     SINGLE_RANK_AFTER = 65536
