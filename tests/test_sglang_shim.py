@@ -16,7 +16,7 @@ import pytest
 from cptrace_otel import sglang_shim
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WHEEL_SRC = os.environ.get("CPTRACE_SGLANG_WHEEL_SRC")   # the sglang wheel unpacked (optional, see .ci/run)
+
 
 PARENT = r"""
 import multiprocessing as mp, sys
@@ -49,7 +49,7 @@ def _env(tmp_path, switch):
     pkg.mkdir(parents=True)
     for d in (fake / "sglang", fake / "sglang" / "srt", pkg):
         (d / "__init__.py").write_text("")
-    env["PYTHONPATH"] = os.pathsep.join([ROOT, WHEEL_SRC or str(fake)])
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, str(fake)])
     env["CPTRACE_LEVEL"] = "2"
     if switch is None:
         env.pop("CPTRACE_SGLANG", None)
