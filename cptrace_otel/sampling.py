@@ -11,7 +11,8 @@ Contract:
   is rebuilt; hashes still decide every node alike).
 * Records that belong to no node (no ``node_id``, or a negative one: ``config``, ``reset``, ``store``, ``fwd_hash``,
   ``free`` of unowned slots, rank-span records) are always kept.
-* Cost: a sampled-out call pays one dict lookup of its ``node_id`` after the level compare; a node's hash is
+* Cost: a sampled-out call pays one set lookup of its ``node_id`` in ``api.cptrace`` after the level compare (the
+  set of nodes decided out, :func:`make_submit`'s ``drop``); a node's hash is
   computed once (cached; the cache is bounded by :data:`MAX_CACHED`, inherited decisions by :data:`MAX_INHERITED`,
   past which the oldest lineage links are forgotten and the hash decides).
 * The exporter's resource says ``cptrace.sample=<fraction>`` on a sampled stream, and ``check`` knows that a node
@@ -39,9 +40,15 @@ def keep_node(run_id: str, node_id: Any, fraction: float) -> bool:
 _NO_NODE = object()
 
 
-def make_submit(inner: Callable[[int, str, dict], None], run_id: str,
-                fraction: float) -> Callable[[int, str, dict], None]:
-    """``inner`` (the pipeline's submit function) behind the sampling decision for ``run_id`` at ``fraction``."""
+def make_submit(inner: Callable[[int, str, dict], None], run_id: str, fraction: float,
+                drop: set | None = None) -> Callable[[int, str, dict], None]:
+    """``inner`` (the pipeline's submit function) behind the sampling decision for ``run_id`` at ``fraction``.
+
+    ``drop`` (filled here, read by ``api.cptrace``): the node ids decided out, so that the caller drops their later
+    records with one set lookup before any call; it is cleared at a ``reset`` and when it grows past
+    :data:`MAX_CACHED` (the decisions are then made again, alike)."""
+    if drop is None:
+        drop = set()
     decided: dict[Any, bool] = {_NO_NODE: True}
     inherited: dict[Any, bool] = {}
     get = decided.get
@@ -59,7 +66,11 @@ def make_submit(inner: Callable[[int, str, dict], None], run_id: str,
             if len(decided) >= MAX_CACHED:
                 decided.clear()
                 decided[_NO_NODE] = True
+            if len(drop) >= MAX_CACHED:
+                drop.clear()
             decided[n] = k
+            if not k:
+                drop.add(n)
         if tag == "split":
             new = fields.get("new_id")
             if new is not None:
@@ -67,9 +78,14 @@ def make_submit(inner: Callable[[int, str, dict], None], run_id: str,
                     inherited.clear()
                 inherited[new] = k
                 decided[new] = k
+                if k:
+                    drop.discard(new)
+                else:
+                    drop.add(new)
         elif tag == "reset":
             inherited.clear()
             decided.clear()
+            drop.clear()
             decided[_NO_NODE] = True
         if k:
             inner(level, tag, fields)
