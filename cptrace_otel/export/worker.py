@@ -23,7 +23,6 @@ import gc
 import os
 import pickle
 import queue
-import re
 import signal
 import struct
 import sys
@@ -33,7 +32,7 @@ from typing import Any, Callable
 
 from .. import semconv as sc
 from ..events import Event
-from ..logline import Rng, parse_value
+from ..logline import Rng, fast_value
 from ..pipeline import MAX_VALUE_CHARS, _cut, _render_other, render_record
 from ..spans import SpanBuilder
 from .otlp import encode_requests
@@ -102,29 +101,12 @@ _parsed: dict[str, Any] = {}
 _IMMUTABLE = (int, float, str, Rng)
 
 
-# A range summary whose five parts are canonical decimal ints (the usual case: slot ranges): parse_value gives
-# exactly ``Rng(*map(int, parts))`` for it (tests/unit/test_export_fast_paths.py holds them equal), without its general
-# regex, per-part scalar parsing and render round trip. Ranges are unique per node, so the cache rarely helps them.
-_I = r"(0|-?[1-9][0-9]*)"
-_rng_fast = re.compile(rf"\(cnt={_I},min={_I},max={_I},first={_I},last={_I}\)").fullmatch
-# A list of canonical decimal ints (``[3]``, ``[1,2,3]``: chain / pub lists): parse_value gives exactly
-# ``[int(x) for x in parts]`` for it (a fresh list each time, as parse_value does), without its bracket splitting,
-# per-item parsing and render round trip.
-_int_list_fast = re.compile(rf"\[{_I}(?:,{_I})*\]").fullmatch
-
-
 def _value(v: str) -> Any:
-    """``parse_value`` with a cache for short repeated strings (only immutable results are shared)."""
+    """``logline.fast_value`` (= ``parse_value``) with a cache for short repeated strings (only immutable results
+    are shared)."""
     r = _parsed.get(v)
     if r is None:
-        c = v[:1]
-        if c == "(":
-            m = _rng_fast(v) if v[:5] == "(cnt=" else None
-            r = Rng(*map(int, m.groups())) if m else parse_value(v)
-        elif c == "[" and _int_list_fast(v) is not None:
-            return [int(x) for x in v[1:-1].split(",")]  # mutable: never cached
-        else:
-            r = parse_value(v)
+        r = fast_value(v)
         if len(v) <= 96 and type(r) in _IMMUTABLE:
             if len(_parsed) > 50_000:
                 _parsed.clear()

@@ -10,8 +10,8 @@
 * Several files are merged lazily by ``ts`` (``heapq.merge``), so memory does not grow with the files' length.
 
 The field parser is a fast path of :func:`cptrace_otel.logline.parse_line` with identical results (a unit test
-compares them): common value shapes (ints, ``rng`` summaries, bare words) are decoded without regexes and repeated
-scalar tokens are memoized; anything unusual falls back to :func:`~cptrace_otel.logline.parse_value`.
+compares them): values go through :func:`cptrace_otel.logline.fast_value` (the grammar's one fast path) and
+repeated scalar tokens are memoized here.
 
 When the optional C extension ``_logc`` was built (``setup.py``), a file is read as bytes in blocks and ``_logc``
 splits, decodes and parses the lines and builds the events in C (the same events, unit-tested against both the
@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 from ...checks.epochs import EpochTracker
 from ...events import Event
-from ...logline import Rng, parse_value
+from ...logline import Rng, fast_value
 from .files import consumed, open_text, truncated
 
 MARKER = "[CPTRACE"
@@ -87,49 +87,7 @@ class LogStats:
 
 # -- fast field parser -------------------------------------------------------------------------------------------
 
-_I = r"(0|-?[1-9][0-9]*)"  # a canonical int, exactly the texts parse_value turns into ints
-_INTLIST_FAST = re.compile(rf"\[(?:{_I}(?:,{_I})*)?\]$", re.ASCII)
-_RNG_FAST = re.compile(rf"\(cnt={_I},min={_I},max={_I},first={_I},last={_I}\)$", re.ASCII)
 _TOKCACHE_MAX = 16384
-
-
-def _canon_int(s: str) -> int | None:
-    """``int(s)`` when ``s`` is the canonical rendering of that int (what parse_value accepts), else None."""
-    if s.isascii() and s.isdigit():
-        if s[0] != "0" or len(s) == 1:
-            return int(s)
-        return None
-    if len(s) > 1 and s[0] == "-" and s[1] != "0" and s.isascii() and s[1:].isdigit():
-        return int(s)
-    return None
-
-
-def _value(v: str) -> Any:
-    if not v:
-        return v
-    c = v[0]
-    if c.isdigit():
-        if v.isdigit() and v.isascii() and (c != "0" or len(v) == 1):
-            return int(v)
-        return parse_value(v)
-    if c == "-":
-        i = _canon_int(v)
-        return i if i is not None else parse_value(v)
-    if c == "(":
-        m = _RNG_FAST.match(v)
-        if m is not None:
-            a, b, c_, d, e = m.groups()
-            return Rng(int(a), int(b), int(c_), int(d), int(e))
-        return parse_value(v)
-    if c == "[":
-        m = _INTLIST_FAST.match(v)
-        if m is not None:  # a flat list of canonical ints, the common case (chain, pub, hp, hs)
-            inner = v[1:-1]
-            return list(map(int, inner.split(","))) if inner else []
-        return parse_value(v)
-    if c.isalpha() and c.isascii():
-        return v  # a bare word: parse_value keeps it as a string
-    return parse_value(v)
 
 
 _NOCACHE_KEYS = frozenset(("ts", "seq", "h", "hh", "wall", "mono"))  # unique per record: caching them only churns
@@ -149,11 +107,11 @@ class _TokenCache(dict):
         if not eq or not k:
             raise _BadToken(tok)
         if v.isdigit() and v.isascii() and (v[0] != "0" or len(v) == 1):
-            val: Any = int(v)   # the commonest miss (node_id, op, h, ...): _value's first case, without the call
+            val: Any = int(v)   # the commonest miss (node_id, op, h, ...): fast_value's first case, without the call
             if k in _NOCACHE_KEYS:
                 return (k, val)
         else:
-            val = _value(v)
+            val = fast_value(v)
         if k not in _NOCACHE_KEYS and type(val) is not list and len(tok) < 100:
             if len(self) >= _TOKCACHE_MAX:
                 self.clear()
