@@ -20,7 +20,7 @@ from typing import Any, Iterable, Sequence
 
 from .. import semconv as sc
 from .._version import __version__
-from ..attrs import fields_to_attributes
+from ..attrs import attribute_key, fields_to_attributes, range_keys
 from ..logline import Rng
 from ..spans import EventAttrs
 
@@ -178,12 +178,12 @@ class _FieldEnc:
     __slots__ = ("key", "ints", "sp", "vals", "parts", "part_keys", "ok")
 
     def __init__(self, name: str) -> None:
-        key = self.key = sc.FIELD_PREFIX + name
+        key = self.key = attribute_key(name)
         ke = _KeyEnc(_EV_TAG, key)
         self.ints = ke.ints
         self.sp = ke.sp
         self.vals: dict[Any, bytes] = {}
-        self.part_keys = [f"{key}.{p}" for p in sc.RNG_PARTS]
+        self.part_keys = range_keys(name)
         self.parts = [_KeyEnc(_EV_TAG, pk) for pk in self.part_keys]
         # A field name with a dot could collide with another field's range part keys (dict semantics would merge
         # them): such events take the dict path.
@@ -227,34 +227,27 @@ _KV_CACHE_MAX = 200_000
 
 
 def _field_miss(k: str, v: Any, t: type) -> bytes:
-    """Encoded attribute field(s) of one typed field, uncached; caches the result when the value is a small one."""
+    """Encoded attribute field(s) of one typed field, uncached; caches the result when the value is a small one.
+    The common shapes are written with the field's encoder, every other value is encoded from
+    ``attrs.fields_to_attributes`` (the mapping itself), which gives the same bytes for the common shapes too."""
     e = _field_enc.get(k)
     if e is None:
         if len(_field_enc) > 50_000:
             _field_enc.clear()
         e = _field_enc[k] = _FieldEnc(k)
     cache = False
-    if t is int:
-        if -(1 << 63) <= v < (1 << 63):
-            b = e.int_field(v)
-            cache = 0 <= v < _VAL_CACHE_INT
-        else:
-            b = e.str_field(str(v))
+    if t is int and -(1 << 63) <= v < (1 << 63):
+        b = e.int_field(v)
+        cache = 0 <= v < _VAL_CACHE_INT
     elif t is str:
         b = e.str_field(v)
         cache = len(v) <= _VAL_CACHE_STR
-    elif t is Rng:
+    elif t is Rng and all(type(pv) is int and -(1 << 63) <= pv < (1 << 63) for pv in v):
         out = []
-        for pe, pk, pv in zip(e.parts, e.part_keys, v):
-            if type(pv) is int and -(1 << 63) <= pv < (1 << 63):
-                vb = varint(pv & _MASK64)
-                out.append(pe.ints[len(vb)] + vb)
-            else:
-                out.append(_field(_EV_TAG, pk, fields_to_attributes({"": pv})[sc.FIELD_PREFIX]))
-        b = b"".join(out)
-        cache = False  # see _event_attrs: ranges are encoded inline
-    elif t is float:
-        b = _field(_EV_TAG, e.key, v)
+        for pe, pv in zip(e.parts, v):
+            vb = varint(pv & _MASK64)
+            out.append(pe.ints[len(vb)] + vb)
+        b = b"".join(out)   # not cached: see _event_attrs, ranges are encoded inline
     else:
         b = b"".join([_field(_EV_TAG, ak, av) for ak, av in fields_to_attributes({k: v}).items()])
     if cache:
