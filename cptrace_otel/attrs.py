@@ -16,7 +16,8 @@ from .logline import Rng, parse_value, render_value
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _PREFIX = sc.FIELD_PREFIX
 _PLEN = len(_PREFIX)
-# What follows a field's key in the key of each range part (semconv.rng_key: "hicache.<k>" + ".cnt", ...).
+# What follows a field's key in the key of each range part (semconv.rng_key: "hicache.<k>" + ".cnt", ...). With
+# FIELD_PREFIX these are the whole key layout; the C span-event encoder gets both from here when it is loaded.
 RNG_SUFFIXES: tuple[str, ...] = tuple(sc.rng_key("", p)[len(sc.field_key("")):] for p in sc.RNG_PARTS)
 
 # field name -> its attribute key / its five range part keys: the same strings every time (no concatenation and

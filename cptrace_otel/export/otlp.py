@@ -20,6 +20,7 @@ from typing import Any, Iterable, Sequence
 
 from .. import semconv as sc
 from .._version import __version__
+from .._speedups.otlp import load as _load_span_events
 from ..attrs import attribute_key, fields_to_attributes, range_keys
 from ..logline import Rng
 from ..spans import EventAttrs
@@ -403,17 +404,8 @@ def _event_field(ts: int, name: str, attrs: Any) -> bytes:
     return b"\x5a" + (_SMALL[n] if n < 16384 else varint(n)) + ev
 
 
-def _load_speedups() -> Any:
-    """``_otlpc.span_events`` (the C encoder of span events, same bytes) when it was built, else None."""
-    try:
-        from . import _otlpc
-    except ImportError:
-        return None
-    _otlpc.init(EventAttrs, Rng)
-    return _otlpc.span_events
-
-
-_span_events = _load_speedups()
+# The C encoder of span events (cptrace_otel._speedups.otlp: the same bytes as _event_field) when it was built.
+_span_events = _load_span_events()
 
 
 def encode_span(sp: Any) -> bytes:

@@ -80,21 +80,19 @@ def _epoch_tracker() -> Any:
 
 
 try:
-    from ..checks.epochs import EpochTracker as _EpochTracker
+    from ..checks.epochs import EPOCH_TAGS as _EPOCH_TAGS, EpochTracker as _EpochTracker
 except Exception:  # the checks package is optional here: the shortcut below then never applies
     _EpochTracker = None  # type: ignore[assignment,misc]
-_EPOCH_TAGS = frozenset(("reset", "split", "insert"))  # the only tags EpochTracker.step acts on
+    _EPOCH_TAGS = frozenset()  # (without EpochTracker every record steps the _ResetCounter)
 
 def _load_intake() -> Any:
-    """The C intake (``_logc.intake``: the same Events as :meth:`Exporter._item_event`) when it was built and the
-    checks package provides EpochTracker (the tracker it creates), else None."""
+    """The C intake (``_speedups.intake``: the same Events as :meth:`Exporter._item_event`) when it was built and
+    the checks package provides EpochTracker (the tracker it creates), else None."""
     if _EpochTracker is None:
         return None
-    try:
-        from ..analyze.sources.logs import _logc
-    except Exception:
-        return None
-    return _logc.intake if _logc is not None else None
+    from .._speedups.intake import load
+
+    return load("live")
 
 
 _parsed: dict[str, Any] = {}

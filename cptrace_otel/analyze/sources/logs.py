@@ -13,24 +13,24 @@ The field parser is a fast path of :func:`cptrace_otel.logline.parse_line` with 
 compares them): values go through :func:`cptrace_otel.logline.fast_value` (the grammar's one fast path) and
 repeated scalar tokens are memoized here.
 
-When the optional C extension ``_logc`` was built (``setup.py``), a file is read as bytes in blocks and ``_logc``
-splits, decodes and parses the lines and builds the events in C (the same events, unit-tested against both the
-reference parser and the Python reader); the lines it does not know (non-ASCII text, floats, odd shapes, malformed
-lines) take the Python parser above.
+When the optional C line reader (:mod:`cptrace_otel._speedups.logreader`) was built (``setup.py``), a file is read
+as bytes in blocks and the C code splits, decodes and parses the lines and builds the events (the same events,
+unit-tested against both the reference parser and the Python reader); the lines it does not know (non-ASCII text,
+floats, odd shapes, malformed lines) take the Python parser above.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import itertools
 import os
 import re
 from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
-from ...checks.epochs import EpochTracker
+from ..._speedups.logreader import load as _load_logreader
+from ...checks.epochs import EPOCH_TAGS, EpochTracker
 from ...events import Event
-from ...logline import Rng, fast_value
+from ...logline import fast_value
 from .files import consumed, open_text, truncated
 
 MARKER = "[CPTRACE"
@@ -207,31 +207,12 @@ def _report_truncation(fh, path: str, line_no: int, on_bad: Callable[[Malformed]
         on_bad(Malformed(path, line_no + 1, why, ""))
 
 
-_EPOCH_TAGS = frozenset(("reset", "split", "insert"))  # the only records that can move an epoch tracker
 _CHUNK = 512  # events pulled from one file at a time: the merge works on chunks, not events
 _BLOCK = 1 << 18  # bytes handed to the C parser at a time
 
-
-def _load_speedups():
-    """The C line parser ``_logc`` (same results as this module's Python parser) when it was built, else None."""
-    try:
-        from . import _logc
-    except ImportError:
-        return None
-    _logc.configure(Rng, Event, EpochTracker, _EPOCH_TAGS, _event_slots())
-    return _logc
-
-
-def _event_slots() -> tuple[str, ...] | None:
-    """Event's field names in constructor order when its __init__ does nothing but assign them (a slots dataclass
-    without __post_init__ or init=False fields): the C parser may then fill the slots itself. None otherwise."""
-    fs = dataclasses.fields(Event)
-    if hasattr(Event, "__post_init__") or "__dict__" in dir(Event) or not all(f.init for f in fs):
-        return None
-    return tuple(f.name for f in fs)
-
-
-_logc = _load_speedups()
+# The C line reader (cptrace_otel._speedups.logreader: the same events as this module's Python reader) when it was
+# built, else None.
+_logc = _load_logreader()
 
 
 def _file_chunks(fh, path: str, drank: int, on_bad: Callable[[Malformed], None], stats: LogStats,
@@ -322,7 +303,7 @@ def _file_chunks_py(fh, path: str, drank: int, on_bad: Callable[[Malformed], Non
     chunk: list[Event] = []
     append = chunk.append
     last_r, rs = None, None
-    epoch_tags = _EPOCH_TAGS
+    epoch_tags = EPOCH_TAGS
     good_tags = _GOOD_TAGS
     pair = _pair
     bad_token = _BadToken
@@ -370,7 +351,7 @@ def _file_chunks_py(fh, path: str, drank: int, on_bad: Callable[[Malformed], Non
             seq = rs[0]
             rs[0] = seq + 1
             t = rs[1]
-            ep = t.step(tag, fields) if (tag in epoch_tags or t._after_reset) else t.epoch
+            ep = t.step(tag, fields) if (tag in epoch_tags or t.pending) else t.epoch
             append(Event(tag, r, seq, ts, ep, fields, 1, path, line_no))
             if len(chunk) >= _CHUNK:
                 stats.events += len(chunk)
@@ -500,7 +481,7 @@ def _renumber(chunks: Iterator[list[Event]], stats: LogStats) -> Iterator[Event]
             ev.seq = rs[0]
             rs[0] += 1
             t = rs[1]
-            if ev.tag in _EPOCH_TAGS or t._after_reset:
+            if ev.tag in EPOCH_TAGS or t.pending:
                 ev.epoch = t.step(ev.tag, ev.fields)
             else:
                 ev.epoch = t.epoch
