@@ -52,3 +52,13 @@ class EpochTracker:
         self.epoch += 1
         self._max_new = -1
 
+
+def created_id(tag: str, fields: dict[str, Any]) -> int | None:
+    """The id a record creates (``split new_id``, ``insert kind=new``), which must grow within an epoch."""
+    if tag == "split":
+        v = fields.get("new_id")
+    elif tag == "insert" and fields.get("kind") == "new":
+        v = fields.get("node_id")
+    else:
+        return None
+    return v if type(v) is int else None
