@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import re
 import subprocess
 import sys
 import tempfile
