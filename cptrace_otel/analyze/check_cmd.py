@@ -105,7 +105,7 @@ def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
     events, in the order the rules saw them, are kept in ``groups`` when ``keep`` is true (the HTML report draws
     them). Reader warnings go to ``err``. Raises :class:`SourceError` (after printing why, prefixed with ``pfx``)
     when a source cannot be read, holds no record, or the sources overlap in a way that cannot be counted once."""
-    from .engine import Analysis, Result
+    from .engine import Analysis, Result, analyze_traces
     from .sources.detect import expand
     from .sources.logs import LogReadError, LogStats, read_log_events
     from .sources.overlap import decide
@@ -167,15 +167,7 @@ def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
         if otlp or docfiles:
             kept = []
             evs = docs.events()
-            an = Analysis(level, info.levels, sampled=info.sampled)
-            unknown = info.unknown_rank_streams()
-            if unknown and len(info.streams) > 1:
-                # their records would be compared as one rank "-1" (or against the known ranks): say so, not pass
-                print(f"check: {unknown} streams with an unknown rank: cross-rank rules not run", file=err)
-                an.cross.disabled = True
-            results.append(an.run(_Kept(evs, kept) if keep else evs))
-            if unknown and len(info.streams) > 1:
-                results[-1].stats["unknown_rank_streams"] = unknown
+            results.append(analyze_traces(level, info, _Kept(evs, kept) if keep else evs, err))
             groups.append((results[-1], kept))
         if run_id is None and len(info.run_ids) == 1:   # (the trace files' run id also when the logs were chosen)
             run_id = next(iter(info.run_ids))
