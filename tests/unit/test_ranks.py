@@ -43,7 +43,7 @@ def test_config_record_labels_the_records_before_it(tmp_path):
     files = os.listdir(tmp_path / "out")
     assert len(files) == 1 and files[0].startswith("rank-1-")
     res = _resources(tmp_path / "out" / files[0])
-    assert {r["sglang.cp.rank"] for r in res} == {"1"} or {r["sglang.cp.rank"] for r in res} == {1}
+    assert {int(r["sglang.cp.rank"]) for r in res} == {1}
     assert {r["cptrace.rank.source"] for r in res} == {"config-record"}
 
 
@@ -157,3 +157,22 @@ def test_check_says_unknown_rank_streams(tmp_path, capsys):
     from cptrace_otel.cli import main
     assert main(["check", str(tmp_path / "out")]) == 4
     assert "1 streams with an unknown rank: cross-rank rules not run" in capsys.readouterr().err
+
+
+def test_rank_published_after_the_first_records_labels_them(tmp_path):
+    # SGLang publishes its parallel state only after the first records were emitted: they still get its rank
+    body = ("import sys, time, types\n"
+            "ct.cptrace(1, 'insert', node_id=5, parent=0, len=1, dev='(0)')\n"
+            "time.sleep(0.3)\n"
+            "rc = types.ModuleType('sglang.srt.runtime_context')\n"
+            "rc.get_parallel = lambda: types.SimpleNamespace(attn_cp_rank=3, attn_tp_rank=0, attn_dp_rank=0,"
+            " attn_cp_size=4)\n"
+            "sys.modules['sglang.srt.runtime_context'] = rc\n"
+            "ct.cptrace(1, 'insert', node_id=6, parent=0, len=1, dev='(0)')\n")
+    p = _run_emitter(tmp_path, {"CPTRACE_RANK_WAIT_S": "30"}, body)
+    assert p.returncode == 0, p.stderr
+    files = os.listdir(tmp_path / "out")
+    assert len(files) == 1 and files[0].startswith("rank-3-"), files
+    res = _resources(tmp_path / "out" / files[0])
+    assert {r["cptrace.rank.source"] for r in res} == {"sglang"}
+    assert {int(r["sglang.cp.rank"]) for r in res} == {3}
