@@ -213,14 +213,18 @@ def traces_url(endpoint: str, protocol: str, *, base: bool = False) -> str:
 def derive_run_id(env: Mapping[str, str]) -> str:
     """A run id that every rank process of one launch on one host derives alike.
 
-    ``CPTRACE_RUN_ID`` wins. Else ``TORCHELASTIC_RUN_ID`` (torchrun), else a hash of the host name, the parent
+    ``CPTRACE_RUN_ID`` wins. Else ``TORCHELASTIC_RUN_ID`` (torchrun; not its placeholder ``none``; ``-r<n>`` after
+    the n-th elastic restart), else a hash of the host name, the parent
     process id and the parent's start time: SGLang starts all rank processes from one launcher, so they share it.
-    Ranks on several hosts have different parents: set ``CPTRACE_RUN_ID`` to one value on every host.
+    Ranks on several hosts have different parents: :func:`cptrace_otel.ranks.agreed_run_id` replaces this id by one
+    agreed through the torch.distributed store when there is one; else set ``CPTRACE_RUN_ID`` on every host.
     """
     if env.get("CPTRACE_RUN_ID"):
         return env["CPTRACE_RUN_ID"]
     if (env.get("TORCHELASTIC_RUN_ID") or "none") != "none":   # torchrun's placeholder when no id was given
-        return "te-" + env["TORCHELASTIC_RUN_ID"]
+        restart = env.get("TORCHELASTIC_RESTART_COUNT", "0") or "0"
+        # an elastic restart keeps the id but is a new launch (new processes, new node ids)
+        return "te-" + env["TORCHELASTIC_RUN_ID"] + ("" if restart == "0" else f"-r{restart}")
     ppid = os.getppid()
     start = ""
     try:

@@ -159,17 +159,6 @@ class JoinRules(CrossRuleBase):
                     self._io_hs.setdefault((epoch, nid), {})[occ] = io["hs"]
         self._c4(epoch, tag, nid, per)
 
-    def _sampled_out(self, r: int, nid: int) -> bool:
-        """Rank ``r``'s stream is sampled and node ``nid``'s lineage was not kept there (cptrace_otel.sampling; the
-        lineage origin is followed through the splits seen on the other ranks)."""
-        s = self.sampled.get(r)
-        if s is None:
-            return False
-        from ..sampling import keep_node
-
-        origin = self._split_origin.get(nid, nid)
-        return not keep_node(s[0], origin, s[1])
-
     def _c3(self, epoch: int, nid: int, ranks: list[int], per: dict[int, dict], reported: dict[int, dict],
             any_f: dict) -> None:
         """C3 on a decided prepare join: ``per`` the judged ranks' facts, ``reported`` every rank's."""
@@ -177,7 +166,7 @@ class JoinRules(CrossRuleBase):
         if len(per) != len(ranks):
             for r in ranks:
                 # a rank whose prepare comes after the divergence index is not judged, nor called missing
-                if r not in reported and not self._sampled_out(r, nid):
+                if r not in reported:
                     self._add("C3", "C3", r, epoch, nid, any_f["op"], [any_f["seq"]],
                               f"node {nid}: prepare (backup) on ranks {sorted(per)} but not on rank {r}", any_f)
         if mode is None or mode == "none":

@@ -93,6 +93,7 @@ def test_file_names_never_read_like_a_rank_when_unknown():
 def test_run_ids():
     assert config.derive_run_id({"TORCHELASTIC_RUN_ID": "none"}).startswith("auto-")   # torchrun's placeholder
     assert config.derive_run_id({"TORCHELASTIC_RUN_ID": "abc"}) == "te-abc"
+    assert config.derive_run_id({"TORCHELASTIC_RUN_ID": "abc", "TORCHELASTIC_RESTART_COUNT": "2"}) == "te-abc-r2"
     cfg = config.from_env({})
     assert ranks.agreed_run_id(cfg, {}) == cfg.run_id    # no torch.distributed: the per-host rule stands
 
@@ -176,3 +177,31 @@ def test_rank_published_after_the_first_records_labels_them(tmp_path):
     res = _resources(tmp_path / "out" / files[0])
     assert {r["cptrace.rank.source"] for r in res} == {"sglang"}
     assert {int(r["sglang.cp.rank"]) for r in res} == {3}
+
+
+def test_cross_rank_rules_do_not_call_a_sampled_out_node_missing():
+    from cptrace_otel.analyze.engine import Analysis
+    from cptrace_otel.events import Event
+
+    out_node = next(n for n in range(1, 100) if not sampling.keep_node("r", n, 0.5))
+    rng = "(cnt=4,min=0,max=3,first=0,last=3)"
+    from cptrace_otel.logline import parse_value
+
+    def stream():
+        seq = {0: 0, 1: 0}
+
+        def ev(rank, tag, **f):
+            seq[rank] += 1
+            return Event(tag, rank, seq[rank], seq[rank], 0, f, 1, "t", 0)
+        for r in (0, 1):
+            yield ev(r, "config", cp_size=2, cp_rank=r, mode="replicated", page_size=1, policy="wt")
+        # the node is on rank 0 only (rank 1 sampled it out)
+        yield ev(0, "insert", node_id=out_node, parent=0, len=4, dev=parse_value(rng), kind="new")
+        yield ev(0, "prepare", node_id=out_node, op=1, len=4, dev=parse_value(rng), host=parse_value(rng),
+                 policy="wt")
+        yield ev(0, "backup", op=1, node_id=out_node, dev=parse_value(rng), host=parse_value(rng), io=1)
+
+    plain = Analysis(1).run(list(stream()))   # unsampled: rank 1 lacks the node (C1 says its stream ends early)
+    assert {(f.code, f.rank) for f in plain.findings} == {("C1", 1)}, plain.findings
+    sampled = Analysis(1, sampled={1: ("r", 0.5)}).run(list(stream()))
+    assert sampled.findings == [], sampled.findings
