@@ -47,6 +47,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from . import lifecycle
 from .export.protocol import ACK, FLUSH, INIT, ITEMS, PROGRESS, frame, read_frame
 from .records import RESOLVE_TIMEOUT_S, compact_item, load_deferred
 
@@ -61,7 +62,7 @@ WATCH_EVERY_S = 0.25      # watchdog period
 _lock = threading.Lock()
 _state: "_State | None" = None
 _fids = itertools.count(1)
-_atexit_registered = False   # (set by lifecycle.install_exit_hook when api registered the exit hook at import)
+_atexit_registered = False   # (api registers lifecycle's exit hook at import: then none is needed here)
 _on_stop: Callable[[], None] | None = None   # start()'s caller's uninstall hook
 _last_stats: dict[str, Any] = {}
 
@@ -466,9 +467,10 @@ def start(config: Any, on_stop: Callable[[], None] | None = None) -> Callable[[i
             st.drainer.start()
             st.watchdog.start()
             _state = st
-            if not _atexit_registered:
+            if not _atexit_registered and not lifecycle.exit_hook_registered():
                 atexit.register(_at_exit)
-                _atexit_registered = True
+            _atexit_registered = True
+            lifecycle.install_sigterm()
         _on_stop = on_stop
         return _state.make_submit()
 

@@ -148,9 +148,10 @@ def _encodable(v: Any) -> Any:
 
 
 def repair_span(sp: Any) -> int:
-    """Replace the attribute values of ``sp`` (its own and its events') that cannot be encoded; how many."""
+    """Replace the values of ``sp`` (its attributes, its events' fields) that cannot be encoded; how many."""
     n = 0
-    for attrs in [sp.attrs] + [a for _, _, a in sp.events]:
+    # an event's attributes are built lazily from its typed fields (spans.EventAttrs): repair those
+    for attrs in [sp.attrs] + [getattr(a, "fields", a) for _, _, a in sp.events]:
         for k, v in list(attrs.items()):
             r = _encodable(v)
             if r is not v:

@@ -138,6 +138,7 @@ class Exporter:
         self.errors: list[str] = []
         self.bad = 0               # records that could not be turned into span events (reported, counted)
         self.exported = 0          # span events handed to the sinks
+        self._flushed = 0          # ... of which the file sinks have flushed to the OS (they survive a kill)
         spool_dir = os.path.join(info.get("spool_dir") or cfg.spool_dir, f"{_safe(cfg.run_id)}-{os.getpid()}")
         self.otlp, self.file_sink, self.log_sink = open_sinks(
             cfg, endpoint=cfg.traces_url(), protocol=cfg.protocol, spool_dir=spool_dir, file=info.get("file"),
@@ -182,7 +183,7 @@ class Exporter:
         """Records that reached a final state: delivered (or written), spooled to disk, or lost and counted."""
         if self.otlp is not None:
             return self.bad + self.otlp.settled_records()
-        return self.bad + self.exported
+        return self.bad + self._flushed
 
     def _bad_record(self, e: BaseException) -> None:
         self.bad += 1
@@ -319,6 +320,7 @@ class Exporter:
             self.export()
         if now - self._last_file_flush >= FILE_FLUSH_EVERY_S:
             self._last_file_flush = now
+            self._flushed = self.exported
             for s in (self.file_sink, self.log_sink):
                 if s is not None:
                     try:
@@ -365,6 +367,7 @@ class Exporter:
         self.builder.close_all("flush")
         self.export()
         ok = not self.errors
+        self._flushed = self.exported
         for s in self._sinks():
             left = max(0.0, deadline - time.monotonic())
             if exiting and s is self.otlp and s.stats().get("backend_down"):
@@ -379,6 +382,7 @@ class Exporter:
         self.builder.finish()
         self.export()
         ok = True
+        self._flushed = self.exported
         for s in self._sinks():
             ok = s.close(max(0.0, deadline - time.monotonic())) and ok
         return ok
