@@ -309,3 +309,22 @@ def test_exit_with_the_backend_down_does_not_hold_the_inherited_stderr(tmp_path:
     assert rc == 0, err
     assert "still unreachable at exit" in err
     assert glob.glob(str(tmp_path / "spool" / "*" / "*.otlp"))  # kept for the next run
+
+
+def test_exit_with_a_hanging_backend_lets_the_inherited_stderr_go(tmp_path: Path) -> None:
+    # The backend accepts and never answers; a 10-minute OTLP timeout. The worker goes on trying in the background,
+    # but lets go of the traced process's stderr, so subprocess.run (waiting for EOF on it) returns.
+    import socket
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    try:
+        rc, st, err = _run(tmp_path, """
+            emit(2000)
+        """, timeout=90, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=f"http://127.0.0.1:{srv.getsockname()[1]}/v1/traces",
+            OTEL_EXPORTER_OTLP_TIMEOUT="600000")
+    finally:
+        srv.close()
+    assert rc == 0, err
+    assert "goes on delivering in the background" in err

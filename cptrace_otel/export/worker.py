@@ -120,7 +120,8 @@ class Exporter:
         self.bad = 0               # records that could not be turned into span events (reported, counted)
         self.exported = 0          # span events handed to the sinks
         self._flushed = 0          # ... of which the file sinks have flushed to the OS (they survive a kill)
-        spool_dir = os.path.join(info.get("spool_dir") or cfg.spool_dir, f"{_safe(cfg.run_id)}-{os.getpid()}")
+        self.spool_root = info.get("spool_dir") or cfg.spool_dir
+        spool_dir = os.path.join(self.spool_root, f"{_safe(cfg.run_id)}-{os.getpid()}")
         self.otlp, self.file_sink, self.log_sink = open_sinks(
             cfg, endpoint=cfg.traces_url(), protocol=cfg.protocol, spool_dir=spool_dir, file=info.get("file"),
             log_file=info.get("log_file"), on_error=self._sink_error)
@@ -402,10 +403,12 @@ def _safe(s: str) -> str:
 
 
 def run_loop(get: Callable[[float], Any], ack: Callable[[tuple], None],
-             progress: Callable[[tuple], None] | None = None) -> int:
+             progress: Callable[[tuple], None] | None = None,
+             at_eof: Callable[[Exporter], None] | None = None) -> int:
     """Process messages from ``get(timeout)`` (``None`` = end of input, ``queue.Empty`` = idle) until end of input;
     0 when everything was delivered at the end. ``ack`` gets the ACKs, ``progress`` (when given) the PROGRESS
-    messages: about every PROGRESS_EVERY_S, before each ACK and once at the end."""
+    messages: about every PROGRESS_EVERY_S, before each ACK and once at the end. ``at_eof(exporter)`` is called at
+    end of input, before the final delivery."""
     exp: Exporter | None = None
     last_progress = 0.0
     while True:
@@ -424,6 +427,8 @@ def run_loop(get: Callable[[float], Any], ack: Callable[[tuple], None],
                 exp.tick()
             continue
         if msg is None:
+            if at_eof is not None and exp is not None:
+                at_eof(exp)
             break
         kind = msg[0]
         try:
@@ -496,7 +501,35 @@ def main() -> int:
             except OSError:
                 pass  # the traced process is gone; nothing to tell
 
-    return run_loop(lambda t: q.get(timeout=t), ack, ack)
+    return run_loop(lambda t: q.get(timeout=t), ack, ack, _detach_later)
+
+
+DETACH_AFTER_S = 1.0  # at end of input, the traced process's stderr is let go after this long
+
+
+def _detach_later(exp: Exporter) -> None:
+    """The traced process is done: if the final delivery takes longer than DETACH_AFTER_S, say so on the inherited
+    stderr, then move this worker's stderr to a log file next to its spool, so that a ``cmd | tee`` or a
+    ``subprocess.run(capture_output=True)`` of the traced process is not held open by this worker."""
+
+    def detach() -> None:
+        log = os.path.join(exp.spool_root, f"worker-{os.getpid()}.log")
+        try:
+            os.makedirs(exp.spool_root, exist_ok=True)
+            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        except OSError:
+            log, fd = os.devnull, os.open(os.devnull, os.O_WRONLY)
+        try:
+            print(f"cptrace_otel: the traced process exited; the exporter goes on delivering in the background "
+                  f"(at most {exp.cfg.timeout_s:g}s); its messages go to {log}", file=sys.stderr, flush=True)
+            os.dup2(fd, 2)
+            os.close(fd)
+        except OSError:
+            pass
+
+    t = threading.Timer(DETACH_AFTER_S, detach)
+    t.daemon = True
+    t.start()
 
 
 if __name__ == "__main__":
