@@ -22,6 +22,7 @@ import threading
 from typing import Any
 
 from . import config as _config
+from . import lifecycle as _lifecycle
 
 # Module state. Global on purpose: the hot path must not pay for attribute lookups on an object.
 _LEVEL: int = 0
@@ -212,11 +213,14 @@ def _after_fork_in_child() -> None:
         from . import pipeline
 
         pipeline._after_fork_in_child()
+        _lifecycle.after_fork_in_child()  # a multiprocessing child flushes at its end (it skips atexit)
     except Exception:
         pass
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+# Now, before the application registers its own exit handlers: ours runs after them (see lifecycle).
+_lifecycle.install_exit_hook()
 
 reload_config()

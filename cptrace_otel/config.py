@@ -70,6 +70,7 @@ class Config:
     queue_size: int = 262144
     exporter: str = "process"
     spool_dir: str = ""
+    spool_max_bytes: int = 512 << 20     # disk spool cap per exporter (orphaned spools adopted count against it)
     span_timeout_s: float = 1.0
     checks: bool = True
     service_name: str = "sglang-hicache"
@@ -285,6 +286,7 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: Any) -> Config:
         queue_size=_int(env, "CPTRACE_QUEUE_SIZE", 262144, lo=1),
         exporter=exporter,
         spool_dir=env.get("CPTRACE_SPOOL_DIR") or "",
+        spool_max_bytes=_int(env, "CPTRACE_SPOOL_MAX_BYTES", 512 << 20, lo=0),
         span_timeout_s=_float(env, "CPTRACE_SPAN_TIMEOUT_S", 1.0),
         rank_wait_s=_float(env, "CPTRACE_RANK_WAIT_S", 2.0),
         sample=_fraction(env, "CPTRACE_SAMPLE"),

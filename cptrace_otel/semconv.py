@@ -64,6 +64,10 @@ V_MESSAGE: Final = "message"
 
 # -- pipeline self-telemetry (resource-level counters on the rank span at flush) -----------------------------------
 DROPPED: Final = "cptrace.dropped"
+# Set on the rank span by an exporter worker that replaced one that died: how many restarts so far, and that the
+# online checks started over (their state died with the old worker: findings spanning the restart can be missed).
+EXPORTER_RESTARTS: Final = "cptrace.exporter.restarts"
+CHECKS_RESTARTED: Final = "cptrace.checks.restarted"
 
 RNG_PARTS: Final = ("cnt", "min", "max", "first", "last")
 
