@@ -424,9 +424,13 @@ _span_events = _load_speedups()
 
 
 def encode_span(sp: Any) -> bytes:
-    """Encoded ``Span`` message body (kind INTERNAL, no parent: stage spans are roots of their trace)."""
+    """Encoded ``Span`` message body (kind INTERNAL; ``parent_span_id`` when the span has a parent: a stage span's
+    lane)."""
     parts = [b"\x0a\x10", sp.trace_id, b"\x12\x08", sp.span_id, _name(b"\x2a", sp.name), b"\x30\x01",
              b"\x39", _pack_q(sp.start & _MASK64), b"\x41", _pack_q(sp.end & _MASK64)]
+    parent = getattr(sp, "parent", b"")
+    if parent:
+        parts[4:4] = [b"\x22\x08", parent]
     if sp.attrs:
         parts.append(_span_attrs(sp.attrs))
     append = parts.append
@@ -537,7 +541,9 @@ def _json_attrs(attrs: dict[str, Any]) -> str:
 
 def span_json(sp: Any) -> str:
     """One ``Span`` in OTLP/JSON (hex ids, int64 as strings, enums as numbers)."""
-    parts = ['{"traceId":"', sp.trace_id.hex(), '","spanId":"', sp.span_id.hex(), '","name":', _jstr(sp.name),
+    parent = getattr(sp, "parent", b"")
+    parts = ['{"traceId":"', sp.trace_id.hex(), '","spanId":"', sp.span_id.hex(),
+             '","parentSpanId":"' + parent.hex() if parent else "", '","name":', _jstr(sp.name),
              ',"kind":1,"startTimeUnixNano":"', str(sp.start), '","endTimeUnixNano":"', str(sp.end), '"']
     if sp.attrs:
         parts.append(',"attributes":')
