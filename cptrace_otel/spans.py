@@ -45,6 +45,8 @@ from . import semconv as sc
 from .events import Event
 from .logline import render_value
 from .spanattrs import EventAttrs, _approx_bytes, event_attributes  # noqa: F401  (re-exported)
+# violation_attributes: the one helper making the per-code violation keys (the watcher imports it from here)
+from .violations import STATUS_ERROR, stamp_findings, violation_attributes  # noqa: F401
 
 # A span closes when it holds this many events or this many (approximate) bytes of attribute data: keeps a hot node's
 # span small enough for the UI and far below the 3.5 MiB request split.
@@ -58,7 +60,7 @@ MAX_SEQ_REFS = 1 << 16
 MAX_CUT = 1 << 16
 MAX_LANES_SEEN = 1 << 18
 
-STATUS_UNSET, STATUS_OK, STATUS_ERROR = 0, 1, 2
+STATUS_UNSET, STATUS_OK = 0, 1
 
 _DIGEST = hashlib.blake2b
 
@@ -88,18 +90,6 @@ def lane_span_id(run_id: str, epoch: int, node_id: int, rank: int, segment_seq: 
     None) is computable by any process; a later segment hashes the seq of its first record in."""
     tail = "" if segment_seq is None else f"|{segment_seq}"
     return _id(f"{run_id}|{epoch}|{node_id}|lane|{rank}{tail}", 8)
-
-
-def violation_attributes(codes: Iterable[str]) -> dict[str, Any]:
-    """Span attributes for a span holding findings with ``codes``: ``cptrace.violation`` (sorted, comma-joined, as
-    before) plus one boolean ``cptrace.violation.<CODE>=true`` per code, so a one-code tag search
-    (``cptrace.violation.HASH=true``) finds the span whatever other codes it carries, and span metrics get one
-    dimension per code. The one place these keys are made (the exporter's online checks and the watcher use it)."""
-    cs = sorted({str(c) for c in codes if c})
-    out: dict[str, Any] = {sc.VIOLATION: ",".join(cs)}
-    for c in cs:
-        out[sc.VIOLATION_CODE_PREFIX + c] = True
-    return out
 
 
 class Span:
@@ -531,5 +521,3 @@ class SpanBuilder:
         naming its evidence records, and one OTLP link per other span holding evidence."""
         stamp_findings(sp, self._seq_refs)
 
-
-from .violations import stamp_findings  # noqa: E402  (uses Span and violation_attributes from this module)

@@ -18,10 +18,24 @@ here, on the span.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 from . import semconv as sc
-from .spans import STATUS_ERROR, Span, violation_attributes
+
+STATUS_ERROR = 2  # OTLP Status.code ERROR
+
+
+def violation_attributes(codes: Iterable[str]) -> dict[str, Any]:
+    """Span attributes for a span holding findings with ``codes``: ``cptrace.violation`` (sorted, comma-joined, as
+    before) plus one boolean ``cptrace.violation.<CODE>=true`` per code, so a one-code tag search
+    (``cptrace.violation.HASH=true``) finds the span whatever other codes it carries, and span metrics get one
+    dimension per code. The one place these keys are made (the exporter's online checks use it; the watcher should,
+    as ``cptrace_otel.spans.violation_attributes``)."""
+    cs = sorted({str(c) for c in codes if c})
+    out: dict[str, Any] = {sc.VIOLATION: ",".join(cs)}
+    for c in cs:
+        out[sc.VIOLATION_CODE_PREFIX + c] = True
+    return out
 
 
 def describe_evidence(seqs: list[int], refs: dict[int, tuple[bytes, bytes, str, Any]], rank: int) -> str:
@@ -37,7 +51,7 @@ def describe_evidence(seqs: list[int], refs: dict[int, tuple[bytes, bytes, str, 
     return ", ".join(out)
 
 
-def stamp_findings(sp: Span, refs: dict[int, tuple[bytes, bytes, str, Any]]) -> None:
+def stamp_findings(sp: Any, refs: dict[int, tuple[bytes, bytes, str, Any]]) -> None:
     """Mark ``sp`` with its findings (see the module docstring)."""
     findings = sp.findings
     codes = [str(getattr(f, "code", "?")) for f in findings]
