@@ -312,7 +312,7 @@ def test_amtool_checks_alertmanager_config():
     am = _load("alertmanager/alertmanager.yml")
     names = {r["name"] for r in am["receivers"]}
     assert am["route"]["receiver"] in names and all(r["receiver"] in names for r in am["route"].get("routes", []))
-    assert "cptrace_violation" in am["route"]["group_by"]
+    assert "code" in am["route"]["group_by"]
     # the page route matches the severity the rule sets
     rules = _load("prometheus/rules.yml")
     sev = {r["labels"]["severity"] for g in rules["groups"] for r in g["rules"] if "alert" in r}
@@ -400,7 +400,7 @@ def test_tempo_and_grafana_point_at_compose_services():
     compose = _load("docker-compose.yml")["services"]
     tcfg = _load("tempo/tempo.yaml")
     dims = tcfg["metrics_generator"]["processor"]["span_metrics"]["dimensions"]
-    assert "cptrace.violation" in dims and not set(dims) & HIGH_CARDINALITY
+    assert "cptrace.violation.HASH" in dims and not set(dims) & HIGH_CARDINALITY
     ds = _load("grafana/provisioning/datasources/cptrace.yaml")["datasources"]
     uids = {d["uid"] for d in ds}
     for d in ds:
@@ -415,7 +415,7 @@ def test_tempo_and_grafana_point_at_compose_services():
                 assert q["datasourceUid"] in uids | {"__expr__"}
             assert r["condition"] in {q["refId"] for q in r["data"]}
     rule_expr = alerting["groups"][0]["rules"][0]["data"][0]["model"]["expr"]
-    assert "offset 5m" in rule_expr and "cptrace_violation" in rule_expr
+    assert "offset 5m" in rule_expr and "cptrace_violation_HASH" in rule_expr
 
 
 # -- scripts and the Go module --------------------------------------------------------------------------------------
