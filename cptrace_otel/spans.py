@@ -9,10 +9,10 @@ Contract:
   ``blake2b(f"{run_id}|rank|{rank}")``, request trace ``blake2b(f"{run_id}|rid|{rid}")`` (16 bytes; 0 maps to 1).
 * Lanes: in a node trace each rank's spans hang under that rank's **lane** span (``rank 3 · node``, kind
   ``hicache.node``), which also holds the node's structural records (insert, evict, split, free, rid_map, ...). The
-  lane is a root: no span of the trace has a parent that another process must send, so the UI shows one top-level
-  row per rank and lane segment. The first lane segment of (run, epoch, node, rank) has the span id
-  :func:`lane_span_id` (any process can name it, e.g. the watcher writing cross-rank findings); a later segment of the
-  same lane hashes the seq of its first record in too.
+  first lane segment of (run, epoch, node, rank) is a root with the span id :func:`lane_span_id` (any process can
+  name it, e.g. the watcher writing cross-rank findings); a later segment of the same lane (the lane is cut like any
+  span, below) hashes the seq of its first record in and is a child of the first segment, which this process has
+  already sent. No span has a parent that another process must send, and the UI shows one top-level row per rank.
 * Stage spans are children of the lane: ``rank 3 · d2h`` (``prepare`` .. ``ack dir=d2h``, holds ``backup``) and
   ``rank 3 · h2d`` (``reload`` .. ``ack dir=h2d``). A stage span ends at its closing record (``closed_by=tag``).
 * Sending: a lane segment is sent once, together with all its children, when it closes: once it has been open
@@ -224,14 +224,17 @@ class SpanBuilder:
         sp = self._open.get(key)
         if sp is None:
             lk = (epoch, node, rank)
+            first = lane_span_id(self.run_id, epoch, node, rank)
             if lk in self._lanes_seen:
-                sid = lane_span_id(self.run_id, epoch, node, rank, ev.seq)
+                # a later segment: nested under the first (already sent), so the rank keeps one top-level row
+                sp = self._open_span(key, self._node_trace(epoch, node), sc.SPAN_NODE, ev, {sc.NODE_ID: node},
+                                     lane_span_id(self.run_id, epoch, node, rank, ev.seq))
+                sp.parent = first
             else:
                 if len(self._lanes_seen) >= MAX_LANES_SEEN:
                     self._lanes_seen.clear()
                 self._lanes_seen.add(lk)
-                sid = lane_span_id(self.run_id, epoch, node, rank)
-            sp = self._open_span(key, self._node_trace(epoch, node), sc.SPAN_NODE, ev, {sc.NODE_ID: node}, sid)
+                sp = self._open_span(key, self._node_trace(epoch, node), sc.SPAN_NODE, ev, {sc.NODE_ID: node}, first)
         return sp
 
     def _stage(self, key: Any, kind: str, ev: Event, node: int) -> Span:

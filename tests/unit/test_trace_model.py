@@ -68,11 +68,16 @@ def test_sixteen_ranks_under_load_no_record_misplaced_nothing_dangles_nothing_to
     for sp in spans:
         if sp.parent:                                               # a child hangs under its own rank's lane
             lane = next(p for p in spans if p.span_id == sp.parent)
-            assert lane.kind == sc.SPAN_NODE and lane.rank == sp.rank and lane.parent == b""
-            assert lane.start <= sp.start and sp.end <= lane.end
+            assert lane.kind == sc.SPAN_NODE and lane.rank == sp.rank
+            if sp.kind == sc.SPAN_NODE:  # a later lane segment, under the first one
+                assert lane.parent == b"" and sp.parent == lane_span_id("run", 0, sp.attrs[sc.NODE_ID], sp.rank)
+            else:
+                assert lane.start <= sp.start and sp.end <= lane.end
         if sp.attrs.get(sc.CONTINUES):
             assert sp.links and sp.links[0][2] == {sc.LINK_KIND: "continues"}
             assert (sp.trace_id, sp.links[0][1]) in ids
+    roots = {(sp.trace_id, sp.rank) for sp in spans if not sp.parent}
+    assert len(roots) == sum(1 for sp in spans if not sp.parent)  # one top-level row per rank and node trace
 
 
 def test_first_lane_segment_id_is_computable_and_later_segments_differ() -> None:
@@ -83,6 +88,7 @@ def test_first_lane_segment_id_is_computable_and_later_segments_differ() -> None
     first, second = b.take()
     assert first.span_id == lane_span_id("run", 2, 9, 3) and second.span_id == lane_span_id("run", 2, 9, 3, 1)
     assert first.trace_id == second.trace_id and first.name == second.name == "rank 3 \u00b7 node"
+    assert first.parent == b"" and second.parent == first.span_id
 
 
 def test_violation_attributes_one_boolean_per_code() -> None:
