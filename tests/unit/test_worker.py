@@ -170,6 +170,7 @@ def test_export_min_spans_and_tick_export_finished_spans(mem, monkeypatch: pytes
     ex.add_items([(t0 + 5 * S, 1, "prepare", {"node_id": 4, "op": 1}),
                   (t0 + 5 * S + 1, 2, "ack", {"dir": "d2h", "node_id": 4, "op": 1})], 0)
     assert len(sink.spans) == 2  # node 9's lane finished, not exported before a tick
+    ex._last_items -= 2.0  # the stream has been idle for longer than span_timeout_s: the tick expires by wall clock
     ex.tick()
     assert len(sink.spans) == 5 and sink.flushes == 1  # exported, and the file sinks flushed
 
