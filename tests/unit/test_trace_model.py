@@ -94,3 +94,39 @@ def test_first_lane_segment_id_is_computable_and_later_segments_differ() -> None
 def test_violation_attributes_one_boolean_per_code() -> None:
     assert violation_attributes(["HASH", "H2", "HASH"]) == {
         sc.VIOLATION: "H2,HASH", "cptrace.violation.H2": True, "cptrace.violation.HASH": True}
+
+
+def test_every_finding_message_is_in_the_status_and_has_its_event() -> None:
+    import dataclasses
+
+    @dataclasses.dataclass
+    class F:
+        code: str
+        rule: str
+        certainty: str
+        evidence: list
+        message: str
+
+    class Two:
+        def __init__(self, rank: int) -> None:
+            pass
+
+        def feed(self, ev):
+            if ev.tag == "ack":
+                return [F("H2", "H2", "exact", [ev.seq], "released too early"),
+                        F("HASH", "HASH", "exact", [0, ev.seq], "reload hash differs")]
+            return []
+
+    b = SpanBuilder("run", "x", checker_factory=Two)
+    b.add(Event("prepare", 2, 0, 1, 0, {"node_id": 4, "op": 8}, 2, "t", 0))
+    b.add(Event("reload", 2, 1, 2, 0, {"node_id": 4, "op": 9}, 2, "t", 0))
+    sp = b.add(Event("ack", 2, 2, 3, 0, {"node_id": 4, "op": 9, "dir": "h2d"}, 2, "t", 0))
+    b.close_all()
+    b.take()
+    assert sp.status_message == ("H2: released too early [evidence: seq 2 ack op=9 rank 2]; "
+                                 "HASH: reload hash differs [evidence: seq 0 prepare op=8 rank 2, seq 2 ack op=9 rank 2]")
+    assert [e[2][sc.V_CODE] for e in sp.events if e[1] == sc.EVENT_VIOLATION] == ["H2", "HASH"]
+    assert sp.attrs[sc.VIOLATION] == "H2,HASH" and sp.attrs["cptrace.violation.H2"] is True
+    assert sp.attrs["cptrace.violation.HASH"] is True
+    (link,) = sp.links  # to the d2h span holding seq 0
+    assert link[2] == {sc.LINK_KIND: "evidence", sc.V_CODE: "HASH", sc.V_EVIDENCE: "0"}
