@@ -25,7 +25,7 @@ from __future__ import annotations
 import sys
 from typing import Any, NamedTuple, TextIO
 
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_UNREADABLE = 0, 1, 2, 3
+from ..exits import EXIT_UNREADABLE, EXIT_USAGE
 _PFX = "cptrace-otel check"
 
 
@@ -70,7 +70,9 @@ def _run(args: Any, paths: list[str], level: int | None, out: TextIO, err: TextI
         a = analyze_sources(args, paths, level, err)
     except SourceError as e:
         return e.code
-    return report(args, a.res, a.run_id, getattr(args, "jaeger_url", None), a.sources, a.stats, a.doc_malformed,
+    from .report import print_report
+
+    return print_report(args, a.res, a.run_id, getattr(args, "jaeger_url", None), a.sources, a.stats, a.doc_malformed,
                   out, err)
 
 
@@ -103,7 +105,7 @@ def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
     events, in the order the rules saw them, are kept in ``groups`` when ``keep`` is true (the HTML report draws
     them). Reader warnings go to ``err``. Raises :class:`SourceError` (after printing why, prefixed with ``pfx``)
     when a source cannot be read, holds no record, or the sources overlap in a way that cannot be counted once."""
-    from .engine import Analysis, Result
+    from .engine import Analysis, Result, analyze_traces
     from .sources.detect import expand
     from .sources.logs import LogReadError, LogStats, read_log_events
     from .sources.overlap import decide
@@ -165,7 +167,7 @@ def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
         if otlp or docfiles:
             kept = []
             evs = docs.events()
-            results.append(Analysis(level, info.levels).run(_Kept(evs, kept) if keep else evs))
+            results.append(analyze_traces(level, info, _Kept(evs, kept) if keep else evs, err))
             groups.append((results[-1], kept))
         if run_id is None and len(info.run_ids) == 1:   # (the trace files' run id also when the logs were chosen)
             run_id = next(iter(info.run_ids))
@@ -176,6 +178,9 @@ def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
         print(f"{pfx}: {e}", file=err)
         raise SourceError(EXIT_UNREADABLE) from None
     res = _merge(results)
+    unknown = sum(r.stats.get("unknown_rank_streams", 0) for r in results)
+    if unknown:
+        res.stats["unknown_rank_streams"] = unknown
     if not res.stats.get("events"):
         read = logs + otlp + docfiles
         why = "; ".join(f"{_name(p)}: {plan.notes[p]}" for p in read if p in plan.notes)
@@ -202,29 +207,6 @@ class _Kept:
         for ev in self._events:
             keep(ev)
             yield ev
-
-
-def report(args: Any, res: Any, run_id: str | None, jaeger: str | None, sources: dict[str, Any], stats: Any,
-           doc_malformed: int, out: TextIO, err: TextIO) -> int:
-    """Finish the stats, warn about disordered logs, print the report; the exit code (0 clean, 1 findings)."""
-    from .report import to_json, to_text
-
-    res.stats["malformed"] = stats.malformed + doc_malformed
-    res.stats["lines"] = stats.lines
-    res.stats["sources"] = sources
-    if stats.malformed > 20:
-        print(f"warning: {stats.malformed} malformed lines in all (first 20 shown)", file=err)
-    if stats.disordered():
-        print(f"warning: {stats.behind} records of {', '.join(sorted(stats.behind_src))} come after records of "
-              "another rank with a later ts: the ranks in one stream are not interleaved in time (concatenated "
-              "logs?); the cross-rank rules (C1-C5) expect ranks within a few hundred records of each other and "
-              "may report false findings: give each rank's log as its own file (files are merged by ts)", file=err)
-    res.stats["out_of_order"] = stats.behind
-    if getattr(args, "json", False):
-        out.write(to_json(res, run_id, jaeger) + "\n")
-    else:
-        out.write(to_text(res, run_id, jaeger) + "\n")
-    return EXIT_FINDINGS if res.findings else EXIT_OK
 
 
 def _name(path: str) -> str:

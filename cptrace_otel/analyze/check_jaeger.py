@@ -17,11 +17,14 @@ from __future__ import annotations
 import time
 from typing import Any, TextIO
 
-from .check_cmd import _PFX, EXIT_UNREADABLE, EXIT_USAGE, report
+from ..exits import EXIT_UNREADABLE, EXIT_USAGE
+from .report import print_report
+
+_PFX = "cptrace-otel check"
 
 
 def run_jaeger(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:
-    from .engine import Analysis
+    from .engine import analyze_traces
     from .sources.jaeger import JaegerClient, JaegerError, JaegerUnreachable, mask_url
     from .sources.jaegerquery import DEFAULT_LIMIT, PageTooSmall, Search, window
     from .sources.logs import LogStats
@@ -96,9 +99,9 @@ def run_jaeger(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:
     if docs.conflicts:
         print(f"warning: {sum(docs.conflicts.values())} record(s) of run {run_id} share rank, epoch and seq with "
               "another of other content (a restarted rank reusing the run id?): both are analysed", file=err)
-    res = Analysis(level, docs.info.levels).run(docs.events())
+    res = analyze_traces(level, docs.info, docs.events(), err)
     links = getattr(args, "jaeger_url", None) or base
-    return report(args, res, run_id, links, {"logs": [], "otlp": [], "jaeger": [base]}, LogStats(), 0, out, err)
+    return print_report(args, res, run_id, links, {"logs": [], "otlp": [], "jaeger": [base]}, LogStats(), 0, out, err)
 
 
 def _when(start_us: int, end_us: int) -> str:
