@@ -56,9 +56,11 @@ def _prefix_wall_ns(path: str) -> int | None:
 
     if path == "-":
         return None
+    from .analyze.sources.files import MAX_LINE
+
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
-            for i, line in enumerate(f):
+            for i, line in enumerate(iter(lambda: f.readline(MAX_LINE), "")):   # a longer line is read in parts
                 idx = line.find("[CPTRACE ")
                 if idx >= 0:
                     wall = parse_prefix(line[:idx]).wall
