@@ -14,7 +14,7 @@ import sys
 
 from ._version import __version__
 
-from .exits import EXIT_USAGE
+from .exits import EXIT_UNREACHABLE, EXIT_USAGE
 
 
 def _parser() -> argparse.ArgumentParser:
