@@ -4,10 +4,12 @@ whatever JSON an OTLP file holds, the command raises nothing, exits 0/1/2/3, rep
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -15,6 +17,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
 from cptrace_otel import ingest  # noqa: E402
+from cptrace_otel.analyze.sources import logs  # noqa: E402
 from cptrace_otel.cli import _parser  # noqa: E402
 
 from _demo_run import check  # noqa: E402
@@ -41,6 +44,15 @@ _record = st.builds(lambda pre, tag, toks: f"{pre}[CPTRACE {tag}] " + " ".join(f
 _line = st.one_of(_record, st.binary(max_size=60), st.binary(max_size=20).map(lambda b: b"[CPTRACE" + b))
 _log = st.lists(_line, max_size=8).map(lambda ls: b"start\n" + b"\n".join(ls) + b"\n" + GOOD.encode())
 
+@contextlib.contextmanager
+def _file(name: str, data: bytes) -> Iterator[Path]:
+    """``data`` in a fresh folder as ``name`` (a Hypothesis example gets its own: no pytest fixture per example)."""
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / name
+        p.write_bytes(data)
+        yield p
+
+
 _WARN = re.compile(r"^warning: (.*?):(\d+): malformed line \(", re.M)
 
 
@@ -50,12 +62,10 @@ def _warned_at(err: str, path: str) -> list[int]:
     return lines
 
 
-@settings(max_examples=60, **SETTINGS)
+@settings(max_examples=150, **SETTINGS)
 @given(_log)
 def test_check_reads_any_log_bytes(data):
-    with tempfile.TemporaryDirectory() as d:
-        p = Path(d) / "rank0.log"
-        p.write_bytes(data)
+    with _file("rank0.log", data) as p:
         rc, out, err = check("--json", str(p))
         assert rc in (0, 1), err
         assert json.loads(out)["stats"]["events"] >= 1   # the good record after the bad ones was read
@@ -63,13 +73,22 @@ def test_check_reads_any_log_bytes(data):
             assert 1 <= n <= data.count(b"\n") + 1
 
 
-@settings(max_examples=15, **SETTINGS)
+@settings(max_examples=50, **SETTINGS)
+@given(_log)
+def test_the_python_log_reader_reads_any_log_bytes(data):
+    with pytest.MonkeyPatch.context() as mp, _file("rank0.log", data) as p:
+        mp.setattr(logs, "_logc", None)
+        rc, out, err = check("--json", str(p))
+        assert rc in (0, 1), err
+        assert json.loads(out)["stats"]["events"] >= 1
+        _warned_at(err, str(p))
+
+
+@settings(max_examples=30, **SETTINGS)
 @given(_log)
 def test_ingest_replays_any_log_bytes(data):
-    with tempfile.TemporaryDirectory() as d:
-        p = Path(d) / "rank0.log"
-        p.write_bytes(data)
-        out = Path(d) / "o.jsonl"
+    with _file("rank0.log", data) as p:
+        out = p.parent / "o.jsonl"
         args = _parser().parse_args(["ingest", "--no-progress", "--file", str(out), str(p)])
         assert ingest.run(args) == 0
         assert '"hicache.node_id","value":{"intValue":"7"}' in out.read_text()   # the good record was sent
@@ -101,12 +120,10 @@ def _mutated_request(draw) -> str:
     return json.dumps(req)
 
 
-@settings(max_examples=80, **SETTINGS)
+@settings(max_examples=150, **SETTINGS)
 @given(st.lists(_mutated_request(), min_size=1, max_size=3))
 def test_check_reads_any_otlp_json(lines):
-    with tempfile.TemporaryDirectory() as d:
-        p = Path(d) / "rank0.otlp.jsonl"
-        p.write_text(otlp_line(0) + "\n".join(lines) + "\n" + otlp_line(1))
+    with _file("rank0.otlp.jsonl", (otlp_line(0) + "\n".join(lines) + "\n" + otlp_line(1)).encode()) as p:
         rc, out, err = check("--json", str(p))
         assert rc in (0, 1), err
         assert json.loads(out)["stats"]["events"] >= 2
