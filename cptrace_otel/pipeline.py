@@ -233,11 +233,21 @@ class _State:
             self.dropped += n_records
             self.lost += n_records
 
-    def _drain(self) -> None:
+    def _open(self) -> None:
         try:
             self._start_channel()
         except Exception as e:
             self.on_worker_gone(f"exporter failed to start: {e!r}")
+
+    def _drain(self) -> None:
+        from .ranks import RankHold
+
+        # While the rank is unknown the first batches wait here (not on the caller) so that a rank learned from the
+        # config record, SGLang or torch.distributed still labels them (cptrace_otel.ranks.RankHold).
+        hold: RankHold | None = RankHold(self.cfg, self.cfg.rank_wait_s, self.cap)
+        if hold.known:
+            hold = None
+            self._open()
         is_deferred, resolve = load_deferred()
         buf = self.buf
         popleft = buf.popleft
@@ -258,7 +268,16 @@ class _State:
                     except Exception:
                         self.dropped += 1  # unrenderable beyond repair (e.g. fields not a dict)
                 self.shipped += len(items)
+                if hold is not None:
+                    hold.add(items)
+                    continue
                 self._ship((ITEMS, items, self.dropped), len(items))
+            if hold is not None and hold.due(bool(reqs) or self.stop):
+                self.cfg = hold.resolve()
+                self._open()
+                for items in hold.batches:
+                    self._ship((ITEMS, items, self.dropped), len(items))
+                hold = None
             for fid, t_req, timeout_s in reqs:
                 left = timeout_s - (time.monotonic() - t_req) - 0.05
                 self._ship((FLUSH, fid, self.dropped, max(0.0, left)))
