@@ -134,7 +134,10 @@ def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
         empty = [p for p in otlp if docs.add_otlp_lines(p) == 0] + [p for p in docfiles if docs.add_document_file(p) == 0]
         if empty:
             for p in empty:
-                print(f"{pfx}: {_name(p)}: no cptrace record found: {docs.describe(p)}", file=err)
+                bad = [m for m in info.malformed if m[0] == p]
+                first = f"; the first, line {bad[0][1]}: {bad[0][2]}" if bad else ""
+                print(f"{pfx}: {_name(p)}: no cptrace record found: {docs.describe(p)}"
+                      + (f" ({len(bad)} malformed line(s){first})" if bad else ""), file=err)
             raise SourceError(EXIT_UNREADABLE)
         docs.dedupe()
         _dup_notes(docs, err)

@@ -70,7 +70,7 @@ def run_jaeger(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:
             print(f"check: run id {run_id} (the only run among the newest traces of {service})", file=err)
         for tr in search.run_traces(run_id, start_us, end_us):
             traces += 1
-            docs.add_v2_trace(tr, f"{base}/trace/{tr.get('traceID', '')}")
+            docs.add_guarded(tr, f"{base}/trace/{tr.get('traceID', '')}", docs.add_v2_trace)
     except JaegerUnreachable as e:
         print(f"{_PFX}: cannot reach Jaeger at {mask_url(given)}: {e.reason} (asked {e.url})", file=err)
         return EXIT_UNREADABLE
