@@ -562,3 +562,9 @@ def _stamp(sp: Span) -> None:
             sc.V_EVIDENCE: ",".join(str(s) for s in ev_seqs),
             sc.V_MESSAGE: str(getattr(f, "message", "")),
         }))
+
+
+def stamp_findings(sp: Span) -> None:
+    """Stamp ``sp.findings`` on ``sp`` as the exporter does (violation attributes, status, violation events): the one
+    helper for every span that carries findings, ``watch``'s write-back spans included."""
+    _stamp(sp)
