@@ -85,6 +85,9 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--since", default="1h", metavar="DURATION", help="the first poll reaches back this far (1h)")
     w.add_argument("--idle", default=None, metavar="DURATION",
                    help="a run whose traces did not change this long is finished (default 10 polls, at least 10m)")
+    w.add_argument("--lookback", default="15s", metavar="DURATION",
+                   help="each poll also re-reads spans that started this long before the last one (default 15s)")
+    w.add_argument("-v", "--verbose", action="store_true", help="a line per poll and run: records checked, waiting")
     w.add_argument("--once", action="store_true", help="one poll, then finish every run seen and exit (0/1)")
     w.add_argument("--limit", type=int, default=None, help="traces per search (default 1000)")
     w.add_argument("--level", type=int, default=None, help="force the trace level instead of inferring it")

@@ -1,7 +1,8 @@
 """``cptrace-otel watch --jaeger URL``: check a Jaeger's new traces every ``--interval``, report each new finding
 once, write it back into its trace (``--endpoint``) and post it to Alertmanager (``--alertmanager``).
 
-Each poll searches the spans that started since the last poll (less ``LOOKBACK_S``, for spans still in flight)
+Each poll searches the spans that started since the last good poll (less ``--lookback``, default 15 s, at least two
+intervals: a span is sent when it closes, up to ``span_timeout_s`` after it started, plus the batching delays)
 of ``--run-id``, or of every run among the newest traces of ``--service``, and hands them to the run's
 :class:`.watch_state.RunWatch`, which feeds the rules what is new and contiguous. A finding is printed on stdout
 (one line), written back (:class:`.watch_out.WriteBack`) unless its span already carries the code, and becomes or
@@ -21,7 +22,6 @@ import time
 from typing import Any, TextIO
 
 _PFX = "cptrace-otel watch"
-LOOKBACK_S = 60.0
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
 
 
@@ -51,6 +51,7 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
         interval = parse_duration(args.interval)
         idle = parse_duration(args.idle) if args.idle else max(600.0, 10 * interval)
         since = parse_duration(args.since)
+        lookback = parse_duration(args.lookback)
         client = JaegerClient(str(args.jaeger), timeout_s=30.0)
     except ValueError as e:
         print(f"{_PFX}: {e}", file=err)
@@ -101,7 +102,8 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
         changed_at.pop(rid, None)
         if len(retired) > 1000:
             retired.pop(next(iter(retired)))
-        note(f"run {rid}: {st.events} records checked; no change for a while, finished")
+        why = "" if args.once else f"; its traces did not change for {args.idle or 'a while'}"
+        note(f"run {rid}: {st.events} records checked{why}: finished")
 
     win_start = int((time.time() - since) * 1e6)
     down = False
@@ -120,10 +122,12 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
                     if st.new_records:
                         changed_at[rid] = time.monotonic()
                     handle(rid, st, st.step())
+                    if args.verbose:
+                        note(f"run {rid}: {st.events} records checked, {st.pending()} waiting for earlier ones")
                 if down:
                     note(f"Jaeger at {given} is back")
                 down = False
-                win_start = poll_end - int(max(LOOKBACK_S, 2 * interval) * 1e6)
+                win_start = poll_end - int(max(lookback, 2 * interval) * 1e6)
             except (JaegerUnreachable, JaegerError) as e:
                 if not down:
                     note(f"Jaeger at {given} is down ({getattr(e, 'reason', e)}): retrying every {args.interval}")
