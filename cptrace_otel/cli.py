@@ -33,6 +33,9 @@ def _parser() -> argparse.ArgumentParser:
     j.add_argument("--jaeger", default=None, metavar="URL",
                    help="Jaeger query base URL (e.g. http://127.0.0.1:16686; user:password@ allowed) to read the "
                         "run's traces from")
+    j.add_argument("--tempo", default=None, metavar="URL",
+                   help="Grafana Tempo query URL (e.g. http://127.0.0.1:3200) to read the run (--run-id) from with "
+                        "TraceQL; untested against a live Tempo")
     j.add_argument("--service", default=None, help="service name of the traces (default sglang-hicache)")
     j.add_argument("--since", default=None, metavar="DURATION",
                    help="traces with spans that started in this last while (30m, 1h, 2d; default 7d)")
