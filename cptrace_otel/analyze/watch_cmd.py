@@ -22,6 +22,7 @@ import time
 from typing import Any, TextIO
 
 _PFX = "cptrace-otel watch"
+PAGE_STEP = 200   # traces between two feeds within one poll
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
 
 
@@ -117,8 +118,11 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
                     if st is None:
                         st = states[rid] = RunWatch(rid, args.level, retired.pop(rid, None), note)
                         changed_at[rid] = time.monotonic()
-                    for tr in search.run_traces(rid, win_start, poll_end):
+                    st.new_records = 0
+                    for i, tr in enumerate(search.run_traces(rid, win_start, poll_end), 1):
                         st.add_trace(tr)
+                        if i % PAGE_STEP == 0:   # feed as it arrives: memory holds a page, not a poll
+                            handle(rid, st, st.step(end_of_poll=False))
                     if st.new_records:
                         changed_at[rid] = time.monotonic()
                     handle(rid, st, st.step())

@@ -150,8 +150,10 @@ class RunWatch:
         return st.ring_ref[i] if st.ring_seq[i] == seq else None
 
     # -- feeding ---------------------------------------------------------------------------------------------------
-    def step(self, final: bool = False) -> list[Finding]:
-        """Feed what is contiguous now (``final``: everything, gaps given up); the new findings."""
+    def step(self, final: bool = False, end_of_poll: bool = True) -> list[Finding]:
+        """Feed what is contiguous now (``final``: everything, gaps given up); the new findings. Call it with
+        ``end_of_poll=False`` between the pages of one poll (memory: what arrived is fed as soon as it can be); only
+        the last step of a poll counts towards :data:`GAP_POLLS`."""
         streams = []
         for r, st in sorted(self.ranks.items()):
             ready = []
@@ -161,7 +163,7 @@ class RunWatch:
                     if not st.pending:
                         st.stuck = 0
                         break
-                    st.stuck += 1
+                    st.stuck += end_of_poll
                     if not (final or st.stuck > GAP_POLLS or len(st.pending) > MAX_PENDING):
                         break
                     nxt = min(st.pending)
@@ -185,7 +187,6 @@ class RunWatch:
             cross(ev)
             self.events += 1
         out.extend(self._cross_new())
-        self.new_records = 0
         return out
 
     def _cross_new(self) -> list[Finding]:
