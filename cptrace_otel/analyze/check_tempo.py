@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from typing import Any, TextIO
 
-from .check_cmd import _PFX, EXIT_UNREADABLE, EXIT_USAGE, report
+from ..exits import EXIT_UNREADABLE, EXIT_USAGE
+from .report import print_report
+
+_PFX = "cptrace-otel check"
 
 
 def run_tempo(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:
@@ -58,4 +61,4 @@ def run_tempo(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:
     docs.dedupe()
     res = Analysis(level, docs.info.levels).run(docs.events())
     links = getattr(args, "jaeger_url", None)
-    return report(args, res, run_id, links, {"logs": [], "otlp": [], "tempo": [base]}, LogStats(), 0, out, err)
+    return print_report(args, res, run_id, links, {"logs": [], "otlp": [], "tempo": [base]}, LogStats(), 0, out, err)
