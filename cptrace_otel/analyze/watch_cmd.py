@@ -23,6 +23,7 @@ from typing import Any, TextIO
 
 _PFX = "cptrace-otel watch"
 PAGE_STEP = 200   # traces between two feeds within one poll
+MAX_WINDOW_S = 60.0   # the first window of span starts a poll reads (or four lookbacks); then adapted
 from ..exits import EXIT_FINDINGS, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 
 
@@ -74,7 +75,8 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
             print(f"{_PFX}: cannot use OTLP endpoint {args.endpoint}: {e}", file=err)
             return EXIT_UNREACHABLE
     alerts = Alerts(args.alertmanager, interval, parse_duration(args.alert_hold), note) if args.alertmanager else None
-    search = Search(client, service, args.limit or DEFAULT_LIMIT)
+    limit = args.limit or DEFAULT_LIMIT
+    search = Search(client, service, limit)
     states: dict[str, RunWatch] = {}
     changed_at: dict[str, float] = {}
     retired: dict[str, dict[int, int]] = {}
@@ -106,11 +108,17 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
         why = "" if args.once else f"; its traces did not change for {args.idle or 'a while'}"
         note(f"run {rid}: {st.events} records checked{why}: finished")
 
+    back = max(lookback, 2 * interval)   # each window reaches back this far before the end of the last one
+    chunk = max(MAX_WINDOW_S, 4 * back)  # the span-start window of the next poll (adapted to the traffic)
     win_start = int((time.time() - since) * 1e6)
     down = False
     try:
         while True:
-            poll_end = int(time.time() * 1e6)
+            now_us = int(time.time() * 1e6)
+            # a poll reads at most `chunk` of span starts: a watcher that fell behind catches up in steps, its memory
+            # bounded by what one window holds, not by how far behind it is
+            poll_end = min(now_us, win_start + int(chunk * 1e6))
+            read = 0
             try:
                 runs = [args.run_id] if args.run_id else search.run_ids(win_start, poll_end)
                 for rid in runs:
@@ -119,8 +127,9 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
                         st = states[rid] = RunWatch(rid, args.level, retired.pop(rid, None), note)
                         changed_at[rid] = time.monotonic()
                     st.new_records = 0
-                    for i, tr in enumerate(search.run_traces(rid, win_start, poll_end), 1):
+                    for i, tr in enumerate(search.run_traces(rid, win_start, poll_end, oldest_first=True), 1):
                         st.add_trace(tr)
+                        read += 1
                         if i % PAGE_STEP == 0:   # feed as it arrives: memory holds a page, not a poll
                             handle(rid, st, st.step(end_of_poll=False))
                     if st.new_records:
@@ -131,19 +140,28 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
                 if down:
                     note(f"Jaeger at {given} is back")
                 down = False
-                win_start = poll_end - int(max(lookback, 2 * interval) * 1e6)
+                win_start = poll_end - int(back * 1e6)
+                # the next window: smaller after a busy one, larger after a quiet one (never below two lookbacks)
+                if read > limit:
+                    chunk = max(2 * back, chunk / 2)
+                elif read < limit // 4:
+                    chunk = chunk * 2
             except (JaegerUnreachable, JaegerError) as e:
                 if not down:
                     note(f"Jaeger at {given} is down ({getattr(e, 'reason', e)}): retrying every {args.interval}")
                 down = True
             now = time.monotonic()
-            for rid in [r for r, t in changed_at.items() if args.once or now - t > idle]:
+            last = not down and poll_end >= now_us
+            for rid in [r for r, t in changed_at.items() if (args.once and last) or now - t > idle]:
                 if rid in states:
                     finish(rid)
             if alerts is not None:
                 alerts.post()
-            if args.once or stop[0]:
+            behind = not down and poll_end < now_us
+            if (args.once and not behind) or stop[0]:
                 break
+            if behind:
+                continue   # catching up: the next window at once
             t_end = time.monotonic() + interval
             while not stop[0] and time.monotonic() < t_end:
                 time.sleep(min(0.5, interval))
