@@ -23,7 +23,7 @@ from typing import Any, TextIO
 
 _PFX = "cptrace-otel watch"
 PAGE_STEP = 200   # traces between two feeds within one poll
-MAX_WINDOW_S = 60.0   # the first window of span starts a poll reads (or four lookbacks); then adapted
+MAX_WINDOW_S = 60.0   # windows of span starts grow to at most a day of these (sparse or old data)
 from ..exits import EXIT_FINDINGS, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 
 
@@ -109,7 +109,7 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
         note(f"run {rid}: {st.events} records checked{why}: finished")
 
     back = max(lookback, 2 * interval)   # each window reaches back this far before the end of the last one
-    chunk = max(MAX_WINDOW_S, 4 * back)  # the span-start window of the next poll (adapted to the traffic)
+    chunk = 4 * back   # the span-start window of the next poll (adapted to the traffic: about limit / 2 traces)
     win_start = int((time.time() - since) * 1e6)
     down = False
     try:
@@ -142,10 +142,10 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
                 down = False
                 win_start = poll_end - int(back * 1e6)
                 # the next window: smaller after a busy one, larger after a quiet one (never below two lookbacks)
-                if read > limit:
+                if read > limit // 2:
                     chunk = max(2 * back, chunk / 2)
-                elif read < limit // 4:
-                    chunk = chunk * 2
+                elif read < limit // 8:
+                    chunk = min(chunk * 2, MAX_WINDOW_S * 1440)
             except (JaegerUnreachable, JaegerError) as e:
                 if not down:
                     note(f"Jaeger at {given} is down ({getattr(e, 'reason', e)}): retrying every {args.interval}")
