@@ -28,6 +28,7 @@ from .. import semconv as sc
 from ..checks import Finding, RankChecker
 from ..checks.crossrank import CrossRank
 from ..events import Event
+from .sources import otlpfile
 
 WATCH_SERVICE = "cptrace-watch"   # service.name of the spans watch writes back (never read as input)
 KEEP = 1 << 16                    # records per rank whose span is remembered, for evidence links
@@ -69,7 +70,7 @@ class RunWatch:
         self.cross = CrossRank(level)
         self._start = dict(start or {})
         self._cross_taken = 0
-        self._info = _NullInfo()
+        self._info = otlpfile.OtlpInfo()  # what the collector records about the sources (unused here)
         self.events = 0          # records fed so far
         self.new_records = 0     # records that arrived in the current step (the run is still changing)
 
@@ -213,16 +214,6 @@ class RunWatch:
 
     def pending(self) -> int:
         return sum(len(st.pending) for st in self.ranks.values())
-
-
-class _NullInfo:
-    """What ``otlpfile._collect`` records about the files, unused here."""
-
-    def __init__(self) -> None:
-        self.run_ids: set[str] = set()
-        self.levels: dict[int, int] = {}
-        self.malformed: list = []
-        self.spans = 0
 
 
 def _as_int(v: Any) -> int | None:
