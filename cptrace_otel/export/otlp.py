@@ -21,7 +21,7 @@ from typing import Any, Iterable, Sequence
 from .. import semconv as sc
 from .._version import __version__
 from ..attrs import fields_to_attributes
-from ..logline import Rng
+from ..logline import Rng, int_text
 from ..spans import EventAttrs
 
 MAX_REQUEST_BYTES = int(3.5 * 1024 * 1024)
@@ -506,7 +506,7 @@ def _json_any(v: Any) -> str:
     if t is int:
         if -(1 << 63) <= v < (1 << 63):
             return '{"intValue":"%d"}' % v  # proto3 JSON: int64 as a string
-        return '{"stringValue":"%d"}' % v
+        return '{"stringValue":"' + int_text(v) + '"}'  # any size, beyond str()'s digit limit too
     if t is str:
         return '{"stringValue":' + _jstr(v) + "}"
     if t is float:

@@ -151,6 +151,9 @@ class Exporter:
             self._error(f"cannot open the OTLP file {err.target}: {err.cause}")
         elif err.kind == "log":
             self._error(f"cannot open the log file {err.target}: {err.cause}")
+        elif err.kind == "config":
+            self._error(f"OTLP {self.cfg.protocol} sink for {err.target} not set up, configuration error: {err.cause}; "
+                        f"its spans are dropped and counted, nothing is retried")
         else:
             self._error(f"cannot set up the OTLP {self.cfg.protocol} sink for {err.target}: {err.cause!r}")
 
