@@ -16,7 +16,6 @@ from __future__ import annotations
 import gc
 import os
 import queue
-import re
 import signal
 import sys
 import threading
@@ -25,7 +24,7 @@ from typing import Any, Callable
 
 from .. import semconv as sc
 from ..events import Event
-from ..logline import Rng, parse_value
+from ..logline import Rng, fast_value
 from ..records import MAX_VALUE_CHARS, cut, render_other, render_record, tag_level
 from ..spans import SpanBuilder, checker_factory
 from .protocol import ACK, FLUSH, INIT, ITEMS, frame, read_frame
@@ -61,50 +60,32 @@ def _epoch_tracker() -> Any:
 
 
 try:
-    from ..checks.epochs import EpochTracker as _EpochTracker
+    from ..checks.epochs import EPOCH_TAGS as _EPOCH_TAGS, EpochTracker as _EpochTracker
 except Exception:  # the checks package is optional here: the shortcut below then never applies
     _EpochTracker = None  # type: ignore[assignment,misc]
-_EPOCH_TAGS = frozenset(("reset", "split", "insert"))  # the only tags EpochTracker.step acts on
+    _EPOCH_TAGS = frozenset()  # (without EpochTracker every record steps the _ResetCounter)
+
 
 def _load_intake() -> Any:
-    """The C intake (``_logc.intake``: the same Events as :meth:`Exporter._item_event`) when it was built and the
-    checks package provides EpochTracker (the tracker it creates), else None."""
+    """The C intake (``_speedups.intake``: the same Events as :meth:`Exporter._item_event`) when it was built and
+    the checks package provides EpochTracker (the tracker it creates), else None."""
     if _EpochTracker is None:
         return None
-    try:
-        from ..analyze.sources.logs import _logc
-    except Exception:
-        return None
-    return _logc.intake if _logc is not None else None
+    from .._speedups.intake import load
+
+    return load("live")
 
 
 _parsed: dict[str, Any] = {}
 _IMMUTABLE = (int, float, str, Rng)
 
 
-# A range summary whose five parts are canonical decimal ints (the usual case: slot ranges): parse_value gives
-# exactly ``Rng(*map(int, parts))`` for it (tests/unit/test_export_fast_paths.py holds them equal), without its general
-# regex, per-part scalar parsing and render round trip. Ranges are unique per node, so the cache rarely helps them.
-_I = r"(0|-?[1-9][0-9]*)"
-_rng_fast = re.compile(rf"\(cnt={_I},min={_I},max={_I},first={_I},last={_I}\)").fullmatch
-# A list of canonical decimal ints (``[3]``, ``[1,2,3]``: chain / pub lists): parse_value gives exactly
-# ``[int(x) for x in parts]`` for it (a fresh list each time, as parse_value does), without its bracket splitting,
-# per-item parsing and render round trip.
-_int_list_fast = re.compile(rf"\[{_I}(?:,{_I})*\]").fullmatch
-
-
 def _value(v: str) -> Any:
-    """``parse_value`` with a cache for short repeated strings (only immutable results are shared)."""
+    """``logline.fast_value`` (= ``parse_value``) with a cache for short repeated strings (only immutable results
+    are shared)."""
     r = _parsed.get(v)
     if r is None:
-        c = v[:1]
-        if c == "(":
-            m = _rng_fast(v) if v[:5] == "(cnt=" else None
-            r = Rng(*map(int, m.groups())) if m else parse_value(v)
-        elif c == "[" and _int_list_fast(v) is not None:
-            return [int(x) for x in v[1:-1].split(",")]  # mutable: never cached
-        else:
-            r = parse_value(v)
+        r = fast_value(v)
         if len(v) <= 96 and type(r) in _IMMUTABLE:
             if len(_parsed) > 50_000:
                 _parsed.clear()
@@ -233,7 +214,7 @@ class Exporter:
             tr = self.epochs[rank] = _epoch_tracker()
         # EpochTracker.step only moves on reset / split / insert or right after a reset; for every other
         # record it returns the current epoch unchanged (hint 0 never moves it), so skip the call.
-        if tag in _EPOCH_TAGS or type(tr) is not _EpochTracker or tr._after_reset:
+        if tag in _EPOCH_TAGS or type(tr) is not _EpochTracker or tr.pending:
             ep = tr.step(tag, f)
         else:
             ep = tr.epoch
