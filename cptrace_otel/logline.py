@@ -86,7 +86,8 @@ def _scalar(s: str) -> Any:
             f = float(s)
         except ValueError:
             return s
-        return f if repr(f) == s else s
+        # "-inf" stays text like "inf" and "nan" (which never reach float() here): non-finite values are strings
+        return f if repr(f) == s and f - f == 0.0 else s
     return s
 
 

@@ -3,8 +3,12 @@
 Contract (docs/ARCHITECTURE.md):
 
 * :func:`start` returns the submit function that api installs as ``api._submit``: a bounded ``deque`` append of
-  ``(time_ns, level, tag, fields)`` on the caller's thread. When the buffer holds ``config.queue_size`` records the
-  new record is dropped and counted. It never blocks and never raises.
+  ``(time_ns, level, tag, fields)`` on the caller's thread. When the buffer holds ``config.queue_size`` records, or
+  an estimated ``config.queue_bytes`` bytes, the new record is dropped and counted. It never blocks and never
+  raises. The byte bound costs nothing while fewer than :data:`UNMEASURED` records wait (the normal case: the
+  drainer keeps up); beyond that each new record's size is estimated (:func:`_estimate`: the lengths of its string
+  and list values plus a per-field constant) and summed, so a stalled exporter holds at most about
+  ``queue_bytes`` plus :data:`UNMEASURED` records.
 * A daemon drainer thread pops batches in order, resolves deferred fingerprints (``fingerprint.is_deferred/resolve``,
   waiting on their CUDA event), renders every value that is not already an int, str or float (bools as
   ``True``/``False``; anything else with upstream ``_fmt`` semantics; a value whose ``str`` raises becomes
@@ -42,6 +46,7 @@ from .records import compact_item, load_deferred
 BATCH = 4096              # records per message to the worker
 IDLE_WAIT_S = 0.05        # drainer poll interval when the buffer is empty
 EXIT_FLUSH_S = 5.0        # atexit flush budget
+UNMEASURED = 1024         # records buffered before the byte bound starts estimating sizes
 
 _lock = threading.Lock()
 _state: "_State | None" = None
@@ -149,6 +154,10 @@ class _State:
         self.cfg = cfg
         self.buf: collections.deque = collections.deque()
         self.cap = max(1, int(cfg.queue_size))
+        self.max_bytes = max(1, int(getattr(cfg, "queue_bytes", 64 << 20)))
+        self.qbytes = 0             # estimated bytes of the measured records still buffered (approximate)
+        self.measured = 0           # how many records those are
+        self.dropped_bytes = 0      # records dropped by the byte bound (subset of dropped)
         self.dropped = 0
         self.shipped = 0
         self.flush_reqs: collections.deque = collections.deque()
@@ -170,16 +179,46 @@ class _State:
         now = time.time_ns
         st = self
 
+        try:
+            soft = min(cap, UNMEASURED)
+        except TypeError:  # a test's odd capacity: let the submit's compare fail inside its guard
+            soft = cap
+        measured = self._append_measured
+
         def _submit(level: int, tag: str, fields: dict, _len: Any = len) -> None:
             try:
-                if _len(buf) < cap:
+                if _len(buf) < soft:
                     append((now(), level, tag, fields))
                 else:
-                    st.dropped += 1
+                    measured(level, tag, fields)
             except BaseException:  # noqa: BLE001 - the traced process must never see tracing fail
                 pass
 
         return _submit
+
+    def _append_measured(self, level: int, tag: str, fields: dict) -> None:
+        """The submit path once :data:`UNMEASURED` records wait: both bounds apply."""
+        if len(self.buf) >= self.cap:
+            self.dropped += 1
+            return
+        n = _estimate(fields)
+        if self.qbytes + n > self.max_bytes:
+            self.dropped += 1
+            self.dropped_bytes += 1
+            return
+        self.qbytes += n
+        self.measured += 1
+        self.buf.append((time.time_ns(), level, tag, fields))
+
+    def _popped(self) -> None:
+        """The drainer took records from the front: scale the byte estimate to the measured records that can still
+        be buffered (they are the newest; uniform sizes assumed). Races with the caller's updates only blur it."""
+        m = self.measured
+        if m:
+            left = len(self.buf)
+            if left < m:
+                self.qbytes = self.qbytes * left // m
+                self.measured = left
 
     # worker callbacks --------------------------------------------------------------------------------------------
     def on_ack(self, msg: tuple) -> None:
@@ -257,6 +296,7 @@ class _State:
                         items.append(compact_item(item, is_deferred, resolve))
                     except Exception:
                         self.dropped += 1  # unrenderable beyond repair (e.g. fields not a dict)
+                self._popped()
                 self.shipped += len(items)
                 self._ship((ITEMS, items, self.dropped), len(items))
             for fid, t_req, timeout_s in reqs:
@@ -282,6 +322,19 @@ class _State:
         got = w[0].wait(max(0.0, timeout_s))
         self.waiters.pop(fid, None)
         return bool(got and w[1] and self.gone is None and self.lost == 0)
+
+
+def _estimate(fields: dict) -> int:
+    """Rough bytes one buffered record holds: a constant per record and field plus its strings' and lists' lengths
+    (one pass over the values; only called once the buffer is long, see :data:`UNMEASURED`)."""
+    n = 200 + 64 * len(fields)
+    for v in fields.values():
+        t = type(v)
+        if t is str or t is bytes:
+            n += len(v)
+        elif t is list or t is tuple:
+            n += 16 * len(v)
+    return n
 
 
 # -- public (called by api.py) ---------------------------------------------------------------------------------------
@@ -354,6 +407,7 @@ def stats() -> dict[str, Any]:
 
 def _stats_of(st: _State) -> dict[str, Any]:
     out = {"dropped": st.dropped, "shipped": st.shipped, "queued": len(st.buf), "lost": st.lost,
+           "queued_bytes_est": st.qbytes, "dropped_queue_bytes": st.dropped_bytes,
            "exporter": st.cfg.exporter, "worker_gone": st.gone}
     out.update({"worker": dict(st.stats)})
     return out
