@@ -6,9 +6,9 @@ Contract (docs/ARCHITECTURE.md):
   ``(time_ns, level, tag, fields)`` on the caller's thread. When the buffer holds ``config.queue_size`` records, or
   an estimated ``config.queue_bytes`` bytes, the new record is dropped and counted. It never blocks and never
   raises. The byte bound costs nothing while fewer than :data:`UNMEASURED` records wait (the normal case: the
-  drainer keeps up); beyond that each new record's size is estimated (:func:`_estimate`: the lengths of its string
-  and list values plus a per-field constant) and summed, so a stalled exporter holds at most about
-  ``queue_bytes`` plus :data:`UNMEASURED` records.
+  drainer keeps up); beyond that one record in eight has its size estimated (:func:`_estimate`: the lengths of its
+  string and list values plus a per-field constant), standing for the eight, so a stalled exporter holds about
+  ``queue_bytes`` plus :data:`UNMEASURED` records (an estimate: sizes that vary wildly blur it).
 * A daemon drainer thread pops batches in order, resolves deferred fingerprints (``fingerprint.is_deferred/resolve``,
   waiting on their CUDA event), renders every value that is not already an int, str or float (bools as
   ``True``/``False``; anything else with upstream ``_fmt`` semantics; a value whose ``str`` raises becomes
@@ -47,6 +47,7 @@ BATCH = 4096              # records per message to the worker
 IDLE_WAIT_S = 0.05        # drainer poll interval when the buffer is empty
 EXIT_FLUSH_S = 5.0        # atexit flush budget
 UNMEASURED = 1024         # records buffered before the byte bound starts estimating sizes
+SAMPLE_MASK = 7           # past that, one record in SAMPLE_MASK + 1 is measured (its estimate counts for all)
 
 _lock = threading.Lock()
 _state: "_State | None" = None
@@ -183,32 +184,32 @@ class _State:
             soft = min(cap, UNMEASURED)
         except TypeError:  # a test's odd capacity: let the submit's compare fail inside its guard
             soft = cap
-        measured = self._append_measured
+        max_bytes = self.max_bytes
+        measure = self._measure
 
         def _submit(level: int, tag: str, fields: dict, _len: Any = len) -> None:
             try:
-                if _len(buf) < soft:
+                n = _len(buf)
+                if n < soft:
                     append((now(), level, tag, fields))
+                elif n < cap and st.qbytes < max_bytes:
+                    append((now(), level, tag, fields))
+                    if not n & SAMPLE_MASK:
+                        measure(fields)
+                elif n < cap:
+                    st.dropped += 1
+                    st.dropped_bytes += 1
                 else:
-                    measured(level, tag, fields)
+                    st.dropped += 1
             except BaseException:  # noqa: BLE001 - the traced process must never see tracing fail
                 pass
 
         return _submit
 
-    def _append_measured(self, level: int, tag: str, fields: dict) -> None:
-        """The submit path once :data:`UNMEASURED` records wait: both bounds apply."""
-        if len(self.buf) >= self.cap:
-            self.dropped += 1
-            return
-        n = _estimate(fields)
-        if self.qbytes + n > self.max_bytes:
-            self.dropped += 1
-            self.dropped_bytes += 1
-            return
-        self.qbytes += n
-        self.measured += 1
-        self.buf.append((time.time_ns(), level, tag, fields))
+    def _measure(self, fields: dict) -> None:
+        """One sampled record past :data:`UNMEASURED`: its estimate stands for the SAMPLE_MASK + 1 records around it."""
+        self.qbytes += _estimate(fields) * (SAMPLE_MASK + 1)
+        self.measured += SAMPLE_MASK + 1
 
     def _popped(self) -> None:
         """The drainer took records from the front: scale the byte estimate to the measured records that can still
