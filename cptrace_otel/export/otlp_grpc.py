@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 
 from ..config import mask, mask_url, secrets_of
 from .sinks import SENT, Outcome, SendResult
-from .tls import check_headers, is_tls_config_error, load_tls, tls_hint
+from .tls import HandshakeStrikes, check_headers, is_tls_config_error, load_tls, tls_hint
 
 EXPORT_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
@@ -52,6 +52,8 @@ class GrpcTransport:
         self.url = mask_url(("https://" if secure else "http://") + target)
         self._secrets = secrets_of(endpoint, headers)
         self.retry_after: float | None = None
+        self._secure = secure
+        self._strikes = HandshakeStrikes()
         opts = [
             ("grpc.max_send_message_length", 64 << 20),
             # Reconnect quickly after a backend restart (gRPC's default backoff grows to 120 s).
@@ -80,6 +82,7 @@ class GrpcTransport:
     def send(self, body: bytes) -> SendResult:
         try:
             self._call(body, timeout=self.timeout_s, metadata=self._metadata or None, compression=self._compression)
+            self._strikes.reset()
             return SENT
         except self._grpc.RpcError as e:
             code = e.code() if hasattr(e, "code") else None
@@ -87,6 +90,12 @@ class GrpcTransport:
                           self._secrets)
             if code == self._grpc.StatusCode.UNAVAILABLE and is_tls_config_error(detail):
                 return SendResult(Outcome.FATAL, f"{tls_hint()}: {detail}")
+            if self._secure and code == self._grpc.StatusCode.UNAVAILABLE and "Socket closed" in detail:
+                fatal = self._strikes.hit(detail)  # closed in the handshake, or a server going away: see tls.py
+                if fatal:
+                    return SendResult(Outcome.FATAL, fatal)
+            else:
+                self._strikes.reset()
             if code == self._grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in detail:
                 return SendResult(Outcome.DROP, detail)  # an oversize request will never fit: do not re-send it
             return SendResult(Outcome.RETRY if code in self._retry else Outcome.DROP, detail)

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 from ..config import mask, mask_url, secrets_of
 from .sinks import SENT, Outcome, SendResult
-from .tls import check_headers, is_tls_config_error, load_tls, tls_hint
+from .tls import HandshakeStrikes, check_headers, is_tls_config_error, load_tls, tls_hint
 
 RETRYABLE_STATUS = frozenset({408, 429, 502, 503, 504})
 MAX_RETRY_AFTER_S = 120.0   # a longer Retry-After is honoured as this (the spool keeps the requests meanwhile)
@@ -59,14 +59,17 @@ class HttpTransport:
         self.timeout_s = timeout_s
         self.gzip = compression == "gzip"
         self.retry_after: float | None = None
+        self._strikes = HandshakeStrikes()
         self._requests = requests
         self._session = requests.Session()
+        # Given on every call: a Session attribute loses to REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE in the environment.
+        self._tls_kw: dict[str, Any] = {}
         if files is not None:
             ca_p, cert_p, key_p = files.paths
             if ca_p:
-                self._session.verify = ca_p
+                self._tls_kw["verify"] = ca_p
             if cert_p:
-                self._session.cert = (cert_p, key_p)
+                self._tls_kw["cert"] = (cert_p, key_p)
         h = {"Content-Type": "application/x-protobuf", "User-Agent": "cptrace-otel"}
         if self.gzip:
             h["Content-Encoding"] = "gzip"
@@ -79,17 +82,21 @@ class HttpTransport:
         data = gzip.compress(body, compresslevel=1) if self.gzip else body
         rq = self._requests
         try:
-            r = self._session.post(self._url, data=data, headers=self._headers, timeout=self.timeout_s)
+            r = self._session.post(self._url, data=data, headers=self._headers, timeout=self.timeout_s,
+                                   **self._tls_kw)
         except rq.exceptions.SSLError as e:
             detail = self._mask(f"{type(e).__name__}: {_short(e)}")
             if is_tls_config_error(detail):
                 return SendResult(Outcome.FATAL, f"{tls_hint()}: {detail}")
-            return SendResult(Outcome.RETRY, detail)
+            fatal = self._strikes.hit(detail)
+            return SendResult(Outcome.FATAL, fatal) if fatal else SendResult(Outcome.RETRY, detail)
         except (rq.exceptions.InvalidHeader, rq.exceptions.InvalidURL, rq.exceptions.MissingSchema,
                 rq.exceptions.InvalidSchema, ValueError) as e:
             return SendResult(Outcome.FATAL, self._mask(f"configuration error: {type(e).__name__}: {_short(e)}"))
         except rq.RequestException as e:
+            self._strikes.reset()
             return SendResult(Outcome.RETRY, self._mask(f"{type(e).__name__}: {_short(e)}"))
+        self._strikes.reset()
         if 200 <= r.status_code < 300:
             return SENT
         detail = self._mask(f"HTTP {r.status_code} {r.text[:200]!r}")

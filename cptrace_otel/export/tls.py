@@ -94,3 +94,25 @@ def is_tls_config_error(detail: str) -> bool:
 def tls_hint() -> str:
     return (f"TLS configuration error (check {VARS}CERTIFICATE, {VARS}CLIENT_CERTIFICATE, {VARS}CLIENT_KEY and the "
             f"endpoint's scheme)")
+
+
+TLS_STRIKES = 3  # consecutive connections closed during the TLS handshake before it counts as a config error
+
+
+class HandshakeStrikes:
+    """Counts connections the server closed during the TLS handshake without saying why (TLS 1.3 servers that
+    require a client certificate do this). One can be a server restart; :data:`TLS_STRIKES` in a row, with no other
+    outcome between, are a configuration error: :meth:`hit` returns the FATAL detail then."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def hit(self, detail: str) -> str | None:
+        self.n += 1
+        if self.n < TLS_STRIKES:
+            return None
+        return (f"{tls_hint()}: the server closed {self.n} TLS handshakes in a row; does it require a client "
+                f"certificate ({VARS}CLIENT_CERTIFICATE / CLIENT_KEY)? Last error: {detail}")
+
+    def reset(self) -> None:
+        self.n = 0
