@@ -120,7 +120,7 @@ class _AppendFile:
 
     def flush(self, timeout_s: float = 0.0) -> bool:
         ok = self._write_out()
-        return ok and self.dropped_lines == 0
+        return ok and self.dropped_lines == 0 and self.dropped_units == 0
 
     def close(self, timeout_s: float = 0.0) -> bool:
         ok = self.flush(timeout_s)
