@@ -91,9 +91,10 @@ def _warn_once(key: str, msg: str) -> None:
         warnings.warn(f"cptrace_otel: {msg}", RuntimeWarning, stacklevel=3)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, repr=False)
 class Config:
-    """Everything the project reads from the environment, resolved. Build with :func:`from_env`."""
+    """Everything the project reads from the environment, resolved. Build with :func:`from_env`. Its ``repr``
+    masks the endpoint's userinfo and the header values."""
 
     level: int = 0
     run_id: str = ""
@@ -120,6 +121,10 @@ class Config:
     client_key: str | None = None
     insecure: bool | None = None         # OTEL_EXPORTER_OTLP_[TRACES_]INSECURE; None when unset (gRPC only)
     run_id_given: bool = False           # run_id was set (CPTRACE_RUN_ID or an override), not derived
+
+    def __repr__(self) -> str:
+        body = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
+        return mask(f"Config({body})", secrets_of(self.endpoint, self.headers))
 
     def expand(self, template: str) -> str:
         """Fill ``{pid}``, ``{rank}`` and ``{run_id}`` in an output path template."""
