@@ -79,10 +79,7 @@ def render_value(v: Any) -> str:
 
 def _scalar(s: str) -> Any:
     if _INT_RE.match(s):
-        try:
-            i = int(s)
-        except ValueError:  # more digits than int() takes (4,300 by default): the text stays a string
-            return s
+        i = int(s)
         return i if str(i) == s else s
     if s and (s[0].isdigit() or s[0] in "-.") and s not in ("-",):
         try:
