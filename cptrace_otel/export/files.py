@@ -58,6 +58,9 @@ class _AppendFile:
 
     def _add(self, text: str, lines: int, units: int) -> None:
         """Buffer ``text`` (whole lines, each ending in a newline) holding ``units`` records or spans."""
+        if self._fd is None:  # closed: nothing can be written any more
+            self._drop(lines, units)
+            return
         data = text.encode("utf-8", "replace")
         self._pend.append((data, lines, units))
         self._pend_bytes += len(data)

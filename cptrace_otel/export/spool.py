@@ -158,7 +158,8 @@ class ReliableSender:
             self._cv.notify_all()
 
     def flush(self, timeout_s: float) -> bool:
-        """Wait until every submitted request is delivered (or rejected for good); False on timeout."""
+        """Wait until every submitted request is delivered (or rejected for good); False on timeout, and after a
+        configuration error (its requests were all dropped)."""
         deadline = time.monotonic() + max(0.0, timeout_s)
         with self._cv:
             while self._unfinished > 0:
@@ -166,7 +167,7 @@ class ReliableSender:
                 if left <= 0:
                     return False
                 self._cv.wait(min(left, 0.2))
-            return True
+            return not self.config_error
 
     def close(self, timeout_s: float) -> bool:
         ok = self.flush(timeout_s)

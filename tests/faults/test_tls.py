@@ -106,7 +106,7 @@ def test_untrusted_server_is_a_config_error_not_an_outage(protocol: str, receive
         s = ReliableSender(t, str(tmp_path / "spool"), report=reports.append, backoff_s=0.05)
         for _ in range(5):
             s.submit(_body())
-        assert s.flush(10.0)  # every request was decided (dropped), none waits in a spool
+        assert s.flush(10.0) is False  # lost to a configuration error
         st = s.stats()
         s.close(1.0)
         assert st["failed_requests"] == 5 and st["spool_pending"] == 0 and st["spooled_requests"] == 0
