@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 from ..config import traces_url
 
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+from ..exits import EXIT_FINDINGS, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 RANK_TIMEOUT_S = 120.0
 
 
