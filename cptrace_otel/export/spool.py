@@ -28,6 +28,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from ..config import mask_url
 from .sinks import Outcome, SendResult
 
 DEFAULT_SPOOL_MAX_BYTES = 512 << 20
@@ -300,7 +301,7 @@ class ReliableSender:
         try:
             return self.transport.send(body)
         except Exception as e:  # a transport bug must not kill the sender
-            return SendResult(Outcome.RETRY, f"{type(e).__name__}: {e}")
+            return SendResult(Outcome.RETRY, mask_url(f"{type(e).__name__}: {e}"))
 
     def _send_one(self, body: bytes) -> None:
         res, detail = self._attempt(body)

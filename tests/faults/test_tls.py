@@ -56,23 +56,13 @@ def test_env_variables_are_read(protocol: str, receiver: type, pki: dict[str, st
     assert generic.certificate == pki["ca"]
 
 
+@pytest.mark.parametrize("mtls", [False, True], ids=["private-ca", "mtls"])
 @pytest.mark.parametrize("protocol,receiver", PROTOCOLS)
-def test_private_ca_delivers(protocol: str, receiver: type, pki: dict[str, str]) -> None:
-    with receiver(tls=ServerTls(pki["server_cert"], pki["server_key"])) as rx:
-        t = open_transport(rx.url, protocol, _cfg(protocol, certificate=pki["ca"]))
-        try:
-            assert t.send(_body()) == (Outcome.OK, "")
-        finally:
-            t.close()
-        assert len(rx.spans()) == 1
-
-
-@pytest.mark.parametrize("protocol,receiver", PROTOCOLS)
-def test_mtls_delivers_with_client_certificate(protocol: str, receiver: type, pki: dict[str, str]) -> None:
-    with receiver(tls=ServerTls(pki["server_cert"], pki["server_key"], client_ca=pki["ca"])) as rx:
-        t = open_transport(rx.url, protocol, _cfg(protocol, certificate=pki["ca"],
-                                                  client_certificate=pki["client_cert"],
-                                                  client_key=pki["client_key"]))
+def test_tls_delivers(protocol: str, receiver: type, mtls: bool, pki: dict[str, str]) -> None:
+    """A private CA verifies the receiver; with mTLS the receiver requires our client certificate."""
+    client = dict(client_certificate=pki["client_cert"], client_key=pki["client_key"]) if mtls else {}
+    with receiver(tls=ServerTls(pki["server_cert"], pki["server_key"], client_ca=pki["ca"] if mtls else None)) as rx:
+        t = open_transport(rx.url, protocol, _cfg(protocol, certificate=pki["ca"], **client))
         try:
             assert t.send(_body()) == (Outcome.OK, "")
         finally:
