@@ -103,7 +103,7 @@ def _gate_level(level: Any) -> int | None:
 def trace_enabled(level: int = 1) -> bool:
     """True when records at ``level`` are traced (False for a level that is not a number, see the module doc)."""
     try:
-        return bool(_LEVEL >= level)
+        return _LEVEL >= level
     except Exception:
         lv = _gate_level(level)
         return lv is not None and _LEVEL >= lv

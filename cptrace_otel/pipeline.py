@@ -6,8 +6,8 @@ Contract (docs/ARCHITECTURE.md):
   ``(time_ns, level, tag, fields)`` on the caller's thread. When the buffer holds ``config.queue_size`` records, or
   an estimated ``config.queue_bytes`` bytes, the new record is dropped and counted. It never blocks and never
   raises. The byte bound costs nothing while fewer than :data:`UNMEASURED` records wait (the normal case: the
-  drainer keeps up); beyond that one record in eight has its size estimated (:func:`_estimate`: the lengths of its
-  string and list values plus a per-field constant), standing for the eight, so a stalled exporter holds about
+  drainer keeps up); beyond that one record in 32 has its size estimated (:func:`_estimate`: the lengths of its
+  string and list values plus a per-field constant), standing for the 32, so a stalled exporter holds about
   ``queue_bytes`` plus :data:`UNMEASURED` records (an estimate: sizes that vary wildly blur it).
 * A daemon drainer thread pops batches in order, resolves deferred fingerprints (``fingerprint.is_deferred/resolve``,
   waiting on their CUDA event), renders every value that is not already an int, str or float (bools as
@@ -47,7 +47,7 @@ BATCH = 4096              # records per message to the worker
 IDLE_WAIT_S = 0.05        # drainer poll interval when the buffer is empty
 EXIT_FLUSH_S = 5.0        # atexit flush budget
 UNMEASURED = 1024         # records buffered before the byte bound starts estimating sizes
-SAMPLE_MASK = 7           # past that, one record in SAMPLE_MASK + 1 is measured (its estimate counts for all)
+SAMPLE_MASK = 31          # past that, one record in SAMPLE_MASK + 1 is measured (its estimate counts for all)
 
 _lock = threading.Lock()
 _state: "_State | None" = None
@@ -185,31 +185,41 @@ class _State:
         except TypeError:  # a test's odd capacity: let the submit's compare fail inside its guard
             soft = cap
         max_bytes = self.max_bytes
-        measure = self._measure
+        k = SAMPLE_MASK + 1
+        full = False  # over the byte bound at the last sample: written only here, on the callers' side
+
+        def _sampled(level: int, tag: str, fields: dict, n: int) -> None:
+            # Every k-th record past ``soft``, each record while over the byte bound, and at the record bound.
+            nonlocal full
+            if n >= cap:
+                st.dropped += 1
+                return
+            if full:
+                full = st.qbytes >= max_bytes  # the drainer may have made room since
+            if not full:
+                est = _estimate(fields) * k
+                full = st.qbytes + est > max_bytes
+                if not full:
+                    st.qbytes += est
+                    st.measured += k
+                    append((now(), level, tag, fields))
+                    return
+            st.dropped += 1
+            st.dropped_bytes += 1
 
         def _submit(level: int, tag: str, fields: dict, _len: Any = len) -> None:
             try:
                 n = _len(buf)
                 if n < soft:
                     append((now(), level, tag, fields))
-                elif n < cap and st.qbytes < max_bytes:
+                elif n & SAMPLE_MASK and not full and n < cap:
                     append((now(), level, tag, fields))
-                    if not n & SAMPLE_MASK:
-                        measure(fields)
-                elif n < cap:
-                    st.dropped += 1
-                    st.dropped_bytes += 1
                 else:
-                    st.dropped += 1
+                    _sampled(level, tag, fields, n)
             except BaseException:  # noqa: BLE001 - the traced process must never see tracing fail
                 pass
 
         return _submit
-
-    def _measure(self, fields: dict) -> None:
-        """One sampled record past :data:`UNMEASURED`: its estimate stands for the SAMPLE_MASK + 1 records around it."""
-        self.qbytes += _estimate(fields) * (SAMPLE_MASK + 1)
-        self.measured += SAMPLE_MASK + 1
 
     def _popped(self) -> None:
         """The drainer took records from the front: scale the byte estimate to the measured records that can still
