@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from . import semconv as sc
-from .logline import Rng, int_text, parse_value, render_value
+from .logline import Rng, parse_value, render_value
 
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _PREFIX = sc.FIELD_PREFIX
@@ -30,7 +30,7 @@ _KEYS_MAX = 10_000
 def _scalar_attr(v: Any) -> int | float | str:
     t = type(v)
     if t is int:
-        return v if _INT64_MIN <= v <= _INT64_MAX else int_text(v)  # OTLP ints are int64; wider ints travel as text
+        return v if _INT64_MIN <= v <= _INT64_MAX else str(v)  # OTLP ints are int64; wider ints travel as text
     if t is float or t is str:
         return v
     return render_value(v)
@@ -68,7 +68,7 @@ def fields_to_attributes(fields: dict[str, Any], out: dict[str, Any] | None = No
     for k, v in fields.items():
         t = type(v)
         if t is int:
-            out[keys.get(k) or attribute_key(k)] = v if _INT64_MIN <= v <= _INT64_MAX else int_text(v)
+            out[keys.get(k) or attribute_key(k)] = v if _INT64_MIN <= v <= _INT64_MAX else str(v)
         elif t is str or t is float:
             out[keys.get(k) or attribute_key(k)] = v
         elif t is Rng:

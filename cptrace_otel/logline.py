@@ -45,26 +45,10 @@ def is_rng_sentinel(v: Any) -> bool:
     return isinstance(v, str) and (v == RNG_NONE or v == RNG_EMPTY or v.startswith("(err:"))
 
 
-def int_text(v: int) -> str:
-    """Decimal text of any int, also one beyond Python's int-to-str digit limit (4,300 digits by default), which
-    ``str`` refuses with ValueError: converted in chunks of 4,000 digits (rare, so quadratic is fine)."""
-    try:
-        return str(v)
-    except ValueError:
-        pass
-    neg, v = v < 0, abs(v)
-    base = 10 ** 4000
-    chunks = []
-    while v:
-        v, r = divmod(v, base)
-        chunks.append(r)
-    head = str(chunks.pop())
-    return ("-" if neg else "") + head + "".join(str(c).zfill(4000) for c in reversed(chunks))
-
-
 def render_value(v: Any) -> str:
-    """Upstream ``_fmt``: no internal spaces, lists and tuples rendered as ``[a,b]`` recursively; an int of any
-    size as its decimal digits (:func:`int_text`)."""
+    """Upstream ``_fmt``: no internal spaces, lists and tuples rendered as ``[a,b]`` recursively. An int with more
+    digits than ``str`` converts (4,300 by default) is ``(err:ValueError)``, the stand-in the OTLP sinks use too
+    (:func:`cptrace_otel.export.sinks.repair_span`), so a log line and the live span carry the same value."""
     if isinstance(v, (list, tuple)) and not isinstance(v, Rng):
         return "[" + ",".join(render_value(x) for x in v) + "]"
     if isinstance(v, Rng):
@@ -73,7 +57,7 @@ def render_value(v: Any) -> str:
         return str(v).replace(" ", "")
     except ValueError:
         if isinstance(v, int):
-            return int_text(v)
+            return "(err:ValueError)"
         raise
 
 

@@ -26,6 +26,8 @@ TP_RANK: Final = "sglang.tp.rank"
 DP_RANK: Final = "sglang.dp.rank"
 RUN_ID: Final = "cptrace.run_id"
 TRACE_LEVEL: Final = "cptrace.level"
+RANK_SOURCE: Final = "cptrace.rank.source"   # where a discovered rank came from (cptrace_otel.ranks)
+SAMPLE: Final = "cptrace.sample"             # fraction of node lineages kept, on sampled streams only
 SCOPE_NAME: Final = "cptrace_otel"
 
 # -- span names (low cardinality; one per stage) --------------------------------------------------------------
@@ -62,6 +64,10 @@ V_MESSAGE: Final = "message"
 
 # -- pipeline self-telemetry (resource-level counters on the rank span at flush) -----------------------------------
 DROPPED: Final = "cptrace.dropped"
+# Set on the rank span by an exporter worker that replaced one that died: how many restarts so far, and that the
+# online checks started over (their state died with the old worker: findings spanning the restart can be missed).
+EXPORTER_RESTARTS: Final = "cptrace.exporter.restarts"
+CHECKS_RESTARTED: Final = "cptrace.checks.restarted"
 
 RNG_PARTS: Final = ("cnt", "min", "max", "first", "last")
 

@@ -24,7 +24,7 @@ _PFX = "cptrace-otel check"
 
 
 def run_jaeger(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:
-    from .engine import Analysis
+    from .engine import analyze_traces
     from .sources.jaeger import JaegerClient, JaegerError, JaegerUnreachable, mask_url
     from .sources.jaegerquery import DEFAULT_LIMIT, PageTooSmall, Search, window
     from .sources.logs import LogStats
@@ -99,7 +99,7 @@ def run_jaeger(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:
     if docs.conflicts:
         print(f"warning: {sum(docs.conflicts.values())} record(s) of run {run_id} share rank, epoch and seq with "
               "another of other content (a restarted rank reusing the run id?): both are analysed", file=err)
-    res = Analysis(level, docs.info.levels).run(docs.events())
+    res = analyze_traces(level, docs.info, docs.events(), err)
     links = getattr(args, "jaeger_url", None) or base
     return print_report(args, res, run_id, links, {"logs": [], "otlp": [], "jaeger": [base]}, LogStats(), 0, out, err)
 

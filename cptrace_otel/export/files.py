@@ -53,6 +53,7 @@ class _AppendFile:
         self.dropped_lines = 0
         self.dropped_units = 0
         self.write_errors = 0
+        self.repaired_values = 0
         self._failing: str | None = None   # the error while writing fails
         self._lost_in_outage = 0
 
@@ -142,7 +143,8 @@ class _AppendFile:
     def _stats(self, unit: str) -> dict[str, Any]:
         p = self.STAT
         return {f"{p}_dropped_lines": self.dropped_lines, f"{p}_dropped_{unit}": self.dropped_units,
-                f"{p}_pending_bytes": self._pend_bytes, f"{p}_write_errors": self.write_errors}
+                f"{p}_pending_bytes": self._pend_bytes, f"{p}_write_errors": self.write_errors,
+                f"{p}_repaired_values": self.repaired_values}
 
 
 class OtlpJsonFileSink(_AppendFile):
@@ -179,9 +181,18 @@ class OtlpJsonFileSink(_AppendFile):
         self._add(line + "\n", 1, sum(len(sp) for _r, sp in groups))
 
     def _write_each(self, groups: list[tuple[dict[str, Any], Sequence[Any]]]) -> None:
+        """A line that did not encode: each span alone, its bad values repaired as the network sink repairs them
+        (``(err:<ExceptionType>)``, :func:`~.sinks.repair_span`); a span that still fails is dropped and counted."""
+        from .sinks import repair_span
+
         out = []
         for resource, spans in groups:
             for sp in spans:
+                try:
+                    out.append(request_json([(resource, [sp])]))
+                    continue
+                except Exception:
+                    self.repaired_values += repair_span(sp)
                 try:
                     out.append(request_json([(resource, [sp])]))
                 except Exception:

@@ -436,14 +436,16 @@ def _scope() -> bytes:
 
 
 def encode_requests(groups: Iterable[tuple[dict[str, Any], Sequence[Any]]],
-                    max_bytes: int = MAX_REQUEST_BYTES) -> list[bytes]:
+                    max_bytes: int = MAX_REQUEST_BYTES, records: list[int] | None = None) -> list[bytes]:
     """``ExportTraceServiceRequest`` bodies for ``(resource attributes, spans)`` groups, each below ``max_bytes``.
 
     A single span larger than ``max_bytes`` still goes out alone (spans are capped upstream, see spans.MAX_SPAN_BYTES).
+    ``records``, when given, receives the number of span events of each body (the delivery accounting's unit).
     """
     out: list[bytes] = []
     cur: list[bytes] = []
     cur_size = 0
+    n_cur = 0  # span events in ``cur`` and ``chunk``
     scope = _scope()
     for resource, spans in groups:
         if not spans:
@@ -458,15 +460,20 @@ def encode_requests(groups: Iterable[tuple[dict[str, Any], Sequence[Any]]],
                 if chunk:
                     cur.append(_resource_spans(head, scope, chunk))
                 out.append(b"".join(cur))
-                cur, cur_size, chunk, size = [], 0, [], 0
+                if records is not None:
+                    records.append(n_cur)
+                cur, cur_size, chunk, size, n_cur = [], 0, [], 0, 0
             chunk.append(body)
             size += len(body)
+            n_cur += len(sp.events)
         if chunk:
             rs = _resource_spans(head, scope, chunk)
             cur.append(rs)
             cur_size += len(rs)
     if cur:
         out.append(b"".join(cur))
+        if records is not None:
+            records.append(n_cur)
     return out
 
 

@@ -14,7 +14,6 @@ from typing import Any, Iterable, Sequence
 
 from .. import semconv as sc
 from .._version import __version__
-from ..logline import int_text
 
 _INT_CACHE_MAX = 4096                     # cache small ints only (ids, counters and hashes would churn it)
 _CACHE_LIMIT = 100_000
@@ -27,7 +26,7 @@ def _json_any(v: Any) -> str:
     if t is int:
         if -(1 << 63) <= v < (1 << 63):
             return '{"intValue":"%d"}' % v  # proto3 JSON: int64 as a string
-        return '{"stringValue":"' + int_text(v) + '"}'  # any size, beyond str()'s digit limit too
+        return '{"stringValue":"%d"}' % v
     if t is str:
         return '{"stringValue":' + _jstr(v) + "}"
     if t is float:

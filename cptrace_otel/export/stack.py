@@ -142,4 +142,5 @@ def _open_otlp(cfg: Any, endpoint: str, protocol: str, spool_dir: str, probe: bo
             raise SinkError("config", transport.url, detail)
         if res != Outcome.OK:
             raise SinkError("unreachable", transport.url, detail)
-    return OtlpSink(ReliableSender(transport, spool_dir))
+    max_bytes = int(getattr(cfg, "spool_max_bytes", 512 << 20))  # CPTRACE_SPOOL_MAX_BYTES
+    return OtlpSink(ReliableSender(transport, spool_dir, max_bytes=max_bytes))

@@ -3,7 +3,7 @@
 * A full disk (a 2 MiB tmpfs, mounted when running as root, as CI does): the file always ends with a whole line,
   lines are kept (bounded) and written once space is freed, what could not be kept is counted.
 * An int of more than 4,300 digits (beyond Python's int-to-str limit) keeps both the OTLP file and the log sink
-  writing, through the whole pipeline.
+  writing, through the whole pipeline; the value is ``(err:ValueError)`` in both, as on the network sink.
 """
 
 from __future__ import annotations
@@ -126,13 +126,18 @@ print(c.shutdown(30))
     # (reading a 5,000-digit value back is the log reader's business: only the lines are checked here)
     assert sum("[CPTRACE backup]" in x for x in lines) == 100
     big = [x for x in lines if "big=" in x]
-    assert len(big) == 1 and len(big[0].split("big=")[1].split()[0]) == 5001
+    assert len(big) == 1 and big[0].split("big=")[1].split()[0] == "(err:ValueError)"  # as the OTLP sinks
     text = out.read_text()
     assert text.endswith("\n")
     n_events = 0
+    bigs: list = []
     for line in text.splitlines():
         for rs in json.loads(line)["resourceSpans"]:
             for ss in rs["scopeSpans"]:
                 for sp in ss["spans"]:
-                    n_events += sum(1 for e in sp.get("events", []) if e["name"] == "backup")
+                    for e in sp.get("events", []):
+                        if e["name"] == "backup":
+                            n_events += 1
+                            bigs += [a["value"] for a in e["attributes"] if a["key"] == "hicache.big"]
     assert n_events == 100
+    assert bigs == [{"stringValue": "(err:ValueError)"}]

@@ -162,7 +162,9 @@ def test_shutdown_stops_the_worker_and_a_new_record_restarts(tmp_path: Path) -> 
     assert sorted(e.attrs["hicache.node_id"] for e, _ in _events(tmp_path)) == [1, 2]
 
 
-def test_dead_worker_drops_and_counts_never_blocks(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
+def test_dead_worker_drops_and_counts_never_blocks(tmp_path: Path, capfd: pytest.CaptureFixture,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pipeline, "MAX_RESTARTS", 0)  # restarts used up: the worker stays dead
     _configure(tmp_path, "process")
     api.cptrace(1, "evict", node_id=1)
     assert api.flush(30)

@@ -77,6 +77,12 @@ class OtlpInfo:
         self.levels: dict[int, int] = {}
         self.malformed: list[tuple[str, int, str]] = []
         self.spans = 0
+        self.streams: dict[str, int] = {}                     # service.instance.id -> its resource's cp rank
+        self.sampled: dict[int, tuple[str, float]] = {}       # rank -> (run id, cptrace.sample) of sampled streams
+
+    def unknown_rank_streams(self) -> int:
+        """Streams (exporter processes) whose resource says their rank is unknown (-1)."""
+        return sum(1 for r in self.streams.values() if r < 0)
 
 
 def read_otlp_events(paths: Iterable[str], info: OtlpInfo | None = None) -> Iterator[Event]:
@@ -134,6 +140,11 @@ def _collect(req: dict, path: str, info: OtlpInfo, per_rank: dict) -> None:
         if isinstance(run_id, str):
             info.run_ids.add(run_id)
         lvl = res.get(sc.TRACE_LEVEL)
+        if type(rrank) is int:
+            info.streams[str(res.get(sc.SERVICE_INSTANCE_ID, path))] = rrank
+            frac = res.get(sc.SAMPLE)
+            if type(frac) is float and rrank >= 0 and isinstance(run_id, str):
+                info.sampled[rrank] = (run_id, frac)
         for ss in _g(rs, "scopeSpans", "scope_spans", []) or []:
             for sp in ss.get("spans", []) or []:
                 info.spans += 1
