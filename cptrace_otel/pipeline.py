@@ -521,7 +521,8 @@ def _stats_of(st: _State) -> dict[str, Any]:
     ch = st.channel
     out = {"dropped": st.total_dropped(), "shipped": st.shipped, "queued": len(st.buf), "lost": st.lost,
            "exporter": st.cfg.exporter, "worker_gone": st.gone, "restarts": st.restarts, "stuck_renders": st.stuck,
-           "in_flight": ch.in_flight() if ch is not None else 0}
+           "in_flight": ch.in_flight() if ch is not None else 0,
+           "queued_bytes_est": st.qbytes, "dropped_queue_bytes": st.dropped_bytes}
     out.update({"worker": dict(st.stats)})
     return out
 

@@ -118,9 +118,15 @@ class RefusingSink:
         self.url = url
         self.error = error
         self.dropped_spans = 0
+        self.lost_records = 0   # the records (span events) of those spans: lost, counted, settled
 
     def export(self, groups: Any) -> None:
-        self.dropped_spans += sum(len(spans) for _res, spans in groups)
+        for _res, spans in groups:
+            self.dropped_spans += len(spans)
+            self.lost_records += sum(len(getattr(sp, "events", ())) for sp in spans)
+
+    def settled_records(self) -> int:
+        return self.lost_records
 
     def flush(self, timeout_s: float) -> bool:
         return False
@@ -129,7 +135,8 @@ class RefusingSink:
         return False
 
     def stats(self) -> dict[str, Any]:
-        return {"url": self.url, "config_error": self.error, "otlp_dropped_spans": self.dropped_spans}
+        return {"url": self.url, "config_error": self.error, "otlp_dropped_spans": self.dropped_spans,
+                "lost_records": self.lost_records}
 
 
 def _open_otlp(cfg: Any, endpoint: str, protocol: str, spool_dir: str, probe: bool) -> OtlpSink:
