@@ -405,9 +405,13 @@ _span_events = _load_span_events()
 
 
 def encode_span(sp: Any) -> bytes:
-    """Encoded ``Span`` message body (kind INTERNAL, no parent: stage spans are roots of their trace)."""
+    """Encoded ``Span`` message body (kind INTERNAL; ``parent_span_id`` when the span has a parent: a stage span's
+    lane)."""
     parts = [b"\x0a\x10", sp.trace_id, b"\x12\x08", sp.span_id, _name(b"\x2a", sp.name), b"\x30\x01",
              b"\x39", _pack_q(sp.start & _MASK64), b"\x41", _pack_q(sp.end & _MASK64)]
+    parent = getattr(sp, "parent", b"")
+    if parent:
+        parts[4:4] = [b"\x22\x08", parent]
     if sp.attrs:
         parts.append(_span_attrs(sp.attrs))
     append = parts.append

@@ -113,6 +113,9 @@ class Exporter:
                                    checker_factory(cfg.checks, cfg.level), track_traces=False)
         self.epochs: dict[int, Any] = {}
         self.records = 0
+        # monotonic time of the last ITEMS batch: the tick expires spans by wall clock only once the stream has been
+        # idle for span_timeout_s (a worker lagging behind its records must not cut spans whose records are queued)
+        self._last_items = 0.0
         self.next_seq = 0
         self.dropped_upstream = 0
         self._reported_dropped = 0
@@ -218,6 +221,7 @@ class Exporter:
         self.next_seq = seq + len(items)
         self.records += len(events)
         self.bad += len(items) - len(events)  # (reported where they were found)
+        self._last_items = time.monotonic()
         if self.builder.finished_spans >= EXPORT_MIN_SPANS:
             self.export()
 
@@ -298,9 +302,13 @@ class Exporter:
             self.export()
 
     def tick(self) -> None:
-        """Idle or between batches: expire spans, export finished ones every EXPORT_EVERY_S, flush the files."""
+        """Idle or between batches: expire spans (after span_timeout_s without records), export finished ones every
+        EXPORT_EVERY_S, flush the files."""
         now = time.monotonic()
-        self.builder.expire(time.time_ns())
+        if now - self._last_items >= self.cfg.span_timeout_s:
+            # idle: close what has been open span_timeout_s by the wall clock. While records flow, the builder
+            # closes spans by record time (SpanBuilder.add), so a backlog does not cut its stage spans.
+            self.builder.expire(time.time_ns())
         if self.builder.finished_spans and now - self._last_export >= EXPORT_EVERY_S:
             self.export()
         if now - self._last_file_flush >= FILE_FLUSH_EVERY_S:

@@ -109,7 +109,7 @@ def test_full_buffer_drops_newest_counts_and_exports_the_count(tmp_path: Path) -
     assert st.channel.close(10)
     spans = read_jsonl([str(tmp_path / "out" / "d.otlp.jsonl")])
     assert sorted(e.attrs["hicache.node_id"] for sp in spans for e in sp.events) == [0, 1, 2, 3, 4]
-    rank_spans = [sp for sp in spans if sp.name == sc.SPAN_RANK]
+    rank_spans = [sp for sp in spans if sp.attrs.get(sc.SPAN_KIND) == sc.SPAN_RANK]
     assert rank_spans and rank_spans[-1].attrs[sc.DROPPED] == 7
 
 
