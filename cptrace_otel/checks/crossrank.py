@@ -126,6 +126,7 @@ class CrossRank(C1Lockstep, C2AckRounds, JoinRules):
         cs = _int(f.get("cp_size"))
         if cs is not None and cs > self.cp_size:
             self.cp_size = cs
+            self._fence.group = cs
         lv = _int(f.get("level"))
         if lv is not None and lv > self.seen_level:
             self.seen_level = lv

@@ -90,7 +90,8 @@ RULES: tuple[Rule, ...] = (
        "replicated: backup h equal on all ranks; shared: the IO rank's hs[r] equals rank r's reload hash",
        "rules_joins:JoinRules._c5_replicated"),
     _r("C5-fence", "C5", 2, CROSS, "store backup evict free reset",
-       "shared: no rank's store to a node's pages lands after the IO rank's backup of them began",
+       "shared: no rank's store to a node's pages lands after the IO rank's backup of them began, while that rank's "
+       "pages still hold the node's KV (a store after it gave them up writes the next owner's)",
        "fence:StoreFence._test"),
 )
 
