@@ -172,3 +172,73 @@ def test_c5_fence_work_follows_the_resident_nodes_not_the_stores_read():
         peak = max(peak, sum(len(v) for v in fence.windows.values()))
     assert fence.findings == []
     assert peak <= 2 and len(fence.by_node) <= 1, (peak, len(fence.by_node))
+
+
+# -- C2 ack rounds ----------------------------------------------------------------------------------------------
+
+def _round_run(r, order, round2=2, free_between=False, ops=None):
+    """Mode replicated, rank r: node 4 backed up (round 1), evicted and reloaded (op 5); nodes 1-3 backed up (ops
+    2-4); round 2 acks the three writes and the load, in ``order`` (node ids; 4 is the h2d ack)."""
+    io = 1
+    out = [_cfg(r, "replicated")]
+    for n, lo in ((4, 400), (1, 100), (2, 200), (3, 300)):
+        out.append(f"[CPTRACE insert] node_id={n} parent=0 len=32 dev={R(lo, lo + 31)} kind=new rank={r}")
+    out += [f"[CPTRACE prepare] node_id=4 op=1 len=32 dev={R(400, 431)} host={R(0, 31)} policy=wt rank={r}",
+            f"[CPTRACE backup] op=1 node_id=4 dev={R(400, 431)} host={R(0, 31)} io={io} rank={r}",
+            f"[CPTRACE ack] dir=d2h op=1 node_id=4 blen=32 clen=32 pub=[4] round=1 rank={r}",
+            f"[CPTRACE evict] tier=dev node_id=4 kind=backuped dev={R(400, 431)} rank={r}",
+            f"[CPTRACE reload] node_id=4 chain=[4] op=5 host={R(0, 31)} dev={R(500, 531)} rank={r}"]
+    for n, op, lo, hlo in ((1, 2, 100, 32), (2, 3, 200, 64), (3, 4, 300, 96)):
+        out += [f"[CPTRACE prepare] node_id={n} op={op} len=32 dev={R(lo, lo + 31)} host={R(hlo, hlo + 31)} "
+                f"policy=wt rank={r}",
+                f"[CPTRACE backup] op={op} node_id={n} dev={R(lo, lo + 31)} host={R(hlo, hlo + 31)} io={io} rank={r}"]
+    op_of = ops or {1: 2, 2: 3, 3: 4}
+    for n in order:
+        if n == 4:
+            out.append(f"[CPTRACE ack] dir=h2d op=5 node_id=4 round={round2} rank={r}")
+        else:
+            out.append(f"[CPTRACE ack] dir=d2h op={op_of[n]} node_id={n} blen=32 clen=32 pub=[{n}] "
+                       f"round={round2} rank={r}")
+        if free_between:
+            out.append(f"[CPTRACE rid_map] rid=x{n} node_id={n} hit=dev rank={r}")
+    out += [f"[CPTRACE rid_map] rid=z node_id=1 hit=dev rank={r}",
+            f"[CPTRACE insert] node_id=6 parent=0 len=16 dev={R(600, 615)} kind=new rank={r}"]
+    return out
+
+
+def _write_seq(tmp_path, per_rank):
+    paths = []
+    for r, lines in per_rank.items():
+        p = tmp_path / f"rank{r}.log"
+        p.write_text("".join(f"{x} ts={1000 + i}\n" for i, x in enumerate(lines)))
+        paths.append(str(p))
+    return paths
+
+
+def test_c2_a_round_logged_in_another_order_on_one_rank_is_legal(tmp_path):
+    """Rank 1 logs the round's h2d ack between its d2h acks (SGLang drains both ack queues in one round), and
+    records of other tags between the acks: the round holds the same ops and nodes per direction on both ranks."""
+    for order1, between in (([1, 4, 2, 3], False), ([4, 3, 2, 1], False), ([1, 2, 4, 3], True)):
+        per = {0: _round_run(0, [1, 2, 3, 4]), 1: _round_run(1, order1, free_between=between)}
+        res = check_files(_write_seq(tmp_path, per))
+        assert res.findings == [], (order1, [f.message for f in res.findings])
+
+
+def test_c2_a_round_with_another_op_set_on_one_rank_is_found(tmp_path):
+    """Rank 1 acks node 3 a round later (its round 2 holds two of the three writes): C2 on rank 1."""
+    r1 = _round_run(1, [1, 4, 2])
+    i = next(k for k, x in enumerate(r1) if "rid=z" in x)
+    r1.insert(i, "[CPTRACE ack] dir=d2h op=4 node_id=3 blen=32 clen=32 pub=[3] round=3 rank=1")
+    per = {0: _round_run(0, [1, 2, 3, 4]), 1: r1}
+    res = check_files(_write_seq(tmp_path, per))
+    assert [(f.code, f.rank, f.node_id) for f in res.findings] == [("C2", 1, 3)], [f.message for f in res.findings]
+    assert "dir=d2h ops=2 nodes=[1, 2]; expected dir=d2h ops=3 nodes=[1, 2, 3]" in res.findings[0].message
+
+
+def test_c2_without_round_keys_still_splits_at_other_records(tmp_path):
+    """The fallback: without round= a round is a run of consecutive acks of one direction; the reordered log of
+    the first test is then a mismatch (the records themselves cannot tell the rounds apart)."""
+    strip = [x.replace(" round=2", "").replace(" round=1", "") for x in _round_run(1, [1, 4, 2, 3])]
+    per = {0: [x.replace(" round=2", "").replace(" round=1", "") for x in _round_run(0, [1, 2, 3, 4])], 1: strip}
+    res = check_files(_write_seq(tmp_path, per))
+    assert {f.code for f in res.findings} == {"C2"}
