@@ -242,3 +242,30 @@ def test_c2_without_round_keys_still_splits_at_other_records(tmp_path):
     per = {0: [x.replace(" round=2", "").replace(" round=1", "") for x in _round_run(0, [1, 2, 3, 4])], 1: strip}
     res = check_files(_write_seq(tmp_path, per))
     assert {f.code for f in res.findings} == {"C2"}
+
+
+# -- H1a after a level-1 reload ---------------------------------------------------------------------------------
+
+def _reload_split(dev_p, dev_c):
+    """Level 1 (no ack records), rng summaries only: node 1 backed up from slots 10..41, evicted, reloaded into
+    100..131 (sync=1), then split 16+16 with the given device halves."""
+    lines = ["[CPTRACE config] cp_size=1 cp_rank=0 mode=none page_size=16 policy=wt level=1 rank=0",
+             f"[CPTRACE insert] node_id=1 parent=0 len=32 dev={R(10, 41)} kind=new rank=0",
+             f"[CPTRACE prepare] node_id=1 op=1 len=32 dev={R(10, 41)} host={R(0, 31)} policy=wt rank=0",
+             f"[CPTRACE backup] op=1 node_id=1 dev={R(10, 41)} host={R(0, 31)} io=1 h=5 nz=9 rank=0",
+             f"[CPTRACE evict] tier=dev node_id=1 kind=backuped dev={R(10, 41)} rank=0",
+             f"[CPTRACE reload] node_id=1 chain=[1] op=2 host={R(0, 31)} dev={R(100, 131)} sync=1 h=5 nz=9 rank=0",
+             f"[CPTRACE split] node_id=1 new_id=2 parent=0 pre_len=32 split_len=16 dev_p={R(*dev_p)} "
+             f"dev_c={R(*dev_c)} host_p={R(0, 15)} host_c={R(16, 31)} pend=-1 rank=0"]
+    return [f"{x} ts={1000 + i}" for i, x in enumerate(lines)]
+
+
+def test_h1a_split_from_the_stale_pre_eviction_slots_after_a_reload_is_found(tmp_path):
+    res = check_lines(tmp_path, _reload_split((10, 25), (26, 41)))
+    assert [(f.code, f.rule, f.node_id) for f in res.findings] == [("H1", "H1a", 1)], [f.message for f in res.findings]
+    assert "dev_p.first=10 but the node's dev started at 100" in res.findings[0].message
+
+
+def test_h1a_split_from_the_reloaded_slots_is_legal(tmp_path):
+    res = check_lines(tmp_path, _reload_split((100, 115), (116, 131)))
+    assert res.findings == [], [f.message for f in res.findings]
