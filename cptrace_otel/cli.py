@@ -19,16 +19,43 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"cptrace-otel {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    c = sub.add_parser("check", help="check invariants over upstream log files and/or OTLP JSON-lines files")
-    c.add_argument("paths", nargs="+", metavar="PATH", help="log files ([CPTRACE ...] lines) or OTLP JSON-lines files, plain or gzip; - reads standard input")
+    c = sub.add_parser("check", help="check invariants over log files, OTLP files, Jaeger JSON exports or a Jaeger")
+    c.add_argument("paths", nargs="*", metavar="PATH",
+                   help="log files ([CPTRACE ...] lines), OTLP JSON-lines files, Jaeger JSON exports (/api/traces, "
+                        "/api/v3/traces, the UI's downloads), or folders of them (read recursively); plain or gzip; "
+                        "- reads standard input")
     c.add_argument("--json", action="store_true", help="print one JSON object (findings, unchecked, stats)")
     c.add_argument("--level", type=int, default=None, help="force the trace level instead of inferring it")
     c.add_argument("--jaeger-url", default=None, help="Jaeger query base URL, for trace links in the report")
-    c.add_argument("--run-id", default=None, help="run id used for trace links of log-file sources")
-    pg = c.add_mutually_exclusive_group()
-    pg.add_argument("--progress", dest="progress", action="store_true", default=None,
-                    help="show a progress bar on stderr while reading log files (default: when stderr is a terminal)")
-    pg.add_argument("--no-progress", dest="progress", action="store_false", help="never show the progress bar")
+    c.add_argument("--run-id", default=None,
+                   help="run id: the run to read with --jaeger; for log files, the one used for trace links")
+    j = c.add_argument_group("reading the run from Jaeger instead of files")
+    j.add_argument("--jaeger", default=None, metavar="URL",
+                   help="Jaeger query base URL (e.g. http://127.0.0.1:16686; user:password@ allowed) to read the "
+                        "run's traces from")
+    j.add_argument("--service", default=None, help="service name of the traces (default sglang-hicache)")
+    j.add_argument("--since", default=None, metavar="DURATION",
+                   help="traces with spans that started in this last while (30m, 1h, 2d; default 7d)")
+    j.add_argument("--start", default=None, metavar="TIME", help="window start: ISO 8601 (UTC unless given) or unix s")
+    j.add_argument("--end", default=None, metavar="TIME", help="window end (default now)")
+    j.add_argument("--limit", type=int, default=None,
+                   help="traces per search (the memory store's search depth, at most its max_traces; default 1000)")
+    _progress_flags(c)
+
+    r = sub.add_parser("report", help="write one self-contained HTML report (a swimlane per rank, stages, findings) "
+                                      "of a run or of one node, from the sources check reads")
+    r.add_argument("paths", nargs="+", metavar="PATH", help="log files and/or OTLP JSON-lines files, as for check")
+    r.add_argument("-o", "--out", default=None, metavar="FILE",
+                   help="the HTML file to write (default: cptrace-out/report.html; - for standard output)")
+    r.add_argument("--node", type=int, default=None, help="draw this node id only (every epoch it appears in)")
+    r.add_argument("--epoch", type=int, default=None, help="with --node: only this epoch")
+    r.add_argument("--jaeger-url", default=None, help="Jaeger query base URL: a Jaeger link per lane, finding, node")
+    r.add_argument("--run-id", default=None, help="run id for trace ids of log-file sources (OTLP files name theirs)")
+    r.add_argument("--level", type=int, default=None, help="force the trace level instead of inferring it")
+    r.add_argument("--max-records", type=int, default=None,
+                   help="draw a run whole up to this many records, summarise it above (default 5000)")
+    r.add_argument("--top", type=int, default=None, help="node panels in a summarised run (default 12)")
+    _progress_flags(r)
 
     d = sub.add_parser("demo", help="simulate HiCache with injected faults through the real pipeline, then check")
     d.add_argument("--ranks", type=int, default=2, help="CP ranks (one process each)")
@@ -54,6 +81,13 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _progress_flags(p: argparse.ArgumentParser) -> None:
+    pg = p.add_mutually_exclusive_group()
+    pg.add_argument("--progress", dest="progress", action="store_true", default=None,
+                    help="show a progress bar on stderr while reading log files (default: when stderr is a terminal)")
+    pg.add_argument("--no-progress", dest="progress", action="store_false", help="never show the progress bar")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = _parser()
     try:
@@ -65,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     if args.command == "check":
         from .analyze import check_cmd as mod
+    elif args.command == "report":
+        from .analyze import report_cmd as mod
     elif args.command == "demo":
         from .sim import demo as mod
     else:

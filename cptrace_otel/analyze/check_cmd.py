@@ -1,20 +1,32 @@
-"""``cptrace-otel check [--json] [--level N] [--jaeger-url URL] [--run-id ID] [--[no-]progress] PATH...``
+"""``cptrace-otel check [--json] [--level N] [--jaeger-url URL] [--run-id ID] [--[no-]progress] PATH...`` and
+``cptrace-otel check --jaeger URL [--run-id ID] [--service S] [--since 1h | --start T --end T] [--limit N]``.
 
-Reads upstream log files and/or OTLP JSON-lines files (told apart by content; plain or gzip; ``-`` is standard
-input), runs the per-rank rules (H1-H4,
-ZERO, HASH) and the cross-rank rules (C1-C5), and prints the findings, then the advisory fwd_hash localization
-(level 3; it never changes the exit code). Exit codes: 0 clean, 1 findings, 2 usage
-error, 3 a source cannot be read. Log files and OTLP files given together are analyzed as two separate runs
-(their ranks would otherwise collide) and reported together. While log files are read, a byte progress bar goes
-to stderr when it is a terminal (``--progress`` / ``--no-progress`` force it on / off).
+Reads upstream log files, OTLP JSON-lines files and Jaeger JSON exports (``/api/traces``, the UI's downloads,
+``/api/v3/traces``), told apart by content (:mod:`.sources.detect`; plain or gzip; ``-`` is standard input), or
+folders of them (every recognised file below, recursively), or one run's traces straight from a Jaeger query
+service (:mod:`.sources.jaegerquery`). Runs the per-rank rules (H1-H4, ZERO, HASH) and the cross-rank rules
+(C1-C5), and prints the findings, then the advisory fwd_hash localization (level 3; it never changes the exit code).
+
+Exit codes: 0 clean, 1 findings, 2 usage error (also: the same run given twice in a way that cannot be counted
+once), 3 a source cannot be read, holds no cptrace record (empty, binary, plain text, traces of another service:
+the message names the file and what it looked like), or Jaeger cannot be reached (the URL is printed, its password
+masked). A check never passes on input in which no record was found.
+
+Sources given together: trace documents (OTLP files, Jaeger JSON) are one run; records given twice there (same rank,
+epoch and seq, same content) count once. Log files and trace documents holding the same records (a run's logs and
+its OTLP files) are counted once, from one of them (:mod:`.sources.overlap`; stderr says which); holding other
+records, they are analysed as two separate runs (their ranks would otherwise collide) and reported together. While
+log files are read, a byte progress bar goes to stderr when it is a terminal (``--progress`` / ``--no-progress``
+force it on / off); a Jaeger fetch prints a line per search then.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_UNREADABLE = 0, 1, 2, 3
+_PFX = "cptrace-otel check"
 
 
 def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
@@ -22,14 +34,22 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
     err = err if err is not None else sys.stderr
     paths = list(getattr(args, "paths", None) or [])
     level = getattr(args, "level", None)
-    if not paths:
-        print("cptrace-otel check: no PATH given", file=err)
+    jaeger = getattr(args, "jaeger", None)
+    if jaeger is not None and paths:
+        print(f"{_PFX}: give PATHs or --jaeger, not both", file=err)
+        return EXIT_USAGE
+    if jaeger is None and any(getattr(args, k, None) is not None for k in ("since", "start", "end", "service", "limit")):
+        print(f"{_PFX}: --service, --since, --start, --end and --limit select traces in Jaeger: they need --jaeger URL",
+              file=err)
+        return EXIT_USAGE
+    if not paths and jaeger is None:
+        print(f"{_PFX}: no PATH given", file=err)
         return EXIT_USAGE
     if paths.count("-") > 1:
-        print("cptrace-otel check: standard input (-) can be given once", file=err)
+        print(f"{_PFX}: standard input (-) can be given once", file=err)
         return EXIT_USAGE
     if level is not None and level not in (1, 2, 3):
-        print(f"cptrace-otel check: --level must be 1, 2 or 3, not {level}", file=err)
+        print(f"{_PFX}: --level must be 1, 2 or 3, not {level}", file=err)
         return EXIT_USAGE
     import gc
     # The analysis allocates a few short-lived containers per event and keeps little: collect the young generation
@@ -37,24 +57,95 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
     old_threshold = gc.get_threshold()
     gc.set_threshold(50_000, 20, 20)
     try:
+        if jaeger is not None:
+            from .check_jaeger import run_jaeger
+            return run_jaeger(args, level, out, err)
         return _run(args, paths, level, out, err)
     finally:
         gc.set_threshold(*old_threshold)
 
 
 def _run(args: Any, paths: list[str], level: int | None, out: TextIO, err: TextIO) -> int:
+    try:
+        a = analyze_sources(args, paths, level, err)
+    except SourceError as e:
+        return e.code
+    return report(args, a.res, a.run_id, getattr(args, "jaeger_url", None), a.sources, a.stats, a.doc_malformed,
+                  out, err)
+
+
+class SourceError(Exception):
+    """Reading the sources stopped with exit code ``code``; the reason was already printed."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+class Analyzed(NamedTuple):
+    """What :func:`analyze_sources` read: the merged result, the run id, one ``(Result, events)`` per group
+    (logs, trace documents), the sources read per kind, the log reader's stats and the trace documents' malformed
+    count."""
+
+    res: Any
+    run_id: str | None
+    groups: list[tuple[Any, list]]
+    sources: dict[str, Any]
+    stats: Any
+    doc_malformed: int
+
+
+def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO, keep: bool = False,
+                    pfx: str = _PFX) -> Analyzed:
+    """Read ``paths`` as ``check`` does and analyze them (every rule, per-rank and cross-rank).
+
+    Log files and trace documents holding other records are two groups (two runs, analyzed apart); each group's
+    events, in the order the rules saw them, are kept in ``groups`` when ``keep`` is true (the HTML report draws
+    them). Reader warnings go to ``err``. Raises :class:`SourceError` (after printing why, prefixed with ``pfx``)
+    when a source cannot be read, holds no record, or the sources overlap in a way that cannot be counted once."""
     from .engine import Analysis, Result
-    from .report import to_json, to_text
+    from .sources.detect import expand
     from .sources.logs import LogReadError, LogStats, read_log_events
-    from .sources.otlpfile import OtlpInfo, looks_like_otlp, read_otlp_events
+    from .sources.overlap import decide
+    from .sources.tracedocs import TraceDocs
 
     try:
-        otlp = [p for p in paths if looks_like_otlp(p)]
-        logs = [p for p in paths if p not in otlp]
-        results: list[Result] = []
-        run_id = getattr(args, "run_id", None)
-        stats = LogStats()
-        info = OtlpInfo()
+        plan = expand(paths)
+    except OSError as e:
+        print(f"{pfx}: cannot read {e.filename or paths[0]}: {e.strerror or e}", file=err)
+        raise SourceError(EXIT_UNREADABLE) from None
+    if plan.rejected or plan.empty_dirs:
+        for s in plan.rejected:
+            print(f"{pfx}: {_name(s.path)}: no cptrace record found: {s.what}", file=err)
+        for d in plan.empty_dirs:
+            print(f"{pfx}: {d}: no cptrace input in this folder{_skipped_list(plan, d)}", file=err)
+        raise SourceError(EXIT_UNREADABLE)
+    _notes(plan, err)
+    logs, otlp, docfiles = plan.logs, plan.otlp, plan.docs
+    results: list[Result] = []
+    groups: list[tuple[Result, list]] = []
+    run_id = getattr(args, "run_id", None)
+    stats = LogStats()
+    docs = TraceDocs()
+    info = docs.info
+    try:
+        empty = [p for p in otlp if docs.add_otlp_lines(p) == 0] + [p for p in docfiles if docs.add_document_file(p) == 0]
+        if empty:
+            for p in empty:
+                print(f"{pfx}: {_name(p)}: no cptrace record found: {docs.describe(p)}", file=err)
+            raise SourceError(EXIT_UNREADABLE)
+        docs.dedupe()
+        _dup_notes(docs, err)
+        choice = decide(logs, docs, otlp + docfiles)
+        if choice is not None:
+            if choice.use == "refuse":
+                print(f"{pfx}: {choice.message}", file=err)
+                raise SourceError(EXIT_USAGE)
+            print(f"check: {choice.message}", file=err)
+            if choice.use == "logs":
+                otlp, docfiles = [], []
+            else:
+                logs = []
         if logs:
             bar = _progress_bar(args, err, logs)
 
@@ -63,26 +154,64 @@ def _run(args: Any, paths: list[str], level: int | None, out: TextIO, err: TextI
                     if bar is not None:
                         bar.clear()
                     print(f"warning: {m.path}:{m.line_no}: malformed line ({m.reason})", file=err)
+            kept: list = []
             try:
-                results.append(Analysis(level).run(read_log_events(logs, on_bad, stats,
-                                                                   bar.to if bar is not None else None)))
+                evs = read_log_events(logs, on_bad, stats, bar.to if bar is not None else None)
+                results.append(Analysis(level).run(_Kept(evs, kept) if keep else evs))
             finally:
                 if bar is not None:
                     bar.close()
-        if otlp:
-            evs = read_otlp_events(otlp, info)
-            results.append(Analysis(level, info.levels).run(evs))
-            if run_id is None and len(info.run_ids) == 1:
-                run_id = next(iter(info.run_ids))
-            for path, line_no, why in info.malformed[:20]:
-                print(f"warning: {path}:{line_no}: malformed line ({why})", file=err)
+            groups.append((results[-1], kept))
+        if otlp or docfiles:
+            kept = []
+            evs = docs.events()
+            results.append(Analysis(level, info.levels).run(_Kept(evs, kept) if keep else evs))
+            groups.append((results[-1], kept))
+        if run_id is None and len(info.run_ids) == 1:   # (the trace files' run id also when the logs were chosen)
+            run_id = next(iter(info.run_ids))
+        doc_malformed = info.malformed if otlp or docfiles else []
+        for path, line_no, why in doc_malformed[:20]:
+            print(f"warning: {path}:{line_no}: malformed line ({why})", file=err)
     except LogReadError as e:
-        print(f"cptrace-otel check: {e}", file=err)
-        return EXIT_UNREADABLE
+        print(f"{pfx}: {e}", file=err)
+        raise SourceError(EXIT_UNREADABLE) from None
     res = _merge(results)
-    res.stats["malformed"] = stats.malformed + len(info.malformed)
+    if not res.stats.get("events"):
+        read = logs + otlp + docfiles
+        why = "; ".join(f"{_name(p)}: {plan.notes[p]}" for p in read if p in plan.notes)
+        print(f"{pfx}: no cptrace record found in {', '.join(map(_name, read))}"
+              + (f" ({stats.malformed} malformed [CPTRACE lines)" if stats.malformed else "")
+              + (f" ({why})" if why else ""), file=err)
+        raise SourceError(EXIT_UNREADABLE)
+    sources: dict[str, Any] = {"logs": logs, "otlp": otlp}
+    if docfiles:
+        sources["jaeger"] = docfiles
+    return Analyzed(res, run_id, groups, sources, stats, len(doc_malformed))
+
+
+class _Kept:
+    """``events`` passed through unchanged while each one is appended to ``into`` (keeps the ``ranks`` hint of the
+    log reader, which the cross-rank rules read before the first event)."""
+
+    def __init__(self, events: Any, into: list) -> None:
+        self.ranks = getattr(events, "ranks", None)
+        self._events, self._into = events, into
+
+    def __iter__(self) -> Any:
+        keep = self._into.append
+        for ev in self._events:
+            keep(ev)
+            yield ev
+
+
+def report(args: Any, res: Any, run_id: str | None, jaeger: str | None, sources: dict[str, Any], stats: Any,
+           doc_malformed: int, out: TextIO, err: TextIO) -> int:
+    """Finish the stats, warn about disordered logs, print the report; the exit code (0 clean, 1 findings)."""
+    from .report import to_json, to_text
+
+    res.stats["malformed"] = stats.malformed + doc_malformed
     res.stats["lines"] = stats.lines
-    res.stats["sources"] = {"logs": logs, "otlp": otlp}
+    res.stats["sources"] = sources
     if stats.malformed > 20:
         print(f"warning: {stats.malformed} malformed lines in all (first 20 shown)", file=err)
     if stats.disordered():
@@ -91,12 +220,50 @@ def _run(args: Any, paths: list[str], level: int | None, out: TextIO, err: TextI
               "logs?); the cross-rank rules (C1-C5) expect ranks within a few hundred records of each other and "
               "may report false findings: give each rank's log as its own file (files are merged by ts)", file=err)
     res.stats["out_of_order"] = stats.behind
-    jaeger = getattr(args, "jaeger_url", None)
     if getattr(args, "json", False):
         out.write(to_json(res, run_id, jaeger) + "\n")
     else:
         out.write(to_text(res, run_id, jaeger) + "\n")
     return EXIT_FINDINGS if res.findings else EXIT_OK
+
+
+def _name(path: str) -> str:
+    return "standard input" if path == "-" else path
+
+
+def _skipped_list(plan: Any, folder: str) -> str:
+    import os
+
+    inside = [s for s in plan.skipped if os.path.commonpath([os.path.abspath(s.path), os.path.abspath(folder)])
+              == os.path.abspath(folder)]
+    if not inside:
+        return " (no files)"
+    shown = "; ".join(f"{os.path.relpath(s.path, folder)}: {s.what}" for s in inside[:5])
+    return f" ({len(inside)} files: {shown}{'; ...' if len(inside) > 5 else ''})"
+
+
+def _notes(plan: Any, err: TextIO) -> None:
+    """What the folders held besides cptrace input, and files reached twice (stderr, one line each)."""
+    if plan.skipped:
+        shown = "; ".join(f"{s.path}: {s.what}" for s in plan.skipped[:5])
+        more = f"; and {len(plan.skipped) - 5} more" if len(plan.skipped) > 5 else ""
+        print(f"check: skipped {len(plan.skipped)} file(s) in the folders that hold no cptrace record ({shown}{more})",
+              file=err)
+    if plan.twice:
+        print(f"check: given more than once, read once: {', '.join(plan.twice)}", file=err)
+
+
+def _dup_notes(docs: Any, err: TextIO) -> None:
+    for (a, b), n in sorted(docs.duplicates.items()):
+        both = f"{a} holds {n} record(s) twice" if a == b else f"{a} and {b} hold the same {n} record(s)"
+        print(f"check: {both}: counted once", file=err)
+    for (a, b), n in sorted(docs.conflicts.items()):
+        print(f"warning: {a} and {b} hold {n} different record(s) under the same rank, epoch and seq (two runs, or a "
+              "restarted rank?): both are analysed", file=err)
+    for src, n in sorted(docs.rounded.items()):
+        print(f"warning: {src}: {n} integer(s) above 2^53 look rounded by a browser (the Jaeger UI's downloads pass "
+              "values through JavaScript): hashes compared by HASH and C5 may be off; export with the API instead "
+              "(curl .../api/traces/ID or .../api/v3/traces/ID)", file=err)
 
 
 class _Bar:

@@ -27,6 +27,9 @@ BLOCK_ROWS = 4096
 # numpy fallback: uint32 row sums are exact for rows <= 5804 bytes; chunks bound the temporaries.
 NP_ROW = 4096
 NP_CHUNK = 1 << 22
+# khash_bytes hashes buffers under this size on the numpy path: the numba kernel would first cost its import (about
+# a second and 100 MB per process), which small buffers never pay back (the simulator hashes only such buffers).
+SMALL_BYTES = NP_ROW
 
 _kernel_lock = threading.Lock()
 _kernel: Callable | None = None
@@ -238,11 +241,12 @@ def rng(t: Any) -> str:
 
 
 def khash_bytes(a: Any) -> int:
-    """Upstream ``khash`` of a numpy byte buffer (any shape, C order; e.g. the simulator's KV pages)."""
+    """Upstream ``khash`` of a numpy byte buffer (any shape, C order; e.g. the simulator's KV pages). Exact on
+    either path; a buffer under :data:`SMALL_BYTES` never loads numba."""
     import numpy as np
 
     flat = np.ascontiguousarray(a, dtype=np.uint8).reshape(-1)
     if flat.size == 0:
         return 0
-    s0, s1 = array_sums(flat)
+    s0, s1 = numpy_sums(flat) if flat.size < SMALL_BYTES else array_sums(flat)
     return formula.finish(s0, s1, flat.size)

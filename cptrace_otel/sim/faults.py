@@ -7,12 +7,23 @@ lockstep, so the cross-rank rules stay quiet and only the per-rank codes fire. F
 
 The :class:`Oracle` records ``(code, rank, node_id, op)`` for each finding the injection causes, with the trace level
 needed to observe it (``ack``/``free``/``compose``/``store`` records are level 2), as ground truth for the tests.
+
+:class:`FaultHooks` holds every fault's site in the simulator: one hook per fault decides, tells the oracle, and
+says what the engine does instead; its ``expect_*`` hooks derive the consequences the checker must find.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Callable, NamedTuple
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .copy import Op
+    from .core import Simulation
+    from .emit import Recorder
+    from .tree import Node
 
 MODES = ("none", "replicated", "sharded", "dcp", "layersplit", "shared")
 POLICIES = ("wt", "wts", "wb")
@@ -159,3 +170,228 @@ class Oracle:
 
     def codes(self, level: int = 3) -> set[str]:
         return {e.code for e in self.expected(level)}
+
+
+class FaultHooks:
+    """One rank's fault sites: every deviation a :class:`FaultPlan` makes, and every finding the oracle derives.
+
+    The engine calls one hook at each eligible site of a fault; the hook counts the site (:meth:`FaultPlan.hit`),
+    tells the oracle what it injected and what the checker must find, and returns what the engine does instead
+    (a swapped host range, a skipped lock, ...). The ``expect_*`` hooks are the oracle's ground truth about the
+    consequences (a corrupt hash, a page freed under a copy), computed from the simulated bytes and bookkeeping.
+    """
+
+    def __init__(self, sim: "Simulation", rank: int, rec: "Recorder") -> None:
+        self.sim = sim
+        self.r = rank
+        self.rec = rec          # the rank's Recorder: its structural index places a divergence
+        self.oracle: Oracle = sim.oracle
+
+    def plan(self, kind: str) -> FaultPlan | None:
+        """The armed plan of fault ``kind`` that applies to this rank (the site is not counted)."""
+        for p in self.sim.faults:
+            if p.kind == kind and p.applies(self.r):
+                return p
+        return None
+
+    def hit(self, kind: str) -> bool:
+        """Count one eligible site of ``kind`` on this rank; True at the plan's nth site."""
+        p = self.plan(kind)
+        return p is not None and p.hit(self.r)
+
+    def names(self) -> str:
+        """The faults a derived finding is attributed to: the one plan, or all of them (comma-separated)."""
+        kinds = [p.kind for p in self.sim.faults]
+        return kinds[0] if len(kinds) == 1 else ",".join(kinds)
+
+    # -- the faults, in the order of FAULTS -------------------------------------------------------------------
+    def h1_ack(self, op: "Op") -> None:
+        """Split of a node with the pending write ``op``: the fault leaves the entry listing only the kept (suffix)
+        id (``op.stale``); the consequence is found at the ack (:meth:`expect_stale_ack`)."""
+        if self.hit("H1_ack"):
+            op.stale = True
+            self.oracle.inject("H1_ack", self.r, op.node.id, op.id)
+
+    def h1_swap(self, c: "Node", pre_host: np.ndarray, s: int) -> tuple | None:
+        """Split of backuped node ``c`` at ``s`` (host range ``pre_host``): under the fault, the (prefix, suffix)
+        host slices in the wrong order (the prefix node gets the suffix's pages, same counts); else None."""
+        if not self.hit("H1_swap"):
+            return None
+        n = len(c)
+        pend0 = c.pend_ops[0].id if c.pend_ops else None
+        self.oracle.inject("H1_swap", self.r, c.id, pend0)
+        self.oracle.expect("H1", "H1a", self.r, c.id, pend0, "H1_swap")
+        return pre_host[n - s:].copy(), pre_host[:n - s].copy()
+
+    def h2_release(self, last: "Node", op: "Op") -> bool:
+        """Reload ``op`` issued: True when the fault releases the host pin now, at issue (the engine frees the
+        chain's host pages, which the next backup reuses before the load completes)."""
+        if not self.hit("H2_release"):
+            return False
+        self.oracle.inject("H2_release", self.r, last.id, op.id)
+        self.oracle.expect("H2", "H2c", self.r, last.id, op.id, "H2_release")
+        return True
+
+    def reload_sources(self, chain: list["Node"]) -> tuple[list, list[str]]:
+        """The host range a reload of ``chain`` reads for each node, and the faults that chose one: ``H2_stale``
+        reads the range a node had before its split, ``H2_stale_clean`` the one it had before its re-backup
+        (released, not yet reused). :meth:`stale_reload` reports them once the load op exists."""
+        hosts, faults = [], []
+        for n in chain:
+            h = n.host_value
+            if n.prev_host is not None and n.prev_host.size >= len(n) and self.hit("H2_stale"):
+                h = n.prev_host[:len(n)].copy()
+                faults.append("H2_stale")
+            elif n.old_host is not None and n.old_host.size == len(n) and self.hit("H2_stale_clean"):
+                h = n.old_host.copy()
+                faults.append("H2_stale_clean")
+            hosts.append(h)
+        return hosts, faults
+
+    def stale_reload(self, faults: list[str], last: "Node", op: "Op") -> None:
+        """The oracle entries of the stale ranges :meth:`reload_sources` chose for reload ``op``. Under
+        ``H2_stale_clean`` the bytes may well be right (the oracle adds HASH at the ack only if the old pages were
+        reused), but the reload's host range is not the chain's current one."""
+        for kind in ("H2_stale", "H2_stale_clean"):
+            if kind in faults:
+                self.oracle.inject(kind, self.r, last.id, op.id)
+                self.oracle.expect("H2", "H2a", self.r, last.id, op.id, kind)
+
+    def h3_noinval(self, n: "Node", cache: dict) -> bool:
+        """Device eviction of ``n`` with views in the compose ``cache``: True when the fault skips the
+        invalidation; from here on the node's views are never invalidated (``n.noinval``)."""
+        if cache and self.plan("H3_noinval") and any(k[0] == n.id for k in cache) and self.hit("H3_noinval"):
+            n.noinval = True
+            self.oracle.inject("H3_noinval", self.r, n.id, None)
+            return True
+        return False
+
+    def h4_nolock(self, n: "Node", op: "Op") -> bool:
+        """A write_through backup ``op`` of ``n``: True when the fault skips ``inc_lock_ref`` (the node can then be
+        evicted, and its pages reused, while the copy is in flight: :meth:`expect_freed_in_flight`)."""
+        if not self.hit("H4_nolock"):
+            return False
+        self.oracle.inject("H4_nolock", self.r, n.id, op.id)
+        return True
+
+    def h4_wb_noflush(self, written: list[tuple], start_writing: Callable[[], None]) -> bool:
+        """A write_back eviction pass whose victims' writes are ``written`` ((node, op) pairs): True when the fault
+        skips the synchronous flush; then ``start_writing`` starts the pass's writes, which are all still in
+        flight when their device pages are freed."""
+        noflush = False
+        for v, op in written:
+            if self.hit("H4_wb_noflush"):
+                noflush = True
+                self.oracle.inject("H4_wb_noflush", self.r, v.id, op.id)
+        if not noflush:
+            return False
+        start_writing()
+        for v, op in written:
+            self.oracle.expect("H4", "H4", self.r, v.id, op.id, "H4_wb_noflush")
+        return True
+
+    def zero_nostore(self, n: "Node") -> bool:
+        """The forward's store to ``n``: True when the fault skips it (the pages hold zeros)."""
+        if not self.hit("ZERO_nostore"):
+            return False
+        self.oracle.inject("ZERO_nostore", self.r, n.id, None)
+        return True
+
+    def zero_race(self, n: "Node") -> bool:
+        """The forward's store to ``n``: True when the fault makes it land after the backup copy of its pages
+        completed (the engine writes zeros now and the bytes later)."""
+        if not self.hit("ZERO_race"):
+            return False
+        self.oracle.inject("ZERO_race", self.r, n.id, None)
+        return True
+
+    def hash_flip(self, last: "Node", op: "Op") -> None:
+        """Reload ``op`` issued: the fault marks it (``op.flip``) so that its copy flips one byte
+        (:func:`flip_one_byte`)."""
+        if self.hit("HASH_flip"):
+            op.flip = True
+            self.oracle.inject("HASH_flip", self.r, last.id, op.id)
+
+    def c1_div(self, n: "Node") -> bool:
+        """A backup of ``n`` about to allocate host pages: True when the fault makes the alloc fail on this rank
+        only, so the backup is skipped here.
+
+        The host pool stays full for the node on this rank (what made the alloc fail does not clear by the next
+        hit), so the rank never backs it up while it is on the device (``n.host_refused``); a node that never was
+        backuped is deleted when it leaves, so this rank never logs the prepare the other ranks logged: the
+        structural streams diverge here, at this rank's structural index, wherever the site falls. (A retry at the
+        next hit, as SGLang's _inc_hit_count would try, can land before any other structural record and leave no
+        trace at all.)"""
+        sim = self.sim
+        if not (sim.ranks > 1 and self.hit("C1_div")):
+            return False
+        n.host_refused = True
+        if sim.diverged_at is None:
+            sim.diverged_at = self.rec.n_struct
+        # the op id the other ranks give this prepare: the ranks' op counters run in lockstep up to here, so it
+        # is the id this rank would take now (whether or not a peer already took it, or merged ops since)
+        op_id = sim.next_op[self.r]
+        self.oracle.inject("C1_div", self.r, n.id, op_id)
+        self.oracle.expect("C1", "C1", self.r, n.id, op_id, "C1_div")
+        self.oracle.expect("C3", "C3", self.r, n.id, op_id, "C1_div")
+        return True
+
+    def c3_writer(self, n: "Node", op: "Op", io: int) -> int:
+        """The ``io`` flag of the backup record of write ``op`` (node ``n``): 0 under the fault (this rank does not
+        count as a writer)."""
+        if not self.hit("C3_writer"):
+            return io
+        self.oracle.inject("C3_writer", self.r, n.id, op.id)
+        self.oracle.expect("C3", "C3", self.r, n.id, op.id, "C3_writer")
+        return 0
+
+    # -- consequences: what the checker must find, from the simulated bytes and bookkeeping ---------------------
+    def expect_stale_ack(self, op: "Op", clen: int) -> None:
+        """The ack of a write whose entry was not rewritten at a split (H1_ack) publishes fewer tokens than it
+        backed up."""
+        if op.stale and clen < op.blen:
+            self.oracle.expect("H1", "H1b", self.r, op.node.id, op.id, "H1_ack")
+
+    def expect_freed_in_flight(self, n: "Node") -> None:
+        """Node ``n``'s device pages are freed: a write that holds no lock (H4_nolock) still reads them."""
+        for op in n.pend_ops:   # only reachable under a fault: the copy still reads these pages
+            if self.plan("H4_nolock") and not op.locked and op.dir == "d2h":
+                self.oracle.expect("H4", "H4", self.r, op.node.id, op.id, "H4_nolock")
+
+    def expect_stale_view(self, n: "Node", gen: int) -> None:
+        """A compose hit on a view of generation ``gen`` of node ``n``: stale unless the node is still at it."""
+        if gen != n.gen:
+            self.oracle.expect("H3", "H3", self.r, n.id, None, "H3_noinval")
+
+    def expect_backup_bytes(self, op: "Op", fp: dict) -> None:
+        """The backup record of write ``op`` hashed all-zero bytes (a store that never ran or has not landed)."""
+        if fp["nz"] == 0 and op.dev.size:
+            self.oracle.expect("ZERO", "ZERO@backup", self.r, op.node.id, op.id, self.names(), "ZERO@backup")
+
+    def expect_reload_bytes(self, n: "Node", op: "Op", b: np.ndarray, fp: dict) -> None:
+        """Load ``op`` landed the bytes ``b`` of chain node ``n`` (hashes ``fp``): all zero, or not the bytes its
+        backup record hashed (in mode shared also the cross-rank C5 relation, while the ranks are judged)."""
+        sim = self.sim
+        if fp["nz"] == 0 and b.size:
+            self.oracle.expect("ZERO", "ZERO@reload", self.r, n.id, op.id, self.names(), "ZERO@reload")
+        if n.bk is not None and not np.array_equal(b, n.bk):
+            self.oracle.expect("HASH", "HASH", self.r, n.id, op.id, self.names())
+            if sim.mode == "shared" and not n.bk_split and sim.judged(self.rec.n_struct):
+                # the same relation across ranks: the IO rank's hs[r] against this rank's reload hash
+                self.oracle.expect("C5", "C5", self.r, n.id, None, self.names(), "C5 shared")
+
+    def expect_late_store(self, nid: int) -> None:
+        """A late store to node ``nid`` landed (ZERO_race): in mode shared the IO rank's backup of these pages was
+        issued before it (the store fence), while the ranks are judged."""
+        sim = self.sim
+        io_node = sim.ranks_[sim.io_rank].nodes.get(nid) if sim.mode == "shared" else None
+        if io_node is not None and io_node.bk_op >= 0 and sim.judged(max(self.rec.n_struct, io_node.bk_idx)):
+            self.oracle.expect("C5", "C5-fence", sim.io_rank, nid, io_node.bk_op, "ZERO_race", "store fence")
+
+
+def flip_one_byte(data: np.ndarray, owned: np.ndarray) -> None:
+    """HASH_flip's corruption of a host->device copy's ``data``: one byte of one layer, in the last slot this rank
+    loads (``owned``: mask of those slots; in mode shared a rank loads only the pages it owns)."""
+    m = np.nonzero(owned)[0]
+    if m.size:
+        data[m[-1], 0, 0] ^= 0xFF

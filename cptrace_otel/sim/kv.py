@@ -1,30 +1,16 @@
 """KV bytes for the simulator: the content pattern, the upstream fingerprints on uint8 bytes, exact-set text.
 
-``khash``/``knz`` follow the upstream formulas bit for bit on the bytes of a slice in token order:
-``khash = ((sum(b_i * i) ^ (sum(b_i) * 1000003) ^ n) & (2**63 - 1))`` with ``i`` counting from 1, ``0`` for an empty
-slice; ``knz`` = number of nonzero bytes. Sums wrap mod 2**64 as torch int64 does.
+The fingerprints are the project's own (:func:`cptrace_otel.fingerprint.cpu.khash_bytes`: upstream ``khash`` bit for
+bit on the bytes of a slice in token order); ``knz`` = number of nonzero bytes.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
-_MASK63 = (1 << 63) - 1
-_M64 = (1 << 64) - 1
-
-
-def khash(b: np.ndarray) -> int:
-    """Upstream ``khash`` of the bytes of ``b`` (any shape, uint8, flattened in C order)."""
-    flat = np.ascontiguousarray(b, dtype=np.uint8).reshape(-1)
-    n = int(flat.size)
-    if n == 0:
-        return 0
-    v = flat.astype(np.uint64)
-    idx = np.arange(1, n + 1, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        weighted = int(np.sum(v * idx, dtype=np.uint64)) & _M64
-        total = int(np.sum(v, dtype=np.uint64)) & _M64
-    return (weighted ^ ((total * 1000003) & _M64) ^ n) & _MASK63
+from ..fingerprint.cpu import khash_bytes
 
 
 def knz(b: np.ndarray) -> int:
@@ -34,7 +20,12 @@ def knz(b: np.ndarray) -> int:
 
 def page_hashes(b: np.ndarray, page_size: int) -> list[int]:
     """``hp``: khash of each page (``page_size`` consecutive tokens) of a token-ordered slice ``[tokens, ...]``."""
-    return [khash(b[i:i + page_size]) for i in range(0, b.shape[0], page_size)]
+    return [khash_bytes(b[i:i + page_size]) for i in range(0, b.shape[0], page_size)]
+
+
+def fingerprint(b: np.ndarray, page_size: int) -> dict[str, Any]:
+    """The ``h``/``nz``/``hp`` fields of a record that hashes the token-ordered slice ``b``."""
+    return {"h": khash_bytes(b), "nz": knz(b), "hp": page_hashes(b, page_size)}
 
 
 def content(tokens: np.ndarray, positions: np.ndarray, layers: np.ndarray, width: int, shard: int) -> np.ndarray:

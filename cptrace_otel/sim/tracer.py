@@ -130,15 +130,3 @@ class ApiEmitter:
                 # (config's optional ``level=``): drop it; the exporter records the level as a resource attribute
                 fields = {k: v for k, v in fields.items() if k not in ("level", "tag")}
             self._cptrace(level, tag, **fields)
-
-
-class MultiEmitter:
-    """Fan one record out to several emitters (e.g. the API and an in-memory log for cross-checks)."""
-
-    def __init__(self, *emitters: Emitter) -> None:
-        self.emitters = emitters
-        self.level = max(e.level for e in emitters)
-
-    def emit(self, rank: int, level: int, tag: str, /, **fields: Any) -> None:
-        for e in self.emitters:
-            e.emit(rank, level, tag, **fields)

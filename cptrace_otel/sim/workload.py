@@ -225,65 +225,13 @@ def run_segment(sim: Simulation, name: str) -> None:
     sim.drain(_FINISH_STEPS.get(name, 64))
 
 
-def sc_split_pending(sim_args: dict, faults=()) -> Simulation:
-    return run_scenario("split_pending", sim_args, faults)
-
-
-def sc_split_reload(sim_args: dict, faults=()) -> Simulation:
-    return run_scenario("split_reload", sim_args, faults)
-
-
-def sc_rebackup_reload(sim_args: dict, faults=()) -> Simulation:
-    return run_scenario("rebackup_reload", sim_args, faults)
-
-
-def sc_reload_reuse(sim_args: dict, faults=()) -> Simulation:
-    return run_scenario("reload_reuse", sim_args, faults)
-
-
-def sc_compose_reload(sim_args: dict, faults=()) -> Simulation:
-    return run_scenario("compose_reload", sim_args, faults)
-
-
-def sc_recycle(sim_args: dict, faults=()) -> Simulation:
-    return run_scenario("recycle", sim_args, faults)
-
-
-def sc_wb_flush(sim_args: dict, faults=()) -> Simulation:
-    """write_back: eviction backs the node up and flushes synchronously before the free; then a reload."""
-    return run_scenario("recycle", sim_args, faults)
-
-
-def sc_store_reload(sim_args: dict, faults=()) -> Simulation:
-    return run_scenario("store_reload", sim_args, faults)
-
-
-def sc_backup_only(sim_args: dict, faults=()) -> Simulation:
-    return run_scenario("backup_only", sim_args, faults)
-
-
+# fault -> the scripted scenario that reaches its eligible site and its consequence
 SCENARIO_NAME_OF_FAULT = {
     "H1_ack": "split_pending", "H1_swap": "split_reload", "H2_release": "reload_reuse", "H2_stale": "split_reload",
     "H2_stale_clean": "rebackup_reload", "H3_noinval": "compose_reload", "H4_nolock": "recycle",
     "H4_wb_noflush": "recycle",
     "ZERO_nostore": "store_reload", "ZERO_race": "store_reload", "HASH_flip": "store_reload",
     "C1_div": "backup_only", "C3_writer": "backup_only",
-}
-
-SCENARIO_OF_FAULT: dict[str, Callable[..., Simulation]] = {
-    "H1_ack": sc_split_pending,
-    "H1_swap": sc_split_reload,
-    "H2_release": sc_reload_reuse,
-    "H2_stale": sc_split_reload,
-    "H2_stale_clean": sc_rebackup_reload,
-    "H3_noinval": sc_compose_reload,
-    "H4_nolock": sc_recycle,
-    "H4_wb_noflush": sc_wb_flush,
-    "ZERO_nostore": sc_store_reload,
-    "ZERO_race": sc_store_reload,
-    "HASH_flip": sc_store_reload,
-    "C1_div": sc_backup_only,
-    "C3_writer": sc_backup_only,
 }
 
 # Legal near-misses (domain 7.3.2): scripted sequences that must stay silent without any fault -> (scenario, policy).
@@ -313,7 +261,7 @@ def run_fault(kind: str, mode: str = "none", ranks: int = 2, level: int = 3, emi
         rank = 1 if (spec.scope == "rank" and ranks > 1) else 0
     faults = [FaultPlan(kind, rank=rank, nth=nth)] if inject else []
     args = dict(mode=mode, ranks=ranks, policy=spec.policy, level=level, emitter=emitter)
-    return SCENARIO_OF_FAULT[kind](args, faults)
+    return run_scenario(SCENARIO_NAME_OF_FAULT[kind], args, faults)
 
 
 def analyze(sim: Simulation, level: int | None = None):

@@ -179,6 +179,37 @@ def test_jaeger_binds_loopback_on_the_documented_ports(jaeger, jaeger_raw):
     assert ":13133/status" in up and ex["healthcheckv2"]["http"]["status"]["path"] == "/status"
 
 
+def test_jaeger_ui_assets_and_link_patterns(jaeger, jaeger_raw):
+    import json
+    from urllib.parse import unquote
+
+    from cptrace_otel import semconv as sc
+
+    ui = jaeger["extensions"]["jaeger_query"]["ui"]
+    assert not ui.get("assets_path") and not ui.get("config_file")   # unset: the built-in assets, no UI config
+    set_ = _expand(jaeger_raw, {"JAEGER_UI_ASSETS": "/x/build", "JAEGER_UI_CONFIG": "/y/ui-config.json"})
+    assert set_["extensions"]["jaeger_query"]["ui"] == {"assets_path": "/x/build", "config_file": "/y/ui-config.json"}
+    up = (DEPLOY / "jaeger" / "up").read_text()
+    assert "shared/jaeger-ui/build" in up and "ui-config.json" in up and "export JAEGER_UI_ASSETS JAEGER_UI_CONFIG" in up
+    cfg = json.loads((DEPLOY / "jaeger" / "ui-config.json").read_text())
+    pats = cfg["linkPatterns"]
+    keys = {p["key"] for p in pats if "key" in p}
+    assert {sc.NODE_ID, sc.RUN_ID, sc.CP_RANK} <= keys
+    for p in pats:
+        params = set(re.findall(r"#\{([^{}|]+)", p["url"] + p["text"]))
+        if p["type"] == "traces":   # the trace's own link: to the run report, which resolves #trace=<id>
+            assert params == {"traceID"} and p["url"].endswith("/report.html#trace=#{traceID}")
+            continue
+        assert p["key"] in params and params <= {sc.NODE_ID, sc.RUN_ID, sc.CP_RANK}
+        assert p["url"].startswith(f"/search?service={sc.DEFAULT_SERVICE_NAME}&tags=")
+        tags = json.loads(re.sub(r"#\{([^}]+)\}", r"V", unquote(p["url"].split("tags=")[1].split("&")[0])))
+        assert set(tags) == params and "lookback=" in p["url"]   # searches exactly the tags it names
+    js = (ROOT / "cptrace_otel" / "analyze" / "report.js").read_text()
+    assert "#trace=" in js
+    compose = _load("docker-compose.yml")["services"]["jaeger"]
+    assert "./jaeger/ui-config.json:" + compose["environment"]["JAEGER_UI_CONFIG"] + ":ro" in compose["volumes"]
+
+
 def test_spanmetrics_dimensions_alertable_and_low_cardinality(jaeger):
     sm = jaeger["connectors"]["spanmetrics"]
     dims = [d["name"] for d in sm["dimensions"]]

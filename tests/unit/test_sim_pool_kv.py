@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from cptrace_otel.fingerprint.cpu import khash_bytes
 from cptrace_otel.logline import parse_value
 from cptrace_otel.sim import kv
 from cptrace_otel.sim.pool import PagedPool, PoolError
@@ -56,7 +57,7 @@ def _khash_spec(b: np.ndarray) -> int:
 @pytest.mark.parametrize("n", [0, 1, 7, 256, 5000])
 def test_khash_matches_the_upstream_formula(n):
     b = np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8)
-    assert kv.khash(b) == _khash_spec(b)
+    assert khash_bytes(b) == _khash_spec(b)
     assert kv.knz(b) == int(np.count_nonzero(b))
 
 
@@ -65,7 +66,7 @@ def test_khash_agrees_with_the_project_fingerprint_cpu_path():
 
     b = np.random.default_rng(3).integers(0, 256, 3000, dtype=np.uint8)
     s0, s1 = cpu.array_sums(b)
-    assert kv.khash(b) == formula.finish(s0, s1, b.size)
+    assert khash_bytes(b) == formula.finish(s0, s1, b.size)
 
 
 def test_khash_agrees_with_the_torch_reference():
@@ -73,13 +74,13 @@ def test_khash_agrees_with_the_torch_reference():
     from cptrace_otel.fingerprint import reference
 
     b = np.random.default_rng(4).integers(0, 256, (8, 2, 4), dtype=np.uint8)
-    assert kv.khash(b) == reference.khash(torch.from_numpy(b.copy()))
+    assert khash_bytes(b) == reference.khash(torch.from_numpy(b.copy()))
     assert kv.knz(b) == reference.knz(torch.from_numpy(b.copy()))
 
 
 def test_khash_is_position_sensitive():
     b = np.arange(1, 17, dtype=np.uint8)
-    assert kv.khash(b) != kv.khash(b[::-1].copy())
+    assert khash_bytes(b) != khash_bytes(b[::-1].copy())
 
 
 def test_content_is_nonzero_deterministic_and_shard_dependent():

@@ -20,19 +20,24 @@ Contract:
   and the start of the body.
 * :func:`events_from_otlp` turns api_v3 output into :class:`cptrace_otel.events.Event` objects (one per cptrace
   record; ``hicache.violation`` finding events are skipped), and :func:`findings_from_otlp` lists the stamped verdicts.
-* :func:`run_events` fetches every record of one run (all ranks, all traces) for the analyzer's re-checks.
+* :func:`run_events` fetches every record of one run (all ranks, all traces, at most ``limit`` traces) for the
+  analyzer's re-checks; ``check --jaeger`` pages past that limit (:mod:`.jaegerquery`).
+* :func:`mask_url` hides the password of a URL in messages; ``user:password@`` in the base URL is sent as HTTP
+  basic auth.
 
 Standard library only (``urllib``); nothing heavy is imported.
 """
 
 from __future__ import annotations
 
+import base64
+import http.client
 import json
 import time
 import urllib.error
 import urllib.request
 from typing import Any, Iterable, Mapping
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, unquote, urlencode, urlsplit, urlunsplit
 
 from ... import semconv as sc
 from ...attrs import attributes_to_fields
@@ -61,11 +66,29 @@ class JaegerError(RuntimeError):
         self.body = body
 
 
+def mask_url(url: str) -> str:
+    """``url`` with the password of its user part replaced by ``***`` (for messages)."""
+    parts = urlsplit(url if "://" in url else "http://" + url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
+
+
 class JaegerClient:
-    """Read-only client of one Jaeger query service. Thread-safe (no shared state besides settings)."""
+    """Read-only client of one Jaeger query service. Thread-safe (no shared state besides settings).
+
+    ``user:password@`` in ``base_url`` is sent as HTTP basic auth and kept out of :attr:`base_url` (so out of every
+    message and link)."""
 
     def __init__(self, base_url: str = DEFAULT_URL, timeout_s: float = 10.0) -> None:
         self.base_url = normalize_base(base_url)
+        self._headers = {"Accept": "application/json"}
+        parts = urlsplit(self.base_url)
+        if parts.username is not None or parts.password is not None:
+            cred = f"{unquote(parts.username or '')}:{unquote(parts.password or '')}".encode()
+            self._headers["Authorization"] = "Basic " + base64.b64encode(cred).decode()
+            self.base_url = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
         self.timeout_s = timeout_s
 
     # -- transport ---------------------------------------------------------------------------------------------
@@ -73,7 +96,7 @@ class JaegerClient:
         """GET ``path`` and decode JSON; ``None`` on 404."""
         qs = urlencode(list(params), quote_via=quote)
         url = f"{self.base_url}{path}" + (f"?{qs}" if qs else "")
-        req = urllib.request.Request(url, headers={"Accept": "application/json"})
+        req = urllib.request.Request(url, headers=self._headers)
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                 body = resp.read()
@@ -86,6 +109,8 @@ class JaegerClient:
             raise JaegerUnreachable(url, str(e.reason)) from None
         except (TimeoutError, ConnectionError) as e:  # a timeout while reading the body
             raise JaegerUnreachable(url, repr(e)) from None
+        except (ValueError, http.client.HTTPException) as e:  # a URL urllib cannot use, a broken HTTP answer
+            raise JaegerUnreachable(url, str(e) or type(e).__name__) from None
         try:
             return json.loads(body)
         except ValueError:
@@ -106,12 +131,14 @@ class JaegerClient:
         limit: int = 100,
         operation: str | None = None,
         lookback_s: float | None = None,
+        raw: bool = False,
     ) -> list[dict[str, Any]]:
         """Traces of ``service`` with a span matching every tag (``GET /api/traces``), newest first.
 
         ``start_us``/``end_us`` bound span start times (unix µs); ``lookback_s`` sets ``start_us = now - lookback_s``
         when ``start_us`` is not given (Jaeger's own default is 48 h). Raises :class:`JaegerError` with Jaeger's
-        message when the query is refused (e.g. ``limit`` above the memory store's ``max_traces``)."""
+        message when the query is refused (e.g. ``limit`` above the memory store's ``max_traces``). ``raw=True`` skips
+        Jaeger's read-time adjusters (span dedup, sorting of attributes and events, clock-skew warnings)."""
         params: list[tuple[str, str]] = [("service", service), ("limit", str(int(limit)))]
         if operation:
             params.append(("operation", operation))
@@ -123,6 +150,8 @@ class JaegerClient:
             params.append(("end", str(int(end_us))))
         if tags:
             params.append(("tags", json.dumps({k: _tag_str(v) for k, v in tags.items()}, separators=(",", ":"))))
+        if raw:
+            params.append(("raw", "true"))
         out = self._get("/api/traces", params)
         return _data(out, self.base_url + "/api/traces")
 
@@ -170,7 +199,8 @@ class JaegerClient:
 
 
 class RunEvents(list):
-    """Events of a run (a list, per rank in seq order); ``traces`` fetched, ``truncated`` if the search hit its limit."""
+    """Events of a run (a list: per rank in seq order, ranks merged by ts, ready for the rules); ``traces`` fetched,
+    ``truncated`` if the search hit its limit."""
 
     traces: int = 0
     truncated: bool = False
@@ -182,9 +212,12 @@ def run_events(client: JaegerClient, run_id: str, service: str = sc.DEFAULT_SERV
     ``cptrace.run_id`` (``limit`` at most, newest first; must be <= the memory store's ``max_traces``), then read each
     one back losslessly through api_v3. ``truncated`` is True when the search returned ``limit`` traces, i.e. some
     may be missing: raise ``limit`` rather than trust a partial re-check."""
+    from .otlpfile import merge_ranks
+
     found = client.search(service, {sc.RUN_ID: run_id}, lookback_s=lookback_s, limit=limit)
     out = RunEvents()
     seen = set()
+    per_rank: dict[int, list] = {}
     for tr in found:
         tid = tr.get("traceID", "")
         if tid in seen:
@@ -192,8 +225,10 @@ def run_events(client: JaegerClient, run_id: str, service: str = sc.DEFAULT_SERV
         seen.add(tid)
         td = client.get_trace_v3(tid)
         if td is not None:
-            out.extend(e for e in events_from_otlp(td, src=f"{client.base_url}/trace/{tid}"))
-    out.sort(key=lambda e: (e.rank, e.epoch, e.seq))
+            for e in events_from_otlp(td, src=f"{client.base_url}/trace/{tid}"):
+                per_rank.setdefault(e.rank, []).append((e.epoch, e.seq, e.ts, e))
+    # ranks merged by ts as the file sources do: the cross-rank rules need ranks side by side, not one after another
+    out.extend(merge_ranks(per_rank))
     out.traces = len(seen)
     out.truncated = len(found) >= limit
     return out
@@ -254,7 +289,9 @@ def iter_spans(td: Mapping[str, Any]) -> Iterable[tuple[dict[str, Any], dict[str
 
 
 def events_from_otlp(td: Mapping[str, Any], src: str = "") -> list[Event]:
-    """Every cptrace record held in ``td`` as an :class:`Event`, sorted by (rank, epoch, seq).
+    """Every cptrace record held in ``td`` as an :class:`Event`, sorted by (rank, epoch, seq): one rank after the
+    other, for read-back. To run the rules, merge the ranks by ts (:func:`run_events`, :mod:`.tracedocs`): fed one
+    rank after another the cross-rank rules see ranks far apart and report false C1 findings.
 
     rank = the span's ``sglang.cp.rank`` (else the resource's), seq/epoch/level from the event attributes
     ``cptrace.seq``/``cptrace.epoch``/``cptrace.record.level``, ts = the event's time (ns since the epoch),
@@ -305,8 +342,6 @@ def _hex_id(v: str) -> str:
     """OTLP/JSON ids are hex (Jaeger's api_v3 and the OTLP JSON spec); tolerate base64 from protobuf-JSON writers."""
     if all(c in "0123456789abcdefABCDEF" for c in v):
         return v.lower()
-    import base64
-
     try:
         return base64.b64decode(v).hex()
     except ValueError:

@@ -85,24 +85,36 @@ def read_otlp_events(paths: Iterable[str], info: OtlpInfo | None = None) -> Iter
     info = info if info is not None else OtlpInfo()
     per_rank: dict[int, list[tuple[int, int, int, Event]]] = {}
     for path in paths:
-        try:
-            fh = open_text(path)
-        except OSError as e:
-            raise LogReadError(path, e.strerror or str(e)) from None
-        line_no = 0
-        with fh:
-            for line_no, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    req = json.loads(line)
-                except ValueError as e:
-                    info.malformed.append((path, line_no, f"not JSON: {e}"))
-                    continue
-                _collect(req, path, info, per_rank)
-            why = truncated(fh)
-            if why:
-                info.malformed.append((path, line_no + 1, why))
+        collect_file(path, info, per_rank)
+    return merge_ranks(per_rank)
+
+
+def collect_file(path: str, info: OtlpInfo, per_rank: dict) -> None:
+    """Add the events of one OTLP JSON-lines file to ``per_rank`` (rank -> ``[(epoch, seq, ts, Event)]``, unsorted).
+    Raises :class:`LogReadError` when the file cannot be opened."""
+    try:
+        fh = open_text(path)
+    except OSError as e:
+        raise LogReadError(path, e.strerror or str(e)) from None
+    line_no = 0
+    with fh:
+        for line_no, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                req = json.loads(line)
+            except ValueError as e:
+                info.malformed.append((path, line_no, f"not JSON: {e}"))
+                continue
+            _collect(req, path, info, per_rank)
+        why = truncated(fh)
+        if why:
+            info.malformed.append((path, line_no + 1, why))
+
+
+def merge_ranks(per_rank: dict) -> Iterator[Event]:
+    """The events of ``per_rank`` (as :func:`collect_file` fills it): each rank sorted by (epoch, seq, ts), ranks
+    merged by the records' ``ts`` field."""
     streams = []
     for lst in per_rank.values():
         lst.sort(key=lambda t: (t[0], t[1], t[2]))

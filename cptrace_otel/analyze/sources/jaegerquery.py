@@ -1,0 +1,174 @@
+"""Find every trace of one run in a Jaeger query service, for ``cptrace-otel check --jaeger``.
+
+How (Jaeger v1.76 / v2.13 and later, any storage; facts in the project's backend notes):
+
+* Search with the api_v2 HTTP API, ``GET /api/traces?service=S&tags={"cptrace.run_id":"ID"}&start=&end=&limit=L
+  &raw=true``: every span of the run carries the run id (a resource attribute, which the tag search matches), and
+  the answer holds each matching trace whole, in Jaeger's JSON model, so one request reads up to L traces. (api_v3's
+  HTTP search takes no attribute filter before v2.19; ``raw=true`` keeps the spans as stored: no dedup, no sorting.)
+* Pagination: a search returns at most L traces (the memory store walks its ring newest-first until L match; L, its
+  "search depth", must not exceed ``max_traces``) and has no offset. A window [start, end] (µs, bounds on span start
+  times, inclusive) that comes back full is split in two closed windows that share their end (so every span start
+  of the window is in one of them), at the median span start of the page, until no window is full; traces are
+  deduplicated by id. A node trace lives as long as its node, so windows overlap in traces: the searches grow
+  faster than traces / L, and a larger L (up to ``max_traces``) saves most of them. When Jaeger refuses L ("search
+  depth ... max traces"), L is halved and the search retried.
+* Without ``--run-id``: the newest L traces of the service in the window are searched and the run ids of their
+  processes listed; exactly one must be there.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+import time
+from typing import Any, Callable, Iterator
+
+from ... import semconv as sc
+from .jaeger import JaegerClient, JaegerError
+
+DEFAULT_SINCE_S = 7 * 86400
+DEFAULT_LIMIT = 1000
+_DUR = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)", re.IGNORECASE)
+_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds of ``30s``, ``15m``, ``1h``, ``1h30m``, ``2d``, ``1w`` (a bare number is seconds). Raises ValueError."""
+    s = text.strip()
+    try:
+        v = float(s)
+    except ValueError:
+        pos, v = 0, 0.0
+        for m in _DUR.finditer(s):
+            if m.start() != pos:
+                break
+            v += float(m.group(1)) * _UNIT_S[m.group(2).lower()]
+            pos = m.end()
+        if pos != len(s) or not s:
+            raise ValueError(f"not a duration: {text!r} (e.g. 30m, 1h, 2d)") from None
+    if v <= 0:
+        raise ValueError(f"not a positive duration: {text!r}")
+    return v
+
+
+def parse_time(text: str) -> int:
+    """Unix µs of an ISO 8601 time (``2026-12-01T21:13:00Z``, ``2026-12-01 21:13``; no zone = UTC) or of a number of
+    unix seconds. Raises ValueError."""
+    s = text.strip()
+    try:
+        return int(float(s) * 1e6)
+    except ValueError:
+        pass
+    try:
+        t = _dt.datetime.fromisoformat(s[:-1] + "+00:00" if s[-1:] in "zZ" and s else s)
+    except ValueError:
+        raise ValueError(f"not a time: {text!r} (ISO 8601 such as 2026-12-01T21:13:00Z, or unix seconds)") from None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=_dt.timezone.utc)
+    return int(t.timestamp() * 1e6)
+
+
+def window(since: str | None, start: str | None, end: str | None, now_s: float | None = None) -> tuple[int, int]:
+    """(start µs, end µs) of the search: ``--start``/``--end`` (end defaults to now), else the last ``--since``
+    (default :data:`DEFAULT_SINCE_S`). Raises ValueError."""
+    now_us = int((time.time() if now_s is None else now_s) * 1e6)
+    if since is not None and (start is not None or end is not None):
+        raise ValueError("--since cannot be combined with --start/--end")
+    if start is not None or end is not None:
+        e = parse_time(end) if end is not None else now_us
+        s = parse_time(start) if start is not None else e - int(DEFAULT_SINCE_S * 1e6)
+        if s > e:
+            raise ValueError("--start is after --end")
+        return s, e
+    return now_us - int((parse_duration(since) if since is not None else DEFAULT_SINCE_S) * 1e6), now_us
+
+
+def iso_us(us: int) -> str:
+    """RFC 3339 (UTC, µs) of unix µs, for messages."""
+    return _dt.datetime.fromtimestamp(us / 1e6, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class PageTooSmall(Exception):
+    """More traces than one search returns start within one microsecond: no window split can page through them."""
+
+
+class Search:
+    """Paginated searches of one service in one Jaeger (see the module doc). ``progress(traces, searches)`` is called
+    after every search."""
+
+    def __init__(self, client: JaegerClient, service: str = sc.DEFAULT_SERVICE_NAME, limit: int = DEFAULT_LIMIT,
+                 progress: Callable[[int, int], None] | None = None) -> None:
+        self.client, self.service, self.limit = client, service, max(1, int(limit))
+        self.progress = progress
+        self.searches = 0
+        self.notes: list[str] = []   # limits lowered, for stderr
+
+    def _search(self, tags: dict[str, Any] | None, start_us: int, end_us: int) -> list[dict[str, Any]]:
+        while True:
+            try:
+                out = self.client.search(self.service, tags, start_us=start_us, end_us=end_us, limit=self.limit,
+                                         raw=True)
+                self.searches += 1
+                return out
+            except JaegerError as e:
+                text = str(e).lower()
+                if self.limit > 1 and ("search depth" in text or "max traces" in text or "max_traces" in text):
+                    self.limit = max(1, self.limit // 2)
+                    self.notes.append(f"Jaeger refused the search depth; searching {self.limit} traces at a time")
+                    continue
+                raise
+
+    def run_ids(self, start_us: int, end_us: int) -> list[str]:
+        """Run ids (resource ``cptrace.run_id``) among the newest traces of the service, the newest run first."""
+        newest: dict[str, int] = {}
+        for tr in self._search(None, start_us, end_us):
+            t0 = min((int(s.get("startTime") or 0) for s in tr.get("spans") or []), default=0)
+            for rid in _run_ids(tr):
+                newest[rid] = max(newest.get(rid, 0), t0)
+        return sorted(newest, key=lambda r: -newest[r])
+
+    def run_traces(self, run_id: str, start_us: int, end_us: int) -> Iterator[dict[str, Any]]:
+        """Every trace of ``run_id`` with a span starting in [start_us, end_us], each once (Jaeger JSON model)."""
+        tags = {sc.RUN_ID: run_id}
+        seen: set[str] = set()
+        todo = [(start_us, end_us)]
+        while todo:
+            a, b = todo.pop()
+            found = self._search(tags, a, b)
+            for tr in found:
+                tid = str(tr.get("traceID", ""))
+                if tid not in seen:
+                    seen.add(tid)
+                    yield tr
+            if self.progress is not None:
+                self.progress(len(seen), self.searches)
+            if len(found) >= self.limit:
+                todo.extend(self._split(a, b, found, run_id))
+
+    def _split(self, a: int, b: int, found: list[dict[str, Any]], run_id: str) -> list[tuple[int, int]]:
+        """Two closed windows covering [a, b] (they share their end) for a search that came back full, split at the
+        median span start of the page inside the window (a run is short next to a default window of days, and its
+        traces live long: halving the time would take many searches to reach the data), else at the middle."""
+        if b - a < 2:
+            raise PageTooSmall(f"more than {self.limit} traces of run {run_id} have spans starting within "
+                               f"{iso_us(a)}..{iso_us(b)}: raise --limit (at most the store's max_traces)")
+        starts = sorted(t for tr in found for sp in tr.get("spans") or ()
+                        if a <= (t := int(sp.get("startTime") or 0)) <= b)
+        m = starts[len(starts) // 2] if starts else a
+        if not a < m < b:
+            m = (a + b) // 2
+        return [(a, m), (m, b)]
+
+
+def _run_ids(trace: dict[str, Any]) -> set[str]:
+    out = set()
+    procs = list((trace.get("processes") or {}).values())
+    procs += [s["process"] for s in trace.get("spans") or [] if isinstance(s.get("process"), dict)]
+    for p in procs:
+        for t in p.get("tags") or []:
+            if t.get("key") == sc.RUN_ID and t.get("value") not in (None, ""):
+                out.add(str(t["value"]))
+    return out

@@ -1,0 +1,278 @@
+"""Trace documents -> the per-rank event lists of one run: OTLP JSON-lines files, Jaeger's JSON (api_v2
+``/api/traces``, the UI's downloads, api_v3 ``/api/v3/traces``, OTLP/JSON documents) and traces fetched from a Jaeger
+query service, all through one collector (:func:`.otlpfile._collect`), so an event read from any of them is the
+event the exporter wrote.
+
+Contract:
+
+* :class:`TraceDocs` accumulates ``per_rank`` (rank -> ``[(epoch, seq, ts, Event)]``) plus :class:`.otlpfile.OtlpInfo`
+  (run ids, levels, malformed lines) and, per source, the events it gave and the services it named.
+* api_v2 (Jaeger model) traces are mapped to OTLP/JSON first (:func:`v2_trace_to_otlp`): process -> resource
+  (``serviceName`` -> ``service.name``), span tags -> attributes, logs -> events (the ``event`` field is the
+  name; µs timestamps). Nothing the rules read is lost (tags keep their int/float/bool/string types).
+* :meth:`TraceDocs.events` returns the merged stream after :meth:`TraceDocs.dedupe`: records of one rank with the same
+  (epoch, seq) and the same content are one record given twice (two files of the same run, a span stored twice) and
+  are kept once. Events are ordered per rank by ``cptrace.seq``, never by the order a backend returned them.
+
+Documents are parsed whole (``json``): their memory is that of the run, like OTLP files.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any, Iterable, Iterator
+
+from ... import semconv as sc
+from ...events import Event
+from .files import open_text, truncated
+from .logs import LogReadError
+from .otlpfile import OtlpInfo, _collect, collect_file, merge_ranks
+
+_JS_SAFE = 1 << 53
+_FINGERPRINTS = ("hicache.h", "hicache.pfp")   # random 63-bit values: a round one is a rounded one
+
+
+class TraceDocs:
+    """The events of trace documents, before the merge (see the module doc)."""
+
+    def __init__(self) -> None:
+        self.info = OtlpInfo()
+        self.per_rank: dict[int, list[tuple[int, int, int, Event]]] = {}
+        self.counts: dict[str, int] = {}           # source -> cptrace events it gave
+        self.services: dict[str, set[str]] = {}    # source -> service names seen in it
+        self.formats: dict[str, str] = {}          # source -> what it is ("api_v2", "api_v3", "OTLP/JSON" ...)
+        self.rounded: dict[str, int] = {}          # source -> ints a browser seems to have rounded
+        self.duplicates: Counter = Counter()       # (source kept, source dropped) -> records given twice
+        self.conflicts: Counter = Counter()        # (source, source) -> same (rank, epoch, seq), other content
+
+    # -- reading -----------------------------------------------------------------------------------------------
+    def total(self) -> int:
+        return sum(len(v) for v in self.per_rank.values())
+
+    def add_otlp_lines(self, path: str) -> int:
+        """An OTLP JSON-lines file; returns the cptrace events it gave."""
+        n0 = self.total()
+        collect_file(path, self.info, self.per_rank)
+        self.formats[path] = "OTLP JSON lines"
+        n = self._counted(path, n0)
+        if n == 0:   # only to say what the file held instead: the services of its resources
+            svc = self.services.setdefault(path, set())
+            with open_text(path) as fh:
+                for line in fh:
+                    try:
+                        req = json.loads(line)
+                    except ValueError:
+                        continue
+                    if isinstance(req, dict):
+                        svc.update(_services(req))
+        return n
+
+    def add_document_file(self, path: str) -> int:
+        """A Jaeger/OTLP JSON document (or JSON lines of them); returns the cptrace events it gave. Raises
+        :class:`LogReadError` when it cannot be read."""
+        n0 = self.total()
+        try:
+            with open_text(path) as fh:
+                text = fh.read()
+                why = truncated(fh)
+        except OSError as e:
+            raise LogReadError(path, e.strerror or str(e)) from None
+        if why:
+            self.info.malformed.append((path, text.count("\n") + 1, why))
+        for _line, obj in _parse(text, path, self.info):
+            self.add_object(obj, path)
+        return self._counted(path, n0)
+
+    def add_object(self, obj: Any, src: str) -> None:
+        """One parsed JSON value: an api_v2 response or trace, an api_v3 response, an OTLP TracesData, or a list."""
+        if isinstance(obj, list):
+            for x in obj:
+                self.add_object(x, src)
+            return
+        if not isinstance(obj, dict):
+            self._format(src, "JSON of another kind")
+            return
+        if "data" in obj:
+            self._format(src, "Jaeger JSON (api_v2 /api/traces)")
+            for tr in obj.get("data") or []:
+                if isinstance(tr, dict):
+                    self.add_v2_trace(tr, src)
+            errs = obj.get("errors") or []
+            if errs and not obj.get("data"):
+                self._format(src, "a Jaeger error response (" + "; ".join(
+                    str(e.get("msg", e) if isinstance(e, dict) else e) for e in errs)[:200] + ")")
+        elif "spans" in obj and ("traceID" in obj or "processes" in obj):
+            self._format(src, "Jaeger JSON (api_v2 trace)")
+            self.add_v2_trace(obj, src)
+        elif isinstance(obj.get("result"), dict):
+            self._format(src, "Jaeger JSON (api_v3 /api/v3/traces)")
+            self.add_otlp(obj["result"], src)
+        elif "resourceSpans" in obj or "resource_spans" in obj:
+            self._format(src, "OTLP/JSON")
+            self.add_otlp(obj, src)
+        elif "error" in obj:
+            err = obj["error"]
+            msg = err.get("message", err) if isinstance(err, dict) else err
+            self._format(src, f"a Jaeger api_v3 error response ({str(msg)[:200]})")
+        else:
+            self._format(src, f"JSON of another kind (keys: {', '.join(list(map(str, obj))[:6]) or 'none'})")
+
+    def add_otlp(self, td: dict, src: str) -> None:
+        """An OTLP/JSON ``TracesData`` (api_v3 ``result``, or an ``ExportTraceServiceRequest``)."""
+        self.services.setdefault(src, set()).update(_services(td))
+        _collect(td, src, self.info, self.per_rank)
+
+    def add_v2_trace(self, trace: dict, src: str) -> None:
+        """One trace in Jaeger's JSON model (``traceID``, ``spans``, ``processes``)."""
+        td = v2_trace_to_otlp(trace, self, src)
+        self.services.setdefault(src, set()).update(
+            a["value"]["stringValue"] for rs in td["resourceSpans"] for a in rs["resource"]["attributes"][:1])
+        _collect(td, src, self.info, self.per_rank)
+
+    def _format(self, src: str, what: str) -> None:
+        self.formats.setdefault(src, what)
+
+    def _counted(self, src: str, n0: int) -> int:
+        n = self.total() - n0
+        self.counts[src] = self.counts.get(src, 0) + n
+        return n
+
+    def describe(self, src: str) -> str:
+        """What ``src`` held, for the message when it gave no cptrace record."""
+        what = self.formats.get(src, "JSON")
+        svc = sorted(self.services.get(src) or ())
+        if svc:
+            what += f" of service{'s' if len(svc) > 1 else ''} {', '.join(svc[:5])}" + (" ..." if len(svc) > 5 else "")
+        return what
+
+    # -- the stream --------------------------------------------------------------------------------------------
+    def dedupe(self) -> None:
+        """Sort each rank by (epoch, seq, ts) and keep one of the records given twice (see the module doc); counts go
+        to :attr:`duplicates` and :attr:`conflicts`."""
+        for rank, lst in self.per_rank.items():
+            lst.sort(key=lambda t: (t[0], t[1], t[2]))
+            out = []
+            first = None   # the first kept record of the current (epoch, seq)
+            for t in lst:
+                if first is not None and t[0] == first[0] and t[1] == first[1]:
+                    a, b = first[3], t[3]
+                    if a.tag == b.tag and a.fields == b.fields:
+                        self.duplicates[(a.src, b.src)] += 1
+                        continue
+                    self.conflicts[(a.src, b.src)] += 1
+                else:
+                    first = t
+                out.append(t)
+            if len(out) != len(lst):
+                self.per_rank[rank] = out
+
+    def events(self) -> Iterator[Event]:
+        return merge_ranks(self.per_rank)
+
+    def ranks(self) -> set[int]:
+        return {r for r, v in self.per_rank.items() if v}
+
+    def sources_of(self, rank: int) -> list[str]:
+        return sorted({t[3].src for t in self.per_rank.get(rank, ())})
+
+    def head(self, rank: int, k: int) -> list[Event]:
+        """The first ``k`` records of ``rank`` in seq order (after :meth:`dedupe`)."""
+        return [t[3] for t in self.per_rank.get(rank, [])[:k]]
+
+
+def _services(td: dict) -> set[str]:
+    out = set()
+    for rs in td.get("resourceSpans") or td.get("resource_spans") or []:
+        for a in (rs.get("resource") or {}).get("attributes") or []:
+            if a.get("key") == sc.SERVICE_NAME:
+                out.add(str((a.get("value") or {}).get("stringValue", "?")))
+    return out
+
+
+def _parse(text: str, path: str, info: OtlpInfo) -> Iterable[tuple[int, Any]]:
+    """``(line, value)``: the whole text as one JSON value, or else one value per non-blank line (malformed lines
+    are recorded in ``info``)."""
+    try:
+        return [(1, json.loads(text))]
+    except ValueError:
+        pass
+    out = []
+    for i, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                out.append((i, json.loads(line)))
+            except ValueError as e:
+                info.malformed.append((path, i, f"not JSON: {e}"))
+    return out
+
+
+# -- Jaeger's JSON model (api_v2) -> OTLP/JSON ----------------------------------------------------------------------
+def v2_trace_to_otlp(trace: dict, docs: TraceDocs | None = None, src: str = "") -> dict:
+    """The OTLP/JSON ``TracesData`` holding what ``_collect`` reads from one Jaeger-model trace: one resource per
+    process, spans with their tags as attributes and their logs as events."""
+    procs = trace.get("processes") or {}
+    groups: dict[str, tuple[dict, list]] = {}
+    for span in trace.get("spans") or []:
+        if not isinstance(span, dict):
+            continue
+        proc = span.get("process")
+        pid = span.get("processID") or ""
+        if not isinstance(proc, dict):
+            proc = procs.get(pid) or {}
+        else:
+            pid = id(proc)
+        g = groups.get(pid)
+        if g is None:
+            res = [{"key": sc.SERVICE_NAME, "value": {"stringValue": str(proc.get("serviceName", ""))}}]
+            res.extend(_attrs(proc.get("tags"), docs, src))
+            g = groups[pid] = ({"attributes": res}, [])
+        events = []
+        for log in span.get("logs") or []:
+            name = ""
+            fields = []
+            for f in log.get("fields") or []:
+                if f.get("key") == "event" and not name:
+                    name = str(f.get("value", ""))
+                else:
+                    fields.append(f)
+            ts = log.get("timestamp", 0)
+            events.append({"timeUnixNano": int(ts) * 1000 if isinstance(ts, (int, float, str)) else 0,
+                           "name": name, "attributes": _attrs(fields, docs, src)})
+        g[1].append({"traceId": span.get("traceID", trace.get("traceID", "")), "spanId": span.get("spanID", ""),
+                     "name": span.get("operationName", ""), "attributes": _attrs(span.get("tags"), docs, src),
+                     "events": events})
+    return {"resourceSpans": [{"resource": res, "scopeSpans": [{"spans": spans}]}
+                              for res, spans in groups.values()]}
+
+
+def _attrs(tags: Any, docs: TraceDocs | None, src: str) -> list[dict]:
+    return [{"key": t.get("key"), "value": _value(t, docs, src)} for t in tags or () if isinstance(t, dict)]
+
+
+def _value(tag: dict, docs: TraceDocs | None, src: str) -> dict:
+    """A Jaeger tag ``{key, type, value}`` as an OTLP ``AnyValue`` (the type is inferred when missing)."""
+    v = tag.get("value")
+    t = str(tag.get("type", "")).lower()
+    if t in ("int64", "int") or (not t and type(v) is int):
+        try:
+            v = int(v)
+        except (TypeError, ValueError):
+            return {"stringValue": str(v)}
+        if docs is not None and abs(v) > _JS_SAFE and tag.get("key") in _FINGERPRINTS and _js_rounded(v):
+            docs.rounded[src] = docs.rounded.get(src, 0) + 1
+        return {"intValue": v}
+    if t in ("float64", "float") or (not t and type(v) is float):
+        return {"doubleValue": v}
+    if t == "bool" or (not t and type(v) is bool):
+        return {"boolValue": v if type(v) is bool else str(v).lower() == "true"}
+    return {"stringValue": v if isinstance(v, str) else json.dumps(v)}
+
+
+def _js_rounded(v: int) -> bool:
+    """True when ``v`` is what JavaScript prints for the double nearest some int64 (JSON.stringify in a browser, e.g.
+    the Jaeger UI's "Download Results"): the shortest decimal of that double, padded with zeros. A genuine 63-bit
+    value looks like that about once in a thousand."""
+    from decimal import Decimal
+
+    return int(Decimal(repr(float(v)))) == v

@@ -1,0 +1,150 @@
+"""One rank's allocation under pressure and its evictions (domain 2, stages S7, S8, S12).
+
+An allocation that does not fit evicts, then retries once. Device eviction takes LRU leaves with ``lock_ref`` 0: a
+backuped leaf keeps its host copy (value None), a leaf that is not backuped is deleted with its host-only
+descendants. write_back backs the victims up first and flushes synchronously before the free. Host eviction takes
+device-evicted host leaves with no host pin and no write in flight.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .pool import PagedPool
+    from .rank import RankSim
+    from .tree import Node
+
+
+class Evictor:
+    """Allocation and eviction on rank ``rk``'s device and host pools."""
+
+    def __init__(self, rk: "RankSim") -> None:
+        self.rk = rk
+
+    def alloc_dev(self, n: int, owner: int = -1) -> np.ndarray | None:
+        return self._alloc(self.rk.dev, self.evict_dev, n, owner)
+
+    def alloc_host(self, n: int, owner: int = -1) -> np.ndarray | None:
+        return self._alloc(self.rk.host, self.evict_host, n, owner)
+
+    @staticmethod
+    def _alloc(pool: PagedPool, evict: Callable[[int], None], n: int, owner: int) -> np.ndarray | None:
+        """``n`` slots of ``pool`` for node ``owner``; when they do not fit, evict the missing pages and retry once
+        (None when they still do not fit)."""
+        idx = pool.alloc(n, owner)
+        if idx is None:
+            evict(n // pool.page_size - pool.free_pages)
+            idx = pool.alloc(n, owner)
+        return idx
+
+    def _dev_leaves(self) -> list[Node]:
+        out = []
+        for n in self.rk.tree.nodes.values():
+            if n.value is None or n.lock_ref > 0:
+                continue
+            if any(ch.value is not None for ch in n.children.values()):
+                continue
+            out.append(n)
+        return out
+
+    def evict_dev(self, need_pages: int) -> None:
+        """Evict LRU device leaves (lock_ref 0) until ``need_pages`` pages are freed or none is left.
+
+        write_back backs a victim up first and flushes synchronously before the free. With merging on, a pass works
+        as SGLang's ``evict()``: it picks LRU leaves until enough pages, backs up the unbacked ones (queued, so they
+        start as one merged op), flushes once, then evicts the whole pass; without merging, one victim at a time."""
+        sim = self.rk.sim
+        ps = sim.page_size
+        freed = 0
+        self.rk.copy.start_writing()   # queued writes start before any page is freed: their copies read the pages
+        while freed < need_pages:
+            cands = self._dev_leaves()
+            if not cands:
+                return
+            order = sorted(cands, key=lambda n: (n.last_access, n.id))
+            batch = order[:1]
+            if sim.policy == "wb" and sim.merge:
+                batch, got = [], freed
+                for v in order:
+                    batch.append(v)
+                    got += len(v) // ps
+                    if got >= need_pages:
+                        break
+            if sim.policy == "wb":
+                self._write_back(batch)
+            for v in batch:
+                freed += len(v) // ps
+                if v.host_value is not None:
+                    self._evict_backuped(v)
+                else:
+                    self._evict_regular(v)
+
+    def _write_back(self, victims: list[Node]) -> None:
+        """write_back eviction: back up the victims that are not backuped, then ``writing_check(write_back=True)``
+        before any of them is freed (unless fault ``H4_wb_noflush`` skips the flush)."""
+        copy = self.rk.copy
+        written = []
+        for v in victims:
+            if v.host_value is None:
+                op = copy.write_backup(v, write_back=True)
+                if op is not None:
+                    written.append((v, op))
+        if written and not self.rk.hooks.h4_wb_noflush(written, copy.start_writing):
+            copy.flush_writes()
+
+    def _free_dev(self, n: Node, slots: np.ndarray) -> None:
+        rk = self.rk
+        rk.hooks.expect_freed_in_flight(n)
+        rk.rec.free("dev", slots, n.id, "evict")
+        rk.dev.free(slots)
+
+    def _evict_backuped(self, v: Node) -> None:
+        self.rk.rec.evict_dev(v, "backuped")
+        self._free_dev(v, v.value)
+        v.value = None
+        v.gen += 1
+        self.rk.cache.invalidate(v, why="evict")
+
+    def _evict_regular(self, v: Node) -> None:
+        rk = self.rk
+        rk.rec.evict_dev(v, "regular")
+        self._free_dev(v, v.value)
+        v.value = None
+        rk.cache.invalidate(v)
+        # evicted descendants (host only) lose their parent: drop them with their host pages
+        stack = list(v.children.values())
+        while stack:
+            d = stack.pop()
+            stack.extend(d.children.values())
+            rk.rec.evict_host(d, "drop")
+            self.free_host(d)
+            del rk.tree.nodes[d.id]
+        rk.tree.detach(v)
+
+    def free_host(self, n: Node) -> None:
+        """Free ``n``'s host pages (``n.host_value`` becomes None); nothing when it has none."""
+        slots = n.host_value
+        if slots is None:
+            return
+        self.rk.rec.free("host", slots, n.id, "evict")
+        self.rk.host.free(slots)
+        n.host_value = None
+
+    def evict_host(self, need_pages: int) -> None:
+        """Evict LRU host leaves until ``need_pages`` pages are freed or none is left."""
+        rk = self.rk
+        ps = rk.sim.page_size
+        freed = 0
+        while freed < need_pages:
+            cands = [n for n in rk.tree.nodes.values() if n.value is None and n.host_value is not None
+                     and n.host_ref == 0 and not n.children and not n.pend_ops]
+            if not cands:
+                return
+            v = min(cands, key=lambda n: (n.last_access, n.id))
+            freed += len(v) // ps
+            rk.rec.evict_host(v, "host")
+            self.free_host(v)
+            rk.tree.detach(v)

@@ -1,0 +1,42 @@
+"""A demo run (real rank processes, log and OTLP files in one folder) and ``check`` called in-process, for the tests
+of what ``check`` reads."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+
+from cptrace_otel.analyze import check_cmd
+from cptrace_otel.cli import _parser
+
+FAULTS = "C1_div,C3_writer,HASH_flip"
+
+
+def run_demo(out, ranks: int = 4, faults: str = FAULTS, seed: int = 1) -> dict:
+    """``cptrace-otel demo --mode sharded`` into ``out``: its folder, run id, log files and OTLP files."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CPTRACE_", "OTEL_"))}
+    p = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "demo", "--ranks", str(ranks), "--mode", "sharded",
+                        "--faults", faults, "--seed", str(seed), "--out", str(out), "--json"],
+                       capture_output=True, text=True, timeout=180, env=env)
+    assert p.returncode == 0, p.stderr
+    rep = json.loads(p.stdout)
+    return {"dir": str(out), "run_id": rep["run_id"],
+            "logs": [os.path.join(out, f"rank{r}.log") for r in range(ranks)],
+            "otlp": [os.path.join(out, f"rank{r}.otlp.jsonl") for r in range(ranks)]}
+
+
+def check(*argv: str) -> tuple[int, str, str]:
+    """``cptrace-otel check ARGV`` in-process: (exit code, stdout, stderr)."""
+    args = _parser().parse_args(["check", *argv])
+    out, err = io.StringIO(), io.StringIO()
+    rc = check_cmd.run(args, out, err)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def core(out: str) -> list[dict]:
+    """The findings of a --json report without where they were read from."""
+    drop = ("src", "line_no", "evidence_lines", "trace_id", "jaeger_url")
+    return [{k: v for k, v in f.items() if k not in drop} for f in json.loads(out)["findings"]]

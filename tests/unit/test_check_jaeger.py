@@ -1,0 +1,160 @@
+"""``cptrace-otel check --jaeger URL`` against a fake query service with the memory store's search semantics
+(:mod:`_jaeger_fixtures`): the run's findings as from its files, pagination past the search depth, the search depth
+lowered when refused, run-id discovery, and the errors (unreachable, HTTP error, nothing found) as exit 3 with the
+URL and no password."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+
+import pytest
+
+from cptrace_otel.analyze.sources.jaegerquery import parse_duration, parse_time, window
+
+from _jaeger_fixtures import FakeJaeger, read_requests, v2_traces
+from _demo_run import check, core, run_demo
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    d = run_demo(tmp_path_factory.mktemp("demo"))
+    d["traces"] = v2_traces(read_requests(d["otlp"]), seed=5)
+    return d
+
+
+def _other_run(traces: list[dict], run_id: str) -> list[dict]:
+    out = copy.deepcopy(traces)
+    for tr in out:
+        tr["traceID"] = "f" + tr["traceID"][1:]
+        for sp in tr["spans"]:
+            sp["traceID"] = tr["traceID"]
+        for p in tr["processes"].values():
+            for t in p["tags"]:
+                if t["key"] == "cptrace.run_id":
+                    t["value"] = run_id
+    return out
+
+
+def test_check_from_jaeger_reports_what_the_files_report(demo):
+    rc0, out0, _ = check("--json", *demo["otlp"])
+    with FakeJaeger(demo["traces"]) as fj:
+        rc, out, err = check("--json", "--jaeger", fj.url, "--run-id", demo["run_id"], "--no-progress")
+        assert rc == rc0 == 1 and core(out) == core(out0), err
+        got = json.loads(out)
+        assert got["stats"]["events"] == 808 and got["stats"]["sources"]["jaeger"] == [fj.url]
+        assert all(f["src"].startswith(fj.url + "/trace/") for f in got["findings"])
+        assert f"read {len(demo['traces'])} traces (808 records) of run {demo['run_id']}" in err
+        q = fj.queries[0]
+        assert q["raw"] == ["true"] and json.loads(q["tags"][0]) == {"cptrace.run_id": demo["run_id"]}
+        assert q["service"] == ["sglang-hicache"]
+        # the text report is the one of the OTLP files with the same trace links
+        rc1, text1, _ = check("--jaeger-url", fj.url, *demo["otlp"])
+        rc2, text2, _ = check("--jaeger", fj.url, "--run-id", demo["run_id"])
+        assert rc1 == rc2 == 1 and text1 == text2
+
+
+def test_pagination_past_the_search_depth_finds_every_trace(demo):
+    n = len(demo["traces"])
+    with FakeJaeger(demo["traces"]) as fj:
+        rc, out, err = check("--json", "--jaeger", fj.url, "--run-id", demo["run_id"], "--limit", "7", "--progress")
+        assert rc == 1, err
+        assert json.loads(out)["stats"]["events"] == 808 and f"read {n} traces" in err
+        assert len(fj.queries) > n // 7 and "check: jaeger:" in err       # split windows, progress lines
+        starts = [int(q["start"][0]) for q in fj.queries]
+        ends = [int(q["end"][0]) for q in fj.queries]
+        assert min(starts) == starts[0] and max(ends) == ends[0]          # halves of the first window
+        rc0, out0, _ = check("--json", *demo["otlp"])
+        assert core(out) == core(out0)
+
+
+def test_a_search_depth_above_max_traces_is_lowered(demo):
+    with FakeJaeger(demo["traces"], max_traces=40) as fj:
+        rc, out, err = check("--json", "--jaeger", fj.url, "--run-id", demo["run_id"], "--limit", "500")
+        assert rc == 1 and json.loads(out)["stats"]["events"] == 808, err
+        assert "Jaeger refused the search depth; searching 31 traces at a time" in err
+
+
+def test_run_id_found_when_alone_and_asked_for_when_not(demo):
+    with FakeJaeger(demo["traces"]) as fj:
+        rc, out, err = check("--json", "--jaeger", fj.url)
+        assert rc == 1 and f"run id {demo['run_id']} (the only run" in err
+    with FakeJaeger(demo["traces"] + _other_run(demo["traces"], "run-b")) as fj:
+        rc, out, err = check("--jaeger", fj.url)
+        assert rc == 2 and out == "" and f"several runs (run-b, {demo['run_id']}; newest first)" in err
+        rc, out, err = check("--json", "--jaeger", fj.url, "--run-id", demo["run_id"])
+        assert rc == 1 and json.loads(out)["stats"]["events"] == 808   # the other run's records are not read
+
+
+def test_nothing_to_check_in_jaeger_is_exit_3(demo):
+    with FakeJaeger(demo["traces"]) as fj:
+        rc, out, err = check("--jaeger", fj.url, "--run-id", "no-such-run")
+        assert rc == 3 and out == "" and "no trace of run no-such-run in " + fj.url in err
+        rc, out, err = check("--jaeger", fj.url, "--service", "frontend")
+        assert rc == 3 and "no trace with a cptrace.run_id" in err
+    bare = copy.deepcopy(demo["traces"][:3])
+    for tr in bare:
+        for sp in tr["spans"]:
+            sp["logs"] = []
+    with FakeJaeger(bare) as fj:
+        rc, out, err = check("--jaeger", fj.url, "--run-id", demo["run_id"])
+        assert rc == 3 and "3 trace(s) of run" in err and "no cptrace record" in err
+
+
+def test_unreachable_jaeger_is_exit_3_with_the_url_and_no_password():
+    port = 1   # nothing listens on loopback port 1 (tcpmux)
+    rc, out, err = check("--jaeger", f"http://alice:s3cret@127.0.0.1:{port}", "--run-id", "r")
+    assert rc == 3 and out == ""
+    assert f"cannot reach Jaeger at http://alice:***@127.0.0.1:{port}" in err and "s3cret" not in err
+    r = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "check", "--jaeger", f"127.0.0.1:{port}"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 3 and f"127.0.0.1:{port}" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_credentials_go_as_basic_auth(demo):
+    with FakeJaeger(demo["traces"]) as fj:
+        url = fj.url.replace("http://", "http://bob:pa%40ss@")
+        rc, out, err = check("--jaeger", url, "--run-id", demo["run_id"])
+        assert rc == 1 and "pa%40ss" not in out + err and "pa@ss" not in out + err
+        import base64
+        assert fj.auth and all(a == "Basic " + base64.b64encode(b"bob:pa@ss").decode() for a in fj.auth)
+
+
+def test_an_http_error_is_exit_3_with_the_message(demo):
+    with FakeJaeger(demo["traces"]) as fj:
+        fj.search = lambda q: (503, {"data": None, "errors": [{"code": 503, "msg": "storage is down"}]})
+        rc, out, err = check("--jaeger", fj.url, "--run-id", demo["run_id"])
+        assert rc == 3 and "HTTP 503" in err and "storage is down" in err and fj.url in err
+
+
+def test_window_and_usage_errors():
+    assert parse_duration("90") == 90 and parse_duration("1h30m") == 5400 and parse_duration("2d") == 172800
+    assert parse_time("2026-12-01T00:00:00Z") == parse_time("2026-12-01 00:00") == parse_time("1796083200")
+    assert parse_time("1796083200.5") == 1796083200_500000
+    assert window("1h", None, None, now_s=10_000) == (10_000e6 - 3600e6, 10_000e6)
+    assert window(None, "100", "200") == (100_000_000, 200_000_000)
+    for bad in ("1x", "", "-5m"):
+        with pytest.raises(ValueError):
+            parse_duration(bad)
+    rc, _, err = check("--jaeger", "http://127.0.0.1:1", "--since", "1h", "--start", "0")
+    assert rc == 2 and "cannot be combined" in err
+    rc, _, err = check("--jaeger", "http://127.0.0.1:1", "--start", "200", "--end", "100")
+    assert rc == 2 and "after" in err
+    rc, _, err = check("--since", "1h", "x.log")
+    assert rc == 2 and "need --jaeger" in err
+    rc, _, err = check("--jaeger", "http://127.0.0.1:1", "x.log")
+    assert rc == 2 and "not both" in err
+
+
+
+def test_window_split_at_the_median_span_start_and_its_limit():
+    from cptrace_otel.analyze.sources.jaegerquery import PageTooSmall, Search
+
+    s = Search(None, limit=2)   # type: ignore[arg-type]  (no search is made)
+    page = [{"spans": [{"startTime": t} for t in ts]} for ts in ((5, 50, 900), (60, 70))]
+    assert s._split(0, 10**9, page, "r") == [(0, 60), (60, 10**9)]   # not the middle of a 1000 s window
+    assert s._split(10, 20, [{"spans": [{"startTime": 10}]}], "r") == [(10, 15), (15, 20)]
+    with pytest.raises(PageTooSmall, match="raise --limit"):
+        s._split(7, 8, page, "r")
