@@ -3,18 +3,21 @@
 
 Rule: once the IO rank logs ``backup(op, node=n, dev=D)`` at time ``t_b``, a ``store`` on rank r whose ``dev`` ⊓ D
 with ``ts > t_b`` is a violation (the copy ran before that store landed) while, on rank r, the pages still hold n's
-KV: up to rank r's first record after ``t_b`` that gives them up (``evict tier=dev`` of n or of pages ⊓ D, say a
-split fragment of n; a ``free pool=dev`` ⊓ D; a ``reset``). A store after that writes the next owner's KV, not the
-data this copy moves (pages are reused only once given up). Each rank's tenure ends on that rank's own timeline: the
+KV: up to rank r's first record that gives them up (``evict tier=dev`` of n or of pages ⊓ D, say a split fragment of
+n; a ``free pool=dev`` ⊓ D; a ``reset``) after the copy began there: after ``t_b``, or after rank r's own
+``backup`` record of n when it logged one earlier (a follower joins the copy's fences and logs ``io=0``; in a
+write_back flush its whole backup, ack and eviction may be stamped before the IO rank's backup). A store after that
+writes the next owner's KV, not the data this copy moves (pages are reused only once given up). Each rank's tenure ends on that rank's own timeline: the
 ranks are not in step in time, so a follower may evict and reuse the pages well before the IO rank logs its
 eviction. A store at ``t_b`` or before (a fence margin of 1 ns included) is legal. One finding per backup:
 ``C5``/``C5-fence`` on the IO rank, node n, the backup's op. Compares ``ts`` (CLOCK_MONOTONIC, same host), not
 arrival order.
 
 Records of a rank are read in that rank's order, but ranks are merged with some lag: a store (or a rank's end of the
-tenure) with ``ts > t_b`` may be read before the IO rank's backup. Each rank's recent records are kept in a bounded
-queue in its own (ts) order, so a new backup looks back only over the records whose ``ts`` is after its own, and not
-at all when nothing read so far is later than it (the usual case of sources merged by ``ts``).
+tenure) may be read before the IO rank's backup. Each rank's recent stores and give-ups are kept in bounded queues
+in its own (ts) order, so a new backup looks back only over the stores whose ``ts`` is after its own (none at all
+when nothing read so far is later than it, the usual case of sources merged by ``ts``) and over the give-ups since
+the copy began on each rank.
 
 Which pages belong to which node is known across ranks only while the trees are in lockstep (C1): a rank whose tree
 diverged reuses, for other nodes, pages the IO rank still holds. So :meth:`StoreFence.feed` takes each record's
@@ -38,8 +41,8 @@ from .ranges import Slots, overlap, slots_of
 
 _B = 256  # slots per bucket
 
-# kinds of the per-rank look-back entries
-_STORE, _GIVE, _EVICT, _RESET = 0, 1, 2, 3
+# kinds of the per-rank give-up entries
+_GIVE, _EVICT, _RESET = 1, 2, 3
 
 
 def _buckets(s: Slots) -> set[int]:
@@ -63,7 +66,7 @@ class _Window:
     that rank gave the pages up (its first such record after ``ts``)."""
 
     __slots__ = ("epoch", "node", "op", "dev", "ts", "seq", "line", "src", "done", "buckets", "idx", "fi", "ends",
-                 "live")
+                 "live", "since")
 
     def __init__(self, ev: Event, node: int, op: Any, dev: Slots, idx: int) -> None:
         self.epoch, self.node, self.op, self.dev, self.ts = ev.epoch, node, op, dev, _ts(ev)
@@ -73,12 +76,19 @@ class _Window:
         self.idx = idx      # the IO rank's structural index at the backup
         self.fi = -1        # position of this window's finding in StoreFence.findings
         self.ends: dict[int, int] = {}
+        self.since: dict[int, int] = {}   # rank -> the ts of its own backup record of the node, when earlier
         self.live = True    # still in the bucket index
+
+    def floor(self, r: int) -> int:
+        """Rank ``r``'s give-ups count after this ts: the copy's begin there."""
+        s = self.since.get(r)
+        return self.ts if s is None or s > self.ts else s
 
 
 class StoreFence:
-    RECENT = 4096      # records remembered per rank for backups read later than them
+    RECENT = 4096      # stores (and give-ups) remembered per rank for backups read later than them
     CLOSED_LAG = 4096  # windows the IO rank gave up, kept for ranks whose end of the tenure is read later
+    EARLY = 4096       # followers' backup records remembered for the IO rank's backup read later
 
     def __init__(self) -> None:
         self.io_rank = 0
@@ -87,7 +97,10 @@ class StoreFence:
         self.windows: dict[int, list[_Window]] = {}    # bucket -> windows still holding their pages on some rank
         self.by_node: dict[tuple[int, int], _Window] = {}   # (epoch, node) -> the node's latest window
         self.closed: deque = deque()   # windows the IO rank gave up, oldest first
-        self.recent: dict[int, deque] = {}   # rank -> (ts, kind, a, b, c) of its latest fence records, in its order
+        self.recent: dict[int, deque] = {}   # rank -> (ts, slots, index) of its latest stores, in its order
+        self.gives: dict[int, deque] = {}    # rank -> (ts, kind, epoch, node, slots) of its latest give-ups
+        self.early: dict[tuple[int, int], dict[int, int]] = {}   # (epoch, node) -> rank -> its backup's ts
+        self.early_order: deque = deque()
         self.max_ts = -1 << 62
         self.findings: list[Finding] = []
         self.at: list[int] = []     # per finding: the larger structural index of its backup and its store
@@ -102,6 +115,7 @@ class StoreFence:
         if r not in self.ranks:
             self.ranks.add(r)
             self.recent[r] = deque(maxlen=self.RECENT)
+            self.gives[r] = deque(maxlen=self.RECENT)
         if ts > self.max_ts:
             self.max_ts = ts
         if tag == "store":
@@ -109,7 +123,7 @@ class StoreFence:
             if d is None or d.cnt <= 0:
                 return
             self.stores += 1
-            self.recent[r].append((ts, _STORE, d, idx, None))
+            self.recent[r].append((ts, d, idx))
             seen: set[int] = set()
             for b in _buckets(d):
                 for w in self.windows.get(b, ()):
@@ -120,9 +134,11 @@ class StoreFence:
         if tag == "backup":
             if r == self.io_rank:
                 self._backup(ev, f, ts, idx)
+            else:
+                self._follower_backup(ev.epoch, f.get("node_id"), r, ts)
             return
         if tag == "reset":   # a reset frees every page of the rank: its tenures end (node ids restart)
-            self.recent[r].append((ts, _RESET, None, None, None))
+            self.gives[r].append((ts, _RESET, None, None, None))
             for lst in list(self.windows.values()):
                 for w in list(lst):
                     self._end(w, r, ts)
@@ -132,7 +148,7 @@ class StoreFence:
                 return
             nid = f.get("node_id")
             d = slots_of(f.get("dev"), f.get("devx"))
-            self.recent[r].append((ts, _EVICT, ev.epoch, nid, d))
+            self.gives[r].append((ts, _EVICT, ev.epoch, nid, d))
             w = self.by_node.get((ev.epoch, nid)) if type(nid) is int else None
             if w is not None and w.live:
                 self._end(w, r, ts)
@@ -142,7 +158,7 @@ class StoreFence:
         if tag == "free" and f.get("pool") == "dev":
             d = slots_of(f.get("idx"), f.get("idx_x"))
             if d is not None and d.cnt > 0:
-                self.recent[r].append((ts, _GIVE, d, None, None))
+                self.gives[r].append((ts, _GIVE, None, None, d))
                 self._give(r, ts, d)
 
     def _give(self, r: int, ts: int, d: Slots) -> None:
@@ -155,9 +171,28 @@ class StoreFence:
                     if overlap(w.dev, d) is not None:
                         self._end(w, r, ts)
 
+    def _follower_backup(self, epoch: int, nid: Any, r: int, ts: int) -> None:
+        """Rank ``r`` (not the IO rank) logged its backup record of node ``nid``: the copy began there."""
+        if type(nid) is not int:
+            return
+        w = self.by_node.get((epoch, nid))
+        if w is not None and w.live and r not in w.since:
+            w.since[r] = ts
+            return
+        key = (epoch, nid)
+        m = self.early.get(key)
+        if m is None:
+            m = self.early[key] = {}
+            self.early_order.append((key, m))
+            if len(self.early_order) > self.EARLY:
+                k, old = self.early_order.popleft()
+                if self.early.get(k) is old:
+                    del self.early[k]
+        m[r] = ts
+
     def _end(self, w: _Window, r: int, ts: int) -> None:
-        """Rank ``r``'s tenure of ``w``'s pages ended at ``ts`` (only a record after the backup can end it)."""
-        if ts <= w.ts:
+        """Rank ``r``'s tenure of ``w``'s pages ended at ``ts`` (only a record after the copy began can end it)."""
+        if ts <= w.floor(r):
             return
         e = w.ends.get(r)
         if e is not None and e <= ts:
@@ -200,39 +235,43 @@ class StoreFence:
                 self._end(old, r, ts)
             self._retire(old)
         w = _Window(ev, nid, f.get("op") if type(f.get("op")) is int else None, d, idx)
-        self.by_node[(ev.epoch, nid)] = w
+        key = (ev.epoch, nid)
+        self.by_node[key] = w
+        early = self.early.pop(key, None)
+        if early is not None:
+            w.since.update(early)
         for b in w.buckets:
             self.windows.setdefault(b, []).append(w)
-        if self.max_ts > ts:
+        if early is not None or self.max_ts > ts:
             self._look_back(w)
 
     def _look_back(self, w: _Window) -> None:
-        """Records already read whose ``ts`` is after the backup's (merge lag): first each rank's end of the tenure,
-        then its stores before that end."""
+        """Records already read (merge lag, or a follower's flush stamped before the IO rank's backup): first each
+        rank's give-ups since the copy began there, the earliest ending its tenure; then its stores after the
+        backup and before that end."""
         t_b = w.ts
-        for r, q in self.recent.items():
+        for r, q in self.gives.items():
+            floor = w.floor(r)
             later = []
             for ent in reversed(q):   # the rank's own order is its ts order: stop at the first record not later
+                if ent[0] <= floor:
+                    break
+                later.append(ent)
+            for ts, kind, epoch, node, d in reversed(later):
+                if (kind == _RESET or (kind == _EVICT and epoch == w.epoch and node == w.node)
+                        or (d is not None and overlap(w.dev, d) is not None)):
+                    self._end(w, r, ts)
+                    break
+        if self.max_ts <= t_b:
+            return
+        for r, q in self.recent.items():
+            later = []
+            for ent in reversed(q):
                 if ent[0] <= t_b:
                     break
                 later.append(ent)
-            if not later:
-                continue
-            later.reverse()
-            for ts, kind, a, b, c in later:
-                if kind == _RESET:
-                    self._end(w, r, ts)
-                elif kind == _GIVE:
-                    if overlap(w.dev, a) is not None:
-                        self._end(w, r, ts)
-                elif kind == _EVICT:
-                    if (a == w.epoch and b == w.node) or (c is not None and overlap(w.dev, c) is not None):
-                        self._end(w, r, ts)
-                if r in w.ends:
-                    break
-            for ts, kind, a, b, c in later:
-                if kind == _STORE and w.live:
-                    self._test(w, r, ts, a, b)
+            for ts, d, idx in reversed(later):
+                self._test(w, r, ts, d, idx)
 
     def _test(self, w: _Window, r: int, ts: int, s: Slots, idx: int) -> None:
         if ts <= w.ts:

@@ -269,3 +269,40 @@ def test_h1a_split_from_the_stale_pre_eviction_slots_after_a_reload_is_found(tmp
 def test_h1a_split_from_the_reloaded_slots_is_legal(tmp_path):
     res = check_lines(tmp_path, _reload_split((100, 115), (116, 131)))
     assert res.findings == [], [f.message for f in res.findings]
+
+
+def test_h1a_split_of_an_evicted_node_with_dev_slots_is_found_and_without_is_legal(tmp_path):
+    base = [x for x in _reload_split((10, 25), (26, 41)) if "[CPTRACE reload]" not in x and "[CPTRACE split]" not in x]
+    split = ("[CPTRACE split] node_id=1 new_id=2 parent=0 pre_len=32 split_len=16 dev_p={} dev_c={} "
+             f"host_p={R(0, 15)} host_c={R(16, 31)} pend=-1 rank=0 ts=2000")
+    res = check_lines(tmp_path, base + [split.format("(none)", "(none)")])
+    assert res.findings == [], [f.message for f in res.findings]
+    res = check_lines(tmp_path, base + [split.format(R(10, 25), R(26, 41))])
+    assert [(f.rule, f.node_id) for f in res.findings] == [("H1a", 1)]
+    assert "evicted from the device split into fragments with dev slots" in res.findings[0].message
+
+
+def test_c5_a_follower_flush_stamped_before_the_io_ranks_backup_ends_its_tenure_there(tmp_path):
+    """write_back: a follower runs its whole flush (backup io=0, ack, eviction, free) before the IO rank's backup is
+    stamped, then stores the next owner's KV into the pages after it: that store is not node 1's data. The same
+    follower storing node 1's own data after the IO rank's backup, before its eviction, is found."""
+    def lines(r, late):
+        io = int(r == 0)
+        t = 1000 if r == 0 else 940   # the follower runs ahead
+        give_up = 1200 if late else t + 3
+        out = [(1, _cfg(r)),
+               (2, f"[CPTRACE insert] node_id=1 parent=0 len=32 dev={R(10, 41)} kind=new rank={r}"),
+               (1100 if late else 3, f"[CPTRACE store] rid=a dev={R(10, 41)} layer=all owner={r} rank={r}"),
+               (t, f"[CPTRACE prepare] node_id=1 op=1 len=32 dev={R(10, 41)} host={R(50, 81)} policy=wb rank={r}"),
+               (t + 1, f"[CPTRACE backup] op=1 node_id=1 dev={R(10, 41)} host={R(50, 81)} io={io} rank={r}"),
+               (t + 2, f"[CPTRACE ack] dir=d2h op=1 node_id=1 blen=32 clen=32 pub=[1] rank={r}"),
+               (give_up, f"[CPTRACE evict] tier=dev node_id=1 kind=backuped dev={R(10, 41)} rank={r}"),
+               (give_up + 1, f"[CPTRACE free] pool=dev idx={R(10, 41)} node_id=1 why=evict rank={r}"),
+               (1300, f"[CPTRACE store] rid=b dev={R(10, 25)} layer=all owner={r} rank={r}")]
+        if not late:
+            out.append((1050, f"[CPTRACE store] rid=b dev={R(10, 25)} layer=all owner={r} rank={r}"))
+        return sorted(out)
+    res = check_files(_write_ts(tmp_path, {0: lines(0, False), 1: lines(1, False)}))
+    assert res.findings == [], [f.message for f in res.findings]
+    res = check_files(_write_ts(tmp_path, {0: lines(0, False), 1: lines(1, True)}))
+    assert _found(res) == [("C5", "C5-fence", 0, 1, 1)]
