@@ -44,6 +44,11 @@ def is_rng_sentinel(v: Any) -> bool:
 
 def render_value(v: Any) -> str:
     """Upstream ``_fmt``: no internal spaces, lists and tuples rendered as ``[a,b]`` recursively."""
+    t = type(v)
+    if t is int:   # the common scalars first (the same text as below, without the isinstance tests)
+        return str(v)
+    if t is str:
+        return v.replace(" ", "")
     if isinstance(v, (list, tuple)) and not isinstance(v, Rng):
         return "[" + ",".join(render_value(x) for x in v) + "]"
     if isinstance(v, Rng):
