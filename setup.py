@@ -1,8 +1,10 @@
 """Optional C speedups. Everything in the package works without them (pure-Python fallbacks with identical results,
 held equal by the unit tests); with a C compiler ``pip install -e .`` builds them and the hot loops use them.
+They all live in ``cptrace_otel/_speedups/``, each C module next to the Python loader that configures it:
 
-* ``cptrace_otel.export._otlpc``: OTLP protobuf encoding of span events (the exporter worker's largest cost).
-* ``cptrace_otel.analyze.sources._logc``: the upstream log-line field parser used by ``cptrace-otel check``.
+* ``cptrace_otel._speedups._otlp``: OTLP protobuf encoding of span events (the exporter worker's largest cost).
+* ``cptrace_otel._speedups._logreader``: the upstream log-line reader used by ``cptrace-otel check``.
+* ``cptrace_otel._speedups._intake``: the exporter worker's intake of live records.
 
 ``optional=True``: a machine without a compiler (or Python headers) still installs; set
 ``CPTRACE_REQUIRE_SPEEDUPS=1`` in tests to fail instead of falling back (``.ci/run`` does).
@@ -10,13 +12,22 @@ held equal by the unit tests); with a C compiler ``pip install -e .`` builds the
 
 from setuptools import Extension, setup
 
-_FLAGS = ["-O2", "-std=c11", "-Wall", "-Wno-unused-function"]
+# -fvisibility=hidden: value.c and event.c are linked into two modules; only PyInit_* is exported.
+_FLAGS = ["-O2", "-std=c11", "-Wall", "-Wno-unused-function", "-fvisibility=hidden"]
+_DIR = "cptrace_otel/_speedups/"
+_SHARED = [_DIR + "value.c", _DIR + "event.c"]   # the value grammar and the Event builder of both readers
+_HEADERS = [_DIR + "value.h", _DIR + "event.h"]
+
+
+def _ext(name: str, sources: list[str]) -> Extension:
+    return Extension("cptrace_otel._speedups." + name, sources, depends=_HEADERS, extra_compile_args=_FLAGS,
+                     optional=True)
+
 
 setup(
     ext_modules=[
-        Extension("cptrace_otel.export._otlpc", ["cptrace_otel/export/_otlpc.c"], extra_compile_args=_FLAGS,
-                  optional=True),
-        Extension("cptrace_otel.analyze.sources._logc", ["cptrace_otel/analyze/sources/_logc.c"],
-                  extra_compile_args=_FLAGS, optional=True),
+        _ext("_otlp", [_DIR + "otlp.c"]),
+        _ext("_logreader", [_DIR + "logreader.c"] + _SHARED),
+        _ext("_intake", [_DIR + "intake.c"] + _SHARED),
     ],
 )

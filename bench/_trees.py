@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -74,9 +73,20 @@ def build(tree: str) -> None:
 
 
 def extension_names(tree: str) -> list[str]:
-    """Dotted names of the extensions the tree's ``setup.py`` declares (``Extension("name", ...)``)."""
-    with open(os.path.join(tree, "setup.py"), encoding="utf-8") as f:
-        return re.findall(r"Extension\(\s*[\"']([\w.]+)[\"']", f.read())
+    """Dotted names of the compiled extensions the in-place build left in the tree's package (``*.so``/``*.pyd``):
+    found on disk rather than parsed out of ``setup.py``, whose shape may change between the trees."""
+    import glob
+    import importlib.machinery
+
+    names = []
+    for path in sorted(glob.glob(os.path.join(tree, "cptrace_otel", "**", "*"), recursive=True)):
+        base = os.path.basename(path)
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            if base.endswith(suffix):
+                rel = os.path.relpath(path[: -len(suffix)], tree)
+                names.append(rel.replace(os.sep, "."))
+                break
+    return names
 
 
 def check_speedups(tree: str) -> list[str]:

@@ -28,19 +28,28 @@ _lock = threading.Lock()
 
 
 def _submit_unstarted(level: int, tag: str, fields: dict) -> None:
-    """First enabled record of a process: start the pipeline, then hand it the record."""
+    """First enabled record of a process: start the pipeline, install its submit function, hand it the record."""
+    global _submit
     try:
         from . import pipeline
 
         with _lock:
             if _submit is _submit_unstarted:
-                pipeline.start(get_config())
+                _submit = pipeline.start(get_config(), _uninstall)
         _submit(level, tag, fields)
     except Exception:  # tracing must never crash the traced process
         pass
 
 
-# The pipeline replaces this with its bounded-buffer append once started (and restores it on shutdown/fork).
+def _uninstall() -> None:
+    """The pipeline stopped (shutdown, configure, exit): the next record starts a new one. Under the lock that
+    installs, so a submit function obtained from the stopped pipeline is never installed after this."""
+    global _submit
+    with _lock:
+        _submit = _submit_unstarted
+
+
+# Replaced by the started pipeline's bounded-buffer append (restored by _uninstall and on fork).
 _submit = _submit_unstarted
 
 

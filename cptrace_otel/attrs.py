@@ -16,6 +16,15 @@ from .logline import Rng, parse_value, render_value
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _PREFIX = sc.FIELD_PREFIX
 _PLEN = len(_PREFIX)
+# What follows a field's key in the key of each range part (semconv.rng_key: "hicache.<k>" + ".cnt", ...). With
+# FIELD_PREFIX these are the whole key layout; the C span-event encoder gets both from here when it is loaded.
+RNG_SUFFIXES: tuple[str, ...] = tuple(sc.rng_key("", p)[len(sc.field_key("")):] for p in sc.RNG_PARTS)
+
+# field name -> its attribute key / its five range part keys: the same strings every time (no concatenation and
+# no hashing of a fresh key per event). Bounded: a caller inventing names must not grow them forever.
+_KEYS: dict[str, str] = {}
+_RKEYS: dict[str, tuple[str, ...]] = {}
+_KEYS_MAX = 10_000
 
 
 def _scalar_attr(v: Any) -> int | float | str:
@@ -27,16 +36,46 @@ def _scalar_attr(v: Any) -> int | float | str:
     return render_value(v)
 
 
+def attribute_key(name: str) -> str:
+    """Attribute key of field ``name`` (``semconv.field_key``), cached."""
+    key = _KEYS.get(name)
+    if key is None:
+        if len(_KEYS) >= _KEYS_MAX:
+            _KEYS.clear()
+        key = _KEYS[name] = sc.field_key(name)
+    return key
+
+
+def range_keys(name: str) -> tuple[str, ...]:
+    """Attribute keys of the five parts of a range summary in field ``name`` (``semconv.rng_key``), cached."""
+    keys = _RKEYS.get(name)
+    if keys is None:
+        if len(_RKEYS) >= _KEYS_MAX:
+            _RKEYS.clear()
+        base = sc.field_key(name)
+        keys = _RKEYS[name] = tuple(base + s for s in RNG_SUFFIXES)
+    return keys
+
+
 def fields_to_attributes(fields: dict[str, Any], out: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Attributes of one record's fields (``hicache.<k>``; range summaries as five int parts)."""
+    """Attributes of one record's fields (``hicache.<k>``; range summaries as five int parts), in field order.
+
+    The one fields -> attributes mapping: the span builder's lazy event attributes, both OTLP encoders (the
+    protobuf one writes its bytes, a test holds them equal) and the readers' inverse follow it. Hot (every event
+    of the JSON file sink): the common types are tested first and the keys come from caches."""
     out = {} if out is None else out
+    keys = _KEYS
     for k, v in fields.items():
-        if type(v) is Rng:
-            base = _PREFIX + k + "."
-            for part, pv in zip(sc.RNG_PARTS, v):
-                out[base + part] = _scalar_attr(pv)
+        t = type(v)
+        if t is int:
+            out[keys.get(k) or attribute_key(k)] = v if _INT64_MIN <= v <= _INT64_MAX else str(v)
+        elif t is str or t is float:
+            out[keys.get(k) or attribute_key(k)] = v
+        elif t is Rng:
+            for pk, pv in zip(_RKEYS.get(k) or range_keys(k), v):
+                out[pk] = pv if type(pv) is int and _INT64_MIN <= pv <= _INT64_MAX else _scalar_attr(pv)
         else:
-            out[_PREFIX + k] = _scalar_attr(v)
+            out[keys.get(k) or attribute_key(k)] = render_value(v)
     return out
 
 

@@ -11,7 +11,7 @@ import sys
 
 from ._version import __version__
 
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+from .exits import EXIT_USAGE
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -33,9 +33,10 @@ import os
 import socket
 import warnings
 from typing import Any, Mapping
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 DEFAULT_FILE = "cptrace-out/{run_id}/rank{rank}-{pid}.otlp.jsonl"
+TRACES_PATH = "/v1/traces"  # the OTLP/HTTP signal path for traces
 DEFAULT_HTTP_ENDPOINT = "http://localhost:4318"
 DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
 
@@ -71,13 +72,15 @@ class Config:
     checks: bool = True
     service_name: str = "sglang-hicache"
     resource_attributes: tuple[tuple[str, str], ...] = ()
+    run_id_given: bool = False           # run_id was set (CPTRACE_RUN_ID or an override), not derived
 
     def expand(self, template: str) -> str:
         """Fill ``{pid}``, ``{rank}`` and ``{run_id}`` in an output path template."""
         return template.format(pid=os.getpid(), rank=self.cp_rank, run_id=self.run_id)
 
     def traces_url(self) -> str | None:
-        """Full OTLP traces URL: a signal-specific endpoint is used as is, a generic one gets ``/v1/traces``."""
+        """Full OTLP traces URL: a signal-specific endpoint is used as is, a generic one gets ``/v1/traces``
+        (already applied by :func:`from_env`, see :func:`traces_url`)."""
         return self.endpoint
 
     def resource(self) -> dict[str, Any]:
@@ -165,6 +168,23 @@ def _otel(env: Mapping[str, str], suffix: str) -> str | None:
     return v if v else None
 
 
+def traces_url(endpoint: str, protocol: str, *, base: bool = False) -> str:
+    """The one home of the ``/v1/traces`` rule: where OTLP trace requests to ``endpoint`` go.
+
+    ``base=True`` (the generic ``OTEL_EXPORTER_OTLP_ENDPOINT``): a base URL; per the OTLP spec HTTP appends
+    :data:`TRACES_PATH` to it, whatever path it has, and gRPC uses it as is (trailing ``/`` removed). Otherwise (a
+    traces URL given on the command line): ``http://`` is put in front of a URL without a scheme, and for HTTP a URL
+    with no path (``http://host:4318`` or ``http://host:4318/``) gets :data:`TRACES_PATH`; any other is used as
+    given. The signal-specific ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` is always used as is (no call here)."""
+    if base:
+        endpoint = endpoint.rstrip("/")
+        return endpoint + TRACES_PATH if protocol == "http/protobuf" else endpoint
+    u = endpoint if "://" in endpoint else "http://" + endpoint
+    if protocol == "http/protobuf" and urlsplit(u).path in ("", "/"):
+        u = u.rstrip("/") + TRACES_PATH
+    return u
+
+
 def derive_run_id(env: Mapping[str, str]) -> str:
     """A run id that every rank process of one launch on one host derives alike.
 
@@ -200,9 +220,8 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: Any) -> Config:
         protocol = "http/protobuf"
     endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or None
     if endpoint is None and env.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-        base = env["OTEL_EXPORTER_OTLP_ENDPOINT"].rstrip("/")
         # The generic endpoint is a base URL; per the OTLP spec the signal path is appended for HTTP only.
-        endpoint = base + "/v1/traces" if protocol == "http/protobuf" else base
+        endpoint = traces_url(env["OTEL_EXPORTER_OTLP_ENDPOINT"], protocol, base=True)
     compression = (_otel(env, "COMPRESSION") or "gzip").strip().lower()
     if compression not in ("gzip", "none"):
         _warn_once("comp" + compression, f"OTLP compression {compression!r} is not supported; using gzip")
@@ -246,6 +265,7 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: Any) -> Config:
     if unknown:
         raise TypeError(f"configure() got unknown settings: {sorted(unknown)}")
     values.update({k: v for k, v in overrides.items() if v is not None})
+    values["run_id_given"] = bool(env.get("CPTRACE_RUN_ID")) or overrides.get("run_id") is not None
     if values["file"] is None and values["endpoint"] is None:
         values["file"] = DEFAULT_FILE  # the embedded default: no server needed
     if not values["spool_dir"]:

@@ -136,68 +136,69 @@ class _Clock:
         return anchor - ev.ts
 
 
+def _target(args: Any, cfg: Any, run_id: str) -> tuple[str | None, str, str | None]:
+    """``(endpoint, protocol, out_file)``: the command line's endpoint or file, else the environment's endpoint,
+    else the default file. An HTTP endpoint without a path gets the OTLP traces path."""
+    from .config import traces_url
+
+    endpoint, protocol = args.endpoint, args.protocol
+    if not endpoint and not args.file and cfg.endpoint:
+        endpoint, protocol = cfg.endpoint, cfg.protocol
+    if endpoint:
+        return traces_url(endpoint, protocol), protocol, None
+    return None, protocol, args.file or os.path.join("cptrace-out", run_id, "ingest.otlp.jsonl")
+
+
+def _open_sinks(cfg: Any, endpoint: str | None, protocol: str, out_file: str | None, run_id: str) -> Any:
+    """The sinks (:func:`~cptrace_otel.export.stack.open_sinks`, the backend probed first), or None when they
+    cannot be set up (reported)."""
+    from .export.stack import SinkError, open_sinks
+
+    try:
+        return open_sinks(cfg, endpoint=endpoint, protocol=protocol, file=out_file, probe=True,
+                          spool_dir=os.path.join(cfg.spool_dir, f"{run_id}-ingest-{os.getpid()}"))
+    except SinkError as e:
+        if e.kind == "unreachable":
+            _err(f"OTLP endpoint {e.target} is unreachable ({e.cause})")
+        elif e.kind == "otlp":
+            _err(f"cannot use OTLP endpoint {e.target}: {e.cause}")
+        else:
+            _err(f"cannot write {e.target}: {e.cause}")
+        return None
+
+
+def _summary(n: int, logs: list[str], builders: dict[int, Any], stats: Any, malformed: list[str], run_id: str,
+             target: str) -> None:
+    spans = sum(b.spans for b in builders.values())
+    traces = len(set().union(*(b.traces for b in builders.values()))) if builders else 0
+    findings = sum(b.findings for b in builders.values())
+    print(f"ingested {n} events from {len(logs)} file(s), {len(builders)} rank(s): {spans} spans in {traces} "
+          f"traces, {findings} findings stamped; run id {run_id} -> {target}")
+    if stats.malformed:
+        print(f"{stats.malformed} malformed line(s):")
+        for m in malformed:
+            print(f"  {m}")
+        if stats.malformed > len(malformed):
+            print(f"  ... and {stats.malformed - len(malformed)} more")
+
+
 def run(args: Any) -> int:
     from . import config as _config
     from .analyze.sources.logs import LogReadError, LogStats, read_log_events
-    from .spans import SpanBuilder
+    from .spans import SpanBuilder, checker_factory
 
     env_cfg = _config.from_env()
     logs = list(args.logs)
-    run_id = args.run_id or os.environ.get("CPTRACE_RUN_ID") or _derived_run_id(logs)
-    endpoint = args.endpoint
-    protocol = args.protocol
-    if not endpoint and not args.file and env_cfg.endpoint:
-        endpoint, protocol = env_cfg.endpoint, env_cfg.protocol
-    out_file = args.file
-    if not endpoint and not out_file:
-        out_file = os.path.join("cptrace-out", run_id, "ingest.otlp.jsonl")
-
-    # -- sinks -------------------------------------------------------------------------------------------------
-    sender = None
-    file_sink = None
-    url = endpoint or ""
-    if endpoint:
-        try:
-            if protocol == "grpc":
-                from .export.otlp_grpc import GrpcTransport
-
-                transport: Any = GrpcTransport(endpoint, env_cfg.headers, env_cfg.timeout_s, env_cfg.compression)
-            else:
-                from .export.otlp_http import HttpTransport
-
-                if "://" in endpoint and not endpoint.rstrip("/").endswith("/v1/traces") and \
-                        endpoint.count("/") <= 2:
-                    endpoint = endpoint.rstrip("/") + "/v1/traces"  # a bare base URL gets the OTLP path
-                transport = HttpTransport(endpoint, env_cfg.headers, env_cfg.timeout_s, env_cfg.compression)
-        except Exception as e:
-            _err(f"cannot use OTLP endpoint {endpoint}: {e}")
-            return EXIT_UNREACHABLE
-        url = transport.url
-        res, detail = transport.send(b"")  # an empty ExportTraceServiceRequest: is anyone there?
-        if res != "ok":
-            _err(f"OTLP endpoint {url} is unreachable ({detail})")
-            return EXIT_UNREACHABLE
-        from .export.spool import ReliableSender
-
-        sender = ReliableSender(transport, os.path.join(env_cfg.spool_dir, f"{run_id}-ingest-{os.getpid()}"))
-    else:
-        from .export.files import OtlpJsonFileSink
-
-        try:
-            file_sink = OtlpJsonFileSink(out_file)
-        except OSError as e:
-            _err(f"cannot write {out_file}: {e}")
-            return EXIT_UNREACHABLE
+    run_id = args.run_id or (env_cfg.run_id if env_cfg.run_id_given else "") or _derived_run_id(logs)
+    endpoint, protocol, out_file = _target(args, env_cfg, run_id)
+    sinks = _open_sinks(env_cfg, endpoint, protocol, out_file, run_id)
+    if sinks is None:
+        return EXIT_UNREACHABLE
+    otlp, file_sink = sinks.otlp, sinks.file
+    span_sinks = [s for s in (otlp, file_sink) if s is not None]
 
     # -- replay ---------------------------------------------------------------------------------------------------
-    checker_factory = None
-    if env_cfg.checks:
-        try:
-            from .checks import RankChecker
-
-            checker_factory = lambda rank: RankChecker(rank, None)  # noqa: E731  level inferred per stream
-        except Exception:
-            checker_factory = None
+    checkers = checker_factory(env_cfg.checks, None)  # level None: inferred per stream
     builders: dict[int, SpanBuilder] = {}
     stats = LogStats()
     malformed: list[str] = []
@@ -215,13 +216,8 @@ def run(args: Any) -> int:
         groups = [g for g in groups if g[1]]
         if not groups:
             return
-        if sender is not None:
-            from .export.otlp import encode_requests
-
-            for body in encode_requests(groups):
-                sender.submit(body)
-        if file_sink is not None:
-            file_sink.export(groups)
+        for s in span_sinks:
+            s.export(groups)
 
     bar = None
     if not args.no_progress:
@@ -234,8 +230,7 @@ def run(args: Any) -> int:
         for ev in read_log_events(logs, on_malformed=on_malformed, stats=stats):
             b = builders.get(ev.rank)
             if b is None:
-                b = builders[ev.rank] = SpanBuilder(run_id, f"ingest:{ev.rank}", env_cfg.span_timeout_s,
-                                                    checker_factory)
+                b = builders[ev.rank] = SpanBuilder(run_id, f"ingest:{ev.rank}", env_cfg.span_timeout_s, checkers)
             ev.ts = clock.wall(ev)
             b.add(ev)
             n += 1
@@ -255,25 +250,15 @@ def run(args: Any) -> int:
             bar.close()
 
     ok = True
-    if sender is not None:
-        ok = sender.flush(max(60.0, env_cfg.timeout_s * 6))
-        sender.close(1.0)
+    if otlp is not None:
+        ok = otlp.flush(max(60.0, env_cfg.timeout_s * 6))
+        otlp.close(1.0)
     if file_sink is not None:
-        ok = file_sink.close() and ok
+        ok = file_sink.close(0.0) and ok
 
-    spans = sum(b.spans for b in builders.values())
-    traces = len(set().union(*(b.traces for b in builders.values()))) if builders else 0
-    findings = sum(b.findings for b in builders.values())
-    target = url if sender is not None else out_file
-    print(f"ingested {n} events from {len(logs)} file(s), {len(builders)} rank(s): {spans} spans in {traces} "
-          f"traces, {findings} findings stamped; run id {run_id} -> {target}")
-    if stats.malformed:
-        print(f"{stats.malformed} malformed line(s):")
-        for m in malformed:
-            print(f"  {m}")
-        if stats.malformed > len(malformed):
-            print(f"  ... and {stats.malformed - len(malformed)} more")
+    target = otlp.url if otlp is not None else out_file
+    _summary(n, logs, builders, stats, malformed, run_id, target)
     if not ok:
-        _err(f"not everything was delivered to {target}" + (f" (spool: {sender.spool.dir})" if sender else ""))
+        _err(f"not everything was delivered to {target}" + (f" (spool: {otlp.spool_dir})" if otlp else ""))
         return EXIT_UNREACHABLE
     return EXIT_OK

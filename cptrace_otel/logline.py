@@ -8,6 +8,9 @@ checks see identical events from both.
 
 :func:`parse_value` is exact by construction: a token becomes an int or float only when rendering that number gives
 the same text back (``"007"`` stays a string), so ``render_value(parse_value(s)) == s`` for every space-free ``s``.
+
+:func:`fast_value` is its one fast path (the log reader and the exporter worker call it, the C speedups mirror it):
+the common shapes without the general machinery, anything else through :func:`parse_value`, so the two agree.
 """
 
 from __future__ import annotations
@@ -110,6 +113,44 @@ def parse_value(s: str) -> Any:
         vals = [parse_value(x) for x in items]
         return vals if render_value(vals) == s else s
     return _scalar(s)
+
+
+# The shapes fast_value decodes itself. A canonical int is exactly a text parse_value turns into an int ("007", "-0"
+# and non-ASCII digits stay strings); ranges and lists of such ints are what parse_value would build from them.
+_I = r"(0|-?[1-9][0-9]*)"
+_RNG_FAST = re.compile(rf"\(cnt={_I},min={_I},max={_I},first={_I},last={_I}\)").fullmatch
+_INTLIST_FAST = re.compile(rf"\[(?:{_I}(?:,{_I})*)?\]").fullmatch
+
+
+def fast_value(s: str) -> Any:
+    """``parse_value(s)``, faster for the common shapes: canonical ints, ``rng`` summaries of five canonical ints,
+    flat lists of canonical ints (``chain``, ``pub``, ``hp``: a fresh list each call) and bare ASCII words. Every
+    other text takes :func:`parse_value` itself, so the result is always the same (tests/unit/test_logline.py)."""
+    if not s:
+        return s
+    c = s[0]
+    if c.isdigit():
+        if s.isdigit() and s.isascii() and (c != "0" or len(s) == 1):
+            return int(s)
+        return parse_value(s)
+    if c == "-":
+        if len(s) > 1 and s[1] != "0" and s.isascii() and s[1:].isdigit():
+            return int(s)
+        return parse_value(s)
+    if c == "(":
+        m = _RNG_FAST(s)
+        if m is not None:
+            a, b, c_, d, e = m.groups()
+            return Rng(int(a), int(b), int(c_), int(d), int(e))
+        return parse_value(s)
+    if c == "[":
+        if _INTLIST_FAST(s) is not None:
+            inner = s[1:-1]
+            return list(map(int, inner.split(","))) if inner else []
+        return parse_value(s)
+    if c.isalpha() and c.isascii():
+        return s  # a bare word: _scalar keeps any text that starts with a letter
+    return parse_value(s)
 
 
 class ParsedLine(NamedTuple):

@@ -2,16 +2,16 @@
 
 Contract (docs/ARCHITECTURE.md):
 
-* :func:`start` installs ``api._submit``: a bounded ``deque`` append of ``(time_ns, level, tag, fields)`` on the
-  caller's thread. When the buffer holds ``config.queue_size`` records the new record is dropped and counted. It never
-  blocks and never raises.
+* :func:`start` returns the submit function that api installs as ``api._submit``: a bounded ``deque`` append of
+  ``(time_ns, level, tag, fields)`` on the caller's thread. When the buffer holds ``config.queue_size`` records the
+  new record is dropped and counted. It never blocks and never raises.
 * A daemon drainer thread pops batches in order, resolves deferred fingerprints (``fingerprint.is_deferred/resolve``,
   waiting on their CUDA event), renders every value that is not already an int, str or float (bools as
   ``True``/``False``; anything else with upstream ``_fmt`` semantics; a value whose ``str`` raises becomes
-  ``(err:<ExceptionType>)``) and ships pickled batches of these compact items to the exporter worker, in order.
-  The worker completes each into the Record of docs/ARCHITECTURE.md with :func:`render_record` (``seq`` in arrival
-  order, spaces removed from strings, strings capped at :data:`MAX_VALUE_CHARS`, non-finite floats as their text):
-  the same function, so the result is the same, but the traced process does the least work.
+  ``(err:<ExceptionType>)``; :func:`cptrace_otel.records.compact_item`) and ships batches of these compact items to
+  the exporter worker, in order (messages and frames: :mod:`cptrace_otel.export.protocol`). The worker completes
+  each with the same rendering (:mod:`cptrace_otel.records`), so the result is the same, but the traced process does
+  the least work.
 * The worker is a subprocess per traced process (``python -m cptrace_otel.export.worker``; not ``multiprocessing``,
   since SGLang rank processes may be daemonic), fed over its stdin and acking over its stdout; it exits after
   delivering once its stdin closes, so it never outlives the traced process for long. ``CPTRACE_EXPORTER=thread``
@@ -30,125 +30,25 @@ import atexit
 import collections
 import itertools
 import os
-import pickle
-import struct
 import subprocess
 import sys
 import threading
 import time
-from math import isfinite as _isfinite
-from typing import Any
+from typing import Any, Callable
 
-from .logline import parse_value, render_value  # light (re only); imported here, not per value
+from .export.protocol import ACK, FLUSH, INIT, ITEMS, frame, read_frame
+from .records import compact_item, load_deferred
 
-MAX_VALUE_CHARS = 65536   # longer rendered values are cut (with a marker): keeps a span and a request bounded
 BATCH = 4096              # records per message to the worker
 IDLE_WAIT_S = 0.05        # drainer poll interval when the buffer is empty
 EXIT_FLUSH_S = 5.0        # atexit flush budget
-RESOLVE_TIMEOUT_S = 30.0  # longest wait for one deferred fingerprint
 
-_HEADER = struct.Struct("<I")
 _lock = threading.Lock()
 _state: "_State | None" = None
 _fids = itertools.count(1)
 _atexit_registered = False
+_on_stop: Callable[[], None] | None = None   # start()'s caller's uninstall hook
 _last_stats: dict[str, Any] = {}
-
-
-# -- rendering (drainer thread) ------------------------------------------------------------------------------------
-def _load_deferred() -> tuple[Any, Any]:
-    try:
-        from .fingerprint import is_deferred, resolve  # type: ignore[attr-defined]
-
-        return is_deferred, resolve
-    except Exception:
-        return None, None
-
-
-def _cut(s: str) -> str:
-    if len(s) > MAX_VALUE_CHARS:
-        return s[:MAX_VALUE_CHARS] + f"...(cut:{len(s) - MAX_VALUE_CHARS})"
-    return s
-
-
-def _render_other(v: Any, is_deferred: Any, resolve: Any) -> Any:
-    """Render a value that is not a plain int/str: deferred fingerprint, bool, float, list, any object."""
-    try:
-        if is_deferred is not None and is_deferred(v):
-            try:
-                r = resolve(v, RESOLVE_TIMEOUT_S)  # its sentinel if the GPU never finishes
-            except Exception:
-                return -1  # the upstream failure sentinel
-            return r if type(r) is int else _render_other(r, None, None)
-        t = type(v)
-        if t is bool:
-            return "True" if v else "False"
-        if t is float:
-            # A finite float is what its log-line text parses back to; inf/nan become whatever parse_value makes
-            # of them, so live records and log lines still give identical events.
-            return v if _isfinite(v) else parse_value(repr(v))
-        if isinstance(v, str):
-            s = str.replace(v, " ", "")
-        else:
-            s = render_value(v)
-        if type(s) is not str:
-            s = str(s)
-        return _cut(s)
-    except Exception as e:  # a value whose __str__ raises must not lose the record
-        try:
-            return f"(err:{type(e).__name__})"
-        except Exception:
-            return "(err:?)"
-
-
-def render_record(seq: int, item: tuple, is_deferred: Any = None, resolve: Any = None) -> tuple:
-    """``(ts, level, tag, fields dict)`` -> Record ``(seq, ts, level, tag, ((k, v), ...))``."""
-    ts, level, tag, fields = item
-    out = []
-    for k, v in fields.items():
-        t = type(v)
-        if t is int:
-            out.append((k, v))
-        elif t is str:
-            if " " in v or len(v) > MAX_VALUE_CHARS:
-                v = _cut(v.replace(" ", ""))
-            out.append((k, v))
-        else:
-            out.append((k, _render_other(v, is_deferred, resolve)))
-    tag, level = _tag_level(tag, level)
-    return (seq, ts, level, tag, tuple(out))
-
-
-_PRIM = frozenset((int, str, float))
-
-
-def _tag_level(tag: Any, level: Any) -> tuple[str, int]:
-    """The record's tag as text and its level as an int (1 when the caller passed something that is not one)."""
-    if type(tag) is not str:
-        tag = _render_other(tag, None, None)
-    if type(level) is not int:
-        try:
-            level = int(level)
-        except Exception:
-            level = 1
-    return tag, level
-
-
-def compact_item(item: tuple, is_deferred: Any = None, resolve: Any = None) -> tuple:
-    """The drainer's share of rendering: ``(ts, level, tag, fields)`` with every field value an exact int, str or
-    float, so it pickles cheaply. The common case (all values already are) returns the item itself; deferred
-    fingerprints are resolved and every other value rendered here, because only this process can. The worker
-    finishes with :func:`render_record` (seq, spaces in strings, length cap, non-finite floats)."""
-    ts, level, tag, fields = item
-    for v in fields.values():
-        if type(v) not in _PRIM:
-            break
-    else:
-        if type(tag) is str and type(level) is int:
-            return item
-    f2 = {k: (v if type(v) in _PRIM else _render_other(v, is_deferred, resolve)) for k, v in fields.items()}
-    tag, level = _tag_level(tag, level)
-    return (ts, level, tag, f2)
 
 
 # -- channels to the worker ----------------------------------------------------------------------------------------
@@ -168,33 +68,19 @@ class _ProcessChannel:
         threading.Thread(target=self._read_acks, name="cptrace-acks", daemon=True).start()
 
     def send(self, msg: tuple) -> None:
-        data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
-        view = memoryview(_HEADER.pack(len(data)) + data)
+        view = memoryview(frame(msg))
         while view:
             n = os.write(self._fd, view)
             view = view[n:]
 
     def _read_acks(self) -> None:
         f = self.proc.stdout
-
-        def read_exact(n: int) -> bytes | None:
-            buf = b""
-            while len(buf) < n:
-                chunk = f.read(n - len(buf))  # type: ignore[union-attr]  # raw pipe: reads may be short
-                if not chunk:
-                    return None
-                buf += chunk
-            return buf
-
         try:
             while True:
-                h = read_exact(_HEADER.size)
-                if h is None:
+                msg = read_frame(f)
+                if msg is None:
                     break
-                body = read_exact(_HEADER.unpack(h)[0])
-                if body is None:
-                    break
-                self._st.on_ack(pickle.loads(body))
+                self._st.on_ack(msg)
         except Exception:
             pass
         self._st.on_worker_gone(f"exporter process exited (rc={self.proc.poll()})")
@@ -297,7 +183,7 @@ class _State:
 
     # worker callbacks --------------------------------------------------------------------------------------------
     def on_ack(self, msg: tuple) -> None:
-        if not msg or msg[0] != "ack":
+        if not msg or msg[0] != ACK:
             return
         _, fid, ok, stats = msg
         self.stats = stats or {}
@@ -328,13 +214,13 @@ class _State:
         if self.cfg.exporter == "process":
             try:
                 self.channel = _ProcessChannel(self)
-                self.channel.send(("init", info))
+                self.channel.send((INIT, info))
                 return
             except Exception as e:
                 print(f"cptrace_otel: cannot start the exporter process ({e!r}); exporting from a thread instead",
                       file=sys.stderr, flush=True)
         self.channel = _ThreadChannel(self)
-        self.channel.send(("init", info))
+        self.channel.send((INIT, info))
 
     def _ship(self, msg: tuple, n_records: int = 0) -> None:
         if self.gone is None:
@@ -352,7 +238,7 @@ class _State:
             self._start_channel()
         except Exception as e:
             self.on_worker_gone(f"exporter failed to start: {e!r}")
-        is_deferred, resolve = _load_deferred()
+        is_deferred, resolve = load_deferred()
         buf = self.buf
         popleft = buf.popleft
         while True:
@@ -372,10 +258,10 @@ class _State:
                     except Exception:
                         self.dropped += 1  # unrenderable beyond repair (e.g. fields not a dict)
                 self.shipped += len(items)
-                self._ship(("items", items, self.dropped), len(items))
+                self._ship((ITEMS, items, self.dropped), len(items))
             for fid, t_req, timeout_s in reqs:
                 left = timeout_s - (time.monotonic() - t_req) - 0.05
-                self._ship(("flush", fid, self.dropped, max(0.0, left)))
+                self._ship((FLUSH, fid, self.dropped, max(0.0, left)))
                 if self.gone is not None:
                     w = self.waiters.get(fid)
                     if w is not None:
@@ -399,11 +285,14 @@ class _State:
 
 
 # -- public (called by api.py) ---------------------------------------------------------------------------------------
-def start(config: Any) -> None:
-    """Start the pipeline for ``config`` (idempotent) and install ``api._submit``."""
-    global _state, _atexit_registered
-    from . import api
+def start(config: Any, on_stop: Callable[[], None] | None = None) -> Callable[[int, str, dict], None]:
+    """Start the pipeline for ``config`` (idempotent) and return its submit function, for the caller to install.
 
+    ``on_stop`` is called by :func:`shutdown` (also the exit hook's) right after the pipeline is detached, outside
+    this module's lock: the caller uninstalls the submit function there, so a later record starts a new pipeline
+    instead of reaching the stopped one. (A caller that installs under its own lock and uninstalls under the same
+    lock never keeps a stopped pipeline's function installed.)"""
+    global _state, _atexit_registered, _on_stop
     with _lock:
         if _state is None or _state.pid != os.getpid():
             st = _State(config)
@@ -412,7 +301,8 @@ def start(config: Any) -> None:
             if not _atexit_registered:
                 atexit.register(_at_exit)
                 _atexit_registered = True
-        api._submit = _state.make_submit()
+        _on_stop = on_stop
+        return _state.make_submit()
 
 
 def flush(timeout_s: float = 30.0) -> bool:
@@ -428,16 +318,15 @@ def flush(timeout_s: float = 30.0) -> bool:
 
 def shutdown(timeout_s: float = 30.0) -> bool:
     """Flush, stop the drainer, close the worker (it delivers and exits). A later record starts a new pipeline."""
-    global _state
-    from . import api
-
+    global _state, _on_stop
     with _lock:
         st = _state
         if st is None:
             return True
         _state = None
-        if api._submit is not api._submit_unstarted:
-            api._submit = api._submit_unstarted
+        on_stop, _on_stop = _on_stop, None
+    if on_stop is not None:
+        on_stop()
     t0 = time.monotonic()
     ok = False
     try:
@@ -484,9 +373,10 @@ def _at_exit() -> None:
 
 def _after_fork_in_child() -> None:
     """Forget the parent's pipeline in a forked child (its threads do not exist here); start afresh lazily."""
-    global _state, _lock
+    global _state, _lock, _on_stop
     st = _state
     _state = None
+    _on_stop = None
     _lock = threading.Lock()
     if st is not None and st.channel is not None:
         st.channel.close_in_child()

@@ -94,53 +94,16 @@ class Span:
         return f"Span({self.name} trace={self.trace_id.hex()} events={len(self.events)} attrs={self.attrs})"
 
 
-_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
-_KEYS: dict[str, str] = {}
-_RKEYS: dict[str, tuple[str, ...]] = {}
-
-
 def event_attributes(fields: dict[str, Any]) -> tuple[dict[str, Any], int]:
-    """``attrs.fields_to_attributes(fields)`` (same keys, order and values; a test holds them equal), inlined for
-    the exporter's inner loop, plus an approximate encoded size."""
-    out: dict[str, Any] = {}
-    n = 16
-    for k, v in fields.items():
-        key = _KEYS.get(k)
-        if key is None:
-            if len(_KEYS) > 10_000:
-                _KEYS.clear()
-            key = _KEYS[k] = sc.FIELD_PREFIX + k
-        t = type(v)
-        if t is int:
-            out[key] = v if _I64_MIN <= v <= _I64_MAX else str(v)
-            n += 12
-        elif t is str:
-            out[key] = v
-            n += len(v) + 8
-        elif t is float:
-            out[key] = v
-            n += 12
-        elif t is Rng:
-            rk = _RKEYS.get(key)
-            if rk is None:
-                if len(_RKEYS) > 10_000:
-                    _RKEYS.clear()
-                rk = _RKEYS[key] = tuple(f"{key}.{p}" for p in sc.RNG_PARTS)
-            for pk, pv in zip(rk, v):
-                out[pk] = pv if type(pv) is int and _I64_MIN <= pv <= _I64_MAX else fields_to_attributes({"": pv})[
-                    sc.FIELD_PREFIX]
-            n += 60
-        else:
-            a = fields_to_attributes({k: v})
-            out.update(a)
-            n += sum(len(x) if type(x) is str else 12 for x in a.values())
-    return out, n
+    """``attrs.fields_to_attributes(fields)`` and the approximate encoded size of those attributes
+    (:func:`_approx_bytes`, the span byte cap's estimate)."""
+    return fields_to_attributes(fields), _approx_bytes(fields)
 
 
 class EventAttrs(Mapping):
     """A span event's attributes, kept as the event's typed fields plus its seq / epoch / level until someone reads
-    them: ``event_attributes(fields)`` followed by ``cptrace.seq``, ``cptrace.epoch``, ``cptrace.record.level``, in
-    that order (a read-only mapping equal to that dict).
+    them: ``attrs.fields_to_attributes(fields)`` followed by ``cptrace.seq``, ``cptrace.epoch``,
+    ``cptrace.record.level``, in that order (a read-only mapping equal to that dict).
 
     Why lazy: the exporter's protobuf encoder (``export.otlp``) writes these straight from the typed fields, so the
     per-event attribute dict (most of the exporter's time per event) is only built for the JSON file sink, tests and
@@ -160,7 +123,7 @@ class EventAttrs(Mapping):
     def as_dict(self) -> dict[str, Any]:
         d = self._d
         if d is None:
-            d = event_attributes(self.fields)[0]
+            d = fields_to_attributes(self.fields)
             d[sc.SEQ] = self.seq
             d[sc.EPOCH] = self.epoch
             d[sc.LEVEL] = self.level
@@ -218,7 +181,7 @@ class EventAttrs(Mapping):
 
 
 def _approx_bytes(fields: dict[str, Any]) -> int:
-    """Approximate encoded size of an event's attributes (the span byte cap), the estimate event_attributes makes."""
+    """Approximate encoded size of an event's attributes (the span byte cap)."""
     n = 16 + 12 * len(fields)
     for v in fields.values():
         t = type(v)
@@ -227,6 +190,19 @@ def _approx_bytes(fields: dict[str, Any]) -> int:
         elif t is not int and t is not float:
             n += 48 if t is Rng else len(str(v))
     return n
+
+
+def checker_factory(enabled: bool, level: int | None) -> Callable[[int], Any] | None:
+    """The ``checker_factory`` for :class:`SpanBuilder`: ``rank -> RankChecker(rank, level)`` (``level`` None: the
+    checker infers it from the stream) when the online checks are ``enabled`` and the checks package provides them,
+    else None."""
+    if not enabled:
+        return None
+    try:
+        from .checks import RankChecker  # type: ignore[attr-defined]
+    except Exception:
+        return None
+    return lambda rank: RankChecker(rank, level)
 
 
 class SpanBuilder:
@@ -497,7 +473,17 @@ class SpanBuilder:
 
     @property
     def open_spans(self) -> int:
+        """Spans open now."""
         return len(self._open)
+
+    @property
+    def finished_spans(self) -> int:
+        """Spans finished and not yet taken (:meth:`take`)."""
+        return len(self._done)
+
+    def rank_span_open(self, rank: int) -> bool:
+        """True while ``rank``'s rank span (the one :meth:`annotate_rank` writes to) is open."""
+        return (rank, "rank") in self._open
 
     def unchecked(self) -> list[Any]:
         out: list[Any] = []

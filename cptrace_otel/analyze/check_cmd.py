@@ -25,7 +25,7 @@ from __future__ import annotations
 import sys
 from typing import Any, NamedTuple, TextIO
 
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_UNREADABLE = 0, 1, 2, 3
+from ..exits import EXIT_UNREADABLE, EXIT_USAGE
 _PFX = "cptrace-otel check"
 
 
@@ -70,7 +70,9 @@ def _run(args: Any, paths: list[str], level: int | None, out: TextIO, err: TextI
         a = analyze_sources(args, paths, level, err)
     except SourceError as e:
         return e.code
-    return report(args, a.res, a.run_id, getattr(args, "jaeger_url", None), a.sources, a.stats, a.doc_malformed,
+    from .report import print_report
+
+    return print_report(args, a.res, a.run_id, getattr(args, "jaeger_url", None), a.sources, a.stats, a.doc_malformed,
                   out, err)
 
 
@@ -202,29 +204,6 @@ class _Kept:
         for ev in self._events:
             keep(ev)
             yield ev
-
-
-def report(args: Any, res: Any, run_id: str | None, jaeger: str | None, sources: dict[str, Any], stats: Any,
-           doc_malformed: int, out: TextIO, err: TextIO) -> int:
-    """Finish the stats, warn about disordered logs, print the report; the exit code (0 clean, 1 findings)."""
-    from .report import to_json, to_text
-
-    res.stats["malformed"] = stats.malformed + doc_malformed
-    res.stats["lines"] = stats.lines
-    res.stats["sources"] = sources
-    if stats.malformed > 20:
-        print(f"warning: {stats.malformed} malformed lines in all (first 20 shown)", file=err)
-    if stats.disordered():
-        print(f"warning: {stats.behind} records of {', '.join(sorted(stats.behind_src))} come after records of "
-              "another rank with a later ts: the ranks in one stream are not interleaved in time (concatenated "
-              "logs?); the cross-rank rules (C1-C5) expect ranks within a few hundred records of each other and "
-              "may report false findings: give each rank's log as its own file (files are merged by ts)", file=err)
-    res.stats["out_of_order"] = stats.behind
-    if getattr(args, "json", False):
-        out.write(to_json(res, run_id, jaeger) + "\n")
-    else:
-        out.write(to_text(res, run_id, jaeger) + "\n")
-    return EXIT_FINDINGS if res.findings else EXIT_OK
 
 
 def _name(path: str) -> str:

@@ -17,7 +17,10 @@ from __future__ import annotations
 import time
 from typing import Any, TextIO
 
-from .check_cmd import _PFX, EXIT_UNREADABLE, EXIT_USAGE, report
+from ..exits import EXIT_UNREADABLE, EXIT_USAGE
+from .report import print_report
+
+_PFX = "cptrace-otel check"
 
 
 def run_jaeger(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:
@@ -98,7 +101,7 @@ def run_jaeger(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:
               "another of other content (a restarted rank reusing the run id?): both are analysed", file=err)
     res = Analysis(level, docs.info.levels).run(docs.events())
     links = getattr(args, "jaeger_url", None) or base
-    return report(args, res, run_id, links, {"logs": [], "otlp": [], "jaeger": [base]}, LogStats(), 0, out, err)
+    return print_report(args, res, run_id, links, {"logs": [], "otlp": [], "jaeger": [base]}, LogStats(), 0, out, err)
 
 
 def _when(start_us: int, end_us: int) -> str:

@@ -9,19 +9,18 @@ URL is given.
 
 from __future__ import annotations
 
-import hashlib
 import json
-from typing import Any
+from typing import Any, TextIO
 
 from ..checks import Finding, Unchecked
+from ..exits import EXIT_FINDINGS, EXIT_OK
 
 
 def node_trace_id(run_id: str, epoch: int, node_id: int) -> str:
-    """Hex trace id of a node lineage, as the exporter assigns it (all-zero ids are invalid in OTLP)."""
-    d = hashlib.blake2b(f"{run_id}|{epoch}|{node_id}".encode("utf-8", "replace"), digest_size=16).digest()
-    if not any(d):
-        d = b"\x00" * 15 + b"\x01"
-    return d.hex()
+    """Hex trace id of a node lineage, as the exporter assigns it (:func:`cptrace_otel.spans.node_trace_id`)."""
+    from ..spans import node_trace_id as raw
+
+    return raw(run_id, epoch, node_id).hex()
 
 
 def finding_dict(f: Finding, run_id: str | None = None, jaeger_url: str | None = None) -> dict[str, Any]:
@@ -143,3 +142,24 @@ def _loc_line(e: dict[str, Any]) -> str:
 
 def _short(path: str) -> str:
     return path.rsplit("/", 1)[-1]
+
+
+def print_report(args: Any, res: Any, run_id: str | None, jaeger: str | None, sources: dict[str, Any], stats: Any,
+                 doc_malformed: int, out: TextIO, err: TextIO) -> int:
+    """Finish the stats, warn about disordered logs, print the report; the exit code (0 clean, 1 findings)."""
+    res.stats["malformed"] = stats.malformed + doc_malformed
+    res.stats["lines"] = stats.lines
+    res.stats["sources"] = sources
+    if stats.malformed > 20:
+        print(f"warning: {stats.malformed} malformed lines in all (first 20 shown)", file=err)
+    if stats.disordered():
+        print(f"warning: {stats.behind} records of {', '.join(sorted(stats.behind_src))} come after records of "
+              "another rank with a later ts: the ranks in one stream are not interleaved in time (concatenated "
+              "logs?); the cross-rank rules (C1-C5) expect ranks within a few hundred records of each other and "
+              "may report false findings: give each rank's log as its own file (files are merged by ts)", file=err)
+    res.stats["out_of_order"] = stats.behind
+    if getattr(args, "json", False):
+        out.write(to_json(res, run_id, jaeger) + "\n")
+    else:
+        out.write(to_text(res, run_id, jaeger) + "\n")
+    return EXIT_FINDINGS if res.findings else EXIT_OK

@@ -21,7 +21,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from .check_cmd import EXIT_FINDINGS, EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE
+from ..exits import EXIT_FINDINGS, EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE
 
 DEFAULT_OUT = os.path.join("cptrace-out", "report.html")
 

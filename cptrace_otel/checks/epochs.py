@@ -10,23 +10,31 @@ from __future__ import annotations
 
 from typing import Any
 
-EPOCH_TAGS = frozenset(("reset", "split", "insert"))  # the only records that can move an epoch tracker
+# The only tags whose records can move a tracker (reset, and the records that create node ids, see created_id):
+# for any other record :meth:`EpochTracker.step` returns ``epoch`` unchanged unless ``pending`` is set, so the hot
+# loops (log reader, exporter intake, rank checker, the C speedups, which get this set when they are loaded) skip
+# the call with ``ep = t.step(tag, f) if tag in EPOCH_TAGS or t.pending else t.epoch``.
+EPOCH_TAGS = frozenset(("reset", "split", "insert"))
 
 
 class EpochTracker:
-    """Feed ``(tag, fields)`` in stream order; :meth:`step` returns the epoch of that record."""
+    """Feed ``(tag, fields)`` in stream order; :meth:`step` returns the epoch of that record.
 
-    __slots__ = ("epoch", "_after_reset", "_max_new")
+    Public state, read by the hot loops: ``epoch`` (the current epoch) and ``pending`` (True when the next record
+    starts a new epoch whatever its tag: it follows a reset). Both are plain slots, so reading them costs no call.
+    """
+
+    __slots__ = ("epoch", "pending", "_max_new")
 
     def __init__(self, epoch: int = 0) -> None:
         self.epoch = epoch
-        self._after_reset = False
+        self.pending = False
         self._max_new = -1
 
     def step(self, tag: str, fields: dict[str, Any], hint: int = 0) -> int:
         """Epoch of this record. ``hint`` is the epoch its source stamped: the tracker never runs behind it."""
-        if self._after_reset:
-            self._after_reset = False
+        if self.pending:
+            self.pending = False
             self._new_epoch()
         if hint > self.epoch:
             self.epoch = hint
@@ -37,13 +45,8 @@ class EpochTracker:
                 self._new_epoch()
             self._max_new = new_id
         if tag == "reset":
-            self._after_reset = True  # the reset record itself belongs to the epoch it closes
+            self.pending = True  # the reset record itself belongs to the epoch it closes
         return self.epoch
-
-    @property
-    def pending(self) -> bool:
-        """True when the next record starts a new epoch whatever its tag (it follows a reset)."""
-        return self._after_reset
 
     def _new_epoch(self) -> None:
         self.epoch += 1

@@ -109,7 +109,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         if lv > self.seen_level:
             self.seen_level = lv
         t = self._tracker
-        if moves or t._after_reset or ev.epoch > t.epoch:
+        if moves or t.pending or ev.epoch > t.epoch:
             e = t.step(tag, ev.fields, ev.epoch)
             if e != self.epoch:
                 self.epoch = e

@@ -1,7 +1,10 @@
 """Export side of the pipeline (runs in the exporter worker, never on the traced thread).
 
-* :mod:`.worker`: the worker loop (subprocess ``python -m cptrace_otel.export.worker`` or a thread): Records ->
-  events -> spans (:mod:`cptrace_otel.spans`) -> sinks.
+* :mod:`.protocol`: the traced process <-> worker messages and their framing (the one module both sides import).
+* :mod:`.worker`: the worker loop (subprocess ``python -m cptrace_otel.export.worker`` or a thread): compact items
+  -> events -> spans (:mod:`cptrace_otel.spans`) -> sinks.
+* :mod:`.sinks`: the sink and transport protocols, a transport's :class:`~.sinks.SendResult`, the network sink;
+  :mod:`.stack`: :func:`~.stack.open_sinks`, the one builder of the sinks (worker and ``ingest``).
 * :mod:`.otlp`: OTLP protobuf and OTLP/JSON encoding of spans, requests split below 3.5 MiB.
 * :mod:`.otlp_http`, :mod:`.otlp_grpc`: transports; :mod:`.spool`: delivery thread, disk spool and replay across
   backend outages.

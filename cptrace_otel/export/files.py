@@ -2,9 +2,11 @@
 
 * :class:`OtlpJsonFileSink` appends one ``ExportTraceServiceRequest`` per line in OTLP/JSON (camelCase names, hex
   trace/span ids, int64 values as strings), which the Collector's ``otlpjsonfile`` receiver, ``cptrace-otel check``
-  and the analyzer read back. Lines are built directly from spans (:func:`cptrace_otel.export.otlp.request_json`)
+  and the analyzer read back. Lines are built directly from spans (:func:`cptrace_otel.export.otlp_json.request_json`)
   rather than through ``json_format.MessageToJson`` (several times slower); tests parse every line back with
   ``google.protobuf.json_format`` against the proto schema.
+* Both have the sink interface's ``flush``/``close``/``stats`` (:class:`~.sinks.Sink`); the OTLP file sink is a
+  span sink (``export``), the log-lines sink takes Records (``write``).
 * :class:`LogLinesSink` writes ``[<YYYY-mm-dd HH:MM:SS> ATTN_CP<r> TP<t>] [CPTRACE tag] k=v ...``: SGLang's log
   prefix (so the log parser recovers the rank) plus the upstream body, byte for byte (``logline.render_line``).
 """
@@ -16,7 +18,7 @@ import time
 from typing import Any, Iterable, Sequence
 
 from ..logline import render_line
-from .otlp import request_json
+from .otlp_json import request_json
 
 
 class _AppendFile:

@@ -1,5 +1,5 @@
-"""OTLP encoding of :class:`cptrace_otel.spans.Span` lists: protobuf ``ExportTraceServiceRequest`` bytes and the
-OTLP/JSON form the OpenTelemetry Collector's file exporter writes.
+"""OTLP protobuf encoding of :class:`cptrace_otel.spans.Span` lists: ``ExportTraceServiceRequest`` bytes (the
+OTLP/JSON form the OpenTelemetry Collector's file exporter writes is :mod:`cptrace_otel.export.otlp_json`).
 
 Why a hand-written protobuf encoder: building ``opentelemetry.proto`` messages costs ~20-30 us per event in Python
 (one message object per attribute; perf-anchors C.4: 46.7k events/s), which caps the exporter process far below its
@@ -14,13 +14,13 @@ reject more than 4 MiB, and an oversize request is re-sent uselessly by retrying
 
 from __future__ import annotations
 
-import math
 import struct
 from typing import Any, Iterable, Sequence
 
 from .. import semconv as sc
 from .._version import __version__
-from ..attrs import fields_to_attributes
+from .._speedups.otlp import load as _load_span_events
+from ..attrs import attribute_key, fields_to_attributes, range_keys
 from ..logline import Rng
 from ..spans import EventAttrs
 
@@ -78,9 +78,6 @@ def _utf8(s: str) -> bytes:
 
 
 # -- AnyValue / KeyValue ------------------------------------------------------------------------------------------
-_INT_CACHE_MAX = 4096                     # JSON cache: small ints only (ids, counters and hashes would churn it)
-_CACHE_LIMIT = 100_000
-_NO_CACHE = frozenset({sc.SEQ})           # unique per event
 _key_prefix: dict[str, bytes] = {}        # key -> KeyValue.key field bytes
 
 
@@ -178,12 +175,12 @@ class _FieldEnc:
     __slots__ = ("key", "ints", "sp", "vals", "parts", "part_keys", "ok")
 
     def __init__(self, name: str) -> None:
-        key = self.key = sc.FIELD_PREFIX + name
+        key = self.key = attribute_key(name)
         ke = _KeyEnc(_EV_TAG, key)
         self.ints = ke.ints
         self.sp = ke.sp
         self.vals: dict[Any, bytes] = {}
-        self.part_keys = [f"{key}.{p}" for p in sc.RNG_PARTS]
+        self.part_keys = range_keys(name)
         self.parts = [_KeyEnc(_EV_TAG, pk) for pk in self.part_keys]
         # A field name with a dot could collide with another field's range part keys (dict semantics would merge
         # them): such events take the dict path.
@@ -227,34 +224,27 @@ _KV_CACHE_MAX = 200_000
 
 
 def _field_miss(k: str, v: Any, t: type) -> bytes:
-    """Encoded attribute field(s) of one typed field, uncached; caches the result when the value is a small one."""
+    """Encoded attribute field(s) of one typed field, uncached; caches the result when the value is a small one.
+    The common shapes are written with the field's encoder, every other value is encoded from
+    ``attrs.fields_to_attributes`` (the mapping itself), which gives the same bytes for the common shapes too."""
     e = _field_enc.get(k)
     if e is None:
         if len(_field_enc) > 50_000:
             _field_enc.clear()
         e = _field_enc[k] = _FieldEnc(k)
     cache = False
-    if t is int:
-        if -(1 << 63) <= v < (1 << 63):
-            b = e.int_field(v)
-            cache = 0 <= v < _VAL_CACHE_INT
-        else:
-            b = e.str_field(str(v))
+    if t is int and -(1 << 63) <= v < (1 << 63):
+        b = e.int_field(v)
+        cache = 0 <= v < _VAL_CACHE_INT
     elif t is str:
         b = e.str_field(v)
         cache = len(v) <= _VAL_CACHE_STR
-    elif t is Rng:
+    elif t is Rng and all(type(pv) is int and -(1 << 63) <= pv < (1 << 63) for pv in v):
         out = []
-        for pe, pk, pv in zip(e.parts, e.part_keys, v):
-            if type(pv) is int and -(1 << 63) <= pv < (1 << 63):
-                vb = varint(pv & _MASK64)
-                out.append(pe.ints[len(vb)] + vb)
-            else:
-                out.append(_field(_EV_TAG, pk, fields_to_attributes({"": pv})[sc.FIELD_PREFIX]))
-        b = b"".join(out)
-        cache = False  # see _event_attrs: ranges are encoded inline
-    elif t is float:
-        b = _field(_EV_TAG, e.key, v)
+        for pe, pv in zip(e.parts, v):
+            vb = varint(pv & _MASK64)
+            out.append(pe.ints[len(vb)] + vb)
+        b = b"".join(out)   # not cached: see _event_attrs, ranges are encoded inline
     else:
         b = b"".join([_field(_EV_TAG, ak, av) for ak, av in fields_to_attributes({k: v}).items()])
     if cache:
@@ -410,17 +400,8 @@ def _event_field(ts: int, name: str, attrs: Any) -> bytes:
     return b"\x5a" + (_SMALL[n] if n < 16384 else varint(n)) + ev
 
 
-def _load_speedups() -> Any:
-    """``_otlpc.span_events`` (the C encoder of span events, same bytes) when it was built, else None."""
-    try:
-        from . import _otlpc
-    except ImportError:
-        return None
-    _otlpc.init(EventAttrs, Rng)
-    return _otlpc.span_events
-
-
-_span_events = _load_speedups()
+# The C encoder of span events (cptrace_otel._speedups.otlp: the same bytes as _event_field) when it was built.
+_span_events = _load_span_events()
 
 
 def encode_span(sp: Any) -> bytes:
@@ -492,86 +473,3 @@ def encode_requests(groups: Iterable[tuple[dict[str, Any], Sequence[Any]]],
 def _resource_spans(head: bytes, scope: bytes, span_fields: list[bytes]) -> bytes:
     ss = _ld(b"\x12", scope + b"".join(span_fields))
     return _ld(b"\x0a", head + ss)
-
-
-# -- OTLP/JSON (the Collector file exporter's format) -----------------------------------------------------------------
-# Built as text with the same caching idea as the protobuf encoder: json.dumps over nested dicts costs ~5x more.
-from json.encoder import encode_basestring as _jstr  # noqa: E402  (C-accelerated string quoting)
-
-_json_cache: dict[tuple[str, Any], str] = {}
-
-
-def _json_any(v: Any) -> str:
-    t = type(v)
-    if t is int:
-        if -(1 << 63) <= v < (1 << 63):
-            return '{"intValue":"%d"}' % v  # proto3 JSON: int64 as a string
-        return '{"stringValue":"%d"}' % v
-    if t is str:
-        return '{"stringValue":' + _jstr(v) + "}"
-    if t is float:
-        if math.isfinite(v):
-            return '{"doubleValue":' + repr(v) + "}"
-        return '{"doubleValue":"' + ("NaN" if v != v else ("Infinity" if v > 0 else "-Infinity")) + '"}'
-    if t is bool:
-        return '{"boolValue":true}' if v else '{"boolValue":false}'
-    return '{"stringValue":' + _jstr(str(v)) + "}"
-
-
-def _json_attrs(attrs: dict[str, Any]) -> str:
-    get = _json_cache.get
-    out = []
-    for k, v in attrs.items():
-        t = type(v)
-        if (t is int and -_INT_CACHE_MAX < v < _INT_CACHE_MAX and k not in _NO_CACHE) or (t is str and len(v) <= 64):
-            j = get((k, v))
-            if j is None:
-                if len(_json_cache) > _CACHE_LIMIT:
-                    _json_cache.clear()
-                j = _json_cache[(k, v)] = '{"key":' + _jstr(k) + ',"value":' + _json_any(v) + "}"
-        else:
-            j = '{"key":' + _jstr(k) + ',"value":' + _json_any(v) + "}"
-        out.append(j)
-    return "[" + ",".join(out) + "]"
-
-
-def span_json(sp: Any) -> str:
-    """One ``Span`` in OTLP/JSON (hex ids, int64 as strings, enums as numbers)."""
-    parts = ['{"traceId":"', sp.trace_id.hex(), '","spanId":"', sp.span_id.hex(), '","name":', _jstr(sp.name),
-             ',"kind":1,"startTimeUnixNano":"', str(sp.start), '","endTimeUnixNano":"', str(sp.end), '"']
-    if sp.attrs:
-        parts.append(',"attributes":')
-        parts.append(_json_attrs(sp.attrs))
-    if sp.events:
-        parts.append(',"events":[')
-        parts.append(",".join(['{"timeUnixNano":"%d","name":%s,"attributes":%s}' % (ts, _jstr(name), _json_attrs(a))
-                               for ts, name, a in sp.events]))
-        parts.append("]")
-    if sp.links:
-        parts.append(',"links":[')
-        parts.append(",".join(['{"traceId":"%s","spanId":"%s","attributes":%s}' % (t.hex(), i.hex(), _json_attrs(a))
-                               for t, i, a in sp.links]))
-        parts.append("]")
-    if sp.status_code:
-        st = '"code":%d' % sp.status_code
-        if sp.status_message:
-            st = '"message":' + _jstr(sp.status_message) + "," + st
-        parts.append(',"status":{' + st + "}")
-    else:
-        parts.append(',"status":{}')
-    parts.append("}")
-    return "".join(parts)
-
-
-def request_json(groups: Iterable[tuple[dict[str, Any], Sequence[Any]]]) -> str:
-    """One ``ExportTraceServiceRequest`` as one line of OTLP/JSON (no newline); ``""`` when there are no spans."""
-    rs = []
-    scope = '{"name":' + _jstr(sc.SCOPE_NAME) + ',"version":' + _jstr(__version__) + "}"
-    for resource, spans in groups:
-        if not spans:
-            continue
-        rs.append('{"resource":{"attributes":' + _json_attrs(resource) + '},"scopeSpans":[{"scope":' + scope
-                  + ',"spans":[' + ",".join([span_json(sp) for sp in spans]) + "]}]}")
-    if not rs:
-        return ""
-    return '{"resourceSpans":[' + ",".join(rs) + "]}"

@@ -14,6 +14,8 @@ from __future__ import annotations
 from typing import Sequence
 from urllib.parse import urlparse
 
+from .sinks import SENT, Outcome, SendResult
+
 EXPORT_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
 
@@ -27,6 +29,8 @@ def grpc_target(endpoint: str) -> tuple[str, bool]:
 
 
 class GrpcTransport:
+    """A :class:`~.sinks.Transport`: unary ``Export`` calls on one channel."""
+
     def __init__(self, endpoint: str, headers: Sequence[tuple[str, str]] = (), timeout_s: float = 10.0,
                  compression: str = "gzip") -> None:
         import grpc  # lazily: optional dependency, and never in the traced process
@@ -57,16 +61,16 @@ class GrpcTransport:
         c = grpc.StatusCode
         self._retry = {c.UNAVAILABLE, c.DEADLINE_EXCEEDED, c.ABORTED, c.CANCELLED, c.RESOURCE_EXHAUSTED}
 
-    def send(self, body: bytes) -> tuple[str, str]:
+    def send(self, body: bytes) -> SendResult:
         try:
             self._call(body, timeout=self.timeout_s, metadata=self._metadata or None, compression=self._compression)
-            return "ok", ""
+            return SENT
         except self._grpc.RpcError as e:
             code = e.code() if hasattr(e, "code") else None
             detail = f"gRPC {getattr(code, 'name', code)}: {e.details() if hasattr(e, 'details') else e}"
             if code == self._grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in detail:
-                return "drop", detail  # an oversize request will never fit: do not re-send it forever
-            return ("retry" if code in self._retry else "drop"), detail
+                return SendResult(Outcome.DROP, detail)  # an oversize request will never fit: do not re-send it
+            return SendResult(Outcome.RETRY if code in self._retry else Outcome.DROP, detail)
 
     def close(self) -> None:
         try:

@@ -4,10 +4,10 @@ Contract of :class:`ReliableSender`:
 
 * :meth:`submit` queues one encoded request (blocks only when the in-memory queue is full and the backend is slow:
   that back-pressure reaches the traced process as counted drops, never as blocking, see pipeline.py).
-* A request the transport answers ``retry`` for (connection refused, timeout, 429/5xx, gRPC UNAVAILABLE) goes to the
-  spool, and so does every later request until the spool is empty again, so delivery order is kept. The oldest
-  spooled request is retried with exponential backoff (``backoff_s`` .. ``max_backoff_s``); once one goes through the
-  spool is replayed, oldest first.
+* A request the transport (:class:`~.sinks.Transport`) answers ``RETRY`` for (connection refused, timeout, 429/5xx,
+  gRPC UNAVAILABLE) goes to the spool, and so does every later request until the spool is empty again, so delivery
+  order is kept. The oldest spooled request is retried with exponential backoff (``backoff_s`` ..
+  ``max_backoff_s``); once one goes through the spool is replayed, oldest first.
 * The spool is a directory of one file per request (falls back to memory if the directory cannot be written),
   bounded by ``max_bytes``; requests that do not fit are dropped and counted (``spool_dropped``).
 * The outage is reported on stderr with the URL and the spool path, at most every ``report_every_s``, and its end
@@ -23,6 +23,8 @@ import sys
 import threading
 import time
 from typing import Any, Callable
+
+from .sinks import Outcome, SendResult
 
 DEFAULT_SPOOL_MAX_BYTES = 512 << 20
 
@@ -109,7 +111,10 @@ class Spool:
 
 
 class ReliableSender:
-    """Sends encoded requests through ``transport`` on its own thread, spooling across outages (see module doc)."""
+    """Sends encoded requests through ``transport`` on its own thread, spooling across outages (see module doc).
+
+    ``transport.send`` returns a :class:`~.sinks.SendResult` (any ``(outcome, detail)`` pair whose outcome equals
+    an :class:`~.sinks.Outcome`, such as ``("ok", "")``, will do)."""
 
     def __init__(self, transport: Any, spool_dir: str, max_bytes: int = DEFAULT_SPOOL_MAX_BYTES,
                  queue_max: int = 64, backoff_s: float = 0.25, max_backoff_s: float = 2.0,
@@ -206,7 +211,7 @@ class ReliableSender:
             if head is None:
                 continue
             res, detail = self._attempt(head)
-            if res == "retry":
+            if res == Outcome.RETRY:
                 self._outage(detail)
                 with self._cv:
                     if not self._closing:
@@ -215,7 +220,7 @@ class ReliableSender:
                 continue
             backoff = self.backoff_s
             self.spool.pop()
-            if res == "ok":
+            if res == Outcome.OK:
                 self.sent += 1
                 self.sent_bytes += len(head)
             else:
@@ -227,22 +232,22 @@ class ReliableSender:
                 self.down_since = None
             self._done()  # last: a flush waiting on it sees the final state
 
-    def _attempt(self, body: bytes) -> tuple[str, str]:
+    def _attempt(self, body: bytes) -> SendResult:
         try:
             return self.transport.send(body)
         except Exception as e:  # a transport bug must not kill the sender
-            return "retry", f"{type(e).__name__}: {e}"
+            return SendResult(Outcome.RETRY, f"{type(e).__name__}: {e}")
 
     def _send_one(self, body: bytes) -> None:
         res, detail = self._attempt(body)
-        if res == "ok":
+        if res == Outcome.OK:
             self.sent += 1
             self.sent_bytes += len(body)
             if self.down_since is not None and not len(self.spool):
                 self._report(f"cptrace_otel: OTLP endpoint {self.url} reachable again")
                 self.down_since = None
             self._done()
-        elif res == "retry":
+        elif res == Outcome.RETRY:
             self._outage(detail)
             self._to_spool(body)
         else:

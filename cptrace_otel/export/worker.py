@@ -1,18 +1,12 @@
-"""The exporter worker: Records in, spans out to the sinks. Runs as ``python -m cptrace_otel.export.worker`` (one
-subprocess per traced rank process, the default) or in a thread of the traced process (``CPTRACE_EXPORTER=thread``);
-both run :func:`run_loop` on a queue of messages.
+"""The exporter worker: compact items in, spans out to the sinks. Runs as ``python -m cptrace_otel.export.worker``
+(one subprocess per traced rank process, the default) or in a thread of the traced process
+(``CPTRACE_EXPORTER=thread``); both run :func:`run_loop` on a queue of messages.
 
-Messages from the traced process (pickled, framed ``<u32 length><pickle>`` on stdin in process mode):
-
-* ``("init", info)``: ``info`` = dict(config=Config, resource=dict, instance=str, file=path|None,
-  log_file=path|None, spool_dir=str), always first;
-* ``("items", items, dropped)``: a batch of compact items ``(ts, level, tag, fields)`` (values int/str/float, see
-  ``pipeline.compact_item``), completed here into Records (docs/ARCHITECTURE.md) with ``seq`` in arrival order, and
-  the traced process's drop count; ``("rec", records, dropped)`` takes finished Records;
-* ``("flush", flush_id, dropped, timeout_s)``: close open spans, deliver everything, answer
-  ``("ack", flush_id, ok, stats)`` (on stdout in process mode);
-* end of input (EOF): finish (end-of-stream checks, close spans), deliver within ``config.timeout_s``, exit. So the
-  worker never outlives its traced process by more than that.
+The messages, their framing on stdin/stdout in process mode and the acks are :mod:`cptrace_otel.export.protocol`.
+Each compact item of an ``ITEMS`` batch becomes one span event (:class:`~cptrace_otel.spans.SpanBuilder`), ``seq``
+in arrival order; ``FLUSH`` closes open spans, delivers everything and is answered with an ``ACK``; at end of input
+the worker finishes (end-of-stream checks, close spans), delivers within ``config.timeout_s`` and exits, so it never
+outlives its traced process by more than that. Its sinks come from :func:`cptrace_otel.export.stack.open_sinks`.
 
 The worker ignores SIGINT (a Ctrl-C to the process group must not kill it before the traced process's exit flush).
 """
@@ -21,11 +15,8 @@ from __future__ import annotations
 
 import gc
 import os
-import pickle
 import queue
-import re
 import signal
-import struct
 import sys
 import threading
 import time
@@ -33,27 +24,15 @@ from typing import Any, Callable
 
 from .. import semconv as sc
 from ..events import Event
-from ..logline import Rng, parse_value
-from ..pipeline import MAX_VALUE_CHARS, _cut, _render_other, render_record
-from ..spans import SpanBuilder
-from .otlp import encode_requests
+from ..logline import Rng, fast_value
+from ..records import MAX_VALUE_CHARS, cut, render_other, render_record, tag_level
+from ..spans import SpanBuilder, checker_factory
+from .protocol import ACK, FLUSH, INIT, ITEMS, frame, read_frame
+from .stack import SinkError, open_sinks
 
-HEADER = struct.Struct("<I")
 EXPORT_EVERY_S = 0.2      # latency bound for finished spans
 EXPORT_MIN_SPANS = 2048   # or earlier when this many spans are finished
 FILE_FLUSH_EVERY_S = 1.0
-
-
-def _checker_factory(cfg: Any) -> Callable[[int], Any] | None:
-    """``rank -> RankChecker`` when the online checks are on and the checks package provides them."""
-    if not cfg.checks:
-        return None
-    try:
-        from ..checks import RankChecker  # type: ignore[attr-defined]
-    except Exception:
-        return None
-    level = cfg.level
-    return lambda rank: RankChecker(rank, level)
 
 
 class _ResetCounter:
@@ -81,50 +60,32 @@ def _epoch_tracker() -> Any:
 
 
 try:
-    from ..checks.epochs import EpochTracker as _EpochTracker
+    from ..checks.epochs import EPOCH_TAGS as _EPOCH_TAGS, EpochTracker as _EpochTracker
 except Exception:  # the checks package is optional here: the shortcut below then never applies
     _EpochTracker = None  # type: ignore[assignment,misc]
-_EPOCH_TAGS = frozenset(("reset", "split", "insert"))  # the only tags EpochTracker.step acts on
+    _EPOCH_TAGS = frozenset()  # (without EpochTracker every record steps the _ResetCounter)
+
 
 def _load_intake() -> Any:
-    """The C intake (``_logc.intake``: the same Events as :meth:`Exporter._item_event`) when it was built and the
-    checks package provides EpochTracker (the tracker it creates), else None."""
+    """The C intake (``_speedups.intake``: the same Events as :meth:`Exporter._item_event`) when it was built and
+    the checks package provides EpochTracker (the tracker it creates), else None."""
     if _EpochTracker is None:
         return None
-    try:
-        from ..analyze.sources.logs import _logc
-    except Exception:
-        return None
-    return _logc.intake if _logc is not None else None
+    from .._speedups.intake import load
+
+    return load("live")
 
 
 _parsed: dict[str, Any] = {}
 _IMMUTABLE = (int, float, str, Rng)
 
 
-# A range summary whose five parts are canonical decimal ints (the usual case: slot ranges): parse_value gives
-# exactly ``Rng(*map(int, parts))`` for it (tests/unit/test_export_fast_paths.py holds them equal), without its general
-# regex, per-part scalar parsing and render round trip. Ranges are unique per node, so the cache rarely helps them.
-_I = r"(0|-?[1-9][0-9]*)"
-_rng_fast = re.compile(rf"\(cnt={_I},min={_I},max={_I},first={_I},last={_I}\)").fullmatch
-# A list of canonical decimal ints (``[3]``, ``[1,2,3]``: chain / pub lists): parse_value gives exactly
-# ``[int(x) for x in parts]`` for it (a fresh list each time, as parse_value does), without its bracket splitting,
-# per-item parsing and render round trip.
-_int_list_fast = re.compile(rf"\[{_I}(?:,{_I})*\]").fullmatch
-
-
 def _value(v: str) -> Any:
-    """``parse_value`` with a cache for short repeated strings (only immutable results are shared)."""
+    """``logline.fast_value`` (= ``parse_value``) with a cache for short repeated strings (only immutable results
+    are shared)."""
     r = _parsed.get(v)
     if r is None:
-        c = v[:1]
-        if c == "(":
-            m = _rng_fast(v) if v[:5] == "(cnt=" else None
-            r = Rng(*map(int, m.groups())) if m else parse_value(v)
-        elif c == "[" and _int_list_fast(v) is not None:
-            return [int(x) for x in v[1:-1].split(",")]  # mutable: never cached
-        else:
-            r = parse_value(v)
+        r = fast_value(v)
         if len(v) <= 96 and type(r) in _IMMUTABLE:
             if len(_parsed) > 50_000:
                 _parsed.clear()
@@ -136,7 +97,11 @@ _intake = _load_intake()
 
 
 class Exporter:
-    """Worker core, shared by the subprocess and the thread modes."""
+    """Worker core, shared by the subprocess and the thread modes: compact items in (:meth:`add_items`), spans out
+    to the sinks (:meth:`export`, :meth:`tick`, :meth:`flush`, :meth:`close`), counters (:meth:`stats`).
+
+    ``info`` is the ``INIT`` message's dict (:mod:`.protocol`). A sink that cannot be set up is reported (stderr and
+    :meth:`stats` ``errors``; every later flush then answers False) and left out; the others still work."""
 
     def __init__(self, info: dict[str, Any]) -> None:
         cfg = info["config"]
@@ -144,47 +109,17 @@ class Exporter:
         self.resource: dict[str, Any] = info["resource"]
         self.rank = cfg.cp_rank
         self.builder = SpanBuilder(cfg.run_id, info.get("instance", ""), cfg.span_timeout_s,
-                                   _checker_factory(cfg), track_traces=False)
+                                   checker_factory(cfg.checks, cfg.level), track_traces=False)
         self.epochs: dict[int, Any] = {}
         self.records = 0
         self.next_seq = 0
         self.dropped_upstream = 0
         self._reported_dropped = 0
-        self.sender = None
-        self.file_sink = None
-        self.log_sink = None
         self.errors: list[str] = []
-        if cfg.endpoint:
-            from .spool import ReliableSender
-
-            try:
-                if cfg.protocol == "grpc":
-                    from .otlp_grpc import GrpcTransport
-
-                    transport: Any = GrpcTransport(cfg.endpoint, cfg.headers, cfg.timeout_s, cfg.compression)
-                else:
-                    from .otlp_http import HttpTransport
-
-                    transport = HttpTransport(cfg.traces_url(), cfg.headers, cfg.timeout_s, cfg.compression)
-                spool_dir = os.path.join(info.get("spool_dir") or cfg.spool_dir,
-                                         f"{_safe(cfg.run_id)}-{os.getpid()}")
-                self.sender = ReliableSender(transport, spool_dir)
-            except Exception as e:
-                self._error(f"cannot set up the OTLP {cfg.protocol} sink for {cfg.endpoint}: {e!r}")
-        if info.get("file"):
-            from .files import OtlpJsonFileSink
-
-            try:
-                self.file_sink = OtlpJsonFileSink(info["file"])
-            except OSError as e:
-                self._error(f"cannot open the OTLP file {info['file']}: {e}")
-        if info.get("log_file"):
-            from .files import LogLinesSink
-
-            try:
-                self.log_sink = LogLinesSink(info["log_file"], cfg.cp_rank, cfg.tp_rank)
-            except OSError as e:
-                self._error(f"cannot open the log file {info['log_file']}: {e}")
+        spool_dir = os.path.join(info.get("spool_dir") or cfg.spool_dir, f"{_safe(cfg.run_id)}-{os.getpid()}")
+        self.otlp, self.file_sink, self.log_sink = open_sinks(
+            cfg, endpoint=cfg.traces_url(), protocol=cfg.protocol, spool_dir=spool_dir, file=info.get("file"),
+            log_file=info.get("log_file"), on_error=self._sink_error)
         self._last_export = time.monotonic()
         self._last_file_flush = self._last_export
 
@@ -192,38 +127,57 @@ class Exporter:
         self.errors.append(msg)
         print(f"cptrace_otel: {msg}", file=sys.stderr, flush=True)
 
+    def _sink_error(self, err: SinkError) -> None:
+        if err.kind == "file":
+            self._error(f"cannot open the OTLP file {err.target}: {err.cause}")
+        elif err.kind == "log":
+            self._error(f"cannot open the log file {err.target}: {err.cause}")
+        else:
+            self._error(f"cannot set up the OTLP {self.cfg.protocol} sink for {err.target}: {err.cause!r}")
+
     # -- input -----------------------------------------------------------------------------------------------
     def add_items(self, items: list[tuple], dropped: int) -> None:
-        if self.log_sink is None:
-            self._add_items_fast(items, dropped)
-            return
-        seq = self.next_seq
-        recs = []
-        for i, item in enumerate(items):
-            try:
-                recs.append(render_record(seq + i, item))
-            except Exception as e:  # should not happen: items are int/str/float by construction
-                self._error(f"dropped an unrenderable record: {e!r}")
-        self.next_seq = seq + len(items)
-        self.add_records(recs, dropped)
-
-    def _add_items_fast(self, items: list[tuple], dropped: int) -> None:
-        """``add_records([render_record(seq, item) ...])`` in one pass (no log sink needs the Records): the same
-        Events, without the intermediate Record tuples; the C intake builds them when it was built."""
+        """One ``ITEMS`` batch: each compact item becomes one Event (seq counting on from the last batch; an item
+        that cannot be rendered is reported and dropped, its seq skipped), fed to the span builder. With a log sink
+        the items' Records (:func:`~cptrace_otel.records.render_record`) are written there first. The C intake
+        builds the Events when it was built, :meth:`_item_event` otherwise (and for items of an unusual shape):
+        the same Events."""
         self.dropped_upstream = dropped
         seq = self.next_seq
+        item_event = self._item_event
+        if self.log_sink is not None:
+            bad = self._write_log(items, seq)  # before the intake converts the items' values in place
+            if bad:
+                items = [None if i in bad else it for i, it in enumerate(items)]
+                item_event = _skip_none(item_event)
         if _intake is not None:
-            events = _intake(items, seq, self.rank, self.epochs, MAX_VALUE_CHARS, _value, self._item_event)
+            events = _intake(items, seq, self.rank, self.epochs, MAX_VALUE_CHARS, _value, item_event)
         else:
-            item_event = self._item_event
             events = [ev for ev in map(item_event, items, range(seq, seq + len(items))) if ev is not None]
         add = self.builder.add
         for ev in events:
             add(ev)
         self.next_seq = seq + len(items)
         self.records += len(events)
-        if len(self.builder._done) >= EXPORT_MIN_SPANS:
+        if self.builder.finished_spans >= EXPORT_MIN_SPANS:
             self.export()
+
+    def _write_log(self, items: list[tuple], seq: int) -> set[int]:
+        """Write the items' Records to the log sink; the indices of those that could not be rendered (reported)."""
+        recs = []
+        bad: set[int] = set()
+        for i, item in enumerate(items):
+            try:
+                recs.append(render_record(seq + i, item))
+            except Exception as e:  # should not happen: items are int/str/float by construction
+                self._error(f"dropped an unrenderable record: {e!r}")
+                bad.add(i)
+        try:
+            self.log_sink.write(recs)
+        except Exception as e:
+            self._error(f"log file write failed: {e!r}")
+            self.log_sink = None
+        return bad
 
     def _item_event(self, item: tuple, seq: int) -> Event | None:
         """The Event of one compact item ``(ts, level, tag, fields)`` (None, reported, when it cannot be rendered).
@@ -239,14 +193,14 @@ class Exporter:
                     continue
                 if t is str:
                     if " " in v or len(v) > MAX_VALUE_CHARS:
-                        v = _cut(v.replace(" ", ""))
+                        v = cut(v.replace(" ", ""))
                     r = _parsed.get(v)
                     f[k] = _value(v) if r is None else r
                 else:
-                    r = _render_other(v, None, None)
+                    r = render_other(v, None, None)
                     f[k] = _value(r) if type(r) is str else r
             if type(tag) is not str or type(level) is not int:
-                _, _, level, tag, _ = render_record(0, (ts, level, tag, {}))
+                tag, level = tag_level(tag, level)
         except Exception as e:  # should not happen: items are int/str/float by construction
             self._error(f"dropped an unrenderable record: {e!r}")
             return None
@@ -257,20 +211,17 @@ class Exporter:
             tr = self.epochs[rank] = _epoch_tracker()
         # EpochTracker.step only moves on reset / split / insert or right after a reset; for every other
         # record it returns the current epoch unchanged (hint 0 never moves it), so skip the call.
-        if tag in _EPOCH_TAGS or type(tr) is not _EpochTracker or tr._after_reset:
+        if tag in _EPOCH_TAGS or type(tr) is not _EpochTracker or tr.pending:
             ep = tr.step(tag, f)
         else:
             ep = tr.epoch
         return Event(tag, rank, seq, ts, ep, f, level, "live", 0)
 
     def add_records(self, records: list[tuple], dropped: int) -> None:
+        """The reference path the intakes are held equal to (tests/unit/test_export_fast_paths.py): finished Records
+        ``(seq, ts, level, tag, ((k, v), ...))``, each string value parsed as a log line's value would be, and every
+        record stepped through its rank's epoch tracker. :meth:`add_items` gives the same Events."""
         self.dropped_upstream = dropped
-        if self.log_sink is not None:
-            try:
-                self.log_sink.write(records)
-            except Exception as e:
-                self._error(f"log file write failed: {e!r}")
-                self.log_sink = None
         b = self.builder
         epochs = self.epochs
         default_rank = self.rank
@@ -283,33 +234,34 @@ class Exporter:
                 tr = epochs[rank] = _epoch_tracker()
             b.add(Event(tag, rank, seq, ts, tr.step(tag, f), f, level, "live", 0))
         self.records += len(records)
-        if len(b._done) >= EXPORT_MIN_SPANS:
+        if b.finished_spans >= EXPORT_MIN_SPANS:
             self.export()
 
     def tick(self) -> None:
+        """Idle or between batches: expire spans, export finished ones every EXPORT_EVERY_S, flush the files."""
         now = time.monotonic()
         self.builder.expire(time.time_ns())
-        if self.builder._done and now - self._last_export >= EXPORT_EVERY_S:
+        if self.builder.finished_spans and now - self._last_export >= EXPORT_EVERY_S:
             self.export()
         if now - self._last_file_flush >= FILE_FLUSH_EVERY_S:
             self._last_file_flush = now
             for s in (self.file_sink, self.log_sink):
                 if s is not None:
                     try:
-                        s.flush()
+                        s.flush(0.0)
                     except Exception:
                         pass
 
     # -- output ----------------------------------------------------------------------------------------------
     def export(self) -> None:
+        """Hand the finished spans to the span sinks (a file sink that fails is reported and dropped)."""
         self._last_export = time.monotonic()
         spans = self.builder.take()
         if not spans:
             return
         groups = [(self.resource, spans)]
-        if self.sender is not None:
-            for body in encode_requests(groups):
-                self.sender.submit(body)
+        if self.otlp is not None:
+            self.otlp.export(groups)
         if self.file_sink is not None:
             try:
                 self.file_sink.export(groups)
@@ -318,11 +270,17 @@ class Exporter:
                 self.file_sink = None
 
     def _stamp_dropped(self) -> None:
-        if self.dropped_upstream != self._reported_dropped or self.builder._open.get((self.rank, "rank")):
+        if self.dropped_upstream != self._reported_dropped or self.builder.rank_span_open(self.rank):
             self.builder.annotate_rank(self.rank, {sc.DROPPED: self.dropped_upstream}, time.time_ns())
             self._reported_dropped = self.dropped_upstream
 
+    def _sinks(self) -> list[Any]:
+        """The sinks, in the order they are flushed and closed (the files first, the network last: it may wait)."""
+        return [s for s in (self.file_sink, self.log_sink, self.otlp) if s is not None]
+
     def flush(self, timeout_s: float, dropped: int | None = None) -> bool:
+        """Close every open span and deliver everything; True when all of it reached every sink (and no error was
+        ever reported), within ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         if dropped is not None:
             self.dropped_upstream = dropped
@@ -330,24 +288,19 @@ class Exporter:
         self.builder.close_all("flush")
         self.export()
         ok = not self.errors
-        for s in (self.file_sink, self.log_sink):
-            if s is not None:
-                ok = s.flush() and ok
-        if self.sender is not None:
-            ok = self.sender.flush(max(0.0, deadline - time.monotonic())) and ok
+        for s in self._sinks():
+            ok = s.flush(max(0.0, deadline - time.monotonic())) and ok
         return ok
 
     def close(self, timeout_s: float) -> bool:
+        """End of input: end-of-stream checks, close every span, deliver within ``timeout_s``, close the sinks."""
         deadline = time.monotonic() + timeout_s
         self._stamp_dropped()
         self.builder.finish()
         self.export()
         ok = True
-        for s in (self.file_sink, self.log_sink):
-            if s is not None:
-                ok = s.close() and ok
-        if self.sender is not None:
-            ok = self.sender.close(max(0.0, deadline - time.monotonic())) and ok
+        for s in self._sinks():
+            ok = s.close(max(0.0, deadline - time.monotonic())) and ok
         return ok
 
     def stats(self) -> dict[str, Any]:
@@ -359,10 +312,15 @@ class Exporter:
             "dropped_upstream": self.dropped_upstream,
             "errors": list(self.errors),
         }
-        for s in (self.sender, self.file_sink, self.log_sink):
+        for s in (self.otlp, self.file_sink, self.log_sink):
             if s is not None:
                 st.update(s.stats())
         return st
+
+
+def _skip_none(item_event: Callable[[Any, int], Event | None]) -> Callable[[Any, int], Event | None]:
+    """``item_event`` for a batch whose unrenderable items were replaced by None (already reported)."""
+    return lambda item, seq: None if item is None else item_event(item, seq)
 
 
 def _safe(s: str) -> str:
@@ -370,7 +328,8 @@ def _safe(s: str) -> str:
 
 
 def run_loop(get: Callable[[float], Any], ack: Callable[[tuple], None]) -> int:
-    """Process messages from ``get(timeout)`` (``None`` = end of input, ``queue.Empty`` = idle) until end of input."""
+    """Process messages from ``get(timeout)`` (``None`` = end of input, ``queue.Empty`` = idle) until end of input;
+    0 when everything was delivered at the end."""
     exp: Exporter | None = None
     while True:
         try:
@@ -383,36 +342,22 @@ def run_loop(get: Callable[[float], Any], ack: Callable[[tuple], None]) -> int:
             break
         kind = msg[0]
         try:
-            if kind == "items":
+            if kind == ITEMS:
                 if exp is not None:
                     exp.add_items(msg[1], msg[2])
                     exp.tick()
-            elif kind == "rec":
-                if exp is not None:
-                    exp.add_records(msg[1], msg[2])
-                    exp.tick()
-            elif kind == "flush":
+            elif kind == FLUSH:
                 ok = exp.flush(msg[3], msg[2]) if exp is not None else False
-                ack(("ack", msg[1], ok, exp.stats() if exp is not None else {}))
-            elif kind == "init":
+                ack((ACK, msg[1], ok, exp.stats() if exp is not None else {}))
+            elif kind == INIT:
                 exp = Exporter(msg[1])
         except Exception as e:  # keep serving: a bad batch must not take the exporter down
             print(f"cptrace_otel: exporter error on {kind!r}: {e!r}", file=sys.stderr, flush=True)
-            if kind == "flush":
-                ack(("ack", msg[1], False, {"errors": [repr(e)]}))
+            if kind == FLUSH:
+                ack((ACK, msg[1], False, {"errors": [repr(e)]}))
     if exp is None:
         return 0
     return 0 if exp.close(exp.cfg.timeout_s) else 1
-
-
-def _read_exact(f: Any, n: int) -> bytes | None:
-    buf = b""
-    while len(buf) < n:
-        chunk = f.read(n - len(buf))
-        if not chunk:
-            return None
-        buf += chunk
-    return buf
 
 
 def main() -> int:
@@ -435,13 +380,10 @@ def main() -> int:
     def reader() -> None:
         try:
             while True:
-                h = _read_exact(inp, HEADER.size)
-                if h is None:
+                msg = read_frame(inp)
+                if msg is None:
                     break
-                body = _read_exact(inp, HEADER.unpack(h)[0])
-                if body is None:
-                    break
-                q.put(pickle.loads(body))
+                q.put(msg)
         except Exception as e:
             print(f"cptrace_otel: exporter input error: {e!r}", file=sys.stderr, flush=True)
         q.put(None)
@@ -450,10 +392,10 @@ def main() -> int:
     out_lock = threading.Lock()
 
     def ack(msg: tuple) -> None:
-        data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+        data = frame(msg)
         with out_lock:
             try:
-                out.write(HEADER.pack(len(data)) + data)
+                out.write(data)
                 out.flush()
             except OSError:
                 pass  # the traced process is gone; nothing to tell

@@ -28,7 +28,9 @@ import time
 from typing import Any, TextIO
 from urllib.parse import urlsplit
 
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+from ..config import traces_url
+
+from ..exits import EXIT_FINDINGS, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 RANK_TIMEOUT_S = 120.0
 
 
@@ -39,14 +41,6 @@ class _Progress:
     def __call__(self, msg: str) -> None:
         if not self.quiet:
             print(f"[demo {time.monotonic() - self.t0:5.1f}s] {msg}", file=self.err, flush=True)
-
-
-def _traces_url(endpoint: str, protocol: str) -> str:
-    """The OTLP traces URL: an HTTP base URL without a path gets ``/v1/traces``; gRPC URLs stay as given."""
-    u = endpoint if "://" in endpoint else "http://" + endpoint
-    if protocol == "http/protobuf" and urlsplit(u).path in ("", "/"):
-        u = u.rstrip("/") + "/v1/traces"
-    return u
 
 
 def _reachable(endpoint: str, protocol: str, timeout_s: float = 2.0) -> bool:
@@ -106,7 +100,7 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
         print(f"cptrace-otel demo: {problem}", file=err)
         return EXIT_USAGE
     progress = _Progress(err, quiet=False)
-    endpoint = _traces_url(args.endpoint, args.protocol) if args.endpoint else None
+    endpoint = traces_url(args.endpoint, args.protocol) if args.endpoint else None
     if endpoint and not _reachable(endpoint, args.protocol):
         msg = f"cannot reach the OTLP endpoint {endpoint} ({args.protocol}); start a collector or Jaeger there, " \
               "or run without --endpoint to use the embedded file sink"

@@ -13,7 +13,7 @@ import pytest
 from cptrace_otel import config
 from cptrace_otel.export import worker
 from cptrace_otel.logline import parse_value
-from cptrace_otel.pipeline import render_record
+from cptrace_otel.records import render_record
 
 
 def _exporter() -> worker.Exporter:
@@ -52,8 +52,8 @@ def test_add_items_fast_path_equals_render_record_path(intake: str, monkeypatch:
         monkeypatch.setattr(worker, "_intake", None)
     elif worker._intake is None:
         if os.environ.get("CPTRACE_REQUIRE_SPEEDUPS") == "1":
-            pytest.fail("the C intake (_logc) was not built (CPTRACE_REQUIRE_SPEEDUPS=1)")
-        pytest.skip("the C intake (_logc) was not built")
+            pytest.fail("the C intake (_speedups._intake) was not built (CPTRACE_REQUIRE_SPEEDUPS=1)")
+        pytest.skip("the C intake (_speedups._intake) was not built")
     rng = random.Random(5)
     items = _items(rng, 3000)
     fast, ref = _exporter(), _exporter()

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from otlp_receiver import flatten, parse_json_line  # noqa: E402
 
 from cptrace_otel import semconv as sc
-from cptrace_otel.export import otlp
+from cptrace_otel.export import otlp, otlp_json
 from cptrace_otel.spans import STATUS_ERROR, Span
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
@@ -105,7 +105,7 @@ def test_protobuf_encoding_decodes_with_opentelemetry_proto(seed: int) -> None:
 def test_json_lines_parse_with_json_format(seed: int) -> None:
     rng = random.Random(100 + seed)
     spans = _spans(rng, 40)
-    line = otlp.request_json([(RESOURCE, spans)])
+    line = otlp_json.request_json([(RESOURCE, spans)])
     assert "\n" not in line
     d = json.loads(line)
     sp0 = d["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
@@ -130,7 +130,7 @@ def test_non_finite_floats_and_wide_ints() -> None:
     a = rx[0].attrs
     assert math.isnan(a["nan"]) and a["inf"] == math.inf and a["ninf"] == -math.inf
     assert a["wide"] == str(1 << 70) and a["neg"] == -5
-    j = flatten(parse_json_line(otlp.request_json([(RESOURCE, [sp])])))[0].attrs
+    j = flatten(parse_json_line(otlp_json.request_json([(RESOURCE, [sp])])))[0].attrs
     assert math.isnan(j["nan"]) and j["inf"] == math.inf and j["wide"] == str(1 << 70) and j["neg"] == -5
 
 

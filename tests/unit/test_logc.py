@@ -1,6 +1,6 @@
-"""The C log-line parser ``_logc`` gives exactly what :func:`cptrace_otel.logline.parse_line` gives (tag, fields in
-line order, value types) on every line it accepts, and leaves every other line to the Python parser; the log reader
-produces the same events, malformed reports and counts with and without it.
+"""The C log-line parser ``_speedups._logreader`` gives exactly what :func:`cptrace_otel.logline.parse_line` gives
+(tag, fields in line order, value types) on every line it accepts, and leaves every other line to the Python parser;
+the log reader produces the same events, malformed reports and counts with and without it.
 
 Skipped when the extension was not built, unless ``CPTRACE_REQUIRE_SPEEDUPS=1`` (then missing it fails)."""
 
@@ -24,7 +24,7 @@ needs_logc = pytest.mark.skipif(_logc is None and not _REQUIRED, reason="_logc n
 
 def test_speedup_present_when_required():
     if _REQUIRED:
-        assert _logc is not None, "CPTRACE_REQUIRE_SPEEDUPS=1 but cptrace_otel.analyze.sources._logc is missing"
+        assert _logc is not None, "CPTRACE_REQUIRE_SPEEDUPS=1 but cptrace_otel._speedups._logreader is missing"
 
 
 def _typed(v):
@@ -341,10 +341,11 @@ def test_reader_several_files_same_with_and_without_c(tmp_path, monkeypatch):
 def test_events_built_through_their_slots_equal_constructed_ones():
     """configure(..., event_slots) makes the parser write Event's slots itself; the Events must be the ones the
     constructor makes (type, every field, no instance dict), and without event_slots it calls the type."""
-    from cptrace_otel.checks.epochs import EpochTracker
+    from cptrace_otel._speedups.event import event_slots
+    from cptrace_otel.checks.epochs import EPOCH_TAGS, EpochTracker
     from cptrace_otel.events import Event
 
-    names = logs._event_slots()
+    names = event_slots()
     assert names == tuple(f for f in Event.__dataclass_fields__)
     data = "".join(_fuzz_lines(500, seed=5)).encode("utf-8")
 
@@ -358,9 +359,9 @@ def test_events_built_through_their_slots_equal_constructed_ones():
     rebuilt = [Event(*(getattr(ev, n) for n in names)) for ev in fast]
     assert fast == rebuilt and [repr(e) for e in fast] == [repr(e) for e in rebuilt]
     try:
-        _logc.configure(Rng, Event, EpochTracker, logs._EPOCH_TAGS)   # no event_slots: the constructor path
+        _logc.configure(Rng, Event, EpochTracker, EPOCH_TAGS)   # no event_slots: the constructor path
         assert events() == fast
         with pytest.raises(TypeError):
-            _logc.configure(Rng, Event, EpochTracker, logs._EPOCH_TAGS, ("tag",))
+            _logc.configure(Rng, Event, EpochTracker, EPOCH_TAGS, ("tag",))
     finally:
-        _logc.configure(Rng, Event, EpochTracker, logs._EPOCH_TAGS, names)
+        _logc.configure(Rng, Event, EpochTracker, EPOCH_TAGS, names)

@@ -1,4 +1,4 @@
-"""The C encoder of span events (``export/_otlpc.c``) writes exactly the bytes of the Python encoder, for the common
+"""The C encoder of span events (``_speedups/otlp.c``) writes exactly the bytes of the Python encoder, for the common
 events it encodes itself and for every odd event it hands back to Python; both decode with opentelemetry-proto.
 
 Skipped when the extension was not built (no compiler), unless ``CPTRACE_REQUIRE_SPEEDUPS=1`` (``.ci/run``), which
@@ -19,8 +19,8 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 if otlp._span_events is None:
     if os.environ.get("CPTRACE_REQUIRE_SPEEDUPS") == "1":
-        pytest.fail("cptrace_otel.export._otlpc was not built (CPTRACE_REQUIRE_SPEEDUPS=1)", pytrace=False)
-    pytest.skip("cptrace_otel.export._otlpc not built", allow_module_level=True)
+        pytest.fail("cptrace_otel._speedups._otlp was not built (CPTRACE_REQUIRE_SPEEDUPS=1)", pytrace=False)
+    pytest.skip("cptrace_otel._speedups._otlp not built", allow_module_level=True)
 
 C = otlp._span_events
 

@@ -16,7 +16,7 @@ from cptrace_otel.analyze.sources.otlpfile import OtlpInfo, any_value, looks_lik
 from _checks_util import FIXTURES
 
 spans = pytest.importorskip("cptrace_otel.spans")
-otlp = pytest.importorskip("cptrace_otel.export.otlp")
+otlp_json = pytest.importorskip("cptrace_otel.export.otlp_json")
 
 
 def _write_otlp(log_paths: list[str], out: str, run_id: str = "run-1", level: int = 2, batch: int = 7) -> list:
@@ -33,7 +33,7 @@ def _write_otlp(log_paths: list[str], out: str, run_id: str = "run-1", level: in
                 done = b.take()
                 if done:
                     groups.append(({sc.CP_RANK: r, sc.RUN_ID: run_id, sc.TRACE_LEVEL: level}, done))
-            line = otlp.request_json(groups)
+            line = otlp_json.request_json(groups)
             if line:
                 fh.write(line + "\n")
         for i, ev in enumerate(evs):

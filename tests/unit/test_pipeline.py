@@ -15,7 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from otlp_receiver import read_jsonl  # noqa: E402
 
-from cptrace_otel import api, config, pipeline
+from cptrace_otel import api, config, pipeline, records
 from cptrace_otel import semconv as sc
 from cptrace_otel.logline import parse_line, parse_prefix, parse_value
 
@@ -55,7 +55,7 @@ class Spacey:
 @pytest.mark.parametrize("exporter", ["thread", "process"])
 def test_fuzzed_values_flush_and_render_like_upstream(tmp_path: Path, exporter: str) -> None:
     _configure(tmp_path, exporter)
-    huge = "x" * (pipeline.MAX_VALUE_CHARS + 500)
+    huge = "x" * (records.MAX_VALUE_CHARS + 500)
     cases = [
         dict(node_id=1, v=None),
         dict(node_id=1, v=[1, [2, [3, "a b"]], (4, 5)]),
@@ -120,7 +120,7 @@ def test_submit_never_raises() -> None:
     submit = st.make_submit()
     submit(1, "t", {})
     assert len(st.buf) == 0
-    rec = pipeline.render_record(0, (1, "notint", 5, {"a": BadStr()}))
+    rec = records.render_record(0, (1, "notint", 5, {"a": BadStr()}))
     assert rec[2] == 1 and rec[3] == "5" and rec[4] == (("a", "(err:ValueError)"),)
 
 

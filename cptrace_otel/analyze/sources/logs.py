@@ -10,27 +10,27 @@
 * Several files are merged lazily by ``ts`` (``heapq.merge``), so memory does not grow with the files' length.
 
 The field parser is a fast path of :func:`cptrace_otel.logline.parse_line` with identical results (a unit test
-compares them): common value shapes (ints, ``rng`` summaries, bare words) are decoded without regexes and repeated
-scalar tokens are memoized; anything unusual falls back to :func:`~cptrace_otel.logline.parse_value`.
+compares them): values go through :func:`cptrace_otel.logline.fast_value` (the grammar's one fast path) and
+repeated scalar tokens are memoized here.
 
-When the optional C extension ``_logc`` was built (``setup.py``), a file is read as bytes in blocks and ``_logc``
-splits, decodes and parses the lines and builds the events in C (the same events, unit-tested against both the
-reference parser and the Python reader); the lines it does not know (non-ASCII text, floats, odd shapes, malformed
-lines) take the Python parser above.
+When the optional C line reader (:mod:`cptrace_otel._speedups.logreader`) was built (``setup.py``), a file is read
+as bytes in blocks and the C code splits, decodes and parses the lines and builds the events (the same events,
+unit-tested against both the reference parser and the Python reader); the lines it does not know (non-ASCII text,
+floats, odd shapes, malformed lines) take the Python parser above.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import itertools
 import os
 import re
 from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
-from ...checks.epochs import EpochTracker
+from ..._speedups.logreader import load as _load_logreader
+from ...checks.epochs import EPOCH_TAGS, EpochTracker
 from ...events import Event
-from ...logline import Rng, parse_value
+from ...logline import fast_value
 from .files import consumed, open_text, truncated
 
 MARKER = "[CPTRACE"
@@ -87,49 +87,7 @@ class LogStats:
 
 # -- fast field parser -------------------------------------------------------------------------------------------
 
-_I = r"(0|-?[1-9][0-9]*)"  # a canonical int, exactly the texts parse_value turns into ints
-_INTLIST_FAST = re.compile(rf"\[(?:{_I}(?:,{_I})*)?\]$", re.ASCII)
-_RNG_FAST = re.compile(rf"\(cnt={_I},min={_I},max={_I},first={_I},last={_I}\)$", re.ASCII)
 _TOKCACHE_MAX = 16384
-
-
-def _canon_int(s: str) -> int | None:
-    """``int(s)`` when ``s`` is the canonical rendering of that int (what parse_value accepts), else None."""
-    if s.isascii() and s.isdigit():
-        if s[0] != "0" or len(s) == 1:
-            return int(s)
-        return None
-    if len(s) > 1 and s[0] == "-" and s[1] != "0" and s.isascii() and s[1:].isdigit():
-        return int(s)
-    return None
-
-
-def _value(v: str) -> Any:
-    if not v:
-        return v
-    c = v[0]
-    if c.isdigit():
-        if v.isdigit() and v.isascii() and (c != "0" or len(v) == 1):
-            return int(v)
-        return parse_value(v)
-    if c == "-":
-        i = _canon_int(v)
-        return i if i is not None else parse_value(v)
-    if c == "(":
-        m = _RNG_FAST.match(v)
-        if m is not None:
-            a, b, c_, d, e = m.groups()
-            return Rng(int(a), int(b), int(c_), int(d), int(e))
-        return parse_value(v)
-    if c == "[":
-        m = _INTLIST_FAST.match(v)
-        if m is not None:  # a flat list of canonical ints, the common case (chain, pub, hp, hs)
-            inner = v[1:-1]
-            return list(map(int, inner.split(","))) if inner else []
-        return parse_value(v)
-    if c.isalpha() and c.isascii():
-        return v  # a bare word: parse_value keeps it as a string
-    return parse_value(v)
 
 
 _NOCACHE_KEYS = frozenset(("ts", "seq", "h", "hh", "wall", "mono"))  # unique per record: caching them only churns
@@ -149,11 +107,11 @@ class _TokenCache(dict):
         if not eq or not k:
             raise _BadToken(tok)
         if v.isdigit() and v.isascii() and (v[0] != "0" or len(v) == 1):
-            val: Any = int(v)   # the commonest miss (node_id, op, h, ...): _value's first case, without the call
+            val: Any = int(v)   # the commonest miss (node_id, op, h, ...): fast_value's first case, without the call
             if k in _NOCACHE_KEYS:
                 return (k, val)
         else:
-            val = _value(v)
+            val = fast_value(v)
         if k not in _NOCACHE_KEYS and type(val) is not list and len(tok) < 100:
             if len(self) >= _TOKCACHE_MAX:
                 self.clear()
@@ -249,31 +207,12 @@ def _report_truncation(fh, path: str, line_no: int, on_bad: Callable[[Malformed]
         on_bad(Malformed(path, line_no + 1, why, ""))
 
 
-_EPOCH_TAGS = frozenset(("reset", "split", "insert"))  # the only records that can move an epoch tracker
 _CHUNK = 512  # events pulled from one file at a time: the merge works on chunks, not events
 _BLOCK = 1 << 18  # bytes handed to the C parser at a time
 
-
-def _load_speedups():
-    """The C line parser ``_logc`` (same results as this module's Python parser) when it was built, else None."""
-    try:
-        from . import _logc
-    except ImportError:
-        return None
-    _logc.configure(Rng, Event, EpochTracker, _EPOCH_TAGS, _event_slots())
-    return _logc
-
-
-def _event_slots() -> tuple[str, ...] | None:
-    """Event's field names in constructor order when its __init__ does nothing but assign them (a slots dataclass
-    without __post_init__ or init=False fields): the C parser may then fill the slots itself. None otherwise."""
-    fs = dataclasses.fields(Event)
-    if hasattr(Event, "__post_init__") or "__dict__" in dir(Event) or not all(f.init for f in fs):
-        return None
-    return tuple(f.name for f in fs)
-
-
-_logc = _load_speedups()
+# The C line reader (cptrace_otel._speedups.logreader: the same events as this module's Python reader) when it was
+# built, else None.
+_logc = _load_logreader()
 
 
 def _file_chunks(fh, path: str, drank: int, on_bad: Callable[[Malformed], None], stats: LogStats,
@@ -364,7 +303,7 @@ def _file_chunks_py(fh, path: str, drank: int, on_bad: Callable[[Malformed], Non
     chunk: list[Event] = []
     append = chunk.append
     last_r, rs = None, None
-    epoch_tags = _EPOCH_TAGS
+    epoch_tags = EPOCH_TAGS
     good_tags = _GOOD_TAGS
     pair = _pair
     bad_token = _BadToken
@@ -412,7 +351,7 @@ def _file_chunks_py(fh, path: str, drank: int, on_bad: Callable[[Malformed], Non
             seq = rs[0]
             rs[0] = seq + 1
             t = rs[1]
-            ep = t.step(tag, fields) if (tag in epoch_tags or t._after_reset) else t.epoch
+            ep = t.step(tag, fields) if (tag in epoch_tags or t.pending) else t.epoch
             append(Event(tag, r, seq, ts, ep, fields, 1, path, line_no))
             if len(chunk) >= _CHUNK:
                 stats.events += len(chunk)
@@ -542,7 +481,7 @@ def _renumber(chunks: Iterator[list[Event]], stats: LogStats) -> Iterator[Event]
             ev.seq = rs[0]
             rs[0] += 1
             t = rs[1]
-            if ev.tag in _EPOCH_TAGS or t._after_reset:
+            if ev.tag in EPOCH_TAGS or t.pending:
                 ev.epoch = t.step(ev.tag, ev.fields)
             else:
                 ev.epoch = t.epoch

@@ -1,6 +1,11 @@
-/* OTLP protobuf encoding of span events, the exporter worker's largest per-event cost in Python.
+/* OTLP protobuf encoding of span events, the exporter worker's largest per-event cost in Python; loaded by otlp.py.
  *
- * One function, span_events(events, fallback) -> bytes: the concatenated ``Span.events`` fields (tag 0x5a) of
+ * init(EventAttrs, Rng, field_prefix, rng_suffixes, trailer_keys): the two Python types the encoder recognises
+ * and the attribute keys it writes, as cptrace_otel.attrs maps fields to attributes (given by Python, declared only
+ * there): a field k becomes field_prefix + k, the five parts of a range field_prefix + k + rng_suffixes[i], and
+ * trailer_keys are the keys of an EventAttrs' seq, epoch and level.
+ *
+ * span_events(events, fallback) -> bytes: the concatenated ``Span.events`` fields (tag 0x5a) of
  * ``events``, a sequence of (ts, name, attrs) tuples. An event is encoded here when its attrs are a clean
  * ``spans.EventAttrs`` whose fields are all of the common kinds: exact ints within int64, str, ``logline.Rng`` of
  * five int64 ints, and lists of ints (sent as their ``[a,b,...]`` text). Any other event (a plain dict of
@@ -21,12 +26,9 @@ static PyObject *EventAttrs_type = NULL; /* spans.EventAttrs */
 static PyObject *Rng_type = NULL;        /* logline.Rng */
 static PyObject *s_fields, *s_seq, *s_epoch, *s_level, *s_dirty;
 
-static const char PREFIX[] = "hicache.";
-#define PREFIX_LEN 8
-static const char *const RNG_PARTS[5] = {"cnt", "min", "max", "first", "last"};
-static const char *const K_SEQ = "cptrace.seq";
-static const char *const K_EPOCH = "cptrace.epoch";
-static const char *const K_LEVEL = "cptrace.record.level";
+/* The keys, as UTF-8 bytes objects (init): the field prefix, the key suffix of each range part, and the keys of
+ * seq, epoch and level. */
+static PyObject *prefix_b, *part_suffix_b[5], *trailer_b[3];
 
 /* -- a growable byte buffer ------------------------------------------------------------------------------------- */
 typedef struct {
@@ -124,6 +126,8 @@ static int encode_attrs(Buf *out, PyObject *attrs, Buf *tmp) {
     fields = PyObject_GetAttr(attrs, s_fields);
     if (!fields) goto error;
     if (!PyDict_CheckExact(fields)) goto done;
+    const char *pre = PyBytes_AS_STRING(prefix_b);
+    Py_ssize_t pre_n = PyBytes_GET_SIZE(prefix_b);
     PyObject *k, *v;
     while (PyDict_Next(fields, &pos, &k, &v)) {
         if (!PyUnicode_CheckExact(k)) goto undo;
@@ -138,7 +142,7 @@ static int encode_attrs(Buf *out, PyObject *attrs, Buf *tmp) {
         PyTypeObject *t = Py_TYPE(v);
         if (t == &PyLong_Type) {
             if (!int64_of(v, &iv)) goto undo;
-            if (put_kv(out, PREFIX, PREFIX_LEN, ks, kn, "", 0, 1, iv, NULL, 0) < 0) goto error;
+            if (put_kv(out, pre, pre_n, ks, kn, "", 0, 1, iv, NULL, 0) < 0) goto error;
         } else if (t == &PyUnicode_Type) {
             Py_ssize_t sn;
             const char *s = PyUnicode_AsUTF8AndSize(v, &sn);
@@ -146,18 +150,17 @@ static int encode_attrs(Buf *out, PyObject *attrs, Buf *tmp) {
                 PyErr_Clear();
                 goto undo;
             }
-            if (put_kv(out, PREFIX, PREFIX_LEN, ks, kn, "", 0, 0, 0, s, sn) < 0) goto error;
+            if (put_kv(out, pre, pre_n, ks, kn, "", 0, 0, 0, s, sn) < 0) goto error;
         } else if ((PyObject *)t == Rng_type) {
             if (PyTuple_GET_SIZE(v) != 5) goto undo;
             uint64_t parts[5];
             for (int i = 0; i < 5; i++)
                 if (!int64_of(PyTuple_GET_ITEM(v, i), &parts[i])) goto undo;
             for (int i = 0; i < 5; i++) {
-                char suffix[8];
-                Py_ssize_t sl = (Py_ssize_t)strlen(RNG_PARTS[i]);
-                suffix[0] = '.';
-                memcpy(suffix + 1, RNG_PARTS[i], (size_t)sl);
-                if (put_kv(out, PREFIX, PREFIX_LEN, ks, kn, suffix, sl + 1, 1, parts[i], NULL, 0) < 0) goto error;
+                PyObject *sfx = part_suffix_b[i];
+                if (put_kv(out, pre, pre_n, ks, kn, PyBytes_AS_STRING(sfx), PyBytes_GET_SIZE(sfx), 1,
+                           parts[i], NULL, 0) < 0)
+                    goto error;
             }
         } else if (t == &PyList_Type) {
             /* a list of ints travels as its rendered text "[a,b,...]" (str() of each item) */
@@ -173,7 +176,7 @@ static int encode_attrs(Buf *out, PyObject *attrs, Buf *tmp) {
                 tmp->n += snprintf(tmp->p + tmp->n, 21, "%lld", (long long)iv);
             }
             tmp->p[tmp->n++] = ']';
-            if (put_kv(out, PREFIX, PREFIX_LEN, ks, kn, "", 0, 0, 0, tmp->p, tmp->n) < 0) goto error;
+            if (put_kv(out, pre, pre_n, ks, kn, "", 0, 0, 0, tmp->p, tmp->n) < 0) goto error;
         } else {
             goto undo;
         }
@@ -182,11 +185,12 @@ static int encode_attrs(Buf *out, PyObject *attrs, Buf *tmp) {
     epoch = seq ? PyObject_GetAttr(attrs, s_epoch) : NULL;
     level = epoch ? PyObject_GetAttr(attrs, s_level) : NULL;
     if (!level) goto error;
-    uint64_t a, b, c;
-    if (!int64_of(seq, &a) || !int64_of(epoch, &b) || !int64_of(level, &c)) goto undo;
-    if (put_kv(out, K_SEQ, (Py_ssize_t)strlen(K_SEQ), "", 0, "", 0, 1, a, NULL, 0) < 0) goto error;
-    if (put_kv(out, K_EPOCH, (Py_ssize_t)strlen(K_EPOCH), "", 0, "", 0, 1, b, NULL, 0) < 0) goto error;
-    if (put_kv(out, K_LEVEL, (Py_ssize_t)strlen(K_LEVEL), "", 0, "", 0, 1, c, NULL, 0) < 0) goto error;
+    uint64_t tv[3];
+    if (!int64_of(seq, &tv[0]) || !int64_of(epoch, &tv[1]) || !int64_of(level, &tv[2])) goto undo;
+    for (int i = 0; i < 3; i++)
+        if (put_kv(out, PyBytes_AS_STRING(trailer_b[i]), PyBytes_GET_SIZE(trailer_b[i]), "", 0, "", 0, 1, tv[i],
+                   NULL, 0) < 0)
+            goto error;
     rc = 1;
     goto done;
 undo:
@@ -209,7 +213,7 @@ static PyObject *span_events(PyObject *self, PyObject *args) {
     PyObject *events, *fallback;
     if (!PyArg_ParseTuple(args, "OO:span_events", &events, &fallback)) return NULL;
     if (!EventAttrs_type || !Rng_type) {
-        PyErr_SetString(PyExc_RuntimeError, "_otlpc.init(EventAttrs, Rng) was not called");
+        PyErr_SetString(PyExc_RuntimeError, "_otlp.init() was not called");
         return NULL;
     }
     PyObject *seq = PySequence_Fast(events, "events must be a sequence");
@@ -281,14 +285,43 @@ fail:
     return result;
 }
 
-/* init(EventAttrs, Rng): the two Python types the encoder recognises. */
-static PyObject *init(PyObject *self, PyObject *args) {
-    PyObject *ea, *rng;
-    if (!PyArg_ParseTuple(args, "OO:init", &ea, &rng)) return NULL;
-    if (!PyType_Check(ea) || !PyType_Check(rng) || !PyType_IsSubtype((PyTypeObject *)rng, &PyTuple_Type)) {
-        PyErr_SetString(PyExc_TypeError, "init(EventAttrs type, Rng tuple type)");
+/* A new reference to the UTF-8 bytes of str s, or NULL with an exception. */
+static PyObject *utf8_bytes(PyObject *s)
+{
+    if (!PyUnicode_Check(s)) {
+        PyErr_SetString(PyExc_TypeError, "init: attribute keys must be str");
         return NULL;
     }
+    return PyUnicode_AsUTF8String(s);
+}
+
+/* init(EventAttrs, Rng, field_prefix, rng_suffixes, trailer_keys): see the top of this file. */
+static PyObject *init(PyObject *self, PyObject *args)
+{
+    PyObject *ea, *rng, *prefix, *parts, *trailer;
+    if (!PyArg_ParseTuple(args, "OOUO!O!:init", &ea, &rng, &prefix, &PyTuple_Type, &parts, &PyTuple_Type, &trailer))
+        return NULL;
+    if (!PyType_Check(ea) || !PyType_Check(rng) || !PyType_IsSubtype((PyTypeObject *)rng, &PyTuple_Type) ||
+        PyTuple_GET_SIZE(parts) != 5 || PyTuple_GET_SIZE(trailer) != 3) {
+        PyErr_SetString(PyExc_TypeError,
+                        "init(EventAttrs type, Rng tuple type, field prefix, 5 range key suffixes, 3 trailer keys)");
+        return NULL;
+    }
+    PyObject *p = utf8_bytes(prefix), *sfx[5] = {NULL}, *tr[3] = {NULL};
+    int ok = p != NULL;
+    for (int i = 0; ok && i < 5; i++)
+        ok = (sfx[i] = utf8_bytes(PyTuple_GET_ITEM(parts, i))) != NULL;
+    for (int i = 0; ok && i < 3; i++)
+        ok = (tr[i] = utf8_bytes(PyTuple_GET_ITEM(trailer, i))) != NULL;
+    if (!ok) {
+        Py_XDECREF(p);
+        for (int i = 0; i < 5; i++) Py_XDECREF(sfx[i]);
+        for (int i = 0; i < 3; i++) Py_XDECREF(tr[i]);
+        return NULL;
+    }
+    Py_XSETREF(prefix_b, p);
+    for (int i = 0; i < 5; i++) Py_XSETREF(part_suffix_b[i], sfx[i]);
+    for (int i = 0; i < 3; i++) Py_XSETREF(trailer_b[i], tr[i]);
     Py_XSETREF(EventAttrs_type, Py_NewRef(ea));
     Py_XSETREF(Rng_type, Py_NewRef(rng));
     Py_RETURN_NONE;
@@ -298,13 +331,15 @@ static PyMethodDef methods[] = {
     {"span_events", span_events, METH_VARARGS,
      "span_events(events, fallback) -> bytes: the Span.events fields of (ts, name, attrs) tuples; events the C "
      "encoder does not cover go through fallback(ts, name, attrs) -> bytes."},
-    {"init", init, METH_VARARGS, "init(EventAttrs, Rng): register the Python types the encoder recognises."},
+    {"init", init, METH_VARARGS,
+     "init(EventAttrs, Rng, field_prefix, rng_suffixes, trailer_keys): the Python types the encoder recognises and the "
+     "attribute keys it writes."},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_otlpc", "C encoder of OTLP span events.", -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_otlp", "C encoder of OTLP span events.", -1, methods};
 
-PyMODINIT_FUNC PyInit__otlpc(void) {
+PyMODINIT_FUNC PyInit__otlp(void) {
     s_fields = PyUnicode_InternFromString("fields");
     s_seq = PyUnicode_InternFromString("seq");
     s_epoch = PyUnicode_InternFromString("epoch");

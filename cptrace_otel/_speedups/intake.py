@@ -1,0 +1,22 @@
+"""Loader of ``_intake`` (``intake.c``): the C fast path of the exporter worker's intake
+(:meth:`cptrace_otel.export.worker.Exporter._item_event` over a batch)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+
+def load(src: str) -> Callable[..., Any] | None:
+    """``intake(items, seq, default_rank, epochs, max_chars, value_fn, slow) -> [Event]`` (the worker's Events, with
+    ``src`` as their ``Event.src``), or None when it was not built."""
+    try:
+        from . import _intake  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    from ..checks.epochs import EPOCH_TAGS, EpochTracker
+    from ..events import Event
+    from ..logline import Rng
+    from .event import event_slots
+
+    _intake.configure(Rng, Event, EpochTracker, EPOCH_TAGS, event_slots(), src)
+    return _intake.intake

@@ -1,0 +1,21 @@
+"""Loader of ``_logreader`` (``logreader.c``): the C fast path of :mod:`cptrace_otel.analyze.sources.logs`."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+
+def load() -> ModuleType | None:
+    """The configured C line reader (``parse_line``, ``fill_chunk``: the same results as the Python reader), or None
+    when it was not built."""
+    try:
+        from . import _logreader  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    from ..checks.epochs import EPOCH_TAGS, EpochTracker
+    from ..events import Event
+    from ..logline import Rng
+    from .event import event_slots
+
+    _logreader.configure(Rng, Event, EpochTracker, EPOCH_TAGS, event_slots())
+    return _logreader

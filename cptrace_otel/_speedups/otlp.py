@@ -1,0 +1,22 @@
+"""Loader of ``_otlp`` (``otlp.c``): the C encoder of span events for :mod:`cptrace_otel.export.otlp`."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+
+def load() -> Callable[..., bytes] | None:
+    """``span_events(events, fallback) -> bytes`` (the bytes of ``export.otlp._event_field`` for each event), or
+    None when it was not built."""
+    try:
+        from . import _otlp  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    from .. import semconv as sc
+    from ..attrs import RNG_SUFFIXES
+    from ..logline import Rng
+    from ..spans import EventAttrs
+
+    # the key layout of attrs.fields_to_attributes, and the keys EventAttrs puts after the fields
+    _otlp.init(EventAttrs, Rng, sc.FIELD_PREFIX, RNG_SUFFIXES, (sc.SEQ, sc.EPOCH, sc.LEVEL))
+    return _otlp.span_events

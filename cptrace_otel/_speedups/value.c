@@ -1,0 +1,293 @@
+/* The value grammar shared by the C line reader and the C exporter intake (see value.h). Every result equals
+ * cptrace_otel.logline.parse_value of the same text; tests/unit/test_logc.py and test_export_fast_paths.py hold
+ * them equal. */
+#include "value.h"
+
+#include <string.h>
+
+/* int(s) raises for more digits than sys.get_int_max_str_digits() (4300 by default): leave those to Python. */
+#define MAX_DIGITS 4000
+
+const unsigned char ws_tab[256] = {
+    [9] = 1, [10] = 1, [11] = 1, [12] = 1, [13] = 1, [0x1c] = 1, [0x1d] = 1, [0x1e] = 1, [0x1f] = 1, [' '] = 1,
+};
+
+static PyObject *rng_type;      /* logline.Rng */
+static int rng_is_tuple;        /* Rng is a plain tuple subclass: build instances like tuple.__new__ does */
+static PyObject *empty_str;
+
+/* "(" + field + "=" for the first part, "," + field + "=" for the others: the rendering of logline.Rng */
+#define RNG_LABEL_MAX 32
+static char rng_label[5][RNG_LABEL_MAX];
+static Py_ssize_t rng_label_len[5];
+
+/* -- value cache: value text -> immutable parsed value (str or Rng), direct-mapped, replaced on collision -- */
+
+#define VC_SIZE 4096
+#define VC_MAXLEN 64
+typedef struct {
+    PyObject *obj;
+    Py_ssize_t n;
+    char text[VC_MAXLEN];
+} vc_slot;
+static vc_slot vcache[VC_SIZE];
+
+static vc_slot *vc_find(const char *p, Py_ssize_t n, PyObject **hit)
+{
+    vc_slot *s = &vcache[hash_bytes(p, n) & (VC_SIZE - 1)];
+    *hit = (s->obj != NULL && s->n == n && memcmp(s->text, p, (size_t)n) == 0) ? s->obj : NULL;
+    return s;
+}
+
+static void vc_store(vc_slot *s, const char *p, Py_ssize_t n, PyObject *obj)
+{
+    Py_INCREF(obj);
+    Py_XSETREF(s->obj, obj);
+    s->n = n;
+    memcpy(s->text, p, (size_t)n);
+}
+
+int value_configure(PyObject *rng)
+{
+    PyObject *names = PyObject_GetAttrString(rng, "_fields");
+    if (names == NULL)
+        return -1;
+    int ok = PyTuple_Check(names) && PyTuple_GET_SIZE(names) == 5;
+    for (int i = 0; ok && i < 5; i++) {
+        PyObject *f = PyTuple_GET_ITEM(names, i);
+        Py_ssize_t n;
+        const char *s = PyUnicode_Check(f) && PyUnicode_IS_ASCII(f) ? PyUnicode_AsUTF8AndSize(f, &n) : NULL;
+        ok = s != NULL && n > 0 && n + 2 < RNG_LABEL_MAX;
+        if (ok) {
+            rng_label[i][0] = i == 0 ? '(' : ',';
+            memcpy(rng_label[i] + 1, s, (size_t)n);
+            rng_label[i][n + 1] = '=';
+            rng_label_len[i] = n + 2;
+        }
+    }
+    Py_DECREF(names);
+    if (!ok) {
+        rng_label_len[0] = 0;
+        PyErr_SetString(PyExc_TypeError, "configure: Rng must name its five parts in _fields (short ASCII names)");
+        return -1;
+    }
+    if (empty_str == NULL && (empty_str = PyUnicode_FromStringAndSize("", 0)) == NULL)
+        return -1;
+    Py_INCREF(rng);
+    Py_XSETREF(rng_type, rng);
+    rng_is_tuple = PyType_Check(rng) && PyType_IsSubtype((PyTypeObject *)rng, &PyTuple_Type) &&
+                   ((PyTypeObject *)rng)->tp_dictoffset == 0 && ((PyTypeObject *)rng)->tp_alloc != NULL;
+    for (int i = 0; i < VC_SIZE; i++)
+        Py_CLEAR(vcache[i].obj);
+    return 0;
+}
+
+int value_configured(const char *module)
+{
+    if (rng_type != NULL && rng_label_len[0] > 0)
+        return 1;
+    PyErr_Format(PyExc_RuntimeError, "%s.configure() was not called", module);
+    return 0;
+}
+
+/* How logline._scalar sees p[0:n] with respect to ints: 0 = not "-?\d+", 1 = canonical (str(int(s)) == s),
+ * 2 = "-?\d+" but not canonical (leading zero or "-0": it stays a string). */
+static int int_kind(const char *p, Py_ssize_t n)
+{
+    Py_ssize_t i = (n > 0 && p[0] == '-') ? 1 : 0;
+    if (i >= n)
+        return 0;
+    for (Py_ssize_t j = i; j < n; j++)
+        if (!is_digit(p[j]))
+            return 0;
+    if (p[i] == '0' && (n - i > 1 || i == 1))
+        return 2;
+    return 1;
+}
+
+int value_int(const char *p, Py_ssize_t n, PyObject **out)
+{
+    int neg = p[0] == '-';
+    if (n - neg <= 18) {
+        long long v = 0;
+        for (Py_ssize_t i = neg; i < n; i++)
+            v = v * 10 + (p[i] - '0');
+        *out = PyLong_FromLongLong(neg ? -v : v);
+        return *out ? OK : ERR;
+    }
+    if (n > MAX_DIGITS)
+        return FALLBACK;
+    char *buf = PyMem_Malloc((size_t)n + 1);
+    if (buf == NULL) {
+        PyErr_NoMemory();
+        return ERR;
+    }
+    memcpy(buf, p, (size_t)n);
+    buf[n] = '\0';
+    *out = PyLong_FromString(buf, NULL, 10);
+    PyMem_Free(buf);
+    return *out ? OK : ERR;
+}
+
+/* 0 when float(p[0:n]) surely raises ValueError (p starts with a digit, '-' or '.'); 1 when it might not.
+ * float() takes only digits, '.', '_', an exponent, a leading sign (or one right after the exponent mark) and
+ * the words inf/infinity/nan. */
+static int maybe_float(const char *p, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        char c = p[i];
+        if (is_digit(c) || c == '.' || c == '_')
+            continue;
+        if (c == '+' || c == '-') {
+            if (i > 0 && p[i - 1] != 'e' && p[i - 1] != 'E')
+                return 0;
+            continue;
+        }
+        if (c != '\0' && strchr("eEinfatyINFATY", c) != NULL)
+            continue;
+        return 0;
+    }
+    return 1;
+}
+
+static int make_str(const char *p, Py_ssize_t n, PyObject **out)
+{
+    if (n > VC_MAXLEN) {
+        *out = PyUnicode_FromStringAndSize(p, n);
+        return *out ? OK : ERR;
+    }
+    PyObject *hit;
+    vc_slot *s = vc_find(p, n, &hit);
+    if (hit != NULL) {
+        Py_INCREF(hit);
+        *out = hit;
+        return OK;
+    }
+    *out = PyUnicode_FromStringAndSize(p, n);
+    if (*out == NULL)
+        return ERR;
+    vc_store(s, p, n, *out);
+    return OK;
+}
+
+static PyObject *new_rng(PyObject **parts)
+{
+    if (rng_is_tuple) {   /* what Rng.__new__ does: tuple.__new__(Rng, parts) */
+        PyTypeObject *t = (PyTypeObject *)rng_type;
+        PyObject *r = t->tp_alloc(t, 5);
+        if (r == NULL)
+            return NULL;
+        for (int i = 0; i < 5; i++) {
+            Py_INCREF(parts[i]);
+            PyTuple_SET_ITEM(r, i, parts[i]);
+        }
+        PyObject_GC_UnTrack(r);   /* ints only, no cycle possible: what the collector would decide anyway */
+        return r;
+    }
+    return PyObject_CallFunctionObjArgs(rng_type, parts[0], parts[1], parts[2], parts[3], parts[4], NULL);
+}
+
+/* A rendered Rng of five canonical ints -> Rng; any other text after the first label -> fall back */
+static int make_rng(const char *p, Py_ssize_t n, PyObject **out)
+{
+    PyObject *hit;
+    vc_slot *slot = NULL;
+    if (n <= VC_MAXLEN) {
+        slot = vc_find(p, n, &hit);
+        if (hit != NULL) {
+            Py_INCREF(hit);
+            *out = hit;
+            return OK;
+        }
+    }
+    Py_ssize_t pos = 0, start[5], len[5];
+    for (int i = 0; i < 5; i++) {
+        Py_ssize_t l = rng_label_len[i];
+        if (n - pos < l || memcmp(p + pos, rng_label[i], (size_t)l) != 0)
+            return FALLBACK;
+        pos += l;
+        start[i] = pos;
+        while (pos < n && p[pos] != ',' && p[pos] != ')')
+            pos++;
+        len[i] = pos - start[i];
+        if (int_kind(p + start[i], len[i]) != 1)
+            return FALLBACK;
+    }
+    if (pos != n - 1 || p[pos] != ')')
+        return FALLBACK;
+    PyObject *parts[5] = {NULL, NULL, NULL, NULL, NULL};
+    int st = OK;
+    for (int i = 0; i < 5 && st == OK; i++)
+        st = value_int(p + start[i], len[i], &parts[i]);
+    if (st == OK) {
+        *out = new_rng(parts);
+        st = *out ? OK : ERR;
+    }
+    for (int i = 0; i < 5; i++)
+        Py_XDECREF(parts[i]);
+    if (st == OK && slot != NULL)
+        vc_store(slot, p, n, *out);
+    return st;
+}
+
+/* "[I,I,...]" (or "[]") of canonical ints -> list of int; any other "[...]" -> fall back */
+static int make_list(const char *p, Py_ssize_t n, PyObject **out)
+{
+    PyObject *lst = PyList_New(0);
+    if (lst == NULL)
+        return ERR;
+    Py_ssize_t pos = 1, end = n - 1;
+    while (pos < end) {
+        Py_ssize_t s = pos;
+        while (pos < end && p[pos] != ',')
+            pos++;
+        PyObject *v;
+        int st = int_kind(p + s, pos - s) == 1 ? value_int(p + s, pos - s, &v) : FALLBACK;
+        if (st != OK) {
+            Py_DECREF(lst);
+            return st;
+        }
+        st = PyList_Append(lst, v);
+        Py_DECREF(v);
+        if (st < 0) {
+            Py_DECREF(lst);
+            return ERR;
+        }
+        if (pos < end) {   /* at a comma: an item must follow ("[1,]" has an empty one) */
+            pos++;
+            if (pos == end) {
+                Py_DECREF(lst);
+                return FALLBACK;
+            }
+        }
+    }
+    *out = lst;
+    return OK;
+}
+
+int value_parse(const char *p, Py_ssize_t n, PyObject **out)
+{
+    if (n == 0) {
+        Py_INCREF(empty_str);
+        *out = empty_str;
+        return OK;
+    }
+    char c = p[0];
+    if (is_digit(c) || c == '-' || c == '.') {
+        int k = int_kind(p, n);
+        if (k == 1)
+            return value_int(p, n, out);
+        if (k == 2 || (c == '-' && n == 1) || !maybe_float(p, n))
+            return make_str(p, n, out);   /* "007", "-0", "-", "0-63": _scalar keeps the text */
+        return FALLBACK;                  /* maybe a float: Python checks repr(float(s)) == s */
+    }
+    if (c == '(') {
+        Py_ssize_t l = rng_label_len[0];
+        if (n >= l && memcmp(p, rng_label[0], (size_t)l) == 0)
+            return make_rng(p, n, out);
+        return make_str(p, n, out);       /* "(none)", "(0)", "(err:..)": no rng regex match */
+    }
+    if (c == '[' && p[n - 1] == ']')
+        return make_list(p, n, out);
+    return make_str(p, n, out);           /* a bare word ("[" without "]" included) */
+}

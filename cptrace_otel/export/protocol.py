@@ -1,0 +1,59 @@
+"""The traced process <-> exporter worker protocol: message types and their framing, for both sides of the pipe.
+
+In process mode (``python -m cptrace_otel.export.worker``) every message is one frame, ``<u32 little-endian
+length><pickle>``: the traced process writes them to the worker's stdin, the worker writes its acks to its stdout. In
+thread mode the same message tuples go through a ``queue.Queue`` unframed. Messages, traced process -> worker:
+
+* ``(INIT, info)``: always first; ``info`` = dict(config=Config, resource=dict, instance=str, file=path|None,
+  log_file=path|None, spool_dir=str).
+* ``(ITEMS, items, dropped)``: a batch of compact items ``(ts, level, tag, fields)`` (values int/str/float, see
+  :func:`cptrace_otel.records.compact_item`), in emission order, and the traced process's drop count so far.
+* ``(FLUSH, flush_id, dropped, timeout_s)``: close open spans and deliver everything within ``timeout_s``.
+* end of input (EOF on stdin; ``None`` on the thread queue): finish, deliver, exit.
+
+Worker -> traced process: ``(ACK, flush_id, ok, stats)``, one per FLUSH.
+
+Imports nothing but the standard library: the traced process loads it with the pipeline.
+"""
+
+from __future__ import annotations
+
+import pickle
+import struct
+from typing import Any
+
+INIT = "init"
+ITEMS = "items"
+FLUSH = "flush"
+ACK = "ack"
+
+HEADER = struct.Struct("<I")  # the frame's body length
+
+
+def frame(msg: tuple) -> bytes:
+    """One message as a frame (header + pickle)."""
+    data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+    return HEADER.pack(len(data)) + data
+
+
+def read_exact(f: Any, n: int) -> bytes | None:
+    """``n`` bytes from the binary stream ``f`` (a raw pipe: reads may be short); None at end of input."""
+    buf = b""
+    while len(buf) < n:
+        chunk = f.read(n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return buf
+
+
+def read_frame(f: Any) -> Any:
+    """The next message from ``f``; None at end of input (also when it ends inside a frame). Raises on a frame
+    that does not unpickle."""
+    h = read_exact(f, HEADER.size)
+    if h is None:
+        return None
+    body = read_exact(f, HEADER.unpack(h)[0])
+    if body is None:
+        return None
+    return pickle.loads(body)

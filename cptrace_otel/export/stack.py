@@ -1,0 +1,96 @@
+"""The export stack, built once for the exporter worker and ``ingest`` alike: :func:`open_sinks` chooses gRPC or HTTP
+(:func:`open_transport`), wraps the transport in the spooling sender (:class:`~.spool.ReliableSender`) as an
+:class:`~.sinks.OtlpSink`, and opens the OTLP JSON-lines and log-lines file sinks. A sink that cannot be set up is a
+:class:`SinkError`, raised or handed to the caller's ``on_error``; each caller words its own message.
+
+Transports, sender and file sinks are imported only when asked for (gRPC and requests are heavy and optional).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+from .sinks import Outcome, OtlpSink, Transport
+
+
+class SinkError(Exception):
+    """A sink could not be set up. ``kind``: ``"otlp"`` (the transport or sender), ``"unreachable"`` (the probe
+    request failed; ``cause`` is its detail), ``"file"`` (the OTLP JSON-lines file), ``"log"`` (the log-lines file).
+    ``target`` is the endpoint, URL or path."""
+
+    def __init__(self, kind: str, target: str, cause: Any) -> None:
+        super().__init__(f"{kind} {target}: {cause}")
+        self.kind = kind
+        self.target = target
+        self.cause = cause
+
+
+class Sinks(NamedTuple):
+    """What :func:`open_sinks` opened (None where not asked for or not set up)."""
+
+    otlp: OtlpSink | None
+    file: Any   # OtlpJsonFileSink | None
+    log: Any    # LogLinesSink | None
+
+
+def open_transport(endpoint: str, protocol: str, cfg: Any) -> Transport:
+    """The transport for ``endpoint`` (``protocol`` ``"grpc"`` or HTTP), with ``cfg``'s headers, timeout and
+    compression. The endpoint is used as given (:func:`cptrace_otel.config.traces_url` makes the HTTP URL)."""
+    if protocol == "grpc":
+        from .otlp_grpc import GrpcTransport
+
+        return GrpcTransport(endpoint, cfg.headers, cfg.timeout_s, cfg.compression)
+    from .otlp_http import HttpTransport
+
+    return HttpTransport(endpoint, cfg.headers, cfg.timeout_s, cfg.compression)
+
+
+def open_sinks(cfg: Any, *, endpoint: str | None = None, protocol: str = "http/protobuf", spool_dir: str = "",
+               file: str | None = None, log_file: str | None = None, probe: bool = False,
+               on_error: Callable[[SinkError], None] | None = None) -> Sinks:
+    """Open the sinks asked for, in this order: OTLP to ``endpoint`` (spooled in ``spool_dir``), the OTLP JSON-lines
+    ``file``, the upstream ``log_file`` (ranks from ``cfg``).
+
+    ``probe``: send an empty request first and fail (``"unreachable"``) unless the backend answers OK. A sink that
+    cannot be set up raises :class:`SinkError`, or, with ``on_error``, is reported there and left out (the others
+    are still opened)."""
+
+    def failed(err: SinkError) -> None:
+        if on_error is None:
+            raise err
+        on_error(err)
+
+    otlp = fsink = lsink = None
+    if endpoint:
+        try:
+            otlp = _open_otlp(cfg, endpoint, protocol, spool_dir, probe)
+        except SinkError as e:
+            failed(e)
+        except Exception as e:
+            failed(SinkError("otlp", endpoint, e))
+    if file:
+        from .files import OtlpJsonFileSink
+
+        try:
+            fsink = OtlpJsonFileSink(file)
+        except OSError as e:
+            failed(SinkError("file", file, e))
+    if log_file:
+        from .files import LogLinesSink
+
+        try:
+            lsink = LogLinesSink(log_file, cfg.cp_rank, cfg.tp_rank)
+        except OSError as e:
+            failed(SinkError("log", log_file, e))
+    return Sinks(otlp, fsink, lsink)
+
+
+def _open_otlp(cfg: Any, endpoint: str, protocol: str, spool_dir: str, probe: bool) -> OtlpSink:
+    from .spool import ReliableSender
+
+    transport = open_transport(endpoint, protocol, cfg)
+    if probe:
+        res, detail = transport.send(b"")  # an empty ExportTraceServiceRequest: is anyone there?
+        if res != Outcome.OK:
+            raise SinkError("unreachable", transport.url, detail)
+    return OtlpSink(ReliableSender(transport, spool_dir))

@@ -1,0 +1,342 @@
+"""The exporter worker (export/worker.py): compact items in, spans out to the sinks; flush, close, stats; the
+message loop (run_loop); the sinks built by export/stack.py, network path included (a fake transport)."""
+
+from __future__ import annotations
+
+import os
+import queue
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cptrace_otel import config
+from cptrace_otel import semconv as sc
+from cptrace_otel.export import stack, worker
+from cptrace_otel.export.protocol import ACK, FLUSH, INIT, ITEMS
+from cptrace_otel.export.sinks import Outcome, SendResult
+
+T0 = time.time_ns()  # spans open now, so that a tick's expiry (now - span_timeout_s) leaves them open
+
+
+@pytest.fixture(autouse=True, params=["c", "python"])
+def intake(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test with both intakes: the C one (when it was built) and the Python one."""
+    if request.param == "python":
+        monkeypatch.setattr(worker, "_intake", None)
+    elif worker._intake is None:
+        if os.environ.get("CPTRACE_REQUIRE_SPEEDUPS") == "1":
+            pytest.fail("the C intake (_logc) was not built (CPTRACE_REQUIRE_SPEEDUPS=1)")
+        pytest.skip("the C intake (_logc) was not built")
+    return request.param
+
+
+class MemorySink:
+    """A span sink that keeps what it gets."""
+
+    def __init__(self) -> None:
+        self.groups: list[tuple[dict[str, Any], list[Any]]] = []
+        self.flushes = 0
+        self.closed = False
+
+    def export(self, groups) -> None:
+        self.groups.extend((res, list(spans)) for res, spans in groups)
+
+    def flush(self, timeout_s: float) -> bool:
+        self.flushes += 1
+        return True
+
+    def close(self, timeout_s: float) -> bool:
+        self.closed = True
+        return True
+
+    def stats(self) -> dict[str, Any]:
+        return {"mem_spans": len(self.spans)}
+
+    @property
+    def spans(self) -> list[Any]:
+        return [sp for _, spans in self.groups for sp in spans]
+
+
+def _cfg(**kw: Any) -> config.Config:
+    kw.setdefault("checks", False)
+    kw.setdefault("span_timeout_s", 3600.0)
+    return config.from_env({}, level=2, run_id="w/run", cp_rank=0, **kw)
+
+
+def _info(cfg: config.Config, **kw: Any) -> dict[str, Any]:
+    info = dict(config=cfg, resource={sc.SERVICE_NAME: "t", sc.CP_RANK: cfg.cp_rank}, instance="i", file=None,
+                log_file=None, spool_dir="")
+    info.update(kw)
+    return info
+
+
+@pytest.fixture
+def mem(monkeypatch: pytest.MonkeyPatch) -> tuple[MemorySink, list[dict[str, Any]]]:
+    """The worker's sinks replaced by one in-memory span sink (in the OTLP-file slot); the open_sinks calls."""
+    sink = MemorySink()
+    calls: list[dict[str, Any]] = []
+
+    def fake_open_sinks(cfg: Any, **kw: Any) -> stack.Sinks:
+        calls.append(kw)
+        return stack.Sinks(None, sink, None)
+
+    monkeypatch.setattr(worker, "open_sinks", fake_open_sinks)
+    return sink, calls
+
+
+def _items(t0: int = T0) -> list[tuple]:
+    return [
+        (t0, 1, "config", {"level": 2, "policy": "wt"}),
+        (t0 + 1, 1, "prepare", {"node_id": 1, "op": 7, "len": 4, "dev": "(cnt=4,min=0,max=3,first=0,last=3)"}),
+        (t0 + 2, 1, "backup", {"node_id": 1, "op": 7, "host": "(cnt=4,min=8,max=11,first=8,last=11)"}),
+        (t0 + 3, 2, "ack", {"dir": "d2h", "node_id": 1, "op": 7, "chain": "[1,2]"}),
+        (t0 + 4, 1, "evict", {"node_id": 2, "tier": "dev", "note": "a b"}),
+    ]
+
+
+def test_items_in_spans_out_with_seq_epoch_and_typed_fields(mem) -> None:
+    sink, calls = mem
+    ex = worker.Exporter(_info(_cfg(), spool_dir="/sp"))
+    spool = os.path.join("/sp", f"w_run-{os.getpid()}")  # the run id made path-safe, one folder per process
+    assert calls == [dict(endpoint=None, protocol="http/protobuf", spool_dir=spool, file=None, log_file=None,
+                          on_error=ex._sink_error)]
+    ex.add_items(_items(), 0)
+    assert ex.records == 5 and ex.next_seq == 5
+    assert sink.spans == []  # nothing is exported before a tick, a flush or EXPORT_MIN_SPANS finished spans
+    assert ex.flush(5.0) is True
+    by_name = {sp.name: sp for sp in sink.spans}
+    assert sorted(by_name) == [sc.SPAN_D2H, sc.SPAN_NODE, sc.SPAN_RANK]
+    d2h = by_name[sc.SPAN_D2H]
+    assert [name for _, name, _ in d2h.events] == ["prepare", "backup", "ack"]
+    assert d2h.attrs[sc.STAGE_CLOSED] == "tag" and d2h.attrs[sc.NODE_ID] == 1
+    assert d2h.events[0][2]["hicache.dev.cnt"] == 4 and d2h.events[2][2]["hicache.chain"] == "[1,2]"
+    assert [a[sc.SEQ] for _, _, a in d2h.events] == [1, 2, 3]
+    assert d2h.events[2][2][sc.LEVEL] == 2
+    node = by_name[sc.SPAN_NODE]
+    assert node.attrs[sc.STAGE_CLOSED] == "flush" and node.events[0][2]["hicache.note"] == "ab"
+    rank = by_name[sc.SPAN_RANK]
+    assert [name for _, name, _ in rank.events] == ["config"] and rank.attrs[sc.DROPPED] == 0
+    assert all(a[sc.EPOCH] == 0 for sp in sink.spans for _, _, a in sp.events)
+    assert sink.groups[0][0] == {sc.SERVICE_NAME: "t", sc.CP_RANK: 0}
+    st = ex.stats()
+    assert st == {"records": 5, "events": 5, "spans": 3, "findings": 0, "dropped_upstream": 0, "errors": [],
+                  "mem_spans": 3}
+    assert ex.close(5.0) is True and sink.closed
+
+
+def test_seq_runs_on_across_batches_and_the_drop_count_is_stamped(mem) -> None:
+    sink, _ = mem
+    ex = worker.Exporter(_info(_cfg()))
+    ex.add_items(_items(), 0)
+    ex.add_items([(T0 + 10, 1, "reset", {}), (T0 + 11, 1, "insert", {"node_id": 1, "len": 4})], 7)
+    assert ex.next_seq == 7 and ex.dropped_upstream == 7
+    assert ex.flush(5.0, dropped=9) is True
+    seqs = sorted(a[sc.SEQ] for sp in sink.spans for _, _, a in sp.events)
+    assert seqs == list(range(7))
+    insert = [a for sp in sink.spans for _, name, a in sp.events if name == "insert"]
+    assert insert[0][sc.EPOCH] == 1  # after a reset
+    rank_spans = [sp for sp in sink.spans if sp.name == sc.SPAN_RANK]
+    assert rank_spans[-1].attrs[sc.DROPPED] == 9
+    assert ex.stats()["dropped_upstream"] == 9
+
+
+def test_fields_rank_chooses_the_rank_and_unusual_items_are_completed(mem) -> None:
+    sink, _ = mem
+    ex = worker.Exporter(_info(_cfg()))
+    ex.add_items([(T0, 1, "evict", {"node_id": 3, "rank": 5}), (T0 + 1, "2", 7, {"node_id": 3, "v": 1.5}),
+                  (T0 + 2, 1, "evict", {"node_id": 3, "rank": -1})], 0)
+    assert ex.flush(5.0)
+    evs = sorted(((sp.rank, name, a[sc.LEVEL]) for sp in sink.spans for _, name, a in sp.events), key=str)
+    # tag 7 -> "7", level "2" -> 2; a negative rank field falls back to the process's rank
+    assert evs == [(0, "7", 2), (0, "evict", 1), (5, "evict", 1)]
+
+
+def test_export_min_spans_and_tick_export_finished_spans(mem, monkeypatch: pytest.MonkeyPatch) -> None:
+    sink, _ = mem
+    ex = worker.Exporter(_info(_cfg()))
+    monkeypatch.setattr(worker, "EXPORT_MIN_SPANS", 1)
+    ex.add_items(_items()[1:4], 0)  # prepare .. ack: the d2h span finishes
+    assert [sp.name for sp in sink.spans] == [sc.SPAN_D2H]
+    monkeypatch.setattr(worker, "EXPORT_MIN_SPANS", 10**9)
+    monkeypatch.setattr(worker, "EXPORT_EVERY_S", 0.0)
+    monkeypatch.setattr(worker, "FILE_FLUSH_EVERY_S", 0.0)
+    ex.add_items([(T0 + 5, 1, "prepare", {"node_id": 4, "op": 1}), (T0 + 6, 2, "ack", {"dir": "d2h", "node_id": 4,
+                                                                                      "op": 1})], 0)
+    assert len(sink.spans) == 1
+    ex.tick()
+    assert len(sink.spans) == 2 and sink.flushes == 1  # exported, and the file sinks flushed
+
+
+def test_log_sink_gets_the_records_and_the_same_events(tmp_path: Path, mem) -> None:
+    sink, _ = mem
+    plain = worker.Exporter(_info(_cfg()))
+    plain.add_items(_items(), 0)
+    plain.flush(5.0)
+    want = [(sp.name, [(t, n, dict(a)) for t, n, a in sp.events]) for sp in sink.spans]
+    sink.groups.clear()
+
+    from cptrace_otel.export.files import LogLinesSink
+
+    ex = worker.Exporter(_info(_cfg()))
+    ex.log_sink = LogLinesSink(str(tmp_path / "cp0.log"), 0, 0)
+    ex.add_items(_items(), 0)
+    assert ex.flush(5.0)
+    got = [(sp.name, [(t, n, dict(a)) for t, n, a in sp.events]) for sp in sink.spans]
+    assert got == want
+    lines = (tmp_path / "cp0.log").read_text().splitlines()
+    assert len(lines) == 5 and lines[4].endswith("[CPTRACE evict] node_id=2 tier=dev note=ab")
+    assert ex.stats()["log_lines"] == 5
+    assert ex.close(1.0)
+
+
+def test_unrenderable_items_with_a_log_sink_are_reported_once(tmp_path: Path, mem, capsys) -> None:
+    from cptrace_otel.export.files import LogLinesSink
+
+    ex = worker.Exporter(_info(_cfg()))
+    ex.log_sink = LogLinesSink(str(tmp_path / "cp0.log"), 0, 0)
+    ex.add_items([(T0, 1, "evict", {"node_id": 1}), ("bad",), (T0 + 2, 1, "evict", {"node_id": 2})], 0)
+    assert ex.records == 2 and ex.next_seq == 3
+    assert len(ex.errors) == 1 and "dropped an unrenderable record" in ex.errors[0]
+    assert "dropped an unrenderable record" in capsys.readouterr().err
+    assert ex.flush(1.0) is False  # an error was reported
+    assert len((tmp_path / "cp0.log").read_text().splitlines()) == 2
+
+
+def test_a_sink_that_cannot_be_opened_is_reported_and_flush_says_false(tmp_path: Path, capsys) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    cfg = _cfg()
+    ex = worker.Exporter(_info(cfg, file=str(blocker / "x.otlp.jsonl"), log_file=str(tmp_path / "ok.log")))
+    assert ex.file_sink is None and ex.log_sink is not None
+    assert len(ex.errors) == 1 and ex.errors[0].startswith(f"cannot open the OTLP file {blocker / 'x.otlp.jsonl'}: ")
+    assert "cptrace_otel: cannot open the OTLP file" in capsys.readouterr().err
+    ex.add_items(_items(), 0)
+    assert ex.flush(1.0) is False
+    assert ex.stats()["errors"] == ex.errors and ex.stats()["log_lines"] == 5
+    ex.close(1.0)
+
+
+def test_file_sinks_write_otlp_json_lines(tmp_path: Path) -> None:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from otlp_receiver import read_jsonl
+
+    out = tmp_path / "o" / "r.otlp.jsonl"
+    ex = worker.Exporter(_info(_cfg(), file=str(out)))
+    ex.add_items(_items(), 0)
+    assert ex.flush(1.0)
+    assert ex.stats()["file"] == str(out) and ex.stats()["file_lines"] == 1
+    assert ex.close(1.0)
+    spans = read_jsonl([str(out)])
+    assert sorted(e.attrs[sc.SEQ] for sp in spans for e in sp.events) == [0, 1, 2, 3, 4]
+
+
+class FakeTransport:
+    url = "http://fake:4318/v1/traces"
+
+    def __init__(self, answer: Any = SendResult(Outcome.OK)) -> None:
+        self.bodies: list[bytes] = []
+        self.answer = answer
+        self.closed = False
+
+    def send(self, body: bytes) -> Any:
+        self.bodies.append(body)
+        return self.answer
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize("answer", [SendResult(Outcome.OK), ("ok", "")])
+def test_network_sink_sends_encoded_requests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, answer) -> None:
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+    tr = FakeTransport(answer)
+    opened: list[tuple] = []
+
+    def fake_transport(endpoint: str, protocol: str, cfg: Any) -> FakeTransport:
+        opened.append((endpoint, protocol))
+        return tr
+
+    monkeypatch.setattr(stack, "open_transport", fake_transport)
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://fake:4318/"}
+    cfg = config.from_env(env, level=2, run_id="net", cp_rank=0, checks=False)
+    ex = worker.Exporter(_info(cfg, spool_dir=str(tmp_path / "spool")))
+    assert opened == [("http://fake:4318/v1/traces", "http/protobuf")]
+    ex.add_items(_items(), 0)
+    assert ex.flush(10.0) is True
+    st = ex.stats()
+    assert st["url"] == tr.url and st["sent_requests"] == len(tr.bodies) >= 1 and st["backend_down"] is False
+    names = []
+    for body in tr.bodies:
+        req = trace_service_pb2.ExportTraceServiceRequest.FromString(body)
+        names += [sp.name for rs in req.resource_spans for ss in rs.scope_spans for sp in ss.spans]
+    assert sorted(names) == [sc.SPAN_D2H, sc.SPAN_NODE, sc.SPAN_RANK]
+    assert ex.close(5.0) is True and tr.closed
+
+
+def test_network_sink_that_cannot_be_set_up_is_reported(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    def boom(endpoint: str, protocol: str, cfg: Any) -> Any:
+        raise ValueError("no transport")
+
+    monkeypatch.setattr(stack, "open_transport", boom)
+    cfg = config.from_env({}, level=2, run_id="net", cp_rank=0, endpoint="http://x:1/v1/traces", protocol="grpc")
+    ex = worker.Exporter(_info(cfg))
+    assert ex.otlp is None
+    assert ex.errors == ["cannot set up the OTLP grpc sink for http://x:1/v1/traces: ValueError('no transport')"]
+    assert ex.flush(1.0) is False
+
+
+def _loop(msgs: list[Any]) -> tuple[int, list[tuple]]:
+    q: queue.Queue = queue.Queue()
+    for m in msgs:
+        q.put(m)
+    acks: list[tuple] = []
+    rc = worker.run_loop(lambda t: q.get(timeout=t), acks.append)
+    return rc, acks
+
+
+def test_run_loop_init_items_flush_eof(mem) -> None:
+    sink, _ = mem
+    cfg = _cfg()
+    rc, acks = _loop([(INIT, _info(cfg)), (ITEMS, _items(), 3), (FLUSH, 11, 4, 5.0), (ITEMS, _items(T0 + 100), 4),
+                      None])
+    assert rc == 0
+    assert len(acks) == 1
+    kind, fid, ok, stats = acks[0]
+    assert (kind, fid, ok) == (ACK, 11, True)
+    assert stats["records"] == 5 and stats["dropped_upstream"] == 4 and stats["mem_spans"] == 3
+    assert sink.closed  # end of input closes the sinks
+    assert sorted(a[sc.SEQ] for sp in sink.spans for _, _, a in sp.events) == list(range(10))
+
+
+def test_run_loop_flush_before_init_bad_batches_and_unknown_messages(mem, capsys) -> None:
+    sink, _ = mem
+    # a flush before init, a batch that is not a list, a message kind the worker does not know (ignored)
+    rc, acks = _loop([(FLUSH, 1, 0, 1.0), (INIT, _info(_cfg())), (ITEMS, None, 0), ("rec", [], 0),
+                      (ITEMS, _items(), 0), (FLUSH, 2, 0, 1.0), None])
+    assert rc == 0
+    assert acks[0] == (ACK, 1, False, {})
+    assert acks[1][:3] == (ACK, 2, True) and acks[1][3]["records"] == 5
+    assert "cptrace_otel: exporter error on 'items'" in capsys.readouterr().err
+
+
+def test_run_loop_without_init_and_a_failing_close(mem, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _loop([None]) == (0, [])
+    sink, _ = mem
+    monkeypatch.setattr(sink, "close", lambda timeout_s: False)
+    rc, _ = _loop([(INIT, _info(_cfg())), None])
+    assert rc == 1
+
+
+def test_online_checks_stamp_findings(mem) -> None:
+    pytest.importorskip("cptrace_otel.checks")
+    sink, _ = mem
+    ex = worker.Exporter(_info(_cfg(checks=True)))
+    # an ack for a node that was never prepared: the stats count the findings the spans carry
+    ex.add_items(_items() + [(T0 + 9, 2, "ack", {"dir": "d2h", "node_id": 9, "op": 3})], 0)
+    assert ex.flush(1.0)
+    assert ex.stats()["findings"] == ex.builder.findings == sum(len(sp.findings) for sp in sink.spans)
