@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from _checks_util import R, check_files, check_lines
+from _checks_util import R, check_files, check_lines, write_ranks
 
 from cptrace_otel.analyze.engine import Analysis
 from cptrace_otel.analyze.sources.logs import read_log_events
@@ -20,14 +20,7 @@ def _cfg(r, mode="shared", n=2, level=2):
             f"rank={r}")
 
 
-def _write_ts(tmp_path, per_rank: dict[int, list[tuple[int, str]]]) -> list[str]:
-    """One file per rank; every line carries its own ``ts``."""
-    paths = []
-    for r, lines in per_rank.items():
-        p = tmp_path / f"rank{r}.log"
-        p.write_text("".join(f"{x} ts={t}\n" for t, x in lines))
-        paths.append(str(p))
-    return paths
+_write_ts = write_ranks   # every line a (ts, line) pair
 
 
 def _found(res):
@@ -206,13 +199,7 @@ def _round_run(r, order, round2=2, free_between=False, ops=None):
     return out
 
 
-def _write_seq(tmp_path, per_rank):
-    paths = []
-    for r, lines in per_rank.items():
-        p = tmp_path / f"rank{r}.log"
-        p.write_text("".join(f"{x} ts={1000 + i}\n" for i, x in enumerate(lines)))
-        paths.append(str(p))
-    return paths
+_write_seq = write_ranks   # ts: the line order
 
 
 def test_c2_a_round_logged_in_another_order_on_one_rank_is_legal(tmp_path):
@@ -306,3 +293,38 @@ def test_c5_a_follower_flush_stamped_before_the_io_ranks_backup_ends_its_tenure_
     assert res.findings == [], [f.message for f in res.findings]
     res = check_files(_write_ts(tmp_path, {0: lines(0, False), 1: lines(1, True)}))
     assert _found(res) == [("C5", "C5-fence", 0, 1, 1)]
+
+
+# -- readings where the domain reference leaves a case open (README, rules) -------------------------------------------
+
+def _chain_reload(between: str | None, before: str | None = None):
+    """Level 2: nodes 1 (parent) and 2 backed up and acked, both evicted, reloaded as one chain (op 5), then the
+    per-node h2d acks of op 5, with ``between`` logged between them (``before``: before the first)."""
+    lines = ["[CPTRACE config] cp_size=1 cp_rank=0 mode=none page_size=16 policy=wt level=2 rank=0"]
+    for n, lo, hlo, par in ((1, 10, 0, 0), (2, 42, 32, 1)):
+        lines += [f"[CPTRACE insert] node_id={n} parent={par} len=32 dev={R(lo, lo + 31)} kind=new rank=0",
+                  f"[CPTRACE prepare] node_id={n} op={n} len=32 dev={R(lo, lo + 31)} host={R(hlo, hlo + 31)} "
+                  "policy=wt rank=0",
+                  f"[CPTRACE backup] op={n} node_id={n} dev={R(lo, lo + 31)} host={R(hlo, hlo + 31)} io=1 rank=0",
+                  f"[CPTRACE ack] dir=d2h op={n} node_id={n} blen=32 clen=32 pub=[{n}] rank=0"]
+    lines += [f"[CPTRACE evict] tier=dev node_id=2 kind=backuped dev={R(42, 73)} rank=0",
+              f"[CPTRACE evict] tier=dev node_id=1 kind=backuped dev={R(10, 41)} rank=0",
+              f"[CPTRACE reload] node_id=2 chain=[1,2] op=5 host={R(0, 63)} dev={R(100, 163)} hostx=0-63 "
+              "devx=100-163 rank=0"]
+    if before:
+        lines.append(before)
+    lines.append("[CPTRACE ack] dir=h2d op=5 node_id=1 rank=0")
+    if between:
+        lines.append(between)
+    lines.append("[CPTRACE ack] dir=h2d op=5 node_id=2 rank=0")
+    return [f"{x} ts={1000 + i}" for i, x in enumerate(lines)]
+
+
+def test_h2c_a_host_free_between_the_per_node_h2d_acks_of_one_op_is_after_the_ack(tmp_path):
+    """loading_check synchronizes the whole op before it logs a record per chain node: the op's first ``ack
+    dir=h2d`` record closes its load, so a host free between its per-node records is after the ack (legal); before
+    the first one it is H2c."""
+    free = f"[CPTRACE free] pool=host idx={R(32, 63)} node_id=2 why=evict rank=0"
+    assert check_lines(tmp_path, _chain_reload(free)).findings == []
+    res = check_lines(tmp_path, _chain_reload(None, before=free))
+    assert [(f.rule, f.node_id, f.op) for f in res.findings] == [("H2c", 2, 5)], [f.message for f in res.findings]
