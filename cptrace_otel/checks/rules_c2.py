@@ -32,8 +32,9 @@ def _dir_order(d: str | None) -> tuple:
 
 class C2AckRounds(CrossRuleBase):
     _rounds: dict[tuple[int, int], deque]   # (rank, epoch) -> finished rounds
-    # rank -> its open round [epoch, round or None, {dir: [ops, nodes, seq, line, src, index]}], without / with round=
+    # rank -> its open round without round=: [epoch, None, dir, ops, nodes, seq, line, src, index]
     _cur_round: dict[int, list]
+    # rank -> its open round with round=: [epoch, round, {dir: a list laid out as above}]
     _cur_keyed: dict[int, list]
     _c2_done: set[int]
     _c2_qs: dict[int, tuple]               # epoch -> (ranks list it was built for, round queues)
@@ -43,45 +44,58 @@ class C2AckRounds(CrossRuleBase):
         r = ev.rank
         d = _str(f.get("dir"))
         rk = f.get("round")
-        if type(rk) is int:   # a keyed round: other records do not end it, nor does a change of direction
-            if r in self._cur_round:
-                self._round_close(r)
-            rounds = self._cur_keyed
-        else:
+        if type(rk) is int:
+            cur = self._keyed_part(ev, r, d, rk)
+        else:   # (the common upstream record: kept to one flat list per round)
             if r in self._cur_keyed:
                 self._round_close(r)
-            rk = None
-            rounds = self._cur_round
-        cur = rounds.get(r)
-        if cur is not None and (cur[0] != ev.epoch or cur[1] != rk or (rk is None and d not in cur[2])):
+            cur = self._cur_round.get(r)
+            if cur is not None and (cur[0] != ev.epoch or cur[2] != d):
+                self._round_close(r)
+                cur = None
+            if cur is None:
+                cur = self._cur_round[r] = [ev.epoch, None, d, set(), set(), ev.seq, ev.line_no, ev.src,
+                                            self._index(r, ev.epoch)]
+        cur[3].add(_int(f.get("op")))
+        nid = f.get("node_id")
+        if type(nid) is int:
+            cur[4].add(nid)
+
+    def _keyed_part(self, ev: Event, r: int, d: str | None, rk: int) -> list:
+        """The direction ``d`` part of rank ``r``'s open round ``rk``: other records do not end a keyed round, nor
+        does a change of direction; an ack of another round (or epoch) does."""
+        if r in self._cur_round:
+            self._round_close(r)
+        cur = self._cur_keyed.get(r)
+        if cur is not None and (cur[0] != ev.epoch or cur[1] != rk):
             self._round_close(r)
             cur = None
         if cur is None:
-            cur = rounds[r] = [ev.epoch, rk, {}]
+            cur = self._cur_keyed[r] = [ev.epoch, rk, {}]
         part = cur[2].get(d)
         if part is None:
-            part = cur[2][d] = [set(), set(), ev.seq, ev.line_no, ev.src, self._index(r, ev.epoch)]
-        part[0].add(_int(f.get("op")))
-        nid = f.get("node_id")
-        if type(nid) is int:
-            part[1].add(nid)
+            part = cur[2][d] = [ev.epoch, rk, d, set(), set(), ev.seq, ev.line_no, ev.src, self._index(r, ev.epoch)]
+        return part
 
     def _round_close(self, r: int) -> None:
         cur = self._cur_round.pop(r, None)
-        if cur is None:
+        if cur is not None:
+            parts = None
+        else:
             cur = self._cur_keyed.pop(r, None)
             if cur is None:
                 return
+            parts = sorted(cur[2].items(), key=lambda x: _dir_order(x[0])) if len(cur[2]) > 1 else cur[2].items()
         epoch = cur[0]
         if epoch in self._c2_done:
             return   # C2 of this epoch is decided: its later rounds are never compared (nor kept)
-        by_dir = cur[2]
-        items = by_dir.items() if len(by_dir) == 1 else sorted(by_dir.items(), key=lambda x: _dir_order(x[0]))
-        parts = [(d, len(p[0]), frozenset(p[1]), p[2], p[3], p[4], p[5]) for d, p in items]
         q = self._rounds.get((r, epoch))
         if q is None:
             q = self._rounds[(r, epoch)] = deque()
-        q.extend(parts)
+        if parts is None:
+            q.append((cur[2], len(cur[3]), frozenset(cur[4]), cur[5], cur[6], cur[7], cur[8]))
+        else:
+            q.extend((d, len(p[3]), frozenset(p[4]), p[5], p[6], p[7], p[8]) for d, p in parts)
         c = self._c2_qs.get(epoch)
         if c is not None and c[0] is self._ranks_sorted and not all(c[1]):
             return   # another rank has no round yet: _c2_compare would stop at once
