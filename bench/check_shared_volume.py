@@ -8,6 +8,7 @@ the stores read, so the time per event stays flat between the two sizes (a fence
 
     python bench/check_shared_volume.py                      # 5,000 and 10,000 records per rank, 16 ranks
     python bench/check_shared_volume.py --records 10000 20000 --ranks 16
+    python bench/check_shared_volume.py --instructions       # + CPU instructions per event (valgrind; load-free)
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import sys
 import tempfile
 import time
 
-from check_throughput import _run_child, calibrate
+from check_throughput import _instructions, _run_child, calibrate
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mode", default="shared")
     ap.add_argument("--policy", default="wt")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--instructions", action="store_true",
+                    help="also count check's CPU instructions per event under valgrind (net of imports; minutes)")
     a = ap.parse_args(argv)
     from cptrace_otel.sim.volume import volume_workload
 
@@ -52,6 +55,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  check  {r['events']:>9} events  {r['seconds']:7.2f}s  {r['events_per_s']:>10,.0f} ev/s "
                   f"(CPU time: {r['cpu_events_per_s']:>10,.0f} ev/s)  {us:.1f} us/event  peak RSS "
                   f"{r['peak_rss_mib']:.1f} MiB  findings={r['findings']}", flush=True)
+            if a.instructions and shutil.which("valgrind"):
+                i = _instructions("ours", paths) - _instructions("imports", paths)
+                r["instructions_per_event"] = i / (r["events"] or 1)
+                print(f"  check  {r['instructions_per_event']:>10,.0f} instructions/event (valgrind, net of "
+                      "start-up and imports)", flush=True)
             rows.append((per_rank, r))
         if len(rows) >= 2:
             (n1, r1), (n2, r2) = rows[0], rows[-1]
@@ -60,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"CPU time per event at {n2} vs {n1} records per rank: {cpu2 / r2['events'] * 1e6:.1f} vs "
                   f"{cpu1 / r1['events'] * 1e6:.1f} us ({(cpu2 / r2['events']) / (cpu1 / r1['events']):.2f}x; "
                   "flat = linear in the records)")
+            if "instructions_per_event" in r1 and "instructions_per_event" in r2:
+                i1, i2 = r1["instructions_per_event"], r2["instructions_per_event"]
+                print(f"instructions per event at {n2} vs {n1} records per rank: {i2:,.0f} vs {i1:,.0f} "
+                      f"({i2 / i1:.2f}x)")
     finally:
         shutil.rmtree(base, ignore_errors=True)
     return 0

@@ -4,14 +4,14 @@
 Rule: once the IO rank logs ``backup(op, node=n, dev=D)`` at time ``t_b``, a ``store`` on rank r whose ``dev`` ⊓ D
 with ``ts > t_b`` is a violation (the copy ran before that store landed) while, on rank r, the pages still hold n's
 KV: up to rank r's first record that gives them up (``evict tier=dev`` of n or of pages ⊓ D, say a split fragment of
-n; a ``free pool=dev`` ⊓ D; a ``reset``) after the copy began there: after ``t_b``, or after rank r's own
-``backup`` record of n when it logged one earlier (a follower joins the copy's fences and logs ``io=0``; in a
-write_back flush its whole backup, ack and eviction may be stamped before the IO rank's backup). A store after that
-writes the next owner's KV, not the data this copy moves (pages are reused only once given up). Each rank's tenure ends on that rank's own timeline: the
-ranks are not in step in time, so a follower may evict and reuse the pages well before the IO rank logs its
-eviction. A store at ``t_b`` or before (a fence margin of 1 ns included) is legal. One finding per backup:
-``C5``/``C5-fence`` on the IO rank, node n, the backup's op. Compares ``ts`` (CLOCK_MONOTONIC, same host), not
-arrival order.
+n; a ``free pool=dev`` ⊓ D; a ``reset``) after the copy began there: after ``t_b``, or after rank r's own ``backup``
+record of n when it logged one earlier (a follower joins the copy's fences and logs ``io=0``; in a write_back flush
+its whole backup, ack and eviction may be stamped before the IO rank's backup). A store after that writes the next
+owner's KV, not the data this copy moves (pages are reused only once given up). Each rank's tenure ends on that
+rank's own timeline: the ranks are not in step in time, so a follower may evict and reuse the pages well before the
+IO rank logs its eviction. A store at ``t_b`` or before (a fence margin of 1 ns included) is legal. One finding per
+backup: ``C5``/``C5-fence`` on the IO rank, node n, the backup's op. Compares ``ts`` (CLOCK_MONOTONIC, same host),
+not arrival order.
 
 Records of a rank are read in that rank's order, but ranks are merged with some lag: a store (or a rank's end of the
 tenure) may be read before the IO rank's backup. Each rank's recent stores and give-ups are kept in bounded queues
@@ -21,13 +21,13 @@ the copy began on each rank.
 
 Which pages belong to which node is known across ranks only while the trees are in lockstep (C1): a rank whose tree
 diverged reuses, for other nodes, pages the IO rank still holds. So :meth:`StoreFence.feed` takes each record's
-structural index (its rank's structural records of the epoch so far) and every finding keeps the larger index of
-its backup and its store; :meth:`StoreFence.take` hands out only those at or before the epoch's first C1
-divergence (the pitfall of domain 5: C3-C5 stop after it; the divergence itself is reported as C1).
+structural index (its rank's structural records of the epoch so far) and every finding keeps the larger index of its
+backup and its store; :meth:`StoreFence.take` hands out only those at or before the epoch's first C1 divergence (the
+pitfall of domain 5: C3-C5 stop after it; the divergence itself is reported as C1).
 
-Cost: windows are indexed by slot bucket and leave the index once every rank of the group has given the pages up,
-so a store costs a few dict lookups and a test per window that still holds its pages, however long the run (the
-number of windows in a bucket follows the resident nodes, not the records read).
+Cost: windows are indexed by slot bucket and leave the index once every rank of the group has given the pages up, so
+a store costs a few dict lookups and a test per window that still holds its pages, however long the run (the number
+of windows in a bucket follows the resident nodes, not the records read).
 """
 
 from __future__ import annotations
