@@ -10,7 +10,30 @@ They all live in ``cptrace_otel/_speedups/``, each C module next to the Python l
 ``CPTRACE_REQUIRE_SPEEDUPS=1`` in tests to fail instead of falling back (``.ci/run`` does).
 """
 
+import os
+
 from setuptools import Extension, setup
+from setuptools.command.build_py import build_py
+
+_PTH = "cptrace_otel_sglang.pth"
+
+
+class _BuildPyWithPth(build_py):
+    """Also put ``cptrace_otel_sglang.pth`` at the top of the wheel, i.e. into site-packages: the ``CPTRACE_SGLANG``
+    switch (cptrace_otel/sglang_shim.py; one environment lookup per interpreter start while it is off). Editable
+    installs do not get it: ``python -m cptrace_otel.sglang_shim --write-pth`` writes it there."""
+
+    def run(self) -> None:
+        super().run()
+        from importlib.util import module_from_spec, spec_from_file_location
+
+        spec = spec_from_file_location("_shim", os.path.join("cptrace_otel", "sglang_shim.py"))
+        shim = module_from_spec(spec)
+        spec.loader.exec_module(shim)
+        shim.write_pth(self.build_lib)
+
+    def get_outputs(self, include_bytecode: bool = True) -> list:
+        return super().get_outputs(include_bytecode) + [os.path.join(self.build_lib, _PTH)]
 
 # -fvisibility=hidden: value.c and event.c are linked into two modules; only PyInit_* is exported.
 _FLAGS = ["-O2", "-std=c11", "-Wall", "-Wno-unused-function", "-fvisibility=hidden"]
@@ -25,6 +48,7 @@ def _ext(name: str, sources: list[str]) -> Extension:
 
 
 setup(
+    cmdclass={"build_py": _BuildPyWithPth},
     ext_modules=[
         _ext("_otlp", [_DIR + "otlp.c"]),
         _ext("_logreader", [_DIR + "logreader.c"] + _SHARED),

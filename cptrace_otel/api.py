@@ -6,6 +6,8 @@ Contract (what a call site may rely on):
   ``rng``, ``khash``, ``knz``, ``fwd_hash``).
 * The gate is read once (``CPTRACE_LEVEL``, else ``SGLANG_CP_HICACHE_KV_TRACE``) into a module int; a call below the
   level costs one compare. :func:`reload_config` (or :func:`configure`) re-reads it.
+* With ``CPTRACE_SAMPLE`` < 1 a record of a node whose lineage was sampled out (:mod:`cptrace_otel.sampling`) is
+  dropped here, by one set lookup: it costs about what a call below the level costs.
 * An enabled ``cptrace`` only takes a timestamp and appends ``(ts, level, tag, fields)`` to a bounded buffer; all
   rendering, span mapping, checking, encoding and sending happen off the caller's thread. It never raises and never
   blocks; when the buffer is full the record is dropped and counted.
@@ -20,10 +22,12 @@ import threading
 from typing import Any
 
 from . import config as _config
+from . import lifecycle as _lifecycle
 
 # Module state. Global on purpose: the hot path must not pay for attribute lookups on an object.
 _LEVEL: int = 0
 _CONFIG: _config.Config | None = None
+_DROP: set | None = None   # node ids sampled out (cptrace_otel.sampling) while CPTRACE_SAMPLE < 1, else None
 _lock = threading.Lock()
 
 
@@ -35,18 +39,43 @@ def _submit_unstarted(level: int, tag: str, fields: dict) -> None:
 
         with _lock:
             if _submit is _submit_unstarted:
-                _submit = pipeline.start(get_config(), _uninstall)
+                _submit = _started(pipeline)
         _submit(level, tag, fields)
     except Exception:  # tracing must never crash the traced process
         pass
 
 
+def _started(pipeline: Any) -> Any:
+    """Start the pipeline for the configuration in force, with the run id all ranks agree on
+    (:func:`cptrace_otel.ranks.agreed_run_id`, once, before the first record is kept: the sampling decision hashes
+    it), and return the submit function to install (behind the sampler when ``CPTRACE_SAMPLE`` < 1)."""
+    global _CONFIG, _DROP
+    import dataclasses
+
+    from .ranks import agreed_run_id
+
+    cfg = get_config()
+    run_id = agreed_run_id(cfg)
+    if run_id != cfg.run_id:
+        cfg = _CONFIG = dataclasses.replace(cfg, run_id=run_id)
+    submit = pipeline.start(cfg, _uninstall)
+    _DROP = None
+    if cfg.sample < 1.0:
+        from .sampling import make_submit
+
+        drop: set = set()
+        submit = make_submit(submit, cfg.run_id, cfg.sample, drop)
+        _DROP = drop
+    return submit
+
+
 def _uninstall() -> None:
     """The pipeline stopped (shutdown, configure, exit): the next record starts a new one. Under the lock that
     installs, so a submit function obtained from the stopped pipeline is never installed after this."""
-    global _submit
+    global _submit, _DROP
     with _lock:
         _submit = _submit_unstarted
+        _DROP = None
 
 
 # Replaced by the started pipeline's bounded-buffer append (restored by _uninstall and on fork).
@@ -98,6 +127,8 @@ def cptrace(level: int, tag: str, /, **fields: Any) -> None:
     fields named ``level`` or ``tag``, as the ``config`` record's ``level=`` does."""
     if level > _LEVEL:
         return
+    if _DROP is not None and fields.get("node_id") in _DROP and tag != "split":
+        return   # sampled out: its lineage's decision is known (a split still goes on: its child inherits it)
     _submit(level, tag, fields)
 
 
@@ -174,18 +205,22 @@ def fwd_hash(forward_batch: Any, layer_id: Any, stage: Any, t: Any, *, level: in
 
 def _after_fork_in_child() -> None:
     # The child inherits a copy of the buffer and a dead drainer thread: start over lazily on the next record.
-    global _submit, _lock
+    global _submit, _lock, _DROP
     _submit = _submit_unstarted
+    _DROP = None
     _lock = threading.Lock()
     try:
         from . import pipeline
 
         pipeline._after_fork_in_child()
+        _lifecycle.after_fork_in_child()  # a multiprocessing child flushes at its end (it skips atexit)
     except Exception:
         pass
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+# Now, before the application registers its own exit handlers: ours runs after them (see lifecycle).
+_lifecycle.install_exit_hook()
 
 reload_config()

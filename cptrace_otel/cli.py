@@ -1,5 +1,8 @@
 """``cptrace-otel`` command line. Exit codes: 0 clean, 1 findings, 2 usage error, 3 a source or backend unreachable.
 
+An unexpected exception in a command is exit 3 with a one-line message on stderr (never 1, which a CI script reads
+as findings); ``CPTRACE_DEBUG=1`` prints its traceback as well.
+
 Each subcommand's work lives in its own module, imported only when that subcommand runs, so ``--version`` and
 ``--help`` load nothing heavy.
 """
@@ -11,7 +14,7 @@ import sys
 
 from ._version import __version__
 
-from .exits import EXIT_USAGE
+from .exits import EXIT_UNREACHABLE, EXIT_USAGE
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -109,6 +112,28 @@ def main(argv: list[str] | None = None) -> int:
         return int(mod.run(args))
     except KeyboardInterrupt:
         return 130
+    except Exception as e:   # a bug or an input nobody foresaw: exit 3, never 1 (that is "findings")
+        return _crashed(args.command, e)
+
+
+def _crashed(command: str, e: BaseException) -> int:
+    """One line on stderr for an unexpected exception (the traceback too with ``CPTRACE_DEBUG=1``); exit 3."""
+    import os
+
+    if os.environ.get("CPTRACE_DEBUG", "") not in ("", "0"):
+        import traceback
+
+        traceback.print_exception(e, file=sys.stderr)
+    where = ""
+    tb = e.__traceback__
+    while tb is not None:   # the innermost frame of the package: where to look, without the whole traceback
+        if "cptrace_otel" in tb.tb_frame.f_code.co_filename:
+            where = f" at {tb.tb_frame.f_code.co_name}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    msg = " ".join(str(e).split())[:300]
+    print(f"cptrace-otel {command}: internal error{where}: {type(e).__name__}: {msg} (exit 3; a bug: rerun with "
+          "CPTRACE_DEBUG=1 for the traceback and report it)", file=sys.stderr)
+    return EXIT_UNREACHABLE
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -12,8 +12,10 @@ Variables (the README lists the same table):
 ``CPTRACE_RUN_ID``                  run id shared by all ranks of one launch (derived when unset, see run_id)
 ``CPTRACE_FILE``                    OTLP JSON-lines output file; ``{pid}``, ``{rank}``, ``{run_id}`` expand
 ``CPTRACE_LOG_FILE``                also write upstream ``[CPTRACE tag] k=v`` lines here (same placeholders)
-``CPTRACE_CP_RANK`` / ``_TP_RANK``  this process's CP / TP / DP rank (resource attributes); -1 = unknown
-``CPTRACE_DP_RANK``
+``CPTRACE_CP_RANK`` / ``_TP_RANK``  this process's CP / TP / DP rank (resource attributes); -1 = unknown, found
+``CPTRACE_DP_RANK``                 by :mod:`cptrace_otel.ranks` (config record, SGLang, torch.distributed, env)
+``CPTRACE_RANK_WAIT_S``             longest the first records wait for an unknown rank to be found (default 2.0)
+``CPTRACE_SAMPLE``                  fraction of node lineages kept, 0 < f <= 1 (default 1: all); see sampling
 ``CPTRACE_QUEUE_SIZE``              records buffered in the traced process before drops (default 262144)
 ``CPTRACE_EXPORTER``                ``process`` (default: a per-rank exporter subprocess) or ``thread``
 ``CPTRACE_SPOOL_DIR``               where OTLP requests wait while the backend is unreachable
@@ -35,7 +37,7 @@ import warnings
 from typing import Any, Mapping
 from urllib.parse import unquote, urlsplit
 
-DEFAULT_FILE = "cptrace-out/{run_id}/rank{rank}-{pid}.otlp.jsonl"
+DEFAULT_FILE = "cptrace-out/{run_id}/rank-{rank}-{pid}.otlp.jsonl"
 TRACES_PATH = "/v1/traces"  # the OTLP/HTTP signal path for traces
 DEFAULT_HTTP_ENDPOINT = "http://localhost:4318"
 DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
@@ -68,15 +70,21 @@ class Config:
     queue_size: int = 262144
     exporter: str = "process"
     spool_dir: str = ""
+    spool_max_bytes: int = 512 << 20     # disk spool cap per exporter (orphaned spools adopted count against it)
     span_timeout_s: float = 1.0
     checks: bool = True
     service_name: str = "sglang-hicache"
     resource_attributes: tuple[tuple[str, str], ...] = ()
     run_id_given: bool = False           # run_id was set (CPTRACE_RUN_ID or an override), not derived
+    rank_wait_s: float = 2.0
+    sample: float = 1.0                  # fraction of node lineages kept (cptrace_otel.sampling)
+    rank_source: str = ""                # where cp_rank came from when it was discovered (cptrace_otel.ranks)
 
     def expand(self, template: str) -> str:
-        """Fill ``{pid}``, ``{rank}`` and ``{run_id}`` in an output path template."""
-        return template.format(pid=os.getpid(), rank=self.cp_rank, run_id=self.run_id)
+        """Fill ``{pid}``, ``{rank}`` and ``{run_id}`` in an output path template. An unknown rank is ``unknown``
+        (a name never reads like a rank that the process does not have)."""
+        rank = self.cp_rank if self.cp_rank >= 0 else "unknown"
+        return template.format(pid=os.getpid(), rank=rank, run_id=self.run_id)
 
     def traces_url(self) -> str | None:
         """Full OTLP traces URL: a signal-specific endpoint is used as is, a generic one gets ``/v1/traces``
@@ -100,6 +108,10 @@ class Config:
             sc.RUN_ID: self.run_id,
             sc.TRACE_LEVEL: self.level,
         }
+        if self.rank_source:
+            attrs[sc.RANK_SOURCE] = self.rank_source
+        if self.sample < 1.0:
+            attrs[sc.SAMPLE] = self.sample
         for k, v in self.resource_attributes:
             attrs[k] = v
         return attrs
@@ -161,6 +173,20 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
         return default
 
 
+def _fraction(env: Mapping[str, str], name: str) -> float:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return 1.0
+    try:
+        v = float(raw)
+        if not 0.0 < v <= 1.0:
+            raise ValueError
+        return v
+    except ValueError:
+        _warn_once(name + raw, f"{name}={raw!r} is not a fraction in (0, 1]; keeping every record")
+        return 1.0
+
+
 def _otel(env: Mapping[str, str], suffix: str) -> str | None:
     v = env.get("OTEL_EXPORTER_OTLP_TRACES_" + suffix)
     if v is None or v == "":
@@ -188,14 +214,18 @@ def traces_url(endpoint: str, protocol: str, *, base: bool = False) -> str:
 def derive_run_id(env: Mapping[str, str]) -> str:
     """A run id that every rank process of one launch on one host derives alike.
 
-    ``CPTRACE_RUN_ID`` wins. Else ``TORCHELASTIC_RUN_ID`` (torchrun), else a hash of the host name, the parent
+    ``CPTRACE_RUN_ID`` wins. Else ``TORCHELASTIC_RUN_ID`` (torchrun; not its placeholder ``none``; ``-r<n>`` after
+    the n-th elastic restart), else a hash of the host name, the parent
     process id and the parent's start time: SGLang starts all rank processes from one launcher, so they share it.
-    Ranks on several hosts have different parents: set ``CPTRACE_RUN_ID`` to one value on every host.
+    Ranks on several hosts have different parents: :func:`cptrace_otel.ranks.agreed_run_id` replaces this id by one
+    agreed through the torch.distributed store when there is one; else set ``CPTRACE_RUN_ID`` on every host.
     """
     if env.get("CPTRACE_RUN_ID"):
         return env["CPTRACE_RUN_ID"]
-    if env.get("TORCHELASTIC_RUN_ID"):
-        return "te-" + env["TORCHELASTIC_RUN_ID"]
+    if (env.get("TORCHELASTIC_RUN_ID") or "none") != "none":   # torchrun's placeholder when no id was given
+        restart = env.get("TORCHELASTIC_RESTART_COUNT", "0") or "0"
+        # an elastic restart keeps the id but is a new launch (new processes, new node ids)
+        return "te-" + env["TORCHELASTIC_RUN_ID"] + ("" if restart == "0" else f"-r{restart}")
     ppid = os.getppid()
     start = ""
     try:
@@ -256,7 +286,10 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: Any) -> Config:
         queue_size=_int(env, "CPTRACE_QUEUE_SIZE", 262144, lo=1),
         exporter=exporter,
         spool_dir=env.get("CPTRACE_SPOOL_DIR") or "",
+        spool_max_bytes=_int(env, "CPTRACE_SPOOL_MAX_BYTES", 512 << 20, lo=0),
         span_timeout_s=_float(env, "CPTRACE_SPAN_TIMEOUT_S", 1.0),
+        rank_wait_s=_float(env, "CPTRACE_RANK_WAIT_S", 2.0),
+        sample=_fraction(env, "CPTRACE_SAMPLE"),
         checks=(env.get("CPTRACE_CHECKS", "1").strip() not in ("0", "false", "no", "off")),
         service_name=env.get("OTEL_SERVICE_NAME") or "sglang-hicache",
         resource_attributes=_parse_kv_list(env.get("OTEL_RESOURCE_ATTRIBUTES") or "", "OTEL_RESOURCE_ATTRIBUTES"),

@@ -9,8 +9,10 @@ and no ``OTEL_EXPORTER_OTLP_*ENDPOINT`` is set).
 Timestamps: log ``ts=`` values are monotonic ns. Each file is anchored to wall time by its ``config mono= wall=``
 record, else by the wall time in the logger prefix of its first trace line, else by the file's mtime.
 
-Prints a summary (events, traces, spans, findings, malformed lines with ``file:line``). Exit codes: 0 done, 3 a log
-cannot be read or the endpoint cannot be reached (message with the URL, no traceback).
+Prints a summary (events, traces, spans, findings, malformed lines with ``file:line``). A line the span builder
+cannot take (a value of the wrong type, such as ``op=[1,2]``) is such a malformed line: reported and skipped, the
+rest is sent. Exit codes: 0 done, 3 a log cannot be read or the endpoint cannot be reached (message with the URL,
+no traceback).
 """
 
 from __future__ import annotations
@@ -54,9 +56,11 @@ def _prefix_wall_ns(path: str) -> int | None:
 
     if path == "-":
         return None
+    from .analyze.sources.files import MAX_LINE
+
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
-            for i, line in enumerate(f):
+            for i, line in enumerate(iter(lambda: f.readline(MAX_LINE), "")):   # a longer line is read in parts
                 idx = line.find("[CPTRACE ")
                 if idx >= 0:
                     wall = parse_prefix(line[:idx]).wall
@@ -184,7 +188,7 @@ def _summary(n: int, logs: list[str], builders: dict[int, Any], stats: Any, malf
 
 def run(args: Any) -> int:
     from . import config as _config
-    from .analyze.sources.logs import LogReadError, LogStats, read_log_events
+    from .analyze.sources.logs import LogReadError, LogStats, Malformed, read_log_events
     from .spans import SpanBuilder, checker_factory
 
     env_cfg = _config.from_env()
@@ -232,7 +236,13 @@ def run(args: Any) -> int:
             if b is None:
                 b = builders[ev.rank] = SpanBuilder(run_id, f"ingest:{ev.rank}", env_cfg.span_timeout_s, checkers)
             ev.ts = clock.wall(ev)
-            b.add(ev)
+            try:
+                b.add(ev)
+            except Exception as e:   # a field of a type the builder cannot use: that record only is lost
+                bad = Malformed(ev.src, ev.line_no, f"not replayed: {type(e).__name__}: {str(e)[:160]}", "")
+                stats.add(bad)
+                on_malformed(bad)
+                continue
             n += 1
             if n % EXPORT_EVERY_EVENTS == 0:
                 export()

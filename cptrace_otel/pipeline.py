@@ -17,11 +17,22 @@ Contract (docs/ARCHITECTURE.md):
   delivering once its stdin closes, so it never outlives the traced process for long. ``CPTRACE_EXPORTER=thread``
   runs the same worker loop in a thread instead (and a worker that cannot be spawned falls back to it).
 * :func:`flush` returns True only when everything emitted before it is exported or written (open spans closed);
-  False on timeout, while the backend is unreachable (records wait in the spool), or once records were lost because
-  the worker died. :func:`stats` has the counters (``dropped`` is also exported as ``cptrace.dropped`` on the rank
-  span at flush).
-* Exit: an ``atexit`` hook flushes with a short timeout. Fork: :func:`_after_fork_in_child` (called by api's
-  at-fork hook) forgets the parent's pipeline, so the child starts its own drainer and worker on its next record.
+  False on timeout, while the backend is unreachable (records wait in the spool), or once any record was lost (a
+  worker died holding it, the backend rejected it, it could not be traced, it was abandoned at shutdown).
+  :func:`stats` has the counters: ``dropped`` counts every lost record, whoever lost it (the full buffer here, the
+  worker's losses it reports), and is exported as ``cptrace.dropped`` on the rank span.
+* Worker death (kill -9, OOM): the worker reports, about every 0.2 s (``PROGRESS``), how many of the records it was
+  sent reached a final state; the records shipped beyond that died with it and are counted as dropped (and named on
+  stderr). It is restarted (at most :data:`MAX_RESTARTS` times, with backoff), told the seq to go on from and the
+  dead worker's last epoch state (so trace ids stay the same); the online checks start over, which its rank span
+  says (``cptrace.exporter.restarts``, ``cptrace.checks.restarted``).
+* Rendering runs on the drainer thread: a value whose ``str`` raises costs only that value (records.py); one that
+  blocks for :data:`RENDER_BUDGET_S` is given up by a watchdog thread: that record is dropped and counted, the
+  records the stuck drainer had already rendered are shipped, and a new drainer carries on (reported on stderr).
+  A drainer that dies anyway is reported and replaced the same way.
+* Exit, signals, fork: :mod:`cptrace_otel.lifecycle` (called by api) flushes at exit, on SIGTERM and at the end of
+  a ``multiprocessing`` child. :func:`_after_fork_in_child` (called by api's at-fork hook) forgets the parent's
+  pipeline, so the child starts its own drainer and worker on its next record.
 """
 
 from __future__ import annotations
@@ -30,117 +41,30 @@ import atexit
 import collections
 import itertools
 import os
-import subprocess
 import sys
 import threading
 import time
 from typing import Any, Callable
 
-from .export.protocol import ACK, FLUSH, INIT, ITEMS, frame, read_frame
-from .records import compact_item, load_deferred
+from . import lifecycle
+from .channels import ProcessChannel, ThreadChannel
+from .export.protocol import ACK, FLUSH, INIT, ITEMS, PROGRESS
+from .records import RESOLVE_TIMEOUT_S, compact_item, load_deferred
 
 BATCH = 4096              # records per message to the worker
 IDLE_WAIT_S = 0.05        # drainer poll interval when the buffer is empty
 EXIT_FLUSH_S = 5.0        # atexit flush budget
+MAX_RESTARTS = 5          # exporter workers started after the first one died
+RESTART_BACKOFF_S = 0.5   # before the first restart; doubles each time (the buffer holds the records meanwhile)
+RENDER_BUDGET_S = RESOLVE_TIMEOUT_S + 5.0  # one record's rendering may take this long (a GPU fingerprint waits 30 s)
+WATCH_EVERY_S = 0.25      # watchdog period
 
 _lock = threading.Lock()
 _state: "_State | None" = None
 _fids = itertools.count(1)
-_atexit_registered = False
+_atexit_registered = False   # (api registers lifecycle's exit hook at import: then none is needed here)
 _on_stop: Callable[[], None] | None = None   # start()'s caller's uninstall hook
 _last_stats: dict[str, Any] = {}
-
-
-# -- channels to the worker ----------------------------------------------------------------------------------------
-class _ProcessChannel:
-    """Worker subprocess: framed pickles on its stdin, acks from its stdout."""
-
-    def __init__(self, st: "_State") -> None:
-        env = dict(os.environ)
-        pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cptrace_otel.export.worker"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, close_fds=True, env=env, bufsize=0,
-        )
-        self._fd = self.proc.stdin.fileno()  # type: ignore[union-attr]
-        self._st = st
-        threading.Thread(target=self._read_acks, name="cptrace-acks", daemon=True).start()
-
-    def send(self, msg: tuple) -> None:
-        view = memoryview(frame(msg))
-        while view:
-            n = os.write(self._fd, view)
-            view = view[n:]
-
-    def _read_acks(self) -> None:
-        f = self.proc.stdout
-        try:
-            while True:
-                msg = read_frame(f)
-                if msg is None:
-                    break
-                self._st.on_ack(msg)
-        except Exception:
-            pass
-        self._st.on_worker_gone(f"exporter process exited (rc={self.proc.poll()})")
-
-    def close(self, timeout_s: float) -> bool:
-        try:
-            self.proc.stdin.close()  # type: ignore[union-attr]  # EOF: the worker delivers and exits
-        except OSError:
-            pass
-        try:
-            self.proc.wait(timeout=max(0.0, timeout_s))
-            return self.proc.returncode == 0
-        except subprocess.TimeoutExpired:
-            return False  # it keeps delivering on its own and exits within config.timeout_s
-
-    def close_in_child(self) -> None:
-        # After fork: drop this process's copy of the pipe so the parent's worker still sees EOF when the parent
-        # exits. Never touch the Popen object (its lock may be held by a thread that does not exist here).
-        try:
-            os.close(self._fd)
-        except OSError:
-            pass
-
-
-class _ThreadChannel:
-    """The same worker loop in a thread of this process (``CPTRACE_EXPORTER=thread``)."""
-
-    def __init__(self, st: "_State") -> None:
-        import queue
-
-        from .export.worker import run_loop
-
-        self._q: Any = queue.Queue(maxsize=64)
-        self._st = st
-        self._rc: list[int] = []
-
-        def body() -> None:
-            try:
-                self._rc.append(run_loop(lambda t: self._q.get(timeout=t), st.on_ack))
-            except Exception as e:
-                st.on_worker_gone(f"exporter thread failed: {e!r}")
-
-        self._t = threading.Thread(target=body, name="cptrace-exporter", daemon=True)
-        self._t.start()
-
-    def send(self, msg: tuple) -> None:
-        if not self._t.is_alive():
-            raise BrokenPipeError("exporter thread is not running")
-        self._q.put(msg)
-
-    def close(self, timeout_s: float) -> bool:
-        try:
-            self._q.put(None, timeout=max(0.01, timeout_s))
-        except Exception:
-            return False
-        self._t.join(timeout=max(0.0, timeout_s))
-        return not self._t.is_alive() and self._rc == [0]
-
-    def close_in_child(self) -> None:
-        pass
 
 
 # -- state ----------------------------------------------------------------------------------------------------------
@@ -157,10 +81,19 @@ class _State:
         self.stop = False
         self.channel: Any = None
         self.gone: str | None = None
-        self.lost = 0               # records that could not reach the worker (subset of dropped)
+        self.lost = 0               # records lost on their way (subset of dropped): flush() is False once it is > 0
+        self.prev_wlost = 0         # records that dead workers reported lost (counted in dropped by them)
+        self.restarts = 0
+        self.stuck = 0              # records given up because rendering them blocked
         self.stats: dict[str, Any] = {}
         self.pid = os.getpid()
+        self.exiting = False        # at exit: the worker does not wait for a backend that is down
+        self.gen = 0                # the running drainer's generation: an older drainer that wakes up stops
+        self.hold: Any = None       # cptrace_otel.ranks.RankHold while the rank is not yet known (see _drain)
+        self._cur_items: list = []  # the batch the drainer is rendering (the watchdog takes it over if stuck)
+        self._rendering = False
         self.drainer = threading.Thread(target=self._drain, name="cptrace-drainer", daemon=True)
+        self.watchdog = threading.Thread(target=self._watch, name="cptrace-watchdog", daemon=True)
 
     # caller side ---------------------------------------------------------------------------------------------------
     def make_submit(self) -> Any:
@@ -182,8 +115,14 @@ class _State:
         return _submit
 
     # worker callbacks --------------------------------------------------------------------------------------------
-    def on_ack(self, msg: tuple) -> None:
-        if not msg or msg[0] != ACK:
+    def on_ack(self, msg: tuple, ch: Any = None) -> None:
+        if not msg:
+            return
+        if msg[0] == PROGRESS:
+            if ch is not None:
+                _, ch.safe, ch.wlost, _seq, ch.epochs = msg
+            return
+        if msg[0] != ACK:
             return
         _, fid, ok, stats = msg
         self.stats = stats or {}
@@ -192,17 +131,28 @@ class _State:
             w[1] = bool(ok)
             w[0].set()
 
-    def on_worker_gone(self, why: str) -> None:
-        if self.gone is None and not self.stop:
-            self.gone = why
-            print(f"cptrace_otel: {why}; further records are dropped and counted", file=sys.stderr, flush=True)
-        elif self.gone is None:
-            self.gone = why
+    def on_worker_gone(self, why: str, ch: Any = None) -> None:
+        """The worker's pipe closed (or a send failed). While running, the drainer restarts it (:meth:`_restart`,
+        which counts what died with it); pending flushes answer False."""
+        if ch is not None:
+            if ch is not self.channel or ch.dead:
+                return
+            ch.dead = True
+            ch.why = why
+        if self.stop or ch is None:
+            if self.gone is None:
+                self.gone = why
+        self.wake.set()
         for w in list(self.waiters.values()):
             w[0].set()
 
+    def total_dropped(self) -> int:
+        ch = self.channel
+        return self.dropped + self.prev_wlost + (ch.wlost if ch is not None else 0)
+
     # drainer -------------------------------------------------------------------------------------------------------
-    def _start_channel(self) -> None:
+    def _start_channel(self, resume: dict | None = None) -> None:
+        seq0 = resume["seq"] if resume else 0
         info = {
             "config": self.cfg,
             "resource": self.cfg.resource(),
@@ -210,39 +160,110 @@ class _State:
             "file": self.cfg.expand(self.cfg.file) if self.cfg.file else None,
             "log_file": self.cfg.expand(self.cfg.log_file) if self.cfg.log_file else None,
             "spool_dir": self.cfg.spool_dir,
+            "resume": resume,
         }
         if self.cfg.exporter == "process":
             try:
-                self.channel = _ProcessChannel(self)
-                self.channel.send((INIT, info))
+                ch: Any = ProcessChannel(self, seq0)
+                self.channel = ch
+                ch.send((INIT, info))
                 return
             except Exception as e:
                 print(f"cptrace_otel: cannot start the exporter process ({e!r}); exporting from a thread instead",
                       file=sys.stderr, flush=True)
-        self.channel = _ThreadChannel(self)
+        self.channel = ThreadChannel(self, seq0)
         self.channel.send((INIT, info))
 
+    def _restart(self) -> bool:
+        """The worker died: count the records that died with it, start another (bounded, with backoff). False when
+        no worker runs any more (records are then dropped and counted)."""
+        old = self.channel
+        lost = old.in_flight()
+        self.dropped += lost
+        self.lost += lost
+        self.prev_wlost += old.wlost
+        old.shipped, old.wlost = old.safe, 0  # counted once
+        if self.stop or self.restarts >= MAX_RESTARTS:
+            self.gone = old.why
+            print(f"cptrace_otel: {old.why}; {lost} records it held were lost; not restarting it (restarted "
+                  f"{self.restarts} times); further records are dropped and counted", file=sys.stderr, flush=True)
+            return False
+        self.restarts += 1
+        print(f"cptrace_otel: {old.why}; {lost} records it held were lost (counted in cptrace.dropped); restarting "
+              f"the exporter ({self.restarts} of at most {MAX_RESTARTS}); its online checks start over",
+              file=sys.stderr, flush=True)
+        time.sleep(RESTART_BACKOFF_S * (1 << (self.restarts - 1)))
+        try:
+            self._start_channel({"seq": old.seq0 + old.shipped, "epochs": old.epochs, "restarts": self.restarts})
+        except Exception as e:
+            self.gone = f"exporter failed to restart: {e!r}"
+            print(f"cptrace_otel: {self.gone}; further records are dropped and counted", file=sys.stderr, flush=True)
+            return False
+        return True
+
     def _ship(self, msg: tuple, n_records: int = 0) -> None:
-        if self.gone is None:
+        """Send one message to the worker (restarting a dead one first); records that cannot go are counted."""
+        while self.gone is None:
+            ch = self.channel
+            if ch.dead:
+                if not self._restart():
+                    break
+                continue
+            ch.shipped += n_records  # in flight until the worker reports them safe
             try:
-                self.channel.send(msg)
-                return
+                ch.send(msg)
             except Exception as e:
-                self.on_worker_gone(f"exporter unreachable ({type(e).__name__}: {e})")
+                self.on_worker_gone(f"exporter unreachable ({type(e).__name__}: {e})", ch)
+            return
         if n_records:
             self.dropped += n_records
             self.lost += n_records
 
-    def _drain(self) -> None:
+    def _open(self) -> None:
         try:
             self._start_channel()
         except Exception as e:
-            self.on_worker_gone(f"exporter failed to start: {e!r}")
+            self.gone = f"exporter failed to start: {e!r}"
+            print(f"cptrace_otel: {self.gone}; records are dropped and counted", file=sys.stderr, flush=True)
+
+    def _drain(self) -> None:
+        from .ranks import RankHold
+
+        # While the rank is unknown the first batches wait here (not on the caller) so that a rank learned from the
+        # config record, SGLang or torch.distributed still labels them (cptrace_otel.ranks.RankHold). The hold lives
+        # on the state, so a drainer started by the watchdog carries on with it.
+        hold = RankHold(self.cfg, self.cfg.rank_wait_s, self.cap)
+        if hold.known:
+            self._open()
+        else:
+            self.hold = hold
+        self._drain_loop(0, [])
+
+    def _drain_loop(self, gen: int, pending: list) -> None:
+        """The drainer of generation ``gen`` (a newer one makes it stop); ``pending``: rendered items to ship first
+        (those a stuck drainer had rendered)."""
+        try:
+            if pending:
+                self.shipped += len(pending)
+                if self.hold is not None:
+                    self.hold.add(pending)
+                else:
+                    self._ship((ITEMS, pending, self.dropped + self.prev_wlost), len(pending))
+            self._drain_body(gen)
+        except BaseException as e:  # noqa: BLE001 - reported; the watchdog starts a new drainer
+            if self.gen == gen:
+                print(f"cptrace_otel: the drainer thread failed ({e!r}); starting a new one", file=sys.stderr,
+                      flush=True)
+
+    def _drain_body(self, gen: int) -> None:
         is_deferred, resolve = load_deferred()
         buf = self.buf
         popleft = buf.popleft
         while True:
             self.wake.clear()
+            ch = self.channel
+            if ch is not None and ch.dead and self.gone is None and not self.stop:
+                self._restart()
             reqs = []
             while self.flush_reqs:
                 reqs.append(self.flush_reqs.popleft())
@@ -250,26 +271,84 @@ class _State:
             while buf:
                 busy = True
                 n = min(len(buf), BATCH)
-                items = []
+                items: list = []
+                self._cur_items = items
+                self._rendering = True
                 for _ in range(n):
-                    item = popleft()
+                    try:
+                        item = popleft()
+                    except IndexError:  # a shutdown that timed out took the rest
+                        break
                     try:
                         items.append(compact_item(item, is_deferred, resolve))
-                    except Exception:
-                        self.dropped += 1  # unrenderable beyond repair (e.g. fields not a dict)
+                    except BaseException:  # noqa: BLE001 - unrenderable beyond repair (e.g. fields not a dict)
+                        self.dropped += 1
+                        self.lost += 1
+                    if self.gen != gen:
+                        return  # given up as stuck: the watchdog shipped what was rendered, and counted this one
+                self._rendering = False
                 self.shipped += len(items)
-                self._ship((ITEMS, items, self.dropped), len(items))
+                if self.hold is not None:
+                    self.hold.add(items)
+                    continue
+                self._ship((ITEMS, items, self.dropped + self.prev_wlost), len(items))
+            hold = self.hold
+            if hold is not None and hold.due(bool(reqs) or self.stop):
+                self.hold = None
+                self.cfg = hold.resolve()
+                self._open()
+                for items in hold.batches:
+                    self._ship((ITEMS, items, self.dropped + self.prev_wlost), len(items))
             for fid, t_req, timeout_s in reqs:
                 left = timeout_s - (time.monotonic() - t_req) - 0.05
-                self._ship((FLUSH, fid, self.dropped, max(0.0, left)))
+                self._ship((FLUSH, fid, self.dropped + self.prev_wlost, max(0.0, left), self.exiting))
                 if self.gone is not None:
                     w = self.waiters.get(fid)
                     if w is not None:
                         w[0].set()
             if self.stop and not buf and not self.flush_reqs:
                 return
+            if self.gen != gen:
+                return
             if not busy:
                 self.wake.wait(IDLE_WAIT_S)
+
+    # watchdog ------------------------------------------------------------------------------------------------------
+    def _watch(self) -> None:
+        """Replaces a drainer that is stuck rendering one record for RENDER_BUDGET_S, or that died."""
+        seen: tuple = ()
+        since = time.monotonic()
+        while not (self.stop and not self.drainer.is_alive()):
+            time.sleep(WATCH_EVERY_S)
+            if self.stop:
+                continue
+            now = time.monotonic()
+            if not self.drainer.is_alive():
+                self._new_drainer([], "")
+                continue
+            mark = (self.gen, id(self._cur_items), len(self._cur_items)) if self._rendering else ()
+            if not mark or mark != seen:
+                seen, since = mark, now
+                continue
+            if now - since >= RENDER_BUDGET_S:
+                self._new_drainer(self._cur_items, f"rendering a record's value blocked for more than "
+                                  f"{RENDER_BUDGET_S:g}s (a __str__ that never returns?): that record is dropped "
+                                  "and counted")
+                seen = ()
+
+    def _new_drainer(self, stuck_items: list, why: str) -> None:
+        self.gen += 1
+        self._rendering = False
+        taken = list(stuck_items)
+        if why:
+            self.stuck += 1
+            self.dropped += 1
+            self.lost += 1
+            print(f"cptrace_otel: {why}; delivery goes on in a new drainer thread", file=sys.stderr, flush=True)
+        gen = self.gen
+        self.drainer = threading.Thread(target=self._drain_loop, args=(gen, taken), name="cptrace-drainer",
+                                        daemon=True)
+        self.drainer.start()
 
     def flush(self, timeout_s: float) -> bool:
         if self.gone is not None and not self.drainer.is_alive():
@@ -281,7 +360,7 @@ class _State:
         self.wake.set()
         got = w[0].wait(max(0.0, timeout_s))
         self.waiters.pop(fid, None)
-        return bool(got and w[1] and self.gone is None and self.lost == 0)
+        return bool(got and w[1] and self.gone is None and self.lost == 0 and self.prev_wlost == 0)
 
 
 # -- public (called by api.py) ---------------------------------------------------------------------------------------
@@ -297,10 +376,12 @@ def start(config: Any, on_stop: Callable[[], None] | None = None) -> Callable[[i
         if _state is None or _state.pid != os.getpid():
             st = _State(config)
             st.drainer.start()
+            st.watchdog.start()
             _state = st
-            if not _atexit_registered:
+            if not _atexit_registered and not lifecycle.exit_hook_registered():
                 atexit.register(_at_exit)
-                _atexit_registered = True
+            _atexit_registered = True
+            lifecycle.install_sigterm()
         _on_stop = on_stop
         return _state.make_submit()
 
@@ -334,6 +415,8 @@ def shutdown(timeout_s: float = 30.0) -> bool:
         st.stop = True
         st.wake.set()
         st.drainer.join(timeout=max(0.0, timeout_s - (time.monotonic() - t0)))
+        if st.drainer.is_alive():
+            ok = _abandon_queue(st, timeout_s) and ok
         if st.channel is not None:
             closed = st.channel.close(max(0.0, timeout_s - (time.monotonic() - t0)))
             ok = ok and closed
@@ -341,6 +424,24 @@ def shutdown(timeout_s: float = 30.0) -> bool:
         ok = False
     _remember(st)
     return ok
+
+
+def _abandon_queue(st: _State, timeout_s: float) -> bool:
+    """shutdown() ran out of time with records still queued: they are lost; count them and say so."""
+    n = 0
+    popleft = st.buf.popleft
+    while True:  # popleft, not len+clear: a record the drainer takes meanwhile is not counted twice
+        try:
+            popleft()
+        except IndexError:
+            break
+        n += 1
+    if n:
+        st.dropped += n
+        st.lost += n
+        print(f"cptrace_otel: shutdown timed out after {timeout_s:g}s with {n} records still queued; they are "
+              "dropped (counted)", file=sys.stderr, flush=True)
+    return n == 0
 
 
 def stats() -> dict[str, Any]:
@@ -353,8 +454,10 @@ def stats() -> dict[str, Any]:
 
 
 def _stats_of(st: _State) -> dict[str, Any]:
-    out = {"dropped": st.dropped, "shipped": st.shipped, "queued": len(st.buf), "lost": st.lost,
-           "exporter": st.cfg.exporter, "worker_gone": st.gone}
+    ch = st.channel
+    out = {"dropped": st.total_dropped(), "shipped": st.shipped, "queued": len(st.buf), "lost": st.lost,
+           "exporter": st.cfg.exporter, "worker_gone": st.gone, "restarts": st.restarts, "stuck_renders": st.stuck,
+           "in_flight": ch.in_flight() if ch is not None else 0}
     out.update({"worker": dict(st.stats)})
     return out
 
@@ -364,11 +467,14 @@ def _remember(st: _State) -> None:
     _last_stats = _stats_of(st)
 
 
-def _at_exit() -> None:
+def _at_exit(budget_s: float = EXIT_FLUSH_S) -> None:
+    """Exit (atexit, end of a multiprocessing child, SIGTERM): shut down within ``budget_s``; the worker does not
+    wait for a backend that is down (its requests stay in the spool for the next run)."""
     st = _state
     if st is None or st.pid != os.getpid():
         return
-    shutdown(min(EXIT_FLUSH_S, float(getattr(st.cfg, "timeout_s", EXIT_FLUSH_S)) + 1.0))
+    st.exiting = True
+    shutdown(min(budget_s, float(getattr(st.cfg, "timeout_s", budget_s)) + 1.0))
 
 
 def _after_fork_in_child() -> None:

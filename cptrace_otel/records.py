@@ -54,7 +54,7 @@ def render_other(v: Any, is_deferred: Any, resolve: Any) -> Any:
         if is_deferred is not None and is_deferred(v):
             try:
                 r = resolve(v, RESOLVE_TIMEOUT_S)  # its sentinel if the GPU never finishes
-            except Exception:
+            except BaseException:  # noqa: BLE001
                 return -1  # the upstream failure sentinel
             return r if type(r) is int else render_other(r, None, None)
         t = type(v)
@@ -71,10 +71,11 @@ def render_other(v: Any, is_deferred: Any, resolve: Any) -> Any:
         if type(s) is not str:
             s = str(s)
         return cut(s)
-    except Exception as e:  # a value whose __str__ raises must not lose the record
+    except BaseException as e:  # noqa: BLE001 - a value whose __str__ raises (even SystemExit or
+        # KeyboardInterrupt) costs only that value: here, not in the drainer, so the thread survives it
         try:
             return f"(err:{type(e).__name__})"
-        except Exception:
+        except BaseException:  # noqa: BLE001
             return "(err:?)"
 
 
@@ -85,7 +86,7 @@ def tag_level(tag: Any, level: Any) -> tuple[str, int]:
     if type(level) is not int:
         try:
             level = int(level)
-        except Exception:
+        except BaseException:  # noqa: BLE001 - as in render_other
             level = 1
     return tag, level
 

@@ -26,6 +26,8 @@ TP_RANK: Final = "sglang.tp.rank"
 DP_RANK: Final = "sglang.dp.rank"
 RUN_ID: Final = "cptrace.run_id"
 TRACE_LEVEL: Final = "cptrace.level"
+RANK_SOURCE: Final = "cptrace.rank.source"   # where a discovered rank came from (cptrace_otel.ranks)
+SAMPLE: Final = "cptrace.sample"             # fraction of node lineages kept, on sampled streams only
 SCOPE_NAME: Final = "cptrace_otel"
 
 # -- span names (low cardinality; one per stage) --------------------------------------------------------------
@@ -34,6 +36,11 @@ SPAN_H2D: Final = "hicache.h2d"          # reload -> ack dir=h2d
 SPAN_NODE: Final = "hicache.node"        # structural records of one node on one rank (insert, split, evict, ...)
 SPAN_RANK: Final = "hicache.rank"        # records with no node: config, reset, free of unowned slots
 SPAN_REQUEST: Final = "hicache.request"  # per-request trace: fwd_hash records, links to node traces from rid_map
+# These are span *kinds* (attribute SPAN_KIND); the span name says rank and stage: span_name(rank, kind), e.g.
+# "rank 3 · d2h". The node kind is the rank's lane in a node trace: the d2h/h2d spans are its children.
+SPAN_LANE: Final = SPAN_NODE
+STAGE_WORDS: Final = {SPAN_D2H: "d2h", SPAN_H2D: "h2d", SPAN_NODE: "node", SPAN_RANK: "process",
+                      SPAN_REQUEST: "request"}
 
 # -- attributes on every event ----------------------------------------------------------------------------------
 FIELD_PREFIX: Final = "hicache."
@@ -50,6 +57,10 @@ RANK: Final = "sglang.cp.rank"           # also stamped on spans so cross-rank v
 STAGE_CLOSED: Final = "cptrace.span.closed_by"  # "tag" (closing record), "timeout", "reset", "limit" or "flush"
 VIOLATION: Final = "cptrace.violation"          # comma-joined codes (H1..H4, ZERO, HASH) found on this span
 VIOLATION_RULES: Final = "cptrace.violation.rules"
+VIOLATION_CODE_PREFIX: Final = "cptrace.violation."  # + code: boolean True per code found on the span
+SPAN_KIND: Final = "cptrace.span.kind"          # SPAN_D2H, SPAN_H2D, SPAN_NODE (lane), SPAN_RANK, SPAN_REQUEST
+CONTINUES: Final = "cptrace.span.continues"     # True on a stage span continuing one cut by timeout/limit/lane end
+LINK_KIND: Final = "cptrace.link.kind"          # on span links: "evidence" (finding -> record) or "continues"
 CERTAINTY: Final = "cptrace.certainty"
 
 # -- violation event (one per finding, on the span that holds the evidence) ------------------------------------
@@ -59,11 +70,21 @@ V_RULE: Final = "rule"
 V_CERTAINTY: Final = "certainty"
 V_EVIDENCE: Final = "evidence_seq"
 V_MESSAGE: Final = "message"
+V_EVIDENCE_DESC: Final = "evidence"      # "seq 171 backup op=5 rank 3; ...": the evidence records, readable
 
 # -- pipeline self-telemetry (resource-level counters on the rank span at flush) -----------------------------------
 DROPPED: Final = "cptrace.dropped"
+# Set on the rank span by an exporter worker that replaced one that died: how many restarts so far, and that the
+# online checks started over (their state died with the old worker: findings spanning the restart can be missed).
+EXPORTER_RESTARTS: Final = "cptrace.exporter.restarts"
+CHECKS_RESTARTED: Final = "cptrace.checks.restarted"
 
 RNG_PARTS: Final = ("cnt", "min", "max", "first", "last")
+
+
+def span_name(rank: int, kind: str) -> str:
+    """Span name of a ``kind`` span of ``rank``: ``"rank 3 · d2h"`` (ranks and stages are bounded sets)."""
+    return f"rank {rank} \u00b7 {STAGE_WORDS.get(kind, kind)}"
 
 
 def field_key(name: str) -> str:

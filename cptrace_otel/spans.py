@@ -1,4 +1,4 @@
-"""Events -> OTLP-shaped spans: the trace model of docs/ARCHITECTURE.md, shared by the live exporter and ``ingest``.
+"""Events -> OTLP-shaped spans: trace model v2 of docs/ARCHITECTURE.md, shared by the live exporter and ``ingest``.
 
 Contract:
 
@@ -7,17 +7,29 @@ Contract:
 * Trace ids are deterministic, so every rank process of a run puts a node's records into the same trace without any
   context propagation: node trace ``blake2b(f"{run_id}|{epoch}|{node_id}")``, rank trace
   ``blake2b(f"{run_id}|rank|{rank}")``, request trace ``blake2b(f"{run_id}|rid|{rid}")`` (16 bytes; 0 maps to 1).
-* Stage spans per (rank, epoch, node): ``hicache.d2h`` (``prepare`` .. ``ack dir=d2h``, holds ``backup``),
-  ``hicache.h2d`` (``reload`` .. ``ack dir=h2d``), ``hicache.node`` (every other record of the node). Every span is a
-  root of its trace (no parent that is never sent). A span ends at its closing record (``closed_by=tag``), once it
-  has been open ``span_timeout_s`` (``timeout``), at :meth:`close_all` (``flush``), at a ``reset`` of its rank
-  (``reset``) or when it grows past :data:`MAX_EVENTS` events / :data:`MAX_SPAN_BYTES` (``limit``); a later record
-  of the same stage opens a new span. So nothing stays open for long and a crash loses at most that window.
-* ``rid_map`` records put ``hicache.rid`` on the node span and link the request trace's span to it.
+* Lanes: in a node trace each rank's spans hang under that rank's **lane** span (``rank 3 · node``, kind
+  ``hicache.node``), which also holds the node's structural records (insert, evict, split, free, rid_map, ...). The
+  first lane segment of (run, epoch, node, rank) is a root with the span id :func:`lane_span_id` (any process can
+  name it, e.g. the watcher writing cross-rank findings); a later segment of the same lane (the lane is cut like any
+  span, below) hashes the seq of its first record in and is a child of the first segment, which this process has
+  already sent. No span has a parent that another process must send, and the UI shows one top-level row per rank.
+* Stage spans are children of the lane: ``rank 3 · d2h`` (``prepare`` .. ``ack dir=d2h``, holds ``backup``) and
+  ``rank 3 · h2d`` (``reload`` .. ``ack dir=h2d``). A stage span ends at its closing record (``closed_by=tag``).
+* Sending: a lane segment is sent once, together with all its children, when it closes: once it has been open
+  ``span_timeout_s`` (``timeout``), at :meth:`close_all` (``flush``), at a ``reset`` of its rank (``reset``) or when it
+  grows past :data:`MAX_EVENTS` events / :data:`MAX_SPAN_BYTES` (``limit``). Children still open then are closed with
+  the same reason and the lane's end covers them. So a child never names an unsent parent, nothing stays open past
+  the timeout, and a crash loses at most that window.
+* Continuations: a stage record whose stage span was cut (timeout/limit/flush, not its own closing record) opens a
+  continuation stage span on the same rank (same kind, ``cptrace.span.continues=true``, an OTLP link to the cut span),
+  in the current lane segment (a new one if the old is gone). So every record of a stage instance (prepare to its
+  d2h ack, reload to its h2d ack) is in that stage's span or a continuation of it, never in the lane's own events.
+* ``rid_map`` records put ``hicache.rid`` on the lane and link the request trace's span to it.
 * Online checks: with a ``checker_factory`` (``rank -> RankChecker``), each event is fed to the rank's checker and the
-  findings it returns are stamped on the span that holds the event (``cptrace.violation``, status ERROR, one
-  ``hicache.violation`` event per finding). A checker that raises is switched off (once, with a warning): tracing
-  must not die because a rule did.
+  findings it returns are stamped on the span that holds the event (:func:`violation_attributes`, status ERROR with
+  every finding's message, one ``hicache.violation`` event per finding naming its evidence records, and one OTLP link
+  per evidence span). A checker that raises is switched off (once, with a warning): tracing must not die because a
+  rule did.
 
 Time is whatever ``ev.ts`` says (wall-clock ns for live records); :meth:`expire` takes "now" explicitly so replays
 and tests are deterministic.
@@ -27,20 +39,28 @@ from __future__ import annotations
 
 import hashlib
 import sys
-from collections.abc import Mapping
 from typing import Any, Callable, Iterable
 
 from . import semconv as sc
-from .attrs import fields_to_attributes
 from .events import Event
-from .logline import Rng, render_value
+from .logline import render_value
+from .spanattrs import EventAttrs, _approx_bytes, event_attributes  # noqa: F401  (re-exported)
+# violation_attributes: the one helper making the per-code violation keys (the watcher imports it from here)
+from .violations import STATUS_ERROR, stamp_findings, violation_attributes  # noqa: F401
 
 # A span closes when it holds this many events or this many (approximate) bytes of attribute data: keeps a hot node's
 # span small enough for the UI and far below the 3.5 MiB request split.
 MAX_EVENTS = 1000
 MAX_SPAN_BYTES = 1 << 20
+# A lane segment closes once it has this many children (a node copied back and forth very often).
+MAX_CHILDREN = 200
+# Bounded memories: records whose span can still be named as evidence, stage instances cut (for continuations),
+# lanes that already had their first segment.
+MAX_SEQ_REFS = 1 << 16
+MAX_CUT = 1 << 16
+MAX_LANES_SEEN = 1 << 18
 
-STATUS_UNSET, STATUS_OK, STATUS_ERROR = 0, 1, 2
+STATUS_UNSET, STATUS_OK = 0, 1
 
 _DIGEST = hashlib.blake2b
 
@@ -65,14 +85,24 @@ def request_trace_id(run_id: str, rid: str) -> bytes:
     return _id(f"{run_id}|rid|{rid}", 16)
 
 
+def lane_span_id(run_id: str, epoch: int, node_id: int, rank: int, segment_seq: int | None = None) -> bytes:
+    """Span id of ``rank``'s lane in the node trace ``(run_id, epoch, node_id)``: the first segment (``segment_seq``
+    None) is computable by any process; a later segment hashes the seq of its first record in."""
+    tail = "" if segment_seq is None else f"|{segment_seq}"
+    return _id(f"{run_id}|{epoch}|{node_id}|lane|{rank}{tail}", 8)
+
+
 class Span:
-    """One finished (or open) span, in the shape the OTLP encoders need."""
+    """One finished (or open) span, in the shape the OTLP encoders need. ``parent`` is the parent span id (b"" for
+    a root); ``kind`` the semconv SPAN_* kind; ``lane`` the open lane span a stage span hangs under (None when
+    closed / for roots); ``children`` a lane's closed children, sent with it."""
 
     __slots__ = ("trace_id", "span_id", "name", "start", "end", "attrs", "events", "links", "status_code",
-                 "status_message", "rank", "key", "nbytes", "findings")
+                 "status_message", "rank", "key", "nbytes", "findings", "parent", "kind", "lane", "children",
+                 "ref", "open_kids", "cut")
 
     def __init__(self, trace_id: bytes, span_id: bytes, name: str, start: int, rank: int, key: Any,
-                 attrs: dict[str, Any]) -> None:
+                 attrs: dict[str, Any], parent: bytes = b"", kind: str = "") -> None:
         self.trace_id = trace_id
         self.span_id = span_id
         self.name = name
@@ -89,107 +119,16 @@ class Span:
         self.key = key
         self.nbytes = 0
         self.findings: list[Any] = []
+        self.parent = parent
+        self.kind = kind or name
+        self.lane: Span | None = None
+        self.children: list[Span] = []
+        self.open_kids: list[Span] = []
+        self.ref = (trace_id, span_id)
+        self.cut = False
 
     def __repr__(self) -> str:  # for test failures
         return f"Span({self.name} trace={self.trace_id.hex()} events={len(self.events)} attrs={self.attrs})"
-
-
-def event_attributes(fields: dict[str, Any]) -> tuple[dict[str, Any], int]:
-    """``attrs.fields_to_attributes(fields)`` and the approximate encoded size of those attributes
-    (:func:`_approx_bytes`, the span byte cap's estimate)."""
-    return fields_to_attributes(fields), _approx_bytes(fields)
-
-
-class EventAttrs(Mapping):
-    """A span event's attributes, kept as the event's typed fields plus its seq / epoch / level until someone reads
-    them: ``attrs.fields_to_attributes(fields)`` followed by ``cptrace.seq``, ``cptrace.epoch``,
-    ``cptrace.record.level``, in that order (a read-only mapping equal to that dict).
-
-    Why lazy: the exporter's protobuf encoder (``export.otlp``) writes these straight from the typed fields, so the
-    per-event attribute dict (most of the exporter's time per event) is only built for the JSON file sink, tests and
-    other readers. Writing to it turns it into a plain dict copy (``dirty``), which the encoder then uses instead.
-    """
-
-    __slots__ = ("fields", "seq", "epoch", "level", "_d", "dirty")
-
-    def __init__(self, fields: dict[str, Any], seq: int, epoch: int, level: int) -> None:
-        self.fields = fields
-        self.seq = seq
-        self.epoch = epoch
-        self.level = level
-        self._d: dict[str, Any] | None = None
-        self.dirty = False
-
-    def as_dict(self) -> dict[str, Any]:
-        d = self._d
-        if d is None:
-            d = fields_to_attributes(self.fields)
-            d[sc.SEQ] = self.seq
-            d[sc.EPOCH] = self.epoch
-            d[sc.LEVEL] = self.level
-            self._d = d
-        return d
-
-    def __getitem__(self, key: str) -> Any:
-        if key == sc.SEQ and not self.dirty:
-            return self.seq
-        return self.as_dict()[key]
-
-    def get(self, key: str, default: Any = None) -> Any:
-        if key == sc.SEQ and not self.dirty:
-            return self.seq
-        return self.as_dict().get(key, default)
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        self.as_dict()[key] = value
-        self.dirty = True
-
-    def __delitem__(self, key: str) -> None:
-        del self.as_dict()[key]
-        self.dirty = True
-
-    def __iter__(self) -> Any:
-        return iter(self.as_dict())
-
-    def __len__(self) -> int:
-        return len(self.as_dict())
-
-    def __contains__(self, key: object) -> bool:
-        return key in self.as_dict()
-
-    def items(self) -> Any:
-        return self.as_dict().items()
-
-    def keys(self) -> Any:
-        return self.as_dict().keys()
-
-    def values(self) -> Any:
-        return self.as_dict().values()
-
-    def copy(self) -> dict[str, Any]:
-        return dict(self.as_dict())
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, EventAttrs):
-            other = other.as_dict()
-        return self.as_dict() == other
-
-    __hash__ = None  # type: ignore[assignment]  # mutable, like a dict
-
-    def __repr__(self) -> str:
-        return repr(self.as_dict())
-
-
-def _approx_bytes(fields: dict[str, Any]) -> int:
-    """Approximate encoded size of an event's attributes (the span byte cap)."""
-    n = 16 + 12 * len(fields)
-    for v in fields.values():
-        t = type(v)
-        if t is str:
-            n += len(v) - 4
-        elif t is not int and t is not float:
-            n += 48 if t is Rng else len(str(v))
-    return n
 
 
 def checker_factory(enabled: bool, level: int | None) -> Callable[[int], Any] | None:
@@ -223,6 +162,12 @@ class SpanBuilder:
         self._open: dict[Any, Span] = {}          # insertion order = open order (oldest first)
         self._done: list[Span] = []
         self._trace_cache: dict[tuple[int, int], bytes] = {}
+        self._names: dict[tuple[int, str], str] = {}
+        # seq -> (trace id, span id, tag, op) of recent records: a finding links to the spans of its evidence
+        self._seq_refs: dict[int, tuple[bytes, bytes, str, Any]] = {}
+        # stage key -> the stage span cut before its closing record (a later record of it opens a continuation)
+        self._cut: dict[Any, Span] = {}
+        self._lanes_seen: set[tuple[int, int, int]] = set()
         self.events = 0
         self.spans = 0
         self.findings = 0
@@ -244,12 +189,28 @@ class SpanBuilder:
             t = self._trace_cache[k] = node_trace_id(self.run_id, epoch, node)
         return t
 
-    def _open_span(self, key: Any, trace_id: bytes, name: str, ev: Event, extra: dict[str, Any]) -> Span:
+    def _name(self, rank: int, kind: str) -> str:
+        k = (rank, kind)
+        n = self._names.get(k)
+        if n is None:
+            if len(self._names) > 10_000:
+                self._names.clear()
+            n = self._names[k] = sc.span_name(rank, kind)
+        return n
+
+    def _open_span(self, key: Any, trace_id: bytes, kind: str, ev: Event, extra: dict[str, Any],
+                   span_id: bytes | None = None, lane: Span | None = None) -> Span:
         self._opened += 1  # part of the id: unique even for spans opened without a record (annotations)
-        span_id = _id(f"{self.instance}|{ev.rank}|{ev.epoch}|{ev.seq}|{name}|{key[-1]}|{self._opened}", 8)
+        if span_id is None:
+            span_id = _id(f"{self.instance}|{ev.rank}|{ev.epoch}|{ev.seq}|{kind}|{key[-1]}|{self._opened}", 8)
         attrs: dict[str, Any] = {sc.RANK: ev.rank}
         attrs.update(extra)
-        sp = Span(trace_id, span_id, name, ev.ts, ev.rank, key, attrs)
+        attrs[sc.SPAN_KIND] = kind
+        sp = Span(trace_id, span_id, self._name(ev.rank, kind), ev.ts, ev.rank, key, attrs,
+                  lane.span_id if lane is not None else b"", kind)
+        if lane is not None:
+            sp.lane = lane
+            lane.open_kids.append(sp)
         if ev.ts < self._last_open_ts:
             self._unordered = True
         else:
@@ -257,24 +218,71 @@ class SpanBuilder:
         self._open[key] = sp
         return sp
 
+    def _lane(self, rank: int, epoch: int, node: int, ev: Event) -> Span:
+        """The open lane segment of (rank, epoch, node), opened if there is none."""
+        key = (rank, epoch, node, "node")
+        sp = self._open.get(key)
+        if sp is None:
+            lk = (epoch, node, rank)
+            first = lane_span_id(self.run_id, epoch, node, rank)
+            if lk in self._lanes_seen:
+                # a later segment: nested under the first (already sent), so the rank keeps one top-level row
+                sp = self._open_span(key, self._node_trace(epoch, node), sc.SPAN_NODE, ev, {sc.NODE_ID: node},
+                                     lane_span_id(self.run_id, epoch, node, rank, ev.seq))
+                sp.parent = first
+            else:
+                if len(self._lanes_seen) >= MAX_LANES_SEEN:
+                    self._lanes_seen.clear()
+                self._lanes_seen.add(lk)
+                sp = self._open_span(key, self._node_trace(epoch, node), sc.SPAN_NODE, ev, {sc.NODE_ID: node}, first)
+        return sp
+
+    def _stage(self, key: Any, kind: str, ev: Event, node: int) -> Span:
+        """A new stage span for ``key`` under the current lane (a continuation when the key was cut)."""
+        lane = self._lane(ev.rank, ev.epoch, node, ev)
+        sp = self._open_span(key, lane.trace_id, kind, ev, {sc.NODE_ID: node}, None, lane)
+        prev = self._cut.pop(key, None)
+        if prev is not None:
+            sp.attrs[sc.CONTINUES] = True
+            sp.links.append((prev.trace_id, prev.span_id, {sc.LINK_KIND: "continues"}))
+        return sp
+
     def _close(self, sp: Span, why: str) -> None:
+        """Close ``sp``: a stage span is parked in its lane (sent with it); a lane closes its open children with the
+        same reason, then goes out followed by all of them; other spans go out alone."""
         if self._open.get(sp.key) is sp:
             del self._open[sp.key]
         sp.attrs[sc.STAGE_CLOSED] = why
         if sp.findings:
-            _stamp(sp)
+            self._stamp(sp)
         if sp.end < sp.start:
             sp.end = sp.start
+        lane = sp.lane
+        if lane is not None:
+            sp.lane = None
+            try:
+                lane.open_kids.remove(sp)
+            except ValueError:
+                pass
+            if why != "tag":
+                if len(self._cut) >= MAX_CUT:
+                    del self._cut[next(iter(self._cut))]
+                self._cut[sp.key] = sp
+            lane.children.append(sp)
+            if sp.end > lane.end:
+                lane.end = sp.end
+            return
+        kids = sp.open_kids
+        while kids:
+            self._close(kids[-1], why)
         self.spans += 1
         if self._track:
             self.traces.add(sp.trace_id)
         self._done.append(sp)
-
-    def _span_for(self, key: Any, trace_id: bytes, name: str, ev: Event, extra: dict[str, Any]) -> Span:
-        sp = self._open.get(key)
-        if sp is None:
-            sp = self._open_span(key, trace_id, name, ev, extra)
-        return sp
+        if sp.children:
+            self.spans += len(sp.children)
+            self._done.extend(sp.children)
+            sp.children = []
 
     # -- public --------------------------------------------------------------------------------------------------
     def add(self, ev: Event) -> Span:
@@ -295,13 +303,14 @@ class SpanBuilder:
         link_rid = None
         if tag == "reset":
             # A reset ends every open span of this rank: node ids restart, so nothing may join them any more.
-            for sp in [s for s in self._open.values() if s.rank == rank]:
+            for sp in [s for s in self._open.values() if s.rank == rank and s.lane is None]:
                 self._close(sp, "reset")
         if tag == "fwd_hash":
             rid = render_value(f.get("rid", "?"))
             key = (rank, "req", rid)
-            sp = self._span_for(key, request_trace_id(self.run_id, rid), sc.SPAN_REQUEST, ev,
-                                {sc.RID: rid})
+            sp = self._open.get(key)
+            if sp is None:
+                sp = self._open_span(key, request_trace_id(self.run_id, rid), sc.SPAN_REQUEST, ev, {sc.RID: rid})
         elif type(node) is int and node >= 0:
             op = f.get("op")
             if tag == "prepare":
@@ -309,32 +318,33 @@ class SpanBuilder:
                 old = self._open.get(key)
                 if old is not None:
                     self._close(old, "tag")
-                sp = self._open_span(key, self._node_trace(epoch, node), sc.SPAN_D2H, ev, {sc.NODE_ID: node})
+                self._cut.pop(key, None)
+                sp = self._stage(key, sc.SPAN_D2H, ev, node)
             elif tag == "reload":
                 key = (rank, epoch, node, "h2d", op)
                 old = self._open.get(key)
                 if old is not None:
                     self._close(old, "tag")
-                sp = self._open_span(key, self._node_trace(epoch, node), sc.SPAN_H2D, ev, {sc.NODE_ID: node})
+                self._cut.pop(key, None)
+                sp = self._stage(key, sc.SPAN_H2D, ev, node)
             elif tag == "backup":
                 key = (rank, epoch, node, "d2h", op)
-                # (the open span is looked up first: its trace id and attributes are only built for a new one)
+                # (the open span is looked up first: a new one only when its prepare's span is gone)
                 sp = self._open.get(key)
                 if sp is None:
-                    sp = self._open_span(key, self._node_trace(epoch, node), sc.SPAN_D2H, ev, {sc.NODE_ID: node})
+                    sp = self._stage(key, sc.SPAN_D2H, ev, node)
             else:
                 sp = None
                 if tag == "ack":
                     d = f.get("dir")
                     if d == "d2h" or d == "h2d":
-                        sp = self._open.get((rank, epoch, node, d, op))
+                        key = (rank, epoch, node, d, op)
+                        sp = self._open.get(key)
+                        if sp is None and key in self._cut:
+                            sp = self._stage(key, sc.SPAN_D2H if d == "d2h" else sc.SPAN_H2D, ev, node)
                         closing = sp is not None
                 if sp is None:
-                    key = (rank, epoch, node, "node")
-                    sp = self._open.get(key)
-                    if sp is None:
-                        sp = self._open_span(key, self._node_trace(epoch, node), sc.SPAN_NODE, ev,
-                                             {sc.NODE_ID: node})
+                    sp = self._lane(rank, epoch, node, ev)
                     if tag == "rid_map" and "rid" in f:
                         link_rid = render_value(f["rid"])
                         sp.attrs[sc.RID] = link_rid
@@ -352,8 +362,10 @@ class SpanBuilder:
 
         if link_rid is not None:
             rkey = (rank, "req", link_rid)
-            rsp = self._span_for(rkey, request_trace_id(self.run_id, link_rid), sc.SPAN_REQUEST, ev,
-                                 {sc.RID: link_rid})
+            rsp = self._open.get(rkey)
+            if rsp is None:
+                rsp = self._open_span(rkey, request_trace_id(self.run_id, link_rid), sc.SPAN_REQUEST, ev,
+                                      {sc.RID: link_rid})
             link_attrs: dict[str, Any] = {sc.RANK: rank, sc.NODE_ID: node}
             if "hit" in f:
                 link_attrs[sc.field_key("hit")] = render_value(f["hit"])
@@ -362,6 +374,10 @@ class SpanBuilder:
                 rsp.end = ts
 
         if self._checker_factory is not None:
+            refs = self._seq_refs
+            if len(refs) >= MAX_SEQ_REFS:
+                refs.clear()
+            refs[ev.seq] = (sp.trace_id, sp.span_id, tag, f.get("op"))
             fd = self._feeds.get(rank)
             if fd is None:
                 ck = self._checkers.get(rank)
@@ -386,6 +402,8 @@ class SpanBuilder:
             self._close(sp, "tag")
         elif len(sp.events) >= MAX_EVENTS or sp.nbytes >= MAX_SPAN_BYTES:
             self._close(sp, "limit")
+        elif sp.lane is not None and len(sp.lane.children) >= MAX_CHILDREN:
+            self._close(sp.lane, "limit")
         return sp
 
     def _checker(self, rank: int) -> Any:
@@ -406,22 +424,25 @@ class SpanBuilder:
             self.findings += len(found)
 
     def expire(self, now_ns: int) -> None:
-        """Close every span that has been open ``span_timeout_s`` at ``now_ns``."""
+        """Close every span (lane, rank or request span, with a lane's children) open ``span_timeout_s`` at
+        ``now_ns``."""
         limit = now_ns - self.timeout_ns
         while self._open:
             sp = next(iter(self._open.values()))
             if sp.start > limit:
                 if self._unordered:
                     # Spans were opened out of time order (a replay merging clocks): scan them all.
-                    for s in [s for s in self._open.values() if s.start <= limit]:
-                        self._close(s, "timeout")
+                    for s in [s for s in self._open.values() if s.start <= limit and s.lane is None]:
+                        if self._open.get(s.key) is s:
+                            self._close(s, "timeout")
                 return
-            self._close(sp, "timeout")
+            self._close(sp.lane if sp.lane is not None else sp, "timeout")
 
     def close_all(self, why: str = "flush") -> None:
         """Close every open span (flush)."""
         for sp in list(self._open.values()):
-            self._close(sp, why)
+            if sp.lane is None and self._open.get(sp.key) is sp:
+                self._close(sp, why)
 
     def finish(self) -> None:
         """End of stream: findings that only the end reveals (``RankChecker.finish``), then close everything.
@@ -467,7 +488,7 @@ class SpanBuilder:
         sp.attrs.update(attrs)
 
     def take(self) -> list[Span]:
-        """Spans finished since the last call."""
+        """Spans finished since the last call (a lane segment is followed by its children)."""
         done, self._done = self._done, []
         return done
 
@@ -497,31 +518,9 @@ class SpanBuilder:
     def iter_open(self) -> Iterable[Span]:
         return iter(list(self._open.values()))
 
+    def _stamp(self, sp: Span) -> None:
+        """Put a span's findings on it: :func:`violation_attributes`, rules, certainty, status ERROR with every
+        finding's message (``CODE: message (evidence ...)``, joined by ``; ``), one violation event per finding
+        naming its evidence records, and one OTLP link per other span holding evidence."""
+        stamp_findings(sp, self._seq_refs)
 
-def _stamp(sp: Span) -> None:
-    """Put a span's findings on it: violation attributes, status ERROR, one violation event per finding."""
-    codes = sorted({str(getattr(f, "code", "?")) for f in sp.findings})
-    rules = sorted({str(getattr(f, "rule", "")) for f in sp.findings} - {""})
-    certs = {str(getattr(f, "certainty", "")) for f in sp.findings}
-    sp.attrs[sc.VIOLATION] = ",".join(codes)
-    if rules:
-        sp.attrs[sc.VIOLATION_RULES] = ",".join(rules)
-    sp.attrs[sc.CERTAINTY] = "exact" if "exact" in certs else (sorted(certs)[0] if certs else "")
-    first = sp.findings[0]
-    sp.status_code = STATUS_ERROR
-    sp.status_message = str(getattr(first, "message", "") or getattr(first, "code", "violation"))
-    ts_of_seq = {a.get(sc.SEQ): t for t, _, a in sp.events}
-    for f in sp.findings:
-        ev_seqs = [int(x) for x in (getattr(f, "evidence", None) or []) if isinstance(x, int)]
-        ts = sp.end
-        for s in reversed(ev_seqs):
-            if s in ts_of_seq:
-                ts = ts_of_seq[s]
-                break
-        sp.events.append((ts, sc.EVENT_VIOLATION, {
-            sc.V_CODE: str(getattr(f, "code", "?")),
-            sc.V_RULE: str(getattr(f, "rule", "")),
-            sc.V_CERTAINTY: str(getattr(f, "certainty", "")),
-            sc.V_EVIDENCE: ",".join(str(s) for s in ev_seqs),
-            sc.V_MESSAGE: str(getattr(f, "message", "")),
-        }))

@@ -105,7 +105,7 @@ def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
     events, in the order the rules saw them, are kept in ``groups`` when ``keep`` is true (the HTML report draws
     them). Reader warnings go to ``err``. Raises :class:`SourceError` (after printing why, prefixed with ``pfx``)
     when a source cannot be read, holds no record, or the sources overlap in a way that cannot be counted once."""
-    from .engine import Analysis, Result
+    from .engine import Analysis, Result, analyze_traces
     from .sources.detect import expand
     from .sources.logs import LogReadError, LogStats, read_log_events
     from .sources.overlap import decide
@@ -134,7 +134,10 @@ def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
         empty = [p for p in otlp if docs.add_otlp_lines(p) == 0] + [p for p in docfiles if docs.add_document_file(p) == 0]
         if empty:
             for p in empty:
-                print(f"{pfx}: {_name(p)}: no cptrace record found: {docs.describe(p)}", file=err)
+                bad = [m for m in info.malformed if m[0] == p]
+                first = f"; the first, line {bad[0][1]}: {bad[0][2]}" if bad else ""
+                print(f"{pfx}: {_name(p)}: no cptrace record found: {docs.describe(p)}"
+                      + (f" ({len(bad)} malformed line(s){first})" if bad else ""), file=err)
             raise SourceError(EXIT_UNREADABLE)
         docs.dedupe()
         _dup_notes(docs, err)
@@ -167,7 +170,7 @@ def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
         if otlp or docfiles:
             kept = []
             evs = docs.events()
-            results.append(Analysis(level, info.levels).run(_Kept(evs, kept) if keep else evs))
+            results.append(analyze_traces(level, info, _Kept(evs, kept) if keep else evs, err))
             groups.append((results[-1], kept))
         if run_id is None and len(info.run_ids) == 1:   # (the trace files' run id also when the logs were chosen)
             run_id = next(iter(info.run_ids))
@@ -178,6 +181,9 @@ def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
         print(f"{pfx}: {e}", file=err)
         raise SourceError(EXIT_UNREADABLE) from None
     res = _merge(results)
+    unknown = sum(r.stats.get("unknown_rank_streams", 0) for r in results)
+    if unknown:
+        res.stats["unknown_rank_streams"] = unknown
     if not res.stats.get("events"):
         read = logs + otlp + docfiles
         why = "; ".join(f"{_name(p)}: {plan.notes[p]}" for p in read if p in plan.notes)

@@ -24,7 +24,7 @@ _PFX = "cptrace-otel check"
 
 
 def run_jaeger(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:
-    from .engine import Analysis
+    from .engine import analyze_traces
     from .sources.jaeger import JaegerClient, JaegerError, JaegerUnreachable, mask_url
     from .sources.jaegerquery import DEFAULT_LIMIT, PageTooSmall, Search, window
     from .sources.logs import LogStats
@@ -70,7 +70,7 @@ def run_jaeger(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:
             print(f"check: run id {run_id} (the only run among the newest traces of {service})", file=err)
         for tr in search.run_traces(run_id, start_us, end_us):
             traces += 1
-            docs.add_v2_trace(tr, f"{base}/trace/{tr.get('traceID', '')}")
+            docs.add_guarded(tr, f"{base}/trace/{tr.get('traceID', '')}", docs.add_v2_trace)
     except JaegerUnreachable as e:
         print(f"{_PFX}: cannot reach Jaeger at {mask_url(given)}: {e.reason} (asked {e.url})", file=err)
         return EXIT_UNREADABLE
@@ -99,7 +99,7 @@ def run_jaeger(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:
     if docs.conflicts:
         print(f"warning: {sum(docs.conflicts.values())} record(s) of run {run_id} share rank, epoch and seq with "
               "another of other content (a restarted rank reusing the run id?): both are analysed", file=err)
-    res = Analysis(level, docs.info.levels).run(docs.events())
+    res = analyze_traces(level, docs.info, docs.events(), err)
     links = getattr(args, "jaeger_url", None) or base
     return print_report(args, res, run_id, links, {"logs": [], "otlp": [], "jaeger": [base]}, LogStats(), 0, out, err)
 

@@ -9,7 +9,7 @@ Feed events in an order that keeps each rank's seq order (the sources do); ``res
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable
+from typing import Any, Iterable, TextIO
 
 from ..checks import Finding, RankChecker, Unchecked
 from ..checks.crossrank import CrossRank
@@ -32,14 +32,18 @@ class Result:
 
 
 class Analysis:
-    """``Analysis(level=None, rank_levels=None)``: ``rank_levels`` are per-rank levels recorded by the exporter
-    (OTLP resource ``cptrace.level``), used when no explicit level is given."""
+    """``Analysis(level=None, rank_levels=None, sampled=None)``: ``rank_levels`` are per-rank levels recorded by the
+    exporter (OTLP resource ``cptrace.level``), used when no explicit level is given; ``sampled`` the sampled ranks'
+    ``(run id, cptrace.sample)`` (OTLP resource), so the cross-rank rules do not call a sampled-out node missing."""
 
-    def __init__(self, level: int | None = None, rank_levels: dict[int, int] | None = None) -> None:
+    def __init__(self, level: int | None = None, rank_levels: dict[int, int] | None = None,
+                 sampled: dict[int, tuple[str, float]] | None = None) -> None:
         self.level = level
         self.rank_levels = rank_levels or {}
         self.checkers: dict[int, RankChecker] = {}
         self.cross = CrossRank(level)
+        if sampled:   # rank -> (run id, fraction): a node missing there may have been sampled out
+            self.cross.sampled = sampled
         self.findings: list[Finding] = []
         self.events = 0
         self.localizer = Localizer()
@@ -101,3 +105,20 @@ class Analysis:
         if extra_stats:
             stats.update(extra_stats)
         return Result(findings, unchecked, stats, self.localizer.report())
+
+
+def analyze_traces(level: int | None, info: Any, events: Iterable[Event], err: TextIO) -> Result:
+    """One analysis of trace documents (OTLP files, Jaeger): per-rank levels and sampled ranks from their resources
+    (``info``: :class:`~.sources.otlpfile.OtlpInfo`). When several streams are read and some have an unknown rank,
+    says ``N streams with an unknown rank: cross-rank rules not run`` on ``err``, runs only the per-rank rules and
+    puts N in ``stats["unknown_rank_streams"]`` (``check`` then exits 4 unless something was found)."""
+    an = Analysis(level, info.levels, sampled=info.sampled)
+    unknown = info.unknown_rank_streams() if len(info.streams) > 1 else 0
+    if unknown:
+        # their records would be compared as one rank "-1", or against the known ranks: say so instead of passing
+        print(f"check: {unknown} streams with an unknown rank: cross-rank rules not run", file=err)
+        an.cross.disabled = True
+    res = an.run(events)
+    if unknown:
+        res.stats["unknown_rank_streams"] = unknown
+    return res

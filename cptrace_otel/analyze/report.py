@@ -13,7 +13,7 @@ import json
 from typing import Any, TextIO
 
 from ..checks import Finding, Unchecked
-from ..exits import EXIT_FINDINGS, EXIT_OK
+from ..exits import EXIT_FINDINGS, EXIT_INCOMPLETE, EXIT_OK
 
 
 def node_trace_id(run_id: str, epoch: int, node_id: int) -> str:
@@ -146,7 +146,8 @@ def _short(path: str) -> str:
 
 def print_report(args: Any, res: Any, run_id: str | None, jaeger: str | None, sources: dict[str, Any], stats: Any,
                  doc_malformed: int, out: TextIO, err: TextIO) -> int:
-    """Finish the stats, warn about disordered logs, print the report; the exit code (0 clean, 1 findings)."""
+    """Finish the stats, warn about disordered logs, print the report; the exit code (0 clean, 1 findings, 4 no
+    finding but the cross-rank rules were not run: streams with an unknown rank)."""
     res.stats["malformed"] = stats.malformed + doc_malformed
     res.stats["lines"] = stats.lines
     res.stats["sources"] = sources
@@ -162,4 +163,6 @@ def print_report(args: Any, res: Any, run_id: str | None, jaeger: str | None, so
         out.write(to_json(res, run_id, jaeger) + "\n")
     else:
         out.write(to_text(res, run_id, jaeger) + "\n")
-    return EXIT_FINDINGS if res.findings else EXIT_OK
+    if res.findings:
+        return EXIT_FINDINGS
+    return EXIT_INCOMPLETE if res.stats.get("unknown_rank_streams") else EXIT_OK

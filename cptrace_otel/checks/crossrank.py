@@ -42,6 +42,9 @@ class CrossRank(C1Lockstep, C2AckRounds, JoinRules):
         self.forced_level = level
         self.seen_level = 1
         self.ranks: set[int] = set()
+        self.sampled: dict[int, tuple[str, float]] = {}   # rank -> (run id, fraction) of sampled streams
+        self._split_origin: dict[int, int] = {}           # split child -> its lineage origin (sampled runs only)
+        self._kept: dict[int, bool] = {}                  # lineage origin -> kept by every sampled rank
         self.mode: str | None = None
         self.io_rank = 0
         self.findings: list[Finding] = []
@@ -100,6 +103,8 @@ class CrossRank(C1Lockstep, C2AckRounds, JoinRules):
         if tag == "config":
             self._config(ev)
             return
+        if self.sampled and not self._kept_everywhere(ev):
+            return   # a node some sampled rank did not keep: its records there are missing by design
         if self.mode == "shared" and tag in FENCE_TAGS:
             self._fence.io_rank = self.io_rank
             self._fence.feed(ev, self._index(r, ev.epoch))
@@ -115,6 +120,26 @@ class CrossRank(C1Lockstep, C2AckRounds, JoinRules):
         h = self._on_tag.get(tag)   # structural records and backup; None for tags no other rule reads
         if h is not None:
             h(ev)
+
+    def _kept_everywhere(self, ev: Event) -> bool:
+        """Sampled runs (``self.sampled``: rank -> (run id, fraction), from the resources): whether the node of
+        ``ev`` was kept by every sampled rank (cptrace_otel.sampling; a split child by its lineage origin). The
+        cross-rank rules compare only such nodes, so a node sampled out somewhere is never "missing on rank r"."""
+        f = ev.fields
+        nid = _int(f.get("node_id"))
+        if nid is None or nid < 0:
+            return True   # no node: always kept
+        origin = self._split_origin.get(nid, nid)
+        if ev.tag == "split":
+            new = _int(f.get("new_id"))
+            if new is not None:
+                self._split_origin[new] = origin
+        key = self._kept.get(origin)
+        if key is None:
+            from ..sampling import keep_node
+
+            key = self._kept[origin] = all(keep_node(rid, origin, frac) for rid, frac in self.sampled.values())
+        return key
 
     def _config(self, ev: Event) -> None:
         f = ev.fields

@@ -405,9 +405,13 @@ _span_events = _load_span_events()
 
 
 def encode_span(sp: Any) -> bytes:
-    """Encoded ``Span`` message body (kind INTERNAL, no parent: stage spans are roots of their trace)."""
+    """Encoded ``Span`` message body (kind INTERNAL; ``parent_span_id`` when the span has a parent: a stage span's
+    lane)."""
     parts = [b"\x0a\x10", sp.trace_id, b"\x12\x08", sp.span_id, _name(b"\x2a", sp.name), b"\x30\x01",
              b"\x39", _pack_q(sp.start & _MASK64), b"\x41", _pack_q(sp.end & _MASK64)]
+    parent = getattr(sp, "parent", b"")
+    if parent:
+        parts[4:4] = [b"\x22\x08", parent]
     if sp.attrs:
         parts.append(_span_attrs(sp.attrs))
     append = parts.append
@@ -436,14 +440,16 @@ def _scope() -> bytes:
 
 
 def encode_requests(groups: Iterable[tuple[dict[str, Any], Sequence[Any]]],
-                    max_bytes: int = MAX_REQUEST_BYTES) -> list[bytes]:
+                    max_bytes: int = MAX_REQUEST_BYTES, records: list[int] | None = None) -> list[bytes]:
     """``ExportTraceServiceRequest`` bodies for ``(resource attributes, spans)`` groups, each below ``max_bytes``.
 
     A single span larger than ``max_bytes`` still goes out alone (spans are capped upstream, see spans.MAX_SPAN_BYTES).
+    ``records``, when given, receives the number of span events of each body (the delivery accounting's unit).
     """
     out: list[bytes] = []
     cur: list[bytes] = []
     cur_size = 0
+    n_cur = 0  # span events in ``cur`` and ``chunk``
     scope = _scope()
     for resource, spans in groups:
         if not spans:
@@ -458,15 +464,20 @@ def encode_requests(groups: Iterable[tuple[dict[str, Any], Sequence[Any]]],
                 if chunk:
                     cur.append(_resource_spans(head, scope, chunk))
                 out.append(b"".join(cur))
-                cur, cur_size, chunk, size = [], 0, [], 0
+                if records is not None:
+                    records.append(n_cur)
+                cur, cur_size, chunk, size, n_cur = [], 0, [], 0, 0
             chunk.append(body)
             size += len(body)
+            n_cur += len(sp.events)
         if chunk:
             rs = _resource_spans(head, scope, chunk)
             cur.append(rs)
             cur_size += len(rs)
     if cur:
         out.append(b"".join(cur))
+        if records is not None:
+            records.append(n_cur)
     return out
 
 

@@ -57,7 +57,9 @@ def _json_attrs(attrs: dict[str, Any]) -> str:
 
 def span_json(sp: Any) -> str:
     """One ``Span`` in OTLP/JSON (hex ids, int64 as strings, enums as numbers)."""
-    parts = ['{"traceId":"', sp.trace_id.hex(), '","spanId":"', sp.span_id.hex(), '","name":', _jstr(sp.name),
+    parent = getattr(sp, "parent", b"")
+    parts = ['{"traceId":"', sp.trace_id.hex(), '","spanId":"', sp.span_id.hex(),
+             '","parentSpanId":"' + parent.hex() if parent else "", '","name":', _jstr(sp.name),
              ',"kind":1,"startTimeUnixNano":"', str(sp.start), '","endTimeUnixNano":"', str(sp.end), '"']
     if sp.attrs:
         parts.append(',"attributes":')

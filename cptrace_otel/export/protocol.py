@@ -5,13 +5,18 @@ length><pickle>``: the traced process writes them to the worker's stdin, the wor
 thread mode the same message tuples go through a ``queue.Queue`` unframed. Messages, traced process -> worker:
 
 * ``(INIT, info)``: always first; ``info`` = dict(config=Config, resource=dict, instance=str, file=path|None,
-  log_file=path|None, spool_dir=str).
+  log_file=path|None, spool_dir=str, resume=dict|None). ``resume`` is set when this worker replaces one that died:
+  dict(seq=the seq of the first record it gets, epochs={rank: (epoch, after_reset, max_new)} as the dead worker
+  last reported them, restarts=how many workers died so far).
 * ``(ITEMS, items, dropped)``: a batch of compact items ``(ts, level, tag, fields)`` (values int/str/float, see
   :func:`cptrace_otel.records.compact_item`), in emission order, and the traced process's drop count so far.
 * ``(FLUSH, flush_id, dropped, timeout_s)``: close open spans and deliver everything within ``timeout_s``.
 * end of input (EOF on stdin; ``None`` on the thread queue): finish, deliver, exit.
 
-Worker -> traced process: ``(ACK, flush_id, ok, stats)``, one per FLUSH.
+Worker -> traced process: ``(ACK, flush_id, ok, stats)``, one per FLUSH; ``(PROGRESS, safe, lost, seq, epochs)``
+about every 0.2 s and once at the end: ``safe`` = how many of the records it was sent reached a final state
+(delivered, written, spooled to disk, or lost and counted), ``lost`` = how many of those it lost (counted), ``seq``
+and ``epochs`` = its seq and epoch state after the last record it took (for a restart's ``resume``).
 
 Imports nothing but the standard library: the traced process loads it with the pipeline.
 """
@@ -26,6 +31,7 @@ INIT = "init"
 ITEMS = "items"
 FLUSH = "flush"
 ACK = "ack"
+PROGRESS = "progress"
 
 HEADER = struct.Struct("<I")  # the frame's body length
 

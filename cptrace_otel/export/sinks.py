@@ -73,6 +73,8 @@ class OtlpSink:
 
         self.sender = sender
         self._encode = encode_requests
+        self.repaired_values = 0
+        self.lost_records = 0   # records of spans that could not be encoded even after repair
 
     @property
     def url(self) -> str:
@@ -83,9 +85,39 @@ class OtlpSink:
         return self.sender.spool.dir
 
     def export(self, groups: SpanGroups) -> None:
+        """Encode and queue ``groups``. A span that does not encode (a value no encoder takes, such as an int of
+        more than 4,300 digits) costs only its bad values: they become ``(err:<ExceptionType>)`` strings
+        (``repaired_values``); a span that still does not encode is dropped, its events counted
+        (``lost_records``)."""
         submit = self.sender.submit
-        for body in self._encode(groups):
-            submit(body)
+        counts: list[int] = []
+        try:
+            bodies = self._encode(groups, records=counts)
+        except Exception:
+            bodies, counts = self._encode_repaired(groups)
+        for body, n in zip(bodies, counts):
+            submit(body, n)
+
+    def _encode_repaired(self, groups: SpanGroups) -> tuple[list[bytes], list[int]]:
+        from .otlp import encode_span
+
+        fixed = []
+        for resource, spans in groups:
+            keep = []
+            for sp in spans:
+                try:
+                    encode_span(sp)
+                except Exception:
+                    self.repaired_values += repair_span(sp)
+                    try:
+                        encode_span(sp)
+                    except Exception:
+                        self.lost_records += len(sp.events)
+                        continue
+                keep.append(sp)
+            fixed.append((resource, keep))
+        counts: list[int] = []
+        return self._encode(fixed, records=counts), counts
 
     def flush(self, timeout_s: float) -> bool:
         return self.sender.flush(timeout_s)
@@ -94,4 +126,35 @@ class OtlpSink:
         return self.sender.close(timeout_s)
 
     def stats(self) -> dict[str, Any]:
-        return self.sender.stats()
+        st = self.sender.stats()
+        st["lost_records"] = st.get("lost_records", 0) + self.lost_records
+        if self.repaired_values:
+            st["repaired_values"] = self.repaired_values
+        return st
+
+    def settled_records(self) -> int:
+        """Records handed to this sink that reached a final state (delivered, spooled, or lost and counted)."""
+        return self.sender.settled_records + self.lost_records
+
+
+def _encodable(v: Any) -> Any:
+    """``v`` if its attribute encoding works, else its ``(err:<ExceptionType>)`` stand-in (records.render_other's)."""
+    if type(v) is int and not -(1 << 63) <= v < (1 << 63):
+        try:
+            str(v)
+        except Exception as e:
+            return f"(err:{type(e).__name__})"
+    return v
+
+
+def repair_span(sp: Any) -> int:
+    """Replace the values of ``sp`` (its attributes, its events' fields) that cannot be encoded; how many."""
+    n = 0
+    # an event's attributes are built lazily from its typed fields (spans.EventAttrs): repair those
+    for attrs in [sp.attrs] + [getattr(a, "fields", a) for _, _, a in sp.events]:
+        for k, v in list(attrs.items()):
+            r = _encodable(v)
+            if r is not v:
+                attrs[k] = r
+                n += 1
+    return n

@@ -13,6 +13,16 @@ Contract of :class:`ReliableSender`:
 * The outage is reported on stderr with the URL and the spool path, at most every ``report_every_s``, and its end
   once. :meth:`stats` gives the counters and ``backend_down``; :meth:`flush` returns False while anything is
   undelivered.
+* Every request carries the number of records (span events) it holds: ``lost_records`` counts those rejected for
+  good, dropped because the spool was full, or abandoned at :meth:`close`; ``settled_records`` counts those that
+  reached a final state (delivered, on disk in the spool, or lost and counted), in submission order, so the exporter
+  can tell the traced process how many of its records are safe (pipeline.py's in-flight accounting).
+* At exit while the backend is down, :meth:`close` does not wait: what is queued goes to the spool at once, so the
+  worker exits (and releases the traced process's inherited stderr) right away.
+* Orphaned spools: a spool directory ``D`` is locked (``flock`` on ``D.lock``) while its sender lives and names
+  its endpoint (``D.endpoint``). A new sender adopts the spools of finished senders for the same endpoint
+  (:func:`adopt_orphans`): their files are renamed into its own spool, oldest first, under its byte cap (files over
+  the cap are deleted and counted), so they are replayed exactly once.
 """
 
 from __future__ import annotations
@@ -20,6 +30,11 @@ from __future__ import annotations
 import collections
 import os
 import sys
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not on POSIX: no locking, no adoption
+    fcntl = None  # type: ignore[assignment]
 import threading
 import time
 from typing import Any, Callable
@@ -36,10 +51,13 @@ class Spool:
         self.dir = directory
         self.max_bytes = max_bytes
         self.bytes = 0
-        self._names: collections.deque[tuple[str, int]] = collections.deque()
-        self._mem: collections.deque[bytes] | None = None
+        self._names: collections.deque[tuple[str, int, int]] = collections.deque()  # (path, bytes, records)
+        self._mem: collections.deque[tuple[bytes, int]] | None = None
         self._n = 0
         self.dropped = 0
+        self.dropped_records = 0
+        self.endpoint = ""
+        self._lock_fd: int | None = None
 
     def __len__(self) -> int:
         return len(self._mem) if self._mem is not None else len(self._names)
@@ -48,47 +66,82 @@ class Spool:
         print(f"cptrace_otel: cannot spool to {self.dir} ({why}); spooling in memory", file=sys.stderr)
         self._mem = collections.deque()
 
-    def push(self, body: bytes) -> bool:
-        """Keep ``body`` for later; False (and counted) when the spool is full."""
+    def _drop(self, records: int) -> bool:
+        self.dropped += 1
+        self.dropped_records += records
+        return False
+
+    def _open_dir(self) -> None:
+        """Create the directory, lock it for this process's lifetime and name the endpoint (for adoption)."""
+        os.makedirs(self.dir, exist_ok=True)
+        if self._lock_fd is None and fcntl is not None:
+            fd = os.open(self.dir + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                raise
+            self._lock_fd = fd
+            with open(self.dir + ".endpoint", "w") as f:
+                f.write(self.endpoint)
+
+    def push(self, body: bytes, records: int = 0) -> bool:
+        """Keep ``body`` (holding ``records`` records) for later; False (and counted) when the spool is full."""
         if self.bytes + len(body) > self.max_bytes:
-            self.dropped += 1
-            return False
+            return self._drop(records)
         if self._mem is None:
             try:
-                os.makedirs(self.dir, exist_ok=True)
+                self._open_dir()
                 self._n += 1
                 name = os.path.join(self.dir, f"{self._n:012d}.otlp")
                 with open(name, "wb") as f:
                     f.write(body)
-                self._names.append((name, len(body)))
+                self._names.append((name, len(body), records))
                 self.bytes += len(body)
                 return True
             except OSError as e:
                 if len(self._names):
                     # Keep order: requests already on disk go first; give up on this one rather than reorder.
-                    self.dropped += 1
-                    return False
+                    return self._drop(records)
                 self._use_memory(str(e))
         assert self._mem is not None
-        self._mem.append(body)
+        self._mem.append((body, records))
         self.bytes += len(body)
         return True
 
+    def adopt(self, path: str, size: int) -> bool:
+        """Take over a request file of a finished sender (renamed into this spool: it moves exactly once)."""
+        if self._mem is not None or self.bytes + size > self.max_bytes:
+            return False
+        self._open_dir()
+        self._n += 1
+        name = os.path.join(self.dir, f"{self._n:012d}.otlp")
+        os.rename(path, name)
+        self._names.append((name, size, 0))
+        self.bytes += size
+        return True
+
+    def head_records(self) -> int:
+        """Records in the oldest request (0 for an adopted one: its records belong to a finished process)."""
+        if self._mem is not None and self._mem:
+            return self._mem[0][1]
+        return self._names[0][2] if self._names else 0
+
     def peek(self) -> bytes | None:
         if self._mem is not None and self._mem:
-            return self._mem[0]
+            return self._mem[0][0]
         while self._names:
-            name, _ = self._names[0]
+            name, _, records = self._names[0]
             try:
                 with open(name, "rb") as f:
                     return f.read()
             except OSError:
                 self._pop_name()
-                self.dropped += 1
+                self._drop(records)
         return None
 
     def _pop_name(self) -> None:
-        name, n = self._names.popleft()
+        name, n, _ = self._names.popleft()
         self.bytes -= n
         try:
             os.unlink(name)
@@ -97,17 +150,102 @@ class Spool:
 
     def pop(self) -> None:
         if self._mem is not None and self._mem:
-            self.bytes -= len(self._mem.popleft())
+            self.bytes -= len(self._mem.popleft()[0])
             if not self._mem and not self._names:
                 self._mem = None  # back to disk next time
             return
         if self._names:
             self._pop_name()
         if not self._names:
+            self.remove_dir()
+
+    def remove_dir(self) -> None:
+        """Remove the (empty) directory and its lock: nothing left to adopt."""
+        for extra in (".endpoint", ".lock"):
             try:
-                os.rmdir(self.dir)
+                os.unlink(self.dir + extra)
             except OSError:
                 pass
+        if self._lock_fd is not None:
+            try:
+                os.close(self._lock_fd)
+            except OSError:
+                pass
+            self._lock_fd = None
+        try:
+            os.rmdir(self.dir)
+        except OSError:
+            pass
+
+
+def adopt_orphans(spool: Spool, report: Callable[[str], None]) -> int:
+    """Move the request files of finished senders' spools (siblings of ``spool.dir`` for the same endpoint, whose
+    lock is free) into ``spool``, oldest directory first; files over its byte cap are deleted and counted. Returns
+    the number adopted. Never raises."""
+    if fcntl is None:
+        return 0
+    root, own = os.path.split(spool.dir)
+    try:
+        names = sorted(os.listdir(root), key=lambda n: _mtime(os.path.join(root, n)))
+    except OSError:
+        return 0
+    adopted = over = over_bytes = 0
+    for name in names:
+        d = os.path.join(root, name)
+        if name == own or not os.path.isdir(d):
+            continue
+        try:
+            with open(d + ".endpoint") as f:
+                if f.read() != spool.endpoint:
+                    continue
+            fd = os.open(d + ".lock", os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free: its sender is gone
+            except OSError:
+                continue
+            files = sorted(n for n in os.listdir(d) if n.endswith(".otlp"))
+            for fn in files:
+                path = os.path.join(d, fn)
+                try:
+                    size = os.path.getsize(path)
+                    if spool.adopt(path, size):
+                        adopted += 1
+                    else:
+                        os.unlink(path)
+                        over += 1
+                        over_bytes += size
+                except OSError:
+                    continue
+            for extra in (".endpoint", ".lock"):
+                try:
+                    os.unlink(d + extra)
+                except OSError:
+                    pass
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    if adopted:
+        report(f"cptrace_otel: replaying {adopted} requests left in the spool by finished processes ({root})")
+    if over:
+        spool.dropped += over
+        report(f"cptrace_otel: dropped {over} spooled requests ({over_bytes} B) of finished processes: over the "
+               f"spool cap of {spool.max_bytes} B (CPTRACE_SPOOL_MAX_BYTES)")
+    return adopted
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.path.getmtime(path)
+    except OSError:
+        return 0.0
 
 
 class ReliableSender:
@@ -122,7 +260,8 @@ class ReliableSender:
         self.transport = transport
         self.url = getattr(transport, "url", "?")
         self.spool = Spool(spool_dir, max_bytes)
-        self._q: collections.deque[bytes] = collections.deque()
+        self.spool.endpoint = self.url
+        self._q: collections.deque[tuple[bytes, int]] = collections.deque()
         self._queue_max = queue_max
         self._cv = threading.Condition()
         self._unfinished = 0
@@ -138,15 +277,28 @@ class ReliableSender:
         self.down_since: float | None = None
         self.last_error = ""
         self._last_report = 0.0
+        self.lost_records = 0      # records in requests rejected, dropped (spool full) or abandoned at close
+        self.settled_records = 0   # records delivered, spooled to disk, or lost and counted (submission order)
+        self.adopted = 0
         self._thread = threading.Thread(target=self._run, name="cptrace-otlp-sender", daemon=True)
         self._thread.start()
 
     # -- producer side -------------------------------------------------------------------------------------------
-    def submit(self, body: bytes) -> None:
+    def adopt_orphans(self) -> int:
+        """Take over the spools finished senders left next to this one's (:func:`adopt_orphans`); they are
+        delivered first, and :meth:`flush` waits for them too."""
+        with self._cv:
+            n = adopt_orphans(self.spool, self._report)
+            self.adopted += n
+            self._unfinished += n
+            self._cv.notify_all()
+        return n
+
+    def submit(self, body: bytes, records: int = 0) -> None:
         with self._cv:
             while len(self._q) >= self._queue_max and not self._closing:
                 self._cv.wait(0.5)
-            self._q.append(body)
+            self._q.append((body, records))
             self._unfinished += 1
             self._cv.notify_all()
 
@@ -162,16 +314,35 @@ class ReliableSender:
             return True
 
     def close(self, timeout_s: float) -> bool:
-        ok = self.flush(timeout_s)
+        """Deliver within ``timeout_s`` (at once to the spool while the backend is down), then stop. Requests still
+        queued in memory after that are lost and counted; spooled ones stay for the next run to replay."""
+        ok = self.flush(0.0 if self.down_since is not None else timeout_s)
         with self._cv:
             self._closing = True
             self._cv.notify_all()
         self._thread.join(timeout=1.0)
+        if not self._thread.is_alive():  # (else it hangs in a send: the spool is its own)
+            self._drain_queue_to_spool()
+        with self._cv:
+            left = list(self._q)
+            self._q.clear()
+        if left:
+            n = sum(r for _, r in left)
+            self._lose(n)
+            self._report(f"cptrace_otel: OTLP endpoint {self.url}: {len(left)} requests ({n} records) not delivered "
+                         f"within {timeout_s:g}s at exit; lost")
         if not ok and len(self.spool):
             self._report(f"cptrace_otel: OTLP endpoint {self.url} still unreachable at exit; "
-                         f"{len(self.spool)} requests ({self.spool.bytes} B) left undelivered in {self.spool.dir}")
+                         f"{len(self.spool)} requests ({self.spool.bytes} B) left undelivered in {self.spool.dir} "
+                         "(the next run replays them)")
+        if self.spool._lock_fd is not None and not len(self.spool):
+            self.spool.remove_dir()
         self.transport.close()
         return ok
+
+    def _lose(self, records: int) -> None:
+        self.lost_records += records
+        self.settled_records += records
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -182,6 +353,7 @@ class ReliableSender:
             "spooled_requests": self.spooled,
             "spool_pending": len(self.spool),
             "spool_dropped": self.spool.dropped,
+            "lost_records": self.lost_records + self.spool.dropped_records,
             "backend_down": self.down_since is not None,
             "last_error": self.last_error,
         }
@@ -200,10 +372,10 @@ class ReliableSender:
                     self._cv.wait(0.5)
                 if self._closing and (not self._q and not len(self.spool) or self.down_since is not None):
                     return
-                body = self._q.popleft() if (self._q and not len(self.spool)) else None
+                nxt = self._q.popleft() if (self._q and not len(self.spool)) else None
                 self._cv.notify_all()
-            if body is not None:
-                self._send_one(body)
+            if nxt is not None:
+                self._send_one(*nxt)
                 continue
             # Outage mode: move new requests behind the spooled ones, then retry the oldest.
             self._drain_queue_to_spool()
@@ -219,13 +391,16 @@ class ReliableSender:
                 backoff = min(backoff * 2, self.max_backoff_s)
                 continue
             backoff = self.backoff_s
+            records = self.spool.head_records()
             self.spool.pop()
             if res == Outcome.OK:
                 self.sent += 1
                 self.sent_bytes += len(head)
             else:
                 self.failed += 1
-                self._report(f"cptrace_otel: OTLP endpoint {self.url} rejected a request ({detail}); dropped")
+                self.lost_records += records  # (settled when spooled)
+                self._report(f"cptrace_otel: OTLP endpoint {self.url} rejected a request ({detail}); "
+                             f"{records} records dropped")
             if not len(self.spool) and self.down_since is not None:
                 self._report(f"cptrace_otel: OTLP endpoint {self.url} reachable again after "
                              f"{time.monotonic() - self.down_since:.1f}s; spooled requests replayed")
@@ -238,26 +413,30 @@ class ReliableSender:
         except Exception as e:  # a transport bug must not kill the sender
             return SendResult(Outcome.RETRY, f"{type(e).__name__}: {e}")
 
-    def _send_one(self, body: bytes) -> None:
+    def _send_one(self, body: bytes, records: int = 0) -> None:
         res, detail = self._attempt(body)
         if res == Outcome.OK:
             self.sent += 1
             self.sent_bytes += len(body)
+            self.settled_records += records
             if self.down_since is not None and not len(self.spool):
                 self._report(f"cptrace_otel: OTLP endpoint {self.url} reachable again")
                 self.down_since = None
             self._done()
         elif res == Outcome.RETRY:
             self._outage(detail)
-            self._to_spool(body)
+            self._to_spool(body, records)
         else:
             self.failed += 1
             self.last_error = detail
-            self._report(f"cptrace_otel: OTLP endpoint {self.url} rejected a request ({detail}); dropped")
+            self._lose(records)
+            self._report(f"cptrace_otel: OTLP endpoint {self.url} rejected a request ({detail}); "
+                         f"{records} records dropped")
             self._done()
 
-    def _to_spool(self, body: bytes) -> None:
-        if self.spool.push(body):
+    def _to_spool(self, body: bytes, records: int = 0) -> None:
+        self.settled_records += records  # on disk, or dropped and counted (spool.dropped_records)
+        if self.spool.push(body, records):
             self.spooled += 1
         else:
             self._done()  # dropped (counted in spool.dropped)
@@ -267,9 +446,9 @@ class ReliableSender:
             with self._cv:
                 if not self._q:
                     return
-                body = self._q.popleft()
+                nxt = self._q.popleft()
                 self._cv.notify_all()
-            self._to_spool(body)
+            self._to_spool(*nxt)
 
     def _outage(self, detail: str) -> None:
         now = time.monotonic()

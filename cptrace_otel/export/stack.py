@@ -93,4 +93,5 @@ def _open_otlp(cfg: Any, endpoint: str, protocol: str, spool_dir: str, probe: bo
         res, detail = transport.send(b"")  # an empty ExportTraceServiceRequest: is anyone there?
         if res != Outcome.OK:
             raise SinkError("unreachable", transport.url, detail)
-    return OtlpSink(ReliableSender(transport, spool_dir))
+    max_bytes = int(getattr(cfg, "spool_max_bytes", 512 << 20))  # CPTRACE_SPOOL_MAX_BYTES
+    return OtlpSink(ReliableSender(transport, spool_dir, max_bytes=max_bytes))

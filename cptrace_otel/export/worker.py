@@ -27,10 +27,11 @@ from ..events import Event
 from ..logline import Rng, fast_value
 from ..records import MAX_VALUE_CHARS, cut, render_other, render_record, tag_level
 from ..spans import SpanBuilder, checker_factory
-from .protocol import ACK, FLUSH, INIT, ITEMS, frame, read_frame
+from .protocol import ACK, FLUSH, INIT, ITEMS, PROGRESS, frame, read_frame
 from .stack import SinkError, open_sinks
 
 EXPORT_EVERY_S = 0.2      # latency bound for finished spans
+PROGRESS_EVERY_S = 0.2    # how often the traced process hears how many of its records are safe
 EXPORT_MIN_SPANS = 2048   # or earlier when this many spans are finished
 FILE_FLUSH_EVERY_S = 1.0
 
@@ -112,16 +113,67 @@ class Exporter:
                                    checker_factory(cfg.checks, cfg.level), track_traces=False)
         self.epochs: dict[int, Any] = {}
         self.records = 0
+        # monotonic time of the last ITEMS batch: the tick expires spans by wall clock only once the stream has been
+        # idle for span_timeout_s (a worker lagging behind its records must not cut spans whose records are queued)
+        self._last_items = 0.0
         self.next_seq = 0
         self.dropped_upstream = 0
         self._reported_dropped = 0
         self.errors: list[str] = []
-        spool_dir = os.path.join(info.get("spool_dir") or cfg.spool_dir, f"{_safe(cfg.run_id)}-{os.getpid()}")
+        self.bad = 0               # records that could not be turned into span events (reported, counted)
+        self.exported = 0          # span events handed to the sinks
+        self._flushed = 0          # ... of which the file sinks have flushed to the OS (they survive a kill)
+        self.spool_root = info.get("spool_dir") or cfg.spool_dir
+        spool_dir = os.path.join(self.spool_root, f"{_safe(cfg.run_id)}-{os.getpid()}")
         self.otlp, self.file_sink, self.log_sink = open_sinks(
             cfg, endpoint=cfg.traces_url(), protocol=cfg.protocol, spool_dir=spool_dir, file=info.get("file"),
             log_file=info.get("log_file"), on_error=self._sink_error)
+        if self.otlp is not None:
+            # one worker per traced process, spool directory per pid: replay the spools finished ones left behind
+            self.otlp.sender.adopt_orphans()
+        resume = info.get("resume")
+        if resume:
+            self._resume(resume)
         self._last_export = time.monotonic()
         self._last_file_flush = self._last_export
+
+    def _resume(self, resume: dict[str, Any]) -> None:
+        """Carry on where a dead worker stopped: seq numbering, the epoch trackers (so node trace ids stay the
+        same); the online checks start over, which the rank span says."""
+        self.next_seq = int(resume.get("seq", 0))
+        for rank, state in (resume.get("epochs") or {}).items():
+            tr = _epoch_tracker()
+            epoch, after_reset, max_new = state
+            tr.epoch = epoch
+            if hasattr(tr, "pending"):
+                tr.pending = after_reset
+                tr._max_new = max_new
+            self.epochs[rank] = tr
+        self.builder.annotate_rank(self.rank, {sc.EXPORTER_RESTARTS: int(resume.get("restarts", 1)),
+                                               sc.CHECKS_RESTARTED: True}, time.time_ns())
+
+    def epoch_state(self) -> dict[int, tuple[int, bool, int]]:
+        """Each rank's epoch tracker state (for a replacement worker's ``resume``)."""
+        return {r: (t.epoch, getattr(t, "pending", False), getattr(t, "_max_new", -1))
+                for r, t in self.epochs.items()}
+
+    def lost(self) -> int:
+        """Records this worker lost, all counted: unrenderable ones and those its sinks rejected or dropped."""
+        n = self.bad
+        if self.otlp is not None:
+            n += self.otlp.stats().get("lost_records", 0)
+        return n
+
+    def safe(self) -> int:
+        """Records that reached a final state: delivered (or written), spooled to disk, or lost and counted."""
+        if self.otlp is not None:
+            return self.bad + self.otlp.settled_records()
+        return self.bad + self._flushed
+
+    def _bad_record(self, e: BaseException) -> None:
+        self.bad += 1
+        if self.bad <= 10 or self.bad % 1000 == 0:
+            self._error(f"dropped a record that cannot be traced ({self.bad} so far): {e!r}")
 
     def _error(self, msg: str) -> None:
         self.errors.append(msg)
@@ -155,15 +207,24 @@ class Exporter:
         else:
             events = [ev for ev in map(item_event, items, range(seq, seq + len(items))) if ev is not None]
         add = self.builder.add
-        for ev in events:
-            add(ev)
+        it = iter(events)
+        while True:
+            try:
+                for ev in it:
+                    add(ev)
+                break
+            except Exception as e:  # this record only (e.g. an unhashable op): the loop goes on with the next
+                self._bad_record(e)
         self.next_seq = seq + len(items)
         self.records += len(events)
+        self.bad += len(items) - len(events)  # (reported where they were found)
+        self._last_items = time.monotonic()
         if self.builder.finished_spans >= EXPORT_MIN_SPANS:
             self.export()
 
     def _write_log(self, items: list[tuple], seq: int) -> set[int]:
-        """Write the items' Records to the log sink; the indices of those that could not be rendered (reported)."""
+        """Write the items' Records to the log sink; the indices of those that could not be rendered (reported; the
+        intake then skips them and they are counted as bad)."""
         recs = []
         bad: set[int] = set()
         for i, item in enumerate(items):
@@ -238,13 +299,18 @@ class Exporter:
             self.export()
 
     def tick(self) -> None:
-        """Idle or between batches: expire spans, export finished ones every EXPORT_EVERY_S, flush the files."""
+        """Idle or between batches: expire spans (after span_timeout_s without records), export finished ones every
+        EXPORT_EVERY_S, flush the files."""
         now = time.monotonic()
-        self.builder.expire(time.time_ns())
+        if now - self._last_items >= self.cfg.span_timeout_s:
+            # idle: close what has been open span_timeout_s by the wall clock. While records flow, the builder
+            # closes spans by record time (SpanBuilder.add), so a backlog does not cut its stage spans.
+            self.builder.expire(time.time_ns())
         if self.builder.finished_spans and now - self._last_export >= EXPORT_EVERY_S:
             self.export()
         if now - self._last_file_flush >= FILE_FLUSH_EVERY_S:
             self._last_file_flush = now
+            self._flushed = self.exported
             for s in (self.file_sink, self.log_sink):
                 if s is not None:
                     try:
@@ -260,6 +326,7 @@ class Exporter:
         if not spans:
             return
         groups = [(self.resource, spans)]
+        self.exported += sum(len(sp.events) for sp in spans)
         if self.otlp is not None:
             self.otlp.export(groups)
         if self.file_sink is not None:
@@ -270,17 +337,19 @@ class Exporter:
                 self.file_sink = None
 
     def _stamp_dropped(self) -> None:
-        if self.dropped_upstream != self._reported_dropped or self.builder.rank_span_open(self.rank):
-            self.builder.annotate_rank(self.rank, {sc.DROPPED: self.dropped_upstream}, time.time_ns())
-            self._reported_dropped = self.dropped_upstream
+        total = self.dropped_upstream + self.lost()  # the traced process's losses and this worker's
+        if total != self._reported_dropped or self.builder.rank_span_open(self.rank):
+            self.builder.annotate_rank(self.rank, {sc.DROPPED: total}, time.time_ns())
+            self._reported_dropped = total
 
     def _sinks(self) -> list[Any]:
         """The sinks, in the order they are flushed and closed (the files first, the network last: it may wait)."""
         return [s for s in (self.file_sink, self.log_sink, self.otlp) if s is not None]
 
-    def flush(self, timeout_s: float, dropped: int | None = None) -> bool:
+    def flush(self, timeout_s: float, dropped: int | None = None, exiting: bool = False) -> bool:
         """Close every open span and deliver everything; True when all of it reached every sink (and no error was
-        ever reported), within ``timeout_s``."""
+        ever reported and no record ever lost), within ``timeout_s``. ``exiting``: the traced process is exiting,
+        so a backend that is down is not waited for."""
         deadline = time.monotonic() + timeout_s
         if dropped is not None:
             self.dropped_upstream = dropped
@@ -288,9 +357,13 @@ class Exporter:
         self.builder.close_all("flush")
         self.export()
         ok = not self.errors
+        self._flushed = self.exported
         for s in self._sinks():
-            ok = s.flush(max(0.0, deadline - time.monotonic())) and ok
-        return ok
+            left = max(0.0, deadline - time.monotonic())
+            if exiting and s is self.otlp and s.stats().get("backend_down"):
+                left = 0.0  # the traced process is exiting: what waits is in the spool, for the next run
+            ok = s.flush(left) and ok
+        return ok and self.lost() == 0
 
     def close(self, timeout_s: float) -> bool:
         """End of input: end-of-stream checks, close every span, deliver within ``timeout_s``, close the sinks."""
@@ -299,6 +372,7 @@ class Exporter:
         self.builder.finish()
         self.export()
         ok = True
+        self._flushed = self.exported
         for s in self._sinks():
             ok = s.close(max(0.0, deadline - time.monotonic())) and ok
         return ok
@@ -315,7 +389,16 @@ class Exporter:
         for s in (self.otlp, self.file_sink, self.log_sink):
             if s is not None:
                 st.update(s.stats())
+        lost = self.lost()
+        if lost or "lost_records" in st:
+            st["lost_records"] = lost  # (listed once there is a sink that can lose, or a loss)
+        if self.bad:
+            st["bad_records"] = self.bad
         return st
+
+    def progress(self) -> tuple:
+        """The PROGRESS message (:mod:`.protocol`)."""
+        return (PROGRESS, self.safe(), self.lost(), self.next_seq, self.epoch_state())
 
 
 def _skip_none(item_event: Callable[[Any, int], Event | None]) -> Callable[[Any, int], Event | None]:
@@ -327,18 +410,33 @@ def _safe(s: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in s)[:64] or "run"
 
 
-def run_loop(get: Callable[[float], Any], ack: Callable[[tuple], None]) -> int:
+def run_loop(get: Callable[[float], Any], ack: Callable[[tuple], None],
+             progress: Callable[[tuple], None] | None = None,
+             at_eof: Callable[[Exporter], None] | None = None) -> int:
     """Process messages from ``get(timeout)`` (``None`` = end of input, ``queue.Empty`` = idle) until end of input;
-    0 when everything was delivered at the end."""
+    0 when everything was delivered at the end. ``ack`` gets the ACKs, ``progress`` (when given) the PROGRESS
+    messages: about every PROGRESS_EVERY_S, before each ACK and once at the end. ``at_eof(exporter)`` is called at
+    end of input, before the final delivery."""
     exp: Exporter | None = None
+    last_progress = 0.0
     while True:
         try:
             msg = get(0.1)
         except queue.Empty:
+            msg = ()
+        if progress is not None and exp is not None and time.monotonic() - last_progress >= PROGRESS_EVERY_S:
+            last_progress = time.monotonic()
+            try:
+                progress(exp.progress())
+            except Exception:
+                pass
+        if msg == ():
             if exp is not None:
                 exp.tick()
             continue
         if msg is None:
+            if at_eof is not None and exp is not None:
+                at_eof(exp)
             break
         kind = msg[0]
         try:
@@ -347,7 +445,9 @@ def run_loop(get: Callable[[float], Any], ack: Callable[[tuple], None]) -> int:
                     exp.add_items(msg[1], msg[2])
                     exp.tick()
             elif kind == FLUSH:
-                ok = exp.flush(msg[3], msg[2]) if exp is not None else False
+                ok = exp.flush(msg[3], msg[2], len(msg) > 4 and bool(msg[4])) if exp is not None else False
+                if exp is not None and progress is not None:
+                    progress(exp.progress())  # before the ACK: the flushed records are safe by then
                 ack((ACK, msg[1], ok, exp.stats() if exp is not None else {}))
             elif kind == INIT:
                 exp = Exporter(msg[1])
@@ -357,7 +457,16 @@ def run_loop(get: Callable[[float], Any], ack: Callable[[tuple], None]) -> int:
                 ack((ACK, msg[1], False, {"errors": [repr(e)]}))
     if exp is None:
         return 0
-    return 0 if exp.close(exp.cfg.timeout_s) else 1
+    ok = exp.close(exp.cfg.timeout_s)
+    if progress is not None:
+        try:
+            progress(exp.progress())
+        except Exception:
+            pass
+    lost = exp.lost()
+    if lost:
+        print(f"cptrace_otel: exporter lost {lost} records (counted in cptrace.dropped)", file=sys.stderr, flush=True)
+    return 0 if ok else 1
 
 
 def main() -> int:
@@ -400,7 +509,35 @@ def main() -> int:
             except OSError:
                 pass  # the traced process is gone; nothing to tell
 
-    return run_loop(lambda t: q.get(timeout=t), ack)
+    return run_loop(lambda t: q.get(timeout=t), ack, ack, _detach_later)
+
+
+DETACH_AFTER_S = 1.0  # at end of input, the traced process's stderr is let go after this long
+
+
+def _detach_later(exp: Exporter) -> None:
+    """The traced process is done: if the final delivery takes longer than DETACH_AFTER_S, say so on the inherited
+    stderr, then move this worker's stderr to a log file next to its spool, so that a ``cmd | tee`` or a
+    ``subprocess.run(capture_output=True)`` of the traced process is not held open by this worker."""
+
+    def detach() -> None:
+        log = os.path.join(exp.spool_root, f"worker-{os.getpid()}.log")
+        try:
+            os.makedirs(exp.spool_root, exist_ok=True)
+            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        except OSError:
+            log, fd = os.devnull, os.open(os.devnull, os.O_WRONLY)
+        try:
+            print(f"cptrace_otel: the traced process exited; the exporter goes on delivering in the background "
+                  f"(at most {exp.cfg.timeout_s:g}s); its messages go to {log}", file=sys.stderr, flush=True)
+            os.dup2(fd, 2)
+            os.close(fd)
+        except OSError:
+            pass
+
+    t = threading.Timer(DETACH_AFTER_S, detach)
+    t.daemon = True
+    t.start()
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import json
 import shutil
 import subprocess
 import threading
+import urllib.parse
 import uuid
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,9 @@ def alert_stack(tmp_path: Path, jaeger: Jaeger):
     prom["global"].update(scrape_interval="1s", evaluation_interval="1s")
     prom["rule_files"] = [str(DEPLOY / "prometheus" / f) for f in prom["rule_files"]]
     prom["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [am_listen]
+    for job in prom["scrape_configs"]:  # scrape the Jaeger under test (CPTRACE_JAEGER_SPANMETRICS)
+        if job["job_name"] == "jaeger-spanmetrics":
+            job["static_configs"] = [{"targets": [urllib.parse.urlsplit(SPANMETRICS_URL).netloc]}]
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(prom))
 
     env = dict(_BASE_ENV, AM_CONFIG=str(tmp_path / "alertmanager.yml"), AM_LISTEN=am_listen,

@@ -213,7 +213,7 @@ def test_jaeger_ui_assets_and_link_patterns(jaeger, jaeger_raw):
 def test_spanmetrics_dimensions_alertable_and_low_cardinality(jaeger):
     sm = jaeger["connectors"]["spanmetrics"]
     dims = [d["name"] for d in sm["dimensions"]]
-    assert "cptrace.violation" in dims
+    assert "cptrace.violation.HASH" in dims and "cptrace.violation" not in dims  # one boolean dimension per code
     for d in dims + [d["name"] for d in sm.get("events", {}).get("dimensions", [])]:
         assert d not in HIGH_CARDINALITY, d
     assert sm.get("namespace") in (None, "traces.span.metrics")  # the rule's metric name depends on it
@@ -237,8 +237,12 @@ def test_prometheus_scrapes_jaeger_spanmetrics_and_rules_match_the_metric(jaeger
     assert am_targets == [re.search(r"AM_LISTEN:-([0-9.:]+)", am_up).group(1)]
     rules = _load("prometheus/rules.yml")
     exprs = " ".join(r["expr"] for g in rules["groups"] for r in g["rules"])
-    label = "cptrace.violation".replace(".", "_")
-    assert f'traces_span_metrics_calls_total{{{label}!=""}}' in exprs
+    dims = [d["name"] for d in jaeger["connectors"]["spanmetrics"]["dimensions"]]
+    codes = [d.rsplit(".", 1)[1] for d in dims if d.startswith("cptrace.violation.")]
+    assert {"H1", "H2", "H3", "H4", "ZERO", "HASH", "C1", "C5"} <= set(codes)
+    for code in codes:  # one term per spanmetrics code dimension, labelled with its code
+        label = f"cptrace.violation.{code}".replace(".", "_")
+        assert f'traces_span_metrics_calls_total{{{label}="true"}}' in exprs and f'"code", "{code}"' in exprs
     assert "offset 5m" in exprs and "unless" in exprs           # the new-series pitfall is handled
     jobs = re.findall(r'job="([^"]+)"', exprs)
     assert jobs and set(jobs) <= set(t)
@@ -290,8 +294,10 @@ def test_rule_tests_fail_for_the_naive_increase_rule(tmp_path):
     promtool = _tool("promtool")
     rules = _load("prometheus/rules.yml")
     rules["groups"][0]["rules"][0]["expr"] = (
-        'sum by (service_name, cptrace_violation, sglang_cp_rank) '
-        '(increase(traces_span_metrics_calls_total{cptrace_violation!=""}[5m]))')
+        'label_replace(sum by (service_name, sglang_cp_rank) '
+        '(increase(traces_span_metrics_calls_total{cptrace_violation_HASH="true"}[5m])), "code", "HASH", "", "") or '
+        'label_replace(sum by (service_name, sglang_cp_rank) '
+        '(increase(traces_span_metrics_calls_total{cptrace_violation_H4="true"}[5m])), "code", "H4", "", "")')
     (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules))
     shutil.copy(DEPLOY / "prometheus" / "rules_test.yml", tmp_path / "rules_test.yml")
     r = subprocess.run([promtool, "test", "rules", "rules_test.yml"], cwd=tmp_path, capture_output=True, text=True,
@@ -306,7 +312,7 @@ def test_amtool_checks_alertmanager_config():
     am = _load("alertmanager/alertmanager.yml")
     names = {r["name"] for r in am["receivers"]}
     assert am["route"]["receiver"] in names and all(r["receiver"] in names for r in am["route"].get("routes", []))
-    assert "cptrace_violation" in am["route"]["group_by"]
+    assert "code" in am["route"]["group_by"]
     # the page route matches the severity the rule sets
     rules = _load("prometheus/rules.yml")
     sev = {r["labels"]["severity"] for g in rules["groups"] for r in g["rules"] if "alert" in r}
@@ -394,7 +400,7 @@ def test_tempo_and_grafana_point_at_compose_services():
     compose = _load("docker-compose.yml")["services"]
     tcfg = _load("tempo/tempo.yaml")
     dims = tcfg["metrics_generator"]["processor"]["span_metrics"]["dimensions"]
-    assert "cptrace.violation" in dims and not set(dims) & HIGH_CARDINALITY
+    assert "cptrace.violation.HASH" in dims and not set(dims) & HIGH_CARDINALITY
     ds = _load("grafana/provisioning/datasources/cptrace.yaml")["datasources"]
     uids = {d["uid"] for d in ds}
     for d in ds:
@@ -409,7 +415,7 @@ def test_tempo_and_grafana_point_at_compose_services():
                 assert q["datasourceUid"] in uids | {"__expr__"}
             assert r["condition"] in {q["refId"] for q in r["data"]}
     rule_expr = alerting["groups"][0]["rules"][0]["data"][0]["model"]["expr"]
-    assert "offset 5m" in rule_expr and "cptrace_violation" in rule_expr
+    assert "offset 5m" in rule_expr and "cptrace_violation_HASH" in rule_expr
 
 
 # -- scripts and the Go module --------------------------------------------------------------------------------------

@@ -109,7 +109,7 @@ def test_full_buffer_drops_newest_counts_and_exports_the_count(tmp_path: Path) -
     assert st.channel.close(10)
     spans = read_jsonl([str(tmp_path / "out" / "d.otlp.jsonl")])
     assert sorted(e.attrs["hicache.node_id"] for sp in spans for e in sp.events) == [0, 1, 2, 3, 4]
-    rank_spans = [sp for sp in spans if sp.name == sc.SPAN_RANK]
+    rank_spans = [sp for sp in spans if sp.attrs.get(sc.SPAN_KIND) == sc.SPAN_RANK]
     assert rank_spans and rank_spans[-1].attrs[sc.DROPPED] == 7
 
 
@@ -162,7 +162,9 @@ def test_shutdown_stops_the_worker_and_a_new_record_restarts(tmp_path: Path) -> 
     assert sorted(e.attrs["hicache.node_id"] for e, _ in _events(tmp_path)) == [1, 2]
 
 
-def test_dead_worker_drops_and_counts_never_blocks(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
+def test_dead_worker_drops_and_counts_never_blocks(tmp_path: Path, capfd: pytest.CaptureFixture,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pipeline, "MAX_RESTARTS", 0)  # restarts used up: the worker stays dead
     _configure(tmp_path, "process")
     api.cptrace(1, "evict", node_id=1)
     assert api.flush(30)

@@ -12,7 +12,7 @@ from cptrace_otel.attrs import fields_to_attributes
 from cptrace_otel.events import Event
 from cptrace_otel.logline import Rng, parse_value
 from cptrace_otel.spans import (MAX_EVENTS, STATUS_ERROR, SpanBuilder, event_attributes, node_trace_id,
-                                rank_trace_id, request_trace_id)
+                                lane_span_id, rank_trace_id, request_trace_id)
 
 S = 1_000_000_000
 
@@ -50,9 +50,13 @@ def test_d2h_stage_span_closed_by_its_ack() -> None:
     sp = f("prepare", 10, node_id=3, op=1, len=4, dev=Rng(4, 0, 3, 0, 3))
     assert f("backup", 11, node_id=3, op=1, h=99, nz=4) is sp
     assert f("ack", 12, dir="d2h", node_id=3, op=1) is sp
-    done = b.take()
-    assert done == [sp]
-    assert sp.name == sc.SPAN_D2H and sp.attrs[sc.STAGE_CLOSED] == "tag"
+    assert b.take() == []  # a closed stage span waits for its lane
+    b.close_all()
+    lane, done = b.take()
+    assert done is sp and sp.parent == lane.span_id == lane_span_id("run", 0, 3, 0) and lane.parent == b""
+    assert lane.kind == sc.SPAN_NODE and lane.name == "rank 0 \u00b7 node" and sp.name == "rank 0 \u00b7 d2h"
+    assert (lane.start, lane.end) == (10, 12) and lane.events == []
+    assert sp.kind == sc.SPAN_D2H and sp.attrs[sc.STAGE_CLOSED] == "tag"
     assert sp.attrs[sc.NODE_ID] == 3 and sp.attrs[sc.RANK] == 0
     assert (sp.start, sp.end) == (10, 12)
     assert [e[1] for e in sp.events] == ["prepare", "backup", "ack"]
@@ -67,15 +71,16 @@ def test_h2d_and_node_spans_and_timeouts() -> None:
     f = Feeder(b)
     h2d = f("reload", 0, node_id=5, op=9, chain=[5])
     node = f("evict", 1, node_id=5, tier="host")
-    assert h2d.name == sc.SPAN_H2D and node.name == sc.SPAN_NODE and node is not h2d
+    assert h2d.kind == sc.SPAN_H2D and node.kind == sc.SPAN_NODE and node is not h2d
     assert f("ack", 2, dir="h2d", node_id=5, op=9) is h2d
-    assert b.take() == [h2d]
-    # an ack that matches no open stage span still becomes exactly one event (on the node span)
+    assert b.take() == []
+    # an ack that matches no open stage span still becomes exactly one event (on the node span: the lane)
     assert f("ack", 3, dir="h2d", node_id=5, op=77) is node
+    assert h2d.parent == node.span_id
     b.expire(S // 2)
     assert b.take() == []
-    b.expire(S + 1)  # open one second: closed by timeout
-    assert b.take() == [node] and node.attrs[sc.STAGE_CLOSED] == "timeout"
+    b.expire(S + 1)  # open one second: closed by timeout, sent with its closed child
+    assert b.take() == [node, h2d] and node.attrs[sc.STAGE_CLOSED] == "timeout"
     # a later record more than the timeout after a span's start closes it too (replays have no wall clock)
     n2 = f("evict", 5 * S, node_id=6)
     f("evict", 7 * S, node_id=8)
@@ -90,7 +95,7 @@ def test_records_without_node_go_to_rank_trace_and_reset_closes_spans() -> None:
     f = Feeder(b, rank=2)
     cfg = f("config", 0, cp_size=2, cp_rank=2, mode="replicated")
     free = f("free", 1, pool="dev", idx="(0)", node_id=-1)
-    assert cfg is free and cfg.name == sc.SPAN_RANK and cfg.trace_id == rank_trace_id("run", 2)
+    assert cfg is free and cfg.kind == sc.SPAN_RANK and cfg.trace_id == rank_trace_id("run", 2)
     node = f("evict", 2, node_id=1)
     f("reset", 3)
     closed = b.take()
@@ -104,9 +109,9 @@ def test_rid_map_links_request_trace_and_fwd_hash_goes_there() -> None:
     b = SpanBuilder("run", "i")
     f = Feeder(b, rank=1)
     node = f("rid_map", 0, rid="req-7", node_id=4, hit="host")
-    assert node.name == sc.SPAN_NODE and node.attrs[sc.RID] == "req-7"
+    assert node.kind == sc.SPAN_NODE and node.attrs[sc.RID] == "req-7"
     fh = f("fwd_hash", 1, rid="req-7", nreq=1, layer=0, stage="attn", h=5, nz=6, rows=7, cprank=1)
-    assert fh.name == sc.SPAN_REQUEST and fh.trace_id == request_trace_id("run", "req-7")
+    assert fh.kind == sc.SPAN_REQUEST and fh.trace_id == request_trace_id("run", "req-7")
     assert fh.attrs[sc.RID] == "req-7"
     assert fh.links == [(node.trace_id, node.span_id, {sc.RANK: 1, sc.NODE_ID: 4, "hicache.hit": "host"})]
     assert [e[1] for e in fh.events] == ["fwd_hash"]  # rid_map itself is one event, on the node span
@@ -151,14 +156,17 @@ class FakeChecker:
     def __init__(self, rank: int) -> None:
         self.rank = rank
         self.backup_h: dict[int, int] = {}
+        self.backup_seq: dict[int, int] = {}
 
     def feed(self, ev: Event):
         if ev.tag == "backup":
             self.backup_h[ev.fields["node_id"]] = ev.fields["h"]
+            self.backup_seq[ev.fields["node_id"]] = ev.seq
         if ev.tag == "ack" and ev.fields.get("dir") == "h2d":
             h0 = self.backup_h.get(ev.fields["node_id"])
             if h0 is not None and h0 != ev.fields["h"]:
-                return [FakeFinding("HASH", "HASH", "exact", [ev.seq], f"reload hash {ev.fields['h']} != {h0}")]
+                return [FakeFinding("HASH", "HASH", "exact", [self.backup_seq[ev.fields["node_id"]], ev.seq],
+                                    f"reload hash {ev.fields['h']} != {h0}")]
         return []
 
     def finish(self):
@@ -176,20 +184,27 @@ def test_findings_are_stamped_on_the_span_holding_the_event() -> None:
     f("ack", 2, dir="d2h", node_id=1, op=1)
     f("reload", 3, node_id=1, op=2)
     h2d = f("ack", 4, dir="h2d", node_id=1, op=2, h=11)
-    spans = b.take()
-    ok, bad = spans
-    assert sc.VIOLATION not in ok.attrs and ok.status_code == 0
+    b.close_all()
+    lane, ok, bad = b.take()
+    assert sc.VIOLATION not in ok.attrs and ok.status_code == 0 and sc.VIOLATION not in lane.attrs
     assert bad is h2d and bad.attrs[sc.VIOLATION] == "HASH" and bad.attrs[sc.VIOLATION_RULES] == "HASH"
     assert bad.status_code == STATUS_ERROR and "reload hash 11" in bad.status_message
     viol = [e for e in bad.events if e[1] == sc.EVENT_VIOLATION]
     assert len(viol) == 1 and viol[0][0] == 4
-    assert viol[0][2][sc.V_CODE] == "HASH" and viol[0][2][sc.V_EVIDENCE] == "4"
+    assert viol[0][2][sc.V_CODE] == "HASH" and viol[0][2][sc.V_EVIDENCE] == "1,4"
     assert b.findings == 1
+    # the HASH span links to the backup's span (seq 1, in ``ok``), and the event names the evidence records
+    assert bad.attrs["cptrace.violation.HASH"] is True
+    assert bad.links == [(ok.trace_id, ok.span_id, {sc.LINK_KIND: "evidence", sc.V_CODE: "HASH",
+                                                    sc.V_EVIDENCE: "1"})]
+    assert viol[0][2][sc.V_EVIDENCE_DESC] == "seq 1 backup op=1 rank 0, seq 4 ack op=2 rank 0"
+    assert bad.status_message == ("HASH: reload hash 11 != 10 [evidence: seq 1 backup op=1 rank 0, "
+                                  "seq 4 ack op=2 rank 0]")
     # end of stream: a late finding lands on the open span that holds its evidence (seq 0 is closed: rank span)
     f("evict", 5, node_id=1)
     b.finish()
     late = [s for s in b.take() if sc.VIOLATION in s.attrs]
-    assert len(late) == 1 and late[0].attrs[sc.VIOLATION] == "H4" and late[0].name == sc.SPAN_RANK
+    assert len(late) == 1 and late[0].attrs[sc.VIOLATION] == "H4" and late[0].kind == sc.SPAN_RANK
 
 
 def test_a_failing_checker_is_switched_off_not_fatal(capsys: pytest.CaptureFixture) -> None:

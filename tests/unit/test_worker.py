@@ -17,6 +17,7 @@ from cptrace_otel.export import stack, worker
 from cptrace_otel.export.protocol import ACK, FLUSH, INIT, ITEMS
 from cptrace_otel.export.sinks import Outcome, SendResult
 
+S = 1_000_000_000
 T0 = time.time_ns()  # spans open now, so that a tick's expiry (now - span_timeout_s) leaves them open
 
 
@@ -106,7 +107,7 @@ def test_items_in_spans_out_with_seq_epoch_and_typed_fields(mem) -> None:
     assert ex.records == 5 and ex.next_seq == 5
     assert sink.spans == []  # nothing is exported before a tick, a flush or EXPORT_MIN_SPANS finished spans
     assert ex.flush(5.0) is True
-    by_name = {sp.name: sp for sp in sink.spans}
+    by_name = {sp.kind: sp for sp in sink.spans}
     assert sorted(by_name) == [sc.SPAN_D2H, sc.SPAN_NODE, sc.SPAN_RANK]
     d2h = by_name[sc.SPAN_D2H]
     assert [name for _, name, _ in d2h.events] == ["prepare", "backup", "ack"]
@@ -121,8 +122,9 @@ def test_items_in_spans_out_with_seq_epoch_and_typed_fields(mem) -> None:
     assert all(a[sc.EPOCH] == 0 for sp in sink.spans for _, _, a in sp.events)
     assert sink.groups[0][0] == {sc.SERVICE_NAME: "t", sc.CP_RANK: 0}
     st = ex.stats()
-    assert st == {"records": 5, "events": 5, "spans": 3, "findings": 0, "dropped_upstream": 0, "errors": [],
-                  "mem_spans": 3}
+    # spans: the d2h span, its lane (node 1), node 2's lane, the rank span
+    assert st == {"records": 5, "events": 5, "spans": 4, "findings": 0, "dropped_upstream": 0, "errors": [],
+                  "mem_spans": 4}
     assert ex.close(5.0) is True and sink.closed
 
 
@@ -137,7 +139,7 @@ def test_seq_runs_on_across_batches_and_the_drop_count_is_stamped(mem) -> None:
     assert seqs == list(range(7))
     insert = [a for sp in sink.spans for _, name, a in sp.events if name == "insert"]
     assert insert[0][sc.EPOCH] == 1  # after a reset
-    rank_spans = [sp for sp in sink.spans if sp.name == sc.SPAN_RANK]
+    rank_spans = [sp for sp in sink.spans if sp.kind == sc.SPAN_RANK]
     assert rank_spans[-1].attrs[sc.DROPPED] == 9
     assert ex.stats()["dropped_upstream"] == 9
 
@@ -155,18 +157,22 @@ def test_fields_rank_chooses_the_rank_and_unusual_items_are_completed(mem) -> No
 
 def test_export_min_spans_and_tick_export_finished_spans(mem, monkeypatch: pytest.MonkeyPatch) -> None:
     sink, _ = mem
-    ex = worker.Exporter(_info(_cfg()))
+    ex = worker.Exporter(_info(_cfg(span_timeout_s=1.0)))
     monkeypatch.setattr(worker, "EXPORT_MIN_SPANS", 1)
-    ex.add_items(_items()[1:4], 0)  # prepare .. ack: the d2h span finishes
-    assert [sp.name for sp in sink.spans] == [sc.SPAN_D2H]
+    # prepare .. ack: the d2h span finishes, and goes out with its lane when the lane closes (here: a record more
+    # than span_timeout_s later; the lane and rank spans of that record stay open)
+    t0 = T0 - 10 * S
+    ex.add_items(_items(t0)[1:4] + [(t0 + 2 * S, 1, "evict", {"node_id": 9})], 0)
+    assert [sp.kind for sp in sink.spans] == [sc.SPAN_NODE, sc.SPAN_D2H]
     monkeypatch.setattr(worker, "EXPORT_MIN_SPANS", 10**9)
     monkeypatch.setattr(worker, "EXPORT_EVERY_S", 0.0)
     monkeypatch.setattr(worker, "FILE_FLUSH_EVERY_S", 0.0)
-    ex.add_items([(T0 + 5, 1, "prepare", {"node_id": 4, "op": 1}), (T0 + 6, 2, "ack", {"dir": "d2h", "node_id": 4,
-                                                                                      "op": 1})], 0)
-    assert len(sink.spans) == 1
+    ex.add_items([(t0 + 5 * S, 1, "prepare", {"node_id": 4, "op": 1}),
+                  (t0 + 5 * S + 1, 2, "ack", {"dir": "d2h", "node_id": 4, "op": 1})], 0)
+    assert len(sink.spans) == 2  # node 9's lane finished, not exported before a tick
+    ex._last_items -= 2.0  # the stream has been idle for longer than span_timeout_s: the tick expires by wall clock
     ex.tick()
-    assert len(sink.spans) == 2 and sink.flushes == 1  # exported, and the file sinks flushed
+    assert len(sink.spans) == 5 and sink.flushes == 1  # exported, and the file sinks flushed
 
 
 def test_log_sink_gets_the_records_and_the_same_events(tmp_path: Path, mem) -> None:
@@ -274,7 +280,7 @@ def test_network_sink_sends_encoded_requests(tmp_path: Path, monkeypatch: pytest
     for body in tr.bodies:
         req = trace_service_pb2.ExportTraceServiceRequest.FromString(body)
         names += [sp.name for rs in req.resource_spans for ss in rs.scope_spans for sp in ss.spans]
-    assert sorted(names) == [sc.SPAN_D2H, sc.SPAN_NODE, sc.SPAN_RANK]
+    assert sorted(names) == sorted(sc.span_name(0, k) for k in [sc.SPAN_D2H, sc.SPAN_NODE, sc.SPAN_NODE, sc.SPAN_RANK])
     assert ex.close(5.0) is True and tr.closed
 
 
@@ -308,7 +314,7 @@ def test_run_loop_init_items_flush_eof(mem) -> None:
     assert len(acks) == 1
     kind, fid, ok, stats = acks[0]
     assert (kind, fid, ok) == (ACK, 11, True)
-    assert stats["records"] == 5 and stats["dropped_upstream"] == 4 and stats["mem_spans"] == 3
+    assert stats["records"] == 5 and stats["dropped_upstream"] == 4 and stats["mem_spans"] == 4
     assert sink.closed  # end of input closes the sinks
     assert sorted(a[sc.SEQ] for sp in sink.spans for _, _, a in sp.events) == list(range(10))
 

@@ -17,6 +17,8 @@ service): the readers count per file and ``check`` rejects those with the servic
 :func:`expand` turns the command line into files: a folder contributes every file below it that :func:`sniff`
 recognises (recursively, sorted, hidden names and symlinked folders skipped); the others are listed as skipped. A
 file named on the command line that is not recognised is rejected. The same file reached twice is read once.
+Only regular files and ``-`` are read: a FIFO or device named on the command line is rejected with the reason
+(:class:`.files.NotRegular`), one inside a folder is skipped with it.
 """
 
 from __future__ import annotations
@@ -111,7 +113,7 @@ def _json_kind(path: str, body: bytes) -> Sniff | None:
     if nl or len(body) < HEAD:
         try:
             obj = json.loads(first)
-        except ValueError:
+        except (ValueError, RecursionError):   # too deep for json: the reader records it as malformed
             obj = None
     if isinstance(obj, dict):   # the first line is a JSON object of its own: JSON lines
         if any(k in obj for k in _OTLP_KEYS):

@@ -113,7 +113,7 @@ class JaegerClient:
             raise JaegerUnreachable(url, str(e) or type(e).__name__) from None
         try:
             return json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):   # not JSON, or nested too deeply for json
             raise JaegerError(url, 200, body.decode("utf-8", "replace")) from None
 
     # -- internal JSON API (/api) ------------------------------------------------------------------------------

@@ -2,7 +2,9 @@
 
 * Lines without the ``[CPTRACE`` marker are ignored. A line with the marker whose shape is broken, or with tokens
   lacking ``=``, is reported (file, line number, reason) through ``on_malformed`` and counted; a line whose body
-  still parses is kept (bad tokens dropped), the rest of the file is processed either way.
+  still parses is kept (bad tokens dropped), the rest of the file is processed either way. A line holding a value
+  that cannot be turned into a Python value (an int of more than 4,300 digits, Python's int-string limit) is
+  reported and skipped; so is a line longer than :data:`.files.MAX_LINE` bytes, which is never held whole.
 * Rank: the ``rank=`` field (``-1`` means unknown), else ``ATTN_CP<n>`` in the prefix, else the file's default
   (``rank<n>``/``cp<n>`` in the file name, else the file's position on the command line).
 * ``seq`` is the line order within a rank; ``ts`` the ``ts=`` field, else the line number; ``epoch`` counts
@@ -25,12 +27,14 @@ import heapq
 import itertools
 import os
 import re
+import sys
 from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 from ..._speedups.logreader import load as _load_logreader
 from ...checks.epochs import EPOCH_TAGS, EpochTracker
 from ...events import Event
 from ...logline import fast_value
+from . import files
 from .files import consumed, open_text, truncated
 
 MARKER = "[CPTRACE"
@@ -239,8 +243,14 @@ def _file_chunks(fh, path: str, drank: int, on_bad: Callable[[Malformed], None],
 def _slow_line(line: str, path: str, line_no: int, drank: int,
                on_bad: Callable[[Malformed], None]) -> tuple[str, dict[str, Any], Any, int] | None:
     """``(tag, fields, ts, rank)`` of a line the C parser left to Python (the full parser), None when it yields
-    no event; malformed lines are reported."""
-    p = parse_trace_line(line)
+    no event; malformed lines are reported (also a value Python cannot hold: the line is skipped)."""
+    try:
+        p = parse_trace_line(line)
+    except ValueError as e:   # int("9" * 5000): Python's int-string limit (sys.get_int_max_str_digits)
+        why = (f"an integer of more than {sys.get_int_max_str_digits()} digits" if "digits" in str(e)
+               else f"a value that does not parse ({e})")
+        on_bad(Malformed(path, line_no, why, line.rstrip("\r\n")[:200]))
+        return None
     if p is None:
         on_bad(Malformed(path, line_no, "broken [CPTRACE tag] marker", line.rstrip("\r\n")))
         return None
@@ -258,11 +268,17 @@ def _slow_line(line: str, path: str, line_no: int, drank: int,
     return tag, fields, ts, r
 
 
+def _too_long(path: str, line_no: int, max_line: int, head: str) -> Malformed:
+    return Malformed(path, line_no, f"a line longer than {max_line} bytes (not read; CPTRACE_MAX_LINE raises the "
+                                    "cap)", head)
+
+
 def _file_chunks_c(fh, path: str, drank: int, on_bad: Callable[[Malformed], None], stats: LogStats,
                    state: dict[int, list], seen: list[int]) -> Iterator[list[Event]]:
     """:func:`_file_chunks` over the file's bytes, read in blocks: ``_logc.fill_chunk`` splits and parses the lines
     and builds the events (rank, ts, seq, epoch as the Python loop does) in C; a line it cannot parse is decoded
-    as the text reader would and takes :func:`_slow_line`."""
+    as the text reader would and takes :func:`_slow_line`. An incomplete line longer than ``files.MAX_LINE`` is
+    reported and its bytes are dropped up to the next newline."""
     fill = _logc.fill_chunk
 
     def slow(line: str, ln: int):
@@ -272,9 +288,21 @@ def _file_chunks_c(fh, path: str, drank: int, on_bad: Callable[[Malformed], None
     line_no = 0   # lines consumed (as the per-line reader counts them when the consumer stops early)
     chunk: list[Event] = []
     rest = b""    # an incomplete last line, completed by the next block
+    max_line = files.MAX_LINE
+    skipping = False   # inside a line over max_line: its bytes are dropped up to the next newline
     try:
         while True:
             more = read(_BLOCK)
+            if skipping:
+                if not more:
+                    break
+                i = more.find(b"\n")
+                if i < 0:
+                    continue
+                skipping = False
+                more = more[i + 1:]
+                if not more:
+                    continue
             data = rest + more if rest else more
             final = not more
             pos = 0
@@ -289,6 +317,11 @@ def _file_chunks_c(fh, path: str, drank: int, on_bad: Callable[[Malformed], None
             if final:
                 break
             rest = data[pos:]
+            if len(rest) > max_line:
+                line_no += 1
+                on_bad(_too_long(path, line_no, max_line, rest[:120].decode("utf-8", "replace")))
+                rest = b""
+                skipping = True
         if chunk:
             stats.events += len(chunk)
             yield chunk
@@ -307,9 +340,19 @@ def _file_chunks_py(fh, path: str, drank: int, on_bad: Callable[[Malformed], Non
     good_tags = _GOOD_TAGS
     pair = _pair
     bad_token = _BadToken
+    max_line = files.MAX_LINE
+    readline = fh.readline
     try:
-        for line in fh:
+        while True:
+            line = readline(max_line)   # bounded: a line over max_line characters is cut, reported, skipped
+            if not line:
+                break
             line_no += 1
+            if len(line) >= max_line and line[-1] not in "\r\n":
+                on_bad(_too_long(path, line_no, max_line, line[:120]))
+                while line and line[-1] not in "\r\n":
+                    line = readline(max_line)
+                continue
             # Fast path, the same result as parse_trace_line for the usual shape: a known tag, " k=v" tokens that
             # all carry "=", ``ts=`` last and canonical. _open reads with newline="", so a line holds no "\r"/"\n"
             # before its ending (the check parse_trace_line makes). Anything else takes the full parser.
@@ -328,7 +371,7 @@ def _file_chunks_py(fh, path: str, drank: int, on_bad: Callable[[Malformed], Non
                     if tsv.isdigit() and tsv.isascii() and (tsv[0] != "0" or len(tsv) == 1):
                         try:
                             fields = dict(map(pair, line[end + 1:j].split()))
-                        except bad_token:
+                        except (bad_token, ValueError):   # ValueError: an int over the int-string limit
                             fields = None
                         else:
                             fields["ts"] = ts = int(tsv)

@@ -8,6 +8,12 @@ are sorted per rank by seq (this source holds one run in memory; a few hundred b
 
 Parsed with the standard library's ``json`` (proto3 JSON: int64 values are strings, both camelCase and the
 original snake_case field names are accepted).
+
+Bad input costs only itself: a line that is not JSON, is nested too deeply, or is not shaped like a request (a
+list where an object belongs, ...) is recorded in :attr:`OtlpInfo.malformed` with its file and line and adds
+nothing; a span event whose values do not convert (``"intValue": "abc"``, an int of more than 4,300 digits) is
+recorded and skipped, the other events of its line are kept. A line longer than :data:`.files.MAX_JSON_LINE` is
+recorded and not read.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Any, Iterable, Iterator
 from ... import semconv as sc
 from ...attrs import attributes_to_fields
 from ...events import Event
-from .files import STDIN, open_text, stdin_head, truncated
+from .files import MAX_JSON_LINE, STDIN, open_text, stdin_head, truncated
 from .logs import LogReadError
 
 
@@ -77,6 +83,12 @@ class OtlpInfo:
         self.levels: dict[int, int] = {}
         self.malformed: list[tuple[str, int, str]] = []
         self.spans = 0
+        self.streams: dict[str, int] = {}                     # service.instance.id -> its resource's cp rank
+        self.sampled: dict[int, tuple[str, float]] = {}       # rank -> (run id, cptrace.sample) of sampled streams
+
+    def unknown_rank_streams(self) -> int:
+        """Streams (exporter processes) whose resource says their rank is unknown (-1)."""
+        return sum(1 for r in self.streams.values() if r < 0)
 
 
 def read_otlp_events(paths: Iterable[str], info: OtlpInfo | None = None) -> Iterator[Event]:
@@ -89,24 +101,73 @@ def read_otlp_events(paths: Iterable[str], info: OtlpInfo | None = None) -> Iter
     return merge_ranks(per_rank)
 
 
+# what a JSON value of the wrong shape raises in the collector: such a value is a malformed record
+BAD_SHAPE = (TypeError, ValueError, AttributeError, KeyError, IndexError, RecursionError)
+
+
+def bad_shape(e: BaseException, what: str = "not an OTLP request of the expected shape") -> str:
+    """The reason recorded for a value the collector could not read (one line, bounded)."""
+    if isinstance(e, RecursionError):
+        return "nested too deeply"
+    if isinstance(e, ValueError) and "digits" in str(e):
+        return "an integer of more than 4300 digits"
+    return f"{what} ({type(e).__name__}: {str(e)[:160]})"
+
+
+def json_lines(fh, path: str, info: OtlpInfo) -> Iterator[tuple[int, Any]]:
+    """``(line number, value)`` of each non-blank line of ``fh`` that parses as JSON; the others (not JSON, too
+    deep, longer than :data:`MAX_JSON_LINE`, read only up to that bound) are recorded in ``info.malformed``."""
+    line_no = 0
+    readline = fh.readline
+    while True:
+        line = readline(MAX_JSON_LINE)
+        if not line:
+            return
+        line_no += 1
+        if len(line) >= MAX_JSON_LINE and line[-1] not in "\r\n":
+            info.malformed.append((path, line_no, f"a line longer than {MAX_JSON_LINE} bytes (not read)"))
+            while line and line[-1] not in "\r\n":
+                line = readline(MAX_JSON_LINE)
+            continue
+        if not line.strip():
+            continue
+        try:
+            yield line_no, json.loads(line)
+        except RecursionError:
+            info.malformed.append((path, line_no, "not JSON: nested too deeply"))
+        except ValueError as e:
+            info.malformed.append((path, line_no, f"not JSON: {e}"))
+
+
+def collect_guarded(req: Any, path: str, line_no: int, info: OtlpInfo, per_rank: dict) -> None:
+    """:func:`_collect` of one request; when it is not shaped like one, it is recorded as malformed at ``line_no``
+    and adds no event (they are collected aside, then added)."""
+    staged: dict = {}
+    try:
+        if not isinstance(req, dict):
+            raise TypeError(f"a JSON {type(req).__name__}, not an object")
+        _collect(req, path, info, staged, line_no)
+    except BAD_SHAPE as e:
+        info.malformed.append((path, line_no, bad_shape(e)))
+        return
+    for rank, lst in staged.items():
+        per_rank.setdefault(rank, []).extend(lst)
+
+
 def collect_file(path: str, info: OtlpInfo, per_rank: dict) -> None:
     """Add the events of one OTLP JSON-lines file to ``per_rank`` (rank -> ``[(epoch, seq, ts, Event)]``, unsorted).
-    Raises :class:`LogReadError` when the file cannot be opened."""
+    Raises :class:`LogReadError` when the file cannot be opened or read."""
     try:
         fh = open_text(path)
     except OSError as e:
         raise LogReadError(path, e.strerror or str(e)) from None
     line_no = 0
     with fh:
-        for line_no, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                req = json.loads(line)
-            except ValueError as e:
-                info.malformed.append((path, line_no, f"not JSON: {e}"))
-                continue
-            _collect(req, path, info, per_rank)
+        try:
+            for line_no, req in json_lines(fh, path, info):
+                collect_guarded(req, path, line_no, info, per_rank)
+        except OSError as e:
+            raise LogReadError(path, e.strerror or str(e)) from None
         why = truncated(fh)
         if why:
             info.malformed.append((path, line_no + 1, why))
@@ -126,7 +187,9 @@ def merge_ranks(per_rank: dict) -> Iterator[Event]:
     return heapq.merge(*streams, key=lambda e: e.fields["ts"] if type(e.fields.get("ts")) is int else e.ts)
 
 
-def _collect(req: dict, path: str, info: OtlpInfo, per_rank: dict) -> None:
+def _collect(req: dict, path: str, info: OtlpInfo, per_rank: dict, line_no: int = 0) -> None:
+    """The cptrace events of one request into ``per_rank``. A span event whose values do not convert is recorded in
+    ``info.malformed`` (at ``line_no``) and skipped; a request of the wrong shape raises one of :data:`BAD_SHAPE`."""
     for rs in _g(req, "resourceSpans", "resource_spans", []) or []:
         res = dict(_attrs((rs.get("resource") or {}).get("attributes")))
         rrank = res.get(sc.CP_RANK)
@@ -134,6 +197,11 @@ def _collect(req: dict, path: str, info: OtlpInfo, per_rank: dict) -> None:
         if isinstance(run_id, str):
             info.run_ids.add(run_id)
         lvl = res.get(sc.TRACE_LEVEL)
+        if type(rrank) is int:
+            info.streams[str(res.get(sc.SERVICE_INSTANCE_ID, path))] = rrank
+            frac = res.get(sc.SAMPLE)
+            if type(frac) is float and rrank >= 0 and isinstance(run_id, str):
+                info.sampled[rrank] = (run_id, frac)
         for ss in _g(rs, "scopeSpans", "scope_spans", []) or []:
             for sp in ss.get("spans", []) or []:
                 info.spans += 1
@@ -144,16 +212,22 @@ def _collect(req: dict, path: str, info: OtlpInfo, per_rank: dict) -> None:
                 if type(lvl) is int:
                     info.levels[rank] = max(info.levels.get(rank, 0), lvl)
                 for e in sp.get("events", []) or []:
-                    name = e.get("name", "")
-                    if name == sc.EVENT_VIOLATION:
+                    try:
+                        name = e.get("name", "")
+                        if name == sc.EVENT_VIOLATION:
+                            continue
+                        attrs = _attrs(e.get("attributes"))
+                        meta = {k: v for k, v in attrs if not k.startswith(sc.FIELD_PREFIX)}
+                        seq = meta.get(sc.SEQ)
+                        if type(seq) is not int:
+                            continue
+                        fields = attributes_to_fields(attrs)
+                        ts = int(_g(e, "timeUnixNano", "time_unix_nano", 0) or 0)
+                        if type(name) is not str:
+                            raise TypeError(f"event name {str(name)[:40]} is not a string")
+                    except BAD_SHAPE as x:
+                        info.malformed.append((path, line_no, "span event skipped: " + bad_shape(x, "a value of the wrong type")))
                         continue
-                    attrs = _attrs(e.get("attributes"))
-                    meta = {k: v for k, v in attrs if not k.startswith(sc.FIELD_PREFIX)}
-                    seq = meta.get(sc.SEQ)
-                    if type(seq) is not int:
-                        continue
-                    fields = attributes_to_fields(attrs)
-                    ts = int(_g(e, "timeUnixNano", "time_unix_nano", 0) or 0)
                     epoch = meta.get(sc.EPOCH, 0)
                     level = meta.get(sc.LEVEL, 1)
                     ev = Event(name, rank, seq, ts, epoch if type(epoch) is int else 0, fields,

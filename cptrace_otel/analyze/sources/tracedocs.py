@@ -15,6 +15,10 @@ Contract:
   are kept once. Events are ordered per rank by ``cptrace.seq``, never by the order a backend returned them.
 
 Documents are parsed whole (``json``): their memory is that of the run, like OTLP files.
+
+A value of the wrong shape (a trace that is a list, tags that are numbers, nesting too deep for ``json``) is
+recorded in ``info.malformed`` with its file and line (the line where its JSON value starts; 1 for a document
+parsed whole) and adds nothing; the other traces of the document are read.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from ... import semconv as sc
 from ...events import Event
 from .files import open_text, truncated
 from .logs import LogReadError
-from .otlpfile import OtlpInfo, _collect, collect_file, merge_ranks
+from .otlpfile import BAD_SHAPE, OtlpInfo, _collect, bad_shape, collect_file, json_lines, merge_ranks
 
 _JS_SAFE = 1 << 53
 _FINGERPRINTS = ("hicache.h", "hicache.pfp")   # random 63-bit values: a round one is a rounded one
@@ -45,6 +49,7 @@ class TraceDocs:
         self.rounded: dict[str, int] = {}          # source -> ints a browser seems to have rounded
         self.duplicates: Counter = Counter()       # (source kept, source dropped) -> records given twice
         self.conflicts: Counter = Counter()        # (source, source) -> same (rank, epoch, seq), other content
+        self._line = 1                             # the line of the JSON value being read, for malformed records
 
     # -- reading -----------------------------------------------------------------------------------------------
     def total(self) -> int:
@@ -59,13 +64,12 @@ class TraceDocs:
         if n == 0:   # only to say what the file held instead: the services of its resources
             svc = self.services.setdefault(path, set())
             with open_text(path) as fh:
-                for line in fh:
-                    try:
-                        req = json.loads(line)
-                    except ValueError:
-                        continue
+                for _line, req in json_lines(fh, path, OtlpInfo()):   # (malformed lines were recorded above)
                     if isinstance(req, dict):
-                        svc.update(_services(req))
+                        try:
+                            svc.update(_services(req))
+                        except BAD_SHAPE:
+                            pass
         return n
 
     def add_document_file(self, path: str) -> int:
@@ -80,15 +84,31 @@ class TraceDocs:
             raise LogReadError(path, e.strerror or str(e)) from None
         if why:
             self.info.malformed.append((path, text.count("\n") + 1, why))
-        for _line, obj in _parse(text, path, self.info):
-            self.add_object(obj, path)
+        for line, obj in _parse(text, path, self.info):
+            self._line = line
+            self.add_guarded(obj, path)
         return self._counted(path, n0)
+
+    def add_guarded(self, obj: Any, src: str, add: Any = None) -> None:
+        """``add(obj, src)`` (default :meth:`add_object`), except that a value of the wrong shape is recorded as
+        malformed and adds no event."""
+        main = self.per_rank
+        self.per_rank = {}
+        try:
+            (add or self.add_object)(obj, src)
+        except BAD_SHAPE as e:
+            self.info.malformed.append((src, self._line, bad_shape(e)))
+            self.per_rank = {}
+        finally:
+            staged, self.per_rank = self.per_rank, main
+        for rank, lst in staged.items():
+            main.setdefault(rank, []).extend(lst)
 
     def add_object(self, obj: Any, src: str) -> None:
         """One parsed JSON value: an api_v2 response or trace, an api_v3 response, an OTLP TracesData, or a list."""
         if isinstance(obj, list):
             for x in obj:
-                self.add_object(x, src)
+                self.add_guarded(x, src)   # one bad trace of a list costs only itself
             return
         if not isinstance(obj, dict):
             self._format(src, "JSON of another kind")
@@ -97,7 +117,7 @@ class TraceDocs:
             self._format(src, "Jaeger JSON (api_v2 /api/traces)")
             for tr in obj.get("data") or []:
                 if isinstance(tr, dict):
-                    self.add_v2_trace(tr, src)
+                    self.add_guarded(tr, src, self.add_v2_trace)
             errs = obj.get("errors") or []
             if errs and not obj.get("data"):
                 self._format(src, "a Jaeger error response (" + "; ".join(
@@ -121,14 +141,14 @@ class TraceDocs:
     def add_otlp(self, td: dict, src: str) -> None:
         """An OTLP/JSON ``TracesData`` (api_v3 ``result``, or an ``ExportTraceServiceRequest``)."""
         self.services.setdefault(src, set()).update(_services(td))
-        _collect(td, src, self.info, self.per_rank)
+        _collect(td, src, self.info, self.per_rank, self._line)
 
     def add_v2_trace(self, trace: dict, src: str) -> None:
         """One trace in Jaeger's JSON model (``traceID``, ``spans``, ``processes``)."""
         td = v2_trace_to_otlp(trace, self, src)
         self.services.setdefault(src, set()).update(
             a["value"]["stringValue"] for rs in td["resourceSpans"] for a in rs["resource"]["attributes"][:1])
-        _collect(td, src, self.info, self.per_rank)
+        _collect(td, src, self.info, self.per_rank, self._line)
 
     def _format(self, src: str, what: str) -> None:
         self.formats.setdefault(src, what)
@@ -195,13 +215,15 @@ def _parse(text: str, path: str, info: OtlpInfo) -> Iterable[tuple[int, Any]]:
     are recorded in ``info``)."""
     try:
         return [(1, json.loads(text))]
-    except ValueError:
+    except (ValueError, RecursionError):
         pass
     out = []
     for i, line in enumerate(text.splitlines(), 1):
         if line.strip():
             try:
                 out.append((i, json.loads(line)))
+            except RecursionError:
+                info.malformed.append((path, i, "not JSON: nested too deeply"))
             except ValueError as e:
                 info.malformed.append((path, i, f"not JSON: {e}"))
     return out

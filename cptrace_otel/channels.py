@@ -1,0 +1,131 @@
+"""The traced process's end of the pipe to its exporter worker: a subprocess (:class:`ProcessChannel`) or a thread of
+this process (:class:`ThreadChannel`), each with the books of what it was shipped and what the worker reported.
+
+A channel calls back into its owner (``cptrace_otel.pipeline``'s state): ``on_ack(msg, channel)`` for every message
+the worker sends (ACK, PROGRESS) and ``on_worker_gone(why, channel)`` once the worker is gone. Messages and frames:
+:mod:`cptrace_otel.export.protocol`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from typing import Any
+
+from .export.protocol import frame, read_frame
+
+
+class Books:
+    """One worker's accounting: records shipped to it, how many it reported safe and lost, its last seq/epochs."""
+
+    def _init_books(self, seq0: int) -> None:
+        self.seq0 = seq0
+        self.shipped = 0
+        self.safe = 0
+        self.wlost = 0
+        self.epochs: dict = {}
+        self.dead = False
+        self.why = ""
+
+    def in_flight(self) -> int:
+        return max(0, self.shipped - self.safe)
+
+
+class ProcessChannel(Books):
+    """Worker subprocess: framed pickles on its stdin, acks from its stdout."""
+
+    def __init__(self, st: Any, seq0: int = 0) -> None:
+        self._init_books(seq0)
+        env = dict(os.environ)
+        pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cptrace_otel.export.worker"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, close_fds=True, env=env, bufsize=0,
+        )
+        self._fd = self.proc.stdin.fileno()  # type: ignore[union-attr]
+        self._st = st
+        threading.Thread(target=self._read_acks, name="cptrace-acks", daemon=True).start()
+
+    def send(self, msg: tuple) -> None:
+        view = memoryview(frame(msg))
+        while view:
+            n = os.write(self._fd, view)
+            view = view[n:]
+
+    def _read_acks(self) -> None:
+        f = self.proc.stdout
+        try:
+            while True:
+                msg = read_frame(f)
+                if msg is None:
+                    break
+                self._st.on_ack(msg, self)
+        except Exception:
+            pass
+        try:
+            rc = self.proc.wait(1.0)
+        except Exception:
+            rc = self.proc.poll()
+        self._st.on_worker_gone(f"exporter process exited (rc={rc})", self)
+
+    def close(self, timeout_s: float) -> bool:
+        try:
+            self.proc.stdin.close()  # type: ignore[union-attr]  # EOF: the worker delivers and exits
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=max(0.0, timeout_s))
+            return self.proc.returncode == 0
+        except subprocess.TimeoutExpired:
+            return False  # it keeps delivering on its own and exits within config.timeout_s
+
+    def close_in_child(self) -> None:
+        # After fork: drop this process's copy of the pipe so the parent's worker still sees EOF when the parent
+        # exits. Never touch the Popen object (its lock may be held by a thread that does not exist here).
+        try:
+            os.close(self._fd)
+        except OSError:
+            pass
+
+
+class ThreadChannel(Books):
+    """The same worker loop in a thread of this process (``CPTRACE_EXPORTER=thread``)."""
+
+    def __init__(self, st: Any, seq0: int = 0) -> None:
+        import queue
+
+        from .export.worker import run_loop
+
+        self._init_books(seq0)
+        self._q: Any = queue.Queue(maxsize=64)
+        self._st = st
+        self._rc: list[int] = []
+
+        def body() -> None:
+            try:
+                on_msg = lambda m: st.on_ack(m, self)  # noqa: E731
+                self._rc.append(run_loop(lambda t: self._q.get(timeout=t), on_msg, on_msg))
+            except BaseException as e:  # noqa: BLE001 - reported and restarted, never silent
+                st.on_worker_gone(f"exporter thread failed: {e!r}", self)
+
+        self._t = threading.Thread(target=body, name="cptrace-exporter", daemon=True)
+        self._t.start()
+
+    def send(self, msg: tuple) -> None:
+        if not self._t.is_alive():
+            raise BrokenPipeError("exporter thread is not running")
+        self._q.put(msg)
+
+    def close(self, timeout_s: float) -> bool:
+        try:
+            self._q.put(None, timeout=max(0.01, timeout_s))
+        except Exception:
+            return False
+        self._t.join(timeout=max(0.0, timeout_s))
+        return not self._t.is_alive() and self._rc == [0]
+
+    def close_in_child(self) -> None:
+        pass
