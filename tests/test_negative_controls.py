@@ -179,7 +179,12 @@ def _summary(volume_runs, key):
     return r
 
 
+# the first of these tests runs every volume run (the module fixture): minutes, more on a loaded machine
+VOLUME_TIMEOUT_S = 1800
+
+
 @pytest.mark.slow
+@pytest.mark.timeout(VOLUME_TIMEOUT_S)
 @pytest.mark.parametrize("policy", ["wt", "wts", "wb"])
 @pytest.mark.parametrize("mode", [m for m, _ in MODES])
 def test_volume_run_is_clean(volume_runs, mode, policy):
@@ -199,6 +204,7 @@ def test_volume_run_is_clean(volume_runs, mode, policy):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(VOLUME_TIMEOUT_S)
 @pytest.mark.parametrize("mode", LEVEL1_CASES)
 def test_level_1_volume_run_without_exact_sets_is_clean(volume_runs, mode):
     """Level 1, rng summaries only (no exact sets), 5,000 records per rank: reloads then splits of the reloaded
