@@ -6,6 +6,9 @@ Contract (what a call site may rely on):
   ``rng``, ``khash``, ``knz``, ``fwd_hash``).
 * The gate is read once (``CPTRACE_LEVEL``, else ``SGLANG_CP_HICACHE_KV_TRACE``) into a module int; a call below the
   level costs one compare. :func:`reload_config` (or :func:`configure`) re-reads it.
+* ``level`` may be anything: an int (or float) is compared with the gate; a string is parsed as an int
+  (``"2"``); anything else that does not compare with an int (``None``, a non-numeric string) counts as below the
+  gate and the record is skipped (not counted as dropped). The gate functions never raise.
 * With ``CPTRACE_SAMPLE`` < 1 a record of a node whose lineage was sampled out (:mod:`cptrace_otel.sampling`) is
   dropped here, by one set lookup: it costs about what a call below the level costs.
 * An enabled ``cptrace`` only takes a timestamp and appends ``(ts, level, tag, fields)`` to a bounded buffer; all
@@ -115,9 +118,24 @@ def trace_level() -> int:
     return _LEVEL
 
 
+def _gate_level(level: Any) -> int | None:
+    """A level that does not compare with an int: a numeric string as its int, anything else None (below the
+    gate). Only reached when the comparison raised, so the hot path never pays for it."""
+    try:
+        if isinstance(level, (str, bytes)):
+            return int(level.strip())
+    except Exception:
+        pass
+    return None
+
+
 def trace_enabled(level: int = 1) -> bool:
-    """True when records at ``level`` are traced."""
-    return _LEVEL >= level
+    """True when records at ``level`` are traced (False for a level that is not a number, see the module doc)."""
+    try:
+        return _LEVEL >= level
+    except Exception:
+        lv = _gate_level(level)
+        return lv is not None and _LEVEL >= lv
 
 
 def cptrace(level: int, tag: str, /, **fields: Any) -> None:
@@ -125,8 +143,13 @@ def cptrace(level: int, tag: str, /, **fields: Any) -> None:
 
     ``level`` and ``tag`` are positional-only (upstream call sites pass them positionally), so a record may carry
     fields named ``level`` or ``tag``, as the ``config`` record's ``level=`` does."""
-    if level > _LEVEL:
-        return
+    try:
+        if level > _LEVEL:
+            return
+    except Exception:  # a level that is not a number (see the module doc); free when none is raised
+        level = _gate_level(level)
+        if level is None or level > _LEVEL:
+            return
     if _DROP is not None and fields.get("node_id") in _DROP and tag != "split":
         return   # sampled out: its lineage's decision is known (a split still goes on: its child inherits it)
     _submit(level, tag, fields)
@@ -176,8 +199,13 @@ def fwd_hash(forward_batch: Any, layer_id: Any, stage: Any, t: Any, *, level: in
     """Upstream ``fwd_hash``: a level-3 ``fwd_hash`` record for one per-layer forward tensor.
 
     Skipped outside the EXTEND path and under CUDA-graph capture (nothing is launched there)."""
-    if level > _LEVEL:
-        return
+    try:
+        if level > _LEVEL:
+            return
+    except Exception:
+        level = _gate_level(level)
+        if level is None or level > _LEVEL:
+            return
     try:
         fm = getattr(forward_batch, "forward_mode", None)
         if fm is not None and hasattr(fm, "is_extend") and not fm.is_extend():

@@ -36,6 +36,9 @@ def _parser() -> argparse.ArgumentParser:
     j.add_argument("--jaeger", default=None, metavar="URL",
                    help="Jaeger query base URL (e.g. http://127.0.0.1:16686; user:password@ allowed) to read the "
                         "run's traces from")
+    j.add_argument("--tempo", default=None, metavar="URL",
+                   help="Grafana Tempo query URL (e.g. http://127.0.0.1:3200) to read the run (--run-id) from with "
+                        "TraceQL; untested against a live Tempo")
     j.add_argument("--service", default=None, help="service name of the traces (default sglang-hicache)")
     j.add_argument("--since", default=None, metavar="DURATION",
                    help="traces with spans that started in this last while (30m, 1h, 2d; default 7d)")
@@ -73,6 +76,29 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--out", default="cptrace-out/demo", help="folder for the OTLP and log files")
     d.add_argument("--json", action="store_true")
 
+    w = sub.add_parser("watch", help="check a Jaeger's new traces continuously: findings printed once, written back "
+                                     "into their traces and posted to Alertmanager")
+    w.add_argument("--jaeger", required=True, metavar="URL", help="Jaeger query base URL (e.g. http://127.0.0.1:16686)")
+    w.add_argument("--interval", default="30s", metavar="DURATION", help="time between polls (default 30s)")
+    w.add_argument("--endpoint", default=None, metavar="OTLP",
+                   help="OTLP traces URL to write the findings back into their traces (e.g. Jaeger's :4318)")
+    w.add_argument("--protocol", default="http/protobuf", choices=["http/protobuf", "grpc"])
+    w.add_argument("--alertmanager", default=None, metavar="URL", help="Alertmanager base URL to post findings to")
+    w.add_argument("--alert-hold", default="1h", metavar="DURATION",
+                   help="keep re-posting an alert this long after its last finding (default 1h)")
+    w.add_argument("--run-id", default=None, help="watch this run only (default: every run of the service)")
+    w.add_argument("--service", default=None, help="service name of the traces (default sglang-hicache)")
+    w.add_argument("--since", default="1h", metavar="DURATION", help="the first poll reaches back this far (1h)")
+    w.add_argument("--idle", default=None, metavar="DURATION",
+                   help="a run whose traces did not change this long is finished (default 10 polls, at least 10m)")
+    w.add_argument("--lookback", default="15s", metavar="DURATION",
+                   help="each poll also re-reads spans that started this long before the last one (default 15s)")
+    w.add_argument("-v", "--verbose", action="store_true", help="a line per poll and run: records checked, waiting")
+    w.add_argument("--once", action="store_true", help="one poll, then finish every run seen and exit (0/1)")
+    w.add_argument("--limit", type=int, default=None, help="traces per search (default 1000)")
+    w.add_argument("--level", type=int, default=None, help="force the trace level instead of inferring it")
+    w.add_argument("--jaeger-url", default=None, help="Jaeger base URL for the links (default --jaeger)")
+
     g = sub.add_parser("ingest", help="replay upstream log files (all ranks) as OTLP")
     g.add_argument("logs", nargs="+", metavar="LOG", help="upstream log files, plain or gzip; - reads standard input")
     tgt = g.add_mutually_exclusive_group()
@@ -104,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         from .analyze import check_cmd as mod
     elif args.command == "report":
         from .analyze import report_cmd as mod
+    elif args.command == "watch":
+        from .analyze import watch_cmd as mod
     elif args.command == "demo":
         from .sim import demo as mod
     else:

@@ -5,6 +5,10 @@ standard OpenTelemetry variable (signal-specific ``OTEL_EXPORTER_OTLP_TRACES_*``
 ``OTEL_EXPORTER_OTLP_*``), then the default. A bad value warns once and falls back to the default; it never raises
 into the traced process.
 
+Secrets: the endpoint's userinfo (``http://user:pass@host``) and every header value are secrets. Every message,
+``stats()`` figure and error text that may hold them goes through :func:`mask` (one helper, used by the sinks, the
+sender and the commands): userinfo becomes ``***@`` and header values ``***``.
+
 Variables (the README lists the same table):
 
 ==================================  ==========================================================================
@@ -21,7 +25,9 @@ Variables (the README lists the same table):
 ``CPTRACE_SPOOL_DIR``               where OTLP requests wait while the backend is unreachable
 ``CPTRACE_SPAN_TIMEOUT_S``          longest a stage span stays open (default 1.0)
 ``CPTRACE_CHECKS``                  ``1`` (default) runs the per-rank invariant checks online; ``0`` turns them off
-``OTEL_EXPORTER_OTLP_[TRACES_]*``   ENDPOINT, PROTOCOL (http/protobuf, grpc), HEADERS, TIMEOUT, COMPRESSION
+``CPTRACE_QUEUE_BYTES``             estimated bytes buffered in the traced process before drops (default 64 MiB)
+``OTEL_EXPORTER_OTLP_[TRACES_]*``   ENDPOINT, PROTOCOL (http/protobuf, grpc), HEADERS, TIMEOUT, COMPRESSION,
+                                    CERTIFICATE, CLIENT_CERTIFICATE, CLIENT_KEY (PEM files), INSECURE (gRPC)
 ``OTEL_SERVICE_NAME``               resource service.name (default ``sglang-hicache``)
 ``OTEL_RESOURCE_ATTRIBUTES``        extra resource attributes ``k=v,k2=v2``
 ==================================  ==========================================================================
@@ -32,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import re
 import socket
 import warnings
 from typing import Any, Mapping
@@ -44,6 +51,41 @@ DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
 
 _warned: set[str] = set()
 
+_USERINFO_RE = re.compile(r"(?<=://)[^/@\s]*@")
+_MASKED = "***"
+
+
+def mask_url(url: str) -> str:
+    """``url`` with any userinfo (``user:pass@``) replaced by ``***@``."""
+    return _USERINFO_RE.sub(_MASKED + "@", url) if "@" in url else url
+
+
+def mask(text: str, secrets: Any = ()) -> str:
+    """``text`` with URL userinfo masked and every string of ``secrets`` (header values, passwords; see
+    :func:`secrets_of`) replaced by ``***``. The one masking helper: every message that may quote an endpoint, a
+    header or an error raised while using them goes through it."""
+    text = mask_url(str(text))
+    for s in secrets:
+        if s and len(s) >= 3:  # a 1-2 character value would mask unrelated text and protects nothing
+            text = text.replace(s, _MASKED)
+    return text
+
+
+def secrets_of(endpoint: str | None, headers: Any = ()) -> tuple[str, ...]:
+    """The secret strings of a sink's settings: header values (raw and stripped) and the endpoint's userinfo
+    (raw and percent-decoded), longest first so a value containing another is masked whole."""
+    out: set[str] = set()
+    for _k, v in headers:
+        out.update((v, v.strip()))
+    if endpoint and "@" in endpoint:
+        m = _USERINFO_RE.search(endpoint)
+        if m:
+            ui = m.group(0)[:-1]
+            out.update((ui, unquote(ui)))
+            user, _, pw = ui.partition(":")
+            out.update((pw, unquote(pw)))
+    return tuple(sorted((s for s in out if s), key=len, reverse=True))
+
 
 def _warn_once(key: str, msg: str) -> None:
     if key not in _warned:
@@ -51,9 +93,10 @@ def _warn_once(key: str, msg: str) -> None:
         warnings.warn(f"cptrace_otel: {msg}", RuntimeWarning, stacklevel=3)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, repr=False)
 class Config:
-    """Everything the project reads from the environment, resolved. Build with :func:`from_env`."""
+    """Everything the project reads from the environment, resolved. Build with :func:`from_env`. Its ``repr``
+    masks the endpoint's userinfo and the header values."""
 
     level: int = 0
     run_id: str = ""
@@ -75,10 +118,19 @@ class Config:
     checks: bool = True
     service_name: str = "sglang-hicache"
     resource_attributes: tuple[tuple[str, str], ...] = ()
+    queue_bytes: int = 64 << 20          # estimated bytes of buffered records before drops
+    certificate: str | None = None       # PEM CA bundle that verifies the backend (https / secure gRPC)
+    client_certificate: str | None = None  # PEM client certificate (mTLS), with client_key
+    client_key: str | None = None
+    insecure: bool | None = None         # OTEL_EXPORTER_OTLP_[TRACES_]INSECURE; None when unset (gRPC only)
     run_id_given: bool = False           # run_id was set (CPTRACE_RUN_ID or an override), not derived
     rank_wait_s: float = 2.0
     sample: float = 1.0                  # fraction of node lineages kept (cptrace_otel.sampling)
     rank_source: str = ""                # where cp_rank came from when it was discovered (cptrace_otel.ranks)
+
+    def __repr__(self) -> str:
+        body = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
+        return mask(f"Config({body})", secrets_of(self.endpoint, self.headers))
 
     def expand(self, template: str) -> str:
         """Fill ``{pid}``, ``{rank}`` and ``{run_id}`` in an output path template. An unknown rank is ``unknown``
@@ -132,14 +184,17 @@ def parse_level(raw: str | None) -> int:
     return v
 
 
-def _parse_kv_list(raw: str, what: str) -> tuple[tuple[str, str], ...]:
+def _parse_kv_list(raw: str, what: str, secret: bool = False) -> tuple[tuple[str, str], ...]:
     out = []
     for item in raw.split(","):
         if not item.strip():
             continue
         k, eq, v = item.partition("=")
         if not eq or not k.strip():
-            _warn_once(what + item, f"ignoring malformed {what} entry {item!r} (want key=value)")
+            # A header entry may be a credential typed with the wrong separator (authorization:Bearer X): name it
+            # by its first characters only.
+            shown = (repr(item.strip()[:4] + "...") if len(item.strip()) > 4 else "'***'") if secret else repr(item)
+            _warn_once(what + item, f"ignoring malformed {what} entry {shown} (want key=value)")
             continue
         out.append((unquote(k.strip()), unquote(v.strip())))
     return tuple(out)
@@ -171,6 +226,18 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
     except ValueError:
         _warn_once(name + raw, f"{name}={raw!r} is invalid; using {default}")
         return default
+
+
+def _bool(raw: str | None) -> bool | None:
+    if raw is None:
+        return None
+    v = raw.strip().lower()
+    if v in ("true", "1", "yes", "on"):
+        return True
+    if v in ("false", "0", "no", "off", ""):
+        return False
+    _warn_once("bool" + raw, f"OTLP INSECURE={raw!r} is not true|false; ignoring it")
+    return None
 
 
 def _fraction(env: Mapping[str, str], name: str) -> float:
@@ -275,7 +342,7 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: Any) -> Config:
         run_id=derive_run_id(env),
         endpoint=endpoint,
         protocol=protocol,
-        headers=_parse_kv_list(_otel(env, "HEADERS") or "", "OTLP header"),
+        headers=_parse_kv_list(_otel(env, "HEADERS") or "", "OTLP header", secret=True),
         timeout_s=timeout_s,
         compression=compression,
         file=env.get("CPTRACE_FILE") or None,
@@ -284,6 +351,11 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: Any) -> Config:
         tp_rank=_int(env, "CPTRACE_TP_RANK", -1),
         dp_rank=_int(env, "CPTRACE_DP_RANK", -1),
         queue_size=_int(env, "CPTRACE_QUEUE_SIZE", 262144, lo=1),
+        queue_bytes=_int(env, "CPTRACE_QUEUE_BYTES", 64 << 20, lo=1),
+        certificate=_otel(env, "CERTIFICATE"),
+        client_certificate=_otel(env, "CLIENT_CERTIFICATE"),
+        client_key=_otel(env, "CLIENT_KEY"),
+        insecure=_bool(_otel(env, "INSECURE")),
         exporter=exporter,
         spool_dir=env.get("CPTRACE_SPOOL_DIR") or "",
         spool_max_bytes=_int(env, "CPTRACE_SPOOL_MAX_BYTES", 512 << 20, lo=0),

@@ -166,6 +166,8 @@ def _open_sinks(cfg: Any, endpoint: str | None, protocol: str, out_file: str | N
             _err(f"OTLP endpoint {e.target} is unreachable ({e.cause})")
         elif e.kind == "otlp":
             _err(f"cannot use OTLP endpoint {e.target}: {e.cause}")
+        elif e.kind == "config":
+            _err(f"cannot use OTLP endpoint {e.target}: configuration error: {e.cause}")
         else:
             _err(f"cannot write {e.target}: {e.cause}")
         return None

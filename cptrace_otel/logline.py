@@ -46,17 +46,27 @@ def is_rng_sentinel(v: Any) -> bool:
 
 
 def render_value(v: Any) -> str:
-    """Upstream ``_fmt``: no internal spaces, lists and tuples rendered as ``[a,b]`` recursively."""
+    """Upstream ``_fmt``: no internal spaces, lists and tuples rendered as ``[a,b]`` recursively. An int with more
+    digits than ``str`` converts (4,300 by default) is ``(err:ValueError)``, the stand-in the OTLP sinks use too
+    (:func:`cptrace_otel.export.sinks.repair_span`), so a log line and the live span carry the same value."""
     t = type(v)
-    if t is int:   # the common scalars first (the same text as below, without the isinstance tests)
-        return str(v)
-    if t is str:
+    if t is str:   # the common scalars first (the same text as below, without the isinstance tests)
         return v.replace(" ", "")
+    if t is int:
+        try:
+            return str(v)
+        except ValueError:
+            return "(err:ValueError)"
     if isinstance(v, (list, tuple)) and not isinstance(v, Rng):
         return "[" + ",".join(render_value(x) for x in v) + "]"
     if isinstance(v, Rng):
         return v.render()
-    return str(v).replace(" ", "")
+    try:
+        return str(v).replace(" ", "")
+    except ValueError:
+        if isinstance(v, int):
+            return "(err:ValueError)"
+        raise
 
 
 def _scalar(s: str) -> Any:
@@ -68,7 +78,8 @@ def _scalar(s: str) -> Any:
             f = float(s)
         except ValueError:
             return s
-        return f if repr(f) == s else s
+        # "-inf" stays text like "inf" and "nan" (which never reach float() here): non-finite values are strings
+        return f if repr(f) == s and f - f == 0.0 else s
     return s
 
 

@@ -3,8 +3,12 @@
 Contract (docs/ARCHITECTURE.md):
 
 * :func:`start` returns the submit function that api installs as ``api._submit``: a bounded ``deque`` append of
-  ``(time_ns, level, tag, fields)`` on the caller's thread. When the buffer holds ``config.queue_size`` records the
-  new record is dropped and counted. It never blocks and never raises.
+  ``(time_ns, level, tag, fields)`` on the caller's thread. When the buffer holds ``config.queue_size`` records, or
+  an estimated ``config.queue_bytes`` bytes, the new record is dropped and counted. It never blocks and never
+  raises. The byte bound costs nothing while fewer than :data:`UNMEASURED` records wait (the normal case: the
+  drainer keeps up); beyond that one record in 32 has its size estimated (:func:`_estimate`: the lengths of its
+  string and list values plus a per-field constant), standing for the 32, so a stalled exporter holds about
+  ``queue_bytes`` plus :data:`UNMEASURED` records (an estimate: sizes that vary wildly blur it).
 * A daemon drainer thread pops batches in order, resolves deferred fingerprints (``fingerprint.is_deferred/resolve``,
   waiting on their CUDA event), renders every value that is not already an int, str or float (bools as
   ``True``/``False``; anything else with upstream ``_fmt`` semantics; a value whose ``str`` raises becomes
@@ -58,6 +62,8 @@ MAX_RESTARTS = 5          # exporter workers started after the first one died
 RESTART_BACKOFF_S = 0.5   # before the first restart; doubles each time (the buffer holds the records meanwhile)
 RENDER_BUDGET_S = RESOLVE_TIMEOUT_S + 5.0  # one record's rendering may take this long (a GPU fingerprint waits 30 s)
 WATCH_EVERY_S = 0.25      # watchdog period
+UNMEASURED = 1024         # records buffered before the byte bound starts estimating sizes
+SAMPLE_MASK = 31          # past that, one record in SAMPLE_MASK + 1 is measured (its estimate counts for all)
 
 _lock = threading.Lock()
 _state: "_State | None" = None
@@ -73,6 +79,10 @@ class _State:
         self.cfg = cfg
         self.buf: collections.deque = collections.deque()
         self.cap = max(1, int(cfg.queue_size))
+        self.max_bytes = max(1, int(getattr(cfg, "queue_bytes", 64 << 20)))
+        self.qbytes = 0             # estimated bytes of the measured records still buffered (approximate)
+        self.measured = 0           # how many records those are
+        self.dropped_bytes = 0      # records dropped by the byte bound (subset of dropped)
         self.dropped = 0
         self.shipped = 0
         self.flush_reqs: collections.deque = collections.deque()
@@ -103,16 +113,56 @@ class _State:
         now = time.time_ns
         st = self
 
+        try:
+            soft = min(cap, UNMEASURED)
+        except TypeError:  # a test's odd capacity: let the submit's compare fail inside its guard
+            soft = cap
+        max_bytes = self.max_bytes
+        k = SAMPLE_MASK + 1
+        full = False  # over the byte bound at the last sample: written only here, on the callers' side
+
+        def _sampled(level: int, tag: str, fields: dict, n: int) -> None:
+            # Every k-th record past ``soft``, each record while over the byte bound, and at the record bound.
+            nonlocal full
+            if n >= cap:
+                st.dropped += 1
+                return
+            if full:
+                full = st.qbytes >= max_bytes  # the drainer may have made room since
+            if not full:
+                est = _estimate(fields) * k
+                full = st.qbytes + est > max_bytes
+                if not full:
+                    st.qbytes += est
+                    st.measured += k
+                    append((now(), level, tag, fields))
+                    return
+            st.dropped += 1
+            st.dropped_bytes += 1
+
         def _submit(level: int, tag: str, fields: dict, _len: Any = len) -> None:
             try:
-                if _len(buf) < cap:
+                n = _len(buf)
+                if n < soft:
+                    append((now(), level, tag, fields))
+                elif n & SAMPLE_MASK and not full and n < cap:
                     append((now(), level, tag, fields))
                 else:
-                    st.dropped += 1
+                    _sampled(level, tag, fields, n)
             except BaseException:  # noqa: BLE001 - the traced process must never see tracing fail
                 pass
 
         return _submit
+
+    def _popped(self) -> None:
+        """The drainer took records from the front: scale the byte estimate to the measured records that can still
+        be buffered (they are the newest; uniform sizes assumed). Races with the caller's updates only blur it."""
+        m = self.measured
+        if m:
+            left = len(self.buf)
+            if left < m:
+                self.qbytes = self.qbytes * left // m
+                self.measured = left
 
     # worker callbacks --------------------------------------------------------------------------------------------
     def on_ack(self, msg: tuple, ch: Any = None) -> None:
@@ -287,6 +337,7 @@ class _State:
                     if self.gen != gen:
                         return  # given up as stuck: the watchdog shipped what was rendered, and counted this one
                 self._rendering = False
+                self._popped()
                 self.shipped += len(items)
                 if self.hold is not None:
                     self.hold.add(items)
@@ -361,6 +412,19 @@ class _State:
         got = w[0].wait(max(0.0, timeout_s))
         self.waiters.pop(fid, None)
         return bool(got and w[1] and self.gone is None and self.lost == 0 and self.prev_wlost == 0)
+
+
+def _estimate(fields: dict) -> int:
+    """Rough bytes one buffered record holds: a constant per record and field plus its strings' and lists' lengths
+    (one pass over the values; only called once the buffer is long, see :data:`UNMEASURED`)."""
+    n = 200 + 64 * len(fields)
+    for v in fields.values():
+        t = type(v)
+        if t is str or t is bytes:
+            n += len(v)
+        elif t is list or t is tuple:
+            n += 16 * len(v)
+    return n
 
 
 # -- public (called by api.py) ---------------------------------------------------------------------------------------
@@ -457,7 +521,8 @@ def _stats_of(st: _State) -> dict[str, Any]:
     ch = st.channel
     out = {"dropped": st.total_dropped(), "shipped": st.shipped, "queued": len(st.buf), "lost": st.lost,
            "exporter": st.cfg.exporter, "worker_gone": st.gone, "restarts": st.restarts, "stuck_renders": st.stuck,
-           "in_flight": ch.in_flight() if ch is not None else 0}
+           "in_flight": ch.in_flight() if ch is not None else 0,
+           "queued_bytes_est": st.qbytes, "dropped_queue_bytes": st.dropped_bytes}
     out.update({"worker": dict(st.stats)})
     return out
 

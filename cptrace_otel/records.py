@@ -9,7 +9,7 @@ split between the two processes so that the traced process does the least work:
   raises becomes ``(err:<ExceptionType>)``.
 * :func:`render_record` (worker): a compact item, or any item, -> the Record of docs/ARCHITECTURE.md,
   ``(seq, ts_ns, level, tag, ((k, v), ...))``: spaces removed from strings, strings capped at
-  :data:`MAX_VALUE_CHARS` (:func:`cut`), non-finite floats as the value their text parses to.
+  :data:`MAX_VALUE_CHARS` (:func:`cut`), non-finite floats as the strings ``nan``, ``inf``, ``-inf``.
 
 Both apply :func:`render_other` to a value that is not a plain int/str and :func:`tag_level` to the tag and level,
 so an item gives the same Record however the work was split. Imports only :mod:`cptrace_otel.logline` (light).
@@ -20,7 +20,7 @@ from __future__ import annotations
 from math import isfinite as _isfinite
 from typing import Any
 
-from .logline import parse_value, render_value  # light (re only); imported here, not per value
+from .logline import render_value  # light (re only); imported here, not per value
 
 MAX_VALUE_CHARS = 65536   # longer rendered values are cut (with a marker): keeps a span and a request bounded
 RESOLVE_TIMEOUT_S = 30.0  # longest wait for one deferred fingerprint
@@ -61,9 +61,10 @@ def render_other(v: Any, is_deferred: Any, resolve: Any) -> Any:
         if t is bool:
             return "True" if v else "False"
         if t is float:
-            # A finite float is what its log-line text parses back to; inf/nan become whatever parse_value makes
-            # of them, so live records and log lines still give identical events.
-            return v if _isfinite(v) else parse_value(repr(v))
+            # A finite float is what its log-line text parses back to. NaN, inf and -inf are all the strings
+            # "nan", "inf", "-inf" (one form for the three; logline.parse_value keeps that text a string too), so
+            # live records and log lines still give identical events and no check ever compares a NaN.
+            return v if _isfinite(v) else repr(v)
         if isinstance(v, str):
             s = str.replace(v, " ", "")
         else:

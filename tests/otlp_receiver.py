@@ -7,8 +7,13 @@ Usage::
         ... export to rx.url ...
         spans = rx.spans()                # list[RxSpan], flattened with typed attribute values
 
-``HttpReceiver(fail_status=503)`` answers every request with that status (outage tests); :meth:`stop` and
-:meth:`start` (same port) simulate a backend restart.
+``HttpReceiver(fail_status=503)`` answers every request with that status (outage tests; ``fail_count=N`` only the
+first N, ``retry_after="5"`` adds that header); ``attempts`` holds the monotonic time of every POST. :meth:`stop`
+and :meth:`start` (same port) simulate a backend restart.
+
+TLS: :func:`make_pki` writes a throw-away CA, a server certificate for 127.0.0.1/localhost and a client
+certificate (PEM, made with ``cryptography``); ``HttpReceiver(tls=ServerTls(...))`` / ``GrpcReceiver(tls=...)``
+serve TLS with them, and with ``client_ca`` set they require a client certificate signed by it (mTLS).
 """
 
 from __future__ import annotations
@@ -16,8 +21,11 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import os
 import socket
+import ssl
 import threading
+import time
 import zlib
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -119,19 +127,104 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class HttpReceiver(_Store):
-    """OTLP/HTTP protobuf receiver on 127.0.0.1 (``/v1/traces``)."""
+@dataclass
+class ServerTls:
+    """A receiver's TLS: its certificate chain and key (PEM files); ``client_ca`` set = mTLS (client cert required)."""
 
-    def __init__(self, port: int = 0, fail_status: int | None = None) -> None:
+    cert: str
+    key: str
+    client_ca: str | None = None
+
+
+def make_pki(directory: str) -> dict[str, str]:
+    """Write a test PKI into ``directory``: ``ca`` (the CA certificate), ``server_cert``/``server_key`` (for
+    127.0.0.1 and localhost, signed by the CA), ``client_cert``/``client_key`` (signed by the CA) and ``other_ca``
+    (a CA that signed nothing here: trusting only it must fail). Returns the paths."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    import ipaddress
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def name(cn: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    def write(fname: str, data: bytes) -> str:
+        path = os.path.join(directory, fname)
+        with open(path, "wb") as f:
+            f.write(data)
+        return path
+
+    def key_pem(k: Any) -> bytes:
+        return k.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                               serialization.NoEncryption())
+
+    def ca(cn: str) -> tuple[Any, Any]:
+        k = ec.generate_private_key(ec.SECP256R1())
+        c = (x509.CertificateBuilder().subject_name(name(cn)).issuer_name(name(cn)).public_key(k.public_key())
+             .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
+             .not_valid_after(now + datetime.timedelta(days=2))
+             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+             .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                          content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                          key_agreement=False, encipher_only=False, decipher_only=False),
+                            critical=True)
+             .add_extension(x509.SubjectKeyIdentifier.from_public_key(k.public_key()), critical=False)
+             .sign(k, hashes.SHA256()))
+        return k, c
+
+    def leaf(cn: str, ca_k: Any, ca_c: Any, server: bool) -> tuple[Any, Any]:
+        k = ec.generate_private_key(ec.SECP256R1())
+        b = (x509.CertificateBuilder().subject_name(name(cn)).issuer_name(ca_c.subject).public_key(k.public_key())
+             .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
+             .not_valid_after(now + datetime.timedelta(days=2))
+             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_k.public_key()), critical=False)
+             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH if server
+                                                   else ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False))
+        if server:
+            b = b.add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                             x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                                critical=False)
+        return k, b.sign(ca_k, hashes.SHA256())
+
+    pem = serialization.Encoding.PEM
+    ca_k, ca_c = ca("cptrace test CA")
+    _ok, other_c = ca("cptrace other CA")
+    s_k, s_c = leaf("127.0.0.1", ca_k, ca_c, True)
+    c_k, c_c = leaf("cptrace test client", ca_k, ca_c, False)
+    return {
+        "ca": write("ca.pem", ca_c.public_bytes(pem)),
+        "other_ca": write("other-ca.pem", other_c.public_bytes(pem)),
+        "server_cert": write("server.pem", s_c.public_bytes(pem)),
+        "server_key": write("server-key.pem", key_pem(s_k)),
+        "client_cert": write("client.pem", c_c.public_bytes(pem)),
+        "client_key": write("client-key.pem", key_pem(c_k)),
+    }
+
+
+class HttpReceiver(_Store):
+    """OTLP/HTTP protobuf receiver on 127.0.0.1 (``/v1/traces``), plain or TLS (``tls``)."""
+
+    def __init__(self, port: int = 0, fail_status: int | None = None, fail_count: int | None = None,
+                 retry_after: str | None = None, tls: ServerTls | None = None) -> None:
         super().__init__()
         self.port = port or free_port()
         self.fail_status = fail_status
+        self.fail_count = fail_count
+        self.retry_after = retry_after
+        self.tls = tls
+        self.attempts: list[float] = []
         self._server: ThreadingHTTPServer | None = None
         self.start()
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1/traces"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}/v1/traces"
 
     def start(self) -> None:
         store = self
@@ -143,8 +236,11 @@ class HttpReceiver(_Store):
             def do_POST(self) -> None:  # noqa: N802
                 n = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(n)
-                if store.fail_status:
+                store.attempts.append(time.monotonic())
+                if store.fail_status and (store.fail_count is None or len(store.attempts) <= store.fail_count):
                     self.send_response(store.fail_status)
+                    if store.retry_after is not None:
+                        self.send_header("Retry-After", store.retry_after)
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
@@ -177,6 +273,16 @@ class HttpReceiver(_Store):
         ThreadingHTTPServer.allow_reuse_address = True
         self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         self._server.daemon_threads = True
+        self._server.handle_error = lambda *a: None  # type: ignore[method-assign]  # failed handshakes: quiet
+        if self.tls is not None:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(self.tls.cert, self.tls.key)
+            if self.tls.client_ca:
+                ctx.verify_mode = ssl.CERT_REQUIRED
+                ctx.load_verify_locations(self.tls.client_ca)
+            # handshake in the request thread, not in accept(): a failing client must not stall the server
+            self._server.socket = ctx.wrap_socket(self._server.socket, server_side=True,
+                                                  do_handshake_on_connect=False)
         threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
     def stop(self) -> None:
@@ -193,17 +299,18 @@ class HttpReceiver(_Store):
 
 
 class GrpcReceiver(_Store):
-    """OTLP/gRPC receiver on 127.0.0.1 (``TraceService/Export``)."""
+    """OTLP/gRPC receiver on 127.0.0.1 (``TraceService/Export``), plain or TLS (``tls``)."""
 
-    def __init__(self, port: int = 0) -> None:
+    def __init__(self, port: int = 0, tls: ServerTls | None = None) -> None:
         super().__init__()
         self.port = port or free_port()
+        self.tls = tls
         self._server: Any = None
         self.start()
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     def start(self) -> None:
         from concurrent import futures
@@ -221,7 +328,18 @@ class GrpcReceiver(_Store):
 
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Servicer(), self._server)
-        bound = self._server.add_insecure_port(f"127.0.0.1:{self.port}")
+        if self.tls is not None:
+            def rd(p: str) -> bytes:
+                with open(p, "rb") as f:
+                    return f.read()
+
+            creds = grpc.ssl_server_credentials(
+                [(rd(self.tls.key), rd(self.tls.cert))],
+                root_certificates=rd(self.tls.client_ca) if self.tls.client_ca else None,
+                require_client_auth=bool(self.tls.client_ca))
+            bound = self._server.add_secure_port(f"127.0.0.1:{self.port}", creds)
+        else:
+            bound = self._server.add_insecure_port(f"127.0.0.1:{self.port}")
         if bound != self.port:
             raise RuntimeError(f"cannot bind 127.0.0.1:{self.port}")
         self._server.start()

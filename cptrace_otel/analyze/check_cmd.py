@@ -35,6 +35,13 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
     paths = list(getattr(args, "paths", None) or [])
     level = getattr(args, "level", None)
     jaeger = getattr(args, "jaeger", None)
+    tempo = getattr(args, "tempo", None)
+    if tempo is not None and (jaeger is not None or paths):
+        print(f"{_PFX}: give PATHs, --jaeger or --tempo, one of them", file=err)
+        return EXIT_USAGE
+    if tempo is not None:
+        from .check_tempo import run_tempo
+        return run_tempo(args, level, out, err)
     if jaeger is not None and paths:
         print(f"{_PFX}: give PATHs or --jaeger, not both", file=err)
         return EXIT_USAGE

@@ -13,7 +13,10 @@
 
 from __future__ import annotations
 
+import collections
 import os
+import re
+import sys
 import time
 from typing import Any, Iterable, Sequence
 
@@ -22,26 +25,126 @@ from .otlp_json import request_json
 
 
 class _AppendFile:
-    """A line-oriented file opened for append (parents created), with the sink interface's flush/close."""
+    """A line-oriented file opened for append (parents created), with the sink interface's flush/close.
+
+    Write errors never turn the sink off and never leave a torn line. Lines are buffered whole in memory and
+    written in chunks with ``os.write`` on an ``O_APPEND`` descriptor; when a chunk fails part-way (``ENOSPC``, a
+    quota, an I/O error) the file is truncated back to its size before the chunk, so it always ends with a whole
+    line, and the chunk stays buffered to be written again at the next write or flush (the worker flushes every
+    second): writing resumes by itself once the disk has room. While writing fails at most :attr:`MAX_PENDING`
+    bytes are kept; older lines beyond that are dropped and counted (``<prefix>_dropped_lines`` and the records or
+    spans they held, in :meth:`stats`). Failure and resumption are each reported once on stderr. :meth:`flush`
+    answers False while lines are pending or once any was dropped."""
+
+    CHUNK = 1 << 20          # buffered bytes that trigger a write
+    MAX_PENDING = 16 << 20   # buffered bytes kept while the file cannot be written
+    STAT = "file"            # stats key prefix
 
     def __init__(self, path: str) -> None:
         self.path = path
         d = os.path.dirname(path)
         if d:
             os.makedirs(d, exist_ok=True)
-        self._f = open(path, "a", encoding="utf-8", errors="replace", buffering=1 << 20)
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0),
+                                       0o644)
+        self._pend: collections.deque[tuple[bytes, int, int]] = collections.deque()  # (data, lines, units)
+        self._pend_bytes = 0
         self.lines = 0
+        self.dropped_lines = 0
+        self.dropped_units = 0
+        self.write_errors = 0
+        self.repaired_values = 0
+        self._failing: str | None = None   # the error while writing fails
+        self._lost_in_outage = 0
+
+    def _add(self, text: str, lines: int, units: int) -> None:
+        """Buffer ``text`` (whole lines, each ending in a newline) holding ``units`` records or spans."""
+        if self._fd is None:  # closed: nothing can be written any more
+            self._drop(lines, units)
+            return
+        data = text.encode("utf-8", "replace")
+        self._pend.append((data, lines, units))
+        self._pend_bytes += len(data)
+        if self._pend_bytes >= self.CHUNK:
+            self._write_out()
+
+    def _write_out(self) -> bool:
+        """Write everything buffered; False (the data kept, up to MAX_PENDING) when the file cannot take it."""
+        if not self._pend:
+            return True
+        if self._fd is None:
+            return False
+        data = b"".join(d for d, _, _ in self._pend)
+        lines = sum(n for _, n, _ in self._pend)
+        start = -1
+        try:
+            start = os.fstat(self._fd).st_size
+            view = memoryview(data)
+            while view:
+                n = os.write(self._fd, view)
+                view = view[n:]
+        except OSError as e:
+            self._failed(e, start)
+            return False
+        self._pend.clear()
+        self._pend_bytes = 0
+        self.lines += lines
+        if self._failing is not None:
+            print(f"cptrace_otel: {self.path} is written again; {self._lost_in_outage} line(s) were dropped while "
+                  f"it could not be ({self._failing})", file=sys.stderr, flush=True)
+            self._failing = None
+            self._lost_in_outage = 0
+        return True
+
+    def _failed(self, e: OSError, start: int) -> None:
+        self.write_errors += 1
+        if start >= 0:
+            try:
+                os.ftruncate(self._fd, start)  # roll back a partial chunk: the file ends with a whole line
+            except OSError:
+                pass
+        lost = 0
+        while self._pend and self._pend_bytes > self.MAX_PENDING:
+            data, n, units = self._pend.popleft()
+            self._pend_bytes -= len(data)
+            self.dropped_lines += n
+            self.dropped_units += units
+            lost += n
+        self._lost_in_outage += lost
+        if self._failing is None:
+            self._failing = f"{type(e).__name__}: {e.strerror or e}"
+            print(f"cptrace_otel: cannot write {self.path} ({self._failing}); retrying, keeping up to "
+                  f"{self.MAX_PENDING >> 20} MiB of lines meanwhile (older ones are dropped and counted)",
+                  file=sys.stderr, flush=True)
+
+    def _drop(self, lines: int, units: int) -> None:
+        """Lines that could not even be rendered: counted as dropped."""
+        self.dropped_lines += lines
+        self.dropped_units += units
 
     def flush(self, timeout_s: float = 0.0) -> bool:
-        self._f.flush()
-        return True
+        ok = self._write_out()
+        return ok and self.dropped_lines == 0 and self.dropped_units == 0
 
     def close(self, timeout_s: float = 0.0) -> bool:
-        try:
-            self._f.close()
-        except OSError:
-            return False
-        return True
+        ok = self.flush(timeout_s)
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                return False
+        if self._pend:
+            self._drop(sum(n for _, n, _ in self._pend), sum(u for _, _, u in self._pend))
+            self._pend.clear()
+            self._pend_bytes = 0
+        return ok
+
+    def _stats(self, unit: str) -> dict[str, Any]:
+        p = self.STAT
+        return {f"{p}_dropped_lines": self.dropped_lines, f"{p}_dropped_{unit}": self.dropped_units,
+                f"{p}_pending_bytes": self._pend_bytes, f"{p}_write_errors": self.write_errors,
+                f"{p}_repaired_values": self.repaired_values}
 
 
 class OtlpJsonFileSink(_AppendFile):
@@ -68,14 +171,37 @@ class OtlpJsonFileSink(_AppendFile):
         self._write(batch)
 
     def _write(self, groups: list[tuple[dict[str, Any], Sequence[Any]]]) -> None:
-        line = request_json(groups)
+        try:
+            line = request_json(groups)
+        except Exception:  # one unencodable span must not cost its neighbours: encode them one by one
+            self._write_each(groups)
+            return
         if not line:
             return
-        self._f.write(line + "\n")
-        self.lines += 1
+        self._add(line + "\n", 1, sum(len(sp) for _r, sp in groups))
+
+    def _write_each(self, groups: list[tuple[dict[str, Any], Sequence[Any]]]) -> None:
+        """A line that did not encode: each span alone, its bad values repaired as the network sink repairs them
+        (``(err:<ExceptionType>)``, :func:`~.sinks.repair_span`); a span that still fails is dropped and counted."""
+        from .sinks import repair_span
+
+        out = []
+        for resource, spans in groups:
+            for sp in spans:
+                try:
+                    out.append(request_json([(resource, [sp])]))
+                    continue
+                except Exception:
+                    self.repaired_values += repair_span(sp)
+                try:
+                    out.append(request_json([(resource, [sp])]))
+                except Exception:
+                    self._drop(0, 1)
+        if out:
+            self._add("".join(x + "\n" for x in out), len(out), len(out))
 
     def stats(self) -> dict[str, Any]:
-        return {"file": self.path, "file_lines": self.lines}
+        return {"file": self.path, "file_lines": self.lines, **self._stats("spans")}
 
 
 def log_prefix(ts_ns: int, cp_rank: int, tp_rank: int) -> str:
@@ -86,7 +212,22 @@ def log_prefix(ts_ns: int, cp_rank: int, tp_rank: int) -> str:
     return f"[{t} ATTN_CP{cp} TP{tp}] "
 
 
+_BREAKS = re.compile("[\r\n]")
+_ESCAPES = str.maketrans({"\n": "\\n", "\r": "\\r"})
+
+
+def escape_breaks(line: str) -> str:
+    """``line`` with every CR and LF written as the two characters ``\\r`` / ``\\n``: a key, tag or value that holds
+    a line break must not start a second (forged) line. Readers take the escaped text as it is (one record)."""
+    return line.translate(_ESCAPES) if _BREAKS.search(line) else line
+
+
 class LogLinesSink(_AppendFile):
+    """Upstream log lines, one per Record. A line break inside a key, tag or value is escaped
+    (:func:`escape_breaks`); a record that cannot be rendered is dropped and counted (``log_dropped_records``)."""
+
+    STAT = "log"
+
     def __init__(self, path: str, cp_rank: int, tp_rank: int) -> None:
         super().__init__(path)
         self.cp_rank = cp_rank
@@ -97,14 +238,22 @@ class LogLinesSink(_AppendFile):
     def write(self, records: Iterable[tuple[int, int, int, str, tuple]]) -> None:
         """Write Records ``(seq, ts_ns, level, tag, fields)`` (fields already rendered) as upstream lines."""
         out = []
+        search = _BREAKS.search
         for _seq, ts, _lvl, tag, fields in records:
             sec = ts // 1_000_000_000
             if sec != self._sec:
                 self._sec = sec
                 self._prefix = log_prefix(ts, self.cp_rank, self.tp_rank)
-            out.append(self._prefix + render_line(tag, dict(fields)) + "\n")
-        self._f.write("".join(out))
-        self.lines += len(out)
+            try:
+                line = render_line(tag, dict(fields))
+            except Exception:
+                self._drop(1, 1)
+                continue
+            if search(line):
+                line = line.translate(_ESCAPES)
+            out.append(self._prefix + line + "\n")
+        if out:
+            self._add("".join(out), len(out), len(out))
 
     def stats(self) -> dict[str, Any]:
-        return {"log_file": self.path, "log_lines": self.lines}
+        return {"log_file": self.path, "log_lines": self.lines, **self._stats("records")}

@@ -2,8 +2,10 @@
 
 * A :class:`Transport` sends one encoded ``ExportTraceServiceRequest`` and says what happened: a
   :class:`SendResult` ``(outcome, detail)``, outcome :attr:`Outcome.OK`, :attr:`Outcome.RETRY` (the backend is
-  unreachable or overloaded: keep the request) or :attr:`Outcome.DROP` (the request itself is bad: sending it again
-  cannot help). ``Outcome`` is a ``str`` enum and ``SendResult`` a named tuple, so a result also compares equal to
+  unreachable or overloaded: keep the request), :attr:`Outcome.DROP` (the request itself is bad: sending it again
+  cannot help) or :attr:`Outcome.FATAL` (a configuration error: no request will ever go through; the sender reports
+  it once and drops everything, counted). A transport may set ``retry_after`` (seconds, or None) after a RETRY: the
+  backend asked for that pause (HTTP ``Retry-After``). ``Outcome`` is a ``str`` enum and ``SendResult`` a named tuple, so a result also compares equal to
   the plain ``("ok", "")`` tuples a test double may return; :class:`~.spool.ReliableSender` accepts both.
 * A :class:`Sink` takes span groups ``[(resource attributes, spans), ...]`` (:meth:`Sink.export`) and has
   :meth:`~Sink.flush`, :meth:`~Sink.close` (True when everything was delivered or written) and :meth:`~Sink.stats`.
@@ -27,6 +29,12 @@ class Outcome(str, enum.Enum):
     OK = "ok"
     RETRY = "retry"
     DROP = "drop"
+    FATAL = "fatal"   # a configuration error (bad certificate, bad header): no request can ever go through
+
+
+class ConfigError(Exception):
+    """A permanent configuration error of a sink (certificate files, TLS handshake, header syntax): reported once
+    with a clear message, never retried. Its text never holds a secret (see :func:`cptrace_otel.config.mask`)."""
 
 
 class SendResult(NamedTuple):

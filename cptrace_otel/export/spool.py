@@ -7,7 +7,11 @@ Contract of :class:`ReliableSender`:
 * A request the transport (:class:`~.sinks.Transport`) answers ``RETRY`` for (connection refused, timeout, 429/5xx,
   gRPC UNAVAILABLE) goes to the spool, and so does every later request until the spool is empty again, so delivery
   order is kept. The oldest spooled request is retried with exponential backoff (``backoff_s`` ..
-  ``max_backoff_s``); once one goes through the spool is replayed, oldest first.
+  ``max_backoff_s``), or after the transport's ``retry_after`` when the backend asked for a longer pause (HTTP
+  ``Retry-After`` on 429/503); new requests never cut a pause short (they go to the spool meanwhile). Once one goes
+  through the spool is replayed, oldest first.
+* ``FATAL`` (a configuration error: TLS, headers) is reported once; that request and every later one is dropped
+  and counted (``failed_requests``, ``config_error``), and nothing is retried.
 * The spool is a directory of one file per request (falls back to memory if the directory cannot be written),
   bounded by ``max_bytes``; requests that do not fit are dropped and counted (``spool_dropped``).
 * The outage is reported on stderr with the URL and the spool path, at most every ``report_every_s``, and its end
@@ -39,6 +43,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from ..config import mask_url
 from .sinks import Outcome, SendResult
 
 DEFAULT_SPOOL_MAX_BYTES = 512 << 20
@@ -276,6 +281,9 @@ class ReliableSender:
         self.spooled = 0         # requests that went through the spool
         self.down_since: float | None = None
         self.last_error = ""
+        self.config_error = ""   # a FATAL detail: set once, then every request is dropped
+        self._retry_at = 0.0     # monotonic time before which the spool head is not retried
+        self._backoff = backoff_s
         self._last_report = 0.0
         self.lost_records = 0      # records in requests rejected, dropped (spool full) or abandoned at close
         self.settled_records = 0   # records delivered, spooled to disk, or lost and counted (submission order)
@@ -303,7 +311,8 @@ class ReliableSender:
             self._cv.notify_all()
 
     def flush(self, timeout_s: float) -> bool:
-        """Wait until every submitted request is delivered (or rejected for good); False on timeout."""
+        """Wait until every submitted request is delivered (or rejected for good); False on timeout, and after a
+        configuration error (its requests were all dropped)."""
         deadline = time.monotonic() + max(0.0, timeout_s)
         with self._cv:
             while self._unfinished > 0:
@@ -311,7 +320,7 @@ class ReliableSender:
                 if left <= 0:
                     return False
                 self._cv.wait(min(left, 0.2))
-            return True
+            return not self.config_error
 
     def close(self, timeout_s: float) -> bool:
         """Deliver within ``timeout_s`` (at once to the spool while the backend is down), then stop. Requests still
@@ -356,6 +365,7 @@ class ReliableSender:
             "lost_records": self.lost_records + self.spool.dropped_records,
             "backend_down": self.down_since is not None,
             "last_error": self.last_error,
+            "config_error": self.config_error,
         }
 
     # -- sender thread ------------------------------------------------------------------------------------------
@@ -364,9 +374,64 @@ class ReliableSender:
             self._unfinished -= n
             self._cv.notify_all()
 
-    def _run(self) -> None:
-        backoff = self.backoff_s
+    def _pause(self, detail: str) -> None:
+        """A RETRY: the spool head waits the current backoff (doubled for next time), or the backend's
+        ``retry_after`` when longer."""
+        ra = getattr(self.transport, "retry_after", None)
+        wait = self._backoff
+        if type(ra) in (int, float) and ra > wait:
+            wait = float(ra)
+        self._retry_at = time.monotonic() + wait
+        self._backoff = min(self._backoff * 2, self.max_backoff_s)
+        self._outage(detail)
+
+    def _wait_retry(self) -> None:
+        """Sleep until the retry time; new requests wake it only to be moved to the spool (order kept), never to
+        retry early. Closing ends the wait."""
         while True:
+            with self._cv:
+                if self._closing:
+                    return
+                left = self._retry_at - time.monotonic()
+                if left <= 0:
+                    return
+                if not self._q:
+                    self._cv.wait(left)
+            self._drain_queue_to_spool()
+
+    def _fatal(self, detail: str) -> None:
+        if not self.config_error:
+            self.config_error = detail
+            self.last_error = detail
+            self._report(f"cptrace_otel: OTLP endpoint {self.url}: {detail}; not retrying: every request is "
+                         f"dropped and counted (failed_requests)")
+
+    def _drop_all(self) -> None:
+        """After a FATAL: drop the queue and the spool, counted (requests and records)."""
+        with self._cv:
+            left = list(self._q)
+            self._q.clear()
+            self._cv.notify_all()
+        n = len(left)
+        self._lose(sum(r for _, r in left))
+        while len(self.spool):
+            self.lost_records += self.spool.head_records()  # (settled when spooled)
+            self.spool.pop()
+            n += 1
+        if n:
+            self.failed += n
+            self._done(n)
+
+    def _run(self) -> None:
+        while True:
+            if self.config_error:
+                self._drop_all()
+                with self._cv:
+                    if self._closing:
+                        return
+                    if not self._q:
+                        self._cv.wait(0.5)
+                continue
             with self._cv:
                 while not self._q and not len(self.spool) and not self._closing:
                     self._cv.wait(0.5)
@@ -382,18 +447,21 @@ class ReliableSender:
             head = self.spool.peek()
             if head is None:
                 continue
+            self._wait_retry()
+            if self._closing:
+                continue
             res, detail = self._attempt(head)
             if res == Outcome.RETRY:
-                self._outage(detail)
-                with self._cv:
-                    if not self._closing:
-                        self._cv.wait(backoff)
-                backoff = min(backoff * 2, self.max_backoff_s)
+                self._pause(detail)
                 continue
-            backoff = self.backoff_s
+            self._backoff = self.backoff_s
             records = self.spool.head_records()
             self.spool.pop()
-            if res == Outcome.OK:
+            if res == Outcome.FATAL:
+                self.failed += 1
+                self.lost_records += records  # (settled when spooled)
+                self._fatal(detail)
+            elif res == Outcome.OK:
                 self.sent += 1
                 self.sent_bytes += len(head)
             else:
@@ -411,7 +479,7 @@ class ReliableSender:
         try:
             return self.transport.send(body)
         except Exception as e:  # a transport bug must not kill the sender
-            return SendResult(Outcome.RETRY, f"{type(e).__name__}: {e}")
+            return SendResult(Outcome.RETRY, mask_url(f"{type(e).__name__}: {e}"))
 
     def _send_one(self, body: bytes, records: int = 0) -> None:
         res, detail = self._attempt(body)
@@ -424,8 +492,13 @@ class ReliableSender:
                 self.down_since = None
             self._done()
         elif res == Outcome.RETRY:
-            self._outage(detail)
+            self._pause(detail)
             self._to_spool(body, records)
+        elif res == Outcome.FATAL:
+            self.failed += 1
+            self._lose(records)
+            self._fatal(detail)
+            self._done()
         else:
             self.failed += 1
             self.last_error = detail

@@ -10,19 +10,39 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple
 
-from .sinks import Outcome, OtlpSink, Transport
+from ..config import mask, secrets_of
+from .sinks import ConfigError, Outcome, OtlpSink, Transport
 
 
 class SinkError(Exception):
     """A sink could not be set up. ``kind``: ``"otlp"`` (the transport or sender), ``"unreachable"`` (the probe
-    request failed; ``cause`` is its detail), ``"file"`` (the OTLP JSON-lines file), ``"log"`` (the log-lines file).
-    ``target`` is the endpoint, URL or path."""
+    request failed; ``cause`` is its detail), ``"config"`` (a permanent configuration error: bad TLS files or header
+    syntax, ``cause`` a :class:`~.sinks.ConfigError`), ``"file"`` (the OTLP JSON-lines file), ``"log"`` (the
+    log-lines file). ``target`` is the endpoint, URL or path, and ``cause`` its text, both masked
+    (:func:`cptrace_otel.config.mask`): whoever prints them prints no secret."""
 
-    def __init__(self, kind: str, target: str, cause: Any) -> None:
+    def __init__(self, kind: str, target: str, cause: Any, secrets: tuple[str, ...] = ()) -> None:
+        target = mask(target, secrets)
+        if isinstance(cause, str):
+            cause = mask(cause, secrets)
+        elif kind not in ("file", "log"):  # an exception's text may quote the URL or a header: keep str and repr
+            cause = _MaskedText(mask(str(cause), secrets), mask(repr(cause), secrets))
         super().__init__(f"{kind} {target}: {cause}")
         self.kind = kind
         self.target = target
         self.cause = cause
+
+
+class _MaskedText(str):
+    """An exception's masked ``str``, whose ``repr`` is the exception's masked ``repr`` (messages use either)."""
+
+    def __new__(cls, text: str, rep: str) -> "_MaskedText":
+        o = str.__new__(cls, text)
+        o._rep = rep
+        return o
+
+    def __repr__(self) -> str:
+        return self._rep
 
 
 class Sinks(NamedTuple):
@@ -39,10 +59,10 @@ def open_transport(endpoint: str, protocol: str, cfg: Any) -> Transport:
     if protocol == "grpc":
         from .otlp_grpc import GrpcTransport
 
-        return GrpcTransport(endpoint, cfg.headers, cfg.timeout_s, cfg.compression)
+        return GrpcTransport(endpoint, cfg.headers, cfg.timeout_s, cfg.compression, tls=cfg)
     from .otlp_http import HttpTransport
 
-    return HttpTransport(endpoint, cfg.headers, cfg.timeout_s, cfg.compression)
+    return HttpTransport(endpoint, cfg.headers, cfg.timeout_s, cfg.compression, tls=cfg)
 
 
 def open_sinks(cfg: Any, *, endpoint: str | None = None, protocol: str = "http/protobuf", spool_dir: str = "",
@@ -62,12 +82,17 @@ def open_sinks(cfg: Any, *, endpoint: str | None = None, protocol: str = "http/p
 
     otlp = fsink = lsink = None
     if endpoint:
+        secrets = secrets_of(endpoint, getattr(cfg, "headers", ()))
         try:
             otlp = _open_otlp(cfg, endpoint, protocol, spool_dir, probe)
         except SinkError as e:
             failed(e)
+        except ConfigError as e:
+            failed(SinkError("config", endpoint, str(e), secrets))
+            if on_error is not None:  # reported once; its spans are counted as dropped, never retried
+                otlp = RefusingSink(mask(endpoint, secrets), str(e))
         except Exception as e:
-            failed(SinkError("otlp", endpoint, e))
+            failed(SinkError("otlp", endpoint, e, secrets))
     if file:
         from .files import OtlpJsonFileSink
 
@@ -85,12 +110,43 @@ def open_sinks(cfg: Any, *, endpoint: str | None = None, protocol: str = "http/p
     return Sinks(otlp, fsink, lsink)
 
 
+class RefusingSink:
+    """The network sink of a configuration that cannot work (:class:`~.sinks.ConfigError`, already reported): it
+    sends nothing, counts every span handed to it as dropped and answers False to flush and close."""
+
+    def __init__(self, url: str, error: str) -> None:
+        self.url = url
+        self.error = error
+        self.dropped_spans = 0
+        self.lost_records = 0   # the records (span events) of those spans: lost, counted, settled
+
+    def export(self, groups: Any) -> None:
+        for _res, spans in groups:
+            self.dropped_spans += len(spans)
+            self.lost_records += sum(len(getattr(sp, "events", ())) for sp in spans)
+
+    def settled_records(self) -> int:
+        return self.lost_records
+
+    def flush(self, timeout_s: float) -> bool:
+        return False
+
+    def close(self, timeout_s: float) -> bool:
+        return False
+
+    def stats(self) -> dict[str, Any]:
+        return {"url": self.url, "config_error": self.error, "otlp_dropped_spans": self.dropped_spans,
+                "lost_records": self.lost_records}
+
+
 def _open_otlp(cfg: Any, endpoint: str, protocol: str, spool_dir: str, probe: bool) -> OtlpSink:
     from .spool import ReliableSender
 
     transport = open_transport(endpoint, protocol, cfg)
     if probe:
         res, detail = transport.send(b"")  # an empty ExportTraceServiceRequest: is anyone there?
+        if res == Outcome.FATAL:
+            raise SinkError("config", transport.url, detail)
         if res != Outcome.OK:
             raise SinkError("unreachable", transport.url, detail)
     max_bytes = int(getattr(cfg, "spool_max_bytes", 512 << 20))  # CPTRACE_SPOOL_MAX_BYTES

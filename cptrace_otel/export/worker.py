@@ -128,7 +128,7 @@ class Exporter:
         self.otlp, self.file_sink, self.log_sink = open_sinks(
             cfg, endpoint=cfg.traces_url(), protocol=cfg.protocol, spool_dir=spool_dir, file=info.get("file"),
             log_file=info.get("log_file"), on_error=self._sink_error)
-        if self.otlp is not None:
+        if getattr(self.otlp, "sender", None) is not None:  # (not a RefusingSink: a configuration error)
             # one worker per traced process, spool directory per pid: replay the spools finished ones left behind
             self.otlp.sender.adopt_orphans()
         resume = info.get("resume")
@@ -184,6 +184,9 @@ class Exporter:
             self._error(f"cannot open the OTLP file {err.target}: {err.cause}")
         elif err.kind == "log":
             self._error(f"cannot open the log file {err.target}: {err.cause}")
+        elif err.kind == "config":
+            self._error(f"OTLP {self.cfg.protocol} sink for {err.target} not set up, configuration error: {err.cause}; "
+                        f"its spans are dropped and counted, nothing is retried")
         else:
             self._error(f"cannot set up the OTLP {self.cfg.protocol} sink for {err.target}: {err.cause!r}")
 

@@ -64,17 +64,40 @@ def private_jaeger(tmp_path: Path, jaeger: Jaeger):
 def alert_stack(tmp_path: Path, jaeger: Jaeger):
     """Alertmanager (webhook to a listener in this test) and Prometheus scraping Jaeger's :8889 every second with
     ``deploy/prometheus/rules.yml``, started through ``deploy/{alertmanager,prometheus}/up`` on free ports."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    _need_alert_tools()
+    if not _port_open(SPANMETRICS_URL):
+        unavailable(f"Jaeger's span metrics endpoint {SPANMETRICS_URL} is closed")
+    yield from _alert_stack(tmp_path, None)
 
-    import yaml
 
+@pytest.fixture
+def watch_stack(tmp_path: Path, jaeger: Jaeger):
+    """A private Jaeger with the repo's span metrics on its own port (the repo's dimensions, whatever config the
+    shared Jaeger was started with) and an alert stack (as :func:`alert_stack`) whose Prometheus scrapes it:
+    ``(private_jaeger, alert_stack)``."""
+    _need_alert_tools()
+    (tmp_path / "pj").mkdir()
+    pj = PrivateJaeger(tmp_path / "pj", spanmetrics=True)
+    pj.start()
+    try:
+        for stack in _alert_stack(tmp_path, pj.spanmetrics):
+            yield pj, stack
+    finally:
+        pj.stop()
+
+
+def _need_alert_tools() -> None:
     for tool in ("prometheus", "promtool"):
         if shutil.which(tool) is None:
             unavailable(f"{tool} is not installed (Debian package prometheus)")
     if shutil.which("prometheus-alertmanager") is None and shutil.which("alertmanager") is None:
         unavailable("Alertmanager is not installed (Debian package prometheus-alertmanager)")
-    if not _port_open(SPANMETRICS_URL):
-        unavailable(f"Jaeger's span metrics endpoint {SPANMETRICS_URL} is closed")
+
+
+def _alert_stack(tmp_path: Path, spanmetrics: str | None):
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import yaml
 
     hits: list = []
 
@@ -104,9 +127,10 @@ def alert_stack(tmp_path: Path, jaeger: Jaeger):
     prom["global"].update(scrape_interval="1s", evaluation_interval="1s")
     prom["rule_files"] = [str(DEPLOY / "prometheus" / f) for f in prom["rule_files"]]
     prom["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [am_listen]
-    for job in prom["scrape_configs"]:  # scrape the Jaeger under test (CPTRACE_JAEGER_SPANMETRICS)
+    target = spanmetrics or urllib.parse.urlsplit(SPANMETRICS_URL).netloc   # the Jaeger under test by default
+    for job in prom["scrape_configs"]:
         if job["job_name"] == "jaeger-spanmetrics":
-            job["static_configs"] = [{"targets": [urllib.parse.urlsplit(SPANMETRICS_URL).netloc]}]
+            job["static_configs"] = [{"targets": [target]}]
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(prom))
 
     env = dict(_BASE_ENV, AM_CONFIG=str(tmp_path / "alertmanager.yml"), AM_LISTEN=am_listen,

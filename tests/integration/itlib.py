@@ -161,12 +161,12 @@ def jaeger_binary() -> Path:
 class PrivateJaeger:
     """A Jaeger process of its own for tests that stop and restart the backend (never the shared one)."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, spanmetrics: bool = False) -> None:
         import yaml
 
         self.bin = jaeger_binary()
         self.tmp = tmp
-        self.ports = {k: free_port() for k in ("grpc", "http", "query", "query_grpc", "health", "metrics")}
+        self.ports = {k: free_port() for k in ("grpc", "http", "query", "query_grpc", "health", "metrics", "spanmetrics")}
         cfg = yaml.safe_load((DEPLOY / "jaeger" / "config.yaml").read_text())
         loop = "127.0.0.1"
         cfg["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"] = f"{loop}:{self.ports['grpc']}"
@@ -178,9 +178,13 @@ class PrivateJaeger:
         ext["jaeger_storage"]["backends"] = {"mem": {"badger": {
             "directories": {"keys": str(tmp / "badger" / "keys"), "values": str(tmp / "badger" / "values")},
             "ephemeral": False, "ttl": {"spans": "1h"}}}}
-        # No span metrics here: port 8889 belongs to the shared Jaeger.
-        del cfg["connectors"], cfg["exporters"]["prometheus"], cfg["service"]["pipelines"]["metrics/spanmetrics"]
-        cfg["service"]["pipelines"]["traces"]["exporters"] = ["jaeger_storage_exporter"]
+        if spanmetrics:   # the repo's span metrics, on a port of its own (8889 belongs to the shared Jaeger)
+            cfg["exporters"]["prometheus"]["endpoint"] = f"{loop}:{self.ports['spanmetrics']}"
+            cfg["connectors"]["spanmetrics"]["metrics_flush_interval"] = "1s"
+        else:   # no span metrics here
+            del cfg["connectors"], cfg["exporters"]["prometheus"], cfg["service"]["pipelines"]["metrics/spanmetrics"]
+            cfg["service"]["pipelines"]["traces"]["exporters"] = ["jaeger_storage_exporter"]
+        self.spanmetrics = f"{loop}:{self.ports['spanmetrics']}" if spanmetrics else None
         cfg["service"]["telemetry"]["metrics"]["readers"][0]["pull"]["exporter"]["prometheus"] = {
             "host": loop, "port": self.ports["metrics"]}
         self.config = tmp / "jaeger-private.yaml"

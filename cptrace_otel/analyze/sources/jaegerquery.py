@@ -130,8 +130,11 @@ class Search:
                 newest[rid] = max(newest.get(rid, 0), t0)
         return sorted(newest, key=lambda r: -newest[r])
 
-    def run_traces(self, run_id: str, start_us: int, end_us: int) -> Iterator[dict[str, Any]]:
-        """Every trace of ``run_id`` with a span starting in [start_us, end_us], each once (Jaeger JSON model)."""
+    def run_traces(self, run_id: str, start_us: int, end_us: int, oldest_first: bool = False
+                   ) -> Iterator[dict[str, Any]]:
+        """Every trace of ``run_id`` with a span starting in [start_us, end_us], each once (Jaeger JSON model).
+        ``oldest_first``: the earlier half of a split window is searched first (``watch`` feeds records in seq order
+        as they come, so it holds less)."""
         tags = {sc.RUN_ID: run_id}
         seen: set[str] = set()
         todo = [(start_us, end_us)]
@@ -146,7 +149,8 @@ class Search:
             if self.progress is not None:
                 self.progress(len(seen), self.searches)
             if len(found) >= self.limit:
-                todo.extend(self._split(a, b, found, run_id))
+                halves = self._split(a, b, found, run_id)
+                todo.extend(halves[::-1] if oldest_first else halves)
 
     def _split(self, a: int, b: int, found: list[dict[str, Any]], run_id: str) -> list[tuple[int, int]]:
         """Two closed windows covering [a, b] (they share their end) for a search that came back full, split at the

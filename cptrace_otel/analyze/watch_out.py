@@ -1,0 +1,173 @@
+"""Where ``cptrace-otel watch`` sends a finding besides stdout: back into its trace, and to Alertmanager.
+
+* :class:`WriteBack`: one span per finding, named :data:`SPAN_FINDING`, in the finding's node trace
+  (``spans.node_trace_id(run_id, epoch, node_id)``; a finding without a node goes to its rank trace), stamped by
+  ``spans.stamp_findings`` (the exporter's violation attributes: ``cptrace.violation`` = the code, the rules,
+  certainty, status ERROR, one ``hicache.violation`` event), with ``sglang.cp.rank``/``hicache.node_id`` span
+  attributes and an OTLP span link to the span of each evidence record still in the evidence index. The resource is
+  service :data:`~.watch_state.WATCH_SERVICE` with the run id, so Jaeger's span metrics count the codes
+  (``cptrace_violation``) like the exporter's and watch skips its own spans when it reads. The span id is derived
+  from the finding, so writing the same finding twice gives the same span. Sent through the project's export stack
+  (``export.stack.open_sinks``: OTLP HTTP or gRPC, spooled while the collector is down).
+* :class:`Alerts`: Alertmanager v2 (``POST /api/v2/alerts``). One alert per (run id, code, rank): labels
+  ``alertname`` (:data:`ALERTNAME`), ``severity``, ``code``, ``rank``, ``run_id``; annotations ``message`` (the
+  latest finding, with the count), ``jaeger`` (the trace of the latest finding) and ``summary``. Every poll re-posts
+  the alerts found in the last ``hold_s`` with the same labels and ``startsAt`` and an ``endsAt`` a few polls ahead,
+  so Alertmanager keeps one alert per label set; an alert not re-posted resolves at its ``endsAt``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import time
+import urllib.error
+import urllib.request
+from typing import Any, Callable
+
+from .. import semconv as sc
+from ..spans import Span, _id, node_trace_id, rank_trace_id, stamp_findings
+from .watch_state import WATCH_SERVICE, RunWatch
+
+SPAN_FINDING = "cptrace.finding"
+ALERTNAME = "CptraceInvariantViolated"
+MAX_LINKS = 16
+
+
+def finding_trace(run_id: str, f: Any) -> bytes:
+    """The trace a finding belongs to: its node's trace, else its rank's."""
+    if isinstance(f.node_id, int) and f.node_id >= 0:
+        return node_trace_id(run_id, f.epoch, f.node_id)
+    return rank_trace_id(run_id, f.rank)
+
+
+def already_stamped(state: RunWatch, f: Any) -> bool:
+    """True when the span holding the finding's last evidence record already carries its code (the exporter's
+    online check found it): writing it again would count it twice."""
+    if not f.evidence:
+        return False
+    ref = state.span_of(f.rank, f.evidence[-1])
+    return ref is not None and f.code in ref.codes
+
+
+def finding_span(state: RunWatch, f: Any, now_ns: int) -> Span:
+    """The write-back span of one finding (see the module doc)."""
+    tid = finding_trace(state.run_id, f)
+    sid = _id(f"watch|{state.run_id}|{f.code}|{f.rule}|{f.rank}|{f.epoch}|{f.node_id}|{f.evidence}", 8)
+    refs = [(s, state.span_of(f.rank, s)) for s in f.evidence]
+    last = next((r for _, r in reversed(refs) if r is not None), None)
+    start = last.start_us * 1000 if last is not None and last.start_us else now_ns
+    attrs: dict[str, Any] = {sc.RANK: f.rank}
+    if isinstance(f.node_id, int):
+        attrs[sc.NODE_ID] = f.node_id
+    sp = Span(tid, sid, SPAN_FINDING, start, f.rank, ("watch",), attrs)
+    sp.findings.append(f)
+    # The evidence spans as the exporter's stamp links them (one link per span, naming its codes and seqs).
+    ids: dict[int, tuple[bytes, bytes, str, Any]] = {}
+    for seq, ref in refs:
+        if ref is None or len({r[1] for r in ids.values()}) >= MAX_LINKS:
+            continue
+        try:
+            ids[seq] = (bytes.fromhex(ref.trace_id.rjust(32, "0")), bytes.fromhex(ref.span_id.rjust(16, "0")),
+                        "record", None)
+        except ValueError:
+            continue
+    stamp_findings(sp, ids)
+    return sp
+
+
+class WriteBack:
+    """Finding spans to an OTLP endpoint through the export stack (see the module doc)."""
+
+    def __init__(self, endpoint: str, protocol: str = "http/protobuf") -> None:
+        from .. import config as _config
+        from ..export.stack import open_sinks
+
+        self.cfg = _config.from_env()
+        self.sinks = open_sinks(self.cfg, endpoint=endpoint, protocol=protocol, spool_dir="")
+        self.written = 0
+
+    def write(self, state: RunWatch, findings: list[Any]) -> int:
+        """Send the spans of ``findings`` not already stamped in their traces; how many were sent."""
+        now = time.time_ns()
+        spans = [finding_span(state, f, now) for f in findings if not already_stamped(state, f)]
+        if spans and self.sinks.otlp is not None:
+            res = {sc.SERVICE_NAME: WATCH_SERVICE, sc.RUN_ID: state.run_id}
+            self.sinks.otlp.export([(res, spans)])
+            self.written += len(spans)
+        return len(spans)
+
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        return self.sinks.otlp.flush(timeout_s) if self.sinks.otlp is not None else True
+
+    def close(self, timeout_s: float = 30.0) -> bool:
+        return self.sinks.otlp.close(timeout_s) if self.sinks.otlp is not None else True
+
+
+def _iso(t: float) -> str:
+    return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class Alerts:
+    """Alertmanager v2 poster (see the module doc). ``note(text)`` gets one line per change of reachability."""
+
+    def __init__(self, url: str, interval_s: float, hold_s: float = 3600.0,
+                 note: Callable[[str], None] = lambda s: None) -> None:
+        self.url = url.rstrip("/") + "/api/v2/alerts"
+        self.ends_after = max(4 * interval_s, 120.0)
+        self.hold_s = hold_s
+        self.note = note
+        self.active: dict[tuple, dict[str, Any]] = {}   # (run id, code, rank) -> alert state
+        self.down = False
+        self.posts = 0
+
+    def found(self, run_id: str, f: Any, jaeger_link: str, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        key = (run_id, f.code, f.rank)
+        a = self.active.get(key)
+        if a is None:
+            a = self.active[key] = {"starts": now, "count": 0}
+        a.update(last=now, message=f.message, link=jaeger_link, rule=f.rule, node=f.node_id)
+        a["count"] += 1
+
+    def payload(self, now: float | None = None) -> list[dict[str, Any]]:
+        """The alerts to (re-)post now; alerts past ``hold_s`` are forgotten (they resolve at their endsAt)."""
+        now = time.time() if now is None else now
+        out = []
+        for key, a in list(self.active.items()):
+            if now - a["last"] > self.hold_s:
+                del self.active[key]
+                continue
+            run_id, code, rank = key
+            more = f" ({a['count']} findings of {code} on rank {rank} in all)" if a["count"] > 1 else ""
+            out.append({
+                "labels": {"alertname": ALERTNAME, "severity": "page", "code": code, "rank": str(rank),
+                           "run_id": run_id},
+                "annotations": {"summary": f"HiCache KV invariant {code} violated on CP rank {rank} in run {run_id}",
+                                "message": f"{a['rule']} node {a['node']}: {a['message']}{more}",
+                                "jaeger": a["link"]},
+                "startsAt": _iso(a["starts"]), "endsAt": _iso(now + self.ends_after),
+                "generatorURL": a["link"],
+            })
+        return out
+
+    def post(self, now: float | None = None) -> bool:
+        body = self.payload(now)
+        if not body:
+            return True
+        req = urllib.request.Request(self.url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                r.read()
+        except (urllib.error.URLError, OSError) as e:
+            if not self.down:
+                self.note(f"Alertmanager at {self.url} is unreachable ({getattr(e, 'reason', e)}): the alerts are "
+                          "posted again at the next poll")
+            self.down = True
+            return False
+        if self.down:
+            self.note(f"Alertmanager at {self.url} is reachable again")
+        self.down = False
+        self.posts += 1
+        return True

@@ -1,0 +1,225 @@
+"""The incremental state of ``cptrace-otel watch`` for one run: Jaeger traces in, each new finding out once.
+
+Contract (:class:`RunWatch`):
+
+* :meth:`RunWatch.add_trace` takes one trace in Jaeger's JSON model as a search returns it (whole, old spans
+  included). Spans of the watcher's own service (:data:`WATCH_SERVICE`: the findings it wrote back) are skipped, so
+  its output is never read as input. Every record of a rank whose ``cptrace.seq`` is at or past the rank's watermark
+  (the next seq it has not fed yet) is kept as pending; older ones were fed before and are dropped at once.
+* :meth:`RunWatch.step` feeds each rank's pending records in seq order while they are contiguous (the ranks merged
+  by their ``ts`` field, as ``check`` merges files), through the same rules as ``check``: a :class:`RankChecker` per
+  rank and one :class:`CrossRank`. It returns the findings that became known. A gap in a rank's seqs (spans still in
+  flight) holds that rank back; a gap still there after :data:`GAP_POLLS` steps, or more than :data:`MAX_PENDING`
+  records waiting behind one, is given up (the records are lost: a Jaeger restart or eviction) with a note.
+* :meth:`RunWatch.finish` ends the run (the rules' end-of-stream findings) and frees its state.
+* The evidence index maps ``(rank, seq)`` of the last :data:`KEEP` records of each rank to the span that holds it
+  (trace id, span id, start µs, the codes already stamped on it), for the write-back's span links.
+
+Memory: the rules' own state (what is in flight, by their contracts), the pending records (what arrived ahead of a
+gap), and the fixed-size evidence index: none grows with the length of the run.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Any, Callable
+
+from .. import semconv as sc
+from ..checks import Finding, RankChecker
+from ..checks.crossrank import CrossRank
+from ..events import Event
+from .sources import otlpfile
+
+WATCH_SERVICE = "cptrace-watch"   # service.name of the spans watch writes back (never read as input)
+KEEP = 1 << 16                    # records per rank whose span is remembered, for evidence links
+GAP_POLLS = 3                     # steps a seq gap may stay open before its records are taken as lost
+MAX_PENDING = 200_000             # records per rank waiting behind a gap before it is given up at once
+
+
+class SpanRef:
+    """The span holding some records: ids as Jaeger returns them (hex), start µs, violation codes on it."""
+
+    __slots__ = ("trace_id", "span_id", "start_us", "codes")
+
+    def __init__(self, trace_id: str, span_id: str, start_us: int, codes: frozenset) -> None:
+        self.trace_id, self.span_id, self.start_us, self.codes = trace_id, span_id, start_us, codes
+
+
+class _Rank:
+    __slots__ = ("next", "pending", "stuck", "ring_seq", "ring_ref", "checker", "fed")
+
+    def __init__(self, checker: RankChecker, start: int = 0) -> None:
+        self.next = start                       # the next seq to feed
+        self.pending: dict[int, Event] = {}     # seq -> record at or past ``next``
+        self.stuck = 0                          # steps in a row that a gap held this rank back
+        self.ring_seq = [-1] * KEEP             # evidence index: seq % KEEP -> seq, and its span
+        self.ring_ref: list[SpanRef | None] = [None] * KEEP
+        self.checker = checker
+        self.fed = False
+
+
+class RunWatch:
+    """One run's incremental check (see the module doc). ``note(text)`` receives the lines for stderr."""
+
+    def __init__(self, run_id: str, level: int | None = None, start: dict[int, int] | None = None,
+                 note: Callable[[str], None] = lambda s: None) -> None:
+        self.run_id = run_id
+        self.level = level
+        self.note = note
+        self.ranks: dict[int, _Rank] = {}
+        self.cross = CrossRank(level)
+        self._start = dict(start or {})
+        self._cross_taken = 0
+        self._info = otlpfile.OtlpInfo()  # what the collector records about the sources (unused here)
+        self.events = 0          # records fed so far
+        self.new_records = 0     # records that arrived in the current step (the run is still changing)
+
+    # -- intake ----------------------------------------------------------------------------------------------------
+    def _rank(self, r: int) -> _Rank:
+        st = self.ranks.get(r)
+        if st is None:
+            st = self.ranks[r] = _Rank(RankChecker(r, self.level), self._start.get(r, 0))
+        return st
+
+    def add_trace(self, trace: dict[str, Any]) -> None:
+        """One Jaeger-model trace (see the module doc)."""
+        from .sources.otlpfile import _collect
+        from .sources.tracedocs import v2_trace_to_otlp
+
+        procs = trace.get("processes") or {}
+        spans = []
+        for sp in trace.get("spans") or ():
+            if not isinstance(sp, dict):
+                continue
+            proc = sp.get("process") if isinstance(sp.get("process"), dict) else procs.get(sp.get("processID"), {})
+            if (proc or {}).get("serviceName") == WATCH_SERVICE:
+                continue
+            if self._index_span(sp, proc or {}):
+                spans.append(sp)
+        if not spans:
+            return
+        per_rank: dict[int, list] = {}
+        _collect(v2_trace_to_otlp(dict(trace, spans=spans)), "jaeger", self._info, per_rank)
+        for r, lst in per_rank.items():
+            st = self._rank(r)
+            lvl = self._info.levels.get(r)
+            if self.level is None and lvl is not None and not st.fed:
+                st.checker.config_level = lvl   # the exporter's recorded level, as check uses it
+            for _epoch, seq, _ts, ev in lst:
+                if seq >= st.next and seq not in st.pending:
+                    st.pending[seq] = ev
+                    self.new_records += 1
+
+    def _index_span(self, sp: dict[str, Any], proc: dict[str, Any]) -> bool:
+        """Put the span's new records into the evidence index; False when it holds no record to feed."""
+        rank = None
+        codes: frozenset = frozenset()
+        for t in sp.get("tags") or ():
+            k = t.get("key")
+            if k == sc.RANK:
+                rank = _as_int(t.get("value"))
+            elif k == sc.VIOLATION:
+                codes = frozenset(str(t.get("value", "")).split(","))
+        if rank is None:
+            rank = next((_as_int(t.get("value")) for t in proc.get("tags") or () if t.get("key") == sc.CP_RANK), 0)
+        if rank is None:
+            rank = 0
+        st = self._rank(rank)
+        ref = None
+        fresh = False
+        for log in sp.get("logs") or ():
+            for f in log.get("fields") or ():
+                if f.get("key") == sc.SEQ:
+                    seq = _as_int(f.get("value"))
+                    if seq is not None and seq >= st.next:
+                        fresh = True
+                        if ref is None:
+                            ref = SpanRef(str(sp.get("traceID", "")), str(sp.get("spanID", "")),
+                                          int(sp.get("startTime") or 0), codes)
+                        i = seq % KEEP
+                        st.ring_seq[i] = seq
+                        st.ring_ref[i] = ref
+                    break
+        return fresh
+
+    def span_of(self, rank: int, seq: int) -> SpanRef | None:
+        """The span that holds record ``seq`` of ``rank``, while the evidence index remembers it."""
+        st = self.ranks.get(rank)
+        if st is None:
+            return None
+        i = seq % KEEP
+        return st.ring_ref[i] if st.ring_seq[i] == seq else None
+
+    # -- feeding ---------------------------------------------------------------------------------------------------
+    def step(self, final: bool = False, end_of_poll: bool = True) -> list[Finding]:
+        """Feed what is contiguous now (``final``: everything, gaps given up); the new findings. Call it with
+        ``end_of_poll=False`` between the pages of one poll (memory: what arrived is fed as soon as it can be); only
+        the last step of a poll counts towards :data:`GAP_POLLS`."""
+        streams = []
+        for r, st in sorted(self.ranks.items()):
+            ready = []
+            while True:
+                ev = st.pending.pop(st.next, None)
+                if ev is None:
+                    if not st.pending:
+                        st.stuck = 0
+                        break
+                    st.stuck += end_of_poll
+                    if not (final or st.stuck > GAP_POLLS or len(st.pending) > MAX_PENDING):
+                        break
+                    nxt = min(st.pending)
+                    self.note(f"run {self.run_id}: rank {r}: records {st.next}..{nxt - 1} are not in Jaeger "
+                              f"(lost, or evicted from its store): continuing at {nxt}")
+                    st.next, st.stuck = nxt, 0
+                    continue
+                ready.append(ev)
+                st.next += 1
+            if ready:
+                st.fed = True
+                streams.append(ready)
+        out: list[Finding] = []
+        evs = streams[0] if len(streams) == 1 else heapq.merge(
+            *streams, key=lambda e: e.fields["ts"] if type(e.fields.get("ts")) is int else e.ts)
+        cross = self.cross.feed
+        for ev in evs:
+            found = self.ranks[ev.rank].checker.feed(ev)
+            if found:
+                out.extend(found)
+            cross(ev)
+            self.events += 1
+        out.extend(self._cross_new())
+        return out
+
+    def _cross_new(self) -> list[Finding]:
+        lst = self.cross.findings
+        new = lst[self._cross_taken:]
+        # the list is only read by CrossRank.finish (which sorts and returns it): findings handed out are dropped
+        del lst[:]
+        self._cross_taken = 0
+        return new
+
+    def finish(self) -> list[Finding]:
+        """End of the run: what only the end reveals. The state is spent afterwards."""
+        out = self.step(final=True)
+        for r in sorted(self.ranks):
+            out.extend(self.ranks[r].checker.finish())
+        if self.cross.level < 2 and any(st.checker.level >= 2 for st in self.ranks.values()):
+            self.cross.seen_level = 2
+        out.extend(self.cross.finish())
+        return out
+
+    def watermarks(self) -> dict[int, int]:
+        """rank -> the next seq not fed (kept when the run is retired, so a late record is not fed twice)."""
+        return {r: st.next for r, st in self.ranks.items()}
+
+    def pending(self) -> int:
+        return sum(len(st.pending) for st in self.ranks.values())
+
+
+def _as_int(v: Any) -> int | None:
+    if type(v) is int:
+        return v
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,137 @@
+"""Issue 14 item 8: secrets never reach output. The endpoint's password and header values are masked in outage
+lines, ``stats()``, warnings and ``ingest``'s messages (one helper: ``config.mask``); a header that can never be
+sent (an encoded newline) is a configuration error reported once, not an outage retried every 10 s."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from otlp_receiver import free_port  # noqa: E402
+
+from cptrace_otel import config  # noqa: E402
+from cptrace_otel.export.otlp_http import HttpTransport  # noqa: E402
+from cptrace_otel.export.spool import ReliableSender  # noqa: E402
+from cptrace_otel.export.stack import SinkError, open_sinks  # noqa: E402
+
+PASSWORD = "s3cretPassw0rd"
+TOKEN = "tok-9f8e7d6c5b"
+
+
+def test_outage_lines_and_stats_mask_the_url_password(tmp_path: Path) -> None:
+    url = f"http://alice:{PASSWORD}@127.0.0.1:{free_port()}/v1/traces"  # nobody listens: an outage
+    t = HttpTransport(url, [("authorization", f"Bearer {TOKEN}")], timeout_s=1.0)
+    reports: list[str] = []
+    s = ReliableSender(t, str(tmp_path / "spool"), report=reports.append, backoff_s=0.05, max_backoff_s=0.1,
+                       report_every_s=0.0)
+    s.submit(b"")
+    s.flush(0.6)
+    st = s.stats()
+    s.close(0.2)
+    text = "\n".join(reports) + repr(st)
+    assert reports and "unreachable" in reports[0]
+    assert PASSWORD not in text and TOKEN not in text
+    assert "http://***@127.0.0.1" in st["url"]
+
+
+def test_stats_of_the_pipeline_mask_the_password(tmp_path: Path) -> None:
+    code = f"""
+import cptrace_otel as c, cptrace_otel.pipeline as p
+c.configure(level=1, endpoint="http://bob:{PASSWORD}@127.0.0.1:{free_port()}/v1/traces", exporter="thread",
+            timeout_s=0.5, spool_dir={str(tmp_path)!r}, run_id="t")
+c.cptrace(1, "backup", node_id=1, op=1)
+c.flush(2)
+print(repr(p.stats()))
+print(repr(c.get_config()))
+c.shutdown(1)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env={k: v for k, v in os.environ.items() if not k.startswith(("CPTRACE_", "OTEL_"))})
+    assert "unreachable" in r.stderr
+    assert PASSWORD not in r.stdout + r.stderr
+    assert "***@127.0.0.1" in r.stdout
+
+
+def test_malformed_header_entry_warning_hides_the_value() -> None:
+    config._warned.clear()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        cfg = config.from_env({"OTEL_EXPORTER_OTLP_HEADERS": f"authorization:Bearer {TOKEN},x-ok=1"})
+    assert cfg.headers == (("x-ok", "1"),)
+    msgs = " ".join(str(x.message) for x in w)
+    assert "malformed OTLP header" in msgs and TOKEN not in msgs
+
+
+def test_header_with_an_encoded_newline_fails_fast(tmp_path: Path) -> None:
+    cfg = config.from_env({"OTEL_EXPORTER_OTLP_HEADERS": f"x-api-key={TOKEN}%0A",
+                           "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://127.0.0.1:{free_port()}/v1/traces"})
+    with pytest.raises(SinkError) as ei:
+        open_sinks(cfg, endpoint=cfg.endpoint, spool_dir=str(tmp_path / "s"))
+    assert ei.value.kind == "config" and "x-api-key" in str(ei.value) and TOKEN not in str(ei.value)
+    errs: list[SinkError] = []
+    sinks = open_sinks(cfg, endpoint=cfg.endpoint, spool_dir=str(tmp_path / "s"), on_error=errs.append)
+    assert len(errs) == 1
+    sinks.otlp.export([({}, [object(), object()])])
+    st = sinks.otlp.stats()
+    assert sinks.otlp.flush(0.1) is False and st["otlp_dropped_spans"] == 2 and TOKEN not in repr(st)
+
+
+def test_header_newline_through_the_pipeline_is_reported_once(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CPTRACE_", "OTEL_"))}
+    env.update(OTEL_EXPORTER_OTLP_HEADERS=f"x-api-key={TOKEN}%0A", CPTRACE_EXPORTER="thread",
+               OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=f"http://127.0.0.1:{free_port()}/v1/traces",
+               CPTRACE_SPOOL_DIR=str(tmp_path), CPTRACE_RUN_ID="t")
+    code = """
+import time, cptrace_otel as c, cptrace_otel.pipeline as p
+c.configure(level=1)
+for i in range(100):
+    c.cptrace(1, "backup", node_id=i, op=1)
+print(c.flush(5))
+time.sleep(1.0)
+print(p.stats()["worker"].get("otlp_dropped_spans"), p.stats()["dropped"])
+c.shutdown(2)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    out = r.stdout.split()
+    assert out[0] == "False" and int(out[1]) >= 1 and int(out[2]) == 100  # every record counted as dropped
+    assert r.stderr.count("configuration error") == 1, r.stderr
+    assert "InvalidHeader" not in r.stderr and TOKEN not in r.stderr + r.stdout
+    assert not any(Path(tmp_path).rglob("*.otlp"))  # nothing spooled
+
+
+def test_ingest_masks_the_password(tmp_path: Path) -> None:
+    log = tmp_path / "r.log"
+    log.write_text("[2026-07-18 03:03:06 ATTN_CP0 TP0] [CPTRACE backup] node_id=1 op=1\n")
+    url = f"http://carol:{PASSWORD}@127.0.0.1:{free_port()}/v1/traces"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CPTRACE_", "OTEL_"))}
+    r = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "ingest", str(log), "--endpoint", url],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode != 0
+    assert "unreachable" in r.stderr and "***@127.0.0.1" in r.stderr
+    assert PASSWORD not in r.stdout + r.stderr
+
+
+def test_mask_property() -> None:
+    hyp = pytest.importorskip("hypothesis")
+    st = hyp.strategies
+
+    @hyp.given(user=st.text("abcdefghij", min_size=1, max_size=8),
+               pw=st.text("ABCDEFGHIJ0123456789!$&'()+,;=-._~", min_size=3, max_size=20),
+               hv=st.text(st.characters(min_codepoint=33, max_codepoint=126, blacklist_characters="*"),
+                          min_size=3, max_size=30))
+    @hyp.settings(max_examples=200, deadline=None)
+    def check(user: str, pw: str, hv: str) -> None:
+        url = f"http://{user}:{pw}@host:4318/v1/traces"
+        secrets = config.secrets_of(url, [("authorization", hv)])
+        out = config.mask(f"POST {url} failed: header authorization={hv} rejected", secrets)
+        assert pw not in out and hv not in out
+        assert config.mask_url(url) == "http://***@host:4318/v1/traces"
+
+    check()
