@@ -49,6 +49,14 @@ def render_value(v: Any) -> str:
     """Upstream ``_fmt``: no internal spaces, lists and tuples rendered as ``[a,b]`` recursively. An int with more
     digits than ``str`` converts (4,300 by default) is ``(err:ValueError)``, the stand-in the OTLP sinks use too
     (:func:`cptrace_otel.export.sinks.repair_span`), so a log line and the live span carry the same value."""
+    t = type(v)
+    if t is str:   # the common scalars first (the same text as below, without the isinstance tests)
+        return v.replace(" ", "")
+    if t is int:
+        try:
+            return str(v)
+        except ValueError:
+            return "(err:ValueError)"
     if isinstance(v, (list, tuple)) and not isinstance(v, Rng):
         return "[" + ",".join(render_value(x) for x in v) + "]"
     if isinstance(v, Rng):

@@ -126,8 +126,28 @@ def test_faults_at_random_sites_of_random_workloads_match_the_oracle(kind, mode)
         assert sim.oracle.injected or kind not in ALWAYS_REACHED, (seed, "the fault never hit its site")
         injected += bool(sim.oracle.injected)
     # H2_stale and H1_ack need a rarer site (a split of a pending/backed node); H2_stale_clean needs a re-backup,
-    # which random streams never issue (only its scripted scenario does), so there the oracle must simply stay empty
-    assert injected or kind in ("H2_stale", "H1_ack", "H2_stale_clean")
+    # which random streams never issue (only its scripted scenario does), so there the oracle must simply stay empty;
+    # H1_stale_dev needs a split of a reloaded node, which only the streams with cut prompts make (the test below)
+    assert injected or kind in ("H2_stale", "H1_ack", "H2_stale_clean", "H1_stale_dev")
+
+
+@pytest.mark.parametrize("mode", ["none", "replicated", "shared", "sharded"])
+@pytest.mark.parametrize("level,exact", [(3, True), (1, False)])
+def test_stale_split_after_a_reload_at_random_sites_matches_the_oracle(mode, level, exact):
+    """Streams that cut earlier prompts split reloaded nodes: H1_stale_dev at such a site is found exactly, also at
+    level 1 with rng summaries only (where the node's slots come from its reload's summary); the oracle expects
+    H1a only where the checker can know the slots (exact sets, or a node reloaded alone)."""
+    from cptrace_otel.sim.faults import FaultPlan
+    from cptrace_otel.sim.workload import random_workload
+
+    injected = 0
+    for seed in range(10):
+        sim = random_workload(seed, mode, 2, "wt", level=level, exact=exact, cut=0.3, requests=48,
+                              faults=[FaultPlan("H1_stale_dev")])
+        res = analyze(sim)
+        assert found_set(res) == expected_set(sim, level, res), (seed, [f.message for f in res.findings])
+        injected += bool(sim.oracle.expected(level))
+    assert injected
 
 
 def _merged_write_site(sim) -> bool:

@@ -53,7 +53,8 @@ class CrossRank(C1Lockstep, C2AckRounds, JoinRules):
         self._joins: dict[tuple, dict[int, dict]] = {}    # (epoch, tag, node, occ) -> rank -> facts
         self._split_since: set[tuple] = set()             # (rank, epoch, node) split since its last prepare
         self._rounds: dict[tuple[int, int], deque] = {}   # (rank, epoch) -> finished rounds
-        self._cur_round: dict[int, list] = {}             # rank -> [epoch, key, dir, ops, nodes, seqs]
+        self._cur_round: dict[int, list] = {}             # rank -> its open ack round without round= (C2)
+        self._cur_keyed: dict[int, list] = {}             # rank -> its open ack round with round= (C2)
         self._c2_done: set[int] = set()
         self._reload_hashes: list[tuple] = []             # shared mode C5 waiting for the IO rank's hs
         self._io_hs: dict[tuple, dict] = {}              # shared: (epoch, node) -> occ -> IO rank's hs
@@ -151,6 +152,7 @@ class CrossRank(C1Lockstep, C2AckRounds, JoinRules):
         cs = _int(f.get("cp_size"))
         if cs is not None and cs > self.cp_size:
             self.cp_size = cs
+            self._fence.group = cs
         lv = _int(f.get("level"))
         if lv is not None and lv > self.seen_level:
             self.seen_level = lv
@@ -188,6 +190,7 @@ class CrossRank(C1Lockstep, C2AckRounds, JoinRules):
         self._rounds.clear()
         self._c2_qs.clear()
         self._cur_round.clear()
+        self._cur_keyed.clear()
         self._forget.clear()
         self._split_since.clear()
 
@@ -217,7 +220,7 @@ class CrossRank(C1Lockstep, C2AckRounds, JoinRules):
         return self.forced_level if self.forced_level is not None else self.seen_level
 
     def finish(self) -> list[Finding]:
-        for r in list(self._cur_round):
+        for r in list(self._cur_round) + list(self._cur_keyed):
             self._round_close(r)
         for e, st in self._c1.items():
             self._c1_compare(e, st, final=True)

@@ -443,6 +443,8 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
             # slice_slots gives None for a set whose order is unknown (and a non-empty slice): skip the call
             part = (slice_slots(D, start, n.len) if D is not None and (n.len <= 0 or (D.ordered and D.runs is not None))
                     else None)
+            if part is None and D is not None and start == 0 and n.len == D.cnt:
+                part = D   # the node takes the whole range (a one-node chain): its summary is the node's, in any order
             n.dev = part if part is not None else UNKNOWN
             start += n.len
             n.bump(ref, "reload")

@@ -1,6 +1,11 @@
-"""C2, ack-count agreement (domain 5, level 2): each round of ``ack`` records (``round=`` when emitted, else a run
-of consecutive ack records of one direction) holds the same (dir, op count, node set) on all ranks, since
-writing_check and loading_check take the MIN across the attn_cp and attn_tp groups.
+"""C2, ack-count agreement (domain 5, level 2): each round of ``ack`` records holds the same (dir, op count, node set)
+on all ranks, since writing_check and loading_check take the MIN across the attn_cp and attn_tp groups.
+
+A round is the acks with one ``round=`` value when the emitter logs it, whatever their line order and whatever
+records come between them (SGLang drains the write and the load ack queues in one scheduler round, and a rank may
+log an h2d ack between the d2h acks of the same round, or a free between the per-node acks of one op); the round is
+compared per direction, d2h then h2d. Without ``round=`` a round is a run of consecutive ack records of one
+direction (split at any other record: the check_events markers).
 
 The first mismatch per epoch is reported (on each rank that differs from the majority); it is kept with the latest
 structural index of the rounds compared and dropped at the end if that lies past the epoch's C1 divergence (C2
@@ -20,9 +25,17 @@ def _str(v: object) -> str | None:
     return v if type(v) is str else None
 
 
+def _dir_order(d: str | None) -> tuple:
+    """The order a keyed round's directions are compared in: d2h, h2d, then any other (None last)."""
+    return (d != "d2h", d != "h2d", d is None, d or "")
+
+
 class C2AckRounds(CrossRuleBase):
     _rounds: dict[tuple[int, int], deque]   # (rank, epoch) -> finished rounds
-    _cur_round: dict[int, list]            # rank -> [epoch, key, dir, ops, nodes, seq, line, src, index]
+    # rank -> its open round without round=: [epoch, None, dir, ops, nodes, seq, line, src, index]
+    _cur_round: dict[int, list]
+    # rank -> its open round with round=: [epoch, round, {dir: a list laid out as above}]
+    _cur_keyed: dict[int, list]
     _c2_done: set[int]
     _c2_qs: dict[int, tuple]               # epoch -> (ranks list it was built for, round queues)
 
@@ -31,31 +44,58 @@ class C2AckRounds(CrossRuleBase):
         r = ev.rank
         d = _str(f.get("dir"))
         rk = f.get("round")
-        if type(rk) is not int:
-            rk = None
-        cur = self._cur_round.get(r)
-        if cur is not None and (cur[0] != ev.epoch or cur[1] != rk or cur[2] != d):
-            self._round_close(r)
-            cur = None
-        if cur is None:
-            cur = self._cur_round[r] = [ev.epoch, rk, d, set(), set(), ev.seq, ev.line_no, ev.src,
-                                        self._index(r, ev.epoch)]
+        if type(rk) is int:
+            cur = self._keyed_part(ev, r, d, rk)
+        else:   # (the common upstream record: kept to one flat list per round)
+            if r in self._cur_keyed:
+                self._round_close(r)
+            cur = self._cur_round.get(r)
+            if cur is not None and (cur[0] != ev.epoch or cur[2] != d):
+                self._round_close(r)
+                cur = None
+            if cur is None:
+                cur = self._cur_round[r] = [ev.epoch, None, d, set(), set(), ev.seq, ev.line_no, ev.src,
+                                            self._index(r, ev.epoch)]
         cur[3].add(_int(f.get("op")))
         nid = f.get("node_id")
         if type(nid) is int:
             cur[4].add(nid)
 
+    def _keyed_part(self, ev: Event, r: int, d: str | None, rk: int) -> list:
+        """The direction ``d`` part of rank ``r``'s open round ``rk``: other records do not end a keyed round, nor
+        does a change of direction; an ack of another round (or epoch) does."""
+        if r in self._cur_round:
+            self._round_close(r)
+        cur = self._cur_keyed.get(r)
+        if cur is not None and (cur[0] != ev.epoch or cur[1] != rk):
+            self._round_close(r)
+            cur = None
+        if cur is None:
+            cur = self._cur_keyed[r] = [ev.epoch, rk, {}]
+        part = cur[2].get(d)
+        if part is None:
+            part = cur[2][d] = [ev.epoch, rk, d, set(), set(), ev.seq, ev.line_no, ev.src, self._index(r, ev.epoch)]
+        return part
+
     def _round_close(self, r: int) -> None:
         cur = self._cur_round.pop(r, None)
-        if cur is None:
-            return
+        if cur is not None:
+            parts = None
+        else:
+            cur = self._cur_keyed.pop(r, None)
+            if cur is None:
+                return
+            parts = sorted(cur[2].items(), key=lambda x: _dir_order(x[0])) if len(cur[2]) > 1 else cur[2].items()
         epoch = cur[0]
         if epoch in self._c2_done:
             return   # C2 of this epoch is decided: its later rounds are never compared (nor kept)
         q = self._rounds.get((r, epoch))
         if q is None:
             q = self._rounds[(r, epoch)] = deque()
-        q.append((cur[2], len(cur[3]), frozenset(cur[4]), cur[5], cur[6], cur[7], cur[8]))
+        if parts is None:
+            q.append((cur[2], len(cur[3]), frozenset(cur[4]), cur[5], cur[6], cur[7], cur[8]))
+        else:
+            q.extend((d, len(p[3]), frozenset(p[4]), p[5], p[6], p[7], p[8]) for d, p in parts)
         c = self._c2_qs.get(epoch)
         if c is not None and c[0] is self._ranks_sorted and not all(c[1]):
             return   # another rank has no round yet: _c2_compare would stop at once

@@ -21,10 +21,14 @@ class H1Split(RankRuleBase):
     def _h1a(self, ev: Event, ref: tuple, pre: Node, c: int, p: int, L: int, s: int, dp: Slots | None,
              dc: Slots | None, hp: Slots | None, hc: Slots | None, hp_raw: Any, hc_raw: Any) -> Finding | None:
         """H1a for ``split(node=c, new=p, pre_len=L, split_len=s)`` against ``pre``, node c before the split: counts
-        s + (L-s), the prefix starts where c's slots started, the suffix ends where they ended; a backuped node
-        splits into two backuped halves, a node that is not backuped into two without host slots."""
+        s + (L-s), the prefix starts where c's slots started, the suffix ends where they ended (c's latest dev: its
+        insert, reload or split; a node evicted from the device splits into fragments without dev slots); a
+        backuped node splits into two backuped halves, a node that is not backuped into two without host slots."""
         bad: list[str] = []
-        if dp is not None and dc is not None:
+        if pre.dev is None:   # evicted: SGLang's split gives both fragments no device slots
+            if (dp is not None and dp.cnt > 0) or (dc is not None and dc.cnt > 0):
+                bad.append("a node evicted from the device split into fragments with dev slots")
+        elif dp is not None and dc is not None:
             if dp.cnt != s or dc.cnt != L - s:
                 bad.append(f"dev counts {dp.cnt}+{dc.cnt}, expected {s}+{L - s}")
             elif isinstance(pre.dev, Slots) and pre.dev.cnt == L and L > 0:

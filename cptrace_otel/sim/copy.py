@@ -66,6 +66,7 @@ class CopyEngine:
         self.write_q: deque[Op] = deque()
         self.write_new: list[Op] = []
         self.load_q: deque[Op] = deque()
+        self.held = 0   # finished transfers at the head of write_q this rank did not pop with the group (C2_round)
 
     def _new_op(self, direction: str, dev: np.ndarray, host: np.ndarray, delay: int) -> Op:
         sim, r = self.rk.sim, self.rk.r
@@ -242,6 +243,7 @@ class CopyEngine:
         off = 0
         for n in chain:
             n.value = dev[off:off + len(n)].copy()
+            n.stale_dev = None if n.evicted_dev is None else (n.evicted_dev, len(chain) == 1)
             n.loading = True
             off += len(n)
         last = chain[-1]

@@ -14,7 +14,12 @@ Semantics follow SGLang (domain spec sections 1, 2, 5 and 7.1):
   rank's op counter (SGLang's ``merge_ops``), one ``backup`` and one ``ack dir=d2h`` record per node, one copy; a
   lone write stays its own op (``Simulation(merge=False)``: every write starts at its prepare, as before). The
   queue is started before anything could change a queued node (a device eviction, a split of that node);
-* ``check_events`` pops MIN(ready acks) over the ranks on every rank, as ``_all_reduce_attn_groups``;
+* ``check_events`` pops MIN(ready acks) over the ranks on every rank, as ``_all_reduce_attn_groups``; every ack
+  record carries ``round=`` (the tick). With ``mixed_acks`` each rank logs a round's d2h and h2d acks in its own
+  interleaving (as the two ack queues are drained), so ranks log the same round in different line orders;
+* ranks are in step in their decisions, not in time: with ``lag_ns`` every rank but the IO rank stamps its records
+  that much earlier (the followers run ahead of the IO rank, which does the copies), so a follower may evict a
+  node and store the next owner's KV into its pages before the IO rank logs its own eviction;
 * CP modes: the KV each rank holds differs by mode (replicated: identical; sharded: per shard; dcp: the rank's token
   stripe; layersplit: the rank's layers; shared: page owner ``page % R`` writes, one shared host pool, the IO rank
   copies all pages through the shared view, each rank loads only the pages it owns).
@@ -47,7 +52,7 @@ class Simulation:
                  faults: Iterable[FaultPlan] = (), emitter: Emitter | None = None, *, page_size: int = 4,
                  layers: int = 2, width: int = 4, dev_pages: int = 32, host_pages: int = 48, d_w: int = 1,
                  d_l: int = 1, lb_threshold: int = 8, exact: bool = True, io_rank: int = 0,
-                 merge: bool = True) -> None:
+                 merge: bool = True, lag_ns: int = 0, mixed_acks: bool = False) -> None:
         if mode not in ("none", "replicated", "sharded", "dcp", "layersplit", "shared"):
             raise ValueError(f"unknown CP mode {mode!r}")
         if policy not in ("wt", "wts", "wb"):
@@ -64,6 +69,9 @@ class Simulation:
         # merge: the writes of one scheduler step (a request's backups, a write_back eviction's victims, a
         # re-backup pass) start as one merged op, as SGLang's merge_ops; off: each write is its own op at once
         self.merge = merge
+        # lag_ns: how far ahead of the IO rank the other ranks stamp their records (below one tick, so every
+        # rank's store still precedes the IO rank's copy and every ack follows it); mixed_acks: see the docstring
+        self.lag_ns, self.mixed_acks = lag_ns, mixed_acks
         self.faults = list(faults)
         for p in self.faults:
             if p.kind == "ZERO_race" and mode == "shared":
@@ -131,19 +139,36 @@ class Simulation:
             rk.copy.complete_loads(t)
         for rk in self.ranks_:
             rk.mem.apply_due_stores()
-        n = min(rk.copy.ready(rk.copy.write_q) for rk in self.ranks_)
-        if n:
-            for rk in self.ranks_:
-                rk.copy.ack_writes(n)
-        n = min(rk.copy.ready(rk.copy.load_q) for rk in self.ranks_)
-        if n:
-            for rk in self.ranks_:
-                rk.copy.ack_loads(n)
+        # a rank that held acks back (fault C2_round) has them ready on top of the group's count
+        nw = min(rk.copy.ready(rk.copy.write_q) - rk.copy.held for rk in self.ranks_)
+        nl = min(rk.copy.ready(rk.copy.load_q) for rk in self.ranks_)
+        for rk in self.ranks_:
+            kw = rk.copy.held + rk.hooks.c2_round(nw, rk.copy.write_q, self._open, t)
+            rk.copy.held = nw + rk.copy.held - kw
+            if not self.mixed_acks:
+                if kw:
+                    rk.copy.ack_writes(kw)
+                if nl:
+                    rk.copy.ack_loads(nl)
+                continue
+            for d in self._ack_order(rk.r, t, kw, nl):
+                if d:
+                    rk.copy.ack_loads(1)
+                else:
+                    rk.copy.ack_writes(1)
         for rid, due in list(self._open.items()):
             if due <= t:
                 del self._open[rid]
                 for rk in self.ranks_:
                     rk.finish_request(rid)
+
+    @staticmethod
+    def _ack_order(rank: int, tick: int, nw: int, nl: int) -> list[int]:
+        """The order rank ``rank`` logs round ``tick``'s ``nw`` d2h (0) and ``nl`` h2d (1) acks in (``mixed_acks``):
+        each queue in its own FIFO order, the loads drained after the first k writes, k varying with the rank and
+        the round, so the ranks of one round log different line orders."""
+        k = (tick + rank) % (nw + 1)
+        return [0] * k + [1] * nl + [0] * (nw - k)
 
     def drain(self, max_steps: int = 64) -> None:
         """Step until no copy, late store or request is in flight (or ``max_steps``: a diverged group can hang)."""

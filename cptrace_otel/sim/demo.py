@@ -80,8 +80,8 @@ def _validate(args: Any) -> tuple[str, int, list, str | None]:
             return mode, ranks, [], f"fault {p.kind} applies to --mode {'/'.join(spec.modes)}, not {mode}"
         if spec.policy != policy:
             return mode, ranks, [], f"fault {p.kind} runs under --policy {spec.policy} (given: {policy})"
-        if p.kind == "C1_div" and ranks < 2:
-            return mode, ranks, [], "fault C1_div needs --ranks 2 or more"
+        if p.kind in ("C1_div", "C2_round") and ranks < 2:
+            return mode, ranks, [], f"fault {p.kind} needs --ranks 2 or more"
     return mode, ranks, plans, None
 
 

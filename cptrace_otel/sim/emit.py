@@ -38,7 +38,7 @@ class Recorder:
         sim = self.sim
         if level <= sim.level:
             f["rank"] = self.r
-            f["ts"] = sim.clock.ts()
+            f["ts"] = sim.clock.ts() - (sim.lag_ns if self.r != sim.io_rank else 0)
             sim.emitter.emit(self.r, level, tag, **f)
             if tag in STRUCTURAL:
                 self.n_struct += 1
@@ -78,11 +78,11 @@ class Recorder:
         self.emit(1, "insert", node_id=n.id, parent=parent.id, len=len(n), dev=kv.rng(slots), kind=kind,
                   **self.xs("devx", slots))
 
-    def split(self, c: "Node", p: "Node", parent: "Node", pre_len: int, split_len: int,
-              host_p: np.ndarray | None, host_c: np.ndarray | None, pend: int) -> None:
+    def split(self, c: "Node", p: "Node", parent: "Node", pre_len: int, split_len: int, dev_p: np.ndarray | None,
+              dev_c: np.ndarray | None, host_p: np.ndarray | None, host_c: np.ndarray | None, pend: int) -> None:
         """Node ``c`` of ``pre_len`` tokens cut at ``split_len``: the new node ``p`` took the prefix."""
         self.emit(1, "split", node_id=c.id, new_id=p.id, parent=parent.id, pre_len=pre_len, split_len=split_len,
-                  dev_p=kv.rng(p.value), dev_c=kv.rng(c.value), host_p=kv.rng(host_p), host_c=kv.rng(host_c),
+                  dev_p=kv.rng(dev_p), dev_c=kv.rng(dev_c), host_p=kv.rng(host_p), host_c=kv.rng(host_c),
                   pend=pend, lock=c.lock_ref)
 
     def evict_dev(self, v: "Node", kind: str) -> None:

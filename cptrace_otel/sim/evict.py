@@ -103,6 +103,7 @@ class Evictor:
 
     def _evict_backuped(self, v: Node) -> None:
         self.rk.rec.evict_dev(v, "backuped")
+        v.evicted_dev, v.stale_dev = v.value, None
         self._free_dev(v, v.value)
         v.value = None
         v.gen += 1

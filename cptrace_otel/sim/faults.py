@@ -49,6 +49,9 @@ FAULTS: dict[str, FaultSpec] = {f.kind: f for f in (
         "a split does not rewrite the pending write entry: the ack publishes only the suffix id"),
     _fs("H1_swap", {"H1"}, {"HASH"}, MODES, "all", "wt",
         "a split gives the host slices in the wrong order (the suffix's pages to the new prefix node)"),
+    _fs("H1_stale_dev", {"H1"}, set(), MODES, "all", "wt",
+        "a split after a reload slices the node's device indices from before its eviction (a stale copy): the "
+        "fragments' dev ranges are the old pages, not the reloaded ones"),
     _fs("H2_release", {"H2"}, {"HASH"}, MODES, "all", "wt",
         "the host pin is released at reload issue; the host pages are freed and reused before the load completes"),
     _fs("H2_stale", {"H2"}, {"HASH"}, MODES, "all", "wt",
@@ -72,6 +75,9 @@ FAULTS: dict[str, FaultSpec] = {f.kind: f for f in (
         "that node there, so the rank never backs it up while it is on the device"),
     _fs("C3_writer", {"C3"}, set(), ("sharded",), "rank", "wt",
         "only rank 0 writes: another rank's backup carries io=0 (pre-#37149)"),
+    _fs("C2_round", {"C2"}, set(), ("replicated", "sharded", "dcp", "layersplit", "shared"), "rank", "wt",
+        "one rank's check_events pops one d2h ack fewer than the MIN over the group (its all-reduce is skipped), "
+        "so its round holds another op set; it pops the held-back ack in the next round"),
 )}
 
 
@@ -147,7 +153,7 @@ class Expect(NamedTuple):
 
 # Observability of each code: the records its evidence needs.
 LEVEL_NEEDED = {"H1a": 1, "H1b": 2, "H2a": 1, "H2c": 2, "H3": 2, "H4": 2, "HASH": 2, "ZERO@backup": 1,
-                "ZERO@reload": 2, "C1": 1, "C3": 1, "C5": 2, "C5-fence": 2}
+                "ZERO@reload": 2, "C1": 1, "C2": 2, "C3": 1, "C5": 2, "C5-fence": 2}
 
 
 class Oracle:
@@ -222,6 +228,25 @@ class FaultHooks:
         self.oracle.inject("H1_swap", self.r, c.id, pend0)
         self.oracle.expect("H1", "H1a", self.r, c.id, pend0, "H1_swap")
         return pre_host[n - s:].copy(), pre_host[:n - s].copy()
+
+    def h1_stale_dev(self, c: "Node", cur: np.ndarray | None, s: int) -> tuple | None:
+        """Split at ``s`` of node ``c`` (device slots ``cur``), reloaded since its last eviction: under the fault,
+        the (prefix, suffix) device slices of its pre-eviction slots; else None. Eligible only where those differ
+        from the reloaded ones at an end (H1a compares the fragments' first and last slots with the node's). The
+        checker knows a chain node's reloaded slots when exact sets are on or the node was reloaded alone (without
+        them the order of a chain's slots is unknown): only then is H1a expected."""
+        if c.stale_dev is None or cur is None:
+            return None
+        old, alone = c.stale_dev
+        if old.size != cur.size or cur.size == 0 or (old[0] == cur[0] and old[-1] == cur[-1]):
+            return None
+        if not self.hit("H1_stale_dev"):
+            return None
+        pend0 = c.pend_ops[0].id if c.pend_ops else None
+        self.oracle.inject("H1_stale_dev", self.r, c.id, pend0)
+        if self.sim.exact or alone:
+            self.oracle.expect("H1", "H1a", self.r, c.id, pend0, "H1_stale_dev")
+        return old[:s].copy(), old[s:].copy()
 
     def h2_release(self, last: "Node", op: "Op") -> bool:
         """Reload ``op`` issued: True when the fault releases the host pin now, at issue (the engine frees the
@@ -344,6 +369,32 @@ class FaultHooks:
         self.oracle.inject("C3_writer", self.r, n.id, op.id)
         self.oracle.expect("C3", "C3", self.r, n.id, op.id, "C3_writer")
         return 0
+
+    def c2_round(self, n: int, q, open_: dict, tick: int) -> int:
+        """How many of the group's ``n`` finished d2h transfers (after those this rank held back, at the head of its
+        queue ``q``) this rank pops in round ``tick``: ``n - 1`` under the fault (its round then holds another op
+        set than the other ranks'; the last one is popped next round), else ``n``.
+
+        Eligible only where the held-back transfer's nodes are held on the device anyway until the next round (by
+        a request still open then, ``open_``: rid -> the round it finishes in), so that its later unlock changes
+        no eviction choice and the trees stay in step."""
+        sim = self.sim
+        if n < 2 or sim.ranks < 2 or self.plan("C2_round") is None:
+            return n
+        rk = sim.ranks_[self.r]
+        t = q[rk.copy.held + n - 1]
+        nodes = [op.node for op in t.writes()]
+        held = set()
+        for rid, (node, _) in rk.requests.items():
+            if open_.get(rid, -1) > tick:
+                held.update(id(x) for x in rk.tree.path_of(node))
+        if not all(id(x) in held for x in nodes) or not self.hit("C2_round"):
+            return n
+        nid = min(x.id for x in nodes)
+        self.oracle.inject("C2_round", self.r, nid, t.id)
+        if sim.judged(self.rec.n_struct):
+            self.oracle.expect("C2", "C2", self.r, nid, None, "C2_round")
+        return n - 1
 
     # -- consequences: what the checker must find, from the simulated bytes and bookkeeping ---------------------
     def expect_stale_ack(self, op: "Op", clen: int) -> None:

@@ -65,7 +65,7 @@ def rng(idx: np.ndarray | None) -> str:
     """Upstream ``rng`` summary of an index array: ``(cnt=N,min=a,max=b,first=c,last=d)``, ``(0)``, ``(none)``."""
     if idx is None:
         return "(none)"
-    a = np.asarray(idx).reshape(-1)
-    if a.size == 0:
+    a = np.asarray(idx).reshape(-1).tolist()   # (the node-sized arrays here are small: Python's min/max are faster)
+    if not a:
         return "(0)"
-    return f"(cnt={a.size},min={int(a.min())},max={int(a.max())},first={int(a[0])},last={int(a[-1])})"
+    return f"(cnt={len(a)},min={min(a)},max={max(a)},first={a[0]},last={a[-1]})"

@@ -47,9 +47,18 @@ class Clock:
         return TS_BASE + self.tick * TICK_NS + self._sub
 
 
+_PREFIXES: dict[tuple[int, int], str] = {}   # (rank, wall second) -> prefix: records come many per second
+
+
 def log_prefix(rank: int, ts: int) -> str:
     wall_s = (WALL_BASE_NS + (ts - TS_BASE)) // 10**9
-    return f"[{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(wall_s))} ATTN_CP{rank} TP{rank}] "
+    key = (rank, wall_s)
+    p = _PREFIXES.get(key)
+    if p is None:
+        if len(_PREFIXES) > 4096:
+            _PREFIXES.clear()
+        p = _PREFIXES[key] = f"[{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(wall_s))} ATTN_CP{rank} TP{rank}] "
+    return p
 
 
 class LogEmitter:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 class Node:
     __slots__ = ("id", "key", "parent", "children", "value", "host_value", "lock_ref", "host_ref", "hit_count",
                  "gen", "last_access", "start", "bk", "bk_op", "bk_split", "bk_idx", "pend_ops", "loading",
-                 "prev_host", "old_host", "noinval", "host_refused")
+                 "prev_host", "old_host", "noinval", "host_refused", "evicted_dev", "stale_dev")
 
     def __init__(self, nid: int, key: np.ndarray, parent: "Node | None", start: int) -> None:
         self.id = nid
@@ -44,6 +44,8 @@ class Node:
         self.old_host: np.ndarray | None = None   # range released by the latest re-backup (for H2_stale_clean)
         self.noinval = False
         self.host_refused = False                 # C1_div: this rank's host pool refused the node (no retry)
+        self.evicted_dev: np.ndarray | None = None  # device slots the node had when it was last evicted
+        self.stale_dev: tuple | None = None   # since a reload: (those pre-eviction slots, reloaded alone), H1_stale_dev
 
     def __len__(self) -> int:
         return int(self.key.size)
@@ -134,6 +136,11 @@ class Tree:
         pre_dev, pre_host = c.value, c.host_value
         if pre_dev is not None:
             p.value, c.value = pre_dev[:s].copy(), pre_dev[s:].copy()
+        dev_p, dev_c = p.value, c.value
+        stale = rk.hooks.h1_stale_dev(c, pre_dev, s)
+        if stale is not None:
+            dev_p, dev_c = stale
+        c.stale_dev = None   # the fragments' lengths no longer match the old slots
         hp_ = hc_ = None
         if pre_host is not None:
             hp_, hc_ = pre_host[:s].copy(), pre_host[s:].copy()
@@ -163,7 +170,7 @@ class Tree:
                 op.frags[i:i + 1] = [p, c]
             p.pend_ops.append(op)
         rk.cache.invalidate(c)
-        rk.rec.split(c, p, parent, L, s, hp_, hc_, pend)
+        rk.rec.split(c, p, parent, L, s, dev_p, dev_c, hp_, hc_, pend)
         return p
 
     def detach(self, v: Node) -> None:

@@ -33,42 +33,85 @@ class Tokens:
 
 def random_workload(seed: int, mode: str = "none", ranks: int = 2, policy: str = "wt", level: int = 3,
                     emitter: Emitter | None = None, faults: Iterable[FaultPlan] = (), requests: int = 24,
-                    exact: bool = True, merge: bool = True) -> Simulation:
+                    exact: bool = True, merge: bool = True, lag_ns: int = 0, mixed_acks: bool = False,
+                    cut: float = 0.0) -> Simulation:
     """A seeded random stream: shared prefixes force splits, a small device pool forces eviction and reloads, a
     small host pool forces host eviction, copy delays ``d_w``/``d_l`` of 1-3 rounds, now and then a reset.
-    ``merge``: the writes of one round start as one merged op (the simulator's default); False: one op each."""
+    ``merge``: the writes of one round start as one merged op (the simulator's default); False: one op each.
+    ``lag_ns``, ``mixed_acks``: see :class:`~cptrace_otel.sim.core.Simulation`; ``cut``: see :func:`random_stream`
+    (all three off by default, so a seed's stream is what it always was)."""
     rng = np.random.default_rng(seed)
     sim = Simulation(mode, ranks, policy, level, faults, emitter, page_size=P, layers=2, width=4,
                      dev_pages=int(rng.integers(10, 17)), host_pages=int(rng.integers(14, 25)),
                      d_w=int(rng.integers(1, 4)), d_l=int(rng.integers(1, 4)), lb_threshold=2 * P, exact=exact,
-                     merge=merge)
-    random_stream(sim, rng, requests)
+                     merge=merge, lag_ns=lag_ns, mixed_acks=mixed_acks)
+    random_stream(sim, rng, requests, cut=cut)
     sim.finish()
     return sim
 
 
-def random_stream(sim: Simulation, rng: np.random.Generator, requests: int, resets: bool = True) -> None:
+def random_stream(sim: Simulation, rng: np.random.Generator, requests: int, resets: bool = True,
+                  cut: float = 0.0) -> None:
     """Drive ``sim`` with ``requests`` random requests (repeats, shared prefixes with new suffixes, fresh prompts),
-    0-2 rounds apart, random durations."""
+    0-2 rounds apart, random durations. ``cut``: the share of requests that repeat an earlier prompt of two pages
+    or more (a host hit reloads it when it was evicted), wait for any load, then take a page-aligned part of it
+    (cut inside it) and a new suffix, which splits its node, the reloaded one included (0: none, and the stream
+    draws exactly what it did before the option existed). Prompts are whole pages of ``sim.page_size`` tokens."""
+    ps = sim.page_size
     vocab = 200
-    prefixes = [rng.integers(0, vocab, P * int(k)).tolist() for k in rng.integers(1, 4, size=4)]
+    prefixes = [rng.integers(0, vocab, ps * int(k)).tolist() for k in rng.integers(1, 4, size=4)]
     history: list[list[int]] = []
     for _ in range(requests):
+        if cut and history and rng.random() < cut:
+            src = history[int(rng.integers(len(history)))]
+            if len(src) >= 2 * ps:
+                sim.request(src)
+                for _ in range(sim.d_l + 1):   # a node is never cut while its load is in flight
+                    sim.step()
+                k = _cut_point(sim, src, rng)
+                toks = src[:k] + rng.integers(0, vocab, ps * int(rng.integers(1, 3))).tolist()
+                history.append(toks)
+                sim.request(toks, dur=int(rng.integers(0, 3)))
+                for _ in range(int(rng.integers(0, 3))):
+                    sim.step()
+                continue
         u = rng.random()
         if u < 0.35 and history:
             toks = history[int(rng.integers(len(history)))]
         elif u < 0.8:
             pre = prefixes[int(rng.integers(len(prefixes)))]
-            k = int(rng.integers(1, len(pre) // P + 1)) * P
-            toks = pre[:k] + rng.integers(0, vocab, P * int(rng.integers(0, 3))).tolist()
+            k = int(rng.integers(1, len(pre) // ps + 1)) * ps
+            toks = pre[:k] + rng.integers(0, vocab, ps * int(rng.integers(0, 3))).tolist()
         else:
-            toks = rng.integers(0, vocab, P * int(rng.integers(1, 4))).tolist()
+            toks = rng.integers(0, vocab, ps * int(rng.integers(1, 4))).tolist()
         history.append(toks)
         sim.request(toks, dur=int(rng.integers(0, 3)))
         for _ in range(int(rng.integers(0, 3))):
             sim.step()
         if resets and rng.random() < 0.04:
             sim.reset()
+
+
+def _cut_point(sim: Simulation, src: list[int], rng: np.random.Generator) -> int:
+    """A page-aligned cut inside ``src``: inside the deepest node of two pages or more on rank 0's path of
+    ``src`` (the leaf that eviction, and so a reload, is likeliest to have touched), else anywhere inside it."""
+    ps = sim.page_size
+    tree = sim.ranks_[0].tree
+    toks = np.asarray(src, dtype=np.int64)
+    node, pos, best = tree.root, 0, None
+    while pos < toks.size:
+        child = node.children.get(tree.edge(toks[pos:]))
+        if child is None or child.key.size > toks.size - pos or not np.array_equal(child.key,
+                                                                                    toks[pos:pos + child.key.size]):
+            break
+        if child.key.size >= 2 * ps:
+            best = (pos, child.key.size)
+        pos += child.key.size
+        node = child
+    if best is None:
+        return int(rng.integers(1, len(src) // ps)) * ps
+    start, n = best
+    return start + int(rng.integers(1, n // ps)) * ps
 
 
 # -- scripted scenarios ---------------------------------------------------------------------------------------------
@@ -138,6 +181,31 @@ def _reload_reuse(sim: Simulation, t: Tokens) -> None:
     sim.evict_host_all()
 
 
+def _reload_split(sim: Simulation, t: Tokens) -> None:
+    """A backuped node is evicted and reloaded into new device pages, then split by a request that shares its
+    prefix: the fragments take slices of the reloaded pages (H1_stale_dev slices the pre-eviction ones)."""
+    a = t(4)
+    sim.request(a)
+    _steps(sim, 2)
+    sim.evict_all()
+    sim.request(t(4))                   # a fresh prompt takes the pages a just freed (they are reused first)
+    sim.request(a)                      # host hit: a reloads into other pages
+    _steps(sim, 2)
+    sim.request(a[:2 * P] + t(2))       # splits a's node at 8 tokens
+    _steps(sim, 2)
+
+
+def _two_writes_one_round(sim: Simulation, t: Tokens) -> None:
+    """Two writes issued in one round as separate ops (no merge) while their requests run: both acks are ready in
+    the same round on every rank, and the MIN over the group pops them together (C2_round pops one fewer on one
+    rank, the other a round later)."""
+    sim.request(t(2), dur=3)
+    sim.request(t(2), dur=3)
+    _steps(sim, 4)
+    sim.request(t(2))
+    _steps(sim, 2)
+
+
 def _compose_reload(sim: Simulation, t: Tokens) -> None:
     """The attention's derived view of a node is filled, the node is evicted and reloaded, then read again: the
     view must be refilled after the reload (H3_noinval serves the stale one)."""
@@ -192,6 +260,8 @@ def _backup_only(sim: Simulation, t: Tokens) -> None:
 SCENARIOS: dict[str, tuple[dict[str, int], Callable[[Simulation, Tokens], None]]] = {
     "split_pending": ({"d_w": 2}, _split_pending),
     "split_reload": ({}, _split_reload),
+    "reload_split": ({}, _reload_split),
+    "two_writes_one_round": ({"merge": False}, _two_writes_one_round),
     "rebackup_reload": ({}, _rebackup_reload),
     "reload_reuse": ({"d_w": 1, "d_l": 2}, _reload_reuse),
     "compose_reload": ({}, _compose_reload),
@@ -216,7 +286,7 @@ def run_segment(sim: Simulation, name: str) -> None:
     delays), for long runs such as the demo that string several scenarios together."""
     params, body = SCENARIOS[name]
     sim.drain()
-    base = dict(dev_pages=8, host_pages=16, d_w=1, d_l=1)
+    base = dict(dev_pages=8, host_pages=16, d_w=1, d_l=1, merge=True)
     base.update(params)
     for k, v in base.items():
         setattr(sim, k, v)
@@ -232,6 +302,7 @@ SCENARIO_NAME_OF_FAULT = {
     "H4_wb_noflush": "recycle",
     "ZERO_nostore": "store_reload", "ZERO_race": "store_reload", "HASH_flip": "store_reload",
     "C1_div": "backup_only", "C3_writer": "backup_only",
+    "H1_stale_dev": "reload_split", "C2_round": "two_writes_one_round",
 }
 
 # Legal near-misses (domain 7.3.2): scripted sequences that must stay silent without any fault -> (scenario, policy).
@@ -246,6 +317,8 @@ NEAR_MISSES: dict[str, tuple[str, str]] = {
     "write_through lock holds the node under pressure": ("recycle", "wt"),
     "write_back: split, evict, reload": ("split_reload", "wb"),
     "write_back: store, evict, reload": ("store_reload", "wb"),
+    "split of a reloaded node from its reloaded slots": ("reload_split", "wt"),
+    "two writes acked in one round on every rank": ("two_writes_one_round", "wt"),
 }
 
 

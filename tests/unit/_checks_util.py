@@ -21,6 +21,18 @@ def check_lines(tmp_path, lines: list[str], level: int | None = None, name: str 
     return Analysis(level).run(read_log_events([str(p)]))
 
 
+def write_ranks(tmp_path, per_rank: dict[int, list]) -> list[str]:
+    """One ``rank<r>.log`` per rank; a line is a string (its ``ts`` is then its index, the same on every rank: ranks
+    in lockstep) or a ``(ts, line)`` pair."""
+    paths = []
+    for r, lines in per_rank.items():
+        p = tmp_path / f"rank{r}.log"
+        p.write_text("".join(f"{x[1]} ts={x[0]}\n" if isinstance(x, tuple) else f"{x} ts={1000 + i}\n"
+                             for i, x in enumerate(lines)))
+        paths.append(str(p))
+    return paths
+
+
 def check_files(paths: list[str], level: int | None = None) -> Result:
     return Analysis(level).run(read_log_events(paths))
 

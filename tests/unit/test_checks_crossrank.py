@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from _checks_util import R, check_files
+from _checks_util import R, check_files, write_ranks
 
 
 def _node(r, node, op, dev, host, h=None, io=1, hs=None, extra_backup=""):
@@ -18,14 +18,7 @@ def _node(r, node, op, dev, host, h=None, io=1, hs=None, extra_backup=""):
     ]
 
 
-def _write(tmp_path, per_rank: dict[int, list[str]]) -> list[str]:
-    paths = []
-    for r, lines in per_rank.items():
-        p = tmp_path / f"rank{r}.log"
-        # ts: the line order, identical across ranks (lockstep)
-        p.write_text("".join(f"{x} ts={1000 + i}\n" for i, x in enumerate(lines)))
-        paths.append(str(p))
-    return paths
+_write = write_ranks   # ts: the line order, identical across ranks (lockstep)
 
 
 def _cfg(r, mode, n=2, io_rank=0):

@@ -272,3 +272,63 @@ def test_merged_ops_stay_in_lockstep_across_ranks():
         r0 = [(x["op"], x["node_id"]) for x in recs(sim, tag, 0)]
         assert r0 == [(x["op"], x["node_id"]) for x in recs(sim, tag, 1)] and r0
     assert {x["op"] for x in recs(sim, "backup", 0)} == {3}
+
+
+def test_followers_run_ahead_of_the_io_rank_by_lag_ns():
+    """``lag_ns``: every rank but the IO rank stamps its records that much earlier; each rank's ts stays monotonic,
+    and the followers' stores still precede the IO rank's backup while their acks follow it."""
+    from cptrace_otel.sim.tracer import TICK_NS
+
+    sim, t = mk(mode="shared", ranks=3, lag_ns=TICK_NS // 2), Tokens()
+    sim.request(t(2))
+    sim.finish()
+    ts = {r: [parse_line(x).fields["ts"] for x in sim.emitter.lines[r]] for r in range(3)}
+    assert all(v == sorted(v) for v in ts.values())
+    assert ts[0][0] - ts[1][0] == TICK_NS // 2 - 1   # the config records: rank 1 logs right after rank 0
+    (b0,) = [f["ts"] for f in recs(sim, "backup", 0)]
+    for r in (1, 2):
+        (s,) = [f["ts"] for f in recs(sim, "store", r)]
+        (a,) = [f["ts"] for f in recs(sim, "ack", r)]
+        assert s < b0 < a
+
+
+def test_mixed_acks_interleave_a_rounds_directions_differently_per_rank():
+    sim, t = mk(mode="replicated", ranks=2, d_w=1, d_l=1, mixed_acks=True), Tokens()
+    a = t(3)
+    sim.request(a)
+    sim.step()
+    sim.evict_all()
+    sim.request(a)            # a reload (h2d) ...
+    sim.request(t(2))         # ... and a write (d2h), acked in the same round
+    sim.finish()
+    orders = []
+    for r in (0, 1):
+        acks = [(f["round"], f["dir"]) for f in recs(sim, "ack", r)]
+        rounds = {}
+        for k, d in acks:
+            rounds.setdefault(k, []).append(d)
+        orders.append({k: v for k, v in rounds.items() if len(set(v)) > 1})
+    assert orders[0] and orders[0].keys() == orders[1].keys()
+    assert all(sorted(orders[0][k]) == sorted(orders[1][k]) and orders[0][k] != orders[1][k] for k in orders[0])
+    assert [Simulation._ack_order(r, 4, 2, 1) for r in (0, 1, 2)] == [[0, 1, 0], [0, 0, 1], [1, 0, 0]]
+
+
+def test_c2_round_fault_holds_one_ack_back_for_one_round_on_its_rank_only():
+    from cptrace_otel.sim.workload import run_fault
+
+    sim = run_fault("C2_round", "replicated")
+    rounds = []
+    for r in (0, 1):
+        per = {}
+        for f in recs(sim, "ack", r):
+            per.setdefault(f["round"], []).append(f["node_id"])
+        rounds.append(per)
+    assert sorted(sum(rounds[0].values(), [])) == sorted(sum(rounds[1].values(), []))   # every ack, once
+    (k,) = [k for k in rounds[0] if rounds[0][k] != rounds[1].get(k)][:1]
+    assert len(rounds[1][k]) == len(rounds[0][k]) - 1 and sim.oracle.injected[0][1] == 1
+    assert [(e.code, e.rank) for e in sim.oracle.entries] == [("C2", 1)]
+    # the trees stay in step: same structural records on both ranks
+    struct = [[x.split("]", 2)[1] + x.split("] ", 2)[2].split(" rank=")[0] for x in sim.emitter.lines[r]
+               if any(f"[CPTRACE {t}]" in x for t in ("insert", "split", "prepare", "evict", "reload"))]
+              for r in (0, 1)]
+    assert struct[0] == struct[1]

@@ -45,7 +45,8 @@ _HASH_SKIPS = ("HASH-skipped(split)", "HASH-skipped(chain)", "HASH-skipped(no re
 # In report order: per-rank H1-H4, ZERO, HASH, then cross-rank C1-C5 (CODES and the unchecked report follow it).
 RULES: tuple[Rule, ...] = (
     _r("H1a", "H1", 1, RANK, "split insert prepare reload",
-       "a split partitions the node's dev/host slots: the prefix to the new id, the suffix kept by the old id",
+       "a split partitions the node's latest dev/host slots (from its last insert, reload or split): the prefix to "
+       "the new id, the suffix kept by the old id; an evicted node splits without dev slots",
        "rules_h1:H1Split._h1a"),
     _r("H1b", "H1", 2, RANK, "prepare split ack",
        "a d2h ack after a split covers the enqueued length: blen = L and the pub fragments sum to L",
@@ -60,7 +61,8 @@ RULES: tuple[Rule, ...] = (
        "every chain node's backup has its d2h ack before the reload is issued",
        "rules_h2:H2Reload._h2b"),
     _r("H2c", "H2", 2, RANK, "reload ack free evict prepare",
-       "the reload's host pages stay pinned until its h2d ack: no free, host eviction or reuse in between",
+       "the reload's host pages stay pinned until its h2d ack (the op's first ack record): no free, host eviction "
+       "or reuse in between",
        "rules_h2:H2Reload._h2c"),
     _r("H3", "H3", 2, RANK, "compose evict reload ack split insert free",
        "a compose hit is served from a fill made after the last device change of the nodes it derives from",
@@ -78,7 +80,8 @@ RULES: tuple[Rule, ...] = (
        "lockstep tree: every rank's structural tuples are identical; the first divergence is reported",
        "rules_c1:C1Lockstep._c1_compare"),
     _r("C2", "C2", 2, CROSS, "ack",
-       "every ack round holds the same (dir, op count, node set) on all ranks",
+       "every ack round (by round= when logged, compared per direction; else a run of one direction's acks) holds "
+       "the same (dir, op count, node set) on all ranks",
        "rules_c2:C2AckRounds._c2_compare"),
     _r("C3", "C3", 1, CROSS, "config prepare backup",
        "every rank has a prepare for a node iff any does, each with io=1 (shared: only io_rank, equal host)",
@@ -90,7 +93,8 @@ RULES: tuple[Rule, ...] = (
        "replicated: backup h equal on all ranks; shared: the IO rank's hs[r] equals rank r's reload hash",
        "rules_joins:JoinRules._c5_replicated"),
     _r("C5-fence", "C5", 2, CROSS, "store backup evict free reset",
-       "shared: no rank's store to a node's pages lands after the IO rank's backup of them began",
+       "shared: no rank's store to a node's pages lands after the IO rank's backup of them began, while that rank's "
+       "pages still hold the node's KV (a store after it gave them up writes the next owner's)",
        "fence:StoreFence._test"),
 )
 
