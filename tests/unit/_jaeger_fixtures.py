@@ -107,31 +107,17 @@ def to_v2(reqs: list[dict], seed: int = 0, service: str | None = None) -> dict:
     return {"data": v2_traces(reqs, seed, service), "total": 0, "limit": 0, "offset": 0, "errors": None}
 
 
-class FakeJaeger:
-    """A query service over ``traces`` (Jaeger-model, oldest first) on a free loopback port; ``queries`` lists the
-    parsed query strings of every search; ``max_traces`` bounds ``limit`` as the memory store does."""
+class JsonServer:
+    """A JSON-over-HTTP fake on a free loopback port (the base of the fake Jaeger and the fake Tempo): subclasses
+    answer ``route(path, query, headers) -> (status, body)``; ``url`` is its base URL."""
 
-    def __init__(self, traces: list[dict], max_traces: int = 100_000, user: str | None = None) -> None:
-        self.traces = traces
-        self.max_traces = max_traces
-        self.queries: list[dict[str, list[str]]] = []
-        self.auth: list[str | None] = []
-        fake = self
+    def _serve(self) -> None:
+        route = self.route
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 (http.server API)
                 u = urllib.parse.urlsplit(self.path)
-                q = urllib.parse.parse_qs(u.query)
-                fake.auth.append(self.headers.get("Authorization"))
-                if u.path == "/api/services":
-                    return self._send(200, {"data": sorted({p["serviceName"] for t in fake.traces
-                                                            for p in t["processes"].values()})})
-                if u.path == "/api/traces":
-                    fake.queries.append(q)
-                    return self._send(*fake.search(q))
-                self._send(404, {"errors": [{"code": 404, "msg": "not found"}]})
-
-            def _send(self, code: int, obj: Any) -> None:
+                code, obj = route(u.path, urllib.parse.parse_qs(u.query), self.headers)
                 body = json.dumps(obj).encode()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
@@ -146,15 +132,39 @@ class FakeJaeger:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
+    def route(self, path: str, q: dict[str, list[str]], headers: Any) -> tuple[int, Any]:
+        raise NotImplementedError
+
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
 
-    def __enter__(self) -> "FakeJaeger":
+    def __enter__(self) -> Any:
         return self
 
     def __exit__(self, *a: Any) -> None:
         self.close()
+
+
+class FakeJaeger(JsonServer):
+    """A query service over ``traces`` (Jaeger-model, oldest first) on a free loopback port; ``queries`` lists the
+    parsed query strings of every search; ``max_traces`` bounds ``limit`` as the memory store does."""
+
+    def __init__(self, traces: list[dict], max_traces: int = 100_000, user: str | None = None) -> None:
+        self.traces = traces
+        self.max_traces = max_traces
+        self.queries: list[dict[str, list[str]]] = []
+        self.auth: list[str | None] = []
+        self._serve()
+
+    def route(self, path: str, q: dict[str, list[str]], headers: Any) -> tuple[int, Any]:
+        self.auth.append(headers.get("Authorization"))
+        if path == "/api/services":
+            return 200, {"data": sorted({p["serviceName"] for t in self.traces for p in t["processes"].values()})}
+        if path == "/api/traces":
+            self.queries.append(q)
+            return self.search(q)
+        return 404, {"errors": [{"code": 404, "msg": "not found"}]}
 
     def search(self, q: dict[str, list[str]]) -> tuple[int, dict]:
         limit = int(q.get("limit", ["100"])[0])

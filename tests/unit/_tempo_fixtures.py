@@ -12,12 +12,9 @@ import base64
 import json
 import random
 import re
-import threading
-import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from _jaeger_fixtures import traces_of
+from _jaeger_fixtures import JsonServer, traces_of
 
 _Q = re.compile(r'^\{ resource\.cptrace\.run_id = "((?:[^"\\]|\\.)*)" \}$')
 
@@ -26,50 +23,22 @@ def _b64(hexid: str) -> str:
     return base64.b64encode(bytes.fromhex(hexid)).decode()
 
 
-class FakeTempo:
+class FakeTempo(JsonServer):
     def __init__(self, reqs: list[dict], seed: int = 0) -> None:
         rnd = random.Random(seed)
         self.traces: dict[str, list[tuple[dict, dict]]] = traces_of(reqs)
         for items in self.traces.values():
             rnd.shuffle(items)
         self.queries: list[dict[str, list[str]]] = []
-        fake = self
+        self._serve()
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server API)
-                u = urllib.parse.urlsplit(self.path)
-                q = urllib.parse.parse_qs(u.query)
-                if u.path == "/api/search":
-                    fake.queries.append(q)
-                    return self._send(*fake.search(q))
-                if u.path.startswith("/api/traces/"):
-                    return self._send(*fake.trace(u.path.rsplit("/", 1)[1]))
-                self._send(404, {"error": "not found"})
-
-            def _send(self, code: int, obj: Any) -> None:
-                body = json.dumps(obj).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *a: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-    def __enter__(self) -> "FakeTempo":
-        return self
-
-    def __exit__(self, *a: Any) -> None:
-        self.close()
+    def route(self, path: str, q: dict[str, list[str]], headers: Any) -> tuple[int, Any]:
+        if path == "/api/search":
+            self.queries.append(q)
+            return self.search(q)
+        if path.startswith("/api/traces/"):
+            return self.trace(path.rsplit("/", 1)[1])
+        return 404, {"error": "not found"}
 
     def search(self, q: dict[str, list[str]]) -> tuple[int, dict]:
         m = _Q.match(q.get("q", [""])[0])
