@@ -120,7 +120,7 @@ def test_watch_writes_back_and_alerts(watch_stack, tmp_path):
     def firing():
         alerts = get_json(stack.prom_url + "/api/v1/alerts")["data"]["alerts"]
         return [a for a in alerts if a["labels"].get("alertname") == "HiCacheKVInvariantViolated"
-                and a["labels"].get("cptrace_run_id") == run_id and a["labels"].get("cptrace_violation") == "C3"
+                and a["labels"].get("cptrace_run_id") == run_id and a["labels"].get("code") == "C3"
                 and a["state"] == "firing"]
 
     (alert, *_) = wait_for(firing, 90, f"HiCacheKVInvariantViolated firing for C3 of {run_id}", 0.5)
@@ -130,7 +130,7 @@ def test_watch_writes_back_and_alerts(watch_stack, tmp_path):
 
     def delivered():
         return [a for path, body in stack.webhook_hits if path == "/page" for a in body["alerts"]
-                if a["labels"].get("cptrace_run_id") == run_id and a["labels"].get("cptrace_violation") == "C3"]
+                if a["labels"].get("cptrace_run_id") == run_id and a["labels"].get("code") == "C3"]
 
     (hook, *_) = wait_for(delivered, 60, "webhook delivery of the C3 alert", 0.5)
     assert hook["status"] == "firing" and run_id in hook["annotations"]["summary"]
