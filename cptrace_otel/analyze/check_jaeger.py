@@ -26,16 +26,14 @@ _PFX = "cptrace-otel check"
 def run_jaeger(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:
     from .engine import analyze_traces
     from .sources.jaeger import JaegerClient, JaegerError, JaegerUnreachable, mask_url
-    from .sources.jaegerquery import DEFAULT_LIMIT, PageTooSmall, Search, window
+    from .sources.jaegerquery import DEFAULT_LIMIT, PageTooSmall, Search, open_query
     from .sources.logs import LogStats
     from .sources.tracedocs import TraceDocs
     from .. import semconv as sc
 
     given = str(args.jaeger)
     try:
-        client = JaegerClient(given, timeout_s=30.0)
-        start_us, end_us = window(getattr(args, "since", None), getattr(args, "start", None),
-                                  getattr(args, "end", None))
+        client, start_us, end_us = open_query(JaegerClient, given, args)
     except ValueError as e:
         print(f"{_PFX}: {e}", file=err)
         return EXIT_USAGE

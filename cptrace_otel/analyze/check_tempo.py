@@ -20,7 +20,7 @@ _PFX = "cptrace-otel check"
 def run_tempo(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:
     from .engine import Analysis
     from .sources.jaeger import JaegerError, JaegerUnreachable, mask_url
-    from .sources.jaegerquery import window
+    from .sources.jaegerquery import open_query
     from .sources.logs import LogStats
     from .sources.tempo import DEFAULT_LIMIT, TempoClient, run_query, run_trace_ids
     from .sources.tracedocs import TraceDocs
@@ -31,9 +31,7 @@ def run_tempo(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:
         print(f"{_PFX}: --tempo needs --run-id (the TraceQL search is {run_query('ID')})", file=err)
         return EXIT_USAGE
     try:
-        client = TempoClient(given, timeout_s=30.0)
-        start_us, end_us = window(getattr(args, "since", None), getattr(args, "start", None),
-                                  getattr(args, "end", None))
+        client, start_us, end_us = open_query(TempoClient, given, args)
     except ValueError as e:
         print(f"{_PFX}: {e}", file=err)
         return EXIT_USAGE

@@ -71,6 +71,15 @@ def parse_time(text: str) -> int:
     return int(t.timestamp() * 1e6)
 
 
+def open_query(client_cls: Any, url: str, args: Any) -> tuple[Any, int, int]:
+    """The query client of ``url`` (``JaegerClient``, ``TempoClient``) and the search window in µs from ``args``
+    (``--since`` / ``--start`` / ``--end``), as ``check --jaeger`` and ``check --tempo`` both take them. Raises
+    ValueError for a bad URL or window (a usage error)."""
+    client = client_cls(url, timeout_s=30.0)
+    start_us, end_us = window(getattr(args, "since", None), getattr(args, "start", None), getattr(args, "end", None))
+    return client, start_us, end_us
+
+
 def window(since: str | None, start: str | None, end: str | None, now_s: float | None = None) -> tuple[int, int]:
     """(start µs, end µs) of the search: ``--start``/``--end`` (end defaults to now), else the last ``--since``
     (default :data:`DEFAULT_SINCE_S`). Raises ValueError."""
