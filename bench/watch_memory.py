@@ -9,7 +9,7 @@ span builder and OTLP sink at ``--rate`` events/s. The watcher's RSS (``/proc/PI
 0.2 s next to the records it reports checked (``--verbose`` lines).
 
     python bench/watch_memory.py                      # 1,000,000 events
-    python bench/watch_memory.py --events 300000 --rate 6000
+    python bench/watch_memory.py --events 300000 --rate 3000
 Needs the Jaeger binary (deploy/jaeger/up builds deploy/jaeger/bin/jaeger; or JAEGER_BIN).
 """
 
@@ -141,7 +141,7 @@ def rss_kib(pid: int) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=1_000_000)
-    ap.add_argument("--rate", type=float, default=8000.0, help="events per second streamed into Jaeger")
+    ap.add_argument("--rate", type=float, default=6000.0, help="events per second streamed into Jaeger")
     ap.add_argument("--interval", default="2s", help="watch --interval")
     ap.add_argument("--max-traces", type=int, default=30000, help="memory-store slots of the bench's Jaeger")
     ap.add_argument("--jaeger", default=None, help="use this Jaeger's query URL (with --otlp) instead of one's own")
@@ -199,6 +199,11 @@ def main() -> None:
         print("watch never reached 100,000 records checked")
         print("\n".join(lines[-20:]))
         sys.exit(1)
+    marks = []   # RSS as the records checked pass each further 100,000: flat, or growing with the run?
+    for _, c, rss in samples:
+        if c >= 100_000 * (len(marks) + 1):
+            marks.append(f"{c // 1000}k {rss / 1024:.0f}")
+    print("RSS (MiB) by records checked: " + ", ".join(marks))
     ratio = peak / first
     print(f"RSS after the first 100,000 events: {first / 1024:.1f} MiB; peak RSS: {peak / 1024:.1f} MiB; "
           f"ratio {ratio:.2f} ({'within' if ratio <= 2 else 'NOT within'} 2x)")

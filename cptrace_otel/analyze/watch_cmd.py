@@ -127,7 +127,7 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
                         st = states[rid] = RunWatch(rid, args.level, retired.pop(rid, None), note)
                         changed_at[rid] = time.monotonic()
                     st.new_records = 0
-                    for i, tr in enumerate(search.run_traces(rid, win_start, poll_end, oldest_first=True), 1):
+                    for i, tr in enumerate(search.run_traces(rid, win_start, poll_end), 1):
                         st.add_trace(tr)
                         read += 1
                         if i % PAGE_STEP == 0:   # feed as it arrives: memory holds a page, not a poll

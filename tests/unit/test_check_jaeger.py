@@ -153,8 +153,66 @@ def test_window_split_at_the_median_span_start_and_its_limit():
     from cptrace_otel.analyze.sources.jaegerquery import PageTooSmall, Search
 
     s = Search(None, limit=2)   # type: ignore[arg-type]  (no search is made)
-    page = [{"spans": [{"startTime": t} for t in ts]} for ts in ((5, 50, 900), (60, 70))]
+    page = [5, 50, 900, 60, 70]   # the span starts of a full page, in the order they came
     assert s._split(0, 10**9, page, "r") == [(0, 60), (60, 10**9)]   # not the middle of a 1000 s window
-    assert s._split(10, 20, [{"spans": [{"startTime": 10}]}], "r") == [(10, 15), (15, 20)]
+    assert s._split(10, 20, [10], "r") == [(10, 15), (15, 20)]
     with pytest.raises(PageTooSmall, match="raise --limit"):
         s._split(7, 8, page, "r")
+
+
+def test_search_answers_are_parsed_one_trace_at_a_time():
+    """iter_data reads Jaeger's {"data":[...],...,"errors":...} layout trace by trace, any other layout whole, and
+    raises JaegerError for JSON that does not parse and for errors Jaeger lists after the data."""
+    from cptrace_otel.analyze.sources.jaeger import JaegerError, iter_data
+
+    tr = [{"traceID": "a", "spans": [{"startTime": 1}]}, {"traceID": "b", "spans": []}]
+    text = json.dumps({"data": tr, "total": 0, "limit": 0, "offset": 0, "errors": None})
+    it = iter_data(text, "u")
+    assert next(it) == tr[0]   # handed out before the rest is parsed
+    assert list(it) == tr[1:]
+    assert list(iter_data('{ "data" : [ ] , "errors": null}', "u")) == []
+    assert list(iter_data(json.dumps({"errors": None, "data": tr}), "u")) == tr   # another key order: parsed whole
+    assert list(iter_data('{"data":null}', "u")) == []
+    with pytest.raises(JaegerError, match="search depth"):
+        list(iter_data(json.dumps({"data": tr, "errors": [{"code": 500, "msg": "search depth too big"}]}), "u"))
+    for bad in ('{"data":[{"traceID": "a"} {"x": 1}]}', '{"data":[{"traceID": ', "nope", '{"data":[' + "[" * 100_000):
+        with pytest.raises(JaegerError):
+            list(iter_data(bad, "u"))
+
+
+def test_search_answer_in_pieces_parses_across_every_cut():
+    """An answer read in pieces (as _get_text returns it) gives the same traces wherever the pieces are cut, also in
+    the middle of a trace, of a multi-byte character's text, and with traces longer than the look-ahead."""
+    from cptrace_otel.analyze.sources import jaeger
+    from cptrace_otel.analyze.sources.jaeger import iter_data
+
+    tr = [{"traceID": f"t{i}", "spans": [{"startTime": i, "n": "é€" * (i * 37)}]} for i in range(40)]
+    tr.append({"traceID": "big", "spans": [{"x": "y" * (jaeger._AHEAD * 3)}]})
+    text = json.dumps({"data": tr, "total": 0, "errors": None}, ensure_ascii=False)
+    for n in (1, 7, 500, 4096, len(text) // 3, len(text)):
+        parts = [text[i:i + n] for i in range(0, len(text), n)]
+        assert list(iter_data(parts, "u")) == tr, n
+
+
+def test_run_traces_hands_out_each_trace_once_oldest_first_and_never_a_full_page():
+    """Against a store that answers newest first and at most `limit` traces (as Jaeger's memory store): every trace
+    once, in start order (watch feeds records in seq order, so it holds only what waits for an older trace)."""
+    from cptrace_otel.analyze.sources.jaegerquery import Search
+
+    traces = [{"traceID": f"{i:04x}", "spans": [{"startTime": 1000 + 10 * i}, {"startTime": 1000 + 10 * i + 25}]}
+              for i in range(60)]
+
+    class Store:
+        answers: list[int] = []
+
+        def search_iter(self, service, tags, start_us, end_us, limit, raw, with_text):
+            hit = [t for t in traces if any(start_us <= s["startTime"] <= end_us for s in t["spans"])]
+            page = hit[::-1][:limit]   # newest first
+            self.answers.append(len(page))
+            return iter([(t, json.dumps(t)) for t in page])
+
+    store = Store()
+    s = Search(store, limit=8)   # type: ignore[arg-type]
+    got = [t["traceID"] for t in s.run_traces("r", 0, 10**6)]
+    assert got == [t["traceID"] for t in traces]
+    assert max(store.answers) == 8 and s.searches == len(store.answers) > 60 // 8

@@ -31,12 +31,14 @@ Standard library only (``urllib``); nothing heavy is imported.
 from __future__ import annotations
 
 import base64
+import codecs
 import http.client
 import json
+import re
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 from urllib.parse import quote, unquote, urlencode, urlsplit, urlunsplit
 
 from ... import semconv as sc
@@ -45,6 +47,7 @@ from ...events import Event
 from ...links import normalize_base, trace_id_hex
 
 DEFAULT_URL = "http://127.0.0.1:16686"
+READ_CHUNK = 1 << 20   # bytes per read of an answer
 
 
 class JaegerUnreachable(ConnectionError):
@@ -92,17 +95,26 @@ class JaegerClient:
         self.timeout_s = timeout_s
 
     # -- transport ---------------------------------------------------------------------------------------------
-    def _get(self, path: str, params: Iterable[tuple[str, str]] = ()) -> Any:
-        """GET ``path`` and decode JSON; ``None`` on 404."""
+    def _get_text(self, path: str, params: Iterable[tuple[str, str]] = ()) -> tuple[str, list[str] | None]:
+        """GET ``path``: (the URL, the body as text in pieces of about :data:`READ_CHUNK` characters), the body
+        ``None`` on 404. The whole body is read before this returns (no connection is held while the caller works),
+        and as pieces: each bytes chunk is freed once decoded, so the body is never held twice."""
         qs = urlencode(list(params), quote_via=quote)
         url = f"{self.base_url}{path}" + (f"?{qs}" if qs else "")
         req = urllib.request.Request(url, headers=self._headers)
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                body = resp.read()
+                dec = codecs.getincrementaldecoder("utf-8")("replace")
+                parts = []
+                while True:
+                    chunk = resp.read(READ_CHUNK)
+                    if not chunk:
+                        break
+                    parts.append(dec.decode(chunk))
+                parts.append(dec.decode(b"", True))
         except urllib.error.HTTPError as e:
             if e.code == 404:
-                return None
+                return url, None
             text = e.read().decode("utf-8", "replace") if e.fp is not None else ""
             raise JaegerError(url, e.code, text) from None
         except urllib.error.URLError as e:
@@ -111,10 +123,18 @@ class JaegerClient:
             raise JaegerUnreachable(url, repr(e)) from None
         except (ValueError, http.client.HTTPException) as e:  # a URL urllib cannot use, a broken HTTP answer
             raise JaegerUnreachable(url, str(e) or type(e).__name__) from None
+        return url, parts
+
+    def _get(self, path: str, params: Iterable[tuple[str, str]] = ()) -> Any:
+        """GET ``path`` and decode JSON; ``None`` on 404."""
+        url, parts = self._get_text(path, params)
+        if parts is None:
+            return None
+        text = "".join(parts)
         try:
-            return json.loads(body)
+            return json.loads(text)
         except (ValueError, RecursionError):   # not JSON, or nested too deeply for json
-            raise JaegerError(url, 200, body.decode("utf-8", "replace")) from None
+            raise JaegerError(url, 200, text) from None
 
     # -- internal JSON API (/api) ------------------------------------------------------------------------------
     def services(self) -> list[str]:
@@ -122,7 +142,11 @@ class JaegerClient:
         out = self._get("/api/services") or {}
         return sorted(out.get("data") or [])
 
-    def search(
+    def search(self, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        """:meth:`search_iter` (the same arguments) as a list of traces."""
+        return list(self.search_iter(*args, **kwargs))
+
+    def search_iter(
         self,
         service: str = sc.DEFAULT_SERVICE_NAME,
         tags: Mapping[str, Any] | None = None,
@@ -132,13 +156,18 @@ class JaegerClient:
         operation: str | None = None,
         lookback_s: float | None = None,
         raw: bool = False,
-    ) -> list[dict[str, Any]]:
+        with_text: bool = False,
+    ) -> Iterator[Any]:
         """Traces of ``service`` with a span matching every tag (``GET /api/traces``), newest first.
 
         ``start_us``/``end_us`` bound span start times (unix µs); ``lookback_s`` sets ``start_us = now - lookback_s``
         when ``start_us`` is not given (Jaeger's own default is 48 h). Raises :class:`JaegerError` with Jaeger's
         message when the query is refused (e.g. ``limit`` above the memory store's ``max_traces``). ``raw=True`` skips
-        Jaeger's read-time adjusters (span dedup, sorting of attributes and events, clock-skew warnings)."""
+        Jaeger's read-time adjusters (span dedup, sorting of attributes and events, clock-skew warnings).
+
+        The request is made (and refused, raising) before this returns; the answer is then held as text, not as a
+        page of parsed traces (which takes several times the memory), and each trace is parsed when the iterator
+        reaches it (:func:`iter_data`; ``with_text``: ``(trace, its JSON text)`` pairs)."""
         params: list[tuple[str, str]] = [("service", service), ("limit", str(int(limit)))]
         if operation:
             params.append(("operation", operation))
@@ -152,8 +181,8 @@ class JaegerClient:
             params.append(("tags", json.dumps({k: _tag_str(v) for k, v in tags.items()}, separators=(",", ":"))))
         if raw:
             params.append(("raw", "true"))
-        out = self._get("/api/traces", params)
-        return _data(out, self.base_url + "/api/traces")
+        url, parts = self._get_text("/api/traces", params)
+        return iter_data(parts or ["{}"], url, with_text)
 
     def get_trace(self, trace_id: str | bytes | int) -> dict[str, Any] | None:
         """One trace in Jaeger JSON (``GET /api/traces/{id}``), or ``None`` if Jaeger does not have it."""
@@ -247,6 +276,75 @@ def _data(out: Any, url: str) -> list[dict[str, Any]]:
     if errs:
         raise JaegerError(url, 200, "; ".join(str(e.get("msg", e)) for e in errs))
     return list(out.get("data") or [])
+
+
+_DATA_HEAD = re.compile(r'\s*\{\s*"data"\s*:\s*\[\s*')
+_SEP = re.compile(r"\s*(,|\])\s*")
+_AHEAD = 1 << 18   # characters kept ahead of the parse position: most traces parse at the first try
+
+
+def iter_data(parts: str | list[str], url: str, with_text: bool = False) -> Iterator[Any]:
+    """The elements of the ``data`` array of a Jaeger ``/api/...`` answer (text, or text in pieces), parsed one at
+    a time, then its ``errors`` checked (:class:`JaegerError`, as :func:`_data` does); ``with_text``: ``(element,
+    its JSON text)`` pairs. Pieces are joined only as far as the parse has got, so the text is held about once.
+    Jaeger writes ``data`` first (``{"data":[...],"total":..,"errors":..}``); an answer of another layout is parsed
+    whole. JSON that does not parse raises JaegerError."""
+    todo = [parts] if isinstance(parts, str) else parts[::-1]   # popped from the end
+    buf, pos = "", 0
+
+    def ahead(n: int) -> None:   # at least n characters after pos in buf, unless the text ends first
+        nonlocal buf, pos
+        if len(buf) - pos < n and todo:
+            got = [buf[pos:]]
+            size = len(got[0])
+            while todo and size < n:
+                got.append(todo.pop())
+                size += len(got[-1])
+            buf, pos = "".join(got), 0
+
+    ahead(64)
+    m = _DATA_HEAD.match(buf, pos)
+    if m is None:
+        text = buf[pos:] + "".join(todo[::-1])
+        try:
+            out = json.loads(text)
+        except (ValueError, RecursionError):
+            raise JaegerError(url, 200, text) from None
+        for item in _data(out, url):
+            yield (item, json.dumps(item)) if with_text else item
+        return
+    pos = m.end()
+    dec = json.JSONDecoder()
+    ahead(1)
+    if buf.startswith("]", pos):
+        pos += 1
+    else:
+        while True:
+            ahead(_AHEAD)
+            try:
+                item, end = dec.raw_decode(buf, pos)
+            except ValueError:
+                if todo:   # the trace may go on in the next pieces: twice the text ahead (linear in all)
+                    ahead(2 * (len(buf) - pos) + READ_CHUNK)
+                    continue
+                raise JaegerError(url, 200, buf[pos:pos + 300]) from None
+            except RecursionError:
+                raise JaegerError(url, 200, buf[pos:pos + 300]) from None
+            yield (item, buf[pos:end]) if with_text else item
+            pos = end
+            ahead(64)
+            sep = _SEP.match(buf, pos)
+            if sep is None:
+                raise JaegerError(url, 200, buf[pos:pos + 300])
+            pos = sep.end()
+            if sep.group(1) == "]":
+                break
+    rest = (buf[pos:] + "".join(todo[::-1])).lstrip()
+    try:
+        tail = json.loads("{" + rest[1:] if rest.startswith(",") else rest or "{}")
+    except (ValueError, RecursionError):
+        raise JaegerError(url, 200, rest[:300]) from None
+    _data(dict(tail, data=None) if isinstance(tail, dict) else tail, url)
 
 
 def _rfc3339(ns: int) -> str:

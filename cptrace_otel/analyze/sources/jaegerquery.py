@@ -22,6 +22,7 @@ Standard library only.
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import re
 import time
 from typing import Any, Callable, Iterator
@@ -115,11 +116,13 @@ class Search:
         self.searches = 0
         self.notes: list[str] = []   # limits lowered, for stderr
 
-    def _search(self, tags: dict[str, Any] | None, start_us: int, end_us: int) -> list[dict[str, Any]]:
+    def _search(self, tags: dict[str, Any] | None, start_us: int, end_us: int) -> Iterator[tuple[dict, str]]:
+        """One search: ``(trace, its JSON text)`` as the iterator parses them (the request is made, and a refused
+        search depth retried with half of it, before this returns)."""
         while True:
             try:
-                out = self.client.search(self.service, tags, start_us=start_us, end_us=end_us, limit=self.limit,
-                                         raw=True)
+                out = self.client.search_iter(self.service, tags, start_us=start_us, end_us=end_us,
+                                              limit=self.limit, raw=True, with_text=True)
                 self.searches += 1
                 return out
             except JaegerError as e:
@@ -133,43 +136,61 @@ class Search:
     def run_ids(self, start_us: int, end_us: int) -> list[str]:
         """Run ids (resource ``cptrace.run_id``) among the newest traces of the service, the newest run first."""
         newest: dict[str, int] = {}
-        for tr in self._search(None, start_us, end_us):
+        for tr, _text in self._search(None, start_us, end_us):
             t0 = min((int(s.get("startTime") or 0) for s in tr.get("spans") or []), default=0)
             for rid in _run_ids(tr):
                 newest[rid] = max(newest.get(rid, 0), t0)
         return sorted(newest, key=lambda r: -newest[r])
 
-    def run_traces(self, run_id: str, start_us: int, end_us: int, oldest_first: bool = False
-                   ) -> Iterator[dict[str, Any]]:
-        """Every trace of ``run_id`` with a span starting in [start_us, end_us], each once (Jaeger JSON model).
-        ``oldest_first``: the earlier half of a split window is searched first (``watch`` feeds records in seq order
-        as they come, so it holds less)."""
+    def run_traces(self, run_id: str, start_us: int, end_us: int) -> Iterator[dict[str, Any]]:
+        """Every trace of ``run_id`` with a span starting in [start_us, end_us], each once (Jaeger JSON model), the
+        oldest first (by first span start; a search answers newest first), window after window from the oldest.
+
+        Memory: one answer's text and one parsed trace. An answer is parsed once to find its traces, their starts
+        (for the split of a full page) and their text; a full page is not handed out (the searches of its halves
+        return its traces again), the others are parsed again from their text in start order. So a consumer that
+        needs records in order (``watch``) never holds much more than a page of them."""
         tags = {sc.RUN_ID: run_id}
         seen: set[str] = set()
         todo = [(start_us, end_us)]
         while todo:
             a, b = todo.pop()
-            found = self._search(tags, a, b)
-            for tr in found:
+            n = 0
+            starts: list[int] = []   # span starts inside the window, for the split of a full page
+            keep: list[tuple[int, str]] = []   # (first span start, JSON text) of the traces not handed out yet
+            for tr, text in self._search(tags, a, b):
+                n += 1
+                t = [int(sp.get("startTime") or 0) for sp in tr.get("spans") or ()]
+                starts.extend(x for x in t if a <= x <= b)
+                tid = str(tr.get("traceID", ""))
+                if tid not in seen:
+                    keep.append((min(t, default=0), text))
+                del tr, text
+            if self.progress is not None:
+                self.progress(len(seen) + (len(keep) if n < self.limit else 0), self.searches)
+            if n >= self.limit:
+                del keep
+                halves = self._split(a, b, starts, run_id)
+                todo.extend(halves[::-1])   # the older half first
+                continue
+            keep.sort(key=lambda k: k[0])
+            for i, (_t0, text) in enumerate(keep):
+                keep[i] = (0, "")
+                tr = json.loads(text)
+                del text
                 tid = str(tr.get("traceID", ""))
                 if tid not in seen:
                     seen.add(tid)
                     yield tr
-            if self.progress is not None:
-                self.progress(len(seen), self.searches)
-            if len(found) >= self.limit:
-                halves = self._split(a, b, found, run_id)
-                todo.extend(halves[::-1] if oldest_first else halves)
 
-    def _split(self, a: int, b: int, found: list[dict[str, Any]], run_id: str) -> list[tuple[int, int]]:
+    def _split(self, a: int, b: int, starts: list[int], run_id: str) -> list[tuple[int, int]]:
         """Two closed windows covering [a, b] (they share their end) for a search that came back full, split at the
-        median span start of the page inside the window (a run is short next to a default window of days, and its
-        traces live long: halving the time would take many searches to reach the data), else at the middle."""
+        median of the page's span ``starts`` inside the window (a run is short next to a default window of days, and
+        its traces live long: halving the time would take many searches to reach the data), else at the middle."""
         if b - a < 2:
             raise PageTooSmall(f"more than {self.limit} traces of run {run_id} have spans starting within "
                                f"{iso_us(a)}..{iso_us(b)}: raise --limit (at most the store's max_traces)")
-        starts = sorted(t for tr in found for sp in tr.get("spans") or ()
-                        if a <= (t := int(sp.get("startTime") or 0)) <= b)
+        starts.sort()
         m = starts[len(starts) // 2] if starts else a
         if not a < m < b:
             m = (a + b) // 2
