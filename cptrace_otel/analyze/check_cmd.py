@@ -26,7 +26,7 @@ import sys
 from typing import Any, NamedTuple, TextIO
 
 from ..exits import EXIT_UNREADABLE, EXIT_USAGE
-_PFX = "cptrace-otel check"
+from .report import CHECK_PREFIX as _PFX
 
 
 def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:

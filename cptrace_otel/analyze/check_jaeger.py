@@ -18,9 +18,9 @@ import time
 from typing import Any, TextIO
 
 from ..exits import EXIT_UNREADABLE, EXIT_USAGE
+from .report import CHECK_PREFIX as _PFX
 from .report import print_report
 
-_PFX = "cptrace-otel check"
 
 
 def run_jaeger(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:

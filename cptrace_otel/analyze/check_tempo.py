@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Any, TextIO
 
 from ..exits import EXIT_UNREADABLE, EXIT_USAGE
+from .report import CHECK_PREFIX as _PFX
 from .report import print_report
 
-_PFX = "cptrace-otel check"
 
 
 def run_tempo(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:

@@ -107,6 +107,7 @@ def to_text(result: Any, run_id: str | None = None, jaeger_url: str | None = Non
     return "\n".join(out)
 
 
+CHECK_PREFIX = "cptrace-otel check"   # the start of every message of check (files, --jaeger, --tempo)
 _LOC_SHOWN = 20   # entries printed in the text report; --json has them all
 
 
