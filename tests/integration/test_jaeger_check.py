@@ -94,6 +94,24 @@ def test_small_search_pages_find_the_whole_run(jaeger, demo_in_jaeger):
     assert n_searches > 3, r.stderr
 
 
+def test_small_pages_of_the_real_store_come_out_oldest_first_and_each_once(jaeger, demo_in_jaeger):
+    """Jaeger's memory store answers newest first; run_traces hands the run's traces out in first-span-start order
+    (what keeps watch's waiting records within a page), each once, however small the pages."""
+    from cptrace_otel.analyze.sources.jaeger import JaegerClient
+    from cptrace_otel.analyze.sources.jaegerquery import Search
+
+    search = Search(JaegerClient(jaeger.query_url), limit=7)
+    now_us = int(time.time() * 1e6)
+    got = list(search.run_traces(demo_in_jaeger["run_id"], now_us - 3600 * 10**6, now_us))
+    firsts = [min(int(sp["startTime"]) for sp in tr["spans"]) for tr in got]
+    ids = [tr["traceID"] for tr in got]
+    assert len(ids) == len(set(ids)) > 7 and search.searches > 2
+    assert firsts == sorted(firsts)
+    records = sum(1 for tr in got for sp in tr["spans"] for lg in sp.get("logs") or ()
+                  if any(f.get("key") == "cptrace.seq" for f in lg.get("fields") or ()))
+    assert records == demo_in_jaeger["events"]
+
+
 def test_without_a_run_id_the_runs_are_listed_or_the_only_one_used(jaeger, demo_in_jaeger):
     d = demo_in_jaeger
     r = cli("check", "--jaeger", jaeger.query_url, "--since", "10m")
