@@ -22,7 +22,6 @@ from .report import CHECK_PREFIX as _PFX
 from .report import print_report
 
 
-
 def run_jaeger(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:
     from .engine import analyze_traces
     from .sources.jaeger import JaegerClient, JaegerError, JaegerUnreachable, mask_url

@@ -16,7 +16,6 @@ from .report import CHECK_PREFIX as _PFX
 from .report import print_report
 
 
-
 def run_tempo(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:
     from .engine import Analysis
     from .sources.jaeger import JaegerError, JaegerUnreachable, mask_url

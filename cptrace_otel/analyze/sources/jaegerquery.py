@@ -157,31 +157,25 @@ class Search:
             a, b = todo.pop()
             n = 0
             starts: list[int] = []   # span starts inside the window, for the split of a full page
-            keep: list[tuple[int, str]] = []   # (first span start, JSON text) of the traces not handed out yet
+            keep: list[tuple[int, str, str]] = []   # (first span start, trace id, JSON text) of the new traces
             for tr, text in self._search(tags, a, b):
                 n += 1
                 t = [int(sp.get("startTime") or 0) for sp in tr.get("spans") or ()]
                 starts.extend(x for x in t if a <= x <= b)
                 tid = str(tr.get("traceID", ""))
                 if tid not in seen:
-                    keep.append((min(t, default=0), text))
-                del tr, text
-            if self.progress is not None:
-                self.progress(len(seen) + (len(keep) if n < self.limit else 0), self.searches)
+                    keep.append((min(t, default=0), tid, text))
             if n >= self.limit:
-                del keep
-                halves = self._split(a, b, starts, run_id)
-                todo.extend(halves[::-1])   # the older half first
-                continue
-            keep.sort(key=lambda k: k[0])
-            for i, (_t0, text) in enumerate(keep):
-                keep[i] = (0, "")
-                tr = json.loads(text)
-                del text
-                tid = str(tr.get("traceID", ""))
-                if tid not in seen:
-                    seen.add(tid)
-                    yield tr
+                todo.extend(self._split(a, b, starts, run_id)[::-1])   # the older half first
+            else:
+                keep.sort(key=lambda k: k[0], reverse=True)   # popped oldest first; each text freed once parsed
+                while keep:
+                    _t0, tid, text = keep.pop()
+                    if tid not in seen:
+                        seen.add(tid)
+                        yield json.loads(text)
+            if self.progress is not None:
+                self.progress(len(seen), self.searches)
 
     def _split(self, a: int, b: int, starts: list[int], run_id: str) -> list[tuple[int, int]]:
         """Two closed windows covering [a, b] (they share their end) for a search that came back full, split at the
