@@ -31,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "tests"))   # jaeger_config: the private-Jaeger config the tests use too
 
 
 def _port() -> int:
@@ -43,20 +44,12 @@ def start_jaeger(tmp: Path, max_traces: int) -> tuple[subprocess.Popen, str, str
     """A Jaeger of this bench's own: (process, query URL, OTLP HTTP URL)."""
     import yaml
 
+    from jaeger_config import PORTS, private_config
+
     binary = os.environ.get("JAEGER_BIN") or str(ROOT / "deploy" / "jaeger" / "bin" / "jaeger")
-    cfg = yaml.safe_load((ROOT / "deploy" / "jaeger" / "config.yaml").read_text())
-    p = {k: _port() for k in ("grpc", "http", "query", "qgrpc", "health", "metrics")}
-    cfg["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"] = f"127.0.0.1:{p['grpc']}"
-    cfg["receivers"]["otlp"]["protocols"]["http"]["endpoint"] = f"127.0.0.1:{p['http']}"
-    ext = cfg["extensions"]
-    ext["jaeger_query"]["http"]["endpoint"] = f"127.0.0.1:{p['query']}"
-    ext["jaeger_query"]["grpc"]["endpoint"] = f"127.0.0.1:{p['qgrpc']}"
-    ext["healthcheckv2"]["http"]["endpoint"] = f"127.0.0.1:{p['health']}"
-    ext["jaeger_storage"]["backends"]["mem"]["memory"]["max_traces"] = max_traces
-    del cfg["connectors"], cfg["exporters"]["prometheus"], cfg["service"]["pipelines"]["metrics/spanmetrics"]
-    cfg["service"]["pipelines"]["traces"]["exporters"] = ["jaeger_storage_exporter"]
-    cfg["service"]["telemetry"]["metrics"]["readers"][0]["pull"]["exporter"]["prometheus"] = {
-        "host": "127.0.0.1", "port": p["metrics"]}
+    p = {k: _port() for k in PORTS}
+    cfg = private_config(p)   # the repo's memory store, span metrics off
+    cfg["extensions"]["jaeger_storage"]["backends"]["mem"]["memory"]["max_traces"] = max_traces
     (tmp / "jaeger.yaml").write_text(yaml.safe_dump(cfg))
     proc = subprocess.Popen([binary, "--config", str(tmp / "jaeger.yaml")], stdout=open(tmp / "jaeger.log", "w"),
                             stderr=subprocess.STDOUT)

@@ -24,6 +24,9 @@ import pytest
 
 from cptrace_otel.analyze.sources.jaeger import JaegerClient, JaegerUnreachable
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # tests/: the helpers shared with bench/
+from jaeger_config import LOOPBACK, PORTS, private_config  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 RANK_PROC = Path(__file__).with_name("rank_proc.py")
@@ -166,27 +169,14 @@ class PrivateJaeger:
 
         self.bin = jaeger_binary()
         self.tmp = tmp
-        self.ports = {k: free_port() for k in ("grpc", "http", "query", "query_grpc", "health", "metrics", "spanmetrics")}
-        cfg = yaml.safe_load((DEPLOY / "jaeger" / "config.yaml").read_text())
-        loop = "127.0.0.1"
-        cfg["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"] = f"{loop}:{self.ports['grpc']}"
-        cfg["receivers"]["otlp"]["protocols"]["http"]["endpoint"] = f"{loop}:{self.ports['http']}"
-        ext = cfg["extensions"]
-        ext["jaeger_query"]["http"]["endpoint"] = f"{loop}:{self.ports['query']}"
-        ext["jaeger_query"]["grpc"]["endpoint"] = f"{loop}:{self.ports['query_grpc']}"
-        ext["healthcheckv2"]["http"]["endpoint"] = f"{loop}:{self.ports['health']}"
-        ext["jaeger_storage"]["backends"] = {"mem": {"badger": {
+        self.ports = {k: free_port() for k in (*PORTS, "spanmetrics")}
+        loop = LOOPBACK
+        storage = {"badger": {
             "directories": {"keys": str(tmp / "badger" / "keys"), "values": str(tmp / "badger" / "values")},
-            "ephemeral": False, "ttl": {"spans": "1h"}}}}
-        if spanmetrics:   # the repo's span metrics, on a port of its own (8889 belongs to the shared Jaeger)
-            cfg["exporters"]["prometheus"]["endpoint"] = f"{loop}:{self.ports['spanmetrics']}"
-            cfg["connectors"]["spanmetrics"]["metrics_flush_interval"] = "1s"
-        else:   # no span metrics here
-            del cfg["connectors"], cfg["exporters"]["prometheus"], cfg["service"]["pipelines"]["metrics/spanmetrics"]
-            cfg["service"]["pipelines"]["traces"]["exporters"] = ["jaeger_storage_exporter"]
+            "ephemeral": False, "ttl": {"spans": "1h"}}}
+        # span metrics, if wanted, on a port of their own (8889 belongs to the shared Jaeger)
         self.spanmetrics = f"{loop}:{self.ports['spanmetrics']}" if spanmetrics else None
-        cfg["service"]["telemetry"]["metrics"]["readers"][0]["pull"]["exporter"]["prometheus"] = {
-            "host": loop, "port": self.ports["metrics"]}
+        cfg = private_config(self.ports, storage, self.spanmetrics)
         self.config = tmp / "jaeger-private.yaml"
         self.config.write_text(yaml.safe_dump(cfg))
         self.log = tmp / "jaeger-private.log"
