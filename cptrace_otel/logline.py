@@ -41,10 +41,6 @@ RNG_NONE = "(none)"
 RNG_EMPTY = "(0)"
 
 
-def is_rng_sentinel(v: Any) -> bool:
-    return isinstance(v, str) and (v == RNG_NONE or v == RNG_EMPTY or v.startswith("(err:"))
-
-
 def render_value(v: Any) -> str:
     """Upstream ``_fmt``: no internal spaces, lists and tuples rendered as ``[a,b]`` recursively. An int with more
     digits than ``str`` converts (4,300 by default) is ``(err:ValueError)``, the stand-in the OTLP sinks use too

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import hashlib
 import sys
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 from . import semconv as sc
 from .events import Event
@@ -514,9 +514,6 @@ class SpanBuilder:
             except Exception:
                 pass
         return out
-
-    def iter_open(self) -> Iterable[Span]:
-        return iter(list(self._open.values()))
 
     def _stamp(self, sp: Span) -> None:
         """Put a span's findings on it: :func:`violation_attributes`, rules, certainty, status ERROR with every

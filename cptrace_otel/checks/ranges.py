@@ -61,10 +61,6 @@ class Slots:
         return f"Slots(cnt={self.cnt},min={self.lo},max={self.hi},first={self.first},last={self.last},runs={self.runs})"
 
 
-def _is_int(x: Any) -> bool:
-    return type(x) is int
-
-
 _MEMO: dict[tuple, Slots | None] = {}
 _MEMO_MAX = 8192
 

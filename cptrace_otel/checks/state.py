@@ -136,10 +136,8 @@ class EpochState:
         self.loads: dict[int, PendingLoad] = {}         # id(load) -> load, in reload order
         self.loads_by_node: dict[int, list[PendingLoad]] = {}
         self.recent_loads: Bounded = Bounded(256)       # (op, node) of closed loads, for later ack records
-        self.closed_writes: Bounded = Bounded(1024)     # node id -> write closed by an ack (duplicate ack records)
         self.fills: dict[Any, Fill] = {}
         self.fills_by_node: dict[int, set] = {}
-        self.nodes_seen = 0
 
     # -- nodes --------------------------------------------------------------------------------------------------
     def delete(self, nid: int, ref: Ref, why: str) -> None:
