@@ -51,7 +51,9 @@ DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
 
 _warned: set[str] = set()
 
-_USERINFO_RE = re.compile(r"(?<=://)[^/@\s]*@")
+# userinfo: after "://" (or at the start of a URL given without a scheme) up to the LAST "@" of the URL, so that a
+# password holding "@", "/", "?" or "#" unencoded is masked whole (over-masking a path with an "@" is the safe side)
+_USERINFO_RE = re.compile(r"(?<=://)\S*@|^(?!\S*://)\S*@")
 _MASKED = "***"
 
 

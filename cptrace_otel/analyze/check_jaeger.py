@@ -7,9 +7,12 @@ files, so the findings, the report and the exit code are those of the run's OTLP
 trace's Jaeger URL instead of a file). Trace links in the report point at the same Jaeger unless ``--jaeger-url``
 names another.
 
-Exit 3 when Jaeger cannot be reached or answers with an error (the URL is printed, a password in it masked), when
-the window holds no trace of the run, or when its traces hold no cptrace record; exit 2 when no ``--run-id`` is
-given and the window holds several runs (they are listed).
+Fail closed: exit 3 when Jaeger cannot be reached, answers with an error, a body that is not Jaeger's JSON, or not
+within the deadline (the URL is printed without credentials, with what came back: the status and an escaped excerpt),
+when the window holds no trace of the run, or when its traces hold no cptrace record; exit 2 when no ``--run-id`` is
+given and the window holds several runs (they are listed). A trace that cannot be read (wrong types, too large to
+parse: see :class:`.sources.jaegerquery.Search`) costs that trace only: the others are checked and reported, the
+trace is named with its id and why, and the exit status is 3 (the run was not read whole), never 0.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from .report import print_report
 
 def run_jaeger(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:
     from .engine import analyze_traces
-    from .sources.jaeger import JaegerClient, JaegerError, JaegerUnreachable, mask_url
+    from ..config import mask_url
+    from .sources.jaeger import JaegerClient, JaegerError, JaegerUnreachable
     from .sources.jaegerquery import DEFAULT_LIMIT, PageTooSmall, Search, open_query
     from .sources.logs import LogStats
     from .sources.tracedocs import TraceDocs
@@ -81,6 +85,11 @@ def run_jaeger(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:
         print(f"check: {note}", file=err)
     n = docs.total()
     where = f"{base} (service {service}, {_when(start_us, end_us)})"
+    if not traces and search.unread:
+        for line in _unread_lines(search.unread, [])[:20]:
+            print(f"{_PFX}: not checked: {line}", file=err)
+        print(f"{_PFX}: no trace of run {run_id} in {where} could be read", file=err)
+        return EXIT_UNREADABLE
     if not traces:
         print(f"{_PFX}: no trace of run {run_id} in {where}", file=err)
         return EXIT_UNREADABLE
@@ -98,7 +107,25 @@ def run_jaeger(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:
               "another of other content (a restarted rank reusing the run id?): both are analysed", file=err)
     res = analyze_traces(level, docs.info, docs.events(), err)
     links = getattr(args, "jaeger_url", None) or base
-    return print_report(args, res, run_id, links, {"logs": [], "otlp": [], "jaeger": [base]}, LogStats(), 0, out, err)
+    bad = _unread_lines(search.unread, docs.info.malformed)
+    rc = print_report(args, res, run_id, links, {"logs": [], "otlp": [], "jaeger": [base]}, LogStats(), len(bad),
+                      out, err)
+    if bad:
+        for line in bad[:20]:
+            print(f"{_PFX}: not checked: {line}", file=err)
+        more = f" ({len(bad) - 20} more not shown)" if len(bad) > 20 else ""
+        print(f"{_PFX}: {len(bad)} trace(s) of run {run_id} could not be read{more}: the run was not checked whole",
+              file=err)
+        return EXIT_UNREADABLE
+    return rc
+
+
+def _unread_lines(unread: dict[str, str], malformed: list) -> list[str]:
+    """One line per trace that was not read: the search's (too large, wrong shape) and the collector's (values of
+    the wrong type: ``(source URL, line, why)``, the URL naming the trace)."""
+    out = [f"trace {tid}: {why}" for tid, why in unread.items()]
+    out += [f"{src}: {why}" for src, _line, why in malformed]
+    return out
 
 
 def _when(start_us: int, end_us: int) -> str:

@@ -4,7 +4,8 @@ collector of the OTLP files, :class:`.sources.tracedocs.TraceDocs`, so findings 
 run's files). Untested against a live Tempo (AGPL, not run here): only against fixtures in its documented formats.
 
 Exit 3 when Tempo cannot be reached or answers with an error, or when the window holds no trace or no cptrace record
-of the run; exit 2 without ``--run-id``.
+of the run; exit 2 without ``--run-id``. A trace that cannot be read (too large, not JSON, values of the wrong type)
+costs that trace only: the others are checked and reported, it is named, and the exit status is 3.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from .report import print_report
 
 def run_tempo(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:
     from .engine import Analysis
-    from .sources.jaeger import JaegerError, JaegerUnreachable, mask_url
+    from ..config import mask_url
+    from .sources.jaeger import JaegerError, JaegerUnreachable
     from .sources.jaegerquery import open_query
     from .sources.logs import LogStats
     from .sources.tempo import DEFAULT_LIMIT, TempoClient, run_query, run_trace_ids
@@ -37,11 +39,17 @@ def run_tempo(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:
     base = client.base_url
     docs = TraceDocs()
     traces = 0
+    unread: dict[str, str] = {}
     try:
         for tid in run_trace_ids(client, run_id, start_us // 1_000_000, end_us // 1_000_000 + 1,
                                  getattr(args, "limit", None) or DEFAULT_LIMIT):
             traces += 1
-            docs.add_otlp(client.trace(tid), f"{base}/api/traces/{tid}")
+            try:
+                td = client.trace(tid)
+            except JaegerError as e:   # this trace only (too large, not JSON): the others are read
+                unread[tid] = e.body
+                continue
+            docs.add_guarded(td, f"{base}/api/traces/{tid}", docs.add_otlp)
     except JaegerUnreachable as e:
         print(f"{_PFX}: cannot reach Tempo at {mask_url(given)}: {e.reason} (asked {e.url})", file=err)
         return EXIT_UNREADABLE
@@ -51,6 +59,9 @@ def run_tempo(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:
     if not traces:
         print(f"{_PFX}: no trace of run {run_id} in Tempo at {base} ({run_query(run_id)})", file=err)
         return EXIT_UNREADABLE
+    bad = [f"trace {t}: {why}" for t, why in unread.items()] + [f"{s}: {why}" for s, _l, why in docs.info.malformed]
+    for line in bad[:20]:
+        print(f"{_PFX}: not checked: {line}", file=err)
     if not docs.total():
         print(f"{_PFX}: {traces} trace(s) of run {run_id} in Tempo at {base} but no cptrace record in them", file=err)
         return EXIT_UNREADABLE
@@ -58,4 +69,10 @@ def run_tempo(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:
     docs.dedupe()
     res = Analysis(level, docs.info.levels).run(docs.events())
     links = getattr(args, "jaeger_url", None)
-    return print_report(args, res, run_id, links, {"logs": [], "otlp": [], "tempo": [base]}, LogStats(), 0, out, err)
+    rc = print_report(args, res, run_id, links, {"logs": [], "otlp": [], "tempo": [base]}, LogStats(), len(bad),
+                      out, err)
+    if bad:
+        print(f"{_PFX}: {len(bad)} trace(s) of run {run_id} could not be read: the run was not checked whole",
+              file=err)
+        return EXIT_UNREADABLE
+    return rc

@@ -15,136 +15,121 @@ Contract:
   - ``find_traces_v3(service, start_ns, end_ns, num_traces)``: ``GET /api/v3/traces`` (no attribute filter over HTTP
     at v1.76; both time bounds and ``num_traces`` are required there).
 
-* Errors: a connection failure or timeout raises :class:`JaegerUnreachable` (an ``OSError``) whose message carries
-  the URL; the CLI maps it to exit status 3. An HTTP error other than 404 raises :class:`JaegerError` with the status
-  and the start of the body.
+* Transport (:mod:`.httpio`): every request has a total deadline and a size bound (:class:`.httpio.Limits`, from the
+  environment); ``user:password@`` in the base URL is sent as HTTP basic auth, only to that origin (a redirect to
+  another origin is not followed), and never appears in :attr:`JaegerClient.base_url` or a message.
+* Errors: a connection failure, a broken answer or the deadline raises :class:`JaegerUnreachable` (an ``OSError``)
+  whose message carries the URL; an HTTP error other than 404, an answer too large, or a body that is not the expected
+  JSON raises :class:`JaegerError` with the status and what came back (the server's message, or a short escaped
+  excerpt of the body). The CLI maps both to exit status 3.
+* Search answers are parsed as they stream in (:func:`iter_data`), one trace at a time: a trace whose text exceeds
+  ``max_trace_bytes`` is not parsed but skipped and handed out as :class:`Unread` (its id, why, a sample of its span
+  start times), so one huge trace costs itself only and memory stays bounded.
 * :func:`events_from_otlp` turns api_v3 output into :class:`cptrace_otel.events.Event` objects (one per cptrace
   record; ``hicache.violation`` finding events are skipped), and :func:`findings_from_otlp` lists the stamped verdicts.
 * :func:`run_events` fetches every record of one run (all ranks, all traces, at most ``limit`` traces) for the
   analyzer's re-checks; ``check --jaeger`` pages past that limit (:mod:`.jaegerquery`).
-* :func:`mask_url` hides the password of a URL in messages; ``user:password@`` in the base URL is sent as HTTP
-  basic auth.
 
-Standard library only (``urllib``); nothing heavy is imported.
+Standard library only; nothing heavy is imported.
 """
 
 from __future__ import annotations
 
 import base64
 import codecs
-import http.client
 import json
 import re
 import time
-import urllib.error
-import urllib.request
-from typing import Any, Iterable, Iterator, Mapping
-from urllib.parse import quote, unquote, urlencode, urlsplit, urlunsplit
+from typing import Any, Iterable, Iterator, Mapping, NamedTuple
+from urllib.parse import quote, urlencode
 
 from ... import semconv as sc
 from ...attrs import attributes_to_fields
+from ...config import mask_url
 from ...events import Event
 from ...links import normalize_base, trace_id_hex
+from . import httpio
+from .httpio import BackendError as JaegerError
+from .httpio import BackendUnreachable as JaegerUnreachable
+from .httpio import Limits, excerpt
+
+__all__ = ["JaegerClient", "JaegerError", "JaegerUnreachable", "Unread", "iter_data", "mask_url", "run_events",
+           "events_from_otlp", "findings_from_otlp"]
 
 DEFAULT_URL = "http://127.0.0.1:16686"
-READ_CHUNK = 1 << 20   # bytes per read of an answer
+READ_CHUNK = httpio.CHUNK   # bytes per read of an answer
+STREAM_FACTOR = 16          # a streamed search answer may be this many times max_answer_bytes (skipped traces)
 
 
-class JaegerUnreachable(ConnectionError):
-    """Jaeger's query service could not be reached (refused, timed out, DNS). ``url`` is what was requested."""
+class Unread(NamedTuple):
+    """A trace of a search answer that was not parsed: ``trace_id`` (from its head, "" if none), ``reason`` (one
+    line), ``starts``: a sample (at most :data:`_START_SAMPLE`) of its spans' ``startTime`` values (µs)."""
 
-    def __init__(self, url: str, reason: str) -> None:
-        super().__init__(f"Jaeger query service unreachable at {url}: {reason}")
-        self.url = url
-        self.reason = reason
-
-
-class JaegerError(RuntimeError):
-    """Jaeger answered with an HTTP error (not 404) or a body that is not the expected JSON."""
-
-    def __init__(self, url: str, status: int, body: str) -> None:
-        super().__init__(f"Jaeger query {url} failed: HTTP {status}: {body[:300]}")
-        self.url = url
-        self.status = status
-        self.body = body
-
-
-def mask_url(url: str) -> str:
-    """``url`` with the password of its user part replaced by ``***`` (for messages)."""
-    parts = urlsplit(url if "://" in url else "http://" + url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
+    trace_id: str
+    reason: str
+    starts: list
 
 
 class JaegerClient:
     """Read-only client of one Jaeger query service. Thread-safe (no shared state besides settings).
 
     ``user:password@`` in ``base_url`` is sent as HTTP basic auth and kept out of :attr:`base_url` (so out of every
-    message and link)."""
+    message and link). ``timeout_s`` is the per-read timeout; ``limits`` (default: from the environment,
+    :func:`.httpio.limits_from_env`) bound every request."""
 
-    def __init__(self, base_url: str = DEFAULT_URL, timeout_s: float = 10.0) -> None:
-        self.base_url = normalize_base(base_url)
+    def __init__(self, base_url: str = DEFAULT_URL, timeout_s: float = 10.0, limits: Limits | None = None) -> None:
+        base = normalize_base(base_url)
+        self.base_url, auth = httpio.split_userinfo(base)
         self._headers = {"Accept": "application/json"}
-        parts = urlsplit(self.base_url)
-        if parts.username is not None or parts.password is not None:
-            cred = f"{unquote(parts.username or '')}:{unquote(parts.password or '')}".encode()
-            self._headers["Authorization"] = "Basic " + base64.b64encode(cred).decode()
-            self.base_url = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+        if auth is not None:
+            self._headers["Authorization"] = auth
         self.timeout_s = timeout_s
+        self.limits = limits or httpio.limits_from_env(read_timeout_s=timeout_s)
 
     # -- transport ---------------------------------------------------------------------------------------------
-    def _get_text(self, path: str, params: Iterable[tuple[str, str]] = ()) -> tuple[str, list[str] | None]:
-        """GET ``path``: (the URL, the body as text in pieces of about :data:`READ_CHUNK` characters), the body
-        ``None`` on 404. The whole body is read before this returns (no connection is held while the caller works),
-        and as pieces: each bytes chunk is freed once decoded, so the body is never held twice."""
+    def _url(self, path: str, params: Iterable[tuple[str, str]] = ()) -> str:
         qs = urlencode(list(params), quote_via=quote)
-        url = f"{self.base_url}{path}" + (f"?{qs}" if qs else "")
-        req = urllib.request.Request(url, headers=self._headers)
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                dec = codecs.getincrementaldecoder("utf-8")("replace")
-                parts = []
-                while True:
-                    chunk = resp.read(READ_CHUNK)
-                    if not chunk:
-                        break
-                    parts.append(dec.decode(chunk))
-                parts.append(dec.decode(b"", True))
-        except urllib.error.HTTPError as e:
-            if e.code == 404:
-                return url, None
-            text = e.read().decode("utf-8", "replace") if e.fp is not None else ""
-            raise JaegerError(url, e.code, text) from None
-        except urllib.error.URLError as e:
-            raise JaegerUnreachable(url, str(e.reason)) from None
-        except (TimeoutError, ConnectionError) as e:  # a timeout while reading the body
-            raise JaegerUnreachable(url, repr(e)) from None
-        except (ValueError, http.client.HTTPException) as e:  # a URL urllib cannot use, a broken HTTP answer
-            raise JaegerUnreachable(url, str(e) or type(e).__name__) from None
-        return url, parts
+        return f"{self.base_url}{path}" + (f"?{qs}" if qs else "")
 
-    def _get(self, path: str, params: Iterable[tuple[str, str]] = ()) -> Any:
-        """GET ``path`` and decode JSON; ``None`` on 404."""
-        url, parts = self._get_text(path, params)
-        if parts is None:
+    def _open(self, path: str, params: Iterable[tuple[str, str]] = (), max_bytes: int | None = None
+              ) -> tuple[str, httpio.Answer | None]:
+        """GET ``path``: (the URL, the open answer), the answer ``None`` on 404."""
+        url = self._url(path, params)
+        return url, httpio.request("GET", url, headers=self._headers, limits=self.limits, max_bytes=max_bytes)
+
+    def _get(self, path: str, params: Iterable[tuple[str, str]] = (), max_bytes: int | None = None) -> Any:
+        """GET ``path`` and decode JSON (read whole, within ``max_bytes``, default ``max_answer_bytes``); ``None`` on
+        404."""
+        url, ans = self._open(path, params, max_bytes)
+        if ans is None:
             return None
-        text = "".join(parts)
+        data = ans.read()
         try:
-            return json.loads(text)
-        except (ValueError, RecursionError):   # not JSON, or nested too deeply for json
-            raise JaegerError(url, 200, text) from None
+            return json.loads(data.decode("utf-8", "replace"))
+        except RecursionError:
+            raise JaegerError(url, ans.status, "JSON nested too deeply to read") from None
+        except ValueError as e:
+            raise JaegerError(url, ans.status, f"not JSON ({e}): the answer begins {excerpt(data)}") from None
 
     # -- internal JSON API (/api) ------------------------------------------------------------------------------
     def services(self) -> list[str]:
         """Service names Jaeger has seen (``GET /api/services``)."""
-        out = self._get("/api/services") or {}
-        return sorted(out.get("data") or [])
+        url = self._url("/api/services")
+        out = self._get("/api/services", max_bytes=self.limits.max_small_bytes) or {}
+        data = out.get("data") if isinstance(out, dict) else None
+        if not isinstance(data, (list, type(None))):
+            raise JaegerError(url, 200, f"not a Jaeger service list: {excerpt(json.dumps(out))}")
+        return sorted(str(s) for s in data or [])
 
     def search(self, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
-        """:meth:`search_iter` (the same arguments) as a list of traces."""
-        return list(self.search_iter(*args, **kwargs))
+        """:meth:`search_iter` (the same arguments) as a list of traces; a trace too large to parse raises
+        :class:`JaegerError`."""
+        out = []
+        for tr in self.search_iter(*args, **kwargs):
+            if isinstance(tr, Unread):
+                raise JaegerError(self.base_url + "/api/traces", 200, f"trace {tr.trace_id}: {tr.reason}")
+            out.append(tr)
+        return out
 
     def search_iter(
         self,
@@ -165,9 +150,9 @@ class JaegerClient:
         message when the query is refused (e.g. ``limit`` above the memory store's ``max_traces``). ``raw=True`` skips
         Jaeger's read-time adjusters (span dedup, sorting of attributes and events, clock-skew warnings).
 
-        The request is made (and refused, raising) before this returns; the answer is then held as text, not as a
-        page of parsed traces (which takes several times the memory), and each trace is parsed when the iterator
-        reaches it (:func:`iter_data`; ``with_text``: ``(trace, its JSON text)`` pairs)."""
+        The request is made (and refused, raising) before this returns; the answer is then parsed as it streams in,
+        one trace at a time (:func:`iter_data`; ``with_text``: ``(trace, its JSON text)`` pairs); a trace larger than
+        ``limits.max_trace_bytes`` comes out as :class:`Unread`. The connection is held until the iterator ends."""
         params: list[tuple[str, str]] = [("service", service), ("limit", str(int(limit)))]
         if operation:
             params.append(("operation", operation))
@@ -181,13 +166,15 @@ class JaegerClient:
             params.append(("tags", json.dumps({k: _tag_str(v) for k, v in tags.items()}, separators=(",", ":"))))
         if raw:
             params.append(("raw", "true"))
-        url, parts = self._get_text("/api/traces", params)
-        return iter_data(parts or ["{}"], url, with_text)
+        url, ans = self._open("/api/traces", params, self.limits.max_answer_bytes * STREAM_FACTOR)
+        if ans is None:
+            return iter(())
+        return iter_data(_texts(ans.chunks()), url, with_text, self.limits.max_trace_bytes)
 
     def get_trace(self, trace_id: str | bytes | int) -> dict[str, Any] | None:
         """One trace in Jaeger JSON (``GET /api/traces/{id}``), or ``None`` if Jaeger does not have it."""
         tid = trace_id_hex(trace_id)
-        out = self._get(f"/api/traces/{tid}")
+        out = self._get(f"/api/traces/{tid}", max_bytes=self.limits.max_trace_bytes)
         if out is None:
             return None
         data = _data(out, f"{self.base_url}/api/traces/{tid}")
@@ -200,12 +187,13 @@ class JaegerClient:
         ``raw=True`` skips Jaeger's read-time adjusters (dedup, clock skew, sorting)."""
         tid = trace_id_hex(trace_id)
         params = [("raw_traces", "true")] if raw else []
-        out = self._get(f"/api/v3/traces/{tid}", params)
+        out = self._get(f"/api/v3/traces/{tid}", params, max_bytes=self.limits.max_trace_bytes)
         if out is None:
             return None
         td = out.get("result", out) if isinstance(out, dict) else None
         if not isinstance(td, dict):
-            raise JaegerError(f"{self.base_url}/api/v3/traces/{tid}", 200, json.dumps(out)[:300])
+            raise JaegerError(f"{self.base_url}/api/v3/traces/{tid}", 200,
+                              f"not an api_v3 trace: {excerpt(json.dumps(out))}")
         if not td.get("resourceSpans"):
             return None
         return td
@@ -224,7 +212,23 @@ class JaegerClient:
         out = self._get("/api/v3/traces", params)
         if out is None:
             return {"resourceSpans": []}
-        return out.get("result", out)
+        td = out.get("result", out) if isinstance(out, dict) else None
+        if not isinstance(td, dict):
+            raise JaegerError(self._url("/api/v3/traces", params), 200,
+                              f"not an api_v3 answer: {excerpt(json.dumps(out))}")
+        return td
+
+
+def _texts(chunks: Iterable[bytes]) -> Iterator[str]:
+    """The UTF-8 text of a byte stream, piece by piece (a bad byte becomes U+FFFD)."""
+    dec = codecs.getincrementaldecoder("utf-8")("replace")
+    for c in chunks:
+        t = dec.decode(c)
+        if t:
+            yield t
+    t = dec.decode(b"", True)
+    if t:
+        yield t
 
 
 class RunEvents(list):
@@ -270,46 +274,130 @@ def _tag_str(v: Any) -> str:
 
 
 def _data(out: Any, url: str) -> list[dict[str, Any]]:
+    """The ``data`` list of a Jaeger ``/api`` answer; :class:`JaegerError` for its ``errors`` or another shape."""
     if not isinstance(out, dict):
-        raise JaegerError(url, 200, json.dumps(out)[:300])
+        raise JaegerError(url, 200, f"not a Jaeger answer (an object with \"data\"): {excerpt(json.dumps(out))}")
     errs = out.get("errors")
     if errs:
-        raise JaegerError(url, 200, "; ".join(str(e.get("msg", e)) for e in errs))
-    return list(out.get("data") or [])
+        if not isinstance(errs, list):
+            raise JaegerError(url, 200, f"\"errors\" is not a list: {excerpt(json.dumps(errs))}")
+        raise JaegerError(url, 200, "; ".join(str(e.get("msg", e) if isinstance(e, dict) else e) for e in errs)[:300])
+    data = out.get("data")
+    if data is None:
+        return []
+    if not isinstance(data, list):
+        raise JaegerError(url, 200, f"\"data\" is not a list: {excerpt(json.dumps(data))}")
+    return data
 
 
 _DATA_HEAD = re.compile(r'\s*\{\s*"data"\s*:\s*\[\s*')
 _SEP = re.compile(r"\s*(,|\])\s*")
 _AHEAD = 1 << 18   # characters kept ahead of the parse position: most traces parse at the first try
+_TRACE_ID = re.compile(r'"traceID"\s*:\s*"([^"\\]{0,64})"')
+_START = re.compile(r'"startTime"\s*:\s*(\d{1,20})')
+_START_SAMPLE = 4096
+_STR_BODY = re.compile(r'[^"\\]*')
+_STRUCT = re.compile(r'["\[\]{}]')
 
 
-def iter_data(parts: str | list[str], url: str, with_text: bool = False) -> Iterator[Any]:
-    """The elements of the ``data`` array of a Jaeger ``/api/...`` answer (text, or text in pieces), parsed one at
-    a time, then its ``errors`` checked (:class:`JaegerError`, as :func:`_data` does); ``with_text``: ``(element,
-    its JSON text)`` pairs. Pieces are joined only as far as the parse has got, so the text is held about once.
-    Jaeger writes ``data`` first (``{"data":[...],"total":..,"errors":..}``); an answer of another layout is parsed
-    whole. JSON that does not parse raises JaegerError."""
-    todo = [parts] if isinstance(parts, str) else parts[::-1]   # popped from the end
+class _Skip:
+    """Finds the end of one JSON value without keeping it (strings, escapes and nesting tracked across pieces), and
+    samples the ``startTime`` values it passes (for a window split around a trace too large to parse)."""
+
+    def __init__(self) -> None:
+        self.depth, self.in_str, self.esc = 0, False, False
+        self.starts: list[int] = []
+        self._stride, self._k = 1, 0
+        self.chars = 0
+
+    def feed(self, s: str, i: int = 0) -> int | None:
+        """Scan ``s`` from ``i``: the index just past the value's end, or None when it goes on in the next piece."""
+        i0 = i
+        end = self._scan(s, i)
+        stop = len(s) if end is None else end
+        self.chars += stop - i0
+        for m in _START.finditer(s, i0, stop):   # a cut between pieces may lose one sample: it is a sample
+            self._k += 1
+            if self._k % self._stride == 0:
+                self.starts.append(int(m.group(1)))
+                if len(self.starts) >= _START_SAMPLE:
+                    del self.starts[::2]
+                    self._stride *= 2
+        return end
+
+    def _scan(self, s: str, i: int) -> int | None:
+        n = len(s)
+        while i < n:
+            if self.in_str:
+                if self.esc:
+                    self.esc = False
+                    i += 1
+                    continue
+                i = _STR_BODY.match(s, i).end()   # type: ignore[union-attr]
+                if i >= n:
+                    return None
+                if s[i] == "\\":
+                    self.esc = True
+                else:
+                    self.in_str = False
+                i += 1
+                continue
+            m = _STRUCT.search(s, i)
+            if m is None:
+                return None
+            c, i = m.group(), m.end()
+            if c == '"':
+                self.in_str = True
+            elif c in "[{":
+                self.depth += 1
+            else:
+                self.depth -= 1
+                if self.depth <= 0:
+                    return i
+        return None
+
+
+def iter_data(parts: str | Iterable[str], url: str, with_text: bool = False,
+              max_item: int | None = None) -> Iterator[Any]:
+    """The elements of the ``data`` array of a Jaeger ``/api/...`` answer (text, or text in pieces, pulled as
+    needed), parsed one at a time, then its ``errors`` checked (:class:`JaegerError`, as :func:`_data` does);
+    ``with_text``: ``(element, its JSON text)`` pairs.
+
+    Pieces are pulled only as far as the parse has got, so the text is held about once, and only one element's
+    worth. An element whose text exceeds ``max_item`` characters is scanned to its end without being kept and comes
+    out as :class:`Unread` (never a pair). Jaeger writes ``data`` first (``{"data":[...],"total":..,"errors":..}``);
+    an answer of another layout is parsed whole. JSON that does not parse, or text that ends early, raises
+    JaegerError with an escaped excerpt of where it failed."""
+    src = iter([parts] if isinstance(parts, str) else parts)
     buf, pos = "", 0
+    more = True
 
     def ahead(n: int) -> None:   # at least n characters after pos in buf, unless the text ends first
-        nonlocal buf, pos
-        if len(buf) - pos < n and todo:
-            got = [buf[pos:]]
-            size = len(got[0])
-            while todo and size < n:
-                got.append(todo.pop())
-                size += len(got[-1])
-            buf, pos = "".join(got), 0
+        nonlocal buf, pos, more
+        if len(buf) - pos >= n or not more:
+            return
+        got = [buf[pos:]]
+        size = len(got[0])
+        while size < n:
+            piece = next(src, None)
+            if piece is None:
+                more = False
+                break
+            got.append(piece)
+            size += len(piece)
+        buf, pos = "".join(got), 0
 
     ahead(64)
     m = _DATA_HEAD.match(buf, pos)
     if m is None:
-        text = buf[pos:] + "".join(todo[::-1])
+        text = buf[pos:] + "".join(src)
+        more = False
         try:
             out = json.loads(text)
-        except (ValueError, RecursionError):
-            raise JaegerError(url, 200, text) from None
+        except RecursionError:
+            raise JaegerError(url, 200, "JSON nested too deeply to read") from None
+        except ValueError as e:
+            raise JaegerError(url, 200, f"not JSON ({e}): the answer begins {excerpt(text)}") from None
         for item in _data(out, url):
             yield (item, json.dumps(item)) if with_text else item
         return
@@ -323,28 +411,83 @@ def iter_data(parts: str | list[str], url: str, with_text: bool = False) -> Iter
             ahead(_AHEAD)
             try:
                 item, end = dec.raw_decode(buf, pos)
-            except ValueError:
-                if todo:   # the trace may go on in the next pieces: twice the text ahead (linear in all)
-                    ahead(2 * (len(buf) - pos) + READ_CHUNK)
-                    continue
-                raise JaegerError(url, 200, buf[pos:pos + 300]) from None
             except RecursionError:
-                raise JaegerError(url, 200, buf[pos:pos + 300]) from None
-            yield (item, buf[pos:end]) if with_text else item
-            pos = end
+                raise JaegerError(url, 200, f"trace nested too deeply to read, at {excerpt(buf[pos:])}") from None
+            except ValueError as e:
+                if more and _incomplete(e, buf):
+                    if max_item is not None and len(buf) - pos > max_item:
+                        unread, rest = _skip(buf, pos, src, max_item, url)
+                        yield unread
+                        buf, pos = rest, 0   # the parse resumes with the text after the skipped trace
+                    else:   # the trace may go on in the next pieces: twice the text ahead (linear in all)
+                        ahead(2 * (len(buf) - pos) + READ_CHUNK)
+                        continue
+                else:
+                    why = "the answer ends inside a trace" if _incomplete(e, buf) else f"not JSON ({e})"
+                    raise JaegerError(url, 200, f"{why}, at {excerpt(buf[pos:])}") from None
+            else:
+                if max_item is not None and end - pos > max_item:
+                    yield _unread(buf[pos:pos + 4096], end - pos, max_item, _starts_of(item))
+                else:
+                    yield (item, buf[pos:end]) if with_text else item
+                pos = end
             ahead(64)
             sep = _SEP.match(buf, pos)
             if sep is None:
-                raise JaegerError(url, 200, buf[pos:pos + 300])
+                if not buf[pos:].strip():
+                    raise JaegerError(url, 200, "the answer ends early (cut off after a trace)")
+                raise JaegerError(url, 200, f"not Jaeger's JSON: after a trace comes {excerpt(buf[pos:])}")
             pos = sep.end()
             if sep.group(1) == "]":
                 break
-    rest = (buf[pos:] + "".join(todo[::-1])).lstrip()
+    rest = (buf[pos:] + "".join(src)).lstrip()
     try:
         tail = json.loads("{" + rest[1:] if rest.startswith(",") else rest or "{}")
     except (ValueError, RecursionError):
-        raise JaegerError(url, 200, rest[:300]) from None
+        raise JaegerError(url, 200, f"not Jaeger's JSON after the traces: {excerpt(rest)}") from None
     _data(dict(tail, data=None) if isinstance(tail, dict) else tail, url)
+
+
+def _skip(buf: str, pos: int, src: Iterator[str], max_item: int, url: str) -> tuple[Unread, str]:
+    """Scan the value starting at ``buf[pos]`` to its end through ``src`` without keeping it: its :class:`Unread`
+    and the text after it in the last piece read."""
+    head = buf[pos:pos + 4096]
+    sk = _Skip()
+    end = sk.feed(buf, pos)
+    cur = buf
+    while end is None:
+        cur = next(src, None)   # type: ignore[assignment]
+        if cur is None:
+            raise JaegerError(url, 200, f"the answer ends inside a trace of more than {sk.chars} characters "
+                              f"({_trace_id(head) or 'no id'})")
+        end = sk.feed(cur)
+    return _unread(head, sk.chars, max_item, sk.starts), cur[end:]
+
+
+def _unread(head: str, size: int, max_item: int, starts: list) -> Unread:
+    return Unread(_trace_id(head), f"trace too large to check: more than {max_item} characters of JSON (about "
+                  f"{size >> 20} MiB seen; CPTRACE_QUERY_MAX_TRACE_BYTES raises the bound, memory is about 10 times "
+                  "it)", starts)
+
+
+def _starts_of(item: Any) -> list:
+    """A sample of the span start times of a parsed trace, whatever its shape."""
+    spans = item.get("spans") if isinstance(item, dict) else None
+    out = [sp.get("startTime") for sp in spans or () if isinstance(sp, dict)] if isinstance(spans, list) else []
+    out = [v for v in out if type(v) is int]
+    return out[:: max(1, len(out) // _START_SAMPLE)]
+
+
+def _trace_id(head: str) -> str:
+    m = _TRACE_ID.search(head)
+    return m.group(1) if m else ""
+
+
+def _incomplete(e: ValueError, buf: str) -> bool:
+    """Whether a JSON error can be the text ending early (more may come) rather than bad JSON."""
+    msg = getattr(e, "msg", str(e))
+    p = getattr(e, "pos", len(buf))
+    return msg.startswith("Unterminated string") or p >= len(buf.rstrip())
 
 
 def _rfc3339(ns: int) -> str:

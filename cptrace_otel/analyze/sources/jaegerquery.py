@@ -28,7 +28,8 @@ import time
 from typing import Any, Callable, Iterator
 
 from ... import semconv as sc
-from .jaeger import JaegerClient, JaegerError
+from .httpio import excerpt
+from .jaeger import JaegerClient, JaegerError, Unread
 
 DEFAULT_SINCE_S = 7 * 86400
 DEFAULT_LIMIT = 1000
@@ -107,7 +108,13 @@ class PageTooSmall(Exception):
 
 class Search:
     """Paginated searches of one service in one Jaeger (see the module doc). ``progress(traces, searches)`` is called
-    after every search."""
+    after every search.
+
+    Fail closed, one trace at a time: a trace that cannot be used (too large to parse, :class:`.jaeger.Unread`; not a
+    JSON object; spans that are not a list of objects; a ``startTime`` that is not an integer) is recorded in
+    :attr:`unread` (trace id -> why) and skipped, and the rest is read; a caller that finds :attr:`unread` non-empty
+    has not read everything it was asked for. The text of the traces one search keeps is bounded by the client's
+    ``limits.max_answer_bytes``: a page past it is searched again with half the search depth."""
 
     def __init__(self, client: JaegerClient, service: str = sc.DEFAULT_SERVICE_NAME, limit: int = DEFAULT_LIMIT,
                  progress: Callable[[int, int], None] | None = None) -> None:
@@ -115,10 +122,13 @@ class Search:
         self.progress = progress
         self.searches = 0
         self.notes: list[str] = []   # limits lowered, for stderr
+        self.unread: dict[str, str] = {}   # trace id -> why it was not read
+        lim = getattr(client, "limits", None)
+        self.page_chars = lim.max_answer_bytes if lim is not None else 1 << 62
 
-    def _search(self, tags: dict[str, Any] | None, start_us: int, end_us: int) -> Iterator[tuple[dict, str]]:
-        """One search: ``(trace, its JSON text)`` as the iterator parses them (the request is made, and a refused
-        search depth retried with half of it, before this returns)."""
+    def _search(self, tags: dict[str, Any] | None, start_us: int, end_us: int) -> Iterator[Any]:
+        """One search: ``(trace, its JSON text)`` as the iterator parses them, or :class:`.jaeger.Unread` (the request
+        is made, and a refused search depth retried with half of it, before this returns)."""
         while True:
             try:
                 out = self.client.search_iter(self.service, tags, start_us=start_us, end_us=end_us,
@@ -136,21 +146,31 @@ class Search:
     def run_ids(self, start_us: int, end_us: int) -> list[str]:
         """Run ids (resource ``cptrace.run_id``) among the newest traces of the service, the newest run first."""
         newest: dict[str, int] = {}
-        for tr, _text in self._search(None, start_us, end_us):
-            t0 = min((int(s.get("startTime") or 0) for s in tr.get("spans") or []), default=0)
+        for got in self._search(None, start_us, end_us):
+            if isinstance(got, Unread):
+                continue
+            tr = got[0]
+            t = _starts(tr)
+            if t is None:
+                continue
             for rid in _run_ids(tr):
-                newest[rid] = max(newest.get(rid, 0), t0)
+                newest[rid] = max(newest.get(rid, 0), min(t, default=0))
         return sorted(newest, key=lambda r: -newest[r])
 
     def run_traces(self, run_id: str, start_us: int, end_us: int) -> Iterator[dict[str, Any]]:
-        """Every trace of ``run_id`` with a span starting in [start_us, end_us], each once (Jaeger JSON model), the
-        oldest first (by first span start; a search answers newest first), window after window from the oldest.
+        """Every trace of ``run_id`` with a span starting in [start_us, end_us] (:meth:`traces`)."""
+        return self.traces({sc.RUN_ID: run_id}, start_us, end_us, f"run {run_id}")
 
-        Memory: one answer's text and one parsed trace. An answer is parsed once to find its traces, their starts
-        (for the split of a full page) and their text; a full page is not handed out (the searches of its halves
-        return its traces again), the others are parsed again from their text in start order. So a consumer that
-        needs records in order (``watch``) never holds much more than a page of them."""
-        tags = {sc.RUN_ID: run_id}
+    def traces(self, tags: dict[str, Any] | None, start_us: int, end_us: int,
+               what: str = "the service") -> Iterator[dict[str, Any]]:
+        """Every trace matching ``tags`` (None: every trace of the service) with a span starting in
+        [start_us, end_us], each once (Jaeger JSON model), the oldest first (by first span start; a search answers
+        newest first), window after window from the oldest. Traces that cannot be used go to :attr:`unread`.
+
+        Memory: one answer's kept text (at most ``page_chars``) and one parsed trace. An answer is parsed once to find
+        its traces, their starts (for the split of a full page) and their text; a full page is not handed out (the
+        searches of its halves return its traces again), the others are parsed again from their text in start order.
+        So a consumer that needs records in order (``watch``) never holds much more than a page of them."""
         seen: set[str] = set()
         todo = [(start_us, end_us)]
         while todo:
@@ -158,15 +178,40 @@ class Search:
             n = 0
             starts: list[int] = []   # span starts inside the window, for the split of a full page
             keep: list[tuple[int, str, str]] = []   # (first span start, trace id, JSON text) of the new traces
-            for tr, text in self._search(tags, a, b):
+            chars = 0
+            it = self._search(tags, a, b)
+            over = False
+            for got in it:
                 n += 1
-                t = [int(sp.get("startTime") or 0) for sp in tr.get("spans") or ()]
+                if isinstance(got, Unread):
+                    starts.extend(x for x in got.starts if type(x) is int and a <= x <= b)
+                    self.unread.setdefault(got.trace_id or "(no id)", got.reason)
+                    continue
+                tr, text = got
+                tid = str(tr.get("traceID", "")) if isinstance(tr, dict) else ""
+                t = _starts(tr)
+                if t is None:
+                    self.unread.setdefault(tid or "(no id)", "not a Jaeger trace of the expected shape: "
+                                           + excerpt(text, 80))
+                    continue
                 starts.extend(x for x in t if a <= x <= b)
-                tid = str(tr.get("traceID", ""))
-                if tid not in seen:
+                if tid not in seen and tid not in self.unread:
                     keep.append((min(t, default=0), tid, text))
+                    chars += len(text)
+                    if chars > self.page_chars and self.limit > 1:
+                        over = True
+                        break
+            if over:
+                close = getattr(it, "close", None)
+                if close is not None:
+                    close()   # the rest of the answer is not read
+                self.limit = max(1, self.limit // 2)
+                self.notes.append(f"one search's traces passed {self.page_chars} characters "
+                                  f"(CPTRACE_QUERY_MAX_BYTES); searching {self.limit} traces at a time")
+                todo.append((a, b))
+                continue
             if n >= self.limit:
-                todo.extend(self._split(a, b, starts, run_id)[::-1])   # the older half first
+                todo.extend(self._split(a, b, starts, what)[::-1])   # the older half first
             else:
                 keep.sort(key=lambda k: k[0], reverse=True)   # popped oldest first; each text freed once parsed
                 while keep:
@@ -177,12 +222,12 @@ class Search:
             if self.progress is not None:
                 self.progress(len(seen), self.searches)
 
-    def _split(self, a: int, b: int, starts: list[int], run_id: str) -> list[tuple[int, int]]:
+    def _split(self, a: int, b: int, starts: list[int], what: str) -> list[tuple[int, int]]:
         """Two closed windows covering [a, b] (they share their end) for a search that came back full, split at the
         median of the page's span ``starts`` inside the window (a run is short next to a default window of days, and
         its traces live long: halving the time would take many searches to reach the data), else at the middle."""
         if b - a < 2:
-            raise PageTooSmall(f"more than {self.limit} traces of run {run_id} have spans starting within "
+            raise PageTooSmall(f"more than {self.limit} traces of {what} have spans starting within "
                                f"{iso_us(a)}..{iso_us(b)}: raise --limit (at most the store's max_traces)")
         starts.sort()
         m = starts[len(starts) // 2] if starts else a
@@ -191,12 +236,38 @@ class Search:
         return [(a, m), (m, b)]
 
 
-def _run_ids(trace: dict[str, Any]) -> set[str]:
+def _starts(trace: Any) -> list[int] | None:
+    """The span start times (µs) of a Jaeger-model trace; None when it is not of that shape (not an object, spans not
+    a list of objects, a ``startTime`` that is not an integer, a ``traceID`` that is not a string)."""
+    if not isinstance(trace, dict) or not isinstance(trace.get("traceID", ""), str):
+        return None
+    spans = trace.get("spans")
+    if not isinstance(spans, (list, type(None))):
+        return None
+    out = []
+    for sp in spans or ():
+        if not isinstance(sp, dict):
+            return None
+        v = sp.get("startTime", 0)
+        if type(v) is not int:
+            return None
+        out.append(v)
+    return out
+
+
+def run_ids_of(trace: dict[str, Any]) -> set[str]:
+    """The run ids (resource ``cptrace.run_id``) of a Jaeger-model trace's processes; tags of the wrong shape are
+    ignored."""
     out = set()
-    procs = list((trace.get("processes") or {}).values())
-    procs += [s["process"] for s in trace.get("spans") or [] if isinstance(s.get("process"), dict)]
-    for p in procs:
-        for t in p.get("tags") or []:
-            if t.get("key") == sc.RUN_ID and t.get("value") not in (None, ""):
+    procs = trace.get("processes")
+    plist = list(procs.values()) if isinstance(procs, dict) else []
+    plist += [s["process"] for s in trace.get("spans") or [] if isinstance(s, dict) and isinstance(s.get("process"), dict)]
+    for p in plist:
+        tags = p.get("tags") if isinstance(p, dict) else None
+        for t in tags if isinstance(tags, list) else ():
+            if isinstance(t, dict) and t.get("key") == sc.RUN_ID and t.get("value") not in (None, ""):
                 out.add(str(t["value"]))
     return out
+
+
+_run_ids = run_ids_of

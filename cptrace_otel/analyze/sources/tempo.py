@@ -19,9 +19,12 @@ Errors are those of :class:`~.jaeger.JaegerClient` (the same HTTP client): ``Jae
 
 from __future__ import annotations
 
+import json
 from typing import Any, Iterator
+from urllib.parse import quote
 
-from .jaeger import JaegerClient
+from .httpio import excerpt
+from .jaeger import JaegerClient, JaegerError
 
 DEFAULT_LIMIT = 500
 
@@ -48,14 +51,19 @@ class TempoClient(JaegerClient):
     """Tempo's query frontend (``http://host:3200``; ``user:password@`` for basic auth)."""
 
     def search(self, q: str, start_s: int, end_s: int, limit: int = DEFAULT_LIMIT) -> list[dict[str, Any]]:  # type: ignore[override]
-        out = self._get("/api/search", [("q", q), ("start", str(int(start_s))), ("end", str(int(end_s))),
-                                        ("limit", str(int(limit))), ("spss", "1")]) or {}
+        params = [("q", q), ("start", str(int(start_s))), ("end", str(int(end_s))), ("limit", str(int(limit))),
+                  ("spss", "1")]
+        out = self._get("/api/search", params) or {}
         traces = out.get("traces") if isinstance(out, dict) else None
-        return [t for t in traces or [] if isinstance(t, dict) and t.get("traceID")]
+        if not isinstance(traces, (list, type(None))):
+            raise JaegerError(self._url("/api/search", params), 200,
+                              f"not a Tempo search answer: {excerpt(json.dumps(out))}")
+        return [t for t in traces or [] if isinstance(t, dict) and isinstance(t.get("traceID"), str) and t["traceID"]]
 
     def trace(self, trace_id: str) -> dict[str, Any]:
-        """The trace as OTLP/JSON ``TracesData`` (empty when Tempo does not have it)."""
-        return traces_data(self._get(f"/api/traces/{trace_id}"))
+        """The trace as OTLP/JSON ``TracesData`` (empty when Tempo does not have it); larger than
+        ``limits.max_trace_bytes`` raises :class:`JaegerError`."""
+        return traces_data(self._get(f"/api/traces/{quote(trace_id, safe='')}", max_bytes=self.limits.max_trace_bytes))
 
 
 def run_trace_ids(client: TempoClient, run_id: str, start_s: int, end_s: int,
