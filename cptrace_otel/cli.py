@@ -126,6 +126,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         p.print_help(sys.stderr)
         return EXIT_USAGE
+    if getattr(args, "jaeger_url", None):   # the base of every link a command prints or writes: http(s) only
+        from .links import normalize_base
+
+        try:
+            args.jaeger_url = normalize_base(args.jaeger_url)
+        except ValueError as e:
+            print(f"cptrace-otel {args.command}: --jaeger-url: {e}", file=sys.stderr)
+            return EXIT_USAGE
     if args.command == "check":
         from .analyze import check_cmd as mod
     elif args.command == "report":

@@ -11,8 +11,8 @@ record, else by the wall time in the logger prefix of its first trace line, else
 
 Prints a summary (events, traces, spans, findings, malformed lines with ``file:line``). A line the span builder
 cannot take (a value of the wrong type, such as ``op=[1,2]``) is such a malformed line: reported and skipped, the
-rest is sent. Exit codes: 0 done, 3 a log cannot be read or the endpoint cannot be reached (message with the URL,
-no traceback).
+rest is sent. Exit codes: 0 done, 3 a log cannot be read, holds no cptrace record (binary, protobuf, empty: as in
+``check``, never a pass with "0 events"), or the endpoint cannot be reached (message with the URL, no traceback).
 """
 
 from __future__ import annotations
@@ -270,6 +270,14 @@ def run(args: Any) -> int:
 
     target = otlp.url if otlp is not None else out_file
     _summary(n, logs, builders, stats, malformed, run_id, target)
+    if n == 0:   # binary, protobuf, empty, or text without [CPTRACE lines: an error, as in check, never "0 events"
+        names = ", ".join("standard input" if p == "-" else p for p in logs)
+        if out_file and os.path.isfile(out_file) and os.path.getsize(out_file) == 0:
+            os.unlink(out_file)   # no empty output left behind to be mistaken for a replayed run
+        _err(f"no cptrace record found in {names}"
+             + (f" ({stats.malformed} malformed [CPTRACE line(s))" if stats.malformed else
+                " (not upstream log lines: binary, protobuf or empty input?)"))
+        return EXIT_UNREACHABLE
     if not ok:
         _err(f"not everything was delivered to {target}" + (f" (spool: {otlp.spool_dir})" if otlp else ""))
         return EXIT_UNREACHABLE

@@ -29,14 +29,30 @@ _HEX32 = re.compile(r"[0-9a-f]{32}")
 _LOOKBACK = re.compile(r"\d+[mhd]")
 
 
+_SCHEME_ONLY = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:(?!\d)")
+
+
 def normalize_base(base: str) -> str:
-    """``base`` without a trailing slash; a bare ``host:port`` gets ``http://``. Raises ValueError on an empty one."""
+    """``base`` without a trailing slash; a bare ``host:port`` gets ``http://``. Raises ValueError on an empty one
+    and on any scheme but http(s) (``javascript:``, ``data:``, ``file://``: a link base makes every link, and a
+    report's links must only ever open a web page)."""
     b = (base or "").strip()
     if not b:
         raise ValueError("empty Jaeger base URL")
     if "://" not in b:
+        host = b.split("/", 1)[0]
+        if "@" not in host and _SCHEME_ONLY.match(b):
+            raise ValueError(f"not an http(s) URL: {_shown(b)}")
         b = "http://" + b
+    if b.split("://", 1)[0].lower() not in ("http", "https"):
+        raise ValueError(f"not an http(s) URL: {_shown(b)}")
     return b.rstrip("/")
+
+
+def _shown(url: str) -> str:
+    from .config import mask_url
+
+    return ascii(mask_url(url)[:80])
 
 
 def trace_id_hex(trace_id: str | bytes | int) -> str:

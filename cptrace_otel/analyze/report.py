@@ -37,11 +37,11 @@ def finding_dict(f: Finding, run_id: str | None = None, jaeger_url: str | None =
         tid = node_trace_id(run_id, f.epoch, f.node_id)
         d["trace_id"] = tid
         if jaeger_url:
+            from .. import links
             try:
-                from .. import links
                 d["jaeger_url"] = links.trace_url(jaeger_url, tid)
-            except Exception:  # links module missing or a bad base URL: plain join
-                d["jaeger_url"] = jaeger_url.rstrip("/") + "/trace/" + tid
+            except ValueError:   # a base that is not http(s): no link rather than a javascript: one
+                pass
     return d
 
 
@@ -90,7 +90,11 @@ def to_text(result: Any, run_id: str | None = None, jaeger_url: str | None = Non
                 tid = node_trace_id(run_id, epoch, nid)
                 head += f"  trace {tid}"
                 if jaeger_url:
-                    head += f"  {jaeger_url.rstrip('/')}/trace/{tid}"
+                    from .. import links
+                    try:
+                        head += f"  {links.trace_url(jaeger_url, tid)}"
+                    except ValueError:   # not an http(s) base: no link
+                        pass
             out.append(head)
             for f in sorted(fs, key=Finding.sort_key):
                 if f.src and f.line_no:

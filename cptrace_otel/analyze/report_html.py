@@ -42,8 +42,11 @@ def _asset(name: str) -> str:
 
 
 def _json_block(obj: Any) -> str:
-    # inside <script>: "</" would end the element; the JSON stays valid with "<\/"
-    return json.dumps(obj, separators=(",", ":"), default=str).replace("</", "<\\/")
+    # inside <script>, no value may end the element ("</script"), open a comment that swallows it ("<!--") or
+    # start one ("<script" inside "<!--"): "<", ">" and "&" are written as JSON escapes, which parse to the same
+    # strings and leave the element's text without any of them
+    return (json.dumps(obj, separators=(",", ":"), default=str)
+            .replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026"))
 
 
 def _dur(ns: float) -> str:

@@ -3,15 +3,25 @@ once, write it back into its trace (``--endpoint``) and post it to Alertmanager 
 
 Each poll searches the spans that started since the last good poll (less ``--lookback``, default 15 s, at least two
 intervals: a span is sent when it closes, up to ``span_timeout_s`` after it started, plus the batching delays)
-of ``--run-id``, or of every run among the newest traces of ``--service``, and hands them to the run's
-:class:`.watch_state.RunWatch`, which feeds the rules what is new and contiguous. A finding is printed on stdout
+of ``--run-id``, or of every run of ``--service`` (one paginated search of the service, its traces handed to their
+runs: the requests of a poll grow with its traces / ``--limit``, not with the number of runs), and hands them to
+the run's :class:`.watch_state.RunWatch`, which feeds the rules what is new and contiguous. At most
+:data:`MAX_RUNS` runs are watched at once (``CPTRACE_WATCH_MAX_RUNS``): past it, the least recently changed is
+finished early, so memory does not grow with the number of runs. A finding is printed on stdout
 (one line), written back (:class:`.watch_out.WriteBack`) unless its span already carries the code, and becomes or
 refreshes an alert (:class:`.watch_out.Alerts`). A run whose traces have not changed for ``--idle`` is finished (the
 rules' end-of-stream findings) and its state freed; with ``--once`` that happens after the first poll.
 
-Jaeger down: exit 3 when it cannot be reached at the start; later, one line when it goes down and one when it is
-back, and the polls go on (the window then reaches back to the last good poll). Exit codes: ``--once`` 0 clean,
-1 findings; otherwise 0 (1 if any finding) when stopped with Ctrl-C or SIGTERM.
+Fail closed: every poll writes one line on stderr saying whether its window was checked (``window A .. B: checked
+(N traces ...)``, ``checked, except K trace(s) that could not be read (trace ID: why)`` or ``NOT checked: why``).
+A poll that could not read its window (Jaeger unreachable or past the request deadline, an HTTP error, an answer
+cut short, not JSON or of the wrong shape) never counts as clean: with ``--once`` the watch ends there with exit 3;
+a running watcher backs off (the wait doubles from ``--interval`` up to :data:`MAX_BACKOFF_S`) and reads the same
+window again, so nothing is skipped while Jaeger is down; a window whose answer is bad :data:`GIVE_UP` times in a row
+while Jaeger is reachable is skipped with a line saying so. A trace that cannot be read (wrong types, too large)
+costs that trace only. Any answer of Jaeger or Alertmanager is survived. Exit 3 when Jaeger cannot be reached at the
+start, and at the end (``--once``, Ctrl-C, SIGTERM) whenever some window or trace could not be read; otherwise 0
+clean, 1 findings.
 """
 
 from __future__ import annotations
@@ -24,6 +34,21 @@ from typing import Any, TextIO
 _PFX = "cptrace-otel watch"
 PAGE_STEP = 200   # traces between two feeds within one poll
 MAX_WINDOW_S = 60.0   # windows of span starts grow to at most a day of these (sparse or old data)
+MAX_BACKOFF_S = 300.0   # the longest wait after failed polls (doubling from --interval)
+GIVE_UP = 5   # a window whose answer is bad this many times in a row (Jaeger reachable) is skipped, and said so
+MAX_RETIRED = 1000   # finished runs whose watermarks are kept (a late record is not fed twice)
+
+
+def _max_runs() -> int:
+    import os
+
+    try:
+        return max(1, int(os.environ.get("CPTRACE_WATCH_MAX_RUNS", "") or 256))
+    except ValueError:
+        return 256
+
+
+MAX_RUNS = _max_runs()   # runs watched at once: memory does not grow with the number of runs
 from ..exits import EXIT_FINDINGS, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 
 
@@ -37,9 +62,10 @@ def finding_line(run_id: str, f: Any, link: str) -> str:
 def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
     from .. import links
     from .. import semconv as sc
-    from ..config import traces_url
-    from .sources.jaeger import JaegerClient, JaegerError, JaegerUnreachable, mask_url
-    from .sources.jaegerquery import DEFAULT_LIMIT, Search, parse_duration
+    from ..config import mask_url, traces_url
+    from .sources.jaeger import JaegerClient, JaegerError, JaegerUnreachable
+    from .sources.jaegerquery import DEFAULT_LIMIT, PageTooSmall, Search, iso_us, parse_duration, run_ids_of
+    from .sources.otlpfile import BAD_SHAPE, bad_shape
     from .watch_out import Alerts, WriteBack, finding_trace
     from .watch_state import RunWatch
 
@@ -55,12 +81,12 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
         since = parse_duration(args.since)
         lookback = parse_duration(args.lookback)
         client = JaegerClient(str(args.jaeger), timeout_s=30.0)
+        link_base = _http_base(args.jaeger_url) if args.jaeger_url else client.base_url
     except ValueError as e:
-        print(f"{_PFX}: {e}", file=err)
+        print(f"{_PFX}: {mask_url(str(e))}", file=err)
         return EXIT_USAGE
     given = mask_url(str(args.jaeger))
     base = client.base_url
-    link_base = args.jaeger_url or base
     service = args.service or sc.DEFAULT_SERVICE_NAME
     try:
         client.services()
@@ -72,7 +98,7 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
         try:
             wb = WriteBack(traces_url(args.endpoint, args.protocol), args.protocol)
         except Exception as e:
-            print(f"{_PFX}: cannot use OTLP endpoint {args.endpoint}: {e}", file=err)
+            print(f"{_PFX}: cannot use OTLP endpoint {mask_url(str(args.endpoint))}: {mask_url(str(e))}", file=err)
             return EXIT_UNREACHABLE
     alerts = Alerts(args.alertmanager, interval, parse_duration(args.alert_hold), note) if args.alertmanager else None
     limit = args.limit or DEFAULT_LIMIT
@@ -81,6 +107,7 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
     changed_at: dict[str, float] = {}
     retired: dict[str, dict[int, int]] = {}
     total = [0]
+    unchecked = [0]   # windows given up and traces that could not be read, over the whole watch
     stop = [False]
 
     def on_term(*_a: Any) -> None:
@@ -98,19 +125,66 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
         if wb is not None and found:
             wb.write(st, found)
 
-    def finish(rid: str) -> None:
+    def finish(rid: str, why: str) -> None:
         st = states.pop(rid)
         handle(rid, st, st.finish())
         retired[rid] = st.watermarks()
         changed_at.pop(rid, None)
-        if len(retired) > 1000:
+        if len(retired) > MAX_RETIRED:
             retired.pop(next(iter(retired)))
-        why = "" if args.once else f"; its traces did not change for {args.idle or 'a while'}"
         note(f"run {rid}: {st.events} records checked{why}: finished")
+
+    def state(rid: str) -> RunWatch:
+        st = states.get(rid)
+        if st is None:
+            if len(states) >= MAX_RUNS:   # memory does not grow with the number of runs
+                oldest = min(changed_at, key=changed_at.__getitem__)
+                finish(oldest, f"; more than {MAX_RUNS} runs at once (CPTRACE_WATCH_MAX_RUNS), the least recently "
+                               "changed is finished early")
+            st = states[rid] = RunWatch(rid, args.level, retired.pop(rid, None), note)
+            changed_at[rid] = time.monotonic()
+        return st
+
+    def poll(a: int, b: int) -> tuple[int, dict[str, str]]:
+        """Read and feed the traces with spans starting in [a, b]: (traces read, traces not read: id -> why)."""
+        read = 0
+        bad: dict[str, str] = {}
+        touched: dict[str, RunWatch] = {}
+        tags = {sc.RUN_ID: args.run_id} if args.run_id else None
+        try:
+            for tr in search.traces(tags, a, b, f"run {args.run_id}" if args.run_id else f"service {service}"):
+                read += 1
+                rids = [args.run_id] if args.run_id else sorted(run_ids_of(tr))
+                for rid in rids:
+                    st = state(rid)
+                    if touched.get(rid) is not st:
+                        st.new_records = 0
+                        touched[rid] = st
+                    try:
+                        st.add_trace(tr)
+                    except BAD_SHAPE as e:   # this trace only: the others are read
+                        bad[str(tr.get("traceID", "(no id)"))] = bad_shape(e, "values of the wrong type")
+                if read % PAGE_STEP == 0:   # feed as it arrives: memory holds a page, not a poll
+                    for rid, st in touched.items():
+                        if states.get(rid) is st:
+                            handle(rid, st, st.step(end_of_poll=False))
+        finally:
+            bad.update(search.unread)
+            search.unread.clear()
+            for rid, st in touched.items():
+                if states.get(rid) is not st:   # finished early meanwhile (MAX_RUNS)
+                    continue
+                if st.new_records:
+                    changed_at[rid] = time.monotonic()
+                handle(rid, st, st.step())
+                if args.verbose:
+                    note(f"run {rid}: {st.events} records checked, {st.pending()} waiting for earlier ones")
+        return read, bad
 
     back = max(lookback, 2 * interval)   # each window reaches back this far before the end of the last one
     chunk = 4 * back   # the span-start window of the next poll (adapted to the traffic: about limit / 2 traces)
     win_start = int((time.time() - since) * 1e6)
+    fails = 0        # polls in a row that could not read their window
     down = False
     try:
         while True:
@@ -118,51 +192,60 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
             # a poll reads at most `chunk` of span starts: a watcher that fell behind catches up in steps, its memory
             # bounded by what one window holds, not by how far behind it is
             poll_end = min(now_us, win_start + int(chunk * 1e6))
-            read = 0
+            span = f"{iso_us(win_start)} .. {iso_us(poll_end)}"
+            failed = None
             try:
-                runs = [args.run_id] if args.run_id else search.run_ids(win_start, poll_end)
-                for rid in runs:
-                    st = states.get(rid)
-                    if st is None:
-                        st = states[rid] = RunWatch(rid, args.level, retired.pop(rid, None), note)
-                        changed_at[rid] = time.monotonic()
-                    st.new_records = 0
-                    for i, tr in enumerate(search.run_traces(rid, win_start, poll_end), 1):
-                        st.add_trace(tr)
-                        read += 1
-                        if i % PAGE_STEP == 0:   # feed as it arrives: memory holds a page, not a poll
-                            handle(rid, st, st.step(end_of_poll=False))
-                    if st.new_records:
-                        changed_at[rid] = time.monotonic()
-                    handle(rid, st, st.step())
-                    if args.verbose:
-                        note(f"run {rid}: {st.events} records checked, {st.pending()} waiting for earlier ones")
+                read, bad = poll(win_start, poll_end)
+            except JaegerUnreachable as e:
+                failed, down = f"Jaeger at {given} is unreachable ({e.reason})", True
+            except (JaegerError, PageTooSmall) as e:
+                failed = f"Jaeger at {given}: {e}"
+            except Exception as e:   # an answer nobody foresaw: reported, the watcher goes on
+                failed = f"reading Jaeger at {given} failed: {type(e).__name__}: {mask_url(str(e))[:300]}"
+            if failed is None:
+                fails = 0
                 if down:
                     note(f"Jaeger at {given} is back")
                 down = False
+                if bad:
+                    unchecked[0] += len(bad)
+                    shown = "; ".join(f"trace {t}: {w}" for t, w in list(bad.items())[:5])
+                    note(f"window {span}: checked, except {len(bad)} trace(s) that could not be read "
+                         f"({shown}{'; ...' if len(bad) > 5 else ''})")
+                else:
+                    note(f"window {span}: checked ({read} traces, {len(states)} runs open)")
                 win_start = poll_end - int(back * 1e6)
                 # the next window: smaller after a busy one, larger after a quiet one (never below two lookbacks)
                 if read > limit // 2:
                     chunk = max(2 * back, chunk / 2)
                 elif read < limit // 8:
-                    chunk = min(chunk * 2, MAX_WINDOW_S * 1440)
-            except (JaegerUnreachable, JaegerError) as e:
-                if not down:
-                    note(f"Jaeger at {given} is down ({getattr(e, 'reason', e)}): retrying every {args.interval}")
-                down = True
+                    chunk = min(chunk * 4, MAX_WINDOW_S * 1440)
+            else:
+                fails += 1
+                if args.once:
+                    note(f"window {span}: NOT checked: {failed}")
+                    unchecked[0] += 1
+                    break
+                wait = min(interval * 2 ** min(fails - 1, 10), max(interval, MAX_BACKOFF_S))
+                if fails > GIVE_UP and not down:   # the same answer again and again: skip it, say so
+                    unchecked[0] += 1
+                    note(f"window {span}: NOT checked: {failed}; given up after {fails} tries, going on")
+                    win_start, fails = poll_end - int(back * 1e6), 0
+                else:
+                    note(f"window {span}: NOT checked: {failed}; trying again in {wait:g} s")
             now = time.monotonic()
-            last = not down and poll_end >= now_us
+            last = failed is None and poll_end >= now_us
             for rid in [r for r, t in changed_at.items() if (args.once and last) or now - t > idle]:
                 if rid in states:
-                    finish(rid)
+                    finish(rid, "" if args.once else f"; its traces did not change for {args.idle or 'a while'}")
             if alerts is not None:
                 alerts.post()
-            behind = not down and poll_end < now_us
+            behind = failed is None and poll_end < now_us
             if (args.once and not behind) or stop[0]:
                 break
             if behind:
                 continue   # catching up: the next window at once
-            t_end = time.monotonic() + interval
+            t_end = time.monotonic() + (interval if failed is None else wait)
             while not stop[0] and time.monotonic() < t_end:
                 time.sleep(min(0.5, interval))
     except KeyboardInterrupt:
@@ -174,7 +257,22 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
             if not wb.flush(30.0):
                 note("some finding spans could not be delivered to the OTLP endpoint")
             wb.close(1.0)
+    if unchecked[0]:
+        print(f"{_PFX}: {unchecked[0]} window(s) or trace(s) of {base} (service {service}) could not be read: "
+              "not everything was checked", file=err)
+        return EXIT_UNREACHABLE
     if args.once and not states and not retired and args.run_id:
         print(f"{_PFX}: no trace of run {args.run_id} in {base} (service {service})", file=err)
         return EXIT_UNREACHABLE
     return EXIT_FINDINGS if total[0] else EXIT_OK
+
+
+def _http_base(url: str) -> str:
+    """A link base (``--jaeger-url``): http(s) only (a ``javascript:`` or ``file:`` base would make every link one).
+    Raises ValueError."""
+    from ..links import normalize_base
+
+    b = normalize_base(url)
+    if not b.lower().startswith(("http://", "https://")):
+        raise ValueError(f"--jaeger-url must be an http(s) URL, not {b.split(':', 1)[0]!r}:...")
+    return b

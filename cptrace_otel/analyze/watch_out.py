@@ -13,7 +13,11 @@
   ``alertname`` (:data:`ALERTNAME`), ``severity``, ``code``, ``rank``, ``run_id``; annotations ``message`` (the
   latest finding, with the count), ``jaeger`` (the trace of the latest finding) and ``summary``. Every poll re-posts
   the alerts found in the last ``hold_s`` with the same labels and ``startsAt`` and an ``endsAt`` a few polls ahead,
-  so Alertmanager keeps one alert per label set; an alert not re-posted resolves at its ``endsAt``.
+  so Alertmanager keeps one alert per label set; an alert not re-posted resolves at its ``endsAt``. The post goes
+  through the analyzer's HTTP transport (:mod:`.sources.httpio`): ``user:password@`` in the URL is sent as basic auth
+  (to that origin only), the request has a total deadline, the reply is not read beyond a small bound, and any answer
+  (refused, cut, not HTTP, an error status, a redirect elsewhere) is one line on stderr (the URL masked) and a retry
+  at the next poll, never the watcher's end.
 """
 
 from __future__ import annotations
@@ -21,8 +25,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import time
-import urllib.error
-import urllib.request
 from typing import Any, Callable
 
 from .. import semconv as sc
@@ -113,7 +115,10 @@ class Alerts:
 
     def __init__(self, url: str, interval_s: float, hold_s: float = 3600.0,
                  note: Callable[[str], None] = lambda s: None) -> None:
-        self.url = url.rstrip("/") + "/api/v2/alerts"
+        from ..config import mask_url
+
+        self._post_url = url.rstrip("/") + "/api/v2/alerts"   # may hold user:password@ (sent as basic auth)
+        self.url = mask_url(self._post_url)                   # for messages
         self.ends_after = max(4 * interval_s, 120.0)
         self.hold_s = hold_s
         self.note = note
@@ -152,18 +157,28 @@ class Alerts:
         return out
 
     def post(self, now: float | None = None) -> bool:
+        """Post :meth:`payload`; True when Alertmanager took it (2xx). Never raises: a failure is one line through
+        ``note`` when Alertmanager goes from reachable to not (and one when it is back)."""
+        from ..config import mask_url
+        from .sources import httpio
+
         body = self.payload(now)
         if not body:
             return True
-        req = urllib.request.Request(self.url, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+        lim = httpio.limits_from_env(deadline_s=min(30.0, httpio.limits_from_env().deadline_s), read_timeout_s=10.0)
         try:
-            with urllib.request.urlopen(req, timeout=10) as r:
-                r.read()
-        except (urllib.error.URLError, OSError) as e:
+            ans = httpio.request("POST", self._post_url, body=json.dumps(body).encode(), limits=lim,
+                                 headers={"Content-Type": "application/json"}, max_bytes=lim.max_small_bytes,
+                                 what="Alertmanager")
+            if ans is None:
+                raise httpio.BackendError(self.url, 404, "not found (is it Alertmanager's base URL?)")
+            ans.close()   # 2xx: taken; the reply is not needed (and never read whole)
+        except Exception as e:   # whatever came back: reported, posted again at the next poll
+            why = getattr(e, "reason", None) or (f"HTTP {e.status}: {e.body}" if isinstance(e, httpio.BackendError)
+                                                 else f"{type(e).__name__}: {e}")
             if not self.down:
-                self.note(f"Alertmanager at {self.url} is unreachable ({getattr(e, 'reason', e)}): the alerts are "
-                          "posted again at the next poll")
+                self.note(f"Alertmanager at {self.url} is unreachable or refused the alerts ({mask_url(str(why))[:300]}): "
+                          "the alerts are posted again at the next poll")
             self.down = True
             return False
         if self.down:

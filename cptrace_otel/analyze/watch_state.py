@@ -16,7 +16,8 @@ Contract (:class:`RunWatch`):
   (trace id, span id, start µs, the codes already stamped on it), for the write-back's span links.
 
 Memory: the rules' own state (what is in flight, by their contracts), the pending records (what arrived ahead of a
-gap), and the fixed-size evidence index: none grows with the length of the run.
+gap), and the evidence index (at most :data:`KEEP` entries per rank, allocated as records arrive): none grows with
+the length of the run, and a small run costs little.
 """
 
 from __future__ import annotations
@@ -46,14 +47,15 @@ class SpanRef:
 
 
 class _Rank:
-    __slots__ = ("next", "pending", "stuck", "ring_seq", "ring_ref", "checker", "fed")
+    __slots__ = ("next", "pending", "stuck", "refs", "checker", "fed")
 
     def __init__(self, checker: RankChecker, start: int = 0) -> None:
         self.next = start                       # the next seq to feed
         self.pending: dict[int, Event] = {}     # seq -> record at or past ``next``
         self.stuck = 0                          # steps in a row that a gap held this rank back
-        self.ring_seq = [-1] * KEEP             # evidence index: seq % KEEP -> seq, and its span
-        self.ring_ref: list[SpanRef | None] = [None] * KEEP
+        # evidence index: seq -> its span, the last KEEP indexed (a dict that grows with what arrived, not a ring
+        # allocated whole: a run of a few records costs a few entries, so a thousand runs cost little)
+        self.refs: dict[int, SpanRef] = {}
         self.checker = checker
         self.fed = False
 
@@ -136,9 +138,10 @@ class RunWatch:
                         if ref is None:
                             ref = SpanRef(str(sp.get("traceID", "")), str(sp.get("spanID", "")),
                                           int(sp.get("startTime") or 0), codes)
-                        i = seq % KEEP
-                        st.ring_seq[i] = seq
-                        st.ring_ref[i] = ref
+                        refs = st.refs
+                        refs[seq] = ref
+                        if len(refs) > KEEP:
+                            del refs[next(iter(refs))]
                     break
         return fresh
 
@@ -147,8 +150,7 @@ class RunWatch:
         st = self.ranks.get(rank)
         if st is None:
             return None
-        i = seq % KEEP
-        return st.ring_ref[i] if st.ring_seq[i] == seq else None
+        return st.refs.get(seq)
 
     # -- feeding ---------------------------------------------------------------------------------------------------
     def step(self, final: bool = False, end_of_poll: bool = True) -> list[Finding]:
