@@ -33,7 +33,7 @@ from typing import Any, TextIO
 
 _PFX = "cptrace-otel watch"
 PAGE_STEP = 200   # traces between two feeds within one poll
-MAX_WINDOW_S = 60.0   # windows of span starts grow to at most a day of these (sparse or old data)
+MAX_WINDOW_S = 30 * 86400.0   # the widest window of span starts (sparse or old data; a full page is split anyway)
 MAX_BACKOFF_S = 300.0   # the longest wait after failed polls (doubling from --interval)
 GIVE_UP = 5   # a window whose answer is bad this many times in a row (Jaeger reachable) is skipped, and said so
 MAX_RETIRED = 1000   # finished runs whose watermarks are kept (a late record is not fed twice)
@@ -219,7 +219,7 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
                 if read > limit // 2:
                     chunk = max(2 * back, chunk / 2)
                 elif read < limit // 8:
-                    chunk = min(chunk * 4, MAX_WINDOW_S * 1440)
+                    chunk = min(chunk * 4, MAX_WINDOW_S)
             else:
                 fails += 1
                 if args.once:

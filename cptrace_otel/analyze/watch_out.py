@@ -172,7 +172,10 @@ class Alerts:
                                  what="Alertmanager")
             if ans is None:
                 raise httpio.BackendError(self.url, 404, "not found (is it Alertmanager's base URL?)")
-            ans.close()   # 2xx: taken; the reply is not needed (and never read whole)
+            try:   # 2xx: a reply cut short is a failure (posted again), one past the small bound is not read on
+                ans.read()
+            except httpio.BackendError:
+                ans.close()
         except Exception as e:   # whatever came back: reported, posted again at the next poll
             why = getattr(e, "reason", None) or (f"HTTP {e.status}: {e.body}" if isinstance(e, httpio.BackendError)
                                                  else f"{type(e).__name__}: {e}")

@@ -219,6 +219,10 @@ class Answer:
                     raise BackendUnreachable(self.url, f"the answer broke off after {self.read_bytes} bytes: "
                                              f"{type(e).__name__}: {e}"[:300]) from None
                 if not data:
+                    left = self._resp.length   # bytes the Content-Length still promised
+                    if left:
+                        raise BackendUnreachable(self.url, f"the answer broke off after {self.read_bytes} bytes, "
+                                                 f"{left} bytes short of its Content-Length")
                     return
                 self.read_bytes += len(data)
                 if self.read_bytes > self.max_bytes:
