@@ -44,7 +44,7 @@ def demo(tmp_path_factory):
 
 
 def watch_once(url: str, *more: str) -> tuple[int, str, str]:
-    args = _parser().parse_args(["watch", "--jaeger", url, "--once", *(() if "--since" in more else ("--since", "3650d")),
+    args = _parser().parse_args(["watch", "--jaeger", url, "--once", *(() if "--since" in more else ("--since", "1h")),
                                  *more])
     out, err = io.StringIO(), io.StringIO()
     rc = watch_cmd.run(args, out, err)
