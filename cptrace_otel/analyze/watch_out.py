@@ -27,8 +27,8 @@ import json
 import time
 from typing import Any, Callable
 
-from .. import semconv as sc
-from ..spans import Span, _id, node_trace_id, rank_trace_id, stamp_findings
+from ..model import semconv as sc
+from ..model.spans import Span, _id, node_trace_id, rank_trace_id, stamp_findings
 from .watch_state import WATCH_SERVICE, RunWatch
 
 SPAN_FINDING = "cptrace.finding"
@@ -82,7 +82,7 @@ class WriteBack:
     """Finding spans to an OTLP endpoint through the export stack (see the module doc)."""
 
     def __init__(self, endpoint: str, protocol: str = "http/protobuf") -> None:
-        from .. import config as _config
+        from ..model import config as _config
         from ..export.stack import open_sinks
 
         self.cfg = _config.from_env()
@@ -115,7 +115,7 @@ class Alerts:
 
     def __init__(self, url: str, interval_s: float, hold_s: float = 3600.0,
                  note: Callable[[str], None] = lambda s: None) -> None:
-        from ..config import mask_url
+        from ..model.config import mask_url
 
         self._post_url = url.rstrip("/") + "/api/v2/alerts"   # may hold user:password@ (sent as basic auth)
         self.url = mask_url(self._post_url)                   # for messages
@@ -159,7 +159,7 @@ class Alerts:
     def post(self, now: float | None = None) -> bool:
         """Post :meth:`payload`; True when Alertmanager took it (2xx). Never raises: a failure is one line through
         ``note`` when Alertmanager goes from reachable to not (and one when it is back)."""
-        from ..config import mask_url
+        from ..model.config import mask_url
         from .sources import httpio
 
         body = self.payload(now)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 
-from ...config import mask_url
+from ...model.config import mask_url
 
 MAX_REDIRECTS = 5
 CHUNK = 1 << 20            # bytes per chunk of a streamed body

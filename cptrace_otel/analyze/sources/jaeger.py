@@ -25,7 +25,7 @@ Contract:
 * Search answers are parsed as they stream in (:func:`iter_data`), one trace at a time: a trace whose text exceeds
   ``max_trace_bytes`` is not parsed but skipped and handed out as :class:`Unread` (its id, why, a sample of its span
   start times), so one huge trace costs itself only and memory stays bounded.
-* :func:`events_from_otlp` turns api_v3 output into :class:`cptrace_otel.events.Event` objects (one per cptrace
+* :func:`events_from_otlp` turns api_v3 output into :class:`cptrace_otel.model.events.Event` objects (one per cptrace
   record; ``hicache.violation`` finding events are skipped), and :func:`findings_from_otlp` lists the stamped verdicts.
 * :func:`run_events` fetches every record of one run (all ranks, all traces, at most ``limit`` traces) for the
   analyzer's re-checks; ``check --jaeger`` pages past that limit (:mod:`.jaegerquery`).
@@ -43,11 +43,11 @@ import time
 from typing import Any, Iterable, Iterator, Mapping, NamedTuple
 from urllib.parse import quote, urlencode
 
-from ... import semconv as sc
-from ...attrs import attributes_to_fields
-from ...config import mask_url
-from ...events import Event
-from ...links import normalize_base, trace_id_hex
+from ...model import semconv as sc
+from ...model.attrs import attributes_to_fields
+from ...model.config import mask_url
+from ...model.events import Event
+from ..links import normalize_base, trace_id_hex
 from . import httpio
 from .httpio import BackendError as JaegerError
 from .httpio import BackendUnreachable as JaegerUnreachable
@@ -536,7 +536,7 @@ def events_from_otlp(td: Mapping[str, Any], src: str = "") -> list[Event]:
 
     rank = the span's ``sglang.cp.rank`` (else the resource's), seq/epoch/level from the event attributes
     ``cptrace.seq``/``cptrace.epoch``/``cptrace.record.level``, ts = the event's time (ns since the epoch),
-    fields = :func:`cptrace_otel.attrs.attributes_to_fields` of its attributes (exact inverse of the exporter)."""
+    fields = :func:`cptrace_otel.model.attrs.attributes_to_fields` of its attributes (exact inverse of the exporter)."""
     out: list[Event] = []
     for res, span in iter_spans(td):
         sattrs = dict(otlp_attrs(span.get("attributes")))

@@ -27,7 +27,7 @@ import re
 import time
 from typing import Any, Callable, Iterator
 
-from ... import semconv as sc
+from ...model import semconv as sc
 from .httpio import excerpt
 from .jaeger import JaegerClient, JaegerError, Unread
 

@@ -26,6 +26,7 @@ clean, 1 findings.
 
 from __future__ import annotations
 
+import argparse
 import signal
 import sys
 import time
@@ -49,7 +50,7 @@ def _max_runs() -> int:
 
 
 MAX_RUNS = _max_runs()   # runs watched at once: memory does not grow with the number of runs
-from ..exits import EXIT_FINDINGS, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
+from ..model.exits import EXIT_FINDINGS, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 
 
 def finding_line(run_id: str, f: Any, link: str) -> str:
@@ -59,15 +60,42 @@ def finding_line(run_id: str, f: Any, link: str) -> str:
             f"{f.message}  {link}")
 
 
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """The ``watch`` subcommand's parser, added to ``sub`` (the ``cli`` subparsers)."""
+    w = sub.add_parser("watch", help="check a Jaeger's new traces continuously: findings printed once, written back "
+                                     "into their traces and posted to Alertmanager")
+    w.add_argument("--jaeger", required=True, metavar="URL", help="Jaeger query base URL (e.g. http://127.0.0.1:16686)")
+    w.add_argument("--interval", default="30s", metavar="DURATION", help="time between polls (default 30s)")
+    w.add_argument("--endpoint", default=None, metavar="OTLP",
+                   help="OTLP traces URL to write the findings back into their traces (e.g. Jaeger's :4318)")
+    w.add_argument("--protocol", default="http/protobuf", choices=["http/protobuf", "grpc"])
+    w.add_argument("--alertmanager", default=None, metavar="URL", help="Alertmanager base URL to post findings to")
+    w.add_argument("--alert-hold", default="1h", metavar="DURATION",
+                   help="keep re-posting an alert this long after its last finding (default 1h)")
+    w.add_argument("--run-id", default=None, help="watch this run only (default: every run of the service)")
+    w.add_argument("--service", default=None, help="service name of the traces (default sglang-hicache)")
+    w.add_argument("--since", default="1h", metavar="DURATION", help="the first poll reaches back this far (1h)")
+    w.add_argument("--idle", default=None, metavar="DURATION",
+                   help="a run whose traces did not change this long is finished (default 10 polls, at least 10m)")
+    w.add_argument("--lookback", default="15s", metavar="DURATION",
+                   help="each poll also re-reads spans that started this long before the last one (default 15s)")
+    w.add_argument("-v", "--verbose", action="store_true", help="a line per poll and run: records checked, waiting")
+    w.add_argument("--once", action="store_true", help="one poll, then finish every run seen and exit (0/1)")
+    w.add_argument("--limit", type=int, default=None, help="traces per search (default 1000)")
+    w.add_argument("--level", type=int, default=None, help="force the trace level instead of inferring it")
+    w.add_argument("--jaeger-url", default=None, help="Jaeger base URL for the links (default --jaeger)")
+    return w
+
+
 def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    from .. import links
-    from .. import semconv as sc
-    from ..config import mask_url, traces_url
-    from .sources.jaeger import JaegerClient, JaegerError, JaegerUnreachable
-    from .sources.jaegerquery import DEFAULT_LIMIT, PageTooSmall, Search, iso_us, parse_duration, run_ids_of
-    from .sources.otlpfile import BAD_SHAPE, bad_shape
-    from .watch_out import Alerts, WriteBack, finding_trace
-    from .watch_state import RunWatch
+    from ..analyze import links
+    from ..analyze.sources.jaeger import JaegerClient, JaegerError, JaegerUnreachable
+    from ..analyze.sources.jaegerquery import DEFAULT_LIMIT, PageTooSmall, Search, iso_us, parse_duration, run_ids_of
+    from ..analyze.sources.otlpfile import BAD_SHAPE, bad_shape
+    from ..analyze.watch_out import Alerts, WriteBack, finding_trace
+    from ..analyze.watch_state import RunWatch
+    from ..model import semconv as sc
+    from ..model.config import mask_url, traces_url
 
     out = out or sys.stdout
     err = err or sys.stderr
@@ -270,7 +298,7 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
 def _http_base(url: str) -> str:
     """A link base (``--jaeger-url``): http(s) only (a ``javascript:`` or ``file:`` base would make every link one).
     Raises ValueError."""
-    from ..links import normalize_base
+    from ..analyze.links import normalize_base
 
     b = normalize_base(url)
     if not b.lower().startswith(("http://", "https://")):

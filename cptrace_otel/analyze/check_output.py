@@ -13,12 +13,12 @@ import json
 from typing import Any, TextIO
 
 from ..checks import Finding, Unchecked
-from ..exits import EXIT_FINDINGS, EXIT_INCOMPLETE, EXIT_OK
+from ..model.exits import EXIT_FINDINGS, EXIT_INCOMPLETE, EXIT_OK
 
 
 def node_trace_id(run_id: str, epoch: int, node_id: int) -> str:
-    """Hex trace id of a node lineage, as the exporter assigns it (:func:`cptrace_otel.spans.node_trace_id`)."""
-    from ..spans import node_trace_id as raw
+    """Hex trace id of a node lineage, as the exporter assigns it (:func:`cptrace_otel.model.spans.node_trace_id`)."""
+    from ..model.spans import node_trace_id as raw
 
     return raw(run_id, epoch, node_id).hex()
 
@@ -37,7 +37,7 @@ def finding_dict(f: Finding, run_id: str | None = None, jaeger_url: str | None =
         tid = node_trace_id(run_id, f.epoch, f.node_id)
         d["trace_id"] = tid
         if jaeger_url:
-            from .. import links
+            from . import links
             try:
                 d["jaeger_url"] = links.trace_url(jaeger_url, tid)
             except ValueError:   # a base that is not http(s): no link rather than a javascript: one
@@ -90,7 +90,7 @@ def to_text(result: Any, run_id: str | None = None, jaeger_url: str | None = Non
                 tid = node_trace_id(run_id, epoch, nid)
                 head += f"  trace {tid}"
                 if jaeger_url:
-                    from .. import links
+                    from . import links
                     try:
                         head += f"  {links.trace_url(jaeger_url, tid)}"
                     except ValueError:   # not an http(s) base: no link
