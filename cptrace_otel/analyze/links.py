@@ -50,7 +50,7 @@ def normalize_base(base: str) -> str:
 
 
 def _shown(url: str) -> str:
-    from .config import mask_url
+    from ..model.config import mask_url
 
     return ascii(mask_url(url)[:80])
 

@@ -14,7 +14,9 @@ Contract:
   (epoch, seq) and the same content are one record given twice (two files of the same run, a span stored twice) and
   are kept once. Events are ordered per rank by ``cptrace.seq``, never by the order a backend returned them.
 
-Documents are parsed whole (``json``): their memory is that of the run, like OTLP files.
+Documents in Jaeger's ``{"data": [...]}`` layout are read trace by trace (a trace too large is skipped and reported);
+others are parsed whole up to a bound (:meth:`TraceDocs.add_document_file`). The events kept are the run's, like
+OTLP files.
 
 A value of the wrong shape (a trace that is a list, tags that are numbers, nesting too deep for ``json``) is
 recorded in ``info.malformed`` with its file and line (the line where its JSON value starts; 1 for a document
@@ -74,11 +76,41 @@ class TraceDocs:
 
     def add_document_file(self, path: str) -> int:
         """A Jaeger/OTLP JSON document (or JSON lines of them); returns the cptrace events it gave. Raises
-        :class:`LogReadError` when it cannot be read."""
+        :class:`LogReadError` when it cannot be read.
+
+        Bounded memory: Jaeger's ``{"data": [...]}`` layout is read as a stream, one trace at a time
+        (:func:`.jaeger.iter_data`); a trace larger than ``CPTRACE_QUERY_MAX_TRACE_BYTES`` is scanned past, not held,
+        and recorded as malformed with its id. Any other layout is read whole up to ``CPTRACE_QUERY_MAX_BYTES``
+        characters; a larger one is refused (LogReadError) rather than read into gigabytes."""
+        from .httpio import limits_from_env
+        from .jaeger import _DATA_HEAD, JaegerError, Unread, iter_data
+
         n0 = self.total()
+        lim = limits_from_env()
         try:
             with open_text(path) as fh:
-                text = fh.read()
+                head = fh.read(64)
+                if _DATA_HEAD.match(head):
+                    self._line = 1
+                    self._format(path, "Jaeger JSON (api_v2 /api/traces)")
+                    pieces = _pieces(head, fh, lim.max_answer_bytes * 16)
+                    try:
+                        for tr in iter_data(pieces, path, False, lim.max_trace_bytes):
+                            if isinstance(tr, Unread):
+                                self.info.malformed.append((path, 1, f"trace {tr.trace_id or '(no id)'}: {tr.reason}"))
+                            elif isinstance(tr, dict):
+                                self.add_guarded(tr, path, self.add_v2_trace)
+                    except JaegerError as e:   # cut short, not JSON past some point: what was read is kept
+                        self.info.malformed.append((path, 1, e.body))
+                    why = pieces.why or truncated(fh)
+                    if why:
+                        self.info.malformed.append((path, 1, why))
+                    return self._counted(path, n0)
+                text = head + fh.read(lim.max_answer_bytes + 1 - len(head))
+                if len(text) > lim.max_answer_bytes:
+                    raise LogReadError(path, f"a JSON document of more than {lim.max_answer_bytes} characters that "
+                                       "is not Jaeger's {\"data\": [...]} layout (read trace by trace): not read "
+                                       "(CPTRACE_QUERY_MAX_BYTES raises the bound)")
                 why = truncated(fh)
         except OSError as e:
             raise LogReadError(path, e.strerror or str(e)) from None
@@ -199,6 +231,27 @@ class TraceDocs:
     def head(self, rank: int, k: int) -> list[Event]:
         """The first ``k`` records of ``rank`` in seq order (after :meth:`dedupe`)."""
         return [t[3] for t in self.per_rank.get(rank, [])[:k]]
+
+
+class _pieces:
+    """The text of an open document in 1 MiB pieces, after its ``head``; stops past ``limit`` characters (``why``
+    then says so)."""
+
+    def __init__(self, head: str, fh: Any, limit: int) -> None:
+        self.head, self.fh, self.limit, self.why, self.n = head, fh, limit, "", 0
+
+    def __iter__(self) -> Iterator[str]:
+        yield self.head
+        self.n = len(self.head)
+        while True:
+            piece = self.fh.read(1 << 20)
+            if not piece:
+                return
+            self.n += len(piece)
+            if self.n > self.limit:
+                self.why = f"document longer than {self.limit} characters: reading stopped there"
+                return
+            yield piece
 
 
 def _services(td: dict) -> set[str]:
