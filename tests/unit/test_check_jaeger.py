@@ -216,3 +216,35 @@ def test_run_traces_hands_out_each_trace_once_oldest_first_and_never_a_full_page
     got = [t["traceID"] for t in s.run_traces("r", 0, 10**6)]
     assert got == [t["traceID"] for t in traces]
     assert max(store.answers) == 8 and s.searches == len(store.answers) > 60 // 8
+
+
+def test_a_trace_past_the_bound_is_skipped_across_every_cut(monkeypatch):
+    """An answer in random pieces (down to one character, cut inside strings, escapes, literals): traces above the
+    bound come out as Unread with their id, the others as parsed, in order, whatever the cuts and read sizes."""
+    import random
+
+    from cptrace_otel.analyze.sources import jaeger
+    from cptrace_otel.analyze.sources.jaeger import Unread, iter_data
+
+    span = {"traceID": "a" * 32, "spanID": "b" * 16, "startTime": 1, "duration": -1.5e-3, "references": [],
+            "tags": [{"key": "x", "type": "string", "value": 'we"ird ]}{[ \\ \\" str'}, {"k": True, "f": False}],
+            "logs": [{"timestamp": 2, "fields": [{"key": "event", "value": "backup"}]}], "warnings": None}
+    traces = [{"traceID": f"t{i}", "spans": [dict(span, startTime=i)] * (i * 40)} for i in range(8)]
+    doc = json.dumps({"data": traces, "total": 0, "errors": None})
+    rnd = random.Random(2)
+    for _ in range(100):
+        parts, i = [], 0
+        while i < len(doc):
+            n = rnd.choice([1, 2, 3, 5, 17, 500, 5000, 70000])
+            parts.append(doc[i:i + n])
+            i += n
+        monkeypatch.setattr(jaeger, "_AHEAD", rnd.choice([64, 1000, 1 << 18]))
+        monkeypatch.setattr(jaeger, "READ_CHUNK", rnd.choice([50, 1 << 20]))
+        bound = rnd.choice([5000, 20000, 10**9])
+        out = list(iter_data(parts, "u", max_item=bound))
+        assert [o.trace_id if isinstance(o, Unread) else o["traceID"] for o in out] == [t["traceID"] for t in traces]
+        for o, t in zip(out, traces):
+            if isinstance(o, Unread):
+                assert len(json.dumps(t)) > bound and set(o.starts) <= {t["spans"][0]["startTime"]}
+            else:
+                assert o == t and len(json.dumps(t)) <= bound

@@ -61,8 +61,8 @@ class Limits:
 
     deadline_s: float = 120.0
     read_timeout_s: float = 30.0
-    max_answer_bytes: int = 256 << 20
-    max_trace_bytes: int = 32 << 20
+    max_answer_bytes: int = 128 << 20
+    max_trace_bytes: int = 16 << 20
     max_small_bytes: int = 1 << 20
 
 

@@ -298,32 +298,63 @@ _START = re.compile(r'"startTime"\s*:\s*(\d{1,20})')
 _START_SAMPLE = 4096
 _STR_BODY = re.compile(r'[^"\\]*')
 _STRUCT = re.compile(r'["\[\]{}]')
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_PREFIX = re.compile(r'[^"]*(?:"[^"\\]*(?:\\.[^"\\]*)*"[^"]*)*')   # non-string text and complete strings
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_CLOSERS = re.compile(r"[\]}]*")
+_CARRY_MAX = 1 << 16   # an unfinished string longer than this is walked instead of carried
 
 
 class _Skip:
     """Finds the end of one JSON value without keeping it (strings, escapes and nesting tracked across pieces), and
-    samples the ``startTime`` values it passes (for a window split around a trace too large to parse)."""
+    samples the ``startTime`` values it passes (for a window split around a trace too large to parse).
+
+    Fast path (a piece in which the value cannot end): the piece's complete strings and every character but brackets
+    are dropped and balanced pairs removed, all in C (``re``, ``str.replace``); the closers left before any opener
+    say whether the depth reaches 0 inside the piece. An unfinished string at its end is carried into the next
+    piece. The piece where the value may end is walked token by token."""
 
     def __init__(self) -> None:
         self.depth, self.in_str, self.esc = 0, False, False
         self.starts: list[int] = []
         self._stride, self._k = 1, 0
         self.chars = 0
+        self._carry = ""
 
-    def feed(self, s: str, i: int = 0) -> int | None:
-        """Scan ``s`` from ``i``: the index just past the value's end, or None when it goes on in the next piece."""
-        i0 = i
-        end = self._scan(s, i)
+    def feed(self, s: str) -> str | None:
+        """Scan the next piece: the text after the value's end, or None when it goes on in the next piece."""
+        if self._carry:
+            s, self._carry = self._carry + s, ""
+        if not self.in_str and self.depth > 0:
+            cut = _PREFIX.match(s).end()   # type: ignore[union-attr]   # up to an unfinished string
+            if len(s) - cut <= _CARRY_MAX:
+                br = _NOT_BRACKET.sub("", _STRING.sub("", s[:cut]))   # the piece's brackets, outside strings
+                while True:   # drop balanced pairs, innermost first: what is left is closers, then openers
+                    shorter = br.replace("{}", "").replace("[]", "")
+                    if len(shorter) == len(br):
+                        break
+                    br = shorter
+                closes = len(_CLOSERS.match(br).group())   # type: ignore[union-attr]
+                if self.depth - closes > 0:   # the value cannot end inside this piece
+                    self.depth += len(br) - 2 * closes
+                    self._sample(s, 0, cut)
+                    self.chars += cut
+                    self._carry = s[cut:]
+                    return None
+        end = self._scan(s, 0)
         stop = len(s) if end is None else end
-        self.chars += stop - i0
-        for m in _START.finditer(s, i0, stop):   # a cut between pieces may lose one sample: it is a sample
+        self._sample(s, 0, stop)
+        self.chars += stop
+        return None if end is None else s[end:]
+
+    def _sample(self, s: str, i: int, stop: int) -> None:
+        for m in _START.finditer(s, i, stop):   # a cut between pieces may lose one sample: it is a sample
             self._k += 1
             if self._k % self._stride == 0:
                 self.starts.append(int(m.group(1)))
                 if len(self.starts) >= _START_SAMPLE:
                     del self.starts[::2]
                     self._stride *= 2
-        return end
 
     def _scan(self, s: str, i: int) -> int | None:
         n = len(s)
@@ -415,13 +446,21 @@ def iter_data(parts: str | Iterable[str], url: str, with_text: bool = False,
                 raise JaegerError(url, 200, f"trace nested too deeply to read, at {excerpt(buf[pos:])}") from None
             except ValueError as e:
                 if more and _incomplete(e, buf):
-                    if max_item is not None and len(buf) - pos > max_item:
-                        unread, rest = _skip(buf, pos, src, max_item, url)
+                    # a trace longer than what is buffered: find its end first (no partial parses, which build
+                    # objects for all that was read), keeping its text only while it is within the bound
+                    text, rest, unread = _take(buf, pos, src, max_item, url)
+                    buf, pos = rest, 0   # the parse resumes with the text after the trace
+                    if unread is not None:
                         yield unread
-                        buf, pos = rest, 0   # the parse resumes with the text after the skipped trace
-                    else:   # the trace may go on in the next pieces: twice the text ahead (linear in all)
-                        ahead(2 * (len(buf) - pos) + READ_CHUNK)
-                        continue
+                    else:
+                        try:
+                            item = json.loads(text)
+                        except RecursionError:
+                            raise JaegerError(url, 200, f"trace nested too deeply to read, at {excerpt(text)}") from None
+                        except ValueError as e2:
+                            raise JaegerError(url, 200, f"not JSON ({e2}), at {excerpt(text)}") from None
+                        yield (item, text) if with_text else item
+                        del item, text
                 else:
                     why = "the answer ends inside a trace" if _incomplete(e, buf) else f"not JSON ({e})"
                     raise JaegerError(url, 200, f"{why}, at {excerpt(buf[pos:])}") from None
@@ -448,20 +487,32 @@ def iter_data(parts: str | Iterable[str], url: str, with_text: bool = False,
     _data(dict(tail, data=None) if isinstance(tail, dict) else tail, url)
 
 
-def _skip(buf: str, pos: int, src: Iterator[str], max_item: int, url: str) -> tuple[Unread, str]:
-    """Scan the value starting at ``buf[pos]`` to its end through ``src`` without keeping it: its :class:`Unread`
-    and the text after it in the last piece read."""
+def _take(buf: str, pos: int, src: Iterator[str], max_item: int | None, url: str
+          ) -> tuple[str, str, Unread | None]:
+    """The value starting at ``buf[pos]``, read on through ``src`` to its end: ``(its text, the text after it in the
+    last piece, None)``, or, when it is longer than ``max_item`` characters, ``("", the text after it, its
+    Unread)`` (its text is dropped as soon as it passes the bound: memory stays about ``max_item``)."""
     head = buf[pos:pos + 4096]
     sk = _Skip()
-    end = sk.feed(buf, pos)
-    cur = buf
-    while end is None:
-        cur = next(src, None)   # type: ignore[assignment]
+    first = buf[pos:]
+    kept: list[str] | None = [first]
+    size = len(first)
+    rest = sk.feed(first)
+    while rest is None:
+        cur = next(src, None)
         if cur is None:
-            raise JaegerError(url, 200, f"the answer ends inside a trace of more than {sk.chars} characters "
-                              f"({_trace_id(head) or 'no id'})")
-        end = sk.feed(cur)
-    return _unread(head, sk.chars, max_item, sk.starts), cur[end:]
+            raise JaegerError(url, 200, f"the answer ends inside a trace ({_trace_id(head) or 'no id'}, "
+                              f"{sk.chars} characters read), at {excerpt(head)}")
+        rest = sk.feed(cur)
+        if kept is not None:
+            kept.append(cur)
+            size += len(cur)
+            if max_item is not None and size - (len(rest) if rest is not None else 0) > max_item:
+                kept = None
+    if kept is None:
+        return "", rest, _unread(head, sk.chars, max_item or 0, sk.starts)
+    text = "".join(kept)
+    return text[:len(text) - len(rest)], rest, None
 
 
 def _unread(head: str, size: int, max_item: int, starts: list) -> Unread:
@@ -487,7 +538,8 @@ def _incomplete(e: ValueError, buf: str) -> bool:
     """Whether a JSON error can be the text ending early (more may come) rather than bad JSON."""
     msg = getattr(e, "msg", str(e))
     p = getattr(e, "pos", len(buf))
-    return msg.startswith("Unterminated string") or p >= len(buf.rstrip())
+    # a cut inside a literal is reported where the literal starts: "nu" of null, "fals", "-", "1e" (at most 5 back)
+    return msg.startswith("Unterminated string") or p >= len(buf.rstrip()) - 5
 
 
 def _rfc3339(ns: int) -> str:
