@@ -34,6 +34,7 @@ from typing import Any, Iterator, Mapping
 from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 
 from ...model.config import mask_url
+from ...model.exits import CptraceError
 
 MAX_REDIRECTS = 5
 CHUNK = 1 << 20            # bytes per chunk of a streamed body
@@ -82,7 +83,7 @@ def limits_from_env(**over: Any) -> Limits:
     return Limits(**vals)
 
 
-class BackendUnreachable(ConnectionError):
+class BackendUnreachable(CptraceError, ConnectionError):
     """The backend could not be reached or did not answer in time (refused, DNS, TLS, deadline, connection cut).
     ``url`` (no credentials) is what was requested; ``reason`` is one line."""
 
@@ -92,7 +93,7 @@ class BackendUnreachable(ConnectionError):
         self.reason = reason
 
 
-class BackendError(RuntimeError):
+class BackendError(CptraceError, RuntimeError):
     """The backend answered, but not with what was asked for: an HTTP error status, a redirect that is not followed,
     an answer too large, or a body that is not the expected JSON. ``status`` is the HTTP status (200 for a bad body),
     ``body`` the server's message or an escaped excerpt."""
