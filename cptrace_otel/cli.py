@@ -52,14 +52,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         p.print_help(sys.stderr)
         return EXIT_USAGE
-    if getattr(args, "jaeger_url", None):   # the base of every link a command prints or writes: http(s) only
-        from .analyze.links import normalize_base
-
-        try:
-            args.jaeger_url = normalize_base(args.jaeger_url)
-        except ValueError as e:
-            print(f"cptrace-otel {args.command}: --jaeger-url: {e}", file=sys.stderr)
-            return EXIT_USAGE
     try:
         return int(_command(args.command).run(args))
     except KeyboardInterrupt:

@@ -49,6 +49,19 @@ def normalize_base(base: str) -> str:
     return b.rstrip("/")
 
 
+def bad_link_base(args: Any) -> str | None:
+    """Check ``args.jaeger_url`` (the base of every link a command prints or writes) and normalize it in place: None
+    when it is absent or http(s), else the message for a usage error (``javascript:``, ``data:``, ``file:``)."""
+    base = getattr(args, "jaeger_url", None)
+    if not base:
+        return None
+    try:
+        args.jaeger_url = normalize_base(base)
+    except ValueError as e:
+        return f"--jaeger-url: {e}"
+    return None
+
+
 def _shown(url: str) -> str:
     from ..model.config import mask_url
 

@@ -64,6 +64,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
+    from ..analyze.links import bad_link_base
+
+    bad = bad_link_base(args)
+    if bad:
+        print(f"cptrace-otel check: {bad}", file=err)
+        return EXIT_USAGE
     paths = list(getattr(args, "paths", None) or [])
     level = getattr(args, "level", None)
     jaeger = getattr(args, "jaeger", None)

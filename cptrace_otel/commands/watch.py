@@ -89,6 +89,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
     from ..analyze import links
+    from ..analyze.links import bad_link_base
     from ..analyze.sources.jaeger import JaegerClient, JaegerError, JaegerUnreachable
     from ..analyze.sources.jaegerquery import DEFAULT_LIMIT, PageTooSmall, Search, iso_us, parse_duration, run_ids_of
     from ..analyze.sources.otlpfile import BAD_SHAPE, bad_shape
@@ -109,7 +110,10 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
         since = parse_duration(args.since)
         lookback = parse_duration(args.lookback)
         client = JaegerClient(str(args.jaeger), timeout_s=30.0)
-        link_base = _http_base(args.jaeger_url) if args.jaeger_url else client.base_url
+        bad = bad_link_base(args)
+        if bad:
+            raise ValueError(bad)
+        link_base = args.jaeger_url or client.base_url
     except ValueError as e:
         print(f"{_PFX}: {mask_url(str(e))}", file=err)
         return EXIT_USAGE
@@ -293,14 +297,3 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
         print(f"{_PFX}: no trace of run {args.run_id} in {base} (service {service})", file=err)
         return EXIT_UNREACHABLE
     return EXIT_FINDINGS if total[0] else EXIT_OK
-
-
-def _http_base(url: str) -> str:
-    """A link base (``--jaeger-url``): http(s) only (a ``javascript:`` or ``file:`` base would make every link one).
-    Raises ValueError."""
-    from ..analyze.links import normalize_base
-
-    b = normalize_base(url)
-    if not b.lower().startswith(("http://", "https://")):
-        raise ValueError(f"--jaeger-url must be an http(s) URL, not {b.split(':', 1)[0]!r}:...")
-    return b

@@ -28,7 +28,6 @@ from _hostile import HostileServer, drip, services_ok  # noqa: E402
 from _jaeger_fixtures import FakeJaeger, read_requests, v2_traces  # noqa: E402
 
 from cptrace_otel.commands import watch as watch_cmd  # noqa: E402
-from cptrace_otel.analyze.sources import httpio  # noqa: E402
 from cptrace_otel.analyze.sources.jaeger import JaegerClient, JaegerError, Unread  # noqa: E402
 from cptrace_otel.analyze.watch_out import Alerts  # noqa: E402
 from cptrace_otel.cli import _parser  # noqa: E402

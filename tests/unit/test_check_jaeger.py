@@ -183,7 +183,7 @@ def test_search_answers_are_parsed_one_trace_at_a_time():
 def test_search_answer_in_pieces_parses_across_every_cut():
     """An answer read in pieces (as _get_text returns it) gives the same traces wherever the pieces are cut, also in
     the middle of a trace, of a multi-byte character's text, and with traces longer than the look-ahead."""
-    from cptrace_otel.analyze.sources import jaeger
+    from cptrace_otel.analyze.sources import jaegerstream as jaeger
     from cptrace_otel.analyze.sources.jaeger import iter_data
 
     tr = [{"traceID": f"t{i}", "spans": [{"startTime": i, "n": "é€" * (i * 37)}]} for i in range(40)]
@@ -223,7 +223,7 @@ def test_a_trace_past_the_bound_is_skipped_across_every_cut(monkeypatch):
     bound come out as Unread with their id, the others as parsed, in order, whatever the cuts and read sizes."""
     import random
 
-    from cptrace_otel.analyze.sources import jaeger
+    from cptrace_otel.analyze.sources import jaegerstream as jaeger
     from cptrace_otel.analyze.sources.jaeger import Unread, iter_data
 
     span = {"traceID": "a" * 32, "spanID": "b" * 16, "startTime": 1, "duration": -1.5e-3, "references": [],
@@ -239,7 +239,6 @@ def test_a_trace_past_the_bound_is_skipped_across_every_cut(monkeypatch):
             parts.append(doc[i:i + n])
             i += n
         monkeypatch.setattr(jaeger, "_AHEAD", rnd.choice([64, 1000, 1 << 18]))
-        monkeypatch.setattr(jaeger, "READ_CHUNK", rnd.choice([50, 1 << 20]))
         bound = rnd.choice([5000, 20000, 10**9])
         out = list(iter_data(parts, "u", max_item=bound))
         assert [o.trace_id if isinstance(o, Unread) else o["traceID"] for o in out] == [t["traceID"] for t in traces]

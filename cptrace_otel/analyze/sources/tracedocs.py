@@ -83,14 +83,14 @@ class TraceDocs:
         and recorded as malformed with its id. Any other layout is read whole up to ``CPTRACE_QUERY_MAX_BYTES``
         characters; a larger one is refused (LogReadError) rather than read into gigabytes."""
         from .httpio import limits_from_env
-        from .jaeger import _DATA_HEAD, JaegerError, Unread, iter_data
+        from .jaegerstream import DATA_HEAD, JaegerError, Unread, iter_data
 
         n0 = self.total()
         lim = limits_from_env()
         try:
             with open_text(path) as fh:
                 head = fh.read(64)
-                if _DATA_HEAD.match(head):
+                if DATA_HEAD.match(head):
                     self._line = 1
                     self._format(path, "Jaeger JSON (api_v2 /api/traces)")
                     pieces = _pieces(head, fh, lim.max_answer_bytes * 16)
