@@ -216,7 +216,7 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
     back = max(lookback, 2 * interval)   # each window reaches back this far before the end of the last one
     chunk = 4 * back   # the span-start window of the next poll (adapted to the traffic: about limit / 2 traces)
     win_start = int((time.time() - since) * 1e6)
-    fails = 0        # polls in a row that could not read their window
+    fails = 0        # polls in a row that could not read their window (the last one is counted if the watch ends)
     down = False
     try:
         while True:
@@ -229,9 +229,15 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
             try:
                 read, bad = poll(win_start, poll_end)
             except JaegerUnreachable as e:
-                failed, down = f"Jaeger at {given} is unreachable ({e.reason})", True
+                failed = f"Jaeger at {given} is unreachable ({e.reason})"
+                if not down:
+                    note(f"Jaeger at {given} is down ({e.reason}): its windows are read again when it is back")
+                down = True
             except (JaegerError, PageTooSmall) as e:
                 failed = f"Jaeger at {given}: {e}"
+                if down:   # it answers again, if badly
+                    note(f"Jaeger at {given} is back")
+                down = False
             except Exception as e:   # an answer nobody foresaw: reported, the watcher goes on
                 failed = f"reading Jaeger at {given} failed: {type(e).__name__}: {mask_url(str(e))[:300]}"
             if failed is None:
@@ -254,9 +260,8 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
                     chunk = min(chunk * 4, MAX_WINDOW_S)
             else:
                 fails += 1
-                if args.once:
+                if args.once:   # (counted as unchecked at the end: fails > 0)
                     note(f"window {span}: NOT checked: {failed}")
-                    unchecked[0] += 1
                     break
                 wait = min(interval * 2 ** min(fails - 1, 10), max(interval, MAX_BACKOFF_S))
                 if fails > GIVE_UP and not down:   # the same answer again and again: skip it, say so
@@ -283,6 +288,8 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
     except KeyboardInterrupt:
         pass
     finally:
+        if fails:   # stopped while the current window was still unread: not a clean end
+            unchecked[0] += 1
         if old is not None:
             signal.signal(signal.SIGTERM, old)
         if wb is not None:

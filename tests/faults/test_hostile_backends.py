@@ -453,3 +453,31 @@ def test_a_running_watcher_survives_every_answer_and_says_which_windows_were_che
     assert "f" * 32 in err and "checked, except 1 trace(s) that could not be read" in err
     assert "Alertmanager at" in err and PASSWORD not in err + out
     assert out.strip()   # the findings of the readable traces
+
+
+def test_a_watcher_stopped_while_jaeger_is_down_exits_3(tmp_path):
+    """Jaeger answers its service list, then drops every search connection: the watcher says it is down, says per
+    poll that the window was not checked, and SIGTERM then ends it with exit 3 (the window was never read), not 0."""
+    def behave(h):
+        if services_ok(h):
+            return
+        h.close_connection = True
+        h.connection.shutdown(2)   # no answer at all
+
+    with HostileServer(behave) as hs:
+        p = subprocess.Popen([sys.executable, "-m", "cptrace_otel.cli", "watch", "--jaeger", hs.url, "--interval",
+                              "0.05s"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+        lines: list[str] = []
+        try:
+            for line in p.stderr:
+                lines.append(line)
+                if "NOT checked" in line:
+                    break
+            p.terminate()
+            _out, rest = p.communicate(timeout=60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+    err = "".join(lines) + rest
+    assert p.returncode == 3, err
+    assert f"watch: Jaeger at {hs.url} is down" in err and "could not be read" in err
