@@ -68,3 +68,25 @@ def test_tempo_run_not_there(demo):
     with FakeTempo(demo["reqs"]) as ft:
         rc, _, err = check("--tempo", ft.url, "--run-id", "no-such-run", "--since", "3650d")
     assert rc == 3 and "no trace of run no-such-run" in err
+
+
+def test_one_unreadable_tempo_trace_costs_that_trace_only(demo):
+    """One trace answered with a body that is not JSON and one with values of the wrong type: the others are
+    checked and reported, both are named, exit 3 (never 0 for a run not read whole)."""
+    with FakeTempo(demo["reqs"]) as ft:
+        tids = sorted(ft.traces)
+        broken, wrong = tids[0], tids[1]
+        real = ft.trace
+
+        def trace(tid):
+            if tid == broken:
+                return 200, "}"   # (json-encoded by the fake: a JSON string, not a trace)
+            if tid == wrong:
+                return 200, {"batches": [{"resource": 5, "scopeSpans": "x"}]}
+            return real(tid)
+
+        ft.trace = trace
+        rc, out, err = check("--tempo", ft.url, "--run-id", demo["run_id"], "--since", "3650d")
+    assert rc == 3, err
+    assert "findings" in out and "no findings" not in out
+    assert wrong in err and broken in err and "not a Tempo trace" in err and "could not be read" in err, err

@@ -63,7 +63,11 @@ class TempoClient(JaegerClient):
     def trace(self, trace_id: str) -> dict[str, Any]:
         """The trace as OTLP/JSON ``TracesData`` (empty when Tempo does not have it); larger than
         ``limits.max_trace_bytes`` raises :class:`JaegerError`."""
-        return traces_data(self._get(f"/api/traces/{quote(trace_id, safe='')}", max_bytes=self.limits.max_trace_bytes))
+        path = f"/api/traces/{quote(trace_id, safe='')}"
+        out = self._get(path, max_bytes=self.limits.max_trace_bytes)
+        if out is not None and not isinstance(out, dict):
+            raise JaegerError(self._url(path), 200, f"not a Tempo trace: {excerpt(json.dumps(out))}")
+        return traces_data(out)
 
 
 def run_trace_ids(client: TempoClient, run_id: str, start_s: int, end_s: int,
