@@ -8,7 +8,7 @@ opened in headless Chromium, asserted from the page.
 - a search for the HASH code (``cptrace.violation.HASH=true``) finds every trace that the demo's check reports.
 
 Needs Jaeger serving the jaeger-ui build (``deploy/jaeger/up`` does when ``../shared/jaeger-ui/build`` exists; tests
-skip with the reason otherwise) and headless Chromium (browserlib). Screenshots go to browserlib.ARTIFACTS.
+skip with the reason otherwise) and headless Chromium (tests/helpers/browser.py). Screenshots go to its ARTIFACTS.
 """
 
 from __future__ import annotations
@@ -20,12 +20,8 @@ from pathlib import Path
 
 import pytest
 
-try:
-    from .browserlib import ROOT, chromium_page, cli, screenshot
-    from .itlib import REQUIRE_JAEGER, unavailable, wait_for
-except ImportError:  # tests/ is not a package (pytest's default "prepend" import mode)
-    from browserlib import ROOT, chromium_page, cli, screenshot
-    from itlib import REQUIRE_JAEGER, unavailable, wait_for
+from tests.helpers.browser import ROOT, chromium_page, cli, screenshot
+from tests.helpers.integration import REQUIRE_JAEGER, unavailable, wait_for
 
 UI_BUILD = Path(os.environ.get("JAEGER_UI_ASSETS") or ROOT.parent / "shared" / "jaeger-ui" / "build")
 RANKS = 16
