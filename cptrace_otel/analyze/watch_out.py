@@ -181,7 +181,8 @@ class Alerts:
             why = getattr(e, "reason", None) or (f"HTTP {e.status}: {e.body}" if isinstance(e, httpio.BackendError)
                                                  else f"{type(e).__name__}: {e}")
             if not self.down:
-                self.note(f"Alertmanager at {self.url} is unreachable or refused the alerts ({mask_url(str(why))[:300]}): "
+                self.note(f"Alertmanager at {self.url} is unreachable or refused the alerts "
+                          f"({mask_url(str(why))[:300]}): "
                           "the alerts are posted again at the next poll")
             self.down = True
             return False

@@ -1,4 +1,5 @@
-"""C2, ack-count agreement (domain 5, level 2): each round of ``ack`` records holds the same (dir, op count, node set)
+"""C2, ack-count agreement (docs/domain.md §5, level 2): each round of ``ack`` records holds the same (dir, op count,
+node set)
 on all ranks, since writing_check and loading_check take the MIN across the attn_cp and attn_tp groups.
 
 A round is the acks with one ``round=`` value when the emitter logs it, whatever their line order and whatever

@@ -32,6 +32,8 @@ import sys
 import time
 from typing import Any, TextIO
 
+from ..model.exits import EXIT_FINDINGS, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
+
 _PFX = "cptrace-otel watch"
 PAGE_STEP = 200   # traces between two feeds within one poll
 MAX_WINDOW_S = 30 * 86400.0   # the widest window of span starts (sparse or old data; a full page is split anyway)
@@ -50,7 +52,6 @@ def _max_runs() -> int:
 
 
 MAX_RUNS = _max_runs()   # runs watched at once: memory does not grow with the number of runs
-from ..model.exits import EXIT_FINDINGS, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 
 
 def finding_line(run_id: str, f: Any, link: str) -> str:

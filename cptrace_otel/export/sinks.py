@@ -5,7 +5,8 @@
   unreachable or overloaded: keep the request), :attr:`Outcome.DROP` (the request itself is bad: sending it again
   cannot help) or :attr:`Outcome.FATAL` (a configuration error: no request will ever go through; the sender reports
   it once and drops everything, counted). A transport may set ``retry_after`` (seconds, or None) after a RETRY: the
-  backend asked for that pause (HTTP ``Retry-After``). ``Outcome`` is a ``str`` enum and ``SendResult`` a named tuple, so a result also compares equal to
+  backend asked for that pause (HTTP ``Retry-After``). ``Outcome`` is a ``str`` enum and ``SendResult`` a named tuple,
+  so a result also compares equal to
   the plain ``("ok", "")`` tuples a test double may return; :class:`~.spool.ReliableSender` accepts both.
 * A :class:`Sink` takes span groups ``[(resource attributes, spans), ...]`` (:meth:`Sink.export`) and has
   :meth:`~Sink.flush`, :meth:`~Sink.close` (True when everything was delivered or written) and :meth:`~Sink.stats`;

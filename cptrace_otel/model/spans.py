@@ -2,7 +2,8 @@
 
 Contract:
 
-* Every :class:`~cptrace_otel.model.events.Event` fed to :meth:`SpanBuilder.add` becomes exactly one span event (name = tag,
+* Every :class:`~cptrace_otel.model.events.Event` fed to :meth:`SpanBuilder.add` becomes exactly one span event (name =
+tag,
   timestamp = ``ev.ts``, attributes = typed fields + ``cptrace.seq`` / ``cptrace.epoch`` / ``cptrace.record.level``).
 * Trace ids are deterministic, so every rank process of a run puts a node's records into the same trace without any
   context propagation: node trace ``blake2b(f"{run_id}|{epoch}|{node_id}")``, rank trace

@@ -12,9 +12,11 @@ Contract (docs/ARCHITECTURE.md):
 * A daemon drainer thread pops batches in order, resolves deferred fingerprints (``fingerprint.is_deferred/resolve``,
   waiting on their CUDA event), renders every value that is not already an int, str or float (bools as
   ``True``/``False``; anything else with upstream ``_fmt`` semantics; a value whose ``str`` raises becomes
-  ``(err:<ExceptionType>)``; :func:`cptrace_otel.model.records.compact_item`) and ships batches of these compact items to
+  ``(err:<ExceptionType>)``; :func:`cptrace_otel.model.records.compact_item`) and ships batches of these compact items
+  to
   the exporter worker, in order (messages and frames: :mod:`cptrace_otel.export.protocol`). The worker completes
-  each with the same rendering (:mod:`cptrace_otel.model.records`), so the result is the same, but the traced process does
+  each with the same rendering (:mod:`cptrace_otel.model.records`), so the result is the same, but the traced process
+  does
   the least work.
 * The worker is a subprocess per traced process (``python -m cptrace_otel.export.worker``; not ``multiprocessing``,
   since SGLang rank processes may be daemonic), fed over its stdin and acking over its stdout; it exits after
@@ -289,7 +291,8 @@ class _State:
         from .ranks import RankHold
 
         # While the rank is unknown the first batches wait here (not on the caller) so that a rank learned from the
-        # config record, SGLang or torch.distributed still labels them (cptrace_otel.traced.ranks.RankHold). The hold lives
+        # config record, SGLang or torch.distributed still labels them (cptrace_otel.traced.ranks.RankHold). The hold
+        # lives
         # on the state, so a drainer started by the watchdog carries on with it.
         hold = RankHold(self.cfg, self.cfg.rank_wait_s, self.cap)
         if hold.known:

@@ -262,7 +262,8 @@ def run_ids_of(trace: dict[str, Any]) -> set[str]:
     out = set()
     procs = trace.get("processes")
     plist = list(procs.values()) if isinstance(procs, dict) else []
-    plist += [s["process"] for s in trace.get("spans") or [] if isinstance(s, dict) and isinstance(s.get("process"), dict)]
+    plist += [s["process"] for s in trace.get("spans") or []
+              if isinstance(s, dict) and isinstance(s.get("process"), dict)]
     for p in plist:
         tags = p.get("tags") if isinstance(p, dict) else None
         for t in tags if isinstance(tags, list) else ():

@@ -210,7 +210,8 @@ def iter_data(parts: str | Iterable[str], url: str, with_text: bool = False,
                         try:
                             item = json.loads(text)
                         except RecursionError:
-                            raise JaegerError(url, 200, f"trace nested too deeply to read, at {excerpt(text)}") from None
+                            raise JaegerError(url, 200,
+                                              f"trace nested too deeply to read, at {excerpt(text)}") from None
                         except ValueError as e2:
                             raise JaegerError(url, 200, f"not JSON ({e2}), at {excerpt(text)}") from None
                         yield (item, text) if with_text else item

@@ -1,6 +1,6 @@
-"""Issue 21, the analyzer's side, without a backend: a Jaeger document on disk is read trace by trace in bounded
-memory (a trace too large is named and skipped), ``ingest`` of input with no record is exit 3, the HTML report's
-embedded JSON cannot end or comment out its script element, and link bases are http(s) only."""
+"""The analyzer without a backend: a Jaeger document on disk is read trace by trace in bounded memory (a trace too
+large is named and skipped), ``ingest`` of input with no record is exit 3, the HTML report's embedded JSON cannot
+end or comment out its script element, and link bases are http(s) only."""
 
 from __future__ import annotations
 
@@ -16,14 +16,10 @@ from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "unit"))
-
-from _checks_util import FIXTURES  # noqa: E402
-from _demo_run import check, run_demo  # noqa: E402
-from _jaeger_fixtures import read_requests, v2_traces  # noqa: E402
-
-from cptrace_otel.cli import main  # noqa: E402
+from cptrace_otel.cli import main
+from tests.helpers.checks_util import FIXTURES
+from tests.helpers.demo_run import check, run_demo
+from tests.helpers.jaeger_fixtures import read_requests, v2_traces
 
 
 def _cli(*argv: str) -> subprocess.CompletedProcess:

@@ -1,4 +1,4 @@
-"""Hostile backends for the analyzer's fault tests: an HTTP server on a loopback address (127.0.0.1, or 127.0.0.2,
+"""Hostile backends for the analyzer's tests: an HTTP server on a loopback address (127.0.0.1, or 127.0.0.2,
 which is loopback too and another origin) whose every answer is written by the test, byte by byte if it likes.
 
 ``HostileServer(behave, host)``: ``behave(handler)`` answers one request (``handler.path``, ``handler.command``,

@@ -1,9 +1,9 @@
-"""Issue 21, the analyzer's side: ``check --jaeger``, ``watch`` and the Alertmanager poster against hostile servers
-on real loopback sockets (:mod:`_hostile`): they fail closed (exit 3 with the URL, the status and an escaped excerpt;
-never 0, never "clean"), every request has a total deadline (a server that drips one byte at a time), credentials
-never follow a redirect to another origin (127.0.0.2 is another loopback address), a bad trace costs itself only,
-memory stays bounded on huge answers (measured with tracemalloc), a running watcher survives any answer and says per
-poll whether its window was checked. No test sleeps to pass: the tests wait for lines and states."""
+"""``check --jaeger``, ``watch`` and the Alertmanager poster against hostile servers on real loopback sockets
+(:mod:`tests.helpers.hostile`): they fail closed (exit 3 with the URL, the status and an escaped excerpt; never 0,
+never "clean"), every request has a total deadline (a server that drips one byte at a time), credentials never follow
+a redirect to another origin (127.0.0.2 is another loopback address), a bad trace costs itself only, memory stays
+bounded on huge answers (measured with tracemalloc), a running watcher survives any answer and says per poll whether
+its window was checked. No test sleeps to pass: the tests wait for lines and states."""
 
 from __future__ import annotations
 
@@ -16,21 +16,16 @@ import subprocess
 import sys
 import threading
 import tracemalloc
-from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "unit"))
-
-from _demo_run import check, run_demo  # noqa: E402
-from _hostile import HostileServer, drip, services_ok  # noqa: E402
-from _jaeger_fixtures import FakeJaeger, read_requests, v2_traces  # noqa: E402
-
-from cptrace_otel.commands import watch as watch_cmd  # noqa: E402
-from cptrace_otel.analyze.sources.jaeger import JaegerClient, JaegerError, Unread  # noqa: E402
-from cptrace_otel.analyze.watch_out import Alerts  # noqa: E402
-from cptrace_otel.cli import _parser  # noqa: E402
+from cptrace_otel.analyze.sources.jaeger import JaegerClient, JaegerError, Unread
+from cptrace_otel.analyze.watch_out import Alerts
+from cptrace_otel.cli import _parser
+from cptrace_otel.commands import watch as watch_cmd
+from tests.helpers.demo_run import check, run_demo
+from tests.helpers.hostile import HostileServer, drip, services_ok
+from tests.helpers.jaeger_fixtures import FakeJaeger, read_requests, v2_traces
 
 PASSWORD = "s3cr3t-Pw"
 
