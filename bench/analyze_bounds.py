@@ -3,6 +3,7 @@ seconds and exit status of the command, run as a subprocess against a loopback s
 its answers (never holding them whole).
 
     python bench/analyze_bounds.py trace --spans 1000000     # one trace of N spans (Jaeger JSON, ~800 bytes a span)
+    python bench/analyze_bounds.py trace --watch              # the same through watch --once --since 10m
     python bench/analyze_bounds.py answer --mib 512          # one search answer of N MiB (traces without records)
     python bench/analyze_bounds.py runs --runs 1000          # watch --once over N small runs: searches and RSS
     python bench/analyze_bounds.py drip                      # a server sending one byte every 50 ms
@@ -150,12 +151,15 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=1000)
     ap.add_argument("--tree", default=str(ROOT))
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--watch", action="store_true", help="trace: run watch --once instead of check")
     a = ap.parse_args()
     now = int(time.time() * 1e6)
     if a.case == "trace":
         srv = Server(lambda q: iter([b'{"data":[', *trace_pieces("ab" * 16, a.spans, now - 60_000_000, True),
                                      b'],"total":1,"errors":null}']))
-        res = run_cli(a.tree, ["check", "--jaeger", srv.url, "--run-id", RUN, "--no-progress"], a.timeout)
+        cmd = (["watch", "--jaeger", srv.url, "--once", "--run-id", RUN, "--since", "10m"] if a.watch else
+               ["check", "--jaeger", srv.url, "--run-id", RUN, "--no-progress"])
+        res = run_cli(a.tree, cmd, a.timeout)
     elif a.case == "answer":
         per = 2000   # spans a trace: about 1.3 MiB
 

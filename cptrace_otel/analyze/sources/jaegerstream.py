@@ -272,7 +272,7 @@ def _take(buf: str, pos: int, src: Iterator[str], max_item: int | None, url: str
 
 def _unread(head: str, size: int, max_item: int, starts: list) -> Unread:
     return Unread(_trace_id(head), f"trace too large to check: more than {max_item} characters of JSON (about "
-                  f"{size >> 20} MiB seen; CPTRACE_QUERY_MAX_TRACE_BYTES raises the bound, memory is about 10 times "
+                  f"{size >> 20} MiB seen; CPTRACE_QUERY_MAX_TRACE_BYTES raises the bound, memory is about 20 times "
                   "it)", starts)
 
 
