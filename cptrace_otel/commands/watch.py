@@ -111,9 +111,9 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
         since = parse_duration(args.since)
         lookback = parse_duration(args.lookback)
         client = JaegerClient(str(args.jaeger), timeout_s=30.0)
-        bad = bad_link_base(args)
-        if bad:
-            raise ValueError(bad)
+        bad_base = bad_link_base(args)
+        if bad_base:
+            raise ValueError(bad_base)
         link_base = args.jaeger_url or client.base_url
     except ValueError as e:
         print(f"{_PFX}: {mask_url(str(e))}", file=err)

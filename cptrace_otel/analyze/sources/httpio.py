@@ -321,7 +321,7 @@ def _send(method: str, url: str, hdrs: dict[str, str], body: bytes | None, deadl
         else:
             conn = http.client.HTTPConnection(host, port, timeout=timeout)
         conn.connect()
-        conn.sock = _DeadlineSocket(conn.sock, deadline, lim.read_timeout_s, late)  # type: ignore[assignment]
+        conn.sock = _DeadlineSocket(conn.sock, deadline, lim.read_timeout_s, late)
         path = urlunsplit(("", "", parts.path or "/", parts.query, ""))
         conn.request(method, path, body=body, headers=hdrs)
         resp = conn.getresponse()
