@@ -36,4 +36,6 @@ class Event:
 LEVEL_OF_TAG: dict[str, int] = {
     "config": 1, "reset": 1, "rid_map": 1, "insert": 1, "split": 1, "prepare": 1, "backup": 1, "evict": 1,
     "reload": 1, "ack": 2, "free": 2, "compose": 2, "store": 2, "fwd_hash": 3,
+    # SGLang's own kv-canary violation lines (cptrace_otel.canary): read from the same logs, any trace level
+    "kv_canary": 1,
 }

@@ -25,6 +25,9 @@ Contract:
   in the current lane segment (a new one if the old is gone). So every record of a stage instance (prepare to its
   d2h ack, reload to its h2d ack) is in that stage's span or a continuation of it, never in the lane's own events.
 * ``rid_map`` records put ``hicache.rid`` on the lane and link the request trace's span to it.
+* SGLang's ``kv_canary`` records (:mod:`cptrace_otel.canary`) name a slot, not a node: with online checks on, the
+  rank's checker decides the node whose device slots held it (rule ``CANARY``) before the record is placed, and
+  the record and its finding go to that node's lane; a violation no node owns stays on the rank span.
 * Online checks: with a ``checker_factory`` (``rank -> RankChecker``), each event is fed to the rank's checker and the
   findings it returns are stamped on the span that holds the event (:func:`violation_attributes`, status ERROR with
   every finding's message, one ``hicache.violation`` event per finding naming its evidence records, and one OTLP link
@@ -42,6 +45,7 @@ import sys
 from typing import Any, Callable
 
 from . import semconv as sc
+from .canary import TAG as CANARY_TAG
 from .events import Event
 from .logline import render_value
 from .spanattrs import EventAttrs, _approx_bytes, event_attributes  # noqa: F401  (re-exported)
@@ -301,6 +305,14 @@ class SpanBuilder:
         node = f.get("node_id")
         closing = False
         link_rid = None
+        fed, found = False, None
+        if tag == CANARY_TAG and self._checker_factory is not None:
+            # SGLang's kv-canary record names a slot, not a node: the checker decides whose slot it was (rule CANARY),
+            # so it runs before the record is placed, and the record goes to that node's lane with its finding
+            found, fed = self._feed_now(ev), True
+            owner = next((x.node_id for x in found or () if type(getattr(x, "node_id", None)) is int), None)
+            if owner is not None:
+                node = owner
         if tag == "reset":
             # A reset ends every open span of this rank: node ids restart, so nothing may join them any more.
             for sp in [s for s in self._open.values() if s.rank == rank and s.lane is None]:
@@ -373,7 +385,12 @@ class SpanBuilder:
             if ts > rsp.end:
                 rsp.end = ts
 
-        if self._checker_factory is not None:
+        if fed:   # (checked before it was placed)
+            self._seq_refs[ev.seq] = (sp.trace_id, sp.span_id, tag, f.get("op"))
+            if found:
+                sp.findings.extend(found)
+                self.findings += len(found)
+        elif self._checker_factory is not None:
             refs = self._seq_refs
             if len(refs) >= MAX_SEQ_REFS:
                 refs.clear()
@@ -411,6 +428,17 @@ class SpanBuilder:
         if ck is None and self._checker_factory is not None:
             ck = self._checkers[rank] = self._checker_factory(rank)
         return ck
+
+    def _feed_now(self, ev: Event) -> list[Any] | None:
+        """The findings of ``ev`` from its rank's checker (created if needed); None when the checks are off or the
+        checker failed (it is then switched off, as in :meth:`add`)."""
+        try:
+            ck = self._checker(ev.rank)
+            return ck.feed(ev) if ck is not None else None
+        except Exception as e:  # a broken rule must not stop tracing
+            self._checker_factory = None
+            print(f"cptrace_otel: online checks disabled after an error in the checker: {e!r}", file=sys.stderr)
+            return None
 
     def _check(self, ev: Event, sp: Span) -> None:
         try:

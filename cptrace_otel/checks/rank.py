@@ -22,6 +22,7 @@ from .findings import Finding, Unchecked
 from .rank_base import _int
 from .ranges import Slots, is_none_range, overlap, slice_slots, slots_of
 from .registry import LEVEL_RECORDS, RANK, unchecked_at
+from .rules_canary import CanaryOwner
 from .rules_content import HashCompare, ZeroFlag
 from .rules_h1 import H1Split
 from .rules_h2 import H2Reload
@@ -31,10 +32,10 @@ from .state import UNKNOWN, Backup, EpochState, Node, PendingLoad, PendingWrite
 
 # handler(ev, ev.fields, node_id, (seq, line_no)); node_id is an int for the keyed tags (the rest get the raw value)
 Handler = Callable[[Event, dict, Any, tuple], "list[Finding] | None"]
-_UNKEYED = frozenset(("config", "free"))   # handlers that also run for a record without an int node_id
+_UNKEYED = frozenset(("config", "free", "kv_canary"))   # handlers that also run for a record without an int node_id
 
 
-class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare):
+class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare, CanaryOwner):
     """Streaming checker of one rank. See the package docstring for the contract."""
 
     def __init__(self, rank: int, level: int | None = None) -> None:
@@ -53,7 +54,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         handlers: dict[str, Handler] = {
             "config": self._config, "insert": self._insert, "split": self._split, "prepare": self._prepare,
             "backup": self._backup, "ack": self._ack, "evict": self._evict, "free": self._free,
-            "reload": self._reload, "compose": self._compose,
+            "reload": self._reload, "compose": self._compose, "kv_canary": self._canary,
         }
         # tag -> (level of the tag, handler, whether the record can move the epoch tracker, whether the handler
         # needs an int node_id): one lookup per record on the hot path

@@ -1,6 +1,9 @@
 """Upstream log files (``[CPTRACE tag] k=v ...`` lines, with or without SGLang's prefix) -> :class:`Event` stream.
 
-* Lines without the ``[CPTRACE`` marker are ignored. A line with the marker whose shape is broken, or with tokens
+* SGLang's kv-canary violation lines (``kv_canary violation: launch_tag=... slot_idx=...``, :mod:`cptrace_otel.canary`)
+  in the same files become ``kv_canary`` records (ts: that of the record before them in the file); the ``CANARY``
+  rule attaches each to the node whose device slots held the slot.
+* Other lines without the ``[CPTRACE`` marker are ignored. A line with the marker whose shape is broken, or with tokens
   lacking ``=``, is reported (file, line number, reason) through ``on_malformed`` and counted; a line whose body
   still parses is kept (bad tokens dropped), the rest of the file is processed either way. A line holding a value
   that cannot be turned into a Python value (an int of more than 4,300 digits, Python's int-string limit) is
@@ -31,6 +34,9 @@ import sys
 from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 from ..._speedups.logreader import load as _load_logreader
+from ...canary import MARKER as CANARY_MARK
+from ...canary import TAG as CANARY_TAG
+from ...canary import parse_canary_line
 from ...checks.epochs import EPOCH_TAGS, EpochTracker
 from ...events import Event
 from ...logline import fast_value
@@ -240,10 +246,37 @@ def _file_chunks(fh, path: str, drank: int, on_bad: Callable[[Malformed], None],
         fh.close()
 
 
+def _canary_line(line: str, path: str, line_no: int, drank: int, on_bad: Callable[[Malformed], None],
+                 last_ts: Any) -> tuple[str, dict[str, Any], Any, int] | None:
+    """``(tag, fields, ts, rank)`` of SGLang's kv-canary violation line (:mod:`cptrace_otel.canary`), None for a
+    line without the marker. The line carries no ``ts=``: it takes ``last_ts``, the ts of the record before it in
+    the file (so the merge keeps it where the process printed it), else its line number like any line without
+    one; its rank is that of a trace line without ``rank=`` (``ATTN_CP<n>`` in the prefix, else the file's). A line
+    with the marker whose fields do not parse is reported: a violation is never dropped in silence."""
+    if CANARY_MARK not in line:
+        return None
+    try:
+        p = parse_canary_line(line)
+    except ValueError as e:   # an int over Python's int-string limit
+        p = None
+        why = f"a kv_canary violation line with a value that does not parse ({e})"
+    else:
+        why = "a kv_canary violation line without launch_tag, fail_reason and int slot_idx and position"
+    if p is None:
+        on_bad(Malformed(path, line_no, why, line.rstrip("\r\n")[:200]))
+        return None
+    prefix, fields = p
+    r = _prefix_rank(prefix) if prefix else None
+    return CANARY_TAG, fields, (last_ts if type(last_ts) is int else line_no), (drank if r is None else r)
+
+
 def _slow_line(line: str, path: str, line_no: int, drank: int,
-               on_bad: Callable[[Malformed], None]) -> tuple[str, dict[str, Any], Any, int] | None:
+               on_bad: Callable[[Malformed], None], last_ts: Any = None) -> tuple[str, dict[str, Any], Any, int] | None:
     """``(tag, fields, ts, rank)`` of a line the C parser left to Python (the full parser), None when it yields
-    no event; malformed lines are reported (also a value Python cannot hold: the line is skipped)."""
+    no event; malformed lines are reported (also a value Python cannot hold: the line is skipped). A line without
+    a ``[CPTRACE`` marker is SGLang's kv-canary line (:func:`_canary_line`; ``last_ts``: the ts it takes)."""
+    if MARKER not in line:
+        return _canary_line(line, path, line_no, drank, on_bad, last_ts)
     try:
         p = parse_trace_line(line)
     except ValueError as e:   # int("9" * 5000): Python's int-string limit (sys.get_int_max_str_digits)
@@ -280,9 +313,10 @@ def _file_chunks_c(fh, path: str, drank: int, on_bad: Callable[[Malformed], None
     as the text reader would and takes :func:`_slow_line`. An incomplete line longer than ``files.MAX_LINE`` is
     reported and its bytes are dropped up to the next newline."""
     fill = _logc.fill_chunk
+    prev_ts: list[Any] = [None]   # ts of the file's last event before the current chunk (a canary line takes it)
 
     def slow(line: str, ln: int):
-        return _slow_line(line, path, ln, drank, on_bad)
+        return _slow_line(line, path, ln, drank, on_bad, chunk[-1].ts if chunk else prev_ts[0])
 
     read = fh.buffer.read   # the text layer of fh is never used: no text is buffered there
     line_no = 0   # lines consumed (as the per-line reader counts them when the consumer stops early)
@@ -312,6 +346,7 @@ def _file_chunks_c(fh, path: str, drank: int, on_bad: Callable[[Malformed], None
                 if len(chunk) < _CHUNK:
                     break
                 stats.events += len(chunk)
+                prev_ts[0] = chunk[-1].ts
                 yield chunk
                 chunk = []
             if final:
@@ -336,6 +371,7 @@ def _file_chunks_py(fh, path: str, drank: int, on_bad: Callable[[Malformed], Non
     chunk: list[Event] = []
     append = chunk.append
     last_r, rs = None, None
+    prev_ts: Any = None   # ts of the last event of the previous chunk (a canary line takes the ts before it)
     epoch_tags = EPOCH_TAGS
     good_tags = _GOOD_TAGS
     pair = _pair
@@ -358,7 +394,7 @@ def _file_chunks_py(fh, path: str, drank: int, on_bad: Callable[[Malformed], Non
             # before its ending (the check parse_trace_line makes). Anything else takes the full parser.
             idx = line.find("[CPTRACE ")
             if idx < 0:
-                if MARKER not in line:
+                if MARKER not in line and CANARY_MARK not in line:
                     continue
                 fields = None
             else:
@@ -376,7 +412,7 @@ def _file_chunks_py(fh, path: str, drank: int, on_bad: Callable[[Malformed], Non
                         else:
                             fields["ts"] = ts = int(tsv)
             if fields is None:
-                slow = _slow_line(line, path, line_no, drank, on_bad)
+                slow = _slow_line(line, path, line_no, drank, on_bad, chunk[-1].ts if chunk else prev_ts)
                 if slow is None:
                     continue
                 tag, fields, ts, r = slow
@@ -398,6 +434,7 @@ def _file_chunks_py(fh, path: str, drank: int, on_bad: Callable[[Malformed], Non
             append(Event(tag, r, seq, ts, ep, fields, 1, path, line_no))
             if len(chunk) >= _CHUNK:
                 stats.events += len(chunk)
+                prev_ts = ts
                 yield chunk
                 chunk = []
                 append = chunk.append

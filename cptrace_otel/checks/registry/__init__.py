@@ -42,7 +42,8 @@ def _r(id: str, code: str, level: int, scope: str, tags: str, summary: str, impl
 _HASH_SKIPS = ("HASH-skipped(split)", "HASH-skipped(chain)", "HASH-skipped(no reload hash)",
                "HASH-skipped(no backup)", "HASH-skipped(no hash)", "HASH-skipped(sentinel)")
 
-# In report order: per-rank H1-H4, ZERO, HASH, then cross-rank C1-C5 (CODES and the unchecked report follow it).
+# In report order: per-rank H1-H4, ZERO, HASH, then cross-rank C1-C5, then SGLang's own signals (CANARY) (CODES and
+# the unchecked report follow it).
 RULES: tuple[Rule, ...] = (
     _r("H1a", "H1", 1, RANK, "split insert prepare reload",
        "a split partitions the node's latest dev/host slots (from its last insert, reload or split): the prefix to "
@@ -96,6 +97,10 @@ RULES: tuple[Rule, ...] = (
        "shared: no rank's store to a node's pages lands after the IO rank's backup of them began, while that rank's "
        "pages still hold the node's KV (a store after it gave them up writes the next owner's)",
        "fence:StoreFence._test"),
+    _r("CANARY", "CANARY", 1, RANK, "kv_canary insert split reload evict",
+       "SGLang's kv-canary saw a slot's hash chain break (a `kv_canary violation:` log line): reported on the node "
+       "whose device slots held the slot then (exact sets decide; else for the run, saying why)",
+       "rules_canary:CanaryOwner._canary", skips=("CANARY-owner(undecidable)",)),
 )
 
 BY_ID: dict[str, Rule] = {r.id: r for r in RULES}
