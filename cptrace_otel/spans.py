@@ -13,8 +13,12 @@ Contract:
   name it, e.g. the watcher writing cross-rank findings); a later segment of the same lane (the lane is cut like any
   span, below) hashes the seq of its first record in and is a child of the first segment, which this process has
   already sent. No span has a parent that another process must send, and the UI shows one top-level row per rank.
-* Stage spans are children of the lane: ``rank 3 · d2h`` (``prepare`` .. ``ack dir=d2h``, holds ``backup``) and
-  ``rank 3 · h2d`` (``reload`` .. ``ack dir=h2d``). A stage span ends at its closing record (``closed_by=tag``).
+* Stage spans are children of the lane: ``rank 3 · d2h`` (``prepare`` .. ``ack dir=d2h``, holds ``backup``),
+  ``rank 3 · h2d`` (``reload`` .. ``ack dir=h2d``), and the L3 tier's (:mod:`cptrace_otel.l3`) ``rank 3 · l3-backup``
+  (``l3_backup`` .. ``l3_ack dir=backup``) and ``rank 3 · l3-prefetch`` (``l3_prefetch`` .. ``l3_ack dir=prefetch``,
+  in the trace of the node the fetched pages extend). An ``l3_hit`` goes to its node's lane, linked
+  (``cptrace.link.kind=l3-prefetch``) to the prefetch span that fetched the pages. A stage span ends at its closing
+  record (``closed_by=tag``).
 * Sending: a lane segment is sent once, together with all its children, when it closes: once it has been open
   ``span_timeout_s`` (``timeout``), at :meth:`close_all` (``flush``), at a ``reset`` of its rank (``reset``) or when it
   grows past :data:`MAX_EVENTS` events / :data:`MAX_SPAN_BYTES` (``limit``). Children still open then are closed with
@@ -46,6 +50,11 @@ from typing import Any, Callable
 
 from . import semconv as sc
 from .canary import TAG as CANARY_TAG
+from .l3 import ACK as L3_ACK
+from .l3 import BACKUP as L3_BACKUP
+from .l3 import DIR_BACKUP, DIR_PREFETCH
+from .l3 import HIT as L3_HIT
+from .l3 import PREFETCH as L3_PREFETCH
 from .events import Event
 from .logline import render_value
 from .spanattrs import EventAttrs, _approx_bytes, event_attributes  # noqa: F401  (re-exported)
@@ -65,6 +74,10 @@ MAX_CUT = 1 << 16
 MAX_LANES_SEEN = 1 << 18
 
 STATUS_UNSET, STATUS_OK = 0, 1
+# (tag, dir) of a closing record -> (the stage's key word, its span kind)
+_ACK_STAGE = {("ack", "d2h"): ("d2h", sc.SPAN_D2H), ("ack", "h2d"): ("h2d", sc.SPAN_H2D),
+              (L3_ACK, DIR_BACKUP): (L3_BACKUP, sc.SPAN_L3_BACKUP), (L3_ACK, DIR_PREFETCH): (L3_PREFETCH,
+                                                                                            sc.SPAN_L3_PREFETCH)}
 
 _DIGEST = hashlib.blake2b
 
@@ -172,6 +185,7 @@ class SpanBuilder:
         # stage key -> the stage span cut before its closing record (a later record of it opens a continuation)
         self._cut: dict[Any, Span] = {}
         self._lanes_seen: set[tuple[int, int, int]] = set()
+        self._l3p_refs: dict[tuple, tuple[bytes, bytes]] = {}   # (rank, op) -> span of that L3 prefetch
         self.events = 0
         self.spans = 0
         self.findings = 0
@@ -345,21 +359,32 @@ class SpanBuilder:
                 sp = self._open.get(key)
                 if sp is None:
                     sp = self._stage(key, sc.SPAN_D2H, ev, node)
+            elif tag == L3_BACKUP or tag == L3_PREFETCH:
+                key = (rank, epoch, node, tag, op)
+                old = self._open.get(key)
+                if old is not None:
+                    self._close(old, "tag")
+                self._cut.pop(key, None)
+                sp = self._stage(key, sc.SPAN_L3_BACKUP if tag == L3_BACKUP else sc.SPAN_L3_PREFETCH, ev, node)
+                if tag == L3_PREFETCH:
+                    self._remember_prefetch(rank, op, sp)
             else:
                 sp = None
-                if tag == "ack":
-                    d = f.get("dir")
-                    if d == "d2h" or d == "h2d":
-                        key = (rank, epoch, node, d, op)
+                if tag == "ack" or tag == L3_ACK:
+                    stage = _ACK_STAGE.get((tag, f.get("dir")))   # the stage this ack closes: (key word, kind)
+                    if stage is not None:
+                        key = (rank, epoch, node, stage[0], op)
                         sp = self._open.get(key)
                         if sp is None and key in self._cut:
-                            sp = self._stage(key, sc.SPAN_D2H if d == "d2h" else sc.SPAN_H2D, ev, node)
+                            sp = self._stage(key, stage[1], ev, node)
                         closing = sp is not None
                 if sp is None:
                     sp = self._lane(rank, epoch, node, ev)
                     if tag == "rid_map" and "rid" in f:
                         link_rid = render_value(f["rid"])
                         sp.attrs[sc.RID] = link_rid
+                    elif tag == L3_HIT:
+                        self._link_prefetch(rank, op, sp)
         else:
             key = (rank, "rank")
             sp = self._open.get(key)
@@ -422,6 +447,21 @@ class SpanBuilder:
         elif sp.lane is not None and len(sp.lane.children) >= MAX_CHILDREN:
             self._close(sp.lane, "limit")
         return sp
+
+    def _remember_prefetch(self, rank: int, op: Any, sp: Span) -> None:
+        """The span of rank's L3 prefetch ``op``, for the link from the ``l3_hit`` that later uses its pages."""
+        refs = self._l3p_refs
+        if len(refs) >= MAX_SEQ_REFS:
+            del refs[next(iter(refs))]
+        refs[(rank, op)] = (sp.trace_id, sp.span_id)
+
+    def _link_prefetch(self, rank: int, op: Any, lane: Span) -> None:
+        """Link ``lane`` (an ``l3_hit``'s node) to the span of the prefetch that fetched the pages (once per lane)."""
+        ref = self._l3p_refs.get((rank, op))
+        if ref is None or ref[0] == lane.trace_id and ref[1] == lane.span_id:
+            return
+        if not any(lk[0] == ref[0] and lk[1] == ref[1] for lk in lane.links):
+            lane.links.append((ref[0], ref[1], {sc.LINK_KIND: "l3-prefetch", sc.OP: op}))
 
     def _checker(self, rank: int) -> Any:
         ck = self._checkers.get(rank)

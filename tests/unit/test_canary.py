@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _checks_util import R, check_lines  # noqa: E402
+from otlp_receiver import read_jsonl  # noqa: E402
 
 from cptrace_otel import canary, cli
 from cptrace_otel.analyze.engine import Analysis
@@ -208,30 +210,18 @@ def test_check_reports_violations_on_the_right_node_and_rank(tmp_path, capsys):
     assert got == [(0, None, "CANARY"), (1, 1, "CANARY")]
 
 
-def _spans(path: Path) -> list[dict]:
-    out = []
-    for line in path.read_text().splitlines():
-        for rs in json.loads(line)["resourceSpans"]:
-            for ss in rs["scopeSpans"]:
-                for sp in ss["spans"]:
-                    sp["attrs"] = {a["key"]: next(iter(a["value"].values())) for a in sp["attributes"]}
-                    out.append(sp)
-    return out
-
-
 def test_ingest_stamps_the_violation_on_the_owning_nodes_span_and_check_reads_it_back(tmp_path, capsys):
     path = _server_log(tmp_path)
     out = tmp_path / "out.jsonl"
     assert cli.main(["ingest", "--no-progress", "--file", str(out), "--run-id", "canary", path]) == 0
-    spans = _spans(out)
-    hit = [sp for sp in spans if sp["attrs"].get("cptrace.violation") == "CANARY"]
-    assert sorted(sp["name"] for sp in hit) == ["rank 0 · process", "rank 1 · node"]
-    lane = next(sp for sp in hit if sp["name"] == "rank 1 · node")
-    assert int(lane["attrs"]["hicache.node_id"]) == 1 and lane["attrs"]["cptrace.violation.CANARY"] is True
-    assert lane["status"]["code"] == 2 and "node 1's device slots" in lane["status"]["message"]
-    ev = next(e for e in lane["events"] if e["name"] == canary.TAG)
-    attrs = {a["key"]: next(iter(a["value"].values())) for a in ev["attributes"]}
-    assert int(attrs["hicache.slot_idx"]) == 25 and attrs["hicache.launch_tag"] == "HEAD_K_FULL"   # (JSON int64: text)
+    spans = read_jsonl([str(out)])
+    hit = [sp for sp in spans if sp.attrs.get("cptrace.violation") == "CANARY"]
+    assert sorted(sp.name for sp in hit) == ["rank 0 · process", "rank 1 · node"]
+    lane = next(sp for sp in hit if sp.name == "rank 1 · node")
+    assert lane.attrs["hicache.node_id"] == 1 and lane.attrs["cptrace.violation.CANARY"] is True
+    assert lane.status_code == 2 and "node 1's device slots" in lane.status_message   # (2: ERROR)
+    ev = next(e for e in lane.events if e.name == canary.TAG)
+    assert ev.attrs["hicache.slot_idx"] == 25 and ev.attrs["hicache.launch_tag"] == "HEAD_K_FULL"
     # what the watcher and `check` read back from the trace files: the same findings
     capsys.readouterr()
     assert cli.main(["check", "--json", str(out)]) == 1
