@@ -1,6 +1,6 @@
 /* C fast path of the upstream log reader (cptrace_otel.analyze.sources.logs), loaded by logreader.py.
  *
- * Contract: for every line it accepts, the result equals cptrace_otel.logline.parse_line exactly (tag, field
+ * Contract: for every line it accepts, the result equals cptrace_otel.model.logline.parse_line exactly (tag, field
  * keys in line order, value types and values). It accepts only the common shapes of ASCII lines: a "\w+" tag,
  * "k=v" tokens separated by ASCII whitespace, and the value shapes of value.c. Anything else (non-ASCII text,
  * tokens without "=", floats or texts that might be floats, odd rng or list shapes, broken markers) is answered
@@ -10,7 +10,7 @@
  *   configure(Rng, Event, EpochTracker, epoch_tags[, event_slots[, other_markers]])   the types it builds, the
  *       tags that step an epoch tracker (checks.epochs.EPOCH_TAGS); event_slots: see event.h; other_markers: a
  *       tuple of ASCII str (at most MAX_OTHER) whose lines, when they hold no "[CPTRACE", go to slow() too (the
- *       kv-canary violation lines, cptrace_otel.canary.MARKER: Python reads them)
+ *       kv-canary violation lines, cptrace_otel.model.canary.MARKER: Python reads them)
  *   parse_line(line) -> (prefix, tag, fields, []) | None     None: let the Python parser decide
  *   fill_chunk(chunk, limit, data, pos, final, line_no, default_rank, state, path, slow) -> (pos, line_no)
  *       the loop of logs._file_chunks in C, over the bytes of the file: its lines split and decoded as the text

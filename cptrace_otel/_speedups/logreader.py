@@ -12,10 +12,10 @@ def load() -> ModuleType | None:
         from . import _logreader  # type: ignore[attr-defined]
     except ImportError:
         return None
-    from ..canary import MARKER as CANARY_MARKER
+    from ..model.canary import MARKER as CANARY_MARKER
     from ..checks.epochs import EPOCH_TAGS, EpochTracker
-    from ..events import Event
-    from ..logline import Rng
+    from ..model.events import Event
+    from ..model.logline import Rng
     from .event import event_slots
 
     # lines holding SGLang's kv-canary marker (and no [CPTRACE) go to the Python reader, which reads them

@@ -1,4 +1,4 @@
-"""CANARY: SGLang's kv-canary violations (``kv_canary`` records, :mod:`cptrace_otel.canary`) as findings on the node
+"""CANARY: SGLang's kv-canary violations (``kv_canary`` records, :mod:`cptrace_otel.model.canary`) as findings on the node
 that held the slot.
 
 SGLang's canary checks a hash chain per KV slot on the GPU and reports a broken one with the slot's pool index
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..canary import full_pool
+from ..model.canary import full_pool
 from ..events import Event
 from .findings import Finding
 from .rank_base import RankRuleBase
@@ -36,7 +36,7 @@ def _describe(f: dict) -> str:
             f"position={f.get('position')}")
 
 class CanaryOwner(RankRuleBase):
-    """The ``kv_canary`` handler of :class:`~.rank.RankChecker` (rule ``CANARY``)."""
+    """The ``kv_canary`` handler of :class:`~.rank_checker.RankChecker` (rule ``CANARY``)."""
 
     def dev_owner(self, slot: int) -> tuple[Node | None, list[int], int]:
         """Who holds device slot ``slot`` now: ``(owner, possible, unknown)``; ``owner`` the node whose recorded slots

@@ -1,4 +1,4 @@
-"""L3a and L3b: the L3 storage tier on one rank (records of :mod:`cptrace_otel.l3`; code ``L3``).
+"""L3a and L3b: the L3 storage tier on one rank (records of :mod:`cptrace_otel.model.l3`; code ``L3``).
 
 * **L3a, content survives the L3 round trip** (level 1). Every ``l3_backup`` with ``io=1`` and a fingerprint per
   page records, per key, the fingerprints the key was written with (the rank's key map: it outlives epochs, as
@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..events import Event
-from ..l3 import DIR_BACKUP, DIR_PREFETCH
+from ..model.l3 import DIR_BACKUP, DIR_PREFETCH
 from .findings import WARN, Finding
 from .rank_base import RankRuleBase, _int
 from .ranges import EXACT, Slots, overlap, slots_of

@@ -1,4 +1,4 @@
-"""L3c and L3d: the L3 writers of a context-parallel group (records ``l3_backup``, :mod:`cptrace_otel.l3`; code
+"""L3c and L3d: the L3 writers of a context-parallel group (records ``l3_backup``, :mod:`cptrace_otel.model.l3`; code
 ``L3``), mixed into :class:`~.crossrank.CrossRank`.
 
 In the CP modes where each rank holds a shard of its own (``sharded``, ``dcp``, ``layersplit``: domain 5), a node's

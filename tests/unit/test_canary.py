@@ -1,4 +1,4 @@
-"""SGLang's kv-canary violation lines as CANARY findings: the line grammar (cptrace_otel.canary), both log readers,
+"""SGLang's kv-canary violation lines as CANARY findings: the line grammar (cptrace_otel.model.canary), both log readers,
 the owner of the slot (checks/rules_canary), ``check``, ``ingest`` (the finding on the owning node's span) and the
 OTLP round trip the watcher reads.
 
@@ -21,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _checks_util import R, check_lines  # noqa: E402
 from otlp_receiver import read_jsonl  # noqa: E402
 
-from cptrace_otel import canary, cli
+from cptrace_otel import cli
+from cptrace_otel.model import canary
 from cptrace_otel.analyze.engine import Analysis
 from cptrace_otel.analyze.sources import detect, logs
 from cptrace_otel.analyze.sources.logs import LogStats, read_log_events

@@ -1,4 +1,4 @@
-"""The L3 storage tier (cptrace_otel.l3): rules L3a (content survives the round trip), L3b (pages held through the
+"""The L3 storage tier (cptrace_otel.model.l3): rules L3a (content survives the round trip), L3b (pages held through the
 transfer), L3c/L3d (every CP shard written, under keys of its own), and the l3-backup / l3-prefetch stage spans.
 
 Records are upstream log lines as an emitter at SGLang's storage paths writes them (keys: page hash + the file

@@ -4,7 +4,7 @@
 
 * ``"log"``: text holding a ``[CPTRACE`` marker somewhere (the whole file is scanned when its start has none:
   an SGLang log may print a lot before the first record), or SGLang's kv-canary violation marker
-  (:data:`cptrace_otel.canary.MARKER`: a server log whose only records are violations);
+  (:data:`cptrace_otel.model.canary.MARKER`: a server log whose only records are violations);
 * ``"otlp"``: OTLP JSON lines (one ``ExportTraceServiceRequest`` per line, the project's file sink);
 * ``"jaeger"``: a JSON document from a trace backend: Jaeger's ``/api/traces`` (api_v2: ``{"data": [trace...]}``,
   also the UI's "Download Results" and a single trace object), ``/api/v3/traces`` (``{"result": {"resourceSpans"``)
@@ -30,8 +30,8 @@ import os
 import re
 import zlib
 
-from ...canary import MARKER as CANARY_MARKER
-from .files import GZIP_MAGIC, STDIN, open_text, stdin_head, truncated
+from ...model.canary import MARKER as CANARY_MARKER
+from .inputs import GZIP_MAGIC, STDIN, open_text, stdin_head, truncated
 
 MARKER = b"[CPTRACE"
 CANARY = CANARY_MARKER.encode("ascii")

@@ -1,6 +1,6 @@
 """Upstream log files (``[CPTRACE tag] k=v ...`` lines, with or without SGLang's prefix) -> :class:`Event` stream.
 
-* SGLang's kv-canary violation lines (``kv_canary violation: launch_tag=... slot_idx=...``, :mod:`cptrace_otel.canary`)
+* SGLang's kv-canary violation lines (``kv_canary violation: launch_tag=... slot_idx=...``, :mod:`cptrace_otel.model.canary`)
   in the same files become ``kv_canary`` records (ts: that of the record before them in the file); the ``CANARY``
   rule attaches each to the node whose device slots held the slot.
 * Other lines without the ``[CPTRACE`` marker are ignored. A line with the marker whose shape is broken, or with tokens
@@ -14,8 +14,8 @@
   ``reset`` records and node ids going backwards (:class:`~cptrace_otel.checks.epochs.EpochTracker`).
 * Several files are merged lazily by ``ts`` (``heapq.merge``), so memory does not grow with the files' length.
 
-The field parser is a fast path of :func:`cptrace_otel.logline.parse_line` with identical results (a unit test
-compares them): values go through :func:`cptrace_otel.logline.fast_value` (the grammar's one fast path) and
+The field parser is a fast path of :func:`cptrace_otel.model.logline.parse_line` with identical results (a unit test
+compares them): values go through :func:`cptrace_otel.model.logline.fast_value` (the grammar's one fast path) and
 repeated scalar tokens are memoized here.
 
 When the optional C line reader (:mod:`cptrace_otel._speedups.logreader`) was built (``setup.py``), a file is read
@@ -34,14 +34,14 @@ import sys
 from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 from ..._speedups.logreader import load as _load_logreader
-from ...canary import MARKER as CANARY_MARK
-from ...canary import TAG as CANARY_TAG
-from ...canary import parse_canary_line
+from ...model.canary import MARKER as CANARY_MARK
+from ...model.canary import TAG as CANARY_TAG
+from ...model.canary import parse_canary_line
 from ...checks.epochs import EPOCH_TAGS, EpochTracker
-from ...events import Event
-from ...logline import fast_value
-from . import files
-from .files import consumed, open_text, truncated
+from ...model.events import Event
+from ...model.logline import fast_value
+from . import inputs as files
+from .inputs import consumed, open_text, truncated
 
 MARKER = "[CPTRACE"
 _TAG_RE = re.compile(r"\w+")
@@ -134,7 +134,7 @@ _pair = _TOKCACHE.__getitem__
 
 
 def parse_trace_line(line: str) -> tuple[str, str, dict[str, Any], list[str]] | None:
-    """``(prefix, tag, fields, bad_tokens)`` exactly as :func:`cptrace_otel.logline.parse_line`, or None."""
+    """``(prefix, tag, fields, bad_tokens)`` exactly as :func:`cptrace_otel.model.logline.parse_line`, or None."""
     if _logc is not None:
         p = _logc.parse_line(line)   # None: not a shape the C parser knows, the code below decides
         if p is not None:
@@ -248,7 +248,7 @@ def _file_chunks(fh, path: str, drank: int, on_bad: Callable[[Malformed], None],
 
 def _canary_line(line: str, path: str, line_no: int, drank: int, on_bad: Callable[[Malformed], None],
                  last_ts: Any) -> tuple[str, dict[str, Any], Any, int] | None:
-    """``(tag, fields, ts, rank)`` of SGLang's kv-canary violation line (:mod:`cptrace_otel.canary`), None for a
+    """``(tag, fields, ts, rank)`` of SGLang's kv-canary violation line (:mod:`cptrace_otel.model.canary`), None for a
     line without the marker. The line carries no ``ts=``: it takes ``last_ts``, the ts of the record before it in
     the file (so the merge keeps it where the process printed it), else its line number like any line without
     one; its rank is that of a trace line without ``rank=`` (``ATTN_CP<n>`` in the prefix, else the file's). A line

@@ -2,7 +2,7 @@
 
 An :class:`Event` is one cptrace call: its tag, the rank that emitted it, its position in that rank's stream
 (``seq``, authoritative inside a rank), a timestamp, the rank's ``epoch`` (count of ``reset`` records before it) and
-its typed fields (values as :func:`cptrace_otel.logline.parse_value` returns them).
+its typed fields (values as :func:`cptrace_otel.model.logline.parse_value` returns them).
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ class Event:
 LEVEL_OF_TAG: dict[str, int] = {
     "config": 1, "reset": 1, "rid_map": 1, "insert": 1, "split": 1, "prepare": 1, "backup": 1, "evict": 1,
     "reload": 1, "ack": 2, "free": 2, "compose": 2, "store": 2, "fwd_hash": 3,
-    # SGLang's own kv-canary violation lines (cptrace_otel.canary): read from the same logs, any trace level
+    # SGLang's own kv-canary violation lines (cptrace_otel.model.canary): read from the same logs, any trace level
     "kv_canary": 1,
-    # the L3 storage tier (cptrace_otel.l3): the transfers' completions are acks (level 2), like the d2h/h2d acks
+    # the L3 storage tier (cptrace_otel.model.l3): the transfers' completions are acks (level 2), like the d2h/h2d acks
     "l3_backup": 1, "l3_query": 1, "l3_prefetch": 1, "l3_hit": 1, "l3_ack": 2,
 }

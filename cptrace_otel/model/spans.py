@@ -2,7 +2,7 @@
 
 Contract:
 
-* Every :class:`~cptrace_otel.events.Event` fed to :meth:`SpanBuilder.add` becomes exactly one span event (name = tag,
+* Every :class:`~cptrace_otel.model.events.Event` fed to :meth:`SpanBuilder.add` becomes exactly one span event (name = tag,
   timestamp = ``ev.ts``, attributes = typed fields + ``cptrace.seq`` / ``cptrace.epoch`` / ``cptrace.record.level``).
 * Trace ids are deterministic, so every rank process of a run puts a node's records into the same trace without any
   context propagation: node trace ``blake2b(f"{run_id}|{epoch}|{node_id}")``, rank trace
@@ -14,7 +14,7 @@ Contract:
   span, below) hashes the seq of its first record in and is a child of the first segment, which this process has
   already sent. No span has a parent that another process must send, and the UI shows one top-level row per rank.
 * Stage spans are children of the lane: ``rank 3 · d2h`` (``prepare`` .. ``ack dir=d2h``, holds ``backup``),
-  ``rank 3 · h2d`` (``reload`` .. ``ack dir=h2d``), and the L3 tier's (:mod:`cptrace_otel.l3`) ``rank 3 · l3-backup``
+  ``rank 3 · h2d`` (``reload`` .. ``ack dir=h2d``), and the L3 tier's (:mod:`cptrace_otel.model.l3`) ``rank 3 · l3-backup``
   (``l3_backup`` .. ``l3_ack dir=backup``) and ``rank 3 · l3-prefetch`` (``l3_prefetch`` .. ``l3_ack dir=prefetch``,
   in the trace of the node the fetched pages extend). An ``l3_hit`` goes to its node's lane, linked
   (``cptrace.link.kind=l3-prefetch``) to the prefetch span that fetched the pages. A stage span ends at its closing
@@ -29,7 +29,7 @@ Contract:
   in the current lane segment (a new one if the old is gone). So every record of a stage instance (prepare to its
   d2h ack, reload to its h2d ack) is in that stage's span or a continuation of it, never in the lane's own events.
 * ``rid_map`` records put ``hicache.rid`` on the lane and link the request trace's span to it.
-* SGLang's ``kv_canary`` records (:mod:`cptrace_otel.canary`) name a slot, not a node: with online checks on, the
+* SGLang's ``kv_canary`` records (:mod:`cptrace_otel.model.canary`) name a slot, not a node: with online checks on, the
   rank's checker decides the node whose device slots held it (rule ``CANARY``) before the record is placed, and
   the record and its finding go to that node's lane; a violation no node owns stays on the rank span.
 * Online checks: with a ``checker_factory`` (``rank -> RankChecker``), each event is fed to the rank's checker and the
@@ -57,7 +57,7 @@ from .l3 import HIT as L3_HIT
 from .l3 import PREFETCH as L3_PREFETCH
 from .events import Event
 from .logline import render_value
-from .spanattrs import EventAttrs, _approx_bytes, event_attributes  # noqa: F401  (re-exported)
+from .attrs import EventAttrs, approx_bytes
 # violation_attributes: the one helper making the per-code violation keys (the watcher imports it from here)
 from .violations import STATUS_ERROR, stamp_findings, violation_attributes  # noqa: F401
 
@@ -155,7 +155,7 @@ def checker_factory(enabled: bool, level: int | None) -> Callable[[int], Any] | 
     if not enabled:
         return None
     try:
-        from .checks import RankChecker  # type: ignore[attr-defined]
+        from ..checks import RankChecker  # type: ignore[attr-defined]
     except Exception:
         return None
     return lambda rank: RankChecker(rank, level)
@@ -392,7 +392,7 @@ class SpanBuilder:
                 sp = self._open_span(key, rank_trace_id(self.run_id, rank), sc.SPAN_RANK, ev, {})
 
         sp.events.append((ts, tag, EventAttrs(f, ev.seq, epoch, ev.level)))
-        sp.nbytes += _approx_bytes(f)
+        sp.nbytes += approx_bytes(f)
         if ts > sp.end:
             sp.end = ts
         self.events += 1

@@ -29,7 +29,7 @@ survives the round trip (per key, the fingerprint after a prefetch is one the ke
 host pages of an L3 transfer are not freed, evicted or given to another copy before its ``l3_ack``, ``L3c``/``L3d``
 under context parallelism every rank that owns a shard writes it, under keys of its own.
 
-Spans (:mod:`cptrace_otel.spans`): ``rank R · l3-backup`` (``l3_backup`` .. ``l3_ack dir=backup``) and
+Spans (:mod:`cptrace_otel.model.spans`): ``rank R · l3-backup`` (``l3_backup`` .. ``l3_ack dir=backup``) and
 ``rank R · l3-prefetch`` (``l3_prefetch`` .. ``l3_ack dir=prefetch``) are stage spans of the node's lane, like d2h
 and h2d; an ``l3_hit`` goes to its node's lane with a link to the prefetch span that fetched it.
 """
