@@ -74,10 +74,11 @@ MAX_CUT = 1 << 16
 MAX_LANES_SEEN = 1 << 18
 
 STATUS_UNSET, STATUS_OK = 0, 1
-# (tag, dir) of a closing record -> (the stage's key word, its span kind)
-_ACK_STAGE = {("ack", "d2h"): ("d2h", sc.SPAN_D2H), ("ack", "h2d"): ("h2d", sc.SPAN_H2D),
-              (L3_ACK, DIR_BACKUP): (L3_BACKUP, sc.SPAN_L3_BACKUP), (L3_ACK, DIR_PREFETCH): (L3_PREFETCH,
-                                                                                            sc.SPAN_L3_PREFETCH)}
+# The stages: the record opening one -> (the stage's key word, its span kind); (tag, dir) of the record closing it
+_OPEN_STAGE = {"prepare": ("d2h", sc.SPAN_D2H), "reload": ("h2d", sc.SPAN_H2D),
+               L3_BACKUP: (L3_BACKUP, sc.SPAN_L3_BACKUP), L3_PREFETCH: (L3_PREFETCH, sc.SPAN_L3_PREFETCH)}
+_ACK_STAGE = {("ack", "d2h"): _OPEN_STAGE["prepare"], ("ack", "h2d"): _OPEN_STAGE["reload"],
+              (L3_ACK, DIR_BACKUP): _OPEN_STAGE[L3_BACKUP], (L3_ACK, DIR_PREFETCH): _OPEN_STAGE[L3_PREFETCH]}
 
 _DIGEST = hashlib.blake2b
 
@@ -339,35 +340,22 @@ class SpanBuilder:
                 sp = self._open_span(key, request_trace_id(self.run_id, rid), sc.SPAN_REQUEST, ev, {sc.RID: rid})
         elif type(node) is int and node >= 0:
             op = f.get("op")
-            if tag == "prepare":
-                key = (rank, epoch, node, "d2h", op)
+            opening = _OPEN_STAGE.get(tag)
+            if opening is not None:   # prepare, reload, l3_backup, l3_prefetch: a new stage instance
+                key = (rank, epoch, node, opening[0], op)
                 old = self._open.get(key)
                 if old is not None:
                     self._close(old, "tag")
                 self._cut.pop(key, None)
-                sp = self._stage(key, sc.SPAN_D2H, ev, node)
-            elif tag == "reload":
-                key = (rank, epoch, node, "h2d", op)
-                old = self._open.get(key)
-                if old is not None:
-                    self._close(old, "tag")
-                self._cut.pop(key, None)
-                sp = self._stage(key, sc.SPAN_H2D, ev, node)
+                sp = self._stage(key, opening[1], ev, node)
+                if tag == L3_PREFETCH:
+                    self._remember_prefetch(rank, op, sp)
             elif tag == "backup":
                 key = (rank, epoch, node, "d2h", op)
                 # (the open span is looked up first: a new one only when its prepare's span is gone)
                 sp = self._open.get(key)
                 if sp is None:
                     sp = self._stage(key, sc.SPAN_D2H, ev, node)
-            elif tag == L3_BACKUP or tag == L3_PREFETCH:
-                key = (rank, epoch, node, tag, op)
-                old = self._open.get(key)
-                if old is not None:
-                    self._close(old, "tag")
-                self._cut.pop(key, None)
-                sp = self._stage(key, sc.SPAN_L3_BACKUP if tag == L3_BACKUP else sc.SPAN_L3_PREFETCH, ev, node)
-                if tag == L3_PREFETCH:
-                    self._remember_prefetch(rank, op, sp)
             else:
                 sp = None
                 if tag == "ack" or tag == L3_ACK:
