@@ -236,3 +236,34 @@ def test_no_violation_no_finding(tmp_path):
                            f"{P0}kv_canary: enabled mode=log sweep_interval=0"])
     res = Analysis().run(read_log_events([path]))
     assert res.findings == []
+
+
+def test_the_live_hook_turns_sglangs_warning_into_a_finding_on_the_node(tmp_path):
+    """SGLang's reporter logs through its module logger; with the hook installed (as CPTRACE_SGLANG's shim does) the
+    violation becomes a kv_canary record of the live trace, checked online and stamped on the node's lane."""
+    import logging
+
+    from cptrace_otel.traced import api, canary_hook
+
+    out = tmp_path / "live.otlp.jsonl"
+    api.configure(level=1, run_id="live-canary", cp_rank=0, exporter="thread", file=str(out),
+                  spool_dir=str(tmp_path / "spool"))
+    h = canary_hook.install()
+    try:
+        assert canary_hook.install() is h   # idempotent
+        api.cptrace(1, "insert", node_id=4, parent=0, len=4, dev=R(8, 11), kind="new", rank=0)
+        msg = "\n".join(sglang_violation(9, position=1))   # the WARNING SGLang's ViolationReporter logs
+        logging.getLogger(canary_hook.REPORTER_LOGGER).warning(msg)
+        logging.getLogger(canary_hook.REPORTER_LOGGER).warning("kv_canary: 0 violations this step")
+        assert api.flush(30)
+    finally:
+        canary_hook.uninstall()
+        api.shutdown(10)
+        api.reload_config()
+    assert not [x for x in logging.getLogger(canary_hook.REPORTER_LOGGER).handlers
+                if isinstance(x, canary_hook.CanaryHandler)]
+    spans = read_jsonl([str(out)])
+    (lane,) = [sp for sp in spans if sp.attrs.get("cptrace.violation") == "CANARY"]
+    assert lane.name == "rank 0 · node" and lane.attrs["hicache.node_id"] == 4
+    assert [e.name for e in lane.events][:2] == ["insert", canary.TAG]
+    assert sum(e.name == canary.TAG for sp in spans for e in sp.events) == 1
