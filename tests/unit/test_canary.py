@@ -231,6 +231,27 @@ def test_ingest_stamps_the_violation_on_the_owning_nodes_span_and_check_reads_it
                                                                                       (1, 1, "CANARY")]
 
 
+def test_watch_finds_the_violations_in_the_backends_traces(tmp_path):
+    """What ``watch`` reads: the ingested spans as Jaeger returns them (api_v2 JSON), in pieces: the same findings,
+    and the node's is already stamped by the exporter's check (so the watcher does not write it twice)."""
+    from _jaeger_fixtures import read_requests, v2_traces
+
+    from cptrace_otel.analyze.watch_out import already_stamped
+    from cptrace_otel.analyze.watch_state import RunWatch
+
+    out = tmp_path / "out.jsonl"
+    assert cli.main(["ingest", "--no-progress", "--file", str(out), "--run-id", "canary", _server_log(tmp_path)]) == 0
+    traces = v2_traces(read_requests([str(out)]))
+    w = RunWatch("canary")
+    got = []
+    for tr in reversed(traces):
+        w.add_trace(tr)
+        got += w.step()
+    got += w.finish()
+    assert sorted((f.rank, f.node_id, f.code) for f in got) == [(0, None, "CANARY"), (1, 1, "CANARY")]
+    assert all(already_stamped(w, f) for f in got)
+
+
 def test_no_violation_no_finding(tmp_path):
     path = _log(tmp_path, [f"{P0}[CPTRACE insert] node_id=1 parent=0 len=4 dev={R(0, 3)} ts=1",
                            f"{P0}kv_canary: enabled mode=log sweep_interval=0"])
