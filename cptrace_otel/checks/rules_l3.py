@@ -16,6 +16,8 @@
   (``prepare``, another ``l3_prefetch``, and for a prefetch also a ``reload`` reading them early). Reported at the
   transfer's ack (``L3b``), or at the end of the stream when the ack never came (``L3b-open``, WARN), as H4 does.
   An ``l3_prefetch``/``l3_hit`` taking host slots of an in-flight d2h copy or h2d load is reported by H4b/H2c.
+  Only exact sets decide an overlap (DESIGN decision 10): a range summary that merely brackets the transfer's
+  slots is counted as ``L3b-undecidable``, never reported.
 """
 
 from __future__ import annotations
@@ -103,6 +105,10 @@ class L3Rules(RankRuleBase):
         if t is not None:
             if t.viol is not None and self.level >= 2:
                 out.append(self._l3b(ev, ref, t))
+            elif t.undecided:
+                self._skip("L3b-undecidable", "L3", t.node_id if type(t.node_id) is int else None,
+                           "a free or reuse whose range summary brackets the transfer's host slots without an exact "
+                           "set to decide")
             done = _int(f.get("done"))
             if d == DIR_BACKUP and done is not None and t.added:
                 self._l3_unwrite(t, done)
@@ -189,10 +195,11 @@ class L3Rules(RankRuleBase):
             if t.kind not in kinds:
                 continue
             c = EXACT if node is not None and t.node_id == node else overlap(s, t.host)
-            if c is None:
-                continue
-            if t.viol is None or (t.viol[1] != EXACT and c == EXACT):
-                t.viol = (ref, c, what)
+            if c == EXACT:
+                if t.viol is None:
+                    t.viol = (ref, c, what)
+            elif c is not None:
+                t.undecided = True   # range summaries only bracket each other: counted at the ack, never reported
 
     def _l3b(self, ev: Event, ref: tuple, t: L3Transfer) -> Finding:
         vref, cert, what = t.viol

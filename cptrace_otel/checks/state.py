@@ -102,11 +102,12 @@ class L3Transfer:
     """An L3 transfer in flight: ``kind`` "backup" (``l3_backup`` .. ``l3_ack dir=backup``: host pages read into
     storage) or "prefetch" (``l3_prefetch`` .. ``l3_ack dir=prefetch``: storage read into host pages)."""
 
-    __slots__ = ("kind", "op", "node_id", "host", "ref", "viol", "added")
+    __slots__ = ("kind", "op", "node_id", "host", "ref", "viol", "undecided", "added")
 
     def __init__(self, kind: str, op: Any, node_id: Any, host: Any, ref: Ref) -> None:
         self.kind, self.op, self.node_id, self.host, self.ref = kind, op, node_id, host, ref
-        self.viol: tuple | None = None          # (ref, certainty, what) of the first breach of its host pages
+        self.viol: tuple | None = None          # (ref, certainty, what) of the first exact breach of its host pages
+        self.undecided = False                  # a breach range summaries could not decide
         self.added: list[tuple] = []            # (key, fingerprint) this backup added to the rank's key map
 
 

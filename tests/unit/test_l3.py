@@ -84,6 +84,15 @@ def test_host_pages_reused_during_the_backup_are_found(tmp_path):
         assert [(f.rule, f.op, f.node_id) for f in res.findings if f.code == "L3"] == [("L3b", 3, 1)], breach
 
 
+def test_a_summary_that_only_brackets_the_pages_is_undecidable_not_a_finding(tmp_path):
+    """DESIGN decision 10: a host eviction whose summary brackets the prefetch's slots without an exact set."""
+    ev = "[CPTRACE evict] tier=host node_id=3 kind=host host=(cnt=8,min=30,max=45,first=30,last=45) rank=0 ts=12"
+    res = check_lines(tmp_path, _lifecycle(after=[ev]))
+    assert res.findings == []
+    (u,) = [u for u in res.unchecked if u.rule == "L3b-undecidable"]
+    assert (u.code, u.kind, u.count) == ("L3", "skip", 1)
+
+
 def test_near_misses_stay_silent(tmp_path):
     """Freeing the prefetch's pages after its ack, another prefetch into other slots, a second backup of the same
     key with other bits (non-deterministic KV), reads of the same host pages by a reload during a backup."""

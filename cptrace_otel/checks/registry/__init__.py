@@ -113,7 +113,7 @@ RULES: tuple[Rule, ...] = (
     _r("L3b", "L3", 2, RANK, "l3_backup l3_prefetch l3_ack free evict prepare reload",
        "an L3 transfer's host pages are not freed, evicted or given to another copy before its l3_ack (L3b-open: "
        "no ack)",
-       "rules_l3:L3Rules._l3b", emits=("L3b", "L3b-open"), only_with=_L3),
+       "rules_l3:L3Rules._l3b", emits=("L3b", "L3b-open"), skips=("L3b-undecidable",), only_with=_L3),
     _r("L3c", "L3", 1, CROSS, "config l3_backup",
        "CP modes with a shard per rank (sharded, dcp, layersplit): every rank writes its shard of a node another "
        "rank writes to L3 (l3_backup io=1)",
