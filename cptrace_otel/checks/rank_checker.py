@@ -33,7 +33,8 @@ from .state import UNKNOWN, Backup, Bounded, EpochState, Node, PendingLoad, Pend
 
 # handler(ev, ev.fields, node_id, (seq, line_no)); node_id is an int for the keyed tags (the rest get the raw value)
 Handler = Callable[[Event, dict, Any, tuple], "list[Finding] | None"]
-_UNKEYED = frozenset(("config", "free", "kv_canary", "l3_prefetch", "l3_ack"))   # handlers that also run for a record without an int node_id
+# handlers that also run for a record without an int node_id
+_UNKEYED = frozenset(("config", "free", "kv_canary", "l3_prefetch", "l3_ack"))
 
 
 class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare, CanaryOwner, L3Rules):

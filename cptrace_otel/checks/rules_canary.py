@@ -1,5 +1,5 @@
-"""CANARY: SGLang's kv-canary violations (``kv_canary`` records, :mod:`cptrace_otel.model.canary`) as findings on the node
-that held the slot.
+"""CANARY: SGLang's kv-canary violations (``kv_canary`` records, :mod:`cptrace_otel.model.canary`) as findings on the
+node that held the slot.
 
 SGLang's canary checks a hash chain per KV slot on the GPU and reports a broken one with the slot's pool index
 (``slot_idx``); it does not know which radix-tree node the slot belonged to. The trace does: every ``insert``,
@@ -76,8 +76,8 @@ class CanaryOwner(RankRuleBase):
                                   f"{what}: the slot is one of node {owner.id}'s device slots (since seq {gref[0]}, "
                                   f"{why})", ev)]
         if possible:
-            self._skip("CANARY-owner(undecidable)", "CANARY", possible[0], "range summaries bracket the slot but do not "
-                       "decide whether it is in them (no exact set)")
+            self._skip("CANARY-owner(undecidable)", "CANARY", possible[0],
+                       "range summaries bracket the slot but do not decide whether it is in them (no exact set)")
             shown = ", ".join(map(str, possible[:8])) + (", ..." if len(possible) > 8 else "")
             return [self._finding("CANARY", "CANARY", None, None, EXACT, [ref],
                                   f"{what}: owner undecidable: the range summaries of node(s) {shown} bracket the slot "

@@ -3,13 +3,13 @@
 * **L3a, content survives the L3 round trip** (level 1). Every ``l3_backup`` with ``io=1`` and a fingerprint per
   page records, per key, the fingerprints the key was written with (the rank's key map: it outlives epochs, as
   storage outlives a cache reset). The fingerprints a prefetch brings back (``l3_ack dir=prefetch``, or the
-  ``l3_hit`` that puts the pages into the tree, when the ack carried none) must each be one of its key's: a page whose bytes changed on the
-  way (a flipped byte in a stored file, a read of the wrong object, a layout mismatch) is reported at that record.
-  Several fingerprints per key are kept (a few) because the same tokens may be written twice with KV that differs in
-  its last bits (another batch, non-deterministic kernels), and backends differ in whether the first or the last
-  write stays. A key that this trace never saw written (storage filled by an earlier run) is counted as
-  ``L3a-skipped(no backup)``; a backup that ended early (``l3_ack dir=backup done=N`` below its page count) takes
-  back the fingerprints of the pages it did not write.
+  ``l3_hit`` that puts the pages into the tree, when the ack carried none) must each be one of its key's: a page
+  whose bytes changed on the way (a flipped byte in a stored file, a read of the wrong object, a layout mismatch)
+  is reported at that record. Several fingerprints per key are kept (a few) because the same tokens may be written
+  twice with KV that differs in its last bits (another batch, non-deterministic kernels), and backends differ in
+  whether the first or the last write stays. A key that this trace never saw written (storage filled by an earlier
+  run) is counted as ``L3a-skipped(no backup)``; a backup that ended early (``l3_ack dir=backup done=N`` below its
+  page count) takes back the fingerprints of the pages it did not write.
 * **L3b, pages held through the L3 transfer** (level 2). From ``l3_backup`` to its ``l3_ack dir=backup`` the host
   pages being written to storage, and from ``l3_prefetch`` to its ``l3_ack dir=prefetch`` the host pages being read
   into, must not be freed (``free pool=host``), evicted (``evict tier=host``) or given to another copy

@@ -14,10 +14,10 @@ Contract:
   span, below) hashes the seq of its first record in and is a child of the first segment, which this process has
   already sent. No span has a parent that another process must send, and the UI shows one top-level row per rank.
 * Stage spans are children of the lane: ``rank 3 · d2h`` (``prepare`` .. ``ack dir=d2h``, holds ``backup``),
-  ``rank 3 · h2d`` (``reload`` .. ``ack dir=h2d``), and the L3 tier's (:mod:`cptrace_otel.model.l3`) ``rank 3 · l3-backup``
-  (``l3_backup`` .. ``l3_ack dir=backup``) and ``rank 3 · l3-prefetch`` (``l3_prefetch`` .. ``l3_ack dir=prefetch``,
-  in the trace of the node the fetched pages extend). An ``l3_hit`` goes to its node's lane, linked
-  (``cptrace.link.kind=l3-prefetch``) to the prefetch span that fetched the pages. A stage span ends at its closing
+  ``rank 3 · h2d`` (``reload`` .. ``ack dir=h2d``), and the L3 tier's (:mod:`cptrace_otel.model.l3`)
+  ``rank 3 · l3-backup`` (``l3_backup`` .. ``l3_ack dir=backup``) and ``rank 3 · l3-prefetch`` (``l3_prefetch`` ..
+  ``l3_ack dir=prefetch``, in the trace of the node the fetched pages extend). An ``l3_hit`` goes to its node's
+  lane, linked (``cptrace.link.kind=l3-prefetch``) to the prefetch span that fetched the pages. A stage span ends at its closing
   record (``closed_by=tag``).
 * Sending: a lane segment is sent once, together with all its children, when it closes: once it has been open
   ``span_timeout_s`` (``timeout``), at :meth:`close_all` (``flush``), at a ``reset`` of its rank (``reset``) or when it

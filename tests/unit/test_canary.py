@@ -1,6 +1,6 @@
-"""SGLang's kv-canary violation lines as CANARY findings: the line grammar (cptrace_otel.model.canary), both log readers,
-the owner of the slot (checks/rules_canary), ``check``, ``ingest`` (the finding on the owning node's span) and the
-OTLP round trip the watcher reads.
+"""SGLang's kv-canary violation lines as CANARY findings: the line grammar (cptrace_otel.model.canary), both log
+readers, the owner of the slot (checks/rules_canary), ``check``, ``ingest`` (the finding on the owning node's span)
+and the OTLP round trip the watcher reads.
 
 The lines below are in the exact format of SGLang 0.5.23's ``ViolationReporter`` (``_format_violation``: the first
 line is the frozen ``kv_canary violation:`` summary, then a human-readable block), with SGLang's logger prefix

@@ -1,8 +1,9 @@
 """Upstream log files (``[CPTRACE tag] k=v ...`` lines, with or without SGLang's prefix) -> :class:`Event` stream.
 
-* SGLang's kv-canary violation lines (``kv_canary violation: launch_tag=... slot_idx=...``, :mod:`cptrace_otel.model.canary`)
-  in the same files become ``kv_canary`` records (ts: that of the record before them in the file); the ``CANARY``
-  rule attaches each to the node whose device slots held the slot.
+* SGLang's kv-canary violation lines (``kv_canary violation: launch_tag=... slot_idx=...``,
+  :mod:`cptrace_otel.model.canary`) in the same files become ``kv_canary`` records (ts: that of the record before
+  them in the file; rank: ``ATTN_CP<n>`` of their prefix, else that record's); the ``CANARY`` rule attaches each to
+  the node whose device slots held the slot.
 * Other lines without the ``[CPTRACE`` marker are ignored. A line with the marker whose shape is broken, or with tokens
   lacking ``=``, is reported (file, line number, reason) through ``on_malformed`` and counted; a line whose body
   still parses is kept (bad tokens dropped), the rest of the file is processed either way. A line holding a value
@@ -247,12 +248,14 @@ def _file_chunks(fh, path: str, drank: int, on_bad: Callable[[Malformed], None],
 
 
 def _canary_line(line: str, path: str, line_no: int, drank: int, on_bad: Callable[[Malformed], None],
-                 last_ts: Any) -> tuple[str, dict[str, Any], Any, int] | None:
+                 prev: Event | None) -> tuple[str, dict[str, Any], Any, int] | None:
     """``(tag, fields, ts, rank)`` of SGLang's kv-canary violation line (:mod:`cptrace_otel.model.canary`), None for a
-    line without the marker. The line carries no ``ts=``: it takes ``last_ts``, the ts of the record before it in
-    the file (so the merge keeps it where the process printed it), else its line number like any line without
-    one; its rank is that of a trace line without ``rank=`` (``ATTN_CP<n>`` in the prefix, else the file's). A line
-    with the marker whose fields do not parse is reported: a violation is never dropped in silence."""
+    line without the marker. The line carries no ``ts=``: it takes the ts of ``prev``, the record before it in the
+    file (so the merge keeps it where the process printed it), else its line number like any line without one. Its
+    rank: ``ATTN_CP<n>`` of its prefix; a line without one (raise mode: the violations are the text of a
+    ``RuntimeError`` in a traceback, after the prefixed line of the error report) is the rank of ``prev``, the
+    process that logged last in this file, else the file's. A line with the marker whose fields do not parse is
+    reported: a violation is never dropped in silence."""
     if CANARY_MARK not in line:
         return None
     try:
@@ -267,16 +270,18 @@ def _canary_line(line: str, path: str, line_no: int, drank: int, on_bad: Callabl
         return None
     prefix, fields = p
     r = _prefix_rank(prefix) if prefix else None
-    return CANARY_TAG, fields, (last_ts if type(last_ts) is int else line_no), (drank if r is None else r)
+    if r is None:
+        r = prev.rank if prev is not None else drank
+    return CANARY_TAG, fields, (prev.ts if prev is not None and type(prev.ts) is int else line_no), r
 
 
-def _slow_line(line: str, path: str, line_no: int, drank: int,
-               on_bad: Callable[[Malformed], None], last_ts: Any = None) -> tuple[str, dict[str, Any], Any, int] | None:
+def _slow_line(line: str, path: str, line_no: int, drank: int, on_bad: Callable[[Malformed], None],
+               prev: Event | None = None) -> tuple[str, dict[str, Any], Any, int] | None:
     """``(tag, fields, ts, rank)`` of a line the C parser left to Python (the full parser), None when it yields
     no event; malformed lines are reported (also a value Python cannot hold: the line is skipped). A line without
-    a ``[CPTRACE`` marker is SGLang's kv-canary line (:func:`_canary_line`; ``last_ts``: the ts it takes)."""
+    a ``[CPTRACE`` marker is SGLang's kv-canary line (:func:`_canary_line`; ``prev``: the file's record before it)."""
     if MARKER not in line:
-        return _canary_line(line, path, line_no, drank, on_bad, last_ts)
+        return _canary_line(line, path, line_no, drank, on_bad, prev)
     try:
         p = parse_trace_line(line)
     except ValueError as e:   # int("9" * 5000): Python's int-string limit (sys.get_int_max_str_digits)
@@ -313,10 +318,10 @@ def _file_chunks_c(fh, path: str, drank: int, on_bad: Callable[[Malformed], None
     as the text reader would and takes :func:`_slow_line`. An incomplete line longer than ``files.MAX_LINE`` is
     reported and its bytes are dropped up to the next newline."""
     fill = _logc.fill_chunk
-    prev_ts: list[Any] = [None]   # ts of the file's last event before the current chunk (a canary line takes it)
+    prev: list[Any] = [None]   # the file's last event before the current chunk (a canary line takes its ts)
 
     def slow(line: str, ln: int):
-        return _slow_line(line, path, ln, drank, on_bad, chunk[-1].ts if chunk else prev_ts[0])
+        return _slow_line(line, path, ln, drank, on_bad, chunk[-1] if chunk else prev[0])
 
     read = fh.buffer.read   # the text layer of fh is never used: no text is buffered there
     line_no = 0   # lines consumed (as the per-line reader counts them when the consumer stops early)
@@ -346,7 +351,7 @@ def _file_chunks_c(fh, path: str, drank: int, on_bad: Callable[[Malformed], None
                 if len(chunk) < _CHUNK:
                     break
                 stats.events += len(chunk)
-                prev_ts[0] = chunk[-1].ts
+                prev[0] = chunk[-1]
                 yield chunk
                 chunk = []
             if final:
@@ -371,7 +376,7 @@ def _file_chunks_py(fh, path: str, drank: int, on_bad: Callable[[Malformed], Non
     chunk: list[Event] = []
     append = chunk.append
     last_r, rs = None, None
-    prev_ts: Any = None   # ts of the last event of the previous chunk (a canary line takes the ts before it)
+    prev: Any = None   # the last event of the previous chunk (a canary line takes the ts before it)
     epoch_tags = EPOCH_TAGS
     good_tags = _GOOD_TAGS
     pair = _pair
@@ -412,7 +417,7 @@ def _file_chunks_py(fh, path: str, drank: int, on_bad: Callable[[Malformed], Non
                         else:
                             fields["ts"] = ts = int(tsv)
             if fields is None:
-                slow = _slow_line(line, path, line_no, drank, on_bad, chunk[-1].ts if chunk else prev_ts)
+                slow = _slow_line(line, path, line_no, drank, on_bad, chunk[-1] if chunk else prev)
                 if slow is None:
                     continue
                 tag, fields, ts, r = slow
@@ -434,7 +439,7 @@ def _file_chunks_py(fh, path: str, drank: int, on_bad: Callable[[Malformed], Non
             append(Event(tag, r, seq, ts, ep, fields, 1, path, line_no))
             if len(chunk) >= _CHUNK:
                 stats.events += len(chunk)
-                prev_ts = ts
+                prev = chunk[-1]
                 yield chunk
                 chunk = []
                 append = chunk.append
