@@ -90,7 +90,7 @@ def stream(otlp: str, run_id: str, n_events: int, rate: float, ranks: int = 2) -
     from cptrace_otel.model.spans import SpanBuilder
 
     cfg = _config.from_env()
-    sinks = open_sinks(cfg, endpoint=otlp, spool_dir="")
+    (sink,) = open_sinks(cfg, endpoint=otlp, spool_dir="")
     builders = {r: SpanBuilder(run_id, f"bench:{r}", 1.0) for r in range(ranks)}
     seq = {r: 0 for r in range(ranks)}
     t0 = time.monotonic()
@@ -109,17 +109,17 @@ def stream(otlp: str, run_id: str, n_events: int, rate: float, ranks: int = 2) -
                 b.expire(time.time_ns())
                 spans = b.take()
                 if spans:
-                    sinks.otlp.export([({sc.SERVICE_NAME: sc.DEFAULT_SERVICE_NAME, sc.RUN_ID: run_id,
+                    sink.export([({sc.SERVICE_NAME: sc.DEFAULT_SERVICE_NAME, sc.RUN_ID: run_id,
                                          sc.CP_RANK: r}, spans)])
             ahead = sent / rate - (time.monotonic() - t0)
             if ahead > 0:
                 time.sleep(ahead)
     for r, b in builders.items():
         b.close_all()
-        sinks.otlp.export([({sc.SERVICE_NAME: sc.DEFAULT_SERVICE_NAME, sc.RUN_ID: run_id, sc.CP_RANK: r},
+        sink.export([({sc.SERVICE_NAME: sc.DEFAULT_SERVICE_NAME, sc.RUN_ID: run_id, sc.CP_RANK: r},
                             b.take())])
-    sinks.otlp.flush(120)
-    sinks.otlp.close(1)
+    sink.flush(120)
+    sink.close(1)
     return sent
 
 

@@ -2,7 +2,7 @@
 
 Everything that prints a node (reports, demo output) calls these when a Jaeger base URL is known::
 
-    from cptrace_otel import links
+    from cptrace_otel.analyze import links
     links.trace_url("http://127.0.0.1:16686", trace_id_hex)
         -> "http://127.0.0.1:16686/trace/<32 hex>"
     links.search_url("http://127.0.0.1:16686", "sglang-hicache", {"hicache.node_id": 17})

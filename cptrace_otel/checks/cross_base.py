@@ -12,9 +12,6 @@ from .fence import StoreFence
 from .findings import ERROR, Finding
 
 
-def _int(v: Any) -> int | None:
-    return v if type(v) is int else None
-
 
 class EpochC1:
     """Per-epoch C1 state, also read by the rules that stop at its divergence."""

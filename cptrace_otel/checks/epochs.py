@@ -48,6 +48,20 @@ class EpochTracker:
             self.pending = True  # the reset record itself belongs to the epoch it closes
         return self.epoch
 
+    def state(self) -> tuple[int, bool, int]:
+        """``(epoch, pending, largest id created this epoch)``: all a tracker carries, for :meth:`from_state` (a
+        replacement exporter worker goes on from its predecessor's trackers)."""
+        return (self.epoch, self.pending, self._max_new)
+
+    @classmethod
+    def from_state(cls, state: tuple[int, bool, int]) -> EpochTracker:
+        """A tracker that goes on from ``state`` (:meth:`state`)."""
+        epoch, pending, max_new = state
+        t = cls(int(epoch))
+        t.pending = bool(pending)
+        t._max_new = int(max_new)
+        return t
+
     def _new_epoch(self) -> None:
         self.epoch += 1
         self._max_new = -1

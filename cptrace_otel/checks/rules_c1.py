@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from ..model.events import Event
-from .cross_base import CrossRuleBase, EpochC1, _int
+from ..model.events import Event, int_field
+from .cross_base import CrossRuleBase, EpochC1
 from .findings import ERROR, Finding
 
 
@@ -151,7 +151,7 @@ class C1Lockstep(CrossRuleBase):
                  other: tuple | None = None) -> None:
         """C1 on ``rank`` at record ``where``; node and op of the expected queue item ``ref_item`` (tuple, record)."""
         seq, line, src = where.seq, where.line_no, where.src
-        f = Finding("C1", "C1", rank, epoch, ref_item[0][1], _int(ref_item[1].fields.get("op")), "exact", [seq], msg,
+        f = Finding("C1", "C1", rank, epoch, ref_item[0][1], int_field(ref_item[1].fields.get("op")), "exact", [seq], msg,
                     ERROR, src, line)
         f.evidence_lines = [line]
         self.findings.append(f)

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from ..model.events import Event
-from .cross_base import CrossRuleBase, _int
+from ..model.events import Event, int_field
+from .cross_base import CrossRuleBase
 from .findings import ERROR, Finding
 
 
@@ -56,7 +56,7 @@ class C2AckRounds(CrossRuleBase):
             if cur is None:
                 cur = self._cur_round[r] = [ev.epoch, None, d, set(), set(), ev.seq, ev.line_no, ev.src,
                                             self._index(r, ev.epoch)]
-        cur[3].add(_int(f.get("op")))
+        cur[3].add(int_field(f.get("op")))
         nid = f.get("node_id")
         if type(nid) is int:
             cur[4].add(nid)

@@ -24,10 +24,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..events import Event
+from ..model.events import Event, int_field
 from ..model.l3 import DIR_BACKUP, DIR_PREFETCH
 from .findings import WARN, Finding
-from .rank_base import RankRuleBase, _int
+from .rank_base import RankRuleBase
 from .ranges import EXACT, Slots, overlap, slots_of
 from .state import Bounded, L3Transfer, Node
 
@@ -53,7 +53,7 @@ class L3Rules(RankRuleBase):
     def _l3_backup(self, ev: Event, f: dict, nid: Any, ref: tuple) -> None:
         self._l3_seen = True
         st = self.st
-        op = _int(f.get("op"))
+        op = int_field(f.get("op"))
         h = slots_of(f.get("host"), f.get("hostx"))
         t = L3Transfer(DIR_BACKUP, op, nid, h, ref)
         if f.get("io", 1) != 0:
@@ -80,7 +80,7 @@ class L3Rules(RankRuleBase):
     def _l3_prefetch(self, ev: Event, f: dict, nid: Any, ref: tuple) -> None:
         self._l3_seen = True
         st = self.st
-        op = _int(f.get("op"))
+        op = int_field(f.get("op"))
         h = slots_of(f.get("host"), f.get("hostx"))
         if h is not None:
             what = f"l3_prefetch op {op} was given host slots"
@@ -99,7 +99,7 @@ class L3Rules(RankRuleBase):
         d = f.get("dir")
         if d != DIR_BACKUP and d != DIR_PREFETCH:
             return None
-        op = _int(f.get("op"))
+        op = int_field(f.get("op"))
         t = self.st.l3.pop((d, op), None)
         out: list[Finding] = []
         if t is not None:
@@ -109,7 +109,7 @@ class L3Rules(RankRuleBase):
                 self._skip("L3b-undecidable", "L3", t.node_id if type(t.node_id) is int else None,
                            "a free or reuse whose range summary brackets the transfer's host slots without an exact "
                            "set to decide")
-            done = _int(f.get("done"))
+            done = int_field(f.get("done"))
             if d == DIR_BACKUP and done is not None and t.added:
                 self._l3_unwrite(t, done)
         if d == DIR_PREFETCH and _pages(f):
@@ -139,7 +139,7 @@ class L3Rules(RankRuleBase):
         elif h is not None:
             node.host = h
             node.host_freed = None
-        if _int(f.get("op")) in self._l3_acked:
+        if int_field(f.get("op")) in self._l3_acked:
             return None   # (compared at the prefetch's ack)
         fnd = self._l3_compare(ev, f, nid, ref, f"l3_hit of node {nid}")
         return [fnd] if fnd is not None else None
@@ -166,7 +166,7 @@ class L3Rules(RankRuleBase):
             return None
         k, fp, lst = bad[0]
         more = f" (and {len(bad) - 1} more of {len(pairs)} pages)" if len(bad) > 1 else f" (1 of {len(pairs)} pages)"
-        return self._finding("L3", "L3a", nid if type(nid) is int else None, _int(f.get("op")), EXACT,
+        return self._finding("L3", "L3a", nid if type(nid) is int else None, int_field(f.get("op")), EXACT,
                              [lst[-1][1], ref],
                              f"{where}: page key {k} came back from L3 with fingerprint {fp}, but was written with "
                              f"{', '.join(str(x[0]) for x in lst)} (l3_backup seq {lst[-1][1][0]}){more}: the bytes "

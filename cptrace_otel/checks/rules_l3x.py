@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..events import Event
-from .cross_base import CrossRuleBase, _int
+from ..model.events import Event, int_field
+from .cross_base import CrossRuleBase
 
 SHARD_MODES = frozenset(("sharded", "dcp", "layersplit"))
 
@@ -33,7 +33,7 @@ class L3Cross(CrossRuleBase):
     def _l3_join(self, ev: Event) -> None:
         """An ``l3_backup``: its rank's facts enter the node's L3 join."""
         f = ev.fields
-        nid = _int(f.get("node_id"))
+        nid = int_field(f.get("node_id"))
         if nid is None:
             return
         self._l3_seen = True
@@ -42,7 +42,7 @@ class L3Cross(CrossRuleBase):
         occ = self._l3_occ.get(k, 0)
         self._l3_occ[k] = occ + 1
         keys = f.get("keys")
-        facts = {"seq": ev.seq, "line": ev.line_no, "src": ev.src, "op": _int(f.get("op")),
+        facts = {"seq": ev.seq, "line": ev.line_no, "src": ev.src, "op": int_field(f.get("op")),
                  "io": f.get("io", 1), "keys": keys if type(keys) is list else None,
                  "idx": self._index(r, epoch)}
         key = (epoch, nid, occ)

@@ -27,7 +27,7 @@ import sys
 from typing import Any, NamedTuple, TextIO
 
 from . import add_progress_flags
-from ..model.exits import EXIT_UNREADABLE, EXIT_USAGE
+from ..model.exits import EXIT_UNREADABLE, EXIT_USAGE, CptraceError
 from ..analyze.check_output import CHECK_PREFIX as _PFX
 
 
@@ -108,19 +108,19 @@ def _run(args: Any, paths: list[str], level: int | None, out: TextIO, err: TextI
     try:
         a = analyze_sources(args, paths, level, err)
     except SourceError as e:
-        return e.code
+        return e.exit_code
     from ..analyze.check_output import print_report
 
     return print_report(args, a.res, a.run_id, getattr(args, "jaeger_url", None), a.sources, a.stats, a.doc_malformed,
                   out, err)
 
 
-class SourceError(Exception):
-    """Reading the sources stopped with exit code ``code``; the reason was already printed."""
+class SourceError(CptraceError):
+    """Reading the sources stopped with exit code ``exit_code``; the reason was already printed."""
 
     def __init__(self, code: int) -> None:
         super().__init__(code)
-        self.code = code
+        self.exit_code = code
 
 
 class Analyzed(NamedTuple):

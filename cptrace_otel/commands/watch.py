@@ -66,7 +66,8 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
     from ..analyze import links
     from ..model import semconv as sc
     from ..model.config import traces_url
-    from ..analyze.sources.jaeger import JaegerClient, JaegerError, JaegerUnreachable, mask_url
+    from ..analyze.sources.jaeger import JaegerClient, JaegerError, JaegerUnreachable
+    from ..model.config import mask_url
     from ..analyze.sources.jaegerquery import DEFAULT_LIMIT, Search, parse_duration
     from ..analyze.watch_out import Alerts, WriteBack, finding_trace
     from ..analyze.watch_state import RunWatch

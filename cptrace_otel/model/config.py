@@ -125,7 +125,7 @@ class Config:
     insecure: bool | None = None         # OTEL_EXPORTER_OTLP_[TRACES_]INSECURE; None when unset (gRPC only)
     run_id_given: bool = False           # run_id was set (CPTRACE_RUN_ID or an override), not derived
     rank_wait_s: float = 2.0
-    sample: float = 1.0                  # fraction of node lineages kept (cptrace_otel.traced.sampling)
+    sample: float = 1.0                  # fraction of node lineages kept (cptrace_otel.model.sampling)
     rank_source: str = ""                # where cp_rank came from when it was discovered (cptrace_otel.traced.ranks)
 
     def __repr__(self) -> str:

@@ -76,11 +76,11 @@ def test_header_with_an_encoded_newline_fails_fast(tmp_path: Path) -> None:
         open_sinks(cfg, endpoint=cfg.endpoint, spool_dir=str(tmp_path / "s"))
     assert ei.value.kind == "config" and "x-api-key" in str(ei.value) and TOKEN not in str(ei.value)
     errs: list[SinkError] = []
-    sinks = open_sinks(cfg, endpoint=cfg.endpoint, spool_dir=str(tmp_path / "s"), on_error=errs.append)
+    (sink,) = open_sinks(cfg, endpoint=cfg.endpoint, spool_dir=str(tmp_path / "s"), on_error=errs.append)
     assert len(errs) == 1
-    sinks.otlp.export([({}, [object(), object()])])
-    st = sinks.otlp.stats()
-    assert sinks.otlp.flush(0.1) is False and st["otlp_dropped_spans"] == 2 and TOKEN not in repr(st)
+    sink.export([({}, [object(), object()])])
+    st = sink.stats()
+    assert sink.flush(0.1) is False and st["otlp_dropped_spans"] == 2 and TOKEN not in repr(st)
 
 
 def test_header_newline_through_the_pipeline_is_reported_once(tmp_path: Path) -> None:

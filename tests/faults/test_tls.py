@@ -122,7 +122,7 @@ def test_unreadable_or_bad_tls_files_fail_at_setup(protocol: str, pki: dict[str,
         sinks = open_sinks(_cfg(protocol, **tls), endpoint="https://127.0.0.1:1/v1/traces", protocol=protocol,
                            spool_dir=str(tmp_path / "sp"), on_error=errs.append)
         assert [e.kind for e in errs] == ["config"] and words in str(errs[0].cause)
-        assert sinks.otlp is not None and sinks.otlp.flush(0.1) is False  # refuses, counts, never retries
+        assert len(sinks) == 1 and sinks[0].flush(0.1) is False  # refuses, counts, never retries
 
 
 def test_grpc_insecure_flag_for_a_scheme_less_endpoint(pki: dict[str, str]) -> None:

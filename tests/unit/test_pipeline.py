@@ -15,7 +15,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from otlp_receiver import read_jsonl  # noqa: E402
 
-from cptrace_otel.traced import api, pipeline, records
+from cptrace_otel.model import records
+from cptrace_otel.traced import api, pipeline
 from cptrace_otel.model import config
 from cptrace_otel.model import semconv as sc
 from cptrace_otel.model.logline import parse_line, parse_prefix, parse_value

@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 import json
 import random
-import sys
 
 import pytest
 
