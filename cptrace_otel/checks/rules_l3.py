@@ -31,7 +31,8 @@ from .rank_base import RankRuleBase
 from .ranges import EXACT, Slots, overlap, slots_of
 from .state import Bounded, L3Transfer, Node
 
-KEYS_KEPT = 1 << 17      # keys whose backup fingerprints a rank remembers (oldest forgotten first)
+KEYS_KEPT = 1 << 15      # keys whose backup fingerprints a rank remembers (oldest forgotten first: a later
+#                          fetch of a forgotten key counts as L3a-skipped(no backup), never as a finding)
 FPS_PER_KEY = 4          # distinct fingerprints kept per key
 
 
