@@ -17,6 +17,10 @@ storage read completes: L3b), ``no_writer`` (mode sharded: one rank never writes
 (mode sharded: the ranks write without the rank suffix, so the first writer's shard is what every rank reads
 back: L3d, and L3a where a rank fetches another's shard).
 
+The backend is pluggable (``storage``: a factory ``(ranks, per_rank) -> store`` with the methods of
+:class:`MemoryStorage`): the default keeps the pages in memory with the ``file`` backend's semantics; the tests
+also run the simulator over SGLang's own ``HiCacheFile`` writing real files (tests/l3_file_main.py).
+
 This module is separate from the HiRadix simulator (:mod:`.core`): it models only what the L3 rules read, with
 whole prompts as nodes (no splits).
 """
@@ -37,6 +41,33 @@ FAULTS = {"flip": {"L3a"}, "free_prefetch": {"L3b"}, "no_writer": {"L3c"}, "same
 MODES = ("none", "replicated", "sharded")
 
 
+class MemoryStorage:
+    """An L3 backend in memory with the ``file`` backend's semantics: one object per storage key, a key already
+    stored is skipped (the first write stays); the storage key is the page hash plus ``_m`` (the model) and, when
+    ``per_rank``, the rank suffix ``_cp<r>_<ranks>`` (what ``HiCacheFile`` adds under attention CP). Every method but
+    :meth:`key` takes the page hash; :meth:`key` gives the storage key the records name."""
+
+    def __init__(self, ranks: int, per_rank: bool) -> None:
+        self.ranks, self.per_rank = ranks, per_rank
+        self.objects: dict[str, np.ndarray] = {}
+
+    def key(self, r: int, page_hash: str) -> str:
+        return f"{page_hash}_m" + (f"_cp{r}_{self.ranks}" if self.per_rank else "")
+
+    def exists(self, r: int, page_hash: str) -> bool:
+        return self.key(r, page_hash) in self.objects
+
+    def set(self, r: int, page_hash: str, page: np.ndarray) -> None:
+        self.objects.setdefault(self.key(r, page_hash), page.copy())
+
+    def get(self, r: int, page_hash: str) -> np.ndarray:
+        return self.objects[self.key(r, page_hash)]
+
+    def corrupt(self, r: int, page_hash: str) -> None:
+        """Flip one bit of the stored page (a storage fault)."""
+        self.objects[self.key(r, page_hash)][0, 0, 0] ^= 0x40
+
+
 class _Rank:
     def __init__(self, r: int, pages: int, ps: int, layers: int, width: int) -> None:
         self.r = r
@@ -53,7 +84,7 @@ class L3Sim:
 
     def __init__(self, mode: str = "none", ranks: int = 1, seed: int = 0, fault: str | None = None, *,
                  page_size: int = 4, layers: int = 2, width: int = 4, prompts: int = 4, budget: int = 2,
-                 pages: int = 64) -> None:
+                 pages: int = 64, storage: Any = MemoryStorage) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r} (one of {MODES})")
         if fault is not None and fault not in FAULTS:
@@ -66,7 +97,8 @@ class L3Sim:
         self.prompts = [np.asarray([self.rnd.randrange(1, 30000) for _ in range(page_size * self.rnd.randint(1, 3))])
                         for _ in range(prompts)]
         self.ranks = [_Rank(r, pages, page_size, layers, width) for r in range(ranks)]
-        self.store: dict[str, np.ndarray] = {}  # one backend for every rank: keys tell the ranks' objects apart
+        # one backend for every rank: the rank suffix (sharded) tells their objects apart, unless the fault drops it
+        self.store = storage(ranks, mode == "sharded" and fault != "same_keys")
         self.clock = Clock()
         self.emitter = LogEmitter(2, ranks)
         self.next_node = 1
@@ -81,13 +113,14 @@ class L3Sim:
         f["ts"] = self.clock.ts()
         self.emitter.emit(r, lv, tag, **f)
 
+    def _hashes(self, prompt: np.ndarray) -> list[str]:
+        """SGLang's page hashes: each page's, chained over the prefix."""
+        ps = self.ps
+        return [hashlib.blake2b(prompt[:(j + 1) * ps].tobytes(), digest_size=6).hexdigest()
+                for j in range(len(prompt) // ps)]
+
     def _keys(self, prompt: np.ndarray, r: int) -> list[str]:
-        ps, out = self.ps, []
-        for j in range(len(prompt) // ps):
-            h = hashlib.blake2b(prompt[:(j + 1) * ps].tobytes(), digest_size=6).hexdigest()
-            shard = self.mode == "sharded" and not (self.fault == "same_keys")
-            out.append(f"{h}_m" + (f"_cp{r}_{self.R}" if shard else ""))
-        return out
+        return [self.store.key(r, h) for h in self._hashes(prompt)]
 
     def _kv(self, prompt: np.ndarray, r: int) -> np.ndarray:
         shard = r if self.mode == "sharded" else 0
@@ -112,7 +145,8 @@ class L3Sim:
     def _request(self, prompt: np.ndarray) -> None:
         if any(np.array_equal(n["prompt"], prompt) for n in self.ranks[0].live.values()):
             return   # a prefix hit in the tree: nothing moves
-        hits = min(sum(1 for k in self._keys(prompt, rk.r) if k in self.store) for rk in self.ranks)
+        hashes = self._hashes(prompt)
+        hits = min(sum(1 for h in hashes if self.store.exists(rk.r, h)) for rk in self.ranks)
         nid = self.next_node
         self.next_node += 1
         if hits == len(prompt) // self.ps:
@@ -146,7 +180,7 @@ class L3Sim:
         self._emit(r, 1, "l3_backup", node_id=nid, op=rk.op, keys=keys, hp=page_hashes(rk.host.data[host], self.ps),
                    host=rng(host), hostx=runs(host), io=1)
         node["l3"] = "inflight"
-        rk.backups.append((self.clock.tick + self.rnd.randint(1, 2), rk.op, nid))
+        rk.backups.append((self.clock.tick + self.rnd.randint(1, 2), rk.op, nid, self._hashes(prompt)))
         if self.fault == "same_keys" and self.R > 1:
             self.expected.add("L3d")
 
@@ -163,7 +197,8 @@ class L3Sim:
             self._faulted = True
             self._emit(r, 2, "free", pool="host", idx=rng(host), idx_x=runs(host), node_id=-1, why="prefetch")
             self.expected.add("L3b")
-        rk.prefetches.append((self.clock.tick + self.rnd.randint(1, 2), rk.op, nid, prompt, host, keys))
+        rk.prefetches.append((self.clock.tick + self.rnd.randint(1, 2), rk.op, nid, prompt, host, keys,
+                              self._hashes(prompt)))
 
     def _complete(self) -> None:
         now = self.clock.tick
@@ -171,21 +206,21 @@ class L3Sim:
             r = rk.r
             for t in [b for b in rk.backups if b[0] <= now]:
                 rk.backups.remove(t)
-                _, op, nid = t
+                _, op, nid, hashes = t
                 node = rk.live[nid]
-                for j, k in enumerate(node["keys"]):   # the backup reads the host pages now
-                    if k not in self.store:               # (the file backend skips a key it holds)
-                        self.store[k] = rk.host.data[node["host"][j * self.ps:(j + 1) * self.ps]].copy()
+                for j, h in enumerate(hashes):   # the backup reads the host pages now
+                    if not self.store.exists(r, h):   # (the file backend skips a key it holds)
+                        self.store.set(r, h, rk.host.data[node["host"][j * self.ps:(j + 1) * self.ps]])
                         if self.fault == "flip" and r == self.fault_rank and not self._flipped and now > 3:
-                            self.store[k][0, 0, 0] ^= 0x40   # a flipped byte in the stored page
-                            self._flipped.add(k)
+                            self.store.corrupt(r, h)   # a flipped byte in the stored page
+                            self._flipped.add(node["keys"][j])
                 self._emit(r, 2, "l3_ack", dir="backup", op=op, node_id=nid, done=len(node["keys"]))
                 node["l3"] = "done"
             for t in [p for p in rk.prefetches if p[0] <= now]:
                 rk.prefetches.remove(t)
-                _, op, nid, prompt, host, keys = t
-                for j, k in enumerate(keys):   # the storage read fills the host pages now
-                    rk.host.data[host[j * self.ps:(j + 1) * self.ps]] = self.store[k]
+                _, op, nid, prompt, host, keys, hashes = t
+                for j, h in enumerate(hashes):   # the storage read fills the host pages now
+                    rk.host.data[host[j * self.ps:(j + 1) * self.ps]] = self.store.get(r, h)
                 hp = page_hashes(rk.host.data[host], self.ps)
                 want = page_hashes(self._kv(prompt, r), self.ps)
                 self._emit(r, 2, "l3_ack", dir="prefetch", op=op, node_id=0, done=len(keys), keys=keys, hp=hp)
