@@ -31,7 +31,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "tests"))   # jaeger_config: the private-Jaeger config the tests use too
 
 
 def _port() -> int:
@@ -44,7 +43,7 @@ def start_jaeger(tmp: Path, max_traces: int) -> tuple[subprocess.Popen, str, str
     """A Jaeger of this bench's own: (process, query URL, OTLP HTTP URL)."""
     import yaml
 
-    from jaeger_config import PORTS, private_config
+    from tests.helpers.jaeger_config import PORTS, private_config
 
     binary = os.environ.get("JAEGER_BIN") or str(ROOT / "deploy" / "jaeger" / "bin" / "jaeger")
     p = {k: _port() for k in PORTS}

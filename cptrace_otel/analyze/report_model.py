@@ -7,10 +7,11 @@ A report is made of :class:`Panel` s, one per epoch (a run) or per epoch of one 
 * bars: the stage instances of the domain reference (section 2): ``d2h`` from a ``prepare`` to the last
   ``ack dir=d2h`` of its op (its ``backup`` records inside), ``h2d`` from a ``reload`` to the last ``ack dir=h2d`` of
   its op, the L3 tier's ``l3b`` (``l3_backup`` .. ``l3_ack dir=backup``) and ``l3p`` (``l3_prefetch`` ..
-  ``l3_ack dir=prefetch``); and in node panels the node's holds: ``dev`` (device slots: from ``insert``, a ``reload`` whose chain
-  names it or the ``split`` that created it, to its ``evict tier=dev``) and ``host`` (host slots: from ``prepare`` or
-  the creating ``split``, to its ``evict tier=host``). A bar whose end record never came is ``open`` and drawn to
-  the panel's end; a rank whose stream has no ``ack`` or ``l3_ack`` at all (level 1) gets no stage bars;
+  ``l3_ack dir=prefetch``); and in node panels the node's holds: ``dev`` (device slots: from ``insert``, a
+  ``reload`` whose chain names it or the ``split`` that created it, to its ``evict tier=dev``) and ``host`` (host
+  slots: from ``prepare`` or the creating ``split``, to its ``evict tier=host``). A bar whose end record never came
+  is ``open`` and drawn to the panel's end; a rank whose stream has no ``ack`` or ``l3_ack`` at all (level 1) gets
+  no stage bars;
 * density: when a lane has more records than the panel may draw, counts per time bucket instead of marks;
 * findings: every finding of the panel's epoch (and node), placed at the record that completed it, its evidence
   records always drawn as marks (at most :data:`FINDINGS_SHOWN` findings, most severe first, or
@@ -209,8 +210,8 @@ class _Index:
         return self._bars[k]
 
 
-_L3_OPEN = {L3_BACKUP: "l3b", L3_PREFETCH: "l3p"}   # the record opening an L3 bar -> its kind
-_L3_DIR = {DIR_BACKUP: "l3b", DIR_PREFETCH: "l3p"}   # the dir of the l3_ack closing it
+_L3_OPEN: dict[str, str] = {L3_BACKUP: "l3b", L3_PREFETCH: "l3p"}   # the record opening an L3 bar -> its kind
+_L3_DIR: dict[Any, str] = {DIR_BACKUP: "l3b", DIR_PREFETCH: "l3p"}   # the dir of the l3_ack closing it
 
 
 def stage_bars(events: Iterable[Event]) -> list[Bar]:
@@ -235,23 +236,23 @@ def stage_bars(events: Iterable[Event]) -> list[Bar]:
             if kind is None:
                 continue
             if tag != L3_ACK:
-                b = l3[(kind, op)] = Bar(kind, rec_ts(ev), None, op if type(op) is int else None, nodes_of(ev),
-                                         [ev.seq])
-                out.append(b)
+                lb = l3[(kind, op)] = Bar(kind, rec_ts(ev), None, op if type(op) is int else None, nodes_of(ev),
+                                          [ev.seq])
+                out.append(lb)
             else:
-                b = l3.pop((kind, op), None)
-                if b is not None:
-                    b.seqs.append(ev.seq)
-                    b.end = rec_ts(ev)
+                ob = l3.pop((kind, op), None)
+                if ob is not None:
+                    ob.seqs.append(ev.seq)
+                    ob.end = rec_ts(ev)
             continue
         if tag == "prepare" or tag == "backup":
             n, op = f.get("node_id"), f.get("op")
-            b = d2h.get(n)
+            b = d2h.get(n)  # type: ignore[arg-type]
             if b is None or tag == "prepare":
-                b = d2h[n] = Bar("d2h", rec_ts(ev), None, op if type(op) is int else None)
-                d2h_ops[n] = set()
+                b = d2h[n] = Bar("d2h", rec_ts(ev), None, op if type(op) is int else None)  # type: ignore[index]
+                d2h_ops[n] = set()  # type: ignore[index]
                 out.append(b)
-            d2h_ops[n].add(op)
+            d2h_ops[n].add(op)  # type: ignore[index]
             b.nodes |= nodes_of(ev)
             b.seqs.append(ev.seq)
         elif tag == "reload":
@@ -261,10 +262,10 @@ def stage_bars(events: Iterable[Event]) -> list[Bar]:
         elif tag == "ack":
             op, n = f.get("op"), f.get("node_id")
             if f.get("dir") == "d2h":
-                b = d2h.get(n)
-                if b is None or op not in d2h_ops[n]:
+                b = d2h.get(n)  # type: ignore[arg-type]
+                if b is None or op not in d2h_ops[n]:  # type: ignore[index]
                     continue
-                del d2h[n]
+                del d2h[n]  # type: ignore[arg-type]
             elif f.get("dir") == "h2d":
                 b = h2d.get(op)
                 if b is None:
@@ -469,7 +470,7 @@ class Builder:
                 + holds(per_rank[r], node) for r in ranks}
         ts = [rec_ts(ev) for lst in per_rank.values() for ev in lst]
         ts += [t for lst in bars.values() for b in lst for t in (b.start, b.end) if t is not None]
-        ts += [placed[i].ts for i in fidx if placed[i].ts is not None]
+        ts += [placed[i].ts for i in fidx if placed[i].ts is not None]  # type: ignore[misc]
         t0, t1 = (min(ts), max(ts)) if ts else ix.span(epoch)
         total = sum(map(len, per_rank.values()))
         lanes = []

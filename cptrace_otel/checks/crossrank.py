@@ -1,4 +1,4 @@
-"""Cross-rank rules C1-C5 (domain section 5) over all ranks' events, fed in any interleaving that keeps each rank's
+"""Cross-rank rules C1-C5 (docs/domain.md §5) over all ranks' events, fed in any interleaving that keeps each rank's
 seq order (the sources merge ranks by ``ts``; a lag of a few hundred records between ranks is fine).
 
 :class:`CrossRank` keeps the group's bookkeeping (ranks, mode, readiness, per-node counters) and dispatches each
@@ -6,7 +6,8 @@ record by tag to the rule classes mixed in here, one method per rule id: C1 lock
 rounds (:mod:`.rules_c2`), C3 backup participation, C4 count relations and C5 content relations (:mod:`.rules_joins`),
 C5-fence, the shared-mode store fence (:mod:`.fence`). The index of rules, codes and levels is :mod:`.registry`.
 
-Pitfall of domain 5: node ids line up across ranks only while C1 holds, so after the first divergence of an epoch
+Pitfall of docs/domain.md §5: node ids line up across ranks only while C1 holds, so after the first divergence of an
+epoch
 C2 stops and C3-C5 judge only records at or before the divergence index (the diverging prepare itself still yields
 its C3 on a rank that never logs it, as fault ``C1_div`` expects; a rank that logs it after the index is not
 judged). C1 may confirm a divergence a few tuples late (a tie-break), so a join whose records lie past what C1 has

@@ -1,4 +1,4 @@
-"""Epoch boundaries of one rank's stream (domain 3.1): a ``reset`` record ends an epoch, and so does a node id
+"""Epoch boundaries of one rank's stream (docs/domain.md §3.1): a ``reset`` record ends an epoch, and so does a node id
 going backwards (a restarted process or a reset that was not logged). Node ids are unique only per (rank, epoch).
 
 The same tracker runs in the sources (which stamp ``Event.epoch``) and in :class:`~.rank.RankChecker` (for

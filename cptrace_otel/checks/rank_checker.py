@@ -1,4 +1,4 @@
-"""Per-rank streaming rules: H1-H4, ZERO and HASH over one rank's events in seq order (domain sections 3.4, 4).
+"""Per-rank streaming rules: H1-H4, ZERO and HASH over one rank's events in seq order (docs/domain.md §3.4, §4).
 
 :class:`RankChecker` keeps the lineage state of :mod:`.state` for the current epoch and returns each finding at the
 record that completes its evidence (H1b at the d2h ack, H2c at the h2d ack, H4 at the d2h ack, H3 at the stale
@@ -87,7 +87,8 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
     # -- level --------------------------------------------------------------------------------------------------
     @property
     def level(self) -> int:
-        """Explicit level, else ``config level=``, else the highest level whose records occurred (domain 3.4)."""
+        """Explicit level, else ``config level=``, else the highest level whose records occurred (docs/domain.md
+        §3.4)."""
         if self.forced_level is not None:
             return self.forced_level
         if self.config_level is not None:

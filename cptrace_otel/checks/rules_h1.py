@@ -1,4 +1,5 @@
-"""H1, split misattribution (domain 4): after a split the prefix tokens live under a new id and the old id keeps only
+"""H1, split misattribution (docs/domain.md §4): after a split the prefix tokens live under a new id and the old id
+keeps only
 the suffix; bookkeeping still keyed by the old id acts on the wrong range.
 
 * H1a (level 1), at the ``split``: the halves partition the node's latest dev/host slots.

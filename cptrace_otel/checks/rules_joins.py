@@ -1,4 +1,5 @@
-"""C3-C5 (domain 5): per-node joins across ranks. A join is keyed by (epoch, tag, node_id, occurrence of that tag
+"""C3-C5 (docs/domain.md §5): per-node joins across ranks. A join is keyed by (epoch, tag, node_id, occurrence of that
+tag
 for that node on that rank) and holds each rank's facts of the record (``prepare`` completed by its ``backup``, or
 ``reload``); it is decided once every rank of the group has reported (:meth:`JoinRules._decide`).
 
@@ -117,7 +118,7 @@ class JoinRules(CrossRuleBase):
         reported = per
         st = self._c1.get(epoch)
         if st is not None and st.diverged is not None:
-            # node ids line up across ranks only up to the first C1 divergence (pitfall of domain 5): records
+            # node ids line up across ranks only up to the first C1 divergence (pitfall of docs/domain.md §5): records
             # after it do not count, a join that starts after it is not judged
             per = {r: x for r, x in per.items() if x["idx"] <= st.diverged}
             if not per:

@@ -22,7 +22,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..model.events import Event, int_field
 from ..model.l3 import DIR_BACKUP, DIR_PREFETCH
@@ -49,6 +49,16 @@ class L3Rules(RankRuleBase):
     _l3_keys: Bounded        # key -> [(fingerprint, ref of the backup), ...] (set by RankChecker)
     _l3_acked: Bounded       # prefetch ops whose ack carried the fingerprints (set by RankChecker)
     _l3_seen: bool
+    nodes_total: int
+
+    if TYPE_CHECKING:   # RankChecker's, and the H4 and H2c rules' (the slots an L3 prefetch takes are theirs too)
+        @property
+        def level(self) -> int: ...
+
+        def _h4_breach(self, s: Slots | None, attr: str, exclude: int | None, ref: tuple, what: str,
+                       side: str) -> None: ...
+
+        def _h2c_breach(self, s: Slots | None, exclude: int | None, ref: tuple, what: str) -> None: ...
 
     # -- handlers --------------------------------------------------------------------------------------------------
     def _l3_backup(self, ev: Event, f: dict, nid: Any, ref: tuple) -> None:
@@ -203,6 +213,7 @@ class L3Rules(RankRuleBase):
                 t.undecided = True   # range summaries only bracket each other: counted at the ack, never reported
 
     def _l3b(self, ev: Event, ref: tuple, t: L3Transfer) -> Finding:
+        assert t.viol is not None   # (called for a breached transfer only)
         vref, cert, what = t.viol
         return self._finding("L3", "L3b", t.node_id if type(t.node_id) is int else None, t.op, cert,
                              [t.ref, vref, ref],

@@ -77,7 +77,8 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
     if jaeger is not None and paths:
         print(f"{_PFX}: give PATHs or --jaeger, not both", file=err)
         return EXIT_USAGE
-    if jaeger is None and any(getattr(args, k, None) is not None for k in ("since", "start", "end", "service", "limit")):
+    query_flags = ("since", "start", "end", "service", "limit")
+    if jaeger is None and any(getattr(args, k, None) is not None for k in query_flags):
         print(f"{_PFX}: --service, --since, --start, --end and --limit select traces in Jaeger: they need --jaeger URL",
               file=err)
         return EXIT_USAGE
@@ -170,7 +171,8 @@ def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
     docs = TraceDocs()
     info = docs.info
     try:
-        empty = [p for p in otlp if docs.add_otlp_lines(p) == 0] + [p for p in docfiles if docs.add_document_file(p) == 0]
+        empty = [p for p in otlp if docs.add_otlp_lines(p) == 0]
+        empty += [p for p in docfiles if docs.add_document_file(p) == 0]
         if empty:
             for p in empty:
                 bad = [m for m in info.malformed if m[0] == p]
@@ -208,7 +210,7 @@ def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
             groups.append((results[-1], kept))
         if otlp or docfiles:
             kept = []
-            evs = docs.events()
+            evs = docs.events()  # type: ignore[assignment]
             results.append(analyze_traces(level, info, _Kept(evs, kept) if keep else evs, err))
             groups.append((results[-1], kept))
         if run_id is None and len(info.run_ids) == 1:   # (the trace files' run id also when the logs were chosen)

@@ -22,10 +22,11 @@ import sys
 import time
 from typing import Any, TextIO
 
+from ..model.exits import EXIT_FINDINGS, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
+
 _PFX = "cptrace-otel watch"
 PAGE_STEP = 200   # traces between two feeds within one poll
 MAX_WINDOW_S = 60.0   # windows of span starts grow to at most a day of these (sparse or old data)
-from ..model.exits import EXIT_FINDINGS, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 
 
 def finding_line(run_id: str, f: Any, link: str) -> str:

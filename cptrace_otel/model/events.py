@@ -38,7 +38,7 @@ def int_field(v: Any) -> int | None:
     return v if type(v) is int else None
 
 
-# Tags grouped by the trace level that enables them (domain spec 3.2/3.3).
+# Tags grouped by the trace level that enables them (docs/domain.md §3.2/§3.3).
 LEVEL_OF_TAG: dict[str, int] = {
     "config": 1, "reset": 1, "rid_map": 1, "insert": 1, "split": 1, "prepare": 1, "backup": 1, "evict": 1,
     "reload": 1, "ack": 2, "free": 2, "compose": 2, "store": 2, "fwd_hash": 3,

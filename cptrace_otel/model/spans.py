@@ -2,7 +2,8 @@
 
 Contract:
 
-* Every :class:`~cptrace_otel.model.events.Event` fed to :meth:`SpanBuilder.add` becomes exactly one span event (name = tag,
+* Every :class:`~cptrace_otel.model.events.Event` fed to :meth:`SpanBuilder.add` becomes exactly one span event (name =
+tag,
   timestamp = ``ev.ts``, attributes = typed fields + ``cptrace.seq`` / ``cptrace.epoch`` / ``cptrace.record.level``).
 * Trace ids are deterministic, so every rank process of a run puts a node's records into the same trace without any
   context propagation: node trace ``blake2b(f"{run_id}|{epoch}|{node_id}")``, rank trace
@@ -17,8 +18,8 @@ Contract:
   ``rank 3 · h2d`` (``reload`` .. ``ack dir=h2d``), and the L3 tier's (:mod:`cptrace_otel.model.l3`)
   ``rank 3 · l3-backup`` (``l3_backup`` .. ``l3_ack dir=backup``) and ``rank 3 · l3-prefetch`` (``l3_prefetch`` ..
   ``l3_ack dir=prefetch``, in the trace of the node the fetched pages extend). An ``l3_hit`` goes to its node's
-  lane, linked (``cptrace.link.kind=l3-prefetch``) to the prefetch span that fetched the pages. A stage span ends at its closing
-  record (``closed_by=tag``).
+  lane, linked (``cptrace.link.kind=l3-prefetch``) to the prefetch span that fetched the pages. A stage span ends
+  at its closing record (``closed_by=tag``).
 * Sending: a lane segment is sent once, together with all its children, when it closes: once it has been open
   ``span_timeout_s`` (``timeout``), at :meth:`close_all` (``flush``), at a ``reset`` of its rank (``reset``) or when it
   grows past :data:`MAX_EVENTS` events / :data:`MAX_SPAN_BYTES` (``limit``). Children still open then are closed with
@@ -46,6 +47,7 @@ from __future__ import annotations
 
 import hashlib
 import sys
+from collections.abc import Mapping
 from typing import Any, Callable
 
 from . import semconv as sc
@@ -77,8 +79,9 @@ STATUS_UNSET, STATUS_OK = 0, 1
 # The stages: the record opening one -> (the stage's key word, its span kind); (tag, dir) of the record closing it
 _OPEN_STAGE = {"prepare": ("d2h", sc.SPAN_D2H), "reload": ("h2d", sc.SPAN_H2D),
                L3_BACKUP: (L3_BACKUP, sc.SPAN_L3_BACKUP), L3_PREFETCH: (L3_PREFETCH, sc.SPAN_L3_PREFETCH)}
-_ACK_STAGE = {("ack", "d2h"): _OPEN_STAGE["prepare"], ("ack", "h2d"): _OPEN_STAGE["reload"],
-              (L3_ACK, DIR_BACKUP): _OPEN_STAGE[L3_BACKUP], (L3_ACK, DIR_PREFETCH): _OPEN_STAGE[L3_PREFETCH]}
+_ACK_STAGE: dict[tuple[str, Any], tuple[str, str]] = {
+    ("ack", "d2h"): _OPEN_STAGE["prepare"], ("ack", "h2d"): _OPEN_STAGE["reload"],
+    (L3_ACK, DIR_BACKUP): _OPEN_STAGE[L3_BACKUP], (L3_ACK, DIR_PREFETCH): _OPEN_STAGE[L3_PREFETCH]}
 
 _DIGEST = hashlib.blake2b
 
@@ -130,7 +133,7 @@ class Span:
         self.end = start
         self.attrs = attrs
         # (time_ns, name, attributes)
-        self.events: list[tuple[int, str, dict[str, Any]]] = []
+        self.events: list[tuple[int, str, Mapping[str, Any]]] = []   # (ts, tag, EventAttrs or a dict)
         # (trace_id, span_id, attributes)
         self.links: list[tuple[bytes, bytes, dict[str, Any]]] = []
         self.status_code = STATUS_UNSET
@@ -309,6 +312,8 @@ class SpanBuilder:
         node = f.get("node_id")
         closing = False
         link_rid = None
+        sp: Span | None
+        key: tuple[Any, ...]
         fed, found = False, None
         if tag == CANARY_TAG and self._checker_factory is not None:
             # SGLang's kv-canary record names a slot, not a node: the checker decides whose slot it was (rule CANARY),

@@ -19,7 +19,7 @@ back: L3d, and L3a where a rank fetches another's shard).
 
 The backend is pluggable (``storage``: a factory ``(ranks, per_rank) -> store`` with the methods of
 :class:`MemoryStorage`): the default keeps the pages in memory with the ``file`` backend's semantics; the tests
-also run the simulator over SGLang's own ``HiCacheFile`` writing real files (tests/l3_file_main.py).
+also run the simulator over SGLang's own ``HiCacheFile`` writing real files (tests/e2e/l3_file_main.py).
 
 This module is separate from the HiRadix simulator (:mod:`.core`): it models only what the L3 rules read, with
 whole prompts as nodes (no splits).

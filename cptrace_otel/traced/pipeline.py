@@ -12,10 +12,10 @@ Contract (docs/ARCHITECTURE.md):
 * A daemon drainer thread pops batches in order, resolves deferred fingerprints (``fingerprint.is_deferred/resolve``,
   waiting on their CUDA event), renders every value that is not already an int, str or float (bools as
   ``True``/``False``; anything else with upstream ``_fmt`` semantics; a value whose ``str`` raises becomes
-  ``(err:<ExceptionType>)``; :func:`cptrace_otel.model.records.compact_item`) and ships batches of these compact items to
-  the exporter worker, in order (messages and frames: :mod:`cptrace_otel.export.protocol`). The worker completes
-  each with the same rendering (:mod:`cptrace_otel.model.records`), so the result is the same, but the traced process does
-  the least work.
+  ``(err:<ExceptionType>)``; :func:`cptrace_otel.model.records.compact_item`) and ships batches of these compact items
+  to the exporter worker, in order (messages and frames: :mod:`cptrace_otel.export.protocol`). The worker completes
+  each with the same rendering (:mod:`cptrace_otel.model.records`), so the result is the same, but the traced process
+  does the least work.
 * The worker is a subprocess per traced process (``python -m cptrace_otel.export.worker``; not ``multiprocessing``,
   since SGLang rank processes may be daemonic), fed over its stdin and acking over its stdout; it exits after
   delivering once its stdin closes, so it never outlives the traced process for long. ``CPTRACE_EXPORTER=thread``
@@ -75,7 +75,7 @@ _last_stats: dict[str, Any] = {}
 def load_deferred() -> tuple[Any, Any]:
     """``(is_deferred, resolve)`` of the fingerprint package, or ``(None, None)`` when it cannot be imported."""
     try:
-        from ..fingerprint import is_deferred, resolve  # type: ignore[attr-defined]
+        from ..fingerprint import is_deferred, resolve
 
         return is_deferred, resolve
     except Exception:
@@ -289,7 +289,8 @@ class _State:
         from .ranks import RankHold
 
         # While the rank is unknown the first batches wait here (not on the caller) so that a rank learned from the
-        # config record, SGLang or torch.distributed still labels them (cptrace_otel.traced.ranks.RankHold). The hold lives
+        # config record, SGLang or torch.distributed still labels them (cptrace_otel.traced.ranks.RankHold). The hold
+        # lives
         # on the state, so a drainer started by the watchdog carries on with it.
         hold = RankHold(self.cfg, self.cfg.rank_wait_s, self.cap)
         if hold.known:
@@ -414,7 +415,7 @@ class _State:
         if self.gone is not None and not self.drainer.is_alive():
             return False
         fid = next(_fids)
-        w = [threading.Event(), False]
+        w: list[Any] = [threading.Event(), False]   # [set when answered, the answer]
         self.waiters[fid] = w
         self.flush_reqs.append((fid, time.monotonic(), timeout_s))
         self.wake.set()

@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _checks_util import R, check_lines  # noqa: E402
-from otlp_receiver import read_jsonl  # noqa: E402
+from tests.helpers.checks_util import R, check_lines
+from tests.helpers.otlp_receiver import read_jsonl
 
 from cptrace_otel import cli
 from cptrace_otel.model import canary
@@ -234,7 +231,7 @@ def test_ingest_stamps_the_violation_on_the_owning_nodes_span_and_check_reads_it
 def test_watch_finds_the_violations_in_the_backends_traces(tmp_path):
     """What ``watch`` reads: the ingested spans as Jaeger returns them (api_v2 JSON), in pieces: the same findings,
     and the node's is already stamped by the exporter's check (so the watcher does not write it twice)."""
-    from _jaeger_fixtures import read_requests, v2_traces
+    from tests.helpers.jaeger_fixtures import read_requests, v2_traces
 
     from cptrace_otel.analyze.watch_out import already_stamped
     from cptrace_otel.analyze.watch_state import RunWatch

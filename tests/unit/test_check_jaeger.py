@@ -1,5 +1,5 @@
 """``cptrace-otel check --jaeger URL`` against a fake query service with the memory store's search semantics
-(:mod:`_jaeger_fixtures`): the run's findings as from its files, pagination past the search depth, the search depth
+(:mod:`tests.helpers.jaeger_fixtures`): the run's findings as from its files, pagination past the search depth, the search depth
 lowered when refused, run-id discovery, and the errors (unreachable, HTTP error, nothing found) as exit 3 with the
 URL and no password."""
 
@@ -14,8 +14,8 @@ import pytest
 
 from cptrace_otel.analyze.sources.jaegerquery import parse_duration, parse_time, window
 
-from _jaeger_fixtures import FakeJaeger, read_requests, v2_traces
-from _demo_run import check, core, run_demo
+from tests.helpers.jaeger_fixtures import FakeJaeger, read_requests, v2_traces
+from tests.helpers.demo_run import check, core, run_demo
 
 
 @pytest.fixture(scope="module")

@@ -6,13 +6,9 @@ backend's rank suffix; hp: one fingerprint per page)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _checks_util import R, check_files, check_lines, rules, write_ranks  # noqa: E402
-from otlp_receiver import read_jsonl  # noqa: E402
+from tests.helpers.checks_util import R, check_files, check_lines, rules, write_ranks
+from tests.helpers.otlp_receiver import read_jsonl
 
 from cptrace_otel import cli
 

@@ -262,10 +262,7 @@ def test_a_sink_that_cannot_be_opened_is_reported_and_flush_says_false(tmp_path:
 
 
 def test_file_sinks_write_otlp_json_lines(tmp_path: Path) -> None:
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from otlp_receiver import read_jsonl
+    from tests.helpers.otlp_receiver import read_jsonl
 
     out = tmp_path / "o" / "r.otlp.jsonl"
     ex = worker.Exporter(_info(_cfg(), file=str(out)))

@@ -22,7 +22,8 @@ Contract:
   record; ``hicache.violation`` finding events are skipped), and :func:`findings_from_otlp` lists the stamped verdicts.
 * :func:`run_events` fetches every record of one run (all ranks, all traces, at most ``limit`` traces) for the
   analyzer's re-checks; ``check --jaeger`` pages past that limit (:mod:`.jaegerquery`).
-* :func:`cptrace_otel.model.config.mask_url` hides the userinfo of a URL in messages; ``user:password@`` in the base URL is sent as HTTP
+* :func:`cptrace_otel.model.config.mask_url` hides the userinfo of a URL in messages; ``user:password@`` in the base
+URL is sent as HTTP
   basic auth.
 
 Standard library only (``urllib``); nothing heavy is imported.

@@ -54,7 +54,7 @@ def any_value(v: dict) -> Any:
 
 
 def _attrs(lst: Iterable[dict] | None) -> list[tuple[str, Any]]:
-    return [(a.get("key"), any_value(a.get("value", {}))) for a in (lst or ())]
+    return [(a.get("key"), any_value(a.get("value", {}))) for a in (lst or ())]  # type: ignore[misc]
 
 
 def looks_like_otlp(path: str) -> bool:
@@ -226,7 +226,8 @@ def collect(req: dict, path: str, info: OtlpInfo, per_rank: dict, line_no: int =
                         if type(name) is not str:
                             raise TypeError(f"event name {str(name)[:40]} is not a string")
                     except BAD_SHAPE as x:
-                        info.malformed.append((path, line_no, "span event skipped: " + bad_shape(x, "a value of the wrong type")))
+                        why = bad_shape(x, "a value of the wrong type")
+                        info.malformed.append((path, line_no, "span event skipped: " + why))
                         continue
                     epoch = meta.get(sc.EPOCH, 0)
                     level = meta.get(sc.LEVEL, 1)

@@ -1,7 +1,7 @@
 """One SGLang scheduler's log with kv-canary violations, made by stock SGLang's own code (run by
-tests/test_canary_sglang.py with ``.sglang/<version>`` on PYTHONPATH; never imported by the test process).
+tests/e2e/test_canary_sglang.py with ``.sglang/<version>`` on PYTHONPATH; never imported by the test process).
 
-    python tests/canary_sglang_main.py MODE OUT
+    python tests/e2e/canary_sglang_main.py MODE OUT
 
 MODE ``log``: SGLang's ``configure_logger`` (its prefix ``[date time ATTN_CP1 TP1] ``) on standard error, HiCache
 trace lines logged as the upstream ``cp_hicache_trace`` logs them, then SGLang's ``ViolationReporter`` in mode log

@@ -1,6 +1,7 @@
 """kv-canary violations as stock SGLang prints them (its ``ViolationReporter`` over a real ``ViolationLog``, its
-``configure_logger`` prefix, its scheduler's exception report in mode raise) become CANARY findings on the node that
-held the slot: read from the log by ``check`` and ``ingest``, and live through the hook on the reporter's logger.
+``configure_logger`` prefix, its scheduler's exception report in mode raise; canary_sglang_main.py here) become
+CANARY findings on the node that held the slot: read from the log by ``check`` and ``ingest``, and live through the
+hook on the reporter's logger.
 
 SGLang comes from ``.sglang/<version>`` (deploy/sglang/install, on PYTHONPATH of a subprocess only, so this test
 process never imports it); without it the test is skipped, or fails when ``CPTRACE_REQUIRE_SGLANG=1``."""
@@ -15,12 +16,10 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from otlp_receiver import read_jsonl  # noqa: E402
-
 from cptrace_otel import cli
+from tests.helpers.otlp_receiver import read_jsonl
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 VERSION = "0.5.23"   # the first release with --kv-canary's structured violation line
 
 
@@ -35,7 +34,7 @@ def _sglang() -> Path:
 
 def _run(mode: str, out: Path) -> str:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(_sglang()), str(ROOT)]))
-    r = subprocess.run([sys.executable, str(ROOT / "tests" / "canary_sglang_main.py"), mode, str(out)],
+    r = subprocess.run([sys.executable, str(ROOT / "tests" / "e2e" / "canary_sglang_main.py"), mode, str(out)],
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     return r.stderr

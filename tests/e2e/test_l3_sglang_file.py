@@ -1,5 +1,5 @@
 """The L3 rules over stock SGLang's ``file`` storage backend (``HiCacheFile``, real files): the simulator's
-backups and prefetches go through SGLang's own set/exists/get and its per-rank key suffixes (tests/l3_file_main.py,
+backups and prefetches go through SGLang's own set/exists/get and its per-rank key suffixes (l3_file_main.py here,
 a subprocess with ``.sglang/<version>`` on PYTHONPATH). Healthy runs give no finding; a bit flipped in a stored
 file, a prefetch's pages freed before its read, a CP rank that never writes its shard, and a backend that does not
 tell CP ranks apart are each found, as ``check`` reads the logs.
@@ -20,7 +20,7 @@ import pytest
 
 from cptrace_otel import cli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 VERSION = "0.5.23"
 
 
@@ -32,7 +32,7 @@ def _run(tmp_path: Path, mode: str, ranks: int, seed: int, fault: str | None) ->
         pytest.skip(f"sglang {VERSION} is not installed in {sg} (deploy/sglang/install)")
     out = tmp_path / f"{mode}-{ranks}-{seed}-{fault}"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(sg), str(ROOT)]), SGLANG_LOG_LEVEL="warning")
-    r = subprocess.run([sys.executable, str(ROOT / "tests" / "l3_file_main.py"), mode, str(ranks), str(seed),
+    r = subprocess.run([sys.executable, str(ROOT / "tests" / "e2e" / "l3_file_main.py"), mode, str(ranks), str(seed),
                         fault or "-", str(out)], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     oracle = json.loads((out / "oracle.json").read_text())

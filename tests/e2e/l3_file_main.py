@@ -1,8 +1,8 @@
 """The L3 simulator (cptrace_otel.sim.l3) over stock SGLang's ``file`` storage backend: every page is written to,
-looked up in and read back from real files by SGLang's own ``HiCacheFile`` (run by tests/test_l3_sglang_file.py with
+looked up in and read back from real files by SGLang's own ``HiCacheFile`` (run by tests/e2e/test_l3_sglang_file.py with
 ``.sglang/<version>`` on PYTHONPATH; never imported by the test process).
 
-    python tests/l3_file_main.py MODE RANKS SEED FAULT|- DIR
+    python tests/e2e/l3_file_main.py MODE RANKS SEED FAULT|- DIR
 
 writes the ranks' logs to DIR/logs/rank<r>.log and the oracle (expected rule names, the fault's rank, the storage
 files written) to DIR/oracle.json. Each rank has its own ``HiCacheFile`` over DIR/store, configured as SGLang

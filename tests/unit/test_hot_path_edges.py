@@ -1,4 +1,4 @@
-"""Issue 14 item 14: the gate never raises (a level given as a string or None), NaN / inf / -inf have one form (the
+"""The gate never raises (a level given as a string or None), NaN / inf / -inf have one form (the
 strings ``nan``, ``inf``, ``-inf``, live and read back from a log alike), and the traced process's buffer has a
 byte bound (``CPTRACE_QUEUE_BYTES``) besides its record bound."""
 
