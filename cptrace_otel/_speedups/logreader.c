@@ -7,16 +7,18 @@
  * with "fall back" and the Python parser decides: the speedup never has to reproduce the rare cases, only to
  * recognise them.
  *
- *   configure(Rng, Event, EpochTracker, epoch_tags[, event_slots])   the types it builds, the tags that step an
- *       epoch tracker (checks.epochs.EPOCH_TAGS); event_slots: see event.h
+ *   configure(Rng, Event, EpochTracker, epoch_tags[, event_slots[, other_markers]])   the types it builds, the
+ *       tags that step an epoch tracker (checks.epochs.EPOCH_TAGS); event_slots: see event.h; other_markers: a
+ *       tuple of ASCII str (at most MAX_OTHER) whose lines, when they hold no "[CPTRACE", go to slow() too (the
+ *       kv-canary violation lines, cptrace_otel.model.canary.MARKER: Python reads them)
  *   parse_line(line) -> (prefix, tag, fields, []) | None     None: let the Python parser decide
  *   fill_chunk(chunk, limit, data, pos, final, line_no, default_rank, state, path, slow) -> (pos, line_no)
  *       the loop of logs._file_chunks in C, over the bytes of the file: its lines split and decoded as the text
  *       reader does (newline="", UTF-8 with errors="replace"), the events (ts: the int ts= field, else the line
  *       number; rank: the int rank= field when >= 0, else ATTN_CP<n> of the prefix, else default_rank; seq and
  *       epoch from state[rank] = [next seq, EpochTracker]) appended to chunk until it holds limit of them. Lines
- *       without "[CPTRACE" are skipped; a line the C parser leaves to Python goes to slow(line, line_no), which
- *       returns (tag, fields, ts, rank) or None.
+ *       without "[CPTRACE" (and without any of other_markers) are skipped; a line the C parser leaves to Python
+ *       goes to slow(line, line_no), which returns (tag, fields, ts, rank) or None.
  */
 #include "event.h"
 #include "value.h"
@@ -25,6 +27,12 @@
 
 static PyObject *key_ts, *key_rank, *one;
 static PyObject *marker_obj;   /* "[CPTRACE" */
+
+/* other_markers of configure(): lines holding one (and no "[CPTRACE") are Python's */
+#define MAX_OTHER 4
+static char *other_marker[MAX_OTHER];
+static Py_ssize_t other_len[MAX_OTHER];
+static int other_count;
 
 /* -- interned keys and tags: few distinct ones, so an open-addressing table that stops growing when half full -- */
 
@@ -201,12 +209,54 @@ static int prefix_rank(const char *s, Py_ssize_t idx, PyObject **out)
     return value_int(s + j, k - j, out);
 }
 
+/* other_markers (a tuple of ASCII str) copied into other_marker */
+static int set_other_markers(PyObject *markers)
+{
+    if (markers == NULL || markers == Py_None)
+        return 0;
+    if (!PyTuple_Check(markers) || PyTuple_GET_SIZE(markers) > MAX_OTHER) {
+        PyErr_SetString(PyExc_TypeError, "configure: other_markers must be a tuple of at most 4 str");
+        return -1;
+    }
+    for (int i = 0; i < other_count; i++)
+        PyMem_Free(other_marker[i]);
+    other_count = 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(markers); i++) {
+        PyObject *m = PyTuple_GET_ITEM(markers, i);
+        if (!PyUnicode_Check(m) || !PyUnicode_IS_ASCII(m) || PyUnicode_GET_LENGTH(m) == 0) {
+            PyErr_SetString(PyExc_TypeError, "configure: other_markers must be non-empty ASCII str");
+            return -1;
+        }
+        Py_ssize_t n = PyUnicode_GET_LENGTH(m);
+        char *c = PyMem_Malloc((size_t)n);
+        if (c == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        memcpy(c, PyUnicode_1BYTE_DATA(m), (size_t)n);
+        other_marker[other_count] = c;
+        other_len[other_count] = n;
+        other_count++;
+    }
+    return 0;
+}
+
+/* FALLBACK when s[0:n] holds one of other_markers, else SKIP */
+static int other_line(const char *s, Py_ssize_t n)
+{
+    for (int i = 0; i < other_count; i++)
+        if (find(s, n, other_marker[i], other_len[i]) >= 0)
+            return FALLBACK;
+    return SKIP;
+}
+
 static PyObject *py_configure(PyObject *self, PyObject *args)
 {
-    PyObject *rng, *ev, *tracker, *tags, *slots = NULL;
-    if (!PyArg_ParseTuple(args, "OOOO!|O:configure", &rng, &ev, &tracker, &PyFrozenSet_Type, &tags, &slots))
+    PyObject *rng, *ev, *tracker, *tags, *slots = NULL, *markers = NULL;
+    if (!PyArg_ParseTuple(args, "OOOO!|OO:configure", &rng, &ev, &tracker, &PyFrozenSet_Type, &tags, &slots,
+                          &markers))
         return NULL;
-    if (event_configure(ev, tracker, tags, slots) < 0 || value_configure(rng) < 0)
+    if (event_configure(ev, tracker, tags, slots) < 0 || value_configure(rng) < 0 || set_other_markers(markers) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
@@ -400,6 +450,8 @@ static PyObject *py_fill_chunk(PyObject *self, PyObject *args)
             st = parse_ascii(s, len, &idx, &tag, &fields);
         else   /* the marker is ASCII: in the decoded text iff in the bytes */
             st = find(s, len, "[CPTRACE", 8) >= 0 ? FALLBACK : SKIP;
+        if (st == SKIP && other_count > 0)
+            st = other_line(s, len);   /* (also ASCII markers: found in the bytes iff in the text) */
         if (st == SKIP)
             continue;
         if (st != ERR) {

@@ -12,10 +12,12 @@ def load() -> ModuleType | None:
         from . import _logreader  # type: ignore[attr-defined]
     except ImportError:
         return None
+    from ..model.canary import MARKER as CANARY_MARKER
     from ..checks.epochs import EPOCH_TAGS, EpochTracker
     from ..model.events import Event
     from ..model.logline import Rng
     from .event import event_slots
 
-    _logreader.configure(Rng, Event, EpochTracker, EPOCH_TAGS, event_slots())
+    # lines holding SGLang's kv-canary marker (and no [CPTRACE) go to the Python reader, which reads them
+    _logreader.configure(Rng, Event, EpochTracker, EPOCH_TAGS, event_slots(), (CANARY_MARKER,))
     return _logreader

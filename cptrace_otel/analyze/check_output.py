@@ -83,7 +83,7 @@ def to_text(result: Any, run_id: str | None = None, jaeger_url: str | None = Non
         n_err = sum(1 for f in result.findings if f.severity == "ERROR")
         out.append(f"{len(result.findings)} findings ({n_err} ERROR, {len(result.findings) - n_err} WARN) "
                    f"on {len(groups)} nodes")
-        out.append(f"  {'SEV':<5} {'CODE':<5} {'RULE':<12} {'RANK':>4} {'OP':>6} {'CERT':<8} {'WHERE':<24} MESSAGE")
+        out.append(f"  {'SEV':<5} {'CODE':<6} {'RULE':<12} {'RANK':>4} {'OP':>6} {'CERT':<8} {'WHERE':<24} MESSAGE")
         for (epoch, nid), fs in sorted(groups.items(), key=gkey):
             head = f"node {nid} (epoch {epoch})" if nid is not None else f"(no node) (epoch {epoch})"
             if run_id is not None and isinstance(nid, int) and nid >= 0:
@@ -102,7 +102,7 @@ def to_text(result: Any, run_id: str | None = None, jaeger_url: str | None = Non
                 else:
                     where = f"seq {f.evidence[-1] if f.evidence else '?'}"
                 op = "" if f.op is None else str(f.op)
-                out.append(f"  {f.severity:<5} {f.code:<5} {f.rule:<12} {f.rank:>4} {op:>6} {f.certainty:<8} "
+                out.append(f"  {f.severity:<5} {f.code:<6} {f.rule:<12} {f.rank:>4} {op:>6} {f.certainty:<8} "
                            f"{where:<24} {f.message}")
     if result.unchecked:
         out.append("not checked:")

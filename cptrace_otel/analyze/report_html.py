@@ -6,7 +6,8 @@ hover text. Nothing is fetched. What the page holds, for tools and tests that re
 
 * ``section.panel[data-epoch][data-node]``: one per epoch (or node and epoch), with ``g.lane[data-rank]`` per rank;
 * ``rect.rec[data-i]``: a record (``data-ev``: the findings it is evidence of, its class ``ev``);
-* ``rect.bar.b-d2h|b-h2d|b-dev|b-host`` (``open`` when its end record never came), ``rect.dens``: a density bucket;
+* ``rect.bar.b-d2h|b-h2d|b-l3b|b-l3p|b-dev|b-host`` (``open`` when its end record never came; ``l3b``/``l3p``:
+  L3 backup / prefetch), ``rect.dens``: a density bucket;
 * ``tr.finding[data-code][data-f]`` in the findings table and ``path.fmark[data-code][data-f]`` in the lanes;
 * ``a.jlink``: a Jaeger link (per lane, per finding, per node) when a Jaeger URL was given.
 """
@@ -28,6 +29,7 @@ AXIS_H = 24
 MARK_H = 12
 ROW_H = 8
 MAX_ROWS = 6
+STAGE_KINDS = ("d2h", "h2d", "l3b", "l3p")   # bars packed on the stage rows (the holds have rows of their own)
 _TAG_CLASS = re.compile(r"[^A-Za-z0-9_]")
 _KNOWN_TAGS = frozenset(("config", "reset", "rid_map", "insert", "split", "prepare", "backup", "ack", "evict",
                          "free", "reload", "compose", "store", "fwd_hash"))
@@ -87,7 +89,7 @@ def _pack(bars: list[Bar], sc: _Scale, t_end: int) -> list[tuple[Bar, int]]:
             out.append((b, hold_rows.index(b.kind)))
     ends: list[float] = []
     base = len(hold_rows)
-    for b in sorted((b for b in bars if b.kind in ("d2h", "h2d")), key=lambda b: b.start):
+    for b in sorted((b for b in bars if b.kind in STAGE_KINDS), key=lambda b: b.start):
         x0 = sc.x(b.start)
         x1 = sc.x(b.end if b.end is not None else t_end)
         row = next((i for i, e in enumerate(ends) if e <= x0), None)
@@ -291,6 +293,8 @@ def _axis(sc: _Scale, height: int) -> str:
 
 def _bar_tip(b: Bar) -> str:
     what = {"d2h": "d2h stage (prepare .. ack dir=d2h)", "h2d": "h2d stage (reload .. ack dir=h2d)",
+            "l3b": "L3 backup (l3_backup .. l3_ack dir=backup)",
+            "l3p": "L3 prefetch (l3_prefetch .. l3_ack dir=prefetch)",
             "dev": "device hold (device slots held)", "host": "host hold (host slots held)"}[b.kind]
     s = what + (f" op {b.op}" if b.op is not None else "")
     if b.nodes:
@@ -307,11 +311,12 @@ def _ranks_text(ranks: list[int]) -> str:
 
 def _legend() -> str:
     tags = ["prepare", "backup", "ack", "reload", "insert", "split", "evict", "free", "rid_map", "compose", "store",
-            "config", "fwd_hash"]
+            "config", "fwd_hash", "l3_backup", "l3_hit", "kv_canary"]
     items = "".join(f'<span><svg width="12" height="10"><rect class="t-{t}" width="12" height="10"/></svg>{t}</span>'
                     for t in tags)
     bars = "".join(f"<span><i style='background:{c}'></i>{t}</span>" for c, t in (
-        ("#1f77b4", "d2h stage"), ("#2ca02c", "h2d stage"), ("#c5b0d5", "device hold"), ("#f7b6d2", "host hold"),
+        ("#1f77b4", "d2h stage"), ("#2ca02c", "h2d stage"), ("#ff7f0e", "L3 backup"), ("#17becf", "L3 prefetch"),
+        ("#c5b0d5", "device hold"), ("#f7b6d2", "host hold"),
         ("#d62728", "finding (its evidence records outlined red)")))
     return f'<div class="legend">{items}{bars}</div>\n'
 

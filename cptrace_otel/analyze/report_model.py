@@ -4,12 +4,14 @@ A report is made of :class:`Panel` s, one per epoch (a run) or per epoch of one 
 :class:`Lane` per CP rank on a shared time axis. A lane holds
 
 * marks: the records drawn one by one (:class:`Records` keeps them, with their fields, for the hover text);
-* bars: the stage instances of docs/domain.md §2: ``d2h`` from a ``prepare`` to the last
+* bars: the stage instances of the domain reference (section 2): ``d2h`` from a ``prepare`` to the last
   ``ack dir=d2h`` of its op (its ``backup`` records inside), ``h2d`` from a ``reload`` to the last ``ack dir=h2d`` of
-  its op; and in node panels the node's holds: ``dev`` (device slots: from ``insert``, a ``reload`` whose chain
-  names it or the ``split`` that created it, to its ``evict tier=dev``) and ``host`` (host slots: from ``prepare`` or
-  the creating ``split``, to its ``evict tier=host``). A bar whose end record never came is ``open`` and drawn to
-  the panel's end; a rank whose stream has no ``ack`` at all (level 1) gets no stage bars;
+  its op, the L3 tier's ``l3b`` (``l3_backup`` .. ``l3_ack dir=backup``) and ``l3p`` (``l3_prefetch`` ..
+  ``l3_ack dir=prefetch``); and in node panels the node's holds: ``dev`` (device slots: from ``insert``, a
+  ``reload`` whose chain names it or the ``split`` that created it, to its ``evict tier=dev``) and ``host`` (host
+  slots: from ``prepare`` or the creating ``split``, to its ``evict tier=host``). A bar whose end record never came
+  is ``open`` and drawn to the panel's end; a rank whose stream has no ``ack`` or ``l3_ack`` at all (level 1) gets
+  no stage bars;
 * density: when a lane has more records than the panel may draw, counts per time bucket instead of marks;
 * findings: every finding of the panel's epoch (and node), placed at the record that completed it, its evidence
   records always drawn as marks (at most :data:`FINDINGS_SHOWN` findings, most severe first, or
@@ -28,6 +30,10 @@ import dataclasses
 from typing import Any, Iterable
 
 from ..model.events import Event
+from ..model.l3 import ACK as L3_ACK
+from ..model.l3 import BACKUP as L3_BACKUP
+from ..model.l3 import DIR_BACKUP, DIR_PREFETCH
+from ..model.l3 import PREFETCH as L3_PREFETCH
 
 FULL_LIMIT = 5000        # a run with at most this many records is drawn whole
 TOP_NODES = 12           # node panels in a summarised run
@@ -64,7 +70,7 @@ def nodes_of(ev: Event) -> set[int]:
 
 @dataclasses.dataclass
 class Bar:
-    kind: str                  # d2h, h2d, dev, host
+    kind: str                  # d2h, h2d, l3b, l3p, dev, host
     start: int                 # ts
     end: int | None            # ts of the closing record; None: open
     op: int | None = None
@@ -177,7 +183,7 @@ class _Index:
                 lst = per[r] = []
                 self.ranks.add(r)
             lst.append(ev)
-            if ev.tag == "ack":
+            if ev.tag == "ack" or ev.tag == L3_ACK:   # (level 2: stage bars can close)
                 self.acks.add(r)
             if want and (r, ev.seq) in want:
                 self.evidence[(r, ev.seq)] = ev
@@ -204,19 +210,41 @@ class _Index:
         return self._bars[k]
 
 
+_L3_OPEN: dict[str, str] = {L3_BACKUP: "l3b", L3_PREFETCH: "l3p"}   # the record opening an L3 bar -> its kind
+_L3_DIR: dict[Any, str] = {DIR_BACKUP: "l3b", DIR_PREFETCH: "l3p"}   # the dir of the l3_ack closing it
+
+
 def stage_bars(events: Iterable[Event]) -> list[Bar]:
-    """The d2h and h2d stage instances of one rank's records of one epoch, in start order.
+    """The d2h, h2d and L3 stage instances of one rank's records of one epoch, in start order.
 
     A d2h instance is one node's write: its ``prepare`` (op P), the ``backup`` of that node (op P, or the merged op
     M that carried it: SGLang's ``merge_ops`` gives a merged write a new id) and the ``ack dir=d2h`` of that node
     with op P or M. An h2d instance is one ``reload`` op: the ``ack dir=h2d`` records of the op (one per node)
-    close it, the last one ending the bar. ``Bar.op`` is the prepare's (reload's) op."""
+    close it, the last one ending the bar. ``Bar.op`` is the prepare's (reload's) op. The L3 tier's
+    (:mod:`cptrace_otel.model.l3`): ``l3b`` from an ``l3_backup`` to the ``l3_ack dir=backup`` of its op, ``l3p``
+    from an ``l3_prefetch`` to the ``l3_ack dir=prefetch`` of its op."""
     d2h: dict[int, Bar] = {}                 # node -> its open write
     d2h_ops: dict[int, set] = {}             # node -> the ops its open write is known by
     h2d: dict[Any, Bar] = {}                 # op -> its reload
+    l3: dict[tuple, Bar] = {}                # (kind, op) -> its open L3 transfer
     out: list[Bar] = []
     for ev in events:
         tag, f = ev.tag, ev.fields
+        if tag in _L3_OPEN or tag == L3_ACK:
+            kind = _L3_OPEN.get(tag) or _L3_DIR.get(f.get("dir"))
+            op = f.get("op")
+            if kind is None:
+                continue
+            if tag != L3_ACK:
+                lb = l3[(kind, op)] = Bar(kind, rec_ts(ev), None, op if type(op) is int else None, nodes_of(ev),
+                                          [ev.seq])
+                out.append(lb)
+            else:
+                ob = l3.pop((kind, op), None)
+                if ob is not None:
+                    ob.seqs.append(ev.seq)
+                    ob.end = rec_ts(ev)
+            continue
         if tag == "prepare" or tag == "backup":
             n, op = f.get("node_id"), f.get("op")
             b = d2h.get(n)  # type: ignore[arg-type]

@@ -34,9 +34,10 @@ from .registry import BY_ID, FENCE_TAGS, STRUCTURAL
 from .rules_c1 import C1Lockstep
 from .rules_c2 import C2AckRounds
 from .rules_joins import JoinRules
+from .rules_l3x import L3Cross
 
 
-class CrossRank(C1Lockstep, C2AckRounds, JoinRules):
+class CrossRank(C1Lockstep, C2AckRounds, JoinRules, L3Cross):
     """Streaming C1-C5. ``feed(ev)`` for every event of every rank, then ``finish()`` and ``unchecked()``."""
 
     def __init__(self, level: int | None = None) -> None:
@@ -75,6 +76,10 @@ class CrossRank(C1Lockstep, C2AckRounds, JoinRules):
         extra = {"split": self._on_split, "prepare": self._on_join, "reload": self._on_join, "evict": self._on_evict}
         self._on_tag = {tag: extra.get(tag, self._c1_add) for tag in STRUCTURAL}
         self._on_tag["backup"] = self._backup
+        self._on_tag["l3_backup"] = self._l3_join      # L3c/L3d (.rules_l3x)
+        self._l3_joins: dict[tuple, dict[int, dict]] = {}
+        self._l3_occ: dict[tuple, int] = {}
+        self._l3_seen = False
 
     # -- driving ------------------------------------------------------------------------------------------------
     def feed(self, ev: Event) -> None:
@@ -194,12 +199,15 @@ class CrossRank(C1Lockstep, C2AckRounds, JoinRules):
         self._cur_keyed.clear()
         self._forget.clear()
         self._split_since.clear()
+        self._l3_joins.clear()
+        self._l3_occ.clear()
 
     def _forget_one(self) -> None:
         r, epoch, nid = self._forget.popleft()
         for t in ("prepare", "reload"):
             self._occ.pop((r, epoch, t, nid), None)
         self._split_since.discard((r, epoch, nid))
+        self._l3_occ.pop((r, epoch, nid), None)
         if r == self.io_rank and not (self._reload_hashes and any(x[1] == nid for x in self._reload_hashes)):
             self._io_hs.pop((epoch, nid), None)
 
@@ -233,6 +241,7 @@ class CrossRank(C1Lockstep, C2AckRounds, JoinRules):
         for key in list(self._joins):
             self._decide(key, final=True)
         self._c5_shared(final=True)
+        self._l3x_finish()
         for st in self._c1.values():
             self.findings.extend(f for f, at in st.late if st.diverged is None or at <= st.diverged)
             st.late = []
@@ -254,6 +263,9 @@ class CrossRank(C1Lockstep, C2AckRounds, JoinRules):
             out.append(Unchecked("C5", "C5", None, 1, "no config record: CP mode unknown", "skip"))
         elif self.mode in ("replicated", "shared") and not self._saw_hash:
             out.append(Unchecked("C5", "C5", None, 1, "no h fields on backup/reload records", "skip"))
+        if self.mode is None and self._l3_seen:
+            out.append(Unchecked("L3c", "L3", None, 1, "no config record: CP mode unknown, L3 writer rules skipped",
+                                 "skip"))
         if self.mode == "shared" and self._fence.stores == 0:
             out.append(Unchecked(fence.id, fence.code, None, fence.level,
                                  f"no store records (level {fence.level}) in mode shared",

@@ -21,19 +21,22 @@ from .epochs import EPOCH_TAGS, EpochTracker
 from .findings import Finding, Unchecked
 from .ranges import Slots, is_none_range, overlap, slice_slots, slots_of
 from .registry import LEVEL_RECORDS, RANK, unchecked_at
+from .rules_canary import CanaryOwner
 from .rules_content import HashCompare, ZeroFlag
 from .rules_h1 import H1Split
 from .rules_h2 import H2Reload
 from .rules_h3 import H3Compose
 from .rules_h4 import H4Recycle
-from .state import UNKNOWN, Backup, EpochState, Node, PendingLoad, PendingWrite
+from .rules_l3 import KEYS_KEPT, L3Rules
+from .state import UNKNOWN, Backup, Bounded, EpochState, Node, PendingLoad, PendingWrite
 
 # handler(ev, ev.fields, node_id, (seq, line_no)); node_id is an int for the keyed tags (the rest get the raw value)
 Handler = Callable[[Event, dict, Any, tuple], "list[Finding] | None"]
-_UNKEYED = frozenset(("config", "free"))   # handlers that also run for a record without an int node_id
+# handlers that also run for a record without an int node_id
+_UNKEYED = frozenset(("config", "free", "kv_canary", "l3_prefetch", "l3_ack"))
 
 
-class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare):
+class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare, CanaryOwner, L3Rules):
     """Streaming checker of one rank. See the package docstring for the contract."""
 
     def __init__(self, rank: int, level: int | None = None) -> None:
@@ -49,10 +52,15 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         self.events = 0
         self.nodes_total = 0
         self._skips: dict[str, Unchecked] = {}
+        self._l3_keys = Bounded(KEYS_KEPT)   # L3a: page key -> its backup fingerprints (outlives epochs, as storage)
+        self._l3_acked = Bounded(4096)       # L3a: prefetch ops compared at their ack
+        self._l3_seen = False                # any L3 record: the L3 rules apply to this stream
         handlers: dict[str, Handler] = {
             "config": self._config, "insert": self._insert, "split": self._split, "prepare": self._prepare,
             "backup": self._backup, "ack": self._ack, "evict": self._evict, "free": self._free,
-            "reload": self._reload, "compose": self._compose,
+            "reload": self._reload, "compose": self._compose, "kv_canary": self._canary,
+            "l3_backup": self._l3_backup, "l3_prefetch": self._l3_prefetch, "l3_ack": self._l3_ack,
+            "l3_hit": self._l3_hit,
         }
         # tag -> (level of the tag, handler, whether the record can move the epoch tracker, whether the handler
         # needs an int node_id): one lookup per record on the hot path
@@ -129,6 +137,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         out: list[Finding] = []
         if self.level >= 2:
             self._h4_open(out)
+            self._l3_open(out)
         for ld in self.st.loads.values():
             self._count_unhashed(ld)
         self.st.loads.clear()
@@ -141,6 +150,8 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         out: list[Unchecked] = []
         lv = self.level
         for r in unchecked_at(lv, RANK):
+            if r.only_with and not self._l3_seen:
+                continue   # a rule of a tier this stream never touched (no L3 record): nothing it could check
             out.append(Unchecked(r.id, r.code, self.rank, r.level,
                                  f"trace level {lv} < {r.level}: no {LEVEL_RECORDS[r.level]}", "level"))
         out.extend(self._skips.values())
@@ -225,6 +236,8 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
                 self._h4_breach(h, "host", nid, ref, f"prepare of node {nid} took host slots of the copy", "b")
             if st.loads:
                 self._h2c_breach(h, nid, ref, f"prepare of node {nid} took host slots being loaded")
+            if st.l3:
+                self._l3_breach(h, ref, f"prepare of node {nid} took host slots")
         length = int_field(f.get("len")) or (d.cnt if d is not None else 0)
         node = st.nodes.get(nid)
         if node is None:
@@ -354,7 +367,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
                 node.bump(ref, "evict tier=dev")
         elif tier == "host":
             hs = None
-            if st.writes or st.loads:   # the freed host slots matter only to copies in flight
+            if st.writes or st.loads or st.l3:   # the freed host slots matter only to copies in flight
                 hs = slots_of(f.get("host"), f.get("hostx"))
                 if node is not None and isinstance(node.host, Slots) and hs is None:
                     hs = node.host
@@ -366,6 +379,8 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
                 self._h4_breach(hs, "host", nid, ref, f"host eviction of node {nid} freed host slots", "b")
             if st.loads:
                 self._h2c_host_evict(nid, hs, ref)
+            if st.l3:
+                self._l3_breach(hs, ref, f"host eviction of node {nid}", node=nid)
             st.delete(nid, ref, "evict tier=host")
         return None
 
@@ -389,6 +404,8 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
                                 "host slots", "b")
             if st.loads:
                 self._h2c_breach(s, None, ref, f"free pool=host (why={f.get('why')}) of the load's host slots")
+            if st.l3:
+                self._l3_breach(s, ref, f"free pool=host (why={f.get('why')}) of its host slots")
             if nid is not None and nid >= 0:   # H2a/H1a: the node's host copy is gone
                 node = st.nodes.get(nid)
                 if node is not None and isinstance(node.host, Slots) and overlap(s, node.host) is not None:
@@ -419,6 +436,8 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
                 self._h4_breach(H, "host", nid, ref, f"reload of node {nid} read host slots of the copy", "b")
             if st.loads:
                 self._h2c_breach(H, nid, ref, f"reload of node {nid} was given host slots being loaded")
+            if st.l3:
+                self._l3_breach(H, ref, f"reload of node {nid} read host slots", ("prefetch",))
         for cid in chain:
             if cid not in st.nodes and cid not in st.dead:   # first sight (trace began mid-run): a placeholder
                 st.nodes[cid] = Node(cid, H.cnt if H is not None and len(chain) == 1 else 0, None, UNKNOWN, ref)

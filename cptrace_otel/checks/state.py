@@ -98,6 +98,19 @@ class PendingLoad:
         self.zeroed = False
 
 
+class L3Transfer:
+    """An L3 transfer in flight: ``kind`` "backup" (``l3_backup`` .. ``l3_ack dir=backup``: host pages read into
+    storage) or "prefetch" (``l3_prefetch`` .. ``l3_ack dir=prefetch``: storage read into host pages)."""
+
+    __slots__ = ("kind", "op", "node_id", "host", "ref", "viol", "undecided", "added")
+
+    def __init__(self, kind: str, op: Any, node_id: Any, host: Any, ref: Ref) -> None:
+        self.kind, self.op, self.node_id, self.host, self.ref = kind, op, node_id, host, ref
+        self.viol: tuple | None = None          # (ref, certainty, what) of the first exact breach of its host pages
+        self.undecided = False                  # a breach range summaries could not decide
+        self.added: list[tuple] = []            # (key, fingerprint) this backup added to the rank's key map
+
+
 class Fill:
     """A compose fill (``hit=0``): the generation of every node it was derived from."""
 
@@ -138,6 +151,7 @@ class EpochState:
         self.recent_loads: Bounded = Bounded(256)       # (op, node) of closed loads, for later ack records
         self.fills: dict[Any, Fill] = {}
         self.fills_by_node: dict[int, set] = {}
+        self.l3: dict[tuple, L3Transfer] = {}          # (kind, op) -> L3 transfer in flight, in issue order
 
     # -- nodes --------------------------------------------------------------------------------------------------
     def delete(self, nid: int, ref: Ref, why: str) -> None:

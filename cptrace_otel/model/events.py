@@ -42,4 +42,8 @@ def int_field(v: Any) -> int | None:
 LEVEL_OF_TAG: dict[str, int] = {
     "config": 1, "reset": 1, "rid_map": 1, "insert": 1, "split": 1, "prepare": 1, "backup": 1, "evict": 1,
     "reload": 1, "ack": 2, "free": 2, "compose": 2, "store": 2, "fwd_hash": 3,
+    # SGLang's own kv-canary violation lines (cptrace_otel.model.canary): read from the same logs, any trace level
+    "kv_canary": 1,
+    # the L3 storage tier (cptrace_otel.model.l3): the transfers' completions are acks (level 2), like the d2h/h2d acks
+    "l3_backup": 1, "l3_query": 1, "l3_prefetch": 1, "l3_hit": 1, "l3_ack": 2,
 }

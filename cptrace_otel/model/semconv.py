@@ -36,11 +36,13 @@ SPAN_H2D: Final = "hicache.h2d"          # reload -> ack dir=h2d
 SPAN_NODE: Final = "hicache.node"        # structural records of one node on one rank (insert, split, evict, ...)
 SPAN_RANK: Final = "hicache.rank"        # records with no node: config, reset, free of unowned slots
 SPAN_REQUEST: Final = "hicache.request"  # per-request trace: fwd_hash records, links to node traces from rid_map
+SPAN_L3_BACKUP: Final = "hicache.l3.backup"      # l3_backup -> l3_ack dir=backup (host pages to L3 storage)
+SPAN_L3_PREFETCH: Final = "hicache.l3.prefetch"  # l3_prefetch -> l3_ack dir=prefetch (L3 storage to host pages)
 # These are span *kinds* (attribute SPAN_KIND); the span name says rank and stage: span_name(rank, kind), e.g.
 # "rank 3 · d2h". The node kind is the rank's lane in a node trace: the d2h/h2d spans are its children.
 SPAN_LANE: Final = SPAN_NODE
 STAGE_WORDS: Final = {SPAN_D2H: "d2h", SPAN_H2D: "h2d", SPAN_NODE: "node", SPAN_RANK: "process",
-                      SPAN_REQUEST: "request"}
+                      SPAN_REQUEST: "request", SPAN_L3_BACKUP: "l3-backup", SPAN_L3_PREFETCH: "l3-prefetch"}
 
 # -- attributes on every event ----------------------------------------------------------------------------------
 FIELD_PREFIX: Final = "hicache."
@@ -60,7 +62,8 @@ VIOLATION_RULES: Final = "cptrace.violation.rules"
 VIOLATION_CODE_PREFIX: Final = "cptrace.violation."  # + code: boolean True per code found on the span
 SPAN_KIND: Final = "cptrace.span.kind"          # SPAN_D2H, SPAN_H2D, SPAN_NODE (lane), SPAN_RANK, SPAN_REQUEST
 CONTINUES: Final = "cptrace.span.continues"     # True on a stage span continuing one cut by timeout/limit/lane end
-LINK_KIND: Final = "cptrace.link.kind"          # on span links: "evidence" (finding -> record) or "continues"
+LINK_KIND: Final = "cptrace.link.kind"          # on span links: "evidence" (finding -> record), "continues" or
+#                                                 "l3-prefetch" (an l3_hit's lane -> the prefetch that fetched it)
 CERTAINTY: Final = "cptrace.certainty"
 
 # -- violation event (one per finding, on the span that holds the evidence) ------------------------------------

@@ -14,8 +14,12 @@ tag,
   name it, e.g. the watcher writing cross-rank findings); a later segment of the same lane (the lane is cut like any
   span, below) hashes the seq of its first record in and is a child of the first segment, which this process has
   already sent. No span has a parent that another process must send, and the UI shows one top-level row per rank.
-* Stage spans are children of the lane: ``rank 3 · d2h`` (``prepare`` .. ``ack dir=d2h``, holds ``backup``) and
-  ``rank 3 · h2d`` (``reload`` .. ``ack dir=h2d``). A stage span ends at its closing record (``closed_by=tag``).
+* Stage spans are children of the lane: ``rank 3 · d2h`` (``prepare`` .. ``ack dir=d2h``, holds ``backup``),
+  ``rank 3 · h2d`` (``reload`` .. ``ack dir=h2d``), and the L3 tier's (:mod:`cptrace_otel.model.l3`)
+  ``rank 3 · l3-backup`` (``l3_backup`` .. ``l3_ack dir=backup``) and ``rank 3 · l3-prefetch`` (``l3_prefetch`` ..
+  ``l3_ack dir=prefetch``, in the trace of the node the fetched pages extend). An ``l3_hit`` goes to its node's
+  lane, linked (``cptrace.link.kind=l3-prefetch``) to the prefetch span that fetched the pages. A stage span ends
+  at its closing record (``closed_by=tag``).
 * Sending: a lane segment is sent once, together with all its children, when it closes: once it has been open
   ``span_timeout_s`` (``timeout``), at :meth:`close_all` (``flush``), at a ``reset`` of its rank (``reset``) or when it
   grows past :data:`MAX_EVENTS` events / :data:`MAX_SPAN_BYTES` (``limit``). Children still open then are closed with
@@ -26,6 +30,9 @@ tag,
   in the current lane segment (a new one if the old is gone). So every record of a stage instance (prepare to its
   d2h ack, reload to its h2d ack) is in that stage's span or a continuation of it, never in the lane's own events.
 * ``rid_map`` records put ``hicache.rid`` on the lane and link the request trace's span to it.
+* SGLang's ``kv_canary`` records (:mod:`cptrace_otel.model.canary`) name a slot, not a node: with online checks on, the
+  rank's checker decides the node whose device slots held it (rule ``CANARY``) before the record is placed, and
+  the record and its finding go to that node's lane; a violation no node owns stays on the rank span.
 * Online checks: with a ``checker_factory`` (``rank -> RankChecker``), each event is fed to the rank's checker and the
   findings it returns are stamped on the span that holds the event (:func:`violation_attributes`, status ERROR with
   every finding's message, one ``hicache.violation`` event per finding naming its evidence records, and one OTLP link
@@ -44,6 +51,12 @@ from collections.abc import Mapping
 from typing import Any, Callable
 
 from . import semconv as sc
+from .canary import TAG as CANARY_TAG
+from .l3 import ACK as L3_ACK
+from .l3 import BACKUP as L3_BACKUP
+from .l3 import DIR_BACKUP, DIR_PREFETCH
+from .l3 import HIT as L3_HIT
+from .l3 import PREFETCH as L3_PREFETCH
 from .events import Event
 from .logline import render_value
 from .attrs import EventAttrs, approx_bytes
@@ -63,6 +76,12 @@ MAX_CUT = 1 << 16
 MAX_LANES_SEEN = 1 << 18
 
 STATUS_UNSET, STATUS_OK = 0, 1
+# The stages: the record opening one -> (the stage's key word, its span kind); (tag, dir) of the record closing it
+_OPEN_STAGE = {"prepare": ("d2h", sc.SPAN_D2H), "reload": ("h2d", sc.SPAN_H2D),
+               L3_BACKUP: (L3_BACKUP, sc.SPAN_L3_BACKUP), L3_PREFETCH: (L3_PREFETCH, sc.SPAN_L3_PREFETCH)}
+_ACK_STAGE: dict[tuple[str, Any], tuple[str, str]] = {
+    ("ack", "d2h"): _OPEN_STAGE["prepare"], ("ack", "h2d"): _OPEN_STAGE["reload"],
+    (L3_ACK, DIR_BACKUP): _OPEN_STAGE[L3_BACKUP], (L3_ACK, DIR_PREFETCH): _OPEN_STAGE[L3_PREFETCH]}
 
 _DIGEST = hashlib.blake2b
 
@@ -159,6 +178,7 @@ class SpanBuilder:
         # stage key -> the stage span cut before its closing record (a later record of it opens a continuation)
         self._cut: dict[Any, Span] = {}
         self._lanes_seen: set[tuple[int, int, int]] = set()
+        self._l3p_refs: dict[tuple, tuple[bytes, bytes]] = {}   # (rank, op) -> span of that L3 prefetch
         self.events = 0
         self.spans = 0
         self.findings = 0
@@ -294,6 +314,14 @@ class SpanBuilder:
         link_rid = None
         sp: Span | None
         key: tuple[Any, ...]
+        fed, found = False, None
+        if tag == CANARY_TAG and self._checker_factory is not None:
+            # SGLang's kv-canary record names a slot, not a node: the checker decides whose slot it was (rule CANARY),
+            # so it runs before the record is placed, and the record goes to that node's lane with its finding
+            found, fed = self._feed_now(ev), True
+            owner = next((x.node_id for x in found or () if type(getattr(x, "node_id", None)) is int), None)
+            if owner is not None:
+                node = owner
         if tag == "reset":
             # A reset ends every open span of this rank: node ids restart, so nothing may join them any more.
             for sp in [s for s in self._open.values() if s.rank == rank and s.lane is None]:
@@ -306,20 +334,16 @@ class SpanBuilder:
                 sp = self._open_span(key, request_trace_id(self.run_id, rid), sc.SPAN_REQUEST, ev, {sc.RID: rid})
         elif type(node) is int and node >= 0:
             op = f.get("op")
-            if tag == "prepare":
-                key = (rank, epoch, node, "d2h", op)
+            opening = _OPEN_STAGE.get(tag)
+            if opening is not None:   # prepare, reload, l3_backup, l3_prefetch: a new stage instance
+                key = (rank, epoch, node, opening[0], op)
                 old = self._open.get(key)
                 if old is not None:
                     self._close(old, "tag")
                 self._cut.pop(key, None)
-                sp = self._stage(key, sc.SPAN_D2H, ev, node)
-            elif tag == "reload":
-                key = (rank, epoch, node, "h2d", op)
-                old = self._open.get(key)
-                if old is not None:
-                    self._close(old, "tag")
-                self._cut.pop(key, None)
-                sp = self._stage(key, sc.SPAN_H2D, ev, node)
+                sp = self._stage(key, opening[1], ev, node)
+                if tag == L3_PREFETCH:
+                    self._remember_prefetch(rank, op, sp)
             elif tag == "backup":
                 key = (rank, epoch, node, "d2h", op)
                 # (the open span is looked up first: a new one only when its prepare's span is gone)
@@ -328,19 +352,21 @@ class SpanBuilder:
                     sp = self._stage(key, sc.SPAN_D2H, ev, node)
             else:
                 sp = None
-                if tag == "ack":
-                    d = f.get("dir")
-                    if d == "d2h" or d == "h2d":
-                        key = (rank, epoch, node, d, op)
+                if tag == "ack" or tag == L3_ACK:
+                    stage = _ACK_STAGE.get((tag, f.get("dir")))   # the stage this ack closes: (key word, kind)
+                    if stage is not None:
+                        key = (rank, epoch, node, stage[0], op)
                         sp = self._open.get(key)
                         if sp is None and key in self._cut:
-                            sp = self._stage(key, sc.SPAN_D2H if d == "d2h" else sc.SPAN_H2D, ev, node)
+                            sp = self._stage(key, stage[1], ev, node)
                         closing = sp is not None
                 if sp is None:
                     sp = self._lane(rank, epoch, node, ev)
                     if tag == "rid_map" and "rid" in f:
                         link_rid = render_value(f["rid"])
                         sp.attrs[sc.RID] = link_rid
+                    elif tag == L3_HIT:
+                        self._link_prefetch(rank, op, sp)
         else:
             key = (rank, "rank")
             sp = self._open.get(key)
@@ -366,7 +392,12 @@ class SpanBuilder:
             if ts > rsp.end:
                 rsp.end = ts
 
-        if self._checker_factory is not None:
+        if fed:   # (checked before it was placed)
+            self._seq_refs[ev.seq] = (sp.trace_id, sp.span_id, tag, f.get("op"))
+            if found:
+                sp.findings.extend(found)
+                self.findings += len(found)
+        elif self._checker_factory is not None:
             refs = self._seq_refs
             if len(refs) >= MAX_SEQ_REFS:
                 refs.clear()
@@ -399,11 +430,37 @@ class SpanBuilder:
             self._close(sp.lane, "limit")
         return sp
 
+    def _remember_prefetch(self, rank: int, op: Any, sp: Span) -> None:
+        """The span of rank's L3 prefetch ``op``, for the link from the ``l3_hit`` that later uses its pages."""
+        refs = self._l3p_refs
+        if len(refs) >= MAX_SEQ_REFS:
+            del refs[next(iter(refs))]
+        refs[(rank, op)] = (sp.trace_id, sp.span_id)
+
+    def _link_prefetch(self, rank: int, op: Any, lane: Span) -> None:
+        """Link ``lane`` (an ``l3_hit``'s node) to the span of the prefetch that fetched the pages (once per lane)."""
+        ref = self._l3p_refs.get((rank, op))
+        if ref is None or ref[0] == lane.trace_id and ref[1] == lane.span_id:
+            return
+        if not any(lk[0] == ref[0] and lk[1] == ref[1] for lk in lane.links):
+            lane.links.append((ref[0], ref[1], {sc.LINK_KIND: "l3-prefetch", sc.OP: op}))
+
     def _checker(self, rank: int) -> Any:
         ck = self._checkers.get(rank)
         if ck is None and self._checker_factory is not None:
             ck = self._checkers[rank] = self._checker_factory(rank)
         return ck
+
+    def _feed_now(self, ev: Event) -> list[Any] | None:
+        """The findings of ``ev`` from its rank's checker (created if needed); None when the checks are off or the
+        checker failed (it is then switched off, as in :meth:`add`)."""
+        try:
+            ck = self._checker(ev.rank)
+            return ck.feed(ev) if ck is not None else None
+        except Exception as e:  # a broken rule must not stop tracing
+            self._checker_factory = None
+            print(f"cptrace_otel: online checks disabled after an error in the checker: {e!r}", file=sys.stderr)
+            return None
 
     def _check(self, ev: Event, sp: Span) -> None:
         try:

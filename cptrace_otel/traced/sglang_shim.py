@@ -10,6 +10,8 @@ Contract:
   the installed SGLang ships its own ``cp_hicache_trace``. Every scheduler process SGLang spawns is a new interpreter
   that inherits the environment, so it gets the alias too; ranks come from SGLang's parallel state
   (:mod:`cptrace_otel.traced.ranks`).
+* :func:`install` also hands SGLang's kv-canary violation log records to :mod:`cptrace_otel.traced.canary_hook`
+  (``kv_canary`` records: the CANARY finding on the node that held the slot, live).
 * Without the ``.pth`` (an editable install, a vendored copy):
   ``python -m cptrace_otel.traced.sglang_shim --write-pth`` writes it into this interpreter's site-packages (or ``--to
   DIR``).
@@ -50,7 +52,11 @@ class AliasFinder(importlib.abc.MetaPathFinder):
 
 
 def install() -> bool:
-    """Put the alias first on ``sys.meta_path`` (idempotent); True when it was not there before."""
+    """Put the alias first on ``sys.meta_path`` and forward SGLang's kv-canary violations as ``kv_canary`` records
+    (:mod:`cptrace_otel.traced.canary_hook`) (idempotent); True when the alias was not there before."""
+    from . import canary_hook
+
+    canary_hook.install()
     if any(isinstance(f, AliasFinder) for f in sys.meta_path):
         return False
     sys.meta_path.insert(0, AliasFinder())

@@ -244,6 +244,8 @@ def test_prometheus_scrapes_jaeger_spanmetrics_and_rules_match_the_metric(jaeger
     dims = [d["name"] for d in jaeger["connectors"]["spanmetrics"]["dimensions"]]
     codes = [d.rsplit(".", 1)[1] for d in dims if d.startswith("cptrace.violation.")]
     assert {"H1", "H2", "H3", "H4", "ZERO", "HASH", "C1", "C5"} <= set(codes)
+    from cptrace_otel.checks.registry import CODES
+    assert set(CODES) <= set(codes), set(CODES) - set(codes)   # every code the rules report is alertable
     for code in codes:  # one term per spanmetrics code dimension, labelled with its code
         label = f"cptrace.violation.{code}".replace(".", "_")
         assert f'traces_span_metrics_calls_total{{{label}="true"}}' in exprs and f'"code", "{code}"' in exprs

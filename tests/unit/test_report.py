@@ -208,3 +208,26 @@ def test_stage_bars_follow_merged_ops_and_holds():
     assert bars[0].seqs == [1, 3, 5]
     h = holds([e for e in evs if e.fields.get("node_id") == 1], 1)
     assert [(b.kind, b.start, b.end) for b in h] == [("dev", 0, 70), ("host", 10, None), ("dev", 80, None)]
+
+
+def test_l3_bars_in_the_stage_rows_and_the_page(tmp_path):
+    """The L3 tier's stages: an l3_backup to its l3_ack dir=backup, an l3_prefetch to its l3_ack dir=prefetch (by
+    op; an ack of another op closes nothing); drawn as b-l3b / b-l3p bars with the node's other stages."""
+    evs = [_ev("insert", 0, node_id=1), _ev("l3_backup", 1, node_id=1, op=7, keys=["k1"], hp=[5]),
+           _ev("l3_prefetch", 2, node_id=0, op=8, keys=["k1"]), _ev("l3_ack", 3, dir="backup", node_id=1, op=9),
+           _ev("l3_ack", 4, dir="backup", node_id=1, op=7, done=1),
+           _ev("l3_ack", 5, dir="prefetch", node_id=0, op=8, done=1, keys=["k1"], hp=[5]),
+           _ev("l3_prefetch", 6, node_id=0, op=10)]
+    assert [(b.kind, b.op, b.start, b.end, b.seqs) for b in stage_bars(evs)] == [
+        ("l3b", 7, 10, 40, [1, 4]), ("l3p", 8, 20, 50, [2, 5]), ("l3p", 10, 60, None, [6])]
+    log = tmp_path / "rank0.log"
+    log.write_text(
+        "[CPTRACE insert] node_id=1 parent=0 len=4 dev=(cnt=4,min=0,max=3,first=0,last=3) rank=0 ts=10\n"
+        "[CPTRACE l3_backup] node_id=1 op=7 keys=[k1] hp=[5] host=(cnt=4,min=8,max=11,first=8,last=11) io=1 rank=0 "
+        "ts=20\n"
+        "[CPTRACE l3_ack] dir=backup op=7 node_id=1 done=1 rank=0 ts=30\n")
+    out = tmp_path / "r.html"
+    rc, _, err = run(Args([str(log)], str(out)))
+    assert rc == 0, err
+    dom = Dom(out.read_text())
+    assert len(dom.find("rect", cls="b-l3b")) == 1 and not dom.find("rect", cls="open")

@@ -3,7 +3,8 @@
 :func:`sniff` classifies one file (plain or gzip; ``-`` is standard input, only peeked at):
 
 * ``"log"``: text holding a ``[CPTRACE`` marker somewhere (the whole file is scanned when its start has none:
-  an SGLang log may print a lot before the first record);
+  an SGLang log may print a lot before the first record), or SGLang's kv-canary violation marker
+  (:data:`cptrace_otel.model.canary.MARKER`: a server log whose only records are violations);
 * ``"otlp"``: OTLP JSON lines (one ``ExportTraceServiceRequest`` per line, the project's file sink);
 * ``"jaeger"``: a JSON document from a trace backend: Jaeger's ``/api/traces`` (api_v2: ``{"data": [trace...]}``,
   also the UI's "Download Results" and a single trace object), ``/api/v3/traces`` (``{"result": {"resourceSpans"``)
@@ -29,9 +30,11 @@ import os
 import re
 import zlib
 
+from ...model.canary import MARKER as CANARY_MARKER
 from .inputs import GZIP_MAGIC, STDIN, open_text, stdin_head, truncated
 
 MARKER = b"[CPTRACE"
+CANARY = CANARY_MARKER.encode("ascii")
 HEAD = 1 << 16          # bytes looked at to classify
 _BLOCK = 1 << 22        # read size when scanning a whole text file for the marker
 _FIRST_KEY = re.compile(rb'\A\s*\{\s*"([A-Za-z_]+)"')
@@ -67,8 +70,8 @@ def sniff(path: str) -> Sniff:
 def _classify(path: str, head: bytes, fh) -> Sniff:
     if not head:
         return Sniff(path, None, "empty")
-    if MARKER in head:   # first: a log may hold a few binary bytes (NULs after a crash) and still its records
-        return Sniff(path, "log")
+    if MARKER in head or CANARY in head:   # first: a log may hold a few binary bytes (NULs after a crash) and still
+        return Sniff(path, "log")         # its records
     if not _is_text(head):
         return Sniff(path, None, f"binary data, not text (starts with bytes {head[:8].hex(' ')})")
     body = head.lstrip(b"\xef\xbb\xbf \t\r\n")
@@ -139,16 +142,18 @@ def _keys(obj: dict) -> str:
 
 def _scan(fh, head: bytes) -> tuple[bool, int, bytes]:
     """(whether the rest of ``fh`` holds the marker, newlines counted until then, the last byte read)."""
-    tail = head[-(len(MARKER) - 1):]
+    keep = len(CANARY) - 1   # (the longer marker: a marker split between two blocks is still seen)
+    tail = head[-keep:]
     lines = 0
     while True:
         b = fh.buffer.read(_BLOCK)
         if not b:
             return False, lines, tail[-1:]
-        if MARKER in tail + b:
+        tb = tail + b
+        if MARKER in tb or CANARY in tb:
             return True, lines, b""
         lines += b.count(b"\n")
-        tail = b[-(len(MARKER) - 1):]
+        tail = b[-keep:]
 
 
 def count_markers(path: str) -> int:

@@ -1,6 +1,10 @@
 """Upstream log files (``[CPTRACE tag] k=v ...`` lines, with or without SGLang's prefix) -> :class:`Event` stream.
 
-* Lines without the ``[CPTRACE`` marker are ignored. A line with the marker whose shape is broken, or with tokens
+* SGLang's kv-canary violation lines (``kv_canary violation: launch_tag=... slot_idx=...``,
+  :mod:`cptrace_otel.model.canary`) in the same files become ``kv_canary`` records (ts: that of the record before
+  them in the file; rank: ``ATTN_CP<n>`` of their prefix, else that record's); the ``CANARY`` rule attaches each to
+  the node whose device slots held the slot.
+* Other lines without the ``[CPTRACE`` marker are ignored. A line with the marker whose shape is broken, or with tokens
   lacking ``=``, is reported (file, line number, reason) through ``on_malformed`` and counted; a line whose body
   still parses is kept (bad tokens dropped), the rest of the file is processed either way. A line holding a value
   that cannot be turned into a Python value (an int of more than 4,300 digits, Python's int-string limit) is
@@ -31,6 +35,9 @@ import sys
 from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 from ..._speedups.logreader import load as _load_logreader
+from ...model.canary import MARKER as CANARY_MARK
+from ...model.canary import TAG as CANARY_TAG
+from ...model.canary import parse_canary_line
 from ...checks.epochs import EPOCH_TAGS, EpochTracker
 from ...model.events import Event
 from ...model.exits import CptraceError
@@ -241,10 +248,41 @@ def _file_chunks(fh, path: str, drank: int, on_bad: Callable[[Malformed], None],
         fh.close()
 
 
-def _slow_line(line: str, path: str, line_no: int, drank: int,
-               on_bad: Callable[[Malformed], None]) -> tuple[str, dict[str, Any], Any, int] | None:
+def _canary_line(line: str, path: str, line_no: int, drank: int, on_bad: Callable[[Malformed], None],
+                 prev: Event | None) -> tuple[str, dict[str, Any], Any, int] | None:
+    """``(tag, fields, ts, rank)`` of SGLang's kv-canary violation line (:mod:`cptrace_otel.model.canary`), None for a
+    line without the marker. The line carries no ``ts=``: it takes the ts of ``prev``, the record before it in the
+    file (so the merge keeps it where the process printed it), else its line number like any line without one. Its
+    rank: ``ATTN_CP<n>`` of its prefix; a line without one (raise mode: the violations are the text of a
+    ``RuntimeError`` in a traceback, after the prefixed line of the error report) is the rank of ``prev``, the
+    process that logged last in this file, else the file's. A line with the marker whose fields do not parse is
+    reported: a violation is never dropped in silence."""
+    if CANARY_MARK not in line:
+        return None
+    try:
+        p = parse_canary_line(line)
+    except ValueError as e:   # an int over Python's int-string limit
+        p = None
+        why = f"a kv_canary violation line with a value that does not parse ({e})"
+    else:
+        why = "a kv_canary violation line without launch_tag, fail_reason and int slot_idx and position"
+    if p is None:
+        on_bad(Malformed(path, line_no, why, line.rstrip("\r\n")[:200]))
+        return None
+    prefix, fields = p
+    r = _prefix_rank(prefix) if prefix else None
+    if r is None:
+        r = prev.rank if prev is not None else drank
+    return CANARY_TAG, fields, (prev.ts if prev is not None and type(prev.ts) is int else line_no), r
+
+
+def _slow_line(line: str, path: str, line_no: int, drank: int, on_bad: Callable[[Malformed], None],
+               prev: Event | None = None) -> tuple[str, dict[str, Any], Any, int] | None:
     """``(tag, fields, ts, rank)`` of a line the C parser left to Python (the full parser), None when it yields
-    no event; malformed lines are reported (also a value Python cannot hold: the line is skipped)."""
+    no event; malformed lines are reported (also a value Python cannot hold: the line is skipped). A line without
+    a ``[CPTRACE`` marker is SGLang's kv-canary line (:func:`_canary_line`; ``prev``: the file's record before it)."""
+    if MARKER not in line:
+        return _canary_line(line, path, line_no, drank, on_bad, prev)
     try:
         p = parse_trace_line(line)
     except ValueError as e:   # int("9" * 5000): Python's int-string limit (sys.get_int_max_str_digits)
@@ -281,9 +319,10 @@ def _file_chunks_c(fh, path: str, drank: int, on_bad: Callable[[Malformed], None
     as the text reader would and takes :func:`_slow_line`. An incomplete line longer than ``files.MAX_LINE`` is
     reported and its bytes are dropped up to the next newline."""
     fill = _logc.fill_chunk  # type: ignore[union-attr]
+    prev: list[Any] = [None]   # the file's last event before the current chunk (a canary line takes its ts)
 
     def slow(line: str, ln: int):
-        return _slow_line(line, path, ln, drank, on_bad)
+        return _slow_line(line, path, ln, drank, on_bad, chunk[-1] if chunk else prev[0])
 
     read = fh.buffer.read   # the text layer of fh is never used: no text is buffered there
     line_no = 0   # lines consumed (as the per-line reader counts them when the consumer stops early)
@@ -313,6 +352,7 @@ def _file_chunks_c(fh, path: str, drank: int, on_bad: Callable[[Malformed], None
                 if len(chunk) < _CHUNK:
                     break
                 stats.events += len(chunk)
+                prev[0] = chunk[-1]
                 yield chunk
                 chunk = []
             if final:
@@ -337,6 +377,7 @@ def _file_chunks_py(fh, path: str, drank: int, on_bad: Callable[[Malformed], Non
     chunk: list[Event] = []
     append = chunk.append
     last_r, rs = None, None
+    prev: Any = None   # the last event of the previous chunk (a canary line takes the ts before it)
     epoch_tags = EPOCH_TAGS
     good_tags = _GOOD_TAGS
     pair = _pair
@@ -359,7 +400,7 @@ def _file_chunks_py(fh, path: str, drank: int, on_bad: Callable[[Malformed], Non
             # before its ending (the check parse_trace_line makes). Anything else takes the full parser.
             idx = line.find("[CPTRACE ")
             if idx < 0:
-                if MARKER not in line:
+                if MARKER not in line and CANARY_MARK not in line:
                     continue
                 fields = None
             else:
@@ -377,7 +418,7 @@ def _file_chunks_py(fh, path: str, drank: int, on_bad: Callable[[Malformed], Non
                         else:
                             fields["ts"] = ts = int(tsv)
             if fields is None:
-                slow = _slow_line(line, path, line_no, drank, on_bad)
+                slow = _slow_line(line, path, line_no, drank, on_bad, chunk[-1] if chunk else prev)
                 if slow is None:
                     continue
                 tag, fields, ts, r = slow
@@ -399,6 +440,7 @@ def _file_chunks_py(fh, path: str, drank: int, on_bad: Callable[[Malformed], Non
             append(Event(tag, r, seq, ts, ep, fields, 1, path, line_no))
             if len(chunk) >= _CHUNK:
                 stats.events += len(chunk)
+                prev = chunk[-1]
                 yield chunk
                 chunk = []
                 append = chunk.append

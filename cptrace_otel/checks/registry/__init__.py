@@ -34,17 +34,23 @@ class Rule(NamedTuple):
     emits: tuple[str, ...]
     impl: str
     skips: tuple[str, ...] = ()
+    only_with: tuple[str, ...] = ()   # tags without which a stream gives the rule nothing to check (a tier it skips)
 
 
 def _r(id: str, code: str, level: int, scope: str, tags: str, summary: str, impl: str,
-       emits: tuple[str, ...] | None = None, skips: tuple[str, ...] = ()) -> Rule:
-    return Rule(id, code, level, scope, tuple(tags.split()), summary, (id,) if emits is None else emits, impl, skips)
+       emits: tuple[str, ...] | None = None, skips: tuple[str, ...] = (), only_with: str = "") -> Rule:
+    return Rule(id, code, level, scope, tuple(tags.split()), summary, (id,) if emits is None else emits, impl, skips,
+                tuple(only_with.split()))
+
+
+_L3 = "l3_backup l3_prefetch l3_ack l3_hit"
 
 
 _HASH_SKIPS = ("HASH-skipped(split)", "HASH-skipped(chain)", "HASH-skipped(no reload hash)",
                "HASH-skipped(no backup)", "HASH-skipped(no hash)", "HASH-skipped(sentinel)")
 
-# In report order: per-rank H1-H4, ZERO, HASH, then cross-rank C1-C5 (CODES and the unchecked report follow it).
+# In report order: per-rank H1-H4, ZERO, HASH, then cross-rank C1-C5, then SGLang's own signals (CANARY) (CODES and
+# the unchecked report follow it).
 RULES: tuple[Rule, ...] = (
     _r("H1a", "H1", 1, RANK, "split insert prepare reload",
        "a split partitions the node's latest dev/host slots (from its last insert, reload or split): the prefix to "
@@ -98,6 +104,26 @@ RULES: tuple[Rule, ...] = (
        "shared: no rank's store to a node's pages lands after the IO rank's backup of them began, while that rank's "
        "pages still hold the node's KV (a store after it gave them up writes the next owner's)",
        "fence:StoreFence._test"),
+    _r("CANARY", "CANARY", 1, RANK, "kv_canary insert split reload evict",
+       "SGLang's kv-canary saw a slot's hash chain break (a `kv_canary violation:` log line): reported on the node "
+       "whose device slots held the slot then (exact sets decide; else for the run, saying why)",
+       "rules_canary:CanaryOwner._canary", skips=("CANARY-owner(undecidable)",)),
+    _r("L3a", "L3", 1, RANK, "l3_backup l3_ack l3_hit",
+       "content survives the L3 round trip: per page key, the fingerprint after a prefetch (l3_ack dir=prefetch, "
+       "l3_hit) is one the key was backed up with (l3_backup hp)",
+       "rules_l3:L3Rules._l3_compare", skips=("L3a-skipped(no backup)",), only_with=_L3),
+    _r("L3b", "L3", 2, RANK, "l3_backup l3_prefetch l3_ack free evict prepare reload",
+       "an L3 transfer's host pages are not freed, evicted or given to another copy before its l3_ack (L3b-open: "
+       "no ack)",
+       "rules_l3:L3Rules._l3b", emits=("L3b", "L3b-open"), skips=("L3b-undecidable",), only_with=_L3),
+    _r("L3c", "L3", 1, CROSS, "config l3_backup",
+       "CP modes with a shard per rank (sharded, dcp, layersplit): every rank writes its shard of a node another "
+       "rank writes to L3 (l3_backup io=1)",
+       "rules_l3x:L3Cross._l3c", only_with=_L3),
+    _r("L3d", "L3", 1, CROSS, "config l3_backup",
+       "CP modes with a shard per rank: the ranks' L3 keys of a node are disjoint (one rank's shard never "
+       "overwrites another's)",
+       "rules_l3x:L3Cross._l3d", only_with=_L3),
 )
 
 BY_ID: dict[str, Rule] = {r.id: r for r in RULES}

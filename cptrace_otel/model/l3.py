@@ -1,0 +1,45 @@
+"""The L3 storage tier in the node lifecycle: the records an emitter logs around SGLang's HiCache storage paths
+(``HiCacheController.write_storage`` / ``prefetch``, a ``HiCacheStorage`` backend such as ``file``), their fields,
+and what the rules and the span builder read from them.
+
+L3 keys are the page keys the backend stores under (SGLang's per-page ``hash_value`` chain, with the backend's own
+suffix where it adds one: the ``file`` backend appends ``_<model>_<tp>_<tp size>[_cp<r>_<cp size>]``), one per page,
+in page order; ``hp`` lists one fingerprint per page in the same order (``khash`` of the page's bytes as the host
+pool holds them: exact, so equal bytes give equal values; ``-1``/``-2`` are the usual sentinels and are skipped).
+
+==============  ======  ========================================================================================
+tag             level   fields
+==============  ======  ========================================================================================
+``l3_backup``   1       ``node_id``, ``op`` (the storage operation id ``write_storage`` returns), ``keys=[..]``,
+                        ``hp=[..]`` (of the host pages the backup reads), ``host`` (+``hostx``) those host slots,
+                        ``io`` (1: this rank writes; 0: it skips the write, e.g. ``backup_skip``)
+``l3_ack``      2       ``dir`` = ``backup`` (the write finished: ``ack_backup_queue``) or ``prefetch`` (the read
+                        finished: the prefetch's last ack), ``op``, ``node_id`` (as on the record it closes),
+                        ``done`` (pages completed); ``dir=prefetch``: ``keys=[..]`` and ``hp=[..]`` of the host
+                        pages after the storage read
+``l3_query``    1       ``op``, ``rid``, ``keys=[..]`` queried, ``hit`` (pages the backend holds: the prefetch query)
+``l3_prefetch`` 1       ``op``, ``rid``, ``node_id`` (the matched node the fetched pages extend), ``keys=[..]``,
+                        ``host`` (+``hostx``) the host slots the pages are read into
+``l3_hit``      1       ``node_id`` (the node that now holds the fetched pages: the storage hit enters the tree),
+                        ``op``, ``keys=[..]``, ``host`` (+``hostx``), optional ``hp=[..]``
+==============  ======  ========================================================================================
+
+Rules (:mod:`cptrace_otel.checks.rules_l3`, :mod:`cptrace_otel.checks.rules_l3x`; code ``L3``): ``L3a`` content
+survives the round trip (per key, the fingerprint after a prefetch is one the key was backed up with), ``L3b`` the
+host pages of an L3 transfer are not freed, evicted or given to another copy before its ``l3_ack``, ``L3c``/``L3d``
+under context parallelism every rank that owns a shard writes it, under keys of its own.
+
+Spans (:mod:`cptrace_otel.model.spans`): ``rank R · l3-backup`` (``l3_backup`` .. ``l3_ack dir=backup``) and
+``rank R · l3-prefetch`` (``l3_prefetch`` .. ``l3_ack dir=prefetch``) are stage spans of the node's lane, like d2h
+and h2d; an ``l3_hit`` goes to its node's lane with a link to the prefetch span that fetched it.
+"""
+
+from __future__ import annotations
+
+BACKUP = "l3_backup"
+ACK = "l3_ack"
+QUERY = "l3_query"
+PREFETCH = "l3_prefetch"
+HIT = "l3_hit"
+TAGS = (BACKUP, ACK, QUERY, PREFETCH, HIT)
+DIR_BACKUP, DIR_PREFETCH = "backup", "prefetch"
