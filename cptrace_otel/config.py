@@ -51,39 +51,63 @@ DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
 
 _warned: set[str] = set()
 
-_USERINFO_RE = re.compile(r"(?<=://)[^/@\s]*@")
+# A URL's userinfo, whatever its shape: from the scheme's "//" to the LAST "@" before the next white space or quote.
+# A malformed password ("p/ss", "p@ss", "p#ss", "p?ss") must be masked whole, so the authority's usual end ("/", "?",
+# "#") does not end it here; an "@" in a path is masked too (the safe side).
+_USERINFO_RE = re.compile(r"(?<=//)[^\s\"<>]*@")
 _MASKED = "***"
 
 
 def mask_url(url: str) -> str:
-    """``url`` with any userinfo (``user:pass@``) replaced by ``***@``."""
-    return _USERINFO_RE.sub(_MASKED + "@", url) if "@" in url else url
+    """``url`` (or a text quoting URLs) with any userinfo (``user:pass@``) replaced by ``***@``, whatever the URL's
+    shape: everything from ``//`` to the last ``@`` before white space or a quote. A value with no ``//`` that
+    holds an ``@`` and no white space (a scheme-less endpoint, ``user:pass@host:4317``) is masked up to its last
+    ``@``."""
+    if "@" not in url:
+        return url
+    if "//" not in url:
+        if not any(c.isspace() for c in url):
+            return _MASKED + url[url.rindex("@"):]
+        return url
+    return _USERINFO_RE.sub(_MASKED + "@", url)
 
 
 def mask(text: str, secrets: Any = ()) -> str:
     """``text`` with URL userinfo masked and every string of ``secrets`` (header values, passwords; see
     :func:`secrets_of`) replaced by ``***``. The one masking helper: every message that may quote an endpoint, a
     header or an error raised while using them goes through it."""
-    text = mask_url(str(text))
+    text = str(text)
     for s in secrets:
         if s and len(s) >= 3:  # a 1-2 character value would mask unrelated text and protects nothing
             text = text.replace(s, _MASKED)
+    if "@" in text and "//" in text:
+        text = _USERINFO_RE.sub(_MASKED + "@", text)
     return text
+
+
+def userinfo_of(endpoint: str) -> str:
+    """The userinfo of an endpoint value, whatever its shape (between ``//`` or the start, and the last ``@``);
+    "" when it has none."""
+    if "@" not in endpoint:
+        return ""
+    i = endpoint.find("//")
+    start = i + 2 if i >= 0 else 0
+    end = endpoint.rfind("@")
+    return endpoint[start:end] if end >= start else ""
 
 
 def secrets_of(endpoint: str | None, headers: Any = ()) -> tuple[str, ...]:
     """The secret strings of a sink's settings: header values (raw and stripped) and the endpoint's userinfo
-    (raw and percent-decoded), longest first so a value containing another is masked whole."""
+    (raw and percent-decoded, whole and its password part), longest first so a value containing another is masked
+    whole."""
     out: set[str] = set()
     for _k, v in headers:
         out.update((v, v.strip()))
-    if endpoint and "@" in endpoint:
-        m = _USERINFO_RE.search(endpoint)
-        if m:
-            ui = m.group(0)[:-1]
-            out.update((ui, unquote(ui)))
-            user, _, pw = ui.partition(":")
-            out.update((pw, unquote(pw)))
+    ui = userinfo_of(endpoint) if endpoint else ""
+    if ui:
+        out.update((ui, unquote(ui)))
+        _user, _, pw = ui.partition(":")
+        out.update((pw, unquote(pw)))
     return tuple(sorted((s for s in out if s), key=len, reverse=True))
 
 
@@ -376,5 +400,7 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: Any) -> Config:
     if not values["spool_dir"]:
         import tempfile
 
-        values["spool_dir"] = os.path.join(tempfile.gettempdir(), "cptrace-spool")
+        # one folder per user: a shared temp dir must not hold (or let another user plant) someone else's spool
+        uid = os.getuid() if hasattr(os, "getuid") else 0
+        values["spool_dir"] = os.path.join(tempfile.gettempdir(), f"cptrace-spool-{uid}")
     return Config(**values)

@@ -526,8 +526,10 @@ def _detach_later(exp: Exporter) -> None:
     def detach() -> None:
         log = os.path.join(exp.spool_root, f"worker-{os.getpid()}.log")
         try:
-            os.makedirs(exp.spool_root, exist_ok=True)
-            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            from .spool import open_own, secure_dir
+
+            secure_dir(exp.spool_root)
+            fd = open_own(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         except OSError:
             log, fd = os.devnull, os.open(os.devnull, os.O_WRONLY)
         try:
