@@ -27,7 +27,7 @@ from ..events import Event
 from ..logline import Rng, fast_value
 from ..records import MAX_VALUE_CHARS, cut, render_other, render_record, tag_level
 from ..spans import SpanBuilder, checker_factory
-from .protocol import ACK, FLUSH, INIT, ITEMS, PROGRESS, frame, read_frame
+from .protocol import ACK, FLUSH, INIT, ITEMS, PREINIT, PROGRESS, frame, read_frame
 from .stack import SinkError, open_sinks
 
 EXPORT_EVERY_S = 0.2      # latency bound for finished spans
@@ -421,6 +421,19 @@ def run_loop(get: Callable[[float], Any], ack: Callable[[tuple], None],
     messages: about every PROGRESS_EVERY_S, before each ACK and once at the end. ``at_eof(exporter)`` is called at
     end of input, before the final delivery."""
     exp: Exporter | None = None
+    pre: dict[str, Any] | None = None   # PREINIT's info: the rank is not known yet, ITEMS wait in ``held``
+    held: list[tuple[list, int]] = []
+
+    def begin(info: dict[str, Any]) -> Exporter:
+        """The Exporter for ``info``, fed the batches held while the rank was unknown (PREINIT's resume kept)."""
+        if pre is not None and not info.get("resume") and pre.get("resume"):
+            info = dict(info, resume=pre["resume"])
+        e = Exporter(info)
+        for items, dropped in held:
+            e.add_items(items, dropped)
+        held.clear()
+        return e
+
     last_progress = 0.0
     while True:
         try:
@@ -438,6 +451,11 @@ def run_loop(get: Callable[[float], Any], ack: Callable[[tuple], None],
                 exp.tick()
             continue
         if msg is None:
+            if exp is None and pre is not None:  # the traced process ended before its rank was known
+                try:
+                    exp = begin(pre)
+                except Exception as e:
+                    print(f"cptrace_otel: exporter error at end of input: {e!r}", file=sys.stderr, flush=True)
             if at_eof is not None and exp is not None:
                 at_eof(exp)
             break
@@ -447,13 +465,20 @@ def run_loop(get: Callable[[float], Any], ack: Callable[[tuple], None],
                 if exp is not None:
                     exp.add_items(msg[1], msg[2])
                     exp.tick()
+                elif pre is not None:
+                    held.append((msg[1], msg[2]))
             elif kind == FLUSH:
+                if exp is None and pre is not None:  # (the traced process sends INIT first; never wait here)
+                    exp = begin(pre)
                 ok = exp.flush(msg[3], msg[2], len(msg) > 4 and bool(msg[4])) if exp is not None else False
                 if exp is not None and progress is not None:
                     progress(exp.progress())  # before the ACK: the flushed records are safe by then
                 ack((ACK, msg[1], ok, exp.stats() if exp is not None else {}))
             elif kind == INIT:
-                exp = Exporter(msg[1])
+                if exp is None:  # (a second INIT, after a restart, is the same configuration)
+                    exp = begin(msg[1])
+            elif kind == PREINIT:
+                pre = msg[1]
         except Exception as e:  # keep serving: a bad batch must not take the exporter down
             print(f"cptrace_otel: exporter error on {kind!r}: {e!r}", file=sys.stderr, flush=True)
             if kind == FLUSH:
@@ -526,7 +551,7 @@ def _detach_later(exp: Exporter) -> None:
     def detach() -> None:
         log = os.path.join(exp.spool_root, f"worker-{os.getpid()}.log")
         try:
-            from .spool import open_own, secure_dir
+            from .ownfiles import open_own, secure_dir
 
             secure_dir(exp.spool_root)
             fd = open_own(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)

@@ -19,7 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from otlp_receiver import HttpReceiver  # noqa: E402
 
 from cptrace_otel.export.otlp_http import HttpTransport  # noqa: E402
-from cptrace_otel.export.spool import ReliableSender, Spool, read_own_file, secure_dir  # noqa: E402
+from cptrace_otel.export.ownfiles import read_own_file, secure_dir  # noqa: E402
+from cptrace_otel.export.spool import ReliableSender, Spool  # noqa: E402
 
 SECRET = b"-----BEGIN PRIVATE KEY----- do not send me"
 REPO = Path(__file__).resolve().parents[2]
