@@ -11,7 +11,7 @@ import textwrap
 PRELUDE = textwrap.dedent("""
     import os, signal, sys, threading, time
     import cptrace_otel as ct
-    from cptrace_otel import pipeline
+    from cptrace_otel.traced import pipeline
     def say(s):
         os.write(1, (s + "\\n").encode())
     def emit(n, start=0):

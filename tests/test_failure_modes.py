@@ -18,14 +18,14 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from otlp_receiver import HttpReceiver, free_port, read_jsonl  # noqa: E402
 
-from cptrace_otel import semconv as sc  # noqa: E402
+from cptrace_otel.model import semconv as sc  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
 PRELUDE = textwrap.dedent("""
     import json, os, signal, sys, time
     import cptrace_otel as ct
-    from cptrace_otel import pipeline
+    from cptrace_otel.traced import pipeline
     def emit(n, start=0, rate=0, **extra):
         t0 = time.monotonic()
         for i in range(start, start + n):

@@ -50,7 +50,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from ..config import mask_url
+from ..model.config import mask_url
 from .ownfiles import (MAX_SIDE_FILE, NotOwnFile, kind_of, open_own, owner_ok, read_own_file, secure_dir,
                        write_new)
 from .sinks import Outcome, SendResult

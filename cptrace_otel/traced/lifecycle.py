@@ -39,7 +39,7 @@ import threading
 import time
 from typing import Any
 
-from .export.protocol import ITEMS
+from ..export.protocol import ITEMS
 
 SIGNAL_FLUSH_S = 3.0      # SIGTERM: longest wait for the flush before the chained handler (or death)
 
@@ -172,7 +172,7 @@ def run_deferred() -> None:
 
 
 def close_state(st: Any, timeout_s: float) -> bool:
-    """Flush the pipeline state ``st`` (``cptrace_otel.pipeline._State``) and close it within ``timeout_s``: stop its
+    """Flush the pipeline state ``st`` (``cptrace_otel.traced.pipeline._State``) and close it within ``timeout_s``: stop its
     drainer, count what is still queued if it cannot finish, close the worker. Safe to run again on a state whose
     close was interrupted (by the application's SIGTERM handler raising SystemExit)."""
     t0 = time.monotonic()
