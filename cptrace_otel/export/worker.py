@@ -158,11 +158,17 @@ class Exporter:
                 for r, t in self.epochs.items()}
 
     def lost(self) -> int:
-        """Records this worker lost, all counted: unrenderable ones and those its sinks rejected or dropped."""
-        n = self.bad
+        """Records this worker lost, all counted: unrenderable ones and those its sinks rejected or dropped (a record
+        two sinks lost counts once: the most any sink lost)."""
+        sink_lost = [getattr(s, "dropped_records", 0) for s in (self.file_sink, self.log_sink) if s is not None]
         if self.otlp is not None:
-            n += self.otlp.stats().get("lost_records", 0)
-        return n
+            sink_lost.append(self.otlp.stats().get("lost_records", 0))
+        return self.bad + max(sink_lost, default=0)
+
+    def _files_flushed(self) -> int:
+        """Span events handed to the sinks whose lines the file sinks have written (not still waiting for room)."""
+        return self.exported - max((s.pending_records() for s in (self.file_sink, self.log_sink)
+                                    if hasattr(s, "pending_records")), default=0)
 
     def safe(self) -> int:
         """Records that reached a final state: delivered (or written), spooled to disk, or lost and counted."""
@@ -313,13 +319,13 @@ class Exporter:
             self.export()
         if now - self._last_file_flush >= FILE_FLUSH_EVERY_S:
             self._last_file_flush = now
-            self._flushed = self.exported
             for s in (self.file_sink, self.log_sink):
                 if s is not None:
                     try:
                         s.flush(0.0)
                     except Exception:
                         pass
+            self._flushed = self._files_flushed()
 
     # -- output ----------------------------------------------------------------------------------------------
     def export(self) -> None:
@@ -360,12 +366,12 @@ class Exporter:
         self.builder.close_all("flush")
         self.export()
         ok = not self.errors
-        self._flushed = self.exported
         for s in self._sinks():
             left = max(0.0, deadline - time.monotonic())
             if exiting and s is self.otlp and s.stats().get("backend_down"):
                 left = 0.0  # the traced process is exiting: what waits is in the spool, for the next run
             ok = s.flush(left) and ok
+        self._flushed = self._files_flushed()
         return ok and self.lost() == 0
 
     def close(self, timeout_s: float) -> bool:
