@@ -10,8 +10,8 @@ Usage::
 ``HttpReceiver(fail_status=503)`` answers every request with that status (outage tests; ``fail_count=N`` only the
 first N, ``retry_after="5"`` adds that header); ``attempts`` holds the monotonic time of every POST and ``seen`` its
 path, headers and body size. ``host="127.0.0.2"`` listens on another loopback address (another origin);
-``redirect=LOCATION`` answers POSTs to ``redirect_from`` with ``redirect_status`` (307) and that ``Location``. :meth:`stop`
-and :meth:`start` (same port) simulate a backend restart.
+``redirect=LOCATION`` answers POSTs to ``redirect_from`` with ``redirect_status`` (307) and that ``Location``.
+:meth:`stop` and :meth:`start` (same port) simulate a backend restart.
 
 TLS: :func:`make_pki` writes a throw-away CA, a server certificate for 127.0.0.1/localhost and a client
 certificate (PEM, made with ``cryptography``); ``HttpReceiver(tls=ServerTls(...))`` / ``GrpcReceiver(tls=...)``

@@ -172,9 +172,9 @@ def run_deferred() -> None:
 
 
 def close_state(st: Any, timeout_s: float) -> bool:
-    """Flush the pipeline state ``st`` (``cptrace_otel.traced.pipeline._State``) and close it within ``timeout_s``: stop its
-    drainer, count what is still queued if it cannot finish, close the worker. Safe to run again on a state whose
-    close was interrupted (by the application's SIGTERM handler raising SystemExit)."""
+    """Flush the pipeline state ``st`` (``cptrace_otel.traced.pipeline._State``) and close it within ``timeout_s``:
+    stop its drainer, count what is still queued if it cannot finish, close the worker. Safe to run again on a state
+    whose close was interrupted (by the application's SIGTERM handler raising SystemExit)."""
     t0 = time.monotonic()
     ok = False
     try:

@@ -294,8 +294,8 @@ class _State:
 
         # While the rank is unknown the first records wait in the exporter worker (PREINIT; not here, where an
         # os._exit would lose them, nor on the caller) so that a rank learned from the config record, SGLang or
-        # torch.distributed still labels them (cptrace_otel.traced.ranks.RankHold says when to stop looking). The hold lives
-        # on the state, so a drainer started by the watchdog carries on with it.
+        # torch.distributed still labels them (cptrace_otel.traced.ranks.RankHold says when to stop looking). The
+        # hold lives on the state, so a drainer started by the watchdog carries on with it.
         hold = RankHold(self.cfg, self.cfg.rank_wait_s, self.cap)
         if not hold.known:
             self.hold = hold

@@ -2,55 +2,131 @@
 
 Contract:
 
+* The switch: ``1``, ``true``, ``yes``, ``on`` (any case, white space stripped) turn it on; unset, empty, ``0``,
+  ``false``, ``no``, ``off`` leave it off silently; any other value leaves it off with one warning line on stderr
+  (:func:`switch`).
 * The file ``cptrace_otel_sglang.pth``, installed into site-packages with the package, runs one line at every
-  interpreter start: it reads ``CPTRACE_SGLANG`` and, only when it is set to something other than ``0``, calls
-  :func:`install`. With the switch off it costs one environment lookup and imports nothing.
-* :func:`install` puts an :class:`AliasFinder` first on ``sys.meta_path``: importing
-  :data:`MODULE` then yields :mod:`cptrace_otel.traced.api` itself (same functions, same module state), whether or not the
-  installed SGLang ships its own ``cp_hicache_trace``. Every scheduler process SGLang spawns is a new interpreter
-  that inherits the environment, so it gets the alias too; ranks come from SGLang's parallel state
-  (:mod:`cptrace_otel.traced.ranks`).
+  interpreter start (:data:`PTH_LINE`): with the switch off it costs one environment lookup and imports nothing.
+  Otherwise it loads this file alone (found with ``importlib.util.find_spec("cptrace_otel")``, which locates the
+  package without importing it) and calls :func:`boot`: a few milliseconds and no import of ``cptrace_otel``.
+  Whatever fails there (a package that is gone, a broken file) is one warning line, never a traceback.
+* :func:`install` puts an :class:`AliasFinder` first on ``sys.meta_path``. Only when something imports
+  :data:`MODULE` does it import :mod:`cptrace_otel.traced.api` and resolve the name to that module itself (same
+  functions, same module state), whether or not the installed SGLang ships its own ``cp_hicache_trace``. If the
+  package cannot be imported then (a broken install), one warning line says so and the other finders resolve the
+  name as they would without the switch. Every scheduler process SGLang spawns is a new interpreter that inherits
+  the environment, so it gets the alias too; ranks come from SGLang's parallel state (:mod:`cptrace_otel.traced.ranks`).
 * Without the ``.pth`` (an editable install, a vendored copy):
-  ``python -m cptrace_otel.traced.sglang_shim --write-pth`` writes it into this interpreter's site-packages (or ``--to DIR``).
+  ``python -m cptrace_otel.traced.sglang_shim --write-pth`` writes it into this interpreter's site-packages (or
+  ``--to DIR``).
+
+Imports only ``os`` and ``sys`` at load time (not even ``typing``): it runs at interpreter start, before the program.
 """
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import os
 import sys
-from typing import Any
-
 MODULE = "sglang.srt.mem_cache.cp_hicache_trace"
 SWITCH = "CPTRACE_SGLANG"
+ON = frozenset({"1", "true", "yes", "on"})
+OFF = frozenset({"", "0", "false", "no", "off"})
 PTH_NAME = "cptrace_otel_sglang.pth"
-PTH_LINE = ("import os; os.environ.get('CPTRACE_SGLANG', '0') not in ('', '0') and "
-            "__import__('cptrace_otel.traced.sglang_shim').traced.sglang_shim.install()\n")
+
+# Run by the .pth line when the switch is not plainly off: load this file as the module it is, without importing the
+# package, and call boot(); any failure is one line on stderr (a .pth line that raises prints a traceback).
+_BOOT = """import os, sys
+n = 'cptrace_otel.traced.sglang_shim'
+try:
+    m = sys.modules.get(n)
+    if m is None:
+        import importlib.util as u
+        pkg = u.find_spec('cptrace_otel')
+        if pkg is None or not pkg.submodule_search_locations:
+            raise ImportError('the cptrace_otel package is not installed')
+        s = u.spec_from_file_location(n, os.path.join(pkg.submodule_search_locations[0], 'traced', 'sglang_shim.py'))
+        m = u.module_from_spec(s)
+        sys.modules[n] = m
+        try:
+            s.loader.exec_module(m)
+        except BaseException:
+            del sys.modules[n]
+            raise
+    m.boot()
+except Exception as e:
+    sys.stderr.write('cptrace_otel: WARNING: CPTRACE_SGLANG is set but cptrace_otel cannot be loaded (%s: %s); '
+                     'SGLang runs untraced\\n' % (type(e).__name__, e))
+"""
+PTH_LINE = ("import os; (os.environ.get('CPTRACE_SGLANG') or '').strip().lower() not in ('', '0', 'false', 'no', "
+            f"'off') and exec({_BOOT!r}, {{'__name__': 'cptrace_otel_sglang_boot'}})\n")
+
+_warned = False
 
 
-class _AliasLoader(importlib.abc.Loader):
-    def create_module(self, spec: Any) -> Any:
-        from . import api
+def _warn(msg: str) -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        sys.stderr.write(f"cptrace_otel: WARNING: {msg}\n")
 
-        return api
 
-    def exec_module(self, module: Any) -> None:
+def switch(value: str | None) -> bool | None:
+    """What a ``CPTRACE_SGLANG`` value means: True on, False off, None an unknown value (off, and warned about)."""
+    v = (value or "").strip().lower()
+    if v in ON:
+        return True
+    return False if v in OFF else None
+
+
+def boot() -> bool:
+    """The ``.pth`` line's entry: install the alias when the switch is on; one warning for an unknown value."""
+    value = os.environ.get(SWITCH)
+    state = switch(value)
+    if state is None:
+        _warn(f"{SWITCH}={value!r} is not one of 1/true/yes/on (on) or 0/false/no/off (off): the SGLang alias stays "
+              "off")
+    return install() if state else False
+
+
+class _AliasLoader:
+    """Gives the importer :mod:`cptrace_otel.traced.api` itself (already executed)."""
+
+    def __init__(self, module: object) -> None:
+        self._module = module
+
+    def create_module(self, spec: object) -> object:
+        return self._module
+
+    def exec_module(self, module: object) -> None:
         pass   # cptrace_otel.traced.api is already executed
 
 
-class AliasFinder(importlib.abc.MetaPathFinder):
-    """Resolves :data:`MODULE` to :mod:`cptrace_otel.traced.api`; every other name is left to the other finders."""
+class AliasFinder:
+    """A ``sys.meta_path`` finder: resolves :data:`MODULE` to :mod:`cptrace_otel.traced.api`, imported only then;
+    every other name (and this one, when the package cannot be imported) is left to the other finders."""
 
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+    cptrace_alias = True   # how install() recognises one (the .pth loads this file apart from the package)
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> object:
         if fullname != MODULE:
             return None
-        return importlib.util.spec_from_loader(fullname, _AliasLoader(), origin="cptrace_otel.traced.api")
+        try:
+            from . import api
+        except Exception as e:  # a broken install: say it once, and let SGLang import what it would without us
+            _warn(f"{SWITCH} is on but cptrace_otel cannot be imported ({type(e).__name__}: {e}); {MODULE} is not "
+                  "aliased")
+            return None
+        from importlib.machinery import ModuleSpec
+
+        return ModuleSpec(fullname, _AliasLoader(api), origin="cptrace_otel.traced.api")
+
+    def invalidate_caches(self) -> None:
+        pass
 
 
 def install() -> bool:
     """Put the alias first on ``sys.meta_path`` (idempotent); True when it was not there before."""
-    if any(isinstance(f, AliasFinder) for f in sys.meta_path):
+    if any(getattr(f, "cptrace_alias", False) for f in sys.meta_path):
         return False
     sys.meta_path.insert(0, AliasFinder())
     return True
