@@ -25,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from exit_children import (child_env, delivered, early_exit_child, fork_child, restart_child, storm,  # noqa: E402
+from exit_children import (child_env, early_exit_child, fork_child, restart_child, storm,  # noqa: E402
                            storm_child, stuck_render_child, wait_delivered)
 
 
