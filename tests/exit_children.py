@@ -133,6 +133,38 @@ def restart_child(n: int = 30000, kill_at: int = 10000, rate: int = 15000) -> st
     """)
 
 
+def every_line_child(n: int = 5000) -> str:
+    """A SIGTERM at every line the main thread runs inside ``flush()`` and ``shutdown()``, down to ``threading``'s
+    and ``queue``'s own code (a ``sys.settrace`` hook sends it): whatever lock such a frame holds, the handler runs
+    there. The application's handler counts its calls and returns, so the interrupted frame goes on. Prints
+    ``KILLS k CALLS c FLUSH ok SHUTDOWN ok``."""
+    return PRELUDE + textwrap.dedent(f"""
+        from cptrace_otel.traced import lifecycle
+        calls = [0]
+        def on_term(signum, frame):
+            calls[0] += 1
+        signal.signal(signal.SIGTERM, on_term)
+        n = emit({n})
+        kills = [0]
+        quiet = {{"on_term", "_on_sigterm", "_chain"}}
+        def tracer(frame, event, arg):
+            if frame.f_code.co_name in quiet:
+                return None
+            if event == "line" and not lifecycle._in_handler:
+                kills[0] += 1
+                os.kill(os.getpid(), signal.SIGTERM)
+            return tracer
+        sys.settrace(tracer)
+        ok1 = ct.flush(30)
+        sys.settrace(None)
+        n = emit({n}, n)
+        sys.settrace(tracer)
+        ok2 = ct.shutdown(30)
+        sys.settrace(None)
+        say("KILLS %d CALLS %d FLUSH %s SHUTDOWN %s" % (kills[0], calls[0], ok1, ok2))
+    """)
+
+
 # -- running them --------------------------------------------------------------------------------------------------
 def child_env(tmp: str | Path, **extra: str) -> dict[str, str]:
     """The children's environment: level 1, checks off, records to ``tmp/out-<pid>.jsonl``, this tree first."""

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from exit_children import (child_env, early_exit_child, fork_child, storm, storm_child,  # noqa: E402
-                           stuck_render_child, wait_delivered)
+from exit_children import (child_env, early_exit_child, every_line_child, fork_child, storm,  # noqa: E402
+                           storm_child, stuck_render_child, wait_delivered)
 from otlp_receiver import read_jsonl  # noqa: E402
 
 from cptrace_otel.model import semconv as sc  # noqa: E402
@@ -44,6 +44,22 @@ def test_a_sigterm_storm_in_flush_or_shutdown_ends_flushed_with_the_app_handler_
         assert r.rc == -15
     # every record it said it emitted (a signal between a record and its line may add one more) was delivered
     assert r.got >= set(range(r.emitted)), f"{len(set(range(r.emitted)) - r.got)} of {r.emitted} records lost"
+
+
+@pytest.mark.parametrize("exporter", ["process", "thread"])
+def test_a_sigterm_at_every_line_of_flush_and_shutdown_never_deadlocks(tmp_path: Path, exporter: str) -> None:
+    """Deterministic: the handler runs at each line of the main thread's flush() and shutdown() frames, including
+    threading's own (before issue 21 the first SIGTERM inside Event.set deadlocked: the handler's flush waited for
+    the lock that frame held)."""
+    p = subprocess.run([sys.executable, "-c", every_line_child(5000)],
+                       env=child_env(tmp_path, CPTRACE_CP_RANK="0", CPTRACE_EXPORTER=exporter),
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    line = [x for x in p.stdout.splitlines() if x.startswith("KILLS")][0].split()
+    kills, calls = int(line[1]), int(line[3])
+    assert kills >= 20 and calls == kills          # every signal ran the application's handler once
+    assert line[5] == "True" and line[7] == "True"  # both flushed everything
+    assert len(wait_delivered(tmp_path, 10000, 30)) == 10000
 
 
 def test_os_exit_while_the_rank_is_unknown_loses_nothing(tmp_path: Path) -> None:
