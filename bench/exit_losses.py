@@ -1,5 +1,5 @@
 """Records lost on the exit paths of issue 21, with real processes, real signals and real exporter workers (the
-children are tests/exit_children.py; tests/test_exit_paths.py asserts the same cases).
+children are tests/helpers/exit_children.py; tests/e2e/test_exit_paths.py asserts the same cases).
 
 * ``storm``: SIGTERM storms (``--signals`` signals 1 ms apart) while the main thread is inside ``flush()`` or
   ``shutdown()``, with and without an application handler, both exporters, ``--runs`` each: hangs, application
@@ -23,10 +23,10 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.append(str(REPO))   # tests.helpers: the children the tests run too
 
-from exit_children import (child_env, early_exit_child, fork_child, restart_child, storm,  # noqa: E402
-                           storm_child, stuck_render_child, wait_delivered)
+from tests.helpers.exit_children import (child_env, early_exit_child, fork_child, restart_child,  # noqa: E402
+                                         storm, storm_child, stuck_render_child, wait_delivered)
 
 
 def _run(code: str, tmp: str, **env: str) -> subprocess.CompletedProcess:
@@ -82,7 +82,7 @@ def case_stuck(runs: int) -> None:
 
 
 def case_restart(runs: int) -> None:
-    from otlp_receiver import HttpReceiver
+    from tests.helpers.otlp_receiver import HttpReceiver
 
     for _ in range(runs):
         with tempfile.TemporaryDirectory() as tmp, HttpReceiver() as rx:

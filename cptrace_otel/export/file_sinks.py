@@ -29,13 +29,16 @@ class _AppendFile:
 
     Write errors never turn the sink off and never leave a torn line. Lines are buffered whole in memory and
     written in chunks with ``os.write`` on an ``O_APPEND`` descriptor; when a chunk fails part-way (``ENOSPC``, a
-    quota, an I/O error) the file is truncated back to its size before the chunk, so it always ends with a whole
-    line, and the chunk stays buffered to be written again at the next write or flush (the worker flushes every
-    second): writing resumes by itself once the disk has room, line by line, whatever the backlog (what fits goes,
-    the rest waits). While writing fails at most :attr:`MAX_PENDING` bytes are kept; older lines beyond that, and
-    what is still buffered at :meth:`close`, are dropped and counted (``<prefix>_dropped_lines``, the spans or
-    records they held and ``<prefix>_dropped_records``, in :meth:`stats`; the exporter counts those records lost). Failure and resumption are each reported once on stderr. :meth:`flush`
-    answers False while lines are pending or once any was dropped."""
+    quota, an I/O error) the file is truncated back to its last whole line, so it always ends with one, and the
+    rest stays buffered to be written again at the next write or flush (the worker flushes every second): writing
+    resumes by itself once the disk has room, line by line, whatever the backlog (what fits goes, the rest waits).
+    While writing fails at most :attr:`MAX_PENDING` bytes are kept; older lines beyond that, and what is still
+    buffered at :meth:`close`, are dropped and counted (``<prefix>_dropped_lines``, the spans or records they held
+    and ``<prefix>_dropped_records``, in :meth:`stats`; the exporter counts those records lost). Failure and
+    resumption are each reported once on stderr. :meth:`flush` answers False while lines are pending or once any
+    was dropped."""
+
+    waits = False   # a local file: flushing never waits on anyone
 
     CHUNK = 1 << 20          # buffered bytes that trigger a write
     MAX_PENDING = 16 << 20   # buffered bytes kept while the file cannot be written
@@ -172,6 +175,7 @@ class OtlpJsonFileSink(_AppendFile):
     times its size once parsed), however many spans one export carries (``ingest`` exports tens of thousands)."""
 
     SPANS_PER_LINE = 512
+    what = "OTLP file"
 
     def export(self, groups: Sequence[tuple[dict[str, Any], Sequence[Any]]]) -> None:
         n = self.SPANS_PER_LINE
@@ -250,6 +254,10 @@ class LogLinesSink(_AppendFile):
     (:func:`escape_breaks`); a record that cannot be rendered is dropped and counted (``log_dropped_records``)."""
 
     STAT = "log"
+    what = "log file"
+
+    def export(self, groups: Sequence[tuple[dict[str, Any], Sequence[Any]]]) -> None:
+        """Spans are not written here: its lines come from the Records (:meth:`write`)."""
 
     def __init__(self, path: str, cp_rank: int, tp_rank: int) -> None:
         super().__init__(path)

@@ -12,7 +12,7 @@ thread mode the same message tuples go through a ``queue.Queue`` unframed. Messa
   ITEMS it gets until INIT (with the resolved configuration: rank, resource, file names) arrives, and exports them
   with ``info`` (rank unknown) if its input ends first (the traced process ended: nothing is lost waiting).
 * ``(ITEMS, items, dropped)``: a batch of compact items ``(ts, level, tag, fields)`` (values int/str/float, see
-  :func:`cptrace_otel.traced.records.compact_item`), in emission order, and the traced process's drop count so far.
+  :func:`cptrace_otel.model.records.compact_item`), in emission order, and the traced process's drop count so far.
 * ``(FLUSH, flush_id, dropped, timeout_s)``: close open spans and deliver everything within ``timeout_s``.
 * end of input (EOF on stdin; ``None`` on the thread queue): finish, deliver, exit.
 

@@ -2,30 +2,32 @@
 
 * Exit: :func:`install_exit_hook` (api, at import) registers the exit flush with ``atexit`` before the application
   can register its own handlers, so it runs after them (atexit is last-in, first-out) and records those handlers
-  emit are still delivered.
+  emit are still delivered. The one exit path: it runs the handler the pipeline registered (:func:`set_handlers`).
 * SIGTERM: :func:`install_sigterm` (the pipeline, when it starts on the main thread) installs a handler that
-  flushes within :data:`SIGNAL_FLUSH_S`, then chains the handler that was installed before (SGLang installs its
-  own) or, when there was none, dies of SIGTERM as the process would have. A process that ignores SIGTERM is left
-  alone. A handler the application installs *after* the first record replaces this one: it should exit through
-  ``sys.exit`` (the exit flush runs) or call ``cptrace_otel.flush()``.
+  flushes within :data:`SIGNAL_FLUSH_S` (the pipeline's ``signal_flush(budget_s, dies)``), then chains the handler
+  that was installed before (SGLang installs its own) or, when there was none, dies of SIGTERM as the process would
+  have. A process that ignores SIGTERM is left alone. A handler the application installs *after* the first record
+  replaces this one: it should exit through ``sys.exit`` (the exit flush runs) or call ``cptrace_otel.flush()``.
 * Signal safety: the handler runs on the main thread between two bytecodes of whatever frame it interrupted, which
   may be inside ``flush()``, ``shutdown()`` or the exit flush. So nothing the handler or the threads it waits for
   needs can be a Python-level lock that frame may hold: the pipeline's wake-ups and flush waiters are
   :class:`Flag` (one C-level lock each, whose acquire and release are single calls: never held between bytecodes),
   the thread channel's queue is a ``queue.SimpleQueue`` (C), and the handler flushes the pipeline being shut down
-  too (``pipeline._pipeline_for_signal``). A SIGTERM that lands while the handler flushes is folded into it (one
+  too (the pipeline's ``signal_flush``). A SIGTERM that lands while the handler flushes is folded into it (one
   flush, one chained call); one that lands during the exit flush waits for it to finish, then is handled (the
   application's handler runs, or the process dies of SIGTERM), so a storm of signals neither deadlocks nor cuts
   the flush short, and the exit stays within the exit budget.
-* ``multiprocessing`` fork children end with ``os._exit`` (no atexit): :func:`after_fork_in_child` (api's at-fork
-  hook) arms a ``multiprocessing.util.Finalize`` that runs the exit flush when the child's bootstrap finishes.
+* Fork: callbacks registered with :func:`on_fork_child` run in a forked child, in the order they were registered
+  (the api forgets its installed submit function, then the pipeline its threads). ``multiprocessing`` fork children
+  end with ``os._exit`` (no atexit): after those callbacks, a ``multiprocessing.util.Finalize`` is armed that runs
+  the exit flush when the child's bootstrap finishes.
 
 * Closing (:func:`close_state`, for ``pipeline.shutdown`` and the exit flush): flush, stop the drainer, count what
-  is still queued when time runs out, ship what a drainer stuck on one value had rendered and count that record,
-  close the worker.
+  is still queued when time runs out, have what a drainer stuck on one value had rendered shipped and that record
+  counted, close the worker.
 
-Imports only the standard library and the protocol's names; the pipeline is looked up in ``sys.modules`` (never
-imported from here).
+Imports only the standard library and nothing of the package: the pipeline registers its callbacks here when it is
+imported (it is never looked up from here).
 """
 
 from __future__ import annotations
@@ -37,16 +39,16 @@ import signal
 import sys
 import threading
 import time
-from typing import Any
-
-from ..export.protocol import ITEMS
+from typing import Any, Callable
 
 SIGNAL_FLUSH_S = 3.0      # SIGTERM: longest wait for the flush before the chained handler (or death)
 
-_PIPELINE = __package__ + ".pipeline"
 _exit_hook_registered = False
 _sigterm_installed = False
 _prev_sigterm: Any = None
+_on_exit: Callable[[], None] | None = None
+_on_signal: Callable[[float, bool], None] | None = None
+_fork_children: list[Callable[[], None]] = []
 _in_handler = False          # the handler is flushing: a nested SIGTERM is folded into it
 _exit_flush_running = False  # the exit flush runs: a SIGTERM waits for it (see _deferred)
 _deferred: tuple | None = None
@@ -81,15 +83,25 @@ class Flag:
         return got
 
 
-def _pipeline() -> Any:
-    return sys.modules.get(_PIPELINE)
+
+def set_handlers(at_exit: Callable[[], None], signal_flush: Callable[[float, bool], None]) -> None:
+    """The pipeline's exit handler (run at exit and at the end of a multiprocessing child) and its SIGTERM flush
+    (``signal_flush(budget_s, dies)``: ``dies`` when the process ends right after it, so a backend that is down is
+    not waited for). Called once, when the pipeline module is imported."""
+    global _on_exit, _on_signal
+    _on_exit, _on_signal = at_exit, signal_flush
+
+
+def on_fork_child(fn: Callable[[], None]) -> None:
+    """Run ``fn`` in every forked child (registration order), before the multiprocessing exit flush is armed."""
+    _fork_children.append(fn)
 
 
 def _exit_hook() -> None:
-    p = _pipeline()
-    if p is not None:
+    fn = _on_exit
+    if fn is not None:
         try:
-            p._at_exit()
+            fn()
         except Exception:
             pass
 
@@ -100,10 +112,6 @@ def install_exit_hook() -> None:
     if not _exit_hook_registered:
         atexit.register(_exit_hook)
         _exit_hook_registered = True
-
-
-def exit_hook_registered() -> bool:
-    return _exit_hook_registered
 
 
 def install_sigterm() -> None:
@@ -133,11 +141,10 @@ def _on_sigterm(signum: int, frame: Any) -> None:
         return
     _in_handler = True
     try:
-        prev = _prev_sigterm
-        p = _pipeline()
-        if p is not None:
+        fn = _on_signal
+        if fn is not None:
             try:
-                p._signal_flush(SIGNAL_FLUSH_S, dies=not callable(prev))
+                fn(SIGNAL_FLUSH_S, not callable(_prev_sigterm))  # dies: SIG_DFL, the process ends right after
             except Exception:
                 pass
     finally:
@@ -209,7 +216,7 @@ def _take_over_stuck(st: Any) -> bool:
               f"the {len(items)} records it had rendered are delivered", file=sys.stderr, flush=True)
     if st.channel is not None and st.gone is None:
         st.shipped += len(items)
-        st._ship((ITEMS, items, st.dropped + st.prev_wlost), len(items))
+        st.ship_items(items)
     elif items:
         st.dropped += len(items)
         st.lost += len(items)
@@ -241,8 +248,13 @@ class _Token:
 _TOKEN = _Token()
 
 
-def after_fork_in_child() -> None:
-    """In a fork child: if it is a multiprocessing child, flush when its bootstrap ends (it skips atexit)."""
+def _after_fork_in_child() -> None:
+    for fn in list(_fork_children):
+        try:
+            fn()
+        except Exception:
+            pass
+    # a multiprocessing child flushes at its end (it skips atexit); the module is looked up, never imported here
     mpu = sys.modules.get("multiprocessing.util")
     if mpu is None:
         return
@@ -257,3 +269,7 @@ def _arm_child_exit(_token: Any) -> None:
     mpu = sys.modules.get("multiprocessing.util")
     if mpu is not None:
         mpu.Finalize(None, _exit_hook, exitpriority=-100)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

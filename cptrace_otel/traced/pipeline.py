@@ -12,9 +12,11 @@ Contract (docs/ARCHITECTURE.md):
 * A daemon drainer thread pops batches in order, resolves deferred fingerprints (``fingerprint.is_deferred/resolve``,
   waiting on their CUDA event), renders every value that is not already an int, str or float (bools as
   ``True``/``False``; anything else with upstream ``_fmt`` semantics; a value whose ``str`` raises becomes
-  ``(err:<ExceptionType>)``; :func:`cptrace_otel.traced.records.compact_item`) and ships batches of these compact items to
+  ``(err:<ExceptionType>)``; :func:`cptrace_otel.model.records.compact_item`) and ships batches of these compact items
+  to
   the exporter worker, in order (messages and frames: :mod:`cptrace_otel.export.protocol`). The worker completes
-  each with the same rendering (:mod:`cptrace_otel.traced.records`), so the result is the same, but the traced process does
+  each with the same rendering (:mod:`cptrace_otel.model.records`), so the result is the same, but the traced process
+  does
   the least work.
 * The worker is a subprocess per traced process (``python -m cptrace_otel.export.worker``; not ``multiprocessing``,
   since SGLang rank processes may be daemonic), fed over its stdin and acking over its stdout; it exits after
@@ -34,17 +36,16 @@ Contract (docs/ARCHITECTURE.md):
   blocks for :data:`RENDER_BUDGET_S` is given up by a watchdog thread: that record is dropped and counted, the
   records the stuck drainer had already rendered are shipped, and a new drainer carries on (reported on stderr).
   A drainer that dies anyway is reported and replaced the same way.
-* Exit, signals, fork: :mod:`cptrace_otel.traced.lifecycle` (called by api) flushes at exit, on SIGTERM and at the end of
-  a ``multiprocessing`` child. Everything a SIGTERM handler waits on is signal-safe (``lifecycle.Flag``), and it
-  flushes the pipeline being shut down too (:func:`_signal_flush`). Closing with the drainer stuck on a value ships
-  what it had rendered and counts the stuck record (``lifecycle.close_state``), whatever the exit budget.
-  :func:`_after_fork_in_child` (called by api's at-fork hook) forgets the parent's pipeline, so the child starts its
-  own drainer and worker on its next record.
+* Exit, signals, fork: this module registers its callbacks with :mod:`cptrace_otel.traced.lifecycle` when it is
+  imported: the exit shutdown (at exit and at the end of a ``multiprocessing`` child), the SIGTERM flush, and the
+  fork-child reset that forgets the parent's pipeline, so the child starts its own drainer and worker on its next
+  record. Everything a SIGTERM handler waits on is signal-safe (``lifecycle.Flag``), and it flushes the pipeline
+  being shut down too (:func:`_signal_flush`). Closing with the drainer stuck on a value ships what it had rendered
+  and counts the stuck record (``lifecycle.close_state``), whatever the exit budget.
 """
 
 from __future__ import annotations
 
-import atexit
 import collections
 import itertools
 import os
@@ -56,11 +57,11 @@ from typing import Any, Callable
 from . import lifecycle
 from .channels import ProcessChannel, ThreadChannel
 from ..export.protocol import ACK, FLUSH, INIT, ITEMS, PREINIT, PROGRESS
-from .records import RESOLVE_TIMEOUT_S, compact_item, load_deferred
+from ..model.records import RESOLVE_TIMEOUT_S, compact_item
 
 BATCH = 4096              # records per message to the worker
 IDLE_WAIT_S = 0.05        # drainer poll interval when the buffer is empty
-EXIT_FLUSH_S = 5.0        # atexit flush budget
+EXIT_FLUSH_S = 5.0        # exit flush budget
 MAX_RESTARTS = 5          # exporter workers started after the first one died
 RESTART_BACKOFF_S = 0.5   # before the first restart; doubles each time (the buffer holds the records meanwhile)
 RENDER_BUDGET_S = RESOLVE_TIMEOUT_S + 5.0  # one record's rendering may take this long (a GPU fingerprint waits 30 s)
@@ -71,10 +72,19 @@ SAMPLE_MASK = 31          # past that, one record in SAMPLE_MASK + 1 is measured
 _lock = threading.Lock()
 _state: "_State | None" = None
 _fids = itertools.count(1)
-_atexit_registered = False   # (api registers lifecycle's exit hook at import: then none is needed here)
 _on_stop: Callable[[], None] | None = None   # start()'s caller's uninstall hook
 _closing: "_State | None" = None   # the pipeline shutdown() is closing (a SIGTERM or the exit flush finishes it)
 _last_stats: dict[str, Any] = {}
+
+
+def load_deferred() -> tuple[Any, Any]:
+    """``(is_deferred, resolve)`` of the fingerprint package, or ``(None, None)`` when it cannot be imported."""
+    try:
+        from ..fingerprint import is_deferred, resolve  # type: ignore[attr-defined]
+
+        return is_deferred, resolve
+    except Exception:
+        return None, None
 
 
 # -- state ----------------------------------------------------------------------------------------------------------
@@ -282,6 +292,10 @@ class _State:
             self.dropped += n_records
             self.lost += n_records
 
+    def ship_items(self, items: list) -> None:
+        """Ship a batch of compact items, with the drop count so far (the worker stamps it on the rank span)."""
+        self._ship((ITEMS, items, self.dropped + self.prev_wlost), len(items))
+
     def _open(self) -> None:
         try:
             self._start_channel()
@@ -310,7 +324,7 @@ class _State:
                 self.shipped += len(pending)
                 if self.hold is not None:
                     self.hold.add(pending)
-                self._ship((ITEMS, pending, self.dropped + self.prev_wlost), len(pending))
+                self.ship_items(pending)
             self._drain_body(gen)
         except BaseException as e:  # noqa: BLE001 - reported; the watchdog starts a new drainer
             if self.gen == gen:
@@ -353,7 +367,7 @@ class _State:
                 self.shipped += len(items)
                 if self.hold is not None:
                     self.hold.add(items)
-                self._ship((ITEMS, items, self.dropped + self.prev_wlost), len(items))
+                self.ship_items(items)
             hold = self.hold
             if hold is not None and hold.due(bool(reqs) or self.stop):
                 self.cfg = hold.resolve()
@@ -444,16 +458,14 @@ def start(config: Any, on_stop: Callable[[], None] | None = None) -> Callable[[i
     this module's lock: the caller uninstalls the submit function there, so a later record starts a new pipeline
     instead of reaching the stopped one. (A caller that installs under its own lock and uninstalls under the same
     lock never keeps a stopped pipeline's function installed.)"""
-    global _state, _atexit_registered, _on_stop
+    global _state, _on_stop
     with _lock:
         if _state is None or _state.pid != os.getpid():
             st = _State(config)
             st.drainer.start()
             st.watchdog.start()
             _state = st
-            if not _atexit_registered and not lifecycle.exit_hook_registered():
-                atexit.register(_at_exit)
-            _atexit_registered = True
+            lifecycle.install_exit_hook()   # api did at import (before the app's handlers); idempotent
             lifecycle.install_sigterm()
         _on_stop = on_stop
         return _state.make_submit()
@@ -569,3 +581,7 @@ def _after_fork_in_child() -> None:
     _lock = threading.Lock()
     if st is not None and st.channel is not None:
         st.channel.close_in_child()
+
+
+lifecycle.set_handlers(_at_exit, _signal_flush)
+lifecycle.on_fork_child(_after_fork_in_child)

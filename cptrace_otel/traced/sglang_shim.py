@@ -15,7 +15,8 @@ Contract:
   functions, same module state), whether or not the installed SGLang ships its own ``cp_hicache_trace``. If the
   package cannot be imported then (a broken install), one warning line says so and the other finders resolve the
   name as they would without the switch. Every scheduler process SGLang spawns is a new interpreter that inherits
-  the environment, so it gets the alias too; ranks come from SGLang's parallel state (:mod:`cptrace_otel.traced.ranks`).
+  the environment, so it gets the alias too; ranks come from SGLang's parallel state
+  (:mod:`cptrace_otel.traced.ranks`).
 * Without the ``.pth`` (an editable install, a vendored copy):
   ``python -m cptrace_otel.traced.sglang_shim --write-pth`` writes it into this interpreter's site-packages (or
   ``--to DIR``).

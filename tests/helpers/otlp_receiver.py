@@ -24,7 +24,6 @@ import base64
 import gzip
 import json
 import os
-import socket
 import ssl
 import threading
 import time
@@ -33,8 +32,11 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Iterable
 
+
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.common.v1 import common_pb2
+
+from tests.helpers import free_port
 
 
 def any_value(v: common_pb2.AnyValue) -> Any:
@@ -123,10 +125,6 @@ class _Store:
         return out
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 @dataclass

@@ -14,13 +14,11 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.helpers.otlp_receiver import HttpReceiver
 
-from otlp_receiver import HttpReceiver  # noqa: E402
-
-from cptrace_otel.export.otlp_http import HttpTransport  # noqa: E402
-from cptrace_otel.export.ownfiles import read_own_file, secure_dir  # noqa: E402
-from cptrace_otel.export.spool import ReliableSender, Spool  # noqa: E402
+from cptrace_otel.export.otlp_http import HttpTransport
+from cptrace_otel.export.ownfiles import read_own_file, secure_dir
+from cptrace_otel.export.spool import ReliableSender, Spool
 
 SECRET = b"-----BEGIN PRIVATE KEY----- do not send me"
 REPO = Path(__file__).resolve().parents[2]

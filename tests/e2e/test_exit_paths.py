@@ -1,5 +1,5 @@
 """Issue 21: exit paths that lose nothing and never hang, with real processes, real signals and real exporter
-workers (children in tests/exit_children.py, also measured by bench/exit_losses.py).
+workers (children in tests/helpers/exit_children.py, also measured by bench/exit_losses.py).
 
 * SIGTERM storms (hundreds of signals, 1 ms apart) while the main thread is inside ``flush()`` or ``shutdown()``,
   with and without an application handler, for both exporters: the process ends (no deadlock), the application's
@@ -20,12 +20,11 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from exit_children import (child_env, early_exit_child, every_line_child, fork_child, storm,  # noqa: E402
-                           storm_child, stuck_render_child, wait_delivered)
-from otlp_receiver import read_jsonl  # noqa: E402
+from tests.helpers.exit_children import (child_env, early_exit_child, every_line_child, fork_child, storm,
+                                         storm_child, stuck_render_child, wait_delivered)
+from tests.helpers.otlp_receiver import read_jsonl
 
-from cptrace_otel.model import semconv as sc  # noqa: E402
+from cptrace_otel.model import semconv as sc
 
 
 @pytest.mark.parametrize("exporter", ["process", "thread"])
