@@ -284,13 +284,20 @@ class Driver:
         self.stats["steps"] = step
 
 
+_GROUPS: dict = {}
+
+
 def _init_group(world: int, rank: int, store: str) -> tuple[Any, Any]:
+    """The CP group (the whole gloo world when ``world`` > 1) and this rank's TP group of one; made once per
+    process (later runs in the process reuse them)."""
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world)
-    tp_groups = [dist.new_group([r], backend="gloo") for r in range(world)]
-    cp = dist.group.WORLD if world > 1 else None
-    return cp, tp_groups[rank]
+    if "cp" not in _GROUPS:
+        dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world)
+        tp_groups = [dist.new_group([r], backend="gloo") for r in range(world)]
+        _GROUPS["cp"] = dist.group.WORLD if world > 1 else None
+        _GROUPS["tp"] = tp_groups[rank]
+    return _GROUPS["cp"], _GROUPS["tp"]
 
 
 def run(version: str, out: str, policy: str = "write_through", page_size: int = 1, seed: int = 0,
@@ -382,9 +389,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--world", type=int, default=1)
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--store")
+    p.add_argument("--matrix", help="JSON list of run() keyword sets, run one after the other in this process "
+                                    "(each in its own folder under --out): one SGLang import for many runs")
     a = vars(p.parse_args(argv))
     runtime.on_path(a["version"])
-    res = run(**a)
+    matrix = a.pop("matrix")
+    if matrix:
+        base, out = dict(a), a["out"]
+        res: Any = []
+        for i, kw in enumerate(json.loads(matrix)):
+            res.append(run(**{**base, **kw, "out": os.path.join(out, str(i))}))
+    else:
+        res = run(**a)
     print(json.dumps(res))
     return 0
 
