@@ -269,6 +269,32 @@ def test_loads_split_in_flight_get_an_ack_per_fragment(healthy):
     assert found > 0
 
 
+def test_write_back_staging_evicts_after_the_flush_acks(healthy):
+    """write_back: ``_evict_write_back`` detaches a staged node before the flush's acks and frees its device pages
+    in the flush's ``evict_device``; ``evict tier=dev`` is recorded there, so it always follows the ack of the
+    node's write (and is followed by the free of those pages)."""
+    staged = 0
+    for m, r in zip(HEALTHY, healthy):
+        if m["policy"] != "write_back":
+            continue
+        recs = _records(r["log"])
+        pending: set[int] = set()
+        for i, (t, f) in enumerate(recs):
+            if t == "reset":
+                pending.clear()
+            elif t == "prepare":
+                pending.add(f["node_id"])
+            elif t == "ack" and f["dir"] == "d2h":
+                pending.discard(f["node_id"])
+            elif t == "evict" and f["tier"] == "dev":
+                assert f["node_id"] not in pending, (m, i, f)
+                if f["kind"] == "backuped":
+                    staged += 1
+                    nxt = recs[i + 1]
+                    assert nxt[0] == "free" and nxt[1]["node_id"] == f["node_id"] and nxt[1]["why"] == "evict"
+    assert staged > 0
+
+
 def test_check_reads_the_records(healthy):
     for r in healthy:
         n = len(_records(r["log"]))
