@@ -71,7 +71,10 @@ class Sink(Protocol):
     reached a final state (a sink without it is settled by flushing)."""
 
     waits: bool   # flush and close may wait on a backend: done last, and not on the worker's idle timer
-    what: str     # how messages name it ("OTLP file", "log file", the endpoint ...)
+
+    @property
+    def what(self) -> str:
+        """How messages name it ("OTLP file", "log file", the endpoint ...)."""
 
     def export(self, groups: SpanGroups) -> None: ...
 

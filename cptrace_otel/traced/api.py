@@ -138,7 +138,7 @@ def trace_enabled(level: int = 1) -> bool:
         return lv is not None and _LEVEL >= lv
 
 
-def cptrace(level: int, tag: str, /, **fields: Any) -> None:
+def cptrace(level: Any, tag: str, /, **fields: Any) -> None:
     """Record one ``tag`` event with ``fields`` if the gate is at least ``level``; never raises, never blocks.
 
     ``level`` and ``tag`` are positional-only (upstream call sites pass them positionally), so a record may carry
@@ -195,7 +195,7 @@ def knz(t: Any) -> Any:
     return _knz(t)
 
 
-def fwd_hash(forward_batch: Any, layer_id: Any, stage: Any, t: Any, *, level: int = 3) -> None:
+def fwd_hash(forward_batch: Any, layer_id: Any, stage: Any, t: Any, *, level: Any = 3) -> None:
     """Upstream ``fwd_hash``: a level-3 ``fwd_hash`` record for one per-layer forward tensor.
 
     Skipped outside the EXTEND path and under CUDA-graph capture (nothing is launched there)."""

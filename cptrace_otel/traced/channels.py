@@ -68,7 +68,7 @@ class ProcessChannel(Books):
         except Exception:
             pass
         try:
-            rc = self.proc.wait(1.0)
+            rc: int | None = self.proc.wait(1.0)
         except Exception:
             rc = self.proc.poll()
         self._st.on_worker_gone(f"exporter process exited (rc={rc})", self)

@@ -47,7 +47,7 @@ _exit_hook_registered = False
 _sigterm_installed = False
 _prev_sigterm: Any = None
 _on_exit: Callable[[], None] | None = None
-_on_signal: Callable[[float, bool], None] | None = None
+_on_signal: Callable[[float, bool], object] | None = None
 _fork_children: list[Callable[[], None]] = []
 _in_handler = False          # the handler is flushing: a nested SIGTERM is folded into it
 _exit_flush_running = False  # the exit flush runs: a SIGTERM waits for it (see _deferred)
@@ -84,7 +84,7 @@ class Flag:
 
 
 
-def set_handlers(at_exit: Callable[[], None], signal_flush: Callable[[float, bool], None]) -> None:
+def set_handlers(at_exit: Callable[[], None], signal_flush: Callable[[float, bool], object]) -> None:
     """The pipeline's exit handler (run at exit and at the end of a multiprocessing child) and its SIGTERM flush
     (``signal_flush(budget_s, dies)``: ``dies`` when the process ends right after it, so a backend that is down is
     not waited for). Called once, when the pipeline module is imported."""

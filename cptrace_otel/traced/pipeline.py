@@ -80,7 +80,7 @@ _last_stats: dict[str, Any] = {}
 def load_deferred() -> tuple[Any, Any]:
     """``(is_deferred, resolve)`` of the fingerprint package, or ``(None, None)`` when it cannot be imported."""
     try:
-        from ..fingerprint import is_deferred, resolve  # type: ignore[attr-defined]
+        from ..fingerprint import is_deferred, resolve
 
         return is_deferred, resolve
     except Exception:
@@ -428,7 +428,7 @@ class _State:
         if self.gone is not None and not self.drainer.is_alive():
             return False
         fid = next(_fids)
-        w = [lifecycle.Flag(), False]
+        w: list[Any] = [lifecycle.Flag(), False]   # [set when answered, the answer]
         self.waiters[fid] = w
         self.flush_reqs.append((fid, time.monotonic(), timeout_s))
         self.wake.set()

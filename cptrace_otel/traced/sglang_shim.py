@@ -17,18 +17,29 @@ Contract:
   name as they would without the switch. Every scheduler process SGLang spawns is a new interpreter that inherits
   the environment, so it gets the alias too; ranks come from SGLang's parallel state
   (:mod:`cptrace_otel.traced.ranks`).
+* Stock SGLang (no call sites): the same finder hooks :data:`HOOKED`, SGLang's ``hiradix_cache`` module: right
+  after SGLang's own loader has run it, :func:`cptrace_otel.traced.sglang.instrument_from_env` applies the
+  instrumentation (once per process; a version it does not support gets one warning; a build with its own call
+  sites is left alone). Nothing of SGLang or of the instrumentation is imported before SGLang imports that module.
 * Without the ``.pth`` (an editable install, a vendored copy):
   ``python -m cptrace_otel.traced.sglang_shim --write-pth`` writes it into this interpreter's site-packages (or
   ``--to DIR``).
 
-Imports only ``os`` and ``sys`` at load time (not even ``typing``): it runs at interpreter start, before the program.
+Imports only ``os`` and ``sys`` at load time (not even ``typing``; its names are for the type checker only): it
+runs at interpreter start, before the program.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+
+TYPE_CHECKING = False   # (typing is not imported at interpreter start; mypy reads this name as True)
+if TYPE_CHECKING:
+    from typing import Any
+
 MODULE = "sglang.srt.mem_cache.cp_hicache_trace"
+HOOKED = "sglang.srt.mem_cache.hiradix_cache"
 SWITCH = "CPTRACE_SGLANG"
 ON = frozenset({"1", "true", "yes", "on"})
 OFF = frozenset({"", "0", "false", "no", "off"})
@@ -92,13 +103,13 @@ def boot() -> bool:
 class _AliasLoader:
     """Gives the importer :mod:`cptrace_otel.traced.api` itself (already executed)."""
 
-    def __init__(self, module: object) -> None:
+    def __init__(self, module: Any) -> None:
         self._module = module
 
-    def create_module(self, spec: object) -> object:
+    def create_module(self, spec: Any) -> Any:
         return self._module
 
-    def exec_module(self, module: object) -> None:
+    def exec_module(self, module: Any) -> None:
         pass   # cptrace_otel.traced.api is already executed
 
 
@@ -108,7 +119,9 @@ class AliasFinder:
 
     cptrace_alias = True   # how install() recognises one (the .pth loads this file apart from the package)
 
-    def find_spec(self, fullname: str, path: object = None, target: object = None) -> object:
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname == HOOKED:
+            return self._instrumented(fullname, path, target)
         if fullname != MODULE:
             return None
         try:
@@ -119,10 +132,47 @@ class AliasFinder:
             return None
         from importlib.machinery import ModuleSpec
 
-        return ModuleSpec(fullname, _AliasLoader(api), origin="cptrace_otel.traced.api")
+        return ModuleSpec(fullname, _AliasLoader(api), origin="cptrace_otel.traced.api")  # type: ignore[arg-type]
 
     def invalidate_caches(self) -> None:
         pass
+
+    def _instrumented(self, fullname: str, path: Any, target: Any) -> Any:
+        """The spec the other finders give :data:`HOOKED`, its loader wrapped by :class:`_InstrumentingLoader`."""
+        for f in sys.meta_path:
+            if f is self or not hasattr(f, "find_spec"):
+                continue
+            spec = f.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _InstrumentingLoader(spec.loader)  # type: ignore[assignment]
+                return spec
+        return None
+
+
+class _InstrumentingLoader:
+    """SGLang's own loader; after it has executed the module, the instrumentation is applied (never raises)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:   # get_source, get_filename ...: the real loader's
+        return getattr(self._inner, name)
+
+    def create_module(self, spec: Any) -> Any:
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._inner.exec_module(module)
+        try:
+            from .sglang import instrument_from_env
+
+            instrument_from_env()
+        except Exception as e:  # e.g. the sglang extra (opentelemetry-instrumentation, wrapt) is not installed
+            import logging
+
+            logging.getLogger("cptrace_otel.sglang").warning(
+                "cptrace-otel: SGLang not instrumented (%s: %s); install cptrace-otel[sglang]", type(e).__name__, e)
 
 
 def install() -> bool:
