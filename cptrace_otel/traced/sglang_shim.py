@@ -11,7 +11,7 @@ Contract:
   installed SGLang ships its own ``cp_hicache_trace``. Every scheduler process SGLang spawns is a new interpreter
   that inherits the environment, so it gets the alias too; ranks come from SGLang's parallel state
   (:mod:`cptrace_otel.traced.ranks`).
-* Stock SGLang (no call sites): the same finder hooks :data:`HOOKED`, SGLang's ``hiradix_cache`` module: right
+* Stock SGLang (no call sites): the same finder hooks :data:`HOOKED`, SGLang's HiCache tree module: right
   after SGLang's own loader has run it, :func:`cptrace_otel.traced.sglang.instrument_from_env` applies the
   instrumentation (once per process; a version it does not support gets one warning; a build with its own call
   sites is left alone). Nothing of SGLang or of the instrumentation is imported before SGLang imports that module.
@@ -29,7 +29,8 @@ import sys
 from typing import Any
 
 MODULE = "sglang.srt.mem_cache.cp_hicache_trace"
-HOOKED = "sglang.srt.mem_cache.hiradix_cache"
+# SGLang's HiCache tree modules: 0.5.20's, and the later releases' (refused with a warning, not silently)
+HOOKED = ("sglang.srt.mem_cache.hiradix_cache", "sglang.srt.mem_cache.unified_radix_cache")
 SWITCH = "CPTRACE_SGLANG"
 PTH_NAME = "cptrace_otel_sglang.pth"
 PTH_LINE = ("import os; os.environ.get('CPTRACE_SGLANG', '0') not in ('', '0') and "
@@ -50,14 +51,15 @@ class AliasFinder(importlib.abc.MetaPathFinder):
     """Resolves :data:`MODULE` to :mod:`cptrace_otel.traced.api`; every other name is left to the other finders."""
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname == HOOKED:
+        if fullname in HOOKED:
             return self._instrumented(fullname, path, target)
         if fullname != MODULE:
             return None
         return importlib.util.spec_from_loader(fullname, _AliasLoader(), origin="cptrace_otel.traced.api")
 
     def _instrumented(self, fullname: str, path: Any, target: Any) -> Any:
-        """The spec the other finders give :data:`HOOKED`, its loader wrapped by :class:`_InstrumentingLoader`."""
+        """The spec the other finders give a :data:`HOOKED` module, its loader wrapped by
+        :class:`_InstrumentingLoader`."""
         for f in sys.meta_path:
             if f is self or not hasattr(f, "find_spec"):
                 continue
