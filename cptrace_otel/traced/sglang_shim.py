@@ -17,7 +17,7 @@ Contract:
   name as they would without the switch. Every scheduler process SGLang spawns is a new interpreter that inherits
   the environment, so it gets the alias too; ranks come from SGLang's parallel state
   (:mod:`cptrace_otel.traced.ranks`).
-* Stock SGLang (no call sites): the same finder hooks :data:`HOOKED`, SGLang's ``hiradix_cache`` module: right
+* Stock SGLang (no call sites): the same finder hooks :data:`HOOKED`, SGLang's HiCache tree module: right
   after SGLang's own loader has run it, :func:`cptrace_otel.traced.sglang.instrument_from_env` applies the
   instrumentation (once per process; a version it does not support gets one warning; a build with its own call
   sites is left alone). Nothing of SGLang or of the instrumentation is imported before SGLang imports that module.
@@ -39,7 +39,8 @@ if TYPE_CHECKING:
     from typing import Any
 
 MODULE = "sglang.srt.mem_cache.cp_hicache_trace"
-HOOKED = "sglang.srt.mem_cache.hiradix_cache"
+# SGLang's HiCache tree modules: 0.5.20's, and the later releases' (refused with a warning, not silently)
+HOOKED = ("sglang.srt.mem_cache.hiradix_cache", "sglang.srt.mem_cache.unified_radix_cache")
 SWITCH = "CPTRACE_SGLANG"
 ON = frozenset({"1", "true", "yes", "on"})
 OFF = frozenset({"", "0", "false", "no", "off"})
@@ -120,7 +121,7 @@ class AliasFinder:
     cptrace_alias = True   # how install() recognises one (the .pth loads this file apart from the package)
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname == HOOKED:
+        if fullname in HOOKED:
             return self._instrumented(fullname, path, target)
         if fullname != MODULE:
             return None
@@ -138,7 +139,8 @@ class AliasFinder:
         pass
 
     def _instrumented(self, fullname: str, path: Any, target: Any) -> Any:
-        """The spec the other finders give :data:`HOOKED`, its loader wrapped by :class:`_InstrumentingLoader`."""
+        """The spec the other finders give a :data:`HOOKED` module, its loader wrapped by
+        :class:`_InstrumentingLoader`."""
         for f in sys.meta_path:
             if f is self or not hasattr(f, "find_spec"):
                 continue

@@ -156,19 +156,24 @@ print(json.dumps({{"res": SGLangInstrumentor().instrument(), "wrapped": wrapped(
 
 
 def test_unsupported_0_5_23_is_refused_with_a_warning():
-    """0.5.23 has no HiRadixCache (UnifiedRadixCache + HybridCacheController): refused, never half-instrumented."""
+    """0.5.23 has no HiRadixCache (UnifiedRadixCache + HybridCacheController): with the switch on, importing its
+    tree module gives one warning and nothing is wrapped (never half-instrumented)."""
     _need("0.5.23")
-    r = _py(WRAPPED.replace("def wrapped():", "def _unused():") + """
-import logging
+    r = _py("""
+import json, logging, sys
 msgs = []
 class H(logging.Handler):
     def emit(self, rec): msgs.append(rec.getMessage())
 logging.getLogger("cptrace_otel.sglang").addHandler(H())
+from cptrace_otel.traced import sglang_shim
+sglang_shim.install()           # what the .pth does with CPTRACE_SGLANG=1
 import sglang.srt.mem_cache.unified_radix_cache
 from cptrace_otel.traced.sglang import SGLangInstrumentor
-print(json.dumps({"res": SGLangInstrumentor().instrument(), "msgs": msgs}))
-""", version="0.5.23")
-    assert r["res"] is None and len(r["msgs"]) == 1 and "has no HiRadixCache" in r["msgs"][0]
+print(json.dumps({"res": SGLangInstrumentor().instrument(), "instrumented":
+                  SGLangInstrumentor().is_instrumented_by_opentelemetry, "msgs": msgs}))
+""", version="0.5.23", CPTRACE_LEVEL="1")
+    assert r["res"] is None and r["instrumented"] is False
+    assert len(r["msgs"]) == 1 and "sglang 0.5.23 has no HiRadixCache" in r["msgs"][0], r["msgs"]
 
 
 def test_switch_applies_it_lazily_when_sglang_imports_hiradix_cache():

@@ -369,7 +369,8 @@ def _rid_map_load(st: _State, params: Any, res: Any) -> None:
     loaded = getattr(st, "loaded", None)
     hlen = len(values) if loaded is not None else 0
     hit = "host" if loaded is not None else ("dev" if node is not st.cache.root_node else "miss")
-    cptrace(1, "rid_map", rid=str(rid), node_id=node.id, hit=hit, hlen=hlen, plen=len(getattr(req, "origin_input_ids", ()) or ()))
+    plen = len(getattr(req, "origin_input_ids", ()) or ())
+    cptrace(1, "rid_map", rid=str(rid), node_id=node.id, hit=hit, hlen=hlen, plen=plen)
 
 
 def _split_node(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -464,7 +465,7 @@ def _load_back(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def _evicted_chain(node: Any) -> list:
-    chain = []
+    chain: list = []
     while node.evicted:
         chain.insert(0, node)
         node = node.parent
@@ -604,7 +605,7 @@ def _host_free(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     return wrapped(*args, **kwargs)
 
 
-# (module, "Class.method", wrapper): every site, for HiRadixCache builds (sglang 0.5.20 ... 0.5.22).
+# (module, "Class.method", wrapper): every site, for HiRadixCache builds (sglang 0.5.20).
 SITES: list[tuple[str, str, Any]] = [
     (HIRADIX, "HiRadixCache.__init__", _cache_init),
     (HIRADIX, "HiRadixCache.reset", _reset),
