@@ -349,11 +349,12 @@ def run_ranks(version: str, out: str, world: int = 4, fault_rank: int | None = N
         args = [sys.executable, os.path.abspath(__file__), "--version", version, "--out", out, "--world", str(world),
                 "--rank", str(r), "--store", store]
         for k, v in kw.items():
-            if isinstance(v, bool):
-                if v:
+            if isinstance(v, bool):   # the CLI's switches: --exact, --no-reset, --no-instrument
+                if k in ("reset", "instrument"):
+                    if not v:
+                        args.append("--no-" + k)
+                elif v:
                     args.append("--" + k.replace("_", "-"))
-                elif k == "reset":
-                    args.append("--no-reset")
             elif v is not None:
                 args += ["--" + k.replace("_", "-"), str(v)]
         if fault and r == fault_rank:
