@@ -29,12 +29,14 @@ class _AppendFile:
 
     Write errors never turn the sink off and never leave a torn line. Lines are buffered whole in memory and
     written in chunks with ``os.write`` on an ``O_APPEND`` descriptor; when a chunk fails part-way (``ENOSPC``, a
-    quota, an I/O error) the file is truncated back to its size before the chunk, so it always ends with a whole
-    line, and the chunk stays buffered to be written again at the next write or flush (the worker flushes every
-    second): writing resumes by itself once the disk has room. While writing fails at most :attr:`MAX_PENDING`
-    bytes are kept; older lines beyond that are dropped and counted (``<prefix>_dropped_lines`` and the records or
-    spans they held, in :meth:`stats`). Failure and resumption are each reported once on stderr. :meth:`flush`
-    answers False while lines are pending or once any was dropped."""
+    quota, an I/O error) the file is truncated back to its last whole line, so it always ends with one, and the
+    rest stays buffered to be written again at the next write or flush (the worker flushes every second): writing
+    resumes by itself once the disk has room, line by line, whatever the backlog (what fits goes, the rest waits).
+    While writing fails at most :attr:`MAX_PENDING` bytes are kept; older lines beyond that, and what is still
+    buffered at :meth:`close`, are dropped and counted (``<prefix>_dropped_lines``, the spans or records they held
+    and ``<prefix>_dropped_records``, in :meth:`stats`; the exporter counts those records lost). Failure and
+    resumption are each reported once on stderr. :meth:`flush` answers False while lines are pending or once any
+    was dropped."""
 
     waits = False   # a local file: flushing never waits on anyone
 
@@ -49,48 +51,66 @@ class _AppendFile:
             os.makedirs(d, exist_ok=True)
         self._fd: int | None = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0),
                                        0o644)
-        self._pend: collections.deque[tuple[bytes, int, int]] = collections.deque()  # (data, lines, units)
+        # (data, lines, units, records): units are spans (OTLP file) or records (log file)
+        self._pend: collections.deque[tuple[bytes, int, int, int]] = collections.deque()
         self._pend_bytes = 0
         self.lines = 0
         self.dropped_lines = 0
         self.dropped_units = 0
+        self.dropped_records = 0   # records in dropped lines (the exporter counts them lost)
         self.write_errors = 0
         self.repaired_values = 0
         self._failing: str | None = None   # the error while writing fails
         self._lost_in_outage = 0
 
-    def _add(self, text: str, lines: int, units: int) -> None:
-        """Buffer ``text`` (whole lines, each ending in a newline) holding ``units`` records or spans."""
+    def _add(self, text: str, lines: int, units: int, records: int | None = None) -> None:
+        """Buffer ``text`` (whole lines, each ending in a newline) holding ``units`` spans or records and ``records``
+        records (= ``units`` when not given)."""
+        records = units if records is None else records
         if self._fd is None:  # closed: nothing can be written any more
-            self._drop(lines, units)
+            self._drop(lines, units, records)
             return
         data = text.encode("utf-8", "replace")
-        self._pend.append((data, lines, units))
+        self._pend.append((data, lines, units, records))
         self._pend_bytes += len(data)
         if self._pend_bytes >= self.CHUNK:
             self._write_out()
 
     def _write_out(self) -> bool:
-        """Write everything buffered; False (the data kept, up to MAX_PENDING) when the file cannot take it."""
+        """Write what is buffered, oldest first, as many whole lines as the file takes: a chunk that fails part-way
+        is truncated back to its last whole line and the rest stays buffered, so writing resumes with whatever room
+        comes back, however long the backlog. False (the rest kept, up to MAX_PENDING) when not all could go."""
         if not self._pend:
             return True
         if self._fd is None:
             return False
-        data = b"".join(d for d, _, _ in self._pend)
-        lines = sum(n for _, n, _ in self._pend)
-        start = -1
-        try:
-            start = os.fstat(self._fd).st_size
-            view = memoryview(data)
-            while view:
-                n = os.write(self._fd, view)
-                view = view[n:]
-        except OSError as e:
-            self._failed(e, start)
-            return False
-        self._pend.clear()
-        self._pend_bytes = 0
-        self.lines += lines
+        while self._pend:
+            data, lines, units, records = self._pend[0]
+            start = done = -1
+            try:
+                start = os.fstat(self._fd).st_size
+                done = 0
+                view = memoryview(data)
+                while done < len(data):
+                    done += os.write(self._fd, view[done:])
+            except OSError as e:
+                keep = data.rfind(b"\n", 0, max(0, done)) + 1  # whole lines of this chunk that went out
+                if start >= 0:
+                    try:
+                        os.ftruncate(self._fd, start + keep)  # roll back a torn line: the file ends with a whole one
+                    except OSError:
+                        keep = 0
+                if keep:
+                    n = data.count(b"\n", 0, keep)
+                    u, r = (units * n // lines, records * n // lines) if lines else (0, 0)
+                    self._pend[0] = (data[keep:], lines - n, units - u, records - r)
+                    self._pend_bytes -= keep
+                    self.lines += n
+                self._failed(e)
+                return False
+            self._pend.popleft()
+            self._pend_bytes -= len(data)
+            self.lines += lines
         if self._failing is not None:
             print(f"cptrace_otel: {self.path} is written again; {self._lost_in_outage} line(s) were dropped while "
                   f"it could not be ({self._failing})", file=sys.stderr, flush=True)
@@ -98,19 +118,13 @@ class _AppendFile:
             self._lost_in_outage = 0
         return True
 
-    def _failed(self, e: OSError, start: int) -> None:
+    def _failed(self, e: OSError) -> None:
         self.write_errors += 1
-        if start >= 0:
-            try:
-                os.ftruncate(self._fd, start)  # type: ignore[arg-type]  # roll back a partial chunk: whole lines only
-            except OSError:
-                pass
         lost = 0
         while self._pend and self._pend_bytes > self.MAX_PENDING:
-            data, n, units = self._pend.popleft()
+            data, n, units, records = self._pend.popleft()
             self._pend_bytes -= len(data)
-            self.dropped_lines += n
-            self.dropped_units += units
+            self._drop(n, units, records)
             lost += n
         self._lost_in_outage += lost
         if self._failing is None:
@@ -119,10 +133,15 @@ class _AppendFile:
                   f"{self.MAX_PENDING >> 20} MiB of lines meanwhile (older ones are dropped and counted)",
                   file=sys.stderr, flush=True)
 
-    def _drop(self, lines: int, units: int) -> None:
-        """Lines that could not even be rendered: counted as dropped."""
+    def _drop(self, lines: int, units: int, records: int | None = None) -> None:
+        """Lines that could not be written or rendered: counted as dropped."""
         self.dropped_lines += lines
         self.dropped_units += units
+        self.dropped_records += units if records is None else records
+
+    def pending_records(self) -> int:
+        """Records in lines not yet written (they are not safe until they are)."""
+        return sum(r for _, _, _, r in self._pend)
 
     def flush(self, timeout_s: float = 0.0) -> bool:
         ok = self._write_out()
@@ -137,7 +156,7 @@ class _AppendFile:
             except OSError:
                 return False
         if self._pend:
-            self._drop(sum(n for _, n, _ in self._pend), sum(u for _, _, u in self._pend))
+            self._drop(sum(p[1] for p in self._pend), sum(p[2] for p in self._pend), self.pending_records())
             self._pend.clear()
             self._pend_bytes = 0
         return ok
@@ -145,6 +164,7 @@ class _AppendFile:
     def _stats(self, unit: str) -> dict[str, Any]:
         p = self.STAT
         return {f"{p}_dropped_lines": self.dropped_lines, f"{p}_dropped_{unit}": self.dropped_units,
+                f"{p}_dropped_records": self.dropped_records,
                 f"{p}_pending_bytes": self._pend_bytes, f"{p}_write_errors": self.write_errors,
                 f"{p}_repaired_values": self.repaired_values}
 
@@ -181,7 +201,8 @@ class OtlpJsonFileSink(_AppendFile):
             return
         if not line:
             return
-        self._add(line + "\n", 1, sum(len(sp) for _r, sp in groups))
+        self._add(line + "\n", 1, sum(len(sp) for _r, sp in groups),
+                  sum(len(s.events) for _r, sp in groups for s in sp))
 
     def _write_each(self, groups: list[tuple[dict[str, Any], Sequence[Any]]]) -> None:
         """A line that did not encode: each span alone, its bad values repaired as the network sink repairs them
@@ -189,19 +210,22 @@ class OtlpJsonFileSink(_AppendFile):
         from .sinks import repair_span
 
         out = []
+        records = 0
         for resource, spans in groups:
             for sp in spans:
                 try:
                     out.append(request_json([(resource, [sp])]))
+                    records += len(sp.events)
                     continue
                 except Exception:
                     self.repaired_values += repair_span(sp)
                 try:
                     out.append(request_json([(resource, [sp])]))
+                    records += len(sp.events)
                 except Exception:
-                    self._drop(0, 1)
+                    self._drop(0, 1, len(sp.events))
         if out:
-            self._add("".join(x + "\n" for x in out), len(out), len(out))
+            self._add("".join(x + "\n" for x in out), len(out), len(out), records)
 
     def stats(self) -> dict[str, Any]:
         return {"file": self.path, "file_lines": self.lines, **self._stats("spans")}

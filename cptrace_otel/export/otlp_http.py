@@ -7,14 +7,24 @@ certificate and key give mTLS). :meth:`HttpTransport.send` classifies the outcom
 backend is unreachable or overloaded, keep the request; ``retry_after`` holds a 429/503 ``Retry-After`` in seconds);
 ``DROP`` (any other status: the request itself is bad, sending it again cannot help); ``FATAL`` (a TLS handshake or
 header error: the configuration is wrong). Every detail is masked (:func:`cptrace_otel.model.config.mask`).
+
+Credentials go only to the origin they were configured for (scheme, host and port of the endpoint): URL userinfo
+(``http://user:pass@host``) is sent as HTTP basic auth, beside the OTLP headers, and redirects are never followed by
+``requests``. A 307/308 to the same origin is followed here (at most :data:`MAX_REDIRECTS` hops, with the body and
+the headers); a redirect to any other origin (another host, port or scheme, e.g. ``127.0.0.2``) or a 301/302/303
+(which would turn the POST into a GET) is not followed: the request is not sent there and the answer is ``FATAL``,
+a configuration error reported once with the masked ``Location`` (the endpoint should name the final URL), so
+neither the spans nor the headers ever reach that other origin. ``redirects_refused`` counts them.
 """
 
 from __future__ import annotations
 
+import base64
 import email.utils
 import gzip
 import time
 from typing import Any, Sequence
+from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 
 from ..model.config import mask, mask_url, secrets_of
 from .sinks import SENT, Outcome, SendResult
@@ -22,6 +32,33 @@ from .tls import HandshakeStrikes, check_headers, is_tls_config_error, load_tls,
 
 RETRYABLE_STATUS = frozenset({408, 429, 502, 503, 504})
 MAX_RETRY_AFTER_S = 120.0   # a longer Retry-After is honoured as this (the spool keeps the requests meanwhile)
+MAX_REDIRECTS = 3           # same-origin 307/308 hops followed for one request
+REDIRECT_STATUS = frozenset({301, 302, 303, 307, 308})
+
+
+def origin(url: str) -> tuple[str, str, int | None]:
+    """``(scheme, host, port)`` of ``url``, the default port made explicit: what credentials are bound to."""
+    u = urlsplit(url)
+    scheme = (u.scheme or "").lower()
+    try:
+        port = u.port
+    except ValueError:
+        port = None
+    if port is None:
+        port = {"http": 80, "https": 443}.get(scheme)
+    return scheme, (u.hostname or "").lower(), port
+
+
+def split_userinfo(url: str) -> tuple[str, str | None]:
+    """``url`` without its userinfo, and the ``Authorization`` value (HTTP basic) that userinfo stands for (None
+    when there is none)."""
+    u = urlsplit(url)
+    if "@" not in u.netloc:
+        return url, None
+    userinfo, _, hostport = u.netloc.rpartition("@")
+    user, _, pw = userinfo.partition(":")
+    token = base64.b64encode(f"{unquote(user)}:{unquote(pw)}".encode()).decode("ascii")
+    return urlunsplit((u.scheme, hostport, u.path, u.query, u.fragment)), "Basic " + token
 
 
 def parse_retry_after(raw: str | None, now: float | None = None) -> float | None:
@@ -53,9 +90,11 @@ class HttpTransport:
 
         check_headers(headers)
         files = load_tls(tls) if tls is not None else None
-        self._url = url
-        self.url = mask_url(url)
-        self._secrets = secrets_of(url, headers)
+        self._url, basic = split_userinfo(url)
+        self._origin = origin(self._url)
+        self._secrets = secrets_of(url, headers) + ((basic, basic[6:]) if basic else ())
+        self.url = mask(url, self._secrets)
+        self.redirects_refused = 0
         self.timeout_s = timeout_s
         self.gzip = compression == "gzip"
         self.retry_after: float | None = None
@@ -73,6 +112,8 @@ class HttpTransport:
         h = {"Content-Type": "application/x-protobuf", "User-Agent": "cptrace-otel"}
         if self.gzip:
             h["Content-Encoding"] = "gzip"
+        if basic is not None and not any(k.lower() == "authorization" for k, _ in headers):
+            h["Authorization"] = basic  # (an explicit Authorization header wins over the URL's userinfo)
         for k, v in headers:
             h[k] = v
         self._headers = h
@@ -82,8 +123,7 @@ class HttpTransport:
         data = gzip.compress(body, compresslevel=1) if self.gzip else body
         rq = self._requests
         try:
-            r = self._session.post(self._url, data=data, headers=self._headers, timeout=self.timeout_s,
-                                   **self._tls_kw)
+            r = self._post(data)
         except rq.exceptions.SSLError as e:
             detail = self._mask(f"{type(e).__name__}: {_short(e)}")
             if is_tls_config_error(detail):
@@ -97,12 +137,39 @@ class HttpTransport:
             self._strikes.reset()
             return SendResult(Outcome.RETRY, self._mask(f"{type(e).__name__}: {_short(e)}"))
         self._strikes.reset()
+        if isinstance(r, SendResult):
+            return r
         if 200 <= r.status_code < 300:
             return SENT
         detail = self._mask(f"HTTP {r.status_code} {r.text[:200]!r}")
         if r.status_code in (429, 503):
             self.retry_after = parse_retry_after(r.headers.get("Retry-After"))
         return SendResult(Outcome.RETRY if r.status_code in RETRYABLE_STATUS else Outcome.DROP, detail)
+
+    def _post(self, data: bytes) -> Any:
+        """POST ``data``, following same-origin 307/308 redirects only (see the module doc); the response, or a
+        FATAL :class:`~.sinks.SendResult` for a redirect that is not followed."""
+        url = self._url
+        for _hop in range(MAX_REDIRECTS + 1):
+            r = self._session.post(url, data=data, headers=self._headers, timeout=self.timeout_s,
+                                   allow_redirects=False, **self._tls_kw)
+            if r.status_code not in REDIRECT_STATUS:
+                return r
+            loc = r.headers.get("Location") or ""
+            target = urljoin(url, loc)
+            r.close()
+            if r.status_code in (307, 308) and origin(target) == self._origin:
+                url = target
+                continue
+            self.redirects_refused += 1
+            why = ("to another origin" if origin(target) != self._origin else
+                   f"with HTTP {r.status_code} (a POST would become a GET)")
+            return SendResult(Outcome.FATAL, self._mask(
+                f"configuration error: HTTP {r.status_code} redirect {why} ({mask_url(target)}) not followed: "
+                f"credentials and spans go only to {self.url}; set the endpoint to the final URL"))
+        self.redirects_refused += 1
+        return SendResult(Outcome.FATAL, self._mask(
+            f"configuration error: more than {MAX_REDIRECTS} redirects from {self.url}; not followed"))
 
     def _mask(self, text: str) -> str:
         return mask(text, self._secrets)

@@ -8,6 +8,9 @@ thread mode the same message tuples go through a ``queue.Queue`` unframed. Messa
   log_file=path|None, spool_dir=str, resume=dict|None). ``resume`` is set when this worker replaces one that died:
   dict(seq=the seq of the first record it gets, epochs={rank: (epoch, after_reset, max_new)} as the dead worker
   last reported them, restarts=how many workers died so far).
+* ``(PREINIT, info)``: instead of INIT while the traced process does not know its rank yet: the worker holds the
+  ITEMS it gets until INIT (with the resolved configuration: rank, resource, file names) arrives, and exports them
+  with ``info`` (rank unknown) if its input ends first (the traced process ended: nothing is lost waiting).
 * ``(ITEMS, items, dropped)``: a batch of compact items ``(ts, level, tag, fields)`` (values int/str/float, see
   :func:`cptrace_otel.model.records.compact_item`), in emission order, and the traced process's drop count so far.
 * ``(FLUSH, flush_id, dropped, timeout_s)``: close open spans and deliver everything within ``timeout_s``.
@@ -28,6 +31,7 @@ import struct
 from typing import Any
 
 INIT = "init"
+PREINIT = "preinit"
 ITEMS = "items"
 FLUSH = "flush"
 ACK = "ack"

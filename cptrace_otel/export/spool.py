@@ -23,6 +23,11 @@ Contract of :class:`ReliableSender`:
   can tell the traced process how many of its records are safe (pipeline.py's in-flight accounting).
 * At exit while the backend is down, :meth:`close` does not wait: what is queued goes to the spool at once, so the
   worker exits (and releases the traced process's inherited stderr) right away.
+* The spool reads only regular files it created: directories are made ``0700`` (an existing one must be a real
+  directory owned by this user, not a link; its mode is tightened to ``0700``), request files are created ``0600``
+  with ``O_EXCL | O_NOFOLLOW``, and every file is opened with ``O_NOFOLLOW | O_NONBLOCK`` and checked with
+  ``fstat`` (a regular file owned by this user) before it is read (:func:`read_own_file`). A symlink, FIFO, device,
+  socket or another user's file found there is reported and skipped (never read, never sent, never blocks).
 * Orphaned spools: a spool directory ``D`` is locked (``flock`` on ``D.lock``) while its sender lives and names
   its endpoint (``D.endpoint``). A new sender adopts the spools of finished senders for the same endpoint
   (:func:`adopt_orphans`): their files are renamed into its own spool, oldest first, under its byte cap (files over
@@ -32,7 +37,9 @@ Contract of :class:`ReliableSender`:
 from __future__ import annotations
 
 import collections
+import errno
 import os
+import stat
 import sys
 
 try:
@@ -44,11 +51,11 @@ import time
 from typing import Any, Callable
 
 from ..model.config import mask_url
+from .ownfiles import (MAX_SIDE_FILE, NotOwnFile, kind_of, open_own, owner_ok, read_own_file, secure_dir,
+                       write_new)
 from .sinks import Outcome, SendResult
 
 DEFAULT_SPOOL_MAX_BYTES = 512 << 20
-
-
 class Spool:
     """FIFO of request bodies on disk (``<dir>/<counter>.otlp``), or in memory when the directory is unusable."""
 
@@ -63,12 +70,14 @@ class Spool:
         self.dropped_records = 0
         self.endpoint = ""
         self._lock_fd: int | None = None
+        self.skipped = 0   # files found in the spool that were not its own regular files (reported, never read)
+        self.report: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr, flush=True)
 
     def __len__(self) -> int:
         return len(self._mem) if self._mem is not None else len(self._names)
 
     def _use_memory(self, why: str) -> None:
-        print(f"cptrace_otel: cannot spool to {self.dir} ({why}); spooling in memory", file=sys.stderr)
+        self.report(f"cptrace_otel: cannot spool to {self.dir} ({why}); spooling in memory")
         self._mem = collections.deque()
 
     def _drop(self, records: int) -> bool:
@@ -78,17 +87,29 @@ class Spool:
 
     def _open_dir(self) -> None:
         """Create the directory, lock it for this process's lifetime and name the endpoint (for adoption)."""
-        os.makedirs(self.dir, exist_ok=True)
+        secure_dir(self.dir)
         if self._lock_fd is None and fcntl is not None:
-            fd = os.open(self.dir + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+            fd = open_own(self.dir + ".lock", os.O_RDWR | os.O_CREAT)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
                 os.close(fd)
                 raise
             self._lock_fd = fd
-            with open(self.dir + ".endpoint", "w") as f:
-                f.write(self.endpoint)
+            efd = open_own(self.dir + ".endpoint", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            try:
+                os.write(efd, self.endpoint.encode("utf-8", "replace"))
+            finally:
+                os.close(efd)
+
+    def _new_name(self) -> str:
+        self._n += 1
+        return os.path.join(self.dir, f"{self._n:012d}.otlp")
+
+    def _skip(self, path: str, e: OSError) -> None:
+        self.skipped += 1
+        self.report(f"cptrace_otel: skipped {path} in the spool: {e.strerror or e} (only regular files this "
+                    "exporter wrote are read; it is left alone)")
 
     def push(self, body: bytes, records: int = 0) -> bool:
         """Keep ``body`` (holding ``records`` records) for later; False (and counted) when the spool is full."""
@@ -97,10 +118,15 @@ class Spool:
         if self._mem is None:
             try:
                 self._open_dir()
-                self._n += 1
-                name = os.path.join(self.dir, f"{self._n:012d}.otlp")
-                with open(name, "wb") as f:
-                    f.write(body)
+                name = self._new_name()
+                for _ in range(8):  # a name taken by something planted there: the next one
+                    try:
+                        write_new(name, body)
+                        break
+                    except FileExistsError:
+                        name = self._new_name()
+                else:
+                    raise FileExistsError(errno.EEXIST, "every spool file name tried was taken", name)
                 self._names.append((name, len(body), records))
                 self.bytes += len(body)
                 return True
@@ -115,12 +141,14 @@ class Spool:
         return True
 
     def adopt(self, path: str, size: int) -> bool:
-        """Take over a request file of a finished sender (renamed into this spool: it moves exactly once)."""
+        """Take over a request file of a finished sender (renamed into this spool: it moves exactly once; the
+        caller checked it is a regular file of this user, and :meth:`peek` checks again when it reads it)."""
         if self._mem is not None or self.bytes + size > self.max_bytes:
             return False
         self._open_dir()
-        self._n += 1
-        name = os.path.join(self.dir, f"{self._n:012d}.otlp")
+        name = self._new_name()
+        while os.path.lexists(name):
+            name = self._new_name()
         os.rename(path, name)
         self._names.append((name, size, 0))
         self.bytes += size
@@ -138,8 +166,11 @@ class Spool:
         while self._names:
             name, _, records = self._names[0]
             try:
-                with open(name, "rb") as f:
-                    return f.read()
+                return read_own_file(name)
+            except NotOwnFile as e:  # replaced by a link or a FIFO since it was written: never read or sent
+                self._skip(name, e)
+                self.bytes -= self._names.popleft()[1]
+                self._drop(records)
             except OSError:
                 self._pop_name()
                 self._drop(records)
@@ -194,16 +225,21 @@ def adopt_orphans(spool: Spool, report: Callable[[str], None]) -> int:
         names = sorted(os.listdir(root), key=lambda n: _mtime(os.path.join(root, n)))
     except OSError:
         return 0
-    adopted = over = over_bytes = 0
+    adopted = over = over_bytes = skipped = 0
     for name in names:
         d = os.path.join(root, name)
-        if name == own or not os.path.isdir(d):
+        if name == own:
             continue
         try:
-            with open(d + ".endpoint") as f:
-                if f.read() != spool.endpoint:
-                    continue
-            fd = os.open(d + ".lock", os.O_RDWR)
+            dst = os.lstat(d)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(dst.st_mode) or not owner_ok(dst):
+            continue  # a link, a file, another user's folder: never a spool of ours
+        try:
+            if read_own_file(d + ".endpoint", MAX_SIDE_FILE).decode("utf-8", "replace") != spool.endpoint:
+                continue
+            fd = open_own(d + ".lock", os.O_RDWR)
         except OSError:
             continue
         try:
@@ -215,7 +251,15 @@ def adopt_orphans(spool: Spool, report: Callable[[str], None]) -> int:
             for fn in files:
                 path = os.path.join(d, fn)
                 try:
-                    size = os.path.getsize(path)
+                    st = os.lstat(path)
+                    if not stat.S_ISREG(st.st_mode) or not owner_ok(st):
+                        skipped += 1
+                        spool.skipped += 1
+                        report(f"cptrace_otel: skipped {path} in a finished process's spool: "
+                               f"{kind_of(st.st_mode) if not stat.S_ISREG(st.st_mode) else 'another user owns it'} "
+                               "(only regular files an exporter wrote are replayed; it is left alone)")
+                        continue
+                    size = st.st_size
                     if spool.adopt(path, size):
                         adopted += 1
                     else:
@@ -275,6 +319,7 @@ class ReliableSender:
         self.max_backoff_s = max_backoff_s
         self.report_every_s = report_every_s
         self._report = report or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self.spool.report = self._report
         self.sent = 0
         self.sent_bytes = 0
         self.failed = 0          # requests the backend rejected for good
@@ -366,6 +411,8 @@ class ReliableSender:
             "backend_down": self.down_since is not None,
             "last_error": self.last_error,
             "config_error": self.config_error,
+            "redirects_refused": getattr(self.transport, "redirects_refused", 0),
+            "spool_skipped_files": self.spool.skipped,
         }
 
     # -- sender thread ------------------------------------------------------------------------------------------

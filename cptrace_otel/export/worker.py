@@ -29,7 +29,7 @@ from ..model.records import MAX_VALUE_CHARS, cut, render_other, render_record, t
 from ..model.spans import SpanBuilder
 from ..checks.epochs import EPOCH_TAGS, EpochTracker
 from ..checks.rank_checker import checker_factory
-from .protocol import ACK, FLUSH, INIT, ITEMS, PROGRESS, frame, read_frame
+from .protocol import ACK, FLUSH, INIT, ITEMS, PREINIT, PROGRESS, frame, read_frame
 from .stack import SinkError, open_sinks
 
 EXPORT_EVERY_S = 0.2      # latency bound for finished spans
@@ -123,9 +123,16 @@ class Exporter:
         self.sinks = [s for s in self.sinks if s is not sink]
 
     def lost(self) -> int:
-        """Records this worker lost, all counted: unrenderable ones and those its sinks rejected or dropped."""
-        return self.bad + sum(s.stats().get("lost_records", 0) for s in self.sinks
-                              if hasattr(s, "settled_records"))
+        """Records this worker lost, all counted: unrenderable ones and those its sinks rejected or dropped (a record
+        two sinks lost counts once: the most any sink lost)."""
+        per_sink = [s.stats().get("lost_records", 0) if hasattr(s, "settled_records") else
+                    getattr(s, "dropped_records", 0) for s in self.sinks]
+        return self.bad + max(per_sink, default=0)
+
+    def _files_flushed(self) -> int:
+        """Span events handed to the sinks whose lines the file sinks have written (not still waiting for room)."""
+        return self.exported - max((s.pending_records() for s in self.sinks if hasattr(s, "pending_records")),
+                                   default=0)
 
     def safe(self) -> int:
         """Records that reached a final state: delivered (or written), spooled to disk, or lost and counted. A sink
@@ -257,13 +264,13 @@ class Exporter:
             self.export()
         if now - self._last_file_flush >= FILE_FLUSH_EVERY_S:
             self._last_file_flush = now
-            self._flushed = self.exported
             for s in self.sinks:
                 if not s.waits:
                     try:
                         s.flush(0.0)
                     except Exception:
                         pass
+            self._flushed = self._files_flushed()
 
     # -- output ----------------------------------------------------------------------------------------------
     def export(self) -> None:
@@ -302,12 +309,12 @@ class Exporter:
         self.builder.close_all("flush")
         self.export()
         ok = not self.errors
-        self._flushed = self.exported
         for s in self._in_flush_order():
             left = max(0.0, deadline - time.monotonic())
             if exiting and s.waits and s.stats().get("backend_down"):
                 left = 0.0  # the traced process is exiting: what waits is in the spool, for the next run
             ok = s.flush(left) and ok
+        self._flushed = self._files_flushed()
         return ok and self.lost() == 0
 
     def close(self, timeout_s: float) -> bool:
@@ -362,6 +369,19 @@ def run_loop(get: Callable[[float], Any], ack: Callable[[tuple], None],
     messages: about every PROGRESS_EVERY_S, before each ACK and once at the end. ``at_eof(exporter)`` is called at
     end of input, before the final delivery."""
     exp: Exporter | None = None
+    pre: dict[str, Any] | None = None   # PREINIT's info: the rank is not known yet, ITEMS wait in ``held``
+    held: list[tuple[list, int]] = []
+
+    def begin(info: dict[str, Any]) -> Exporter:
+        """The Exporter for ``info``, fed the batches held while the rank was unknown (PREINIT's resume kept)."""
+        if pre is not None and not info.get("resume") and pre.get("resume"):
+            info = dict(info, resume=pre["resume"])
+        e = Exporter(info)
+        for items, dropped in held:
+            e.add_items(items, dropped)
+        held.clear()
+        return e
+
     last_progress = 0.0
     while True:
         try:
@@ -379,6 +399,11 @@ def run_loop(get: Callable[[float], Any], ack: Callable[[tuple], None],
                 exp.tick()
             continue
         if msg is None:
+            if exp is None and pre is not None:  # the traced process ended before its rank was known
+                try:
+                    exp = begin(pre)
+                except Exception as e:
+                    print(f"cptrace_otel: exporter error at end of input: {e!r}", file=sys.stderr, flush=True)
             if at_eof is not None and exp is not None:
                 at_eof(exp)
             break
@@ -388,13 +413,20 @@ def run_loop(get: Callable[[float], Any], ack: Callable[[tuple], None],
                 if exp is not None:
                     exp.add_items(msg[1], msg[2])
                     exp.tick()
+                elif pre is not None:
+                    held.append((msg[1], msg[2]))
             elif kind == FLUSH:
+                if exp is None and pre is not None:  # (the traced process sends INIT first; never wait here)
+                    exp = begin(pre)
                 ok = exp.flush(msg[3], msg[2], len(msg) > 4 and bool(msg[4])) if exp is not None else False
                 if exp is not None and progress is not None:
                     progress(exp.progress())  # before the ACK: the flushed records are safe by then
                 ack((ACK, msg[1], ok, exp.stats() if exp is not None else {}))
             elif kind == INIT:
-                exp = Exporter(msg[1])
+                if exp is None:  # (a second INIT, after a restart, is the same configuration)
+                    exp = begin(msg[1])
+            elif kind == PREINIT:
+                pre = msg[1]
         except Exception as e:  # keep serving: a bad batch must not take the exporter down
             print(f"cptrace_otel: exporter error on {kind!r}: {e!r}", file=sys.stderr, flush=True)
             if kind == FLUSH:
@@ -467,8 +499,10 @@ def _detach_later(exp: Exporter) -> None:
     def detach() -> None:
         log = os.path.join(exp.spool_root, f"worker-{os.getpid()}.log")
         try:
-            os.makedirs(exp.spool_root, exist_ok=True)
-            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            from .ownfiles import open_own, secure_dir
+
+            secure_dir(exp.spool_root)
+            fd = open_own(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         except OSError:
             log, fd = os.devnull, os.open(os.devnull, os.O_WRONLY)
         try:

@@ -51,14 +51,18 @@ DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
 
 _warned: set[str] = set()
 
-# userinfo: after "://" (or at the start of a URL given without a scheme) up to the LAST "@" of the URL, so that a
-# password holding "@", "/", "?" or "#" unencoded is masked whole (over-masking a path with an "@" is the safe side)
-_USERINFO_RE = re.compile(r"(?<=://)\S*@|^(?!\S*://)\S*@")
+# A URL's userinfo, whatever its shape: from the scheme's "//" to the LAST "@" before the next white space or quote,
+# or, for a first word with no "//" (a scheme-less endpoint, user:pass@host:4317), from its start to its last "@".
+# A malformed password ("p/ss", "p@ss", "p#ss", "p?ss") must be masked whole, so the authority's usual end ("/", "?",
+# "#") does not end it here; an "@" in a path is masked too (the safe side).
+_USERINFO_RE = re.compile(r"(?<=//)[^\s\"<>]*@|^(?![^\s\"<>]*//)[^\s\"<>]*@")
 _MASKED = "***"
 
 
 def mask_url(url: str) -> str:
-    """``url`` with any userinfo (``user:pass@``) replaced by ``***@``."""
+    """``url`` (or a text quoting URLs) with any userinfo (``user:pass@``) replaced by ``***@``, whatever the URL's
+    shape: everything from ``//`` to the last ``@`` before white space or a quote; a first word with no ``//`` that
+    holds an ``@`` (a scheme-less endpoint, ``user:pass@host:4317``) is masked up to its last ``@``."""
     return _USERINFO_RE.sub(_MASKED + "@", url) if "@" in url else url
 
 
@@ -66,26 +70,38 @@ def mask(text: str, secrets: Any = ()) -> str:
     """``text`` with URL userinfo masked and every string of ``secrets`` (header values, passwords; see
     :func:`secrets_of`) replaced by ``***``. The one masking helper: every message that may quote an endpoint, a
     header or an error raised while using them goes through it."""
-    text = mask_url(str(text))
+    text = str(text)
     for s in secrets:
         if s and len(s) >= 3:  # a 1-2 character value would mask unrelated text and protects nothing
             text = text.replace(s, _MASKED)
+    if "@" in text and "//" in text:
+        text = _USERINFO_RE.sub(_MASKED + "@", text)
     return text
+
+
+def userinfo_of(endpoint: str) -> str:
+    """The userinfo of an endpoint value, whatever its shape (between ``//`` or the start, and the last ``@``);
+    "" when it has none."""
+    if "@" not in endpoint:
+        return ""
+    i = endpoint.find("//")
+    start = i + 2 if i >= 0 else 0
+    end = endpoint.rfind("@")
+    return endpoint[start:end] if end >= start else ""
 
 
 def secrets_of(endpoint: str | None, headers: Any = ()) -> tuple[str, ...]:
     """The secret strings of a sink's settings: header values (raw and stripped) and the endpoint's userinfo
-    (raw and percent-decoded), longest first so a value containing another is masked whole."""
+    (raw and percent-decoded, whole and its password part), longest first so a value containing another is masked
+    whole."""
     out: set[str] = set()
     for _k, v in headers:
         out.update((v, v.strip()))
-    if endpoint and "@" in endpoint:
-        m = _USERINFO_RE.search(endpoint)
-        if m:
-            ui = m.group(0)[:-1]
-            out.update((ui, unquote(ui)))
-            user, _, pw = ui.partition(":")
-            out.update((pw, unquote(pw)))
+    ui = userinfo_of(endpoint) if endpoint else ""
+    if ui:
+        out.update((ui, unquote(ui)))
+        _user, _, pw = ui.partition(":")
+        out.update((pw, unquote(pw)))
     return tuple(sorted((s for s in out if s), key=len, reverse=True))
 
 
@@ -129,6 +145,7 @@ class Config:
     rank_wait_s: float = 2.0
     sample: float = 1.0                  # fraction of node lineages kept (cptrace_otel.model.sampling)
     rank_source: str = ""                # where cp_rank came from when it was discovered (cptrace_otel.traced.ranks)
+    sglang_exact: bool = False           # CPTRACE_SGLANG_EXACT: the SGLang instrumentation adds devx/hostx/idx_x
 
     def __repr__(self) -> str:
         body = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
@@ -240,6 +257,16 @@ def _bool(raw: str | None) -> bool | None:
         return False
     _warn_once("bool" + raw, f"OTLP INSECURE={raw!r} is not true|false; ignoring it")
     return None
+
+
+def _switch(env: Mapping[str, str], name: str) -> bool:
+    """An on/off variable: 1/true/yes/on is on; unset, empty, 0/false/no/off is off; anything else warns once, off."""
+    raw = (env.get(name) or "").strip().lower()
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw not in ("", "0", "false", "no", "off"):
+        _warn_once("switch" + name + raw, f"{name}={raw!r} is not 1|true|yes|on|0|false|no|off; off")
+    return False
 
 
 def _fraction(env: Mapping[str, str], name: str) -> float:
@@ -366,6 +393,7 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: Any) -> Config:
         rank_wait_s=_float(env, "CPTRACE_RANK_WAIT_S", 2.0),
         sample=_fraction(env, "CPTRACE_SAMPLE"),
         checks=(env.get("CPTRACE_CHECKS", "1").strip() not in ("0", "false", "no", "off")),
+        sglang_exact=_switch(env, "CPTRACE_SGLANG_EXACT"),
         service_name=env.get("OTEL_SERVICE_NAME") or "sglang-hicache",
         resource_attributes=_parse_kv_list(env.get("OTEL_RESOURCE_ATTRIBUTES") or "", "OTEL_RESOURCE_ATTRIBUTES"),
     )
@@ -379,5 +407,7 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: Any) -> Config:
     if not values["spool_dir"]:
         import tempfile
 
-        values["spool_dir"] = os.path.join(tempfile.gettempdir(), "cptrace-spool")
+        # one folder per user: a shared temp dir must not hold (or let another user plant) someone else's spool
+        uid = os.getuid() if hasattr(os, "getuid") else 0
+        values["spool_dir"] = os.path.join(tempfile.gettempdir(), f"cptrace-spool-{uid}")
     return Config(**values)

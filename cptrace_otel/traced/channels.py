@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from typing import Any
 
 from ..export.protocol import frame, read_frame
@@ -95,13 +96,16 @@ class ProcessChannel(Books):
 class ThreadChannel(Books):
     """The same worker loop in a thread of this process (``CPTRACE_EXPORTER=thread``)."""
 
+    MAX_QUEUED = 64
+
     def __init__(self, st: Any, seq0: int = 0) -> None:
         import queue
 
         from ..export.worker import run_loop
 
         self._init_books(seq0)
-        self._q: Any = queue.Queue(maxsize=64)
+        # A SimpleQueue (C): put and get hold no Python-level lock a SIGTERM handler could find held (lifecycle).
+        self._q: Any = queue.SimpleQueue()
         self._st = st
         self._rc: list[int] = []
 
@@ -116,15 +120,15 @@ class ThreadChannel(Books):
         self._t.start()
 
     def send(self, msg: tuple) -> None:
+        # bounded like a pipe: wait while the worker is MAX_QUEUED messages behind (the buffer then fills and drops)
+        while self._q.qsize() >= self.MAX_QUEUED and self._t.is_alive():
+            time.sleep(0.002)
         if not self._t.is_alive():
             raise BrokenPipeError("exporter thread is not running")
         self._q.put(msg)
 
     def close(self, timeout_s: float) -> bool:
-        try:
-            self._q.put(None, timeout=max(0.01, timeout_s))
-        except Exception:
-            return False
+        self._q.put(None)
         self._t.join(timeout=max(0.0, timeout_s))
         return not self._t.is_alive() and self._rc == [0]
 

@@ -8,10 +8,23 @@
   that was installed before (SGLang installs its own) or, when there was none, dies of SIGTERM as the process would
   have. A process that ignores SIGTERM is left alone. A handler the application installs *after* the first record
   replaces this one: it should exit through ``sys.exit`` (the exit flush runs) or call ``cptrace_otel.flush()``.
+* Signal safety: the handler runs on the main thread between two bytecodes of whatever frame it interrupted, which
+  may be inside ``flush()``, ``shutdown()`` or the exit flush. So nothing the handler or the threads it waits for
+  needs can be a Python-level lock that frame may hold: the pipeline's wake-ups and flush waiters are
+  :class:`Flag` (one C-level lock each, whose acquire and release are single calls: never held between bytecodes),
+  the thread channel's queue is a ``queue.SimpleQueue`` (C), and the handler flushes the pipeline being shut down
+  too (the pipeline's ``signal_flush``). A SIGTERM that lands while the handler flushes is folded into it (one
+  flush, one chained call); one that lands during the exit flush waits for it to finish, then is handled (the
+  application's handler runs, or the process dies of SIGTERM), so a storm of signals neither deadlocks nor cuts
+  the flush short, and the exit stays within the exit budget.
 * Fork: callbacks registered with :func:`on_fork_child` run in a forked child, in the order they were registered
   (the api forgets its installed submit function, then the pipeline its threads). ``multiprocessing`` fork children
   end with ``os._exit`` (no atexit): after those callbacks, a ``multiprocessing.util.Finalize`` is armed that runs
   the exit flush when the child's bootstrap finishes.
+
+* Closing (:func:`close_state`, for ``pipeline.shutdown`` and the exit flush): flush, stop the drainer, count what
+  is still queued when time runs out, have what a drainer stuck on one value had rendered shipped and that record
+  counted, close the worker.
 
 Imports only the standard library and nothing of the package: the pipeline registers its callbacks here when it is
 imported (it is never looked up from here).
@@ -19,11 +32,13 @@ imported (it is never looked up from here).
 
 from __future__ import annotations
 
+import _thread
 import atexit
 import os
 import signal
 import sys
 import threading
+import time
 from typing import Any, Callable
 
 SIGNAL_FLUSH_S = 3.0      # SIGTERM: longest wait for the flush before the chained handler (or death)
@@ -32,11 +47,44 @@ _exit_hook_registered = False
 _sigterm_installed = False
 _prev_sigterm: Any = None
 _on_exit: Callable[[], None] | None = None
-_on_signal: Callable[[float, bool], None] | None = None
+_on_signal: Callable[[float, bool], object] | None = None
 _fork_children: list[Callable[[], None]] = []
+_in_handler = False          # the handler is flushing: a nested SIGTERM is folded into it
+_exit_flush_running = False  # the exit flush runs: a SIGTERM waits for it (see _deferred)
+_deferred: tuple | None = None
 
 
-def set_handlers(at_exit: Callable[[], None], signal_flush: Callable[[float, bool], None]) -> None:
+class Flag:
+    """An event that a signal handler may set or wait on whatever the interrupted frame was doing: one C-level lock,
+    held while the flag is clear. :meth:`set` releases it (a no-op when set), :meth:`wait` acquires it with a
+    timeout and, unless ``consume``, releases it again (the flag stays set). Acquire and release are single C
+    calls, so a frame interrupted by a signal never holds anything a handler or another thread then waits for
+    (``threading.Event`` holds its condition's lock across several bytecodes)."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = _thread.allocate_lock()
+        self._lock.acquire()
+
+    def set(self) -> None:
+        try:
+            self._lock.release()
+        except RuntimeError:  # already set
+            pass
+
+    def clear(self) -> None:
+        self._lock.acquire(False)
+
+    def wait(self, timeout: float, consume: bool = False) -> bool:
+        got = self._lock.acquire(True, max(0.0, timeout))
+        if got and not consume:
+            self._lock.release()
+        return got
+
+
+
+def set_handlers(at_exit: Callable[[], None], signal_flush: Callable[[float, bool], object]) -> None:
     """The pipeline's exit handler (run at exit and at the end of a multiprocessing child) and its SIGTERM flush
     (``signal_flush(budget_s, dies)``: ``dies`` when the process ends right after it, so a backend that is down is
     not waited for). Called once, when the pipeline module is imported."""
@@ -83,19 +131,114 @@ def install_sigterm() -> None:
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
+    """Flush (within :data:`SIGNAL_FLUSH_S`), then chain the previous handler or die of SIGTERM. Signal-safe: see
+    the module docstring."""
+    global _in_handler, _deferred
+    if _in_handler:
+        return  # a storm: this one is folded into the flush under way, which chains once
+    if _exit_flush_running:
+        _deferred = (signum, frame)  # handled when the exit flush is done (run_deferred)
+        return
+    _in_handler = True
+    try:
+        fn = _on_signal
+        if fn is not None:
+            try:
+                fn(SIGNAL_FLUSH_S, not callable(_prev_sigterm))  # dies: SIG_DFL, the process ends right after
+            except Exception:
+                pass
+    finally:
+        _in_handler = False
+    _chain(signum, frame)
+
+
+def _chain(signum: int, frame: Any) -> None:
     prev = _prev_sigterm
-    dies = not callable(prev)  # SIG_DFL (or unknown): the process ends right after this flush
-    fn = _on_signal
-    if fn is not None:
-        try:
-            fn(SIGNAL_FLUSH_S, dies)
-        except Exception:
-            pass
     if callable(prev):
         prev(signum, frame)
         return
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)
+
+
+def exit_flush_running(on: bool) -> None:
+    """The exit flush starts (True) or ends (False): a SIGTERM meanwhile waits for it (:func:`run_deferred`)."""
+    global _exit_flush_running
+    _exit_flush_running = on
+
+
+def run_deferred() -> None:
+    """After the exit flush: handle a SIGTERM that arrived during it (chain the application's handler, or die)."""
+    global _deferred
+    d, _deferred = _deferred, None
+    if d is not None:
+        try:
+            _chain(*d)
+        except SystemExit:
+            pass  # already exiting: an atexit callback cannot change the exit status
+
+
+def close_state(st: Any, timeout_s: float) -> bool:
+    """Flush the pipeline state ``st`` (``cptrace_otel.traced.pipeline._State``) and close it within ``timeout_s``:
+    stop its drainer, count what is still queued if it cannot finish, close the worker. Safe to run again on a state
+    whose close was interrupted (by the application's SIGTERM handler raising SystemExit)."""
+    t0 = time.monotonic()
+    ok = False
+    try:
+        ok = st.flush(timeout_s) if not st.stop else True
+        st.stop = True
+        st.wake.set()
+        st.drainer.join(timeout=max(0.0, timeout_s - (time.monotonic() - t0)))
+        if st.drainer.is_alive():
+            ok = _abandon_queue(st, timeout_s) and ok
+            ok = _take_over_stuck(st) and ok
+        if st.channel is not None:
+            closed = st.channel.close(max(0.0, timeout_s - (time.monotonic() - t0)))
+            ok = ok and closed
+    except Exception:
+        ok = False
+    return ok
+
+
+def _take_over_stuck(st: Any) -> bool:
+    """Closing with the drainer stuck rendering one value (the watchdog's budget not yet spent): ship what it had
+    rendered, count the stuck record, and send the final drop count. False when a record was lost."""
+    lost = st._rendering
+    items: list = []
+    if lost:
+        st.gen += 1  # the stuck drainer stops if it ever returns
+        st._rendering = False
+        items = list(st._cur_items)
+        st.stuck += 1
+        st.dropped += 1
+        st.lost += 1
+        print(f"cptrace_otel: at shutdown the drainer was still rendering a value; that record is dropped (counted), "
+              f"the {len(items)} records it had rendered are delivered", file=sys.stderr, flush=True)
+    if st.channel is not None and st.gone is None:
+        st.shipped += len(items)
+        st.ship_items(items)
+    elif items:
+        st.dropped += len(items)
+        st.lost += len(items)
+    return not lost
+
+
+def _abandon_queue(st: Any, timeout_s: float) -> bool:
+    """shutdown() ran out of time with records still queued: they are lost; count them and say so."""
+    n = 0
+    popleft = st.buf.popleft
+    while True:  # popleft, not len+clear: a record the drainer takes meanwhile is not counted twice
+        try:
+            popleft()
+        except IndexError:
+            break
+        n += 1
+    if n:
+        st.dropped += n
+        st.lost += n
+        print(f"cptrace_otel: shutdown timed out after {timeout_s:g}s with {n} records still queued; they are "
+              "dropped (counted)", file=sys.stderr, flush=True)
+    return n == 0
 
 
 class _Token:

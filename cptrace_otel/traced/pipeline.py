@@ -37,7 +37,9 @@ Contract (docs/ARCHITECTURE.md):
 * Exit, signals, fork: this module registers its callbacks with :mod:`cptrace_otel.traced.lifecycle` when it is
   imported: the exit shutdown (at exit and at the end of a ``multiprocessing`` child), the SIGTERM flush, and the
   fork-child reset that forgets the parent's pipeline, so the child starts its own drainer and worker on its next
-  record.
+  record. Everything a SIGTERM handler waits on is signal-safe (``lifecycle.Flag``), and it flushes the pipeline
+  being shut down too (:func:`_signal_flush`). Closing with the drainer stuck on a value ships what it had rendered
+  and counts the stuck record (``lifecycle.close_state``), whatever the exit budget.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ from typing import Any, Callable
 
 from . import lifecycle
 from .channels import ProcessChannel, ThreadChannel
-from ..export.protocol import ACK, FLUSH, INIT, ITEMS, PROGRESS
+from ..export.protocol import ACK, FLUSH, INIT, ITEMS, PREINIT, PROGRESS
 from ..model.records import RESOLVE_TIMEOUT_S, compact_item
 
 BATCH = 4096              # records per message to the worker
@@ -69,6 +71,7 @@ _lock = threading.Lock()
 _state: "_State | None" = None
 _fids = itertools.count(1)
 _on_stop: Callable[[], None] | None = None   # start()'s caller's uninstall hook
+_closing: "_State | None" = None   # the pipeline shutdown() is closing (a SIGTERM or the exit flush finishes it)
 _last_stats: dict[str, Any] = {}
 
 
@@ -96,7 +99,7 @@ class _State:
         self.shipped = 0
         self.flush_reqs: collections.deque = collections.deque()
         self.waiters: dict[int, list[Any]] = {}
-        self.wake = threading.Event()
+        self.wake = lifecycle.Flag()   # (signal-safe: see lifecycle; a threading.Event could deadlock a SIGTERM)
         self.stop = False
         self.channel: Any = None
         self.gone: str | None = None
@@ -210,9 +213,9 @@ class _State:
         return self.dropped + self.prev_wlost + (ch.wlost if ch is not None else 0)
 
     # drainer -------------------------------------------------------------------------------------------------------
-    def _start_channel(self, resume: dict | None = None) -> None:
-        seq0 = resume["seq"] if resume else 0
-        info = {
+    def _info(self, resume: dict | None) -> dict:
+        """The INIT (or, while the rank is unknown, PREINIT) message's dict for the configuration in force."""
+        return {
             "config": self.cfg,
             "resource": self.cfg.resource(),
             "instance": f"{self.cfg.resource().get('service.instance.id', '')}",
@@ -221,23 +224,32 @@ class _State:
             "spool_dir": self.cfg.spool_dir,
             "resume": resume,
         }
+
+    def _start_channel(self, resume: dict | None = None) -> None:
+        seq0 = resume["seq"] if resume else 0
+        # While the rank is unknown the worker holds the records (PREINIT), so a process that ends meanwhile loses
+        # nothing: the worker then exports them as rank-unknown; INIT, sent once the rank is found, labels them.
+        init = (INIT if self.hold is None else PREINIT, self._info(resume))
         if self.cfg.exporter == "process":
             try:
                 ch: Any = ProcessChannel(self, seq0)
                 self.channel = ch
-                ch.send((INIT, info))
+                ch.send(init)
                 return
             except Exception as e:
                 print(f"cptrace_otel: cannot start the exporter process ({e!r}); exporting from a thread instead",
                       file=sys.stderr, flush=True)
         self.channel = ThreadChannel(self, seq0)
-        self.channel.send((INIT, info))
+        self.channel.send(init)
 
     def _restart(self) -> bool:
         """The worker died: count the records that died with it, start another (bounded, with backoff). False when
         no worker runs any more (records are then dropped and counted)."""
         old = self.channel
         lost = old.in_flight()
+        # The next worker numbers on from every seq the dead one may have given (to records it may have delivered
+        # before it died but had not reported safe): a seq is never given to two records.
+        next_seq = old.seq0 + old.shipped
         self.dropped += lost
         self.lost += lost
         self.prev_wlost += old.wlost
@@ -253,7 +265,7 @@ class _State:
               file=sys.stderr, flush=True)
         time.sleep(RESTART_BACKOFF_S * (1 << (self.restarts - 1)))
         try:
-            self._start_channel({"seq": old.seq0 + old.shipped, "epochs": old.epochs, "restarts": self.restarts})
+            self._start_channel({"seq": next_seq, "epochs": old.epochs, "restarts": self.restarts})
         except Exception as e:
             self.gone = f"exporter failed to restart: {e!r}"
             print(f"cptrace_otel: {self.gone}; further records are dropped and counted", file=sys.stderr, flush=True)
@@ -278,6 +290,10 @@ class _State:
             self.dropped += n_records
             self.lost += n_records
 
+    def ship_items(self, items: list) -> None:
+        """Ship a batch of compact items, with the drop count so far (the worker stamps it on the rank span)."""
+        self._ship((ITEMS, items, self.dropped + self.prev_wlost), len(items))
+
     def _open(self) -> None:
         try:
             self._start_channel()
@@ -288,15 +304,14 @@ class _State:
     def _drain(self) -> None:
         from .ranks import RankHold
 
-        # While the rank is unknown the first batches wait here (not on the caller) so that a rank learned from the
-        # config record, SGLang or torch.distributed still labels them (cptrace_otel.traced.ranks.RankHold). The hold
-        # lives
-        # on the state, so a drainer started by the watchdog carries on with it.
+        # While the rank is unknown the first records wait in the exporter worker (PREINIT; not here, where an
+        # os._exit would lose them, nor on the caller) so that a rank learned from the config record, SGLang or
+        # torch.distributed still labels them (cptrace_otel.traced.ranks.RankHold says when to stop looking). The
+        # hold lives on the state, so a drainer started by the watchdog carries on with it.
         hold = RankHold(self.cfg, self.cfg.rank_wait_s, self.cap)
-        if hold.known:
-            self._open()
-        else:
+        if not hold.known:
             self.hold = hold
+        self._open()
         self._drain_loop(0, [])
 
     def _drain_loop(self, gen: int, pending: list) -> None:
@@ -307,8 +322,7 @@ class _State:
                 self.shipped += len(pending)
                 if self.hold is not None:
                     self.hold.add(pending)
-                else:
-                    self._ship((ITEMS, pending, self.dropped + self.prev_wlost), len(pending))
+                self.ship_items(pending)
             self._drain_body(gen)
         except BaseException as e:  # noqa: BLE001 - reported; the watchdog starts a new drainer
             if self.gen == gen:
@@ -351,15 +365,12 @@ class _State:
                 self.shipped += len(items)
                 if self.hold is not None:
                     self.hold.add(items)
-                    continue
-                self._ship((ITEMS, items, self.dropped + self.prev_wlost), len(items))
+                self.ship_items(items)
             hold = self.hold
             if hold is not None and hold.due(bool(reqs) or self.stop):
-                self.hold = None
                 self.cfg = hold.resolve()
-                self._open()
-                for items in hold.batches:
-                    self._ship((ITEMS, items, self.dropped + self.prev_wlost), len(items))
+                self.hold = None
+                self._ship((INIT, self._info(None)))  # the worker starts exporting what it held, with the rank
             for fid, t_req, timeout_s in reqs:
                 left = timeout_s - (time.monotonic() - t_req) - 0.05
                 self._ship((FLUSH, fid, self.dropped + self.prev_wlost, max(0.0, left), self.exiting))
@@ -372,7 +383,7 @@ class _State:
             if self.gen != gen:
                 return
             if not busy:
-                self.wake.wait(IDLE_WAIT_S)
+                self.wake.wait(IDLE_WAIT_S, consume=True)
 
     # watchdog ------------------------------------------------------------------------------------------------------
     def _watch(self) -> None:
@@ -415,7 +426,7 @@ class _State:
         if self.gone is not None and not self.drainer.is_alive():
             return False
         fid = next(_fids)
-        w: list[Any] = [threading.Event(), False]   # [set when answered, the answer]
+        w: list[Any] = [lifecycle.Flag(), False]   # [set when answered, the answer]
         self.waiters[fid] = w
         self.flush_reqs.append((fid, time.monotonic(), timeout_s))
         self.wake.set()
@@ -471,49 +482,45 @@ def flush(timeout_s: float = 30.0) -> bool:
 
 def shutdown(timeout_s: float = 30.0) -> bool:
     """Flush, stop the drainer, close the worker (it delivers and exits). A later record starts a new pipeline."""
-    global _state, _on_stop
+    global _state, _on_stop, _closing
     with _lock:
         st = _state
         if st is None:
             return True
         _state = None
+        _closing = st
         on_stop, _on_stop = _on_stop, None
     if on_stop is not None:
         on_stop()
-    t0 = time.monotonic()
-    ok = False
-    try:
-        ok = st.flush(timeout_s)
-        st.stop = True
-        st.wake.set()
-        st.drainer.join(timeout=max(0.0, timeout_s - (time.monotonic() - t0)))
-        if st.drainer.is_alive():
-            ok = _abandon_queue(st, timeout_s) and ok
-        if st.channel is not None:
-            closed = st.channel.close(max(0.0, timeout_s - (time.monotonic() - t0)))
-            ok = ok and closed
-    except Exception:
-        ok = False
+    ok = lifecycle.close_state(st, timeout_s)
     _remember(st)
+    # (not reached when the application's SIGTERM handler raised SystemExit meanwhile: the exit flush finishes it)
+    _closing = None
     return ok
 
 
-def _abandon_queue(st: _State, timeout_s: float) -> bool:
-    """shutdown() ran out of time with records still queued: they are lost; count them and say so."""
-    n = 0
-    popleft = st.buf.popleft
-    while True:  # popleft, not len+clear: a record the drainer takes meanwhile is not counted twice
-        try:
-            popleft()
-        except IndexError:
-            break
-        n += 1
-    if n:
-        st.dropped += n
-        st.lost += n
-        print(f"cptrace_otel: shutdown timed out after {timeout_s:g}s with {n} records still queued; they are "
-              "dropped (counted)", file=sys.stderr, flush=True)
-    return n == 0
+def _pipeline_for_signal() -> "_State | None":
+    """The pipeline a SIGTERM must flush: the running one, or the one shutdown() is closing."""
+    st = _state if _state is not None else _closing
+    return st if st is not None and st.pid == os.getpid() else None
+
+
+def _signal_flush(budget_s: float, dies: bool) -> bool:
+    """SIGTERM (lifecycle, on the main thread, maybe inside flush() or shutdown()): deliver everything emitted within
+    ``budget_s``. Takes no lock an interrupted frame may hold (see lifecycle). ``dies``: the process ends right
+    after, so the worker does not wait for a backend that is down."""
+    st = _pipeline_for_signal()
+    if st is None:
+        return True
+    if dies:
+        st.exiting = True
+    if not st.stop and st.drainer.is_alive():
+        return st.flush(budget_s)
+    # being closed: the drainer ships what is left and stops; the worker delivers at end of input
+    t0 = time.monotonic()
+    st.drainer.join(budget_s)
+    ch = st.channel
+    return ch is None or ch.close(max(0.0, budget_s - (time.monotonic() - t0)))
 
 
 def stats() -> dict[str, Any]:
@@ -541,29 +548,33 @@ def _remember(st: _State) -> None:
 
 
 def _at_exit(budget_s: float = EXIT_FLUSH_S) -> None:
-    """Exit (atexit, end of a multiprocessing child): shut down within ``budget_s``; the worker does not wait for
-    a backend that is down (its requests stay in the spool for the next run)."""
-    st = _state
+    """Exit (atexit, end of a multiprocessing child): shut down within ``budget_s``; the worker does not wait for a
+    backend that is down (its requests stay in the spool for the next run). A SIGTERM meanwhile waits for it."""
+    global _closing
+    st = _state if _state is not None else _closing
     if st is None or st.pid != os.getpid():
         return
     st.exiting = True
-    shutdown(min(budget_s, float(getattr(st.cfg, "timeout_s", budget_s)) + 1.0))
-
-
-def _signal_flush(budget_s: float, dies: bool) -> None:
-    """SIGTERM: flush within ``budget_s``; when the process ``dies`` right after, do not wait for a backend that is
-    down (the spool keeps its requests)."""
-    st = _state
-    if st is not None and dies:
-        st.exiting = True
-    flush(budget_s)
+    lifecycle.exit_flush_running(True)
+    try:
+        b = min(budget_s, float(getattr(st.cfg, "timeout_s", budget_s)) + 1.0)
+        if st is _state:
+            shutdown(b)
+        else:  # a shutdown() cut short (the application's SIGTERM handler raised SystemExit in it)
+            lifecycle.close_state(st, b)
+            _remember(st)
+            _closing = None
+    finally:
+        lifecycle.exit_flush_running(False)
+    lifecycle.run_deferred()
 
 
 def _after_fork_in_child() -> None:
     """Forget the parent's pipeline in a forked child (its threads do not exist here); start afresh lazily."""
-    global _state, _lock, _on_stop
+    global _state, _lock, _on_stop, _closing
     st = _state
     _state = None
+    _closing = None
     _on_stop = None
     _lock = threading.Lock()
     if st is not None and st.channel is not None:

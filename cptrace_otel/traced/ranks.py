@@ -9,10 +9,11 @@ Contract:
   names of the sglang 0.5.23 wheel), ``torch.distributed`` when it is initialized (its rank is the CP rank), and the
   environment last (``RANK`` with ``WORLD_SIZE``, as torchrun sets them). It never imports SGLang or torch: a
   module that the process has not imported has nothing to say, so looking costs a ``sys.modules`` lookup.
-* :class:`RankHold` is how a rank learned after the first records still labels them: the drainer thread of the
-  traced process holds the first records (not the caller: it only appends to the buffer) until the rank is known,
-  ``hold_s`` has passed, a flush asks for delivery, or ``cap`` records are held; only then does it start the exporter
-  worker, whose resource, file names and span ranks come from the resolved :class:`Config`. A rank that stays
+* :class:`RankHold` is how a rank learned after the first records still labels them: the exporter worker holds the
+  first records (the drainer ships them as usual, after a ``PREINIT``; the traced process keeps none, so an
+  ``os._exit`` meanwhile loses nothing) until the drainer, which watches them go by, finds the rank, ``hold_s`` has
+  passed, a flush asks for delivery, or ``cap`` records went by; then it sends the worker ``INIT`` with the resolved
+  :class:`Config`, whose resource, file names and span ranks label every record. A rank that stays
   unknown in a run of several processes is warned about once, loudly (stderr).
 * :func:`agreed_run_id`: the run id all ranks of one launch share. ``CPTRACE_RUN_ID`` (or an override) wins, then
   ``TORCHELASTIC_RUN_ID`` (torchrun; its placeholder ``none`` does not count), then, when ``torch.distributed`` is
@@ -163,15 +164,14 @@ def agreed_run_id(cfg: Any, env: Mapping[str, str] | None = None) -> str:
 class RankHold:
     """The drainer's hold on the first records while the rank is unknown (see the module docstring).
 
-    ``add(items)`` takes a batch of compact items; ``due(flush_asked)`` says whether to stop holding; ``resolve()``
-    returns the final Config (and warns once when the rank stayed unknown in a run of several processes);
-    ``batches`` are the held batches, in order."""
+    ``add(items)`` sees a batch of compact items go by (a ``config`` record may state the rank); ``due(flush_asked)``
+    says whether to stop holding; ``resolve()`` returns the final Config (and warns once when the rank stayed unknown
+    in a run of several processes)."""
 
     POLL_S = 0.05
 
     def __init__(self, cfg: Any, hold_s: float = 2.0, cap: int = 262144) -> None:
         self.cfg = cfg
-        self.batches: list[list] = []
         self.held = 0
         self.cap = cap
         self.found: Ranks | None = None
@@ -184,7 +184,6 @@ class RankHold:
         return self.cfg.cp_rank >= 0 or self.found is not None
 
     def add(self, items: list) -> None:
-        self.batches.append(items)
         self.held += len(items)
         if self.found is None:
             for it in items:

@@ -81,9 +81,13 @@ def test_kill9_of_the_worker_under_load_restarts_it_and_counts_every_lost_record
     assert rc == 0, err
     got = _is([e for sp in spans for e in sp.events])
     assert len(got) == len(set(got))                     # nothing twice
+    seqs = [e.attrs[sc.SEQ] for sp in spans for e in sp.events if "hicache.i" in e.attrs]
+    assert len(seqs) == len(set(seqs))                   # no seq given twice (issue 21: the restart reused them)
     assert st["restarts"] == 1 and st["worker_gone"] is None
     assert n - len(got) <= st["dropped"]                 # every record missing is counted
-    assert len(got) >= n - 10_000                        # the restarted worker delivered the rest
+    # the restarted worker delivered the rest (records shipped to the dead worker before its death was seen are
+    # lost and counted: that window is timing, so the bound names it)
+    assert sum(1 for i in got if i >= 10_000) >= n - 10_000 - st["dropped"]
     assert got[-1] == n - 1
     assert "records it held were lost" in err and "restarting the exporter" in err
     rank = [sp for sp in spans if sp.attrs.get(sc.SPAN_KIND) == sc.SPAN_RANK]   # (v2: the kind is an attribute)

@@ -8,8 +8,10 @@ Usage::
         spans = rx.spans()                # list[RxSpan], flattened with typed attribute values
 
 ``HttpReceiver(fail_status=503)`` answers every request with that status (outage tests; ``fail_count=N`` only the
-first N, ``retry_after="5"`` adds that header); ``attempts`` holds the monotonic time of every POST. :meth:`stop`
-and :meth:`start` (same port) simulate a backend restart.
+first N, ``retry_after="5"`` adds that header); ``attempts`` holds the monotonic time of every POST and ``seen`` its
+path, headers and body size. ``host="127.0.0.2"`` listens on another loopback address (another origin);
+``redirect=LOCATION`` answers POSTs to ``redirect_from`` with ``redirect_status`` (307) and that ``Location``.
+:meth:`stop` and :meth:`start` (same port) simulate a backend restart.
 
 TLS: :func:`make_pki` writes a throw-away CA, a server certificate for 127.0.0.1/localhost and a client
 certificate (PEM, made with ``cryptography``); ``HttpReceiver(tls=ServerTls(...))`` / ``GrpcReceiver(tls=...)``
@@ -209,9 +211,15 @@ class HttpReceiver(_Store):
     """OTLP/HTTP protobuf receiver on 127.0.0.1 (``/v1/traces``), plain or TLS (``tls``)."""
 
     def __init__(self, port: int = 0, fail_status: int | None = None, fail_count: int | None = None,
-                 retry_after: str | None = None, tls: ServerTls | None = None) -> None:
+                 retry_after: str | None = None, tls: ServerTls | None = None, host: str = "127.0.0.1",
+                 redirect: str | None = None, redirect_status: int = 307, redirect_from: str = "/v1/traces") -> None:
         super().__init__()
-        self.port = port or free_port()
+        self.host = host
+        self.redirect = redirect
+        self.redirect_status = redirect_status
+        self.redirect_from = redirect_from
+        self.seen: list[tuple[str, dict[str, str], int]] = []  # (path, headers, body bytes) of every POST
+        self.port = port or free_port(host)
         self.fail_status = fail_status
         self.fail_count = fail_count
         self.retry_after = retry_after
@@ -222,7 +230,7 @@ class HttpReceiver(_Store):
 
     @property
     def url(self) -> str:
-        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}/v1/traces"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}/v1/traces"
 
     def start(self) -> None:
         store = self
@@ -235,6 +243,13 @@ class HttpReceiver(_Store):
                 n = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(n)
                 store.attempts.append(time.monotonic())
+                store.seen.append((self.path, {k.lower(): v for k, v in self.headers.items()}, len(body)))
+                if store.redirect is not None and self.path == store.redirect_from:
+                    self.send_response(store.redirect_status)
+                    self.send_header("Location", store.redirect)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 if store.fail_status and (store.fail_count is None or len(store.attempts) <= store.fail_count):
                     self.send_response(store.fail_status)
                     if store.retry_after is not None:
@@ -269,7 +284,7 @@ class HttpReceiver(_Store):
 
         self.errors: list[str] = getattr(self, "errors", [])
         ThreadingHTTPServer.allow_reuse_address = True
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self._server = ThreadingHTTPServer((self.host, self.port), Handler)
         self._server.daemon_threads = True
         self._server.handle_error = lambda *a: None  # type: ignore[method-assign]  # failed handshakes: quiet
         if self.tls is not None:

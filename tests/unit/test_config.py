@@ -33,7 +33,7 @@ def test_defaults() -> None:
         (0, None, "http/protobuf", (), 10.0, "gzip")
     assert cfg.file == DEFAULT_FILE and cfg.log_file is None  # no endpoint: the embedded file sink
     assert (cfg.cp_rank, cfg.tp_rank, cfg.dp_rank, cfg.queue_size, cfg.exporter) == (-1, -1, -1, 262144, "process")
-    assert cfg.spool_dir == os.path.join(tempfile.gettempdir(), "cptrace-spool")
+    assert cfg.spool_dir == os.path.join(tempfile.gettempdir(), f"cptrace-spool-{os.getuid()}")
     assert (cfg.span_timeout_s, cfg.checks, cfg.service_name, cfg.resource_attributes) == \
         (1.0, True, "sglang-hicache", ())
 

@@ -25,19 +25,40 @@ def _records(n: int, start: int = 0, pad: int = 0) -> list[tuple]:
             for i in range(start, start + n)]
 
 
-@pytest.fixture
-def tiny_disk(tmp_path: Path):
+def _mount_tmpfs(tmp_path: Path, size: str):
     if os.geteuid() != 0:
-        pytest.skip("mounting a 2 MiB tmpfs needs root (CI runs as root)")
+        pytest.skip(f"mounting a {size} tmpfs needs root (CI runs as root)")
     d = tmp_path / "disk"
     d.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(d)], capture_output=True, text=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(d)], capture_output=True, text=True)
     if r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
     try:
         yield d
     finally:
         subprocess.run(["umount", "-l", str(d)], capture_output=True)
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path):
+    yield from _mount_tmpfs(tmp_path, "2m")
+
+
+@pytest.fixture
+def one_mib_disk(tmp_path: Path):
+    yield from _mount_tmpfs(tmp_path, "1m")
+
+
+def _fill(disk: Path) -> Path:
+    """Fill ``disk`` to the last byte (a filler file written until ENOSPC); the filler's path."""
+    filler = disk / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError:
+            pass
+    return filler
 
 
 def _whole_lines(path: Path) -> list[str]:
@@ -141,3 +162,44 @@ print(c.shutdown(30))
                             bigs += [a["value"] for a in e["attributes"] if a["key"] == "hicache.big"]
     assert n_events == 100
     assert bigs == [{"stringValue": "(err:ValueError)"}]
+
+
+def test_a_backlog_larger_than_the_space_freed_still_resumes_and_every_loss_is_counted(one_mib_disk: Path,
+                                                                                         tmp_path: Path) -> None:
+    """Issue 21: the log file's disk is full while 6,000 records (~1.5 MiB of lines) are traced, then only 256 KiB
+    are freed: the sink writes what fits (whole lines, in order) instead of retrying the whole backlog for ever, and
+    what never fits is counted in the traced process's ``stats()["dropped"]`` (before: 0 written, 0 counted)."""
+    filler = _fill(one_mib_disk)
+    log = one_mib_disk / "rank0.log"
+    code = """
+import sys, cptrace_otel as ct
+from cptrace_otel.traced import pipeline
+for i in range(6000):
+    ct.cptrace(1, "evict", node_id=i, pad="p" * 200)
+print("FLUSH1", ct.flush(20), flush=True)
+sys.stdin.readline()                     # the parent frees some space
+print("FLUSH2", ct.flush(20), flush=True)
+ct.shutdown(20)
+print("DROPPED", pipeline.stats()["dropped"], flush=True)
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "CPTRACE_"))}
+    env.update(CPTRACE_LEVEL="1", CPTRACE_RUN_ID="full", CPTRACE_CP_RANK="0", CPTRACE_CHECKS="0",
+               CPTRACE_FILE=str(tmp_path / "out.jsonl"), CPTRACE_LOG_FILE=str(log),
+               CPTRACE_SPOOL_DIR=str(tmp_path / "spool"))
+    p = subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "FLUSH1 False"
+    before = _whole_lines(log) if log.exists() else []
+    with open(filler, "r+b") as f:
+        f.truncate(max(0, filler.stat().st_size - (256 << 10)))
+    p.stdin.write("go\n")
+    p.stdin.flush()
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    lines = _whole_lines(log)
+    nodes = [parse_line(x).fields["node_id"] for x in lines]
+    assert len(lines) > len(before) + 500, err          # it resumed with the room that came back
+    assert nodes == sorted(set(nodes))                   # in order, nothing twice
+    dropped = int(out.split("DROPPED")[1].split()[0])
+    assert len(nodes) + dropped >= 6000, (len(nodes), dropped)   # every record written or counted
+    assert "is written again" in err or "cannot write" in err

@@ -248,3 +248,21 @@ def test_exit_without_flush_still_delivers(tmp_path: Path, exporter: str) -> Non
                PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
     assert sorted(e.attrs["hicache.i"] for e, _ in _events(tmp_path)) == list(range(2000))
+
+
+def test_a_restarted_worker_numbers_on_past_every_seq_the_dead_one_was_given(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 21: records shipped to a worker that died before reporting them safe may have been delivered: their
+    seqs are spent, so the next worker starts after all of them (before: at the last safe one, reusing seqs)."""
+    monkeypatch.setattr(pipeline, "RESTART_BACKOFF_S", 0.0)
+    cfg = config.from_env({"CPTRACE_LEVEL": "1", "CPTRACE_EXPORTER": "thread", "CPTRACE_CP_RANK": "0",
+                           "CPTRACE_FILE": str(tmp_path / "o.jsonl"), "CPTRACE_SPOOL_DIR": str(tmp_path / "s")})
+    st = pipeline._State(cfg)
+    st._start_channel()
+    old = st.channel
+    old.seq0, old.shipped, old.safe = 1000, 500, 200   # 300 in flight when it died
+    old.dead, old.why = True, "exporter thread failed: test"
+    assert st._restart()
+    assert st.channel is not old and st.channel.seq0 == 1500
+    assert st.dropped == 300 and st.restarts == 1
+    st.channel.close(5.0)

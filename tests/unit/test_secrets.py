@@ -39,19 +39,24 @@ def test_outage_lines_and_stats_mask_the_url_password(tmp_path: Path) -> None:
     assert "http://***@127.0.0.1" in st["url"]
 
 
-def test_stats_of_the_pipeline_mask_the_password(tmp_path: Path) -> None:
+def _traced_with_endpoint(url: str, tmp: Path, exporter: str, **more: int) -> subprocess.CompletedProcess:
+    """A traced process exporting one record to ``url`` (nobody listens): it prints its stats and config."""
+    extra = "".join(f", {k}={v!r}" for k, v in more.items())
     code = f"""
 import cptrace_otel as c, cptrace_otel.traced.pipeline as p
-c.configure(level=1, endpoint="http://bob:{PASSWORD}@127.0.0.1:{free_port()}/v1/traces", exporter="thread",
-            timeout_s=0.5, spool_dir={str(tmp_path)!r}, run_id="t")
+c.configure(level=1, endpoint={url!r}, exporter={exporter!r}, timeout_s=0.5, spool_dir={str(tmp)!r}, run_id="t"{extra})
 c.cptrace(1, "backup", node_id=1, op=1)
-c.flush(2)
+c.flush(3)
 print(repr(p.stats()))
 print(repr(c.get_config()))
-c.shutdown(1)
+c.shutdown(2)
 """
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                       env={k: v for k, v in os.environ.items() if not k.startswith(("CPTRACE_", "OTEL_"))})
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={k: v for k, v in os.environ.items() if not k.startswith(("CPTRACE_", "OTEL_"))})
+
+
+def test_stats_of_the_pipeline_mask_the_password(tmp_path: Path) -> None:
+    r = _traced_with_endpoint(f"http://bob:{PASSWORD}@127.0.0.1:{free_port()}/v1/traces", tmp_path, "thread")
     assert "unreachable" in r.stderr
     assert PASSWORD not in r.stdout + r.stderr
     assert "***@127.0.0.1" in r.stdout
@@ -133,3 +138,62 @@ def test_mask_property() -> None:
         assert config.mask_url(url) == "http://***@host:4318/v1/traces"
 
     check()
+
+
+# -- issue 21: credentials go only to the origin they were configured for -----------------------------------------
+def _send_through(url: str, headers: list[tuple[str, str]], tmp: Path) -> tuple[dict, list[str]]:
+    t = HttpTransport(url, headers, timeout_s=5.0)
+    reports: list[str] = []
+    s = ReliableSender(t, str(tmp / "spool"), report=reports.append, backoff_s=0.05, max_backoff_s=0.1)
+    s.submit(b"", records=3)
+    s.flush(5.0)
+    st = s.stats()
+    s.close(1.0)
+    return st, reports
+
+
+@pytest.mark.parametrize("status", [307, 308, 302])
+def test_a_redirect_to_another_origin_is_not_followed_and_sends_no_credentials(tmp_path: Path, status: int) -> None:
+    """A 307/308 (or any redirect) to another loopback address is another origin: the spans and the headers stay
+    home; the refusal is reported once (masked) and the request's records are counted as lost."""
+    from tests.helpers.otlp_receiver import HttpReceiver
+
+    with HttpReceiver(host="127.0.0.2") as other, \
+            HttpReceiver(redirect=None) as origin_rx:
+        origin_rx.redirect = other.url
+        origin_rx.redirect_status = status
+        url = f"http://alice:{PASSWORD}@127.0.0.1:{origin_rx.port}/v1/traces"
+        st, reports = _send_through(url, [("x-api-key", TOKEN)], tmp_path)
+        assert other.seen == [] and other.spans() == []          # nothing reached the other origin
+        assert len(origin_rx.seen) == 1                          # the origin got the request, with its credentials
+        hdrs = origin_rx.seen[0][1]
+        assert hdrs["x-api-key"] == TOKEN and hdrs["authorization"].startswith("Basic ")
+    assert st["redirects_refused"] == 1 and st["lost_records"] == 3 and st["config_error"]
+    text = "\n".join(reports) + repr(st)
+    assert "not followed" in text and "127.0.0.2" in text
+    assert PASSWORD not in text and TOKEN not in text
+
+
+def test_a_same_origin_307_is_followed_with_the_body_and_credentials(tmp_path: Path) -> None:
+    from tests.helpers.otlp_receiver import HttpReceiver
+
+    with HttpReceiver(redirect="/v1/traces", redirect_from="/old") as rx:
+        url = f"http://alice:{PASSWORD}@127.0.0.1:{rx.port}/old"
+        st, reports = _send_through(url, [("x-api-key", TOKEN)], tmp_path)
+        paths = [p for p, _h, _n in rx.seen]
+        assert paths == ["/old", "/v1/traces"]
+        assert all(h["x-api-key"] == TOKEN and h["authorization"].startswith("Basic ") for _p, h, _n in rx.seen)
+    assert st["sent_requests"] == 1 and st["redirects_refused"] == 0 and not reports
+
+
+@pytest.mark.parametrize("shape", ["http://alice:{pw}/x@127.0.0.1:{port}/v1/traces",
+                                   "http://alice:{pw}@@127.0.0.1:{port}/v1/traces",
+                                   "http://alice:{pw} x@127.0.0.1:{port}/v1/traces",
+                                   "alice:{pw}@127.0.0.1:{port}"])
+def test_a_malformed_endpoint_is_never_printed_with_its_password(tmp_path: Path, shape: str) -> None:
+    """Whatever the endpoint's shape, the exporter's messages (set-up errors, outage lines, stats, the config's
+    repr) never hold its password."""
+    r = _traced_with_endpoint(shape.format(pw=PASSWORD, port=free_port()), tmp_path, "process", cp_rank=0)
+    out = r.stdout + r.stderr
+    assert "Config(" in out, out
+    assert PASSWORD not in out, out

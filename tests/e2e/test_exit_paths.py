@@ -1,0 +1,97 @@
+"""Issue 21: exit paths that lose nothing and never hang, with real processes, real signals and real exporter
+workers (children in tests/helpers/exit_children.py, also measured by bench/exit_losses.py).
+
+* SIGTERM storms (hundreds of signals, 1 ms apart) while the main thread is inside ``flush()`` or ``shutdown()``,
+  with and without an application handler, for both exporters: the process ends (no deadlock), the application's
+  handler ran, every record emitted was delivered.
+* ``os._exit`` one second after the first record while the rank is still unknown: nothing lost (the records wait
+  for the rank in the exporter, not in the traced process).
+* A plain ``os.fork`` child ending with ``os._exit``: its records reach its own exporter as they are emitted.
+* Exiting while the drainer is stuck on a value (well within the watchdog's 35 s): what it had rendered is
+  delivered and every other record is counted.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.exit_children import (child_env, early_exit_child, every_line_child, fork_child, storm,
+                                         storm_child, stuck_render_child, wait_delivered)
+from tests.helpers.otlp_receiver import read_jsonl
+
+from cptrace_otel.model import semconv as sc
+
+
+@pytest.mark.parametrize("exporter", ["process", "thread"])
+@pytest.mark.parametrize("frame", ["flush", "shutdown"])
+@pytest.mark.parametrize("app", [True, False], ids=["app-handler", "no-handler"])
+def test_a_sigterm_storm_in_flush_or_shutdown_ends_flushed_with_the_app_handler_run(tmp_path: Path, frame: str,
+                                                                                     app: bool, exporter: str) -> None:
+    r = storm(storm_child(frame, app), tmp_path, CPTRACE_CP_RANK="0", CPTRACE_EXPORTER=exporter)
+    assert r.rc != "HUNG", "deadlocked under a SIGTERM storm"
+    assert r.signals >= 1 and r.emitted >= 20000
+    if app:
+        assert r.app_ran
+        assert r.rc in (7, -15)  # 7: the app's sys.exit; -15 when a later signal of the storm lands after
+        # Python's finalization restored the default action (the records were flushed before that)
+    else:
+        assert r.rc == -15
+    # every record it said it emitted (a signal between a record and its line may add one more) was delivered
+    assert r.got >= set(range(r.emitted)), f"{len(set(range(r.emitted)) - r.got)} of {r.emitted} records lost"
+
+
+@pytest.mark.parametrize("exporter", ["process", "thread"])
+def test_a_sigterm_at_every_line_of_flush_and_shutdown_never_deadlocks(tmp_path: Path, exporter: str) -> None:
+    """Deterministic: the handler runs at each line of the main thread's flush() and shutdown() frames, including
+    threading's own (before issue 21 the first SIGTERM inside Event.set deadlocked: the handler's flush waited for
+    the lock that frame held)."""
+    p = subprocess.run([sys.executable, "-c", every_line_child(5000)],
+                       env=child_env(tmp_path, CPTRACE_CP_RANK="0", CPTRACE_EXPORTER=exporter),
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    line = [x for x in p.stdout.splitlines() if x.startswith("KILLS")][0].split()
+    kills, calls = int(line[1]), int(line[3])
+    assert kills >= 20 and calls == kills          # every signal ran the application's handler once
+    assert line[5] == "True" and line[7] == "True"  # both flushed everything
+    assert len(wait_delivered(tmp_path, 10000, 30)) == 10000
+
+
+def test_os_exit_while_the_rank_is_unknown_loses_nothing(tmp_path: Path) -> None:
+    p = subprocess.run([sys.executable, "-c", early_exit_child(30000, 1.0)], env=child_env(tmp_path),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    got = wait_delivered(tmp_path, 30000)
+    # only records still in the traced process's buffer at os._exit can miss (nothing runs after it): on this VM none
+    # did (bench/exit_losses.py --case early); before issue 21 the rank wait held all 30,000 there
+    assert len(got) >= 29000, len(got)
+
+
+def test_a_forked_child_ending_with_os_exit_reaches_its_own_exporter(tmp_path: Path) -> None:
+    p = subprocess.run([sys.executable, "-c", fork_child(5000, pace_s=0.004)],
+                       env=child_env(tmp_path, CPTRACE_CP_RANK="0"),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    got = wait_delivered(tmp_path, 5001, timeout_s=20)
+    child = {i for i in got if i >= 1}
+    # records emitted in the child's last few milliseconds may still be in its buffer at os._exit (nothing runs
+    # after it); before issue 21 the rank wait held all of them there (0 of 5,000)
+    assert len(child) >= 4500, len(child)
+    assert 0 in got
+
+
+def test_exit_with_a_stuck_render_delivers_what_was_rendered_and_counts_the_rest(tmp_path: Path) -> None:
+    p = subprocess.run([sys.executable, "-c", stuck_render_child(50, 49)],
+                       env=child_env(tmp_path, CPTRACE_CP_RANK="0"), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    stats = json.loads(p.stdout.split("STATS ", 1)[1])
+    got = wait_delivered(tmp_path, 50, timeout_s=30)
+    assert got == set(range(50))                       # the 50 it had rendered, delivered
+    assert stats["dropped"] == 50 and stats["stuck_renders"] == 1   # the stuck one and the 49 queued: counted
+    assert "still rendering a value" in p.stderr
+    spans = read_jsonl(sorted(str(f) for f in tmp_path.glob("out-*.jsonl")))
+    assert max(sp.attrs.get(sc.DROPPED, 0) for sp in spans) == 50   # and the rank span says so
