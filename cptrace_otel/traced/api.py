@@ -50,8 +50,7 @@ def _submit_unstarted(level: int, tag: str, fields: dict) -> None:
 def _started(pipeline: Any) -> Any:
     """Start the pipeline for the configuration in force, with the run id all ranks agree on
     (:func:`cptrace_otel.traced.ranks.agreed_run_id`, once, before the first record is kept: the sampling decision
-    hashes
-    it), and return the submit function to install (behind the sampler when ``CPTRACE_SAMPLE`` < 1)."""
+    hashes it), and return the submit function to install (behind the sampler when ``CPTRACE_SAMPLE`` < 1)."""
     global _CONFIG, _DROP
     import dataclasses
 

@@ -13,11 +13,9 @@ Contract (docs/ARCHITECTURE.md):
   waiting on their CUDA event), renders every value that is not already an int, str or float (bools as
   ``True``/``False``; anything else with upstream ``_fmt`` semantics; a value whose ``str`` raises becomes
   ``(err:<ExceptionType>)``; :func:`cptrace_otel.model.records.compact_item`) and ships batches of these compact items
-  to
-  the exporter worker, in order (messages and frames: :mod:`cptrace_otel.export.protocol`). The worker completes
+  to the exporter worker, in order (messages and frames: :mod:`cptrace_otel.export.protocol`). The worker completes
   each with the same rendering (:mod:`cptrace_otel.model.records`), so the result is the same, but the traced process
-  does
-  the least work.
+  does the least work.
 * The worker is a subprocess per traced process (``python -m cptrace_otel.export.worker``; not ``multiprocessing``,
   since SGLang rank processes may be daemonic), fed over its stdin and acking over its stdout; it exits after
   delivering once its stdin closes, so it never outlives the traced process for long. ``CPTRACE_EXPORTER=thread``
