@@ -40,7 +40,8 @@ from typing import Any, Collection
 
 from opentelemetry.instrumentation import instrumentor as _otel_instrumentor
 
-from ._sites import SITES, Recorder, version_verdict
+from ._sites import SITES
+from ._state import Recorder, version_verdict
 
 # Any: the package's type information differs between its versions (the subclass is checked at run time by it)
 BaseInstrumentor: Any = getattr(_otel_instrumentor, "BaseInstrumentor")
