@@ -5,6 +5,7 @@ They all live in ``cptrace_otel/_speedups/``, each C module next to the Python l
 * ``cptrace_otel._speedups._otlp``: OTLP protobuf encoding of span events (the exporter worker's largest cost).
 * ``cptrace_otel._speedups._logreader``: the upstream log-line reader used by ``cptrace-otel check``.
 * ``cptrace_otel._speedups._intake``: the exporter worker's intake of live records.
+* ``cptrace_otel._speedups._hot``: the gate of ``cptrace`` (level compare, sampled-out lookup) before any dict.
 * ``cptrace_otel._speedups._fingerprint``: exact CPU ``khash``/``knz``/``rng`` at memory speed (AVX2 where the CPU
   has it, chosen at import; a portable kernel elsewhere).
 
@@ -55,6 +56,7 @@ setup(
         _ext("_otlp", [_DIR + "otlp.c"]),
         _ext("_logreader", [_DIR + "logreader.c"] + _SHARED),
         _ext("_intake", [_DIR + "intake.c"] + _SHARED),
+        _ext("_hot", [_DIR + "hot.c"]),
         # -O3: the portable kernel's row loops and the rng min/max loops are left to the auto-vectorizer
         _ext("_fingerprint", [_DIR + "fingerprint.c"], ("-O3",)),
     ],
