@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from cptrace_otel import api
+from cptrace_otel.traced import api
 
 if api._hot is None:
     if os.environ.get("CPTRACE_REQUIRE_SPEEDUPS") == "1" and os.environ.get("CPTRACE_PY_GATE") != "1":
@@ -109,5 +109,5 @@ def test_wrong_arity_raises_like_python() -> None:
 
 
 def test_python_gate_switch() -> None:
-    code = "from cptrace_otel import api; assert api._hot is None and api.cptrace is api._cptrace_py"
+    code = "from cptrace_otel.traced import api; assert api._hot is None and api.cptrace is api._cptrace_py"
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "CPTRACE_PY_GATE": "1"})
