@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO / "tests"))
 OURS = textwrap.dedent("""
     import json, resource, sys, time
     import cptrace_otel as ct
-    from cptrace_otel import pipeline
+    from cptrace_otel.traced import pipeline
     n, url, proto, checks = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4] == "1"
     ct.configure(level=1, run_id="bench-exp", endpoint=url, protocol=proto, cp_rank=0, checks=checks)
     ct.cptrace(1, "config", cp_size=1)

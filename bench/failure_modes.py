@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO / "tests"))
 CHILD = textwrap.dedent("""
     import json, os, signal, sys, time
     import cptrace_otel as ct
-    from cptrace_otel import pipeline
+    from cptrace_otel.traced import pipeline
     n, rate, kills = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
     at = {n * (k + 1) // (kills + 1) for k in range(kills)}
     t0 = time.monotonic()

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 PRELUDE = textwrap.dedent("""
     import json, os, signal, sys, time
     import cptrace_otel as ct
-    from cptrace_otel import pipeline
+    from cptrace_otel.traced import pipeline
     def emit(n, start=0, rate=0, **extra):
         t0 = time.monotonic()
         for i in range(start, start + n):

@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 CHILD = textwrap.dedent("""
     import json, sys
     import cptrace_otel as ct
-    from cptrace_otel import pipeline
+    from cptrace_otel.traced import pipeline
     n, nodes, rank = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     for k in range(n):
         node, cyc = k % nodes, k // nodes
