@@ -2,7 +2,8 @@
 
 The traced process runs a loop of calibrated pure-Python work (SGLang's scheduler is one Python thread) that emits a
 record after each slice of work, sized so that the untraced loop emits ``rate`` records/s; the records cycle through
-prepare / backup / ack / evict of 500 nodes with 1 or 16 fields (ints and short strings).
+prepare / backup / ack / evict of 500 nodes with 1 field (``node_id``) or 16 (ints and short strings, one op id per
+round and ``dir=d2h``, so each copy's ack ends it).
 
 * off: the same loop without tracing calls.
 * upstream: the seed's ``cptrace`` semantics written to a ``logging.FileHandler`` (env gate re-read per call, upstream
@@ -10,10 +11,11 @@ prepare / backup / ack / evict of 500 nodes with 1 or 16 fields (ints and short 
 * ours: ``cptrace_otel.cptrace`` with its default exporter subprocess writing OTLP JSON lines to a file.
 
 Printed per (rate, fields), medians over ``--repeat`` runs: the loop's wall-time increase per record over off (the
-cost to the scheduler: caller, drainer thread and everything else in the process, as GIL time it takes), the traced
+cost to the scheduler: caller, drainer thread and everything else in the process, as GIL time it takes; on a busy
+machine this one is noisy), the loop thread's own CPU increase per record (the caller's share, steadier), the traced
 process's CPU per record over off (``RUSAGE_SELF``, all its threads, measured after a flush so the drainer's work
-is in), the exporter process's CPU per record (``RUSAGE_CHILDREN`` after shutdown), and the ratio upstream/ours of
-the wall cost. Figures are reported, not asserted (machines vary); run it on a quiet machine.
+is in), the exporter process's CPU per record (from /proc, first record to flush, its start-up excluded), and the
+ratios upstream/ours. Figures are reported, not asserted (machines vary); run it on a quiet machine.
 
     python bench/scheduler_cost.py [--rates 1000,10000,50000] [--fields 1,16] [--seconds 1.5] [--repeat 3]
 """
@@ -58,9 +60,28 @@ def _fields(i: int, nfields: int) -> dict:
     node = i % 500
     if nfields == 1:
         return {"node_id": node}
-    return {"op": i // 500, "node_id": node, "dev": 1234, "host": 5678, "io": 1, "h": 8765432101234567 + i,
+    # one op id per round of the four tags, and dir=d2h: each node's copy is prepared, backed up and acked
+    return {"op": i // 2000, "node_id": node, "dev": 1234, "host": 5678, "io": 1, "h": 8765432101234567 + i,
             "nz": 4096, "ts": i, "blen": 64, "clen": 64, "pub": 3, "hh": 123456789, "layer": i % 61,
             "rid": "req-7f3a", "dir": "d2h", "stage": "attn_kv"}
+
+
+def _proc_cpu(pid: int) -> float | None:
+    """CPU seconds (user + system) of process ``pid`` so far, from /proc (Linux), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            parts = f.read().rsplit(b")", 1)[1].split()
+        return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _worker_pid() -> int | None:
+    from cptrace_otel.traced import pipeline
+
+    ch = getattr(pipeline._state, "channel", None)
+    proc = getattr(ch, "proc", None)
+    return getattr(proc, "pid", None)
 
 
 def child(mode: str, records: int, iters: int, nfields: int, tmp: str) -> dict:
@@ -80,7 +101,10 @@ def child(mode: str, records: int, iters: int, nfields: int, tmp: str) -> dict:
         ct.flush(60)
         emit = ct.cptrace
     args = [(TAGS[(i // 500) % 4], _fields(i, nfields)) for i in range(records)]
+    wpid = _worker_pid() if mode == "ours" else None
+    w0 = _proc_cpu(wpid) if wpid else None   # the exporter's start-up is not the records' cost
     r0 = resource.getrusage(resource.RUSAGE_SELF)
+    m0 = time.thread_time()
     t0 = time.perf_counter()
     if emit is None:
         for tag, f in args:
@@ -90,12 +114,15 @@ def child(mode: str, records: int, iters: int, nfields: int, tmp: str) -> dict:
             work(iters)
             emit(1, tag, **f)
     wall = time.perf_counter() - t0
-    out = {"wall": wall, "ok": True, "dropped": 0}
+    main_cpu = time.thread_time() - m0
+    out = {"wall": wall, "main_cpu": main_cpu, "ok": True, "dropped": 0}
+    w1 = None
     if mode == "ours":
         from cptrace_otel.traced import pipeline
 
         out["ok"] = ct.flush(300)
         out["dropped"] = pipeline.stats()["dropped"]
+        w1 = _proc_cpu(wpid) if wpid else None
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     if mode == "ours":
         ct.shutdown(60)
@@ -103,7 +130,8 @@ def child(mode: str, records: int, iters: int, nfields: int, tmp: str) -> dict:
         handler.close()
     rc = resource.getrusage(resource.RUSAGE_CHILDREN)
     out["cpu"] = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
-    out["exporter_cpu"] = rc.ru_utime + rc.ru_stime
+    # the exporter's CPU from the first record to the flush (its start-up excluded), else its whole life
+    out["exporter_cpu"] = w1 - w0 if w0 is not None and w1 is not None else rc.ru_utime + rc.ru_stime
     return out
 
 
@@ -133,12 +161,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     per_s = calibrate()
-    print(f"scheduler loop cost per record (medians of {args.repeat}; each run a fresh process; "
-          f"work calibrated at {per_s / 1e6:.1f} M iterations/s)")
-    print(f"{'rate/s':>7} {'fields':>6} | {'wall cost us/rec':>16} {'':>6} {'ratio':>6} | "
-          f"{'traced CPU us/rec':>17} {'':>6} | {'exporter CPU us/rec':>19} | notes")
-    print(f"{'':>7} {'':>6} | {'upstream':>9} {'ours':>6} {'':>6} {'up/us':>6} | {'upstream':>9} {'ours':>7} "
-          f"{'':>6} | {'ours':>19} |")
+    print(f"scheduler loop cost per record, µs (medians of {args.repeat}; each run a fresh process; work calibrated "
+          f"at {per_s / 1e6:.1f} M iterations/s; ratio = upstream / ours)")
+    head = (f"{'rate/s':>7} {'fields':>6} | {'wall: upstream':>14} {'ours':>6} {'ratio':>6} | "
+            f"{'loop CPU: up':>12} {'ours':>6} {'ratio':>6} | {'process CPU: up':>15} {'ours':>6} {'ratio':>6} | "
+            f"{'exporter CPU':>12} | notes")
+    print(head)
     ok = True
     for rate in [int(r) for r in args.rates.split(",")]:
         for nfields in [int(f) for f in args.fields.split(",")]:
@@ -155,16 +183,18 @@ def main(argv: list[str] | None = None) -> int:
             def per_rec(mode: str, key: str) -> float:
                 return (med(mode, key) - med("off", key)) / records * 1e6
 
-            up_w, our_w = per_rec("upstream", "wall"), per_rec("ours", "wall")
-            up_c, our_c = per_rec("upstream", "cpu"), per_rec("ours", "cpu")
+            def cols(key: str) -> str:
+                up, ours = per_rec("upstream", key), per_rec("ours", key)
+                ratio = f"{up / ours:5.1f}x" if ours > 0 else "  n/a"
+                return f"{up:{14 if key == 'wall' else 12 if key == 'main_cpu' else 15}.2f} {ours:6.2f} {ratio:>6}"
+
             exp_c = med("ours", "exporter_cpu") / records * 1e6
             achieved = records / med("off", "wall")
             dropped = max(r["dropped"] for r in runs["ours"])
             flushed = all(r["ok"] for r in runs["ours"])
             ok &= flushed and dropped == 0
-            ratio = f"{up_w / our_w:5.1f}x" if our_w > 0 else "  n/a"
-            print(f"{rate:7d} {nfields:6d} | {up_w:9.2f} {our_w:6.2f} {'':>6} {ratio:>6} | {up_c:9.2f} {our_c:7.2f} "
-                  f"{'':>6} | {exp_c:19.2f} | off ran {achieved:.0f} rec/s; flushed={flushed} dropped={dropped}")
+            print(f"{rate:7d} {nfields:6d} | {cols('wall')} | {cols('main_cpu')} | {cols('cpu')} | {exp_c:12.2f} | "
+                  f"off ran {achieved:.0f} rec/s; flushed={flushed} dropped={dropped}")
     return 0 if ok else 1
 
 
