@@ -10,8 +10,9 @@ round and ``dir=d2h``, so each copy's ack ends it).
   ``_fmt`` rendering, ``logger.info``; our own few lines in ``bench/hot_path.py``'s ``make_upstream``).
 * ours: ``cptrace_otel.cptrace`` with its default exporter subprocess writing OTLP JSON lines to a file.
 
-Printed per (rate, fields), medians over ``--repeat`` runs, per record: the time inside the tracing calls on the
-loop's thread (``perf_counter_ns`` around each call, the timer's own cost subtracted), the CPU of the process's other
+Printed per (rate, fields), medians over ``--repeat`` runs, per record: the CPU time inside the tracing calls on the
+loop's thread (``thread_time_ns`` around each call, the timer's own cost subtracted; CPU time, so that a call is not
+charged for a preemption by another process), the CPU of the process's other
 threads from loop start to flush (our drainer: work that takes the GIL from the loop), their sum as the cost to the
 scheduler with the ratio upstream/ours, our exporter process's CPU (from /proc, first record to flush, its start-up
 excluded), and the loop's wall-time increase over off. The direct figures are used for the cost because the
@@ -69,8 +70,8 @@ def _fields(i: int, nfields: int) -> dict:
 
 
 def _timer_pair_ns() -> float:
-    """What a ``perf_counter_ns()`` pair around a call adds (subtracted from the measured time in the calls)."""
-    pc = time.perf_counter_ns
+    """What a ``thread_time_ns()`` pair around a call adds (subtracted from the measured time in the calls)."""
+    pc = time.thread_time_ns
     best = float("inf")
     for _ in range(5):
         s = 0
@@ -118,7 +119,7 @@ def child(mode: str, records: int, iters: int, nfields: int, tmp: str) -> dict:
     args = [(TAGS[(i // 500) % 4], _fields(i, nfields)) for i in range(records)]
     wpid = _worker_pid() if mode == "ours" else None
     w0 = _proc_cpu(wpid) if wpid else None   # the exporter's start-up is not the records' cost
-    pc = time.perf_counter_ns
+    pc = time.thread_time_ns   # CPU time: a call is not charged for the time its thread was preempted
     timer = _timer_pair_ns()
     in_calls = 0
     r0 = resource.getrusage(resource.RUSAGE_SELF)
@@ -187,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     per_s = calibrate()
     print(f"scheduler loop: what tracing costs per record, µs (medians of {args.repeat}; each run a fresh process; "
           f"work calibrated at {per_s / 1e6:.1f} M iterations/s)")
-    print("  caller = time inside the calls on the loop's thread; others = CPU of the process's other threads (our "
+    print("  caller = CPU time inside the calls on the loop's thread; others = CPU of the process's other threads (our "
           "drainer), loop start to flush;\n  cost = caller + others (the GIL time tracing takes from the loop); "
           "ratio = upstream / ours; exporter = CPU of our exporter process;\n  wall = the loop's wall-time "
           "increase over off (noisy where other processes load the machine)")
