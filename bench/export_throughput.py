@@ -32,7 +32,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.append(str(REPO))   # tests.helpers: the OTLP receivers the tests use too
 
 OURS = textwrap.dedent("""
     import json, resource, sys, time
@@ -102,7 +102,7 @@ class NullReceiver:
     """Reads each request body and answers 200 (no decoding)."""
 
     def __init__(self) -> None:
-        from otlp_receiver import free_port
+        from tests.helpers import free_port
 
         self.port = free_port()
         self.bytes = 0
@@ -158,7 +158,7 @@ def main() -> int:
                          "stage span waits for its timeout, pending writes pile up to the checker's cap)")
     args = ap.parse_args()
     n = args.events
-    from otlp_receiver import GrpcReceiver, HttpReceiver
+    from tests.helpers.otlp_receiver import GrpcReceiver, HttpReceiver
 
     from cptrace_otel.export import otlp_proto as otlp, worker
 

@@ -1,4 +1,4 @@
-"""fwd_hash localization (domain spec 4, level 3): an advisory report, never a finding.
+"""fwd_hash localization (docs/domain.md §4, level 3): an advisory report, never a finding.
 
 Contract
 --------

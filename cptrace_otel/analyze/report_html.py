@@ -165,7 +165,8 @@ class _Page:
         total = sum(mod.codes.values())
         count = f"{len(mod.findings)} of {total}" if total > len(mod.findings) else f"{total}"
         w(f'<h2>Findings <span class="sub">({count}; click one to select its evidence)</span></h2>\n'
-          '<div class="ftable"><table class="findings"><tr><th>#</th><th>code</th><th>severity</th><th>rank</th><th>epoch</th>'
+          '<div class="ftable"><table class="findings"><tr><th>#</th><th>code</th><th>severity</th><th>rank</th>'
+          '<th>epoch</th>'
           '<th>node</th><th>op</th><th>message</th><th>evidence seq</th><th>trace</th></tr>\n')
         for k, p in enumerate(mod.findings):
             f, i = p.finding, off + k

@@ -4,7 +4,7 @@ A report is made of :class:`Panel` s, one per epoch (a run) or per epoch of one 
 :class:`Lane` per CP rank on a shared time axis. A lane holds
 
 * marks: the records drawn one by one (:class:`Records` keeps them, with their fields, for the hover text);
-* bars: the stage instances of the domain reference (section 2): ``d2h`` from a ``prepare`` to the last
+* bars: the stage instances of docs/domain.md §2: ``d2h`` from a ``prepare`` to the last
   ``ack dir=d2h`` of its op (its ``backup`` records inside), ``h2d`` from a ``reload`` to the last ``ack dir=h2d`` of
   its op; and in node panels the node's holds: ``dev`` (device slots: from ``insert``, a ``reload`` whose chain
   names it or the ``split`` that created it, to its ``evict tier=dev``) and ``host`` (host slots: from ``prepare`` or

@@ -5,7 +5,7 @@ The emitter logs index tensors as ``(cnt=N,min=a,max=b,first=c,last=d)`` and, wh
 equals ``max-min+1`` is a dense block: its set is known exactly (slot indices in one allocation are distinct), so
 it takes part in exact overlap tests like an explicit run list.
 
-:func:`overlap` answers with a certainty (domain 3.1): ``"exact"`` when both sets are known and intersect,
+:func:`overlap` answers with a certainty (docs/domain.md §3.1): ``"exact"`` when both sets are known and intersect,
 ``"interval"`` when only the ``[min, max]`` hulls intersect, ``None`` when they surely do not.
 """
 
@@ -136,7 +136,7 @@ def overlap(a: Slots | None, b: Slots | None) -> str | None:
     if a.runs is not None and b.runs is not None:
         return EXACT if _runs_intersect(a.runs, b.runs) else None
     if a.summary() == b.summary():
-        return EXACT  # equal summaries: the interval form counts as sure (domain 3.1)
+        return EXACT  # equal summaries: the interval form counts as sure (docs/domain.md §3.1)
     return INTERVAL
 
 

@@ -16,9 +16,6 @@ from .ranges import EXACT
 from .state import EpochState
 
 
-def _int(v: Any) -> int | None:
-    return v if type(v) is int else None
-
 
 class RankRuleBase:
     rank: int

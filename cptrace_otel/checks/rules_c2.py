@@ -1,4 +1,5 @@
-"""C2, ack-count agreement (domain 5, level 2): each round of ``ack`` records holds the same (dir, op count, node set)
+"""C2, ack-count agreement (docs/domain.md §5, level 2): each round of ``ack`` records holds the same (dir, op count,
+node set)
 on all ranks, since writing_check and loading_check take the MIN across the attn_cp and attn_tp groups.
 
 A round is the acks with one ``round=`` value when the emitter logs it, whatever their line order and whatever
@@ -16,8 +17,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from ..model.events import Event
-from .cross_base import CrossRuleBase, _int
+from ..model.events import Event, int_field
+from .cross_base import CrossRuleBase
 from .findings import ERROR, Finding
 
 
@@ -56,7 +57,7 @@ class C2AckRounds(CrossRuleBase):
             if cur is None:
                 cur = self._cur_round[r] = [ev.epoch, None, d, set(), set(), ev.seq, ev.line_no, ev.src,
                                             self._index(r, ev.epoch)]
-        cur[3].add(_int(f.get("op")))
+        cur[3].add(int_field(f.get("op")))
         nid = f.get("node_id")
         if type(nid) is int:
             cur[4].add(nid)

@@ -1,4 +1,4 @@
-"""The content flags (domain 4): ZERO and HASH, level 1 when the records carry ``nz``/``h``.
+"""The content flags (docs/domain.md §4): ZERO and HASH, level 1 when the records carry ``nz``/``h``.
 
 * ZERO: a ``backup`` (ZERO@backup), a ``reload sync=1`` or an ``ack dir=h2d`` (ZERO@reload, once per load) of a
   non-empty node with ``nz=0``; ``nz < 0`` means skip.

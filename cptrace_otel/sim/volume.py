@@ -37,7 +37,8 @@ def volume_workload(seed: int, mode: str, ranks: int, policy: str, records: int,
     Followers stamp their records half a tick ahead of the IO rank (``lag_ns``), every rank interleaves a round's
     acks its own way (``mixed_acks``), and a quarter of the requests cut an earlier prompt (``cut``).
 
-    Mode dcp stripes tokens over the ranks (``pos % ranks``) and needs whole widened pages (domain 5): its pages
+    Mode dcp stripes tokens over the ranks (``pos % ranks``) and needs whole widened pages (docs/domain.md §5): its
+    pages
     hold at least one token per rank (``page_size`` = max(4, ranks)), so that every rank holds rows of every page."""
     rng = np.random.default_rng([seed, 0])
     ps = max(P, ranks) if mode == "dcp" else P

@@ -1,7 +1,8 @@
 """The traced process's end of the pipe to its exporter worker: a subprocess (:class:`ProcessChannel`) or a thread of
 this process (:class:`ThreadChannel`), each with the books of what it was shipped and what the worker reported.
 
-A channel calls back into its owner (``cptrace_otel.traced.pipeline``'s state): ``on_ack(msg, channel)`` for every message
+A channel calls back into its owner (``cptrace_otel.traced.pipeline``'s state): ``on_ack(msg, channel)`` for every
+message
 the worker sends (ACK, PROGRESS) and ``on_worker_gone(why, channel)`` once the worker is gone. Messages and frames:
 :mod:`cptrace_otel.export.protocol`.
 """

@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple
 from ..._speedups.logreader import load as _load_logreader
 from ...checks.epochs import EPOCH_TAGS, EpochTracker
 from ...model.events import Event
+from ...model.exits import CptraceError
 from ...model.logline import fast_value
 from . import inputs as files
 from .inputs import consumed, open_text, truncated
@@ -43,7 +44,7 @@ _GOOD_TAGS: set[str] = set()   # tags already validated against _TAG_RE
 _FILE_RANK = re.compile(r"(?:rank|cp)[_-]?(\d+)", re.IGNORECASE)
 
 
-class LogReadError(Exception):
+class LogReadError(CptraceError):
     """A log source that cannot be opened or read (the ``check`` command exits 3)."""
 
     def __init__(self, path: str, reason: str) -> None:

@@ -1,4 +1,4 @@
-"""Negative controls (domain 7.3.1/7.3.2): seeded random workloads in every CP mode and write policy, with no
+"""Negative controls (docs/domain.md §7.3.1/§7.3.2): seeded random workloads in every CP mode and write policy, with no
 fault, produce zero findings at trace level 3; every legal near-miss stays silent; without exact sets only
 interval-certainty WARNs may appear, never an ERROR."""
 
