@@ -241,9 +241,9 @@ class _Page:
         if lane.density:
             peak = max(c for _, c in lane.density)
             bw = PLOT / 240
-            for b, c in lane.density:
+            for k, c in lane.density:
                 op = 0.15 + 0.85 * c / peak
-                out.append(f'<rect class="dens" x="{LABEL + b * bw:.1f}" y="{my}" width="{bw + 0.3:.1f}" '
+                out.append(f'<rect class="dens" x="{LABEL + k * bw:.1f}" y="{my}" width="{bw + 0.3:.1f}" '
                            f'height="{MARK_H}" fill-opacity="{op:.2f}" data-tip="{c} records"/>')
         by = my + MARK_H + 4
         for b, row in packed:

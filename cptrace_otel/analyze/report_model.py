@@ -219,12 +219,12 @@ def stage_bars(events: Iterable[Event]) -> list[Bar]:
         tag, f = ev.tag, ev.fields
         if tag == "prepare" or tag == "backup":
             n, op = f.get("node_id"), f.get("op")
-            b = d2h.get(n)
+            b = d2h.get(n)  # type: ignore[arg-type]
             if b is None or tag == "prepare":
-                b = d2h[n] = Bar("d2h", rec_ts(ev), None, op if type(op) is int else None)
-                d2h_ops[n] = set()
+                b = d2h[n] = Bar("d2h", rec_ts(ev), None, op if type(op) is int else None)  # type: ignore[index]
+                d2h_ops[n] = set()  # type: ignore[index]
                 out.append(b)
-            d2h_ops[n].add(op)
+            d2h_ops[n].add(op)  # type: ignore[index]
             b.nodes |= nodes_of(ev)
             b.seqs.append(ev.seq)
         elif tag == "reload":
@@ -234,10 +234,10 @@ def stage_bars(events: Iterable[Event]) -> list[Bar]:
         elif tag == "ack":
             op, n = f.get("op"), f.get("node_id")
             if f.get("dir") == "d2h":
-                b = d2h.get(n)
-                if b is None or op not in d2h_ops[n]:
+                b = d2h.get(n)  # type: ignore[arg-type]
+                if b is None or op not in d2h_ops[n]:  # type: ignore[index]
                     continue
-                del d2h[n]
+                del d2h[n]  # type: ignore[arg-type]
             elif f.get("dir") == "h2d":
                 b = h2d.get(op)
                 if b is None:
@@ -442,7 +442,7 @@ class Builder:
                 + holds(per_rank[r], node) for r in ranks}
         ts = [rec_ts(ev) for lst in per_rank.values() for ev in lst]
         ts += [t for lst in bars.values() for b in lst for t in (b.start, b.end) if t is not None]
-        ts += [placed[i].ts for i in fidx if placed[i].ts is not None]
+        ts += [placed[i].ts for i in fidx if placed[i].ts is not None]  # type: ignore[misc]
         t0, t1 = (min(ts), max(ts)) if ts else ix.span(epoch)
         total = sum(map(len, per_rank.values()))
         lanes = []

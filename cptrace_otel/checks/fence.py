@@ -150,7 +150,7 @@ class StoreFence:
             nid = f.get("node_id")
             d = slots_of(f.get("dev"), f.get("devx"))
             self.gives[r].append((ts, _EVICT, ev.epoch, nid, d))
-            w = self.by_node.get((ev.epoch, nid)) if type(nid) is int else None
+            w = self.by_node.get((ev.epoch, nid)) if type(nid) is int else None  # type: ignore[assignment]
             if w is not None and w.live:
                 self._end(w, r, ts)
             if d is not None:

@@ -23,7 +23,6 @@ class RankRuleBase:
     mode: str
     st: EpochState
     _skips: dict[str, Unchecked]
-    level: int   # (a property of RankChecker: explicit, else `config level=`, else inferred)
 
     def _finding(self, code: str, rule: str, node_id: Any, op: Any, cert: str, refs: list, msg: str,
                  ev: Event | None = None, severity: str = ERROR) -> Finding:

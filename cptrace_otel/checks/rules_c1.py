@@ -79,7 +79,7 @@ class C1Lockstep(CrossRuleBase):
                 waiting.discard(key)
             elif st.diverged is not None or max(x["idx"] for x in per.values()) <= st.index:
                 waiting.discard(key)
-                self._decide(key, final=False)
+                self._decide(key, final=False)  # type: ignore[call-arg]
 
     def _c1_compare(self, epoch: int, st: EpochC1, final: bool) -> None:
         """C1: pop the tuples all ranks agree on; report the first divergence (at the end of the stream: the ranks

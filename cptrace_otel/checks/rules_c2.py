@@ -50,17 +50,17 @@ class C2AckRounds(CrossRuleBase):
         else:   # (the common upstream record: kept to one flat list per round)
             if r in self._cur_keyed:
                 self._round_close(r)
-            cur = self._cur_round.get(r)
+            cur = self._cur_round.get(r)  # type: ignore[assignment]
             if cur is not None and (cur[0] != ev.epoch or cur[2] != d):
                 self._round_close(r)
                 cur = None
             if cur is None:
                 cur = self._cur_round[r] = [ev.epoch, None, d, set(), set(), ev.seq, ev.line_no, ev.src,
                                             self._index(r, ev.epoch)]
-        cur[3].add(int_field(f.get("op")))
+        cur[3].add(int_field(f.get("op")))  # type: ignore[index]
         nid = f.get("node_id")
         if type(nid) is int:
-            cur[4].add(nid)
+            cur[4].add(nid)  # type: ignore[index]
 
     def _keyed_part(self, ev: Event, r: int, d: str | None, rk: int) -> list:
         """The direction ``d`` part of rank ``r``'s open round ``rk``: other records do not end a keyed round, nor

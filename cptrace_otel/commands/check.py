@@ -210,7 +210,7 @@ def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
             groups.append((results[-1], kept))
         if otlp or docfiles:
             kept = []
-            evs = docs.events()
+            evs = docs.events()  # type: ignore[assignment]
             results.append(analyze_traces(level, info, _Kept(evs, kept) if keep else evs, err))
             groups.append((results[-1], kept))
         if run_id is None and len(info.run_ids) == 1:   # (the trace files' run id also when the logs were chosen)

@@ -101,7 +101,7 @@ def _count_trace_lines(paths: list[str]) -> int | None:
             with open_text(p) as fh:
                 tail = b""   # the end of the previous block: a marker split between two blocks counts once
                 while True:
-                    b = fh.buffer.read(1 << 22)
+                    b = fh.buffer.read(1 << 22)  # type: ignore[attr-defined]
                     if not b:
                         break
                     n += (tail + b).count(_MARKER)   # (tail is shorter than a marker: none counted twice)
@@ -284,7 +284,7 @@ def run(args: Any) -> int:
             ok = s.close(0.0) and ok
 
     target = net.url if net is not None else out_file
-    _summary(n, logs, builders, stats, malformed, run_id, target)
+    _summary(n, logs, builders, stats, malformed, run_id, target)  # type: ignore[arg-type]
     if not ok:
         _err(f"not everything was delivered to {target}" + (f" (spool: {net.spool_dir})" if net is not None else ""))
         return EXIT_UNREACHABLE

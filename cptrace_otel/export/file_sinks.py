@@ -102,7 +102,7 @@ class _AppendFile:
         self.write_errors += 1
         if start >= 0:
             try:
-                os.ftruncate(self._fd, start)  # roll back a partial chunk: the file ends with a whole line
+                os.ftruncate(self._fd, start)  # type: ignore[arg-type]  # roll back a partial chunk: whole lines only
             except OSError:
                 pass
         lost = 0

@@ -6,8 +6,8 @@
   cannot help) or :attr:`Outcome.FATAL` (a configuration error: no request will ever go through; the sender reports
   it once and drops everything, counted). A transport may set ``retry_after`` (seconds, or None) after a RETRY: the
   backend asked for that pause (HTTP ``Retry-After``). ``Outcome`` is a ``str`` enum and ``SendResult`` a named tuple,
-  so a result also compares equal to
-  the plain ``("ok", "")`` tuples a test double may return; :class:`~.spool.ReliableSender` accepts both.
+  so a result also compares equal to the plain ``("ok", "")`` tuples a test double may return;
+  :class:`~.spool.ReliableSender` accepts both.
 * A :class:`Sink` takes span groups ``[(resource attributes, spans), ...]`` (:meth:`Sink.export`) and has
   :meth:`~Sink.flush`, :meth:`~Sink.close` (True when everything was delivered or written) and :meth:`~Sink.stats`;
   ``waits`` says whether flushing may wait on a backend, ``what`` names it in messages. A sink may also take the
@@ -71,7 +71,10 @@ class Sink(Protocol):
     reached a final state (a sink without it is settled by flushing)."""
 
     waits: bool   # flush and close may wait on a backend: done last, and not on the worker's idle timer
-    what: str     # how messages name it ("OTLP file", "log file", the endpoint ...)
+
+    @property
+    def what(self) -> str:
+        """How messages name it ("OTLP file", "log file", the endpoint ...)."""
 
     def export(self, groups: SpanGroups) -> None: ...
 

@@ -37,6 +37,8 @@ class SinkError(CptraceError):
 class _MaskedText(str):
     """An exception's masked ``str``, whose ``repr`` is the exception's masked ``repr`` (messages use either)."""
 
+    _rep: str
+
     def __new__(cls, text: str, rep: str) -> "_MaskedText":
         o = str.__new__(cls, text)
         o._rep = rep

@@ -154,7 +154,7 @@ class Exporter:
             self._error(f"cannot set up the OTLP {self.cfg.protocol} sink for {err.target}: {err.cause!r}")
 
     # -- input -----------------------------------------------------------------------------------------------
-    def add_items(self, items: list[tuple], dropped: int) -> None:
+    def add_items(self, items: list[Any], dropped: int) -> None:
         """One ``ITEMS`` batch: each compact item becomes one Event (seq counting on from the last batch; an item
         that cannot be rendered is reported and dropped, its seq skipped), fed to the span builder. The items' Records
         (:func:`~cptrace_otel.model.records.render_record`) go to the sinks that take them (``write``), first: an item
@@ -163,7 +163,7 @@ class Exporter:
         the same Events."""
         self.dropped_upstream = dropped
         seq = self.next_seq
-        item_event = self._item_event
+        item_event: Callable[[Any, int], Event | None] = self._item_event
         if any(hasattr(s, "write") for s in self.sinks):
             bad = self._write_records(items, seq)
             if bad:

@@ -285,8 +285,7 @@ def derive_run_id(env: Mapping[str, str]) -> str:
     the n-th elastic restart), else a hash of the host name, the parent
     process id and the parent's start time: SGLang starts all rank processes from one launcher, so they share it.
     Ranks on several hosts have different parents: :func:`cptrace_otel.traced.ranks.agreed_run_id` replaces this id by
-    one
-    agreed through the torch.distributed store when there is one; else set ``CPTRACE_RUN_ID`` on every host.
+    one agreed through the torch.distributed store when there is one; else set ``CPTRACE_RUN_ID`` on every host.
     """
     if env.get("CPTRACE_RUN_ID"):
         return env["CPTRACE_RUN_ID"]

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import sys
+from collections.abc import Mapping
 from typing import Any, Callable
 
 from . import semconv as sc
@@ -113,7 +114,7 @@ class Span:
         self.end = start
         self.attrs = attrs
         # (time_ns, name, attributes)
-        self.events: list[tuple[int, str, dict[str, Any]]] = []
+        self.events: list[tuple[int, str, Mapping[str, Any]]] = []   # (ts, tag, EventAttrs or a dict)
         # (trace_id, span_id, attributes)
         self.links: list[tuple[bytes, bytes, dict[str, Any]]] = []
         self.status_code = STATUS_UNSET
@@ -291,6 +292,8 @@ class SpanBuilder:
         node = f.get("node_id")
         closing = False
         link_rid = None
+        sp: Span | None
+        key: tuple[Any, ...]
         if tag == "reset":
             # A reset ends every open span of this rank: node ids restart, so nothing may join them any more.
             for sp in [s for s in self._open.values() if s.rank == rank and s.lane is None]:

@@ -54,8 +54,7 @@ def _submit_unstarted(level: int, tag: str, fields: dict) -> None:
 def _started(pipeline: Any) -> Any:
     """Start the pipeline for the configuration in force, with the run id all ranks agree on
     (:func:`cptrace_otel.traced.ranks.agreed_run_id`, once, before the first record is kept: the sampling decision
-    hashes
-    it), and return the submit function to install (behind the sampler when ``CPTRACE_SAMPLE`` < 1)."""
+    hashes it), and return the submit function to install (behind the sampler when ``CPTRACE_SAMPLE`` < 1)."""
     global _CONFIG, _DROP
     import dataclasses
 
@@ -142,7 +141,7 @@ def trace_enabled(level: int = 1) -> bool:
         return lv is not None and _LEVEL >= lv
 
 
-def _cptrace_py(level: int, tag: str, /, **fields: Any) -> None:
+def _cptrace_py(level: Any, tag: str, /, **fields: Any) -> None:
     """Record one ``tag`` event with ``fields`` if the gate is at least ``level``; never raises, never blocks.
 
     ``level`` and ``tag`` are positional-only (upstream call sites pass them positionally), so a record may carry
@@ -221,7 +220,7 @@ def knz(t: Any) -> Any:
     return _knz(t)
 
 
-def fwd_hash(forward_batch: Any, layer_id: Any, stage: Any, t: Any, *, level: int = 3) -> None:
+def fwd_hash(forward_batch: Any, layer_id: Any, stage: Any, t: Any, *, level: Any = 3) -> None:
     """Upstream ``fwd_hash``: a level-3 ``fwd_hash`` record for one per-layer forward tensor.
 
     Skipped outside the EXTEND path and under CUDA-graph capture (nothing is launched there)."""

@@ -58,7 +58,7 @@ from ..model.records import RESOLVE_TIMEOUT_S, compact_item
 
 BATCH = 4096              # records per message to the worker
 IDLE_WAIT_S = 0.05        # drainer poll interval when the buffer is empty
-LINGER_S = 0.02           # after shipping less than a full batch, the drainer waits this long for more (see _drain_body)
+LINGER_S = 0.02           # after shipping less than a full batch the drainer waits this long for more (_drain_body)
 EXIT_FLUSH_S = 5.0        # exit flush budget
 MAX_RESTARTS = 5          # exporter workers started after the first one died
 RESTART_BACKOFF_S = 0.5   # before the first restart; doubles each time (the buffer holds the records meanwhile)
@@ -77,7 +77,7 @@ _last_stats: dict[str, Any] = {}
 def load_deferred() -> tuple[Any, Any]:
     """``(is_deferred, resolve)`` of the fingerprint package, or ``(None, None)`` when it cannot be imported."""
     try:
-        from ..fingerprint import is_deferred, resolve  # type: ignore[attr-defined]
+        from ..fingerprint import is_deferred, resolve
 
         return is_deferred, resolve
     except Exception:
@@ -422,7 +422,7 @@ class _State:
         if self.gone is not None and not self.drainer.is_alive():
             return False
         fid = next(_fids)
-        w = [threading.Event(), False]
+        w: list[Any] = [threading.Event(), False]   # [set when answered, the answer]
         self.waiters[fid] = w
         self.flush_reqs.append((fid, time.monotonic(), timeout_s))
         self.wake.set()

@@ -7,8 +7,7 @@ Contract:
   :func:`install`. With the switch off it costs one environment lookup and imports nothing.
 * :func:`install` puts an :class:`AliasFinder` first on ``sys.meta_path``: importing
   :data:`MODULE` then yields :mod:`cptrace_otel.traced.api` itself (same functions, same module state), whether or not
-  the
-  installed SGLang ships its own ``cp_hicache_trace``. Every scheduler process SGLang spawns is a new interpreter
+  the installed SGLang ships its own ``cp_hicache_trace``. Every scheduler process SGLang spawns is a new interpreter
   that inherits the environment, so it gets the alias too; ranks come from SGLang's parallel state
   (:mod:`cptrace_otel.traced.ranks`).
 * Without the ``.pth`` (an editable install, a vendored copy):

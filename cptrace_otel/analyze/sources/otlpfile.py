@@ -54,7 +54,7 @@ def any_value(v: dict) -> Any:
 
 
 def _attrs(lst: Iterable[dict] | None) -> list[tuple[str, Any]]:
-    return [(a.get("key"), any_value(a.get("value", {}))) for a in (lst or ())]
+    return [(a.get("key"), any_value(a.get("value", {}))) for a in (lst or ())]  # type: ignore[misc]
 
 
 def looks_like_otlp(path: str) -> bool:

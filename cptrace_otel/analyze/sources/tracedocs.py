@@ -278,7 +278,7 @@ def _value(tag: dict, docs: TraceDocs | None, src: str) -> dict:
     t = str(tag.get("type", "")).lower()
     if t in ("int64", "int") or (not t and type(v) is int):
         try:
-            v = int(v)
+            v = int(v)  # type: ignore[arg-type]
         except (TypeError, ValueError):
             return {"stringValue": str(v)}
         if docs is not None and abs(v) > _JS_SAFE and tag.get("key") in _FINGERPRINTS and _js_rounded(v):
