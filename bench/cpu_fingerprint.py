@@ -6,7 +6,8 @@ of an install without a compiler with ``--numpy``). Both in this process, on the
 
     python bench/cpu_fingerprint.py [--mib 64] [--reps 5] [--numpy]
 
-Prints the median GB/s of both (and of the numpy fallback, the default before the C kernel) and the ratio ours/seed; exits 1 if any result differs from the baseline.
+Prints the median GB/s of both (and of the numpy fallback, the default before the C kernel) and the ratio
+ours/seed; exits 1 if any result differs from the baseline.
 """
 
 from __future__ import annotations
