@@ -2,7 +2,8 @@
 
 * ours: a traced process emits N ``cptrace`` records (8 scalar fields, and ``dir=d2h`` on the acks; 500 node ids
   cycling through prepare, backup, ack and evict, so d2h stage spans and node spans both occur) as fast as it can,
-  then ``flush()``; the per-rank exporter subprocess runs the online checks, maps, encodes (protobuf) and POSTs them (OTLP/HTTP, gzip).
+  then ``flush()``; the per-rank exporter subprocess runs the online checks, maps, encodes (protobuf) and POSTs
+  them (OTLP/HTTP, gzip).
 * SDK: a process does the same work through ``TracerProvider`` + ``BatchSpanProcessor`` + ``OTLPSpanExporter``
   (HTTP): one span per 8 records, each record a span event with the same 8 attributes, then ``force_flush()``.
   The queue is raised to 65,536 (the default 2,048 drops about half of a burst; perf-anchors C.3) so both deliver.
