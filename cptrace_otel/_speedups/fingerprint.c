@@ -13,7 +13,7 @@
  * and int32: 2 * 255 * 31 < 2**15, K * 4 * 255 * 31 < 2**31 for K <= 2**16), and sum_c c * S0_c from the running sum
  * of the S0_c (the Adler-32 trick: adding the running sum once per chunk gives sum_c (K - 1 - c) * S0_c). Nothing
  * per byte is wider than 32 bits and nothing is reduced horizontally before the end of a block. The portable kernel
- * (no AVX2, or another architecture) does the same in 4 KiB rows of uint32 sums, which compilers vectorize.
+ * (no AVX2, or another architecture) keeps uint32 column sums over rows of 32 bytes, which compilers vectorize.
  *
  * Inputs are read in place, never copied: an object exporting a C-contiguous buffer (bytes, numpy arrays, memoryview),
  * or an address and a byte count (a torch tensor's data_ptr() and nbytes, whose owner the caller keeps alive). The
@@ -55,31 +55,46 @@ typedef struct {
 } Sums;
 
 /* -- portable kernel ---------------------------------------------------------------------------------------------- */
-/* Rows of ROW bytes: S0_row <= 255 * ROW and W_row = sum_j j * b[j] <= 255 * ROW * (ROW - 1) / 2 < 2**32. */
-#define ROW 4096
-
-static void row_sums(const uint8_t *p, size_t len, uint32_t *s0, uint32_t *w, uint32_t *nz) {
-    uint32_t a = 0, b = 0, z = 0;
-    for (size_t j = 0; j < len; j++) {
-        uint32_t v = p[j];
-        a += v;
-        b += v * (uint32_t)j;
-        z += v != 0;
-    }
-    *s0 = a;
-    *w = b;
-    *nz = z;
-}
+/* The bytes as rows of COLS bytes, in blocks of k <= BLOCK_ROWS rows. Per block, lane arrays cs[j] = sum_r b[r][j]
+ * and run[j] = sum_r (k - 1 - r) * b[r][j] (the running sum added once per row, as in the AVX2 kernel: additions
+ * only, so SSE2 and NEON vectorize it across the COLS lanes; exact in uint32: 255 * 4096 * 4095 / 2 < 2**32); once
+ * per block they are folded into the 64-bit sums, with cw[j] = sum_r r * b[r][j] = (k - 1) * cs[j] - run[j]:
+ *   S1 += (B + 1) * S0_block + sum_j (j * cs[j] + COLS * cw[j]),  B = the block's byte offset. */
+#define COLS 32
+#define BLOCK_ROWS 4096
 
 static void sums_portable(const uint8_t *p, size_t n, Sums *out) {
     uint64_t s0 = 0, s1 = 0, nz = 0;
-    for (size_t off = 0; off < n; off += ROW) {
-        size_t len = n - off < ROW ? n - off : ROW;
-        uint32_t a, w, z;
-        row_sums(p + off, len, &a, &w, &z);
-        s0 += a;
-        s1 += (uint64_t)(off + 1) * a + w;
-        nz += z;
+    size_t rows = n / COLS, r = 0;
+    while (r < rows) {
+        size_t k = rows - r < BLOCK_ROWS ? rows - r : BLOCK_ROWS;
+        const uint8_t *q = p + r * COLS;
+        uint32_t cs[COLS] = {0}, run[COLS] = {0}, cz[COLS] = {0};
+        for (size_t i = 0; i < k; i++) {
+            const uint8_t *row = q + i * COLS;
+            for (int j = 0; j < COLS; j++) {
+                uint32_t v = row[j];
+                run[j] += cs[j];
+                cs[j] += v;
+                cz[j] += v != 0;
+            }
+        }
+        uint64_t bs0 = 0, bw = 0;
+        for (int j = 0; j < COLS; j++) {
+            uint64_t cw = (uint64_t)(k - 1) * cs[j] - run[j];
+            bs0 += cs[j];
+            bw += (uint64_t)j * cs[j] + (uint64_t)COLS * cw;
+            nz += cz[j];
+        }
+        s1 += (uint64_t)(r * COLS + 1) * bs0 + bw;
+        s0 += bs0;
+        r += k;
+    }
+    for (size_t i = rows * COLS; i < n; i++) {
+        uint64_t v = p[i];
+        s0 += v;
+        s1 += (uint64_t)(i + 1) * v;
+        nz += v != 0;
     }
     out->s0 = s0;
     out->s1 = s1;
