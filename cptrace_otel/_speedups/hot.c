@@ -107,7 +107,8 @@ static PyObject *configure(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"cptrace", (PyCFunction)(void (*)(void))cptrace, METH_FASTCALL | METH_KEYWORDS,
-     "cptrace(level, tag, /, **fields): api.cptrace with its gate and sampled-out check in C (see hot.c)."},
+     "cptrace($module, level, tag, /, **fields)\n--\n\nRecord one tag event with fields if the gate is at least "
+     "level; never raises, never blocks (the traced api's cptrace, its gate and sampled-out check in C)."},
     {"configure", configure, METH_VARARGS,
      "configure(slow, state, names): api's Python cptrace (for the calls decided there), api's module dict and "
      "the names (gate, drop, submit, node_key, split_tag)."},

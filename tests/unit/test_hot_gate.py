@@ -35,9 +35,15 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
 
 
 def test_the_call_sites_get_the_c_gate() -> None:
+    import inspect
+
     import cptrace_otel
 
     assert api.cptrace is api._hot.cptrace and cptrace_otel.cptrace is api.cptrace
+    assert inspect.signature(api.cptrace) == inspect.signature(api._cptrace_py).replace(
+        parameters=[p.replace(annotation=inspect.Parameter.empty)
+                    for p in inspect.signature(api._cptrace_py).parameters.values()],
+        return_annotation=inspect.Signature.empty)
 
 
 def test_gate_drop_and_split(captured: list[tuple], monkeypatch: pytest.MonkeyPatch) -> None:
