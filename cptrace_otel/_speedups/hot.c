@@ -48,11 +48,15 @@ static PyObject *cptrace(PyObject *self, PyObject *const *args, size_t nargsf, P
     if (level > gate) Py_RETURN_NONE;
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     PyObject *drop = PyDict_GetItemWithError(state, k_drop);
+    if (drop == NULL) PyErr_Clear(); /* absent (no error) or a failed lookup: nothing sampled out */
     if (drop != NULL && drop != Py_None) {
         if (!PyAnySet_Check(drop)) return PyObject_Vectorcall(slow, args, nargsf, kwnames);
         for (Py_ssize_t i = 0; i < nkw; i++) {
             if (!is_key(PyTuple_GET_ITEM(kwnames, i), s_node_id)) continue;
+            /* the node id's __hash__/__eq__ may run Python code that rebinds api._DROP: hold the set meanwhile */
+            Py_INCREF(drop);
             int in = PySet_Contains(drop, args[nargs + i]);
+            Py_DECREF(drop);
             if (in < 0) PyErr_Clear(); /* unhashable node id: not decided out; the sampler takes it from here */
             /* a split still goes on: its new node inherits the decision */
             if (in > 0 && !is_key(args[1], s_split)) Py_RETURN_NONE;

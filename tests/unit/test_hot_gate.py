@@ -71,6 +71,23 @@ def test_rebinding_the_globals_is_seen_at_once(captured: list[tuple], monkeypatc
     assert [t for _lv, t, _f in captured] == ["a"] and other == ["c"]
 
 
+def test_a_node_id_whose_hash_rebinds_the_drop_set(captured: list[tuple], monkeypatch: pytest.MonkeyPatch) -> None:
+    # Python code run by the set lookup replaces api._DROP (dropping the last reference to the old set): no crash,
+    # and the decision is the old set's
+    class Sly:
+        def __hash__(self) -> int:
+            api._DROP = set()
+            return 5
+
+        def __eq__(self, other: object) -> bool:
+            return other == 5
+
+    monkeypatch.setattr(api, "_DROP", {5})
+    api.cptrace(1, "evict", node_id=Sly())
+    api.cptrace(1, "evict", node_id=Sly())   # the new, empty set: kept
+    assert len(captured) == 1
+
+
 def test_a_failing_submit_is_swallowed(monkeypatch: pytest.MonkeyPatch) -> None:
     def boom(level, tag, fields):
         raise RuntimeError("submit failed")
