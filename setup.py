@@ -5,6 +5,9 @@ They all live in ``cptrace_otel/_speedups/``, each C module next to the Python l
 * ``cptrace_otel._speedups._otlp``: OTLP protobuf encoding of span events (the exporter worker's largest cost).
 * ``cptrace_otel._speedups._logreader``: the upstream log-line reader used by ``cptrace-otel check``.
 * ``cptrace_otel._speedups._intake``: the exporter worker's intake of live records.
+* ``cptrace_otel._speedups._hot``: the gate of ``cptrace`` (level compare, sampled-out lookup) before any dict.
+* ``cptrace_otel._speedups._fingerprint``: exact CPU ``khash``/``knz``/``rng`` at memory speed (AVX2 where the CPU
+  has it, chosen at import; a portable kernel elsewhere).
 
 ``optional=True``: a machine without a compiler (or Python headers) still installs; set
 ``CPTRACE_REQUIRE_SPEEDUPS=1`` in tests to fail instead of falling back (``.ci/run`` does).
@@ -42,9 +45,9 @@ _SHARED = [_DIR + "value.c", _DIR + "event.c"]   # the value grammar and the Eve
 _HEADERS = [_DIR + "value.h", _DIR + "event.h"]
 
 
-def _ext(name: str, sources: list[str]) -> Extension:
-    return Extension("cptrace_otel._speedups." + name, sources, depends=_HEADERS, extra_compile_args=_FLAGS,
-                     optional=True)
+def _ext(name: str, sources: list[str], flags: tuple[str, ...] = ()) -> Extension:
+    return Extension("cptrace_otel._speedups." + name, sources, depends=_HEADERS,
+                     extra_compile_args=_FLAGS + list(flags), optional=True)
 
 
 setup(
@@ -53,5 +56,8 @@ setup(
         _ext("_otlp", [_DIR + "otlp.c"]),
         _ext("_logreader", [_DIR + "logreader.c"] + _SHARED),
         _ext("_intake", [_DIR + "intake.c"] + _SHARED),
+        _ext("_hot", [_DIR + "hot.c"]),
+        # -O3: the portable kernel's row loops and the rng min/max loops are left to the auto-vectorizer
+        _ext("_fingerprint", [_DIR + "fingerprint.c"], ("-O3",)),
     ],
 )

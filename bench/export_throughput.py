@@ -1,8 +1,9 @@
 """Export throughput from one traced process: ours vs the OpenTelemetry SDK path, into the same local receiver.
 
-* ours: a traced process emits N ``cptrace`` records (8 scalar fields; 500 node ids cycling through prepare, backup,
-  ack and evict, so d2h stage spans and node spans both occur) as fast as it can, then ``flush()``; the per-rank
-  exporter subprocess runs the online checks, maps, encodes (protobuf) and POSTs them (OTLP/HTTP, gzip).
+* ours: a traced process emits N ``cptrace`` records (8 scalar fields, and ``dir=d2h`` on the acks; 500 node ids
+  cycling through prepare, backup, ack and evict, so d2h stage spans and node spans both occur) as fast as it can,
+  then ``flush()``; the per-rank exporter subprocess runs the online checks, maps, encodes (protobuf) and POSTs
+  them (OTLP/HTTP, gzip).
 * SDK: a process does the same work through ``TracerProvider`` + ``BatchSpanProcessor`` + ``OTLPSpanExporter``
   (HTTP): one span per 8 records, each record a span event with the same 8 attributes, then ``force_flush()``.
   The queue is raised to 65,536 (the default 2,048 drops about half of a burst; perf-anchors C.3) so both deliver.
@@ -15,7 +16,7 @@ bar and the 100,000 events/s goal are measured into the real Jaeger (``bench/jae
 decodes every request in Python on the same cores, which caps the faster path (``--sink null`` lifts that cap).
 
     python bench/export_throughput.py [--events 100000] [--sink decode|null] [--protocol http/protobuf|grpc]
-                                      [--no-checks]
+                                      [--no-checks] [--acks-without-dir]
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ OURS = textwrap.dedent("""
     import cptrace_otel as ct
     from cptrace_otel.traced import pipeline
     n, url, proto, checks = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4] == "1"
+    # the ack of a d2h copy says so (dir=d2h), as SGLang's does: it ends the copy's stage span and pending write
+    ACK_DIR = ({}, {}, {"dir": "d2h"}, {}) if sys.argv[5] == "1" else ({},) * 4
     ct.configure(level=1, run_id="bench-exp", endpoint=url, protocol=proto, cp_rank=0, checks=checks)
     ct.cptrace(1, "config", cp_size=1)
     ct.flush(60)  # exporter process started and warm
@@ -50,7 +53,7 @@ OURS = textwrap.dedent("""
         k = cyc % 4
         tag = ("prepare", "backup", "ack", "evict")[k]
         ct.cptrace(1, tag, op=cyc - k if k < 3 else cyc, node_id=node, dev=1234, host=5678, io=1,
-                   h=8765432101234567 + i, nz=4096, ts=i)
+                   h=8765432101234567 + i, nz=4096, ts=i, **ACK_DIR[k])
     t_emit = time.perf_counter() - t0
     ok = ct.flush(600)
     wall = time.perf_counter() - t0
@@ -151,6 +154,9 @@ def main() -> int:
     ap.add_argument("--sink", choices=["decode", "null"], default="decode")
     ap.add_argument("--protocol", choices=["http/protobuf", "grpc"], default="http/protobuf")
     ap.add_argument("--no-checks", action="store_true", help="turn the online checks off in our exporter")
+    ap.add_argument("--acks-without-dir", action="store_true",
+                    help="the stream before issue 22: acks without dir=d2h, so no copy ever ends by its ack (every "
+                         "stage span waits for its timeout, pending writes pile up to the checker's cap)")
     args = ap.parse_args()
     n = args.events
     from tests.helpers.otlp_receiver import GrpcReceiver, HttpReceiver
@@ -170,7 +176,8 @@ def main() -> int:
             rx = HttpReceiver()
         try:
             if name == "ours":
-                res = _run(OURS, [str(n), rx.url, args.protocol, "0" if args.no_checks else "1"])
+                res = _run(OURS, [str(n), rx.url, args.protocol, "0" if args.no_checks else "1",
+                                  "0" if args.acks_without_dir else "1"])
             else:
                 res = _run(SDK, [str(n), rx.url])
             got = None if isinstance(rx, NullReceiver) else _count(rx)

@@ -6,6 +6,8 @@ loader (Python)        C module (built by setup)   mirrors (the same results, he
 :mod:`.logreader`      ``_logreader``              the log reader's parser and chunk loop (``analyze.sources.logs``)
 :mod:`.intake`         ``_intake``                 the exporter worker's item intake (``export.worker``)
 :mod:`.otlp`           ``_otlp``                   the protobuf span-event encoder (``export.otlp._event_field``)
+:mod:`.hot`            ``_hot``                    the gate of ``api.cptrace`` (level compare, sampled-out lookup)
+:mod:`.fingerprint`    ``_fingerprint``            CPU ``khash``/``knz``/``rng`` (``fingerprint.cpu``'s numpy path)
 =====================  ==========================  ===============================================================
 
 ``value.c`` (the common shapes of :func:`cptrace_otel.model.logline.fast_value`) and ``event.c`` (building Events, epoch

@@ -1,11 +1,12 @@
 """Exact KV fingerprints: upstream ``khash``/``knz``/``rng`` values, computed without int64 copies or host syncs.
 
-Dispatch per call (nothing heavy is imported until a tensor arrives; importing this package loads no torch, numpy,
-numba or triton):
+Dispatch per call (nothing heavy is imported until a tensor arrives; importing this package loads no torch, numpy
+or triton):
 
 * CUDA tensor: fused Triton kernels on the current stream (or an exact chunked torch path without Triton); the
   result is a :class:`~.deferred.Deferred` (``int()``/``str()`` force it; the pipeline resolves it off-thread).
-* CPU tensor: :mod:`.cpu` (numba when installed, else numpy), plain ints/strings.
+* CPU tensor: :mod:`.cpu` (the C speedups' kernel, read in place at memory speed; numpy without a compiler), plain
+  ints/strings.
 * Other devices and inputs the fast paths skip: :mod:`.reference` (upstream semantics, same exceptions).
 * Non-tensors: upstream's sentinels (``khash``/``knz``: 0 for None, -1 otherwise; ``rng``: Python min/max on
   sequences, ``(none)``, ``(0)``, ``(err:...)``).

@@ -10,7 +10,10 @@ Contract (what a call site may rely on):
   (``"2"``); anything else that does not compare with an int (``None``, a non-numeric string) counts as below the
   gate and the record is skipped (not counted as dropped). The gate functions never raise.
 * With ``CPTRACE_SAMPLE`` < 1 a record of a node whose lineage was sampled out (:mod:`cptrace_otel.model.sampling`) is
-  dropped here, by one set lookup: it costs about what a call below the level costs.
+  dropped here, by one set lookup: it costs what a call below the level costs. With the C speedups built, both
+  decisions are made in C before the keyword arguments become a dict (``_speedups/hot.c``, which reads this
+  module's ``_LEVEL``, ``_DROP`` and ``_submit`` on each call); the Python function :func:`_cptrace_py` is the
+  definition, and decides every call the C gate does not (levels that are not ints).
 * An enabled ``cptrace`` only takes a timestamp and appends ``(ts, level, tag, fields)`` to a bounded buffer; all
   rendering, span mapping, checking, encoding and sending happen off the caller's thread. It never raises and never
   blocks; when the buffer is full the record is dropped and counted.
@@ -20,6 +23,7 @@ Contract (what a call site may rely on):
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
@@ -137,7 +141,7 @@ def trace_enabled(level: int = 1) -> bool:
         return lv is not None and _LEVEL >= lv
 
 
-def cptrace(level: Any, tag: str, /, **fields: Any) -> None:
+def _cptrace_py(level: Any, tag: str, /, **fields: Any) -> None:
     """Record one ``tag`` event with ``fields`` if the gate is at least ``level``; never raises, never blocks.
 
     ``level`` and ``tag`` are positional-only (upstream call sites pass them positionally), so a record may carry
@@ -149,9 +153,31 @@ def cptrace(level: Any, tag: str, /, **fields: Any) -> None:
         level = _gate_level(level)
         if level is None or level > _LEVEL:
             return
-    if _DROP is not None and fields.get("node_id") in _DROP and tag != "split":
-        return   # sampled out: its lineage's decision is known (a split still goes on: its child inherits it)
+    if _DROP is not None:
+        try:
+            if fields.get(_NODE_KEY) in _DROP and tag != _SPLIT:
+                return   # sampled out: its lineage's decision is known (a split still goes on: its child inherits it)
+        except TypeError:   # an unhashable node id: never decided out (the sampler's guard drops it)
+            pass
     _submit(level, tag, fields)
+
+
+_NODE_KEY = "node_id"   # the field the sampling decision is about (sampling.py reads the same one)
+_SPLIT = "split"        # the record whose new node inherits its origin's decision
+
+
+def _load_hot() -> Any:
+    """The C gate configured with :func:`_cptrace_py`, or None (not built, or ``CPTRACE_PY_GATE=1``)."""
+    if os.environ.get("CPTRACE_PY_GATE") == "1":
+        return None
+    from .._speedups.hot import load
+
+    return load(_cptrace_py, globals(), ("_LEVEL", "_DROP", "_submit", _NODE_KEY, _SPLIT))
+
+
+_hot = _load_hot()
+# The call sites' cptrace: the C gate when built (same contract, see the module doc), else the Python definition.
+cptrace = _hot.cptrace if _hot is not None else _cptrace_py
 
 
 def flush(timeout_s: float = 30.0) -> bool:

@@ -9,13 +9,14 @@ Contract (docs/ARCHITECTURE.md):
   drainer keeps up); beyond that one record in 32 has its size estimated (:func:`_estimate`: the lengths of its
   string and list values plus a per-field constant), standing for the 32, so a stalled exporter holds about
   ``queue_bytes`` plus :data:`UNMEASURED` records (an estimate: sizes that vary wildly blur it).
-* A daemon drainer thread pops batches in order, resolves deferred fingerprints (``fingerprint.is_deferred/resolve``,
-  waiting on their CUDA event), renders every value that is not already an int, str or float (bools as
-  ``True``/``False``; anything else with upstream ``_fmt`` semantics; a value whose ``str`` raises becomes
-  ``(err:<ExceptionType>)``; :func:`cptrace_otel.model.records.compact_item`) and ships batches of these compact items
-  to the exporter worker, in order (messages and frames: :mod:`cptrace_otel.export.protocol`). The worker completes
-  each with the same rendering (:mod:`cptrace_otel.model.records`), so the result is the same, but the traced process
-  does the least work.
+* A daemon drainer thread pops batches in order (after shipping a partial batch it lingers :data:`LINGER_S` for more,
+  so that records arriving a few per millisecond are not shipped one message each; a flush does not wait), resolves
+  deferred fingerprints (``fingerprint.is_deferred/resolve``, waiting on their CUDA event), renders every value that
+  is not already an int, str or float (bools as ``True``/``False``; anything else with upstream ``_fmt`` semantics; a
+  value whose ``str`` raises becomes ``(err:<ExceptionType>)``; :func:`cptrace_otel.model.records.compact_item`) and
+  ships batches of these compact items to the exporter worker, in order (messages and frames:
+  :mod:`cptrace_otel.export.protocol`). The worker completes each with the same rendering
+  (:mod:`cptrace_otel.model.records`), so the result is the same, but the traced process does the least work.
 * The worker is a subprocess per traced process (``python -m cptrace_otel.export.worker``; not ``multiprocessing``,
   since SGLang rank processes may be daemonic), fed over its stdin and acking over its stdout; it exits after
   delivering once its stdin closes, so it never outlives the traced process for long. ``CPTRACE_EXPORTER=thread``
@@ -59,6 +60,7 @@ from ..model.records import RESOLVE_TIMEOUT_S, compact_item
 
 BATCH = 4096              # records per message to the worker
 IDLE_WAIT_S = 0.05        # drainer poll interval when the buffer is empty
+LINGER_S = 0.02           # after shipping less than a full batch the drainer waits this long for more (_drain_body)
 EXIT_FLUSH_S = 5.0        # exit flush budget
 MAX_RESTARTS = 5          # exporter workers started after the first one died
 RESTART_BACKOFF_S = 0.5   # before the first restart; doubles each time (the buffer holds the records meanwhile)
@@ -384,6 +386,11 @@ class _State:
                 return
             if not busy:
                 self.wake.wait(IDLE_WAIT_S, consume=True)
+            elif not reqs and len(buf) < BATCH:
+                # Records trickle in (a few per ms): without a pause each round would ship one or two of them, and
+                # every message costs a pickle, a write and the worker's wake-up, per record. A flush or a stop
+                # wakes the drainer at once; a full batch is shipped without waiting.
+                self.wake.wait(LINGER_S, consume=True)
 
     # watchdog ------------------------------------------------------------------------------------------------------
     def _watch(self) -> None:

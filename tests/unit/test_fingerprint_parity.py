@@ -171,12 +171,12 @@ def test_torch_chunked_path_is_exact(n: int) -> None:
     assert nz == reference.knz(b)
 
 
-def test_numpy_fallback_matches_numba_on_random_sizes() -> None:
+def test_numpy_fallback_matches_the_default_backend_on_random_sizes() -> None:
     g = np.random.default_rng(7)
     for n in [1, 255, 256, 257, 4095, 4096, 4097, 4096 * 256 + 17, (1 << 22) + 4096 * 2 + 3]:
         a = g.integers(0, 256, n, dtype=np.uint8)
         assert cpu.numpy_sums(a) == cpu.array_sums(a)
-    assert cpu.backend() in ("numba", "numpy")
+    assert cpu.backend() in ("c-avx2", "c-portable", "numpy")
 
 
 def test_import_loads_no_heavy_modules() -> None:
