@@ -28,7 +28,7 @@ from typing import Iterable
 from ..events import Event
 from .cross_base import EpochC1, _int
 from .fence import StoreFence
-from .findings import Finding, Unchecked
+from .findings import UNDECIDABLE, Finding, Unchecked
 from .registry import BY_ID, FENCE_TAGS, STRUCTURAL
 from .rules_c1 import C1Lockstep
 from .rules_c2 import C2AckRounds
@@ -253,6 +253,11 @@ class CrossRank(C1Lockstep, C2AckRounds, JoinRules):
             out.append(Unchecked("C5", "C5", None, 1, "no config record: CP mode unknown", "skip"))
         elif self.mode in ("replicated", "shared") and not self._saw_hash:
             out.append(Unchecked("C5", "C5", None, 1, "no h fields on backup/reload records", "skip"))
+        if self._fence.undecidable:
+            out.append(Unchecked(fence.id, fence.code, None, fence.level,
+                                 "interval overlap the rng summaries cannot decide (a store and a backup's source); "
+                                 "exact sets (devx) would", UNDECIDABLE, self._fence.undecidable,
+                                 list(self._fence.undecidable_nodes)))
         if self.mode == "shared" and self._fence.stores == 0:
             out.append(Unchecked(fence.id, fence.code, None, fence.level,
                                  f"no store records (level {fence.level}) in mode shared",

@@ -117,9 +117,17 @@ class HashCompare(RankRuleBase):
         return None
 
     def _count_unhashed(self, ld: PendingLoad) -> None:
-        """A load closed without a reload hash for a chain node whose backup has one: HASH-skipped(no reload hash)."""
+        """A load that is over (its acks are all in, the stream or epoch ended, or it was forgotten): each chain node
+        without a reload hash is listed (HASH-skipped), never passed: SGLang's load ack names the op's last node
+        only, so a missing per-node ack record must show."""
         for nid in ld.chain:
+            if nid in ld.hashed:
+                continue
             bk = ld.snap.get(nid)
-            if nid not in ld.hashed and bk is not None and bk.h is not None:
+            if bk is None:
+                self._skip("HASH-skipped(no backup)", "HASH", nid, "no backup record for the reloaded node")
+            elif bk.h is not None or isinstance(bk.hp, list):
                 self._skip("HASH-skipped(no reload hash)", "HASH", nid,
-                           "reload without sync=1 h and no h2d ack hash (level 1?)")
+                           "a reloaded chain node got no h2d ack hash (and no reload sync=1 h)")
+            else:
+                self._skip("HASH-skipped(no hash)", "HASH", nid, "backup or reload carries no h")
