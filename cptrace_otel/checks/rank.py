@@ -205,7 +205,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         pre.host = hc if hc is not None else (None if is_none_range(hc_raw) else UNKNOWN)
         pre.bump(ref, f"split into {p}+{c}")
         pnode.gen_ref = (ref, f"split into {p}+{c}")
-        if st.loads or st.closed_loads:   # a load in flight follows its tokens too (HASH per fragment)
+        if st.loads:   # a load in flight follows its tokens too (HASH per fragment)
             st.split_loads(c, p, L, s)
         lst = st.writes_by_node.get(c)
         if lst:   # a pending write follows its tokens: its fragment list gets both halves (H1b)

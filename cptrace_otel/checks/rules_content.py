@@ -1,6 +1,7 @@
 """The content flags (domain 4): ZERO and HASH, level 1 when the records carry ``nz``/``h``.
 
-* ZERO: a ``backup`` (ZERO@backup), a ``reload sync=1`` or an ``ack dir=h2d`` (ZERO@reload, once per load) of a
+* ZERO: a ``backup`` (ZERO@backup), a ``reload sync=1`` (once per load) or an ``ack dir=h2d`` (once per chain
+  node: ZERO@reload) of a
   non-empty node with ``nz=0``; ``nz < 0`` means skip.
 * HASH: the node's reload hash (``reload sync=1`` for a one-node chain, per page ``hp`` for a longer one, else the
   ``ack dir=h2d``) against its latest backup's (the witness each chain node had when the load was issued). Across a
@@ -34,18 +35,19 @@ class ZeroFlag(RankRuleBase):
 
     def _zero_reload(self, ev: Event, ref: tuple, nid: int, ld: PendingLoad, nz: int,
                      at_ack: bool) -> Finding | None:
-        """ZERO@reload: ``nz=0`` after load ``ld`` of node ``nid``, at its ``reload sync=1`` or (``at_ack``) an
-        ``ack dir=h2d``; once per load."""
-        if nz != 0 or ld.zeroed:
+        """ZERO@reload: ``nz=0`` after load ``ld`` of node ``nid``, at its ``reload sync=1`` (the whole chain, once)
+        or (``at_ack``) at a chain node's ``ack dir=h2d`` (once per chain node: each ack record is its node's)."""
+        if nz != 0 or ld.zeroed is True or (at_ack and nid in ld.zeroed):
             return None
         n = self.st.nodes.get(nid) if at_ack else None
         cnt = n.len if n is not None else (ld.dev.cnt if isinstance(ld.dev, Slots) else 0)
         if cnt <= 0:
             return None
-        ld.zeroed = True
         if at_ack:
+            ld.zeroed.add(nid)
             return self._finding("ZERO", "ZERO@reload", nid, ld.op, EXACT, [ld.ref, ref],
                                  f"node {nid} holds all-zero KV after its host->device load (nz=0)", ev)
+        ld.zeroed = True
         return self._finding("ZERO", "ZERO@reload", nid, ld.op, EXACT, [ref],
                              f"reload of node {nid}: all-zero KV after the load (nz=0)", ev)
 

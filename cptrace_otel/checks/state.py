@@ -99,7 +99,7 @@ class PendingLoad:
         self.viol: tuple | None = None   # (ref, certainty, what) of the first proven H2c breach
         self.undec: str | None = None    # what first overlapped its host slots as an interval only
         self.hashed: set[int] = set()
-        self.zeroed = False
+        self.zeroed: set[int] | bool = set()   # chain nodes whose ack reported ZERO; True: the reload sync=1 did
 
 
 class Fill:
@@ -246,11 +246,8 @@ class EpochState:
         """Node ``c`` (``L`` tokens) was cut at ``s`` into ``p`` (prefix) + ``c`` (suffix) while a load of it is in
         flight (SGLang's match_prefix/insert split nodes whose load is pending): the load's chain and backup
         witnesses follow the tokens, so the acks of either fragment compare with their slice of the backup."""
-        seen: list[PendingLoad] = list(self.loads_by_node.get(c, ()))
-        cl = self.closed_by_node.get(c)
-        if cl is not None and cl not in seen:
-            seen.append(cl)
-        for ld in seen:
+        # (open loads only: a closed load got its ack records in one go, a later split is of a device-resident node)
+        for ld in list(self.loads_by_node.get(c, ())):
             try:
                 i = ld.chain.index(c)
             except ValueError:
@@ -266,10 +263,7 @@ class EpochState:
                 ld.snap[p] = None
             if c in ld.hashed:
                 ld.hashed.add(p)
-            if id(ld) in self.loads:
-                self.loads_by_node.setdefault(p, []).append(ld)
-            else:
-                self.closed_by_node[p] = ld
+            self.loads_by_node.setdefault(p, []).append(ld)
 
     def drain_loads(self) -> list[PendingLoad]:
         """Every load still held (open or closed): the end of the stream or of the epoch."""
