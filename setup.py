@@ -20,14 +20,14 @@ _PTH = "cptrace_otel_sglang.pth"
 
 class _BuildPyWithPth(build_py):
     """Also put ``cptrace_otel_sglang.pth`` at the top of the wheel, i.e. into site-packages: the ``CPTRACE_SGLANG``
-    switch (cptrace_otel/sglang_shim.py; one environment lookup per interpreter start while it is off). Editable
-    installs do not get it: ``python -m cptrace_otel.sglang_shim --write-pth`` writes it there."""
+    switch (cptrace_otel/traced/sglang_shim.py; one environment lookup per interpreter start while it is off).
+    Editable installs do not get it: ``python -m cptrace_otel.traced.sglang_shim --write-pth`` writes it there."""
 
     def run(self) -> None:
         super().run()
         from importlib.util import module_from_spec, spec_from_file_location
 
-        spec = spec_from_file_location("_shim", os.path.join("cptrace_otel", "sglang_shim.py"))
+        spec = spec_from_file_location("_shim", os.path.join("cptrace_otel", "traced", "sglang_shim.py"))
         shim = module_from_spec(spec)
         spec.loader.exec_module(shim)
         shim.write_pth(self.build_lib)

@@ -158,7 +158,8 @@ def _measure(kind: str, paths: list[str]) -> dict:
     c0 = time.process_time()
     if kind in ("startup", "imports"):   # the baselines subtracted from instruction counts (raw, ours)
         if kind == "imports":
-            from cptrace_otel.analyze import check_cmd, engine, report  # noqa: F401
+            from cptrace_otel.commands import check as check_cmd
+            from cptrace_otel.analyze import engine, check_output as report  # noqa: F401
             from cptrace_otel.analyze.sources import logs, otlpfile  # noqa: F401
         n, findings = 0, None
     elif kind == "raw":
@@ -176,8 +177,8 @@ def _measure(kind: str, paths: list[str]) -> dict:
         findings = None
     elif kind == "naive":
         from cptrace_otel.analyze.engine import Analysis
-        from cptrace_otel.events import Event
-        from cptrace_otel.logline import parse_line, parse_prefix
+        from cptrace_otel.model.events import Event
+        from cptrace_otel.model.logline import parse_line, parse_prefix
         events = []
         for i, p in enumerate(paths):
             with open(p, encoding="utf-8", errors="replace") as fh:
@@ -196,7 +197,7 @@ def _measure(kind: str, paths: list[str]) -> dict:
     else:
         import io
         from types import SimpleNamespace
-        from cptrace_otel.analyze import check_cmd
+        from cptrace_otel.commands import check as check_cmd
         buf = io.StringIO()
         rc = check_cmd.run(SimpleNamespace(paths=paths, json=True, level=None, jaeger_url=None, run_id=None),
                            buf, io.StringIO())

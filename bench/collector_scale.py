@@ -100,7 +100,7 @@ def child(rank: int, ranks: int, rate: float, seconds: float, workdir: str) -> i
     from jaeger_export import node_records  # the same workload as the single-process export benchmark
 
     import cptrace_otel as ct
-    from cptrace_otel import pipeline
+    from cptrace_otel.traced import pipeline
 
     nodes = math.ceil(rate * seconds / EVENTS_PER_NODE)
     recs = [r for n in range(1, nodes + 1) for r in node_records(n)]

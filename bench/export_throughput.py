@@ -155,7 +155,7 @@ def main() -> int:
     n = args.events
     from otlp_receiver import GrpcReceiver, HttpReceiver
 
-    from cptrace_otel.export import otlp, worker
+    from cptrace_otel.export import otlp_proto as otlp, worker
 
     print("exporter: " + ("C span-event encoder and intake" if otlp._span_events and worker._intake
                           else "pure-Python parts (C speedups not fully built)"))

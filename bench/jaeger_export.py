@@ -81,7 +81,7 @@ def _cpu_children() -> float:
 
 def child_ours(n_events: int, rate: float) -> dict:
     import cptrace_otel as ct
-    from cptrace_otel import pipeline
+    from cptrace_otel.traced import pipeline
 
     nodes = n_events // EVENTS_PER_NODE
     recs = [r for n in range(1, nodes + 1) for r in node_records(n)]  # built before timing: the caller's data
@@ -125,11 +125,11 @@ def child_sdk(n_events: int, run_id: str, queue: int, preconverted: bool = False
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
     from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 
-    from cptrace_otel import semconv as sc
-    from cptrace_otel.attrs import fields_to_attributes
-    from cptrace_otel.config import from_env
-    from cptrace_otel.logline import parse_value
-    from cptrace_otel.spans import node_trace_id
+    from cptrace_otel.model import semconv as sc
+    from cptrace_otel.model.attrs import fields_to_attributes
+    from cptrace_otel.model.config import from_env
+    from cptrace_otel.model.logline import parse_value
+    from cptrace_otel.model.spans import node_trace_id
 
     class NodeIds(RandomIdGenerator):
         trace_id = 1
@@ -215,7 +215,7 @@ def run_child(kind: str, n_events: int, run_id: str, service: str, args: argpars
 
 def count_in_jaeger(query: str, run_id: str, nodes: int, batch: int = 40) -> tuple[int, int]:
     """(record events, traces found) for the node traces of ``run_id`` as Jaeger's /api/traces returns them."""
-    from cptrace_otel.spans import node_trace_id
+    from cptrace_otel.model.spans import node_trace_id
 
     ids = [node_trace_id(run_id, 0, n).hex() for n in range(1, nodes + 1)]
     events = found = 0
@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     tag = uuid.uuid4().hex[:8]
     n = args.events - args.events % EVENTS_PER_NODE
     out: dict = {"events_per_path": n, "cpus": os.cpu_count()}
-    from cptrace_otel.export import otlp, worker
+    from cptrace_otel.export import otlp_proto as otlp, worker
 
     enc = ("C span-event encoder and intake" if otlp._span_events is not None and worker._intake is not None
            else "pure-Python parts (C speedups not fully built)")

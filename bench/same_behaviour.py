@@ -583,7 +583,7 @@ def child_sim(specs: list[str]) -> int:
     try:
         from cptrace_otel.sim.rank_main import build
     except ImportError:   # pragma: no cover - a restructured simulator may move it
-        from cptrace_otel.sim.demo import build  # type: ignore[no-redef,attr-defined]
+        from cptrace_otel.commands.demo import build  # type: ignore[no-redef,attr-defined]
     from cptrace_otel.sim.tracer import LogEmitter
 
     for spec in specs:

@@ -70,7 +70,7 @@ def start_jaeger(tmp: Path, max_traces: int) -> tuple[subprocess.Popen, str, str
 def node_events(n: int, ranks: int):
     from jaeger_export import _r, node_records
 
-    from cptrace_otel.logline import parse_value
+    from cptrace_otel.model.logline import parse_value
 
     host = _r((n * 64) % 2_000_000, 64)
     recs = node_records(n) + [(1, "evict", {"tier": "host", "node_id": n, "kind": "regular", "host": host}),
@@ -83,11 +83,11 @@ def node_events(n: int, ranks: int):
 
 def stream(otlp: str, run_id: str, n_events: int, rate: float, ranks: int = 2) -> int:
     """Send ``n_events`` events at ``rate``/s through SpanBuilder + the OTLP sink; the events sent."""
-    from cptrace_otel import config as _config
-    from cptrace_otel import semconv as sc
-    from cptrace_otel.events import Event
+    from cptrace_otel.model import config as _config
+    from cptrace_otel.model import semconv as sc
+    from cptrace_otel.model.events import Event
     from cptrace_otel.export.stack import open_sinks
-    from cptrace_otel.spans import SpanBuilder
+    from cptrace_otel.model.spans import SpanBuilder
 
     cfg = _config.from_env()
     sinks = open_sinks(cfg, endpoint=otlp, spool_dir="")

@@ -9,7 +9,7 @@ pipeline starts on the first enabled record.
 """
 
 from ._version import __version__
-from .api import (
+from .traced.api import (
     configure,
     cptrace,
     flush,

@@ -14,7 +14,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 from otlp_receiver import HttpReceiver, read_jsonl  # noqa: E402
 
-from cptrace_otel.spans import node_trace_id  # noqa: E402
+from cptrace_otel.model.spans import node_trace_id  # noqa: E402
 
 
 def demo(*args: str, timeout: float = 180.0) -> subprocess.CompletedProcess:

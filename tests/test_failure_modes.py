@@ -18,7 +18,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from otlp_receiver import HttpReceiver, free_port, read_jsonl  # noqa: E402
 
-from cptrace_otel import semconv as sc  # noqa: E402
+from cptrace_otel.model import semconv as sc  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 

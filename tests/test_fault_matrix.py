@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from cptrace_otel.logline import parse_line, render_line
+from cptrace_otel.model.logline import parse_line, render_line
 from cptrace_otel.sim.faults import FAULTS
 from cptrace_otel.sim.workload import analyze, expected_set, found_set, run_fault
 

@@ -13,7 +13,7 @@ import sysconfig
 
 import pytest
 
-from cptrace_otel import sglang_shim
+from cptrace_otel.traced import sglang_shim
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -23,7 +23,7 @@ import multiprocessing as mp, sys
 
 def child(q):
     import sglang.srt.mem_cache.cp_hicache_trace as t
-    import cptrace_otel.api as api
+    import cptrace_otel.traced.api as api
     q.put((t is api, t.cptrace is api.cptrace, t.trace_level()))
 
 if __name__ == "__main__":

@@ -1,11 +1,11 @@
 """What the C Event builder (``event.c``, part of ``_logreader`` and ``_intake``) needs to know of
-:class:`cptrace_otel.events.Event`."""
+:class:`cptrace_otel.model.events.Event`."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from ..events import Event
+from ..model.events import Event
 
 
 def event_slots() -> tuple[str, ...] | None:

@@ -14,8 +14,8 @@ def load(src: str) -> Callable[..., Any] | None:
     except ImportError:
         return None
     from ..checks.epochs import EPOCH_TAGS, EpochTracker
-    from ..events import Event
-    from ..logline import Rng
+    from ..model.events import Event
+    from ..model.logline import Rng
     from .event import event_slots
 
     _intake.configure(Rng, Event, EpochTracker, EPOCH_TAGS, event_slots(), src)

@@ -1,6 +1,6 @@
 /* C fast path of the upstream log reader (cptrace_otel.analyze.sources.logs), loaded by logreader.py.
  *
- * Contract: for every line it accepts, the result equals cptrace_otel.logline.parse_line exactly (tag, field
+ * Contract: for every line it accepts, the result equals cptrace_otel.model.logline.parse_line exactly (tag, field
  * keys in line order, value types and values). It accepts only the common shapes of ASCII lines: a "\w+" tag,
  * "k=v" tokens separated by ASCII whitespace, and the value shapes of value.c. Anything else (non-ASCII text,
  * tokens without "=", floats or texts that might be floats, odd rng or list shapes, broken markers) is answered

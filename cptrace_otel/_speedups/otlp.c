@@ -1,7 +1,7 @@
 /* OTLP protobuf encoding of span events, the exporter worker's largest per-event cost in Python; loaded by otlp.py.
  *
  * init(EventAttrs, Rng, field_prefix, rng_suffixes, trailer_keys): the two Python types the encoder recognises
- * and the attribute keys it writes, as cptrace_otel.attrs maps fields to attributes (given by Python, declared only
+ * and the attribute keys it writes, as cptrace_otel.model.attrs maps fields to attributes (given by Python, declared only
  * there): a field k becomes field_prefix + k, the five parts of a range field_prefix + k + rng_suffixes[i], and
  * trailer_keys are the keys of an EventAttrs' seq, epoch and level.
  *

@@ -1,4 +1,4 @@
-"""Loader of ``_otlp`` (``otlp.c``): the C encoder of span events for :mod:`cptrace_otel.export.otlp`."""
+"""Loader of ``_otlp`` (``otlp.c``): the C encoder of span events for :mod:`cptrace_otel.export.otlp_proto`."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ def load() -> Callable[..., bytes] | None:
         from . import _otlp  # type: ignore[attr-defined]
     except ImportError:
         return None
-    from .. import semconv as sc
-    from ..attrs import RNG_SUFFIXES
-    from ..logline import Rng
-    from ..spans import EventAttrs
+    from ..model import semconv as sc
+    from ..model.attrs import RNG_SUFFIXES
+    from ..model.logline import Rng
+    from ..model.attrs import EventAttrs
 
     # the key layout of attrs.fields_to_attributes, and the keys EventAttrs puts after the fields
     _otlp.init(EventAttrs, Rng, sc.FIELD_PREFIX, RNG_SUFFIXES, (sc.SEQ, sc.EPOCH, sc.LEVEL))

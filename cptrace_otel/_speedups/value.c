@@ -1,5 +1,5 @@
 /* The value grammar shared by the C line reader and the C exporter intake (see value.h). Every result equals
- * cptrace_otel.logline.parse_value of the same text; tests/unit/test_logc.py and test_export_fast_paths.py hold
+ * cptrace_otel.model.logline.parse_value of the same text; tests/unit/test_logc.py and test_export_fast_paths.py hold
  * them equal. */
 #include "value.h"
 

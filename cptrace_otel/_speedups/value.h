@@ -1,4 +1,4 @@
-/* The value grammar of cptrace_otel.logline (parse_value) for the common token shapes, shared by the C line reader
+/* The value grammar of cptrace_otel.model.logline (parse_value) for the common token shapes, shared by the C line reader
  * (logreader.c) and the C exporter intake (intake.c); compiled into both modules (value.c).
  *
  * It mirrors logline.fast_value: canonical decimal ints, rng summaries of five canonical ints, flat lists of

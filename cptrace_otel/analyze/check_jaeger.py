@@ -17,9 +17,9 @@ from __future__ import annotations
 import time
 from typing import Any, TextIO
 
-from ..exits import EXIT_UNREADABLE, EXIT_USAGE
-from .report import CHECK_PREFIX as _PFX
-from .report import print_report
+from ..model.exits import EXIT_UNREADABLE, EXIT_USAGE
+from .check_output import CHECK_PREFIX as _PFX
+from .check_output import print_report
 
 
 def run_jaeger(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:
@@ -28,7 +28,7 @@ def run_jaeger(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:
     from .sources.jaegerquery import DEFAULT_LIMIT, PageTooSmall, Search, open_query
     from .sources.logs import LogStats
     from .sources.tracedocs import TraceDocs
-    from .. import semconv as sc
+    from ..model import semconv as sc
 
     given = str(args.jaeger)
     try:

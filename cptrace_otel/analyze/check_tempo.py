@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any, TextIO
 
-from ..exits import EXIT_UNREADABLE, EXIT_USAGE
-from .report import CHECK_PREFIX as _PFX
-from .report import print_report
+from ..model.exits import EXIT_UNREADABLE, EXIT_USAGE
+from .check_output import CHECK_PREFIX as _PFX
+from .check_output import print_report
 
 
 def run_tempo(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:

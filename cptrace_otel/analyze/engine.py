@@ -13,7 +13,7 @@ from typing import Any, Iterable, TextIO
 
 from ..checks import Finding, RankChecker, Unchecked
 from ..checks.crossrank import CrossRank
-from ..events import Event
+from ..model.events import Event
 from .localize import Localizer
 
 _FWD_HASH = "fwd_hash"

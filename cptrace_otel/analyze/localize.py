@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..events import Event
+from ..model.events import Event
 
 BASELINE_SRCS = ("miss", "dev")
 RELOAD_SRC = "host"

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Iterable
 
-from ..events import Event
+from ..model.events import Event
 
 FULL_LIMIT = 5000        # a run with at most this many records is drawn whole
 TOP_NODES = 12           # node panels in a summarised run
@@ -113,7 +113,7 @@ class Records:
     def __init__(self) -> None:
         self.rows: list[list[Any]] = []
         self._index: dict[int, int] = {}
-        from ..logline import render_value
+        from ..model.logline import render_value
         self._render = render_value
 
     def add(self, ev: Event) -> int:
@@ -307,11 +307,11 @@ class Builder:
     def _trace(self, epoch: int, node: int | None) -> tuple[str | None, str | None]:
         if self.run_id is None or node is None or node < 0:
             return None, None
-        from ..spans import node_trace_id
+        from ..model.spans import node_trace_id
         tid = node_trace_id(self.run_id, epoch, node).hex()
         if not self.jaeger:
             return tid, None
-        from .. import links
+        from . import links
         return tid, links.trace_url(self.jaeger, tid)
 
     def _lane_link(self, rank: int, epoch: int, node: int | None) -> str | None:
@@ -319,7 +319,8 @@ class Builder:
             return None
         from urllib.parse import quote
 
-        from .. import links, semconv as sc
+        from . import links
+        from ..model import semconv as sc
         tid, url = self._trace(epoch, node)
         if url is not None:   # the node's trace with this rank's spans found (highlighted) in it
             return f"{url}?uiFind={quote(f'{sc.CP_RANK}={rank}')}"

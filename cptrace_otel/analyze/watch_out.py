@@ -25,8 +25,8 @@ import urllib.error
 import urllib.request
 from typing import Any, Callable
 
-from .. import semconv as sc
-from ..spans import Span, _id, node_trace_id, rank_trace_id, stamp_findings
+from ..model import semconv as sc
+from ..model.spans import Span, _id, node_trace_id, rank_trace_id, stamp_findings
 from .watch_state import WATCH_SERVICE, RunWatch
 
 SPAN_FINDING = "cptrace.finding"
@@ -80,7 +80,7 @@ class WriteBack:
     """Finding spans to an OTLP endpoint through the export stack (see the module doc)."""
 
     def __init__(self, endpoint: str, protocol: str = "http/protobuf") -> None:
-        from .. import config as _config
+        from ..model import config as _config
         from ..export.stack import open_sinks
 
         self.cfg = _config.from_env()

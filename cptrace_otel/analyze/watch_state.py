@@ -24,10 +24,10 @@ from __future__ import annotations
 import heapq
 from typing import Any, Callable
 
-from .. import semconv as sc
+from ..model import semconv as sc
 from ..checks import Finding, RankChecker
 from ..checks.crossrank import CrossRank
-from ..events import Event
+from ..model.events import Event
 from .sources import otlpfile
 
 WATCH_SERVICE = "cptrace-watch"   # service.name of the spans watch writes back (never read as input)

@@ -55,7 +55,7 @@ Conventions the rules rely on (what an emitter such as the simulator should log)
 """
 
 from .findings import ERROR, WARN, Finding, Unchecked
-from .rank import RankChecker
+from .rank_checker import RankChecker
 from .registry import CODES, LEVEL2_RULES, RULE_LEVEL, RULES, STRUCTURAL, Rule
 
 __all__ = ["RankChecker", "Finding", "Unchecked", "CODES", "ERROR", "WARN", "LEVEL2_RULES", "RULE_LEVEL", "RULES",

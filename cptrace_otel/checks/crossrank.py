@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Iterable
 
-from ..events import Event
+from ..model.events import Event
 from .cross_base import EpochC1, _int
 from .fence import StoreFence
 from .findings import UNDECIDABLE, Finding, Unchecked
@@ -123,7 +123,7 @@ class CrossRank(C1Lockstep, C2AckRounds, JoinRules):
 
     def _kept_everywhere(self, ev: Event) -> bool:
         """Sampled runs (``self.sampled``: rank -> (run id, fraction), from the resources): whether the node of
-        ``ev`` was kept by every sampled rank (cptrace_otel.sampling; a split child by its lineage origin). The
+        ``ev`` was kept by every sampled rank (cptrace_otel.traced.sampling; a split child by its lineage origin). The
         cross-rank rules compare only such nodes, so a node sampled out somewhere is never "missing on rank r"."""
         f = ev.fields
         nid = _int(f.get("node_id"))
@@ -136,7 +136,7 @@ class CrossRank(C1Lockstep, C2AckRounds, JoinRules):
                 self._split_origin[new] = origin
         key = self._kept.get(origin)
         if key is None:
-            from ..sampling import keep_node
+            from ..traced.sampling import keep_node
 
             key = self._kept[origin] = all(keep_node(rid, origin, frac) for rid, frac in self.sampled.values())
         return key

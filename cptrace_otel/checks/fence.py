@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Callable
 
-from ..events import Event
+from ..model.events import Event
 from .findings import ERROR, Finding
 from .ranges import EXACT, Slots, overlap, slots_of
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..logline import Rng
+from ..model.logline import Rng
 
 EXACT, INTERVAL = "exact", "interval"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..events import Event
+from ..model.events import Event
 from .findings import ERROR, UNDECIDABLE, WARN, Finding, Unchecked
 from .ranges import EXACT
 from .state import EpochState

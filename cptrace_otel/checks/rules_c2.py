@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from ..events import Event
+from ..model.events import Event
 from .cross_base import CrossRuleBase, _int
 from .findings import ERROR, Finding
 

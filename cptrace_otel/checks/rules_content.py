@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..events import Event
+from ..model.events import Event
 from .findings import Finding
 from .rank_base import RankRuleBase
 from .ranges import EXACT, Slots

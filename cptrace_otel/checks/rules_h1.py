@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..events import Event
+from ..model.events import Event
 from .findings import Finding
 from .rank_base import RankRuleBase, _int
 from .ranges import EXACT, Slots, is_none_range

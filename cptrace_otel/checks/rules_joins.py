@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..events import Event
+from ..model.events import Event
 from .cross_base import CrossRuleBase, _int
 from .ranges import slots_of
 

@@ -2,7 +2,7 @@
 
 * :mod:`.protocol`: the traced process <-> worker messages and their framing (the one module both sides import).
 * :mod:`.worker`: the worker loop (subprocess ``python -m cptrace_otel.export.worker`` or a thread): compact items
-  -> events -> spans (:mod:`cptrace_otel.spans`) -> sinks.
+  -> events -> spans (:mod:`cptrace_otel.model.spans`) -> sinks.
 * :mod:`.sinks`: the sink and transport protocols, a transport's :class:`~.sinks.SendResult`, the network sink;
   :mod:`.stack`: :func:`~.stack.open_sinks`, the one builder of the sinks (worker and ``ingest``).
 * :mod:`.otlp`: OTLP protobuf and OTLP/JSON encoding of spans, requests split below 3.5 MiB.

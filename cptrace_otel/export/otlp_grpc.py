@@ -2,7 +2,7 @@
 
 The method is called through a channel stub with an identity request serializer instead of
 ``TraceServiceStub.Export``: the stub would need a parsed message, and our requests are already encoded bytes
-(see :mod:`cptrace_otel.export.otlp`); the wire call is the same (``/opentelemetry.proto.collector.trace.v1.
+(see :mod:`cptrace_otel.export.otlp_proto`); the wire call is the same (``/opentelemetry.proto.collector.trace.v1.
 TraceService/Export``, response decoded with ``ExportTraceServiceResponse``). Endpoint ``http://host:port`` means an
 insecure channel, ``https://`` a TLS one; an endpoint without a scheme is insecure unless
 ``OTEL_EXPORTER_OTLP_[TRACES_]INSECURE=false`` or a CA certificate is configured (the spec's INSECURE flag applies
@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 from urllib.parse import urlparse
 
-from ..config import mask, mask_url, secrets_of
+from ..model.config import mask, mask_url, secrets_of
 from .sinks import SENT, Outcome, SendResult
 from .tls import HandshakeStrikes, check_headers, is_tls_config_error, load_tls, tls_hint
 

@@ -6,7 +6,7 @@ certificate and key give mTLS). :meth:`HttpTransport.send` classifies the outcom
 :class:`~.sinks.SendResult`): ``OK``; ``RETRY`` (connection refused or reset, timeout, 408, 429, 502, 503, 504: the
 backend is unreachable or overloaded, keep the request; ``retry_after`` holds a 429/503 ``Retry-After`` in seconds);
 ``DROP`` (any other status: the request itself is bad, sending it again cannot help); ``FATAL`` (a TLS handshake or
-header error: the configuration is wrong). Every detail is masked (:func:`cptrace_otel.config.mask`).
+header error: the configuration is wrong). Every detail is masked (:func:`cptrace_otel.model.config.mask`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import gzip
 import time
 from typing import Any, Sequence
 
-from ..config import mask, mask_url, secrets_of
+from ..model.config import mask, mask_url, secrets_of
 from .sinks import SENT, Outcome, SendResult
 from .tls import HandshakeStrikes, check_headers, is_tls_config_error, load_tls, tls_hint
 

@@ -1,7 +1,7 @@
-"""OTLP/JSON encoding of :class:`cptrace_otel.spans.Span` lists: one ``ExportTraceServiceRequest`` per line, the
+"""OTLP/JSON encoding of :class:`cptrace_otel.model.spans.Span` lists: one ``ExportTraceServiceRequest`` per line, the
 form the OpenTelemetry Collector's file exporter writes (read back by :mod:`cptrace_otel.analyze.sources.otlpfile`).
 
-Built as text with the same caching idea as the protobuf encoder (:mod:`cptrace_otel.export.otlp`): ``json.dumps``
+Built as text with the same caching idea as the protobuf encoder (:mod:`cptrace_otel.export.otlp_proto`): ``json.dumps``
 over nested dicts costs ~5x more. Attribute values follow proto3 JSON: int64 as strings, doubles as numbers (NaN and
 infinities as strings), bools as booleans, anything else as its ``str``.
 """
@@ -12,7 +12,7 @@ import math
 from json.encoder import encode_basestring as _jstr  # C-accelerated string quoting
 from typing import Any, Iterable, Sequence
 
-from .. import semconv as sc
+from ..model import semconv as sc
 from .._version import __version__
 
 _INT_CACHE_MAX = 4096                     # cache small ints only (ids, counters and hashes would churn it)

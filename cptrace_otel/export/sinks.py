@@ -34,7 +34,7 @@ class Outcome(str, enum.Enum):
 
 class ConfigError(Exception):
     """A permanent configuration error of a sink (certificate files, TLS handshake, header syntax): reported once
-    with a clear message, never retried. Its text never holds a secret (see :func:`cptrace_otel.config.mask`)."""
+    with a clear message, never retried. Its text never holds a secret (see :func:`cptrace_otel.model.config.mask`)."""
 
 
 class SendResult(NamedTuple):
@@ -77,7 +77,7 @@ class OtlpSink:
     :class:`~.spool.ReliableSender`, which delivers them in order and spools them across outages."""
 
     def __init__(self, sender: Any) -> None:
-        from .otlp import encode_requests
+        from .otlp_proto import encode_requests
 
         self.sender = sender
         self._encode = encode_requests
@@ -107,7 +107,7 @@ class OtlpSink:
             submit(body, n)
 
     def _encode_repaired(self, groups: SpanGroups) -> tuple[list[bytes], list[int]]:
-        from .otlp import encode_span
+        from .otlp_proto import encode_span
 
         fixed = []
         for resource, spans in groups:
@@ -158,7 +158,7 @@ def _encodable(v: Any) -> Any:
 def repair_span(sp: Any) -> int:
     """Replace the values of ``sp`` (its attributes, its events' fields) that cannot be encoded; how many."""
     n = 0
-    # an event's attributes are built lazily from its typed fields (spans.EventAttrs): repair those
+    # an event's attributes are built lazily from its typed fields (attrs.EventAttrs): repair those
     for attrs in [sp.attrs] + [getattr(a, "fields", a) for _, _, a in sp.events]:
         for k, v in list(attrs.items()):
             r = _encodable(v)

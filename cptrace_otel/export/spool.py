@@ -43,7 +43,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from ..config import mask_url
+from ..model.config import mask_url
 from .sinks import Outcome, SendResult
 
 DEFAULT_SPOOL_MAX_BYTES = 512 << 20

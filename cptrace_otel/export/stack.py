@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple
 
-from ..config import mask, secrets_of
+from ..model.config import mask, secrets_of
 from .sinks import ConfigError, Outcome, OtlpSink, Transport
 
 
@@ -19,7 +19,7 @@ class SinkError(Exception):
     request failed; ``cause`` is its detail), ``"config"`` (a permanent configuration error: bad TLS files or header
     syntax, ``cause`` a :class:`~.sinks.ConfigError`), ``"file"`` (the OTLP JSON-lines file), ``"log"`` (the
     log-lines file). ``target`` is the endpoint, URL or path, and ``cause`` its text, both masked
-    (:func:`cptrace_otel.config.mask`): whoever prints them prints no secret."""
+    (:func:`cptrace_otel.model.config.mask`): whoever prints them prints no secret."""
 
     def __init__(self, kind: str, target: str, cause: Any, secrets: tuple[str, ...] = ()) -> None:
         target = mask(target, secrets)
@@ -55,7 +55,7 @@ class Sinks(NamedTuple):
 
 def open_transport(endpoint: str, protocol: str, cfg: Any) -> Transport:
     """The transport for ``endpoint`` (``protocol`` ``"grpc"`` or HTTP), with ``cfg``'s headers, timeout and
-    compression. The endpoint is used as given (:func:`cptrace_otel.config.traces_url` makes the HTTP URL)."""
+    compression. The endpoint is used as given (:func:`cptrace_otel.model.config.traces_url` makes the HTTP URL)."""
     if protocol == "grpc":
         from .otlp_grpc import GrpcTransport
 
@@ -94,14 +94,14 @@ def open_sinks(cfg: Any, *, endpoint: str | None = None, protocol: str = "http/p
         except Exception as e:
             failed(SinkError("otlp", endpoint, e, secrets))
     if file:
-        from .files import OtlpJsonFileSink
+        from .file_sinks import OtlpJsonFileSink
 
         try:
             fsink = OtlpJsonFileSink(file)
         except OSError as e:
             failed(SinkError("file", file, e))
     if log_file:
-        from .files import LogLinesSink
+        from .file_sinks import LogLinesSink
 
         try:
             lsink = LogLinesSink(log_file, cfg.cp_rank, cfg.tp_rank)

@@ -3,7 +3,7 @@
 (``CPTRACE_EXPORTER=thread``); both run :func:`run_loop` on a queue of messages.
 
 The messages, their framing on stdin/stdout in process mode and the acks are :mod:`cptrace_otel.export.protocol`.
-Each compact item of an ``ITEMS`` batch becomes one span event (:class:`~cptrace_otel.spans.SpanBuilder`), ``seq``
+Each compact item of an ``ITEMS`` batch becomes one span event (:class:`~cptrace_otel.model.spans.SpanBuilder`), ``seq``
 in arrival order; ``FLUSH`` closes open spans, delivers everything and is answered with an ``ACK``; at end of input
 the worker finishes (end-of-stream checks, close spans), delivers within ``config.timeout_s`` and exits, so it never
 outlives its traced process by more than that. Its sinks come from :func:`cptrace_otel.export.stack.open_sinks`.
@@ -22,11 +22,11 @@ import threading
 import time
 from typing import Any, Callable
 
-from .. import semconv as sc
-from ..events import Event
-from ..logline import Rng, fast_value
-from ..records import MAX_VALUE_CHARS, cut, render_other, render_record, tag_level
-from ..spans import SpanBuilder, checker_factory
+from ..model import semconv as sc
+from ..model.events import Event
+from ..model.logline import Rng, fast_value
+from ..traced.records import MAX_VALUE_CHARS, cut, render_other, render_record, tag_level
+from ..model.spans import SpanBuilder, checker_factory
 from .protocol import ACK, FLUSH, INIT, ITEMS, PROGRESS, frame, read_frame
 from .stack import SinkError, open_sinks
 
@@ -194,7 +194,7 @@ class Exporter:
     def add_items(self, items: list[tuple], dropped: int) -> None:
         """One ``ITEMS`` batch: each compact item becomes one Event (seq counting on from the last batch; an item
         that cannot be rendered is reported and dropped, its seq skipped), fed to the span builder. With a log sink
-        the items' Records (:func:`~cptrace_otel.records.render_record`) are written there first. The C intake
+        the items' Records (:func:`~cptrace_otel.traced.records.render_record`) are written there first. The C intake
         builds the Events when it was built, :meth:`_item_event` otherwise (and for items of an unusual shape):
         the same Events."""
         self.dropped_upstream = dropped

@@ -17,8 +17,8 @@ import os
 import time
 from typing import Any, Protocol
 
-from ..events import LEVEL_OF_TAG, Event
-from ..logline import parse_line, render_line
+from ..model.events import LEVEL_OF_TAG, Event
+from ..model.logline import parse_line, render_line
 
 TICK_NS = 100_000
 TS_BASE = 1_000_000_000          # monotonic origin of a simulated run (ns)
@@ -126,7 +126,7 @@ class ApiEmitter:
     """One rank's records through ``cptrace_otel.cptrace`` (the gate in force there does the level gating)."""
 
     def __init__(self, rank: int, level: int) -> None:
-        from .. import api
+        from ..traced import api
 
         self.rank = rank
         self.level = level

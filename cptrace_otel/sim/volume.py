@@ -21,7 +21,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 from ..checks.ranges import parse_runs
-from ..events import Event
+from ..model.events import Event
 from .core import Simulation
 from .tracer import TICK_NS
 from .workload import P, random_stream

@@ -14,10 +14,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from otlp_receiver import HttpReceiver  # noqa: E402
 
-from cptrace_otel.export.otlp import encode_requests  # noqa: E402
+from cptrace_otel.export.otlp_proto import encode_requests  # noqa: E402
 from cptrace_otel.export.otlp_http import MAX_RETRY_AFTER_S, HttpTransport, parse_retry_after  # noqa: E402
 from cptrace_otel.export.spool import ReliableSender  # noqa: E402
-from cptrace_otel.spans import Span  # noqa: E402
+from cptrace_otel.model.spans import Span  # noqa: E402
 
 
 def _body(i: int) -> bytes:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from cptrace_otel.export.files import LogLinesSink, OtlpJsonFileSink
-from cptrace_otel.logline import parse_line
+from cptrace_otel.export.file_sinks import LogLinesSink, OtlpJsonFileSink
+from cptrace_otel.model.logline import parse_line
 
 
 def _records(n: int, start: int = 0, pad: int = 0) -> list[tuple]:
@@ -79,7 +79,7 @@ def test_disk_full_then_freed_resumes_without_torn_lines(tiny_disk: Path) -> Non
 
 
 def test_disk_full_for_the_otlp_file_sink(tiny_disk: Path) -> None:
-    from cptrace_otel.spans import Span
+    from cptrace_otel.model.spans import Span
 
     (tiny_disk / "filler").write_bytes(b"\0" * (1500 << 10))
     sink = OtlpJsonFileSink(str(tiny_disk / "out.otlp.jsonl"))

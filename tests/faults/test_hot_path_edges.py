@@ -10,9 +10,10 @@ import tracemalloc
 
 import pytest
 
-from cptrace_otel import api, config, pipeline
-from cptrace_otel.logline import parse_line, parse_value, render_line
-from cptrace_otel.records import compact_item, render_other, render_record
+from cptrace_otel.traced import api, pipeline
+from cptrace_otel.model import config
+from cptrace_otel.model.logline import parse_line, parse_value, render_line
+from cptrace_otel.traced.records import compact_item, render_other, render_record
 
 
 @pytest.fixture

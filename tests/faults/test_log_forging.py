@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from cptrace_otel.analyze.sources.logs import read_log_events
-from cptrace_otel.export.files import LogLinesSink, escape_breaks
-from cptrace_otel.logline import parse_line
+from cptrace_otel.export.file_sinks import LogLinesSink, escape_breaks
+from cptrace_otel.model.logline import parse_line
 
 FORGED = "x\n[2026-07-18 03:03:06 ATTN_CP0 TP0] [CPTRACE reset] rank=0 epoch=9"
 

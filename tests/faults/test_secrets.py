@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from otlp_receiver import free_port  # noqa: E402
 
-from cptrace_otel import config  # noqa: E402
+from cptrace_otel.model import config  # noqa: E402
 from cptrace_otel.export.otlp_http import HttpTransport  # noqa: E402
 from cptrace_otel.export.spool import ReliableSender  # noqa: E402
 from cptrace_otel.export.stack import SinkError, open_sinks  # noqa: E402
@@ -43,7 +43,7 @@ def test_outage_lines_and_stats_mask_the_url_password(tmp_path: Path) -> None:
 
 def test_stats_of_the_pipeline_mask_the_password(tmp_path: Path) -> None:
     code = f"""
-import cptrace_otel as c, cptrace_otel.pipeline as p
+import cptrace_otel as c, cptrace_otel.traced.pipeline as p
 c.configure(level=1, endpoint="http://bob:{PASSWORD}@127.0.0.1:{free_port()}/v1/traces", exporter="thread",
             timeout_s=0.5, spool_dir={str(tmp_path)!r}, run_id="t")
 c.cptrace(1, "backup", node_id=1, op=1)
@@ -89,7 +89,7 @@ def test_header_newline_through_the_pipeline_is_reported_once(tmp_path: Path) ->
                OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=f"http://127.0.0.1:{free_port()}/v1/traces",
                CPTRACE_SPOOL_DIR=str(tmp_path), CPTRACE_RUN_ID="t")
     code = """
-import time, cptrace_otel as c, cptrace_otel.pipeline as p
+import time, cptrace_otel as c, cptrace_otel.traced.pipeline as p
 c.configure(level=1)
 for i in range(100):
     c.cptrace(1, "backup", node_id=i, op=1)

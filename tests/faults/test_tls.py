@@ -13,12 +13,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from otlp_receiver import GrpcReceiver, HttpReceiver, ServerTls, make_pki  # noqa: E402
 
-from cptrace_otel import config  # noqa: E402
-from cptrace_otel.export.otlp import encode_requests  # noqa: E402
+from cptrace_otel.model import config  # noqa: E402
+from cptrace_otel.export.otlp_proto import encode_requests  # noqa: E402
 from cptrace_otel.export.sinks import ConfigError, Outcome  # noqa: E402
 from cptrace_otel.export.spool import ReliableSender  # noqa: E402
 from cptrace_otel.export.stack import SinkError, open_sinks, open_transport  # noqa: E402
-from cptrace_otel.spans import Span  # noqa: E402
+from cptrace_otel.model.spans import Span  # noqa: E402
 
 pytest.importorskip("cryptography")
 

@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 
-from cptrace_otel import spans
+from cptrace_otel.model import spans
 from cptrace_otel.analyze.sources.jaeger import events_from_otlp
 
 try:

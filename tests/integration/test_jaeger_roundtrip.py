@@ -13,10 +13,11 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from cptrace_otel import links, spans
+from cptrace_otel.analyze import links
+from cptrace_otel.model import spans
 from cptrace_otel.analyze.sources.jaeger import events_from_otlp, iter_spans, otlp_attrs, run_events
-from cptrace_otel.attrs import fields_to_attributes
-from cptrace_otel.logline import parse_value, render_value
+from cptrace_otel.model.attrs import fields_to_attributes
+from cptrace_otel.model.logline import parse_value, render_value
 
 try:
     from .itlib import rank_env, start_rank, wait_for

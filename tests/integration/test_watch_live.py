@@ -24,7 +24,7 @@ try:
 except ImportError:  # tests/ is not a package (pytest's default "prepend" import mode)
     from itlib import _BASE_ENV, ROOT, free_port, get_json, wait_for
 
-from cptrace_otel.spans import node_trace_id
+from cptrace_otel.model.spans import node_trace_id
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

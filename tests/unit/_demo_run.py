@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from cptrace_otel.analyze import check_cmd
+from cptrace_otel.commands import check as check_cmd
 from cptrace_otel.cli import _parser
 
 FAULTS = "C1_div,C3_writer,HASH_flip"

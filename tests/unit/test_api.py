@@ -8,7 +8,8 @@ import warnings
 import pytest
 
 import cptrace_otel
-from cptrace_otel import api, config
+from cptrace_otel.traced import api
+from cptrace_otel.model import config
 
 
 @pytest.fixture(autouse=True)
@@ -96,7 +97,7 @@ def test_sentinels_without_tensors() -> None:
 
 
 def test_cptrace_never_raises_even_if_the_pipeline_cannot_start(monkeypatch: pytest.MonkeyPatch) -> None:
-    from cptrace_otel import pipeline
+    from cptrace_otel.traced import pipeline
 
     api.reload_config(level=1)
 

@@ -14,7 +14,7 @@ from contextlib import redirect_stderr, redirect_stdout
 import pytest
 
 from cptrace_otel import cli
-from cptrace_otel.analyze.sources import files, logs
+from cptrace_otel.analyze.sources import inputs as files, logs
 
 from _demo_run import check
 
@@ -124,7 +124,7 @@ def test_ingest_skips_a_record_the_span_builder_rejects(tmp_path, capsys):
 
 
 def test_an_unexpected_exception_is_exit_3_with_one_line(monkeypatch, capsys):
-    from cptrace_otel.analyze import check_cmd
+    from cptrace_otel.commands import check as check_cmd
 
     def boom(args, out=None, err=None):
         raise RuntimeError("a bug\nover two lines")

@@ -16,7 +16,7 @@ import pytest
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
-from cptrace_otel import ingest  # noqa: E402
+from cptrace_otel.commands import ingest  # noqa: E402
 from cptrace_otel.analyze.sources import logs  # noqa: E402
 from cptrace_otel.cli import _parser  # noqa: E402
 

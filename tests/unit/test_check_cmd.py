@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 
-from cptrace_otel.analyze import check_cmd
+from cptrace_otel.commands import check as check_cmd
 from cptrace_otel.cli import main
 
 from _checks_util import FIXTURES
@@ -90,8 +90,8 @@ def test_text_table_groups_by_node_most_severe_first(tmp_path):
 
 
 def test_otlp_and_log_sources_detected_by_content(tmp_path):
-    from cptrace_otel import semconv as sc
-    from cptrace_otel.attrs import fields_to_attributes
+    from cptrace_otel.model import semconv as sc
+    from cptrace_otel.model.attrs import fields_to_attributes
     lines = open(os.path.join(DOMAIN, "h4_bad.log")).read().splitlines()
     from cptrace_otel.analyze.sources.logs import parse_trace_line
     events = []

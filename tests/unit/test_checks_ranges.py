@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cptrace_otel.checks.ranges import EXACT, INTERVAL, concat, overlap, parse_runs, slice_slots, slots_of
-from cptrace_otel.logline import Rng
+from cptrace_otel.model.logline import Rng
 
 
 def test_parse_runs():

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from cptrace_otel.checks import Finding, RankChecker
-from cptrace_otel.events import Event
+from cptrace_otel.model.events import Event
 
 from _checks_util import FIXTURES, R, check_files, check_lines, rules
 
@@ -315,7 +315,7 @@ def test_state_is_bounded_by_live_nodes():
         seq += 1
         return Event(tag, 0, seq, seq, 0, f, 1)
 
-    from cptrace_otel.logline import Rng
+    from cptrace_otel.model.logline import Rng
     for i in range(1, 3001):
         d = Rng(32, (i % 50) * 32, (i % 50) * 32 + 31, (i % 50) * 32, (i % 50) * 32 + 31)
         h = Rng(32, 10_000 + (i % 40) * 32, 10_000 + (i % 40) * 32 + 31, 10_000 + (i % 40) * 32,
@@ -352,7 +352,7 @@ def test_checker_never_raises_on_odd_records():
     import random
 
     from cptrace_otel.checks.crossrank import CrossRank
-    from cptrace_otel.logline import Rng
+    from cptrace_otel.model.logline import Rng
     rnd = random.Random(3)
     tags = ["config", "reset", "rid_map", "insert", "split", "prepare", "backup", "ack", "evict", "free", "reload",
             "compose", "store", "fwd_hash", "weird"]

@@ -137,8 +137,8 @@ def test_c5_fence_work_follows_the_resident_nodes_not_the_stores_read():
     """A long shared run that reuses the same pages again and again: the windows left in the fence's index stay as
     few as the nodes holding pages, so a store tests a bounded number of windows."""
     from cptrace_otel.checks.fence import StoreFence
-    from cptrace_otel.events import Event
-    from cptrace_otel.logline import parse_line
+    from cptrace_otel.model.events import Event
+    from cptrace_otel.model.logline import parse_line
 
     fence = StoreFence()
     fence.group = 2

@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from cptrace_otel.analyze import check_cmd
-from cptrace_otel.analyze.sources import files, logs
+from cptrace_otel.commands import check as check_cmd
+from cptrace_otel.analyze.sources import inputs as files, logs
 from cptrace_otel.analyze.sources.logs import LogStats, read_log_events
 from cptrace_otel.analyze.sources.otlpfile import OtlpInfo, looks_like_otlp, read_otlp_events
 
@@ -114,7 +114,7 @@ def test_broken_otlp_stream_is_a_malformed_line_not_an_error(run_files, tmp_path
 
 
 def test_ingest_progress_counts_records_of_compressed_logs(run_files):
-    from cptrace_otel.ingest import _count_trace_lines
+    from cptrace_otel.commands.ingest import _count_trace_lines
     plain, packed = run_files
     n = _count_trace_lines(plain["log"])
     assert n > 100 and _count_trace_lines(packed["log"]) == n
@@ -165,7 +165,7 @@ def test_ingest_reads_standard_input(run_files, tmp_path):
 
 
 def test_ingest_progress_counts_a_marker_split_between_read_blocks(tmp_path):
-    from cptrace_otel.ingest import _count_trace_lines
+    from cptrace_otel.commands.ingest import _count_trace_lines
     block = 1 << 22   # the counter's read size
     data = b"x" * (block - 4) + b"[CPTRACE a] x=1\n" + b"y" * (block - 30) + b"[CPTRACE b] y=2\n[CPTRACE c]\n"
     p = tmp_path / "rank0.log"

@@ -9,9 +9,9 @@ import warnings
 
 import pytest
 
-from cptrace_otel import config
-from cptrace_otel import semconv as sc
-from cptrace_otel.config import DEFAULT_FILE, from_env, traces_url
+from cptrace_otel.model import config
+from cptrace_otel.model import semconv as sc
+from cptrace_otel.model.config import DEFAULT_FILE, from_env, traces_url
 
 
 @pytest.fixture(autouse=True)

@@ -183,7 +183,7 @@ def test_jaeger_ui_assets_and_link_patterns(jaeger, jaeger_raw):
     import json
     from urllib.parse import unquote
 
-    from cptrace_otel import semconv as sc
+    from cptrace_otel.model import semconv as sc
 
     ui = jaeger["extensions"]["jaeger_query"]["ui"]
     assert not ui.get("assets_path") and not ui.get("config_file")   # unset: the built-in assets, no UI config

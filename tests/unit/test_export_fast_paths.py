@@ -10,10 +10,10 @@ import random
 
 import pytest
 
-from cptrace_otel import config
+from cptrace_otel.model import config
 from cptrace_otel.export import worker
-from cptrace_otel.logline import parse_value
-from cptrace_otel.records import render_record
+from cptrace_otel.model.logline import parse_value
+from cptrace_otel.traced.records import render_record
 
 
 def _exporter() -> worker.Exporter:

@@ -11,8 +11,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from otlp_receiver import HttpReceiver, free_port, read_jsonl  # noqa: E402
 
-from cptrace_otel import api, cli
-from cptrace_otel import semconv as sc
+from cptrace_otel.traced import api
+from cptrace_otel import cli
+from cptrace_otel.model import semconv as sc
 
 pytest.importorskip("cptrace_otel.analyze.sources.logs")
 

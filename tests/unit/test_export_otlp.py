@@ -14,9 +14,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from otlp_receiver import flatten, parse_json_line  # noqa: E402
 
-from cptrace_otel import semconv as sc
-from cptrace_otel.export import otlp, otlp_json
-from cptrace_otel.spans import STATUS_ERROR, Span
+from cptrace_otel.model import semconv as sc
+from cptrace_otel.export import otlp_proto as otlp, otlp_json
+from cptrace_otel.model.spans import STATUS_ERROR, Span
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 
@@ -168,8 +168,8 @@ def test_event_attrs_from_typed_fields_match_the_dict_path(seed: int) -> None:
     """Span events built by SpanBuilder keep typed fields (``EventAttrs``) and are encoded from them directly: the
     bytes must equal the plain-dict encoding, and decode with opentelemetry-proto to the same attributes, also for
     ranges, wide/negative ints, floats, non-ASCII text, bools, lists, repeated (cached) values and dotted names."""
-    from cptrace_otel.logline import parse_value
-    from cptrace_otel.spans import EventAttrs
+    from cptrace_otel.model.logline import parse_value
+    from cptrace_otel.model.attrs import EventAttrs
 
     rng = random.Random(seed)
     texts = ["(cnt=3,min=1,max=5,first=1,last=5)", "(cnt=2,min=0.5,max=1.5,first=0.5,last=1.5)", "[1,[2,3]]",
@@ -200,7 +200,7 @@ def test_event_attrs_from_typed_fields_match_the_dict_path(seed: int) -> None:
 
 
 def test_file_sink_writes_bounded_lines_that_parse_and_keep_every_span(tmp_path, monkeypatch) -> None:
-    from cptrace_otel.export.files import OtlpJsonFileSink
+    from cptrace_otel.export.file_sinks import OtlpJsonFileSink
     monkeypatch.setattr(OtlpJsonFileSink, "SPANS_PER_LINE", 7)
     rng = random.Random(9)
     other = dict(RESOURCE, **{sc.CP_RANK: 1})

@@ -13,13 +13,13 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from otlp_receiver import GrpcReceiver, HttpReceiver  # noqa: E402
 
-from cptrace_otel import api, pipeline
-from cptrace_otel import semconv as sc
-from cptrace_otel.export.otlp import encode_requests
+from cptrace_otel.traced import api, pipeline
+from cptrace_otel.model import semconv as sc
+from cptrace_otel.export.otlp_proto import encode_requests
 from cptrace_otel.export.otlp_grpc import GrpcTransport, grpc_target
 from cptrace_otel.export.otlp_http import HttpTransport
 from cptrace_otel.export.spool import ReliableSender
-from cptrace_otel.spans import Span
+from cptrace_otel.model.spans import Span
 
 
 class FakeTransport:

@@ -193,7 +193,7 @@ def test_import_loads_no_heavy_modules() -> None:
 
 
 def test_api_functions_delegate_here() -> None:
-    from cptrace_otel import api
+    from cptrace_otel.traced import api
 
     t = torch.randint(0, 256, (999,), dtype=torch.uint8).view(torch.int8)
     assert api.khash(t) == reference.khash(t)

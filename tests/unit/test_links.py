@@ -1,4 +1,4 @@
-"""cptrace_otel.links: Jaeger trace and search URLs for people, and the Jaeger client's offline behaviour."""
+"""cptrace_otel.analyze.links: Jaeger trace and search URLs for people, and the Jaeger client's offline behaviour."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from cptrace_otel import links
+from cptrace_otel.analyze import links
 from cptrace_otel.analyze.sources import jaeger as jsrc
 
 TID = "0af7651916cd43dd8448eb211c80319c"
@@ -63,7 +63,7 @@ def test_node_and_rid_search_urls_narrow_to_the_run():
 
 
 def test_node_trace_url_is_the_exporters_trace_id():
-    from cptrace_otel import spans
+    from cptrace_otel.model import spans
 
     url = links.node_trace_url("http://h:16686", "run-a", 0, 17)
     assert url == "http://h:16686/trace/" + spans.node_trace_id("run-a", 0, 17).hex()

@@ -10,10 +10,10 @@ import json
 import pytest
 
 
-from cptrace_otel.analyze import check_cmd
+from cptrace_otel.commands import check as check_cmd
 from cptrace_otel.analyze.engine import Analysis
 from cptrace_otel.analyze.localize import Localizer
-from cptrace_otel.events import Event
+from cptrace_otel.model.events import Event
 from cptrace_otel.sim.workload import analyze, run_fault
 
 PFP, PLEN = 1234567, 12

@@ -1,4 +1,4 @@
-"""The C log-line parser ``_speedups._logreader`` gives exactly what :func:`cptrace_otel.logline.parse_line` gives
+"""The C log-line parser ``_speedups._logreader`` gives exactly what :func:`cptrace_otel.model.logline.parse_line` gives
 (tag, fields in line order, value types) on every line it accepts, and leaves every other line to the Python parser;
 the log reader produces the same events, malformed reports and counts with and without it.
 
@@ -13,7 +13,7 @@ import random
 import pytest
 
 from cptrace_otel.analyze.sources import logs
-from cptrace_otel.logline import Rng, parse_line
+from cptrace_otel.model.logline import Rng, parse_line
 
 from test_logs_fastpath import LINES
 
@@ -343,7 +343,7 @@ def test_events_built_through_their_slots_equal_constructed_ones():
     constructor makes (type, every field, no instance dict), and without event_slots it calls the type."""
     from cptrace_otel._speedups.event import event_slots
     from cptrace_otel.checks.epochs import EPOCH_TAGS, EpochTracker
-    from cptrace_otel.events import Event
+    from cptrace_otel.model.events import Event
 
     names = event_slots()
     assert names == tuple(f for f in Event.__dataclass_fields__)

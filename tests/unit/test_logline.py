@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from cptrace_otel.logline import Rng, fast_value, parse_value
+from cptrace_otel.model.logline import Rng, fast_value, parse_value
 
 _TEXTS = ["", "0", "7", "-7", "007", "-0", "-07", "-", "--1", "+1", "1_0", "\u0661", "-\u0661", "1\u0661", "12a",
           "1.5", ".5", "-.5", "5.", "1e5", "nan", "inf", "-inf", "abc", "wt", "\u00e9", "_x", "(none)", "(0)",

@@ -1,10 +1,10 @@
 """The log reader's inlined fast path (``_file_chunks``) gives the same fields, tags, ranks, ts and malformed
-reports as the reference parser :func:`cptrace_otel.logline.parse_line` on odd but legal and broken lines."""
+reports as the reference parser :func:`cptrace_otel.model.logline.parse_line` on odd but legal and broken lines."""
 
 from __future__ import annotations
 
 from cptrace_otel.analyze.sources.logs import LogStats, read_log_events
-from cptrace_otel.logline import parse_line
+from cptrace_otel.model.logline import parse_line
 
 LINES = [
     "[2026-07-18 03:03:06 ATTN_CP0 TP0] [CPTRACE insert] node_id=1 len=64 kind=new rank=0 ts=100",

@@ -10,7 +10,7 @@ import pytest
 
 from cptrace_otel.analyze.sources.logs import (LogReadError, LogStats, default_rank, parse_trace_line,
                                                 read_log_events)
-from cptrace_otel.logline import parse_line, render_line
+from cptrace_otel.model.logline import parse_line, render_line
 
 from _checks_util import FIXTURES, R
 

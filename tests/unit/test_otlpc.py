@@ -11,10 +11,11 @@ import random
 
 import pytest
 
-from cptrace_otel import semconv as sc
-from cptrace_otel.export import otlp
-from cptrace_otel.logline import Rng
-from cptrace_otel.spans import EventAttrs, Span
+from cptrace_otel.model import semconv as sc
+from cptrace_otel.export import otlp_proto as otlp
+from cptrace_otel.model.logline import Rng
+from cptrace_otel.model.attrs import EventAttrs
+from cptrace_otel.model.spans import Span
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 if otlp._span_events is None:

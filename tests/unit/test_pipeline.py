@@ -15,9 +15,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from otlp_receiver import read_jsonl  # noqa: E402
 
-from cptrace_otel import api, config, pipeline, records
-from cptrace_otel import semconv as sc
-from cptrace_otel.logline import parse_line, parse_prefix, parse_value
+from cptrace_otel.traced import api, pipeline, records
+from cptrace_otel.model import config
+from cptrace_otel.model import semconv as sc
+from cptrace_otel.model.logline import parse_line, parse_prefix, parse_value
 
 
 @pytest.fixture(autouse=True)

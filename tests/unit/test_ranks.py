@@ -1,5 +1,5 @@
-"""Ranks and run ids without help (cptrace_otel.ranks), rank-unknown naming, check on unknown-rank streams,
-and deterministic lineage sampling (cptrace_otel.sampling)."""
+"""Ranks and run ids without help (cptrace_otel.traced.ranks), rank-unknown naming, check on unknown-rank streams,
+and deterministic lineage sampling (cptrace_otel.traced.sampling)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import types
 
 import pytest
 
-from cptrace_otel import config, ranks, sampling
+from cptrace_otel.model import config
+from cptrace_otel.traced import ranks, sampling
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -181,11 +182,11 @@ def test_rank_published_after_the_first_records_labels_them(tmp_path):
 
 def test_cross_rank_rules_do_not_call_a_sampled_out_node_missing():
     from cptrace_otel.analyze.engine import Analysis
-    from cptrace_otel.events import Event
+    from cptrace_otel.model.events import Event
 
     out_node = next(n for n in range(1, 100) if not sampling.keep_node("r", n, 0.5))
     rng = "(cnt=4,min=0,max=3,first=0,last=3)"
-    from cptrace_otel.logline import parse_value
+    from cptrace_otel.model.logline import parse_value
 
     def stream():
         seq = {0: 0, 1: 0}

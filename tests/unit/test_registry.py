@@ -15,7 +15,7 @@ from cptrace_otel import checks
 from cptrace_otel.checks import registry
 from cptrace_otel.checks.crossrank import CrossRank
 from cptrace_otel.checks.registry import BY_ID, CROSS, RANK, RULES
-from cptrace_otel.events import LEVEL_OF_TAG
+from cptrace_otel.model.events import LEVEL_OF_TAG
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CHECKS = ROOT / "cptrace_otel" / "checks"

@@ -9,11 +9,11 @@ import os
 import re
 from html.parser import HTMLParser
 
-from cptrace_otel import links
-from cptrace_otel.analyze import report_cmd
+from cptrace_otel.analyze import links
+from cptrace_otel.commands import report as report_cmd
 from cptrace_otel.analyze.report_model import holds, stage_bars
 from cptrace_otel.cli import main
-from cptrace_otel.events import Event
+from cptrace_otel.model.events import Event
 
 from _checks_util import FIXTURES
 
@@ -128,7 +128,7 @@ def test_self_contained_lanes_findings_evidence(tmp_path):
         kinds = [a["class"] for a in dom.find("rect", "bar") if a["class"]]
         assert "bar b-d2h" in kinds and "bar b-h2d" in kinds
     # the page names its trace ids so a link from Jaeger (#trace=<id>) can be resolved
-    tid = links.trace_id_hex(__import__("cptrace_otel.spans", fromlist=["x"]).node_trace_id("r1", 0, 6))
+    tid = links.trace_id_hex(__import__("cptrace_otel.model.spans", fromlist=["x"]).node_trace_id("r1", 0, 6))
     assert dom.data["traces"][tid] == [0, 6]
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cptrace_otel.logline import Rng, parse_line, parse_prefix
+from cptrace_otel.model.logline import Rng, parse_line, parse_prefix
 from cptrace_otel.sim.core import Simulation
 from cptrace_otel.sim.faults import FaultPlan
 from cptrace_otel.sim.workload import P, Tokens

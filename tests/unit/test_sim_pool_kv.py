@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from cptrace_otel.fingerprint.cpu import khash_bytes
-from cptrace_otel.logline import parse_value
+from cptrace_otel.model.logline import parse_value
 from cptrace_otel.sim import kv
 from cptrace_otel.sim.pool import PagedPool, PoolError
 

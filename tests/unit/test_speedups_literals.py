@@ -1,5 +1,5 @@
 """The C speedups declare no name that Python declares: every attribute key, span or event name and value of
-:mod:`cptrace_otel.semconv`, and every record tag, reaches the C code from Python when its module is loaded
+:mod:`cptrace_otel.model.semconv`, and every record tag, reaches the C code from Python when its module is loaded
 (``cptrace_otel/_speedups/*.py``). So a renamed key or tag cannot leave a stale copy in C.
 
 Checked on the string literals of the C sources (comments may name them to explain the code): none may equal such
@@ -12,9 +12,9 @@ import re
 from pathlib import Path
 
 import cptrace_otel
-from cptrace_otel import semconv
+from cptrace_otel.model import semconv
 from cptrace_otel.checks.epochs import EPOCH_TAGS
-from cptrace_otel.events import LEVEL_OF_TAG
+from cptrace_otel.model.events import LEVEL_OF_TAG
 
 SPEEDUPS = Path(cptrace_otel.__file__).parent / "_speedups"
 _TOKEN = re.compile(r'/\*.*?\*/|//[^\n]*|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.S)

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 import cptrace_otel
-from cptrace_otel import events, semconv
+from cptrace_otel.model import events, semconv
 
 PKG = Path(cptrace_otel.__file__).resolve().parent
 ROOT = PKG.parent
@@ -194,7 +194,7 @@ def _describe(graph: dict[str, dict[str, str]], cycles: list[list[str]]) -> str:
 
 def test_import_graph_sees_the_package() -> None:
     g = import_graph(deferred=True)
-    assert f"{NAME}.api" in g and f"{NAME}.config" in g[f"{NAME}.api"]   # `from . import config as _config`
+    assert f"{NAME}.traced.api" in g and f"{NAME}.model.config" in g[f"{NAME}.traced.api"]   # `from ..model import config`
     assert f"{NAME}.cli" in g
 
 

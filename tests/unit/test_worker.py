@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from cptrace_otel import config
-from cptrace_otel import semconv as sc
+from cptrace_otel.model import config
+from cptrace_otel.model import semconv as sc
 from cptrace_otel.export import stack, worker
 from cptrace_otel.export.protocol import ACK, FLUSH, INIT, ITEMS
 from cptrace_otel.export.sinks import Outcome, SendResult
@@ -183,7 +183,7 @@ def test_log_sink_gets_the_records_and_the_same_events(tmp_path: Path, mem) -> N
     want = [(sp.name, [(t, n, dict(a)) for t, n, a in sp.events]) for sp in sink.spans]
     sink.groups.clear()
 
-    from cptrace_otel.export.files import LogLinesSink
+    from cptrace_otel.export.file_sinks import LogLinesSink
 
     ex = worker.Exporter(_info(_cfg()))
     ex.log_sink = LogLinesSink(str(tmp_path / "cp0.log"), 0, 0)
@@ -198,7 +198,7 @@ def test_log_sink_gets_the_records_and_the_same_events(tmp_path: Path, mem) -> N
 
 
 def test_unrenderable_items_with_a_log_sink_are_reported_once(tmp_path: Path, mem, capsys) -> None:
-    from cptrace_otel.export.files import LogLinesSink
+    from cptrace_otel.export.file_sinks import LogLinesSink
 
     ex = worker.Exporter(_info(_cfg()))
     ex.log_sink = LogLinesSink(str(tmp_path / "cp0.log"), 0, 0)

@@ -29,7 +29,7 @@ import os
 import re
 import zlib
 
-from .files import GZIP_MAGIC, STDIN, open_text, stdin_head, truncated
+from .inputs import GZIP_MAGIC, STDIN, open_text, stdin_head, truncated
 
 MARKER = b"[CPTRACE"
 HEAD = 1 << 16          # bytes looked at to classify

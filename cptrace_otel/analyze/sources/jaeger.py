@@ -18,7 +18,7 @@ Contract:
 * Errors: a connection failure or timeout raises :class:`JaegerUnreachable` (an ``OSError``) whose message carries
   the URL; the CLI maps it to exit status 3. An HTTP error other than 404 raises :class:`JaegerError` with the status
   and the start of the body.
-* :func:`events_from_otlp` turns api_v3 output into :class:`cptrace_otel.events.Event` objects (one per cptrace
+* :func:`events_from_otlp` turns api_v3 output into :class:`cptrace_otel.model.events.Event` objects (one per cptrace
   record; ``hicache.violation`` finding events are skipped), and :func:`findings_from_otlp` lists the stamped verdicts.
 * :func:`run_events` fetches every record of one run (all ranks, all traces, at most ``limit`` traces) for the
   analyzer's re-checks; ``check --jaeger`` pages past that limit (:mod:`.jaegerquery`).
@@ -41,10 +41,10 @@ import urllib.request
 from typing import Any, Iterable, Iterator, Mapping
 from urllib.parse import quote, unquote, urlencode, urlsplit, urlunsplit
 
-from ... import semconv as sc
-from ...attrs import attributes_to_fields
-from ...events import Event
-from ...links import normalize_base, trace_id_hex
+from ...model import semconv as sc
+from ...model.attrs import attributes_to_fields
+from ...model.events import Event
+from ..links import normalize_base, trace_id_hex
 
 DEFAULT_URL = "http://127.0.0.1:16686"
 READ_CHUNK = 1 << 20   # bytes per read of an answer
@@ -393,7 +393,7 @@ def events_from_otlp(td: Mapping[str, Any], src: str = "") -> list[Event]:
 
     rank = the span's ``sglang.cp.rank`` (else the resource's), seq/epoch/level from the event attributes
     ``cptrace.seq``/``cptrace.epoch``/``cptrace.record.level``, ts = the event's time (ns since the epoch),
-    fields = :func:`cptrace_otel.attrs.attributes_to_fields` of its attributes (exact inverse of the exporter)."""
+    fields = :func:`cptrace_otel.model.attrs.attributes_to_fields` of its attributes (exact inverse of the exporter)."""
     out: list[Event] = []
     for res, span in iter_spans(td):
         sattrs = dict(otlp_attrs(span.get("attributes")))

@@ -27,7 +27,7 @@ import re
 import time
 from typing import Any, Callable, Iterator
 
-from ... import semconv as sc
+from ...model import semconv as sc
 from .jaeger import JaegerClient, JaegerError
 
 DEFAULT_SINCE_S = 7 * 86400

@@ -11,8 +11,8 @@
   ``reset`` records and node ids going backwards (:class:`~cptrace_otel.checks.epochs.EpochTracker`).
 * Several files are merged lazily by ``ts`` (``heapq.merge``), so memory does not grow with the files' length.
 
-The field parser is a fast path of :func:`cptrace_otel.logline.parse_line` with identical results (a unit test
-compares them): values go through :func:`cptrace_otel.logline.fast_value` (the grammar's one fast path) and
+The field parser is a fast path of :func:`cptrace_otel.model.logline.parse_line` with identical results (a unit test
+compares them): values go through :func:`cptrace_otel.model.logline.fast_value` (the grammar's one fast path) and
 repeated scalar tokens are memoized here.
 
 When the optional C line reader (:mod:`cptrace_otel._speedups.logreader`) was built (``setup.py``), a file is read
@@ -32,10 +32,10 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 from ..._speedups.logreader import load as _load_logreader
 from ...checks.epochs import EPOCH_TAGS, EpochTracker
-from ...events import Event
-from ...logline import fast_value
-from . import files
-from .files import consumed, open_text, truncated
+from ...model.events import Event
+from ...model.logline import fast_value
+from . import inputs as files
+from .inputs import consumed, open_text, truncated
 
 MARKER = "[CPTRACE"
 _TAG_RE = re.compile(r"\w+")
@@ -128,7 +128,7 @@ _pair = _TOKCACHE.__getitem__
 
 
 def parse_trace_line(line: str) -> tuple[str, str, dict[str, Any], list[str]] | None:
-    """``(prefix, tag, fields, bad_tokens)`` exactly as :func:`cptrace_otel.logline.parse_line`, or None."""
+    """``(prefix, tag, fields, bad_tokens)`` exactly as :func:`cptrace_otel.model.logline.parse_line`, or None."""
     if _logc is not None:
         p = _logc.parse_line(line)   # None: not a shape the C parser knows, the code below decides
         if p is not None:

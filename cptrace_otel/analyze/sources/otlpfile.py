@@ -2,7 +2,7 @@
 
 Every span event is one record: name = tag, ``timeUnixNano`` = ts, ``cptrace.seq``/``cptrace.epoch``/
 ``cptrace.record.level`` give its place, the ``hicache.*`` attributes its fields
-(:func:`cptrace_otel.attrs.attributes_to_fields`). ``hicache.violation`` events (our own findings) are skipped.
+(:func:`cptrace_otel.model.attrs.attributes_to_fields`). ``hicache.violation`` events (our own findings) are skipped.
 Rank: the span's ``sglang.cp.rank`` attribute, else the resource's. Spans reach the file out of order, so events
 are sorted per rank by seq (this source holds one run in memory; a few hundred bytes per record).
 
@@ -22,10 +22,10 @@ import heapq
 import json
 from typing import Any, Iterable, Iterator
 
-from ... import semconv as sc
-from ...attrs import attributes_to_fields
-from ...events import Event
-from .files import MAX_JSON_LINE, STDIN, open_text, stdin_head, truncated
+from ...model import semconv as sc
+from ...model.attrs import attributes_to_fields
+from ...model.events import Event
+from .inputs import MAX_JSON_LINE, STDIN, open_text, stdin_head, truncated
 from .logs import LogReadError
 
 

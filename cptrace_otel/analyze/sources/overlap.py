@@ -24,7 +24,7 @@ import itertools
 import os
 
 from .detect import count_markers
-from .files import STDIN
+from .inputs import STDIN
 from .logs import read_log_events
 from .tracedocs import TraceDocs
 

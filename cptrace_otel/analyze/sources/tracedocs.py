@@ -27,9 +27,9 @@ import json
 from collections import Counter
 from typing import Any, Iterable, Iterator
 
-from ... import semconv as sc
-from ...events import Event
-from .files import open_text, truncated
+from ...model import semconv as sc
+from ...model.events import Event
+from .inputs import open_text, truncated
 from .logs import LogReadError
 from .otlpfile import BAD_SHAPE, OtlpInfo, _collect, bad_shape, collect_file, json_lines, merge_ranks
 

@@ -3,7 +3,7 @@
 Contract:
 
 * :func:`discover` looks, in this order of trust, at: what the caller configured (``configure(cp_rank=...)`` or
-  ``CPTRACE_CP_RANK``; already in the :class:`~cptrace_otel.config.Config`), the ``config`` record's ``cp_rank`` /
+  ``CPTRACE_CP_RANK``; already in the :class:`~cptrace_otel.model.config.Config`), the ``config`` record's ``cp_rank`` /
   ``tp_rank`` / ``dp_rank`` when the call site emitted one (:meth:`RankHold.add` sees it), SGLang's own parallel
   state (``sglang.srt.runtime_context.get_parallel()``: ``attn_cp_rank``, ``attn_tp_rank``, ``attn_dp_rank``, the
   names of the sglang 0.5.23 wheel), ``torch.distributed`` when it is initialized (its rank is the CP rank), and the
@@ -19,7 +19,7 @@ Contract:
   initialized, an id agreed through its own store (the one at the init address: ``MASTER_ADDR``/``MASTER_PORT``, or
   SGLang's ``dist_init_addr`` / nccl port): the first rank to ask puts a fresh random id there with ``compare_set``
   and every rank reads that one back, so ranks on several hosts agree and two launches (two stores) never share one.
-  Otherwise the per-host rule of :func:`cptrace_otel.config.derive_run_id` stands (host, launcher pid and start time).
+  Otherwise the per-host rule of :func:`cptrace_otel.model.config.derive_run_id` stands (host, launcher pid and start time).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The traced process's end of the pipe to its exporter worker: a subprocess (:class:`ProcessChannel`) or a thread of
 this process (:class:`ThreadChannel`), each with the books of what it was shipped and what the worker reported.
 
-A channel calls back into its owner (``cptrace_otel.pipeline``'s state): ``on_ack(msg, channel)`` for every message
+A channel calls back into its owner (``cptrace_otel.traced.pipeline``'s state): ``on_ack(msg, channel)`` for every message
 the worker sends (ACK, PROGRESS) and ``on_worker_gone(why, channel)`` once the worker is gone. Messages and frames:
 :mod:`cptrace_otel.export.protocol`.
 """
@@ -14,7 +14,7 @@ import sys
 import threading
 from typing import Any
 
-from .export.protocol import frame, read_frame
+from ..export.protocol import frame, read_frame
 
 
 class Books:
@@ -97,7 +97,7 @@ class ThreadChannel(Books):
     def __init__(self, st: Any, seq0: int = 0) -> None:
         import queue
 
-        from .export.worker import run_loop
+        from ..export.worker import run_loop
 
         self._init_books(seq0)
         self._q: Any = queue.Queue(maxsize=64)

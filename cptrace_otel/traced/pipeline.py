@@ -12,9 +12,9 @@ Contract (docs/ARCHITECTURE.md):
 * A daemon drainer thread pops batches in order, resolves deferred fingerprints (``fingerprint.is_deferred/resolve``,
   waiting on their CUDA event), renders every value that is not already an int, str or float (bools as
   ``True``/``False``; anything else with upstream ``_fmt`` semantics; a value whose ``str`` raises becomes
-  ``(err:<ExceptionType>)``; :func:`cptrace_otel.records.compact_item`) and ships batches of these compact items to
+  ``(err:<ExceptionType>)``; :func:`cptrace_otel.traced.records.compact_item`) and ships batches of these compact items to
   the exporter worker, in order (messages and frames: :mod:`cptrace_otel.export.protocol`). The worker completes
-  each with the same rendering (:mod:`cptrace_otel.records`), so the result is the same, but the traced process does
+  each with the same rendering (:mod:`cptrace_otel.traced.records`), so the result is the same, but the traced process does
   the least work.
 * The worker is a subprocess per traced process (``python -m cptrace_otel.export.worker``; not ``multiprocessing``,
   since SGLang rank processes may be daemonic), fed over its stdin and acking over its stdout; it exits after
@@ -34,7 +34,7 @@ Contract (docs/ARCHITECTURE.md):
   blocks for :data:`RENDER_BUDGET_S` is given up by a watchdog thread: that record is dropped and counted, the
   records the stuck drainer had already rendered are shipped, and a new drainer carries on (reported on stderr).
   A drainer that dies anyway is reported and replaced the same way.
-* Exit, signals, fork: :mod:`cptrace_otel.lifecycle` (called by api) flushes at exit, on SIGTERM and at the end of
+* Exit, signals, fork: :mod:`cptrace_otel.traced.lifecycle` (called by api) flushes at exit, on SIGTERM and at the end of
   a ``multiprocessing`` child. :func:`_after_fork_in_child` (called by api's at-fork hook) forgets the parent's
   pipeline, so the child starts its own drainer and worker on its next record.
 """
@@ -52,7 +52,7 @@ from typing import Any, Callable
 
 from . import lifecycle
 from .channels import ProcessChannel, ThreadChannel
-from .export.protocol import ACK, FLUSH, INIT, ITEMS, PROGRESS
+from ..export.protocol import ACK, FLUSH, INIT, ITEMS, PROGRESS
 from .records import RESOLVE_TIMEOUT_S, compact_item, load_deferred
 
 BATCH = 4096              # records per message to the worker
@@ -99,7 +99,7 @@ class _State:
         self.pid = os.getpid()
         self.exiting = False        # at exit: the worker does not wait for a backend that is down
         self.gen = 0                # the running drainer's generation: an older drainer that wakes up stops
-        self.hold: Any = None       # cptrace_otel.ranks.RankHold while the rank is not yet known (see _drain)
+        self.hold: Any = None       # cptrace_otel.traced.ranks.RankHold while the rank is not yet known (see _drain)
         self._cur_items: list = []  # the batch the drainer is rendering (the watchdog takes it over if stuck)
         self._rendering = False
         self.drainer = threading.Thread(target=self._drain, name="cptrace-drainer", daemon=True)
@@ -280,7 +280,7 @@ class _State:
         from .ranks import RankHold
 
         # While the rank is unknown the first batches wait here (not on the caller) so that a rank learned from the
-        # config record, SGLang or torch.distributed still labels them (cptrace_otel.ranks.RankHold). The hold lives
+        # config record, SGLang or torch.distributed still labels them (cptrace_otel.traced.ranks.RankHold). The hold lives
         # on the state, so a drainer started by the watchdog carries on with it.
         hold = RankHold(self.cfg, self.cfg.rank_wait_s, self.cap)
         if hold.known:

@@ -13,12 +13,12 @@ import json
 from typing import Any, TextIO
 
 from ..checks import Finding, Unchecked
-from ..exits import EXIT_FINDINGS, EXIT_INCOMPLETE, EXIT_OK
+from ..model.exits import EXIT_FINDINGS, EXIT_INCOMPLETE, EXIT_OK
 
 
 def node_trace_id(run_id: str, epoch: int, node_id: int) -> str:
-    """Hex trace id of a node lineage, as the exporter assigns it (:func:`cptrace_otel.spans.node_trace_id`)."""
-    from ..spans import node_trace_id as raw
+    """Hex trace id of a node lineage, as the exporter assigns it (:func:`cptrace_otel.model.spans.node_trace_id`)."""
+    from ..model.spans import node_trace_id as raw
 
     return raw(run_id, epoch, node_id).hex()
 
@@ -38,7 +38,7 @@ def finding_dict(f: Finding, run_id: str | None = None, jaeger_url: str | None =
         d["trace_id"] = tid
         if jaeger_url:
             try:
-                from .. import links
+                from . import links
                 d["jaeger_url"] = links.trace_url(jaeger_url, tid)
             except Exception:  # links module missing or a bad base URL: plain join
                 d["jaeger_url"] = jaeger_url.rstrip("/") + "/trace/" + tid

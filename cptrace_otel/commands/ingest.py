@@ -1,6 +1,6 @@
 """``cptrace-otel ingest LOG...``: replay upstream ``[CPTRACE tag] k=v`` log files of all ranks as OTLP.
 
-The same mapping as the live exporter: every line becomes one span event through :class:`~cptrace_otel.spans.
+The same mapping as the live exporter: every line becomes one span event through :class:`~cptrace_otel.model.spans.
 SpanBuilder` (one builder and one resource per rank, online checks stamped when the checks package is present), sent
 through the same sinks: OTLP/HTTP or gRPC (``--endpoint``/``--protocol``, spooled and retried like live export) or an
 OTLP JSON-lines file (``--file``; the default is ``cptrace-out/<run id>/ingest.otlp.jsonl`` when neither is given
@@ -17,13 +17,14 @@ no traceback).
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
 import sys
 import time
 from typing import Any
 
-from . import semconv as sc
+from ..model import semconv as sc
 
 EXIT_OK, EXIT_UNREACHABLE = 0, 3
 EXPORT_EVERY_EVENTS = 20_000
@@ -52,11 +53,11 @@ def _derived_run_id(paths: list[str]) -> str:
 def _prefix_wall_ns(path: str) -> int | None:
     """Wall time (ns, local time) from the logger prefix of the first trace line of ``path`` (None for standard
     input, which cannot be read twice)."""
-    from .logline import parse_prefix
+    from ..model.logline import parse_prefix
 
     if path == "-":
         return None
-    from .analyze.sources.files import MAX_LINE
+    from ..analyze.sources.inputs import MAX_LINE
 
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
@@ -90,7 +91,7 @@ _MARKER = b"[CPTRACE "
 def _count_trace_lines(paths: list[str]) -> int | None:
     """The progress bar's total: ``[CPTRACE`` markers in the files (decompressed when gzip); None (unknown) when
     standard input is among them: it can be read only once."""
-    from .analyze.sources.files import STDIN, open_text
+    from ..analyze.sources.inputs import STDIN, open_text
 
     if STDIN in paths:
         return None
@@ -143,7 +144,7 @@ class _Clock:
 def _target(args: Any, cfg: Any, run_id: str) -> tuple[str | None, str, str | None]:
     """``(endpoint, protocol, out_file)``: the command line's endpoint or file, else the environment's endpoint,
     else the default file. An HTTP endpoint without a path gets the OTLP traces path."""
-    from .config import traces_url
+    from ..model.config import traces_url
 
     endpoint, protocol = args.endpoint, args.protocol
     if not endpoint and not args.file and cfg.endpoint:
@@ -156,7 +157,7 @@ def _target(args: Any, cfg: Any, run_id: str) -> tuple[str | None, str, str | No
 def _open_sinks(cfg: Any, endpoint: str | None, protocol: str, out_file: str | None, run_id: str) -> Any:
     """The sinks (:func:`~cptrace_otel.export.stack.open_sinks`, the backend probed first), or None when they
     cannot be set up (reported)."""
-    from .export.stack import SinkError, open_sinks
+    from ..export.stack import SinkError, open_sinks
 
     try:
         return open_sinks(cfg, endpoint=endpoint, protocol=protocol, file=out_file, probe=True,
@@ -188,10 +189,23 @@ def _summary(n: int, logs: list[str], builders: dict[int, Any], stats: Any, malf
             print(f"  ... and {stats.malformed - len(malformed)} more")
 
 
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """The ``ingest`` subcommand's parser, added to ``sub`` (the ``cli`` subparsers)."""
+    g = sub.add_parser("ingest", help="replay upstream log files (all ranks) as OTLP")
+    g.add_argument("logs", nargs="+", metavar="LOG", help="upstream log files, plain or gzip; - reads standard input")
+    tgt = g.add_mutually_exclusive_group()
+    tgt.add_argument("--endpoint", default=None, help="OTLP traces URL")
+    tgt.add_argument("--file", default=None, help="OTLP JSON-lines output file")
+    g.add_argument("--protocol", default="http/protobuf", choices=["http/protobuf", "grpc"])
+    g.add_argument("--run-id", default=None)
+    g.add_argument("--no-progress", action="store_true")
+    return g
+
+
 def run(args: Any) -> int:
-    from . import config as _config
-    from .analyze.sources.logs import LogReadError, LogStats, Malformed, read_log_events
-    from .spans import SpanBuilder, checker_factory
+    from ..model import config as _config
+    from ..analyze.sources.logs import LogReadError, LogStats, Malformed, read_log_events
+    from ..model.spans import SpanBuilder, checker_factory
 
     env_cfg = _config.from_env()
     logs = list(args.logs)

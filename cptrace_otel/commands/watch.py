@@ -16,6 +16,7 @@ back, and the polls go on (the window then reaches back to the last good poll). 
 
 from __future__ import annotations
 
+import argparse
 import signal
 import sys
 import time
@@ -24,7 +25,7 @@ from typing import Any, TextIO
 _PFX = "cptrace-otel watch"
 PAGE_STEP = 200   # traces between two feeds within one poll
 MAX_WINDOW_S = 60.0   # windows of span starts grow to at most a day of these (sparse or old data)
-from ..exits import EXIT_FINDINGS, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
+from ..model.exits import EXIT_FINDINGS, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 
 
 def finding_line(run_id: str, f: Any, link: str) -> str:
@@ -34,14 +35,41 @@ def finding_line(run_id: str, f: Any, link: str) -> str:
             f"{f.message}  {link}")
 
 
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """The ``watch`` subcommand's parser, added to ``sub`` (the ``cli`` subparsers)."""
+    w = sub.add_parser("watch", help="check a Jaeger's new traces continuously: findings printed once, written back "
+                                     "into their traces and posted to Alertmanager")
+    w.add_argument("--jaeger", required=True, metavar="URL", help="Jaeger query base URL (e.g. http://127.0.0.1:16686)")
+    w.add_argument("--interval", default="30s", metavar="DURATION", help="time between polls (default 30s)")
+    w.add_argument("--endpoint", default=None, metavar="OTLP",
+                   help="OTLP traces URL to write the findings back into their traces (e.g. Jaeger's :4318)")
+    w.add_argument("--protocol", default="http/protobuf", choices=["http/protobuf", "grpc"])
+    w.add_argument("--alertmanager", default=None, metavar="URL", help="Alertmanager base URL to post findings to")
+    w.add_argument("--alert-hold", default="1h", metavar="DURATION",
+                   help="keep re-posting an alert this long after its last finding (default 1h)")
+    w.add_argument("--run-id", default=None, help="watch this run only (default: every run of the service)")
+    w.add_argument("--service", default=None, help="service name of the traces (default sglang-hicache)")
+    w.add_argument("--since", default="1h", metavar="DURATION", help="the first poll reaches back this far (1h)")
+    w.add_argument("--idle", default=None, metavar="DURATION",
+                   help="a run whose traces did not change this long is finished (default 10 polls, at least 10m)")
+    w.add_argument("--lookback", default="15s", metavar="DURATION",
+                   help="each poll also re-reads spans that started this long before the last one (default 15s)")
+    w.add_argument("-v", "--verbose", action="store_true", help="a line per poll and run: records checked, waiting")
+    w.add_argument("--once", action="store_true", help="one poll, then finish every run seen and exit (0/1)")
+    w.add_argument("--limit", type=int, default=None, help="traces per search (default 1000)")
+    w.add_argument("--level", type=int, default=None, help="force the trace level instead of inferring it")
+    w.add_argument("--jaeger-url", default=None, help="Jaeger base URL for the links (default --jaeger)")
+    return w
+
+
 def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    from .. import links
-    from .. import semconv as sc
-    from ..config import traces_url
-    from .sources.jaeger import JaegerClient, JaegerError, JaegerUnreachable, mask_url
-    from .sources.jaegerquery import DEFAULT_LIMIT, Search, parse_duration
-    from .watch_out import Alerts, WriteBack, finding_trace
-    from .watch_state import RunWatch
+    from ..analyze import links
+    from ..model import semconv as sc
+    from ..model.config import traces_url
+    from ..analyze.sources.jaeger import JaegerClient, JaegerError, JaegerUnreachable, mask_url
+    from ..analyze.sources.jaegerquery import DEFAULT_LIMIT, Search, parse_duration
+    from ..analyze.watch_out import Alerts, WriteBack, finding_trace
+    from ..analyze.watch_state import RunWatch
 
     out = out or sys.stdout
     err = err or sys.stderr

@@ -26,7 +26,7 @@ TP_RANK: Final = "sglang.tp.rank"
 DP_RANK: Final = "sglang.dp.rank"
 RUN_ID: Final = "cptrace.run_id"
 TRACE_LEVEL: Final = "cptrace.level"
-RANK_SOURCE: Final = "cptrace.rank.source"   # where a discovered rank came from (cptrace_otel.ranks)
+RANK_SOURCE: Final = "cptrace.rank.source"   # where a discovered rank came from (cptrace_otel.traced.ranks)
 SAMPLE: Final = "cptrace.sample"             # fraction of node lineages kept, on sampled streams only
 SCOPE_NAME: Final = "cptrace_otel"
 

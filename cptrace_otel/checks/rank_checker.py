@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..events import LEVEL_OF_TAG, Event
+from ..model.events import LEVEL_OF_TAG, Event
 from .epochs import EPOCH_TAGS, EpochTracker
 from .findings import Finding, Unchecked
 from .rank_base import _int

@@ -17,7 +17,7 @@ Variables (the README lists the same table):
 ``CPTRACE_FILE``                    OTLP JSON-lines output file; ``{pid}``, ``{rank}``, ``{run_id}`` expand
 ``CPTRACE_LOG_FILE``                also write upstream ``[CPTRACE tag] k=v`` lines here (same placeholders)
 ``CPTRACE_CP_RANK`` / ``_TP_RANK``  this process's CP / TP / DP rank (resource attributes); -1 = unknown, found
-``CPTRACE_DP_RANK``                 by :mod:`cptrace_otel.ranks` (config record, SGLang, torch.distributed, env)
+``CPTRACE_DP_RANK``                 by :mod:`cptrace_otel.traced.ranks` (config record, SGLang, torch.distributed, env)
 ``CPTRACE_RANK_WAIT_S``             longest the first records wait for an unknown rank to be found (default 2.0)
 ``CPTRACE_SAMPLE``                  fraction of node lineages kept, 0 < f <= 1 (default 1: all); see sampling
 ``CPTRACE_QUEUE_SIZE``              records buffered in the traced process before drops (default 262144)
@@ -125,8 +125,8 @@ class Config:
     insecure: bool | None = None         # OTEL_EXPORTER_OTLP_[TRACES_]INSECURE; None when unset (gRPC only)
     run_id_given: bool = False           # run_id was set (CPTRACE_RUN_ID or an override), not derived
     rank_wait_s: float = 2.0
-    sample: float = 1.0                  # fraction of node lineages kept (cptrace_otel.sampling)
-    rank_source: str = ""                # where cp_rank came from when it was discovered (cptrace_otel.ranks)
+    sample: float = 1.0                  # fraction of node lineages kept (cptrace_otel.traced.sampling)
+    rank_source: str = ""                # where cp_rank came from when it was discovered (cptrace_otel.traced.ranks)
 
     def __repr__(self) -> str:
         body = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
@@ -284,7 +284,7 @@ def derive_run_id(env: Mapping[str, str]) -> str:
     ``CPTRACE_RUN_ID`` wins. Else ``TORCHELASTIC_RUN_ID`` (torchrun; not its placeholder ``none``; ``-r<n>`` after
     the n-th elastic restart), else a hash of the host name, the parent
     process id and the parent's start time: SGLang starts all rank processes from one launcher, so they share it.
-    Ranks on several hosts have different parents: :func:`cptrace_otel.ranks.agreed_run_id` replaces this id by one
+    Ranks on several hosts have different parents: :func:`cptrace_otel.traced.ranks.agreed_run_id` replaces this id by one
     agreed through the torch.distributed store when there is one; else set ``CPTRACE_RUN_ID`` on every host.
     """
     if env.get("CPTRACE_RUN_ID"):

@@ -9,7 +9,7 @@ Contract (what a call site may rely on):
 * ``level`` may be anything: an int (or float) is compared with the gate; a string is parsed as an int
   (``"2"``); anything else that does not compare with an int (``None``, a non-numeric string) counts as below the
   gate and the record is skipped (not counted as dropped). The gate functions never raise.
-* With ``CPTRACE_SAMPLE`` < 1 a record of a node whose lineage was sampled out (:mod:`cptrace_otel.sampling`) is
+* With ``CPTRACE_SAMPLE`` < 1 a record of a node whose lineage was sampled out (:mod:`cptrace_otel.traced.sampling`) is
   dropped here, by one set lookup: it costs about what a call below the level costs.
 * An enabled ``cptrace`` only takes a timestamp and appends ``(ts, level, tag, fields)`` to a bounded buffer; all
   rendering, span mapping, checking, encoding and sending happen off the caller's thread. It never raises and never
@@ -24,13 +24,13 @@ import os
 import threading
 from typing import Any
 
-from . import config as _config
+from ..model import config as _config
 from . import lifecycle as _lifecycle
 
 # Module state. Global on purpose: the hot path must not pay for attribute lookups on an object.
 _LEVEL: int = 0
 _CONFIG: _config.Config | None = None
-_DROP: set | None = None   # node ids sampled out (cptrace_otel.sampling) while CPTRACE_SAMPLE < 1, else None
+_DROP: set | None = None   # node ids sampled out (cptrace_otel.traced.sampling) while CPTRACE_SAMPLE < 1, else None
 _lock = threading.Lock()
 
 
@@ -50,7 +50,7 @@ def _submit_unstarted(level: int, tag: str, fields: dict) -> None:
 
 def _started(pipeline: Any) -> Any:
     """Start the pipeline for the configuration in force, with the run id all ranks agree on
-    (:func:`cptrace_otel.ranks.agreed_run_id`, once, before the first record is kept: the sampling decision hashes
+    (:func:`cptrace_otel.traced.ranks.agreed_run_id`, once, before the first record is kept: the sampling decision hashes
     it), and return the submit function to install (behind the sampler when ``CPTRACE_SAMPLE`` < 1)."""
     global _CONFIG, _DROP
     import dataclasses
@@ -106,7 +106,7 @@ def reload_config(**overrides: Any) -> _config.Config:
 
 
 def configure(**overrides: Any) -> _config.Config:
-    """Set settings in code (names as :class:`cptrace_otel.config.Config` fields); restarts a running pipeline."""
+    """Set settings in code (names as :class:`cptrace_otel.model.config.Config` fields); restarts a running pipeline."""
     from . import pipeline
 
     pipeline.shutdown(timeout_s=10.0)
@@ -174,7 +174,7 @@ def rng(t: Any) -> str:
 
     On a CUDA tensor the summary is computed in one launch and the result is deferred (see :func:`khash`).
     """
-    from .fingerprint import rng as _rng
+    from ..fingerprint import rng as _rng
 
     return _rng(t)
 
@@ -183,14 +183,14 @@ def khash(t: Any) -> Any:
     """Upstream ``khash``: position-weighted fingerprint of the tensor's bytes (0 empty, -1 failure, -2 non-tensor
     where upstream gives it). On a CUDA tensor it returns a deferred value; ``int()`` forces it (a sync), passing it
     to ``cptrace`` resolves it off the caller's thread."""
-    from .fingerprint import khash as _khash
+    from ..fingerprint import khash as _khash
 
     return _khash(t)
 
 
 def knz(t: Any) -> Any:
     """Upstream ``knz``: count of nonzero bytes (0 empty, -1 failure). Deferred on CUDA tensors, like :func:`khash`."""
-    from .fingerprint import knz as _knz
+    from ..fingerprint import knz as _knz
 
     return _knz(t)
 
@@ -210,7 +210,7 @@ def fwd_hash(forward_batch: Any, layer_id: Any, stage: Any, t: Any, *, level: in
         fm = getattr(forward_batch, "forward_mode", None)
         if fm is not None and hasattr(fm, "is_extend") and not fm.is_extend():
             return
-        from .fingerprint import forward_fingerprint
+        from ..fingerprint import forward_fingerprint
 
         h, nz, rows = forward_fingerprint(t)
         rids = getattr(forward_batch, "rids", None)

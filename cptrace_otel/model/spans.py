@@ -2,7 +2,7 @@
 
 Contract:
 
-* Every :class:`~cptrace_otel.events.Event` fed to :meth:`SpanBuilder.add` becomes exactly one span event (name = tag,
+* Every :class:`~cptrace_otel.model.events.Event` fed to :meth:`SpanBuilder.add` becomes exactly one span event (name = tag,
   timestamp = ``ev.ts``, attributes = typed fields + ``cptrace.seq`` / ``cptrace.epoch`` / ``cptrace.record.level``).
 * Trace ids are deterministic, so every rank process of a run puts a node's records into the same trace without any
   context propagation: node trace ``blake2b(f"{run_id}|{epoch}|{node_id}")``, rank trace
@@ -44,7 +44,7 @@ from typing import Any, Callable
 from . import semconv as sc
 from .events import Event
 from .logline import render_value
-from .spanattrs import EventAttrs, _approx_bytes, event_attributes  # noqa: F401  (re-exported)
+from .attrs import EventAttrs, approx_bytes
 # violation_attributes: the one helper making the per-code violation keys (the watcher imports it from here)
 from .violations import STATUS_ERROR, stamp_findings, violation_attributes  # noqa: F401
 
@@ -138,7 +138,7 @@ def checker_factory(enabled: bool, level: int | None) -> Callable[[int], Any] | 
     if not enabled:
         return None
     try:
-        from .checks import RankChecker  # type: ignore[attr-defined]
+        from ..checks import RankChecker  # type: ignore[attr-defined]
     except Exception:
         return None
     return lambda rank: RankChecker(rank, level)
@@ -355,7 +355,7 @@ class SpanBuilder:
                 sp = self._open_span(key, rank_trace_id(self.run_id, rank), sc.SPAN_RANK, ev, {})
 
         sp.events.append((ts, tag, EventAttrs(f, ev.seq, epoch, ev.level)))
-        sp.nbytes += _approx_bytes(f)
+        sp.nbytes += approx_bytes(f)
         if ts > sp.end:
             sp.end = ts
         self.events += 1

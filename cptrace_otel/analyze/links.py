@@ -23,7 +23,7 @@ import re
 from typing import Any, Mapping
 from urllib.parse import quote, urlencode
 
-from . import semconv as sc
+from ..model import semconv as sc
 
 _HEX32 = re.compile(r"[0-9a-f]{32}")
 _LOOKBACK = re.compile(r"\d+[mhd]")
@@ -129,14 +129,14 @@ def rid_search_url(base: str, rid: str, run_id: str | None = None, service: str 
 
 
 def node_trace_url(base: str, run_id: str, epoch: int, node_id: int) -> str:
-    """The trace page of one node lineage, from the deterministic trace id (:func:`cptrace_otel.spans.node_trace_id`)."""
-    from .spans import node_trace_id
+    """The trace page of one node lineage, from the deterministic trace id (:func:`cptrace_otel.model.spans.node_trace_id`)."""
+    from ..model.spans import node_trace_id
 
     return trace_url(base, node_trace_id(run_id, epoch, node_id))
 
 
 def request_trace_url(base: str, run_id: str, rid: str) -> str:
     """The trace page of one request (``fwd_hash`` records, links to the node traces its ``rid_map`` named)."""
-    from .spans import request_trace_id
+    from ..model.spans import request_trace_id
 
     return trace_url(base, request_trace_id(run_id, rid))

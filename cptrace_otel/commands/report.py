@@ -5,7 +5,7 @@ Writes one self-contained HTML file (no network: style, script and data inline) 
 the same code as ``check`` (:func:`.check_cmd.analyze_sources`). The page has a time axis with one swimlane per CP
 rank, one panel per epoch, the stage bars (d2h, h2d) and, for a node, its device and host holds; a mark per record
 with its fields on hover; every finding in red with its evidence records outlined; and, with ``--jaeger-url``, a
-Jaeger link per lane, per finding and per node (trace ids: :func:`cptrace_otel.spans.node_trace_id`). ``--node N``
+Jaeger link per lane, per finding and per node (trace ids: :func:`cptrace_otel.model.spans.node_trace_id`). ``--node N``
 draws one node (every epoch it appears in, or ``--epoch E``). A run with more than ``--max-records`` records is
 summarised (see :mod:`.report_model`). ``-o -`` writes the page to standard output.
 
@@ -15,15 +15,36 @@ not in the sources), 3 a source cannot be read or the output cannot be written.
 
 from __future__ import annotations
 
+import argparse
 import os
 import shlex
 import sys
 import time
 from typing import Any, TextIO
 
-from ..exits import EXIT_FINDINGS, EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE
+from . import add_progress_flags
+from ..model.exits import EXIT_FINDINGS, EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE
 
 DEFAULT_OUT = os.path.join("cptrace-out", "report.html")
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """The ``report`` subcommand's parser, added to ``sub`` (the ``cli`` subparsers)."""
+    r = sub.add_parser("report", help="write one self-contained HTML report (a swimlane per rank, stages, findings) "
+                                      "of a run or of one node, from the sources check reads")
+    r.add_argument("paths", nargs="+", metavar="PATH", help="log files and/or OTLP JSON-lines files, as for check")
+    r.add_argument("-o", "--out", default=None, metavar="FILE",
+                   help="the HTML file to write (default: cptrace-out/report.html; - for standard output)")
+    r.add_argument("--node", type=int, default=None, help="draw this node id only (every epoch it appears in)")
+    r.add_argument("--epoch", type=int, default=None, help="with --node: only this epoch")
+    r.add_argument("--jaeger-url", default=None, help="Jaeger query base URL: a Jaeger link per lane, finding, node")
+    r.add_argument("--run-id", default=None, help="run id for trace ids of log-file sources (OTLP files name theirs)")
+    r.add_argument("--level", type=int, default=None, help="force the trace level instead of inferring it")
+    r.add_argument("--max-records", type=int, default=None,
+                   help="draw a run whole up to this many records, summarise it above (default 5000)")
+    r.add_argument("--top", type=int, default=None, help="node panels in a summarised run (default 12)")
+    add_progress_flags(r)
+    return r
 
 
 def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
@@ -46,7 +67,7 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
         print(f"cptrace-otel report: {why}", file=err)
         return EXIT_USAGE
     t_start = time.perf_counter()
-    from .check_cmd import SourceError, analyze_sources
+    from .check import SourceError, analyze_sources
 
     try:
         res, run_id, groups = analyze_sources(args, paths, level, err, keep=True, pfx="cptrace-otel report")[:3]
@@ -86,8 +107,8 @@ def build_page(res: Any, run_id: str | None, groups: list, paths: list[str], nod
                top: int | None = None) -> tuple[str, list]:
     """``(html, models)`` for the analyzed ``groups`` of :func:`.check_cmd.analyze_sources` (one model each)."""
     from .._version import __version__
-    from .report_html import render
-    from .report_model import FULL_LIMIT, TOP_NODES, Builder, Records
+    from ..analyze.report_html import render
+    from ..analyze.report_model import FULL_LIMIT, TOP_NODES, Builder, Records
 
     records = Records()
     builder = Builder(records, run_id, jaeger_url, full_limit if full_limit is not None else FULL_LIMIT,

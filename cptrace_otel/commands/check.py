@@ -22,11 +22,43 @@ force it on / off); a Jaeger fetch prints a line per search then.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import Any, NamedTuple, TextIO
 
-from ..exits import EXIT_UNREADABLE, EXIT_USAGE
-from .report import CHECK_PREFIX as _PFX
+from . import add_progress_flags
+from ..model.exits import EXIT_UNREADABLE, EXIT_USAGE
+from ..analyze.check_output import CHECK_PREFIX as _PFX
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """The ``check`` subcommand's parser, added to ``sub`` (the ``cli`` subparsers)."""
+    c = sub.add_parser("check", help="check invariants over log files, OTLP files, Jaeger JSON exports or a Jaeger")
+    c.add_argument("paths", nargs="*", metavar="PATH",
+                   help="log files ([CPTRACE ...] lines), OTLP JSON-lines files, Jaeger JSON exports (/api/traces, "
+                        "/api/v3/traces, the UI's downloads), or folders of them (read recursively); plain or gzip; "
+                        "- reads standard input")
+    c.add_argument("--json", action="store_true", help="print one JSON object (findings, unchecked, stats)")
+    c.add_argument("--level", type=int, default=None, help="force the trace level instead of inferring it")
+    c.add_argument("--jaeger-url", default=None, help="Jaeger query base URL, for trace links in the report")
+    c.add_argument("--run-id", default=None,
+                   help="run id: the run to read with --jaeger; for log files, the one used for trace links")
+    j = c.add_argument_group("reading the run from Jaeger instead of files")
+    j.add_argument("--jaeger", default=None, metavar="URL",
+                   help="Jaeger query base URL (e.g. http://127.0.0.1:16686; user:password@ allowed) to read the "
+                        "run's traces from")
+    j.add_argument("--tempo", default=None, metavar="URL",
+                   help="Grafana Tempo query URL (e.g. http://127.0.0.1:3200) to read the run (--run-id) from with "
+                        "TraceQL; untested against a live Tempo")
+    j.add_argument("--service", default=None, help="service name of the traces (default sglang-hicache)")
+    j.add_argument("--since", default=None, metavar="DURATION",
+                   help="traces with spans that started in this last while (30m, 1h, 2d; default 7d)")
+    j.add_argument("--start", default=None, metavar="TIME", help="window start: ISO 8601 (UTC unless given) or unix s")
+    j.add_argument("--end", default=None, metavar="TIME", help="window end (default now)")
+    j.add_argument("--limit", type=int, default=None,
+                   help="traces per search (the memory store's search depth, at most its max_traces; default 1000)")
+    add_progress_flags(c)
+    return c
 
 
 def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
@@ -40,7 +72,7 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
         print(f"{_PFX}: give PATHs, --jaeger or --tempo, one of them", file=err)
         return EXIT_USAGE
     if tempo is not None:
-        from .check_tempo import run_tempo
+        from ..analyze.check_tempo import run_tempo
         return run_tempo(args, level, out, err)
     if jaeger is not None and paths:
         print(f"{_PFX}: give PATHs or --jaeger, not both", file=err)
@@ -65,7 +97,7 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
     gc.set_threshold(50_000, 20, 20)
     try:
         if jaeger is not None:
-            from .check_jaeger import run_jaeger
+            from ..analyze.check_jaeger import run_jaeger
             return run_jaeger(args, level, out, err)
         return _run(args, paths, level, out, err)
     finally:
@@ -77,7 +109,7 @@ def _run(args: Any, paths: list[str], level: int | None, out: TextIO, err: TextI
         a = analyze_sources(args, paths, level, err)
     except SourceError as e:
         return e.code
-    from .report import print_report
+    from ..analyze.check_output import print_report
 
     return print_report(args, a.res, a.run_id, getattr(args, "jaeger_url", None), a.sources, a.stats, a.doc_malformed,
                   out, err)
@@ -112,11 +144,11 @@ def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
     events, in the order the rules saw them, are kept in ``groups`` when ``keep`` is true (the HTML report draws
     them). Reader warnings go to ``err``. Raises :class:`SourceError` (after printing why, prefixed with ``pfx``)
     when a source cannot be read, holds no record, or the sources overlap in a way that cannot be counted once."""
-    from .engine import Analysis, Result, analyze_traces
-    from .sources.detect import expand
-    from .sources.logs import LogReadError, LogStats, read_log_events
-    from .sources.overlap import decide
-    from .sources.tracedocs import TraceDocs
+    from ..analyze.engine import Analysis, Result, analyze_traces
+    from ..analyze.sources.detect import expand
+    from ..analyze.sources.logs import LogReadError, LogStats, read_log_events
+    from ..analyze.sources.overlap import decide
+    from ..analyze.sources.tracedocs import TraceDocs
 
     try:
         plan = expand(paths)
@@ -294,7 +326,7 @@ def _progress_bar(args: Any, err: TextIO, paths: list[str]) -> _Bar | None:
 
 def _merge(results: list) -> Any:
     from ..checks import Finding
-    from .engine import Result
+    from ..analyze.engine import Result
 
     if len(results) == 1:
         return results[0]

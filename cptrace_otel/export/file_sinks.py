@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Any, Iterable, Sequence
 
-from ..logline import render_line
+from ..model.logline import render_line
 from .otlp_json import request_json
 
 

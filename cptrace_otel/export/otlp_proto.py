@@ -1,4 +1,4 @@
-"""OTLP protobuf encoding of :class:`cptrace_otel.spans.Span` lists: ``ExportTraceServiceRequest`` bytes (the
+"""OTLP protobuf encoding of :class:`cptrace_otel.model.spans.Span` lists: ``ExportTraceServiceRequest`` bytes (the
 OTLP/JSON form the OpenTelemetry Collector's file exporter writes is :mod:`cptrace_otel.export.otlp_json`).
 
 Why a hand-written protobuf encoder: building ``opentelemetry.proto`` messages costs ~20-30 us per event in Python
@@ -17,12 +17,12 @@ from __future__ import annotations
 import struct
 from typing import Any, Iterable, Sequence
 
-from .. import semconv as sc
+from ..model import semconv as sc
 from .._version import __version__
 from .._speedups.otlp import load as _load_span_events
-from ..attrs import attribute_key, fields_to_attributes, range_keys
-from ..logline import Rng
-from ..spans import EventAttrs
+from ..model.attrs import attribute_key, fields_to_attributes, range_keys
+from ..model.logline import Rng
+from ..model.attrs import EventAttrs
 
 MAX_REQUEST_BYTES = int(3.5 * 1024 * 1024)
 
@@ -160,7 +160,7 @@ def _attrs(tag: bytes, attrs: dict[str, Any]) -> bytes:
 
 
 # -- span event attributes straight from typed fields ------------------------------------------------------------------
-# ``spans.EventAttrs`` keeps an event's typed fields; this writes exactly the bytes ``_attrs(b"\x1a", attrs.as_dict())``
+# ``attrs.EventAttrs`` keeps an event's typed fields; this writes exactly the bytes ``_attrs(b"\x1a", attrs.as_dict())``
 # would (a test holds them equal) without building that dict: one pass over the fields, a per-field-name encoder
 # holding the ``hicache.<k>`` key prefixes, and whole KeyValue fields cached for small repeated values.
 _EV_TAG = b"\x1a"
@@ -255,7 +255,7 @@ def _field_miss(k: str, v: Any, t: type) -> bytes:
 
 
 def _event_attrs(a: Any) -> bytes:
-    """The span event's repeated attributes field (tag 0x1a) for a ``spans.EventAttrs``."""
+    """The span event's repeated attributes field (tag 0x1a) for a ``attrs.EventAttrs``."""
     if a.dirty:
         return _attrs(_EV_TAG, a.as_dict())
     fields = a.fields

@@ -12,7 +12,7 @@ split between the two processes so that the traced process does the least work:
   :data:`MAX_VALUE_CHARS` (:func:`cut`), non-finite floats as the strings ``nan``, ``inf``, ``-inf``.
 
 Both apply :func:`render_other` to a value that is not a plain int/str and :func:`tag_level` to the tag and level,
-so an item gives the same Record however the work was split. Imports only :mod:`cptrace_otel.logline` (light).
+so an item gives the same Record however the work was split. Imports only :mod:`cptrace_otel.model.logline` (light).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 from math import isfinite as _isfinite
 from typing import Any
 
-from .logline import render_value  # light (re only); imported here, not per value
+from ..model.logline import render_value  # light (re only); imported here, not per value
 
 MAX_VALUE_CHARS = 65536   # longer rendered values are cut (with a marker): keeps a span and a request bounded
 RESOLVE_TIMEOUT_S = 30.0  # longest wait for one deferred fingerprint
@@ -31,7 +31,7 @@ _PRIM = frozenset((int, str, float))
 def load_deferred() -> tuple[Any, Any]:
     """``(is_deferred, resolve)`` of the fingerprint package, or ``(None, None)`` when it cannot be imported."""
     try:
-        from .fingerprint import is_deferred, resolve  # type: ignore[attr-defined]
+        from ..fingerprint import is_deferred, resolve  # type: ignore[attr-defined]
 
         return is_deferred, resolve
     except Exception:

@@ -2,7 +2,7 @@
 
 An :class:`Event` is one cptrace call: its tag, the rank that emitted it, its position in that rank's stream
 (``seq``, authoritative inside a rank), a timestamp, the rank's ``epoch`` (count of ``reset`` records before it) and
-its typed fields (values as :func:`cptrace_otel.logline.parse_value` returns them).
+its typed fields (values as :func:`cptrace_otel.model.logline.parse_value` returns them).
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ otherwise, 2 for bad arguments, 3 when the OTLP endpoint cannot be reached (the 
 
 from __future__ import annotations
 
+import argparse
 import glob
 import json
 import os
@@ -28,9 +29,9 @@ import time
 from typing import Any, TextIO
 from urllib.parse import urlsplit
 
-from ..config import traces_url
+from ..model.config import traces_url
 
-from ..exits import EXIT_FINDINGS, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
+from ..model.exits import EXIT_FINDINGS, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 RANK_TIMEOUT_S = 120.0
 
 
@@ -55,7 +56,7 @@ def _reachable(endpoint: str, protocol: str, timeout_s: float = 2.0) -> bool:
 
 def _validate(args: Any) -> tuple[str, int, list, str | None]:
     """(mode, ranks, plans, error message)."""
-    from .faults import FAULTS, MODES, POLICIES, parse_faults
+    from ..sim.faults import FAULTS, MODES, POLICIES, parse_faults
 
     mode, policy = args.mode, args.policy
     if mode not in MODES:
@@ -92,6 +93,23 @@ def _clean_out(out: str) -> None:
             os.remove(p)   # the sinks append: start from empty files
 
 
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """The ``demo`` subcommand's parser, added to ``sub`` (the ``cli`` subparsers)."""
+    d = sub.add_parser("demo", help="simulate HiCache with injected faults through the real pipeline, then check")
+    d.add_argument("--ranks", type=int, default=2, help="CP ranks (one process each)")
+    d.add_argument("--faults", default="H1_ack,H2_release,HASH_flip", help="comma-separated fault names, or 'none'")
+    d.add_argument("--seed", type=int, default=1)
+    d.add_argument("--mode", default="replicated", help="CP mode: none, replicated, sharded, dcp, layersplit, shared")
+    d.add_argument("--policy", default="wt", help="write policy: wt, wts, wb")
+    d.add_argument("--level", type=int, default=2)
+    d.add_argument("--endpoint", default=None, help="OTLP traces URL (default: the embedded file sink)")
+    d.add_argument("--protocol", default="http/protobuf", choices=["http/protobuf", "grpc"])
+    d.add_argument("--jaeger-url", default=None, help="Jaeger query base URL, for trace links")
+    d.add_argument("--out", default="cptrace-out/demo", help="folder for the OTLP and log files")
+    d.add_argument("--json", action="store_true")
+    return d
+
+
 def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
@@ -112,9 +130,9 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
     from ..analyze.engine import Analysis
     from ..analyze.sources.logs import read_log_events
     from ..analyze.sources.otlpfile import OtlpInfo, read_otlp_events
-    from .rank_main import build
-    from .tracer import LogEmitter
-    from .workload import expected_set, found_set
+    from ..sim.rank_main import build
+    from ..sim.tracer import LogEmitter
+    from ..sim.workload import expected_set, found_set
 
     t0 = time.monotonic()
     outdir = os.path.abspath(args.out)
@@ -186,8 +204,8 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
 
 def _report(args, mode, ranks, run_id, plans, ref, res_logs, res_otlp, expected, found, hit, missed, extra, recall,
             agree, events_ok, ok, elapsed, logs, otlp) -> dict[str, Any]:
-    from .. import links
-    from ..spans import node_trace_id, rank_trace_id
+    from ..analyze import links
+    from ..model.spans import node_trace_id, rank_trace_id
 
     jaeger = args.jaeger_url
 

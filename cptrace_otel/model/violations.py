@@ -2,7 +2,7 @@
 
 Contract (:func:`stamp_findings`):
 
-* span attributes from :func:`cptrace_otel.spans.violation_attributes` (``cptrace.violation`` comma-joined, plus
+* span attributes from :func:`cptrace_otel.model.spans.violation_attributes` (``cptrace.violation`` comma-joined, plus
   ``cptrace.violation.<CODE>=true`` per code), ``cptrace.violation.rules``, ``cptrace.certainty``;
 * status ERROR whose message holds every finding, in finding order: ``CODE: message [evidence: seq 171 backup op=5
   rank 3, ...]`` joined by ``"; "`` (the UI shows the status message, so no finding hides behind the first);
@@ -30,7 +30,7 @@ def violation_attributes(codes: Iterable[str]) -> dict[str, Any]:
     before) plus one boolean ``cptrace.violation.<CODE>=true`` per code, so a one-code tag search
     (``cptrace.violation.HASH=true``) finds the span whatever other codes it carries, and span metrics get one
     dimension per code. The one place these keys are made (the exporter's online checks use it; the watcher should,
-    as ``cptrace_otel.spans.violation_attributes``)."""
+    as ``cptrace_otel.model.spans.violation_attributes``)."""
     cs = sorted({str(c) for c in codes if c})
     out: dict[str, Any] = {sc.VIOLATION: ",".join(cs)}
     for c in cs:
