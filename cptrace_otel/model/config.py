@@ -127,6 +127,7 @@ class Config:
     rank_wait_s: float = 2.0
     sample: float = 1.0                  # fraction of node lineages kept (cptrace_otel.traced.sampling)
     rank_source: str = ""                # where cp_rank came from when it was discovered (cptrace_otel.traced.ranks)
+    sglang_exact: bool = False           # CPTRACE_SGLANG_EXACT: the SGLang instrumentation adds devx/hostx/idx_x
 
     def __repr__(self) -> str:
         body = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
@@ -238,6 +239,16 @@ def _bool(raw: str | None) -> bool | None:
         return False
     _warn_once("bool" + raw, f"OTLP INSECURE={raw!r} is not true|false; ignoring it")
     return None
+
+
+def _switch(env: Mapping[str, str], name: str) -> bool:
+    """An on/off variable: 1/true/yes/on is on; unset, empty, 0/false/no/off is off; anything else warns once, off."""
+    raw = (env.get(name) or "").strip().lower()
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw not in ("", "0", "false", "no", "off"):
+        _warn_once("switch" + name + raw, f"{name}={raw!r} is not 1|true|yes|on|0|false|no|off; off")
+    return False
 
 
 def _fraction(env: Mapping[str, str], name: str) -> float:
@@ -363,6 +374,7 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: Any) -> Config:
         rank_wait_s=_float(env, "CPTRACE_RANK_WAIT_S", 2.0),
         sample=_fraction(env, "CPTRACE_SAMPLE"),
         checks=(env.get("CPTRACE_CHECKS", "1").strip() not in ("0", "false", "no", "off")),
+        sglang_exact=_switch(env, "CPTRACE_SGLANG_EXACT"),
         service_name=env.get("OTEL_SERVICE_NAME") or "sglang-hicache",
         resource_attributes=_parse_kv_list(env.get("OTEL_RESOURCE_ATTRIBUTES") or "", "OTEL_RESOURCE_ATTRIBUTES"),
     )

@@ -1,0 +1,136 @@
+"""Instrumentation of stock SGLang's HiCache: every record of the domain reference at its real site, no code change.
+
+Stock SGLang has no ``cp_hicache_trace`` call sites (they exist only in private builds). This package adds them
+from the outside, the way OpenTelemetry's instrumentations do: :class:`SGLangInstrumentor` is a
+``BaseInstrumentor`` (package ``opentelemetry-instrumentation``, extra ``cptrace-otel[sglang]``) whose
+:meth:`~SGLangInstrumentor.instrument` wraps SGLang's methods with ``wrapt`` and whose
+:meth:`~SGLangInstrumentor.uninstrument` restores them. Records go through the project's public API
+(:func:`cptrace_otel.cptrace`), so the gate (``CPTRACE_LEVEL``), the sinks and the checks are the usual ones.
+
+Contract:
+
+* Supported: sglang ``>= 0.5.20, <= 0.5.23`` with ``HiRadixCache`` (0.5.20 ... 0.5.22). :data:`SITES` lists the
+  methods wrapped. Another version, or a build without ``HiRadixCache``: one warning, nothing wrapped, never an
+  exception. A build that ships its own ``cp_hicache_trace`` call sites is never instrumented (one info line).
+* ``CPTRACE_SGLANG=1`` applies it in every SGLang process, lazily, when SGLang's ``hiradix_cache`` module is
+  imported (:mod:`cptrace_otel.traced.sglang_shim`).
+* Nothing here ever raises into SGLang or changes what SGLang computes: each wrapper calls the wrapped method
+  exactly as called and records around it; a recording error costs that record only.
+* ``CPTRACE_SGLANG_EXACT=1`` adds the exact run-length sets ``devx``/``hostx``/``idx_x`` (domain 3.1) to the
+  records that carry slot ranges.
+
+Readings of SGLang that decide where a record goes (the README's "Use it with SGLang" lists them):
+
+* ``ack dir=h2d``: SGLang's load ack names only the load's last node; one record is written per node of the
+  load's chain (as recorded by ``reload``, with the splits that happened while the load was in flight applied),
+  each with that node's own device hash.
+* write_back staging: ``_evict_write_back`` detaches a node (``_detach_backuped``: value=None) before the
+  flush's write acks and frees its device pages only in the flush's ``evict_device``. ``evict tier=dev`` is
+  recorded there, where the pages are really freed, after the acks.
+* ``rid_map`` is recorded when the call carries the request (``params.req`` with a ``rid``), as the scheduler's
+  calls do.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Collection
+
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
+
+from ._sites import SITES, Recorder, version_verdict
+
+__all__ = ["SGLangInstrumentor", "SITES", "SUPPORTED", "instrument_from_env", "version_verdict"]
+
+logger = logging.getLogger("cptrace_otel.sglang")
+
+SUPPORTED = "sglang >= 0.5.20, <= 0.5.23"
+
+_warned: set[str] = set()
+_lock = threading.Lock()
+
+
+def _warn_once(key: str, msg: str) -> None:
+    with _lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    logger.warning(msg)
+
+
+class SGLangInstrumentor(BaseInstrumentor):  # type: ignore[misc]
+    """``SGLangInstrumentor().instrument()`` adds the records; ``.uninstrument()`` removes every wrapper.
+
+    Keyword arguments of :meth:`instrument`: ``exact`` (bool, default the ``CPTRACE_SGLANG_EXACT`` setting) and
+    ``cp_mode`` (the ``config`` record's ``mode`` when the attention CP group has more than one rank; default
+    ``sharded``, as SGLang's CP ranks hold different tokens' KV)."""
+
+    def instrumentation_dependencies(self) -> Collection[str]:
+        return (SUPPORTED,)
+
+    def instrument(self, **kwargs: Any) -> Any:
+        """Wrap SGLang's HiCache (see the module doc); None, with one warning, where this SGLang is not supported.
+
+        The version is read from the imported ``sglang`` package itself (a vendored copy has no dist metadata),
+        so BaseInstrumentor's metadata check is replaced by :func:`version_verdict`."""
+        try:
+            ok, why = version_verdict()
+        except Exception as e:  # an SGLang that cannot even be inspected is not instrumented
+            ok, why = False, f"cannot inspect sglang ({type(e).__name__}: {e})"
+        if not ok:
+            if why.startswith("own-call-sites"):
+                logger.info("cptrace-otel: %s; not instrumenting it twice", why.split(":", 1)[1].strip())
+            else:
+                _warn_once(why, f"cptrace-otel: SGLang not instrumented: {why} (supported: {SUPPORTED})")
+            return None
+        kwargs["skip_dep_check"] = True
+        return super().instrument(**kwargs)
+
+    def _instrument(self, **kwargs: Any) -> None:
+        from ...model import config as _config
+
+        exact = kwargs.get("exact")
+        if exact is None:
+            exact = _config.from_env().sglang_exact
+        Recorder.configure(exact=bool(exact), cp_mode=str(kwargs.get("cp_mode") or "sharded"))
+        import wrapt
+
+        done: list[tuple[Any, str]] = []
+        try:
+            for module, attr, wrapper in SITES:
+                wrapt.wrap_function_wrapper(module, attr, wrapper)
+                done.append((module, attr))
+        except Exception:
+            for module, attr in done:  # all or nothing: a half-instrumented SGLang would give false findings
+                _unwrap(module, attr)
+            raise
+
+    def _uninstrument(self, **kwargs: Any) -> None:
+        for module, attr, _ in SITES:
+            _unwrap(module, attr)
+
+
+def _unwrap(module: str, attr: str) -> None:
+    import importlib
+
+    from opentelemetry.instrumentation.utils import unwrap
+
+    obj: Any = importlib.import_module(module)
+    *owners, name = attr.split(".")
+    for o in owners:
+        obj = getattr(obj, o)
+    unwrap(obj, name)
+
+
+def instrument_from_env() -> bool:
+    """Apply :class:`SGLangInstrumentor` once in this process (the ``CPTRACE_SGLANG=1`` hook); never raises.
+    True when SGLang is instrumented after the call."""
+    try:
+        inst = SGLangInstrumentor()
+        if not inst.is_instrumented_by_opentelemetry:
+            inst.instrument()
+        return bool(inst.is_instrumented_by_opentelemetry)
+    except Exception as e:  # the traced process is never crashed by tracing
+        _warn_once("hook", f"cptrace-otel: SGLang instrumentation failed ({type(e).__name__}: {e}); not traced")
+        return False

@@ -1,0 +1,393 @@
+"""Drive real SGLang HiCache (``HiRadixCache`` + ``HiCacheController`` + pools + allocator) the way the scheduler
+does, on CPU, with the instrumentation on, and check the KV content itself.
+
+One scheduler step: ``copies.tick`` (copies due now complete), ``check_hicache_events`` (writing_check /
+loading_check, all-reduced over the CP group), then a batch of requests is admitted: for each, ``match_prefix``,
+``init_load_back`` when the match ends on the host (match then load, request by request, as the scheduler does: a
+later request's match can split a node whose load is still in flight), ``inc_lock_ref`` of its last node;
+``ready_to_load_host_cache`` starts the batch's loads and the forward waits for them; the forward allocates the
+new tokens' slots (``evict`` under memory pressure), checks the matched prefix's KV against the expected bytes and
+stores the new tokens' KV into the device pool. A request finishes 0-2 steps later: ``insert`` (write-through
+backups happen here), the duplicate slots freed (``cache_finished_req``'s ``[cache_protected_len, new_prefix)``),
+``dec_lock_ref``. A reset (flush) may happen mid-run, between requests.
+
+The KV of token ``p`` of a prompt depends on the whole prefix ``tokens[:p+1]`` (as a model's does), so what comes
+back from any tier can be compared with what must be there. :func:`run` returns these observations
+(``corruption``), what the injected fault did, and where the records went.
+
+CLI (one JSON summary on stdout): ``python tests/sglang_real/driver.py --version 0.5.20 --out DIR [options]``;
+``--world N`` runs N CP ranks (gloo, ``file://`` store) as N processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+import runtime  # noqa: E402  (tests/sglang_real/runtime.py)
+
+LAYERS, HEADS, DIM = 2, 1, 4
+
+
+def _prefix_hashes(tokens: list[int]) -> list[int]:
+    out, h = [], 1469598103
+    for t in tokens:
+        h = (h * 1000003 ^ (t + 1)) & 0xFFFFFFFF
+        out.append(h)
+    return out
+
+
+def expected_rows(tokens: list[int]) -> Any:
+    """``[len(tokens), 2*LAYERS, HEADS, DIM]`` float32: the KV of every position (K of each layer, then V)."""
+    import torch
+
+    h = torch.tensor(_prefix_hashes(tokens), dtype=torch.int64)[:, None, None, None]
+    lay = torch.arange(2 * LAYERS, dtype=torch.int64)[None, :, None, None]
+    d = torch.arange(HEADS * DIM, dtype=torch.int64).view(1, 1, HEADS, DIM)
+    return (((h * 31 + lay * 7 + d * 3) % 9973) + 1).to(torch.float32) / 97.0
+
+
+def _bufs(pool: Any) -> list:
+    return list(pool.k_buffer) + list(pool.v_buffer)
+
+
+def read_rows(pool: Any, idx: Any) -> Any:
+    import torch
+
+    return torch.stack([b[idx] for b in _bufs(pool)], dim=1)
+
+
+def write_rows(pool: Any, idx: Any, rows: Any) -> None:
+    for i, b in enumerate(_bufs(pool)):
+        b[idx] = rows[:, i]
+
+
+class Req:
+    """What the cache's calls read from a request (``rid``, ``origin_input_ids``)."""
+
+    def __init__(self, rid: str, tokens: list[int]) -> None:
+        self.rid = rid
+        self.origin_input_ids = tokens
+        self.tokens = tokens
+        self.prefix_idx: Any = None
+        self.last_node: Any = None
+        self.all_idx: Any = None
+        self.finish_step = 0
+
+
+def request_stream(seed: int, n: int, page_size: int, families: int = 6) -> list[list[int]]:
+    """Seeded prompts sharing prefixes: a few families of system prompts, sub-prefixes, random tails (page-aligned
+    lengths, as the paged allocator needs)."""
+    r = random.Random(seed)
+    fams = [[r.randrange(1, 5000) for _ in range(r.choice((24, 32, 40)))] for _ in range(families)]
+    out = []
+    for _ in range(n):
+        base = list(r.choice(fams))
+        if r.random() < 0.5:
+            base = base[: r.randrange(8, len(base) + 1)]
+        tail = [r.randrange(1, 5000) for _ in range(r.randrange(4, 24))]
+        toks = base + tail
+        toks = toks[: len(toks) - len(toks) % page_size] if len(toks) % page_size else toks
+        out.append(toks)
+    return out
+
+
+def build(version: str, policy: str, page_size: int, dev_tokens: int, host_ratio: float, cp_group: Any,
+          tp_group: Any) -> tuple[Any, Any, Any]:
+    import torch
+
+    from sglang.srt import runtime_context as rc
+    from sglang.srt.server_args import ServerArgs
+
+    sa = ServerArgs(model_path="dummy", device="cpu", enable_hierarchical_cache=True, hicache_io_backend="direct",
+                    hicache_mem_layout="layer_first", hicache_write_policy=policy, page_size=page_size,
+                    hicache_ratio=host_ratio)
+    rc.get_context().set_server_args(sa)
+    runtime.apply_cpu_answers()
+    from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.hiradix_cache import HiRadixCache
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+
+    kv = MHATokenToKVPool(size=dev_tokens, page_size=page_size, dtype=torch.float32, head_num=HEADS, head_dim=DIM,
+                          layer_num=LAYERS, device="cpu", enable_memory_saver=False)
+    if page_size == 1:
+        alloc = TokenToKVPoolAllocator(dev_tokens, torch.float32, "cpu", kv, need_sort=False)
+    else:
+        alloc = PagedTokenToKVPoolAllocator(dev_tokens, page_size, torch.float32, "cpu", kv, need_sort=False)
+    req_pool = ReqToTokenPool(size=64, max_context_len=256, device="cpu", enable_memory_saver=False)
+    params = CacheInitParams(disable=False, req_to_token_pool=req_pool, token_to_kv_pool_allocator=alloc,
+                             page_size=page_size, tp_cache_group=tp_group, attn_cp_cache_group=cp_group)
+    cache = HiRadixCache(params, sa)
+    return cache, kv, alloc
+
+
+class Driver:
+    def __init__(self, cache: Any, kv: Any, alloc: Any, copies: runtime.Copies, seed: int, page_size: int) -> None:
+        self.cache, self.kv, self.alloc, self.copies = cache, kv, alloc, copies
+        self.rng = random.Random(seed + 7)
+        self.page_size = page_size
+        self.corruption: list[dict] = []
+        self.stats = {"steps": 0, "admitted": 0, "deferred": 0, "loads": 0, "resets": 0, "host_audits": 0}
+
+    # -- content checks ------------------------------------------------------------------------------------------
+    def _nodes_of(self, tokens: list[int], upto: int) -> list[tuple[int, int, int]]:
+        """``(node id, start, end)`` of the tree nodes covering ``tokens[:upto]``."""
+        out, node, pos = [], self.cache.root_node, 0
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+
+        key = RadixKey(tokens[:upto])
+        while pos < upto:
+            child = node.children.get(key[pos:].child_key(self.page_size))
+            if child is None:
+                break
+            out.append((child.id, pos, pos + len(child.key)))
+            pos += len(child.key)
+            node = child
+        return out
+
+    def check_prefix(self, req: Req) -> None:
+        import torch
+
+        n = len(req.prefix_idx)
+        if n == 0:
+            return
+        got = read_rows(self.kv, req.prefix_idx)
+        want = expected_rows(req.tokens[:n])
+        bad = (got != want).flatten(1).any(dim=1)
+        if bool(bad.any()):
+            pos = torch.nonzero(bad).flatten().tolist()
+            nodes = sorted({nid for nid, s, e in self._nodes_of(req.tokens, n) if any(s <= p < e for p in pos)})
+            self.corruption.append({"step": self.copies.step, "where": "device", "rid": req.rid,
+                                    "positions": len(pos), "nodes": nodes})
+
+    def audit_host(self) -> None:
+        """Every node whose host copy is complete (no pending write): its host KV equals the expected KV."""
+        c = self.cache
+        hp = c.token_to_kv_pool_host
+        pending = {id(n) for _, _, pub in c.ongoing_write_through.values() for n in pub}
+        pending |= {id(lk) for lk, _, _ in c.ongoing_write_through.values()}
+        self.stats["host_audits"] += 1
+        stack = [(c.root_node, [])]
+        while stack:
+            node, prefix = stack.pop()
+            for child in list(node.children.values()):
+                toks = prefix + list(child.key.token_ids)
+                if child.host_value is not None and id(child) not in pending and len(child.host_value):
+                    got = read_rows(hp, child.host_value)
+                    want = expected_rows(toks)[len(prefix):]
+                    if not bool((got == want).all()):
+                        self.corruption.append({"step": self.copies.step, "where": "host", "nodes": [child.id]})
+                stack.append((child, toks))
+
+    # -- the scheduler's calls -----------------------------------------------------------------------------------
+    def admit(self, reqs: list[Req]) -> list[Req]:
+        import torch
+
+        from sglang.srt.mem_cache.base_prefix_cache import (EvictParams, InitLoadBackParams, MatchPrefixParams)
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+
+        c = self.cache
+        for req in reqs:
+            m = c.match_prefix(MatchPrefixParams(key=RadixKey(req.tokens), req=req))
+            idx, last = m.device_indices, m.last_device_node
+            if m.host_hit_length > 0:
+                vals, node = c.init_load_back(InitLoadBackParams(best_match_node=m.best_match_node,
+                                                                 host_hit_length=m.host_hit_length, req=req))
+                if len(vals):
+                    self.stats["loads"] += 1
+                    idx = torch.cat([idx, vals])
+                last = node
+            req.prefix_idx, req.last_node = idx, last
+            c.inc_lock_ref(last)
+        c.ready_to_load_host_cache()
+        self.copies.wait_loads()   # the forward waits for its layers' loads
+        running = []
+        for req in reqs:
+            self.check_prefix(req)
+            need = len(req.tokens) - len(req.prefix_idx)
+            new = self.alloc.alloc(need) if need else torch.empty((0,), dtype=torch.int64)
+            if new is None:
+                c.evict(EvictParams(num_tokens=need))
+                new = self.alloc.alloc(need)
+            if new is None:   # no room even after eviction: back to the queue
+                c.dec_lock_ref(req.last_node)
+                self.stats["deferred"] += 1
+                continue
+            write_rows(self.kv, new, expected_rows(req.tokens)[len(req.prefix_idx):])
+            req.all_idx = torch.cat([req.prefix_idx, new])
+            req.finish_step = self.copies.step + self.rng.randint(0, 2)
+            running.append(req)
+            self.stats["admitted"] += 1
+        return running
+
+    def finish(self, req: Req) -> None:
+        from sglang.srt.mem_cache.base_prefix_cache import InsertParams
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+
+        c = self.cache
+        res = c.insert(InsertParams(key=RadixKey(req.tokens), value=req.all_idx))
+        protected = len(req.prefix_idx)
+        if res.prefix_len > protected:   # cache_finished_req: the request's copies of what the tree already had
+            self.alloc.free(req.all_idx[protected:res.prefix_len])
+        c.dec_lock_ref(req.last_node)
+
+    def reset(self) -> None:
+        """flush_cache: every copy done and acknowledged, then the tree, the host pool and the allocator cleared."""
+        self.settle()
+        self.cache.reset()
+        self.alloc.clear()
+        self.stats["resets"] += 1
+
+    def settle(self) -> None:
+        self.copies.drain()
+        self.copies.step += 1000
+        self.cache.check_hicache_events()
+        self.copies.step -= 1000
+
+    def run(self, prompts: list[list[int]], batch: int, reset_at: int | None, audit_every: int = 5) -> None:
+        queue = [Req(f"r{i}", t) for i, t in enumerate(prompts)]
+        running: list[Req] = []
+        step = 0
+        while queue or running:
+            step += 1
+            self.copies.tick()
+            self.cache.check_hicache_events()
+            done = [r for r in running if r.finish_step <= self.copies.step]
+            for r in done:
+                self.finish(r)
+            running = [r for r in running if r not in done]
+            if reset_at is not None and step >= reset_at and not running:
+                self.reset()
+                reset_at = None
+            take = min(len(queue), self.rng.randint(1, batch))
+            admitted = self.admit(queue[:take])
+            queue = queue[take:] + [r for r in queue[:take] if r not in admitted]
+            running += admitted
+            if step % audit_every == 0:
+                self.audit_host()
+            if step > 20 * len(prompts) + 100:
+                raise RuntimeError("driver made no progress (device pool too small for the stream?)")
+        self.settle()
+        self.audit_host()
+        self.stats["steps"] = step
+
+
+def _init_group(world: int, rank: int, store: str) -> tuple[Any, Any]:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world)
+    tp_groups = [dist.new_group([r], backend="gloo") for r in range(world)]
+    cp = dist.group.WORLD if world > 1 else None
+    return cp, tp_groups[rank]
+
+
+def run(version: str, out: str, policy: str = "write_through", page_size: int = 1, seed: int = 0,
+        requests: int = 120, batch: int = 4, max_lag: int = 3, dev_tokens: int = 384, host_ratio: float = 3.0,
+        reset: bool = True, fault: str | None = None, nth: int = 1, exact: bool = False, instrument: bool = True,
+        world: int = 1, rank: int = 0, store: str | None = None, level: int = 2) -> dict:
+    """One run; returns ``{"corruption", "fault_hits", "stats", "log", "otlp", "seconds"}``."""
+    t0 = time.monotonic()
+    os.makedirs(out, exist_ok=True)
+    import cptrace_otel
+
+    log = os.path.join(out, f"rank-{rank}.log")
+    otlp = os.path.join(out, f"rank-{rank}.otlp.jsonl")
+    cptrace_otel.configure(level=(level if instrument else 0), file=otlp, log_file=log, exporter="thread",
+                           cp_rank=rank, run_id=f"sglang-{version}-{policy}-p{page_size}-s{seed}", checks=False)
+    if instrument:
+        from cptrace_otel.traced.sglang import SGLangInstrumentor
+
+        inst = SGLangInstrumentor()
+        if not inst.is_instrumented_by_opentelemetry:
+            inst.instrument(exact=exact)
+    if store is None:
+        store = tempfile.mktemp(prefix="cptrace-gloo-")
+    cp, tp = _init_group(world, rank, store)
+    cache, kv, alloc = build(version, policy, page_size, dev_tokens, host_ratio, cp, tp)
+    copies = runtime.Copies(seed * 31 + 1, max_lag)
+    copies.install()
+    faults = runtime.Faults(fault, nth)
+    faults.install(cache, copies)
+    drv = Driver(cache, kv, alloc, copies, seed, page_size)
+    prompts = request_stream(seed, requests, page_size)
+    drv.run(prompts, batch, reset_at=(len(prompts) // (2 * batch) if reset else None))
+    cptrace_otel.flush(60)
+    cptrace_otel.shutdown(60)
+    return {"corruption": drv.corruption, "fault_hits": faults.hits, "stats": drv.stats, "log": log, "otlp": otlp,
+            "seconds": round(time.monotonic() - t0, 2)}
+
+
+def run_ranks(version: str, out: str, world: int = 4, fault_rank: int | None = None, **kw: Any) -> list[dict]:
+    """``world`` rank processes (gloo on a ``file://`` store), the same request stream; ``kw['fault']`` on
+    ``fault_rank`` only. One summary per rank."""
+    store = tempfile.mktemp(prefix="cptrace-gloo-")
+    procs = []
+    fault = kw.pop("fault", None)
+    for r in range(world):
+        args = [sys.executable, os.path.abspath(__file__), "--version", version, "--out", out, "--world", str(world),
+                "--rank", str(r), "--store", store]
+        for k, v in kw.items():
+            if isinstance(v, bool):
+                if v:
+                    args.append("--" + k.replace("_", "-"))
+                elif k == "reset":
+                    args.append("--no-reset")
+            elif v is not None:
+                args += ["--" + k.replace("_", "-"), str(v)]
+        if fault and r == fault_rank:
+            args += ["--fault", fault]
+        procs.append(subprocess.Popen(args, env=runtime.sglang_env(version), stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    outs = []
+    for p in procs:
+        so, se = p.communicate(timeout=900)
+        if p.returncode != 0:
+            for q in procs:
+                q.kill()
+            raise RuntimeError(f"rank process failed ({p.returncode}): {se[-3000:]}")
+        outs.append(json.loads(so.strip().splitlines()[-1]))
+    return outs
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--version", required=True, choices=runtime.VERSIONS)
+    p.add_argument("--out", required=True)
+    p.add_argument("--policy", default="write_through",
+                   choices=("write_through", "write_through_selective", "write_back"))
+    p.add_argument("--page-size", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--requests", type=int, default=120)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--max-lag", type=int, default=3)
+    p.add_argument("--dev-tokens", type=int, default=384)
+    p.add_argument("--host-ratio", type=float, default=3.0)
+    p.add_argument("--no-reset", dest="reset", action="store_false")
+    p.add_argument("--fault", choices=runtime.FAULTS)
+    p.add_argument("--nth", type=int, default=1)
+    p.add_argument("--exact", action="store_true")
+    p.add_argument("--no-instrument", dest="instrument", action="store_false")
+    p.add_argument("--world", type=int, default=1)
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--store")
+    a = vars(p.parse_args(argv))
+    runtime.on_path(a["version"])
+    res = run(**a)
+    print(json.dumps(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,333 @@
+"""Real SGLang HiCache on CPU, for tests: the three runtime answers, copies that complete steps later, and faults.
+
+Runs inside a process whose ``sys.path`` has ``.sglang/<version>/`` (see :func:`sglang_env`). Patches are narrow
+and test-only (never shipped):
+
+* the host pool is built with ``pin_memory=False`` (pinning calls ``cudaHostRegister``);
+* ``device_module`` of ``cache_controller`` and ``l2_transfer`` is ``torch.cpu`` (no-op streams and events; SGLang
+  took ``torch.get_device_module()``, ``torch.cuda`` on a CUDA build of torch even without a GPU);
+* ``transfer_kv_direct`` (imported from sgl_kernel only under CUDA) is a plain indexed copy;
+* :class:`Copies`: ``L2TransferEngine.submit_*`` run SGLang's own copy code later: each copy is queued with a
+  seeded lag (scheduler steps); its data moves when it completes (due at a step, or forced by a ``synchronize``
+  or by the forward's wait on a load) and its ack becomes visible to ``finish_event.query()`` at its due step.
+  Copies on one stream complete in order.
+* :class:`Faults`: one injected fault per run (:data:`FAULTS`), at the n-th eligible site.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import random
+import sys
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+VERSIONS = ("0.5.20", "0.5.23")
+FAULTS = ("flip", "unpinned", "midchain", "early_release", "split_no_rewrite")
+
+
+def sglang_dir(version: str) -> str:
+    return os.path.join(ROOT, ".sglang", version)
+
+
+def missing_reason(version: str) -> str | None:
+    """Why real SGLang ``version`` cannot run here (None when it can): the folder deploy/sglang/install fills."""
+    d = sglang_dir(version)
+    if not os.path.isfile(os.path.join(d, "sglang", "srt", "mem_cache", "radix_cache.py")):
+        return f"sglang {version} is not installed in {d} (run deploy/sglang/install)"
+    return None
+
+
+def sglang_env(version: str, **extra: str) -> dict[str, str]:
+    """Environment for a subprocess that imports SGLang ``version`` and this checkout."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, sglang_dir(version)])
+    env.setdefault("SGLANG_LOG_LEVEL", "warning")
+    env.update(extra)
+    return env
+
+
+# -- CPU answers ----------------------------------------------------------------------------------------------
+def _transfer_kv_direct(src_layers: list, dst_layers: list, src_indices: Any, dst_indices: Any,
+                        page_size: int = 1) -> None:
+    """sgl_kernel's ``transfer_kv_direct`` on CPU: ``dst[dst_indices] = src[src_indices]`` per layer buffer."""
+    for s, d in zip(src_layers, dst_layers):
+        d[dst_indices.to(d.device)] = s[src_indices.to(s.device)]
+
+
+def apply_cpu_answers() -> None:
+    import torch
+
+    import sglang.srt.managers.cache_controller as cc
+    import sglang.srt.mem_cache.l2_transfer as l2
+    import sglang.srt.mem_cache.pool_host.mha as mha
+
+    cc.device_module = torch.cpu
+    l2.device_module = torch.cpu
+    if not hasattr(mha, "transfer_kv_direct"):
+        mha.transfer_kv_direct = _transfer_kv_direct
+    cls = mha.MHATokenToKVPoolHost
+    if not getattr(cls.__init__, "_cpu_unpinned", False):
+        orig = cls.__init__
+
+        @functools.wraps(orig)
+        def init(self: Any, *a: Any, **k: Any) -> None:
+            if len(a) < 6:
+                k["pin_memory"] = False
+            orig(self, *a, **k)
+
+        init._cpu_unpinned = True  # type: ignore[attr-defined]
+        cls.__init__ = init
+
+
+# -- copies that complete later ---------------------------------------------------------------------------------
+class _Job:
+    __slots__ = ("run", "due", "done", "stream", "op_kind", "meta")
+
+    def __init__(self, run: Any, due: int, stream: str, meta: dict) -> None:
+        self.run, self.due, self.done, self.stream, self.meta = run, due, False, stream, meta
+
+
+class _Event:
+    """The finish event of a deferred copy."""
+
+    def __init__(self, copies: "Copies", job: _Job) -> None:
+        self.copies, self.job = copies, job
+
+    def query(self) -> bool:
+        return self.copies.poll(self.job)
+
+    def synchronize(self) -> None:
+        self.copies.complete(self.job)
+
+    def record(self, stream: Any = None) -> None:
+        pass
+
+    def wait(self, stream: Any = None) -> None:
+        self.copies.complete(self.job)
+
+    def elapsed_time(self, other: Any) -> float:
+        return 0.0
+
+
+class Copies:
+    """The deferred copy engine (see the module doc). ``step`` is the scheduler step the driver is in."""
+
+    def __init__(self, seed: int, max_lag: int) -> None:
+        self.rng = random.Random(seed)
+        self.max_lag = max_lag
+        self.step = 0
+        self.queues: dict[str, list[_Job]] = {"d2h": [], "h2d": []}
+        self.after_copy: list[Any] = []   # hooks(job) after a copy's data moved (faults)
+        self.force_lag: dict[str, int] = {}   # direction -> lag for its next copy (faults)
+
+    def install(self) -> None:
+        import sglang.srt.mem_cache.l2_transfer as l2
+
+        eng = l2.L2TransferEngine
+        if getattr(eng, "_deferred", None) is not None:
+            eng._deferred = self
+            return
+        eng._deferred = self
+        orig_d2h, orig_h2d = eng.submit_device_to_host, eng.submit_host_to_device
+
+        def d2h(self_: Any, transfers: list) -> Any:
+            return eng._deferred.submit("d2h", functools.partial(orig_d2h, self_, transfers), transfers)
+
+        def h2d(self_: Any, transfers: list, **kw: Any) -> Any:
+            return eng._deferred.submit("h2d", functools.partial(orig_h2d, self_, transfers, **kw), transfers)
+
+        eng.submit_device_to_host = d2h
+        eng.submit_host_to_device = h2d
+
+    def submit(self, stream: str, run: Any, transfers: list) -> Any:
+        import torch
+
+        import sglang.srt.mem_cache.l2_transfer as l2
+
+        lag = self.force_lag.pop(stream, None)
+        if lag is None:
+            lag = self.rng.randint(0, self.max_lag)
+        meta = {"host": [t.host_indices.clone() for t in transfers],
+                "dev": [t.device_indices.clone() for t in transfers], "pools": transfers}
+        job = _Job(run, self.step + lag, stream, meta)
+        self.queues[stream].append(job)
+        return l2.TransferCompletion(torch.cpu.Event(), _Event(self, job), False)
+
+    def complete(self, job: _Job) -> None:
+        """Move ``job``'s data now, and that of every copy before it on its stream."""
+        q = self.queues[job.stream]
+        while not job.done and q:
+            j = q.pop(0)
+            j.run()
+            j.done = True
+            for hook in self.after_copy:
+                hook(j)
+
+    def poll(self, job: _Job) -> bool:
+        if self.step >= job.due:
+            self.complete(job)
+            return True
+        return False
+
+    def tick(self) -> None:
+        self.step += 1
+        for q in self.queues.values():
+            while q and q[0].due <= self.step:
+                self.complete(q[0])
+
+    def wait_loads(self) -> None:
+        """The forward's wait on the load stream (``wait_until`` per layer): every issued load's data moved."""
+        q = self.queues["h2d"]
+        if q:
+            self.complete(q[-1])
+
+    def drain(self) -> None:
+        for q in self.queues.values():
+            if q:
+                self.complete(q[-1])
+
+
+# -- faults -------------------------------------------------------------------------------------------------------
+class Faults:
+    """One fault ``kind`` (:data:`FAULTS`) hitting the ``nth`` eligible site; ``hits`` lists what it did."""
+
+    def __init__(self, kind: str | None, nth: int = 1) -> None:
+        if kind is not None and kind not in FAULTS:
+            raise ValueError(f"unknown fault {kind!r} (one of {', '.join(FAULTS)})")
+        self.kind, self.nth = kind, nth
+        self.seen = 0
+        self.hits: list[dict] = []
+
+    def _take(self) -> bool:
+        if not self.kind or self.hits:
+            return False
+        self.seen += 1
+        return self.seen >= self.nth
+
+    def install(self, cache: Any, copies: Copies) -> None:
+        if self.kind == "flip":
+            copies.after_copy.append(functools.partial(self._flip, cache))
+        elif self.kind == "unpinned":
+            self._unpinned(cache, copies)
+        elif self.kind == "midchain":
+            self._wrap_load_back(cache, self._midchain)
+        elif self.kind == "early_release":
+            self._wrap_load_back(cache, self._early_release)
+        elif self.kind == "split_no_rewrite":
+            self._split_no_rewrite(cache)
+
+    @staticmethod
+    def _corrupt_host(cache: Any, host_idx: Any) -> None:
+        """Flip every bit of the first byte of layer 0's K row of host slot ``host_idx[0]``."""
+        import torch
+
+        hp = cache.token_to_kv_pool_host
+        row = hp.k_buffer[0][int(host_idx[0])]
+        b = row.view(torch.uint8).view(-1)
+        b[0] ^= 0xFF
+
+    def _flip(self, cache: Any, job: _Job) -> None:
+        if job.stream != "d2h" or not self._take():
+            return
+        host = job.meta["host"][0]
+        self._corrupt_host(cache, host)
+        self.hits.append({"kind": "flip", "host_slot": int(host[0])})
+
+    def _unpinned(self, cache: Any, copies: Copies) -> None:
+        """The n-th write-through backup is not pinned (no inc_lock_ref) while its copy is in flight (lag 4)."""
+        orig_wb, orig_ack = cache.write_backup, cache._finish_write_through_ack
+        unpinned: set[int] = set()
+
+        def write_backup(node: Any, write_back: bool = False) -> int:
+            if write_back or not self._take_if(node, cache):
+                return orig_wb(node, write_back)
+            cache.inc_lock_ref = lambda n: None   # this backup only
+            copies.force_lag["d2h"] = 4
+            try:
+                r = orig_wb(node, write_back)
+            finally:
+                del cache.inc_lock_ref
+            if r:
+                unpinned.add(node.id)
+                self.hits.append({"kind": "unpinned", "node_id": node.id})
+            return r
+
+        def finish(ack_id: int, *, release_lock: bool) -> None:
+            if ack_id in unpinned:
+                unpinned.discard(ack_id)
+                release_lock = False   # it was never taken
+            return orig_ack(ack_id, release_lock=release_lock)
+
+        cache.write_backup = write_backup
+        cache._finish_write_through_ack = finish
+
+    def _take_if(self, node: Any, cache: Any) -> bool:
+        if node.backuped or (node.parent is not cache.root_node and not node.parent.backuped):
+            return False   # SGLang would not back it up now: not an eligible site
+        return self._take()
+
+    def _wrap_load_back(self, cache: Any, hook: Any) -> None:
+        orig = cache.load_back
+
+        def load_back(node: Any, mem_quota: Any = None) -> Any:
+            chain = []
+            n = node
+            while n.evicted:
+                chain.insert(0, n)
+                n = n.parent
+            hook(cache, chain, None)
+            res = orig(node, mem_quota)
+            if res is not None:
+                hook(cache, chain, res)
+            return res
+
+        cache.load_back = load_back
+
+    def _midchain(self, cache: Any, chain: list, res: Any) -> None:
+        """Before a load of a chain of 3+ nodes: corrupt a host slot of a middle node (its copy completed)."""
+        if res is not None or len(chain) < 3 or not self._take():
+            return
+        mid = chain[len(chain) // 2]
+        self._corrupt_host(cache, mid.host_value)
+        self.hits.append({"kind": "midchain", "node_id": mid.id, "chain": [n.id for n in chain]})
+
+    def _early_release(self, cache: Any, chain: list, res: Any) -> None:
+        """After a load is issued, before its copy: the first chain node's host pages are freed (the pin is already
+        released at issue in this SGLang) and reused by another writer, which overwrites them."""
+        if res is None or not chain or not self._take():
+            return
+        import torch
+
+        hp = cache.token_to_kv_pool_host
+        n = chain[0]
+        idx = n.host_value
+        hp.free(idx)                        # the release SGLang #31427 moves to the ack ...
+        for buf in (hp.k_buffer, hp.v_buffer):
+            buf[:, idx] = torch.full_like(buf[:, idx], 7.0)   # ... and the writer that reused the pages
+        # the reusing writer holds the pages: take them back from the free lists so the tree's later host
+        # eviction of this node stays balanced (the pool asserts on a double free)
+        hp.slot_used[idx] = True
+        hp.release_slots = [r[~torch.isin(r, idx)] for r in hp.release_slots]
+        hp.num_release_slots = sum(len(r) for r in hp.release_slots)
+        self.hits.append({"kind": "early_release", "node_id": n.id, "chain": [c.id for c in chain]})
+
+    def _split_no_rewrite(self, cache: Any) -> None:
+        """A split of a node with a pending write does not rewrite the pending entry (the shape of #27072)."""
+        orig = cache._replace_pending_write_through_node
+
+        def replace(old: Any, new_nodes: list) -> None:
+            ack_id = old.write_through_pending_id
+            if ack_id is not None and ack_id in cache.ongoing_write_through and self._take():
+                self.hits.append({"kind": "split_no_rewrite", "node_id": old.id, "new_id": new_nodes[0].id})
+                return
+            return orig(old, new_nodes)
+
+        cache._replace_pending_write_through_node = replace
+
+
+def on_path(version: str) -> None:
+    d = sglang_dir(version)
+    if d not in sys.path:
+        sys.path.insert(0, d)
