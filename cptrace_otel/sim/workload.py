@@ -61,8 +61,8 @@ def random_stream(sim: Simulation, rng: np.random.Generator, requests: int, rese
     (cut inside it) and a new suffix, which splits its node, the reloaded one included (0: none, and the stream
     draws exactly what it did before the option existed). ``inflight``: the share of those cuts made after a
     device eviction pass, in the same batch as the repeat and another earlier prompt, while their loads are in
-    flight (SGLang's
-    match_prefix/insert split a node whose load is pending; two loads of one batch merge into one op). Prompts are whole pages of ``sim.page_size`` tokens."""
+    flight (SGLang's match_prefix/insert split a node whose load is pending; two loads of one batch merge into one
+    op). Prompts are whole pages of ``sim.page_size`` tokens."""
     ps = sim.page_size
     vocab = 200
     prefixes = [rng.integers(0, vocab, ps * int(k)).tolist() for k in rng.integers(1, 4, size=4)]

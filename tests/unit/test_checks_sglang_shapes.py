@@ -27,9 +27,9 @@ def _backed_up(nid, parent, dev, host, op, hp):
 def _chain_reloaded():
     """Nodes 1 (8 tokens, pages 11, 12) and 2 (8 tokens, pages 21, 22, child of 1) backed up, evicted, and
     reloaded as one chain [1, 2] (op 5) into dev 100..115."""
-    return [CFG] + _backed_up(1, 0, (0, 7), (40, 47), 1, [11, 12]) + _backed_up(2, 1, (8, 15), (48, 55), 2, [21, 22]) + [
-        f"[CPTRACE reload] node_id=2 chain=[1,2] op=5 host={R(40, 55)} dev={R(100, 115)}",
-    ]
+    return ([CFG] + _backed_up(1, 0, (0, 7), (40, 47), 1, [11, 12])
+            + _backed_up(2, 1, (8, 15), (48, 55), 2, [21, 22])
+            + [f"[CPTRACE reload] node_id=2 chain=[1,2] op=5 host={R(40, 55)} dev={R(100, 115)}"])
 
 
 def _hash_skips(res):
