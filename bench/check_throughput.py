@@ -131,7 +131,7 @@ def generate(path_fmt: str, n_lines: int, ranks: int = 2, seed: int = 7) -> list
         p = path_fmt.format(rank=r)
         with open(p, "w") as fh:
             pre = f"[2026-07-18 03:03:06 ATTN_CP{r} TP{r}] "
-            for ln, t in lines:   # rank= and ts= last, as the upstream tracer's common fields (domain 3.2)
+            for ln, t in lines:   # rank= and ts= last, as the upstream tracer's common fields (docs/domain.md §3.2)
                 fh.write(f"{pre}{ln.replace('cp_rank=0', f'cp_rank={r}')} rank={r} ts={t}\n")
         paths.append(p)
     return paths

@@ -32,12 +32,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.append(str(REPO))   # tests.helpers: the OTLP receivers the tests use too
 
 OURS = textwrap.dedent("""
     import json, resource, sys, time
     import cptrace_otel as ct
-    from cptrace_otel import pipeline
+    from cptrace_otel.traced import pipeline
     n, url, proto, checks = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4] == "1"
     ct.configure(level=1, run_id="bench-exp", endpoint=url, protocol=proto, cp_rank=0, checks=checks)
     ct.cptrace(1, "config", cp_size=1)
@@ -100,7 +100,7 @@ class NullReceiver:
     """Reads each request body and answers 200 (no decoding)."""
 
     def __init__(self) -> None:
-        from otlp_receiver import free_port
+        from tests.helpers import free_port
 
         self.port = free_port()
         self.bytes = 0
@@ -153,7 +153,7 @@ def main() -> int:
     ap.add_argument("--no-checks", action="store_true", help="turn the online checks off in our exporter")
     args = ap.parse_args()
     n = args.events
-    from otlp_receiver import GrpcReceiver, HttpReceiver
+    from tests.helpers.otlp_receiver import GrpcReceiver, HttpReceiver
 
     from cptrace_otel.export import otlp_proto as otlp, worker
 

@@ -33,12 +33,12 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.append(str(REPO))   # tests.helpers: the OTLP receiver the tests use too
 
 CHILD = textwrap.dedent("""
     import json, os, signal, sys, time
     import cptrace_otel as ct
-    from cptrace_otel import pipeline
+    from cptrace_otel.traced import pipeline
     n, rate, kills = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
     at = {n * (k + 1) // (kills + 1) for k in range(kills)}
     t0 = time.monotonic()
@@ -81,7 +81,7 @@ def _record_ids(rx) -> tuple[int, int]:
 
 
 def run(events: int, rate: float, kills: int = 0, outage_s: float = 0.0, outage_at_s: float = 5.0) -> dict:
-    from otlp_receiver import HttpReceiver
+    from tests.helpers.otlp_receiver import HttpReceiver
 
     with tempfile.TemporaryDirectory() as tmp, HttpReceiver() as rx:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "CPTRACE_"))}

@@ -139,7 +139,7 @@ def main() -> int:
           f"ratio {ours_below / empty_ns:.2f}x (bar <= 1.2x)")
 
     # -- sampled out ----------------------------------------------------------------------------------------------
-    from cptrace_otel.traced.sampling import keep_node
+    from cptrace_otel.model.sampling import keep_node
 
     ct.configure(level=1, run_id="bench-hot", sample=0.1, file=os.path.join(tmp, "sampled-{pid}.otlp.jsonl"))
     out_node = next(n for n in range(1000) if not keep_node("bench-hot", n, 0.1))

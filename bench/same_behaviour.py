@@ -92,7 +92,7 @@ DEMOS = [
 RUN_ID = "same-behaviour"
 LIVE_CHUNK = 400
 SHORT_SPAN_TIMEOUT_S = "0.000005"   # 5 us: the generated logs' records are 1 us apart, so spans close by timeout
-# Level of each tag (domain spec 3.2/3.3), for the live stream's level argument; kept here, not imported, so the
+# Level of each tag (docs/domain.md §3.2/§3.3), for the live stream's level argument; kept here, not imported, so the
 # stream does not depend on the tree under test.
 LEVEL_OF_TAG = {"config": 1, "reset": 1, "rid_map": 1, "insert": 1, "split": 1, "prepare": 1, "backup": 1,
                 "evict": 1, "reload": 1, "ack": 2, "free": 2, "compose": 2, "store": 2, "fwd_hash": 3}

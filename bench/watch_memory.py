@@ -31,7 +31,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "tests"))   # jaeger_config: the private-Jaeger config the tests use too
 
 
 def _port() -> int:
@@ -44,7 +43,7 @@ def start_jaeger(tmp: Path, max_traces: int) -> tuple[subprocess.Popen, str, str
     """A Jaeger of this bench's own: (process, query URL, OTLP HTTP URL)."""
     import yaml
 
-    from jaeger_config import PORTS, private_config
+    from tests.helpers.jaeger_config import PORTS, private_config
 
     binary = os.environ.get("JAEGER_BIN") or str(ROOT / "deploy" / "jaeger" / "bin" / "jaeger")
     p = {k: _port() for k in PORTS}
@@ -90,7 +89,7 @@ def stream(otlp: str, run_id: str, n_events: int, rate: float, ranks: int = 2) -
     from cptrace_otel.model.spans import SpanBuilder
 
     cfg = _config.from_env()
-    sinks = open_sinks(cfg, endpoint=otlp, spool_dir="")
+    (sink,) = open_sinks(cfg, endpoint=otlp, spool_dir="")
     builders = {r: SpanBuilder(run_id, f"bench:{r}", 1.0) for r in range(ranks)}
     seq = {r: 0 for r in range(ranks)}
     t0 = time.monotonic()
@@ -109,17 +108,17 @@ def stream(otlp: str, run_id: str, n_events: int, rate: float, ranks: int = 2) -
                 b.expire(time.time_ns())
                 spans = b.take()
                 if spans:
-                    sinks.otlp.export([({sc.SERVICE_NAME: sc.DEFAULT_SERVICE_NAME, sc.RUN_ID: run_id,
+                    sink.export([({sc.SERVICE_NAME: sc.DEFAULT_SERVICE_NAME, sc.RUN_ID: run_id,
                                          sc.CP_RANK: r}, spans)])
             ahead = sent / rate - (time.monotonic() - t0)
             if ahead > 0:
                 time.sleep(ahead)
     for r, b in builders.items():
         b.close_all()
-        sinks.otlp.export([({sc.SERVICE_NAME: sc.DEFAULT_SERVICE_NAME, sc.RUN_ID: run_id, sc.CP_RANK: r},
+        sink.export([({sc.SERVICE_NAME: sc.DEFAULT_SERVICE_NAME, sc.RUN_ID: run_id, sc.CP_RANK: r},
                             b.take())])
-    sinks.otlp.flush(120)
-    sinks.otlp.close(1)
+    sink.flush(120)
+    sink.close(1)
     return sent
 
 

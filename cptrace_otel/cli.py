@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 from ._version import __version__
-from .model.exits import EXIT_UNREACHABLE, EXIT_USAGE
+from .model.exits import EXIT_UNREACHABLE, EXIT_USAGE, CptraceError
 
 
 # The commands, in the order ``--help`` lists them: name -> module under ``cptrace_otel.commands``. Each module
@@ -56,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(_command(args.command).run(args))
     except KeyboardInterrupt:
         return 130
+    except CptraceError as e:   # an expected error no command turned into its own message: its text, its code
+        print(f"cptrace-otel {args.command}: {e}", file=sys.stderr)
+        return e.exit_code
     except Exception as e:   # a bug or an input nobody foresaw: exit 3, never 1 (that is "findings")
         return _crashed(args.command, e)
 

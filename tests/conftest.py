@@ -1,8 +1,10 @@
-"""Shared fixtures: every test starts with no cptrace/OTel variables from the developer's shell."""
+"""Shared fixtures: every test starts with no cptrace/OTel variables from the developer's shell; ``fresh_pipeline``
+for the tests that trace."""
 
 from __future__ import annotations
 
 import os
+from typing import Iterator
 
 import pytest
 
@@ -14,3 +16,15 @@ def _clean_environ(monkeypatch: pytest.MonkeyPatch) -> None:
     for k in list(os.environ):
         if k.startswith(_PREFIXES):
             monkeypatch.delenv(k, raising=False)
+
+
+@pytest.fixture
+def fresh_pipeline() -> Iterator[None]:
+    """No pipeline running when the test starts, none left behind after it, and the settings read again from the
+    (cleaned) environment. Modules that trace use it for every test: ``pytestmark = usefixtures("fresh_pipeline")``."""
+    from cptrace_otel.traced import api
+
+    api.shutdown(10)
+    yield
+    api.shutdown(10)
+    api.reload_config()

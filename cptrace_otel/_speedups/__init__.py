@@ -12,8 +12,8 @@ loader (Python)        C module (built by setup)   mirrors (the same results, he
 numbering) are compiled into both ``_logreader`` and ``_intake``.
 
 Each loader's ``load()`` imports its C module, hands it what it must not declare itself (the Python types it
-builds, the attribute keys and key layout of :mod:`cptrace_otel.model.attrs` / :mod:`cptrace_otel.model.semconv`, the epoch
-tags of :mod:`cptrace_otel.checks.epochs`) and returns it, or None when it was not built: every caller then takes
+builds, the attribute keys and key layout of :mod:`cptrace_otel.model.attrs` / :mod:`cptrace_otel.model.semconv`, the
+epoch tags of :mod:`cptrace_otel.checks.epochs`) and returns it, or None when it was not built: every caller then takes
 its pure-Python path, with identical results. ``CPTRACE_REQUIRE_SPEEDUPS=1`` (``.ci/run``) makes the tests fail
 instead of skipping when a module is missing.
 """

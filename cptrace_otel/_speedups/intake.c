@@ -66,8 +66,8 @@ static int live_value(PyObject *v, Py_ssize_t max_chars, PyObject *value_fn, PyO
 }
 
 /* intake(items, seq, default_rank, epochs, max_chars, value_fn, slow) -> list of Events: the exporter worker's
- * ``_add_items_fast`` loop over compact items ``(ts, level, tag, fields)``. Field values are converted in place
- * (live_value), rank is ``fields["rank"]`` when an int >= 0 else default_rank, epochs[rank] is the rank's
+ * ``_add_items_fast`` loop over compact items ``(ts, level, tag, fields)``. Field values are converted
+ * (live_value) into a copy of fields, made at the first value that changes (the item is never changed), rank is ``fields["rank"]`` when an int >= 0 else default_rank, epochs[rank] is the rank's
  * EpochTracker (created when missing), and the Event is ``Event(tag, rank, seq, ts, epoch, fields, level, src,
  * 0)`` with seq counting up from seq. An item of another shape (not a 4-tuple, a non-str tag, a non-int level, a
  * non-dict fields), with a value live_value leaves to Python, or whose conversion raised, goes to slow(item, seq),
@@ -99,7 +99,9 @@ static PyObject *py_intake(PyObject *self, PyObject *args)
             goto append;
         }
         ts = PyTuple_GET_ITEM(item, 0);
-        /* values in place: same keys, same order (replacing a value does not reorder a dict) */
+        /* the Event's fields: f itself while no value changes, else a copy (same keys, same order: replacing a
+         * value of an existing key does not reorder a dict) with the converted values */
+        PyObject *g = NULL;
         Py_ssize_t pos = 0;
         PyObject *k, *v;
         while (PyDict_Next(f, &pos, &k, &v)) {
@@ -108,19 +110,27 @@ static PyObject *py_intake(PyObject *self, PyObject *args)
             PyObject *nv = NULL;
             int st = live_value(v, max_chars, value_fn, &nv);
             if (st == OK) {
-                st = nv == v ? 0 : PyDict_SetItem(f, k, nv);   /* an existing key: no resize, Next stays valid */
+                if (nv == v)
+                    st = 0;
+                else if (g == NULL && (g = PyDict_Copy(f)) == NULL)
+                    st = -1;
+                else
+                    st = PyDict_SetItem(g, k, nv);
                 Py_DECREF(nv);
             }
             if (st != 0) {
-                /* slow() converts the item again (converting twice gives the same values) and reports it */
+                /* slow() converts the item (left as it came) and reports it */
                 PyErr_Clear();
+                Py_XDECREF(g);
                 ev = PyObject_CallFunctionObjArgs(slow, item, seq, NULL);
                 goto append;
             }
         }
+        if (g != NULL)
+            f = g;   /* owned: released once the Event holds it */
         PyObject *r = PyDict_GetItemWithError(f, key_rank), *rank = drank;
         if (r == NULL && PyErr_Occurred())
-            goto fail_seq;
+            goto fail_g;
         if (r != NULL && PyLong_CheckExact(r)) {
             int overflow;
             long long x = PyLong_AsLongLongAndOverflow(r, &overflow);
@@ -130,18 +140,19 @@ static PyObject *py_intake(PyObject *self, PyObject *args)
         PyObject *t = PyDict_GetItemWithError(epochs, rank);
         if (t == NULL) {
             if (PyErr_Occurred() || (t = event_new_tracker()) == NULL)
-                goto fail_seq;
+                goto fail_g;
             int st = PyDict_SetItem(epochs, rank, t);
             Py_DECREF(t);   /* epochs holds it */
             if (st < 0)
-                goto fail_seq;
+                goto fail_g;
         }
         PyObject *ep = event_epoch(t, tag, f);
         if (ep == NULL)
-            goto fail_seq;
+            goto fail_g;
         PyObject *argv[EVENT_NFIELDS] = {tag, rank, seq, ts, ep, f, level, src_obj, zero};
         ev = event_new(argv);
         Py_DECREF(ep);
+        Py_XDECREF(g);
     append:
         Py_DECREF(seq);
         if (ev == NULL)
@@ -152,7 +163,8 @@ static PyObject *py_intake(PyObject *self, PyObject *args)
         }
         Py_DECREF(ev);
         continue;
-    fail_seq:
+    fail_g:
+        Py_XDECREF(g);
         Py_DECREF(seq);
         goto fail;
     }

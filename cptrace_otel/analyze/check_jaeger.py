@@ -24,7 +24,8 @@ from .check_output import print_report
 
 def run_jaeger(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:
     from .engine import analyze_traces
-    from .sources.jaeger import JaegerClient, JaegerError, JaegerUnreachable, mask_url
+    from ..model.config import mask_url
+    from .sources.jaeger import JaegerClient, JaegerError, JaegerUnreachable
     from .sources.jaegerquery import DEFAULT_LIMIT, PageTooSmall, Search, open_query
     from .sources.logs import LogStats
     from .sources.tracedocs import TraceDocs

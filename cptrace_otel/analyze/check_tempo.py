@@ -18,7 +18,8 @@ from .check_output import print_report
 
 def run_tempo(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:
     from .engine import Analysis
-    from .sources.jaeger import JaegerError, JaegerUnreachable, mask_url
+    from ..model.config import mask_url
+    from .sources.jaeger import JaegerError, JaegerUnreachable
     from .sources.jaegerquery import open_query
     from .sources.logs import LogStats
     from .sources.tempo import DEFAULT_LIMIT, TempoClient, run_query, run_trace_ids

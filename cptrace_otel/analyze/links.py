@@ -2,7 +2,7 @@
 
 Everything that prints a node (reports, demo output) calls these when a Jaeger base URL is known::
 
-    from cptrace_otel import links
+    from cptrace_otel.analyze import links
     links.trace_url("http://127.0.0.1:16686", trace_id_hex)
         -> "http://127.0.0.1:16686/trace/<32 hex>"
     links.search_url("http://127.0.0.1:16686", "sglang-hicache", {"hicache.node_id": 17})
@@ -129,7 +129,8 @@ def rid_search_url(base: str, rid: str, run_id: str | None = None, service: str 
 
 
 def node_trace_url(base: str, run_id: str, epoch: int, node_id: int) -> str:
-    """The trace page of one node lineage, from the deterministic trace id (:func:`cptrace_otel.model.spans.node_trace_id`)."""
+    """The trace page of one node lineage, from the deterministic trace id
+    (:func:`cptrace_otel.model.spans.node_trace_id`)."""
     from ..model.spans import node_trace_id
 
     return trace_url(base, node_trace_id(run_id, epoch, node_id))

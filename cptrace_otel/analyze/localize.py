@@ -1,4 +1,4 @@
-"""fwd_hash localization (domain spec 4, level 3): an advisory report, never a finding.
+"""fwd_hash localization (docs/domain.md §4, level 3): an advisory report, never a finding.
 
 Contract
 --------
@@ -122,7 +122,7 @@ class Localizer:
         if type(h) is not int or h < 0:
             return None   # hash failed or not a tensor: nothing to compare
         if cur.building:
-            cur.base.hashes.setdefault(ls, (h, f.get("rows")))
+            cur.base.hashes.setdefault(ls, (h, f.get("rows")))  # type: ignore[union-attr]
         elif cur.base is not None:
             self._compare(cur, ls, h, f.get("rows"))
         return None
@@ -147,7 +147,7 @@ class Localizer:
         """One record of a forward against the prompt's baseline; the first difference is kept, the rest ignored."""
         if cur.diff is not None:
             return
-        ref = cur.base.hashes.get(ls)
+        ref = cur.base.hashes.get(ls)  # type: ignore[union-attr]
         if ref is None:
             return   # the baseline has no such (layer, stage): nothing to compare
         cur.compared += 1

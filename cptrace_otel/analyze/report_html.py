@@ -165,7 +165,8 @@ class _Page:
         total = sum(mod.codes.values())
         count = f"{len(mod.findings)} of {total}" if total > len(mod.findings) else f"{total}"
         w(f'<h2>Findings <span class="sub">({count}; click one to select its evidence)</span></h2>\n'
-          '<div class="ftable"><table class="findings"><tr><th>#</th><th>code</th><th>severity</th><th>rank</th><th>epoch</th>'
+          '<div class="ftable"><table class="findings"><tr><th>#</th><th>code</th><th>severity</th><th>rank</th>'
+          '<th>epoch</th>'
           '<th>node</th><th>op</th><th>message</th><th>evidence seq</th><th>trace</th></tr>\n')
         for k, p in enumerate(mod.findings):
             f, i = p.finding, off + k
@@ -240,9 +241,9 @@ class _Page:
         if lane.density:
             peak = max(c for _, c in lane.density)
             bw = PLOT / 240
-            for b, c in lane.density:
+            for k, c in lane.density:
                 op = 0.15 + 0.85 * c / peak
-                out.append(f'<rect class="dens" x="{LABEL + b * bw:.1f}" y="{my}" width="{bw + 0.3:.1f}" '
+                out.append(f'<rect class="dens" x="{LABEL + k * bw:.1f}" y="{my}" width="{bw + 0.3:.1f}" '
                            f'height="{MARK_H}" fill-opacity="{op:.2f}" data-tip="{c} records"/>')
         by = my + MARK_H + 4
         for b, row in packed:

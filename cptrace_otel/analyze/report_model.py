@@ -4,7 +4,7 @@ A report is made of :class:`Panel` s, one per epoch (a run) or per epoch of one 
 :class:`Lane` per CP rank on a shared time axis. A lane holds
 
 * marks: the records drawn one by one (:class:`Records` keeps them, with their fields, for the hover text);
-* bars: the stage instances of the domain reference (section 2): ``d2h`` from a ``prepare`` to the last
+* bars: the stage instances of docs/domain.md §2: ``d2h`` from a ``prepare`` to the last
   ``ack dir=d2h`` of its op (its ``backup`` records inside), ``h2d`` from a ``reload`` to the last ``ack dir=h2d`` of
   its op; and in node panels the node's holds: ``dev`` (device slots: from ``insert``, a ``reload`` whose chain
   names it or the ``split`` that created it, to its ``evict tier=dev``) and ``host`` (host slots: from ``prepare`` or
@@ -219,12 +219,12 @@ def stage_bars(events: Iterable[Event]) -> list[Bar]:
         tag, f = ev.tag, ev.fields
         if tag == "prepare" or tag == "backup":
             n, op = f.get("node_id"), f.get("op")
-            b = d2h.get(n)
+            b = d2h.get(n)  # type: ignore[arg-type]
             if b is None or tag == "prepare":
-                b = d2h[n] = Bar("d2h", rec_ts(ev), None, op if type(op) is int else None)
-                d2h_ops[n] = set()
+                b = d2h[n] = Bar("d2h", rec_ts(ev), None, op if type(op) is int else None)  # type: ignore[index]
+                d2h_ops[n] = set()  # type: ignore[index]
                 out.append(b)
-            d2h_ops[n].add(op)
+            d2h_ops[n].add(op)  # type: ignore[index]
             b.nodes |= nodes_of(ev)
             b.seqs.append(ev.seq)
         elif tag == "reload":
@@ -234,10 +234,10 @@ def stage_bars(events: Iterable[Event]) -> list[Bar]:
         elif tag == "ack":
             op, n = f.get("op"), f.get("node_id")
             if f.get("dir") == "d2h":
-                b = d2h.get(n)
-                if b is None or op not in d2h_ops[n]:
+                b = d2h.get(n)  # type: ignore[arg-type]
+                if b is None or op not in d2h_ops[n]:  # type: ignore[index]
                     continue
-                del d2h[n]
+                del d2h[n]  # type: ignore[arg-type]
             elif f.get("dir") == "h2d":
                 b = h2d.get(op)
                 if b is None:
@@ -442,7 +442,7 @@ class Builder:
                 + holds(per_rank[r], node) for r in ranks}
         ts = [rec_ts(ev) for lst in per_rank.values() for ev in lst]
         ts += [t for lst in bars.values() for b in lst for t in (b.start, b.end) if t is not None]
-        ts += [placed[i].ts for i in fidx if placed[i].ts is not None]
+        ts += [placed[i].ts for i in fidx if placed[i].ts is not None]  # type: ignore[misc]
         t0, t1 = (min(ts), max(ts)) if ts else ix.span(epoch)
         total = sum(map(len, per_rank.values()))
         lanes = []

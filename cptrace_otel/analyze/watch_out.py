@@ -26,7 +26,7 @@ import urllib.request
 from typing import Any, Callable
 
 from ..model import semconv as sc
-from ..model.spans import Span, _id, node_trace_id, rank_trace_id, stamp_findings
+from ..model.spans import Span, hashed_id, node_trace_id, rank_trace_id, stamp_findings
 from .watch_state import WATCH_SERVICE, RunWatch
 
 SPAN_FINDING = "cptrace.finding"
@@ -53,7 +53,7 @@ def already_stamped(state: RunWatch, f: Any) -> bool:
 def finding_span(state: RunWatch, f: Any, now_ns: int) -> Span:
     """The write-back span of one finding (see the module doc)."""
     tid = finding_trace(state.run_id, f)
-    sid = _id(f"watch|{state.run_id}|{f.code}|{f.rule}|{f.rank}|{f.epoch}|{f.node_id}|{f.evidence}", 8)
+    sid = hashed_id(f"watch|{state.run_id}|{f.code}|{f.rule}|{f.rank}|{f.epoch}|{f.node_id}|{f.evidence}", 8)
     refs = [(s, state.span_of(f.rank, s)) for s in f.evidence]
     last = next((r for _, r in reversed(refs) if r is not None), None)
     start = last.start_us * 1000 if last is not None and last.start_us else now_ns
@@ -91,17 +91,18 @@ class WriteBack:
         """Send the spans of ``findings`` not already stamped in their traces; how many were sent."""
         now = time.time_ns()
         spans = [finding_span(state, f, now) for f in findings if not already_stamped(state, f)]
-        if spans and self.sinks.otlp is not None:
+        if spans and self.sinks:
             res = {sc.SERVICE_NAME: WATCH_SERVICE, sc.RUN_ID: state.run_id}
-            self.sinks.otlp.export([(res, spans)])
+            for s in self.sinks:
+                s.export([(res, spans)])
             self.written += len(spans)
         return len(spans)
 
     def flush(self, timeout_s: float = 30.0) -> bool:
-        return self.sinks.otlp.flush(timeout_s) if self.sinks.otlp is not None else True
+        return all([s.flush(timeout_s) for s in self.sinks])
 
     def close(self, timeout_s: float = 30.0) -> bool:
-        return self.sinks.otlp.close(timeout_s) if self.sinks.otlp is not None else True
+        return all([s.close(timeout_s) for s in self.sinks])
 
 
 def _iso(t: float) -> str:

@@ -83,7 +83,7 @@ class RunWatch:
 
     def add_trace(self, trace: dict[str, Any]) -> None:
         """One Jaeger-model trace (see the module doc)."""
-        from .sources.otlpfile import _collect
+        from .sources.otlpfile import collect
         from .sources.tracedocs import v2_trace_to_otlp
 
         procs = trace.get("processes") or {}
@@ -99,7 +99,7 @@ class RunWatch:
         if not spans:
             return
         per_rank: dict[int, list] = {}
-        _collect(v2_trace_to_otlp(dict(trace, spans=spans)), "jaeger", self._info, per_rank)
+        collect(v2_trace_to_otlp(dict(trace, spans=spans)), "jaeger", self._info, per_rank)
         for r, lst in per_rank.items():
             st = self._rank(r)
             lvl = self._info.levels.get(r)

@@ -1,5 +1,5 @@
-"""The invariant rules, streaming: per rank H1-H4, ZERO and HASH (domain spec sections 3.4 and 4; this module's
-:class:`RankChecker`), across ranks C1-C5 (section 5; :class:`.crossrank.CrossRank`, imported from its module so
+"""The invariant rules, streaming: per rank H1-H4, ZERO and HASH (docs/domain.md §3.4 and §4; this module's
+:class:`RankChecker`), across ranks C1-C5 (§5; :class:`.crossrank.CrossRank`, imported from its module so
 that the exporter, which runs only the per-rank rules, does not load it). Every rule id, with its code, level and
 the tags it reads, is an entry of :mod:`.registry`; each has one method in a ``rules_*`` module (``impl``).
 

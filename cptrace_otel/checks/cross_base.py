@@ -1,6 +1,6 @@
 """What the cross-rank rule classes (``rules_c1``, ``rules_c2``, ``rules_joins``) share with
 :class:`~.crossrank.CrossRank`, which mixes them in: its state, and the two questions every rule after C1 asks of C1
-(the pitfall of domain 5: node ids line up across ranks only up to an epoch's first C1 divergence).
+(the pitfall of docs/domain.md §5: node ids line up across ranks only up to an epoch's first C1 divergence).
 """
 
 from __future__ import annotations
@@ -11,9 +11,6 @@ from typing import Any, Callable
 from .fence import StoreFence
 from .findings import ERROR, Finding
 
-
-def _int(v: Any) -> int | None:
-    return v if type(v) is int else None
 
 
 class EpochC1:

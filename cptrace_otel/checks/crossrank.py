@@ -1,4 +1,4 @@
-"""Cross-rank rules C1-C5 (domain section 5) over all ranks' events, fed in any interleaving that keeps each rank's
+"""Cross-rank rules C1-C5 (docs/domain.md §5) over all ranks' events, fed in any interleaving that keeps each rank's
 seq order (the sources merge ranks by ``ts``; a lag of a few hundred records between ranks is fine).
 
 :class:`CrossRank` keeps the group's bookkeeping (ranks, mode, readiness, per-node counters) and dispatches each
@@ -6,7 +6,8 @@ record by tag to the rule classes mixed in here, one method per rule id: C1 lock
 rounds (:mod:`.rules_c2`), C3 backup participation, C4 count relations and C5 content relations (:mod:`.rules_joins`),
 C5-fence, the shared-mode store fence (:mod:`.fence`). The index of rules, codes and levels is :mod:`.registry`.
 
-Pitfall of domain 5: node ids line up across ranks only while C1 holds, so after the first divergence of an epoch
+Pitfall of docs/domain.md §5: node ids line up across ranks only while C1 holds, so after the first divergence of an
+epoch
 C2 stops and C3-C5 judge only records at or before the divergence index (the diverging prepare itself still yields
 its C3 on a rank that never logs it, as fault ``C1_div`` expects; a rank that logs it after the index is not
 judged). C1 may confirm a divergence a few tuples late (a tie-break), so a join whose records lie past what C1 has
@@ -25,8 +26,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Iterable
 
-from ..model.events import Event
-from .cross_base import EpochC1, _int
+from ..model.events import Event, int_field
+from .cross_base import EpochC1
 from .fence import StoreFence
 from .findings import UNDECIDABLE, Finding, Unchecked
 from .registry import BY_ID, FENCE_TAGS, STRUCTURAL
@@ -123,20 +124,20 @@ class CrossRank(C1Lockstep, C2AckRounds, JoinRules):
 
     def _kept_everywhere(self, ev: Event) -> bool:
         """Sampled runs (``self.sampled``: rank -> (run id, fraction), from the resources): whether the node of
-        ``ev`` was kept by every sampled rank (cptrace_otel.traced.sampling; a split child by its lineage origin). The
+        ``ev`` was kept by every sampled rank (cptrace_otel.model.sampling; a split child by its lineage origin). The
         cross-rank rules compare only such nodes, so a node sampled out somewhere is never "missing on rank r"."""
         f = ev.fields
-        nid = _int(f.get("node_id"))
+        nid = int_field(f.get("node_id"))
         if nid is None or nid < 0:
             return True   # no node: always kept
         origin = self._split_origin.get(nid, nid)
         if ev.tag == "split":
-            new = _int(f.get("new_id"))
+            new = int_field(f.get("new_id"))
             if new is not None:
                 self._split_origin[new] = origin
         key = self._kept.get(origin)
         if key is None:
-            from ..traced.sampling import keep_node
+            from ..model.sampling import keep_node
 
             key = self._kept[origin] = all(keep_node(rid, origin, frac) for rid, frac in self.sampled.values())
         return key
@@ -146,14 +147,14 @@ class CrossRank(C1Lockstep, C2AckRounds, JoinRules):
         m = f.get("mode")
         if isinstance(m, str) and self.mode is None:
             self.mode = m
-        io = _int(f.get("io_rank"))
+        io = int_field(f.get("io_rank"))
         if io is not None:
             self.io_rank = io
-        cs = _int(f.get("cp_size"))
+        cs = int_field(f.get("cp_size"))
         if cs is not None and cs > self.cp_size:
             self.cp_size = cs
             self._fence.group = cs
-        lv = _int(f.get("level"))
+        lv = int_field(f.get("level"))
         if lv is not None and lv > self.seen_level:
             self.seen_level = lv
 
@@ -168,14 +169,14 @@ class CrossRank(C1Lockstep, C2AckRounds, JoinRules):
         if f.get("tier") == "host" or f.get("kind") in ("regular", "drop"):
             # the node's lifecycle ended: forget its per-node counters a little later (an in-flight
             # load may still be acked), so memory follows live nodes
-            self._forget.append((ev.rank, ev.epoch, _int(f.get("node_id"))))
+            self._forget.append((ev.rank, ev.epoch, int_field(f.get("node_id"))))
             if len(self._forget) > self.FORGET_LAG:
                 self._forget_one()
 
     def _on_split(self, ev: Event) -> None:
         self._c1_add(ev)
         f = ev.fields
-        for nid in (_int(f.get("node_id")), _int(f.get("new_id"))):
+        for nid in (int_field(f.get("node_id")), int_field(f.get("new_id"))):
             if nid is not None:
                 self._split_since.add((ev.rank, ev.epoch, nid))
 

@@ -1,4 +1,4 @@
-"""Epoch boundaries of one rank's stream (domain 3.1): a ``reset`` record ends an epoch, and so does a node id
+"""Epoch boundaries of one rank's stream (docs/domain.md §3.1): a ``reset`` record ends an epoch, and so does a node id
 going backwards (a restarted process or a reset that was not logged). Node ids are unique only per (rank, epoch).
 
 The same tracker runs in the sources (which stamp ``Event.epoch``) and in :class:`~.rank.RankChecker` (for
@@ -47,6 +47,20 @@ class EpochTracker:
         if tag == "reset":
             self.pending = True  # the reset record itself belongs to the epoch it closes
         return self.epoch
+
+    def state(self) -> tuple[int, bool, int]:
+        """``(epoch, pending, largest id created this epoch)``: all a tracker carries, for :meth:`from_state` (a
+        replacement exporter worker goes on from its predecessor's trackers)."""
+        return (self.epoch, self.pending, self._max_new)
+
+    @classmethod
+    def from_state(cls, state: tuple[int, bool, int]) -> EpochTracker:
+        """A tracker that goes on from ``state`` (:meth:`state`)."""
+        epoch, pending, max_new = state
+        t = cls(int(epoch))
+        t.pending = bool(pending)
+        t._max_new = int(max_new)
+        return t
 
     def _new_epoch(self) -> None:
         self.epoch += 1

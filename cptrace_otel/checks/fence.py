@@ -1,4 +1,5 @@
-"""C5 store fence (domain 5, R5), mode ``shared``: the IO rank copies every rank's pages to the shared host, so its
+"""C5 store fence (docs/domain.md §5, R5), mode ``shared``: the IO rank copies every rank's pages to the shared host,
+so its
 ``backup`` must come after every rank's KV ``store`` to those pages ("sync, translate, copy, sync").
 
 Rule: once the IO rank logs ``backup(op, node=n, dev=D)`` at time ``t_b``, a ``store`` on rank r whose ``dev`` ⊓ D
@@ -23,7 +24,7 @@ Which pages belong to which node is known across ranks only while the trees are 
 diverged reuses, for other nodes, pages the IO rank still holds. So :meth:`StoreFence.feed` takes each record's
 structural index (its rank's structural records of the epoch so far) and every finding keeps the larger index of its
 backup and its store; :meth:`StoreFence.take` hands out only those at or before the epoch's first C1 divergence (the
-pitfall of domain 5: C3-C5 stop after it; the divergence itself is reported as C1).
+pitfall of docs/domain.md §5: C3-C5 stop after it; the divergence itself is reported as C1).
 
 Cost: windows are indexed by slot bucket and leave the index once every rank of the group has given the pages up, so
 a store costs a few dict lookups and a test per window that still holds its pages, however long the run (the number
@@ -151,7 +152,7 @@ class StoreFence:
             nid = f.get("node_id")
             d = slots_of(f.get("dev"), f.get("devx"))
             self.gives[r].append((ts, _EVICT, ev.epoch, nid, d))
-            w = self.by_node.get((ev.epoch, nid)) if type(nid) is int else None
+            w = self.by_node.get((ev.epoch, nid)) if type(nid) is int else None  # type: ignore[assignment]
             if w is not None and w.live:
                 self._end(w, r, ts)
             if d is not None:

@@ -16,7 +16,7 @@ _SEVERITY_RANK = {ERROR: 0, WARN: 1}
 class Finding:
     """One violation. ``evidence`` are the seqs (in ``rank``'s stream) of the records that prove it, the last one
     being the record at which it completed (the exporter stamps the finding on the span holding that record).
-    ``certainty`` is "exact" or "interval"; an interval-only finding is a WARN, never an ERROR (domain 3.1)."""
+    ``certainty`` is "exact" or "interval"; an interval-only finding is a WARN, never an ERROR (docs/domain.md §3.1)."""
 
     code: str
     rule: str

@@ -5,10 +5,10 @@ The emitter logs index tensors as ``(cnt=N,min=a,max=b,first=c,last=d)`` and, wh
 equals ``max-min+1`` is a dense block: its set is known exactly (slot indices in one allocation are distinct), so
 it takes part in exact overlap tests like an explicit run list.
 
-:func:`overlap` answers with a certainty (domain 3.1): ``"exact"`` when the sets surely intersect (both known, or
-what the summaries prove: a shared member, or more slots in the hulls' intersection than it holds), ``None`` when
-they surely do not, ``"interval"`` when the summaries cannot decide. Rules never report an ``"interval"`` overlap
-as a finding: they count it as undecidable (``Unchecked`` of kind ``"undecidable"``).
+:func:`overlap` answers with a certainty (docs/domain.md §3.1): ``"exact"`` when the sets surely intersect (both
+known, or what the summaries prove: a shared member, or more slots in the hulls' intersection than it holds),
+``None`` when they surely do not, ``"interval"`` when the summaries cannot decide. Rules never report an
+``"interval"`` overlap as a finding: they count it as undecidable (``Unchecked`` of kind ``"undecidable"``).
 """
 
 from __future__ import annotations

@@ -16,9 +16,6 @@ from .ranges import EXACT
 from .state import EpochState
 
 
-def _int(v: Any) -> int | None:
-    return v if type(v) is int else None
-
 
 class RankRuleBase:
     rank: int
@@ -26,7 +23,6 @@ class RankRuleBase:
     mode: str
     st: EpochState
     _skips: dict[Any, Unchecked]
-    level: int   # (a property of RankChecker: explicit, else `config level=`, else inferred)
 
     def _finding(self, code: str, rule: str, node_id: Any, op: Any, cert: str, refs: list, msg: str,
                  ev: Event | None = None, severity: str = ERROR) -> Finding:

@@ -1,4 +1,4 @@
-"""Per-rank streaming rules: H1-H4, ZERO and HASH over one rank's events in seq order (domain sections 3.4, 4).
+"""Per-rank streaming rules: H1-H4, ZERO and HASH over one rank's events in seq order (docs/domain.md §3.4, §4).
 
 :class:`RankChecker` keeps the lineage state of :mod:`.state` for the current epoch and returns each finding at the
 record that completes its evidence (H1b at the d2h ack, H2c at the h2d ack, H4 at the d2h ack, H3 at the stale
@@ -16,10 +16,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..model.events import LEVEL_OF_TAG, Event
+from ..model.events import Event, LEVEL_OF_TAG, int_field
 from .epochs import EPOCH_TAGS, EpochTracker
 from .findings import Finding, Unchecked
-from .rank_base import _int
 from .ranges import Slots, is_none_range, overlap, slice_slots, slots_of
 from .registry import LEVEL_RECORDS, RANK, unchecked_at
 from .rules_content import HashCompare, ZeroFlag
@@ -80,7 +79,8 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
     # -- level --------------------------------------------------------------------------------------------------
     @property
     def level(self) -> int:
-        """Explicit level, else ``config level=``, else the highest level whose records occurred (domain 3.4)."""
+        """Explicit level, else ``config level=``, else the highest level whose records occurred (docs/domain.md
+        §3.4)."""
         if self.forced_level is not None:
             return self.forced_level
         if self.config_level is not None:
@@ -148,12 +148,12 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
 
     # -- handlers: one per tag, in the order the rules must see the record -----------------------------------------
     def _config(self, ev: Event, f: dict, nid: Any, ref: tuple) -> None:
-        lv = _int(f.get("level"))
+        lv = int_field(f.get("level"))
         if lv is not None:
             self.config_level = lv
         if isinstance(f.get("mode"), str):
             self.mode = f["mode"]
-        io = _int(f.get("io_rank"))
+        io = int_field(f.get("io_rank"))
         if io is not None:
             self.io_rank = io
 
@@ -165,7 +165,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
             node.dev = d if d is not None else UNKNOWN
             node.bump(ref, "insert kind=revive")
         else:
-            length = _int(f.get("len")) or (d.cnt if d is not None else 0)
+            length = int_field(f.get("len")) or (d.cnt if d is not None else 0)
             node = Node(nid, length, d if d is not None else UNKNOWN, None, ref)
             st.nodes[nid] = node
             st.dead.pop(nid, None)
@@ -175,7 +175,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         return None
 
     def _split(self, ev: Event, f: dict, c: int, ref: tuple) -> list[Finding] | None:
-        p, L, s = _int(f.get("new_id")), _int(f.get("pre_len")), _int(f.get("split_len"))
+        p, L, s = int_field(f.get("new_id")), int_field(f.get("pre_len")), int_field(f.get("split_len"))
         if p is None or L is None or s is None:
             return None
         st = self.st
@@ -227,7 +227,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
                 self._h4_breach(h, "host", nid, ref, f"prepare of node {nid} took host slots of the copy", "b")
             if st.loads:
                 self._h2c_breach(h, nid, ref, f"prepare of node {nid} took host slots being loaded")
-        length = _int(f.get("len")) or (d.cnt if d is not None else 0)
+        length = int_field(f.get("len")) or (d.cnt if d is not None else 0)
         node = st.nodes.get(nid)
         if node is None:
             node = Node(nid, length, d if d is not None else UNKNOWN, None, ref)
@@ -235,14 +235,14 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
             self.nodes_total += 1
         node.host = h if h is not None else UNKNOWN
         node.host_freed = None
-        w = PendingWrite(_int(f.get("op")), nid, length, d, h, ref)
+        w = PendingWrite(int_field(f.get("op")), nid, length, d, h, ref)
         node.bk_state = ("pending", w)
         st.open_write(w)
         return None
 
     def _backup(self, ev: Event, f: dict, nid: int, ref: tuple) -> list[Finding] | None:
         st = self.st
-        op = _int(f.get("op"))
+        op = int_field(f.get("op"))
         w = st.find_write(nid, op, True)
         d = slots_of(f.get("dev"), f.get("devx"))
         if w is not None:
@@ -272,7 +272,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
 
     def _ack_d2h(self, ev: Event, f: dict, nid: int, ref: tuple) -> list[Finding] | None:
         st = self.st
-        op = _int(f.get("op"))
+        op = int_field(f.get("op"))
         w = st.find_write(nid, op)
         if w is None:
             return None   # a duplicate record of an ack already closed, or a copy issued before the trace began
@@ -300,7 +300,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
 
     def _ack_h2d(self, ev: Event, f: dict, nid: int, ref: tuple) -> list[Finding] | None:
         st = self.st
-        op = _int(f.get("op"))
+        op = int_field(f.get("op"))
         ld = None
         lst = st.loads_by_node.get(nid)
         if lst:   # an open load of this node: this is its first ack record (it ends the H2c window)
@@ -376,7 +376,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         s = slots_of(f.get("idx"), f.get("idx_x"))
         if s is None:
             return None
-        if type(nid) is not int:   # _int(), inlined (hot path)
+        if type(nid) is not int:   # int_field(), inlined (hot path)
             nid = None
         pool = f.get("pool")
         if pool == "dev":
@@ -406,7 +406,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
             chain = [x for x in chain if type(x) is int] if isinstance(chain, list) and chain else [nid]
         H = slots_of(f.get("host"), f.get("hostx"))
         D = slots_of(f.get("dev"), f.get("devx"))
-        op = _int(f.get("op"))
+        op = int_field(f.get("op"))
         out: list[Finding] = []
         fnd = self._h2a(ev, ref, nid, chain, H, op)
         if fnd is not None:
@@ -473,3 +473,12 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         if hit != 1 or self.level < 2:
             return None
         return self._h3(ev, ref, key, nid, chain)
+
+
+def checker_factory(enabled: bool, level: int | None) -> Callable[[int], RankChecker] | None:
+    """The ``checker_factory`` of :class:`~cptrace_otel.model.spans.SpanBuilder` (the online checks of the exporter
+    and ``ingest``): ``rank -> RankChecker(rank, level)`` (``level`` None: the checker infers it from the stream)
+    when the online checks are ``enabled``, else None."""
+    if not enabled:
+        return None
+    return lambda rank: RankChecker(rank, level)

@@ -1,4 +1,4 @@
-"""C1, lockstep tree (domain 5): each rank's projection onto structural tuples (tag in
+"""C1, lockstep tree (docs/domain.md §5): each rank's projection onto structural tuples (tag in
 :data:`~.registry.STRUCTURAL`; node_id; len or pre_len; split_len; evict tier) must be identical on all ranks of
 the group. The first divergence per epoch is reported on the rank that deviates from the majority (in a tie: the
 rank that skipped a record the others have), with the node and op of the expected record; a rank whose stream ends
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from ..model.events import Event
-from .cross_base import CrossRuleBase, EpochC1, _int
+from ..model.events import Event, int_field
+from .cross_base import CrossRuleBase, EpochC1
 from .findings import ERROR, Finding
 
 
@@ -79,7 +79,7 @@ class C1Lockstep(CrossRuleBase):
                 waiting.discard(key)
             elif st.diverged is not None or max(x["idx"] for x in per.values()) <= st.index:
                 waiting.discard(key)
-                self._decide(key, final=False)
+                self._decide(key, final=False)  # type: ignore[call-arg]
 
     def _c1_compare(self, epoch: int, st: EpochC1, final: bool) -> None:
         """C1: pop the tuples all ranks agree on; report the first divergence (at the end of the stream: the ranks
@@ -151,7 +151,8 @@ class C1Lockstep(CrossRuleBase):
                  other: tuple | None = None) -> None:
         """C1 on ``rank`` at record ``where``; node and op of the expected queue item ``ref_item`` (tuple, record)."""
         seq, line, src = where.seq, where.line_no, where.src
-        f = Finding("C1", "C1", rank, epoch, ref_item[0][1], _int(ref_item[1].fields.get("op")), "exact", [seq], msg,
+        op = int_field(ref_item[1].fields.get("op"))
+        f = Finding("C1", "C1", rank, epoch, ref_item[0][1], op, "exact", [seq], msg,
                     ERROR, src, line)
         f.evidence_lines = [line]
         self.findings.append(f)

@@ -1,4 +1,5 @@
-"""C2, ack-count agreement (domain 5, level 2): each round of ``ack`` records holds the same (dir, op count, node set)
+"""C2, ack-count agreement (docs/domain.md §5, level 2): each round of ``ack`` records holds the same (dir, op count,
+node set)
 on all ranks, since writing_check and loading_check take the MIN across the attn_cp and attn_tp groups.
 
 A round is the acks with one ``round=`` value when the emitter logs it, whatever their line order and whatever
@@ -16,8 +17,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from ..model.events import Event
-from .cross_base import CrossRuleBase, _int
+from ..model.events import Event, int_field
+from .cross_base import CrossRuleBase
 from .findings import ERROR, Finding
 
 
@@ -49,17 +50,17 @@ class C2AckRounds(CrossRuleBase):
         else:   # (the common upstream record: kept to one flat list per round)
             if r in self._cur_keyed:
                 self._round_close(r)
-            cur = self._cur_round.get(r)
+            cur = self._cur_round.get(r)  # type: ignore[assignment]
             if cur is not None and (cur[0] != ev.epoch or cur[2] != d):
                 self._round_close(r)
                 cur = None
             if cur is None:
                 cur = self._cur_round[r] = [ev.epoch, None, d, set(), set(), ev.seq, ev.line_no, ev.src,
                                             self._index(r, ev.epoch)]
-        cur[3].add(_int(f.get("op")))
+        cur[3].add(int_field(f.get("op")))  # type: ignore[index]
         nid = f.get("node_id")
         if type(nid) is int:
-            cur[4].add(nid)
+            cur[4].add(nid)  # type: ignore[index]
 
     def _keyed_part(self, ev: Event, r: int, d: str | None, rk: int) -> list:
         """The direction ``d`` part of rank ``r``'s open round ``rk``: other records do not end a keyed round, nor

@@ -1,4 +1,4 @@
-"""The content flags (domain 4): ZERO and HASH, level 1 when the records carry ``nz``/``h``.
+"""The content flags (docs/domain.md §4): ZERO and HASH, level 1 when the records carry ``nz``/``h``.
 
 * ZERO: a ``backup`` (ZERO@backup), a ``reload sync=1`` (once per load) or an ``ack dir=h2d`` (once per chain
   node: ZERO@reload) of a

@@ -1,4 +1,5 @@
-"""H1, split misattribution (domain 4): after a split the prefix tokens live under a new id and the old id keeps only
+"""H1, split misattribution (docs/domain.md §4): after a split the prefix tokens live under a new id and the old id
+keeps only
 the suffix; bookkeeping still keyed by the old id acts on the wrong range.
 
 * H1a (level 1), at the ``split``: the halves partition the node's latest dev/host slots.
@@ -10,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..model.events import Event
+from ..model.events import Event, int_field
 from .findings import Finding
-from .rank_base import RankRuleBase, _int
+from .rank_base import RankRuleBase
 from .ranges import EXACT, Slots, is_none_range
 from .state import Node, PendingWrite
 
@@ -51,7 +52,7 @@ class H1Split(RankRuleBase):
             bad.append("a node that is not backuped split into fragments with host slots")
         if not bad:
             return None
-        return self._finding("H1", "H1a", c, _int(ev.fields.get("pend")), EXACT, [ref],
+        return self._finding("H1", "H1a", c, int_field(ev.fields.get("pend")), EXACT, [ref],
                              f"split of node {c} into {p}+{c} (split_len={s}): " + "; ".join(bad), ev)
 
     def _h1b(self, ev: Event, ref: tuple, w: PendingWrite, op: Any, wop: int | None) -> Finding | None:
@@ -60,7 +61,7 @@ class H1Split(RankRuleBase):
         f = ev.fields
         bad: list[str] = []
         L = w.L
-        blen = _int(f.get("blen"))
+        blen = int_field(f.get("blen"))
         if blen is not None and blen != L:
             bad.append(f"blen={blen} but the prepare enqueued {L} tokens")
         pub = f.get("pub")
@@ -73,7 +74,7 @@ class H1Split(RankRuleBase):
                 bad.append(f"pub={pub} covers {total} of {L} tokens; the lineage fragments are "
                            f"{[fr[0] for fr in w.frags]}")
         else:
-            clen = _int(f.get("clen"))
+            clen = int_field(f.get("clen"))
             if clen is not None and clen < (blen if blen is not None else L):
                 bad.append(f"clen={clen} < {blen if blen is not None else L} and no pub= fragments")
         if not bad:

@@ -1,4 +1,4 @@
-"""H2, stale or wrong host ref on reload (domain 4): a reload reads host pages that do not hold the node's
+"""H2, stale or wrong host ref on reload (docs/domain.md §4): a reload reads host pages that do not hold the node's
 acknowledged backup.
 
 * H2a (level 1), at the ``reload``: its host range is the concatenation of the chain's current host ranges (which

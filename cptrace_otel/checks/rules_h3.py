@@ -1,4 +1,4 @@
-"""H3, stale compose cache (domain 4, level 2): a derived view is served (``compose hit=1``) after the device
+"""H3, stale compose cache (docs/domain.md §4, level 2): a derived view is served (``compose hit=1``) after the device
 content or slots of a node it derives from changed since its fill (``compose hit=0``).
 
 The fill keeps the device generation of each node of its chain (``Node.gen``, bumped by the handlers at insert

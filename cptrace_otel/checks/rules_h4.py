@@ -1,4 +1,5 @@
-"""H4, page recycled before backup completes (domain 4, level 2): the source pages of an in-flight device->host copy
+"""H4, page recycled before backup completes (docs/domain.md §4, level 2): the source pages of an in-flight
+device->host copy
 are freed or reassigned before its ack.
 
 The handlers mark each open write's first proven breach: (a) on its device

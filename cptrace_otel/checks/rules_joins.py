@@ -1,4 +1,5 @@
-"""C3-C5 (domain 5): per-node joins across ranks. A join is keyed by (epoch, tag, node_id, occurrence of that tag
+"""C3-C5 (docs/domain.md §5): per-node joins across ranks. A join is keyed by (epoch, tag, node_id, occurrence of that
+tag
 for that node on that rank) and holds each rank's facts of the record (``prepare`` completed by its ``backup``, or
 ``reload``); it is decided once every rank of the group has reported (:meth:`JoinRules._decide`).
 
@@ -18,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..model.events import Event
-from .cross_base import CrossRuleBase, _int
+from ..model.events import Event, int_field
+from .cross_base import CrossRuleBase
 from .ranges import slots_of
 
 
@@ -40,7 +41,7 @@ class JoinRules(CrossRuleBase):
         """A ``prepare`` or ``reload``: its rank's facts enter the node's join."""
         f = ev.fields
         nid = f.get("node_id")
-        if type(nid) is not int:   # _int(), inlined (hot path)
+        if type(nid) is not int:   # int_field(), inlined (hot path)
             return
         tag = ev.tag
         r = ev.rank
@@ -52,7 +53,7 @@ class JoinRules(CrossRuleBase):
         d = slots_of(f.get("dev"), f.get("devx"))
         h = slots_of(f.get("host"), f.get("hostx"))
         # "hslots": the host Slots, whose summary only mode shared compares (taken when the join is decided)
-        facts = {"seq": ev.seq, "line": ev.line_no, "src": ev.src, "op": _int(f.get("op")),
+        facts = {"seq": ev.seq, "line": ev.line_no, "src": ev.src, "op": int_field(f.get("op")),
                  "idx": self._c1[epoch].counts.get(r, 1) - 1,
                  "dev": d.cnt if d is not None else None, "host": h.cnt if h is not None else None,
                  "hslots": h}
@@ -68,7 +69,7 @@ class JoinRules(CrossRuleBase):
         """A ``backup`` completes its rank's facts of the node's latest prepare (``io``, ``h``, ``hs``)."""
         f = ev.fields
         nid = f.get("node_id")
-        if type(nid) is not int:   # _int(), inlined (hot path)
+        if type(nid) is not int:   # int_field(), inlined (hot path)
             return
         r = ev.rank
         occ = self._occurrence(ev, "prepare", nid, False)
@@ -81,8 +82,8 @@ class JoinRules(CrossRuleBase):
         facts = per.get(r)
         if facts is None:
             return
-        facts["io"] = _int(f.get("io"))
-        h = _int(f.get("h"))
+        facts["io"] = int_field(f.get("io"))
+        h = int_field(f.get("h"))
         if h is not None:
             self._saw_hash = True
         facts["h"] = h
@@ -117,7 +118,7 @@ class JoinRules(CrossRuleBase):
         reported = per
         st = self._c1.get(epoch)
         if st is not None and st.diverged is not None:
-            # node ids line up across ranks only up to the first C1 divergence (pitfall of domain 5): records
+            # node ids line up across ranks only up to the first C1 divergence (pitfall of docs/domain.md §5): records
             # after it do not count, a join that starts after it is not judged
             per = {r: x for r, x in per.items() if x["idx"] <= st.diverged}
             if not per:
@@ -225,9 +226,9 @@ class JoinRules(CrossRuleBase):
         if f.get("dir") != "h2d" or self.mode != "shared":
             return
         nid = f.get("node_id")
-        if type(nid) is not int:   # _int(), inlined (hot path)
+        if type(nid) is not int:   # int_field(), inlined (hot path)
             nid = None
-        h = _int(f.get("h"))
+        h = int_field(f.get("h"))
         if nid is None or h is None or h < 0:
             return
         self._saw_hash = True
@@ -237,7 +238,7 @@ class JoinRules(CrossRuleBase):
         if occ < 0:
             return
         self._reload_hashes.append((ev.epoch, nid, occ, ev.rank, h, ev.seq, ev.line_no, ev.src,
-                                    self._index(ev.rank, ev.epoch), _int(f.get("op"))))
+                                    self._index(ev.rank, ev.epoch), int_field(f.get("op"))))
         if len(self._reload_hashes) > 64:
             self._c5_shared(final=False)
 

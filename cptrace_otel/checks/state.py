@@ -1,4 +1,4 @@
-"""The lineage state a :class:`~.rank.RankChecker` rebuilds for one (rank, epoch) (domain 3.4).
+"""The lineage state a :class:`~.rank.RankChecker` rebuilds for one (rank, epoch) (docs/domain.md §3.4).
 
 Everything here is bounded by what is live: nodes leave with their lifecycle (host eviction, regular eviction),
 pending writes and loads leave at their ack, compose fills leave with their node, and the few "recently closed"
@@ -45,7 +45,7 @@ class Node:
         self.dev: Slots | None | str = dev      # None: evicted from device; UNKNOWN: present, slots not known
         self.host: Slots | None | str = host    # None: not backuped
         self.host_freed: Ref | None = None      # a host free/evict of this node since its last prepare
-        self.gen = 0                            # our device generation (domain 3.3 `gen`)
+        self.gen = 0                            # our device generation (docs/domain.md §3.3 `gen`)
         self.gen_ref: tuple = (ref, "insert")   # the record that last changed the device state
         self.bk: Backup | None = None
         self.bk_state: tuple | None = None      # ("pending", write) or ("acked", ref)

@@ -27,7 +27,7 @@ import sys
 from typing import Any, NamedTuple, TextIO
 
 from . import add_progress_flags
-from ..model.exits import EXIT_UNREADABLE, EXIT_USAGE
+from ..model.exits import EXIT_UNREADABLE, EXIT_USAGE, CptraceError
 from ..analyze.check_output import CHECK_PREFIX as _PFX
 
 
@@ -77,7 +77,8 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
     if jaeger is not None and paths:
         print(f"{_PFX}: give PATHs or --jaeger, not both", file=err)
         return EXIT_USAGE
-    if jaeger is None and any(getattr(args, k, None) is not None for k in ("since", "start", "end", "service", "limit")):
+    query_flags = ("since", "start", "end", "service", "limit")
+    if jaeger is None and any(getattr(args, k, None) is not None for k in query_flags):
         print(f"{_PFX}: --service, --since, --start, --end and --limit select traces in Jaeger: they need --jaeger URL",
               file=err)
         return EXIT_USAGE
@@ -108,19 +109,19 @@ def _run(args: Any, paths: list[str], level: int | None, out: TextIO, err: TextI
     try:
         a = analyze_sources(args, paths, level, err)
     except SourceError as e:
-        return e.code
+        return e.exit_code
     from ..analyze.check_output import print_report
 
     return print_report(args, a.res, a.run_id, getattr(args, "jaeger_url", None), a.sources, a.stats, a.doc_malformed,
                   out, err)
 
 
-class SourceError(Exception):
-    """Reading the sources stopped with exit code ``code``; the reason was already printed."""
+class SourceError(CptraceError):
+    """Reading the sources stopped with exit code ``exit_code``; the reason was already printed."""
 
     def __init__(self, code: int) -> None:
         super().__init__(code)
-        self.code = code
+        self.exit_code = code
 
 
 class Analyzed(NamedTuple):
@@ -170,7 +171,8 @@ def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
     docs = TraceDocs()
     info = docs.info
     try:
-        empty = [p for p in otlp if docs.add_otlp_lines(p) == 0] + [p for p in docfiles if docs.add_document_file(p) == 0]
+        empty = [p for p in otlp if docs.add_otlp_lines(p) == 0]
+        empty += [p for p in docfiles if docs.add_document_file(p) == 0]
         if empty:
             for p in empty:
                 bad = [m for m in info.malformed if m[0] == p]
@@ -208,7 +210,7 @@ def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
             groups.append((results[-1], kept))
         if otlp or docfiles:
             kept = []
-            evs = docs.events()
+            evs = docs.events()  # type: ignore[assignment]
             results.append(analyze_traces(level, info, _Kept(evs, kept) if keep else evs, err))
             groups.append((results[-1], kept))
         if run_id is None and len(info.run_ids) == 1:   # (the trace files' run id also when the logs were chosen)

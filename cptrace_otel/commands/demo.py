@@ -240,8 +240,8 @@ def _report(args, mode, ranks, run_id, plans, ref, res_logs, res_otlp, expected,
         "events": {"logs": res_logs.stats.get("events"), "otlp": res_otlp.stats.get("events"),
                    "simulated": sum(len(x) for x in ref.emitter.lines)},
         "unchecked": sorted({u.rule for u in res_logs.unchecked}),
-        "files": {"logs": logs, "otlp": otlp}, "jaeger_search": (links.search_url(jaeger, tags={"cptrace.run_id": run_id})
-                                                                 if jaeger else None),
+        "files": {"logs": logs, "otlp": otlp},
+        "jaeger_search": links.search_url(jaeger, tags={"cptrace.run_id": run_id}) if jaeger else None,
         "elapsed_s": round(elapsed, 2),
     }
 
@@ -259,7 +259,8 @@ def _text(rep: dict[str, Any]) -> str:
     lines.append(f"findings ({len(rep['findings'])}):")
     for f in rep["findings"]:
         mark = "ok " if f["expected"] else "FP "
-        where = f"rank {f['rank']} epoch {f['epoch']} node {f['node_id']}" + (f" op {f['op']}" if f["op"] is not None else "")
+        where = f"rank {f['rank']} epoch {f['epoch']} node {f['node_id']}"
+        where += f" op {f['op']}" if f["op"] is not None else ""
         lines.append(f"  {mark}{f['code']:<5}{f['rule']:<12}{where}  trace {f['trace_id']}")
         lines.append(f"       {f['message']}")
         if f.get("trace_url"):

@@ -1,7 +1,7 @@
 """``cptrace-otel ingest LOG...``: replay upstream ``[CPTRACE tag] k=v`` log files of all ranks as OTLP.
 
 The same mapping as the live exporter: every line becomes one span event through :class:`~cptrace_otel.model.spans.
-SpanBuilder` (one builder and one resource per rank, online checks stamped when the checks package is present), sent
+SpanBuilder` (one builder and one resource per rank, online checks stamped unless ``CPTRACE_CHECKS=0``), sent
 through the same sinks: OTLP/HTTP or gRPC (``--endpoint``/``--protocol``, spooled and retried like live export) or an
 OTLP JSON-lines file (``--file``; the default is ``cptrace-out/<run id>/ingest.otlp.jsonl`` when neither is given
 and no ``OTEL_EXPORTER_OTLP_*ENDPOINT`` is set).
@@ -101,7 +101,7 @@ def _count_trace_lines(paths: list[str]) -> int | None:
             with open_text(p) as fh:
                 tail = b""   # the end of the previous block: a marker split between two blocks counts once
                 while True:
-                    b = fh.buffer.read(1 << 22)
+                    b = fh.buffer.read(1 << 22)  # type: ignore[attr-defined]
                     if not b:
                         break
                     n += (tail + b).count(_MARKER)   # (tail is shorter than a marker: none counted twice)
@@ -205,7 +205,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 def run(args: Any) -> int:
     from ..model import config as _config
     from ..analyze.sources.logs import LogReadError, LogStats, Malformed, read_log_events
-    from ..model.spans import SpanBuilder, checker_factory
+    from ..checks.rank_checker import checker_factory
+    from ..model.spans import SpanBuilder
 
     env_cfg = _config.from_env()
     logs = list(args.logs)
@@ -214,8 +215,7 @@ def run(args: Any) -> int:
     sinks = _open_sinks(env_cfg, endpoint, protocol, out_file, run_id)
     if sinks is None:
         return EXIT_UNREACHABLE
-    otlp, file_sink = sinks.otlp, sinks.file
-    span_sinks = [s for s in (otlp, file_sink) if s is not None]
+    net = next((s for s in sinks if s.waits), None)   # the OTLP sink, when there is one
 
     # -- replay ---------------------------------------------------------------------------------------------------
     checkers = checker_factory(env_cfg.checks, None)  # level None: inferred per stream
@@ -236,7 +236,7 @@ def run(args: Any) -> int:
         groups = [g for g in groups if g[1]]
         if not groups:
             return
-        for s in span_sinks:
+        for s in sinks:
             s.export(groups)
 
     bar = None
@@ -276,15 +276,16 @@ def run(args: Any) -> int:
             bar.close()
 
     ok = True
-    if otlp is not None:
-        ok = otlp.flush(max(60.0, env_cfg.timeout_s * 6))
-        otlp.close(1.0)
-    if file_sink is not None:
-        ok = file_sink.close(0.0) and ok
+    for s in sinks:
+        if s.waits:   # the backend: everything delivered (or spooled) within the budget, then let go
+            ok = s.flush(max(60.0, env_cfg.timeout_s * 6)) and ok
+            s.close(1.0)
+        else:
+            ok = s.close(0.0) and ok
 
-    target = otlp.url if otlp is not None else out_file
-    _summary(n, logs, builders, stats, malformed, run_id, target)
+    target = net.url if net is not None else out_file
+    _summary(n, logs, builders, stats, malformed, run_id, target)  # type: ignore[arg-type]
     if not ok:
-        _err(f"not everything was delivered to {target}" + (f" (spool: {otlp.spool_dir})" if otlp else ""))
+        _err(f"not everything was delivered to {target}" + (f" (spool: {net.spool_dir})" if net is not None else ""))
         return EXIT_UNREACHABLE
     return EXIT_OK

@@ -72,7 +72,7 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
     try:
         res, run_id, groups = analyze_sources(args, paths, level, err, keep=True, pfx="cptrace-otel report")[:3]
     except SourceError as e:
-        return e.code
+        return e.exit_code
     page, models = build_page(res, run_id, groups, paths, node=node, epoch=epoch,
                               jaeger_url=getattr(args, "jaeger_url", None),
                               full_limit=getattr(args, "max_records", None), top=getattr(args, "top", None))

@@ -22,10 +22,11 @@ import sys
 import time
 from typing import Any, TextIO
 
+from ..model.exits import EXIT_FINDINGS, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
+
 _PFX = "cptrace-otel watch"
 PAGE_STEP = 200   # traces between two feeds within one poll
 MAX_WINDOW_S = 60.0   # windows of span starts grow to at most a day of these (sparse or old data)
-from ..model.exits import EXIT_FINDINGS, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 
 
 def finding_line(run_id: str, f: Any, link: str) -> str:
@@ -66,7 +67,8 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
     from ..analyze import links
     from ..model import semconv as sc
     from ..model.config import traces_url
-    from ..analyze.sources.jaeger import JaegerClient, JaegerError, JaegerUnreachable, mask_url
+    from ..analyze.sources.jaeger import JaegerClient, JaegerError, JaegerUnreachable
+    from ..model.config import mask_url
     from ..analyze.sources.jaegerquery import DEFAULT_LIMIT, Search, parse_duration
     from ..analyze.watch_out import Alerts, WriteBack, finding_trace
     from ..analyze.watch_state import RunWatch

@@ -36,6 +36,8 @@ class _AppendFile:
     spans they held, in :meth:`stats`). Failure and resumption are each reported once on stderr. :meth:`flush`
     answers False while lines are pending or once any was dropped."""
 
+    waits = False   # a local file: flushing never waits on anyone
+
     CHUNK = 1 << 20          # buffered bytes that trigger a write
     MAX_PENDING = 16 << 20   # buffered bytes kept while the file cannot be written
     STAT = "file"            # stats key prefix
@@ -100,7 +102,7 @@ class _AppendFile:
         self.write_errors += 1
         if start >= 0:
             try:
-                os.ftruncate(self._fd, start)  # roll back a partial chunk: the file ends with a whole line
+                os.ftruncate(self._fd, start)  # type: ignore[arg-type]  # roll back a partial chunk: whole lines only
             except OSError:
                 pass
         lost = 0
@@ -153,6 +155,7 @@ class OtlpJsonFileSink(_AppendFile):
     times its size once parsed), however many spans one export carries (``ingest`` exports tens of thousands)."""
 
     SPANS_PER_LINE = 512
+    what = "OTLP file"
 
     def export(self, groups: Sequence[tuple[dict[str, Any], Sequence[Any]]]) -> None:
         n = self.SPANS_PER_LINE
@@ -227,6 +230,10 @@ class LogLinesSink(_AppendFile):
     (:func:`escape_breaks`); a record that cannot be rendered is dropped and counted (``log_dropped_records``)."""
 
     STAT = "log"
+    what = "log file"
+
+    def export(self, groups: Sequence[tuple[dict[str, Any], Sequence[Any]]]) -> None:
+        """Spans are not written here: its lines come from the Records (:meth:`write`)."""
 
     def __init__(self, path: str, cp_rank: int, tp_rank: int) -> None:
         super().__init__(path)

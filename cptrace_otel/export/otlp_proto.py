@@ -199,7 +199,7 @@ class _FieldEnc:
 
 
 _field_enc: dict[str, _FieldEnc] = {}
-_FIXED = {}  # (key, small int) -> KeyValue field bytes for seq / epoch / level
+_FIXED: dict[tuple[int, int], bytes] = {}  # (key, small int) -> KeyValue field bytes for seq / epoch / level
 _SEQ_ENC = _KeyEnc(_EV_TAG, sc.SEQ)
 _EPOCH_ENC = _KeyEnc(_EV_TAG, sc.EPOCH)
 _LEVEL_ENC = _KeyEnc(_EV_TAG, sc.LEVEL)
@@ -213,10 +213,10 @@ def _small_fixed(enc: _KeyEnc, v: int) -> bytes:
             vb = _SMALL[v]
             b = _FIXED[ck] = enc.ints[len(vb)] + vb
         return b
-    vb = varint(v & _MASK64) if -(1 << 63) <= v < (1 << 63) else None
-    if vb is None:
+    big: bytes | None = varint(v & _MASK64) if -(1 << 63) <= v < (1 << 63) else None
+    if big is None:
         return _field(_EV_TAG, "", v)  # unreachable in practice (seq/epoch/level are small ints)
-    return enc.ints[len(vb)] + vb
+    return enc.ints[len(big)] + big
 
 
 _kv_cache: dict[tuple[str, Any], bytes] = {}   # (field name, small int | short str | all-int Rng) -> field bytes

@@ -9,7 +9,7 @@ thread mode the same message tuples go through a ``queue.Queue`` unframed. Messa
   dict(seq=the seq of the first record it gets, epochs={rank: (epoch, after_reset, max_new)} as the dead worker
   last reported them, restarts=how many workers died so far).
 * ``(ITEMS, items, dropped)``: a batch of compact items ``(ts, level, tag, fields)`` (values int/str/float, see
-  :func:`cptrace_otel.traced.records.compact_item`), in emission order, and the traced process's drop count so far.
+  :func:`cptrace_otel.model.records.compact_item`), in emission order, and the traced process's drop count so far.
 * ``(FLUSH, flush_id, dropped, timeout_s)``: close open spans and deliver everything within ``timeout_s``.
 * end of input (EOF on stdin; ``None`` on the thread queue): finish, deliver, exit.
 

@@ -5,13 +5,16 @@
   unreachable or overloaded: keep the request), :attr:`Outcome.DROP` (the request itself is bad: sending it again
   cannot help) or :attr:`Outcome.FATAL` (a configuration error: no request will ever go through; the sender reports
   it once and drops everything, counted). A transport may set ``retry_after`` (seconds, or None) after a RETRY: the
-  backend asked for that pause (HTTP ``Retry-After``). ``Outcome`` is a ``str`` enum and ``SendResult`` a named tuple, so a result also compares equal to
-  the plain ``("ok", "")`` tuples a test double may return; :class:`~.spool.ReliableSender` accepts both.
+  backend asked for that pause (HTTP ``Retry-After``). ``Outcome`` is a ``str`` enum and ``SendResult`` a named tuple,
+  so a result also compares equal to the plain ``("ok", "")`` tuples a test double may return;
+  :class:`~.spool.ReliableSender` accepts both.
 * A :class:`Sink` takes span groups ``[(resource attributes, spans), ...]`` (:meth:`Sink.export`) and has
-  :meth:`~Sink.flush`, :meth:`~Sink.close` (True when everything was delivered or written) and :meth:`~Sink.stats`.
-  :class:`OtlpSink` (network: encode, then deliver through a ReliableSender) and
-  :class:`~.files.OtlpJsonFileSink` are sinks; :class:`~.files.LogLinesSink` has the same flush/close/stats but
-  takes Records (``write``), not spans.
+  :meth:`~Sink.flush`, :meth:`~Sink.close` (True when everything was delivered or written) and :meth:`~Sink.stats`;
+  ``waits`` says whether flushing may wait on a backend, ``what`` names it in messages. A sink may also take the
+  Records of every batch (the optional per-record hook ``write(records)``) and count what reached a final state
+  itself (``settled_records()``). :class:`OtlpSink` (network: encode, then deliver through a ReliableSender),
+  :class:`~.file_sinks.OtlpJsonFileSink` and :class:`~.file_sinks.LogLinesSink` (Records as upstream log lines; no
+  spans) are sinks; the exporter worker and ``ingest`` hold a list of them and know none by name.
 
 The sinks are built by :func:`cptrace_otel.export.stack.open_sinks`. This module imports no implementation (the
 encoder is imported when an :class:`OtlpSink` is made), so the transports and the sender can import it.
@@ -21,6 +24,8 @@ from __future__ import annotations
 
 import enum
 from typing import Any, NamedTuple, Protocol, Sequence
+
+from ..model.exits import CptraceError
 
 
 class Outcome(str, enum.Enum):
@@ -32,7 +37,7 @@ class Outcome(str, enum.Enum):
     FATAL = "fatal"   # a configuration error (bad certificate, bad header): no request can ever go through
 
 
-class ConfigError(Exception):
+class ConfigError(CptraceError):
     """A permanent configuration error of a sink (certificate files, TLS handshake, header syntax): reported once
     with a clear message, never retried. Its text never holds a secret (see :func:`cptrace_otel.model.config.mask`)."""
 
@@ -61,7 +66,15 @@ SpanGroups = Sequence[tuple[dict[str, Any], Sequence[Any]]]
 
 
 class Sink(Protocol):
-    """Where finished spans go."""
+    """Where the worker's output goes (see the module doc). Optional: ``write(records)``, the per-record hook (the
+    Records of each batch, before their spans exist); ``settled_records()``, the records handed to the sink that
+    reached a final state (a sink without it is settled by flushing)."""
+
+    waits: bool   # flush and close may wait on a backend: done last, and not on the worker's idle timer
+
+    @property
+    def what(self) -> str:
+        """How messages name it ("OTLP file", "log file", the endpoint ...)."""
 
     def export(self, groups: SpanGroups) -> None: ...
 
@@ -76,6 +89,8 @@ class OtlpSink:
     """Network sink: each export is encoded into requests (split below the size limit) and queued on a
     :class:`~.spool.ReliableSender`, which delivers them in order and spools them across outages."""
 
+    waits = True
+
     def __init__(self, sender: Any) -> None:
         from .otlp_proto import encode_requests
 
@@ -87,6 +102,10 @@ class OtlpSink:
     @property
     def url(self) -> str:
         return self.sender.url
+
+    @property
+    def what(self) -> str:
+        return f"OTLP endpoint {self.url}"
 
     @property
     def spool_dir(self) -> str:

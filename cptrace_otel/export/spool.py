@@ -379,8 +379,8 @@ class ReliableSender:
         ``retry_after`` when longer."""
         ra = getattr(self.transport, "retry_after", None)
         wait = self._backoff
-        if type(ra) in (int, float) and ra > wait:
-            wait = float(ra)
+        if type(ra) in (int, float) and ra > wait:  # type: ignore[operator]
+            wait = float(ra)  # type: ignore[arg-type]
         self._retry_at = time.monotonic() + wait
         self._backoff = min(self._backoff * 2, self.max_backoff_s)
         self._outage(detail)

@@ -8,13 +8,14 @@ Transports, sender and file sinks are imported only when asked for (gRPC and req
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 from ..model.config import mask, secrets_of
-from .sinks import ConfigError, Outcome, OtlpSink, Transport
+from ..model.exits import CptraceError
+from .sinks import ConfigError, Outcome, OtlpSink, Sink, Transport
 
 
-class SinkError(Exception):
+class SinkError(CptraceError):
     """A sink could not be set up. ``kind``: ``"otlp"`` (the transport or sender), ``"unreachable"`` (the probe
     request failed; ``cause`` is its detail), ``"config"`` (a permanent configuration error: bad TLS files or header
     syntax, ``cause`` a :class:`~.sinks.ConfigError`), ``"file"`` (the OTLP JSON-lines file), ``"log"`` (the
@@ -36,6 +37,8 @@ class SinkError(Exception):
 class _MaskedText(str):
     """An exception's masked ``str``, whose ``repr`` is the exception's masked ``repr`` (messages use either)."""
 
+    _rep: str
+
     def __new__(cls, text: str, rep: str) -> "_MaskedText":
         o = str.__new__(cls, text)
         o._rep = rep
@@ -43,14 +46,6 @@ class _MaskedText(str):
 
     def __repr__(self) -> str:
         return self._rep
-
-
-class Sinks(NamedTuple):
-    """What :func:`open_sinks` opened (None where not asked for or not set up)."""
-
-    otlp: OtlpSink | None
-    file: Any   # OtlpJsonFileSink | None
-    log: Any    # LogLinesSink | None
 
 
 def open_transport(endpoint: str, protocol: str, cfg: Any) -> Transport:
@@ -66,56 +61,63 @@ def open_transport(endpoint: str, protocol: str, cfg: Any) -> Transport:
 
 
 def open_sinks(cfg: Any, *, endpoint: str | None = None, protocol: str = "http/protobuf", spool_dir: str = "",
-               file: str | None = None, log_file: str | None = None, probe: bool = False,
-               on_error: Callable[[SinkError], None] | None = None) -> Sinks:
-    """Open the sinks asked for, in this order: OTLP to ``endpoint`` (spooled in ``spool_dir``), the OTLP JSON-lines
-    ``file``, the upstream ``log_file`` (ranks from ``cfg``).
+               file: str | None = None, log_file: str | None = None, probe: bool = False, adopt_orphans: bool = False,
+               on_error: Callable[[SinkError], None] | None = None) -> list[Sink]:
+    """Open the sinks asked for, in this order (the order of the list): OTLP to ``endpoint`` (spooled in
+    ``spool_dir``), the OTLP JSON-lines ``file``, the upstream ``log_file`` (ranks from ``cfg``).
 
-    ``probe``: send an empty request first and fail (``"unreachable"``) unless the backend answers OK. A sink that
-    cannot be set up raises :class:`SinkError`, or, with ``on_error``, is reported there and left out (the others
-    are still opened)."""
+    ``probe``: send an empty request first and fail (``"unreachable"``) unless the backend answers OK.
+    ``adopt_orphans``: the OTLP sender replays the spools that finished processes left behind for its endpoint (the
+    exporter worker: one per traced process, a spool folder per pid). A sink that cannot be set up raises
+    :class:`SinkError`, or, with ``on_error``, is reported there and left out (the others are still opened)."""
 
     def failed(err: SinkError) -> None:
         if on_error is None:
             raise err
         on_error(err)
 
-    otlp = fsink = lsink = None
+    sinks: list[Sink] = []
     if endpoint:
         secrets = secrets_of(endpoint, getattr(cfg, "headers", ()))
         try:
             otlp = _open_otlp(cfg, endpoint, protocol, spool_dir, probe)
+            if adopt_orphans:
+                otlp.sender.adopt_orphans()
+            sinks.append(otlp)
         except SinkError as e:
             failed(e)
         except ConfigError as e:
             failed(SinkError("config", endpoint, str(e), secrets))
             if on_error is not None:  # reported once; its spans are counted as dropped, never retried
-                otlp = RefusingSink(mask(endpoint, secrets), str(e))
+                sinks.append(RefusingSink(mask(endpoint, secrets), str(e)))
         except Exception as e:
             failed(SinkError("otlp", endpoint, e, secrets))
     if file:
         from .file_sinks import OtlpJsonFileSink
 
         try:
-            fsink = OtlpJsonFileSink(file)
+            sinks.append(OtlpJsonFileSink(file))
         except OSError as e:
             failed(SinkError("file", file, e))
     if log_file:
         from .file_sinks import LogLinesSink
 
         try:
-            lsink = LogLinesSink(log_file, cfg.cp_rank, cfg.tp_rank)
+            sinks.append(LogLinesSink(log_file, cfg.cp_rank, cfg.tp_rank))
         except OSError as e:
             failed(SinkError("log", log_file, e))
-    return Sinks(otlp, fsink, lsink)
+    return sinks
 
 
 class RefusingSink:
     """The network sink of a configuration that cannot work (:class:`~.sinks.ConfigError`, already reported): it
     sends nothing, counts every span handed to it as dropped and answers False to flush and close."""
 
+    waits = True
+
     def __init__(self, url: str, error: str) -> None:
         self.url = url
+        self.what = f"OTLP endpoint {url}"
         self.error = error
         self.dropped_spans = 0
         self.lost_records = 0   # the records (span events) of those spans: lost, counted, settled

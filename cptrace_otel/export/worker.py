@@ -25,8 +25,10 @@ from typing import Any, Callable
 from ..model import semconv as sc
 from ..model.events import Event
 from ..model.logline import Rng, fast_value
-from ..traced.records import MAX_VALUE_CHARS, cut, render_other, render_record, tag_level
-from ..model.spans import SpanBuilder, checker_factory
+from ..model.records import MAX_VALUE_CHARS, cut, render_other, render_record, tag_level
+from ..model.spans import SpanBuilder
+from ..checks.epochs import EPOCH_TAGS, EpochTracker
+from ..checks.rank_checker import checker_factory
 from .protocol import ACK, FLUSH, INIT, ITEMS, PROGRESS, frame, read_frame
 from .stack import SinkError, open_sinks
 
@@ -36,42 +38,9 @@ EXPORT_MIN_SPANS = 2048   # or earlier when this many spans are finished
 FILE_FLUSH_EVERY_S = 1.0
 
 
-class _ResetCounter:
-    """Epoch = number of ``reset`` records before this one (used when the checks package is not there)."""
-
-    def __init__(self) -> None:
-        self.epoch = 0
-
-    def step(self, tag: str, fields: dict[str, Any]) -> int:
-        ep = self.epoch
-        if tag == "reset":
-            self.epoch += 1
-        return ep
-
-
-def _epoch_tracker() -> Any:
-    # The log reader numbers epochs with checks.epochs.EpochTracker; use the same rule so live records and log
-    # lines get identical events.
-    try:
-        from ..checks.epochs import EpochTracker
-
-        return EpochTracker()
-    except Exception:
-        return _ResetCounter()
-
-
-try:
-    from ..checks.epochs import EPOCH_TAGS as _EPOCH_TAGS, EpochTracker as _EpochTracker
-except Exception:  # the checks package is optional here: the shortcut below then never applies
-    _EpochTracker = None  # type: ignore[assignment,misc]
-    _EPOCH_TAGS = frozenset()  # (without EpochTracker every record steps the _ResetCounter)
-
-
 def _load_intake() -> Any:
-    """The C intake (``_speedups.intake``: the same Events as :meth:`Exporter._item_event`) when it was built and
-    the checks package provides EpochTracker (the tracker it creates), else None."""
-    if _EpochTracker is None:
-        return None
+    """The C intake (``_speedups.intake``: the same Events as :meth:`Exporter._item_event`) when it was built, else
+    None."""
     from .._speedups.intake import load
 
     return load("live")
@@ -111,7 +80,7 @@ class Exporter:
         self.rank = cfg.cp_rank
         self.builder = SpanBuilder(cfg.run_id, info.get("instance", ""), cfg.span_timeout_s,
                                    checker_factory(cfg.checks, cfg.level), track_traces=False)
-        self.epochs: dict[int, Any] = {}
+        self.epochs: dict[int, EpochTracker] = {}
         self.records = 0
         # monotonic time of the last ITEMS batch: the tick expires spans by wall clock only once the stream has been
         # idle for span_timeout_s (a worker lagging behind its records must not cut spans whose records are queued)
@@ -125,12 +94,10 @@ class Exporter:
         self._flushed = 0          # ... of which the file sinks have flushed to the OS (they survive a kill)
         self.spool_root = info.get("spool_dir") or cfg.spool_dir
         spool_dir = os.path.join(self.spool_root, f"{_safe(cfg.run_id)}-{os.getpid()}")
-        self.otlp, self.file_sink, self.log_sink = open_sinks(
+        # the sinks (:class:`~.sinks.Sink`), in the order they were opened: OTLP, OTLP file, log file
+        self.sinks: list[Any] = open_sinks(
             cfg, endpoint=cfg.traces_url(), protocol=cfg.protocol, spool_dir=spool_dir, file=info.get("file"),
-            log_file=info.get("log_file"), on_error=self._sink_error)
-        if getattr(self.otlp, "sender", None) is not None:  # (not a RefusingSink: a configuration error)
-            # one worker per traced process, spool directory per pid: replay the spools finished ones left behind
-            self.otlp.sender.adopt_orphans()
+            log_file=info.get("log_file"), adopt_orphans=True, on_error=self._sink_error)
         resume = info.get("resume")
         if resume:
             self._resume(resume)
@@ -142,33 +109,29 @@ class Exporter:
         same); the online checks start over, which the rank span says."""
         self.next_seq = int(resume.get("seq", 0))
         for rank, state in (resume.get("epochs") or {}).items():
-            tr = _epoch_tracker()
-            epoch, after_reset, max_new = state
-            tr.epoch = epoch
-            if hasattr(tr, "pending"):
-                tr.pending = after_reset
-                tr._max_new = max_new
-            self.epochs[rank] = tr
+            self.epochs[rank] = EpochTracker.from_state(state)
         self.builder.annotate_rank(self.rank, {sc.EXPORTER_RESTARTS: int(resume.get("restarts", 1)),
                                                sc.CHECKS_RESTARTED: True}, time.time_ns())
 
     def epoch_state(self) -> dict[int, tuple[int, bool, int]]:
         """Each rank's epoch tracker state (for a replacement worker's ``resume``)."""
-        return {r: (t.epoch, getattr(t, "pending", False), getattr(t, "_max_new", -1))
-                for r, t in self.epochs.items()}
+        return {r: t.state() for r, t in self.epochs.items()}
+
+    def _drop_sink(self, sink: Any, e: BaseException) -> None:
+        """A sink that failed: reported and left out from now on (the others go on)."""
+        self._error(f"{sink.what} write failed: {e!r}")
+        self.sinks = [s for s in self.sinks if s is not sink]
 
     def lost(self) -> int:
         """Records this worker lost, all counted: unrenderable ones and those its sinks rejected or dropped."""
-        n = self.bad
-        if self.otlp is not None:
-            n += self.otlp.stats().get("lost_records", 0)
-        return n
+        return self.bad + sum(s.stats().get("lost_records", 0) for s in self.sinks
+                              if hasattr(s, "settled_records"))
 
     def safe(self) -> int:
-        """Records that reached a final state: delivered (or written), spooled to disk, or lost and counted."""
-        if self.otlp is not None:
-            return self.bad + self.otlp.settled_records()
-        return self.bad + self._flushed
+        """Records that reached a final state: delivered (or written), spooled to disk, or lost and counted. A sink
+        that counts its own (the network one) says; the files' records are settled once flushed to the OS."""
+        counted = [s.settled_records() for s in self.sinks if hasattr(s, "settled_records")]
+        return self.bad + (min(counted) if counted else self._flushed)
 
     def _bad_record(self, e: BaseException) -> None:
         self.bad += 1
@@ -191,17 +154,18 @@ class Exporter:
             self._error(f"cannot set up the OTLP {self.cfg.protocol} sink for {err.target}: {err.cause!r}")
 
     # -- input -----------------------------------------------------------------------------------------------
-    def add_items(self, items: list[tuple], dropped: int) -> None:
+    def add_items(self, items: list[Any], dropped: int) -> None:
         """One ``ITEMS`` batch: each compact item becomes one Event (seq counting on from the last batch; an item
-        that cannot be rendered is reported and dropped, its seq skipped), fed to the span builder. With a log sink
-        the items' Records (:func:`~cptrace_otel.traced.records.render_record`) are written there first. The C intake
+        that cannot be rendered is reported and dropped, its seq skipped), fed to the span builder. The items' Records
+        (:func:`~cptrace_otel.model.records.render_record`) go to the sinks that take them (``write``), first: an item
+        that cannot be rendered as a Record is not traced either. The items are left as they came. The C intake
         builds the Events when it was built, :meth:`_item_event` otherwise (and for items of an unusual shape):
         the same Events."""
         self.dropped_upstream = dropped
         seq = self.next_seq
-        item_event = self._item_event
-        if self.log_sink is not None:
-            bad = self._write_log(items, seq)  # before the intake converts the items' values in place
+        item_event: Callable[[Any, int], Event | None] = self._item_event
+        if any(hasattr(s, "write") for s in self.sinks):
+            bad = self._write_records(items, seq)
             if bad:
                 items = [None if i in bad else it for i, it in enumerate(items)]
                 item_event = _skip_none(item_event)
@@ -225,9 +189,9 @@ class Exporter:
         if self.builder.finished_spans >= EXPORT_MIN_SPANS:
             self.export()
 
-    def _write_log(self, items: list[tuple], seq: int) -> set[int]:
-        """Write the items' Records to the log sink; the indices of those that could not be rendered (reported; the
-        intake then skips them and they are counted as bad)."""
+    def _write_records(self, items: list[tuple], seq: int) -> set[int]:
+        """Write the items' Records to the sinks that take them; the indices of those that could not be rendered
+        (reported; the intake then skips them and they are counted as bad)."""
         recs = []
         bad: set[int] = set()
         for i, item in enumerate(items):
@@ -236,26 +200,26 @@ class Exporter:
             except Exception as e:  # should not happen: items are int/str/float by construction
                 self._error(f"dropped an unrenderable record: {e!r}")
                 bad.add(i)
-        try:
-            self.log_sink.write(recs)
-        except Exception as e:
-            self._error(f"log file write failed: {e!r}")
-            self.log_sink = None
+        for s in [s for s in self.sinks if hasattr(s, "write")]:
+            try:
+                s.write(recs)
+            except Exception as e:
+                self._drop_sink(s, e)
         return bad
 
     def _item_event(self, item: tuple, seq: int) -> Event | None:
         """The Event of one compact item ``(ts, level, tag, fields)`` (None, reported, when it cannot be rendered).
         The Python intake, and the C intake's path for items of an unusual shape."""
         try:
-            ts, level, tag, f = item
-            # The fields dict is ours (unpickled here, or in thread mode the call's own **kwargs dict): convert
-            # its values in place (same keys, same order) instead of copying it. Converting twice gives the same
-            # values, should an item ever be converted again.
-            for k, v in f.items():
+            ts, level, tag, given = item
+            # the Event's own fields dict (same keys, same order): the item is left as it came (in thread mode its
+            # fields are the call's own **kwargs dict)
+            f = {}
+            for k, v in given.items():
                 t = type(v)
                 if t is int:
-                    continue
-                if t is str:
+                    f[k] = v
+                elif t is str:
                     if " " in v or len(v) > MAX_VALUE_CHARS:
                         v = cut(v.replace(" ", ""))
                     r = _parsed.get(v)
@@ -272,34 +236,14 @@ class Exporter:
         rank = r if type(r) is int and r >= 0 else self.rank
         tr = self.epochs.get(rank)
         if tr is None:
-            tr = self.epochs[rank] = _epoch_tracker()
+            tr = self.epochs[rank] = EpochTracker()
         # EpochTracker.step only moves on reset / split / insert or right after a reset; for every other
         # record it returns the current epoch unchanged (hint 0 never moves it), so skip the call.
-        if tag in _EPOCH_TAGS or type(tr) is not _EpochTracker or tr.pending:
+        if tag in EPOCH_TAGS or tr.pending:
             ep = tr.step(tag, f)
         else:
             ep = tr.epoch
         return Event(tag, rank, seq, ts, ep, f, level, "live", 0)
-
-    def add_records(self, records: list[tuple], dropped: int) -> None:
-        """The reference path the intakes are held equal to (tests/unit/test_export_fast_paths.py): finished Records
-        ``(seq, ts, level, tag, ((k, v), ...))``, each string value parsed as a log line's value would be, and every
-        record stepped through its rank's epoch tracker. :meth:`add_items` gives the same Events."""
-        self.dropped_upstream = dropped
-        b = self.builder
-        epochs = self.epochs
-        default_rank = self.rank
-        for seq, ts, level, tag, fields in records:
-            f = {k: (_value(v) if type(v) is str else v) for k, v in fields}
-            r = f.get("rank")
-            rank = r if type(r) is int and r >= 0 else default_rank
-            tr = epochs.get(rank)
-            if tr is None:
-                tr = epochs[rank] = _epoch_tracker()
-            b.add(Event(tag, rank, seq, ts, tr.step(tag, f), f, level, "live", 0))
-        self.records += len(records)
-        if b.finished_spans >= EXPORT_MIN_SPANS:
-            self.export()
 
     def tick(self) -> None:
         """Idle or between batches: expire spans (after span_timeout_s without records), export finished ones every
@@ -314,8 +258,8 @@ class Exporter:
         if now - self._last_file_flush >= FILE_FLUSH_EVERY_S:
             self._last_file_flush = now
             self._flushed = self.exported
-            for s in (self.file_sink, self.log_sink):
-                if s is not None:
+            for s in self.sinks:
+                if not s.waits:
                     try:
                         s.flush(0.0)
                     except Exception:
@@ -323,21 +267,18 @@ class Exporter:
 
     # -- output ----------------------------------------------------------------------------------------------
     def export(self) -> None:
-        """Hand the finished spans to the span sinks (a file sink that fails is reported and dropped)."""
+        """Hand the finished spans to the sinks (a sink that fails is reported and dropped)."""
         self._last_export = time.monotonic()
         spans = self.builder.take()
         if not spans:
             return
         groups = [(self.resource, spans)]
         self.exported += sum(len(sp.events) for sp in spans)
-        if self.otlp is not None:
-            self.otlp.export(groups)
-        if self.file_sink is not None:
+        for s in self.sinks:
             try:
-                self.file_sink.export(groups)
+                s.export(groups)
             except Exception as e:
-                self._error(f"OTLP file write failed: {e!r}")
-                self.file_sink = None
+                self._drop_sink(s, e)
 
     def _stamp_dropped(self) -> None:
         total = self.dropped_upstream + self.lost()  # the traced process's losses and this worker's
@@ -345,9 +286,10 @@ class Exporter:
             self.builder.annotate_rank(self.rank, {sc.DROPPED: total}, time.time_ns())
             self._reported_dropped = total
 
-    def _sinks(self) -> list[Any]:
-        """The sinks, in the order they are flushed and closed (the files first, the network last: it may wait)."""
-        return [s for s in (self.file_sink, self.log_sink, self.otlp) if s is not None]
+    def _in_flush_order(self) -> list[Any]:
+        """The sinks in the order they are flushed and closed: those that never wait first (the files), then those
+        that may wait on a backend."""
+        return sorted(self.sinks, key=lambda s: s.waits)
 
     def flush(self, timeout_s: float, dropped: int | None = None, exiting: bool = False) -> bool:
         """Close every open span and deliver everything; True when all of it reached every sink (and no error was
@@ -361,9 +303,9 @@ class Exporter:
         self.export()
         ok = not self.errors
         self._flushed = self.exported
-        for s in self._sinks():
+        for s in self._in_flush_order():
             left = max(0.0, deadline - time.monotonic())
-            if exiting and s is self.otlp and s.stats().get("backend_down"):
+            if exiting and s.waits and s.stats().get("backend_down"):
                 left = 0.0  # the traced process is exiting: what waits is in the spool, for the next run
             ok = s.flush(left) and ok
         return ok and self.lost() == 0
@@ -376,7 +318,7 @@ class Exporter:
         self.export()
         ok = True
         self._flushed = self.exported
-        for s in self._sinks():
+        for s in self._in_flush_order():
             ok = s.close(max(0.0, deadline - time.monotonic())) and ok
         return ok
 
@@ -389,9 +331,8 @@ class Exporter:
             "dropped_upstream": self.dropped_upstream,
             "errors": list(self.errors),
         }
-        for s in (self.otlp, self.file_sink, self.log_sink):
-            if s is not None:
-                st.update(s.stats())
+        for s in self.sinks:
+            st.update(s.stats())
         lost = self.lost()
         if lost or "lost_records" in st:
             st["lost_records"] = lost  # (listed once there is a sink that can lose, or a loss)

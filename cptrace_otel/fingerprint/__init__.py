@@ -69,12 +69,16 @@ def _device_impl(t: Any) -> Any:
         return None
     dev = t.device.type
     if dev == "cuda":
-        from . import gpu as impl
-    elif dev == "cpu":
-        from . import cpu as impl
-    else:
-        from . import reference as impl
-    return impl
+        from . import gpu
+
+        return gpu
+    if dev == "cpu":
+        from . import cpu
+
+        return cpu
+    from . import reference
+
+    return reference
 
 
 def _dispatch(name: str, t: Any) -> Any:

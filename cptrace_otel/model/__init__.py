@@ -1,6 +1,7 @@
-"""What every side shares: the record grammar and its values (:mod:`.logline`, :mod:`.events`), the attribute
-schema (:mod:`.semconv`, :mod:`.attrs`), the trace model (:mod:`.spans`), violations written back into spans
-(:mod:`.violations`), the settings (:mod:`.config`) and the exit codes and errors of the commands (:mod:`.exits`).
+"""What every side shares: the record grammar and its values (:mod:`.logline`, :mod:`.events`), the rendering of
+a traced call into a record (:mod:`.records`), the attribute schema (:mod:`.semconv`, :mod:`.attrs`), the trace
+model (:mod:`.spans`), violations written back into spans (:mod:`.violations`), the lineage sampling decision
+(:mod:`.sampling`), the settings (:mod:`.config`) and the exit codes and root error of the commands (:mod:`.exits`).
 
-Imports nothing outside itself and the standard library.
+Imports nothing of the package outside itself, and only the standard library.
 """

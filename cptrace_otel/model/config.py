@@ -9,7 +9,7 @@ Secrets: the endpoint's userinfo (``http://user:pass@host``) and every header va
 ``stats()`` figure and error text that may hold them goes through :func:`mask` (one helper, used by the sinks, the
 sender and the commands): userinfo becomes ``***@`` and header values ``***``.
 
-Variables (the README lists the same table):
+Variables (README.md's configuration table lists the same):
 
 ==================================  ==========================================================================
 ``CPTRACE_LEVEL``                   trace level 0-3; else ``SGLANG_CP_HICACHE_KV_TRACE`` (upstream gate); else 0
@@ -125,7 +125,7 @@ class Config:
     insecure: bool | None = None         # OTEL_EXPORTER_OTLP_[TRACES_]INSECURE; None when unset (gRPC only)
     run_id_given: bool = False           # run_id was set (CPTRACE_RUN_ID or an override), not derived
     rank_wait_s: float = 2.0
-    sample: float = 1.0                  # fraction of node lineages kept (cptrace_otel.traced.sampling)
+    sample: float = 1.0                  # fraction of node lineages kept (cptrace_otel.model.sampling)
     rank_source: str = ""                # where cp_rank came from when it was discovered (cptrace_otel.traced.ranks)
     sglang_exact: bool = False           # CPTRACE_SGLANG_EXACT: the SGLang instrumentation adds devx/hostx/idx_x
 
@@ -295,8 +295,8 @@ def derive_run_id(env: Mapping[str, str]) -> str:
     ``CPTRACE_RUN_ID`` wins. Else ``TORCHELASTIC_RUN_ID`` (torchrun; not its placeholder ``none``; ``-r<n>`` after
     the n-th elastic restart), else a hash of the host name, the parent
     process id and the parent's start time: SGLang starts all rank processes from one launcher, so they share it.
-    Ranks on several hosts have different parents: :func:`cptrace_otel.traced.ranks.agreed_run_id` replaces this id by one
-    agreed through the torch.distributed store when there is one; else set ``CPTRACE_RUN_ID`` on every host.
+    Ranks on several hosts have different parents: :func:`cptrace_otel.traced.ranks.agreed_run_id` replaces this id by
+    one agreed through the torch.distributed store when there is one; else set ``CPTRACE_RUN_ID`` on every host.
     """
     if env.get("CPTRACE_RUN_ID"):
         return env["CPTRACE_RUN_ID"]
@@ -324,7 +324,8 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: Any) -> Config:
         raw_level = env.get("SGLANG_CP_HICACHE_KV_TRACE")
     protocol = (_otel(env, "PROTOCOL") or "http/protobuf").strip().lower()
     if protocol not in ("http/protobuf", "grpc"):
-        _warn_once("proto" + protocol, f"OTLP protocol {protocol!r} is not supported (http/protobuf, grpc); using http/protobuf")
+        _warn_once("proto" + protocol,
+                   f"OTLP protocol {protocol!r} is not supported (http/protobuf, grpc); using http/protobuf")
         protocol = "http/protobuf"
     endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or None
     if endpoint is None and env.get("OTEL_EXPORTER_OTLP_ENDPOINT"):

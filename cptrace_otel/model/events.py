@@ -32,7 +32,13 @@ class Event:
         return v if isinstance(v, int) else None
 
 
-# Tags grouped by the trace level that enables them (domain spec 3.2/3.3).
+def int_field(v: Any) -> int | None:
+    """``v`` when it is an int (not a bool: a field value's type is exact), else None: how a rule reads a field that
+    must be an integer (an id, a count) and treats anything else as absent."""
+    return v if type(v) is int else None
+
+
+# Tags grouped by the trace level that enables them (docs/domain.md §3.2/§3.3).
 LEVEL_OF_TAG: dict[str, int] = {
     "config": 1, "reset": 1, "rid_map": 1, "insert": 1, "split": 1, "prepare": 1, "backup": 1, "evict": 1,
     "reload": 1, "ack": 2, "free": 2, "compose": 2, "store": 2, "fwd_hash": 3,

@@ -2,7 +2,8 @@
 
 Contract:
 
-* Every :class:`~cptrace_otel.model.events.Event` fed to :meth:`SpanBuilder.add` becomes exactly one span event (name = tag,
+* Every :class:`~cptrace_otel.model.events.Event` fed to :meth:`SpanBuilder.add` becomes exactly one span event (name =
+tag,
   timestamp = ``ev.ts``, attributes = typed fields + ``cptrace.seq`` / ``cptrace.epoch`` / ``cptrace.record.level``).
 * Trace ids are deterministic, so every rank process of a run puts a node's records into the same trace without any
   context propagation: node trace ``blake2b(f"{run_id}|{epoch}|{node_id}")``, rank trace
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import sys
+from collections.abc import Mapping
 from typing import Any, Callable
 
 from . import semconv as sc
@@ -65,31 +67,33 @@ STATUS_UNSET, STATUS_OK = 0, 1
 _DIGEST = hashlib.blake2b
 
 
-def _id(text: str, size: int) -> bytes:
+def hashed_id(text: str, size: int) -> bytes:
+    """The ``size``-byte id (trace id 16, span id 8) of ``text``: blake2b, never all zero (invalid in OTLP). Every
+    trace and span id of the model is one of these, so any process can name a span without coordination."""
     d = _DIGEST(text.encode("utf-8", "replace"), digest_size=size).digest()
     return d if any(d) else (b"\x00" * (size - 1) + b"\x01")  # all-zero ids are invalid in OTLP
 
 
 def node_trace_id(run_id: str, epoch: int, node_id: int) -> bytes:
     """Trace id of one node lineage: identical in every rank process of the run."""
-    return _id(f"{run_id}|{epoch}|{node_id}", 16)
+    return hashed_id(f"{run_id}|{epoch}|{node_id}", 16)
 
 
 def rank_trace_id(run_id: str, rank: int) -> bytes:
     """Trace id holding a rank's records that belong to no node (config, reset, free of unowned slots, ...)."""
-    return _id(f"{run_id}|rank|{rank}", 16)
+    return hashed_id(f"{run_id}|rank|{rank}", 16)
 
 
 def request_trace_id(run_id: str, rid: str) -> bytes:
     """Trace id of one request (``fwd_hash`` records; links to the node traces named by ``rid_map``)."""
-    return _id(f"{run_id}|rid|{rid}", 16)
+    return hashed_id(f"{run_id}|rid|{rid}", 16)
 
 
 def lane_span_id(run_id: str, epoch: int, node_id: int, rank: int, segment_seq: int | None = None) -> bytes:
     """Span id of ``rank``'s lane in the node trace ``(run_id, epoch, node_id)``: the first segment (``segment_seq``
     None) is computable by any process; a later segment hashes the seq of its first record in."""
     tail = "" if segment_seq is None else f"|{segment_seq}"
-    return _id(f"{run_id}|{epoch}|{node_id}|lane|{rank}{tail}", 8)
+    return hashed_id(f"{run_id}|{epoch}|{node_id}|lane|{rank}{tail}", 8)
 
 
 class Span:
@@ -110,7 +114,7 @@ class Span:
         self.end = start
         self.attrs = attrs
         # (time_ns, name, attributes)
-        self.events: list[tuple[int, str, dict[str, Any]]] = []
+        self.events: list[tuple[int, str, Mapping[str, Any]]] = []   # (ts, tag, EventAttrs or a dict)
         # (trace_id, span_id, attributes)
         self.links: list[tuple[bytes, bytes, dict[str, Any]]] = []
         self.status_code = STATUS_UNSET
@@ -129,19 +133,6 @@ class Span:
 
     def __repr__(self) -> str:  # for test failures
         return f"Span({self.name} trace={self.trace_id.hex()} events={len(self.events)} attrs={self.attrs})"
-
-
-def checker_factory(enabled: bool, level: int | None) -> Callable[[int], Any] | None:
-    """The ``checker_factory`` for :class:`SpanBuilder`: ``rank -> RankChecker(rank, level)`` (``level`` None: the
-    checker infers it from the stream) when the online checks are ``enabled`` and the checks package provides them,
-    else None."""
-    if not enabled:
-        return None
-    try:
-        from ..checks import RankChecker  # type: ignore[attr-defined]
-    except Exception:
-        return None
-    return lambda rank: RankChecker(rank, level)
 
 
 class SpanBuilder:
@@ -202,7 +193,7 @@ class SpanBuilder:
                    span_id: bytes | None = None, lane: Span | None = None) -> Span:
         self._opened += 1  # part of the id: unique even for spans opened without a record (annotations)
         if span_id is None:
-            span_id = _id(f"{self.instance}|{ev.rank}|{ev.epoch}|{ev.seq}|{kind}|{key[-1]}|{self._opened}", 8)
+            span_id = hashed_id(f"{self.instance}|{ev.rank}|{ev.epoch}|{ev.seq}|{kind}|{key[-1]}|{self._opened}", 8)
         attrs: dict[str, Any] = {sc.RANK: ev.rank}
         attrs.update(extra)
         attrs[sc.SPAN_KIND] = kind
@@ -301,6 +292,8 @@ class SpanBuilder:
         node = f.get("node_id")
         closing = False
         link_rid = None
+        sp: Span | None
+        key: tuple[Any, ...]
         if tag == "reset":
             # A reset ends every open span of this rank: node ids restart, so nothing may join them any more.
             for sp in [s for s in self._open.values() if s.rank == rank and s.lane is None]:

@@ -1,6 +1,6 @@
 """Fault-injecting HiCache simulator (numpy only): a mini HiRadix cache per CP rank with device/host pools, splits,
 backup/evict/reload, asynchronous copies that read their source when they complete, CP modes, write policies, and
-every fault of the domain spec (section 7.2) injectable by name, with an oracle of what each must make the checker
+every fault of docs/domain.md §7.2 injectable by name, with an oracle of what each must make the checker
 find. Used by the tests and by ``cptrace-otel demo``.
 
     from cptrace_otel.sim import Simulation, FaultPlan, LogEmitter

@@ -1,4 +1,5 @@
-"""One rank's ``ComposeCache``: the derived per-(node, layer) views the simulated attention reads (domain 4, H3).
+"""One rank's ``ComposeCache``: the derived per-(node, layer) views the simulated attention reads (docs/domain.md §4,
+H3).
 
 A view records the device range and the node's generation it was built from; a node's views are invalidated
 whenever its device bytes change (evict, reload, revive, split). Fault ``H3_noinval`` skips that at an eviction, so

@@ -1,7 +1,8 @@
 """One rank's copy engine: device->host writes (prepare, merged start, copy, ack) and host->device loads (reload,
 copy, ack), each copy reading its source **when it completes**, so a recycled page becomes corruption.
 
-SGLang's rules (domain 2, stages S4-S6 and S9-S11): the writes prepared within one scheduler round are queued and
+SGLang's rules (docs/domain.md §2, stages S4-S6 and S9-S11): the writes prepared within one scheduler round are queued
+and
 started together by ``start_writing`` (several are merged into one op with a new id from the rank's op counter,
 SGLang's ``merge_ops``: one ``backup`` and one ``ack dir=d2h`` record per node, one copy; a lone write stays its own
 op); write_through locks the node until its ack; a load pins the chain's host pages until its ack and locks the

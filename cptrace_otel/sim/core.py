@@ -1,6 +1,6 @@
 """The simulated HiCache: a mini HiRadix tree per CP rank, its pools and its copy controller, run in lockstep.
 
-Semantics follow SGLang (domain spec sections 1, 2, 5 and 7.1):
+Semantics follow SGLang (docs/domain.md §1, §2, §5 and §7.1):
 
 * page-aligned match/insert; a partial match splits a node: the **new id takes the prefix**, the old id keeps the
   suffix; a split rewrites a pending device->host write entry to list the fragments prefix first;
@@ -106,7 +106,8 @@ class Simulation:
     def judged(self, index: int) -> bool:
         """Whether the cross-rank rules C3-C5 judge a record at structural ``index`` of this epoch: node ids (and
         in mode shared the pages) line up across ranks only up to the first divergence of the trees, so the
-        checker judges only records at or before it (domain 5, pitfall). ``index``: the rank's structural records
+        checker judges only records at or before it (docs/domain.md §5, pitfall). ``index``: the rank's structural
+        records
         before the record (the rank's :attr:`Recorder.n_struct <cptrace_otel.sim.emit.Recorder.n_struct>` when it
         is emitted)."""
         return self.diverged_at is None or index <= self.diverged_at

@@ -1,4 +1,4 @@
-"""One rank's allocation under pressure and its evictions (domain 2, stages S7, S8, S12).
+"""One rank's allocation under pressure and its evictions (docs/domain.md §2, stages S7, S8, S12).
 
 An allocation that does not fit evicts, then retries once. Device eviction takes LRU leaves with ``lock_ref`` 0: a
 backuped leaf keeps its host copy (value None), a leaf that is not backuped is deleted with its host-only

@@ -1,4 +1,4 @@
-"""Fault plans (domain 7.2) and the oracle of what an injected fault must make the checker find.
+"""Fault plans (docs/domain.md §7.2) and the oracle of what an injected fault must make the checker find.
 
 A :class:`FaultPlan` names one surgical deviation and hits exactly the ``nth`` eligible site on ``rank``. Faults that
 model a code bug (every rank runs the same code) default to ``scope="all"``: the deviation happens on every rank in
@@ -61,7 +61,8 @@ FAULTS: dict[str, FaultSpec] = {f.kind: f for f in (
     _fs("H3_noinval", {"H3"}, set(), MODES, "all", "wt",
         "the compose cache is not invalidated on evict or reload"),
     _fs("H4_nolock", {"H4"}, {"HASH"}, MODES, "all", "wt",
-        "write_through skips inc_lock_ref: the node is evicted and its pages reused while its backup copy is in flight"),
+        "write_through skips inc_lock_ref: the node is evicted and its pages reused while its backup copy is "
+        "in flight"),
     _fs("H4_wb_noflush", {"H4"}, {"HASH"}, MODES, "all", "wb",
         "write_back eviction frees the device pages without the synchronous flush (#24585)"),
     _fs("ZERO_nostore", set(), {"ZERO"}, MODES, "all", "wt",
@@ -166,8 +167,10 @@ class Oracle:
     def inject(self, fault: str, rank: int, node_id: int | None, op: int | None) -> None:
         self.injected.append((fault, rank, node_id, op))
 
-    def expect(self, code: str, rule: str, rank: int, node_id: int | None, op: int | None, fault: str, note: str = "") -> None:
-        e = Expect(code, rule, rank, node_id, op, LEVEL_NEEDED.get(rule, LEVEL_NEEDED.get(code, 1)), fault, note or rule)
+    def expect(self, code: str, rule: str, rank: int, node_id: int | None, op: int | None, fault: str,
+               note: str = "") -> None:
+        level = LEVEL_NEEDED.get(rule, LEVEL_NEEDED.get(code, 1))
+        e = Expect(code, rule, rank, node_id, op, level, fault, note or rule)
         if e not in self.entries:
             self.entries.append(e)
 

@@ -38,7 +38,8 @@ def content(tokens: np.ndarray, positions: np.ndarray, layers: np.ndarray, width
     lay = np.asarray(layers, dtype=np.uint64)[None, :, None]
     j = np.arange(width, dtype=np.uint64)[None, None, :]
     with np.errstate(over="ignore"):
-        x = t * np.uint64(2654435761) + p * np.uint64(40503) + lay * np.uint64(97) + np.uint64(shard * 7919) + j * np.uint64(31)
+        x = (t * np.uint64(2654435761) + p * np.uint64(40503) + lay * np.uint64(97) + np.uint64(shard * 7919)
+             + j * np.uint64(31))
         x ^= x >> np.uint64(13)
         x *= np.uint64(0x9E3779B97F4A7C15)
         x ^= x >> np.uint64(29)

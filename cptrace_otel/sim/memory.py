@@ -1,6 +1,7 @@
 """One rank's KV bytes: what a forward computes and stores, and the device pages as the rank's kernels read them.
 
-By CP mode (domain 5): replicated ranks hold identical KV; sharded and layersplit ranks their own shard (layersplit:
+By CP mode (docs/domain.md §5): replicated ranks hold identical KV; sharded and layersplit ranks their own shard
+(layersplit:
 only the rank's layers); a dcp rank stores only its token stripe; in mode shared page ``p`` is owned by rank
 ``p % R``, whose device pool holds its bytes, and a rank reads every page through the shared view. A store may be
 late (fault ZERO_race): it is then pending until its due round, and a hash ordered after it (the backup's start

@@ -75,7 +75,8 @@ class PagedPool:
     def pages_of(self, idx: np.ndarray) -> list[int]:
         a = np.asarray(idx, dtype=np.int64)
         ps = self.page_size
-        if a.size % ps or (a.size and not np.array_equal(a.reshape(-1, ps) % ps, np.tile(np.arange(ps), (a.size // ps, 1)))):
+        if a.size % ps or (a.size and not np.array_equal(a.reshape(-1, ps) % ps,
+                                                         np.tile(np.arange(ps), (a.size // ps, 1)))):
             raise PoolError(f"{self.name}: free of a range that is not whole pages")
         return (a.reshape(-1, ps)[:, 0] // ps).tolist() if a.size else []
 

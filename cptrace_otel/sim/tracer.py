@@ -1,7 +1,8 @@
 """Where simulated records go: a pluggable emitter ``emit(rank, level, tag, **fields)``.
 
 * :class:`LogEmitter` renders upstream log lines per rank (SGLang prefix ``[YYYY-mm-dd HH:MM:SS ATTN_CP<r> TP<r>] ``
-  + ``[CPTRACE tag] k=v ...``), gated by the trace level as the upstream gate does (domain 3.2). For tests and for
+  + ``[CPTRACE tag] k=v ...``), gated by the trace level as the upstream gate does (docs/domain.md §3.2). For tests and
+  for
   log-file fixtures.
 * :class:`ApiEmitter` sends one rank's records through the public API (``cptrace_otel.cptrace``), so the real
   pipeline (resources, exporter process, sinks) is exercised; records of other ranks are dropped. Used by the demo,

@@ -1,6 +1,7 @@
 """One rank's HiRadix tree: nodes, page-aligned match, splits, and ``lock_ref`` propagated to the root.
 
-SGLang's rules (domain 1 and 2, stages S1-S3): a partial match splits a node; the **new id takes the prefix** and
+SGLang's rules (docs/domain.md §1 and §2, stages S1-S3): a partial match splits a node; the **new id takes the prefix**
+and
 the old id keeps the suffix, and a pending device->host write of the node is rewritten to list the fragments
 prefix first. A node whose host->device copy is in flight is cut too (SGLang's match_prefix and insert do it within
 a batch): the prefix joins the load's chain, and each fragment gets its own ack record.

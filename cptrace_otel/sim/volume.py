@@ -37,8 +37,9 @@ def volume_workload(seed: int, mode: str, ranks: int, policy: str, records: int,
     Followers stamp their records half a tick ahead of the IO rank (``lag_ns``), every rank interleaves a round's
     acks its own way (``mixed_acks``), and a quarter of the requests cut an earlier prompt (``cut``).
 
-    Mode dcp stripes tokens over the ranks (``pos % ranks``) and needs whole widened pages (domain 5): its pages
-    hold at least one token per rank (``page_size`` = max(4, ranks)), so that every rank holds rows of every page.
+    Mode dcp stripes tokens over the ranks (``pos % ranks``) and needs whole widened pages (docs/domain.md §5): its
+    pages hold at least one token per rank (``page_size`` = max(4, ranks)), so that every rank holds rows of every
+    page.
 
     ``real``: what real SGLang runs do and the short streams' defaults do not (issue 20): SGLang's allocators
     (scattered slots after frees), a third of the cuts made while the repeat's load is in flight (splits of nodes

@@ -1,5 +1,5 @@
 """Workloads for the simulator: seeded random request streams (negative controls), one scripted scenario per fault
-of domain 7.2 (each makes its eligible site and its consequence happen), and the legal near-misses of 7.3.
+of docs/domain.md §7.2 (each makes its eligible site and its consequence happen), and the legal near-misses of §7.3.2.
 
 Every function drives a :class:`~cptrace_otel.sim.core.Simulation` and returns it; the records are in its emitter,
 the ground truth in ``sim.oracle``. :func:`analyze` runs the checker (per-rank rules and cross-rank rules) over the
@@ -338,7 +338,8 @@ SCENARIO_NAME_OF_FAULT = {
     "H1_stale_dev": "reload_split", "C2_round": "two_writes_one_round",
 }
 
-# Legal near-misses (domain 7.3.2): scripted sequences that must stay silent without any fault -> (scenario, policy).
+# Legal near-misses (docs/domain.md §7.3.2): scripted sequences that must stay silent without any fault -> (scenario,
+# policy).
 NEAR_MISSES: dict[str, tuple[str, str]] = {
     "free right after the ack": ("store_reload", "wt"),
     "host eviction right after the h2d ack": ("reload_reuse", "wt"),

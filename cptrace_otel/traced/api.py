@@ -9,7 +9,7 @@ Contract (what a call site may rely on):
 * ``level`` may be anything: an int (or float) is compared with the gate; a string is parsed as an int
   (``"2"``); anything else that does not compare with an int (``None``, a non-numeric string) counts as below the
   gate and the record is skipped (not counted as dropped). The gate functions never raise.
-* With ``CPTRACE_SAMPLE`` < 1 a record of a node whose lineage was sampled out (:mod:`cptrace_otel.traced.sampling`) is
+* With ``CPTRACE_SAMPLE`` < 1 a record of a node whose lineage was sampled out (:mod:`cptrace_otel.model.sampling`) is
   dropped here, by one set lookup: it costs about what a call below the level costs.
 * An enabled ``cptrace`` only takes a timestamp and appends ``(ts, level, tag, fields)`` to a bounded buffer; all
   rendering, span mapping, checking, encoding and sending happen off the caller's thread. It never raises and never
@@ -20,7 +20,6 @@ Contract (what a call site may rely on):
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Any
 
@@ -30,7 +29,7 @@ from . import lifecycle as _lifecycle
 # Module state. Global on purpose: the hot path must not pay for attribute lookups on an object.
 _LEVEL: int = 0
 _CONFIG: _config.Config | None = None
-_DROP: set | None = None   # node ids sampled out (cptrace_otel.traced.sampling) while CPTRACE_SAMPLE < 1, else None
+_DROP: set | None = None   # node ids sampled out (cptrace_otel.model.sampling) while CPTRACE_SAMPLE < 1, else None
 _lock = threading.Lock()
 
 
@@ -50,8 +49,8 @@ def _submit_unstarted(level: int, tag: str, fields: dict) -> None:
 
 def _started(pipeline: Any) -> Any:
     """Start the pipeline for the configuration in force, with the run id all ranks agree on
-    (:func:`cptrace_otel.traced.ranks.agreed_run_id`, once, before the first record is kept: the sampling decision hashes
-    it), and return the submit function to install (behind the sampler when ``CPTRACE_SAMPLE`` < 1)."""
+    (:func:`cptrace_otel.traced.ranks.agreed_run_id`, once, before the first record is kept: the sampling decision
+    hashes it), and return the submit function to install (behind the sampler when ``CPTRACE_SAMPLE`` < 1)."""
     global _CONFIG, _DROP
     import dataclasses
 
@@ -64,7 +63,7 @@ def _started(pipeline: Any) -> Any:
     submit = pipeline.start(cfg, _uninstall)
     _DROP = None
     if cfg.sample < 1.0:
-        from .sampling import make_submit
+        from ..model.sampling import make_submit
 
         drop: set = set()
         submit = make_submit(submit, cfg.run_id, cfg.sample, drop)
@@ -138,7 +137,7 @@ def trace_enabled(level: int = 1) -> bool:
         return lv is not None and _LEVEL >= lv
 
 
-def cptrace(level: int, tag: str, /, **fields: Any) -> None:
+def cptrace(level: Any, tag: str, /, **fields: Any) -> None:
     """Record one ``tag`` event with ``fields`` if the gate is at least ``level``; never raises, never blocks.
 
     ``level`` and ``tag`` are positional-only (upstream call sites pass them positionally), so a record may carry
@@ -195,7 +194,7 @@ def knz(t: Any) -> Any:
     return _knz(t)
 
 
-def fwd_hash(forward_batch: Any, layer_id: Any, stage: Any, t: Any, *, level: int = 3) -> None:
+def fwd_hash(forward_batch: Any, layer_id: Any, stage: Any, t: Any, *, level: Any = 3) -> None:
     """Upstream ``fwd_hash``: a level-3 ``fwd_hash`` record for one per-layer forward tensor.
 
     Skipped outside the EXTEND path and under CUDA-graph capture (nothing is launched there)."""
@@ -237,17 +236,10 @@ def _after_fork_in_child() -> None:
     _submit = _submit_unstarted
     _DROP = None
     _lock = threading.Lock()
-    try:
-        from . import pipeline
-
-        pipeline._after_fork_in_child()
-        _lifecycle.after_fork_in_child()  # a multiprocessing child flushes at its end (it skips atexit)
-    except Exception:
-        pass
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+# A forked child forgets the parent's pipeline (lifecycle runs this first, then the pipeline's own callback).
+_lifecycle.on_fork_child(_after_fork_in_child)
 # Now, before the application registers its own exit handlers: ours runs after them (see lifecycle).
 _lifecycle.install_exit_hook()
 

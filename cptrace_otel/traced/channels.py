@@ -1,8 +1,9 @@
 """The traced process's end of the pipe to its exporter worker: a subprocess (:class:`ProcessChannel`) or a thread of
 this process (:class:`ThreadChannel`), each with the books of what it was shipped and what the worker reported.
 
-A channel calls back into its owner (``cptrace_otel.traced.pipeline``'s state): ``on_ack(msg, channel)`` for every message
-the worker sends (ACK, PROGRESS) and ``on_worker_gone(why, channel)`` once the worker is gone. Messages and frames:
+A channel calls back into its owner (``cptrace_otel.traced.pipeline``'s state): ``on_ack(msg, channel)`` for every
+message the worker sends (ACK, PROGRESS) and ``on_worker_gone(why, channel)`` once the worker is gone. Messages and
+frames:
 :mod:`cptrace_otel.export.protocol`.
 """
 
@@ -66,7 +67,7 @@ class ProcessChannel(Books):
         except Exception:
             pass
         try:
-            rc = self.proc.wait(1.0)
+            rc: int | None = self.proc.wait(1.0)
         except Exception:
             rc = self.proc.poll()
         self._st.on_worker_gone(f"exporter process exited (rc={rc})", self)

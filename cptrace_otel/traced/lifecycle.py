@@ -2,16 +2,19 @@
 
 * Exit: :func:`install_exit_hook` (api, at import) registers the exit flush with ``atexit`` before the application
   can register its own handlers, so it runs after them (atexit is last-in, first-out) and records those handlers
-  emit are still delivered.
+  emit are still delivered. The one exit path: it runs the handler the pipeline registered (:func:`set_handlers`).
 * SIGTERM: :func:`install_sigterm` (the pipeline, when it starts on the main thread) installs a handler that
-  flushes within :data:`SIGNAL_FLUSH_S`, then chains the handler that was installed before (SGLang installs its
-  own) or, when there was none, dies of SIGTERM as the process would have. A process that ignores SIGTERM is left
-  alone. A handler the application installs *after* the first record replaces this one: it should exit through
-  ``sys.exit`` (the exit flush runs) or call ``cptrace_otel.flush()``.
-* ``multiprocessing`` fork children end with ``os._exit`` (no atexit): :func:`after_fork_in_child` (api's at-fork
-  hook) arms a ``multiprocessing.util.Finalize`` that runs the exit flush when the child's bootstrap finishes.
+  flushes within :data:`SIGNAL_FLUSH_S` (the pipeline's ``signal_flush(budget_s, dies)``), then chains the handler
+  that was installed before (SGLang installs its own) or, when there was none, dies of SIGTERM as the process would
+  have. A process that ignores SIGTERM is left alone. A handler the application installs *after* the first record
+  replaces this one: it should exit through ``sys.exit`` (the exit flush runs) or call ``cptrace_otel.flush()``.
+* Fork: callbacks registered with :func:`on_fork_child` run in a forked child, in the order they were registered
+  (the api forgets its installed submit function, then the pipeline its threads). ``multiprocessing`` fork children
+  end with ``os._exit`` (no atexit): after those callbacks, a ``multiprocessing.util.Finalize`` is armed that runs
+  the exit flush when the child's bootstrap finishes.
 
-Imports only the standard library; the pipeline is looked up in ``sys.modules`` (never imported from here).
+Imports only the standard library and nothing of the package: the pipeline registers its callbacks here when it is
+imported (it is never looked up from here).
 """
 
 from __future__ import annotations
@@ -21,25 +24,36 @@ import os
 import signal
 import sys
 import threading
-from typing import Any
+from typing import Any, Callable
 
 SIGNAL_FLUSH_S = 3.0      # SIGTERM: longest wait for the flush before the chained handler (or death)
 
-_PIPELINE = __package__ + ".pipeline"
 _exit_hook_registered = False
 _sigterm_installed = False
 _prev_sigterm: Any = None
+_on_exit: Callable[[], None] | None = None
+_on_signal: Callable[[float, bool], None] | None = None
+_fork_children: list[Callable[[], None]] = []
 
 
-def _pipeline() -> Any:
-    return sys.modules.get(_PIPELINE)
+def set_handlers(at_exit: Callable[[], None], signal_flush: Callable[[float, bool], None]) -> None:
+    """The pipeline's exit handler (run at exit and at the end of a multiprocessing child) and its SIGTERM flush
+    (``signal_flush(budget_s, dies)``: ``dies`` when the process ends right after it, so a backend that is down is
+    not waited for). Called once, when the pipeline module is imported."""
+    global _on_exit, _on_signal
+    _on_exit, _on_signal = at_exit, signal_flush
+
+
+def on_fork_child(fn: Callable[[], None]) -> None:
+    """Run ``fn`` in every forked child (registration order), before the multiprocessing exit flush is armed."""
+    _fork_children.append(fn)
 
 
 def _exit_hook() -> None:
-    p = _pipeline()
-    if p is not None:
+    fn = _on_exit
+    if fn is not None:
         try:
-            p._at_exit()
+            fn()
         except Exception:
             pass
 
@@ -50,10 +64,6 @@ def install_exit_hook() -> None:
     if not _exit_hook_registered:
         atexit.register(_exit_hook)
         _exit_hook_registered = True
-
-
-def exit_hook_registered() -> bool:
-    return _exit_hook_registered
 
 
 def install_sigterm() -> None:
@@ -75,13 +85,10 @@ def install_sigterm() -> None:
 def _on_sigterm(signum: int, frame: Any) -> None:
     prev = _prev_sigterm
     dies = not callable(prev)  # SIG_DFL (or unknown): the process ends right after this flush
-    p = _pipeline()
-    if p is not None:
+    fn = _on_signal
+    if fn is not None:
         try:
-            st = p._state
-            if st is not None and dies:
-                st.exiting = True  # do not wait for a backend that is down: the spool keeps its requests
-            p.flush(SIGNAL_FLUSH_S)
+            fn(SIGNAL_FLUSH_S, dies)
         except Exception:
             pass
     if callable(prev):
@@ -98,8 +105,13 @@ class _Token:
 _TOKEN = _Token()
 
 
-def after_fork_in_child() -> None:
-    """In a fork child: if it is a multiprocessing child, flush when its bootstrap ends (it skips atexit)."""
+def _after_fork_in_child() -> None:
+    for fn in list(_fork_children):
+        try:
+            fn()
+        except Exception:
+            pass
+    # a multiprocessing child flushes at its end (it skips atexit); the module is looked up, never imported here
     mpu = sys.modules.get("multiprocessing.util")
     if mpu is None:
         return
@@ -114,3 +126,7 @@ def _arm_child_exit(_token: Any) -> None:
     mpu = sys.modules.get("multiprocessing.util")
     if mpu is not None:
         mpu.Finalize(None, _exit_hook, exitpriority=-100)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -12,10 +12,10 @@ Contract (docs/ARCHITECTURE.md):
 * A daemon drainer thread pops batches in order, resolves deferred fingerprints (``fingerprint.is_deferred/resolve``,
   waiting on their CUDA event), renders every value that is not already an int, str or float (bools as
   ``True``/``False``; anything else with upstream ``_fmt`` semantics; a value whose ``str`` raises becomes
-  ``(err:<ExceptionType>)``; :func:`cptrace_otel.traced.records.compact_item`) and ships batches of these compact items to
-  the exporter worker, in order (messages and frames: :mod:`cptrace_otel.export.protocol`). The worker completes
-  each with the same rendering (:mod:`cptrace_otel.traced.records`), so the result is the same, but the traced process does
-  the least work.
+  ``(err:<ExceptionType>)``; :func:`cptrace_otel.model.records.compact_item`) and ships batches of these compact items
+  to the exporter worker, in order (messages and frames: :mod:`cptrace_otel.export.protocol`). The worker completes
+  each with the same rendering (:mod:`cptrace_otel.model.records`), so the result is the same, but the traced process
+  does the least work.
 * The worker is a subprocess per traced process (``python -m cptrace_otel.export.worker``; not ``multiprocessing``,
   since SGLang rank processes may be daemonic), fed over its stdin and acking over its stdout; it exits after
   delivering once its stdin closes, so it never outlives the traced process for long. ``CPTRACE_EXPORTER=thread``
@@ -34,14 +34,14 @@ Contract (docs/ARCHITECTURE.md):
   blocks for :data:`RENDER_BUDGET_S` is given up by a watchdog thread: that record is dropped and counted, the
   records the stuck drainer had already rendered are shipped, and a new drainer carries on (reported on stderr).
   A drainer that dies anyway is reported and replaced the same way.
-* Exit, signals, fork: :mod:`cptrace_otel.traced.lifecycle` (called by api) flushes at exit, on SIGTERM and at the end of
-  a ``multiprocessing`` child. :func:`_after_fork_in_child` (called by api's at-fork hook) forgets the parent's
-  pipeline, so the child starts its own drainer and worker on its next record.
+* Exit, signals, fork: this module registers its callbacks with :mod:`cptrace_otel.traced.lifecycle` when it is
+  imported: the exit shutdown (at exit and at the end of a ``multiprocessing`` child), the SIGTERM flush, and the
+  fork-child reset that forgets the parent's pipeline, so the child starts its own drainer and worker on its next
+  record.
 """
 
 from __future__ import annotations
 
-import atexit
 import collections
 import itertools
 import os
@@ -53,11 +53,11 @@ from typing import Any, Callable
 from . import lifecycle
 from .channels import ProcessChannel, ThreadChannel
 from ..export.protocol import ACK, FLUSH, INIT, ITEMS, PROGRESS
-from .records import RESOLVE_TIMEOUT_S, compact_item, load_deferred
+from ..model.records import RESOLVE_TIMEOUT_S, compact_item
 
 BATCH = 4096              # records per message to the worker
 IDLE_WAIT_S = 0.05        # drainer poll interval when the buffer is empty
-EXIT_FLUSH_S = 5.0        # atexit flush budget
+EXIT_FLUSH_S = 5.0        # exit flush budget
 MAX_RESTARTS = 5          # exporter workers started after the first one died
 RESTART_BACKOFF_S = 0.5   # before the first restart; doubles each time (the buffer holds the records meanwhile)
 RENDER_BUDGET_S = RESOLVE_TIMEOUT_S + 5.0  # one record's rendering may take this long (a GPU fingerprint waits 30 s)
@@ -68,9 +68,18 @@ SAMPLE_MASK = 31          # past that, one record in SAMPLE_MASK + 1 is measured
 _lock = threading.Lock()
 _state: "_State | None" = None
 _fids = itertools.count(1)
-_atexit_registered = False   # (api registers lifecycle's exit hook at import: then none is needed here)
 _on_stop: Callable[[], None] | None = None   # start()'s caller's uninstall hook
 _last_stats: dict[str, Any] = {}
+
+
+def load_deferred() -> tuple[Any, Any]:
+    """``(is_deferred, resolve)`` of the fingerprint package, or ``(None, None)`` when it cannot be imported."""
+    try:
+        from ..fingerprint import is_deferred, resolve
+
+        return is_deferred, resolve
+    except Exception:
+        return None, None
 
 
 # -- state ----------------------------------------------------------------------------------------------------------
@@ -280,7 +289,8 @@ class _State:
         from .ranks import RankHold
 
         # While the rank is unknown the first batches wait here (not on the caller) so that a rank learned from the
-        # config record, SGLang or torch.distributed still labels them (cptrace_otel.traced.ranks.RankHold). The hold lives
+        # config record, SGLang or torch.distributed still labels them (cptrace_otel.traced.ranks.RankHold). The hold
+        # lives
         # on the state, so a drainer started by the watchdog carries on with it.
         hold = RankHold(self.cfg, self.cfg.rank_wait_s, self.cap)
         if hold.known:
@@ -405,7 +415,7 @@ class _State:
         if self.gone is not None and not self.drainer.is_alive():
             return False
         fid = next(_fids)
-        w = [threading.Event(), False]
+        w: list[Any] = [threading.Event(), False]   # [set when answered, the answer]
         self.waiters[fid] = w
         self.flush_reqs.append((fid, time.monotonic(), timeout_s))
         self.wake.set()
@@ -435,16 +445,14 @@ def start(config: Any, on_stop: Callable[[], None] | None = None) -> Callable[[i
     this module's lock: the caller uninstalls the submit function there, so a later record starts a new pipeline
     instead of reaching the stopped one. (A caller that installs under its own lock and uninstalls under the same
     lock never keeps a stopped pipeline's function installed.)"""
-    global _state, _atexit_registered, _on_stop
+    global _state, _on_stop
     with _lock:
         if _state is None or _state.pid != os.getpid():
             st = _State(config)
             st.drainer.start()
             st.watchdog.start()
             _state = st
-            if not _atexit_registered and not lifecycle.exit_hook_registered():
-                atexit.register(_at_exit)
-            _atexit_registered = True
+            lifecycle.install_exit_hook()   # api did at import (before the app's handlers); idempotent
             lifecycle.install_sigterm()
         _on_stop = on_stop
         return _state.make_submit()
@@ -533,13 +541,22 @@ def _remember(st: _State) -> None:
 
 
 def _at_exit(budget_s: float = EXIT_FLUSH_S) -> None:
-    """Exit (atexit, end of a multiprocessing child, SIGTERM): shut down within ``budget_s``; the worker does not
-    wait for a backend that is down (its requests stay in the spool for the next run)."""
+    """Exit (atexit, end of a multiprocessing child): shut down within ``budget_s``; the worker does not wait for
+    a backend that is down (its requests stay in the spool for the next run)."""
     st = _state
     if st is None or st.pid != os.getpid():
         return
     st.exiting = True
     shutdown(min(budget_s, float(getattr(st.cfg, "timeout_s", budget_s)) + 1.0))
+
+
+def _signal_flush(budget_s: float, dies: bool) -> None:
+    """SIGTERM: flush within ``budget_s``; when the process ``dies`` right after, do not wait for a backend that is
+    down (the spool keeps its requests)."""
+    st = _state
+    if st is not None and dies:
+        st.exiting = True
+    flush(budget_s)
 
 
 def _after_fork_in_child() -> None:
@@ -551,3 +568,7 @@ def _after_fork_in_child() -> None:
     _lock = threading.Lock()
     if st is not None and st.channel is not None:
         st.channel.close_in_child()
+
+
+lifecycle.set_handlers(_at_exit, _signal_flush)
+lifecycle.on_fork_child(_after_fork_in_child)

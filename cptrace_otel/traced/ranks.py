@@ -19,7 +19,8 @@ Contract:
   initialized, an id agreed through its own store (the one at the init address: ``MASTER_ADDR``/``MASTER_PORT``, or
   SGLang's ``dist_init_addr`` / nccl port): the first rank to ask puts a fresh random id there with ``compare_set``
   and every rank reads that one back, so ranks on several hosts agree and two launches (two stores) never share one.
-  Otherwise the per-host rule of :func:`cptrace_otel.model.config.derive_run_id` stands (host, launcher pid and start time).
+  Otherwise the per-host rule of :func:`cptrace_otel.model.config.derive_run_id` stands (host, launcher pid and start
+  time).
 """
 
 from __future__ import annotations

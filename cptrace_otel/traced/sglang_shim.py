@@ -6,12 +6,13 @@ Contract:
   interpreter start: it reads ``CPTRACE_SGLANG`` and, only when it is set to something other than ``0``, calls
   :func:`install`. With the switch off it costs one environment lookup and imports nothing.
 * :func:`install` puts an :class:`AliasFinder` first on ``sys.meta_path``: importing
-  :data:`MODULE` then yields :mod:`cptrace_otel.traced.api` itself (same functions, same module state), whether or not the
-  installed SGLang ships its own ``cp_hicache_trace``. Every scheduler process SGLang spawns is a new interpreter
+  :data:`MODULE` then yields :mod:`cptrace_otel.traced.api` itself (same functions, same module state), whether or not
+  the installed SGLang ships its own ``cp_hicache_trace``. Every scheduler process SGLang spawns is a new interpreter
   that inherits the environment, so it gets the alias too; ranks come from SGLang's parallel state
   (:mod:`cptrace_otel.traced.ranks`).
 * Without the ``.pth`` (an editable install, a vendored copy):
-  ``python -m cptrace_otel.traced.sglang_shim --write-pth`` writes it into this interpreter's site-packages (or ``--to DIR``).
+  ``python -m cptrace_otel.traced.sglang_shim --write-pth`` writes it into this interpreter's site-packages (or ``--to
+  DIR``).
 """
 
 from __future__ import annotations

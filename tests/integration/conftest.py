@@ -22,12 +22,9 @@ import pytest
 
 from cptrace_otel.analyze.sources.jaeger import JaegerClient, JaegerUnreachable
 
-try:
-    from .itlib import (_BASE_ENV, DEPLOY, JAEGER_URL, OTLP_GRPC, OTLP_HTTP, SPANMETRICS_URL, AlertStack, Jaeger,
-                        PrivateJaeger, _port_open, free_port, unavailable)
-except ImportError:  # tests/ is not a package (pytest's default "prepend" import mode)
-    from itlib import (_BASE_ENV, DEPLOY, JAEGER_URL, OTLP_GRPC, OTLP_HTTP, SPANMETRICS_URL, AlertStack, Jaeger,
-                       PrivateJaeger, _port_open, free_port, unavailable)
+from tests.helpers import free_port
+from tests.helpers.integration import (_BASE_ENV, DEPLOY, JAEGER_URL, OTLP_GRPC, OTLP_HTTP, SPANMETRICS_URL, AlertStack,
+                                       Jaeger, PrivateJaeger, _port_open, unavailable)
 
 
 @pytest.fixture(scope="session")

@@ -17,10 +17,7 @@ import urllib.parse
 
 import pytest
 
-try:
-    from .itlib import SPANMETRICS_URL, get_json, rank_env, start_rank, wait_for
-except ImportError:  # tests/ is not a package (pytest's default "prepend" import mode)
-    from itlib import SPANMETRICS_URL, get_json, rank_env, start_rank, wait_for
+from tests.helpers.integration import SPANMETRICS_URL, get_json, rank_env, start_rank, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -24,10 +24,7 @@ import pytest
 
 from cptrace_otel.analyze.sources.jaeger import JaegerClient, JaegerUnreachable, events_from_otlp
 
-try:
-    from .itlib import _BASE_ENV, DEPLOY, rank_env, start_rank, wait_for
-except ImportError:  # tests/ is not a package (pytest's default "prepend" import mode)
-    from itlib import _BASE_ENV, DEPLOY, rank_env, start_rank, wait_for
+from tests.helpers.integration import _BASE_ENV, DEPLOY, rank_env, start_rank, wait_for
 
 yaml = pytest.importorskip("yaml")
 

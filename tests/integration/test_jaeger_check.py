@@ -1,4 +1,4 @@
-"""``check --jaeger`` against the real Jaeger (issue 13): a 4-rank sharded demo with the faults C1_div, C3_writer,
+"""``check --jaeger`` against the real Jaeger: a 4-rank sharded demo with the faults C1_div, C3_writer,
 HASH_flip exported into Jaeger gives exactly the findings ``check`` reports on the same run's files, also through
 small search pages; Jaeger's own JSON answers saved as files check the same; a Jaeger export of another service is
 exit 3 with the reason.
@@ -20,10 +20,7 @@ import uuid
 
 import pytest
 
-try:
-    from .itlib import _BASE_ENV, ROOT, get_json, wait_for
-except ImportError:  # tests/ is not a package (pytest's default "prepend" import mode)
-    from itlib import _BASE_ENV, ROOT, get_json, wait_for
+from tests.helpers.integration import _BASE_ENV, ROOT, get_json, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -16,10 +16,7 @@ import pytest
 from cptrace_otel.model import spans
 from cptrace_otel.analyze.sources.jaeger import events_from_otlp
 
-try:
-    from .itlib import rank_env, start_rank, wait_for
-except ImportError:  # tests/ is not a package (pytest's default "prepend" import mode)
-    from itlib import rank_env, start_rank, wait_for
+from tests.helpers.integration import rank_env, start_rank, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

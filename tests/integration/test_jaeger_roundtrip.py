@@ -19,10 +19,7 @@ from cptrace_otel.analyze.sources.jaeger import events_from_otlp, iter_spans, ot
 from cptrace_otel.model.attrs import fields_to_attributes
 from cptrace_otel.model.logline import parse_value, render_value
 
-try:
-    from .itlib import rank_env, start_rank, wait_for
-except ImportError:  # tests/ is not a package (pytest's default "prepend" import mode)
-    from itlib import rank_env, start_rank, wait_for
+from tests.helpers.integration import rank_env, start_rank, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -3,7 +3,7 @@
 header links to the run's HTML report at ``#trace=<id>``, which names the node.
 
 Needs the shared Jaeger serving the jaeger-ui build (``deploy/jaeger/up`` does when ``../shared/jaeger-ui/build``
-exists next to the repository) and headless Chromium (see browserlib). Without the UI build it skips with the
+exists next to the repository) and headless Chromium (see tests/helpers/browser.py). Without the UI build it skips with the
 reason; with the build present but not served it is an error under ``CPTRACE_REQUIRE_JAEGER``.
 """
 
@@ -17,12 +17,8 @@ from urllib.parse import unquote
 
 import pytest
 
-try:
-    from .browserlib import ROOT, chromium_page, cli, screenshot
-    from .itlib import REQUIRE_JAEGER, unavailable, wait_for
-except ImportError:  # tests/ is not a package (pytest's default "prepend" import mode)
-    from browserlib import ROOT, chromium_page, cli, screenshot
-    from itlib import REQUIRE_JAEGER, unavailable, wait_for
+from tests.helpers.browser import ROOT, chromium_page, cli, screenshot
+from tests.helpers.integration import REQUIRE_JAEGER, unavailable, wait_for
 
 # where deploy/jaeger/up looks for the UI build (JAEGER_UI_ASSETS overrides it there and here)
 UI_BUILD = Path(os.environ.get("JAEGER_UI_ASSETS") or ROOT.parent / "shared" / "jaeger-ui" / "build")

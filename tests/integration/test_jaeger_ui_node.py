@@ -8,7 +8,7 @@ opened in headless Chromium, asserted from the page.
 - a search for the HASH code (``cptrace.violation.HASH=true``) finds every trace that the demo's check reports.
 
 Needs Jaeger serving the jaeger-ui build (``deploy/jaeger/up`` does when ``../shared/jaeger-ui/build`` exists; tests
-skip with the reason otherwise) and headless Chromium (browserlib). Screenshots go to browserlib.ARTIFACTS.
+skip with the reason otherwise) and headless Chromium (tests/helpers/browser.py). Screenshots go to its ARTIFACTS.
 """
 
 from __future__ import annotations
@@ -20,12 +20,8 @@ from pathlib import Path
 
 import pytest
 
-try:
-    from .browserlib import ROOT, chromium_page, cli, screenshot
-    from .itlib import REQUIRE_JAEGER, unavailable, wait_for
-except ImportError:  # tests/ is not a package (pytest's default "prepend" import mode)
-    from browserlib import ROOT, chromium_page, cli, screenshot
-    from itlib import REQUIRE_JAEGER, unavailable, wait_for
+from tests.helpers.browser import ROOT, chromium_page, cli, screenshot
+from tests.helpers.integration import REQUIRE_JAEGER, unavailable, wait_for
 
 UI_BUILD = Path(os.environ.get("JAEGER_UI_ASSETS") or ROOT.parent / "shared" / "jaeger-ui" / "build")
 RANKS = 16
@@ -115,15 +111,24 @@ def test_sixteen_rank_node_in_the_jaeger_ui(jaeger, tmp_path):
         detail = page.locator(".detail-row").first
         refs = detail.locator(".AccordianReferences--header")
         refs.click()
+        # the section is drawn once it opens: wait for that state (its text naming every backup span), not a time
+        page.wait_for_function("([sel, ids]) => { const d = document.querySelector(sel); "
+                               "return !!d && ids.every((i) => d.innerText.includes(i)); }",
+                               arg=[".detail-row", backups], timeout=30_000)
         text = detail.inner_text()
         assert all(b in text for b in backups), text        # the references name the backup span(s)
         assert f"rank {bad_rank} \u00b7 d2h" in text
         detail.scroll_into_view_if_needed()
         screenshot(page, "jaeger-node-hash-span.png", full_page=False)
 
-        # Trace Graph draws the nodes
-        page.click(".ant-dropdown-trigger:has-text('Trace Timeline')")
-        page.click(".ant-dropdown-menu-item:has-text('Trace Graph')")
+        # Trace Graph draws the nodes. The view menu slides in when opened; on a loaded machine a pointer click on
+        # its item can land while it still moves or under another layer ("not stable", "intercepts pointer
+        # events"). So: open it, wait until the item is shown, then hand the click to the item itself (a DOM click
+        # event, which the menu's handler takes wherever the item is drawn), and wait for the graph.
+        page.locator(".ant-dropdown-trigger", has_text="Trace Timeline").click()
+        item = page.locator(".ant-dropdown-menu-item", has_text="Trace Graph")
+        item.wait_for(state="visible", timeout=30_000)
+        item.dispatch_event("click")
         page.wait_for_selector(".TraceGraph--graphWrapper .OpNode", timeout=30_000)
         nodes = page.query_selector_all(".TraceGraph--graphWrapper .OpNode")
         assert len(nodes) >= RANKS  # (nodes group spans by operation: at least each rank's lane)

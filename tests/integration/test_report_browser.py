@@ -1,6 +1,6 @@
 """The HTML report (``cptrace-otel report``) in headless Chromium: a demo run with an injected HASH fault shows every
 rank's lane and the finding with its evidence, without a console error; a 100k-record run gives a page under 5 MB
-(its time is printed, not asserted). Screenshots are saved (see browserlib)."""
+(its time is printed, not asserted). Screenshots are saved (see tests/helpers/browser.py)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,7 @@ from pathlib import Path
 
 import pytest
 
-try:
-    from .browserlib import ROOT, chromium_page, cli, screenshot
-except ImportError:  # tests/ is not a package (pytest's default "prepend" import mode)
-    from browserlib import ROOT, chromium_page, cli, screenshot
+from tests.helpers.browser import ROOT, chromium_page, cli, screenshot
 
 RANKS = 4
 

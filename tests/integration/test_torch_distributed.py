@@ -15,10 +15,9 @@ import pytest
 
 from cptrace_otel.analyze.sources.jaeger import events_from_otlp
 
-try:
-    from .itlib import _BASE_ENV, ROOT, free_port, wait_for
-except ImportError:  # tests/ is not a package (pytest's default "prepend" import mode)
-    from itlib import _BASE_ENV, ROOT, free_port, wait_for
+from tests.helpers.integration import _BASE_ENV, ROOT, wait_for
+
+from tests.helpers import free_port
 
 pytest.importorskip("torch.distributed")
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""``cptrace-otel watch`` against the real parts (issue 13): a 4-rank sharded demo with the faults C1_div, C3_writer,
+"""``cptrace-otel watch`` against the real parts: a 4-rank sharded demo with the faults C1_div, C3_writer,
 HASH_flip goes into a Jaeger with the repo's span metrics; ``watch --once`` reports the findings ``check`` reports,
 writes the cross-rank ones back into their node traces (found by a Jaeger tag search on the code, linked to their
 evidence spans), posts them to Alertmanager (one alert per code, rank and run, also when posted twice), and the
@@ -19,10 +19,9 @@ import urllib.parse
 
 import pytest
 
-try:
-    from .itlib import _BASE_ENV, ROOT, free_port, get_json, wait_for
-except ImportError:  # tests/ is not a package (pytest's default "prepend" import mode)
-    from itlib import _BASE_ENV, ROOT, free_port, get_json, wait_for
+from tests.helpers.integration import _BASE_ENV, ROOT, get_json, wait_for
+
+from tests.helpers import free_port
 
 from cptrace_otel.model.spans import node_trace_id
 

@@ -12,12 +12,7 @@ from cptrace_otel.traced import api
 from cptrace_otel.model import config
 
 
-@pytest.fixture(autouse=True)
-def _restore():
-    api.shutdown(10)
-    yield
-    api.shutdown(10)
-    api.reload_config()
+pytestmark = pytest.mark.usefixtures("fresh_pipeline")
 
 
 def test_public_names_match_upstream() -> None:

@@ -1,4 +1,4 @@
-"""Bad input to ``check`` and ``ingest`` (issue 14, items 11 and 12): never a traceback, never exit 1 for a crash,
+"""Bad input to ``check`` and ``ingest`` : never a traceback, never exit 1 for a crash,
 a bad record reported with its file and line and skipped, memory bounded, nothing that blocks for ever."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 from cptrace_otel import cli
 from cptrace_otel.analyze.sources import inputs as files, logs
 
-from _demo_run import check
+from tests.helpers.demo_run import check
 
 GOOD = "[CPTRACE prepare] rank=0 node_id=7 op=1 ts=10\n"
 BIG = "9" * 5000   # over Python's int-string limit (4300 digits)
@@ -45,7 +45,7 @@ def events(out: str) -> int:
     return json.loads(out)["stats"]["events"]
 
 
-# -- item 11: no traceback, exit codes 0/1/2/3 ---------------------------------------------------------------------
+# -- no traceback, exit codes 0/1/2/3 ---------------------------------------------------------------------
 @pytest.mark.parametrize("line", [f"[CPTRACE prepare] rank=0 node_id={BIG} op=1 ts=5\n",
                                   f"[CPTRACE prepare] rank=0 node_id=3 op=1 x={BIG} ts=5\n",
                                   f"[CPTRACE prepare] rank=0 node_id=3 op=1 ts={BIG}\n",
@@ -141,7 +141,7 @@ def test_an_unexpected_exception_is_exit_3_with_one_line(monkeypatch, capsys):
     assert "Traceback (most recent call last)" in err and "internal error" in err.splitlines()[-1]
 
 
-# -- item 12: bounded memory, nothing that hangs -------------------------------------------------------------------
+# -- bounded memory, nothing that hangs -------------------------------------------------------------------
 # VmHWM, not ru_maxrss: the latter keeps the parent's peak across fork and exec (this pytest process)
 _RSS = ("import sys; from cptrace_otel import cli; rc = cli.main(sys.argv[1:]); "
         "hwm = [l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM:')][0]; "

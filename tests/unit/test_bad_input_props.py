@@ -1,4 +1,4 @@
-"""Property tests (Hypothesis) over the input of ``check`` and ``ingest`` (issue 14): whatever bytes a log holds and
+"""Property tests (Hypothesis) over the input of ``check`` and ``ingest``: whatever bytes a log holds and
 whatever JSON an OTLP file holds, the command raises nothing, exits 0/1/2/3, reports each malformed record with
 ``file:line``, and still reads the good record after the bad ones. Example counts are small (CI runs on 2 cores)."""
 
@@ -20,7 +20,7 @@ from cptrace_otel.commands import ingest  # noqa: E402
 from cptrace_otel.analyze.sources import logs  # noqa: E402
 from cptrace_otel.cli import _parser  # noqa: E402
 
-from _demo_run import check  # noqa: E402
+from tests.helpers.demo_run import check  # noqa: E402
 from test_bad_input import GOOD, otlp_line  # noqa: E402
 
 SETTINGS = dict(deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])

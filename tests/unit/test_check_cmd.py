@@ -13,7 +13,7 @@ import sys
 from cptrace_otel.commands import check as check_cmd
 from cptrace_otel.cli import main
 
-from _checks_util import FIXTURES
+from tests.helpers.checks_util import FIXTURES
 
 DOMAIN = os.path.join(FIXTURES, "domain")
 

@@ -1,4 +1,4 @@
-"""What ``check`` accepts (issue 13): inputs told by content, Jaeger JSON exports checked like the run's OTLP files
+"""What ``check`` accepts: inputs told by content, Jaeger JSON exports checked like the run's OTLP files
 (events ordered by seq whatever order the backend gave), folders, the same run given twice counted once (or refused
 with the files named), and input with no cptrace record rejected with what it looked like (exit 3)."""
 
@@ -15,9 +15,9 @@ import pytest
 
 from cptrace_otel.analyze.sources.detect import HEAD, sniff
 
-from _checks_util import FIXTURES
-from _demo_run import check, core, run_demo
-from _jaeger_fixtures import read_requests, to_v2, to_v3
+from tests.helpers.checks_util import FIXTURES
+from tests.helpers.demo_run import check, core, run_demo
+from tests.helpers.jaeger_fixtures import read_requests, to_v2, to_v3
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +130,7 @@ def test_jaeger_exports_give_the_findings_of_the_otlp_files(tmp_path, demo, base
 
 
 def test_events_in_the_backends_order_are_put_in_seq_order(tmp_path, demo, baseline):
-    """The false C1 of issue 13: span events and spans in the order Jaeger returns them, not the ranks' order."""
+    """No false C1 from span order: span events and spans in the order Jaeger returns them, not the ranks' order."""
     reqs = read_requests(demo["otlp"])
     doc = to_v3(reqs, seed=9)
     doc["result"]["resourceSpans"].reverse()

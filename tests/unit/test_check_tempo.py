@@ -1,4 +1,4 @@
-"""``check --tempo`` against a fake Tempo in its documented response formats (:mod:`_tempo_fixtures`; Tempo itself
+"""``check --tempo`` against a fake Tempo in its documented response formats (:mod:`tests.helpers.tempo_fixtures`; Tempo itself
 is AGPL and not run here): the run's findings are those of its files, also through small search pages; the TraceQL
 is the documented run query; unreachable is exit 3; no --run-id is a usage error."""
 
@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from _demo_run import check, core, run_demo
-from _jaeger_fixtures import read_requests
-from _tempo_fixtures import FakeTempo
+from tests.helpers.demo_run import check, core, run_demo
+from tests.helpers.jaeger_fixtures import read_requests
+from tests.helpers.tempo_fixtures import FakeTempo
 from cptrace_otel.analyze.sources.tempo import run_query, run_trace_ids, traces_data
 
 

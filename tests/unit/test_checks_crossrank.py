@@ -1,8 +1,8 @@
-"""Cross-rank rules C1-C5 over per-rank log files (domain section 5)."""
+"""Cross-rank rules C1-C5 over per-rank log files (docs/domain.md §5)."""
 
 from __future__ import annotations
 
-from _checks_util import R, check_files, write_ranks
+from tests.helpers.checks_util import R, check_files, write_ranks
 
 
 def _node(r, node, op, dev, host, h=None, io=1, hs=None, extra_backup=""):
@@ -191,7 +191,7 @@ def _prep(r, node, op, n, dev, host, io):
 def test_store_fence_stops_at_the_c1_divergence(tmp_path):
     """Mode shared: after the trees diverge (structural record #2), rank 1 reuses, for its own node, pages the IO
     rank's node 1 still holds, and stores into them after the IO rank's backup. The pages no longer mean the same
-    node on both ranks (domain 5, pitfall): C1 reports the divergence, the fence does not judge that store."""
+    node on both ranks (docs/domain.md §5, pitfall): C1 reports the divergence, the fence does not judge that store."""
     ranks = {}
     for r in (0, 1):
         out = _cfg(r, "shared")

@@ -1,4 +1,5 @@
-"""Legal near-misses of domain 7.3.2: each scripted sequence sits right next to a violation and must stay silent,
+"""Legal near-misses of docs/domain.md §7.3.2: each scripted sequence sits right next to a violation and must stay
+silent,
 at the level it was written for and at level 3."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import os
 
 import pytest
 
-from _checks_util import FIXTURES, check_files
+from tests.helpers.checks_util import FIXTURES, check_files
 
 NEAR = sorted(glob.glob(os.path.join(FIXTURES, "nearmiss", "*.log")))
 

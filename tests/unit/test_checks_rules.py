@@ -1,4 +1,4 @@
-"""Per-rank rules H1-H4, ZERO, HASH: the domain spec's Bad/Good examples (section 4), extra positive cases per
+"""Per-rank rules H1-H4, ZERO, HASH: the Bad/Good examples of each rule (docs/domain.md §4), extra positive cases per
 rule, level-1 unchecked behaviour, epochs and bounded state."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from cptrace_otel.checks import Finding, RankChecker
 from cptrace_otel.model.events import Event
 
-from _checks_util import FIXTURES, R, check_files, check_lines, rules
+from tests.helpers.checks_util import FIXTURES, R, check_files, check_lines, rules
 
 DOMAIN = os.path.join(FIXTURES, "domain")
 

@@ -5,7 +5,7 @@ reads log files."""
 
 from __future__ import annotations
 
-from _checks_util import R, check_lines
+from tests.helpers.checks_util import R, check_lines
 
 CFG = "[CPTRACE config] cp_size=1 cp_rank=0 mode=none page_size=4 policy=wt level=2"
 

@@ -1,4 +1,4 @@
-"""The three rule bugs that realistic volumes showed (issue 15), each with its legal twin:
+"""The three rule bugs that realistic volumes showed, each with its legal twin:
 
 * C5-fence: stores by the next owner of a node's pages (after a rank gave them up) are not the data the IO rank's
   copy moves; a 1 ns fence margin is legal; the fence's work does not grow with the stores read;
@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from _checks_util import R, check_files, check_lines, write_ranks
+from tests.helpers.checks_util import R, check_files, check_lines, write_ranks
 
 from cptrace_otel.analyze.engine import Analysis
 from cptrace_otel.analyze.sources.logs import read_log_events
@@ -295,7 +295,7 @@ def test_c5_a_follower_flush_stamped_before_the_io_ranks_backup_ends_its_tenure_
     assert _found(res) == [("C5", "C5-fence", 0, 1, 1)]
 
 
-# -- readings where the domain reference leaves a case open (README, rules) -------------------------------------------
+# -- readings where the domain reference leaves a case open (docs/rules.md) -------------------------------------------
 
 def _chain_reload(between: str | None, before: str | None = None):
     """Level 2: nodes 1 (parent) and 2 backed up and acked, both evicted, reloaded as one chain (op 5), then the

@@ -151,7 +151,7 @@ def test_check_reads_standard_input(run_files):
     assert json.loads(p.stdout)["stats"]["ranks"] == [0, 1]
     p = _cli("check", "-", "-", stdin=b"")
     assert p.returncode == 2 and b"standard input" in p.stderr
-    # empty input is no clean pass (issue 13): exit 3 with what it was
+    # empty input is no clean pass: exit 3 with what it was
     p = _cli("check", "-", stdin=b"")
     assert p.returncode == 3 and b"standard input: no cptrace record found: empty" in p.stderr and not p.stdout
 

@@ -217,7 +217,7 @@ def test_spanmetrics_dimensions_alertable_and_low_cardinality(jaeger):
     for d in dims + [d["name"] for d in sm.get("events", {}).get("dimensions", [])]:
         assert d not in HIGH_CARDINALITY, d
     assert sm.get("namespace") in (None, "traces.span.metrics")  # the rule's metric name depends on it
-    # issue 13: the alert names the run, so the run id is a dimension: one value per run, and the series of a run
+    # the alert names the run, so the run id is a dimension: one value per run, and the series of a run
     # that ended expire (the exporter's metric_expiration), so the series grow with the runs of a day, not a run's size
     assert "cptrace.run_id" in dims
     assert jaeger["exporters"]["prometheus"]["metric_expiration"] in ("24h", "1h", "12h")

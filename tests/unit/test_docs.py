@@ -68,3 +68,64 @@ def test_architecture_rule_table_is_generated() -> None:
     assert registry.TABLE_BEGIN in text and registry.TABLE_END in text
     assert registry.splice_table(text) == text, \
         "docs/ARCHITECTURE.md's rule table is stale: regenerate it with registry.splice_table"
+
+
+# -- README and the docs folder ------------------------------------------------------------------------------------
+README = ROOT / "README.md"
+
+
+def _config_table() -> str:
+    text = README.read_text()
+    start = text.index("## Configuration")
+    section = text[start:text.index("\n## ", start + 3)]
+    # `OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT` names both the generic and the traces-only variable
+    return re.sub(r"(\w*)\[TRACES_\](\w+)", lambda m: f"{m.group(1)}{m.group(2)} {m.group(1)}TRACES_{m.group(2)}",
+                  section)
+
+
+def test_every_variable_the_config_reads_is_in_the_readme_table() -> None:
+    src = (PKG / "model" / "config.py").read_text()
+    read = {v for v in re.findall(r'"((?:CPTRACE|OTEL)_[A-Z_]*[A-Z])"', src)}
+    assert len(read) >= 15
+    table = _config_table()
+    missing = sorted(v for v in read if not re.search(rf"`{v}`|\b{v}\b", table))
+    assert not missing, f"variables config.py reads that README.md's configuration table does not list: {missing}"
+
+
+def _doc_refs(text: str) -> set[str]:
+    return set(re.findall(r"\bdocs/([\w.-]+\.md)\b", text))
+
+
+def test_every_doc_named_exists_and_every_doc_is_reachable_from_the_readme() -> None:
+    docs = {p.name for p in (ROOT / "docs").glob("*.md")}
+    named: dict[str, str] = {}
+    for p in [README, *(ROOT / "docs").glob("*.md"), *PKG.rglob("*.py"), *(ROOT / "tests").rglob("*.py")]:
+        for ref in _doc_refs(p.read_text(encoding="utf-8")):
+            named.setdefault(ref, str(p.relative_to(ROOT)))
+    gone = sorted(f"{ref} (named in {where})" for ref, where in named.items() if ref not in docs)
+    assert not gone, f"documents named that do not exist: {gone}"
+    unread = sorted(docs - _doc_refs(README.read_text()))
+    assert not unread, f"docs/ files the README's 'Where to read on' does not lead to: {unread}"
+
+
+def test_readme_is_a_first_read() -> None:
+    """One screen-ful of sections, the two commands a newcomer runs first, and the places to read on."""
+    text = README.read_text()
+    assert len(text.splitlines()) <= 220
+    assert "pip install -e . && cptrace-otel demo" in text and "bash .ci/run" in text
+    for section in ("## Quick start", "## Drop it in", "## Configuration", "## Commands", "## Where to read on"):
+        assert section in text, section
+
+
+def test_every_domain_section_the_code_cites_exists() -> None:
+    """``docs/domain.md §N`` in the package, the tests and the benchmarks names a heading of docs/domain.md."""
+    headings = set(re.findall(r"(?m)^#+ (\d+(?:\.\d+)*)\.? ", (ROOT / "docs" / "domain.md").read_text()))
+    cited: dict[str, str] = {}
+    for p in [*PKG.rglob("*.py"), *(ROOT / "tests").rglob("*.py"), *(ROOT / "bench").glob("*.py")]:
+        text = p.read_text(encoding="utf-8")
+        for m in re.finditer(r"docs/domain\.md ((?:§\d+(?:\.\d+)*(?:/| and |, )?)+)", text):
+            for sec in re.findall(r"§(\d+(?:\.\d+)*)", m.group(1)):
+                cited.setdefault(sec, f"{p.relative_to(ROOT)}")
+    assert len(cited) >= 10, cited
+    missing = sorted(f"§{s} (cited in {where})" for s, where in cited.items() if s not in headings)
+    assert not missing, f"sections of docs/domain.md cited but absent: {missing}"

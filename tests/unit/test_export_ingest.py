@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import glob
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from otlp_receiver import HttpReceiver, free_port, read_jsonl  # noqa: E402
+from tests.helpers.otlp_receiver import HttpReceiver, read_jsonl
+from tests.helpers import free_port
 
 from cptrace_otel.traced import api
 from cptrace_otel import cli

@@ -6,13 +6,9 @@ from __future__ import annotations
 import json
 import math
 import random
-import sys
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from otlp_receiver import flatten, parse_json_line  # noqa: E402
+from tests.helpers.otlp_receiver import flatten, parse_json_line
 
 from cptrace_otel.model import semconv as sc
 from cptrace_otel.export import otlp_proto as otlp, otlp_json

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from otlp_receiver import GrpcReceiver, HttpReceiver  # noqa: E402
+from tests.helpers.otlp_receiver import GrpcReceiver, HttpReceiver
 
 from cptrace_otel.traced import api, pipeline
 from cptrace_otel.model import semconv as sc

@@ -1,4 +1,4 @@
-"""fwd_hash localization (domain spec 4, level 3, advisory): pairing, first divergence, noise, unpairable records,
+"""fwd_hash localization (docs/domain.md §4, level 3, advisory): pairing, first divergence, noise, unpairable records,
 its place in ``Analysis``/``check`` (never a finding, never an exit code), and simulator runs.
 """
 

@@ -12,7 +12,7 @@ from cptrace_otel.analyze.sources.logs import (LogReadError, LogStats, default_r
                                                 read_log_events)
 from cptrace_otel.model.logline import parse_line, render_line
 
-from _checks_util import FIXTURES, R
+from tests.helpers.checks_util import FIXTURES, R
 
 REAL = os.path.join(FIXTURES, "real", "sglang_attn_cp3.log")
 

@@ -13,7 +13,7 @@ from cptrace_otel.analyze.engine import Analysis
 from cptrace_otel.analyze.sources.logs import LogReadError, read_log_events
 from cptrace_otel.analyze.sources.otlpfile import OtlpInfo, any_value, looks_like_otlp, read_otlp_events
 
-from _checks_util import FIXTURES
+from tests.helpers.checks_util import FIXTURES
 
 spans = pytest.importorskip("cptrace_otel.model.spans")
 otlp_json = pytest.importorskip("cptrace_otel.export.otlp_json")

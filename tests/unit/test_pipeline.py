@@ -11,22 +11,16 @@ import time
 from pathlib import Path
 
 import pytest
+from tests.helpers.otlp_receiver import read_jsonl
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from otlp_receiver import read_jsonl  # noqa: E402
-
-from cptrace_otel.traced import api, pipeline, records
+from cptrace_otel.model import records
+from cptrace_otel.traced import api, pipeline
 from cptrace_otel.model import config
 from cptrace_otel.model import semconv as sc
 from cptrace_otel.model.logline import parse_line, parse_prefix, parse_value
 
 
-@pytest.fixture(autouse=True)
-def _fresh_pipeline():
-    api.shutdown(10)
-    yield
-    api.shutdown(10)
-    api.reload_config()
+pytestmark = pytest.mark.usefixtures("fresh_pipeline")
 
 
 def _configure(tmp_path: Path, exporter: str, **kw) -> str:

@@ -1,19 +1,18 @@
 """Ranks and run ids without help (cptrace_otel.traced.ranks), rank-unknown naming, check on unknown-rank streams,
-and deterministic lineage sampling (cptrace_otel.traced.sampling)."""
+and deterministic lineage sampling (cptrace_otel.model.sampling)."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
 import sys
 import types
 
-import pytest
 
 from cptrace_otel.model import config
-from cptrace_otel.traced import ranks, sampling
+from cptrace_otel.model import sampling
+from cptrace_otel.traced import ranks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

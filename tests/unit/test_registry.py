@@ -1,5 +1,6 @@
 """The rule registry (cptrace_otel/checks/registry): every rule a checker can report is registered, the levels are
-the domain reference's, the derived tables keep their values, and the README's rule table is the generated one."""
+the domain reference's, the derived tables keep their values, and the rule table of docs/rules.md is the generated
+one."""
 
 from __future__ import annotations
 
@@ -20,12 +21,11 @@ from cptrace_otel.model.events import LEVEL_OF_TAG
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CHECKS = ROOT / "cptrace_otel" / "checks"
 
-# The lowest trace level of each rule, as the domain reference states it (hicache-domain.md):
-# section 4: "H1 ... level 1 for H1a/H1c, level 2 for H1b"; "H2 ... level 1 for H2a, level 2 for H2b and H2c";
-# "H3: stale compose cache (level 2)"; "H4 ... (level 2)"; "ZERO ... (level 1 when nz is present)"; "HASH ...
-# (level 1 when h is present)"; section 7.3.3: at level 1, UNCHECKABLE entries for H1b, H2b, H2c, H3 and H4.
-# Section 5: C2 groups the `ack` records (level 2, section 3.3); the store fence needs `store` records (level 2);
-# C1 projects structural records, C3 and C4 compare prepare/backup/reload fields, C5 the backup `h` (level 1).
+# The lowest trace level of each rule, as docs/domain.md states it: §4 (H1a/H1c level 1, H1b level 2; H2a level 1,
+# H2b and H2c level 2; H3 and H4 level 2; ZERO and HASH level 1 when nz / h are present); §7.3.3 (at level 1 the
+# level-2 rules are listed as unchecked); §5 with §3.3: C2 reads `ack` records (level 2), the store fence `store`
+# records (level 2); C1 projects structural records, C3 and C4 compare prepare/backup/reload fields, C5 the backup
+# `h` (level 1).
 DOMAIN_LEVEL = {"H1a": 1, "H1b": 2, "H1c": 1, "H2a": 1, "H2b": 2, "H2c": 2, "H3": 2, "H4": 2, "ZERO": 1, "HASH": 1,
                 "C1": 1, "C2": 2, "C3": 1, "C4": 1, "C5": 1, "C5-fence": 2}
 
@@ -107,11 +107,11 @@ def test_every_finding_of_the_fault_matrix_is_registered(level):
     assert len(seen) >= 8
 
 
-def test_readme_rule_table_is_generated():
-    readme = (ROOT / "README.md").read_text()
-    assert readme.count(registry.TABLE_BEGIN) == 1 and readme.count(registry.TABLE_END) == 1
-    assert registry.splice_table(readme) == readme, \
-        "README.md's rule table is stale: regenerate it with python -m cptrace_otel.checks.registry"
+def test_rules_doc_table_is_generated():
+    doc = (ROOT / "docs" / "rules.md").read_text()
+    assert doc.count(registry.TABLE_BEGIN) == 1 and doc.count(registry.TABLE_END) == 1
+    assert registry.splice_table(doc) == doc, \
+        "docs/rules.md's rule table is stale: regenerate it with python -m cptrace_otel.checks.registry"
 
 
 def test_the_table_command_prints_the_table():

@@ -15,7 +15,7 @@ from cptrace_otel.analyze.report_model import holds, stage_bars
 from cptrace_otel.cli import main
 from cptrace_otel.model.events import Event
 
-from _checks_util import FIXTURES
+from tests.helpers.checks_util import FIXTURES
 
 DOMAIN = os.path.join(FIXTURES, "domain")
 JAEGER = "http://127.0.0.1:16686"

@@ -2,6 +2,12 @@
 
 * no import cycle: the module graph built with ``ast`` is acyclic, both counting only the imports that run when a
   module is imported and counting the deferred ones (inside functions) too;
+* imports go one way between the package's parts (:data:`MAY_IMPORT`): ``commands`` -> ``analyze``/``export``/``sim``
+  -> ``checks`` -> ``model``, and the traced process's side ``traced`` -> ``export`` -> ``model``; ``model`` imports
+  nothing of the package outside itself;
+* no module reaches into another: no ``from m import _name`` and no ``m._name`` of a package module bound by an
+  import (a private submodule such as a C extension is a module, not a name), and no ``sys.modules`` lookup of the
+  package's own modules (only of modules it must not import, such as ``torch``);
 * no module over :data:`MAX_LINES` lines;
 * the C code declares no attribute key of ``semconv.py`` and no record tag of ``events.LEVEL_OF_TAG``: it gets them
   from Python when it is loaded, so there is one declaration to change;
@@ -202,6 +208,128 @@ def test_find_cycles_reports_a_cycle() -> None:
     g = {"a": {"b": "a.py:1"}, "b": {"c": "b.py:1"}, "c": {"a": "c.py:3"}, "d": {"a": "d.py:1"}}
     assert find_cycles(g) == [["a", "b", "c", "a"]]
     assert find_cycles({"a": {"b": ""}, "b": {}}) == []
+
+
+# -- one-way layering ---------------------------------------------------------------------------------------------
+# part of the package (its first name under the package; "" for the package's own __init__) -> the parts it may
+# import, counting deferred imports. The traced process's side starts the exporter (``traced`` -> ``export``), the
+# simulator is a traced application with an oracle that checks (``sim`` -> ``traced``, ``analyze``), the commands
+# use everything below them; nothing below imports what is above it.
+MAY_IMPORT: dict[str, set[str]] = {
+    "model": set(),
+    "fingerprint": set(),
+    "checks": {"model"},
+    "_speedups": {"model", "checks"},
+    "export": {"model", "checks", "_speedups", "_version"},
+    "traced": {"model", "export", "fingerprint"},
+    "analyze": {"model", "checks", "export", "_speedups"},
+    "sim": {"model", "checks", "analyze", "traced", "fingerprint"},
+    "commands": {"model", "checks", "analyze", "export", "sim", "_version"},
+    "cli": {"model", "_version"},   # the commands are imported by name (importlib), one when it runs
+    "": {"traced", "_version"},
+    "_version": set(),
+}
+
+
+def _part(mod: str) -> str:
+    parts = mod.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def layering_violations(graph: dict[str, dict[str, str]]) -> list[str]:
+    """Every import between two parts that :data:`MAY_IMPORT` does not allow, with where it is."""
+    bad = []
+    for a, edges in sorted(graph.items()):
+        pa = _part(a)
+        for b, where in sorted(edges.items()):
+            pb = _part(b)
+            if pb != pa and pb not in MAY_IMPORT.get(pa, set()):
+                bad.append(f"{a} imports {b} at {where} ({pa or NAME} may import only "
+                           f"{sorted(MAY_IMPORT.get(pa, set()))})")
+    return bad
+
+
+def test_layering_check_reports_an_upward_import() -> None:
+    g = {f"{NAME}.model.spans": {f"{NAME}.checks.findings": "model/spans.py:9"},
+         f"{NAME}.checks.rank_checker": {f"{NAME}.model.events": "checks/rank_checker.py:3"}}
+    bad = layering_violations(g)
+    assert len(bad) == 1 and bad[0].startswith(f"{NAME}.model.spans imports {NAME}.checks.findings")
+
+
+def test_every_part_has_its_layer() -> None:
+    parts = {_part(m) for m in _modules()}
+    assert parts <= set(MAY_IMPORT), f"parts of the package with no entry in MAY_IMPORT: {parts - set(MAY_IMPORT)}"
+
+
+def test_imports_go_one_way_between_the_parts() -> None:
+    bad = layering_violations(import_graph(deferred=True))
+    assert not bad, "imports against the layering:\n  " + "\n  ".join(bad)
+
+
+# -- no reach-through ----------------------------------------------------------------------------------------------
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def reach_throughs(mod: str, is_pkg: bool, src: str, modules: set[str], path: str = "") -> list[str]:
+    """The places where module ``mod`` (source ``src``) takes another module's private name: ``from m import _x``
+    of a name that is not a submodule, ``m._x`` on a name an import bound to a package module, and any
+    ``sys.modules`` lookup that is not of a literal name outside the package."""
+    tree = ast.parse(src)
+    base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+    bound: dict[str, str] = {}
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            pkg = ".".join(base[:len(base) - node.level + 1] + ([node.module] if node.module else [])) \
+                if node.level else (node.module or "")
+            if not (pkg == NAME or pkg.startswith(NAME + ".")):
+                continue
+            for a in node.names:
+                sub = f"{pkg}.{a.name}"
+                is_module = sub in modules or (pkg + "." + a.name.lstrip("_")) in modules  # (a C extension)
+                if is_module:
+                    bound[a.asname or a.name] = sub
+                elif _is_private(a.name) and pkg != mod:
+                    out.append(f"{path}:{node.lineno}: from {pkg} import {a.name}")
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.asname and a.name.startswith(NAME + "."):
+                    bound[a.asname] = a.name
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound \
+                and _is_private(node.attr):
+            out.append(f"{path}:{node.lineno}: {node.value.id}.{node.attr} ({bound[node.value.id]})")
+        if isinstance(node, ast.Attribute) and node.attr == "modules" and isinstance(node.value, ast.Name) \
+                and node.value.id == "sys":
+            out.append(f"{path}:{node.lineno}: sys.modules")
+    # allowed: sys.modules.get("<literal outside the package>")
+    ok_lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
+                and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "modules" \
+                and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str) \
+                and not node.args[0].value.startswith(NAME):
+            ok_lines.add(node.lineno)
+    return [x for x in out if not (x.endswith(": sys.modules") and int(x.rsplit(":", 2)[1]) in ok_lines)]
+
+
+def test_reach_through_check_reports_each_kind() -> None:
+    mods = {f"{NAME}.a", f"{NAME}.b", f"{NAME}._speedups", f"{NAME}._speedups.intake"}
+    src = ("import sys\nfrom . import b\nfrom .b import _hidden, shown\nx = b._state\n"
+           "p = sys.modules.get('%s.b')\nt = sys.modules.get('torch')\nfrom ._speedups import _intake\n" % NAME)
+    got = reach_throughs(f"{NAME}.a", False, src, mods, "a.py")
+    assert got == ["a.py:3: from %s.b import _hidden" % NAME, "a.py:4: b._state (%s.b)" % NAME,
+                   "a.py:5: sys.modules"], got
+
+
+def test_no_module_reaches_into_another() -> None:
+    mods = _modules()
+    names = set(mods)
+    bad = []
+    for mod, (path, is_pkg) in sorted(mods.items()):
+        bad += reach_throughs(mod, is_pkg, path.read_text(encoding="utf-8"), names, str(path.relative_to(ROOT)))
+    assert not bad, "modules reaching into another's private names or through sys.modules:\n  " + "\n  ".join(bad)
 
 
 def test_no_import_cycle_at_import_time() -> None:

@@ -1,4 +1,4 @@
-"""``cptrace-otel watch`` without a real backend (issue 13): a demo run's traces in Jaeger's JSON model
+"""``cptrace-otel watch`` without a real backend: a demo run's traces in Jaeger's JSON model
 (:mod:`_jaeger_fixtures`) fed to :class:`RunWatch` in pieces, out of order and twice give exactly ``check``'s
 findings, each once; the watcher's own spans are no input; a seq gap holds a rank back and is given up after a few
 polls; the write-back span carries the trace model's violation attributes and links to its evidence spans; the
@@ -9,12 +9,11 @@ from __future__ import annotations
 import io
 import json
 import random
-import sys
 
 import pytest
 
-from _demo_run import check, core, run_demo
-from _jaeger_fixtures import FakeJaeger, read_requests, v2_traces
+from tests.helpers.demo_run import check, core, run_demo
+from tests.helpers.jaeger_fixtures import FakeJaeger, read_requests, v2_traces
 from cptrace_otel.model import semconv as sc
 from cptrace_otel.commands import watch as watch_cmd
 from cptrace_otel.analyze.watch_out import ALERTNAME, Alerts, already_stamped, finding_span, finding_trace

@@ -36,6 +36,9 @@ def intake(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
 class MemorySink:
     """A span sink that keeps what it gets."""
 
+    waits = False
+    what = "memory sink"
+
     def __init__(self) -> None:
         self.groups: list[tuple[dict[str, Any], list[Any]]] = []
         self.flushes = 0
@@ -79,9 +82,9 @@ def mem(monkeypatch: pytest.MonkeyPatch) -> tuple[MemorySink, list[dict[str, Any
     sink = MemorySink()
     calls: list[dict[str, Any]] = []
 
-    def fake_open_sinks(cfg: Any, **kw: Any) -> stack.Sinks:
+    def fake_open_sinks(cfg: Any, **kw: Any) -> list[Any]:
         calls.append(kw)
-        return stack.Sinks(None, sink, None)
+        return [sink]
 
     monkeypatch.setattr(worker, "open_sinks", fake_open_sinks)
     return sink, calls
@@ -101,7 +104,7 @@ def test_items_in_spans_out_with_seq_epoch_and_typed_fields(mem) -> None:
     sink, calls = mem
     ex = worker.Exporter(_info(_cfg(), spool_dir="/sp"))
     spool = os.path.join("/sp", f"w_run-{os.getpid()}")  # the run id made path-safe, one folder per process
-    assert calls == [dict(endpoint=None, protocol="http/protobuf", spool_dir=spool, file=None, log_file=None,
+    assert calls == [dict(endpoint=None, protocol="http/protobuf", spool_dir=spool, file=None, log_file=None, adopt_orphans=True,
                           on_error=ex._sink_error)]
     ex.add_items(_items(), 0)
     assert ex.records == 5 and ex.next_seq == 5
@@ -186,7 +189,7 @@ def test_log_sink_gets_the_records_and_the_same_events(tmp_path: Path, mem) -> N
     from cptrace_otel.export.file_sinks import LogLinesSink
 
     ex = worker.Exporter(_info(_cfg()))
-    ex.log_sink = LogLinesSink(str(tmp_path / "cp0.log"), 0, 0)
+    ex.sinks.append(LogLinesSink(str(tmp_path / "cp0.log"), 0, 0))
     ex.add_items(_items(), 0)
     assert ex.flush(5.0)
     got = [(sp.name, [(t, n, dict(a)) for t, n, a in sp.events]) for sp in sink.spans]
@@ -201,7 +204,7 @@ def test_unrenderable_items_with_a_log_sink_are_reported_once(tmp_path: Path, me
     from cptrace_otel.export.file_sinks import LogLinesSink
 
     ex = worker.Exporter(_info(_cfg()))
-    ex.log_sink = LogLinesSink(str(tmp_path / "cp0.log"), 0, 0)
+    ex.sinks.append(LogLinesSink(str(tmp_path / "cp0.log"), 0, 0))
     ex.add_items([(T0, 1, "evict", {"node_id": 1}), ("bad",), (T0 + 2, 1, "evict", {"node_id": 2})], 0)
     assert ex.records == 2 and ex.next_seq == 3
     assert len(ex.errors) == 1 and "dropped an unrenderable record" in ex.errors[0]
@@ -210,12 +213,46 @@ def test_unrenderable_items_with_a_log_sink_are_reported_once(tmp_path: Path, me
     assert len((tmp_path / "cp0.log").read_text().splitlines()) == 2
 
 
+class RecordSink(MemorySink):
+    """A sink with the per-record hook: it keeps the Records of every batch as well."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[tuple] = []
+
+    def write(self, records: list[tuple]) -> None:
+        self.records.extend(records)
+
+
+class BrokenSink(MemorySink):
+    what = "broken sink"
+
+    def export(self, groups) -> None:
+        raise OSError("disk gone")
+
+
+def test_sinks_are_one_list_behind_one_protocol(mem, capsys) -> None:
+    """Any object with export/flush/close/stats (+ the optional ``write`` hook) is a sink: each gets the spans, a
+    sink with ``write`` the Records too, and a sink that fails is reported once and left out while the rest go on."""
+    sink, _ = mem
+    ex = worker.Exporter(_info(_cfg()))
+    rec, broken = RecordSink(), BrokenSink()
+    ex.sinks += [rec, broken]
+    ex.add_items(_items(), 0)
+    assert ex.flush(5.0) is False   # the broken sink's error was reported
+    assert [sp.name for sp in rec.spans] == [sp.name for sp in sink.spans] and len(sink.spans) > 0
+    assert [(r[0], r[3]) for r in rec.records] == [(i, it[2]) for i, it in enumerate(_items())]
+    assert broken not in ex.sinks and rec in ex.sinks and sink in ex.sinks
+    assert [e for e in ex.errors if "broken sink write failed" in e] == ["broken sink write failed: OSError('disk gone')"]
+    assert "broken sink write failed" in capsys.readouterr().err
+
+
 def test_a_sink_that_cannot_be_opened_is_reported_and_flush_says_false(tmp_path: Path, capsys) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
     cfg = _cfg()
     ex = worker.Exporter(_info(cfg, file=str(blocker / "x.otlp.jsonl"), log_file=str(tmp_path / "ok.log")))
-    assert ex.file_sink is None and ex.log_sink is not None
+    assert [type(s).__name__ for s in ex.sinks] == ["LogLinesSink"]
     assert len(ex.errors) == 1 and ex.errors[0].startswith(f"cannot open the OTLP file {blocker / 'x.otlp.jsonl'}: ")
     assert "cptrace_otel: cannot open the OTLP file" in capsys.readouterr().err
     ex.add_items(_items(), 0)
@@ -225,10 +262,7 @@ def test_a_sink_that_cannot_be_opened_is_reported_and_flush_says_false(tmp_path:
 
 
 def test_file_sinks_write_otlp_json_lines(tmp_path: Path) -> None:
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from otlp_receiver import read_jsonl
+    from tests.helpers.otlp_receiver import read_jsonl
 
     out = tmp_path / "o" / "r.otlp.jsonl"
     ex = worker.Exporter(_info(_cfg(), file=str(out)))
@@ -291,7 +325,7 @@ def test_network_sink_that_cannot_be_set_up_is_reported(monkeypatch: pytest.Monk
     monkeypatch.setattr(stack, "open_transport", boom)
     cfg = config.from_env({}, level=2, run_id="net", cp_rank=0, endpoint="http://x:1/v1/traces", protocol="grpc")
     ex = worker.Exporter(_info(cfg))
-    assert ex.otlp is None
+    assert ex.sinks == []
     assert ex.errors == ["cannot set up the OTLP grpc sink for http://x:1/v1/traces: ValueError('no transport')"]
     assert ex.flush(1.0) is False
 

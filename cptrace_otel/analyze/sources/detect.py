@@ -58,7 +58,7 @@ def sniff(path: str) -> Sniff:
                 return Sniff(path, None, f"gzip data that does not decompress ({e})")
         return _classify(path, head, None)
     with open_text(path) as fh:
-        head = fh.buffer.read(HEAD)
+        head = fh.buffer.read(HEAD)  # type: ignore[attr-defined]
         if not head and truncated(fh):
             return Sniff(path, None, f"gzip data that does not decompress ({truncated(fh)})")
         return _classify(path, head, fh)
@@ -160,7 +160,7 @@ def count_markers(path: str) -> int:
     with open_text(path) as fh:
         tail = b""
         while True:
-            b = fh.buffer.read(_BLOCK)
+            b = fh.buffer.read(_BLOCK)  # type: ignore[attr-defined]
             if not b:
                 return n
             n += (tail + b).count(MARKER)   # a marker split between two blocks is counted once
@@ -220,7 +220,7 @@ def _once(path: str, seen: set[str], plan: Plan) -> bool:
 
 
 def _walk(top: str) -> list[str]:
-    out = []
+    out: list[str] = []
     for d, dirs, files in os.walk(top):
         dirs[:] = sorted(x for x in dirs if not x.startswith("."))
         out.extend(os.path.join(d, f) for f in sorted(files) if not f.startswith("."))

@@ -83,14 +83,14 @@ class _TolerantGzip(io.RawIOBase):
     """A readable raw stream over a gzip file that turns a broken or early end into EOF and remembers why."""
 
     def __init__(self, source: str | io.BufferedReader) -> None:
-        self._gz = gzip.GzipFile(source, "rb") if isinstance(source, str) else gzip.GzipFile(fileobj=_Counted(source))
+        self._gz = gzip.GzipFile(source, "rb") if isinstance(source, str) else gzip.GzipFile(fileobj=_Counted(source))  # type: ignore[call-overload]
         self.broken: str | None = None   # why the stream ended early, None while it reads cleanly
         self._out = 0                     # decompressed bytes returned so far
 
     def readable(self) -> bool:
         return True
 
-    def readinto(self, b) -> int:  # type: ignore[override]
+    def readinto(self, b) -> int:
         if self.broken is not None:
             return 0
         try:
@@ -146,7 +146,7 @@ def _stdin() -> io.BufferedReader:
     if buf is None:
         raise OSError(9, "standard input is closed or not readable")
     if not hasattr(buf, "peek"):
-        buf = io.BufferedReader(buf)   # type: ignore[arg-type]
+        buf = io.BufferedReader(buf)
         sys.stdin = io.TextIOWrapper(buf)
     return buf
 
@@ -160,7 +160,7 @@ def open_text(path: str, buffering: int = 1 << 20) -> io.TextIOBase:
         src = _stdin()
         raw: io.BufferedIOBase = (io.BufferedReader(_TolerantGzip(src), buffer_size=buffering)
                                   if src.peek(2)[:2] == GZIP_MAGIC else _Unclosed(src))
-        return io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="")
+        return io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="")  # type: ignore[type-var]
     if os.path.isdir(path):
         raise IsADirectoryError(21, "is a directory", path)
     if is_gzip(path):
@@ -184,7 +184,7 @@ class _Unclosed(io.BufferedIOBase):
     def read1(self, n: int = -1) -> bytes:
         return self._src.read1(n)
 
-    def readinto(self, b) -> int:  # type: ignore[override]
+    def readinto(self, b) -> int:
         return self._src.readinto(b)
 
     def peek(self, n: int = 0) -> bytes:

@@ -22,7 +22,8 @@ Contract:
   record; ``hicache.violation`` finding events are skipped), and :func:`findings_from_otlp` lists the stamped verdicts.
 * :func:`run_events` fetches every record of one run (all ranks, all traces, at most ``limit`` traces) for the
   analyzer's re-checks; ``check --jaeger`` pages past that limit (:mod:`.jaegerquery`).
-* :func:`mask_url` hides the password of a URL in messages; ``user:password@`` in the base URL is sent as HTTP
+* :func:`cptrace_otel.model.config.mask_url` hides the userinfo of a URL in messages; ``user:password@`` in the base
+URL is sent as HTTP
   basic auth.
 
 Standard library only (``urllib``); nothing heavy is imported.
@@ -43,6 +44,7 @@ from urllib.parse import quote, unquote, urlencode, urlsplit, urlunsplit
 
 from ...model import semconv as sc
 from ...model.attrs import attributes_to_fields
+from ...model.exits import CptraceError
 from ...model.events import Event
 from ..links import normalize_base, trace_id_hex
 
@@ -50,7 +52,7 @@ DEFAULT_URL = "http://127.0.0.1:16686"
 READ_CHUNK = 1 << 20   # bytes per read of an answer
 
 
-class JaegerUnreachable(ConnectionError):
+class JaegerUnreachable(CptraceError, ConnectionError):
     """Jaeger's query service could not be reached (refused, timed out, DNS). ``url`` is what was requested."""
 
     def __init__(self, url: str, reason: str) -> None:
@@ -59,7 +61,7 @@ class JaegerUnreachable(ConnectionError):
         self.reason = reason
 
 
-class JaegerError(RuntimeError):
+class JaegerError(CptraceError, RuntimeError):
     """Jaeger answered with an HTTP error (not 404) or a body that is not the expected JSON."""
 
     def __init__(self, url: str, status: int, body: str) -> None:
@@ -67,15 +69,6 @@ class JaegerError(RuntimeError):
         self.url = url
         self.status = status
         self.body = body
-
-
-def mask_url(url: str) -> str:
-    """``url`` with the password of its user part replaced by ``***`` (for messages)."""
-    parts = urlsplit(url if "://" in url else "http://" + url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
 
 
 class JaegerClient:

@@ -28,6 +28,7 @@ import time
 from typing import Any, Callable, Iterator
 
 from ...model import semconv as sc
+from ...model.exits import CptraceError
 from .jaeger import JaegerClient, JaegerError
 
 DEFAULT_SINCE_S = 7 * 86400
@@ -101,7 +102,7 @@ def iso_us(us: int) -> str:
     return _dt.datetime.fromtimestamp(us / 1e6, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-class PageTooSmall(Exception):
+class PageTooSmall(CptraceError):
     """More traces than one search returns start within one microsecond: no window split can page through them."""
 
 

@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple
 from ..._speedups.logreader import load as _load_logreader
 from ...checks.epochs import EPOCH_TAGS, EpochTracker
 from ...model.events import Event
+from ...model.exits import CptraceError
 from ...model.logline import fast_value
 from . import inputs as files
 from .inputs import consumed, open_text, truncated
@@ -43,7 +44,7 @@ _GOOD_TAGS: set[str] = set()   # tags already validated against _TAG_RE
 _FILE_RANK = re.compile(r"(?:rank|cp)[_-]?(\d+)", re.IGNORECASE)
 
 
-class LogReadError(Exception):
+class LogReadError(CptraceError):
     """A log source that cannot be opened or read (the ``check`` command exits 3)."""
 
     def __init__(self, path: str, reason: str) -> None:
@@ -166,7 +167,7 @@ def parse_trace_line(line: str) -> tuple[str, str, dict[str, Any], list[str]] | 
         return line[:idx], tag, dict(map(_pair, rest.split())), []
     except _BadToken:
         pass
-    fields: dict[str, Any] = {}
+    fields: dict[str, Any] = {}  # type: ignore[no-redef]
     bad: list[str] = []
     for tok in rest.split():
         try:
@@ -279,7 +280,7 @@ def _file_chunks_c(fh, path: str, drank: int, on_bad: Callable[[Malformed], None
     and builds the events (rank, ts, seq, epoch as the Python loop does) in C; a line it cannot parse is decoded
     as the text reader would and takes :func:`_slow_line`. An incomplete line longer than ``files.MAX_LINE`` is
     reported and its bytes are dropped up to the next newline."""
-    fill = _logc.fill_chunk
+    fill = _logc.fill_chunk  # type: ignore[union-attr]
 
     def slow(line: str, ln: int):
         return _slow_line(line, path, ln, drank, on_bad)
@@ -381,9 +382,9 @@ def _file_chunks_py(fh, path: str, drank: int, on_bad: Callable[[Malformed], Non
                     continue
                 tag, fields, ts, r = slow
             else:
-                r = fields.get("rank")
+                r = fields.get("rank")  # type: ignore[assignment]
                 if type(r) is not int or r < 0:
-                    r = _prefix_rank(line[:idx]) if idx > 0 else None
+                    r = _prefix_rank(line[:idx]) if idx > 0 else None  # type: ignore[assignment]
                     if r is None:
                         r = drank
             if r != last_r:
@@ -391,9 +392,9 @@ def _file_chunks_py(fh, path: str, drank: int, on_bad: Callable[[Malformed], Non
                 if rs is None:
                     rs = state[r] = [0, EpochTracker()]
                 last_r = r
-            seq = rs[0]
-            rs[0] = seq + 1
-            t = rs[1]
+            seq = rs[0]  # type: ignore[index]
+            rs[0] = seq + 1  # type: ignore[index]
+            t = rs[1]  # type: ignore[index]
             ep = t.step(tag, fields) if (tag in epoch_tags or t.pending) else t.epoch
             append(Event(tag, r, seq, ts, ep, fields, 1, path, line_no))
             if len(chunk) >= _CHUNK:
@@ -459,7 +460,7 @@ def read_log_events(paths: Iterable[str], on_malformed: Callable[[Malformed], No
     state: dict[int, list] = {}
     streams = [_file_chunks(fh, p, default_rank(p, i), bad, st, state)
                for i, (fh, p) in enumerate(zip(handles, paths))]
-    firsts = [next(s, None) or [] for s in streams]
+    firsts = [next(s, None) or [] for s in streams]  # type: ignore[arg-type]
     per_file = [{ev.rank for ev in c} for c in firsts]
     ranks = set().union(*per_file) if per_file else set()
     if len(streams) == 1:

@@ -54,7 +54,7 @@ def any_value(v: dict) -> Any:
 
 
 def _attrs(lst: Iterable[dict] | None) -> list[tuple[str, Any]]:
-    return [(a.get("key"), any_value(a.get("value", {}))) for a in (lst or ())]
+    return [(a.get("key"), any_value(a.get("value", {}))) for a in (lst or ())]  # type: ignore[misc]
 
 
 def looks_like_otlp(path: str) -> bool:
@@ -140,13 +140,13 @@ def json_lines(fh, path: str, info: OtlpInfo) -> Iterator[tuple[int, Any]]:
 
 
 def collect_guarded(req: Any, path: str, line_no: int, info: OtlpInfo, per_rank: dict) -> None:
-    """:func:`_collect` of one request; when it is not shaped like one, it is recorded as malformed at ``line_no``
+    """:func:`collect` of one request; when it is not shaped like one, it is recorded as malformed at ``line_no``
     and adds no event (they are collected aside, then added)."""
     staged: dict = {}
     try:
         if not isinstance(req, dict):
             raise TypeError(f"a JSON {type(req).__name__}, not an object")
-        _collect(req, path, info, staged, line_no)
+        collect(req, path, info, staged, line_no)
     except BAD_SHAPE as e:
         info.malformed.append((path, line_no, bad_shape(e)))
         return
@@ -187,7 +187,7 @@ def merge_ranks(per_rank: dict) -> Iterator[Event]:
     return heapq.merge(*streams, key=lambda e: e.fields["ts"] if type(e.fields.get("ts")) is int else e.ts)
 
 
-def _collect(req: dict, path: str, info: OtlpInfo, per_rank: dict, line_no: int = 0) -> None:
+def collect(req: dict, path: str, info: OtlpInfo, per_rank: dict, line_no: int = 0) -> None:
     """The cptrace events of one request into ``per_rank``. A span event whose values do not convert is recorded in
     ``info.malformed`` (at ``line_no``) and skipped; a request of the wrong shape raises one of :data:`BAD_SHAPE`."""
     for rs in _g(req, "resourceSpans", "resource_spans", []) or []:
@@ -226,7 +226,8 @@ def _collect(req: dict, path: str, info: OtlpInfo, per_rank: dict, line_no: int 
                         if type(name) is not str:
                             raise TypeError(f"event name {str(name)[:40]} is not a string")
                     except BAD_SHAPE as x:
-                        info.malformed.append((path, line_no, "span event skipped: " + bad_shape(x, "a value of the wrong type")))
+                        why = bad_shape(x, "a value of the wrong type")
+                        info.malformed.append((path, line_no, "span event skipped: " + why))
                         continue
                     epoch = meta.get(sc.EPOCH, 0)
                     level = meta.get(sc.LEVEL, 1)

@@ -47,7 +47,7 @@ def traces_data(obj: Any) -> dict[str, Any]:
 class TempoClient(JaegerClient):
     """Tempo's query frontend (``http://host:3200``; ``user:password@`` for basic auth)."""
 
-    def search(self, q: str, start_s: int, end_s: int, limit: int = DEFAULT_LIMIT) -> list[dict[str, Any]]:  # type: ignore[override]
+    def search(self, q: str, start_s: int, end_s: int, limit: int = DEFAULT_LIMIT) -> list[dict[str, Any]]:
         out = self._get("/api/search", [("q", q), ("start", str(int(start_s))), ("end", str(int(end_s))),
                                         ("limit", str(int(limit))), ("spss", "1")]) or {}
         traces = out.get("traces") if isinstance(out, dict) else None

@@ -1,6 +1,6 @@
 """Trace documents -> the per-rank event lists of one run: OTLP JSON-lines files, Jaeger's JSON (api_v2
 ``/api/traces``, the UI's downloads, api_v3 ``/api/v3/traces``, OTLP/JSON documents) and traces fetched from a Jaeger
-query service, all through one collector (:func:`.otlpfile._collect`), so an event read from any of them is the
+query service, all through one collector (:func:`.otlpfile.collect`), so an event read from any of them is the
 event the exporter wrote.
 
 Contract:
@@ -31,7 +31,7 @@ from ...model import semconv as sc
 from ...model.events import Event
 from .inputs import open_text, truncated
 from .logs import LogReadError
-from .otlpfile import BAD_SHAPE, OtlpInfo, _collect, bad_shape, collect_file, json_lines, merge_ranks
+from .otlpfile import BAD_SHAPE, OtlpInfo, collect, bad_shape, collect_file, json_lines, merge_ranks
 
 _JS_SAFE = 1 << 53
 _FINGERPRINTS = ("hicache.h", "hicache.pfp")   # random 63-bit values: a round one is a rounded one
@@ -141,14 +141,14 @@ class TraceDocs:
     def add_otlp(self, td: dict, src: str) -> None:
         """An OTLP/JSON ``TracesData`` (api_v3 ``result``, or an ``ExportTraceServiceRequest``)."""
         self.services.setdefault(src, set()).update(_services(td))
-        _collect(td, src, self.info, self.per_rank, self._line)
+        collect(td, src, self.info, self.per_rank, self._line)
 
     def add_v2_trace(self, trace: dict, src: str) -> None:
         """One trace in Jaeger's JSON model (``traceID``, ``spans``, ``processes``)."""
         td = v2_trace_to_otlp(trace, self, src)
         self.services.setdefault(src, set()).update(
             a["value"]["stringValue"] for rs in td["resourceSpans"] for a in rs["resource"]["attributes"][:1])
-        _collect(td, src, self.info, self.per_rank, self._line)
+        collect(td, src, self.info, self.per_rank, self._line)
 
     def _format(self, src: str, what: str) -> None:
         self.formats.setdefault(src, what)
@@ -231,7 +231,7 @@ def _parse(text: str, path: str, info: OtlpInfo) -> Iterable[tuple[int, Any]]:
 
 # -- Jaeger's JSON model (api_v2) -> OTLP/JSON ----------------------------------------------------------------------
 def v2_trace_to_otlp(trace: dict, docs: TraceDocs | None = None, src: str = "") -> dict:
-    """The OTLP/JSON ``TracesData`` holding what ``_collect`` reads from one Jaeger-model trace: one resource per
+    """The OTLP/JSON ``TracesData`` holding what ``collect`` reads from one Jaeger-model trace: one resource per
     process, spans with their tags as attributes and their logs as events."""
     procs = trace.get("processes") or {}
     groups: dict[str, tuple[dict, list]] = {}
@@ -278,7 +278,7 @@ def _value(tag: dict, docs: TraceDocs | None, src: str) -> dict:
     t = str(tag.get("type", "")).lower()
     if t in ("int64", "int") or (not t and type(v) is int):
         try:
-            v = int(v)
+            v = int(v)  # type: ignore[arg-type]
         except (TypeError, ValueError):
             return {"stringValue": str(v)}
         if docs is not None and abs(v) > _JS_SAFE and tag.get("key") in _FINGERPRINTS and _js_rounded(v):

@@ -1,8 +1,9 @@
-"""The rule registry: one entry per rule id (domain sections 4 and 5), the single index from which the level tables,
-the ``unchecked`` report, the C1 projection's tags and the README's rule table are derived.
+"""The rule registry: one entry per rule id (docs/domain.md §4 and §5), the single index from which the level tables,
+the ``unchecked`` report, the C1 projection's tags and the rule table of docs/rules.md are derived.
 
 An entry (:class:`Rule`) says which finding ``code`` the rule reports under, the lowest trace ``level`` whose
-records it needs (domain 3.2/3.4: 1 structural, 2 adds ack/free/compose/store, 3 adds fwd_hash), the record ``tags``
+records it needs (docs/domain.md §3.2/§3.4: 1 structural, 2 adds ack/free/compose/store, 3 adds fwd_hash), the record
+``tags``
 it reads, its ``scope`` (:data:`RANK`: one rank's stream, ``checks.rank.RankChecker``; :data:`CROSS`: all ranks,
 ``checks.crossrank.CrossRank``), a one-line ``summary``, the ``Finding.rule`` names it ``emits`` and the
 ``Unchecked`` names it may report for skipped instances (``skips``), and ``impl``: the ``module:Class.method`` under
@@ -10,9 +11,10 @@ it reads, its ``scope`` (:data:`RANK`: one rank's stream, ``checks.rank.RankChec
 
 Derived here: :data:`RULE_LEVEL` and :data:`LEVEL2_RULES` (per-rank levels), :func:`unchecked_at` (the rules a
 stream's level cannot support), :data:`STRUCTURAL` (C1's projection tags), :data:`FENCE_TAGS` (the C5 store fence's
-tags), :data:`CODES`, and :func:`render_table` (the README's rule table; ``python -m cptrace_otel.checks.registry``
+tags), :data:`CODES`, and :func:`render_table` (the rule table of docs/rules.md; ``python -m
+cptrace_otel.checks.registry``
 prints it, :func:`splice_table` puts it between the markers of a markdown file). Adding a rule: add its entry
-here, its method where ``impl`` says, and regenerate the README table.
+here, its method where ``impl`` says, and regenerate the table of docs/rules.md.
 """
 
 from __future__ import annotations

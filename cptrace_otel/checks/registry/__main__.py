@@ -1,4 +1,4 @@
-"""``python -m cptrace_otel.checks.registry``: print the README's rule table (markdown)."""
+"""``python -m cptrace_otel.checks.registry``: print the rule table of docs/rules.md (markdown)."""
 
 from . import render_table
 

@@ -1,5 +1,5 @@
 """The repo's Jaeger configuration (``deploy/jaeger/config.yaml``) moved onto loopback ports of its own, for a Jaeger
-process that is not the shared one: the private Jaeger of the integration tests (``tests/integration/itlib.py``) and
+process that is not the shared one: the private Jaeger of the integration tests (``tests/helpers/integration.py``) and
 the Jaeger of ``bench/watch_memory.py``. Needs PyYAML only (no pytest), so a bench can import it too."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-CONFIG = Path(__file__).resolve().parents[1] / "deploy" / "jaeger" / "config.yaml"
+CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "jaeger" / "config.yaml"
 PORTS = ("grpc", "http", "query", "query_grpc", "health", "metrics")   # the keys of ``ports`` below
 LOOPBACK = "127.0.0.1"
 

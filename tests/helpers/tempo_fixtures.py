@@ -14,7 +14,7 @@ import random
 import re
 from typing import Any
 
-from _jaeger_fixtures import JsonServer, traces_of
+from tests.helpers.jaeger_fixtures import JsonServer, traces_of
 
 _Q = re.compile(r'^\{ resource\.cptrace\.run_id = "((?:[^"\\]|\\.)*)" \}$')
 

@@ -12,7 +12,8 @@ split between the two processes so that the traced process does the least work:
   :data:`MAX_VALUE_CHARS` (:func:`cut`), non-finite floats as the strings ``nan``, ``inf``, ``-inf``.
 
 Both apply :func:`render_other` to a value that is not a plain int/str and :func:`tag_level` to the tag and level,
-so an item gives the same Record however the work was split. Imports only :mod:`cptrace_otel.model.logline` (light).
+so an item gives the same Record however the work was split. Imports only :mod:`cptrace_otel.model.logline`
+(light); the drainer passes in the fingerprint package's ``is_deferred``/``resolve``.
 """
 
 from __future__ import annotations
@@ -20,22 +21,12 @@ from __future__ import annotations
 from math import isfinite as _isfinite
 from typing import Any
 
-from ..model.logline import render_value  # light (re only); imported here, not per value
+from .logline import render_value  # light (re only); imported here, not per value
 
 MAX_VALUE_CHARS = 65536   # longer rendered values are cut (with a marker): keeps a span and a request bounded
 RESOLVE_TIMEOUT_S = 30.0  # longest wait for one deferred fingerprint
 
 _PRIM = frozenset((int, str, float))
-
-
-def load_deferred() -> tuple[Any, Any]:
-    """``(is_deferred, resolve)`` of the fingerprint package, or ``(None, None)`` when it cannot be imported."""
-    try:
-        from ..fingerprint import is_deferred, resolve  # type: ignore[attr-defined]
-
-        return is_deferred, resolve
-    except Exception:
-        return None, None
 
 
 def cut(s: str) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -13,6 +14,14 @@ from cptrace_otel.commands import check as check_cmd
 from cptrace_otel.cli import _parser
 
 FAULTS = "C1_div,C3_writer,HASH_flip"
+
+
+def demo(*args: str, timeout: float = 180.0) -> subprocess.CompletedProcess:
+    """Run the installed ``cptrace-otel demo`` (the console script when it is on PATH, else the same entry point)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CPTRACE_", "OTEL_"))}
+    script = shutil.which("cptrace-otel")
+    cmd = [script] if script else [sys.executable, "-m", "cptrace_otel.cli"]
+    return subprocess.run([*cmd, "demo", *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def run_demo(out, ranks: int = 4, faults: str = FAULTS, seed: int = 1) -> dict:

@@ -11,13 +11,9 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 import re
-import sys
-
-sys.path.insert(0, os.path.dirname(__file__))
-from otlp_receiver import read_jsonl  # noqa: E402
-from test_demo import demo  # noqa: E402
+from tests.helpers.otlp_receiver import read_jsonl
+from tests.helpers.demo_run import demo
 
 NAME = re.compile(r"^rank \d+ \u00b7 (node|d2h|h2d|process|request)$")
 STAGE = {"prepare": "hicache.d2h", "backup": "hicache.d2h", "reload": "hicache.h2d"}

@@ -1,4 +1,4 @@
-"""Issue 14 item 2: a write error never turns a file sink off and never leaves a torn line.
+"""A write error never turns a file sink off and never leaves a torn line.
 
 * A full disk (a 2 MiB tmpfs, mounted when running as root, as CI does): the file always ends with a whole line,
   lines are kept (bounded) and written once space is freed, what could not be kept is counted.

@@ -3,7 +3,8 @@
 Playwright's own browser download (``playwright install``) is never used: the browser is launched from
 ``CPTRACE_CHROMIUM`` (default ``/usr/bin/chromium``) with ``--no-sandbox`` (the tests run as root) and
 ``--disable-dev-shm-usage`` (containers have a small /dev/shm). Where the browser or Playwright is missing the tests
-skip with the reason, unless ``CPTRACE_REQUIRE_BROWSER=1`` (``.ci/run`` sets it): then they fail. Screenshots go to ``CPTRACE_TEST_ARTIFACTS`` (default ``out/browser`` in the repository,
+skip with the reason, unless ``CPTRACE_REQUIRE_BROWSER=1`` (``.ci/run`` sets it): then they fail. Screenshots go to
+``CPTRACE_TEST_ARTIFACTS`` (default ``out/browser`` in the repository,
 git-ignored) and their paths are printed.
 """
 

@@ -1,24 +1,21 @@
-"""Issue 14 item 9: OTLP over TLS with a private CA and with mTLS, for HTTP and gRPC, against the in-repo receiver
+"""OTLP over TLS with a private CA and with mTLS, for HTTP and gRPC, against the in-repo receiver
 serving a throw-away PKI (tests/otlp_receiver.py ``make_pki``). A certificate problem is a configuration error
 (``FATAL``, or a ``ConfigError`` at construction) with a clear message, never an outage that spools."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.helpers.otlp_receiver import GrpcReceiver, HttpReceiver, ServerTls, make_pki
 
-from otlp_receiver import GrpcReceiver, HttpReceiver, ServerTls, make_pki  # noqa: E402
-
-from cptrace_otel.model import config  # noqa: E402
-from cptrace_otel.export.otlp_proto import encode_requests  # noqa: E402
-from cptrace_otel.export.sinks import ConfigError, Outcome  # noqa: E402
-from cptrace_otel.export.spool import ReliableSender  # noqa: E402
-from cptrace_otel.export.stack import SinkError, open_sinks, open_transport  # noqa: E402
-from cptrace_otel.model.spans import Span  # noqa: E402
+from cptrace_otel.model import config
+from cptrace_otel.export.otlp_proto import encode_requests
+from cptrace_otel.export.sinks import ConfigError, Outcome
+from cptrace_otel.export.spool import ReliableSender
+from cptrace_otel.export.stack import SinkError, open_sinks, open_transport
+from cptrace_otel.model.spans import Span
 
 pytest.importorskip("cryptography")
 
@@ -122,7 +119,7 @@ def test_unreadable_or_bad_tls_files_fail_at_setup(protocol: str, pki: dict[str,
         sinks = open_sinks(_cfg(protocol, **tls), endpoint="https://127.0.0.1:1/v1/traces", protocol=protocol,
                            spool_dir=str(tmp_path / "sp"), on_error=errs.append)
         assert [e.kind for e in errs] == ["config"] and words in str(errs[0].cause)
-        assert sinks.otlp is not None and sinks.otlp.flush(0.1) is False  # refuses, counts, never retries
+        assert len(sinks) == 1 and sinks[0].flush(0.1) is False  # refuses, counts, never retries
 
 
 def test_grpc_insecure_flag_for_a_scheme_less_endpoint(pki: dict[str, str]) -> None:

@@ -1,23 +1,20 @@
-"""Issue 14 item 13: ``Retry-After`` on 429/503 is honoured (seconds or an HTTP date) and new requests never cut a
+"""``Retry-After`` on 429/503 is honoured (seconds or an HTTP date) and new requests never cut a
 pause short. Against a real local HTTP server (tests/otlp_receiver.py) answering 429/503 with Retry-After."""
 
 from __future__ import annotations
 
 import email.utils
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.helpers.otlp_receiver import HttpReceiver
 
-from otlp_receiver import HttpReceiver  # noqa: E402
-
-from cptrace_otel.export.otlp_proto import encode_requests  # noqa: E402
-from cptrace_otel.export.otlp_http import MAX_RETRY_AFTER_S, HttpTransport, parse_retry_after  # noqa: E402
-from cptrace_otel.export.spool import ReliableSender  # noqa: E402
-from cptrace_otel.model.spans import Span  # noqa: E402
+from cptrace_otel.export.otlp_proto import encode_requests
+from cptrace_otel.export.otlp_http import MAX_RETRY_AFTER_S, HttpTransport, parse_retry_after
+from cptrace_otel.export.spool import ReliableSender
+from cptrace_otel.model.spans import Span
 
 
 def _body(i: int) -> bytes:

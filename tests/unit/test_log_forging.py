@@ -1,4 +1,4 @@
-"""Issue 14 item 10: a line break in a key, tag or value written to ``CPTRACE_LOG_FILE`` cannot forge records.
+"""A line break in a key, tag or value written to ``CPTRACE_LOG_FILE`` cannot forge records.
 The log sink writes CR and LF as the two characters ``\\r`` / ``\\n``; ``check`` reads each record back as one
 record (the escaped text as its value)."""
 

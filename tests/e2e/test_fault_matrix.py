@@ -1,4 +1,5 @@
-"""Positive cases (domain 7.3.3): every fault of 7.2, in every mode where it applies, produces exactly its expected
+"""Positive cases (docs/domain.md §7.3.3): every fault of §7.2, in every mode where it applies, produces exactly its
+expected
 codes on the rank, node and op the simulator's oracle names; at level 1 only the level-1 codes, plus unchecked
 entries for the level-2 rules. Also: the same run read from its log files gives the same findings, and simulator
 logs re-render byte-identically."""
@@ -34,7 +35,7 @@ def test_fault_found_exactly_at_level_3(kind, mode):
     got = found_set(res)
     assert sim.oracle.injected, "the scenario never reached the fault's eligible site"
     assert got == exp, [f"{f.code} {f.rule} r{f.rank} n{f.node_id} op{f.op}: {f.message}" for f in res.findings]
-    # the fault's signature (domain 7.2): its codes, nothing else
+    # the fault's signature (docs/domain.md §7.2): its codes, nothing else
     assert {g[0] for g in got} == _codes_by_fault(kind, mode)
 
 

@@ -1,4 +1,4 @@
-"""Issue 14 item 8: secrets never reach output. The endpoint's password and header values are masked in outage
+"""Secrets never reach output. The endpoint's password and header values are masked in outage
 lines, ``stats()``, warnings and ``ingest``'s messages (one helper: ``config.mask``); a header that can never be
 sent (an encoded newline) is a configuration error reported once, not an outage retried every 10 s."""
 
@@ -12,14 +12,12 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.helpers import free_port
 
-from otlp_receiver import free_port  # noqa: E402
-
-from cptrace_otel.model import config  # noqa: E402
-from cptrace_otel.export.otlp_http import HttpTransport  # noqa: E402
-from cptrace_otel.export.spool import ReliableSender  # noqa: E402
-from cptrace_otel.export.stack import SinkError, open_sinks  # noqa: E402
+from cptrace_otel.model import config
+from cptrace_otel.export.otlp_http import HttpTransport
+from cptrace_otel.export.spool import ReliableSender
+from cptrace_otel.export.stack import SinkError, open_sinks
 
 PASSWORD = "s3cretPassw0rd"
 TOKEN = "tok-9f8e7d6c5b"
@@ -76,11 +74,11 @@ def test_header_with_an_encoded_newline_fails_fast(tmp_path: Path) -> None:
         open_sinks(cfg, endpoint=cfg.endpoint, spool_dir=str(tmp_path / "s"))
     assert ei.value.kind == "config" and "x-api-key" in str(ei.value) and TOKEN not in str(ei.value)
     errs: list[SinkError] = []
-    sinks = open_sinks(cfg, endpoint=cfg.endpoint, spool_dir=str(tmp_path / "s"), on_error=errs.append)
+    (sink,) = open_sinks(cfg, endpoint=cfg.endpoint, spool_dir=str(tmp_path / "s"), on_error=errs.append)
     assert len(errs) == 1
-    sinks.otlp.export([({}, [object(), object()])])
-    st = sinks.otlp.stats()
-    assert sinks.otlp.flush(0.1) is False and st["otlp_dropped_spans"] == 2 and TOKEN not in repr(st)
+    sink.export([({}, [object(), object()])])
+    st = sink.stats()
+    assert sink.flush(0.1) is False and st["otlp_dropped_spans"] == 2 and TOKEN not in repr(st)
 
 
 def test_header_newline_through_the_pipeline_is_reported_once(tmp_path: Path) -> None:

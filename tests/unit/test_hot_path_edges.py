@@ -1,11 +1,10 @@
-"""Issue 14 item 14: the gate never raises (a level given as a string or None), NaN / inf / -inf have one form (the
+"""The gate never raises (a level given as a string or None), NaN / inf / -inf have one form (the
 strings ``nan``, ``inf``, ``-inf``, live and read back from a log alike), and the traced process's buffer has a
 byte bound (``CPTRACE_QUEUE_BYTES``) besides its record bound."""
 
 from __future__ import annotations
 
 import math
-import sys
 import tracemalloc
 
 import pytest
@@ -13,7 +12,7 @@ import pytest
 from cptrace_otel.traced import api, pipeline
 from cptrace_otel.model import config
 from cptrace_otel.model.logline import parse_line, parse_value, render_line
-from cptrace_otel.traced.records import compact_item, render_other, render_record
+from cptrace_otel.model.records import compact_item, render_other, render_record
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
-"""Negative controls (domain 7.3.1/7.3.2): seeded random workloads in every CP mode and write policy, with no
-fault, produce zero findings at trace level 3; every legal near-miss stays silent; without exact sets there is no
-finding either: overlaps the rng summaries cannot decide are counted as undecidable."""
+"""Negative controls (docs/domain.md §7.3.1/§7.3.2): seeded random workloads in every CP mode and write policy,
+with no fault, produce zero findings at trace level 3; every legal near-miss stays silent; without exact sets
+there is no finding either: overlaps the rng summaries cannot decide are counted as undecidable."""
 
 from __future__ import annotations
 

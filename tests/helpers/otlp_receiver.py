@@ -22,7 +22,6 @@ import base64
 import gzip
 import json
 import os
-import socket
 import ssl
 import threading
 import time
@@ -31,8 +30,11 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Iterable
 
+
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.common.v1 import common_pb2
+
+from tests.helpers import free_port
 
 
 def any_value(v: common_pb2.AnyValue) -> Any:
@@ -121,10 +123,6 @@ class _Store:
         return out
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

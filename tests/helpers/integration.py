@@ -22,10 +22,10 @@ from typing import Any, Callable
 
 import pytest
 
-from cptrace_otel.analyze.sources.jaeger import JaegerClient, JaegerUnreachable
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # tests/: the helpers shared with bench/
-from jaeger_config import LOOPBACK, PORTS, private_config  # noqa: E402
+from cptrace_otel.analyze.sources.jaeger import JaegerClient, JaegerUnreachable
+from tests.helpers import free_port
+from tests.helpers.jaeger_config import LOOPBACK, PORTS, private_config
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -69,12 +69,6 @@ class Jaeger:
         return self.otlp_grpc if protocol == "grpc" else self.otlp_http
 
 
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def wait_for(fn: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.25) -> Any:

@@ -1,4 +1,4 @@
-"""Issue 2's "done when": two traced processes with one CPTRACE_RUN_ID emit 50,000 events each over 500 shared node
+"""Two traced processes with one CPTRACE_RUN_ID emit 50,000 events each over 500 shared node
 ids, flush, and every event arrives exactly once, each node id is one trace holding both processes' spans,
 attributes are typed and the two resources differ. Through OTLP/HTTP, OTLP/gRPC and the OTLP JSON-lines file sink,
 each decoded with opentelemetry-proto (tests/otlp_receiver.py)."""
@@ -15,20 +15,18 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from otlp_receiver import GrpcReceiver, HttpReceiver, RxSpan, read_jsonl  # noqa: E402
+from tests.helpers.otlp_receiver import GrpcReceiver, HttpReceiver, RxSpan, read_jsonl
 
 N_EVENTS = 50_000
 N_NODES = 500
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # Per node: prepare (op=c) / backup (op=c-1) / ack d2h (op=c-2) / evict, cycling, so both stage spans and node spans
 # are exercised; every record carries a unique i, an rng summary, a 63-bit hash, a float and a string.
 CHILD = textwrap.dedent("""
     import json, sys
     import cptrace_otel as ct
-    from cptrace_otel import pipeline
+    from cptrace_otel.traced import pipeline
     n, nodes, rank = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     for k in range(n):
         node, cyc = k % nodes, k // nodes

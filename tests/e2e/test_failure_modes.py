@@ -1,4 +1,4 @@
-"""Fault injection (issue 14, items 1, 3-7): real traced subprocesses, their real exporter workers, real loopback
+"""Fault injection: real traced subprocesses, their real exporter workers, real loopback
 OTLP/HTTP receivers (tests/otlp_receiver.py) answering 400/500 or absent. Each test names the loss it guards:
 nothing may be lost without being counted in ``stats()["dropped"]`` / ``cptrace.dropped`` and making ``flush()``
 False, and nothing may be lost at all where a fault can be survived (kill of the worker, SIGTERM, atexit, fork)."""
@@ -14,18 +14,17 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from tests.helpers.otlp_receiver import HttpReceiver, read_jsonl
+from tests.helpers import free_port
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from otlp_receiver import HttpReceiver, free_port, read_jsonl  # noqa: E402
+from cptrace_otel.model import semconv as sc
 
-from cptrace_otel.model import semconv as sc  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 PRELUDE = textwrap.dedent("""
     import json, os, signal, sys, time
     import cptrace_otel as ct
-    from cptrace_otel import pipeline
+    from cptrace_otel.traced import pipeline
     def emit(n, start=0, rate=0, **extra):
         t0 = time.monotonic()
         for i in range(start, start + n):
@@ -67,7 +66,7 @@ def _is(events: list) -> list[int]:
     return sorted(e.attrs["hicache.i"] for e in events if "hicache.i" in e.attrs)
 
 
-# -- item 1: the worker killed under load -------------------------------------------------------------------------
+# -- the worker killed under load -------------------------------------------------------------------------
 def test_kill9_of_the_worker_under_load_restarts_it_and_counts_every_lost_record(tmp_path: Path) -> None:
     n = 30_000
     with HttpReceiver() as rx:
@@ -114,7 +113,7 @@ def test_restarted_worker_keeps_seq_and_epochs(tmp_path: Path) -> None:
     assert st["restarts"] == 1 and st["dropped"] == 0 and st["flush"] is True
 
 
-# -- item 3: one bad record costs only itself ---------------------------------------------------------------------
+# -- one bad record costs only itself ---------------------------------------------------------------------
 @pytest.mark.parametrize("tag", ["prepare", "backup", "reload"])
 def test_an_unhashable_op_costs_only_its_record(tmp_path: Path, tag: str) -> None:
     rc, st, err = _run(tmp_path, f"""
@@ -144,7 +143,7 @@ def test_a_huge_int_on_the_http_sink_costs_only_its_value(tmp_path: Path) -> Non
     assert st["dropped"] == 0 and st["flush"] is True
 
 
-# -- item 4: the drainer must neither die nor block ---------------------------------------------------------------
+# -- the drainer must neither die nor block ---------------------------------------------------------------
 @pytest.mark.parametrize("exc", ["SystemExit", "KeyboardInterrupt"])
 def test_a_str_raising_systemexit_costs_only_its_value(tmp_path: Path, exc: str) -> None:
     rc, st, err = _run(tmp_path, f"""
@@ -182,7 +181,7 @@ def test_a_blocking_str_is_given_up_counted_and_delivery_goes_on(tmp_path: Path)
     assert "blocked for more than" in err
 
 
-# -- item 5: loss that flush() and dropped did not show -----------------------------------------------------------
+# -- loss that flush() and dropped did not show -----------------------------------------------------------
 @pytest.mark.parametrize("status", [400, 500])
 def test_rejected_requests_are_counted_and_flush_is_false(tmp_path: Path, status: int) -> None:
     with HttpReceiver(fail_status=status) as rx:
@@ -211,7 +210,7 @@ def test_records_queued_when_shutdown_times_out_are_counted(tmp_path: Path) -> N
     assert "still queued" in err
 
 
-# -- item 6: a spool left behind is replayed by the next run ------------------------------------------------------
+# -- a spool left behind is replayed by the next run ------------------------------------------------------
 def test_orphaned_spool_is_replayed_once_by_the_next_run(tmp_path: Path) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}/v1/traces"
@@ -250,7 +249,7 @@ def test_orphaned_spool_replay_respects_the_byte_cap(tmp_path: Path) -> None:
     assert got == list(range(2000, 2010)) and "over the spool cap" in err
 
 
-# -- item 7: process life ------------------------------------------------------------------------------------------
+# -- process life ------------------------------------------------------------------------------------------
 def test_sigterm_without_a_handler_flushes_then_dies_of_sigterm(tmp_path: Path) -> None:
     rc, _, err = _run(tmp_path, """
         emit(15000)

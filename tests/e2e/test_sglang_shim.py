@@ -15,7 +15,7 @@ import pytest
 
 from cptrace_otel.traced import sglang_shim
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 PARENT = r"""

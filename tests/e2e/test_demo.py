@@ -5,24 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
-from otlp_receiver import HttpReceiver, read_jsonl  # noqa: E402
+from tests.helpers.demo_run import demo
+from tests.helpers.otlp_receiver import HttpReceiver, read_jsonl
 
-from cptrace_otel.model.spans import node_trace_id  # noqa: E402
-
-
-def demo(*args: str, timeout: float = 180.0) -> subprocess.CompletedProcess:
-    """Run the installed ``cptrace-otel demo`` (the console script when it is on PATH, else the same entry point)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CPTRACE_", "OTEL_"))}
-    script = shutil.which("cptrace-otel")
-    cmd = [script] if script else [sys.executable, "-m", "cptrace_otel.cli"]
-    return subprocess.run([*cmd, "demo", *args], capture_output=True, text=True, timeout=timeout, env=env)
+from cptrace_otel.model.spans import node_trace_id
 
 
 def test_default_demo_finds_every_injected_fault_and_nothing_else(tmp_path):
@@ -79,7 +68,7 @@ def test_demo_exports_to_an_otlp_endpoint(tmp_path):
 
 
 def test_unreachable_endpoint_exits_3_with_the_url(tmp_path):
-    from otlp_receiver import free_port
+    from tests.helpers import free_port
 
     url = f"http://127.0.0.1:{free_port()}"
     p = demo("--out", str(tmp_path), "--endpoint", url)
