@@ -257,9 +257,11 @@ class Driver:
         self.copies.step -= 1000
 
     def run(self, prompts: list[list[int]], batch: int, reset_at: int | None, audit_every: int = 5) -> None:
+        """The request stream to the end; ``audit_every`` steps a host audit (0: only the final one)."""
         queue = [Req(f"r{i}", t) for i, t in enumerate(prompts)]
         running: list[Req] = []
         step = 0
+        t0 = time.perf_counter()
         while queue or running:
             step += 1
             self.copies.tick()
@@ -275,28 +277,36 @@ class Driver:
             admitted = self.admit(queue[:take])
             queue = queue[take:] + [r for r in queue[:take] if r not in admitted]
             running += admitted
-            if step % audit_every == 0:
+            if audit_every and step % audit_every == 0:
                 self.audit_host()
             if step > 20 * len(prompts) + 100:
                 raise RuntimeError("driver made no progress (device pool too small for the stream?)")
+        self.stats["loop_s"] = time.perf_counter() - t0   # the scheduler steps (not the final settle and audit)
         self.settle()
         self.audit_host()
         self.stats["steps"] = step
 
 
+_GROUPS: dict = {}
+
+
 def _init_group(world: int, rank: int, store: str) -> tuple[Any, Any]:
+    """The CP group (the whole gloo world when ``world`` > 1) and this rank's TP group of one; made once per
+    process (later runs in the process reuse them)."""
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world)
-    tp_groups = [dist.new_group([r], backend="gloo") for r in range(world)]
-    cp = dist.group.WORLD if world > 1 else None
-    return cp, tp_groups[rank]
+    if "cp" not in _GROUPS:
+        dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world)
+        tp_groups = [dist.new_group([r], backend="gloo") for r in range(world)]
+        _GROUPS["cp"] = dist.group.WORLD if world > 1 else None
+        _GROUPS["tp"] = tp_groups[rank]
+    return _GROUPS["cp"], _GROUPS["tp"]
 
 
 def run(version: str, out: str, policy: str = "write_through", page_size: int = 1, seed: int = 0,
         requests: int = 120, batch: int = 4, max_lag: int = 3, dev_tokens: int = 384, host_ratio: float = 3.0,
         reset: bool = True, fault: str | None = None, nth: int = 1, exact: bool = False, instrument: bool = True,
-        world: int = 1, rank: int = 0, store: str | None = None, level: int = 2) -> dict:
+        world: int = 1, rank: int = 0, store: str | None = None, level: int = 2, audit_every: int = 5) -> dict:
     """One run; returns ``{"corruption", "fault_hits", "stats", "log", "otlp", "seconds"}``."""
     t0 = time.monotonic()
     os.makedirs(out, exist_ok=True)
@@ -322,7 +332,7 @@ def run(version: str, out: str, policy: str = "write_through", page_size: int = 
     faults.install(cache, copies)
     drv = Driver(cache, kv, alloc, copies, seed, page_size)
     prompts = request_stream(seed, requests, page_size)
-    drv.run(prompts, batch, reset_at=(len(prompts) // (2 * batch) if reset else None))
+    drv.run(prompts, batch, reset_at=(len(prompts) // (2 * batch) if reset else None), audit_every=audit_every)
     cptrace_otel.flush(60)
     cptrace_otel.shutdown(60)
     return {"corruption": drv.corruption, "fault_hits": faults.hits, "stats": drv.stats, "log": log, "otlp": otlp,
@@ -339,11 +349,12 @@ def run_ranks(version: str, out: str, world: int = 4, fault_rank: int | None = N
         args = [sys.executable, os.path.abspath(__file__), "--version", version, "--out", out, "--world", str(world),
                 "--rank", str(r), "--store", store]
         for k, v in kw.items():
-            if isinstance(v, bool):
-                if v:
+            if isinstance(v, bool):   # the CLI's switches: --exact, --no-reset, --no-instrument
+                if k in ("reset", "instrument"):
+                    if not v:
+                        args.append("--no-" + k)
+                elif v:
                     args.append("--" + k.replace("_", "-"))
-                elif k == "reset":
-                    args.append("--no-reset")
             elif v is not None:
                 args += ["--" + k.replace("_", "-"), str(v)]
         if fault and r == fault_rank:
@@ -382,9 +393,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--world", type=int, default=1)
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--store")
+    p.add_argument("--matrix", help="JSON list of run() keyword sets, run one after the other in this process "
+                                    "(each in its own folder under --out): one SGLang import for many runs")
     a = vars(p.parse_args(argv))
     runtime.on_path(a["version"])
-    res = run(**a)
+    matrix = a.pop("matrix")
+    if matrix:
+        base, out = dict(a), a["out"]
+        res: Any = []
+        for i, kw in enumerate(json.loads(matrix)):
+            res.append(run(**{**base, **kw, "out": os.path.join(out, str(i))}))
+    else:
+        res = run(**a)
     print(json.dumps(res))
     return 0
 

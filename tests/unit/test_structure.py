@@ -38,6 +38,9 @@ HEAVY = ("torch", "numpy", "numba", "triton", "grpc", "requests", "google.protob
 HEAVY_BY_DESIGN = {
     f"{NAME}.sim": "numpy",                          # the simulator: KV pools and tensors are numpy arrays
     f"{NAME}.fingerprint.triton_kernels": "triton",  # the GPU kernels themselves (loaded only for CUDA tensors)
+    # the SGLang instrumentation is an opentelemetry-instrumentation BaseInstrumentor (loaded only when SGLang
+    # imports its HiCache tree with CPTRACE_SGLANG=1, or by a user's instrument() call)
+    f"{NAME}.traced.sglang": "opentelemetry",
 }
 
 

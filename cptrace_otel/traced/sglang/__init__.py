@@ -9,11 +9,12 @@ from the outside, the way OpenTelemetry's instrumentations do: :class:`SGLangIns
 
 Contract:
 
-* Supported: sglang ``>= 0.5.20, <= 0.5.23`` with ``HiRadixCache`` (0.5.20 ... 0.5.22). :data:`SITES` lists the
-  methods wrapped. Another version, or a build without ``HiRadixCache``: one warning, nothing wrapped, never an
-  exception. A build that ships its own ``cp_hicache_trace`` call sites is never instrumented (one info line).
-* ``CPTRACE_SGLANG=1`` applies it in every SGLang process, lazily, when SGLang's ``hiradix_cache`` module is
-  imported (:mod:`cptrace_otel.traced.sglang_shim`).
+* Supported: sglang ``>= 0.5.20, <= 0.5.23`` with ``HiRadixCache``, i.e. 0.5.20 (its last release). :data:`SITES`
+  lists the methods wrapped. Another version, or a build without ``HiRadixCache``: one warning, nothing wrapped,
+  never an exception. A build that ships its own ``cp_hicache_trace`` call sites is never instrumented (one info line).
+* ``CPTRACE_SGLANG=1`` applies it in every SGLang process, lazily, when SGLang imports its ``hiradix_cache`` (or,
+  in the releases after 0.5.20, ``unified_radix_cache``: then the warning says why nothing is recorded)
+  (:mod:`cptrace_otel.traced.sglang_shim`).
 * Nothing here ever raises into SGLang or changes what SGLang computes: each wrapper calls the wrapped method
   exactly as called and records around it; a recording error costs that record only.
 * ``CPTRACE_SGLANG_EXACT=1`` adds the exact run-length sets ``devx``/``hostx``/``idx_x`` (domain 3.1) to the
@@ -37,9 +38,13 @@ import logging
 import threading
 from typing import Any, Collection
 
-from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
+from opentelemetry.instrumentation import instrumentor as _otel_instrumentor
 
-from ._sites import SITES, Recorder, version_verdict
+from ._sites import SITES
+from ._state import Recorder, version_verdict
+
+# Any: the package's type information differs between its versions (the subclass is checked at run time by it)
+BaseInstrumentor: Any = getattr(_otel_instrumentor, "BaseInstrumentor")
 
 __all__ = ["SGLangInstrumentor", "SITES", "SUPPORTED", "instrument_from_env", "version_verdict"]
 
@@ -59,7 +64,7 @@ def _warn_once(key: str, msg: str) -> None:
     logger.warning(msg)
 
 
-class SGLangInstrumentor(BaseInstrumentor):  # type: ignore[misc]
+class SGLangInstrumentor(BaseInstrumentor):
     """``SGLangInstrumentor().instrument()`` adds the records; ``.uninstrument()`` removes every wrapper.
 
     Keyword arguments of :meth:`instrument`: ``exact`` (bool, default the ``CPTRACE_SGLANG_EXACT`` setting) and

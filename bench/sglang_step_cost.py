@@ -1,0 +1,76 @@
+"""What the SGLang instrumentation costs per scheduler step: the real-SGLang driver (tests/sglang_real/driver.py)
+with the instrumentation off and on, in one process, same request stream, printing the ratio.
+
+    python3 bench/sglang_step_cost.py [--version 0.5.20] [--reps 3] [--requests 150] [--policy write_through]
+
+Modes, alternated ``--reps`` times (median per mode):
+
+* ``off``: stock SGLang, not instrumented;
+* ``gate0``: instrumented, trace level 0 (the wrappers pass through after one lookup and one compare);
+* ``on``: level 2, range summaries (every record, the ``h``/``nz``/``hp`` fingerprints of every backup and of
+  every loaded node);
+* ``exact``: level 2 plus the exact sets (``CPTRACE_SGLANG_EXACT=1``).
+
+A step is the driver's scheduler step (copies polled, acks checked, a batch matched, loaded, stored, finished,
+eviction under pressure). It includes the driver's own per-request content check of the matched prefix (the same
+in every mode), and runs on CPU with tiny KV (2 layers x 4 floats per token), so the fingerprints are cheap here
+and the ratio is mostly the Python work of the wrappers and records. Records go to a file sink in a thread.
+Needs deploy/sglang/install.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests", "sglang_real"))
+sys.path.insert(0, ROOT)
+
+import runtime  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--version", default="0.5.20", choices=("0.5.20",))
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--requests", type=int, default=150)
+    p.add_argument("--policy", default="write_through")
+    p.add_argument("--page-size", type=int, default=1)
+    a = p.parse_args(argv)
+    why = runtime.missing_reason(a.version)
+    if why:
+        print(why, file=sys.stderr)
+        return 2
+    runtime.on_path(a.version)
+    import driver
+    from cptrace_otel.traced.sglang import SGLangInstrumentor
+
+    inst = SGLangInstrumentor()
+    modes = {"off": dict(instrument=False), "gate0": dict(level=0), "on": dict(), "exact": dict(exact=True)}
+    per_step: dict[str, list[float]] = {m: [] for m in modes}
+    steps = 0
+    with tempfile.TemporaryDirectory(prefix="sglang-step-cost-") as out:
+        for rep in range(a.reps):
+            for m, kw in modes.items():
+                if m == "off" and inst.is_instrumented_by_opentelemetry:
+                    inst.uninstrument()
+                if m == "exact" and inst.is_instrumented_by_opentelemetry:
+                    inst.uninstrument()   # exact is an instrument() option
+                r = driver.run(a.version, os.path.join(out, f"{m}-{rep}"), policy=a.policy, page_size=a.page_size,
+                               seed=5, requests=a.requests, dev_tokens=256, audit_every=0, reset=False, **kw)
+                steps = r["stats"]["steps"]
+                per_step[m].append(r["stats"]["loop_s"] / steps)
+    med = {m: statistics.median(v) for m, v in per_step.items()}
+    print(f"sglang {a.version} {a.policy} page_size={a.page_size}: {a.requests} requests, {steps} steps, "
+          f"median of {a.reps}")
+    for m in modes:
+        print(f"  {m:6s} {med[m] * 1e3:8.3f} ms/step   x{med[m] / med['off']:.2f} of off")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

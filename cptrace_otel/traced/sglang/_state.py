@@ -1,0 +1,298 @@
+"""The per-cache state the records need, the records' field layout, and the version check (the wrappers are in
+:mod:`._sites`).
+
+State: each ``HiRadixCache`` gets a :class:`State` (attribute ``_cptrace_sg``, shared with its controller, its
+device allocator and its host pool, so their wrappers find it); objects without it (another cache, a test's bare
+allocator) are passed through untouched.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from typing import Any
+
+from ..api import cptrace, khash, knz, rng, trace_level
+
+logger = logging.getLogger("cptrace_otel.sglang")
+
+MIN_VERSION = (0, 5, 20)
+MAX_VERSION = (0, 5, 23)
+HIRADIX = "sglang.srt.mem_cache.hiradix_cache"
+_POLICY = {"write_through": "wt", "write_through_selective": "wts", "write_back": "wb"}
+
+
+def _vtuple(v: str) -> tuple[int, ...]:
+    out = []
+    for part in v.split("+")[0].split("."):
+        digits = "".join(ch for ch in part if ch.isdigit()) if not part.isdigit() else part
+        if not part.isdigit():
+            if digits:
+                out.append(int(digits))
+            break   # 0.5.20.post1 / 0.5.21rc0: the release part decides
+        out.append(int(part))
+    return tuple(out)
+
+
+def version_verdict() -> tuple[bool, str]:
+    """``(True, version)`` when the importable SGLang can be instrumented, else ``(False, why)``; ``why`` starts
+    with ``own-call-sites:`` for a build that ships its own ``cp_hicache_trace`` call sites."""
+    import sglang  # noqa: F401  (the version module needs the package)
+    from sglang.version import __version__ as v
+
+    vt = _vtuple(str(v))
+    if not (MIN_VERSION <= vt[:3] <= MAX_VERSION):
+        return False, f"sglang {v} is outside the supported range"
+    spec = importlib.util.find_spec(HIRADIX)
+    if spec is None or not spec.origin:
+        return False, f"sglang {v} has no HiRadixCache (UnifiedRadixCache is not covered yet)"
+    try:
+        with open(spec.origin, encoding="utf-8") as f:
+            own = "cp_hicache_trace" in f.read()
+    except OSError:
+        own = False
+    if own:
+        return False, f"own-call-sites: sglang {v} ({spec.origin}) calls cp_hicache_trace itself"
+    return True, str(v)
+
+
+def safe(fn: Any, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except Exception as e:  # recording never breaks SGLang
+        logger.debug("cptrace-otel: record skipped (%s: %s)", type(e).__name__, e)
+        return None
+
+
+def arg(args: tuple, kwargs: dict, i: int, name: str, default: Any = None) -> Any:
+    if name in kwargs:
+        return kwargs[name]
+    return args[i] if len(args) > i else default
+
+
+def state_of(obj: Any) -> "State | None":
+    """The state of ``obj`` when tracing is on and ``obj`` belongs to an instrumented cache."""
+    if trace_level() < 1:
+        return None
+    return getattr(obj, "_cptrace_sg", None)
+
+
+def _runs(t: Any) -> str:
+    """Exact set (domain 3.1): inclusive runs ``a-b:c-d`` of ``t``'s values in their order; ``(0)`` when empty."""
+    xs = t.tolist() if hasattr(t, "tolist") else list(t)
+    if not xs:
+        return "(0)"
+    out = []
+    lo = prev = int(xs[0])
+    for x in xs[1:]:
+        x = int(x)
+        if x == prev + 1:
+            prev = x
+            continue
+        out.append(f"{lo}-{prev}" if prev != lo else str(lo))
+        lo = prev = x
+    out.append(f"{lo}-{prev}" if prev != lo else str(lo))
+    return ":".join(out)
+
+
+class Load:
+    __slots__ = ("op", "chain")
+
+    def __init__(self, op: int, chain: list) -> None:
+        self.op = op
+        self.chain = chain   # the load's nodes, parent first; splits while in flight are applied (on_split)
+
+
+class State:
+    """What the records of one ``HiRadixCache`` need beyond SGLang's own state."""
+
+    def __init__(self, cache: Any) -> None:
+        self.cache = cache
+        self.page_size = int(cache.page_size)
+        self.writing: list = []             # write_backup's node (innermost last)
+        self.write_op: dict[int, int] = {}  # pending write ack id (node id) -> op id of its backup
+        self.loads: dict[int, list[Load]] = {}  # load ack id (the load's last node id) -> its loads, FIFO
+        self.expect_free: dict[int, tuple[Any, int]] = {}   # id(tensor) -> (tensor, owner node id)
+        self.staged: dict[int, tuple[Any, int, int, int]] = {}  # write_back: id(value) -> (value, node, lock, href)
+        self.in_evict_backuped = 0
+        self.in_evict_host = 0
+        self.insert_ctx: dict | None = None  # during insert: params, pre-evicted ids, counter, nodes announced
+        self.loaded: Any = None              # during init_load_back: the last node of the load it issued
+
+    def clear(self) -> None:
+        self.writing.clear()
+        self.write_op.clear()
+        self.loads.clear()
+        self.expect_free.clear()
+        self.staged.clear()
+        self.insert_ctx = None
+
+    # -- fields ------------------------------------------------------------------------------------------------
+    def xs(self, key: str, t: Any) -> dict[str, str]:
+        if not Recorder.exact or t is None:
+            return {}
+        return {key: _runs(t)}
+
+    def fp(self, idx: Any) -> dict[str, Any]:
+        """``h``, ``nz``, ``hp``: the device KV of slots ``idx`` in token order, every layer's K then V."""
+        if idx is None or len(idx) == 0:
+            return {"h": 0, "nz": 0, "hp": []}
+        rows = _kv_rows(self.cache.kv_cache, idx)
+        if rows is None:
+            return {"h": -2, "nz": -2}
+        ps = self.page_size
+        hp = [khash(rows[i:i + ps]) for i in range(0, rows.shape[0], ps)]
+        return {"h": _int(khash(rows)), "nz": _int(knz(rows)), "hp": [_int(x) for x in hp]}
+
+    # -- records -----------------------------------------------------------------------------------------------
+    def config(self) -> None:
+        c = self.cache
+        cp_size, cp_rank = 1, 0
+        g = getattr(c, "attn_cp_group", None)
+        try:
+            import torch.distributed as dist
+
+            if g is not None and dist.is_initialized():
+                cp_size, cp_rank = dist.get_world_size(group=g), dist.get_rank(group=g)
+        except Exception:
+            pass
+        cc = c.cache_controller
+        host = getattr(c, "token_to_kv_pool_host", None)
+        cptrace(1, "config", cp_size=cp_size, cp_rank=cp_rank, mode=(Recorder.cp_mode if cp_size > 1 else "none"),
+                page_size=self.page_size, policy=_POLICY.get(cc.write_policy, cc.write_policy), level=trace_level(),
+                io_backend=getattr(cc, "io_backend", "?"), layout=getattr(host, "layout", "?"))
+
+    def node_record(self, n: Any, kind: str) -> None:
+        cptrace(1, "insert", node_id=n.id, parent=n.parent.id, len=len(n.key), dev=rng(n.value), kind=kind,
+                **self.xs("devx", n.value))
+
+    def announce_inserted(self) -> None:
+        """The ``insert`` records of the nodes the running insert created or revived so far (each once): walks
+        the key's path as insert does, read-only."""
+        ctx = self.insert_ctx
+        if ctx is None:
+            return
+        for n in tree_path(self.cache, ctx["key"], self.page_size):
+            if n in ctx["done"]:
+                continue
+            if n.id >= ctx["counter"] and n not in ctx["split_new"]:
+                if n.value is not None:
+                    ctx["done"].add(n)
+                    self.node_record(n, "new")
+            elif n.value is not None and (n.id in ctx["evicted"] or ctx["split_new"].get(n)):
+                ctx["done"].add(n)
+                self.node_record(n, "revive")
+
+    def prepare_backup(self, ops: list, merged_id: int) -> None:
+        node = self.writing[-1] if self.writing else None
+        for op in ops:
+            nid = op.node_ids[0] if op.node_ids else -1
+            n = node if node is not None and node.id == nid else None
+            parent = n.parent if n is not None else None
+            root = self.cache.root_node
+            pbk = int(parent is root or bool(parent is not None and parent.host_value is not None))
+            cptrace(1, "prepare", node_id=nid, op=op.id, len=(len(n.key) if n is not None else len(op.device_indices)),
+                    dev=rng(op.device_indices), host=rng(op.host_indices),
+                    policy=_POLICY.get(self.cache.cache_controller.write_policy, "?"),
+                    parent=(parent.id if parent is not None else -1), pbk=pbk,
+                    **self.xs("hostx", op.host_indices), **self.xs("devx", op.device_indices))
+            self.write_op[nid] = merged_id
+        for op in ops:
+            nid = op.node_ids[0] if op.node_ids else -1
+            cptrace(1, "backup", op=merged_id, node_id=nid, dev=rng(op.device_indices), host=rng(op.host_indices),
+                    io=1, **self.fp(op.device_indices), **self.xs("devx", op.device_indices),
+                    **self.xs("hostx", op.host_indices))
+
+    def ack_d2h(self, ack_id: int) -> None:
+        pending = self.cache.ongoing_write_through.get(ack_id)
+        if pending is None:
+            return
+        lock_node, backup_len, publish = pending
+        cptrace(2, "ack", dir="d2h", op=self.write_op.pop(ack_id, -1), node_id=ack_id, blen=int(backup_len),
+                clen=len(lock_node.key), pub=[n.id for n in publish])
+
+    def ack_h2d(self, ack_node_ids: list) -> None:
+        for nid in ack_node_ids:
+            q = self.loads.get(nid)
+            if not q:
+                continue
+            ld = q.pop(0)
+            if not q:
+                del self.loads[nid]
+            for n in ld.chain:
+                cptrace(2, "ack", dir="h2d", op=ld.op, node_id=n.id, **self.fp(n.value))
+
+    def evict(self, tier: str, n: Any, kind: str, t: Any) -> None:
+        """``evict`` of node ``n`` on ``tier`` (the slots ``t`` it frees); the following ``free`` of ``t`` is
+        attributed to ``n``."""
+        if tier == "dev":
+            cptrace(1, "evict", tier="dev", node_id=n.id, kind=kind, dev=rng(t), lock=n.lock_ref,
+                    href=n.host_ref_counter, **self.xs("devx", t))
+        else:
+            cptrace(1, "evict", tier="host", node_id=n.id, kind=kind, host=rng(t), href=n.host_ref_counter,
+                    **self.xs("hostx", t))
+        if t is not None:
+            self.expect_free[id(t)] = (t, n.id)
+
+    def free(self, pool: str, t: Any) -> None:
+        owner = self.expect_free.pop(id(t), None)
+        nid, why = (owner[1], "evict") if owner is not None else (-1, "finish")
+        cptrace(2, "free", pool=pool, idx=rng(t), node_id=nid, why=why, **self.xs("idx_x", t))
+
+
+class Recorder:
+    """Process-wide options of the instrumentation (set by :meth:`SGLangInstrumentor._instrument`)."""
+
+    exact = False
+    cp_mode = "sharded"
+
+    @classmethod
+    def configure(cls, exact: bool, cp_mode: str) -> None:
+        cls.exact = exact
+        cls.cp_mode = cp_mode
+
+
+def _int(x: Any) -> Any:
+    return x if type(x) is int else int(x)
+
+
+def _kv_rows(pool: Any, idx: Any) -> Any:
+    """``[tokens, 2*layers, ...]``: the KV of slots ``idx`` in token order (K of every layer, then V); None for a
+    pool layout this does not know (the record then carries the -2 sentinel)."""
+    import torch
+
+    ks, vs = getattr(pool, "k_buffer", None), getattr(pool, "v_buffer", None)
+    if ks is not None and vs is not None:
+        bufs = list(ks) + list(vs)
+    elif getattr(pool, "kv_buffer", None) is not None:
+        bufs = list(pool.kv_buffer)
+    else:
+        return None
+    idx = idx.to(bufs[0].device)
+    return torch.stack([b[idx] for b in bufs], dim=1).contiguous()
+
+
+def tree_path(cache: Any, key: Any, page_size: int) -> list:
+    """The nodes an insert of ``key`` walks (stops where the key diverges from the tree)."""
+    out = []
+    node = cache.root_node
+    while len(key) > 0:
+        ck = key.child_key(page_size)
+        child = node.children.get(ck)
+        if child is None:
+            break
+        m = child.key.match(key, page_size=page_size)
+        if m == 0:
+            break
+        out.append(child)
+        if m < len(child.key):
+            break
+        key = key[m:]
+        node = child
+    return out
+
+
+def aligned_key(cache: Any, params: Any) -> Any:
+    key = params.key
+    key, _ = key.maybe_to_bigram_view(cache.is_eagle)
+    return key.page_aligned(cache.page_size)

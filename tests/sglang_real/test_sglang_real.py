@@ -1,0 +1,378 @@
+"""Real SGLang (the wheels deploy/sglang/install puts in .sglang/<version>/) on CPU, with the instrumentation.
+
+Each test runs SGLang in a subprocess (two SGLang versions cannot share one interpreter; importing SGLang takes
+seconds, so one subprocess runs several scenarios). Without the installed SGLang the tests skip with the reason;
+with ``CPTRACE_REQUIRE_SGLANG=1`` (as .ci/run sets) they fail instead.
+
+What is asserted here: the instrumentation applies and un-applies, refuses other versions with one warning and
+builds with their own call sites; the driver's healthy runs see no corruption and their records are complete and
+readable by ``cptrace-otel check``; each injected fault is seen by the driver's own content check (and, where the
+rules already decide it, by its code). That healthy runs give 0 findings is the rules' side (issue 20, item 3).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import runtime  # noqa: E402
+
+from cptrace_otel.model.logline import parse_line  # noqa: E402
+
+pytestmark = pytest.mark.sglang
+VERSION = "0.5.20"   # HiRadixCache; 0.5.23 (UnifiedRadixCache) is refused with a warning, see test below
+DRIVER = os.path.join(HERE, "driver.py")
+
+
+def _need(version: str = VERSION) -> None:
+    why = runtime.missing_reason(version)
+    if why:
+        if os.environ.get("CPTRACE_REQUIRE_SGLANG", "").strip().lower() in ("1", "true", "yes", "on"):
+            pytest.fail(why + " (CPTRACE_REQUIRE_SGLANG=1)")
+        pytest.skip(why)
+
+
+def _py(code: str, version: str = VERSION, timeout: int = 300, **env: str) -> dict:
+    """Run ``code`` with SGLang ``version`` importable; its last stdout line is JSON."""
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=runtime.sglang_env(version, **env),
+                       capture_output=True, text=True, timeout=timeout, cwd=runtime.ROOT)
+    assert p.returncode == 0, p.stderr[-4000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def _drive(out: str, matrix: list[dict], version: str = VERSION, timeout: int = 600) -> list[dict]:
+    p = subprocess.run([sys.executable, DRIVER, "--version", version, "--out", out, "--matrix", json.dumps(matrix)],
+                       env=runtime.sglang_env(version), capture_output=True, text=True, timeout=timeout)
+    assert p.returncode == 0, p.stderr[-4000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def _records(log: str) -> list[tuple[str, dict]]:
+    out = []
+    with open(log, encoding="utf-8") as f:
+        for line in f:
+            pl = parse_line(line)
+            if pl is not None:
+                assert not pl.bad_tokens, line
+                out.append((pl.tag, pl.fields))
+    return out
+
+
+def _check_json(path: str) -> dict:
+    p = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "check", "--json", "--no-progress", path],
+                       capture_output=True, text=True, timeout=300, cwd=runtime.ROOT,
+                       env={**os.environ, "PYTHONPATH": runtime.ROOT})
+    assert p.returncode in (0, 1, 2), p.stderr[-3000:]
+    return json.loads(p.stdout)
+
+
+WRAPPED = """
+import json, importlib
+def wrapped():
+    import wrapt
+    from cptrace_otel.traced.sglang import SITES
+    out = []
+    for mod, attr, _ in SITES:
+        obj = importlib.import_module(mod)
+        *owners, name = attr.split(".")
+        for o in owners:
+            obj = getattr(obj, o)
+        out.append(isinstance(obj.__dict__[name], wrapt.FunctionWrapper))
+    return out
+"""
+
+
+def test_instrument_then_uninstrument_restores_every_method():
+    _need()
+    r = _py(WRAPPED + """
+import sglang.srt.mem_cache.hiradix_cache as h
+from cptrace_otel.traced.sglang import SGLangInstrumentor
+orig = h.HiRadixCache.__dict__["insert"]
+before = wrapped()
+inst = SGLangInstrumentor()
+inst.instrument()
+during = wrapped()
+inst.instrument()   # a second call changes nothing
+twice = [type(h.HiRadixCache.__dict__["insert"].__wrapped__).__name__]
+inst.uninstrument()
+after = wrapped()
+print(json.dumps({"before": before, "during": during, "after": after, "twice": twice,
+                  "same": h.HiRadixCache.__dict__["insert"] is orig}))
+""")
+    assert not any(r["before"]) and all(r["during"]) and not any(r["after"])
+    assert r["twice"] == ["function"]   # wrapped once, not a wrapper of a wrapper
+    assert r["same"]
+
+
+def test_version_outside_the_range_warns_once_and_wraps_nothing():
+    _need()
+    r = _py(WRAPPED + """
+import logging
+msgs = []
+class H(logging.Handler):
+    def emit(self, rec): msgs.append((rec.levelname, rec.getMessage()))
+logging.getLogger("cptrace_otel.sglang").addHandler(H())
+import sglang.version
+sglang.version.__version__ = "0.6.1"
+from cptrace_otel.traced.sglang import SGLangInstrumentor, instrument_from_env
+res = [SGLangInstrumentor().instrument(), instrument_from_env(), SGLangInstrumentor().instrument()]
+print(json.dumps({"res": res, "wrapped": wrapped(), "msgs": msgs}))
+""")
+    assert r["res"] == [None, False, None]
+    assert not any(r["wrapped"])
+    assert len(r["msgs"]) == 1 and r["msgs"][0][0] == "WARNING"
+    assert "0.6.1 is outside the supported range" in r["msgs"][0][1]
+
+
+def test_a_build_with_its_own_call_sites_is_not_instrumented(tmp_path):
+    _need()
+    src = os.path.join(runtime.sglang_dir(VERSION), "sglang", "srt", "mem_cache", "hiradix_cache.py")
+    with open(src, encoding="utf-8") as f:
+        text = f.read()
+    (tmp_path / "hiradix_cache.py").write_text(
+        text + "\nfrom sglang.srt.mem_cache import cp_hicache_trace as _t  # the private builds' call sites\n")
+    (tmp_path / "cp_hicache_trace.py").write_text("from cptrace_otel import *  # the build's own tracer module\n")
+    r = _py(WRAPPED + f"""
+import logging
+msgs = []
+class H(logging.Handler):
+    def emit(self, rec): msgs.append((rec.levelname, rec.getMessage()))
+lg = logging.getLogger("cptrace_otel.sglang"); lg.addHandler(H()); lg.setLevel(logging.INFO)
+import sglang.srt.mem_cache as mc
+mc.__path__ = [{str(tmp_path)!r}, *mc.__path__]   # this build's hiradix_cache ships call sites
+from cptrace_otel.traced.sglang import SGLangInstrumentor
+print(json.dumps({{"res": SGLangInstrumentor().instrument(), "wrapped": wrapped(), "msgs": msgs}}))
+""")
+    assert r["res"] is None and not any(r["wrapped"])
+    assert [m[0] for m in r["msgs"]] == ["INFO"] and "calls cp_hicache_trace itself" in r["msgs"][0][1]
+
+
+def test_unsupported_0_5_23_is_refused_with_a_warning():
+    """0.5.23 has no HiRadixCache (UnifiedRadixCache + HybridCacheController): with the switch on, importing its
+    tree module gives one warning and nothing is wrapped (never half-instrumented)."""
+    _need("0.5.23")
+    r = _py("""
+import json, logging, sys
+msgs = []
+class H(logging.Handler):
+    def emit(self, rec): msgs.append(rec.getMessage())
+logging.getLogger("cptrace_otel.sglang").addHandler(H())
+from cptrace_otel.traced import sglang_shim
+sglang_shim.install()           # what the .pth does with CPTRACE_SGLANG=1
+import sglang.srt.mem_cache.unified_radix_cache
+from cptrace_otel.traced.sglang import SGLangInstrumentor
+print(json.dumps({"res": SGLangInstrumentor().instrument(), "instrumented":
+                  SGLangInstrumentor().is_instrumented_by_opentelemetry, "msgs": msgs}))
+""", version="0.5.23", CPTRACE_LEVEL="1")
+    assert r["res"] is None and r["instrumented"] is False
+    assert len(r["msgs"]) == 1 and "sglang 0.5.23 has no HiRadixCache" in r["msgs"][0], r["msgs"]
+
+
+def test_switch_applies_it_lazily_when_sglang_imports_hiradix_cache():
+    _need()
+    r = _py(WRAPPED + """
+import sys
+from cptrace_otel.traced import sglang_shim
+sglang_shim.install()           # what the .pth does with CPTRACE_SGLANG=1
+pre = ["cptrace_otel.traced.sglang" in sys.modules, "sglang" in sys.modules]
+import sglang.srt.mem_cache.hiradix_cache
+print(json.dumps({"pre": pre, "wrapped": wrapped()}))
+""", CPTRACE_LEVEL="1")
+    assert r["pre"] == [False, False]
+    assert all(r["wrapped"])
+
+
+HEALTHY = [
+    {"policy": "write_through", "page_size": 1, "exact": True, "seed": 1},
+    {"policy": "write_through_selective", "page_size": 4, "seed": 2},
+    {"policy": "write_back", "page_size": 1, "exact": True, "seed": 3},
+    {"policy": "write_back", "page_size": 4, "seed": 4, "max_lag": 2},
+]
+
+
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory):
+    _need()
+    out = str(tmp_path_factory.mktemp("sglang-healthy"))
+    common = {"requests": 100, "dev_tokens": 256, "batch": 4}
+    return _drive(out, [{**common, **m} for m in HEALTHY])
+
+
+def test_healthy_runs_see_no_corruption(healthy):
+    for m, r in zip(HEALTHY, healthy):
+        assert r["corruption"] == [], (m, r["corruption"][:5])
+        assert r["stats"]["loads"] > 0 and r["stats"]["resets"] == 1 and r["stats"]["host_audits"] > 0, m
+
+
+def test_healthy_records_are_complete(healthy):
+    seen: set[tuple] = set()
+    for m, r in zip(HEALTHY, healthy):
+        recs = _records(r["log"])
+        tags = {t for t, _ in recs}
+        assert {"config", "reset", "rid_map", "insert", "split", "prepare", "backup", "ack", "evict", "free",
+                "reload"} <= tags, (m, tags)
+        cfg = [f for t, f in recs if t == "config"]
+        assert len(cfg) == 1 and cfg[0]["page_size"] == m["page_size"] and cfg[0]["cp_size"] == 1
+        for t, f in recs:
+            if t == "backup":
+                assert isinstance(f["h"], int) and f["h"] > 0 and f["nz"] > 0
+                assert isinstance(f["hp"], list) and all(isinstance(x, int) for x in f["hp"])
+                assert len(f["hp"]) * m["page_size"] == f["dev"].cnt   # one hash per page
+            if t == "ack" and f["dir"] == "d2h":
+                assert {"op", "node_id", "blen", "clen", "pub"} <= set(f)
+            if t == "ack" and f["dir"] == "h2d":
+                assert {"op", "node_id", "h", "nz", "hp"} <= set(f)
+            if t == "free":
+                assert f["pool"] in ("dev", "host") and f["why"] in ("evict", "finish")
+            if t == "evict":
+                seen.add(("evict", f["tier"], f["kind"]))
+            if t in ("insert", "free"):
+                seen.add((t, f.get("kind") or f["pool"]))
+            if m.get("exact") and t in ("insert", "prepare", "reload", "free"):
+                assert any(k in f for k in ("devx", "hostx", "idx_x")), (t, f)
+        # every node of every reload's chain gets an h2d ack of that load (with the splits while in flight)
+        acks = {(f["op"], f["node_id"]) for t, f in recs if t == "ack" and f["dir"] == "h2d"}
+        for t, f in recs:
+            if t == "reload":
+                for nid in f["chain"]:
+                    assert (f["op"], nid) in acks, (m, f)
+        # a split while a write is pending is recorded with its pending ack id
+        if m["policy"] != "write_back":
+            seen.add(("split-pending-write", any(f["pend"] != -1 for t, f in recs if t == "split")))
+    assert {("evict", "dev", "backuped"), ("evict", "host", "host"), ("insert", "new"), ("insert", "revive"),
+            ("free", "dev"), ("free", "host"), ("split-pending-write", True)} <= seen, seen
+
+
+def test_loads_split_in_flight_get_an_ack_per_fragment(healthy):
+    """A split of a node whose load is in flight (match then load, request by request): the load's acks cover
+    both fragments, each with its own hash."""
+    found = 0
+    for r in healthy:
+        recs = _records(r["log"])
+        inflight: dict[int, set] = {}
+        for t, f in recs:
+            if t == "reload":
+                inflight[f["op"]] = set(f["chain"])
+            elif t == "split":
+                for op, chain in inflight.items():
+                    if f["node_id"] in chain:
+                        chain.add(f["new_id"])
+                        found += 1
+            elif t == "ack" and f["dir"] == "h2d" and f["op"] in inflight:
+                inflight[f["op"]].discard(f["node_id"])
+                if not inflight[f["op"]]:
+                    del inflight[f["op"]]
+        assert not inflight, inflight
+    assert found > 0
+
+
+def test_write_back_staging_evicts_after_the_flush_acks(healthy):
+    """write_back: ``_evict_write_back`` detaches a staged node before the flush's acks and frees its device pages
+    in the flush's ``evict_device``; ``evict tier=dev`` is recorded there, so it always follows the ack of the
+    node's write (and is followed by the free of those pages)."""
+    staged = 0
+    for m, r in zip(HEALTHY, healthy):
+        if m["policy"] != "write_back":
+            continue
+        recs = _records(r["log"])
+        pending: set[int] = set()
+        for i, (t, f) in enumerate(recs):
+            if t == "reset":
+                pending.clear()
+            elif t == "prepare":
+                pending.add(f["node_id"])
+            elif t == "ack" and f["dir"] == "d2h":
+                pending.discard(f["node_id"])
+            elif t == "evict" and f["tier"] == "dev":
+                assert f["node_id"] not in pending, (m, i, f)
+                if f["kind"] == "backuped":
+                    staged += 1
+                    nxt = recs[i + 1]
+                    assert nxt[0] == "free" and nxt[1]["node_id"] == f["node_id"] and nxt[1]["why"] == "evict"
+    assert staged > 0
+
+
+def test_check_reads_the_records(healthy):
+    for r in healthy:
+        n = len(_records(r["log"]))
+        for path in (r["log"], r["otlp"]):
+            d = _check_json(path)
+            assert d["stats"]["events"] == n, (path, d["stats"])
+            assert d["stats"].get("malformed", 0) == 0
+
+
+FAULTS = [
+    {"fault": "flip", "nth": 2},   # the 2nd copy's node is reloaded later in this stream (seed 0)
+    {"fault": "unpinned", "nth": 10},
+    {"fault": "midchain", "nth": 1},
+    {"fault": "early_release", "nth": 1},
+    {"fault": "split_no_rewrite", "nth": 1},
+]
+
+
+@pytest.fixture(scope="module")
+def faulty(tmp_path_factory):
+    _need()
+    out = str(tmp_path_factory.mktemp("sglang-faults"))
+    common = {"requests": 100, "dev_tokens": 256, "exact": True, "reset": False}
+    return _drive(out, [{**common, **m} for m in FAULTS])
+
+
+@pytest.mark.parametrize("i", range(len(FAULTS)), ids=[f["fault"] for f in FAULTS])
+def test_fault_is_injected_and_seen(faulty, i):
+    f, r = FAULTS[i], faulty[i]
+    assert len(r["fault_hits"]) == 1 and r["fault_hits"][0]["kind"] == f["fault"], r["fault_hits"]
+    hit = r["fault_hits"][0]
+    bad = {n for c in r["corruption"] for n in c.get("nodes", [])}
+    if f["fault"] == "split_no_rewrite":
+        # no KV is wrong (SGLang 0.5.20 without L3 never reads the pending entry's list for data); the records
+        # show the shape: the write's ack publishes the old id only, not the prefix the split made
+        assert r["corruption"] == []
+        acks = [x for t, x in _records(r["log"]) if t == "ack" and x["dir"] == "d2h" and x["node_id"] == hit["node_id"]]
+        assert acks and hit["new_id"] not in acks[0]["pub"]
+    elif f["fault"] == "flip":
+        assert any(c["where"] == "host" for c in r["corruption"]), r["corruption"]
+    else:
+        assert hit["node_id"] in bad, (hit, r["corruption"][:5])
+
+
+@pytest.mark.parametrize("i,code", [(0, "HASH"), (1, "H4"), (3, "H2"), (4, "H1")],
+                         ids=["flip-HASH", "unpinned-H4a", "early-release-H2c", "split-no-rewrite-H1b"])
+def test_fault_found_by_check(faulty, i, code):
+    """The rules that already decide these shapes name the fault's node (the flip's: a node whose reloaded KV the
+    driver saw corrupted). The mid-chain corruption is the rules' open item (issue 20, item 4)."""
+    r = faulty[i]
+    hit = r["fault_hits"][0]
+    d = _check_json(r["log"])
+    found = {x["node_id"] for x in d["findings"] if x["code"] == code}
+    if "node_id" in hit:
+        assert hit["node_id"] in found, (hit, d["findings"])
+    else:
+        bad = {n for c in r["corruption"] if c["where"] == "device" for n in c["nodes"]}
+        assert found & bad, (found, bad)
+
+
+def test_four_ranks_one_faulty(tmp_path):
+    _need()
+    sys.path.insert(0, HERE)
+    import driver
+
+    outs = driver.run_ranks(VERSION, str(tmp_path), world=4, fault_rank=2, fault="early_release", requests=60,
+                            dev_tokens=256, exact=True, reset=False)
+    assert [len(o["fault_hits"]) for o in outs] == [0, 0, 1, 0]
+    assert [bool(o["corruption"]) for o in outs] == [False, False, True, False]
+    shapes = []
+    for r, o in enumerate(outs):
+        recs = _records(o["log"])
+        cfg = [f for t, f in recs if t == "config"][0]
+        assert (cfg["cp_size"], cfg["cp_rank"]) == (4, r)
+        shapes.append([t for t, _ in recs if t in ("insert", "split", "prepare", "reload")])
+    assert shapes[0] == shapes[1] == shapes[3]   # the same stream, the same decisions (all-reduced acks)
