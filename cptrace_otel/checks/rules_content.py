@@ -37,7 +37,7 @@ class ZeroFlag(RankRuleBase):
                      at_ack: bool) -> Finding | None:
         """ZERO@reload: ``nz=0`` after load ``ld`` of node ``nid``, at its ``reload sync=1`` (the whole chain, once)
         or (``at_ack``) at a chain node's ``ack dir=h2d`` (once per chain node: each ack record is its node's)."""
-        if nz != 0 or ld.zeroed is True or (at_ack and nid in ld.zeroed):
+        if nz != 0 or ld.zeroed_all or (at_ack and nid in ld.zeroed):
             return None
         n = self.st.nodes.get(nid) if at_ack else None
         cnt = n.len if n is not None else (ld.dev.cnt if isinstance(ld.dev, Slots) else 0)
@@ -47,7 +47,7 @@ class ZeroFlag(RankRuleBase):
             ld.zeroed.add(nid)
             return self._finding("ZERO", "ZERO@reload", nid, ld.op, EXACT, [ld.ref, ref],
                                  f"node {nid} holds all-zero KV after its host->device load (nz=0)", ev)
-        ld.zeroed = True
+        ld.zeroed_all = True
         return self._finding("ZERO", "ZERO@reload", nid, ld.op, EXACT, [ref],
                              f"reload of node {nid}: all-zero KV after the load (nz=0)", ev)
 

@@ -90,7 +90,8 @@ class PendingWrite:
 class PendingLoad:
     """A host->device copy from its ``reload`` to its ``ack dir=h2d``."""
 
-    __slots__ = ("op", "node_id", "chain", "host", "dev", "ref", "snap", "viol", "undec", "hashed", "zeroed")
+    __slots__ = ("op", "node_id", "chain", "host", "dev", "ref", "snap", "viol", "undec", "hashed", "zeroed",
+                 "zeroed_all")
 
     def __init__(self, op: Any, node_id: int, chain: list[int], host: Any, dev: Any, ref: Ref,
                  snap: dict[int, Backup | None]) -> None:
@@ -99,7 +100,8 @@ class PendingLoad:
         self.viol: tuple | None = None   # (ref, certainty, what) of the first proven H2c breach
         self.undec: str | None = None    # what first overlapped its host slots as an interval only
         self.hashed: set[int] = set()
-        self.zeroed: set[int] | bool = set()   # chain nodes whose ack reported ZERO; True: the reload sync=1 did
+        self.zeroed: set[int] = set()   # chain nodes whose ack reported ZERO
+        self.zeroed_all = False         # the reload sync=1 reported ZERO (for the whole chain)
 
 
 class Fill:
