@@ -43,6 +43,7 @@ import socket
 import warnings
 from typing import Any, Mapping
 from urllib.parse import unquote, urlsplit
+from .exits import EXIT_USAGE, CptraceError
 
 DEFAULT_FILE = "cptrace-out/{run_id}/rank-{rank}-{pid}.otlp.jsonl"
 TRACES_PATH = "/v1/traces"  # the OTLP/HTTP signal path for traces
@@ -290,6 +291,12 @@ def _otel(env: Mapping[str, str], suffix: str) -> str | None:
     return v if v else None
 
 
+class EndpointError(CptraceError):
+    """An OTLP endpoint that is not a URL (exit 2, a usage error); the message masks its userinfo."""
+
+    exit_code = EXIT_USAGE
+
+
 def traces_url(endpoint: str, protocol: str, *, base: bool = False) -> str:
     """The one home of the ``/v1/traces`` rule: where OTLP trace requests to ``endpoint`` go.
 
@@ -297,12 +304,17 @@ def traces_url(endpoint: str, protocol: str, *, base: bool = False) -> str:
     :data:`TRACES_PATH` to it, whatever path it has, and gRPC uses it as is (trailing ``/`` removed). Otherwise (a
     traces URL given on the command line): ``http://`` is put in front of a URL without a scheme, and for HTTP a URL
     with no path (``http://host:4318`` or ``http://host:4318/``) gets :data:`TRACES_PATH`; any other is used as
-    given. The signal-specific ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` is always used as is (no call here)."""
+    given. The signal-specific ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` is always used as is (no call here). A value
+    that is no URL raises :class:`EndpointError`."""
     if base:
         endpoint = endpoint.rstrip("/")
         return endpoint + TRACES_PATH if protocol == "http/protobuf" else endpoint
     u = endpoint if "://" in endpoint else "http://" + endpoint
-    if protocol == "http/protobuf" and urlsplit(u).path in ("", "/"):
+    try:
+        path = urlsplit(u).path
+    except ValueError as e:   # e.g. "Invalid IPv6 URL": the user's mistake, said without the URL's password
+        raise EndpointError(f"bad OTLP endpoint {mask_url(endpoint)!r}: {e}") from None
+    if protocol == "http/protobuf" and path in ("", "/"):
         u = u.rstrip("/") + TRACES_PATH
     return u
 

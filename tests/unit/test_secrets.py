@@ -121,6 +121,20 @@ def test_ingest_masks_the_password(tmp_path: Path) -> None:
     assert PASSWORD not in r.stdout + r.stderr
 
 
+def test_ingest_with_an_endpoint_that_is_no_url_is_a_usage_error_without_the_password(tmp_path: Path) -> None:
+    """An endpoint urllib cannot parse (an unclosed IPv6 bracket) is a clear usage error (exit 2), never an internal
+    error, and its message masks the password."""
+    log = tmp_path / "r.log"
+    log.write_text("[2026-07-18 03:03:06 ATTN_CP0 TP0] [CPTRACE backup] node_id=1 op=1\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CPTRACE_", "OTEL_"))}
+    r = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "ingest", str(log), "--endpoint",
+                        f"http://carol:{PASSWORD}@[::1/v1/traces"], capture_output=True, text=True, timeout=60,
+                       env=env)
+    assert r.returncode == 2, r.stderr
+    assert "bad OTLP endpoint" in r.stderr and "internal error" not in r.stderr
+    assert PASSWORD not in r.stdout + r.stderr
+
+
 def test_mask_property() -> None:
     hyp = pytest.importorskip("hypothesis")
     st = hyp.strategies
