@@ -306,8 +306,12 @@ def _init_group(world: int, rank: int, store: str) -> tuple[Any, Any]:
 def run(version: str, out: str, policy: str = "write_through", page_size: int = 1, seed: int = 0,
         requests: int = 120, batch: int = 4, max_lag: int = 3, dev_tokens: int = 384, host_ratio: float = 3.0,
         reset: bool = True, fault: str | None = None, nth: int = 1, exact: bool = False, instrument: bool = True,
-        world: int = 1, rank: int = 0, store: str | None = None, level: int = 2, audit_every: int = 5) -> dict:
-    """One run; returns ``{"corruption", "fault_hits", "stats", "log", "otlp", "seconds"}``."""
+        world: int = 1, rank: int = 0, store: str | None = None, level: int = 2, audit_every: int = 5,
+        cp_mode: str = "replicated") -> dict:
+    """One run; returns ``{"corruption", "fault_hits", "stats", "log", "otlp", "seconds"}``.
+
+    ``cp_mode`` is the ``config`` record's ``mode`` when ``world`` > 1: the driver's ranks each hold the whole
+    stream's KV in their own cache (the same requests, the same KV bytes), which is ``replicated``."""
     t0 = time.monotonic()
     os.makedirs(out, exist_ok=True)
     import cptrace_otel
@@ -319,9 +323,13 @@ def run(version: str, out: str, policy: str = "write_through", page_size: int = 
     if instrument:
         from cptrace_otel.traced.sglang import SGLangInstrumentor
 
+        from cptrace_otel.traced.sglang._state import Recorder
+
         inst = SGLangInstrumentor()
+        if inst.is_instrumented_by_opentelemetry and (Recorder.exact, Recorder.cp_mode) != (exact, cp_mode):
+            inst.uninstrument()   # a later run of a --matrix with other options: instrument anew, never reuse
         if not inst.is_instrumented_by_opentelemetry:
-            inst.instrument(exact=exact)
+            inst.instrument(exact=exact, cp_mode=cp_mode)
     if store is None:
         store = tempfile.mktemp(prefix="cptrace-gloo-")
     cp, tp = _init_group(world, rank, store)
@@ -339,9 +347,15 @@ def run(version: str, out: str, policy: str = "write_through", page_size: int = 
             "seconds": round(time.monotonic() - t0, 2)}
 
 
-def run_ranks(version: str, out: str, world: int = 4, fault_rank: int | None = None, **kw: Any) -> list[dict]:
+def run_ranks(version: str, out: str, world: int = 4, fault_rank: int | None = None,
+              matrix: list[dict] | None = None, **kw: Any) -> Any:
     """``world`` rank processes (gloo on a ``file://`` store), the same request stream; ``kw['fault']`` on
-    ``fault_rank`` only. One summary per rank."""
+    ``fault_rank`` only. One summary per rank.
+
+    With ``matrix`` (a list of :func:`run` keyword sets, each over ``kw``), every rank process runs them one after the
+    other in the same gloo group (one SGLang import and one group per rank for all of them), each in its own folder
+    ``out/<i>``; an entry's ``fault`` too applies on ``fault_rank`` only. Returns one list of per-rank summaries per
+    entry."""
     store = tempfile.mktemp(prefix="cptrace-gloo-")
     procs = []
     fault = kw.pop("fault", None)
@@ -359,6 +373,9 @@ def run_ranks(version: str, out: str, world: int = 4, fault_rank: int | None = N
                 args += ["--" + k.replace("_", "-"), str(v)]
         if fault and r == fault_rank:
             args += ["--fault", fault]
+        if matrix is not None:
+            mine = [{k: v for k, v in m.items() if k != "fault" or r == fault_rank} for m in matrix]
+            args += ["--matrix", json.dumps(mine)]
         procs.append(subprocess.Popen(args, env=runtime.sglang_env(version), stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
     outs = []
@@ -369,6 +386,8 @@ def run_ranks(version: str, out: str, world: int = 4, fault_rank: int | None = N
                 q.kill()
             raise RuntimeError(f"rank process failed ({p.returncode}): {se[-3000:]}")
         outs.append(json.loads(so.strip().splitlines()[-1]))
+    if matrix is not None:
+        return [[outs[r][i] for r in range(world)] for i in range(len(matrix))]
     return outs
 
 
@@ -393,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--world", type=int, default=1)
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--store")
+    p.add_argument("--cp-mode", default="replicated", choices=("replicated", "sharded", "shared"),
+                   help="the config record's mode when --world > 1 (the driver's ranks replicate the KV)")
     p.add_argument("--matrix", help="JSON list of run() keyword sets, run one after the other in this process "
                                     "(each in its own folder under --out): one SGLang import for many runs")
     a = vars(p.parse_args(argv))

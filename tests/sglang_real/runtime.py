@@ -39,6 +39,19 @@ def missing_reason(version: str) -> str | None:
     return None
 
 
+def need(version: str) -> None:
+    """In a test: skip when SGLang ``version`` is missing here, fail instead under ``CPTRACE_REQUIRE_SGLANG=1``
+    (``.ci/run`` installs it and requires it)."""
+    why = missing_reason(version)
+    if why is None:
+        return
+    import pytest   # (only tests call this; the driver's processes never import pytest)
+
+    if os.environ.get("CPTRACE_REQUIRE_SGLANG", "").strip().lower() in ("1", "true", "yes", "on"):
+        pytest.fail(why + " (CPTRACE_REQUIRE_SGLANG=1)")
+    pytest.skip(why)
+
+
 def sglang_env(version: str, **extra: str) -> dict[str, str]:
     """Environment for a subprocess that imports SGLang ``version`` and this checkout."""
     env = dict(os.environ)

@@ -31,12 +31,7 @@ pytestmark = [pytest.mark.sglang, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def _need() -> None:
-    why = runtime.missing_reason(VERSION)
-    if why is None:
-        return
-    if os.environ.get("CPTRACE_REQUIRE_SGLANG") == "1":
-        pytest.fail(why)
-    pytest.skip(why)
+    runtime.need(VERSION)
 
 
 def drive(out: str, **kw) -> tuple[dict, object, list]:

@@ -33,11 +33,7 @@ DRIVER = os.path.join(HERE, "driver.py")
 
 
 def _need(version: str = VERSION) -> None:
-    why = runtime.missing_reason(version)
-    if why:
-        if os.environ.get("CPTRACE_REQUIRE_SGLANG", "").strip().lower() in ("1", "true", "yes", "on"):
-            pytest.fail(why + " (CPTRACE_REQUIRE_SGLANG=1)")
-        pytest.skip(why)
+    runtime.need(version)
 
 
 def _py(code: str, version: str = VERSION, timeout: int = 300, **env: str) -> dict:
