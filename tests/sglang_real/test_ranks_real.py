@@ -3,14 +3,15 @@ own stock SGLang 0.5.20 HiCache driven on CPU by ``driver.py``, the same request
 ``config`` record saying ``mode=replicated`` (every rank holds the whole stream's KV in its own cache: the same
 tokens, the same KV bytes, the same tree decisions, acks all-reduced over the group).
 
-* Healthy (exact sets, and range summaries only, a reset mid-run): ``cptrace-otel check`` over the 4 ranks' logs
-  gives 0 findings of any severity, the cross-rank rules C1-C5 ran (none is listed unchecked, and each fires on the
-  same logs once one rank's record is altered), and the runs did split, reload and evict on every rank.
+* Healthy (exact sets, and range summaries only; write_through, and write_back with pages of 4; a reset
+  mid-run): ``cptrace-otel check`` over the 4 ranks' logs gives 0 findings of any severity, the cross-rank rules
+  C1-C5 ran (none is listed unchecked, and each fires on the same logs once one rank's record is altered), and
+  the runs did split, reload (chains of several nodes too) and evict (device and host) on every rank.
 * One rank's fault (rank 2): the finding is on rank 2 only, with its code and node, and the driver's content check
   saw the corruption on rank 2 only.
 
 All runs share one subprocess per rank (``driver.run_ranks(matrix=...)``: one SGLang import and one gloo group per
-rank for the four runs). Without the SGLang folder the tests skip, unless ``CPTRACE_REQUIRE_SGLANG=1`` (``.ci/run``).
+rank for the five runs). Without the SGLang folder the tests skip, unless ``CPTRACE_REQUIRE_SGLANG=1`` (``.ci/run``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ MATRIX = [
     {"exact": False},                                                 # 1: healthy, range summaries only
     {"exact": True, "reset": False, "fault": "flip", "nth": 4},       # 2: a host byte flipped on rank 2
     {"exact": False, "reset": False, "fault": "early_release"},       # 3: host pin released early on rank 2
+    {"exact": False, "policy": "write_back", "page_size": 4, "host_ratio": 1.5},   # 4: healthy, write_back, pages of 4
 ]
 CROSS = ("C1", "C2", "C3", "C4", "C5")
 
@@ -95,7 +97,7 @@ def _lineage(events, rank: int, nid: int) -> set[int]:
 
 # -- healthy --------------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("i", [0, 1], ids=["exact", "range"])
+@pytest.mark.parametrize("i", [0, 1, 4], ids=["exact", "range", "write-back-p4-range"])
 def test_healthy_four_ranks_have_no_finding_and_the_cross_rank_rules_ran(runs, i):
     ranks = runs[i]
     assert [r["corruption"] for r in ranks] == [[]] * WORLD
