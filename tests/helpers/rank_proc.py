@@ -1,4 +1,4 @@
-"""One traced rank process for the integration tests (run as ``python rank_proc.py SPEC.json``).
+"""One traced rank process for the integration tests (run as ``python tests/helpers/rank_proc.py SPEC.json``).
 
 Configuration comes from the environment exactly as in production (``CPTRACE_*``, ``OTEL_EXPORTER_OTLP_*``), set by
 the test. SPEC is a JSON object:
