@@ -87,6 +87,15 @@ def load_deferred() -> tuple[Any, Any]:
         return None, None
 
 
+def _import_drainer_needs() -> None:
+    """Import, on the caller's thread, what the drainer imports on its first round. A thread that is executing an
+    import when the process forks leaves that module's import lock held in the child, where no thread ever releases
+    it: a forked child's drainer would block for ever on its first import (seen with a plain ``os.fork`` right after
+    the parent's first record, while the parent's drainer was importing the fingerprint package)."""
+    load_deferred()
+    from ..model import semconv  # noqa: F401 - Config.resource(), in the drainer's INIT message
+
+
 # -- state ----------------------------------------------------------------------------------------------------------
 class _State:
     def __init__(self, cfg: Any) -> None:
@@ -466,6 +475,7 @@ def start(config: Any, on_stop: Callable[[], None] | None = None) -> Callable[[i
     global _state, _on_stop
     with _lock:
         if _state is None or _state.pid != os.getpid():
+            _import_drainer_needs()
             st = _State(config)
             st.drainer.start()
             st.watchdog.start()
