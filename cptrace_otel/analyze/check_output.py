@@ -60,6 +60,8 @@ def _unchecked_line(u: Unchecked) -> str:
     if u.kind == "level":
         return f"  UNCHECKED {u.rule:<22} {who}: needs level {u.need_level} ({u.reason})"
     ex = f" e.g. nodes {u.examples}" if u.examples else ""
+    if u.kind == "undecidable":
+        return f"  UNDECIDED {u.rule:<22} {who}: {u.count}x ({u.reason}){ex}"
     return f"  SKIPPED   {u.rule:<22} {who}: {u.count}x ({u.reason}){ex}"
 
 

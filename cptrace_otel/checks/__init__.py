@@ -22,7 +22,9 @@ one being where it completed), ``message``, ``src``/``line_no`` of the completin
 ``Unchecked``: ``kind="level"`` for a rule the stream's level cannot support (at level 1: H1b, H2b, H2c, H3, H4,
 each ``need_level=2``); ``kind="skip"`` for counted instances a rule could not decide, by ``rule`` name:
 ``HASH-skipped(split)`` (split between backup and reload, no ``hp``), ``HASH-skipped(chain)``,
-``HASH-skipped(no reload hash)``, ``HASH-skipped(no backup)``, ``HASH-skipped(no hash)``, ``HASH-skipped(sentinel)``.
+``HASH-skipped(no reload hash)``, ``HASH-skipped(no backup)``, ``HASH-skipped(no hash)``, ``HASH-skipped(sentinel)``;
+``kind="undecidable"`` (``rule`` H4a, H4b, H2c or H3) for instances whose only breach was an overlap of ``rng``
+summaries that cannot be decided.
 
 Where each finding is reported (the record that proves it):
 H1a at the ``split``; H1b at the ``ack dir=d2h``; H2a and H2b at the ``reload``; H2c at the ``ack dir=h2d``;
@@ -32,8 +34,12 @@ H3 at the stale ``compose hit=1``; H4a/H4b at the ``ack dir=d2h`` of the breache
 Conventions the rules rely on (what an emitter such as the simulator should log):
 
 * Slot sets: ``rng`` summaries, plus exact run-length sets ``devx``/``hostx``/``idx_x`` (``a-b:c-d``, in token
-  order). Without exact sets only dense blocks (cnt = max-min+1) overlap exactly; anything else is an "interval"
-  WARN.
+  order). Without exact sets an overlap is proven only by what summaries prove (dense blocks, a shared member,
+  counting); an overlap they cannot decide is no finding: it is counted per rule as an ``Unchecked`` of kind
+  ``"undecidable"`` (H4a, H4b, H2c, H3; C5-fence in :mod:`.crossrank`).
+* ``ack dir=h2d`` is one record per chain node (SGLang's ack names each load's last node): the first closes the
+  load (H2c), every one is hashed; a chain node without one is listed ``HASH-skipped(no reload hash)``. A split of
+  a chain node while its load is in flight is applied to the load (each fragment compares its slice of ``hp``).
 * ``prepare``/``backup``/``ack`` are matched by ``node_id`` (and ``op`` when it is the same): a merged op may carry
   a new op id. ``ack dir=d2h`` is one record per acked node id; after a split it lists the fragments in ``pub``.
   Findings about a write (H1b, H4a/H4b, H4-open, ZERO@backup) name its ``prepare``'s op (the lowest op id known for

@@ -29,7 +29,7 @@ from typing import Iterable
 from ..model.events import Event, int_field
 from .cross_base import EpochC1
 from .fence import StoreFence
-from .findings import Finding, Unchecked
+from .findings import UNDECIDABLE, Finding, Unchecked
 from .registry import BY_ID, FENCE_TAGS, STRUCTURAL
 from .rules_c1 import C1Lockstep
 from .rules_c2 import C2AckRounds
@@ -266,6 +266,11 @@ class CrossRank(C1Lockstep, C2AckRounds, JoinRules, L3Cross):
         if self.mode is None and self._l3_seen:
             out.append(Unchecked("L3c", "L3", None, 1, "no config record: CP mode unknown, L3 writer rules skipped",
                                  "skip"))
+        if self._fence.undecidable:
+            out.append(Unchecked(fence.id, fence.code, None, fence.level,
+                                 "interval overlap the rng summaries cannot decide (a store and a backup's source); "
+                                 "exact sets (devx) would", UNDECIDABLE, self._fence.undecidable,
+                                 list(self._fence.undecidable_nodes)))
         if self.mode == "shared" and self._fence.stores == 0:
             out.append(Unchecked(fence.id, fence.code, None, fence.level,
                                  f"no store records (level {fence.level}) in mode shared",

@@ -38,7 +38,7 @@ from typing import Any, Callable
 
 from ..model.events import Event
 from .findings import ERROR, Finding
-from .ranges import Slots, overlap, slots_of
+from .ranges import EXACT, Slots, overlap, slots_of
 
 _B = 256  # slots per bucket
 
@@ -106,6 +106,8 @@ class StoreFence:
         self.findings: list[Finding] = []
         self.at: list[int] = []     # per finding: the larger structural index of its backup and its store
         self.stores = 0
+        self.undecidable = 0             # stores whose overlap with a window the summaries could not decide
+        self.undecidable_nodes: list[int] = []
 
     def feed(self, ev: Event, idx: int = 0) -> None:
         """One record; ``idx``: its rank's structural records of the epoch so far (see the module docstring)."""
@@ -283,7 +285,13 @@ class StoreFence:
         at = w.idx if w.idx > idx else idx
         if w.done and (w.fi < 0 or self.at[w.fi] <= at):
             return   # one finding per backup, judged at the earliest index any late store gives it
-        if overlap(w.dev, s) is None:
+        c = overlap(w.dev, s)
+        if c is None:
+            return
+        if c != EXACT:   # the rng summaries cannot decide: counted, never a finding
+            self.undecidable += 1
+            if len(self.undecidable_nodes) < 5 and w.node not in self.undecidable_nodes:
+                self.undecidable_nodes.append(w.node)
             return
         if w.done:
             self.at[w.fi] = at

@@ -8,6 +8,7 @@ from typing import Any
 from .registry import CODES  # noqa: F401  (re-exported: the finding codes, in report order)
 
 ERROR, WARN = "ERROR", "WARN"
+UNDECIDABLE = "undecidable"   # Unchecked.kind of an overlap the rng summaries cannot decide
 _SEVERITY_RANK = {ERROR: 0, WARN: 1}
 
 
@@ -46,7 +47,9 @@ class Finding:
 @dataclasses.dataclass(slots=True)
 class Unchecked:
     """A rule that did not run (``kind="level"``: the stream's trace level is below ``need_level``), or instances of
-    a rule that were skipped for lack of data (``kind="skip"``, e.g. ``HASH-skipped(split)``). Never a pass."""
+    a rule that were skipped for lack of data (``kind="skip"``, e.g. ``HASH-skipped(split)``), or instances whose
+    only breach was an overlap of ``rng`` summaries that cannot be decided (``kind="undecidable"``, ``rule`` the
+    rule id: H4a, H4b, H2c, H3, C5-fence). Never a pass."""
 
     rule: str
     code: str

@@ -5,8 +5,10 @@ The emitter logs index tensors as ``(cnt=N,min=a,max=b,first=c,last=d)`` and, wh
 equals ``max-min+1`` is a dense block: its set is known exactly (slot indices in one allocation are distinct), so
 it takes part in exact overlap tests like an explicit run list.
 
-:func:`overlap` answers with a certainty (docs/domain.md §3.1): ``"exact"`` when both sets are known and intersect,
-``"interval"`` when only the ``[min, max]`` hulls intersect, ``None`` when they surely do not.
+:func:`overlap` answers with a certainty (docs/domain.md §3.1): ``"exact"`` when the sets surely intersect (both
+known, or what the summaries prove: a shared member, or more slots in the hulls' intersection than it holds),
+``None`` when they surely do not, ``"interval"`` when the summaries cannot decide. Rules never report an
+``"interval"`` overlap as a finding: they count it as undecidable (``Unchecked`` of kind ``"undecidable"``).
 """
 
 from __future__ import annotations
@@ -127,16 +129,45 @@ def _runs_intersect(a: tuple, b: tuple) -> bool:
     return False
 
 
+def _known_in(x: int, s: Slots) -> bool:
+    """Whether slot ``x`` is surely in ``s``: a member of its exact runs, else one of the members a summary names
+    (its min, max, first and last are slots of the set)."""
+    if s.runs is not None:
+        for a, b in s.runs:
+            if a <= x <= b:
+                return True
+        return False
+    return x == s.lo or x == s.hi or x == s.first or x == s.last
+
+
 def overlap(a: Slots | None, b: Slots | None) -> str | None:
-    """``"exact"`` if the sets surely intersect, ``"interval"`` if they possibly do, None if they surely do not."""
+    """``"exact"`` if the sets surely intersect, None if they surely do not, ``"interval"`` if the summaries cannot
+    decide (their ``[min, max]`` hulls intersect, and neither a shared member nor counting proves an overlap).
+
+    What a summary proves (slot indices of one tensor are distinct): its min, max, first and last are members; a
+    dense summary (cnt = max-min+1) is the whole block; and by counting, at least ``cnt - (hull - I)`` of its slots
+    lie in the intersection ``I`` of the two hulls, so two sets with more slots in ``I`` together than ``I`` holds
+    intersect. The real allocator hands out scattered slots after frees, so unrelated nodes' hulls overlap all the
+    time: an ``"interval"`` answer is not evidence of anything (the rules count it as undecidable)."""
     if a is None or b is None or a.cnt <= 0 or b.cnt <= 0:
         return None
     if a.hi < b.lo or b.hi < a.lo:
         return None
     if a.runs is not None and b.runs is not None:
         return EXACT if _runs_intersect(a.runs, b.runs) else None
-    if a.summary() == b.summary():
-        return EXACT  # equal summaries: the interval form counts as sure (docs/domain.md §3.1)
+    for x in (b.lo, b.hi, b.first, b.last):
+        if _known_in(x, a):
+            return EXACT
+    for x in (a.lo, a.hi, a.first, a.last):
+        if _known_in(x, b):
+            return EXACT
+    lo = a.lo if a.lo > b.lo else b.lo
+    hi = a.hi if a.hi < b.hi else b.hi
+    width = hi - lo + 1
+    a_in = a.cnt - (a.hi - a.lo + 1 - width)
+    b_in = b.cnt - (b.hi - b.lo + 1 - width)
+    if a_in > 0 and b_in > 0 and a_in + b_in > width:
+        return EXACT   # pigeonhole: the two sets do not fit into I side by side
     return INTERVAL
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..model.events import Event
-from .findings import ERROR, WARN, Finding, Unchecked
+from .findings import ERROR, UNDECIDABLE, WARN, Finding, Unchecked
 from .ranges import EXACT
 from .state import EpochState
 
@@ -22,7 +22,7 @@ class RankRuleBase:
     epoch: int
     mode: str
     st: EpochState
-    _skips: dict[str, Unchecked]
+    _skips: dict[Any, Unchecked]
 
     def _finding(self, code: str, rule: str, node_id: Any, op: Any, cert: str, refs: list, msg: str,
                  ev: Event | None = None, severity: str = ERROR) -> Finding:
@@ -36,12 +36,20 @@ class RankRuleBase:
             f.src, f.line_no = ev.src, ev.line_no
         return f
 
-    def _skip(self, rule: str, code: str, node_id: Any, reason: str) -> None:
-        """Count one instance of ``rule`` that could not be decided (an ``Unchecked`` of kind "skip")."""
-        u = self._skips.get(rule)
+    def _skip(self, rule: str, code: str, node_id: Any, reason: str, kind: str = "skip", level: int = 1) -> None:
+        """Count one instance of ``rule`` that could not be decided (an ``Unchecked`` of kind "skip", or of
+        ``kind`` "undecidable": a slot overlap the ``rng`` summaries can neither prove nor rule out)."""
+        key = rule if kind == "skip" else (kind, rule)
+        u = self._skips.get(key)
         if u is None:
-            self._skips[rule] = Unchecked(rule, code, self.rank, 1, reason, "skip", 1, [node_id])
+            self._skips[key] = Unchecked(rule, code, self.rank, level, reason, kind, 1, [node_id])
         else:
             u.count += 1
             if len(u.examples) < 5 and node_id not in u.examples:
                 u.examples.append(node_id)
+
+    def _undecidable(self, rule: str, code: str, node_id: Any, what: str) -> None:
+        """One instance of ``rule`` whose only breach is an interval overlap of ``rng`` summaries (``what``): not a
+        finding (the real allocator scatters slots, so unrelated ranges' hulls overlap), counted and reported."""
+        self._skip(rule, code, node_id, f"interval overlap the rng summaries cannot decide ({what}); exact sets "
+                   "(devx/hostx/idx_x) would", UNDECIDABLE, 2)

@@ -120,6 +120,8 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         if moves or t.pending or ev.epoch > t.epoch:
             e = t.step(tag, ev.fields, ev.epoch)
             if e != self.epoch:
+                for ld in self.st.drain_loads():   # (a reset aborts in-flight copies: their nodes go unchecked)
+                    self._count_unhashed(ld)
                 self.epoch = e
                 self.st = EpochState()   # pending state of the old epoch is dropped: a reset aborts in-flight copies
         # (the tracker's epoch moves only in step(), so outside the branch above it equals self.epoch)
@@ -138,10 +140,8 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         if self.level >= 2:
             self._h4_open(out)
             self._l3_open(out)
-        for ld in self.st.loads.values():
+        for ld in self.st.drain_loads():   # every reloaded chain node is compared or listed, never passed
             self._count_unhashed(ld)
-        self.st.loads.clear()
-        self.st.loads_by_node.clear()
         return out
 
     def unchecked(self) -> list[Unchecked]:
@@ -216,6 +216,8 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         pre.host = hc if hc is not None else (None if is_none_range(hc_raw) else UNKNOWN)
         pre.bump(ref, f"split into {p}+{c}")
         pnode.gen_ref = (ref, f"split into {p}+{c}")
+        if st.loads:   # a load in flight follows its tokens too (HASH per fragment)
+            st.split_loads(c, p, L, s)
         lst = st.writes_by_node.get(c)
         if lst:   # a pending write follows its tokens: its fragment list gets both halves (H1b)
             for w in lst:
@@ -297,7 +299,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
                 fnd = self._h1b(ev, ref, w, op, wop)
                 if fnd is not None:
                     out.append(fnd)
-            if w.viol_a is not None or w.viol_b is not None:
+            if w.viol_a is not None or w.viol_b is not None or w.undec_a is not None or w.undec_b is not None:
                 self._h4(ev, ref, w, op, wop, out)
         st.close_write(w)
         nodes = st.nodes
@@ -314,26 +316,26 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         op = int_field(f.get("op"))
         ld = None
         lst = st.loads_by_node.get(nid)
-        if lst:
+        if lst:   # an open load of this node: this is its first ack record (it ends the H2c window)
             ld = lst[0]
             if ld.op != op:
-                ld = next((x for x in lst if x.op == op), ld)
-        first = ld is not None
-        if ld is None:
-            ld = st.recent_loads.get((op, nid))
+                ld = next((x for x in lst if x.op == op), ld)   # (a merged op's ack carries another id)
+            first = True
+        else:     # another chain node's record of a load an earlier record of the same ack closed
+            ld = st.closed_by_node.get(nid)
             if ld is None:
-                for x in st.loads.values():   # an ack record naming another chain node of an open load
-                    if x.op == op and nid in x.chain:
-                        ld = x
-                        first = True
-                        break
-            if ld is None:
-                return None
+                return None   # no reload of this node in the stream (it began mid-run)
+            first = False
         out: list[Finding] = []
         if first:
-            if ld.viol is not None and self.level >= 2:
-                out.append(self._h2c(ev, ref, ld))
-            st.close_load(ld)
+            if self.level >= 2:
+                if ld.viol is not None:
+                    out.append(self._h2c(ev, ref, ld))
+                elif ld.undec is not None:
+                    self._undecidable("H2c", "H2", ld.node_id, ld.undec)
+            old = st.close_load(ld)
+            if old is not None:
+                self._count_unhashed(old)
             nodes = st.nodes
             for cid in ld.chain:
                 n = nodes.get(cid)

@@ -1,6 +1,7 @@
 """The content flags (docs/domain.md §4): ZERO and HASH, level 1 when the records carry ``nz``/``h``.
 
-* ZERO: a ``backup`` (ZERO@backup), a ``reload sync=1`` or an ``ack dir=h2d`` (ZERO@reload, once per load) of a
+* ZERO: a ``backup`` (ZERO@backup), a ``reload sync=1`` (once per load) or an ``ack dir=h2d`` (once per chain
+  node: ZERO@reload) of a
   non-empty node with ``nz=0``; ``nz < 0`` means skip.
 * HASH: the node's reload hash (``reload sync=1`` for a one-node chain, per page ``hp`` for a longer one, else the
   ``ack dir=h2d``) against its latest backup's (the witness each chain node had when the load was issued). Across a
@@ -34,18 +35,19 @@ class ZeroFlag(RankRuleBase):
 
     def _zero_reload(self, ev: Event, ref: tuple, nid: int, ld: PendingLoad, nz: int,
                      at_ack: bool) -> Finding | None:
-        """ZERO@reload: ``nz=0`` after load ``ld`` of node ``nid``, at its ``reload sync=1`` or (``at_ack``) an
-        ``ack dir=h2d``; once per load."""
-        if nz != 0 or ld.zeroed:
+        """ZERO@reload: ``nz=0`` after load ``ld`` of node ``nid``, at its ``reload sync=1`` (the whole chain, once)
+        or (``at_ack``) at a chain node's ``ack dir=h2d`` (once per chain node: each ack record is its node's)."""
+        if nz != 0 or ld.zeroed_all or (at_ack and nid in ld.zeroed):
             return None
         n = self.st.nodes.get(nid) if at_ack else None
         cnt = n.len if n is not None else (ld.dev.cnt if isinstance(ld.dev, Slots) else 0)
         if cnt <= 0:
             return None
-        ld.zeroed = True
         if at_ack:
+            ld.zeroed.add(nid)
             return self._finding("ZERO", "ZERO@reload", nid, ld.op, EXACT, [ld.ref, ref],
                                  f"node {nid} holds all-zero KV after its host->device load (nz=0)", ev)
+        ld.zeroed_all = True
         return self._finding("ZERO", "ZERO@reload", nid, ld.op, EXACT, [ref],
                              f"reload of node {nid}: all-zero KV after the load (nz=0)", ev)
 
@@ -117,9 +119,17 @@ class HashCompare(RankRuleBase):
         return None
 
     def _count_unhashed(self, ld: PendingLoad) -> None:
-        """A load closed without a reload hash for a chain node whose backup has one: HASH-skipped(no reload hash)."""
+        """A load that is over (its acks are all in, the stream or epoch ended, or it was forgotten): each chain node
+        without a reload hash is listed (HASH-skipped), never passed: SGLang's load ack names the op's last node
+        only, so a missing per-node ack record must show."""
         for nid in ld.chain:
+            if nid in ld.hashed:
+                continue
             bk = ld.snap.get(nid)
-            if nid not in ld.hashed and bk is not None and bk.h is not None:
+            if bk is None:
+                self._skip("HASH-skipped(no backup)", "HASH", nid, "no backup record for the reloaded node")
+            elif bk.h is not None or isinstance(bk.hp, list):
                 self._skip("HASH-skipped(no reload hash)", "HASH", nid,
-                           "reload without sync=1 h and no h2d ack hash (level 1?)")
+                           "a reloaded chain node got no h2d ack hash (and no reload sync=1 h)")
+            else:
+                self._skip("HASH-skipped(no hash)", "HASH", nid, "backup or reload carries no h")

@@ -6,8 +6,9 @@ acknowledged backup.
   this is H1c, reported as H2a with the tag in its message.
 * H2b (level 2), at the ``reload``: every chain node's backup was acknowledged (``ack dir=d2h``) before it.
 * H2c (level 2), at the ``ack dir=h2d``: between the reload and its ack no free, host eviction, prepare or other
-  reload touched its host slots. The handlers mark each open load's first breach (:meth:`H2Reload._h2c_breach`,
-  :meth:`H2Reload._h2c_host_evict`); the ack reports it.
+  reload touched its host slots. The handlers mark each open load's first proven breach
+  (:meth:`H2Reload._h2c_breach`, :meth:`H2Reload._h2c_host_evict`); the ack reports it. An overlap the ``rng``
+  summaries cannot decide is no breach: the ack counts it as undecidable.
 """
 
 from __future__ import annotations
@@ -87,22 +88,28 @@ class H2Reload(RankRuleBase):
                              f"{what} before the h2d ack of op {ld.op}: the load read unpinned host pages", ev)
 
     def _h2c_breach(self, s: Slots | None, exclude: int | None, ref: tuple, what: str) -> None:
-        """Mark H2c on every in-flight h2d copy (of another lineage than ``exclude``) whose host ⊓ ``s``."""
+        """Mark H2c on every in-flight h2d copy (of another lineage than ``exclude``) whose host ⊓ ``s``: a proven
+        overlap is a breach, one the summaries cannot decide is noted (counted as undecidable at the ack)."""
         if s is None or not self.st.loads:
             return
         for ld in self.st.loads.values():
             if exclude is not None and exclude in ld.chain:
                 continue
             c = overlap(s, ld.host)
-            if c is not None and (ld.viol is None or (ld.viol[1] != EXACT and c == EXACT)):
-                ld.viol = (ref, c, what)
+            if c is None:
+                continue
+            if c == EXACT:
+                if ld.viol is None:
+                    ld.viol = (ref, c, what)
+            elif ld.undec is None:
+                ld.undec = what
 
     def _h2c_host_evict(self, nid: int, hs: Slots | None, ref: tuple) -> None:
         """A host eviction of node ``nid`` (freeing ``hs``) breaches the loads whose chain holds it, and those of
         other lineages whose host slots it freed."""
         for ld in self.st.loads.values():
             if nid in ld.chain:
-                if ld.viol is None or ld.viol[1] != EXACT:
+                if ld.viol is None:
                     ld.viol = (ref, EXACT, f"host eviction of node {nid}")
         if hs is not None:
             self._h2c_breach(hs, nid, ref, f"host eviction of node {nid} freed host slots")

@@ -3,7 +3,8 @@ content or slots of a node it derives from changed since its fill (``compose hit
 
 The fill keeps the device generation of each node of its chain (``Node.gen``, bumped by the handlers at insert
 revive, split, dev eviction, reload and h2d ack); a hit fails when there is no fill, a generation moved, or a
-``free pool=dev`` hit the fill's source slots (:meth:`H3Compose._h3_free`).
+``free pool=dev`` hit the fill's source slots (:meth:`H3Compose._h3_free`; a hit is counted as undecidable, not
+reported, when that free overlaps the source as an interval of ``rng`` summaries only).
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ class H3Compose(RankRuleBase):
         if fl.invalid is not None:
             vref, cert = fl.invalid
             fl.reported = True
+            if cert != EXACT:   # the free's summary and the fill's source overlap as intervals only
+                self._undecidable("H3", "H3", nid, "a free pool=dev and the view's source")
+                return None
             return [self._finding("H3", "H3", nid, None, cert, [fl.ref, vref, ref],
                                   f"compose hit for key {key} after its source slots were freed", ev)]
         return None
@@ -76,7 +80,7 @@ class H3Compose(RankRuleBase):
         else:
             cand = fills.values()
         for fl in cand:
-            if fl is not None and fl.invalid is None:
+            if fl is not None and (fl.invalid is None or fl.invalid[1] != EXACT):
                 c = overlap(s, fl.src)
                 if c is not None:
-                    fl.invalid = (ref, c)
+                    fl.invalid = (ref, c)   # an interval one: undecidable at the hit, unless a proven one follows

@@ -2,11 +2,13 @@
 device->host copy
 are freed or reassigned before its ack.
 
-The handlers mark each open write's first breach, the exact one winning over an interval one: (a) on its device
+The handlers mark each open write's first proven breach: (a) on its device
 side between its backup and its ack (a ``free pool=dev``, a dev eviction of its lineage, an ``insert``/``reload`` of
 another lineage taking its slots) and (b) on its host side between its prepare and its ack (a ``free pool=host``, a
 host eviction, a ``prepare``/``reload`` of another lineage). The d2h ack reports H4a/H4b (:meth:`H4Recycle._h4`); a
-copy whose ack never comes is H4-open (WARN) at the end of the stream (:meth:`H4Recycle._h4_open`).
+copy whose ack never comes is H4-open (WARN) at the end of the stream (:meth:`H4Recycle._h4_open`). An overlap that
+the ``rng`` summaries cannot decide (:func:`.ranges.overlap` says "interval") is no breach: a copy whose only
+overlaps were such is counted as undecidable for H4a/H4b at its ack (or at the end), never reported as a finding.
 """
 
 from __future__ import annotations
@@ -22,9 +24,12 @@ from .state import PendingWrite
 
 class H4Recycle(RankRuleBase):
     def _h4(self, ev: Event, ref: tuple, w: PendingWrite, op: Any, wop: int | None, out: list[Finding]) -> None:
-        """H4a/H4b at the d2h ack (for op ``op``) of write ``w``, which has a breach: appended to ``out``."""
-        for rule, v in (("H4a", w.viol_a), ("H4b", w.viol_b)):
+        """H4a/H4b at the d2h ack (for op ``op``) of write ``w``, which has a breach (appended to ``out``) or an
+        undecidable overlap (counted)."""
+        for rule, v, u in (("H4a", w.viol_a, w.undec_a), ("H4b", w.viol_b, w.undec_b)):
             if v is None:
+                if u is not None:
+                    self._undecidable(rule, "H4", w.origin, u)
                 continue
             vref, cert, what = v
             start = w.b_ref if rule == "H4a" and w.b_ref is not None else w.p_ref
@@ -35,8 +40,10 @@ class H4Recycle(RankRuleBase):
     def _h4_open(self, out: list[Finding]) -> None:
         """End of stream: every write still open after a breach (H4-open, WARN), appended to ``out``."""
         for w in self.st.writes.values():
-            for rule, v in (("H4a", w.viol_a), ("H4b", w.viol_b)):
+            for rule, v, u in (("H4a", w.viol_a, w.undec_a), ("H4b", w.viol_b, w.undec_b)):
                 if v is None:
+                    if u is not None:
+                        self._undecidable(rule, "H4", w.origin, u)
                     continue
                 ref, cert, what = v
                 out.append(self._finding("H4", "H4-open", w.origin, w.op(), cert, [w.p_ref, ref],
@@ -46,7 +53,7 @@ class H4Recycle(RankRuleBase):
     def _h4_breach(self, s: Slots | None, attr: str, exclude: int | None, ref: tuple, what: str,
                    side: str) -> None:
         """Mark H4 (``side`` "a": ``attr`` "dev"; "b": "host") on every in-flight d2h copy (of another lineage
-        than ``exclude``) whose dev/host ⊓ ``s``."""
+        than ``exclude``) whose dev/host ⊓ ``s``: a proven overlap is a breach, an undecidable one is noted."""
         if s is None or not self.st.writes:
             return
         for w in self.st.writes.values():
@@ -55,21 +62,27 @@ class H4Recycle(RankRuleBase):
             c = overlap(s, getattr(w, attr))
             if c is None:
                 continue
-            v = (ref, c, what)
+            if c != EXACT:
+                if side == "a":
+                    if w.undec_a is None:
+                        w.undec_a = what
+                elif w.undec_b is None:
+                    w.undec_b = what
+                continue
             if side == "a":
-                if w.viol_a is None or (w.viol_a[1] != EXACT and c == EXACT):
-                    w.viol_a = v
-            elif w.viol_b is None or (w.viol_b[1] != EXACT and c == EXACT):
-                w.viol_b = v
+                if w.viol_a is None:
+                    w.viol_a = (ref, c, what)
+            elif w.viol_b is None:
+                w.viol_b = (ref, c, what)
 
     def _h4_evicted(self, writes: list[PendingWrite], side: str, ref: tuple, what: str) -> None:
         """An eviction (``side`` "a": device, "b": host) of the node these in-flight writes copy: an exact breach."""
         v = (ref, EXACT, what)
         if side == "a":
             for w in writes:
-                if w.viol_a is None or w.viol_a[1] != EXACT:
+                if w.viol_a is None:
                     w.viol_a = v
         else:
             for w in writes:
-                if w.viol_b is None or w.viol_b[1] != EXACT:
+                if w.viol_b is None:
                     w.viol_b = v

@@ -60,7 +60,8 @@ class Node:
 class PendingWrite:
     """A device->host copy from its ``prepare`` to its ``ack dir=d2h``, following the tokens across splits."""
 
-    __slots__ = ("ops", "origin", "L", "dev", "host", "p_ref", "b_ref", "frags", "splits", "viol_a", "viol_b")
+    __slots__ = ("ops", "origin", "L", "dev", "host", "p_ref", "b_ref", "frags", "splits", "viol_a", "viol_b",
+                 "undec_a", "undec_b")
 
     def __init__(self, op: Any, origin: int, length: int, dev: Any, host: Any, p_ref: Ref) -> None:
         self.ops = {op}
@@ -72,8 +73,10 @@ class PendingWrite:
         self.b_ref: Ref | None = None
         self.frags: list[list] = [[origin, length]]   # [node_id, len] of the lineage fragments, prefix first
         self.splits: list[Ref] = []
-        self.viol_a: tuple | None = None   # (ref, certainty, what) of the first H4a breach
+        self.viol_a: tuple | None = None   # (ref, certainty, what) of the first H4a breach (proven: exact)
         self.viol_b: tuple | None = None
+        self.undec_a: str | None = None    # what first overlapped it as an interval only (undecidable)
+        self.undec_b: str | None = None
 
     def op(self) -> int | None:
         """The op id to report: the prepare's (the lowest known)."""
@@ -87,15 +90,18 @@ class PendingWrite:
 class PendingLoad:
     """A host->device copy from its ``reload`` to its ``ack dir=h2d``."""
 
-    __slots__ = ("op", "node_id", "chain", "host", "dev", "ref", "snap", "viol", "hashed", "zeroed")
+    __slots__ = ("op", "node_id", "chain", "host", "dev", "ref", "snap", "viol", "undec", "hashed", "zeroed",
+                 "zeroed_all")
 
     def __init__(self, op: Any, node_id: int, chain: list[int], host: Any, dev: Any, ref: Ref,
                  snap: dict[int, Backup | None]) -> None:
         self.op, self.node_id, self.chain, self.host, self.dev, self.ref = op, node_id, chain, host, dev, ref
         self.snap = snap            # each chain node's backup witness at issue time (survives its host eviction)
-        self.viol: tuple | None = None
+        self.viol: tuple | None = None   # (ref, certainty, what) of the first proven H2c breach
+        self.undec: str | None = None    # what first overlapped its host slots as an interval only
         self.hashed: set[int] = set()
-        self.zeroed = False
+        self.zeroed: set[int] = set()   # chain nodes whose ack reported ZERO
+        self.zeroed_all = False         # the reload sync=1 reported ZERO (for the whole chain)
 
 
 class L3Transfer:
@@ -147,8 +153,11 @@ class EpochState:
         self.writes: dict[int, PendingWrite] = {}       # id(write) -> write, in prepare order
         self.writes_by_node: dict[int, list[PendingWrite]] = {}
         self.loads: dict[int, PendingLoad] = {}         # id(load) -> load, in reload order
-        self.loads_by_node: dict[int, list[PendingLoad]] = {}
-        self.recent_loads: Bounded = Bounded(256)       # (op, node) of closed loads, for later ack records
+        self.loads_by_node: dict[int, list[PendingLoad]] = {}   # every chain node of an open load -> its loads
+        # loads whose first h2d ack closed them, still taking the ack records of their other chain nodes (one per
+        # chain node, after the one that closed it): id(load) -> load, oldest first, and chain node -> load
+        self.closed_loads: OrderedDict = OrderedDict()
+        self.closed_by_node: dict[int, PendingLoad] = {}
         self.fills: dict[Any, Fill] = {}
         self.fills_by_node: dict[int, set] = {}
         self.l3: dict[tuple, L3Transfer] = {}          # (kind, op) -> L3 transfer in flight, in issue order
@@ -198,24 +207,85 @@ class EpochState:
         return None
 
     # -- pending loads (reload -> ack dir=h2d) --------------------------------------------------------------------
+    MAX_CLOSED = 256   # closed loads kept for their late chain-node acks
+
     def open_load(self, ld: PendingLoad) -> PendingLoad | None:
         """Open ``ld``; returns the oldest load when it had to be forgotten (over ``MAX_PENDING``), else None."""
         self.loads[id(ld)] = ld
-        self.loads_by_node.setdefault(ld.node_id, []).append(ld)
+        lbn = self.loads_by_node
+        for cid in ld.chain:
+            lst = lbn.get(cid)
+            if lst is None:
+                lbn[cid] = [ld]
+            else:
+                lst.append(ld)
         if len(self.loads) > self.MAX_PENDING:
             old = next(iter(self.loads.values()))
-            self.close_load(old)
+            self._unindex(old)
             return old
         return None
 
-    def close_load(self, ld: PendingLoad) -> None:
+    def _unindex(self, ld: PendingLoad) -> None:
         self.loads.pop(id(ld), None)
-        lst = self.loads_by_node.get(ld.node_id)
-        if lst:
+        lbn = self.loads_by_node
+        for cid in ld.chain:
+            lst = lbn.get(cid)
+            if lst:
+                try:
+                    lst.remove(ld)
+                except ValueError:
+                    pass
+                if not lst:
+                    del lbn[cid]
+
+    def close_load(self, ld: PendingLoad) -> PendingLoad | None:
+        """``ld``'s first h2d ack came: it leaves the open loads and waits for its other chain nodes' acks. Returns
+        the oldest closed load when one had to be forgotten (over ``MAX_CLOSED``): its unacked nodes are final."""
+        self._unindex(ld)
+        self.closed_loads[id(ld)] = ld
+        cbn = self.closed_by_node
+        for cid in ld.chain:
+            cbn[cid] = ld
+        if len(self.closed_loads) > self.MAX_CLOSED:
+            _, old = self.closed_loads.popitem(last=False)
+            self._forget_closed(old)
+            return old
+        return None
+
+    def _forget_closed(self, ld: PendingLoad) -> None:
+        cbn = self.closed_by_node
+        for cid in ld.chain:
+            if cbn.get(cid) is ld:
+                del cbn[cid]
+
+    def split_loads(self, c: int, p: int, L: int, s: int) -> None:
+        """Node ``c`` (``L`` tokens) was cut at ``s`` into ``p`` (prefix) + ``c`` (suffix) while a load of it is in
+        flight (SGLang's match_prefix/insert split nodes whose load is pending): the load's chain and backup
+        witnesses follow the tokens, so the acks of either fragment compare with their slice of the backup."""
+        # (open loads only: a closed load got its ack records in one go, a later split is of a device-resident node)
+        for ld in list(self.loads_by_node.get(c, ())):
             try:
-                lst.remove(ld)
+                i = ld.chain.index(c)
             except ValueError:
-                pass
-            if not lst:
-                del self.loads_by_node[ld.node_id]
-        self.recent_loads.put((ld.op, ld.node_id), ld)
+                continue
+            ld.chain[i:i + 1] = [p, c]
+            bk = ld.snap.get(c)
+            if bk is not None:
+                if bk.length == L:
+                    ld.snap[p], ld.snap[c] = bk.fragment(0, s), bk.fragment(s, L - s)
+                else:   # the witness does not line up with the node: nothing to slice
+                    ld.snap[p] = ld.snap[c] = Backup(None, None, None, bk.ref, bk.op, False, 0)
+            else:
+                ld.snap[p] = None
+            if c in ld.hashed:
+                ld.hashed.add(p)
+            self.loads_by_node.setdefault(p, []).append(ld)
+
+    def drain_loads(self) -> list[PendingLoad]:
+        """Every load still held (open or closed): the end of the stream or of the epoch."""
+        out = list(self.loads.values()) + list(self.closed_loads.values())
+        self.loads.clear()
+        self.loads_by_node.clear()
+        self.closed_loads.clear()
+        self.closed_by_node.clear()
+        return out

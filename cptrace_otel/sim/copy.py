@@ -32,7 +32,7 @@ class Op:
     fragments, locks) stays on the parts; the copy, its completion and its place in ``write_q`` are the transfer's."""
 
     __slots__ = ("id", "dir", "node", "frags", "blen", "dev", "host", "complete_at", "done", "locked", "chain",
-                 "flip", "stale", "released", "old_host", "fwd", "parts")
+                 "flip", "stale", "released", "old_host", "fwd", "parts", "ack_id")
 
     def __init__(self, oid: int, direction: str, dev: np.ndarray, host: np.ndarray, complete_at: int) -> None:
         self.id = oid
@@ -52,6 +52,7 @@ class Op:
         self.old_host: np.ndarray | None = None   # a re-backup's previous host range, released at the ack
         self.fwd: tuple | None = None   # a load's forward (fwd_hash arguments): it runs once the load has landed
         self.parts: list[Op] = []       # a merged write transfer: the queued writes it carries (prepare order)
+        self.ack_id = oid   # a load: the id its ack carries (a merged op's, SGLang's start_loading merge_ops)
 
     def writes(self) -> list["Op"]:
         """The writes a d2h transfer carries: its parts when merged, else itself."""
@@ -67,6 +68,7 @@ class CopyEngine:
         self.write_q: deque[Op] = deque()
         self.write_new: list[Op] = []
         self.load_q: deque[Op] = deque()
+        self.load_new: list[Op] = []   # loads issued since the last round's start_loading
         self.held = 0   # finished transfers at the head of write_q this rank did not pop with the group (C2_round)
 
     def _new_op(self, direction: str, dev: np.ndarray, host: np.ndarray, delay: int) -> Op:
@@ -253,6 +255,7 @@ class CopyEngine:
         rk.hooks.stale_reload(stale, last, op)
         rk.rec.reload(op)
         self.load_q.append(op)
+        self.load_new.append(op)
         rk.hooks.hash_flip(last, op)
         if rk.hooks.h2_release(last, op):
             # the fault: the host pin goes at issue; the pages are freed now and reused by the next backup
@@ -279,18 +282,34 @@ class CopyEngine:
             if not op.done and op.complete_at <= tick:
                 self._copy_h2d(op)
 
+    def start_loading(self) -> None:
+        """SGLang's ``start_loading``: the loads queued in this round go as one op (``merge_ops``): when there are
+        several, their acks carry a new id from the rank's op counter, not their reloads' ids."""
+        new, self.load_new = self.load_new, []
+        if len(new) > 1:
+            sim, r = self.rk.sim, self.rk.r
+            mid = sim.next_op[r]
+            sim.next_op[r] += 1
+            for op in new:
+                op.ack_id = mid
+
     def ack_loads(self, count: int) -> None:
-        """Pop ``count`` finished loads: one ``ack dir=h2d`` record per chain node (the bytes it landed), then the
-        forward that waited for the load, the unlock and the host unpin."""
+        """Pop ``count`` finished loads: the ack records as an instrumentation of SGLang writes them (its
+        ``HiCacheAck`` names the load's last node; one ``ack dir=h2d`` per chain node, the last node first, each with
+        the bytes it landed; ``Simulation(ack_chain=False)``: the last node's only), then the forward that waited
+        for the load, the unlock and the host unpin. The chain includes fragments of nodes split while the load
+        was in flight."""
         rk = self.rk
         sim = rk.sim
         for _ in range(count):
             op = self.load_q.popleft()
-            for n in op.chain:
-                b = rk.mem.gather(n.value)
-                fp = kv.fingerprint(b, sim.page_size)
-                rk.hooks.expect_reload_bytes(n, op, b, fp)
-                rk.rec.ack_h2d(op, n, fp)
+            last = op.chain[-1]
+            for n in [last] + op.chain[:-1]:
+                if n is last or sim.ack_chain:
+                    b = rk.mem.gather(n.value)
+                    fp = kv.fingerprint(b, sim.page_size)
+                    rk.hooks.expect_reload_bytes(n, op, b, fp)
+                    rk.rec.ack_h2d(op, n, fp)
                 n.loading = False
                 n.gen += 1
                 rk.cache.invalidate(n)

@@ -52,7 +52,8 @@ class Simulation:
                  faults: Iterable[FaultPlan] = (), emitter: Emitter | None = None, *, page_size: int = 4,
                  layers: int = 2, width: int = 4, dev_pages: int = 32, host_pages: int = 48, d_w: int = 1,
                  d_l: int = 1, lb_threshold: int = 8, exact: bool = True, io_rank: int = 0,
-                 merge: bool = True, lag_ns: int = 0, mixed_acks: bool = False) -> None:
+                 merge: bool = True, lag_ns: int = 0, mixed_acks: bool = False, alloc: str = "lifo",
+                 split_loading: bool = True, ack_chain: bool = True) -> None:
         if mode not in ("none", "replicated", "sharded", "dcp", "layersplit", "shared"):
             raise ValueError(f"unknown CP mode {mode!r}")
         if policy not in ("wt", "wts", "wb"):
@@ -72,6 +73,13 @@ class Simulation:
         # lag_ns: how far ahead of the IO rank the other ranks stamp their records (below one tick, so every
         # rank's store still precedes the IO rank's copy and every ack follows it); mixed_acks: see the docstring
         self.lag_ns, self.mixed_acks = lag_ns, mixed_acks
+        # what real SGLang does (issue 20): alloc "sglang": the device allocator's sorted free pages and the host
+        # pool's appended frees (scattered slots after frees; "lifo": prompt reuse, for the scripted races);
+        # split_loading: match/insert split nodes whose load is in flight; ack_chain: one h2d ack record per chain
+        # node (False: the last node's only, as SGLang's HiCacheAck names it)
+        if alloc not in ("lifo", "sglang"):
+            raise ValueError(f"unknown allocation discipline {alloc!r}")
+        self.alloc, self.split_loading, self.ack_chain = alloc, split_loading, ack_chain
         self.faults = list(faults)
         for p in self.faults:
             if p.kind == "ZERO_race" and mode == "shared":
@@ -132,6 +140,7 @@ class Simulation:
         ``check_events`` pops MIN(ready) acks on every rank, then due requests finish."""
         for rk in self.ranks_:
             rk.copy.start_writing()   # the writes issued since the last round start together (one merged op if several)
+            rk.copy.start_loading()   # so do the loads (their acks carry the merged op's id)
         self.clock.advance()
         t = self.clock.tick
         for rk in self.ranks_:

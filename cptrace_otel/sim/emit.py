@@ -121,7 +121,7 @@ class Recorder:
                   dev=kv.rng(op.dev), **self.xs("hostx", op.host), **self.xs("devx", op.dev))
 
     def ack_h2d(self, op: "Op", n: "Node", fp: dict[str, Any]) -> None:
-        self.emit(2, "ack", dir="h2d", op=op.id, node_id=n.id, round=self.sim.clock.tick, **fp)
+        self.emit(2, "ack", dir="h2d", op=op.ack_id, node_id=n.id, round=self.sim.clock.tick, **fp)
 
     # -- the forward -------------------------------------------------------------------------------------------
     def compose(self, n: "Node", layer: int, src: str, gen: int, hit: int) -> None:

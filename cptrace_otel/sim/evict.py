@@ -74,7 +74,8 @@ class Evictor:
                     if got >= need_pages:
                         break
             if sim.policy == "wb":
-                self._write_back(batch)
+                freed += self._evict_write_back(batch)
+                continue
             for v in batch:
                 freed += len(v) // ps
                 if v.host_value is not None:
@@ -82,18 +83,41 @@ class Evictor:
                 else:
                     self._evict_regular(v)
 
-    def _write_back(self, victims: list[Node]) -> None:
-        """write_back eviction: back up the victims that are not backuped, then ``writing_check(write_back=True)``
-        before any of them is freed (unless fault ``H4_wb_noflush`` skips the flush)."""
-        copy = self.rk.copy
-        written = []
+    def _evict_write_back(self, victims: list[Node]) -> int:
+        """write_back eviction as SGLang's ``_evict_write_back`` stages it (pages freed, returned): a backuped victim
+        is evicted at once; one that is not is backed up (``write_backup(write_back=True)``) and staged (SGLang's
+        ``_detach_backuped``: off the device tree, its pages still allocated; no record); ``flush_staged`` runs
+        ``writing_check(write_back=True)`` (every d2h ack) and only then gives the staged pages back (``evict
+        tier=dev`` and the free, at ``evict_device``); a victim the host cannot take flushes the stage and is dropped.
+        Fault ``H4_wb_noflush`` skips the flush: the staged pages are freed with their copies in flight."""
+        rk = self.rk
+        copy = rk.copy
+        ps = rk.sim.page_size
+        freed = 0
+        staged: list[tuple] = []
+
+        def flush_staged() -> None:
+            if not staged:
+                return
+            if not rk.hooks.h4_wb_noflush(staged, copy.start_writing):
+                copy.flush_writes()
+            for v, _ in staged:
+                self._evict_backuped(v)
+            staged.clear()
+
         for v in victims:
-            if v.host_value is None:
-                op = copy.write_backup(v, write_back=True)
-                if op is not None:
-                    written.append((v, op))
-        if written and not self.rk.hooks.h4_wb_noflush(written, copy.start_writing):
-            copy.flush_writes()
+            freed += len(v) // ps
+            if v.host_value is not None:
+                self._evict_backuped(v)
+                continue
+            op = copy.write_backup(v, write_back=True)
+            if op is not None:
+                staged.append((v, op))
+            else:
+                flush_staged()
+                self._evict_regular(v)
+        flush_staged()
+        return freed
 
     def _free_dev(self, n: Node, slots: np.ndarray) -> None:
         rk = self.rk

@@ -1,8 +1,15 @@
 """Paged KV pools (device or host) with the allocator discipline of SGLang's pools.
 
-Slots are token-granular; allocation is page-granular. The free list hands out the most recently freed pages first,
-so a recycled page is reused at once and a recycle race turns into corruption (as on a GPU stream). Double alloc and
-double free raise, as ``pool_host/base.py`` asserts on ``slot_used``.
+Slots are token-granular; allocation is page-granular. Double alloc and double free raise, as ``pool_host/base.py``
+asserts on ``slot_used``. Three free-list disciplines (``policy``):
+
+* ``"lifo"`` (the default): the most recently freed pages are handed out first, so a recycled page is reused at once
+  and a recycle race turns into corruption (as on a GPU stream); the scripted fault scenarios rely on it;
+* ``"sorted"``: SGLang's paged device allocator (``PagedTokenToKVPoolAllocator``): freed pages are staged and, when
+  the free list runs short, merged into it and sorted; an allocation takes the lowest free pages, so after frees a
+  node gets scattered pages;
+* ``"fifo"``: SGLang's host pool: freed slots are appended behind the free list when it runs short (unsorted), so a
+  freed page comes back only after every page freed before it.
 """
 
 from __future__ import annotations
@@ -23,8 +30,13 @@ class PagedPool:
     free; ``free(idx)`` returns whole pages. ``owner[page]`` is the node id the page was allocated for (-1 free).
     """
 
-    def __init__(self, n_pages: int, page_size: int, layers: int, width: int, name: str = "pool") -> None:
+    def __init__(self, n_pages: int, page_size: int, layers: int, width: int, name: str = "pool",
+                 policy: str = "lifo") -> None:
+        if policy not in ("lifo", "sorted", "fifo"):
+            raise ValueError(f"unknown free-list policy {policy!r}")
         self.name = name
+        self.policy = policy
+        self._staged: list[int] = []   # freed pages not yet merged into the free list (sorted, fifo)
         self.n_pages = n_pages
         self.page_size = page_size
         self.data = np.zeros((n_pages * page_size, layers, width), dtype=np.uint8)
@@ -34,12 +46,16 @@ class PagedPool:
 
     @property
     def free_pages(self) -> int:
-        return len(self._free)
+        return len(self._free) + len(self._staged)
 
     def alloc(self, n_tokens: int, owner: int = -1) -> np.ndarray | None:
         if n_tokens % self.page_size:
             raise PoolError(f"{self.name}: alloc of {n_tokens} tokens is not page-aligned")
         need = n_tokens // self.page_size
+        if need > len(self._free) and self._staged:   # merge the staged frees (sorted: the whole list sorted)
+            merged = list(self._free) + self._staged
+            self._staged = []
+            self._free = deque(sorted(merged) if self.policy == "sorted" else merged)
         if need > len(self._free):
             return None
         pages = [self._free.popleft() for _ in range(need)]
@@ -69,7 +85,10 @@ class PagedPool:
         for p in pages:
             if not self.used[p]:
                 raise PoolError(f"{self.name}: double free of page {p}")
-        for p in reversed(pages):
+        for p in pages:
             self.used[p] = False
             self.owner[p] = -1
-            self._free.appendleft(p)  # prompt reuse: the next alloc gets these pages first, in order
+        if self.policy == "lifo":
+            self._free.extendleft(reversed(pages))  # prompt reuse: the next alloc gets these pages first, in order
+        else:
+            self._staged.extend(pages)

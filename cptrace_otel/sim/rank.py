@@ -53,8 +53,9 @@ class RankSim:
         else:
             self.layer_ids = np.arange(sim.layers)
         nl = self.layer_ids.size
-        self.dev = PagedPool(sim.dev_pages, sim.page_size, nl, sim.width, f"dev{rank}")
-        self.host = PagedPool(sim.host_pages, sim.page_size, nl, sim.width, f"host{rank}")
+        real = sim.alloc == "sglang"
+        self.dev = PagedPool(sim.dev_pages, sim.page_size, nl, sim.width, f"dev{rank}", "sorted" if real else "lifo")
+        self.host = PagedPool(sim.host_pages, sim.page_size, nl, sim.width, f"host{rank}", "fifo" if real else "lifo")
         if host_data is not None:
             self.host.data = host_data            # shared L2: one buffer, identical shadow allocators
         self.rec = Recorder(sim, rank)

@@ -3,7 +3,8 @@
 SGLang's rules (docs/domain.md §1 and §2, stages S1-S3): a partial match splits a node; the **new id takes the prefix**
 and
 the old id keeps the suffix, and a pending device->host write of the node is rewritten to list the fragments
-prefix first. A node whose host->device copy is in flight is never cut.
+prefix first. A node whose host->device copy is in flight is cut too (SGLang's match_prefix and insert do it within
+a batch): the prefix joins the load's chain, and each fragment gets its own ack record.
 """
 
 from __future__ import annotations
@@ -111,8 +112,8 @@ class Tree:
             if common == 0:
                 break
             if common < child.key.size:
-                if child.loading:      # never cut a node whose host->device copy is in flight
-                    break
+                if child.loading and not self.rk.sim.split_loading:
+                    break   # (the simulator's first reading: never cut a node whose host->device copy is in flight)
                 child = self.split(child, common)
                 path.append(child)
                 pos += common
@@ -155,6 +156,12 @@ class Tree:
             p.bk, c.bk = c.bk[:s].copy(), c.bk[s:].copy()
             p.bk_op, p.bk_split, c.bk_split = c.bk_op, True, True
         p.lock_ref, p.hit_count, p.host_ref = c.lock_ref, c.hit_count, c.host_ref
+        if c.loading:   # SGLang splits a node whose load is in flight: the prefix is part of the load from now on
+            p.loading = True
+            for op in rk.copy.load_q:
+                if c in op.chain:
+                    i = op.chain.index(c)
+                    op.chain[i:i + 1] = [p, c]
         p.gen = c.gen + 1
         c.gen += 1
         p.last_access = c.last_access

@@ -31,26 +31,31 @@ RESET_EVERY = 4     # chunks per epoch
 
 
 def volume_workload(seed: int, mode: str, ranks: int, policy: str, records: int, level: int = 3,
-                    exact: bool = True) -> Simulation:
+                    exact: bool = True, real: bool = False) -> Simulation:
     """A seeded random run, until every rank has logged at least ``records`` records (chunks of :data:`CHUNK`
     requests, a reset after every :data:`RESET_EVERY` chunks: epochs of a few thousand records per rank).
     Followers stamp their records half a tick ahead of the IO rank (``lag_ns``), every rank interleaves a round's
     acks its own way (``mixed_acks``), and a quarter of the requests cut an earlier prompt (``cut``).
 
     Mode dcp stripes tokens over the ranks (``pos % ranks``) and needs whole widened pages (docs/domain.md §5): its
-    pages
-    hold at least one token per rank (``page_size`` = max(4, ranks)), so that every rank holds rows of every page."""
+    pages hold at least one token per rank (``page_size`` = max(4, ranks)), so that every rank holds rows of every
+    page.
+
+    ``real``: what real SGLang runs do and the short streams' defaults do not (issue 20): SGLang's allocators
+    (scattered slots after frees), a third of the cuts made while the repeat's load is in flight (splits of nodes
+    whose load is pending)."""
     rng = np.random.default_rng([seed, 0])
     ps = max(P, ranks) if mode == "dcp" else P
     sim = Simulation(mode, ranks, policy, level, (), None, page_size=ps, layers=2, width=4,
                      dev_pages=int(rng.integers(10, 17)), host_pages=int(rng.integers(14, 25)),
                      d_w=int(rng.integers(1, 4)), d_l=int(rng.integers(1, 4)), lb_threshold=2 * ps, exact=exact,
-                     lag_ns=TICK_NS // 2, mixed_acks=True)
+                     lag_ns=TICK_NS // 2, mixed_acks=True, alloc="sglang" if real else "lifo")
     lines = sim.emitter.lines   # type: ignore[attr-defined]
     chunk = 0
     while min(len(x) for x in lines) < records:
         chunk += 1
-        random_stream(sim, np.random.default_rng([seed, chunk]), CHUNK, resets=False, cut=0.25)
+        random_stream(sim, np.random.default_rng([seed, chunk]), CHUNK, resets=False, cut=0.25,
+                      inflight=0.35 if real else 0.0)
         if chunk % RESET_EVERY == 0:
             sim.reset()
     sim.finish()
@@ -78,7 +83,11 @@ class Coverage:
       misreads;
     * ``mixed_rounds``: ack rounds (``round=``) that two ranks log in different direction orders;
     * ``reload_splits``: splits of a node reloaded since its last device eviction (rank 0);
-    * ``dev_frees`` and ``host_evicts``: page reuse and host pressure.
+    * ``dev_frees`` and ``host_evicts``: page reuse and host pressure;
+    * what real SGLang runs have (rank 0): ``inflight_splits`` (splits of a node whose load has no h2d ack yet),
+      ``scattered`` (device ranges of inserts, prepares and reloads that are not one block), ``merged_loads`` (h2d
+      ack records whose op is not their reload's: a merged load op), ``wb_staged`` (write_back evictions of a node
+      whose backup was prepared in the same eviction, logged after its d2h ack).
     """
 
     def __init__(self, io_rank: int = 0) -> None:
@@ -91,6 +100,9 @@ class Coverage:
         self._reloaded: set[tuple[int, int]] = set()     # (epoch, node) of rank 0
         self._rounds: dict[tuple, dict[int, list]] = {}  # (epoch, round) -> rank -> direction sequence
         self.records = 0
+        self.inflight_splits = self.scattered = self.merged_loads = self.wb_staged = 0
+        self._loading: dict[tuple[int, int], int] = {}   # (epoch, node) of rank 0 -> op of its pending reload
+        self._wb_prep: dict[tuple[int, int], bool] = {}   # (epoch, node) of rank 0 -> its wb prepare was acked
 
     def watch(self, events: Iterable[Event]) -> "_Watched":
         """``events`` unchanged (and their source's rank hint), counted on the way."""
@@ -102,6 +114,8 @@ class Coverage:
             tag = ev.tag
             if tag in ("store", "backup", "evict", "free", "ack", "reload", "split", "reset"):
                 self._see(ev)
+            if ev.rank == 0 and tag in ("insert", "prepare", "reload", "ack", "split", "evict"):
+                self._see_real(ev)
             yield ev
 
     def _see(self, ev: Event) -> None:
@@ -142,6 +156,32 @@ class Coverage:
         elif tag == "reset" and io:
             self._held.clear()
 
+    def _see_real(self, ev: Event) -> None:
+        tag, f = ev.tag, ev.fields
+        key = (ev.epoch, f.get("node_id"))
+        if tag in ("insert", "prepare", "reload"):
+            d = f.get("dev")
+            if hasattr(d, "min") and d.cnt != d.max - d.min + 1:
+                self.scattered += 1
+            if tag == "reload":
+                for c in f.get("chain") or ():
+                    self._loading[(ev.epoch, c)] = f.get("op")
+            elif tag == "prepare" and f.get("policy") == "wb":
+                self._wb_prep[key] = False
+        elif tag == "ack":
+            if f.get("dir") == "h2d":
+                op = self._loading.pop(key, None)
+                if op is not None and op != f.get("op"):
+                    self.merged_loads += 1
+            elif key in self._wb_prep:
+                self._wb_prep[key] = True
+        elif tag == "split":
+            if key in self._loading:
+                self.inflight_splits += 1
+                self._loading[(ev.epoch, f.get("new_id"))] = self._loading[key]
+        elif tag == "evict" and f.get("tier") == "dev":
+            self.wb_staged += self._wb_prep.pop(key, False)
+
     @property
     def mixed_rounds(self) -> int:
         return sum(1 for per in self._rounds.values() if len({tuple(s) for s in per.values()}) > 1)
@@ -157,14 +197,14 @@ class _Watched:
 
 
 def check_volume(seed: int, mode: str, ranks: int, policy: str, records: int, level: int = 3,
-                 exact: bool = True) -> dict[str, Any]:
+                 exact: bool = True, real: bool = False) -> dict[str, Any]:
     """One volume run, written as per-rank log files and checked through the log reader (as ``cptrace-otel check``
     reads them); returns the records per rank, the findings (as text), the level-unchecked rules, the oracle's
     entries (none: no fault is armed) and the :class:`Coverage` counts."""
     from ..analyze.engine import Analysis
     from ..analyze.sources.logs import read_log_events
 
-    sim = volume_workload(seed, mode, ranks, policy, records, level, exact)
+    sim = volume_workload(seed, mode, ranks, policy, records, level, exact, real)
     cov = Coverage(sim.io_rank)
     with tempfile.TemporaryDirectory(prefix="cptrace-volume-") as d:
         paths = sim.emitter.write(d)   # type: ignore[attr-defined]
@@ -177,7 +217,11 @@ def check_volume(seed: int, mode: str, ranks: int, policy: str, records: int, le
         "records": cov.records, "bytes": sizes,
         "findings": [f"{f.code} {f.rule} r{f.rank} n{f.node_id} op{f.op}: {f.message}" for f in res.findings],
         "unchecked": sorted({u.rule for u in res.unchecked if u.kind == "level"}),
+        "undecidable": {u.rule: u.count for u in res.unchecked if u.kind == "undecidable"},
+        "skipped": {u.rule: u.count for u in res.unchecked if u.kind == "skip"},
         "oracle": list(sim.oracle.entries),
         "next_owner_stores": cov.next_owner_stores, "mixed_rounds": cov.mixed_rounds,
         "reload_splits": cov.reload_splits, "dev_frees": cov.dev_frees, "host_evicts": cov.host_evicts,
+        "inflight_splits": cov.inflight_splits, "scattered": cov.scattered, "merged_loads": cov.merged_loads,
+        "wb_staged": cov.wb_staged,
     }

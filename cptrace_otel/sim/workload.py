@@ -34,29 +34,35 @@ class Tokens:
 def random_workload(seed: int, mode: str = "none", ranks: int = 2, policy: str = "wt", level: int = 3,
                     emitter: Emitter | None = None, faults: Iterable[FaultPlan] = (), requests: int = 24,
                     exact: bool = True, merge: bool = True, lag_ns: int = 0, mixed_acks: bool = False,
-                    cut: float = 0.0) -> Simulation:
+                    cut: float = 0.0, alloc: str = "lifo", inflight: float = 0.0,
+                    ack_chain: bool = True) -> Simulation:
     """A seeded random stream: shared prefixes force splits, a small device pool forces eviction and reloads, a
     small host pool forces host eviction, copy delays ``d_w``/``d_l`` of 1-3 rounds, now and then a reset.
     ``merge``: the writes of one round start as one merged op (the simulator's default); False: one op each.
     ``lag_ns``, ``mixed_acks``: see :class:`~cptrace_otel.sim.core.Simulation`; ``cut``: see :func:`random_stream`
-    (all three off by default, so a seed's stream is what it always was)."""
+    (all three off by default, so a seed's stream is what it always was). What real SGLang runs do (issue 20):
+    ``alloc="sglang"`` (scattered slots after frees), ``inflight`` (the share of cuts made while the load is still
+    in flight), ``ack_chain`` (False: h2d ack records for each load's last node only); see :class:`Simulation`."""
     rng = np.random.default_rng(seed)
     sim = Simulation(mode, ranks, policy, level, faults, emitter, page_size=P, layers=2, width=4,
                      dev_pages=int(rng.integers(10, 17)), host_pages=int(rng.integers(14, 25)),
                      d_w=int(rng.integers(1, 4)), d_l=int(rng.integers(1, 4)), lb_threshold=2 * P, exact=exact,
-                     merge=merge, lag_ns=lag_ns, mixed_acks=mixed_acks)
-    random_stream(sim, rng, requests, cut=cut)
+                     merge=merge, lag_ns=lag_ns, mixed_acks=mixed_acks, alloc=alloc, ack_chain=ack_chain)
+    random_stream(sim, rng, requests, cut=cut, inflight=inflight)
     sim.finish()
     return sim
 
 
 def random_stream(sim: Simulation, rng: np.random.Generator, requests: int, resets: bool = True,
-                  cut: float = 0.0) -> None:
+                  cut: float = 0.0, inflight: float = 0.0) -> None:
     """Drive ``sim`` with ``requests`` random requests (repeats, shared prefixes with new suffixes, fresh prompts),
     0-2 rounds apart, random durations. ``cut``: the share of requests that repeat an earlier prompt of two pages
     or more (a host hit reloads it when it was evicted), wait for any load, then take a page-aligned part of it
     (cut inside it) and a new suffix, which splits its node, the reloaded one included (0: none, and the stream
-    draws exactly what it did before the option existed). Prompts are whole pages of ``sim.page_size`` tokens."""
+    draws exactly what it did before the option existed). ``inflight``: the share of those cuts made after a
+    device eviction pass, in the same batch as the repeat and another earlier prompt, while their loads are in
+    flight (SGLang's match_prefix/insert split a node whose load is pending; two loads of one batch merge into one
+    op). Prompts are whole pages of ``sim.page_size`` tokens."""
     ps = sim.page_size
     vocab = 200
     prefixes = [rng.integers(0, vocab, ps * int(k)).tolist() for k in rng.integers(1, 4, size=4)]
@@ -65,9 +71,16 @@ def random_stream(sim: Simulation, rng: np.random.Generator, requests: int, rese
         if cut and history and rng.random() < cut:
             src = history[int(rng.integers(len(history)))]
             if len(src) >= 2 * ps:
+                now = bool(inflight) and rng.random() < inflight
+                if now:
+                    sim.evict_all()   # memory pressure: the repeat is a host hit and reloads
                 sim.request(src)
-                for _ in range(sim.d_l + 1):   # a node is never cut while its load is in flight
-                    sim.step()
+                if now:
+                    # the same batch: another earlier prompt (a second load merges with the first) and the cut
+                    sim.request(history[int(rng.integers(len(history)))])
+                else:
+                    for _ in range(sim.d_l + 1):   # the load lands before the cut
+                        sim.step()
                 k = _cut_point(sim, src, rng)
                 toks = src[:k] + rng.integers(0, vocab, ps * int(rng.integers(1, 3))).tolist()
                 history.append(toks)
@@ -195,6 +208,25 @@ def _reload_split(sim: Simulation, t: Tokens) -> None:
     _steps(sim, 2)
 
 
+def _split_while_loading(sim: Simulation, t: Tokens) -> None:
+    """What real SGLang does within one batch: two evicted prompts reload in the same round (one merged load op,
+    whose ack carries its own id), and a third request cuts inside the first one's node while its load is still
+    in flight (``match_prefix`` splits a node whose load is pending): the split is applied to the load, each
+    fragment gets its ack record and compares its slice of the backup."""
+    a, b = t(4), t(3)
+    sim.request(a)
+    sim.request(b)
+    _steps(sim, 3)
+    sim.evict_all()
+    sim.request(a)                      # reload a's node
+    sim.request(b)                      # reload b's, same round: one merged load op
+    sim.request(a[:2 * P] + t(2))       # splits a's node (new id: its first 2 pages) while the load is in flight
+    _steps(sim, 3)
+    sim.evict_all()
+    sim.request(a)                      # the fragments reload as one chain
+    _steps(sim, 2)
+
+
 def _two_writes_one_round(sim: Simulation, t: Tokens) -> None:
     """Two writes issued in one round as separate ops (no merge) while their requests run: both acks are ready in
     the same round on every rank, and the MIN over the group pops them together (C2_round pops one fewer on one
@@ -262,6 +294,7 @@ SCENARIOS: dict[str, tuple[dict[str, int], Callable[[Simulation, Tokens], None]]
     "split_reload": ({}, _split_reload),
     "reload_split": ({}, _reload_split),
     "two_writes_one_round": ({"merge": False}, _two_writes_one_round),
+    "split_while_loading": ({"dev_pages": 16, "d_l": 2}, _split_while_loading),
     "rebackup_reload": ({}, _rebackup_reload),
     "reload_reuse": ({"d_w": 1, "d_l": 2}, _reload_reuse),
     "compose_reload": ({}, _compose_reload),
@@ -320,6 +353,8 @@ NEAR_MISSES: dict[str, tuple[str, str]] = {
     "write_back: store, evict, reload": ("store_reload", "wb"),
     "split of a reloaded node from its reloaded slots": ("reload_split", "wt"),
     "two writes acked in one round on every rank": ("two_writes_one_round", "wt"),
+    "split of a node whose load is in flight, loads merged": ("split_while_loading", "wt"),
+    "write_back: split of a node whose load is in flight": ("split_while_loading", "wb"),
 }
 
 

@@ -217,3 +217,28 @@ def test_c1_div_at_later_sites_and_other_policies_matches_the_oracle(mode, ranks
         got = found_set(res)
         assert got == expected_set(sim, 3, res), (policy, nth, seed, [f.message for f in res.findings])
         assert {g[0] for g in got if g[1] == rank} >= {"C1", "C3"}
+
+
+IN_FLIGHT_FAULTS = ["HASH_flip", "H2_release", "ZERO_race", "ZERO_nostore", "H2_stale", "H1_swap"]
+
+
+@pytest.mark.parametrize("policy", ["wt", "wb"])
+@pytest.mark.parametrize("kind", IN_FLIGHT_FAULTS)
+def test_faults_found_when_a_node_is_split_while_its_load_is_in_flight(kind, policy):
+    """The scenario of real SGLang's batches (two loads merged into one op, a split of a node whose load is in flight,
+    per-chain-node ack records with the last node first): each fault, at each of its first three eligible sites,
+    gives exactly the oracle's findings, and under the fault's own write policy at least one site is found."""
+    from cptrace_otel.sim.faults import FaultPlan
+    from cptrace_otel.sim.workload import run_scenario
+
+    hit = 0
+    for mode in ("none", "replicated", "sharded", "shared"):
+        for nth in (1, 2, 3):
+            sim = run_scenario("split_while_loading", dict(mode=mode, ranks=1 if mode == "none" else 2,
+                                                           policy=policy, level=3, emitter=None),
+                               [FaultPlan(kind, rank=0, nth=nth)])
+            res = analyze(sim)
+            assert found_set(res) == expected_set(sim, 3, res), (mode, nth, [
+                f"{f.code} {f.rule} r{f.rank} n{f.node_id} op{f.op}: {f.message}" for f in res.findings])
+            hit += bool(sim.oracle.injected and res.findings)
+    assert hit or policy != FAULTS[kind].policy

@@ -65,12 +65,16 @@ def test_text_table_groups_by_node_most_severe_first(tmp_path):
     p = tmp_path / "mix.log"
     sparse = "(cnt=2,min=500,max=600,first=500,last=600)"
     lines = open(os.path.join(DOMAIN, "h4_bad.log")).read().splitlines()
-    # an interval-only H4 WARN on node 1 (another lineage), before the exact H4 ERROR on node 6
+    # an H4-open WARN on node 1 (evicted while its copy was in flight, the ack never came), before the exact H4
+    # ERROR on node 6; and an interval-only overlap of node 2's copy: undecidable, listed, not a finding
     lines = [
-        "[CPTRACE prepare] node_id=1 op=1 len=2 dev=" + sparse
-        + " host=(cnt=2,min=0,max=1,first=0,last=1) policy=wt rank=0 ts=1",
+        "[CPTRACE prepare] node_id=2 op=2 len=2 dev=" + sparse
+        + " host=(cnt=2,min=2,max=3,first=2,last=3) policy=wt rank=0 ts=1",
         "[CPTRACE free] pool=dev idx=(cnt=2,min=550,max=560,first=550,last=560) node_id=-1 why=finish rank=0 ts=2",
-        "[CPTRACE ack] dir=d2h op=1 node_id=1 blen=2 clen=2 pub=[1] rank=0 ts=3",
+        "[CPTRACE ack] dir=d2h op=2 node_id=2 blen=2 clen=2 pub=[2] rank=0 ts=3",
+        "[CPTRACE prepare] node_id=1 op=1 len=2 dev=(cnt=2,min=700,max=701,first=700,last=701)"
+        " host=(cnt=2,min=0,max=1,first=0,last=1) policy=wt rank=0 ts=4",
+        "[CPTRACE evict] tier=dev node_id=1 kind=backuped dev=(cnt=2,min=700,max=701,first=700,last=701) rank=0 ts=5",
     ] + lines
     p.write_text("\n".join(lines) + "\n")
     rc, out, _ = run(Args([str(p)]))
@@ -79,7 +83,9 @@ def test_text_table_groups_by_node_most_severe_first(tmp_path):
     assert "2 findings (1 ERROR, 1 WARN) on 2 nodes" in out
     i6 = next(i for i, r in enumerate(rows) if r.startswith("node 6"))
     i1 = next(i for i, r in enumerate(rows) if r.startswith("node 1"))
-    assert i6 < i1 and "ERROR H4" in rows[i6 + 1] and "WARN  H4" in rows[i1 + 1]
+    assert i6 < i1 and "ERROR H4" in rows[i6 + 1] and "WARN  H4" in rows[i1 + 1] and "H4-open" in rows[i1 + 1]
+    und = [r for r in rows if r.strip().startswith("UNDECIDED")]
+    assert len(und) == 1 and "H4a" in und[0] and "1x" in und[0] and "nodes [2]" in und[0]
     assert "mix.log:" in rows[i6 + 1]
 
 

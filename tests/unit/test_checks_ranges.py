@@ -36,6 +36,25 @@ def test_overlap_certainty():
     assert overlap(slots_of(Rng(3, 1, 9, 1, 9), "1:5:9"), slots_of(Rng(2, 4, 5, 4, 5))) == EXACT
 
 
+def test_overlap_proofs_from_summaries_alone():
+    """What rng summaries prove (slots of one tensor are distinct): a shared member (min, max, first, last) is an
+    overlap; so is having more slots in the hulls' intersection than it holds (pigeonhole); anything else with
+    intersecting hulls is undecidable, whatever the sets really are."""
+    a = slots_of(Rng(3, 10, 50, 30, 10))                  # members 10, 30, 50 known
+    assert overlap(a, slots_of(Rng(2, 20, 30, 30, 20))) == EXACT          # 30 is in both
+    assert overlap(a, slots_of(Rng(2, 11, 49, 11, 49))) == INTERVAL       # hull inside, no known member shared
+    assert overlap(slots_of(Rng(10, 0, 9, 0, 9)), slots_of(Rng(2, 5, 14, 5, 14))) == EXACT  # dense: 5 is in it
+    assert overlap(slots_of(Rng(8, 0, 9, 0, 9)), slots_of(Rng(2, 5, 14, 5, 14))) == INTERVAL  # 8 of 10: maybe not
+    # pigeonhole: 7 of [0,9] and 7 of [3,12] share [3,9] (7 slots): at least 4 + 4 of them lie there
+    assert overlap(slots_of(Rng(7, 0, 9, 1, 8)), slots_of(Rng(7, 3, 12, 4, 11))) == EXACT
+    # one slot fewer on each side: 3 + 3 <= 7, they may be disjoint
+    assert overlap(slots_of(Rng(6, 0, 9, 1, 8)), slots_of(Rng(6, 3, 12, 4, 11))) == INTERVAL
+    # the two sets behind that last pair, disjoint, to show the answer could not be EXACT
+    x = {0, 1, 2, 8, 9, 7}
+    y = {3, 4, 5, 6, 12, 11}
+    assert not x & y and (len(x), min(x), max(x)) == (6, 0, 9) and (len(y), min(y), max(y)) == (6, 3, 12)
+
+
 def test_concat_and_slice():
     a = slots_of(Rng(2, 7, 8, 7, 8), "7-8")
     b = slots_of(Rng(2, 1, 2, 1, 2), "1-2")

@@ -154,19 +154,67 @@ def test_h4b_host_slots_reused_during_backup(tmp_path):
     assert res.findings[0].evidence == [2, 4, 7]  # prepare, the free that breached it, the ack
 
 
-def test_h4_interval_overlap_is_a_warn(tmp_path):
+def test_h4_interval_overlap_is_undecidable_not_a_finding(tmp_path):
+    """The real allocator scatters slots after frees: a free whose summary's hull covers the copy's source but
+    proves nothing (no shared member, too few slots to force an overlap) is counted as undecidable for H4a, not
+    reported; the same breach proven (a shared member, or exact sets) is an ERROR."""
     sparse = "(cnt=2,min=500,max=600,first=500,last=600)"
     lines = ["[CPTRACE config] level=2"] + _lifecycle(1) + [
         f"[CPTRACE free] pool=dev idx={sparse} node_id=-1 why=finish",
         "[CPTRACE ack] dir=d2h op=1 node_id=1 blen=32 clen=32 pub=[1]",
     ]
     res = check_lines(tmp_path, lines)
-    assert [(f.rule, f.certainty, f.severity) for f in res.findings] == [("H4a", "interval", "WARN")]
-    # the same with exact sets that do not intersect: silent
-    lines[-2] = f"[CPTRACE free] pool=dev idx={sparse} idx_x=500:600 node_id=-1 why=finish"
-    lines[1] = lines[1] + " devx=512-543"
-    lines[3] = lines[3] + " devx=512-543"
-    assert check_lines(tmp_path, lines).findings == []
+    assert res.findings == []
+    und = [u for u in res.unchecked if u.kind == "undecidable"]
+    assert [(u.rule, u.code, u.count, u.examples) for u in und] == [("H4a", "H4", 1, [1])]
+    # the same with exact sets that do not intersect: silent, nothing undecidable
+    ex = list(lines)
+    ex[-2] = f"[CPTRACE free] pool=dev idx={sparse} idx_x=500:600 node_id=-1 why=finish"
+    ex[1] = ex[1] + " devx=512-543"
+    ex[3] = ex[3] + " devx=512-543"
+    res = check_lines(tmp_path, ex)
+    assert res.findings == [] and not [u for u in res.unchecked if u.kind == "undecidable"]
+    # ... and exact sets that do: an exact ERROR
+    ex[-2] = f"[CPTRACE free] pool=dev idx={sparse} idx_x=500:520 node_id=-1 why=finish"
+    res = check_lines(tmp_path, ex)
+    assert [(f.rule, f.certainty, f.severity) for f in res.findings] == [("H4a", "exact", "ERROR")]
+    # a summary that names a slot of the copy (its first) proves the overlap without exact sets
+    lines[-2] = "[CPTRACE free] pool=dev idx=(cnt=2,min=520,max=600,first=520,last=600) node_id=-1 why=finish"
+    res = check_lines(tmp_path, lines)
+    assert [(f.rule, f.certainty) for f in res.findings] == [("H4a", "exact")]
+
+
+def test_h2c_interval_overlap_is_undecidable_and_reported(tmp_path):
+    """A free pool=host whose summary cannot be told apart from a pending load's scattered host slots: no H2c
+    finding, one undecidable H2c instance in the check's text and JSON reports."""
+    from cptrace_otel.analyze.check_output import to_json, to_text
+    import json
+
+    host = "(cnt=8,min=0,max=40,first=0,last=40)"   # scattered: 8 slots over 41
+    lines = ["[CPTRACE config] level=2",
+             "[CPTRACE insert] node_id=5 parent=0 len=8 dev=(cnt=8,min=100,max=107,first=100,last=107) kind=new",
+             f"[CPTRACE prepare] node_id=5 op=1 len=8 dev=(cnt=8,min=100,max=107,first=100,last=107) host={host} "
+             "policy=wt",
+             f"[CPTRACE backup] op=1 node_id=5 dev=(cnt=8,min=100,max=107,first=100,last=107) host={host} io=1 h=7 "
+             "nz=9",
+             "[CPTRACE ack] dir=d2h op=1 node_id=5 blen=8 clen=8 pub=[5]",
+             "[CPTRACE evict] tier=dev node_id=5 kind=backuped dev=(cnt=8,min=100,max=107,first=100,last=107)",
+             f"[CPTRACE reload] node_id=5 chain=[5] op=2 host={host} dev=(cnt=8,min=200,max=207,first=200,last=207)",
+             "[CPTRACE free] pool=host idx=(cnt=4,min=10,max=30,first=10,last=30) node_id=-1 why=dup",
+             "[CPTRACE ack] dir=h2d op=2 node_id=5 h=7 nz=9"]
+    res = check_lines(tmp_path, lines)
+    assert res.findings == []
+    und = [u for u in res.unchecked if u.kind == "undecidable"]
+    assert [(u.rule, u.rank, u.count) for u in und] == [("H2c", 0, 1)]
+    text = to_text(res)
+    assert "UNDECIDED H2c" in text and "1x" in text
+    obj = json.loads(to_json(res))
+    assert {"rule": "H2c", "kind": "undecidable", "count": 1}.items() <= next(
+        u for u in obj["unchecked"] if u["rule"] == "H2c").items()
+    # the same free naming a slot of the load (10 is not known to be the load's, but 40 is): proven, an ERROR
+    lines[-2] = "[CPTRACE free] pool=host idx=(cnt=4,min=10,max=40,first=10,last=40) node_id=-1 why=dup"
+    res = check_lines(tmp_path, lines)
+    assert [(f.rule, f.certainty, f.severity) for f in res.findings] == [("H2c", "exact", "ERROR")]
 
 
 def test_h4_open_when_ack_never_arrives(tmp_path):
@@ -288,7 +336,8 @@ def test_state_is_bounded_by_live_nodes():
     st = chk.st
     assert st.nodes == {} and st.writes == {} and st.loads == {} and st.fills == {}
     assert st.writes_by_node == {} and st.loads_by_node == {} and st.fills_by_node == {}
-    assert len(st.dead) <= st.dead.cap and len(st.recent_loads) <= st.recent_loads.cap
+    assert len(st.dead) <= st.dead.cap and len(st.closed_loads) <= st.MAX_CLOSED
+    assert len(st.closed_by_node) <= st.MAX_CLOSED
     assert chk.finish() == [] and chk.nodes_total == 3000
 
 
