@@ -37,8 +37,11 @@ from typing import Iterable
 import numpy as np
 
 from .faults import FaultPlan, Oracle
+from .memory import Memory
 from .rank import RankSim
+from .state import Epoch, RankCtx, Settings
 from .tracer import Clock, Emitter, LogEmitter
+from .tree import Node
 
 
 class Simulation:
@@ -88,6 +91,7 @@ class Simulation:
         self.oracle = Oracle()
         self.clock = Clock()
         self.next_op = [1] * ranks
+        self.epoch = Epoch()
         self._rid = 0
         self._open: dict[str, int] = {}
         self.ranks_: list[RankSim] = []
@@ -95,22 +99,34 @@ class Simulation:
         for rk in self.ranks_:
             rk.rec.config(rk.layer_ids)
 
+    def settings(self) -> Settings:
+        """This epoch's parameters, as the ranks' parts get them (taken at each reset)."""
+        return Settings(self.mode, self.ranks, self.policy, self.level, self.page_size, self.layers, self.width,
+                        self.dev_pages, self.host_pages, self.d_w, self.d_l, self.lb_threshold, self.exact,
+                        self.io_rank, self.merge, self.lag_ns, self.mixed_acks, self.alloc, self.split_loading,
+                        self.ack_chain)
+
     def _build(self) -> None:
-        self.diverged_at: int | None = None   # structural index of this epoch's first cross-rank divergence
+        self.epoch = Epoch()   # a new epoch: no cross-rank divergence yet
+        cfg = self.settings()
         shared = None
         if self.mode == "shared":
             nl = self.layers
             shared = np.zeros((self.host_pages * self.page_size, nl, self.width), dtype=np.uint8)
-        self.ranks_ = [RankSim(self, r, shared) for r in range(self.ranks)]
+        peers: list[Memory] = []
+        peer_nodes: list[dict[int, Node]] = []
+        self.ranks_ = [RankSim(RankCtx(cfg, r, self.clock, self.next_op, self.epoch), self.emitter, self.faults,
+                               self.oracle, shared, peers, peer_nodes) for r in range(self.ranks)]
+
+    @property
+    def diverged_at(self) -> int | None:
+        """The structural index of this epoch's first cross-rank divergence (None while the trees are in step)."""
+        return self.epoch.diverged_at
 
     def judged(self, index: int) -> bool:
-        """Whether the cross-rank rules C3-C5 judge a record at structural ``index`` of this epoch: node ids (and
-        in mode shared the pages) line up across ranks only up to the first divergence of the trees, so the
-        checker judges only records at or before it (docs/domain.md §5, pitfall). ``index``: the rank's structural
-        records
-        before the record (the rank's :attr:`Recorder.n_struct <cptrace_otel.sim.emit.Recorder.n_struct>` when it
-        is emitted)."""
-        return self.diverged_at is None or index <= self.diverged_at
+        """Whether the cross-rank rules C3-C5 judge a record at structural ``index`` of this epoch (see
+        :meth:`Epoch.judged <cptrace_otel.sim.state.Epoch.judged>`)."""
+        return self.epoch.judged(index)
 
     # -- driver ------------------------------------------------------------------------------------------------
     def request(self, tokens: Iterable[int], dur: int = 0, rid: str | None = None) -> str:
@@ -153,7 +169,8 @@ class Simulation:
         nw = min(rk.copy.ready(rk.copy.write_q) - rk.copy.held for rk in self.ranks_)
         nl = min(rk.copy.ready(rk.copy.load_q) for rk in self.ranks_)
         for rk in self.ranks_:
-            kw = rk.copy.held + rk.hooks.c2_round(nw, rk.copy.write_q, self._open, t)
+            kw = rk.copy.held + rk.hooks.c2_round(nw, rk.copy.write_q, rk.copy.held, rk.requests, rk.tree.path_of,
+                                                  self._open, t)
             rk.copy.held = nw + rk.copy.held - kw
             if not self.mixed_acks:
                 if kw:
