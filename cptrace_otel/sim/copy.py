@@ -27,8 +27,6 @@ from .pool import PagedPool
 from .state import RankCtx
 from .tree import Tree
 
-__all__ = ["CopyEngine", "Op"]
-
 
 class CopyEngine:
     """The write queue (``write_new``: prepared, not started; ``write_q``: started transfers, the ack order) and

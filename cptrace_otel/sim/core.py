@@ -38,10 +38,10 @@ import numpy as np
 
 from .faults import FaultPlan, Oracle
 from .memory import Memory
+from .node import Node
 from .rank import RankSim
 from .state import Epoch, RankCtx, Settings
 from .tracer import Clock, Emitter, LogEmitter
-from .tree import Node
 
 
 class Simulation:
@@ -91,7 +91,6 @@ class Simulation:
         self.oracle = Oracle()
         self.clock = Clock()
         self.next_op = [1] * ranks
-        self.epoch = Epoch()
         self._rid = 0
         self._open: dict[str, int] = {}
         self.ranks_: list[RankSim] = []

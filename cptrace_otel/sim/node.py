@@ -1,6 +1,8 @@
-"""The simulator's shared records of state: a tree :class:`Node` and a copy :class:`Op` (the objects every part of a
-rank reads and writes; no behaviour here, so every part can import this module and none imports another part for a
-type)."""
+"""The objects every part of a simulated rank reads and writes: a tree :class:`Node` and a copy :class:`Op`.
+
+Plain state with a few checked accessors and no engine logic, in a leaf module: every part imports its types from
+here, so no part imports another for a type.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +10,9 @@ import numpy as np
 
 
 class Node:
+    """One radix tree node: its key (tokens), device slots (``value``) and host slots (``host_value``), locks, and
+    the bookkeeping the engine and the oracle keep on it."""
+
     __slots__ = ("id", "key", "parent", "children", "value", "host_value", "lock_ref", "host_ref", "hit_count",
                  "gen", "last_access", "start", "bk", "bk_op", "bk_split", "bk_idx", "pend_ops", "loading",
                  "prev_host", "old_host", "noinval", "host_refused", "evicted_dev", "stale_dev")

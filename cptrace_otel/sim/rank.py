@@ -25,15 +25,16 @@ import numpy as np
 
 from ..fingerprint.cpu import khash_bytes
 from .compose import ComposeCache
-from .copy import CopyEngine, Op
+from .copy import CopyEngine
 from .emit import Recorder
 from .evict import Evictor
 from .faults import FaultHooks, FaultPlan, Oracle
 from .memory import Memory
+from .node import Node, Op
 from .pool import PagedPool
 from .state import RankCtx
 from .tracer import Emitter
-from .tree import Node, Tree
+from .tree import Tree
 
 THRESHOLD = {"wt": 1, "wts": 2}   # hit count that triggers write_through(_selective)'s backup; none for write_back
 
@@ -187,8 +188,3 @@ class RankSim:
     def finish_request(self, rid: str) -> None:
         node, _ = self.requests.pop(rid)
         self.tree.dec_lock(node)
-
-    def fwd_hash(self, rid: str, tokens: np.ndarray, final: list[Node], src: str, pfp: int,
-                 loaded: tuple[int, list[Node]] | None = None) -> None:
-        """The forward's per-layer ``fwd_hash`` records (see :meth:`Memory.fwd_hash`)."""
-        self.mem.fwd_hash(rid, tokens, final, src, pfp, loaded)

@@ -20,8 +20,6 @@ from .faults import FaultHooks
 from .node import Node, Op
 from .state import RankCtx
 
-__all__ = ["Node", "Transfers", "Tree"]
-
 
 class Transfers(Protocol):
     """What a split needs of the rank's copy engine (:class:`~cptrace_otel.sim.copy.CopyEngine`): the queued writes
