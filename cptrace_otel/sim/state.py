@@ -1,5 +1,5 @@
 """What the parts of one simulated rank share with the group, passed to each part instead of the rank or the
-simulation: the group's fixed :class:`Settings`, and :class:`RankCtx`, this rank's view of the group's mutable state
+simulation: the group's :class:`Settings`, and :class:`RankCtx`, this rank's view of the group's mutable state
 (the clock, the ranks' op counters, the epoch's first divergence).
 
 A leaf module: it imports no other part of the simulator, so every part can import it.
@@ -12,10 +12,11 @@ import dataclasses
 from .tracer import Clock
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class Settings:
-    """The simulation's parameters for one epoch (see :class:`~cptrace_otel.sim.core.Simulation`); a reset takes
-    them anew (a demo segment changes the pool sizes and copy delays between epochs)."""
+    """The simulation's parameters (:class:`~cptrace_otel.sim.core.Simulation` reads and writes them here, as
+    ``sim.d_w`` ...): one object for the whole run, held by every rank's parts, so a change takes effect at once;
+    the pool sizes at the next reset, when the pools are made (a demo segment sets them, then resets)."""
 
     mode: str
     ranks: int
@@ -31,9 +32,17 @@ class Settings:
     lb_threshold: int
     exact: bool
     io_rank: int
+    # the writes of one scheduler step (a request's backups, a write_back eviction's victims, a re-backup pass)
+    # start as one merged op, as SGLang's merge_ops; off: each write is its own op at once
     merge: bool
+    # how far ahead of the IO rank the other ranks stamp their records (below one tick, so every rank's store
+    # still precedes the IO rank's copy and every ack follows it)
     lag_ns: int
-    mixed_acks: bool
+    mixed_acks: bool   # each rank logs a round's d2h and h2d acks in its own interleaving (see Simulation)
+    # what real SGLang does (issue 20): alloc "sglang": the device allocator's sorted free pages and the host
+    # pool's appended frees (scattered slots after frees; "lifo": prompt reuse, for the scripted races);
+    # split_loading: match/insert split nodes whose load is in flight; ack_chain: one h2d ack record per chain
+    # node (False: the last node's only, as SGLang's HiCacheAck names it)
     alloc: str
     split_loading: bool
     ack_chain: bool
