@@ -8,42 +8,43 @@ a later read serves a view of an older generation.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import numpy as np
 
 from . import kv
-
-if TYPE_CHECKING:
-    from .rank import RankSim
-    from .tree import Node
+from .emit import Recorder
+from .faults import FaultHooks
+from .node import Node
 
 
 class ComposeCache:
-    """``views[(node id, layer)] = (source range text, node generation)`` of rank ``rk``."""
+    """``views[(node id, layer)] = (source range text, node generation)`` of one rank, whose layers are
+    ``layer_ids``; ``hooks`` and ``rec``: the rank's fault sites and records."""
 
-    def __init__(self, rk: "RankSim") -> None:
-        self.rk = rk
+    def __init__(self, layer_ids: np.ndarray, hooks: FaultHooks, rec: Recorder) -> None:
+        self.layer_ids = layer_ids
+        self.hooks = hooks
+        self.rec = rec
         self.views: dict[tuple[int, int], tuple[str, int]] = {}
 
-    def invalidate(self, n: "Node", force: bool = False, why: str = "") -> None:
+    def invalidate(self, n: Node, force: bool = False, why: str = "") -> None:
         """Drop ``n``'s views (``force``: even those fault H3_noinval keeps; ``why="evict"``: a device eviction)."""
         if n.noinval and not force:
             return
-        if why == "evict" and self.rk.hooks.h3_noinval(n, self.views):
+        if why == "evict" and self.hooks.h3_noinval(n, self.views):
             return
-        for layer in self.rk.layer_ids.tolist():
+        for layer in self.layer_ids.tolist():
             self.views.pop((n.id, layer), None)
 
-    def compose(self, n: "Node") -> None:
+    def compose(self, n: Node) -> None:
         """The attention reads ``n``'s views, one per layer: a hit, or a fill from the node's current slots."""
-        rk = self.rk
-        for layer in rk.layer_ids.tolist():
+        for layer in self.layer_ids.tolist():
             key = (n.id, layer)
             ent = self.views.get(key)
             if ent is not None:
                 src, gen = ent
-                rk.hooks.expect_stale_view(n, gen)
-                rk.rec.compose(n, layer, src, gen, 1)
+                self.hooks.expect_stale_view(n, gen)
+                self.rec.compose(n, layer, src, gen, 1)
             else:
                 src = kv.rng(n.value)
                 self.views[key] = (src, n.gen)
-                rk.rec.compose(n, layer, src, n.gen, 0)
+                self.rec.compose(n, layer, src, n.gen, 0)

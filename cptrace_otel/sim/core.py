@@ -32,21 +32,62 @@ one module each); :class:`Simulation` here runs the ranks in lockstep.
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Generic, Iterable, TypeVar
 
 import numpy as np
 
 from .faults import FaultPlan, Oracle
+from .memory import Memory
+from .node import Node
 from .rank import RankSim
+from .state import Epoch, RankCtx, Settings
 from .tracer import Clock, Emitter, LogEmitter
+
+T = TypeVar("T")
+
+
+class _Setting(Generic[T]):
+    """A parameter of the simulation, read and written in its :class:`Settings` (``sim.cfg``), the one object the
+    ranks' parts hold: a write takes effect at once (the pool sizes at the next reset, when the pools are made)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, sim: Simulation, owner: type | None = None) -> T:
+        return getattr(sim.cfg, self.name)
+
+    def __set__(self, sim: Simulation, value: T) -> None:
+        setattr(sim.cfg, self.name, value)
 
 
 class Simulation:
     """R ranks in lockstep: every rank's tree gets the same requests; ``step()`` advances one scheduler round.
 
     ``emitter`` gets every record (``emit(rank, level, tag, **fields)``); ``faults`` are :class:`FaultPlan`;
-    ``oracle`` collects the expected findings.
+    ``oracle`` collects the expected findings. The parameters (``sim.mode``, ``sim.d_w`` ...) live in ``sim.cfg``
+    (:class:`~cptrace_otel.sim.state.Settings`, which documents them).
     """
+
+    mode = _Setting[str]()
+    ranks = _Setting[int]()
+    policy = _Setting[str]()
+    level = _Setting[int]()
+    page_size = _Setting[int]()
+    layers = _Setting[int]()
+    width = _Setting[int]()
+    dev_pages = _Setting[int]()
+    host_pages = _Setting[int]()
+    d_w = _Setting[int]()
+    d_l = _Setting[int]()
+    lb_threshold = _Setting[int]()
+    exact = _Setting[bool]()
+    io_rank = _Setting[int]()
+    merge = _Setting[bool]()
+    lag_ns = _Setting[int]()
+    mixed_acks = _Setting[bool]()
+    alloc = _Setting[str]()
+    split_loading = _Setting[bool]()
+    ack_chain = _Setting[bool]()
 
     def __init__(self, mode: str = "none", ranks: int = 1, policy: str = "wt", level: int = 3,
                  faults: Iterable[FaultPlan] = (), emitter: Emitter | None = None, *, page_size: int = 4,
@@ -62,24 +103,10 @@ class Simulation:
             ranks = 1
         if mode == "layersplit" and layers % ranks:
             layers = ranks * max(1, layers // ranks)
-        self.mode, self.ranks, self.policy, self.level = mode, ranks, policy, level
-        self.page_size, self.layers, self.width = page_size, layers, width
-        self.dev_pages, self.host_pages = dev_pages, host_pages
-        self.d_w, self.d_l, self.lb_threshold = d_w, d_l, lb_threshold
-        self.exact, self.io_rank = exact, io_rank
-        # merge: the writes of one scheduler step (a request's backups, a write_back eviction's victims, a
-        # re-backup pass) start as one merged op, as SGLang's merge_ops; off: each write is its own op at once
-        self.merge = merge
-        # lag_ns: how far ahead of the IO rank the other ranks stamp their records (below one tick, so every
-        # rank's store still precedes the IO rank's copy and every ack follows it); mixed_acks: see the docstring
-        self.lag_ns, self.mixed_acks = lag_ns, mixed_acks
-        # what real SGLang does (issue 20): alloc "sglang": the device allocator's sorted free pages and the host
-        # pool's appended frees (scattered slots after frees; "lifo": prompt reuse, for the scripted races);
-        # split_loading: match/insert split nodes whose load is in flight; ack_chain: one h2d ack record per chain
-        # node (False: the last node's only, as SGLang's HiCacheAck names it)
         if alloc not in ("lifo", "sglang"):
             raise ValueError(f"unknown allocation discipline {alloc!r}")
-        self.alloc, self.split_loading, self.ack_chain = alloc, split_loading, ack_chain
+        self.cfg = Settings(mode, ranks, policy, level, page_size, layers, width, dev_pages, host_pages, d_w, d_l,
+                            lb_threshold, exact, io_rank, merge, lag_ns, mixed_acks, alloc, split_loading, ack_chain)
         self.faults = list(faults)
         for p in self.faults:
             if p.kind == "ZERO_race" and mode == "shared":
@@ -96,21 +123,26 @@ class Simulation:
             rk.rec.config(rk.layer_ids)
 
     def _build(self) -> None:
-        self.diverged_at: int | None = None   # structural index of this epoch's first cross-rank divergence
+        self.epoch = Epoch()   # a new epoch: no cross-rank divergence yet
+        cfg = self.cfg
         shared = None
         if self.mode == "shared":
             nl = self.layers
             shared = np.zeros((self.host_pages * self.page_size, nl, self.width), dtype=np.uint8)
-        self.ranks_ = [RankSim(self, r, shared) for r in range(self.ranks)]
+        peers: list[Memory] = []
+        peer_nodes: list[dict[int, Node]] = []
+        self.ranks_ = [RankSim(RankCtx(cfg, r, self.clock, self.next_op, self.epoch), self.emitter, self.faults,
+                               self.oracle, shared, peers, peer_nodes) for r in range(self.ranks)]
+
+    @property
+    def diverged_at(self) -> int | None:
+        """The structural index of this epoch's first cross-rank divergence (None while the trees are in step)."""
+        return self.epoch.diverged_at
 
     def judged(self, index: int) -> bool:
-        """Whether the cross-rank rules C3-C5 judge a record at structural ``index`` of this epoch: node ids (and
-        in mode shared the pages) line up across ranks only up to the first divergence of the trees, so the
-        checker judges only records at or before it (docs/domain.md §5, pitfall). ``index``: the rank's structural
-        records
-        before the record (the rank's :attr:`Recorder.n_struct <cptrace_otel.sim.emit.Recorder.n_struct>` when it
-        is emitted)."""
-        return self.diverged_at is None or index <= self.diverged_at
+        """Whether the cross-rank rules C3-C5 judge a record at structural ``index`` of this epoch (see
+        :meth:`Epoch.judged <cptrace_otel.sim.state.Epoch.judged>`)."""
+        return self.epoch.judged(index)
 
     # -- driver ------------------------------------------------------------------------------------------------
     def request(self, tokens: Iterable[int], dur: int = 0, rid: str | None = None) -> str:
@@ -153,7 +185,8 @@ class Simulation:
         nw = min(rk.copy.ready(rk.copy.write_q) - rk.copy.held for rk in self.ranks_)
         nl = min(rk.copy.ready(rk.copy.load_q) for rk in self.ranks_)
         for rk in self.ranks_:
-            kw = rk.copy.held + rk.hooks.c2_round(nw, rk.copy.write_q, self._open, t)
+            kw = rk.copy.held + rk.hooks.c2_round(nw, rk.copy.write_q, rk.copy.held, rk.requests, rk.tree.path_of,
+                                                  self._open, t)
             rk.copy.held = nw + rk.copy.held - kw
             if not self.mixed_acks:
                 if kw:

@@ -8,27 +8,56 @@ device-evicted host leaves with no host pin and no write in flight.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from .pool import PagedPool
-    from .rank import RankSim
-    from .tree import Node
+from .compose import ComposeCache
+from .emit import Recorder
+from .faults import FaultHooks
+from .node import Node, Op
+from .pool import PagedPool
+from .state import Settings
+from .tree import Tree
+
+
+class Writer(Protocol):
+    """What eviction needs of the rank's copy engine (:class:`~cptrace_otel.sim.copy.CopyEngine`): start the
+    queued writes before a page is freed; write_back's backup of a victim and its synchronous flush."""
+
+    def start_writing(self) -> None: ...
+
+    def write_backup(self, n: Node, write_back: bool = False) -> Op | None: ...
+
+    def flush_writes(self) -> None: ...
 
 
 class Evictor:
-    """Allocation and eviction on rank ``rk``'s device and host pools."""
+    """Allocation and eviction on one rank's device and host pools (``dev``, ``host``) and ``tree``; ``cache``,
+    ``rec``, ``hooks``: the rank's compose views, records and fault sites. The copy engine, which is built on the
+    evictor, is given by :meth:`bind`."""
 
-    def __init__(self, rk: "RankSim") -> None:
-        self.rk = rk
+    writer: Writer
+
+    def __init__(self, cfg: Settings, tree: Tree, dev: PagedPool, host: PagedPool, cache: ComposeCache,
+                 rec: Recorder, hooks: FaultHooks) -> None:
+        self.cfg = cfg
+        self.tree = tree
+        self.dev = dev
+        self.host = host
+        self.cache = cache
+        self.rec = rec
+        self.hooks = hooks
+
+    def bind(self, writer: Writer) -> None:
+        """Give the evictor the rank's copy engine (built after the evictor, which it uses)."""
+        self.writer = writer
 
     def alloc_dev(self, n: int, owner: int = -1) -> np.ndarray | None:
-        return self._alloc(self.rk.dev, self.evict_dev, n, owner)
+        return self._alloc(self.dev, self.evict_dev, n, owner)
 
     def alloc_host(self, n: int, owner: int = -1) -> np.ndarray | None:
-        return self._alloc(self.rk.host, self.evict_host, n, owner)
+        return self._alloc(self.host, self.evict_host, n, owner)
 
     @staticmethod
     def _alloc(pool: PagedPool, evict: Callable[[int], None], n: int, owner: int) -> np.ndarray | None:
@@ -42,7 +71,7 @@ class Evictor:
 
     def _dev_leaves(self) -> list[Node]:
         out = []
-        for n in self.rk.tree.nodes.values():
+        for n in self.tree.nodes.values():
             if n.value is None or n.lock_ref > 0:
                 continue
             if any(ch.value is not None for ch in n.children.values()):
@@ -56,24 +85,24 @@ class Evictor:
         write_back backs a victim up first and flushes synchronously before the free. With merging on, a pass works
         as SGLang's ``evict()``: it picks LRU leaves until enough pages, backs up the unbacked ones (queued, so they
         start as one merged op), flushes once, then evicts the whole pass; without merging, one victim at a time."""
-        sim = self.rk.sim
-        ps = sim.page_size
+        cfg = self.cfg
+        ps = cfg.page_size
         freed = 0
-        self.rk.copy.start_writing()   # queued writes start before any page is freed: their copies read the pages
+        self.writer.start_writing()   # queued writes start before any page is freed: their copies read the pages
         while freed < need_pages:
             cands = self._dev_leaves()
             if not cands:
                 return
             order = sorted(cands, key=lambda n: (n.last_access, n.id))
             batch = order[:1]
-            if sim.policy == "wb" and sim.merge:
+            if cfg.policy == "wb" and cfg.merge:
                 batch, got = [], freed
                 for v in order:
                     batch.append(v)
                     got += len(v) // ps
                     if got >= need_pages:
                         break
-            if sim.policy == "wb":
+            if cfg.policy == "wb":
                 freed += self._evict_write_back(batch)
                 continue
             for v in batch:
@@ -90,16 +119,15 @@ class Evictor:
         ``writing_check(write_back=True)`` (every d2h ack) and only then gives the staged pages back (``evict
         tier=dev`` and the free, at ``evict_device``); a victim the host cannot take flushes the stage and is dropped.
         Fault ``H4_wb_noflush`` skips the flush: the staged pages are freed with their copies in flight."""
-        rk = self.rk
-        copy = rk.copy
-        ps = rk.sim.page_size
+        copy = self.writer
+        ps = self.cfg.page_size
         freed = 0
         staged: list[tuple] = []
 
         def flush_staged() -> None:
             if not staged:
                 return
-            if not rk.hooks.h4_wb_noflush(staged, copy.start_writing):
+            if not self.hooks.h4_wb_noflush(staged, copy.start_writing):
                 copy.flush_writes()
             for v, _ in staged:
                 self._evict_backuped(v)
@@ -120,56 +148,53 @@ class Evictor:
         return freed
 
     def _free_dev(self, n: Node, slots: np.ndarray) -> None:
-        rk = self.rk
-        rk.hooks.expect_freed_in_flight(n)
-        rk.rec.free("dev", slots, n.id, "evict")
-        rk.dev.free(slots)
+        self.hooks.expect_freed_in_flight(n)
+        self.rec.free("dev", slots, n.id, "evict")
+        self.dev.free(slots)
 
     def _evict_backuped(self, v: Node) -> None:
-        self.rk.rec.evict_dev(v, "backuped")
+        self.rec.evict_dev(v, "backuped")
         v.evicted_dev, v.stale_dev = v.value, None
-        self._free_dev(v, v.value)
+        self._free_dev(v, v.dev_slots())
         v.value = None
         v.gen += 1
-        self.rk.cache.invalidate(v, why="evict")
+        self.cache.invalidate(v, why="evict")
 
     def _evict_regular(self, v: Node) -> None:
-        rk = self.rk
-        rk.rec.evict_dev(v, "regular")
-        self._free_dev(v, v.value)
+        self.rec.evict_dev(v, "regular")
+        self._free_dev(v, v.dev_slots())
         v.value = None
-        rk.cache.invalidate(v)
+        self.cache.invalidate(v)
         # evicted descendants (host only) lose their parent: drop them with their host pages
         stack = list(v.children.values())
         while stack:
             d = stack.pop()
             stack.extend(d.children.values())
-            rk.rec.evict_host(d, "drop")
+            self.rec.evict_host(d, "drop")
             self.free_host(d)
-            del rk.tree.nodes[d.id]
-        rk.tree.detach(v)
+            del self.tree.nodes[d.id]
+        self.tree.detach(v)
 
     def free_host(self, n: Node) -> None:
         """Free ``n``'s host pages (``n.host_value`` becomes None); nothing when it has none."""
         slots = n.host_value
         if slots is None:
             return
-        self.rk.rec.free("host", slots, n.id, "evict")
-        self.rk.host.free(slots)
+        self.rec.free("host", slots, n.id, "evict")
+        self.host.free(slots)
         n.host_value = None
 
     def evict_host(self, need_pages: int) -> None:
         """Evict LRU host leaves until ``need_pages`` pages are freed or none is left."""
-        rk = self.rk
-        ps = rk.sim.page_size
+        ps = self.cfg.page_size
         freed = 0
         while freed < need_pages:
-            cands = [n for n in rk.tree.nodes.values() if n.value is None and n.host_value is not None
+            cands = [n for n in self.tree.nodes.values() if n.value is None and n.host_value is not None
                      and n.host_ref == 0 and not n.children and not n.pend_ops]
             if not cands:
                 return
             v = min(cands, key=lambda n: (n.last_access, n.id))
             freed += len(v) // ps
-            rk.rec.evict_host(v, "host")
+            self.rec.evict_host(v, "host")
             self.free_host(v)
-            rk.tree.detach(v)
+            self.tree.detach(v)

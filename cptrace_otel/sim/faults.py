@@ -15,15 +15,14 @@ says what the engine does instead; its ``expect_*`` hooks derive the consequence
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Callable, NamedTuple
+from collections import deque
+from typing import Callable, NamedTuple
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from .copy import Op
-    from .core import Simulation
-    from .emit import Recorder
-    from .tree import Node
+from .emit import Recorder
+from .node import Node, Op
+from .state import RankCtx
 
 MODES = ("none", "replicated", "sharded", "dcp", "layersplit", "shared")
 POLICIES = ("wt", "wts", "wb")
@@ -190,15 +189,21 @@ class FaultHooks:
     consequences (a corrupt hash, a page freed under a copy), computed from the simulated bytes and bookkeeping.
     """
 
-    def __init__(self, sim: "Simulation", rank: int, rec: "Recorder") -> None:
-        self.sim = sim
-        self.r = rank
+    def __init__(self, ctx: RankCtx, rec: Recorder, faults: list[FaultPlan], oracle: Oracle,
+                 peer_nodes: list[dict[int, Node]]) -> None:
+        """``faults``: the simulation's plans; ``peer_nodes``: every rank's tree nodes by id, in rank order (the
+        group's list, filled as the ranks are built): in mode shared a late store's fence is the IO rank's backup."""
+        self.ctx = ctx
+        self.cfg = ctx.cfg
+        self.r = ctx.r
         self.rec = rec          # the rank's Recorder: its structural index places a divergence
-        self.oracle: Oracle = sim.oracle
+        self.faults = faults
+        self.oracle = oracle
+        self.peer_nodes = peer_nodes
 
     def plan(self, kind: str) -> FaultPlan | None:
         """The armed plan of fault ``kind`` that applies to this rank (the site is not counted)."""
-        for p in self.sim.faults:
+        for p in self.faults:
             if p.kind == kind and p.applies(self.r):
                 return p
         return None
@@ -210,18 +215,18 @@ class FaultHooks:
 
     def names(self) -> str:
         """The faults a derived finding is attributed to: the one plan, or all of them (comma-separated)."""
-        kinds = [p.kind for p in self.sim.faults]
+        kinds = [p.kind for p in self.faults]
         return kinds[0] if len(kinds) == 1 else ",".join(kinds)
 
     # -- the faults, in the order of FAULTS -------------------------------------------------------------------
-    def h1_ack(self, op: "Op") -> None:
+    def h1_ack(self, op: Op) -> None:
         """Split of a node with the pending write ``op``: the fault leaves the entry listing only the kept (suffix)
         id (``op.stale``); the consequence is found at the ack (:meth:`expect_stale_ack`)."""
         if self.hit("H1_ack"):
             op.stale = True
-            self.oracle.inject("H1_ack", self.r, op.node.id, op.id)
+            self.oracle.inject("H1_ack", self.r, op.target().id, op.id)
 
-    def h1_swap(self, c: "Node", pre_host: np.ndarray, s: int) -> tuple | None:
+    def h1_swap(self, c: Node, pre_host: np.ndarray, s: int) -> tuple | None:
         """Split of backuped node ``c`` at ``s`` (host range ``pre_host``): under the fault, the (prefix, suffix)
         host slices in the wrong order (the prefix node gets the suffix's pages, same counts); else None."""
         if not self.hit("H1_swap"):
@@ -232,7 +237,7 @@ class FaultHooks:
         self.oracle.expect("H1", "H1a", self.r, c.id, pend0, "H1_swap")
         return pre_host[n - s:].copy(), pre_host[:n - s].copy()
 
-    def h1_stale_dev(self, c: "Node", cur: np.ndarray | None, s: int) -> tuple | None:
+    def h1_stale_dev(self, c: Node, cur: np.ndarray | None, s: int) -> tuple | None:
         """Split at ``s`` of node ``c`` (device slots ``cur``), reloaded since its last eviction: under the fault,
         the (prefix, suffix) device slices of its pre-eviction slots; else None. Eligible only where those differ
         from the reloaded ones at an end (H1a compares the fragments' first and last slots with the node's). The
@@ -247,11 +252,11 @@ class FaultHooks:
             return None
         pend0 = c.pend_ops[0].id if c.pend_ops else None
         self.oracle.inject("H1_stale_dev", self.r, c.id, pend0)
-        if self.sim.exact or alone:
+        if self.cfg.exact or alone:
             self.oracle.expect("H1", "H1a", self.r, c.id, pend0, "H1_stale_dev")
         return old[:s].copy(), old[s:].copy()
 
-    def h2_release(self, last: "Node", op: "Op") -> bool:
+    def h2_release(self, last: Node, op: Op) -> bool:
         """Reload ``op`` issued: True when the fault releases the host pin now, at issue (the engine frees the
         chain's host pages, which the next backup reuses before the load completes)."""
         if not self.hit("H2_release"):
@@ -260,7 +265,7 @@ class FaultHooks:
         self.oracle.expect("H2", "H2c", self.r, last.id, op.id, "H2_release")
         return True
 
-    def reload_sources(self, chain: list["Node"]) -> tuple[list, list[str]]:
+    def reload_sources(self, chain: list[Node]) -> tuple[list, list[str]]:
         """The host range a reload of ``chain`` reads for each node, and the faults that chose one: ``H2_stale``
         reads the range a node had before its split, ``H2_stale_clean`` the one it had before its re-backup
         (released, not yet reused). :meth:`stale_reload` reports them once the load op exists."""
@@ -276,7 +281,7 @@ class FaultHooks:
             hosts.append(h)
         return hosts, faults
 
-    def stale_reload(self, faults: list[str], last: "Node", op: "Op") -> None:
+    def stale_reload(self, faults: list[str], last: Node, op: Op) -> None:
         """The oracle entries of the stale ranges :meth:`reload_sources` chose for reload ``op``. Under
         ``H2_stale_clean`` the bytes may well be right (the oracle adds HASH at the ack only if the old pages were
         reused), but the reload's host range is not the chain's current one."""
@@ -285,7 +290,7 @@ class FaultHooks:
                 self.oracle.inject(kind, self.r, last.id, op.id)
                 self.oracle.expect("H2", "H2a", self.r, last.id, op.id, kind)
 
-    def h3_noinval(self, n: "Node", cache: dict) -> bool:
+    def h3_noinval(self, n: Node, cache: dict) -> bool:
         """Device eviction of ``n`` with views in the compose ``cache``: True when the fault skips the
         invalidation; from here on the node's views are never invalidated (``n.noinval``)."""
         if cache and self.plan("H3_noinval") and any(k[0] == n.id for k in cache) and self.hit("H3_noinval"):
@@ -294,7 +299,7 @@ class FaultHooks:
             return True
         return False
 
-    def h4_nolock(self, n: "Node", op: "Op") -> bool:
+    def h4_nolock(self, n: Node, op: Op) -> bool:
         """A write_through backup ``op`` of ``n``: True when the fault skips ``inc_lock_ref`` (the node can then be
         evicted, and its pages reused, while the copy is in flight: :meth:`expect_freed_in_flight`)."""
         if not self.hit("H4_nolock"):
@@ -318,14 +323,14 @@ class FaultHooks:
             self.oracle.expect("H4", "H4", self.r, v.id, op.id, "H4_wb_noflush")
         return True
 
-    def zero_nostore(self, n: "Node") -> bool:
+    def zero_nostore(self, n: Node) -> bool:
         """The forward's store to ``n``: True when the fault skips it (the pages hold zeros)."""
         if not self.hit("ZERO_nostore"):
             return False
         self.oracle.inject("ZERO_nostore", self.r, n.id, None)
         return True
 
-    def zero_race(self, n: "Node") -> bool:
+    def zero_race(self, n: Node) -> bool:
         """The forward's store to ``n``: True when the fault makes it land after the backup copy of its pages
         completed (the engine writes zeros now and the bytes later)."""
         if not self.hit("ZERO_race"):
@@ -333,14 +338,14 @@ class FaultHooks:
         self.oracle.inject("ZERO_race", self.r, n.id, None)
         return True
 
-    def hash_flip(self, last: "Node", op: "Op") -> None:
+    def hash_flip(self, last: Node, op: Op) -> None:
         """Reload ``op`` issued: the fault marks it (``op.flip``) so that its copy flips one byte
         (:func:`flip_one_byte`)."""
         if self.hit("HASH_flip"):
             op.flip = True
             self.oracle.inject("HASH_flip", self.r, last.id, op.id)
 
-    def c1_div(self, n: "Node") -> bool:
+    def c1_div(self, n: Node) -> bool:
         """A backup of ``n`` about to allocate host pages: True when the fault makes the alloc fail on this rank
         only, so the backup is skipped here.
 
@@ -350,21 +355,21 @@ class FaultHooks:
         structural streams diverge here, at this rank's structural index, wherever the site falls. (A retry at the
         next hit, as SGLang's _inc_hit_count would try, can land before any other structural record and leave no
         trace at all.)"""
-        sim = self.sim
-        if not (sim.ranks > 1 and self.hit("C1_div")):
+        if not (self.cfg.ranks > 1 and self.hit("C1_div")):
             return False
         n.host_refused = True
-        if sim.diverged_at is None:
-            sim.diverged_at = self.rec.n_struct
+        epoch = self.ctx.epoch
+        if epoch.diverged_at is None:
+            epoch.diverged_at = self.rec.n_struct
         # the op id the other ranks give this prepare: the ranks' op counters run in lockstep up to here, so it
         # is the id this rank would take now (whether or not a peer already took it, or merged ops since)
-        op_id = sim.next_op[self.r]
+        op_id = self.ctx.next_op[self.r]
         self.oracle.inject("C1_div", self.r, n.id, op_id)
         self.oracle.expect("C1", "C1", self.r, n.id, op_id, "C1_div")
         self.oracle.expect("C3", "C3", self.r, n.id, op_id, "C1_div")
         return True
 
-    def c3_writer(self, n: "Node", op: "Op", io: int) -> int:
+    def c3_writer(self, n: Node, op: Op, io: int) -> int:
         """The ``io`` flag of the backup record of write ``op`` (node ``n``): 0 under the fault (this rank does not
         count as a writer)."""
         if not self.hit("C3_writer"):
@@ -373,74 +378,73 @@ class FaultHooks:
         self.oracle.expect("C3", "C3", self.r, n.id, op.id, "C3_writer")
         return 0
 
-    def c2_round(self, n: int, q, open_: dict, tick: int) -> int:
-        """How many of the group's ``n`` finished d2h transfers (after those this rank held back, at the head of its
-        queue ``q``) this rank pops in round ``tick``: ``n - 1`` under the fault (its round then holds another op
-        set than the other ranks'; the last one is popped next round), else ``n``.
+    def c2_round(self, n: int, q: deque[Op], held_back: int, requests: dict[str, tuple[Node, int]],
+                 path_of: Callable[[Node], list[Node]], open_: dict[str, int], tick: int) -> int:
+        """How many of the group's ``n`` finished d2h transfers (after the ``held_back`` ones this rank held back,
+        at the head of its queue ``q``) this rank pops in round ``tick``: ``n - 1`` under the fault (its round then
+        holds another op set than the other ranks'; the last one is popped next round), else ``n``.
 
         Eligible only where the held-back transfer's nodes are held on the device anyway until the next round (by
-        a request still open then, ``open_``: rid -> the round it finishes in), so that its later unlock changes
-        no eviction choice and the trees stay in step."""
-        sim = self.sim
-        if n < 2 or sim.ranks < 2 or self.plan("C2_round") is None:
+        a request of this rank's ``requests`` (rid -> (its last node, its start round)) still open then,
+        ``open_``: rid -> the round it finishes in; ``path_of``: the rank's tree's path to a node), so that its
+        later unlock changes no eviction choice and the trees stay in step."""
+        if n < 2 or self.cfg.ranks < 2 or self.plan("C2_round") is None:
             return n
-        rk = sim.ranks_[self.r]
-        t = q[rk.copy.held + n - 1]
-        nodes = [op.node for op in t.writes()]
-        held = set()
-        for rid, (node, _) in rk.requests.items():
+        t = q[held_back + n - 1]
+        nodes = [op.target() for op in t.writes()]
+        held: set[int] = set()
+        for rid, (node, _) in requests.items():
             if open_.get(rid, -1) > tick:
-                held.update(id(x) for x in rk.tree.path_of(node))
+                held.update(id(x) for x in path_of(node))
         if not all(id(x) in held for x in nodes) or not self.hit("C2_round"):
             return n
         nid = min(x.id for x in nodes)
         self.oracle.inject("C2_round", self.r, nid, t.id)
-        if sim.judged(self.rec.n_struct):
+        if self.ctx.epoch.judged(self.rec.n_struct):
             self.oracle.expect("C2", "C2", self.r, nid, None, "C2_round")
         return n - 1
 
     # -- consequences: what the checker must find, from the simulated bytes and bookkeeping ---------------------
-    def expect_stale_ack(self, op: "Op", clen: int) -> None:
+    def expect_stale_ack(self, op: Op, clen: int) -> None:
         """The ack of a write whose entry was not rewritten at a split (H1_ack) publishes fewer tokens than it
         backed up."""
         if op.stale and clen < op.blen:
-            self.oracle.expect("H1", "H1b", self.r, op.node.id, op.id, "H1_ack")
+            self.oracle.expect("H1", "H1b", self.r, op.target().id, op.id, "H1_ack")
 
-    def expect_freed_in_flight(self, n: "Node") -> None:
+    def expect_freed_in_flight(self, n: Node) -> None:
         """Node ``n``'s device pages are freed: a write that holds no lock (H4_nolock) still reads them."""
         for op in n.pend_ops:   # only reachable under a fault: the copy still reads these pages
             if self.plan("H4_nolock") and not op.locked and op.dir == "d2h":
-                self.oracle.expect("H4", "H4", self.r, op.node.id, op.id, "H4_nolock")
+                self.oracle.expect("H4", "H4", self.r, op.target().id, op.id, "H4_nolock")
 
-    def expect_stale_view(self, n: "Node", gen: int) -> None:
+    def expect_stale_view(self, n: Node, gen: int) -> None:
         """A compose hit on a view of generation ``gen`` of node ``n``: stale unless the node is still at it."""
         if gen != n.gen:
             self.oracle.expect("H3", "H3", self.r, n.id, None, "H3_noinval")
 
-    def expect_backup_bytes(self, op: "Op", fp: dict) -> None:
+    def expect_backup_bytes(self, op: Op, fp: dict) -> None:
         """The backup record of write ``op`` hashed all-zero bytes (a store that never ran or has not landed)."""
         if fp["nz"] == 0 and op.dev.size:
-            self.oracle.expect("ZERO", "ZERO@backup", self.r, op.node.id, op.id, self.names(), "ZERO@backup")
+            self.oracle.expect("ZERO", "ZERO@backup", self.r, op.target().id, op.id, self.names(), "ZERO@backup")
 
-    def expect_reload_bytes(self, n: "Node", op: "Op", b: np.ndarray, fp: dict) -> None:
+    def expect_reload_bytes(self, n: Node, op: Op, b: np.ndarray, fp: dict) -> None:
         """Load ``op`` landed the bytes ``b`` of chain node ``n`` (hashes ``fp``): all zero, or not the bytes its
         backup record hashed (in mode shared also the cross-rank C5 relation, while the ranks are judged)."""
-        sim = self.sim
         if fp["nz"] == 0 and b.size:
             self.oracle.expect("ZERO", "ZERO@reload", self.r, n.id, op.id, self.names(), "ZERO@reload")
         if n.bk is not None and not np.array_equal(b, n.bk):
             self.oracle.expect("HASH", "HASH", self.r, n.id, op.id, self.names())
-            if sim.mode == "shared" and not n.bk_split and sim.judged(self.rec.n_struct):
+            if self.cfg.mode == "shared" and not n.bk_split and self.ctx.epoch.judged(self.rec.n_struct):
                 # the same relation across ranks: the IO rank's hs[r] against this rank's reload hash
                 self.oracle.expect("C5", "C5", self.r, n.id, None, self.names(), "C5 shared")
 
     def expect_late_store(self, nid: int) -> None:
         """A late store to node ``nid`` landed (ZERO_race): in mode shared the IO rank's backup of these pages was
         issued before it (the store fence), while the ranks are judged."""
-        sim = self.sim
-        io_node = sim.ranks_[sim.io_rank].nodes.get(nid) if sim.mode == "shared" else None
-        if io_node is not None and io_node.bk_op >= 0 and sim.judged(max(self.rec.n_struct, io_node.bk_idx)):
-            self.oracle.expect("C5", "C5-fence", sim.io_rank, nid, io_node.bk_op, "ZERO_race", "store fence")
+        cfg = self.cfg
+        io_node = self.peer_nodes[cfg.io_rank].get(nid) if cfg.mode == "shared" else None
+        if io_node is not None and io_node.bk_op >= 0 and self.ctx.epoch.judged(max(self.rec.n_struct, io_node.bk_idx)):
+            self.oracle.expect("C5", "C5-fence", cfg.io_rank, nid, io_node.bk_op, "ZERO_race", "store fence")
 
 
 def flip_one_byte(data: np.ndarray, owned: np.ndarray) -> None:

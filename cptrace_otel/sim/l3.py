@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from .kv import content, page_hashes, rng, runs
-from .pool import PagedPool
+from .pool import PagedPool, PoolError
 from .tracer import Clock, LogEmitter
 
 FAULTS = {"flip": {"L3a"}, "free_prefetch": {"L3b"}, "no_writer": {"L3c"}, "same_keys": {"L3d"}}
@@ -66,6 +66,14 @@ class MemoryStorage:
     def corrupt(self, r: int, page_hash: str) -> None:
         """Flip one bit of the stored page (a storage fault)."""
         self.objects[self.key(r, page_hash)][0, 0, 0] ^= 0x40
+
+
+def _alloc(pool: PagedPool, n: int, owner: int) -> np.ndarray:
+    """``n`` slots of ``pool`` for node ``owner`` (this simulator never evicts: a full pool is an error)."""
+    idx = pool.alloc(n, owner)
+    if idx is None:
+        raise PoolError(f"{pool.name}: no room for {n} tokens (L3Sim never evicts: give it more pages)")
+    return idx
 
 
 class _Rank:
@@ -158,7 +166,7 @@ class L3Sim:
 
     def _compute(self, rk: _Rank, nid: int, prompt: np.ndarray) -> None:
         r, n = rk.r, len(prompt)
-        dev, host = rk.dev.alloc(n, nid), rk.host.alloc(n, nid)
+        dev, host = _alloc(rk.dev, n, nid), _alloc(rk.host, n, nid)
         kv = self._kv(prompt, r)
         rk.dev.data[dev] = kv
         rk.host.data[host] = kv
@@ -170,7 +178,7 @@ class L3Sim:
         self._emit(r, 1, "backup", op=op, node_id=nid, dev=rng(dev), host=rng(host), io=1)
         self._emit(r, 2, "ack", dir="d2h", op=op, node_id=nid, blen=n, clen=n, pub=[nid])
         keys = self._keys(prompt, r)
-        node = {"prompt": prompt, "dev": dev, "host": host, "keys": keys, "l3": None}
+        node: dict[str, Any] = {"prompt": prompt, "dev": dev, "host": host, "keys": keys, "l3": None}
         rk.live[nid] = node
         if self.fault == "no_writer" and r == self.fault_rank:
             self.expected.add("L3c")
@@ -187,7 +195,7 @@ class L3Sim:
     def _prefetch(self, rk: _Rank, nid: int, prompt: np.ndarray) -> None:
         r, n = rk.r, len(prompt)
         keys = self._keys(prompt, r)
-        host = rk.host.alloc(n, nid)
+        host = _alloc(rk.host, n, nid)
         rk.op += 1
         self._emit(r, 1, "l3_query", op=rk.op, rid=f"req{nid}", keys=keys, hit=len(keys))
         self._emit(r, 1, "l3_prefetch", op=rk.op, rid=f"req{nid}", node_id=0, keys=keys, host=rng(host),

@@ -10,64 +10,72 @@ event on the compute stream) sees it already.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from . import kv
-
-if TYPE_CHECKING:
-    from .rank import RankSim
-    from .tree import Node
+from .emit import Recorder
+from .faults import FaultHooks
+from .node import Node
+from .pool import PagedPool
+from .state import RankCtx
 
 
 class Memory:
-    """The KV bytes of rank ``rk``; ``pending_stores``: the late stores, (due round, slots, bytes, rid, node id)."""
+    """The KV bytes of rank ``ctx.r`` (its layers ``layer_ids``, its device pool ``dev``); ``pending_stores``: the
+    late stores, (due round, slots, bytes, rid, node id). ``peers``: every rank's Memory in rank order (the group's
+    list, filled as the ranks are built): in mode shared a rank reads every page through the shared view."""
 
-    def __init__(self, rk: "RankSim") -> None:
-        self.rk = rk
+    def __init__(self, ctx: RankCtx, layer_ids: np.ndarray, dev: PagedPool, hooks: FaultHooks, rec: Recorder,
+                 peers: list[Memory]) -> None:
+        self.ctx = ctx
+        self.cfg = ctx.cfg
+        self.r = ctx.r
+        self.layer_ids = layer_ids
+        self.dev = dev
+        self.hooks = hooks
+        self.rec = rec
+        self.peers = peers
         self.pending_stores: list[tuple[int, np.ndarray, np.ndarray, str, int]] = []
 
     def kv_for(self, tokens: np.ndarray, start: int) -> np.ndarray:
         """The KV this rank's forward computes for ``tokens`` at prompt positions ``start...``."""
-        rk = self.rk
-        sim = rk.sim
+        cfg = self.cfg
         pos = np.arange(start, start + tokens.size)
-        shard = rk.r if sim.mode in ("sharded", "dcp", "layersplit") else 0
-        data = kv.content(tokens, pos, rk.layer_ids, sim.width, shard)
-        if sim.mode == "dcp":
-            data[(pos % sim.ranks) != rk.r] = 0   # this rank stores only its token stripe
+        shard = self.r if cfg.mode in ("sharded", "dcp", "layersplit") else 0
+        data = kv.content(tokens, pos, self.layer_ids, cfg.width, shard)
+        if cfg.mode == "dcp":
+            data[(pos % cfg.ranks) != self.r] = 0   # this rank stores only its token stripe
         return data
 
     def owned(self, slots: np.ndarray) -> np.ndarray:
         """Mask of the slots whose page this rank owns (mode shared); all slots otherwise."""
-        sim = self.rk.sim
-        if sim.mode != "shared":
+        cfg = self.cfg
+        if cfg.mode != "shared":
             return np.ones(slots.size, dtype=bool)
-        return (slots // sim.page_size) % sim.ranks == self.rk.r
+        return (slots // cfg.page_size) % cfg.ranks == self.r
 
     def gather(self, slots: np.ndarray, post_store: bool = False) -> np.ndarray:
         """The node's device KV in token order as this rank's kernels see it (mode shared: through the view).
 
         ``post_store`` overlays stores that are scheduled but not landed: what a hash on the compute stream, ordered
         after the forward's store, observes."""
-        rk = self.rk
-        sim = rk.sim
-        if sim.mode == "shared":
-            out = np.empty((slots.size,) + rk.dev.data.shape[1:], dtype=np.uint8)
-            owner = (slots // sim.page_size) % sim.ranks
-            for other in sim.ranks_:
+        cfg = self.cfg
+        sources: list[Memory]
+        if cfg.mode == "shared":
+            out = np.empty((slots.size,) + self.dev.data.shape[1:], dtype=np.uint8)
+            owner = (slots // cfg.page_size) % cfg.ranks
+            for other in self.peers:
                 m = owner == other.r
                 out[m] = other.dev.data[slots[m]]
-            sources = sim.ranks_
+            sources = self.peers
         else:
-            out = rk.dev.data[slots]
-            sources = [rk]
+            out = self.dev.data[slots]
+            sources = [self]
         if post_store:
             for src in sources:
-                for _, s_slots, s_bytes, _, _ in src.mem.pending_stores:
+                for _, s_slots, s_bytes, _, _ in src.pending_stores:
                     where = {int(x): j for j, x in enumerate(s_slots.tolist())}
-                    own = src.mem.owned(s_slots)
+                    own = src.owned(s_slots)
                     for i, x in enumerate(slots.tolist()):
                         j = where.get(x)
                         if j is not None and own[j]:
@@ -77,34 +85,47 @@ class Memory:
     def write_dev(self, slots: np.ndarray, data: np.ndarray) -> None:
         """Write ``data`` to the slots this rank owns."""
         m = self.owned(slots)
-        self.rk.dev.data[slots[m]] = data[m]
+        self.dev.data[slots[m]] = data[m]
 
-    def store(self, rid: str, n: "Node") -> None:
+    def store(self, rid: str, n: Node) -> None:
         """The forward's KV store of node ``n`` for request ``rid`` (faults ZERO_nostore, ZERO_race)."""
-        rk = self.rk
-        sim = rk.sim
         slots = n.value
+        assert slots is not None, f"node {n.id} stored without device slots"
         data = self.kv_for(n.key, n.start)
-        if rk.hooks.zero_nostore(n):
+        if self.hooks.zero_nostore(n):
             self.write_dev(slots, np.zeros_like(data))   # the fault: the store never runs (pages hold zeros)
             return
-        if rk.hooks.zero_race(n):
+        if self.hooks.zero_race(n):
             # the fault: the store lands after the backup copy of these pages has completed
             self.write_dev(slots, np.zeros_like(data))
-            self.pending_stores.append((sim.clock.tick + sim.d_w + 1, slots.copy(), data, rid, n.id))
+            self.pending_stores.append((self.ctx.clock.tick + self.cfg.d_w + 1, slots.copy(), data, rid, n.id))
             return
         self.write_dev(slots, data)
-        rk.rec.store(rid, slots)
+        self.rec.store(rid, slots)
 
     def apply_due_stores(self) -> None:
         """Land the late stores due by now."""
-        rk = self.rk
         keep = []
         for due, slots, data, rid, nid in self.pending_stores:
-            if due > rk.sim.clock.tick:
+            if due > self.ctx.clock.tick:
                 keep.append((due, slots, data, rid, nid))
                 continue
             self.write_dev(slots, data)
-            rk.rec.store(rid, slots)
-            rk.hooks.expect_late_store(nid)
+            self.rec.store(rid, slots)
+            self.hooks.expect_late_store(nid)
         self.pending_stores = keep
+
+    def fwd_hash(self, rid: str, tokens: np.ndarray, final: list[Node], src: str, pfp: int,
+                 loaded: tuple[int, list[Node]] | None = None) -> None:
+        """The forward's per-layer ``fwd_hash`` records: the KV of the prompt as computed, except that the tokens a
+        host reload brought back (``loaded`` = (their first position, the chain)) are the device bytes the load
+        wrote, as the attention reads them: a corrupt reload shows up in the forward."""
+        data = self.kv_for(tokens, 0)
+        if loaded is not None:
+            start, chain = loaded
+            rows = np.concatenate([self.gather(n.dev_slots()) for n in chain]) if chain else data[:0]
+            data[start:start + len(rows)] = rows
+        cprank = self.r if self.cfg.mode == "shared" else -1
+        for li, layer in enumerate(self.layer_ids.tolist()):
+            self.rec.fwd_hash(rid, layer, data[:, li], int(tokens.size), cprank, pfp, src)
+

@@ -1,6 +1,8 @@
 """One CP rank of the simulation: :class:`RankSim`, the facade over the rank's parts, and the request path.
 
-Each part is a module that owns its state and reaches the others through the rank:
+Each part is a module that owns its state and is given, when the rank builds it, the other parts' state it works on
+(never the rank or the simulation; the group's settings and shared counters come as a
+:class:`~cptrace_otel.sim.state.RankCtx`):
 
 * ``tree`` (:mod:`.tree`): the nodes, match and split, ``lock_ref``;
 * ``mem`` (:mod:`.memory`): the KV bytes, the forward's stores, ``gather``;
@@ -18,22 +20,21 @@ write-through backups.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..fingerprint.cpu import khash_bytes
 from .compose import ComposeCache
-from .copy import CopyEngine, Op
+from .copy import CopyEngine
 from .emit import Recorder
 from .evict import Evictor
-from .faults import FaultHooks
+from .faults import FaultHooks, FaultPlan, Oracle
 from .memory import Memory
+from .node import Node, Op
 from .pool import PagedPool
-from .tree import Node, Tree
-
-if TYPE_CHECKING:
-    from .core import Simulation
+from .state import RankCtx
+from .tracer import Emitter
+from .tree import Tree
 
 THRESHOLD = {"wt": 1, "wts": 2}   # hit count that triggers write_through(_selective)'s backup; none for write_back
 
@@ -44,27 +45,36 @@ class RankSim:
     The attributes and methods below are what the simulation driver, the workloads and the tests use; the rank's
     steps live in its parts (``rk.tree.split``, ``rk.copy.load_back`` ...)."""
 
-    def __init__(self, sim: "Simulation", rank: int, host_data: np.ndarray | None) -> None:
-        self.sim = sim
-        self.r = rank
-        if sim.mode == "layersplit":
-            per = sim.layers // sim.ranks
+    def __init__(self, ctx: RankCtx, emitter: Emitter, faults: list[FaultPlan], oracle: Oracle,
+                 host_data: np.ndarray | None, peers: list[Memory], peer_nodes: list[dict[int, Node]]) -> None:
+        """Rank ``ctx.r`` of the group: ``host_data`` the shared host buffer (mode shared); ``peers`` and
+        ``peer_nodes`` the group's lists of every rank's memory and tree nodes, to which this rank adds its own."""
+        cfg = ctx.cfg
+        self.ctx = ctx
+        self.cfg = cfg
+        self.r = rank = ctx.r
+        if cfg.mode == "layersplit":
+            per = cfg.layers // cfg.ranks
             self.layer_ids = np.arange(rank * per, (rank + 1) * per)
         else:
-            self.layer_ids = np.arange(sim.layers)
+            self.layer_ids = np.arange(cfg.layers)
         nl = self.layer_ids.size
-        real = sim.alloc == "sglang"
-        self.dev = PagedPool(sim.dev_pages, sim.page_size, nl, sim.width, f"dev{rank}", "sorted" if real else "lifo")
-        self.host = PagedPool(sim.host_pages, sim.page_size, nl, sim.width, f"host{rank}", "fifo" if real else "lifo")
+        real = cfg.alloc == "sglang"
+        self.dev = PagedPool(cfg.dev_pages, cfg.page_size, nl, cfg.width, f"dev{rank}", "sorted" if real else "lifo")
+        self.host = PagedPool(cfg.host_pages, cfg.page_size, nl, cfg.width, f"host{rank}", "fifo" if real else "lifo")
         if host_data is not None:
             self.host.data = host_data            # shared L2: one buffer, identical shadow allocators
-        self.rec = Recorder(sim, rank)
-        self.hooks = FaultHooks(sim, rank, self.rec)
-        self.tree = Tree(self)
-        self.mem = Memory(self)
-        self.cache = ComposeCache(self)
-        self.evictor = Evictor(self)
-        self.copy = CopyEngine(self)
+        self.rec = Recorder(ctx, emitter)
+        self.hooks = FaultHooks(ctx, self.rec, faults, oracle, peer_nodes)
+        self.cache = ComposeCache(self.layer_ids, self.hooks, self.rec)
+        self.tree = Tree(ctx, self.hooks, self.cache, self.rec)
+        self.mem = Memory(ctx, self.layer_ids, self.dev, self.hooks, self.rec, peers)
+        self.evictor = Evictor(cfg, self.tree, self.dev, self.host, self.cache, self.rec, self.hooks)
+        self.copy = CopyEngine(ctx, self.tree, self.evictor, self.mem, self.host, self.cache, self.rec, self.hooks)
+        self.tree.bind(self.copy)
+        self.evictor.bind(self.copy)
+        peers.append(self.mem)
+        peer_nodes.append(self.tree.nodes)
         self.requests: dict[str, tuple[Node, int]] = {}
         self.want_backup: list[Node] = []
         self.to_store: list[tuple[str, Node]] = []
@@ -97,7 +107,7 @@ class RankSim:
 
     # -- a request ---------------------------------------------------------------------------------------------
     def begin_request(self, rid: str, tokens: np.ndarray) -> None:
-        sim, tree, rec = self.sim, self.tree, self.rec
+        cfg, clock, tree, rec = self.cfg, self.ctx.clock, self.tree, self.rec
         path, pos = tree.match(tokens)
         ndev = 0
         while ndev < len(path) and path[ndev].value is not None:
@@ -122,7 +132,7 @@ class RankSim:
                 n.value = slots
                 n.gen += 1
                 self.cache.invalidate(n)
-                rec.insert(n, n.parent, slots, "revive")
+                rec.insert(n, n.up(), slots, "revive")
                 self.to_store.append((rid, n))
                 cur = n
         if cur is (chain[-1] if chain else ancestor) and pos < tokens.size:
@@ -138,17 +148,17 @@ class RankSim:
                 cur.children[tree.edge(rest)] = n
                 n.value = slots
                 n.gen = 1
-                n.last_access = sim.clock.tick
+                n.last_access = clock.tick
                 rec.insert(n, cur, slots, "new")
                 self.to_store.append((rid, n))
                 cur = n
         tree.inc_lock(cur)
-        self.requests[rid] = (cur, sim.clock.tick)
+        self.requests[rid] = (cur, clock.tick)
         final = tree.path_of(cur)
-        th = THRESHOLD.get(sim.policy)
+        th = THRESHOLD.get(cfg.policy)
         for n in final:
             n.hit_count += 1
-            n.last_access = sim.clock.tick
+            n.last_access = clock.tick
             if th is not None and n.hit_count >= th and n.host_value is None:
                 self.want_backup.append(n)
         if rec.on(2):
@@ -159,7 +169,7 @@ class RankSim:
             if op is not None:   # the forward reads the reloaded KV: it runs when the load has landed (ack_loads)
                 op.fwd = (rid, tokens, final, hit, pfp, dlen)
             else:
-                self.fwd_hash(rid, tokens, final, hit, pfp)
+                self.mem.fwd_hash(rid, tokens, final, hit, pfp)
 
     def do_stores(self) -> None:
         """The forward's KV stores of this request (after every rank scheduled it, so in mode shared no rank's
@@ -178,17 +188,3 @@ class RankSim:
     def finish_request(self, rid: str) -> None:
         node, _ = self.requests.pop(rid)
         self.tree.dec_lock(node)
-
-    def fwd_hash(self, rid: str, tokens: np.ndarray, final: list[Node], src: str, pfp: int,
-                 loaded: tuple[int, list[Node]] | None = None) -> None:
-        """The forward's per-layer ``fwd_hash`` records: the KV of the prompt as computed, except that the tokens a
-        host reload brought back (``loaded`` = (their first position, the chain)) are the device bytes the load
-        wrote, as the attention reads them: a corrupt reload shows up in the forward."""
-        data = self.mem.kv_for(tokens, 0)
-        if loaded is not None:
-            start, chain = loaded
-            rows = np.concatenate([self.mem.gather(n.value) for n in chain]) if chain else data[:0]
-            data[start:start + len(rows)] = rows
-        cprank = self.r if self.sim.mode == "shared" else -1
-        for li, layer in enumerate(self.layer_ids.tolist()):
-            self.rec.fwd_hash(rid, layer, data[:, li], int(tokens.size), cprank, pfp, src)

@@ -9,63 +9,52 @@ a batch): the prefix joins the load's chain, and each fragment gets its own ack 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections import deque
+from typing import Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from .copy import Op
-    from .rank import RankSim
+from .compose import ComposeCache
+from .emit import Recorder
+from .faults import FaultHooks
+from .node import Node, Op
+from .state import RankCtx
 
 
-class Node:
-    __slots__ = ("id", "key", "parent", "children", "value", "host_value", "lock_ref", "host_ref", "hit_count",
-                 "gen", "last_access", "start", "bk", "bk_op", "bk_split", "bk_idx", "pend_ops", "loading",
-                 "prev_host", "old_host", "noinval", "host_refused", "evicted_dev", "stale_dev")
+class Transfers(Protocol):
+    """What a split needs of the rank's copy engine (:class:`~cptrace_otel.sim.copy.CopyEngine`): the queued writes
+    (started before a node of theirs is cut) and the loads in flight (whose chains take the prefix)."""
 
-    def __init__(self, nid: int, key: np.ndarray, parent: "Node | None", start: int) -> None:
-        self.id = nid
-        self.key = key
-        self.parent = parent
-        self.children: dict[tuple, Node] = {}
-        self.value: np.ndarray | None = None
-        self.host_value: np.ndarray | None = None
-        self.lock_ref = 0
-        self.host_ref = 0
-        self.hit_count = 0
-        self.gen = 0
-        self.last_access = 0
-        self.start = start
-        self.bk: np.ndarray | None = None        # bytes hashed by this node's latest backup record (token order)
-        self.bk_op = -1
-        self.bk_split = False                    # split since its backup (whole-node hashes not comparable)
-        self.bk_idx = 0                          # the rank's structural index at that backup record
-        self.pend_ops: list[Op] = []             # pending device->host writes whose fragments include this node
-        self.loading = False
-        self.prev_host: np.ndarray | None = None  # host range before the latest split (for H2_stale)
-        self.old_host: np.ndarray | None = None   # range released by the latest re-backup (for H2_stale_clean)
-        self.noinval = False
-        self.host_refused = False                 # C1_div: this rank's host pool refused the node (no retry)
-        self.evicted_dev: np.ndarray | None = None  # device slots the node had when it was last evicted
-        self.stale_dev: tuple | None = None   # since a reload: (those pre-eviction slots, reloaded alone), H1_stale_dev
+    write_new: list[Op]
+    load_q: deque[Op]
 
-    def __len__(self) -> int:
-        return int(self.key.size)
+    def start_writing(self) -> None: ...
 
 
 class Tree:
-    """The tree of rank ``rk``: ``root`` (id 0, empty key) and ``nodes``, every other node by id.
+    """The tree of rank ``ctx.r``: ``root`` (id 0, empty key) and ``nodes``, every other node by id.
 
     A split starts the rank's queued writes first when one of them is the node's (so the queue's merged op
-    carries the whole node), and invalidates the node's compose views."""
+    carries the whole node), and invalidates the node's compose views (``cache``); ``hooks``, ``rec``: the rank's
+    fault sites and records. The copy engine, which is built on the tree, is given by :meth:`bind`."""
 
-    def __init__(self, rk: "RankSim") -> None:
-        self.rk = rk
+    transfers: Transfers
+
+    def __init__(self, ctx: RankCtx, hooks: FaultHooks, cache: ComposeCache, rec: Recorder) -> None:
+        self.ctx = ctx
+        self.page_size = ctx.cfg.page_size
+        self.hooks = hooks
+        self.cache = cache
+        self.rec = rec
         self.next_id = 0
         self.root = self.new_node(np.zeros(0, dtype=np.int64), None, 0)
         self.root.value = np.zeros(0, dtype=np.int64)
         self.root.host_value = np.zeros(0, dtype=np.int64)
         self.nodes: dict[int, Node] = {}
+
+    def bind(self, transfers: Transfers) -> None:
+        """Give the tree the rank's copy engine (built after the tree, which it uses)."""
+        self.transfers = transfers
 
     def new_node(self, key: np.ndarray, parent: Node | None, start: int) -> Node:
         n = Node(self.next_id, key, parent, start)
@@ -76,30 +65,31 @@ class Tree:
 
     def edge(self, key: np.ndarray) -> tuple:
         """The children key of a node whose key starts with ``key``: its first page of tokens."""
-        return tuple(key[:self.rk.sim.page_size].tolist())
+        return tuple(key[:self.page_size].tolist())
 
     def path_of(self, n: Node) -> list[Node]:
         """The nodes from below the root down to ``n``."""
         out = []
-        while n is not self.root and n is not None:
-            out.append(n)
-            n = n.parent
+        cur: Node | None = n
+        while cur is not self.root and cur is not None:
+            out.append(cur)
+            cur = cur.parent
         return out[::-1]
 
     def inc_lock(self, n: Node) -> None:
         while n is not self.root:
             n.lock_ref += 1
-            n = n.parent
+            n = n.up()
 
     def dec_lock(self, n: Node) -> None:
         while n is not self.root:
             n.lock_ref -= 1
-            assert n.lock_ref >= 0, f"rank {self.rk.r}: lock_ref of node {n.id} below zero"
-            n = n.parent
+            assert n.lock_ref >= 0, f"rank {self.ctx.r}: lock_ref of node {n.id} below zero"
+            n = n.up()
 
     def match(self, tokens: np.ndarray) -> tuple[list[Node], int]:
         """The matched path and the number of tokens it covers (page-aligned); a partial match splits the node."""
-        ps = self.rk.sim.page_size
+        ps = self.page_size
         node, pos, path = self.root, 0, []
         while pos < tokens.size:
             child = node.children.get(self.edge(tokens[pos:]))
@@ -112,7 +102,7 @@ class Tree:
             if common == 0:
                 break
             if common < child.key.size:
-                if child.loading and not self.rk.sim.split_loading:
+                if child.loading and not self.ctx.cfg.split_loading:
                     break   # (the simulator's first reading: never cut a node whose host->device copy is in flight)
                 child = self.split(child, common)
                 path.append(child)
@@ -122,15 +112,13 @@ class Tree:
             pos += common
             node = child
         for n in path:
-            n.last_access = self.rk.sim.clock.tick
+            n.last_access = self.ctx.clock.tick
         return path, pos
 
     def split(self, c: Node, s: int) -> Node:
         """Cut ``c`` after ``s`` tokens; returns the new prefix node (``c`` keeps its id and the suffix)."""
-        rk = self.rk
-        copy = rk.copy
-        parent = c.parent
-        assert parent is not None
+        copy = self.transfers
+        parent = c.up()
         if copy.write_new and any(op in copy.write_new for op in c.pend_ops):
             copy.start_writing()   # a queued write of c starts (with the rest of the queue) before c is cut
         L = len(c)
@@ -139,14 +127,14 @@ class Tree:
         if pre_dev is not None:
             p.value, c.value = pre_dev[:s].copy(), pre_dev[s:].copy()
         dev_p, dev_c = p.value, c.value
-        stale = rk.hooks.h1_stale_dev(c, pre_dev, s)
+        stale = self.hooks.h1_stale_dev(c, pre_dev, s)
         if stale is not None:
             dev_p, dev_c = stale
         c.stale_dev = None   # the fragments' lengths no longer match the old slots
         hp_ = hc_ = None
         if pre_host is not None:
             hp_, hc_ = pre_host[:s].copy(), pre_host[s:].copy()
-            swapped = rk.hooks.h1_swap(c, pre_host, s)
+            swapped = self.hooks.h1_swap(c, pre_host, s)
             if swapped is not None:
                 hp_, hc_ = swapped
             p.host_value, c.host_value = hp_, hc_
@@ -158,7 +146,7 @@ class Tree:
         p.lock_ref, p.hit_count, p.host_ref = c.lock_ref, c.hit_count, c.host_ref
         if c.loading:   # SGLang splits a node whose load is in flight: the prefix is part of the load from now on
             p.loading = True
-            for op in rk.copy.load_q:
+            for op in copy.load_q:
                 if c in op.chain:
                     i = op.chain.index(c)
                     op.chain[i:i + 1] = [p, c]
@@ -172,19 +160,17 @@ class Tree:
         c.parent = p
         pend = c.pend_ops[0].id if c.pend_ops else -1
         for op in c.pend_ops:
-            rk.hooks.h1_ack(op)
+            self.hooks.h1_ack(op)
             if not op.stale:
                 i = op.frags.index(c)
                 op.frags[i:i + 1] = [p, c]
             p.pend_ops.append(op)
-        rk.cache.invalidate(c)
-        rk.rec.split(c, p, parent, L, s, dev_p, dev_c, hp_, hc_, pend)
+        self.cache.invalidate(c)
+        self.rec.split(c, p, parent, L, s, dev_p, dev_c, hp_, hc_, pend)
         return p
 
     def detach(self, v: Node) -> None:
         """Remove leaf ``v`` from the tree (its pages are already freed)."""
-        parent = v.parent
-        assert parent is not None
-        del parent.children[self.edge(v.key)]
+        del v.up().children[self.edge(v.key)]
         del self.nodes[v.id]
-        self.rk.cache.invalidate(v, force=True)
+        self.cache.invalidate(v, force=True)

@@ -96,13 +96,14 @@ class Coverage:
         self.reload_splits = 0
         self.dev_frees = 0
         self.host_evicts = 0
-        self._held: dict[int, int] = {}                  # slot -> node the IO rank backed up and still holds
-        self._reloaded: set[tuple[int, int]] = set()     # (epoch, node) of rank 0
+        self._held: dict[int, int | None] = {}           # slot -> node the IO rank backed up and still holds
+        self._reloaded: set[tuple[int, int | None]] = set()  # (epoch, node) of rank 0
         self._rounds: dict[tuple, dict[int, list]] = {}  # (epoch, round) -> rank -> direction sequence
         self.records = 0
         self.inflight_splits = self.scattered = self.merged_loads = self.wb_staged = 0
-        self._loading: dict[tuple[int, int], int] = {}   # (epoch, node) of rank 0 -> op of its pending reload
-        self._wb_prep: dict[tuple[int, int], bool] = {}   # (epoch, node) of rank 0 -> its wb prepare was acked
+        # (epoch, node) of rank 0 -> op of its pending reload
+        self._loading: dict[tuple[int, int | None], int | None] = {}
+        self._wb_prep: dict[tuple[int, int | None], bool] = {}   # (epoch, node) of rank 0 -> its wb prepare was acked
 
     def watch(self, events: Iterable[Event]) -> "_Watched":
         """``events`` unchanged (and their source's rank hint), counted on the way."""
@@ -160,7 +161,7 @@ class Coverage:
         tag, f = ev.tag, ev.fields
         key = (ev.epoch, f.get("node_id"))
         if tag in ("insert", "prepare", "reload"):
-            d = f.get("dev")
+            d: Any = f.get("dev")   # a range summary (min, max, cnt) when the record has one
             if hasattr(d, "min") and d.cnt != d.max - d.min + 1:
                 self.scattered += 1
             if tag == "reload":

@@ -131,7 +131,8 @@ def _cut_point(sim: Simulation, src: list[int], rng: np.random.Generator) -> int
 
 def _sim(mode: str, ranks: int, policy: str, level: int, faults: Iterable[FaultPlan], emitter: Emitter | None,
          **kw: Any) -> Simulation:
-    opts = dict(page_size=P, layers=2, width=4, dev_pages=8, host_pages=16, d_w=1, d_l=1, lb_threshold=2 * P)
+    opts: dict[str, Any] = dict(page_size=P, layers=2, width=4, dev_pages=8, host_pages=16, d_w=1, d_l=1,
+                                lb_threshold=2 * P)
     opts.update(kw)
     return Simulation(mode, ranks, policy, level, faults, emitter, **opts)
 
@@ -289,7 +290,7 @@ def _backup_only(sim: Simulation, t: Tokens) -> None:
 
 
 # name -> (simulation sizes/delays, body)
-SCENARIOS: dict[str, tuple[dict[str, int], Callable[[Simulation, Tokens], None]]] = {
+SCENARIOS: dict[str, tuple[dict[str, Any], Callable[[Simulation, Tokens], None]]] = {
     "split_pending": ({"d_w": 2}, _split_pending),
     "split_reload": ({}, _split_reload),
     "reload_split": ({}, _reload_split),

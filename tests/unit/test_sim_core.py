@@ -43,6 +43,22 @@ def test_split_gives_the_new_id_to_the_prefix_and_the_old_id_keeps_the_suffix():
     assert c.start == 8 and p.start == 0
 
 
+def test_a_parameter_changed_takes_effect_at_once_and_a_pool_size_at_the_reset():
+    """The ranks' parts hold the simulation's settings, not a copy: a demo segment sets copy delays and pool sizes,
+    a test may change a delay mid-run; the pools are made anew at a reset."""
+    sim, t = mk(d_w=1), Tokens()
+    sim.d_w, sim.dev_pages = 3, 12
+    assert sim.cfg.d_w == 3 and sim.ranks_[0].dev.n_pages == 8
+    sim.request(t(2))
+    sim.step()
+    sim.step()
+    assert [r for r in recs(sim, "ack") if r["dir"] == "d2h"] == []   # d_w=3: not yet
+    sim.step()
+    assert [r["op"] for r in recs(sim, "ack") if r["dir"] == "d2h"] == [1]
+    sim.reset()
+    assert sim.ranks_[0].dev.n_pages == 12
+
+
 def test_pending_write_is_rewritten_to_the_fragments_prefix_first():
     sim, t = mk(d_w=2), Tokens()
     a = t(4)

@@ -1,7 +1,8 @@
 """Structural rules of the package, checked from its source (docs/ARCHITECTURE.md states them):
 
 * no import cycle: the module graph built with ``ast`` is acyclic, both counting only the imports that run when a
-  module is imported and counting the deferred ones (inside functions) too;
+  module is imported and counting the deferred ones (inside functions) too, and counting the type-only ones
+  (``if TYPE_CHECKING:``) as well; the simulator's parts import neither its rank facade nor its driver;
 * imports go one way between the package's parts (:data:`MAY_IMPORT`): ``commands`` -> ``analyze``/``export``/``sim``
   -> ``checks`` -> ``model``, and the traced process's side ``traced`` -> ``export`` -> ``model``; ``model`` imports
   nothing of the package outside itself;
@@ -60,22 +61,28 @@ def _is_type_checking(test: ast.expr) -> bool:
         (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _imports(tree: ast.AST) -> list[tuple[ast.stmt, bool]]:
-    """Import statements with ``deferred`` = inside a function (runs when called, not at import). Class bodies run
-    at import, so their imports are not deferred; ``if TYPE_CHECKING:`` bodies never run and are skipped."""
-    found: list[tuple[ast.stmt, bool]] = []
+def _imports(tree: ast.AST, type_only: bool = False) -> list[tuple[ast.stmt, str]]:
+    """Import statements with where they run: ``""`` (at import), ``"in a function"`` (deferred: runs when called,
+    not at import) or ``"type only"``. Class bodies run at import, so their imports are not deferred;
+    ``if TYPE_CHECKING:`` bodies never run and are skipped, unless ``type_only`` (two modules that name each
+    other's types still depend on each other)."""
+    found: list[tuple[ast.stmt, str]] = []
 
-    def visit(node: ast.AST, deferred: bool) -> None:
+    def visit(node: ast.AST, when: str) -> None:
         for ch in ast.iter_child_nodes(node):
             if isinstance(ch, (ast.Import, ast.ImportFrom)):
-                found.append((ch, deferred))
+                found.append((ch, when))
             elif isinstance(ch, ast.If) and _is_type_checking(ch.test):
-                for x in ch.orelse:
-                    visit(x, deferred)
+                # (a branch's statements are visited as the body of a stand-in module, so that an import
+                # directly in the branch is found too)
+                if type_only:
+                    visit(ast.Module(body=ch.body, type_ignores=[]), "type only")
+                visit(ast.Module(body=ch.orelse, type_ignores=[]), when)
             else:
-                visit(ch, deferred or isinstance(ch, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+                fn = isinstance(ch, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+                visit(ch, "in a function" if fn and not when else when)
 
-    visit(tree, False)
+    visit(tree, "")
     return found
 
 
@@ -84,8 +91,9 @@ def _parents(name: str) -> list[str]:
     return [".".join(parts[:i]) for i in range(1, len(parts))]
 
 
-def import_graph(deferred: bool) -> dict[str, dict[str, str]]:
-    """importer -> {imported module: "file:line"} over the package's own modules. Importing ``a.b.c`` also runs
+def import_graph(deferred: bool, type_only: bool = False) -> dict[str, dict[str, str]]:
+    """importer -> {imported module: "file:line"} over the package's own modules (``deferred``: with the imports
+    inside functions; ``type_only``: with those under ``if TYPE_CHECKING:`` too). Importing ``a.b.c`` also runs
     the ``__init__`` of ``a`` and ``a.b``: an edge to each, except to the importer's own parent packages (they are
     already being imported when it runs). ``from pkg import name`` of a name defined in ``pkg/__init__.py`` is an
     edge to ``pkg`` even from inside it: the name exists only once that ``__init__`` has run far enough."""
@@ -95,10 +103,10 @@ def import_graph(deferred: bool) -> dict[str, dict[str, str]]:
         edges: dict[str, str] = {}
         own_parents = set(_parents(mod))
         base = mod.split(".") if is_pkg else mod.split(".")[:-1]
-        for node, is_deferred in _imports(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-            if is_deferred and not deferred:
+        for node, when in _imports(ast.parse(path.read_text(encoding="utf-8"), str(path)), type_only):
+            if when and not deferred:
                 continue
-            where = f"{path.relative_to(ROOT)}:{node.lineno}" + (" (in a function)" if is_deferred else "")
+            where = f"{path.relative_to(ROOT)}:{node.lineno}" + (f" ({when})" if when else "")
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
@@ -350,6 +358,38 @@ def test_no_import_cycle_counting_deferred_imports() -> None:
     g = import_graph(deferred=True)
     cycles = find_cycles(g)
     assert not cycles, "import cycles (counting imports inside functions):\n" + _describe(g, cycles)
+
+
+def test_type_only_imports_are_seen() -> None:
+    src = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import B\nelse:\n    import c\n"
+    tree = ast.parse(src)
+    assert [type(n).__name__ for n, _ in _imports(tree)] == ["ImportFrom", "Import"]   # typing, c
+    got = [(getattr(n, "module", None), w) for n, w in _imports(tree, type_only=True)]
+    assert got == [("typing", ""), ("b", "type only"), (None, "")], got
+
+
+def test_no_import_cycle_counting_type_only_imports() -> None:
+    """Type-only imports (``if TYPE_CHECKING:``) never run, but a cycle through them is two modules that know each
+    other: the simulator's parts once held their rank facade and named its type, and it named theirs."""
+    g = import_graph(deferred=True, type_only=True)
+    cycles = find_cycles(g)
+    assert not cycles, "import cycles (counting type-only imports):\n" + _describe(g, cycles)
+
+
+# the simulator's facade (one rank) and its driver (the ranks in lockstep), and what drives the driver
+SIM_FACADES = {f"{NAME}.sim.rank", f"{NAME}.sim.core"}
+SIM_DRIVERS = {f"{NAME}.sim", f"{NAME}.sim.workload", f"{NAME}.sim.volume", f"{NAME}.sim.rank_main"}
+
+
+def test_sim_parts_do_not_import_the_facade() -> None:
+    """The simulator's parts (tree, memory, eviction, copies, compose views, records, fault hooks ...) are given
+    the state they work on; none imports the rank facade or the driver, not even for a type."""
+    g = import_graph(deferred=True, type_only=True)
+    parts = [m for m in g if m.startswith(f"{NAME}.sim.") and m not in SIM_FACADES | SIM_DRIVERS]
+    assert f"{NAME}.sim.tree" in parts and f"{NAME}.sim.copy" in parts
+    bad = [f"{m} imports {t} at {where}" for m in sorted(parts) for t, where in sorted(g[m].items())
+           if t in SIM_FACADES | SIM_DRIVERS]
+    assert not bad, "simulator parts importing the facade or the driver:\n  " + "\n  ".join(bad)
 
 
 # -- sizes ---------------------------------------------------------------------------------------------------------
