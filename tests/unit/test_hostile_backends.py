@@ -355,7 +355,15 @@ def test_a_page_past_the_answer_bound_is_searched_again_with_half_the_depth(demo
     half the depth, and every trace is still read once."""
     monkeypatch.setenv("CPTRACE_QUERY_MAX_BYTES", str(200_000))
     monkeypatch.setenv("CPTRACE_QUERY_MAX_TRACE_BYTES", str(200_000))
-    with FakeJaeger(demo["traces"]) as fj:
+    # Paging splits a search by time: traces whose first spans start in one microsecond cannot be told apart (check
+    # then asks for a larger --limit, tested elsewhere). The demo can start several traces in one microsecond, so
+    # the traces are moved apart by a microsecond each, in their order (what the records say is unchanged).
+    traces = copy.deepcopy(demo["traces"])
+    traces.sort(key=lambda tr: min(sp["startTime"] for sp in tr["spans"]))
+    for i, tr in enumerate(traces):
+        for sp in tr["spans"]:
+            sp["startTime"] += i
+    with FakeJaeger(traces) as fj:
         rc, out, err = check("--json", "--jaeger", fj.url, "--run-id", demo["run_id"])
         limits = sorted({int(q["limit"][0]) for q in fj.queries})
     assert rc == 1, err
