@@ -88,10 +88,8 @@ def load_deferred() -> tuple[Any, Any]:
 
 
 def _import_drainer_needs() -> None:
-    """Import, on the caller's thread, what the drainer imports on its first round. A thread that is executing an
-    import when the process forks leaves that module's import lock held in the child, where no thread ever releases
-    it: a forked child's drainer would block for ever on its first import (seen with a plain ``os.fork`` right after
-    the parent's first record, while the parent's drainer was importing the fingerprint package)."""
+    """Import on the caller's thread what the drainer imports first: a thread importing at a fork leaves that
+    module's lock held in the child for ever, and the child's drainer would block on it (seen with ``os.fork``)."""
     load_deferred()
     from ..model import semconv  # noqa: F401 - Config.resource(), in the drainer's INIT message
 

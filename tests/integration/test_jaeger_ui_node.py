@@ -123,13 +123,27 @@ def test_sixteen_rank_node_in_the_jaeger_ui(jaeger, tmp_path):
 
         # Trace Graph draws the nodes. The view menu slides in when opened; on a loaded machine a pointer click on
         # its item can land while it still moves or under another layer ("not stable", "intercepts pointer
-        # events"). So: open it, wait until the item is shown, then hand the click to the item itself (a DOM click
-        # event, which the menu's handler takes wherever the item is drawn), and wait for the graph.
-        page.locator(".ant-dropdown-trigger", has_text="Trace Timeline").click()
-        item = page.locator(".ant-dropdown-menu-item", has_text="Trace Graph")
-        item.wait_for(state="visible", timeout=30_000)
-        item.dispatch_event("click")
-        page.wait_for_selector(".TraceGraph--graphWrapper .OpNode", timeout=30_000)
+        # events"). So: open it, wait until the menu has finished its entry animation (antd's *-enter classes
+        # gone), click the item, and wait for the graph; a menu that closed without switching is opened again.
+        from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+        graph = ".TraceGraph--graphWrapper .OpNode"
+        for attempt in range(3):
+            if page.query_selector(graph) is None:
+                page.locator(".ant-dropdown-trigger", has_text="Trace Timeline").click()
+                item = page.locator(".ant-dropdown-menu-item", has_text="Trace Graph")
+                item.wait_for(state="visible", timeout=30_000)
+                page.wait_for_function("() => [...document.querySelectorAll('.ant-dropdown')].some((d) => "
+                                       "!d.className.includes('-enter') && !d.className.includes('-leave') && "
+                                       "!d.className.includes('hidden'))", timeout=30_000)
+                try:
+                    item.click(timeout=15_000)
+                    page.wait_for_selector(graph, timeout=15_000)
+                except PlaywrightTimeout:
+                    if attempt == 2:
+                        raise
+                    page.keyboard.press("Escape")
+        page.wait_for_selector(graph, timeout=30_000)
         nodes = page.query_selector_all(".TraceGraph--graphWrapper .OpNode")
         assert len(nodes) >= RANKS  # (nodes group spans by operation: at least each rank's lane)
         assert page.query_selector_all(".TraceGraph--graphWrapper .plexus-Digraph--SvgEdge")
