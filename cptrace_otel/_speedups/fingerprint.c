@@ -63,6 +63,19 @@ typedef struct {
 #define COLS 32
 #define BLOCK_ROWS 4096
 
+/* The bytes [from, n) one at a time, added to (s0, s1, nz), then stored in out: both kernels' tail and end. */
+static void finish_tail(const uint8_t *p, size_t from, size_t n, uint64_t s0, uint64_t s1, uint64_t nz, Sums *out) {
+    for (size_t i = from; i < n; i++) {
+        uint64_t v = p[i];
+        s0 += v;
+        s1 += (uint64_t)(i + 1) * v;
+        nz += v != 0;
+    }
+    out->s0 = s0;
+    out->s1 = s1;
+    out->nz = nz;
+}
+
 static void sums_portable(const uint8_t *p, size_t n, Sums *out) {
     uint64_t s0 = 0, s1 = 0, nz = 0;
     size_t rows = n / COLS, r = 0;
@@ -90,15 +103,7 @@ static void sums_portable(const uint8_t *p, size_t n, Sums *out) {
         s0 += bs0;
         r += k;
     }
-    for (size_t i = rows * COLS; i < n; i++) {
-        uint64_t v = p[i];
-        s0 += v;
-        s1 += (uint64_t)(i + 1) * v;
-        nz += v != 0;
-    }
-    out->s0 = s0;
-    out->s1 = s1;
-    out->nz = nz;
+    finish_tail(p, rows * COLS, n, s0, s1, nz, out);
 }
 
 /* -- AVX2 kernel -------------------------------------------------------------------------------------------------- */
@@ -142,16 +147,7 @@ __attribute__((target("avx2,popcnt"))) static void sums_avx2(const uint8_t *p, s
         nz += (uint64_t)k * 32 - zeros;
         c += k;
     }
-    size_t done = chunks * 32;
-    for (size_t i = done; i < n; i++) {
-        uint64_t v = p[i];
-        s0 += v;
-        s1 += (uint64_t)(i + 1) * v;
-        nz += v != 0;
-    }
-    out->s0 = s0;
-    out->s1 = s1;
-    out->nz = nz;
+    finish_tail(p, chunks * 32, n, s0, s1, nz, out);
 }
 #endif
 
