@@ -94,6 +94,17 @@ def apply_cpu_answers() -> None:
         cls.__init__ = init
 
 
+def host_pool(cache: Any) -> Any:
+    """The full-attention KV host pool: ``token_to_kv_pool_host`` (0.5.20), the host pool group's anchor (0.5.23)."""
+    hp = getattr(cache, "token_to_kv_pool_host", None)
+    return hp if hp is not None else cache.cache_controller.mem_pool_host.anchor_entry.host_pool
+
+
+def full(node: Any) -> Any:
+    """0.5.23: the node's full-attention component data (``value``, ``host_value``, ``lock_ref``)."""
+    return node.component_data[0]
+
+
 # -- copies that complete later ---------------------------------------------------------------------------------
 class _Job:
     __slots__ = ("run", "due", "done", "stream", "op_kind", "meta")
