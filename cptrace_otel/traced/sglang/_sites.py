@@ -102,7 +102,7 @@ def _split_node(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
 def _on_split(st: State, child: Any, new: Any, split_len: int, pre: tuple) -> None:
     pre_len, parent_id, pend, lock = pre
     cptrace(1, "split", node_id=child.id, new_id=new.id, parent=parent_id, pre_len=pre_len, split_len=split_len,
-            dev_p=rng(new.value), dev_c=rng(child.value), host_p=rng(new.host_value), host_c=rng(child.host_value),
+            dev_p=rng(st.dev(new)), dev_c=rng(st.dev(child)), host_p=rng(st.host(new)), host_c=rng(st.host(child)),
             pend=(pend if pend is not None else -1), lock=lock)
     for q in st.loads.values():   # a split of a node whose load is in flight: the load now covers both fragments
         for ld in q:
@@ -111,7 +111,7 @@ def _on_split(st: State, child: Any, new: Any, split_len: int, pre: tuple) -> No
                     ld.chain.insert(i, new)
                     break
     if st.insert_ctx is not None:
-        st.insert_ctx["split_new"][new] = new.value is None
+        st.insert_ctx["split_new"][new] = st.dev(new) is None
 
 
 def _insert(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -302,7 +302,7 @@ def _controller_evict_host(wrapped: Any, instance: Any, args: tuple, kwargs: dic
 
 def _dev_free(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     st = state_of(instance)
-    if st is not None:
+    if st is not None and not st.in_free:
         t = arg(args, kwargs, 0, "free_index")
         if t is not None and t.numel() > 0:
             safe(st.free, "dev", t)
