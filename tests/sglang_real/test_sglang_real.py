@@ -182,6 +182,39 @@ print(json.dumps({{"pre": pre, "wrapped": wrapped(), "msgs": msgs}}))
     assert r["msgs"] == []
 
 
+def test_0_5_23_with_another_tree_core_is_not_traced_at_all(tmp_path):
+    """0.5.23 picks its tree core at run time (``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND``; the Rust one is the
+    default where its extension loads). A tree core that is not the Python ``UnifiedTreeCore`` fires none of the
+    tree sites, so the cache gets one warning and no record at all (partial records would give false findings);
+    SGLang runs as without tracing. The other core here is one registered the way SGLang lets external backends
+    register (``register_tree_core_backend``): a delegating wrapper of the Python core, which is not one."""
+    _need("0.5.23")
+    r = _py(f"""
+import json, logging, os, sys
+sys.path.insert(0, {HERE!r})
+msgs = []
+class H(logging.Handler):
+    def emit(self, rec): msgs.append(rec.getMessage())
+logging.getLogger("cptrace_otel.sglang").addHandler(H())
+from sglang.srt.mem_cache.unified_cache import tree_core_registry as reg
+from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore
+class Other:
+    def __init__(self, inner): object.__setattr__(self, "_inner", inner)
+    def __getattr__(self, k): return getattr(self._inner, k)
+    def __setattr__(self, k, v): setattr(self._inner, k, v)
+reg.register_tree_core_backend("other", lambda p, c: Other(UnifiedTreeCore(p, c)))
+import driver
+r = driver.run("0.5.23", {str(tmp_path)!r}, requests=40)
+n = 0
+if os.path.exists(r["log"]):
+    with open(r["log"]) as f:
+        n = sum("[CPTRACE" in line for line in f)
+print(json.dumps({{"msgs": msgs, "records": n, "corruption": r["corruption"], "admitted": r["stats"]["admitted"]}}))
+""", version="0.5.23", SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND="other")
+    assert len(r["msgs"]) == 1 and "its tree core is Other, not the Python UnifiedTreeCore" in r["msgs"][0], r
+    assert r["records"] == 0 and r["corruption"] == [] and r["admitted"] == 40, r
+
+
 HEALTHY = [
     {"policy": "write_through", "page_size": 1, "exact": True, "seed": 1},
     {"policy": "write_through_selective", "page_size": 4, "seed": 2},

@@ -37,14 +37,13 @@ Readings of SGLang that decide where a record goes (the README's "Use it with SG
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any, Collection
 
 from opentelemetry.instrumentation import instrumentor as _otel_instrumentor
 
 from ._sites import SITES
 from ._sites23 import SITES23
-from ._state import Recorder, cache_flavour, version_verdict
+from ._state import Recorder, cache_flavour, version_verdict, warn_once as _warn_once
 
 # Any: the package's type information differs between its versions (the subclass is checked at run time by it)
 BaseInstrumentor: Any = getattr(_otel_instrumentor, "BaseInstrumentor")
@@ -59,18 +58,6 @@ def sites() -> list[tuple[str, str, Any]]:
     """The site table of the importable SGLang: :data:`SITES` (0.5.20's ``HiRadixCache``) or :data:`SITES23`
     (0.5.23's ``UnifiedRadixCache``); one grammar, the record code shared."""
     return SITES23 if cache_flavour() == "unified" else SITES
-
-
-_warned: set[str] = set()
-_lock = threading.Lock()
-
-
-def _warn_once(key: str, msg: str) -> None:
-    with _lock:
-        if key in _warned:
-            return
-        _warned.add(key)
-    logger.warning(msg)
 
 
 class SGLangInstrumentor(BaseInstrumentor):

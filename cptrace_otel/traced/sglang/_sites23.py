@@ -24,10 +24,11 @@ Where each record is made in 0.5.23 (the README's "Use it with SGLang" lists the
 * ``free pool=dev`` at the allocator's ``free_segment`` / ``free`` (0.5.23 frees tree values and an insert's
   duplicate slots with ``free_segment``), ``free pool=host`` at ``HostKVCache.free``.
 
-Not covered: the Rust tree core (``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=rust``, 0.5.23's default where its
-extension builds: its nodes are not Python objects; then no tree-core site fires and the instrumentation says so
-once), the SWA / Mamba / C128 components' values (only the full-attention KV, the one the domain reference
-describes), L3 storage, the buffer-only host mode and the external cache linker.
+Not covered (:func:`untraceable`: such a cache gets one warning and no record, never partial records): the Rust
+tree core (``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=rust``, 0.5.23's default wherever its extension loads: its nodes
+are not Python objects; ``=python`` makes the cache traceable), trees with other components than the full-attention
+KV (SWA, Mamba, C128: hybrid models), the buffer-only host mode and the external cache linker. L3 storage (prefetch,
+storage backups) has no records in either version.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from typing import Any
 from ..api import cptrace, rng, trace_level
 from ._sites import (HOST_POOL, PAGED_ALLOC, TOKEN_ALLOC, _dev_free, _host_free, _loading_check, _on_split,
                      _reset)
-from ._state import Load, State, arg, safe, state_of
+from ._state import Load, State, arg, safe, state_of, warn_once
 
 URC = "sglang.srt.mem_cache.unified_radix_cache"
 UTC = "sglang.srt.mem_cache.unified_cache.unified_tree_core"
@@ -151,10 +152,31 @@ def _init_hicache(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any
     return out
 
 
+def untraceable(cache: Any) -> str | None:
+    """Why this 0.5.23 cache is left untraced (None when it is traced). Its records would be partial, and partial
+    records give false findings: a tree core whose nodes are not Python objects (the Rust one) fires none of the
+    tree sites; other components (SWA, Mamba, C128) free and load through other allocators and pools; the buffer-only
+    host mode and the external cache linker move KV on paths these sites do not see."""
+    from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore
+
+    if cache.cache_controller is None:
+        return "no HiCache controller"
+    if not isinstance(cache.tree_core, UnifiedTreeCore):
+        return (f"its tree core is {type(cache.tree_core).__name__}, not the Python UnifiedTreeCore (set "
+                "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python to trace it)")
+    if [int(c) for c in cache.tree_components] != [FULL]:
+        return f"its tree has components {[c.name for c in cache.tree_components]}: only FULL alone is traced"
+    if cache.buffer_pipeline is not None or cache.linker is not None:
+        return "it runs the buffer-only host mode or an external cache linker"
+    return None
+
+
 def _attach(cache: Any) -> None:
-    cc = cache.cache_controller
-    if cc is None:
+    why = untraceable(cache)
+    if why is not None:
+        warn_once("untraceable:" + why, f"cptrace-otel: this sglang UnifiedRadixCache is not traced: {why}")
         return
+    cc = cache.cache_controller
     st = State23(cache)
     for obj in (cache, cache.tree_core, cc, cache.token_to_kv_pool_allocator, st.host_pool()):
         obj._cptrace_sg = st

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import threading
 from typing import Any
 
 from ..api import cptrace, khash, knz, rng, trace_level
@@ -72,6 +73,19 @@ def cache_flavour() -> str | None:
     if importlib.util.find_spec(UNIFIED) is not None:
         return "unified"
     return None
+
+
+_warned: set[str] = set()
+_lock = threading.Lock()
+
+
+def warn_once(key: str, msg: str) -> None:
+    """One warning per ``key`` and process (a refusal repeats at every cache and every ``instrument()``)."""
+    with _lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    logger.warning(msg)
 
 
 def safe(fn: Any, *args: Any) -> Any:
