@@ -37,7 +37,7 @@ def _attach(cache: Any) -> None:
         st.config()
 
 
-def _reset(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def reset_site(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     st = state_of(instance)
     if st is not None:
         safe(lambda: cptrace(1, "reset", reason="flush"))
@@ -95,11 +95,11 @@ def _split_node(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     pre = safe(lambda: (len(child.key), child.parent.id, child.write_through_pending_id, child.lock_ref))
     new = wrapped(*args, **kwargs)
     if pre is not None:
-        safe(_on_split, st, child, new, int(split_len), pre)
+        safe(on_split, st, child, new, int(split_len), pre)
     return new
 
 
-def _on_split(st: State, child: Any, new: Any, split_len: int, pre: tuple) -> None:
+def on_split(st: State, child: Any, new: Any, split_len: int, pre: tuple) -> None:
     pre_len, parent_id, pend, lock = pre
     cptrace(1, "split", node_id=child.id, new_id=new.id, parent=parent_id, pre_len=pre_len, split_len=split_len,
             dev_p=rng(st.dev(new)), dev_c=rng(st.dev(child)), host_p=rng(st.host(new)), host_c=rng(st.host(child)),
@@ -196,7 +196,7 @@ def _on_reload(st: State, last: Any, chain: list, dev: Any) -> None:
     st.loaded = last
 
 
-def _loading_check(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def loading_check_site(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     st = state_of(instance)
     if st is None:
         return wrapped(*args, **kwargs)
@@ -300,7 +300,7 @@ def _controller_evict_host(wrapped: Any, instance: Any, args: tuple, kwargs: dic
     return wrapped(*args, **kwargs)
 
 
-def _dev_free(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def dev_free(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     st = state_of(instance)
     if st is not None and not st.in_free:
         t = arg(args, kwargs, 0, "free_index")
@@ -309,7 +309,7 @@ def _dev_free(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     return wrapped(*args, **kwargs)
 
 
-def _host_free(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def host_free(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     st = state_of(instance)
     if st is not None:
         t = arg(args, kwargs, 0, "indices")
@@ -321,7 +321,7 @@ def _host_free(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
 # (module, "Class.method", wrapper): every site, for HiRadixCache builds (sglang 0.5.20).
 SITES: list[tuple[str, str, Any]] = [
     (HIRADIX, "HiRadixCache.__init__", _cache_init),
-    (HIRADIX, "HiRadixCache.reset", _reset),
+    (HIRADIX, "HiRadixCache.reset", reset_site),
     (HIRADIX, "HiRadixCache.match_prefix", _match_prefix),
     (HIRADIX, "HiRadixCache.init_load_back", _init_load_back),
     (HIRADIX, "HiRadixCache.insert", _insert),
@@ -329,7 +329,7 @@ SITES: list[tuple[str, str, Any]] = [
     (HIRADIX, "HiRadixCache.write_backup", _write_backup),
     (HIRADIX, "HiRadixCache._finish_write_through_ack", _finish_write_ack),
     (HIRADIX, "HiRadixCache.load_back", _load_back),
-    (HIRADIX, "HiRadixCache.loading_check", _loading_check),
+    (HIRADIX, "HiRadixCache.loading_check", loading_check_site),
     (HIRADIX, "HiRadixCache._evict_backuped", _evict_backuped),
     (HIRADIX, "HiRadixCache._detach_backuped", _detach_backuped),
     (HIRADIX, "HiRadixCache._evict_regular", _evict_regular),
@@ -338,7 +338,7 @@ SITES: list[tuple[str, str, Any]] = [
     (CONTROLLER, "HiCacheController.start_writing", _start_writing),
     (CONTROLLER, "HiCacheController.evict_device", _evict_device),
     (CONTROLLER, "HiCacheController.evict_host", _controller_evict_host),
-    (TOKEN_ALLOC, "TokenToKVPoolAllocator.free", _dev_free),
-    (PAGED_ALLOC, "PagedTokenToKVPoolAllocator.free", _dev_free),
-    (HOST_POOL, "HostKVCache.free", _host_free),
+    (TOKEN_ALLOC, "TokenToKVPoolAllocator.free", dev_free),
+    (PAGED_ALLOC, "PagedTokenToKVPoolAllocator.free", dev_free),
+    (HOST_POOL, "HostKVCache.free", host_free),
 ]

@@ -36,8 +36,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..api import cptrace, rng, trace_level
-from ._sites import (HOST_POOL, PAGED_ALLOC, TOKEN_ALLOC, _dev_free, _host_free, _loading_check, _on_split,
-                     _reset)
+from ._sites import (HOST_POOL, PAGED_ALLOC, TOKEN_ALLOC, dev_free, host_free, loading_check_site, on_split,
+                     reset_site)
 from ._state import Load, State, arg, safe, state_of, warn_once
 
 URC = "sglang.srt.mem_cache.unified_radix_cache"
@@ -84,26 +84,8 @@ class State23(State):
         self.evict_kind = None
 
     # -- records that differ from 0.5.20 --------------------------------------------------------------------------
-    def config23(self) -> None:
-        from ._state import _POLICY, Recorder
-
-        c = self.cache
-        cp_size, cp_rank = 1, 0
-        g = getattr(c, "attn_cp_group", None)
-        try:
-            import torch.distributed as dist
-
-            if g is not None and dist.is_initialized():
-                cp_size, cp_rank = dist.get_world_size(group=g), dist.get_rank(group=g)
-        except Exception:
-            pass
-        cc = c.cache_controller
-        cptrace(1, "config", cp_size=cp_size, cp_rank=cp_rank, mode=(Recorder.cp_mode if cp_size > 1 else "none"),
-                page_size=self.page_size, policy=_POLICY.get(cc.write_policy, cc.write_policy), level=trace_level(),
-                io_backend=getattr(cc, "io_backend", "?"), layout=getattr(self.host_pool(), "layout", "?"))
-
     def prepare23(self, node_id: int) -> None:
-        from ._state import _POLICY
+        from ._state import POLICY
 
         cc = self.cache.cache_controller
         op = cc.write_queue[-1]
@@ -113,7 +95,7 @@ class State23(State):
         pbk = int(parent is root or (parent is not None and self.host(parent) is not None))
         dev, host = op.device_indices, op.host_indices
         cptrace(1, "prepare", node_id=node_id, op=op.id, len=len(dev), dev=rng(dev), host=rng(host),
-                policy=_POLICY.get(cc.write_policy, "?"), parent=(parent.id if parent is not None else -1), pbk=pbk,
+                policy=POLICY.get(cc.write_policy, "?"), parent=(parent.id if parent is not None else -1), pbk=pbk,
                 **self.xs("hostx", host), **self.xs("devx", dev))
         cptrace(1, "backup", op=op.id, node_id=node_id, dev=rng(dev), host=rng(host), io=1, **self.fp(dev),
                 **self.xs("devx", dev), **self.xs("hostx", host))
@@ -181,7 +163,7 @@ def _attach(cache: Any) -> None:
     for obj in (cache, cache.tree_core, cc, cache.token_to_kv_pool_allocator, st.host_pool()):
         obj._cptrace_sg = st
     if trace_level() >= 1:
-        st.config23()
+        st.config()
 
 
 def _match_prefix(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -248,7 +230,7 @@ def _split_node(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     pre = safe(lambda: (len(child.key), child.parent.id, child.write_through_pending_id, st.lock(child)))
     out = wrapped(*args, **kwargs)
     if pre is not None:
-        safe(_on_split, st, child, out[0], int(split_len), pre)
+        safe(on_split, st, child, out[0], int(split_len), pre)
     return out
 
 
@@ -332,12 +314,12 @@ def _dev_free_segment(wrapped: Any, instance: Any, args: tuple, kwargs: dict) ->
 # (module, "Class.method", wrapper): every site, for UnifiedRadixCache builds (sglang 0.5.23).
 SITES23: list[tuple[str, str, Any]] = [
     (URC, "UnifiedRadixCache.init_hicache", _init_hicache),
-    (URC, "UnifiedRadixCache.reset", _reset),
+    (URC, "UnifiedRadixCache.reset", reset_site),
     (URC, "UnifiedRadixCache.match_prefix", _match_prefix),
     (URC, "UnifiedRadixCache.init_load_back", _init_load_back),
     (URC, "UnifiedRadixCache._track_write_through_node", _track_write),
     (URC, "UnifiedRadixCache._finish_write_through_ack", _finish_write_ack),
-    (URC, "UnifiedRadixCache.loading_check", _loading_check),
+    (URC, "UnifiedRadixCache.loading_check", loading_check_site),
     (UTC, "UnifiedTreeCore._add_new_node", _add_new_node),
     (UTC, "UnifiedTreeCore._unevict_node_on_insert", _unevict),
     (UTC, "UnifiedTreeCore._split_node", _split_node),
@@ -347,7 +329,7 @@ SITES23: list[tuple[str, str, Any]] = [
     (UTC, "UnifiedTreeCore._release_full_host_duplicate", _kind("dup")),
     (BASE_ALLOC, "BaseTokenToKVPoolAllocator.free_segment", _dev_free_segment),
     (PAGED_ALLOC, "PagedTokenToKVPoolAllocator.free_segment", _dev_free_segment),
-    (TOKEN_ALLOC, "TokenToKVPoolAllocator.free", _dev_free),
-    (PAGED_ALLOC, "PagedTokenToKVPoolAllocator.free", _dev_free),
-    (HOST_POOL, "HostKVCache.free", _host_free),
+    (TOKEN_ALLOC, "TokenToKVPoolAllocator.free", dev_free),
+    (PAGED_ALLOC, "PagedTokenToKVPoolAllocator.free", dev_free),
+    (HOST_POOL, "HostKVCache.free", host_free),
 ]

@@ -24,7 +24,7 @@ UNIFIED = "sglang.srt.mem_cache.unified_radix_cache"
 # the modules whose source a build with its own call sites changes (one of them naming cp_hicache_trace)
 FLAVOURS = {"hiradix": (HIRADIX,),
             "unified": (UNIFIED, "sglang.srt.mem_cache.unified_cache.unified_tree_core")}
-_POLICY = {"write_through": "wt", "write_through_selective": "wts", "write_back": "wb"}
+POLICY = {"write_through": "wt", "write_through_selective": "wts", "write_back": "wb"}
 
 
 def _vtuple(v: str) -> tuple[int, ...]:
@@ -181,6 +181,9 @@ class State:
     def kv_pool(self) -> Any:
         return self.cache.kv_cache
 
+    def host_pool(self) -> Any:
+        return getattr(self.cache, "token_to_kv_pool_host", None)
+
     # -- fields ------------------------------------------------------------------------------------------------
     def xs(self, key: str, t: Any) -> dict[str, str]:
         if not Recorder.exact or t is None:
@@ -211,9 +214,9 @@ class State:
         except Exception:
             pass
         cc = c.cache_controller
-        host = getattr(c, "token_to_kv_pool_host", None)
+        host = self.host_pool()
         cptrace(1, "config", cp_size=cp_size, cp_rank=cp_rank, mode=(Recorder.cp_mode if cp_size > 1 else "none"),
-                page_size=self.page_size, policy=_POLICY.get(cc.write_policy, cc.write_policy), level=trace_level(),
+                page_size=self.page_size, policy=POLICY.get(cc.write_policy, cc.write_policy), level=trace_level(),
                 io_backend=getattr(cc, "io_backend", "?"), layout=getattr(host, "layout", "?"))
 
     def node_record(self, n: Any, kind: str) -> None:
@@ -248,7 +251,7 @@ class State:
             pbk = int(parent is root or bool(parent is not None and parent.host_value is not None))
             cptrace(1, "prepare", node_id=nid, op=op.id, len=(len(n.key) if n is not None else len(op.device_indices)),
                     dev=rng(op.device_indices), host=rng(op.host_indices),
-                    policy=_POLICY.get(self.cache.cache_controller.write_policy, "?"),
+                    policy=POLICY.get(self.cache.cache_controller.write_policy, "?"),
                     parent=(parent.id if parent is not None else -1), pbk=pbk,
                     **self.xs("hostx", op.host_indices), **self.xs("devx", op.device_indices))
             self.write_op[nid] = merged_id
