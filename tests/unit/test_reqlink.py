@@ -48,6 +48,25 @@ def test_the_field_stays_a_string_through_a_log_line(value):
     assert pl is not None and pl.fields["req_span"] == value
 
 
+def test_log_files_give_the_same_links(tmp_path):
+    # check/ingest read log lines with the log reader (its C fast path when built): the field stays the string it
+    # was, and the span builder links it as for live records
+    from cptrace_otel.analyze.sources.logs import read_log_events
+
+    digits = "1" * 32 + "-" + "2" * 16
+    log = tmp_path / "rank0.log"
+    log.write_text("".join(f"[2026-09-21 14:13:20 ATTN_CP0 TP0] [CPTRACE rid_map] rid=r{i} node_id=3 hit=dev "
+                           f"req_span={v} rank=0 ts={5 + i}\n" for i, v in enumerate([GOOD, digits, "bad"])))
+    evs = list(read_log_events([str(log)]))
+    assert [e.fields["req_span"] for e in evs] == [GOOD, digits, "bad"]
+    b = SpanBuilder("run1")
+    for e in evs:
+        b.add(e)
+    b.close_all()
+    lane = _lane(b.take(), 3)
+    assert [(t.hex(), s.hex()) for t, s, _ in _request_links(lane)] == [(TID, SID), ("1" * 32, "2" * 16)]
+
+
 def _ev(seq, tag="rid_map", rank=0, ts=None, **f):
     return Event(tag, rank, seq, ts if ts is not None else 1_000 + seq, 0, f)
 
