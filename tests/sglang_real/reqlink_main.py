@@ -1,7 +1,7 @@
 """SGLang's own request tracing and the instrumented HiCache in one process (run by test_reqlink_real.py with
 ``.sglang/<version>`` on PYTHONPATH):
 
-    python tests/sglang_real/reqlink_main.py VERSION OTLP_URL MODE
+    python tests/sglang_real/reqlink_main.py VERSION OTLP_URL MODE [RUN_ID]
 
 SGLang's tracing is set up by SGLang's ``process_tracing_init`` (opentelemetry-sdk, its ``BatchSpanProcessor`` and
 OTLP/HTTP exporter, ``--trace-modules request``), and cptrace-otel exports to the same OTLP receiver. Each request
@@ -34,7 +34,7 @@ PROMPTS = [[11, 12, 13, 14, 15, 16, 17, 18], [11, 12, 13, 14, 21, 22], [11, 12, 
            [41, 42, 43, 44], [11, 12, 13, 14, 15, 16, 17, 18, 51]]
 
 
-def main(version: str, url: str, mode: str) -> None:
+def main(version: str, url: str, mode: str, run_id: str = RUN_ID) -> None:
     os.environ["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "http/protobuf"
     from array import array
 
@@ -48,7 +48,7 @@ def main(version: str, url: str, mode: str) -> None:
 
     sgtrace.process_tracing_init(url, "sglang", trace_modules="request")
     sgtrace.trace_set_thread_info("Scheduler", tp_rank=0)
-    cptrace_otel.configure(level=1, endpoint=url, exporter="thread", cp_rank=0, run_id=RUN_ID, checks=False)
+    cptrace_otel.configure(level=1, endpoint=url, exporter="thread", cp_rank=0, run_id=run_id, checks=False)
 
     def new_request(rid: str, tokens: list[int]) -> tuple[object, object]:
         api = APIServerReqTimeStats()
@@ -103,8 +103,8 @@ def main(version: str, url: str, mode: str) -> None:
     trace.get_tracer_provider().force_flush(30_000)
     cptrace_otel.flush(60)
     cptrace_otel.shutdown(60)
-    print(json.dumps({"rids": rids, "run_id": RUN_ID}))
+    print(json.dumps({"rids": rids, "run_id": run_id}))
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:5])
