@@ -1,5 +1,6 @@
-"""Drive real SGLang HiCache (``HiRadixCache`` + ``HiCacheController`` + pools + allocator) the way the scheduler
-does, on CPU, with the instrumentation on, and check the KV content itself.
+"""Drive real SGLang HiCache (0.5.20: ``HiRadixCache`` + ``HiCacheController``; 0.5.23: ``UnifiedRadixCache`` +
+``HybridCacheController``, :class:`Driver23`; their pools and allocators) the way the scheduler does, on CPU, with
+the instrumentation on, and check the KV content itself.
 
 One scheduler step: ``copies.tick`` (copies due now complete), ``check_hicache_events`` (writing_check /
 loading_check, all-reduced over the CP group), then a batch of requests is admitted: for each, ``match_prefix``,
@@ -176,6 +177,9 @@ def build23(policy: str, page_size: int, dev_tokens: int, host_ratio: float, cp_
     params = CacheInitParams(disable=False, req_to_token_pool=req_pool, token_to_kv_pool_allocator=alloc,
                              page_size=page_size, tp_cache_group=tp_group, attn_cp_cache_group=cp_group)
     params.tree_components = (ComponentType.FULL,)
+    # the Python tree core, the one the instrumentation traces (SGLang's default, the Rust one, is taken where its
+    # extension supports this torch; SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND still picks another, as in SGLang)
+    params.tree_core_backend = os.environ.get("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", "python")
     cache = UnifiedRadixCache(params)
     cache.init_hicache(sa, params)
     return cache, kv, alloc

@@ -1,7 +1,9 @@
 """Real SGLang HiCache on CPU, for tests: the three runtime answers, copies that complete steps later, and faults.
 
 Runs inside a process whose ``sys.path`` has ``.sglang/<version>/`` (see :func:`sglang_env`). Patches are narrow
-and test-only (never shipped):
+and test-only (never shipped), and the same three serve 0.5.20 and 0.5.23 (0.5.23's host pool takes ``pin_memory``
+at the same position, its controller and ``l2_transfer`` take ``device_module`` the same way, and its direct IO
+copies through the same ``transfer_kv_direct``); 0.5.23 needs no other:
 
 * the host pool is built with ``pin_memory=False`` (pinning calls ``cudaHostRegister``);
 * ``device_module`` of ``cache_controller`` and ``l2_transfer`` is ``torch.cpu`` (no-op streams and events; SGLang
@@ -11,7 +13,8 @@ and test-only (never shipped):
   seeded lag (scheduler steps); its data moves when it completes (due at a step, or forced by a ``synchronize``
   or by the forward's wait on a load) and its ack becomes visible to ``finish_event.query()`` at its due step.
   Copies on one stream complete in order.
-* :class:`Faults`: one injected fault per run (:data:`FAULTS`), at the n-th eligible site.
+* :class:`Faults`: one injected fault per run (:data:`FAULTS`), at the n-th eligible site (0.5.23: the same
+  five shapes at its own sites, ``_install23_*``).
 """
 
 from __future__ import annotations

@@ -390,7 +390,9 @@ def test_fault_found_by_check(faulty, i, code):
         assert found & bad, (found, bad)
 
 
-@pytest.mark.parametrize("version", VERSIONS)
+# 0.5.20 only: test_ranks_real.py runs 4 ranks of each version (the same stream on every rank, C1 comparing the
+# ranks' decisions, one rank's faults found on that rank); this one costs another 70 s of CI per version
+@pytest.mark.parametrize("version", ["0.5.20"])
 def test_four_ranks_one_faulty(tmp_path, version):
     _need(version)
     sys.path.insert(0, HERE)
