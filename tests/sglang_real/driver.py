@@ -104,7 +104,10 @@ def request_stream(seed: int, n: int, page_size: int, families: int = 6) -> list
 
 
 def build(version: str, policy: str, page_size: int, dev_tokens: int, host_ratio: float, cp_group: Any,
-          tp_group: Any) -> tuple[Any, Any, Any]:
+          tp_group: Any, server_extra: dict | None = None) -> tuple[Any, Any, Any]:
+    """``server_extra``: more ``ServerArgs`` (a storage backend: l3_driver.py)."""
+    import contextlib
+
     import torch
 
     from sglang.srt import runtime_context as rc
@@ -112,7 +115,7 @@ def build(version: str, policy: str, page_size: int, dev_tokens: int, host_ratio
 
     sa = ServerArgs(model_path="dummy", device="cpu", enable_hierarchical_cache=True, hicache_io_backend="direct",
                     hicache_mem_layout="layer_first", hicache_write_policy=policy, page_size=page_size,
-                    hicache_ratio=host_ratio)
+                    hicache_ratio=host_ratio, **(server_extra or {}))
     rc.get_context().set_server_args(sa)
     runtime.apply_cpu_answers()
     from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
@@ -129,7 +132,11 @@ def build(version: str, policy: str, page_size: int, dev_tokens: int, host_ratio
     req_pool = ReqToTokenPool(size=64, max_context_len=256, device="cpu", enable_memory_saver=False)
     params = CacheInitParams(disable=False, req_to_token_pool=req_pool, token_to_kv_pool_allocator=alloc,
                              page_size=page_size, tp_cache_group=tp_group, attn_cp_cache_group=cp_group)
-    cache = HiRadixCache(params, sa)
+    # a storage backend's config reads the TP/PP widths from SGLang's parallel state, which only a model runner sets
+    widths = (rc.get_parallel().override(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1)
+              if (server_extra or {}).get("hicache_storage_backend") else contextlib.nullcontext())
+    with widths:
+        cache = HiRadixCache(params, sa)
     return cache, kv, alloc
 
 
@@ -256,6 +263,10 @@ class Driver:
         self.cache.check_hicache_events()
         self.copies.step -= 1000
 
+    def requeue(self, queue: list[Req], take: int, admitted: list[Req]) -> list[Req]:
+        """The queue after a step that tried its first ``take`` requests: the deferred ones go to its end."""
+        return queue[take:] + [r for r in queue[:take] if r not in admitted]
+
     def run(self, prompts: list[list[int]], batch: int, reset_at: int | None, audit_every: int = 5) -> None:
         """The request stream to the end; ``audit_every`` steps a host audit (0: only the final one)."""
         queue = [Req(f"r{i}", t) for i, t in enumerate(prompts)]
@@ -275,7 +286,7 @@ class Driver:
                 reset_at = None
             take = min(len(queue), self.rng.randint(1, batch))
             admitted = self.admit(queue[:take])
-            queue = queue[take:] + [r for r in queue[:take] if r not in admitted]
+            queue = self.requeue(queue, take, admitted)
             running += admitted
             if audit_every and step % audit_every == 0:
                 self.audit_host()
@@ -307,11 +318,13 @@ def run(version: str, out: str, policy: str = "write_through", page_size: int = 
         requests: int = 120, batch: int = 4, max_lag: int = 3, dev_tokens: int = 384, host_ratio: float = 3.0,
         reset: bool = True, fault: str | None = None, nth: int = 1, exact: bool = False, instrument: bool = True,
         world: int = 1, rank: int = 0, store: str | None = None, level: int = 2, audit_every: int = 5,
-        cp_mode: str = "replicated") -> dict:
+        cp_mode: str = "replicated", server_extra: dict | None = None, make_driver: Any = None) -> dict:
     """One run; returns ``{"corruption", "fault_hits", "stats", "log", "otlp", "seconds"}``.
 
     ``cp_mode`` is the ``config`` record's ``mode`` when ``world`` > 1: the driver's ranks each hold the whole
-    stream's KV in their own cache (the same requests, the same KV bytes), which is ``replicated``."""
+    stream's KV in their own cache (the same requests, the same KV bytes), which is ``replicated``.
+    ``server_extra`` (more ``ServerArgs``) and ``make_driver`` (a :class:`Driver` factory with its arguments) are
+    l3_driver.py's: a storage backend and the scheduler's storage calls."""
     t0 = time.monotonic()
     os.makedirs(out, exist_ok=True)
     import cptrace_otel
@@ -333,12 +346,12 @@ def run(version: str, out: str, policy: str = "write_through", page_size: int = 
     if store is None:
         store = tempfile.mktemp(prefix="cptrace-gloo-")
     cp, tp = _init_group(world, rank, store)
-    cache, kv, alloc = build(version, policy, page_size, dev_tokens, host_ratio, cp, tp)
+    cache, kv, alloc = build(version, policy, page_size, dev_tokens, host_ratio, cp, tp, server_extra)
     copies = runtime.Copies(seed * 31 + 1, max_lag)
     copies.install()
     faults = runtime.Faults(fault, nth)
     faults.install(cache, copies)
-    drv = Driver(cache, kv, alloc, copies, seed, page_size)
+    drv = (make_driver or Driver)(cache, kv, alloc, copies, seed, page_size)
     prompts = request_stream(seed, requests, page_size)
     drv.run(prompts, batch, reset_at=(len(prompts) // (2 * batch) if reset else None), audit_every=audit_every)
     cptrace_otel.flush(60)
@@ -348,20 +361,20 @@ def run(version: str, out: str, policy: str = "write_through", page_size: int = 
 
 
 def run_ranks(version: str, out: str, world: int = 4, fault_rank: int | None = None,
-              matrix: list[dict] | None = None, **kw: Any) -> Any:
+              matrix: list[dict] | None = None, script: str | None = None, **kw: Any) -> Any:
     """``world`` rank processes (gloo on a ``file://`` store), the same request stream; ``kw['fault']`` on
     ``fault_rank`` only. One summary per rank.
 
     With ``matrix`` (a list of :func:`run` keyword sets, each over ``kw``), every rank process runs them one after the
     other in the same gloo group (one SGLang import and one group per rank for all of them), each in its own folder
     ``out/<i>``; an entry's ``fault`` too applies on ``fault_rank`` only. Returns one list of per-rank summaries per
-    entry."""
+    entry. ``script``: the rank processes' program (default this one; it takes this one's options)."""
     store = tempfile.mktemp(prefix="cptrace-gloo-")
     procs = []
     fault = kw.pop("fault", None)
     for r in range(world):
-        args = [sys.executable, os.path.abspath(__file__), "--version", version, "--out", out, "--world", str(world),
-                "--rank", str(r), "--store", store]
+        args = [sys.executable, script or os.path.abspath(__file__), "--version", version, "--out", out,
+                "--world", str(world), "--rank", str(r), "--store", store]
         for k, v in kw.items():
             if isinstance(v, bool):   # the CLI's switches: --exact, --no-reset, --no-instrument
                 if k in ("reset", "instrument"):

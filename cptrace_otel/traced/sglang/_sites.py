@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..api import cptrace, rng, trace_level
+from ._l3_sites import L3_SITES
 from ._state import HIRADIX, aligned_key, arg, Load, tree_path, safe, state_of, State
 
 CONTROLLER = "sglang.srt.managers.cache_controller"
@@ -342,3 +343,4 @@ SITES: list[tuple[str, str, Any]] = [
     (PAGED_ALLOC, "PagedTokenToKVPoolAllocator.free", _dev_free),
     (HOST_POOL, "HostKVCache.free", _host_free),
 ]
+SITES += L3_SITES   # the storage tier's sites (_l3_sites)
