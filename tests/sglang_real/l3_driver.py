@@ -14,7 +14,8 @@ What this adds to ``driver.Driver`` (the scheduler's own flow in SGLang 0.5.20, 
 * the storage threads SGLang starts (query, I/O, backup, ack sync) run for real; before each
   ``check_hicache_events`` the driver waits until they finished what was handed to them (a fast storage: the steps,
   and so the records, are the same on every run and every rank), then the drain takes their acks as the scheduler
-  does. The prefetch policy is ``wait_complete``, the prefetch threshold one page (the prompts are short).
+  does (``sync_storage=False``: it does not wait; the threads' timing decides). The prefetch policy is
+  ``wait_complete``, the prefetch threshold one page (the prompts are short).
 
 Faults (:data:`L3_FAULTS`, one per run): ``l3_flip`` flips a byte of the stored page file the n-th prefetch reads
 first (before the read), ``l3_free`` frees the host pages of the n-th prefetch after the storage read and before its
@@ -105,16 +106,18 @@ class StorageDriver(driver.Driver):
     """:class:`driver.Driver` with the scheduler's storage calls (see the module doc)."""
 
     def __init__(self, cache: Any, kv: Any, alloc: Any, copies: runtime.Copies, seed: int, page_size: int,
-                 faults: L3Faults) -> None:
+                 faults: L3Faults, sync_storage: bool = True) -> None:
         super().__init__(cache, kv, alloc, copies, seed, page_size)
         self.faults = faults
+        self.sync_storage = sync_storage
         self.arrived: set[str] = set()
         self.stats.update({"l3_prefetches": 0, "l3_loaded_tokens": 0, "l3_waits": 0})
         faults.install(cache)
         orig = cache.check_hicache_events   # (the instrumented method, bound)
 
         def check_hicache_events() -> None:
-            self.quiesce()
+            if self.sync_storage:
+                self.quiesce()
             orig()
             if faults.kind == "l3_free" and cache.ongoing_prefetch:
                 self.quiesce()   # the storage read is done; the scheduler has not seen its ack
@@ -188,6 +191,7 @@ class StorageDriver(driver.Driver):
         """Every copy and every storage operation done and acknowledged (before a reset and at the end)."""
         c = self.cache
         for _ in range(100):
+            self.quiesce()
             super().settle()
             if not (c.ongoing_backup or c.ongoing_prefetch or c.ongoing_write_through):
                 return
@@ -205,16 +209,19 @@ def storage_args(prefetch_threshold: int) -> dict:
 
 
 def run_l3(version: str, out: str, fault: str | None = None, nth: int = 1, l3_store: str | None = None,
-           requests: int = 60, dev_tokens: int = 160, host_ratio: float = 1.5, **kw: Any) -> dict:
+           requests: int = 60, dev_tokens: int = 160, host_ratio: float = 1.5, sync_storage: bool = True,
+           **kw: Any) -> dict:
     """One run of :func:`driver.run` with storage on (a fresh ``file`` store under ``out/l3store``, or ``l3_store``:
-    the one folder the ranks of a CP group share); ``kw`` are :func:`driver.run`'s. The summary adds ``l3_fault_hits`` and ``l3_files``."""
+    the one folder the ranks of a CP group share); ``kw`` are :func:`driver.run`'s. ``sync_storage=False``: the
+    steps do not wait for the storage threads (their timing decides which step sees an ack, so the records differ
+    from run to run). The summary adds ``l3_fault_hits`` and ``l3_files``."""
     root = l3_store or os.path.join(out, "l3store")
     if l3_store is None:
         shutil.rmtree(root, ignore_errors=True)
     os.makedirs(root, exist_ok=True)
     os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = root
     faults = L3Faults(fault, nth)
-    make = functools.partial(StorageDriver, faults=faults)
+    make = functools.partial(StorageDriver, faults=faults, sync_storage=sync_storage)
     ps = int(kw.get("page_size", 1))
     res = driver.run(version, out, requests=requests, dev_tokens=dev_tokens, host_ratio=host_ratio,
                      server_extra=storage_args(ps), make_driver=make, **kw)
