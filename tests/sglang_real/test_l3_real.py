@@ -141,6 +141,25 @@ def test_healthy_run_at_the_storage_threads_own_pace_has_no_finding(single):
     assert c["l3_backup"] and c["l3_backup"] == c["l3_ack-backup"] and c["l3_prefetch"] == c["l3_ack-prefetch"], c
 
 
+def test_l3_records_become_stage_spans_of_the_nodes(single):
+    """The exporter's OTLP file of a healthy run: ``rank 0 · l3-backup`` and ``rank 0 · l3-prefetch`` stage spans,
+    one per backup and per prefetch, and every storage hit's span links to the prefetch span that fetched it."""
+    run = single[0]
+    names: Counter = Counter()
+    links = 0
+    with open(run["otlp"], encoding="utf-8") as f:
+        for line in f:
+            for rs in json.loads(line).get("resourceSpans", []):
+                for ss in rs.get("scopeSpans", []):
+                    for sp in ss.get("spans", []):
+                        names[sp["name"]] += 1
+                        links += sum(a["key"] == "cptrace.link.kind" and a["value"].get("stringValue") == "l3-prefetch"
+                                     for ln in sp.get("links") or [] for a in ln.get("attributes", []))
+    c = _tags(_events([run["log"]]))
+    assert names["rank 0 · l3-backup"] == c["l3_backup"] and names["rank 0 · l3-prefetch"] == c["l3_prefetch"], names
+    assert links == c["l3_hit"] > 0, (links, c["l3_hit"])
+
+
 def test_the_l3_rules_judge_these_logs(single, tmp_path):
     """The 0 of a healthy run is not the rules' silence: the same log with one fetched page's fingerprint altered
     (the first ``l3_ack dir=prefetch``) gives L3a on that prefetch."""
