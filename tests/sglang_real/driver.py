@@ -104,10 +104,7 @@ def request_stream(seed: int, n: int, page_size: int, families: int = 6) -> list
 
 
 def build(version: str, policy: str, page_size: int, dev_tokens: int, host_ratio: float, cp_group: Any,
-          tp_group: Any, server_extra: dict | None = None) -> tuple[Any, Any, Any]:
-    """``server_extra``: more ``ServerArgs`` (a storage backend: l3_driver.py)."""
-    import contextlib
-
+          tp_group: Any) -> tuple[Any, Any, Any]:
     import torch
 
     from sglang.srt import runtime_context as rc
@@ -115,7 +112,7 @@ def build(version: str, policy: str, page_size: int, dev_tokens: int, host_ratio
 
     sa = ServerArgs(model_path="dummy", device="cpu", enable_hierarchical_cache=True, hicache_io_backend="direct",
                     hicache_mem_layout="layer_first", hicache_write_policy=policy, page_size=page_size,
-                    hicache_ratio=host_ratio, **(server_extra or {}))
+                    hicache_ratio=host_ratio)
     rc.get_context().set_server_args(sa)
     runtime.apply_cpu_answers()
     from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
@@ -132,11 +129,7 @@ def build(version: str, policy: str, page_size: int, dev_tokens: int, host_ratio
     req_pool = ReqToTokenPool(size=64, max_context_len=256, device="cpu", enable_memory_saver=False)
     params = CacheInitParams(disable=False, req_to_token_pool=req_pool, token_to_kv_pool_allocator=alloc,
                              page_size=page_size, tp_cache_group=tp_group, attn_cp_cache_group=cp_group)
-    # a storage backend's config reads the TP/PP widths from SGLang's parallel state, which only a model runner sets
-    widths = (rc.get_parallel().override(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1)
-              if (server_extra or {}).get("hicache_storage_backend") else contextlib.nullcontext())
-    with widths:
-        cache = HiRadixCache(params, sa)
+    cache = HiRadixCache(params, sa)
     return cache, kv, alloc
 
 
@@ -318,13 +311,13 @@ def run(version: str, out: str, policy: str = "write_through", page_size: int = 
         requests: int = 120, batch: int = 4, max_lag: int = 3, dev_tokens: int = 384, host_ratio: float = 3.0,
         reset: bool = True, fault: str | None = None, nth: int = 1, exact: bool = False, instrument: bool = True,
         world: int = 1, rank: int = 0, store: str | None = None, level: int = 2, audit_every: int = 5,
-        cp_mode: str = "replicated", server_extra: dict | None = None, make_driver: Any = None) -> dict:
+        cp_mode: str = "replicated", make_driver: Any = None) -> dict:
     """One run; returns ``{"corruption", "fault_hits", "stats", "log", "otlp", "seconds"}``.
 
     ``cp_mode`` is the ``config`` record's ``mode`` when ``world`` > 1: the driver's ranks each hold the whole
     stream's KV in their own cache (the same requests, the same KV bytes), which is ``replicated``.
-    ``server_extra`` (more ``ServerArgs``) and ``make_driver`` (a :class:`Driver` factory with its arguments) are
-    l3_driver.py's: a storage backend and the scheduler's storage calls."""
+    ``make_driver``: a :class:`Driver` factory with its arguments (l3_driver.py's: storage on, the scheduler's
+    storage calls)."""
     t0 = time.monotonic()
     os.makedirs(out, exist_ok=True)
     import cptrace_otel
@@ -346,7 +339,7 @@ def run(version: str, out: str, policy: str = "write_through", page_size: int = 
     if store is None:
         store = tempfile.mktemp(prefix="cptrace-gloo-")
     cp, tp = _init_group(world, rank, store)
-    cache, kv, alloc = build(version, policy, page_size, dev_tokens, host_ratio, cp, tp, server_extra)
+    cache, kv, alloc = build(version, policy, page_size, dev_tokens, host_ratio, cp, tp)
     copies = runtime.Copies(seed * 31 + 1, max_lag)
     copies.install()
     faults = runtime.Faults(fault, nth)

@@ -1,6 +1,6 @@
 """Drive real SGLang HiCache with its L3 storage tier on: the ``file`` backend (``HiCacheFile`` over a temporary
-folder, as ``--hicache-storage-backend file``) under ``driver.py``'s scheduler steps, with the scheduler's storage
-calls, on CPU.
+folder, attached with SGLang's ``attach_storage_backend``, the controller path ``--hicache-storage-backend file``
+takes too) under ``driver.py``'s scheduler steps, with the scheduler's storage calls, on CPU.
 
 What this adds to ``driver.Driver`` (the scheduler's own flow in SGLang 0.5.20, ``Scheduler._prefetch_kvcache`` and
 ``get_next_batch_to_run``):
@@ -97,9 +97,23 @@ class L3Faults:
             if op.host_indices is None or self.hits or not self._take():
                 continue
             idx = op.host_indices[: cache.page_size]
-            runtime.free_and_reuse(cache.token_to_kv_pool_host, idx)
+            _free_and_reuse(cache.token_to_kv_pool_host, idx)
             self.hits.append({"kind": "l3_free", "op": op.id, "rid": str(op.request_id),
                               "node_id": last_host_node.id, "host_slot": int(idx[0])})
+
+
+def _free_and_reuse(hp: Any, idx: Any) -> None:
+    """Host slots ``idx`` freed as SGLang frees them (``HostKVCache.free``) and taken at once by another writer, which
+    overwrites them with 7.0. That writer holds them: they are taken back from the pool's free lists, so that the
+    tree's later release of the prefetch's claim on them stays balanced (the pool asserts on a double free)."""
+    import torch
+
+    hp.free(idx)
+    for buf in (hp.k_buffer, hp.v_buffer):
+        buf[:, idx] = torch.full_like(buf[:, idx], 7.0)
+    hp.slot_used[idx] = True
+    hp.release_slots = [r[~torch.isin(r, idx)] for r in hp.release_slots]
+    hp.num_release_slots = sum(len(r) for r in hp.release_slots)
 
 
 class StorageDriver(driver.Driver):
@@ -112,6 +126,7 @@ class StorageDriver(driver.Driver):
         self.sync_storage = sync_storage
         self.arrived: set[str] = set()
         self.stats.update({"l3_prefetches": 0, "l3_loaded_tokens": 0, "l3_waits": 0})
+        attach_file_storage(cache)
         faults.install(cache)
         orig = cache.check_hicache_events   # (the instrumented method, bound)
 
@@ -203,9 +218,19 @@ def _items(q: Any) -> list:
         return list(q.queue)
 
 
-def storage_args(prefetch_threshold: int) -> dict:
-    return {"hicache_storage_backend": "file", "hicache_storage_prefetch_policy": "wait_complete",
-            "hicache_storage_backend_extra_config": json.dumps({"prefetch_threshold": prefetch_threshold})}
+def attach_file_storage(cache: Any) -> None:
+    """SGLang's runtime attach of the ``file`` backend (``HiRadixCache.attach_storage_backend``, the path the
+    controller's constructor takes for ``--hicache-storage-backend file`` too), into the folder
+    ``SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR`` names; prefetch policy ``wait_complete``, threshold one page."""
+    from sglang.srt import runtime_context as rc
+
+    # the backend's config reads the TP/PP widths from SGLang's parallel state, which only a model runner sets up
+    with rc.get_parallel().override(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1):
+        ok, why = cache.attach_storage_backend(
+            "file", json.dumps({"prefetch_threshold": cache.page_size}), served_model_name="dummy",
+            hicache_storage_prefetch_policy="wait_complete")
+    if not ok:
+        raise RuntimeError(f"SGLang refused the file storage backend: {why}")
 
 
 def run_l3(version: str, out: str, fault: str | None = None, nth: int = 1, l3_store: str | None = None,
@@ -222,9 +247,8 @@ def run_l3(version: str, out: str, fault: str | None = None, nth: int = 1, l3_st
     os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = root
     faults = L3Faults(fault, nth)
     make = functools.partial(StorageDriver, faults=faults, sync_storage=sync_storage)
-    ps = int(kw.get("page_size", 1))
     res = driver.run(version, out, requests=requests, dev_tokens=dev_tokens, host_ratio=host_ratio,
-                     server_extra=storage_args(ps), make_driver=make, **kw)
+                     make_driver=make, **kw)
     res["l3_fault_hits"] = faults.hits
     res["l3_files"] = len([f for f in os.listdir(root) if f.endswith(".bin")])
     return res

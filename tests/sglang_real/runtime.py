@@ -311,8 +311,19 @@ class Faults:
         released at issue in this SGLang) and reused by another writer, which overwrites them."""
         if res is None or not chain or not self._take():
             return
+        import torch
+
+        hp = cache.token_to_kv_pool_host
         n = chain[0]
-        free_and_reuse(cache.token_to_kv_pool_host, n.host_value)   # the release SGLang #31427 moves to the ack
+        idx = n.host_value
+        hp.free(idx)                        # the release SGLang #31427 moves to the ack ...
+        for buf in (hp.k_buffer, hp.v_buffer):
+            buf[:, idx] = torch.full_like(buf[:, idx], 7.0)   # ... and the writer that reused the pages
+        # the reusing writer holds the pages: take them back from the free lists so the tree's later host
+        # eviction of this node stays balanced (the pool asserts on a double free)
+        hp.slot_used[idx] = True
+        hp.release_slots = [r[~torch.isin(r, idx)] for r in hp.release_slots]
+        hp.num_release_slots = sum(len(r) for r in hp.release_slots)
         self.hits.append({"kind": "early_release", "node_id": n.id, "chain": [c.id for c in chain]})
 
     def _split_no_rewrite(self, cache: Any) -> None:
@@ -327,20 +338,6 @@ class Faults:
             return orig(old, new_nodes)
 
         cache._replace_pending_write_through_node = replace
-
-
-def free_and_reuse(hp: Any, idx: Any) -> None:
-    """Host slots ``idx`` freed (``HostKVCache.free``, as SGLang frees) and taken at once by another writer, which
-    overwrites them with 7.0. The writer holds them: they are taken back from the pool's free lists, so that the
-    tree's later release of its own claim on them stays balanced (the pool asserts on a double free)."""
-    import torch
-
-    hp.free(idx)
-    for buf in (hp.k_buffer, hp.v_buffer):
-        buf[:, idx] = torch.full_like(buf[:, idx], 7.0)
-    hp.slot_used[idx] = True
-    hp.release_slots = [r[~torch.isin(r, idx)] for r in hp.release_slots]
-    hp.num_release_slots = sum(len(r) for r in hp.release_slots)
 
 
 def on_path(version: str) -> None:
