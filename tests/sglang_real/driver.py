@@ -361,7 +361,7 @@ def run_ranks(version: str, out: str, world: int = 4, fault_rank: int | None = N
     With ``matrix`` (a list of :func:`run` keyword sets, each over ``kw``), every rank process runs them one after the
     other in the same gloo group (one SGLang import and one group per rank for all of them), each in its own folder
     ``out/<i>``; an entry's ``fault`` too applies on ``fault_rank`` only. Returns one list of per-rank summaries per
-    entry. ``script``: the rank processes' program (default this one; it takes this one's options)."""
+    entry. ``script``: the rank processes' program (default this one; another takes the options passed here)."""
     store = tempfile.mktemp(prefix="cptrace-gloo-")
     procs = []
     fault = kw.pop("fault", None)
