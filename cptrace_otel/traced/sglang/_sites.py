@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..api import cptrace, rng, trace_level
+from ._l3_sites import L3_SITES
 from ._reqlink import note_node, request_fields
 from ._state import HIRADIX, aligned_key, arg, Load, tree_path, safe, state_of, State
 
@@ -346,3 +347,4 @@ SITES: list[tuple[str, str, Any]] = [
     (PAGED_ALLOC, "PagedTokenToKVPoolAllocator.free", dev_free),
     (HOST_POOL, "HostKVCache.free", host_free),
 ]
+SITES += L3_SITES   # the storage tier's sites (_l3_sites)

@@ -27,8 +27,9 @@ Where each record is made in 0.5.23 (the README's "Use it with SGLang" lists the
 Not covered (:func:`untraceable`: such a cache gets one warning and no record, never partial records): the Rust
 tree core (``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=rust``, 0.5.23's default wherever its extension loads: its nodes
 are not Python objects; ``=python`` makes the cache traceable), trees with other components than the full-attention
-KV (SWA, Mamba, C128: hybrid models), the buffer-only host mode and the external cache linker. L3 storage (prefetch,
-storage backups) has no records in either version.
+KV (SWA, Mamba, C128: hybrid models), an L3 storage backend (its prefetches add nodes to the tree through paths these
+sites do not see; 0.5.20's L3 sites, :mod:`._l3_sites`, have no 0.5.23 counterpart yet; a backend attached later at
+run time is not noticed), the buffer-only host mode and the external cache linker.
 """
 
 from __future__ import annotations
@@ -138,8 +139,8 @@ def _init_hicache(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any
 def untraceable(cache: Any) -> str | None:
     """Why this 0.5.23 cache is left untraced (None when it is traced). Its records would be partial, and partial
     records give false findings: a tree core whose nodes are not Python objects (the Rust one) fires none of the
-    tree sites; other components (SWA, Mamba, C128) free and load through other allocators and pools; the buffer-only
-    host mode and the external cache linker move KV on paths these sites do not see."""
+    tree sites; other components (SWA, Mamba, C128) free and load through other allocators and pools; an L3 storage
+    backend, the buffer-only host mode and the external cache linker move KV on paths these sites do not see."""
     from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore
 
     if cache.cache_controller is None:
@@ -149,6 +150,8 @@ def untraceable(cache: Any) -> str | None:
                 "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python to trace it)")
     if [int(c) for c in cache.tree_components] != [FULL]:
         return f"its tree has components {[c.name for c in cache.tree_components]}: only FULL alone is traced"
+    if cache.enable_storage:
+        return "it has an L3 storage backend (0.5.23's storage sites are not instrumented)"
     if cache.buffer_pipeline is not None or cache.linker is not None:
         return "it runs the buffer-only host mode or an external cache linker"
     return None
