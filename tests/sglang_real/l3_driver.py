@@ -2,8 +2,8 @@
 folder, attached with SGLang's ``attach_storage_backend``, the controller path ``--hicache-storage-backend file``
 takes too) under ``driver.py``'s scheduler steps, with the scheduler's storage calls, on CPU.
 
-What this adds to ``driver.Driver`` (the scheduler's own flow in SGLang 0.5.20, ``Scheduler._prefetch_kvcache`` and
-``get_next_batch_to_run``):
+What this adds to ``driver.Driver`` / ``driver.Driver23`` (the scheduler's own flow, ``Scheduler._prefetch_kvcache``
+and ``get_next_batch_to_run``, in SGLang 0.5.20 and 0.5.23):
 
 * when a request arrives, ``match_prefix`` and ``prefetch_from_storage`` of the tokens past its device+host match
   (up to the last token, as ``_compute_max_prefix_len``) from its last host-backed node;
@@ -20,9 +20,10 @@ What this adds to ``driver.Driver`` (the scheduler's own flow in SGLang 0.5.20, 
 Faults (:data:`L3_FAULTS`, one per run): ``l3_flip`` flips a byte of the stored page file the n-th prefetch reads
 first (before the read), ``l3_free`` frees the host pages of the n-th prefetch after the storage read and before its
 ack is processed and lets another writer reuse them, ``l3_skip`` makes this rank skip its storage writes
-(``backup_skip``, the switch SGLang sets on MLA ranks other than 0: here a CP rank that never writes its shard).
+(``backup_skip``, the switch SGLang sets on MLA ranks other than 0; 0.5.23 derives it from the storage config, which
+the fault makes that of an MLA replica that is not its shard's writer: here a CP rank that never writes its shard).
 
-CLI: ``python tests/sglang_real/l3_driver.py --version 0.5.20 --out DIR --matrix JSON [--world N --rank R --store
+CLI: ``python tests/sglang_real/l3_driver.py --version 0.5.20|0.5.23 --out DIR --matrix JSON [--world N --rank R --store
 S]`` (a list of :func:`run_l3` keyword sets; one JSON summary list on stdout), as ``driver.run_ranks(script=...)``
 starts it.
 """
@@ -67,7 +68,16 @@ class L3Faults:
     def install(self, cache: Any) -> None:
         cc = cache.cache_controller
         if self.kind == "l3_skip":
-            cc.backup_skip = True
+            if isinstance(getattr(type(cc), "backup_skip", None), property):
+                # 0.5.23 derives it from the storage config: this rank becomes what SGLang makes an MLA replica
+                # that is not its shard's writer (the backend keeps its own config: the keys do not change)
+                import dataclasses
+
+                cc.storage_config = dataclasses.replace(cc.storage_config, is_mla_model=True,
+                                                        tp_rank=cc.storage_config.dcp_rank + 1)
+            else:
+                cc.backup_skip = True
+            assert cc.backup_skip
             self.hits.append({"kind": "l3_skip"})
         elif self.kind == "l3_flip":
             orig = cc._page_transfer
@@ -93,13 +103,22 @@ class L3Faults:
         """``l3_free``: after a drain handed a prefetch its host pages (its ``l3_prefetch``), before the ack."""
         if self.kind != "l3_free":
             return
-        for last_host_node, _key, op in list(cache.ongoing_prefetch.values()):
+        for info in list(cache.ongoing_prefetch.values()):
+            node_id, op = prefetch_of(info)
             if op.host_indices is None or self.hits or not self._take():
                 continue
             idx = op.host_indices[: cache.page_size]
-            _free_and_reuse(cache.token_to_kv_pool_host, idx)
+            _free_and_reuse(runtime.host_pool(cache), idx)
             self.hits.append({"kind": "l3_free", "op": op.id, "rid": str(op.request_id),
-                              "node_id": last_host_node.id, "host_slot": int(idx[0])})
+                              "node_id": node_id, "host_slot": int(idx[0])})
+
+
+def prefetch_of(info: Any) -> tuple[int, Any]:
+    """``(anchor node id, operation)`` of an ``ongoing_prefetch`` value: 0.5.20's ``(node, key, op)`` tuple, 0.5.23's
+    ``_OngoingPrefetch`` (the anchor's node id)."""
+    if hasattr(info, "operation"):
+        return int(info.anchor_node_id), info.operation
+    return int(info[0].id), info[2]
 
 
 def _free_and_reuse(hp: Any, idx: Any) -> None:
@@ -116,8 +135,12 @@ def _free_and_reuse(hp: Any, idx: Any) -> None:
     hp.num_release_slots = sum(len(r) for r in hp.release_slots)
 
 
-class StorageDriver(driver.Driver):
-    """:class:`driver.Driver` with the scheduler's storage calls (see the module doc)."""
+class _Storage:
+    """The scheduler's storage calls over :class:`driver.Driver` (0.5.20, :class:`StorageDriver`) or
+    :class:`driver.Driver23` (0.5.23, :class:`StorageDriver23`); see the module doc."""
+
+    cache: Any
+    stats: dict
 
     def __init__(self, cache: Any, kv: Any, alloc: Any, copies: runtime.Copies, seed: int, page_size: int,
                  faults: L3Faults, sync_storage: bool = True) -> None:
@@ -149,7 +172,8 @@ class StorageDriver(driver.Driver):
             return True
         queried = {id(op) for op in _items(cc.prefetch_hit_queue)}
         done = {id(a.operation) for a in _items(cc.ack_prefetch_queue) if a.completed_req}
-        for _node, _key, op in c.ongoing_prefetch.values():
+        for info in c.ongoing_prefetch.values():
+            _node_id, op = prefetch_of(info)
             if op.host_indices is None and id(op) not in queried:
                 return True   # its storage query is running
             if op.host_indices is not None and id(op) not in done:
@@ -174,13 +198,19 @@ class StorageDriver(driver.Driver):
         c = self.cache
         self.arrived.add(req.rid)
         m = c.match_prefix(MatchPrefixParams(key=RadixKey(req.tokens), req=req))
-        matched = len(m.device_indices) + m.host_hit_length
+        matched = (m.device_prefix_len if hasattr(m, "device_prefix_len") else len(m.device_indices)) \
+            + m.host_hit_length
         node = m.last_host_node
         if not (c.is_backuped(node) or c.is_root(node)):
             return
         tokens = req.tokens[matched:max(len(req.tokens) - 1, 0)]
         before = len(c.ongoing_prefetch)
-        c.prefetch_from_storage(CacheRequestHandle(req.rid, 0), node, tokens, c.get_last_hash_value(node))
+        h = CacheRequestHandle(req.rid, 0)
+        if isinstance(self, driver.Driver23):   # 0.5.23 also takes the matched tokens (the storage span's start)
+            c.prefetch_from_storage(h, node, tokens, c.get_last_hash_value(node), None,
+                                    matched_prefix_tokens=req.tokens[:matched])
+        else:
+            c.prefetch_from_storage(h, node, tokens, c.get_last_hash_value(node))
         self.stats["l3_prefetches"] += int(len(c.ongoing_prefetch) > before)
 
     def admit(self, reqs: list[driver.Req]) -> list[driver.Req]:
@@ -196,7 +226,7 @@ class StorageDriver(driver.Driver):
                 continue   # its prefetch is running: it stays in the queue
             self.stats["l3_loaded_tokens"] += c.pop_prefetch_loaded_tokens(h)
             ready.append(req)
-        return super().admit(ready) if ready else []
+        return super().admit(ready) if ready else []  # type: ignore[misc]
 
     def requeue(self, queue: list[driver.Req], take: int, admitted: list[driver.Req]) -> list[driver.Req]:
         """The scheduler's waiting queue keeps its order: a request waiting for its prefetch stays at the head."""
@@ -207,10 +237,20 @@ class StorageDriver(driver.Driver):
         c = self.cache
         for _ in range(100):
             self.quiesce()
-            super().settle()
+            super().settle()  # type: ignore[misc]
             if not (c.ongoing_backup or c.ongoing_prefetch or c.ongoing_write_through):
                 return
-        raise RuntimeError("storage operations still pending after 100 settles")
+        raise RuntimeError("storage operations still pending after 100 settles: backups "
+                           f"{list(c.ongoing_backup)[:5]}, prefetches {[str(k) for k in c.ongoing_prefetch][:5]}, "
+                           f"host writes {list(c.ongoing_write_through)[:5]}")
+
+
+class StorageDriver(_Storage, driver.Driver):
+    """0.5.20 (``HiRadixCache``)."""
+
+
+class StorageDriver23(_Storage, driver.Driver23):
+    """0.5.23 (``UnifiedRadixCache``)."""
 
 
 def _items(q: Any) -> list:
@@ -218,19 +258,23 @@ def _items(q: Any) -> list:
         return list(q.queue)
 
 
-def attach_file_storage(cache: Any) -> None:
+def attach_file_storage(cache: Any, backend: str = "file", extra: dict | None = None) -> None:
     """SGLang's runtime attach of the ``file`` backend (``HiRadixCache.attach_storage_backend``, the path the
     controller's constructor takes for ``--hicache-storage-backend file`` too), into the folder
-    ``SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR`` names; prefetch policy ``wait_complete``, threshold one page."""
+    ``SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR`` names; prefetch policy ``wait_complete``, threshold one page.
+    ``backend``/``extra``: another backend and its extra config (e.g. ``dynamic``, with the class it loads)."""
     from sglang.srt import runtime_context as rc
 
     # the backend's config reads the TP/PP widths from SGLang's parallel state, which only a model runner sets up
-    with rc.get_parallel().override(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1):
+    names = dict(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1)
+    if hasattr(cache, "tree_core"):   # 0.5.23 also reads the attention TP/DP and decode-CP widths
+        names.update(attn_tp_rank=0, attn_tp_size=1, attn_dp_rank=0, attn_dcp_rank=0, attn_dcp_size=1)
+    with rc.get_parallel().override(**names):
         ok, why = cache.attach_storage_backend(
-            "file", json.dumps({"prefetch_threshold": cache.page_size}), served_model_name="dummy",
+            backend, json.dumps({"prefetch_threshold": cache.page_size, **(extra or {})}), served_model_name="dummy",
             hicache_storage_prefetch_policy="wait_complete")
     if not ok:
-        raise RuntimeError(f"SGLang refused the file storage backend: {why}")
+        raise RuntimeError(f"SGLang refused the {backend} storage backend: {why}")
 
 
 def run_l3(version: str, out: str, fault: str | None = None, nth: int = 1, l3_store: str | None = None,
@@ -246,7 +290,8 @@ def run_l3(version: str, out: str, fault: str | None = None, nth: int = 1, l3_st
     os.makedirs(root, exist_ok=True)
     os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = root
     faults = L3Faults(fault, nth)
-    make = functools.partial(StorageDriver, faults=faults, sync_storage=sync_storage)
+    make = functools.partial(StorageDriver23 if version == "0.5.23" else StorageDriver, faults=faults,
+                             sync_storage=sync_storage)
     res = driver.run(version, out, requests=requests, dev_tokens=dev_tokens, host_ratio=host_ratio,
                      make_driver=make, **kw)
     res["l3_fault_hits"] = faults.hits

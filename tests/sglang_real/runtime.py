@@ -211,9 +211,14 @@ class Copies:
             self.complete(q[-1])
 
     def drain(self) -> None:
+        """Every issued copy done now, and its finish event says so from now on (a copy issued inside a settle's
+        check, at ``step + 1000``, would otherwise stay unfinished for its lag after the step is wound back)."""
         for q in self.queues.values():
+            jobs = list(q)
             if q:
                 self.complete(q[-1])
+            for j in jobs:
+                j.due = min(j.due, self.step)
 
 
 # -- faults -------------------------------------------------------------------------------------------------------

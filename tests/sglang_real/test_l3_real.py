@@ -1,7 +1,8 @@
-"""The L3 storage tier on real SGLang (issue 23): stock SGLang 0.5.20's HiCache with the ``file`` storage backend
+"""The L3 storage tier on real SGLang (issue 23): stock SGLang's HiCache with the ``file`` storage backend
 (``HiCacheFile`` writing real files, its storage threads running), driven on CPU by ``l3_driver.py`` with the
-scheduler's storage calls and the instrumentation's L3 sites (``cptrace_otel/traced/sglang/_l3_sites.py``), the
-records read back by ``cptrace-otel check`` as a user runs it.
+scheduler's storage calls and the instrumentation's L3 sites, the records read back by ``cptrace-otel check`` as a
+user runs it. Every test runs on 0.5.20 (``HiRadixCache``, ``_l3_sites.py``) and on 0.5.23 (``UnifiedRadixCache``
+over the Python tree core, ``_l3_sites23.py``).
 
 * Healthy runs (write_through pages of 1 and 4, write_back pages of 4; two seeds; a reset mid-run, after which the
   requests' prefixes come back from storage; device and host evicted under pressure; one run at the storage
@@ -31,7 +32,7 @@ sys.path.insert(0, HERE)
 
 import runtime  # noqa: E402  (tests/sglang_real/runtime.py)
 
-VERSION = "0.5.20"
+VERSIONS = ("0.5.20", "0.5.23")
 pytestmark = [pytest.mark.sglang, pytest.mark.slow, pytest.mark.timeout(900)]
 
 SINGLE = [
@@ -50,29 +51,31 @@ CP = [
 ]
 
 
-def _need() -> None:
-    runtime.need(VERSION)
+@pytest.fixture(scope="module", params=VERSIONS)
+def version(request) -> str:
+    """Every test runs against both SGLang releases: 0.5.20's ``HiRadixCache`` (:mod:`._l3_sites`) and 0.5.23's
+    ``UnifiedRadixCache`` (:mod:`._l3_sites23`)."""
+    runtime.need(request.param)
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def single(tmp_path_factory) -> list[dict]:
-    _need()
+def single(version, tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("l3")
-    p = subprocess.run([sys.executable, os.path.join(HERE, "l3_driver.py"), "--version", VERSION, "--out", str(out),
-                        "--matrix", json.dumps(SINGLE)], env=runtime.sglang_env(VERSION), capture_output=True,
+    p = subprocess.run([sys.executable, os.path.join(HERE, "l3_driver.py"), "--version", version, "--out", str(out),
+                        "--matrix", json.dumps(SINGLE)], env=runtime.sglang_env(version), capture_output=True,
                        text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
-def cp(tmp_path_factory) -> list[list[dict]]:
-    _need()
+def cp(version, tmp_path_factory) -> list[list[dict]]:
     import driver
     import l3_driver
 
     out = tmp_path_factory.mktemp("l3cp")
-    return driver.run_ranks(VERSION, str(out), world=CP_WORLD, fault_rank=CP_FAULT_RANK, matrix=CP,
+    return driver.run_ranks(version, str(out), world=CP_WORLD, fault_rank=CP_FAULT_RANK, matrix=CP,
                             script=l3_driver.__file__)
 
 
@@ -248,3 +251,49 @@ def test_cp_rank_that_never_writes_its_shard_is_l3c(cp):
     assert {(f["rule"], f["rank"]) for f in d["findings"]} == {("L3c", CP_FAULT_RANK)}, _fmt(d)
     assert {f["node_id"] for f in d["findings"]} == skipped
     assert all(r["stats"]["l3_loaded_tokens"] == 0 for r in ranks)
+
+
+# -- what 0.5.23 leaves untraced -----------------------------------------------------------------------------------
+
+def test_0_5_23_cache_given_another_backend_at_run_time_stops_being_traced(tmp_path):
+    """The L3 sites of 0.5.23 are verified with the ``file`` backend only. A traced cache that gets another backend
+    attached at run time (here SGLang's ``dynamic`` backend, loading a ``HiCacheFile`` subclass) gets one warning
+    and is no longer traced: the cache, its tree core, controller, allocator and host pool lose their state, so
+    none of its wrappers finds it any more. The ``file`` backend keeps it traced."""
+    runtime.need("0.5.23")
+    (tmp_path / "other_backend.py").write_text(
+        "from sglang.srt.mem_cache.hicache_storage import HiCacheFile\n"
+        "class OtherFile(HiCacheFile):\n"
+        "    def __init__(self, storage_config, kwargs):\n"
+        f"        super().__init__(storage_config, file_path={str(tmp_path / 'store')!r})\n")
+    code = f"""
+import json, logging, sys
+sys.path[:0] = [{HERE!r}, {str(tmp_path)!r}]
+msgs = []
+class H(logging.Handler):
+    def emit(self, rec): msgs.append(rec.getMessage())
+logging.getLogger("cptrace_otel.sglang").addHandler(H())
+import cptrace_otel, driver, l3_driver, runtime
+runtime.on_path("0.5.23")
+log = {str(tmp_path / "rank-0.log")!r}
+cptrace_otel.configure(level=2, log_file=log, file=log + ".otlp.jsonl", exporter="thread", checks=False)
+from cptrace_otel.traced.sglang import SGLangInstrumentor
+SGLangInstrumentor().instrument()
+cp, tp = driver._init_group(1, 0, {str(tmp_path / "gloo")!r})
+out = {{}}
+for backend, extra in (("file", None), ("dynamic", {{"backend_name": "other", "module_path": "other_backend",
+                                                    "class_name": "OtherFile"}})):
+    cache, kv, alloc = driver.build23("write_through", 1, 64, 2.0, cp, tp)
+    l3_driver.attach_file_storage(cache, backend, extra)
+    objs = (cache, cache.tree_core, cache.cache_controller, alloc, runtime.host_pool(cache))
+    out[backend] = [getattr(o, "_cptrace_sg", None) is not None for o in objs]
+cptrace_otel.flush(30)
+cptrace_otel.shutdown(30)
+print(json.dumps({{"msgs": msgs, "traced": out}}))
+"""
+    p = subprocess.run([sys.executable, "-c", code], env=runtime.sglang_env("0.5.23"), capture_output=True, text=True,
+                       timeout=300, cwd=runtime.ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    assert r["traced"] == {"file": [True] * 5, "dynamic": [False] * 5}, r
+    assert len(r["msgs"]) == 1 and "no longer traced" in r["msgs"][0] and "'dynamic'" in r["msgs"][0], r

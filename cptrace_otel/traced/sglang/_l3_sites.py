@@ -21,13 +21,17 @@ Where each record is written (every site runs on the scheduler thread; SGLang's 
 * ``l3_hit``: ``HiRadixCache._insert_helper_host`` under that call created the node that holds the fetched pages
   past the part the tree already had (which SGLang frees right after).
 
-The records of one drain call are written when it returns (its inner steps are closures), in the drain's order:
-queries and prefetches first, then backup acks; the prefetch acks inside it are written at their own call.
+The drain's inner steps are closures, run in this order: storage hits, prefetch acks, backup acks, releases. Its
+``l3_query``/``l3_prefetch`` records are written at its first prefetch ack (before that ack's record: a prefetch
+allocated and read within one drain is acknowledged in it) or when it returns; its backup acks when it returns.
+
+The wrappers are shared with 0.5.23 (:mod:`._l3_sites23`): a :class:`Reads` says how a version's storage state is
+read; the records are the same.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 from ..api import cptrace, khash, rng
 from ._state import arg, safe, state_of
@@ -39,11 +43,12 @@ HIRADIX = "sglang.srt.mem_cache.hiradix_cache"
 class L3State:
     """The L3 side of one cache's :class:`~._state.State` (attribute ``l3``)."""
 
-    __slots__ = ("backup_node", "prefetch_op")
+    __slots__ = ("backup_node", "prefetch_op", "drain")
 
     def __init__(self) -> None:
-        self.backup_node: Any = None   # during write_backup_storage: its node
+        self.backup_node: Any = None   # during write_backup_storage: its node (0.5.23: its node id)
         self.prefetch_op: Any = None   # during _handle_prefetch_result: its operation
+        self.drain: Any = None         # during a drain: (reads, its queues' view) until its hit records are out
 
 
 def _l3(st: Any) -> L3State:
@@ -92,46 +97,93 @@ def _queue_items(q: Any) -> list:
         return list(q.queue)
 
 
+class Reads:
+    """How the shared L3 wrappers read one SGLang version's storage state (0.5.20's :class:`Reads`; 0.5.23's
+    subclass in :mod:`._l3_sites23`). The records and their grammar are the same for every version."""
+
+    @staticmethod
+    def node_id(st: Any, node: Any) -> int:
+        """The id of the node a storage method was called with (0.5.20: the node itself)."""
+        return int(node.id)
+
+    @staticmethod
+    def prefetch(cache: Any, op: Any) -> "tuple[int, Any] | None":
+        """``(node id, host slots)`` of a prefetch that is still ``op``'s (its ``ongoing_prefetch`` entry), None
+        when it is gone; host slots None while its pages are not allocated."""
+        info = cache.ongoing_prefetch.get(op.request_id)
+        if info is None or info[2] is not op:
+            return None
+        return int(info[0].id), op.host_indices
+
+    @staticmethod
+    def backup_node_id(entry: Any) -> int:
+        """The node id of an ``ongoing_backup`` value."""
+        return int(entry.id)
+
+    @staticmethod
+    def usable_pages(cache: Any, op: Any) -> int:
+        """The pages of a finished prefetch that enter the tree."""
+        return int(cache._clamp_prefetch_result(op)) // int(cache.page_size)
+
+
 # -- backup -------------------------------------------------------------------------------------------------------
-def _write_backup_storage(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def write_backup_storage_site(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """``write_backup_storage(node)`` (0.5.23: ``(node_id)``): the node :func:`write_storage_site` records."""
     st = state_of(instance)
     if st is None:
         return wrapped(*args, **kwargs)
     l3 = _l3(st)
     l3.backup_node = arg(args, kwargs, 0, "node")
+    if l3.backup_node is None:
+        l3.backup_node = arg(args, kwargs, 0, "node_id")
     try:
         return wrapped(*args, **kwargs)
     finally:
         l3.backup_node = None
 
 
-def _write_storage(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    st = state_of(instance)
-    node = getattr(getattr(st, "l3", None), "backup_node", None)
-    if st is None or node is None:
-        return wrapped(*args, **kwargs)
-    host = arg(args, kwargs, 0, "host_indices")
-    hashes = list(arg(args, kwargs, 2, "hash_value") or ())
-    # before the call: the backup thread reads these pages as soon as the op is queued (it never writes them)
-    pre = safe(lambda: (_keys(instance, hashes), _page_fps(instance, host, len(hashes))))
-    op = wrapped(*args, **kwargs)
-    if pre is not None:
-        keys, hp = pre
-        safe(lambda: cptrace(1, "l3_backup", node_id=node.id, op=int(op), keys=keys, hp=hp, host=rng(host),
-                             io=(0 if getattr(instance, "backup_skip", False) else 1), **st.xs("hostx", host)))
-    return op
+def write_storage_site(reads: type[Reads]) -> Any:
+    """The ``write_storage`` wrapper: ``l3_backup`` of the node ``write_backup_storage`` is backing up."""
+    def _write_storage(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        st = state_of(instance)
+        node = getattr(getattr(st, "l3", None), "backup_node", None)
+        if st is None or node is None:
+            return wrapped(*args, **kwargs)
+        host = arg(args, kwargs, 0, "host_indices")
+        hashes = list(arg(args, kwargs, 2, "hash_value") or ())
+        # before the call: the backup thread reads these pages as soon as the op is queued (it never writes them)
+        pre = safe(lambda: (reads.node_id(st, node), _keys(instance, hashes), _page_fps(instance, host, len(hashes))))
+        op = wrapped(*args, **kwargs)
+        if pre is not None:
+            nid, keys, hp = pre
+            safe(lambda: cptrace(1, "l3_backup", node_id=nid, op=int(op), keys=keys, hp=hp, host=rng(host),
+                                 io=(0 if getattr(instance, "backup_skip", False) else 1), **st.xs("hostx", host)))
+        return op
+    return _write_storage
 
 
 # -- the scheduler's drain of the storage queues ------------------------------------------------------------------
-def _drain(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    st = state_of(instance)
-    if st is None:
-        return wrapped(*args, **kwargs)
-    pre = safe(_drain_pre, instance, arg(args, kwargs, 0, "n_storage_hit"))
-    res = wrapped(*args, **kwargs)
-    if pre is not None:
-        safe(_drain_post, st, instance, pre)
-    return res
+def drain_site(reads: type[Reads]) -> Any:
+    """The drain wrapper. Its steps run in this order in both versions: storage hits (queries, prefetches
+    allocated), prefetch acks (``_handle_prefetch_result``), backup acks, releases. The ``l3_query``/``l3_prefetch``
+    records are written after the first step: at the drain's first prefetch ack (:func:`prefetch_result_site`
+    flushes them; a prefetch allocated and read within one drain is acknowledged in it) or when the drain returns;
+    the backup acks when it returns."""
+    def _drain(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        st = state_of(instance)
+        if st is None:
+            return wrapped(*args, **kwargs)
+        pre = safe(_drain_pre, instance, arg(args, kwargs, 0, "n_storage_hit"))
+        l3 = _l3(st)
+        l3.drain = (reads, pre) if pre is not None else None
+        try:
+            res = wrapped(*args, **kwargs)
+        finally:
+            flush_hits(st, instance)
+        if pre is not None:
+            safe(_backup_acks, reads, instance, pre)
+        return res
+    return _drain
 
 
 def _drain_pre(cache: Any, n_hit: Any) -> tuple:
@@ -145,69 +197,98 @@ def _drain_pre(cache: Any, n_hit: Any) -> tuple:
     return queried, dict(cache.ongoing_backup), acks
 
 
-def _drain_post(st: Any, cache: Any, pre: tuple) -> None:
-    queried, backups, acks = pre
+def flush_hits(st: Any, cache: Any) -> None:
+    """The pending ``l3_query``/``l3_prefetch`` records of the running drain, once."""
+    l3 = _l3(st)
+    pending, l3.drain = l3.drain, None
+    if pending is not None:
+        safe(_hit_records, pending[0], st, cache, pending[1][0])
+
+
+def _hit_records(reads: type[Reads], st: Any, cache: Any, queried: list) -> None:
     cc = cache.cache_controller
     ps = int(cache.page_size)
     for op, hit, hashes in queried:
         rid = str(op.request_id)
         cptrace(1, "l3_query", op=op.id, rid=rid, keys=_keys(cc, hashes), hit=hit // ps)
-        info = cache.ongoing_prefetch.get(op.request_id)
-        if op.host_indices is None or info is None or info[2] is not op:
+        cur = reads.prefetch(cache, op)
+        if cur is None or cur[1] is None:
             continue   # revoked (too few hits, no host memory, aborted): nothing is read
-        host = op.host_indices
-        cptrace(1, "l3_prefetch", op=op.id, rid=rid, node_id=info[0].id, keys=_keys(cc, op.hash_value),
+        host = cur[1]
+        cptrace(1, "l3_prefetch", op=op.id, rid=rid, node_id=cur[0], keys=_keys(cc, op.hash_value),
                 host=rng(host), **st.xs("hostx", host))
-    for op_id, node in backups.items():
+
+
+def _backup_acks(reads: type[Reads], cache: Any, pre: tuple) -> None:
+    _, backups, acks = pre
+    ps = int(cache.page_size)
+    for op_id, entry in backups.items():
         if op_id in cache.ongoing_backup:
             continue
         op = acks.get(op_id)
         done = {"done": int(op.completed_tokens) // ps} if op is not None else {}
-        cptrace(2, "l3_ack", dir="backup", op=op_id, node_id=node.id, **done)
+        cptrace(2, "l3_ack", dir="backup", op=op_id, node_id=reads.backup_node_id(entry), **done)
 
 
 # -- prefetch completion and the storage hit ----------------------------------------------------------------------
-def _prefetch_result(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    st = state_of(instance)
-    if st is None:
-        return wrapped(*args, **kwargs)
-    op = arg(args, kwargs, 0, "operation")
-    safe(_prefetch_ack, instance, op)
-    l3 = _l3(st)
-    l3.prefetch_op = op
-    try:
-        return wrapped(*args, **kwargs)
-    finally:
-        l3.prefetch_op = None
+def prefetch_result_site(reads: type[Reads]) -> Any:
+    """The ``_handle_prefetch_result`` wrapper: ``l3_ack dir=prefetch`` before the pages enter the tree; the
+    storage hits of the call below it are that prefetch's."""
+    def _prefetch_result(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        st = state_of(instance)
+        if st is None:
+            return wrapped(*args, **kwargs)
+        op = arg(args, kwargs, 0, "operation")
+        flush_hits(st, instance)
+        safe(_prefetch_ack, reads, instance, op)
+        l3 = _l3(st)
+        l3.prefetch_op = op
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            l3.prefetch_op = None
+    return _prefetch_result
 
 
-def _prefetch_ack(cache: Any, op: Any) -> None:
-    info = cache.ongoing_prefetch.get(op.request_id)
-    if info is None:
+def _prefetch_ack(reads: type[Reads], cache: Any, op: Any) -> None:
+    cur = reads.prefetch(cache, op)
+    if cur is None:
         return
     cc = cache.cache_controller
-    pages = int(cache._clamp_prefetch_result(op)) // int(cache.page_size)
-    cptrace(2, "l3_ack", dir="prefetch", op=op.id, node_id=info[0].id, done=pages,
+    pages = reads.usable_pages(cache, op)
+    cptrace(2, "l3_ack", dir="prefetch", op=op.id, node_id=cur[0], done=pages,
             keys=_keys(cc, list(op.hash_value)[:pages]), hp=_page_fps(cc, op.host_indices, pages))
 
 
-def _insert_helper_host(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    st = state_of(instance)
-    op = getattr(getattr(st, "l3", None), "prefetch_op", None)
-    if st is None or op is None:
-        return wrapped(*args, **kwargs)
-    node, key = arg(args, kwargs, 0, "node"), arg(args, kwargs, 1, "key")
-    matched = wrapped(*args, **kwargs)
-    safe(_on_hit, st, instance, op, node, key, matched)
-    return matched
+def hit_record(st: Any, cache: Any, op: Any, node: Any, hashes: Any) -> None:
+    """``l3_hit``: ``node`` now holds fetched pages of ``op`` (its host slots, its page hashes)."""
+    host = st.host(node)
+    cptrace(1, "l3_hit", node_id=node.id, parent=node.parent.id, op=op.id, keys=_keys(cache.cache_controller,
+            hashes), host=rng(host), **st.xs("hostx", host))
 
 
-def _on_hit(st: Any, cache: Any, op: Any, start: Any, key: Any, matched: int) -> None:
-    if matched >= len(key):
-        return   # the tree already held every fetched page: no node takes them
-    ps = int(cache.page_size)
-    node = start
-    while len(key) > 0:   # the path _insert_helper_host walked; it ends at the node it created
+def prefetch_insert_site(before: Any, after: Any) -> Any:
+    """A wrapper of the tree method ``_handle_prefetch_result`` inserts the fetched pages with: outside that call it
+    only calls through; inside, ``before(args, kwargs)`` reads the call, ``after(st, instance, op, pre, result)``
+    writes the ``l3_hit`` records."""
+    def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        st = state_of(instance)
+        op = getattr(getattr(st, "l3", None), "prefetch_op", None)
+        if st is None or op is None:
+            return wrapped(*args, **kwargs)
+        pre = safe(before, args, kwargs)
+        res = wrapped(*args, **kwargs)
+        if pre is not None:
+            safe(after, st, instance, op, pre, res)
+        return res
+    return wrapper
+
+
+def tree_path(node: Any, key: Any, ps: int) -> Iterator[tuple[Any, bool]]:
+    """The nodes an insert walk from ``node`` along ``key`` passes (read-only, after the insert), each with True
+    where the walk ends at it (the key consumed, or matched only in part); a walk that ends because no child
+    matches ends on False."""
+    while len(key) > 0:
         child = node.children.get(key.child_key(ps))
         if child is None:
             return
@@ -215,20 +296,32 @@ def _on_hit(st: Any, cache: Any, op: Any, start: Any, key: Any, matched: int) ->
         if m == 0:
             return
         node, key = child, key[m:]
+        yield child, (len(key) == 0 or m < len(child.key))
         if m < len(child.key):
-            break
-    if node.value is not None or node.host_value is None:
+            return
+
+
+def _on_hit(st: Any, cache: Any, op: Any, pre: tuple, matched: int) -> None:
+    """``_insert_helper_host(node, key, ...)`` returned ``matched``: the node it created past it takes the pages."""
+    start, key = pre
+    if matched >= len(key):
+        return   # the tree already held every fetched page: no node takes them
+    node = None
+    for child, end in tree_path(start, key, int(cache.page_size)):   # it ends at the node it created
+        node = child if end else None
+    if node is None or node.value is not None or node.host_value is None:
         return
-    host = node.host_value
-    cptrace(1, "l3_hit", node_id=node.id, parent=node.parent.id, op=op.id, keys=_keys(cache.cache_controller,
-            node.hash_value), host=rng(host), **st.xs("hostx", host))
+    hit_record(st, cache, op, node, node.hash_value)
+
+
+_insert_helper_host = prefetch_insert_site(lambda a, k: (arg(a, k, 0, "node"), arg(a, k, 1, "key")), _on_hit)
 
 
 # (module, "Class.method", wrapper): the L3 sites, for HiRadixCache builds (sglang 0.5.20), registered with SITES.
 L3_SITES: list[tuple[str, str, Any]] = [
-    (HIRADIX, "HiRadixCache.write_backup_storage", _write_backup_storage),
-    (CONTROLLER, "HiCacheController.write_storage", _write_storage),
-    (HIRADIX, "HiRadixCache._drain_storage_control_queues_impl", _drain),
-    (HIRADIX, "HiRadixCache._handle_prefetch_result", _prefetch_result),
+    (HIRADIX, "HiRadixCache.write_backup_storage", write_backup_storage_site),
+    (CONTROLLER, "HiCacheController.write_storage", write_storage_site(Reads)),
+    (HIRADIX, "HiRadixCache._drain_storage_control_queues_impl", drain_site(Reads)),
+    (HIRADIX, "HiRadixCache._handle_prefetch_result", prefetch_result_site(Reads)),
     (HIRADIX, "HiRadixCache._insert_helper_host", _insert_helper_host),
 ]

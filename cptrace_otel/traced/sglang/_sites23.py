@@ -27,9 +27,9 @@ Where each record is made in 0.5.23 (the README's "Use it with SGLang" lists the
 Not covered (:func:`untraceable`: such a cache gets one warning and no record, never partial records): the Rust
 tree core (``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=rust``, 0.5.23's default wherever its extension loads: its nodes
 are not Python objects; ``=python`` makes the cache traceable), trees with other components than the full-attention
-KV (SWA, Mamba, C128: hybrid models), an L3 storage backend (its prefetches add nodes to the tree through paths these
-sites do not see; 0.5.20's L3 sites, :mod:`._l3_sites`, have no 0.5.23 counterpart yet; a backend attached later at
-run time is not noticed), the buffer-only host mode and the external cache linker.
+KV (SWA, Mamba, C128: hybrid models), an L3 storage backend other than ``file`` (the L3 sites, :mod:`._l3_sites23`,
+are verified against the ``file`` backend's flow; a cache that gets another backend attached at run time stops being
+traced then, with a warning), the buffer-only host mode and the external cache linker.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from typing import Any
 from ..api import cptrace, rng, trace_level
 from ._sites import (HOST_POOL, PAGED_ALLOC, TOKEN_ALLOC, dev_free, host_free, loading_check_site, on_split,
                      reset_site)
+from ._l3_sites23 import L3_BACKENDS, L3_SITES23
 from ._reqlink import note_node, request_fields
 from ._state import Load, State, arg, safe, state_of, warn_once
 
@@ -150,11 +151,19 @@ def untraceable(cache: Any) -> str | None:
                 "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python to trace it)")
     if [int(c) for c in cache.tree_components] != [FULL]:
         return f"its tree has components {[c.name for c in cache.tree_components]}: only FULL alone is traced"
-    if cache.enable_storage:
-        return "it has an L3 storage backend (0.5.23's storage sites are not instrumented)"
+    backend = getattr(cache.cache_controller, "storage_backend_type", None)
+    if cache.enable_storage and backend not in L3_BACKENDS:
+        return (f"it has the L3 storage backend {backend!r} (the L3 sites are verified with "
+                f"{', '.join(L3_BACKENDS)} only)")
     if cache.buffer_pipeline is not None or cache.linker is not None:
         return "it runs the buffer-only host mode or an external cache linker"
     return None
+
+
+def _traced_objects(cache: Any) -> tuple:
+    """The objects whose wrapped methods find the cache's state (attribute ``_cptrace_sg``)."""
+    cc = cache.cache_controller
+    return (cache, cache.tree_core, cc, cache.token_to_kv_pool_allocator, cc.mem_pool_host.anchor_entry.host_pool)
 
 
 def _attach(cache: Any) -> None:
@@ -162,12 +171,36 @@ def _attach(cache: Any) -> None:
     if why is not None:
         warn_once("untraceable:" + why, f"cptrace-otel: this sglang UnifiedRadixCache is not traced: {why}")
         return
-    cc = cache.cache_controller
     st = State23(cache)
-    for obj in (cache, cache.tree_core, cc, cache.token_to_kv_pool_allocator, st.host_pool()):
+    for obj in _traced_objects(cache):
         obj._cptrace_sg = st
     if trace_level() >= 1:
         st.config()
+
+
+def detach(cache: Any, why: str) -> None:
+    """Stop tracing ``cache`` from now on (one warning): it became untraceable at run time (a storage backend
+    attached that the sites do not cover). Its records so far stay; none follow."""
+    warn_once("untraceable:" + why, f"cptrace-otel: this sglang UnifiedRadixCache is no longer traced: {why}")
+    for obj in _traced_objects(cache):
+        if getattr(obj, "_cptrace_sg", None) is not None:
+            obj._cptrace_sg = None
+
+
+def _attach_storage_backend(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """A backend attached at run time: a traced cache whose new backend is not one of :data:`L3_BACKENDS` is no
+    longer traced from here on (one warning), as such a cache is refused at ``init_hicache``."""
+    res = wrapped(*args, **kwargs)
+    safe(_after_attach, instance)
+    return res
+
+
+def _after_attach(cache: Any) -> None:
+    if getattr(cache, "_cptrace_sg", None) is None:
+        return   # not traced
+    why = untraceable(cache)
+    if why is not None:
+        detach(cache, why)
 
 
 def _match_prefix(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -340,4 +373,6 @@ SITES23: list[tuple[str, str, Any]] = [
     (TOKEN_ALLOC, "TokenToKVPoolAllocator.free", dev_free),
     (PAGED_ALLOC, "PagedTokenToKVPoolAllocator.free", dev_free),
     (HOST_POOL, "HostKVCache.free", host_free),
+    *L3_SITES23,
+    (URC, "UnifiedRadixCache.attach_storage_backend", _attach_storage_backend),
 ]
