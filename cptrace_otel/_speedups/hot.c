@@ -13,7 +13,8 @@
  * names = (gate, drop, submit, node_key, split_tag): the three globals' names (api's _LEVEL, _DROP: a set or None,
  * _submit), the field whose value is looked up in the drop set, and the tag whose records go on even then (their
  * new node inherits the decision); all declared in Python only.
- * cptrace(level, tag, /, **fields): the call sites' function. Never raises for a call slow would not raise for.
+ * cptrace(level, tag, /, **fields): the call sites' function. Never raises for a call slow would not raise for (a
+ * signal handler's SystemExit or KeyboardInterrupt raised inside submit propagates, as it does from slow).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -84,7 +85,10 @@ static PyObject *cptrace(PyObject *self, PyObject *const *args, size_t nargsf, P
     if (r == NULL) goto swallow;
     Py_DECREF(r);
     Py_RETURN_NONE;
-swallow: /* tracing never fails the traced process (submit functions catch everything themselves) */
+swallow: /* tracing never fails the traced process (submit functions catch every Exception themselves) */
+    /* ...but a KeyboardInterrupt or SystemExit is not tracing's: an application's signal handler (its SIGTERM
+     * handler's sys.exit) that ran inside submit raised it, and it propagates as it would without tracing */
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) return NULL;
     PyErr_Clear();
     Py_RETURN_NONE;
 }

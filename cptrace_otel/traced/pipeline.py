@@ -3,12 +3,12 @@
 Contract (docs/ARCHITECTURE.md):
 
 * :func:`start` returns the submit function that api installs as ``api._submit``: a bounded ``deque`` append of
-  ``(time_ns, level, tag, fields)`` on the caller's thread. When the buffer holds ``config.queue_size`` records, or
-  an estimated ``config.queue_bytes`` bytes, the new record is dropped and counted. It never blocks and never
-  raises. The byte bound costs nothing while fewer than :data:`UNMEASURED` records wait (the normal case: the
-  drainer keeps up); beyond that one record in 32 has its size estimated (:func:`_estimate`: the lengths of its
-  string and list values plus a per-field constant), standing for the 32, so a stalled exporter holds about
-  ``queue_bytes`` plus :data:`UNMEASURED` records (an estimate: sizes that vary wildly blur it).
+  ``(time_ns, level, tag, fields)`` on the caller's thread. When the buffer holds ``config.queue_size`` records, or an
+  estimated ``config.queue_bytes`` bytes, the new record is dropped and counted. It never blocks and never raises (a
+  signal handler's exit aside: api). The byte bound costs nothing while fewer than :data:`UNMEASURED` records wait
+  (the normal case: the drainer keeps up); beyond that one record in 32 has its size estimated (:func:`_estimate`: the
+  lengths of its string and list values plus a per-field constant), standing for the 32, so a stalled exporter holds
+  about ``queue_bytes`` plus :data:`UNMEASURED` records (an estimate: sizes that vary wildly blur it).
 * A daemon drainer thread pops batches in order (after shipping a partial batch it lingers :data:`LINGER_S` for more,
   so that records arriving a few per millisecond are not shipped one message each; a flush does not wait), resolves
   deferred fingerprints (``fingerprint.is_deferred/resolve``, waiting on their CUDA event), renders every value that
@@ -170,8 +170,8 @@ class _State:
                     append((now(), level, tag, fields))
                 else:
                     _sampled(level, tag, fields, n)
-            except BaseException:  # noqa: BLE001 - the traced process must never see tracing fail
-                pass
+            except Exception:  # never BaseException: a SystemExit here is the app's SIGTERM handler's (lifecycle)
+                pass               # run between two bytecodes; swallowed, its process ran on for ever (issue 21)
 
         return _submit
 
@@ -502,8 +502,8 @@ def shutdown(timeout_s: float = 30.0) -> bool:
         st = _state
         if st is None:
             return True
+        _closing = st  # first: a SIGTERM between these lines still finds it (_pipeline_for_signal, _at_exit)
         _state = None
-        _closing = st
         on_stop, _on_stop = _on_stop, None
     if on_stop is not None:
         on_stop()
