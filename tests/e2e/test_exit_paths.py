@@ -3,7 +3,9 @@ workers (children in tests/helpers/exit_children.py, also measured by bench/exit
 
 * SIGTERM storms (hundreds of signals, 1 ms apart) while the main thread is inside ``flush()`` or ``shutdown()``,
   with and without an application handler, for both exporters: the process ends (no deadlock), the application's
-  handler ran, every record emitted was delivered.
+  handler ran, every record emitted was delivered. A hung child's stacks are in the failure message.
+* The application handler's SystemExit raised at each step of a ``cptrace`` call's submit functions ends the process
+  (before the fix it was swallowed there: the storm during ``shutdown()`` hung).
 * ``os._exit`` one second after the first record while the rank is still unknown: nothing lost (the records wait
   for the rank in the exporter, not in the traced process).
 * A plain ``os.fork`` child ending with ``os._exit``: its records reach its own exporter as they are emitted.
