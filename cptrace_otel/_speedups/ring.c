@@ -21,8 +21,9 @@
  *
  * What is encoded (else the side path): an exact int within int64, an exact str that encodes as UTF-8, an exact
  * float, a bool, a list or tuple (exact) of at most 64 exact ints within int64 (encoded as its upstream rendering
- * "[a,b]", the str the drainer would make of it); at most 64 fields, an exact str tag other than "config" (the drainer
- * reads the config record for the rank), a record of at most MAX_REC bytes. The side deque holds (ts, level, tag,
+ * "[a,b]", the str the drainer would make of it); at most 64 fields, an exact str tag other than the side tag given
+ * to ring_attach (the config record: the drainer reads the rank there), a record of at most max_rec bytes (64 KiB,
+ * or an eighth of the ring). The side deque holds (ts, level, tag,
  * fields) items exactly as the deque path's.
  */
 #include "ring.h"
@@ -53,6 +54,9 @@ static struct {
     uint64_t cap, max_rec;
     PyObject *deque, *append; /* the side deque and its bound append */
     Py_ssize_t qcap;
+    PyObject *side_tag; /* records of this tag always take the side path (the drainer reads them) */
+    const char *st_p;
+    Py_ssize_t st_n;
 } R;
 
 static PyObject *s_true, *s_false;
@@ -183,7 +187,7 @@ static int put(PyObject *level, PyObject *tag, PyObject *const *keys, PyObject *
     int ovf;
     long long lv = PyLong_CheckExact(level) ? PyLong_AsLongLongAndOverflow(level, &ovf) : (ovf = 1, 0);
     if (ovf || nf > MAXF || !PyUnicode_CheckExact(tag) || (tp = PyUnicode_AsUTF8AndSize(tag, &tn)) == NULL ||
-        (tn == 6 && memcmp(tp, "config", 6) == 0))
+        (tn == R.st_n && memcmp(tp, R.st_p, tn) == 0))
         goto side;
     uint64_t size = 24 + vlen((uint64_t)tn) + (uint64_t)tn;
     for (Py_ssize_t i = 0; i < nf; i++) {
@@ -298,14 +302,17 @@ static void detach(void) {
     PyBuffer_Release(&R.view);
     Py_CLEAR(R.append);
     Py_CLEAR(R.deque);
+    Py_CLEAR(R.side_tag);
 }
 
-/* ring_attach(buf, deque, qcap): this process's producer writes into buf (one ring at a time), side records go to
- * deque while it holds fewer than qcap. */
+/* ring_attach(buf, deque, qcap, side_tag): this process's producer writes into buf (one ring at a time), side
+ * records go to deque while it holds fewer than qcap; records tagged side_tag always go there. */
 static PyObject *py_attach(PyObject *self, PyObject *args) {
-    PyObject *buf, *dq;
-    Py_ssize_t qcap;
-    if (!PyArg_ParseTuple(args, "OOn:ring_attach", &buf, &dq, &qcap)) return NULL;
+    PyObject *buf, *dq, *stag;
+    Py_ssize_t qcap, stn;
+    if (!PyArg_ParseTuple(args, "OOnU:ring_attach", &buf, &dq, &qcap, &stag)) return NULL;
+    const char *stp = PyUnicode_AsUTF8AndSize(stag, &stn);
+    if (stp == NULL) return NULL;
     Py_buffer b;
     if (PyObject_GetBuffer(buf, &b, PyBUF_WRITABLE) < 0) return NULL;
     ring_hdr *h = hdr_of(&b);
@@ -319,6 +326,9 @@ static PyObject *py_attach(PyObject *self, PyObject *args) {
     R.deque = Py_NewRef(dq);
     R.append = app;
     R.qcap = qcap;
+    R.side_tag = Py_NewRef(stag);
+    R.st_p = stp;
+    R.st_n = stn;
     R.h = h;
     Py_RETURN_NONE;
 }

@@ -17,6 +17,8 @@ Contract (docs/ARCHITECTURE.md):
   ships batches of these compact items to the exporter worker, in order (messages and frames:
   :mod:`cptrace_otel.export.protocol`). The worker completes each with the same rendering
   (:mod:`cptrace_otel.model.records`), so the result is the same, but the traced process does the least work.
+  With ``CPTRACE_RING=1`` the submit function is the record ring's (:mod:`.ring`): the buffer and the drainer carry
+  only records of other shapes (SIDE messages, each put at its placeholder by the worker).
 * The worker is a subprocess per traced process (``python -m cptrace_otel.export.worker``; not ``multiprocessing``,
   since SGLang rank processes may be daemonic), fed over its stdin and acking over its stdout; it exits after
   delivering once its stdin closes, so it never outlives the traced process for long. ``CPTRACE_EXPORTER=thread``
@@ -209,8 +211,10 @@ class _State:
         return self.up_dropped() + (ch.wlost if ch is not None else 0)
 
     def up_dropped(self) -> int:
-        """Records lost on this side (the buffer's or the ring's drops, workers that died), for the worker's stamp."""
-        return self.dropped + self.prev_wlost + (self.ring.dropped() if self.ring is not None else 0)
+        """Records lost on this side (the buffer's or the ring's drops, workers that died; once no worker runs, the
+        ring's records none took), for the worker's stamp."""
+        r = self.ring
+        return self.dropped + self.prev_wlost + (r.dropped() + (r.pending() if self.gone else 0) if r else 0)
 
     # drainer -------------------------------------------------------------------------------------------------------
     def _info(self, resume: dict | None) -> dict:
@@ -538,7 +542,8 @@ def stats() -> dict[str, Any]:
 
 def _stats_of(st: _State) -> dict[str, Any]:
     ch = st.channel
-    out = {"dropped": st.total_dropped(), "shipped": st.shipped, "lost": st.lost,
+    out = {"dropped": st.total_dropped(), "shipped": st.shipped + (st.ring.counters()[4] if st.ring else 0),
+           "lost": st.lost,
            "queued": len(st.buf) + (st.ring.pending() if st.ring is not None else 0),
            "exporter": st.cfg.exporter, "worker_gone": st.gone, "restarts": st.restarts, "stuck_renders": st.stuck,
            "in_flight": ch.in_flight() if ch is not None else 0,

@@ -27,6 +27,7 @@ import sys
 from typing import Any
 
 HEADER = 256        # ring.c's header bytes
+CONFIG_TAG = "config"   # records of this tag take the side path: the drainer's RankHold reads the rank there
 
 
 def create(cfg: Any) -> "Ring | None":
@@ -64,7 +65,7 @@ class Ring:
     def submit(self, side: Any, cap: int) -> Any:
         """Attach the ring (side records go to ``side`` while it holds fewer than ``cap``) and return the submit
         function to install."""
-        self._hot.ring_attach(self.mm, side, cap)
+        self._hot.ring_attach(self.mm, side, cap, CONFIG_TAG)
         return self._hot.ring_put
 
     def detach(self) -> None:
