@@ -7,7 +7,8 @@
 * SDK: a process does the same work through ``TracerProvider`` + ``BatchSpanProcessor`` + ``OTLPSpanExporter``
   (HTTP): one span per 8 records, each record a span event with the same 8 attributes, then ``force_flush()``.
   The queue is raised to 65,536 (the default 2,048 drops about half of a burst; perf-anchors C.3) so both deliver.
-* ring: ours with ``CPTRACE_RING=1`` (the C gate encodes the records into the shared-memory ring the exporter reads;
+* ours runs with ``CPTRACE_RING=0`` (every record through the buffer and the drainer thread); ring: the same with
+  ``CPTRACE_RING=1`` (the C gate encodes the records into the shared-memory ring the exporter reads;
   ``--no-ring`` leaves it out).
 * receiver: ``tests/otlp_receiver.py`` (decodes every request with opentelemetry-proto and counts what arrived), or
   ``--sink null`` (reads and discards the body).
@@ -137,8 +138,7 @@ class NullReceiver:
 def _run(code: str, argv: list[str], ring: bool = False) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CPTRACE_", "OTEL_"))}
     env["PYTHONPATH"] = str(REPO)
-    if ring:
-        env["CPTRACE_RING"] = "1"
+    env["CPTRACE_RING"] = "1" if ring else "0"   # ours: the deque and drainer path
     with tempfile.TemporaryDirectory() as tmp:
         env["CPTRACE_SPOOL_DIR"] = tmp
         out = subprocess.run([sys.executable, "-c", code, *argv], env=env, capture_output=True, text=True,

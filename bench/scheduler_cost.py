@@ -8,9 +8,10 @@ round and ``dir=d2h``, so each copy's ack ends it).
 * off: the same loop without tracing calls.
 * upstream: the seed's ``cptrace`` semantics written to a ``logging.FileHandler`` (env gate re-read per call, upstream
   ``_fmt`` rendering, ``logger.info``; our own few lines in ``bench/hot_path.py``'s ``make_upstream``).
-* ours: ``cptrace_otel.cptrace`` with its default exporter subprocess writing OTLP JSON lines to a file.
-* ring: ours with ``CPTRACE_RING=1`` (records encoded by the C gate into the shared-memory ring the exporter reads;
-  ``--no-ring`` leaves it out).
+* ours: ``cptrace_otel.cptrace`` with its default exporter subprocess writing OTLP JSON lines to a file, with
+  ``CPTRACE_RING=0``: every record through the buffer and the drainer thread (the path before the ring).
+* ring: the same with ``CPTRACE_RING=1`` (records encoded by the C gate into the shared-memory ring the
+  exporter reads; ``--no-ring`` leaves it out).
 
 Printed per (rate, fields), medians over ``--repeat`` runs, per record: the CPU time inside the tracing calls on the
 loop's thread (``thread_time_ns`` around each call, the timer's own cost subtracted; CPU time, so that a call is not
@@ -163,8 +164,7 @@ def child(mode: str, records: int, iters: int, nfields: int, tmp: str) -> dict:
 def _run(mode: str, records: int, iters: int, nfields: int) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CPTRACE_", "OTEL_", "SGLANG_CP_HICACHE"))}
     env["PYTHONPATH"] = str(REPO)
-    if mode == "ring":
-        env["CPTRACE_RING"] = "1"
+    env["CPTRACE_RING"] = "1" if mode == "ring" else "0"   # ours: the deque and drainer path
     with tempfile.TemporaryDirectory() as tmp:
         env["CPTRACE_SPOOL_DIR"] = tmp
         cmd = [sys.executable, __file__, "--child", mode, str(records), str(iters), str(nfields), tmp]
