@@ -288,3 +288,63 @@ def test_a_traced_process_with_the_ring_delivers_every_record_in_order(tmp_path:
     lines = (tmp_path / "log.txt").read_text().splitlines()
     assert [int(ln.split(" i=")[1].split()[0]) for ln in lines] == list(range(3000))
     assert "v=oddvalue" in lines[0] and "v=[1,1]" in lines[1] and "ok=True" in lines[1]
+
+
+_STUCK_CHILD = r"""
+import json, os, threading, time
+import cptrace_otel as ct
+from cptrace_otel.traced import pipeline
+
+class Slow:
+    def __init__(self, forever): self.forever = forever
+    def __str__(self):
+        if self.forever:
+            threading.Event().wait()
+        time.sleep(3)
+        return "slow"
+
+MODE = os.environ["CHILD_MODE"]
+ct.cptrace(1, "evict", node_id=0, i=0)
+st = pipeline._state
+ct.cptrace(1, "evict", node_id=1, i=1, v=Slow(MODE == "exit"))
+for i in range(2, 5000):
+    ct.cptrace(1, "evict", node_id=i % 500, i=i)
+while not st._rendering:   # the drainer is on the slow value
+    time.sleep(0.01)
+print("WORKER", st.channel.proc.pid, flush=True)
+if MODE == "shutdown":
+    ok = ct.shutdown(0.5)
+    print(json.dumps({"ok": ok, "stats": pipeline.stats()}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode", ["shutdown", "exit"])
+def test_with_the_ring_a_stuck_side_record_costs_only_itself_at_shutdown_and_exit(tmp_path: Any, mode: str) -> None:
+    """The ring's form of test_failure_modes' ``shutdown(0.5)`` behind a slow value and test_exit_paths' exit with a
+    stuck render: the records after the stuck one are in the ring, not queued behind it, so the worker delivers them
+    (it reads the ring to its end after the traced process closed its input); only the stuck record is counted."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    env = dict(os.environ, CPTRACE_RING="1", CPTRACE_LEVEL="1", CPTRACE_CP_RANK="0", CPTRACE_RUN_ID="stuck",
+               CPTRACE_EXPORTER="process", CPTRACE_LOG_FILE=str(tmp_path / "log.txt"), CHILD_MODE=mode,
+               CPTRACE_FILE=str(tmp_path / "o.jsonl"), CPTRACE_SPOOL_DIR=str(tmp_path / "spool"))
+    p = subprocess.run([sys.executable, "-c", _STUCK_CHILD], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.strip().splitlines()
+    worker_pid = int(lines[0].split()[1])
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:   # the worker delivers after the traced process ended: wait for it to exit
+        try:
+            os.kill(worker_pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    got = [int(ln.split(" i=")[1].split()[0]) for ln in (tmp_path / "log.txt").read_text().splitlines()]
+    assert got == [0] + list(range(2, 5000))
+    assert "drainer was still rendering a value; that record is dropped" in p.stderr
+    if mode == "shutdown":
+        out = json.loads(lines[1])
+        assert out["ok"] is False and out["stats"]["dropped"] == 1
