@@ -5,7 +5,9 @@ and what the rules and the span builder read from them.
 L3 keys are the page keys the backend stores under (SGLang's per-page ``hash_value`` chain, with the backend's own
 suffix where it adds one: the ``file`` backend appends ``_<model>_<tp>_<tp size>[_cp<r>_<cp size>]``), one per page,
 in page order; ``hp`` lists one fingerprint per page in the same order (``khash`` of the page's bytes as the host
-pool holds them: exact, so equal bytes give equal values; ``-1``/``-2`` are the usual sentinels and are skipped).
+pool holds them; the stock-SGLang instrumentation hashes a strided page block by block, ``khash`` of its blocks'
+``khash`` values: exact either way, so equal bytes give equal values; ``-1``/``-2`` are the usual sentinels and are
+skipped).
 
 ==============  ======  ========================================================================================
 tag             level   fields

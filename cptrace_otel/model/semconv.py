@@ -62,8 +62,10 @@ VIOLATION_RULES: Final = "cptrace.violation.rules"
 VIOLATION_CODE_PREFIX: Final = "cptrace.violation."  # + code: boolean True per code found on the span
 SPAN_KIND: Final = "cptrace.span.kind"          # SPAN_D2H, SPAN_H2D, SPAN_NODE (lane), SPAN_RANK, SPAN_REQUEST
 CONTINUES: Final = "cptrace.span.continues"     # True on a stage span continuing one cut by timeout/limit/lane end
-LINK_KIND: Final = "cptrace.link.kind"          # on span links: "evidence" (finding -> record), "continues" or
-#                                                 "l3-prefetch" (an l3_hit's lane -> the prefetch that fetched it)
+LINK_KIND: Final = "cptrace.link.kind"          # on span links: "evidence" (finding -> record), "continues",
+#                                                 "l3-prefetch" (an l3_hit's lane -> the prefetch that fetched it) or
+#                                                 "request" (-> SGLang's request span, cptrace_otel.model.reqlink)
+REQUEST_LINKS_DROPPED: Final = "cptrace.link.request.dropped"  # request links past reqlink.MAX_LINKS on this span
 CERTAINTY: Final = "cptrace.certainty"
 
 # -- violation event (one per finding, on the span that holds the evidence) ------------------------------------

@@ -30,6 +30,8 @@ tag,
   in the current lane segment (a new one if the old is gone). So every record of a stage instance (prepare to its
   d2h ack, reload to its h2d ack) is in that stage's span or a continuation of it, never in the lane's own events.
 * ``rid_map`` records put ``hicache.rid`` on the lane and link the request trace's span to it.
+* A record carrying SGLang's request span (field ``req_span``, :mod:`cptrace_otel.model.reqlink`) links the span
+  holding it to that span (``cptrace.link.kind=request``, once per request span, at most ``reqlink.MAX_LINKS``).
 * SGLang's ``kv_canary`` records (:mod:`cptrace_otel.model.canary`) name a slot, not a node: with online checks on, the
   rank's checker decides the node whose device slots held it (rule ``CANARY``) before the record is placed, and
   the record and its finding go to that node's lane; a violation no node owns stays on the rank span.
@@ -60,6 +62,7 @@ from .l3 import PREFETCH as L3_PREFETCH
 from .events import Event
 from .logline import render_value
 from .attrs import EventAttrs, approx_bytes
+from .reqlink import FIELD as REQ_SPAN, link_request
 # violation_attributes: the one helper making the per-code violation keys (the watcher imports it from here)
 from .violations import STATUS_ERROR, stamp_findings, violation_attributes  # noqa: F401
 
@@ -375,6 +378,8 @@ class SpanBuilder:
 
         sp.events.append((ts, tag, EventAttrs(f, ev.seq, epoch, ev.level)))
         sp.nbytes += approx_bytes(f)
+        if REQ_SPAN in f:   # the span of SGLang's request that used the node (rid_map): an OTLP link to it
+            link_request(sp, f[REQ_SPAN], f.get("rid"))
         if ts > sp.end:
             sp.end = ts
         self.events += 1

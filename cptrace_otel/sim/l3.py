@@ -9,7 +9,10 @@ backend's rank suffix ``_cp<r>_<R>`` in mode sharded, none in replicated); a key
 ``file`` backend does. Nodes past a budget leave device and host. A prompt seen again whose keys storage holds on
 every rank (the hit count is reduced with MIN across ranks, as ``_sync_prefetch_hit_query``) is fetched:
 ``l3_query``, ``l3_prefetch`` into fresh host pages, the storage read when the transfer completes, ``l3_ack
-dir=prefetch`` with the fingerprints of the filled pages, and ``l3_hit`` (a new node holds the pages).
+dir=prefetch`` with the fingerprints of the filled pages, and ``l3_hit`` (a new node holds the pages). As on real
+SGLang (``_handle_prefetch_result``, tests/sglang_real/test_l3_real.py), the tree may already hold the leading pages
+of a fetch when it completes (another request brought them in meanwhile): those are freed right after the ack and
+the ``l3_hit`` covers the rest, or there is no ``l3_hit`` at all when the tree held every page.
 
 Faults (:data:`FAULTS`), each injected on one rank, with the codes the oracle expects: ``flip`` (a byte of a stored
 page flips: L3a when that page comes back), ``free_prefetch`` (the host pages of a prefetch are freed before its
@@ -39,6 +42,7 @@ from .tracer import Clock, LogEmitter
 
 FAULTS = {"flip": {"L3a"}, "free_prefetch": {"L3b"}, "no_writer": {"L3c"}, "same_keys": {"L3d"}}
 MODES = ("none", "replicated", "sharded")
+HELD = 0.25   # share of completed fetches whose leading pages the tree already holds
 
 
 class MemoryStorage:
@@ -102,6 +106,7 @@ class L3Sim:
         self.mode, self.R, self.fault, self.ps = mode, ranks, fault, page_size
         self.layers, self.width, self.budget = layers, width, budget
         self.rnd = random.Random(seed)
+        self.seed = seed
         self.prompts = [np.asarray([self.rnd.randrange(1, 30000) for _ in range(page_size * self.rnd.randint(1, 3))])
                         for _ in range(prompts)]
         self.ranks = [_Rank(r, pages, page_size, layers, width) for r in range(ranks)]
@@ -234,8 +239,23 @@ class L3Sim:
                 self._emit(r, 2, "l3_ack", dir="prefetch", op=op, node_id=0, done=len(keys), keys=keys, hp=hp)
                 if hp != want and (self._flipped & set(keys) or self.fault == "same_keys"):
                     self.expected.add("L3a")
-                self._emit(r, 1, "l3_hit", node_id=nid, op=op, keys=keys, host=rng(host), hostx=runs(host))
-                rk.live[nid] = {"prompt": prompt, "dev": None, "host": host, "keys": keys, "l3": "done"}
+                held = self._held(nid, len(keys)) * self.ps
+                if held:   # the tree's own copy wins: SGLang frees these fetched pages right after the ack
+                    self._emit(r, 2, "free", pool="host", idx=rng(host[:held]), idx_x=runs(host[:held]), node_id=-1,
+                               why="finish")
+                    rk.host.free(host[:held])
+                if held == len(host):
+                    continue   # (no node takes any fetched page)
+                rest = host[held:]
+                self._emit(r, 1, "l3_hit", node_id=nid, op=op, keys=keys[held // self.ps:], host=rng(rest),
+                           hostx=runs(rest))
+                rk.live[nid] = {"prompt": prompt, "dev": None, "host": rest, "keys": keys, "l3": "done"}
+
+    def _held(self, nid: int, pages: int) -> int:
+        """How many leading pages of node ``nid``'s fetch the tree already holds at its completion (the same on
+        every rank: the trees are in lockstep)."""
+        r = random.Random(self.seed * 7919 + nid)
+        return r.randint(1, pages) if r.random() < HELD else 0
 
     def _evict(self) -> None:
         """Nodes past the budget leave the device and the host (oldest first; not while a backup reads them)."""

@@ -256,6 +256,10 @@ class Driver:
         self.cache.check_hicache_events()
         self.copies.step -= 1000
 
+    def requeue(self, queue: list[Req], take: int, admitted: list[Req]) -> list[Req]:
+        """The queue after a step that tried its first ``take`` requests: the deferred ones go to its end."""
+        return queue[take:] + [r for r in queue[:take] if r not in admitted]
+
     def run(self, prompts: list[list[int]], batch: int, reset_at: int | None, audit_every: int = 5) -> None:
         """The request stream to the end; ``audit_every`` steps a host audit (0: only the final one)."""
         queue = [Req(f"r{i}", t) for i, t in enumerate(prompts)]
@@ -275,7 +279,7 @@ class Driver:
                 reset_at = None
             take = min(len(queue), self.rng.randint(1, batch))
             admitted = self.admit(queue[:take])
-            queue = queue[take:] + [r for r in queue[:take] if r not in admitted]
+            queue = self.requeue(queue, take, admitted)
             running += admitted
             if audit_every and step % audit_every == 0:
                 self.audit_host()
@@ -307,11 +311,13 @@ def run(version: str, out: str, policy: str = "write_through", page_size: int = 
         requests: int = 120, batch: int = 4, max_lag: int = 3, dev_tokens: int = 384, host_ratio: float = 3.0,
         reset: bool = True, fault: str | None = None, nth: int = 1, exact: bool = False, instrument: bool = True,
         world: int = 1, rank: int = 0, store: str | None = None, level: int = 2, audit_every: int = 5,
-        cp_mode: str = "replicated") -> dict:
+        cp_mode: str = "replicated", make_driver: Any = None) -> dict:
     """One run; returns ``{"corruption", "fault_hits", "stats", "log", "otlp", "seconds"}``.
 
     ``cp_mode`` is the ``config`` record's ``mode`` when ``world`` > 1: the driver's ranks each hold the whole
-    stream's KV in their own cache (the same requests, the same KV bytes), which is ``replicated``."""
+    stream's KV in their own cache (the same requests, the same KV bytes), which is ``replicated``.
+    ``make_driver``: a :class:`Driver` factory with its arguments (l3_driver.py's: storage on, the scheduler's
+    storage calls)."""
     t0 = time.monotonic()
     os.makedirs(out, exist_ok=True)
     import cptrace_otel
@@ -338,7 +344,7 @@ def run(version: str, out: str, policy: str = "write_through", page_size: int = 
     copies.install()
     faults = runtime.Faults(fault, nth)
     faults.install(cache, copies)
-    drv = Driver(cache, kv, alloc, copies, seed, page_size)
+    drv = (make_driver or Driver)(cache, kv, alloc, copies, seed, page_size)
     prompts = request_stream(seed, requests, page_size)
     drv.run(prompts, batch, reset_at=(len(prompts) // (2 * batch) if reset else None), audit_every=audit_every)
     cptrace_otel.flush(60)
@@ -348,20 +354,20 @@ def run(version: str, out: str, policy: str = "write_through", page_size: int = 
 
 
 def run_ranks(version: str, out: str, world: int = 4, fault_rank: int | None = None,
-              matrix: list[dict] | None = None, **kw: Any) -> Any:
+              matrix: list[dict] | None = None, script: str | None = None, **kw: Any) -> Any:
     """``world`` rank processes (gloo on a ``file://`` store), the same request stream; ``kw['fault']`` on
     ``fault_rank`` only. One summary per rank.
 
     With ``matrix`` (a list of :func:`run` keyword sets, each over ``kw``), every rank process runs them one after the
     other in the same gloo group (one SGLang import and one group per rank for all of them), each in its own folder
     ``out/<i>``; an entry's ``fault`` too applies on ``fault_rank`` only. Returns one list of per-rank summaries per
-    entry."""
+    entry. ``script``: the rank processes' program (default this one; another takes the options passed here)."""
     store = tempfile.mktemp(prefix="cptrace-gloo-")
     procs = []
     fault = kw.pop("fault", None)
     for r in range(world):
-        args = [sys.executable, os.path.abspath(__file__), "--version", version, "--out", out, "--world", str(world),
-                "--rank", str(r), "--store", store]
+        args = [sys.executable, script or os.path.abspath(__file__), "--version", version, "--out", out,
+                "--world", str(world), "--rank", str(r), "--store", store]
         for k, v in kw.items():
             if isinstance(v, bool):   # the CLI's switches: --exact, --no-reset, --no-instrument
                 if k in ("reset", "instrument"):

@@ -29,7 +29,10 @@ Readings of SGLang that decide where a record goes (the README's "Use it with SG
   flush's write acks and frees its device pages only in the flush's ``evict_device``. ``evict tier=dev`` is
   recorded there, where the pages are really freed, after the acks.
 * ``rid_map`` is recorded when the call carries the request (``params.req`` with a ``rid``), as the scheduler's
-  calls do.
+  calls do; where SGLang traces that request it carries SGLang's request span (``req_span``) and SGLang's request
+  gets a ``cptrace.node`` event back (:mod:`._reqlink`, docs/traces.md).
+* The L3 storage tier (a storage backend on): :mod:`._l3_sites` (``l3_backup``, ``l3_ack``, ``l3_query``,
+  ``l3_prefetch``, ``l3_hit`` on the scheduler thread; SGLang's storage threads are never wrapped).
 """
 
 from __future__ import annotations

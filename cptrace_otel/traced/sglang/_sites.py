@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..api import cptrace, rng, trace_level
+from ._l3_sites import L3_SITES
+from ._reqlink import note_node, request_fields
 from ._state import HIRADIX, aligned_key, arg, Load, tree_path, safe, state_of, State
 
 CONTROLLER = "sglang.srt.managers.cache_controller"
@@ -59,8 +61,10 @@ def _rid_map_match(cache: Any, params: Any, res: Any) -> None:
     if rid is None or res.host_hit_length > 0:
         return   # no request, or the decision is init_load_back's
     dlen = len(res.device_indices)
-    cptrace(1, "rid_map", rid=str(rid), node_id=res.last_device_node.id, hit=("dev" if dlen else "miss"), dlen=dlen,
-            hlen=0, plen=len(params.key))
+    node_id, hit = res.last_device_node.id, ("dev" if dlen else "miss")
+    cptrace(1, "rid_map", rid=str(rid), node_id=node_id, hit=hit, dlen=dlen, hlen=0, plen=len(params.key),
+            **request_fields(req))
+    note_node(req, node_id, hit)
 
 
 def _init_load_back(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -83,7 +87,8 @@ def _rid_map_load(st: State, params: Any, res: Any) -> None:
     hlen = len(values) if loaded is not None else 0
     hit = "host" if loaded is not None else ("dev" if node is not st.cache.root_node else "miss")
     plen = len(getattr(req, "origin_input_ids", ()) or ())
-    cptrace(1, "rid_map", rid=str(rid), node_id=node.id, hit=hit, hlen=hlen, plen=plen)
+    cptrace(1, "rid_map", rid=str(rid), node_id=node.id, hit=hit, hlen=hlen, plen=plen, **request_fields(req))
+    note_node(req, node.id, hit)
 
 
 def _split_node(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -342,3 +347,4 @@ SITES: list[tuple[str, str, Any]] = [
     (PAGED_ALLOC, "PagedTokenToKVPoolAllocator.free", _dev_free),
     (HOST_POOL, "HostKVCache.free", _host_free),
 ]
+SITES += L3_SITES   # the storage tier's sites (_l3_sites)

@@ -1,0 +1,278 @@
+"""Drive real SGLang HiCache with its L3 storage tier on: the ``file`` backend (``HiCacheFile`` over a temporary
+folder, attached with SGLang's ``attach_storage_backend``, the controller path ``--hicache-storage-backend file``
+takes too) under ``driver.py``'s scheduler steps, with the scheduler's storage calls, on CPU.
+
+What this adds to ``driver.Driver`` (the scheduler's own flow in SGLang 0.5.20, ``Scheduler._prefetch_kvcache`` and
+``get_next_batch_to_run``):
+
+* when a request arrives, ``match_prefix`` and ``prefetch_from_storage`` of the tokens past its device+host match
+  (up to the last token, as ``_compute_max_prefix_len``) from its last host-backed node;
+* each time it could be admitted, ``check_prefetch_progress`` first: a request whose prefetch is still running stays
+  in the queue; once done, ``pop_prefetch_loaded_tokens`` and the usual admission (``match_prefix`` now finds the
+  fetched pages on the host: ``init_load_back`` brings them to the device, and the forward checks their KV against
+  the expected bytes: the L3 round trip checked end to end);
+* the storage threads SGLang starts (query, I/O, backup, ack sync) run for real; before each
+  ``check_hicache_events`` the driver waits until they finished what was handed to them (a fast storage: the steps,
+  and so the records, are the same on every run and every rank), then the drain takes their acks as the scheduler
+  does (``sync_storage=False``: it does not wait; the threads' timing decides). The prefetch policy is
+  ``wait_complete``, the prefetch threshold one page (the prompts are short).
+
+Faults (:data:`L3_FAULTS`, one per run): ``l3_flip`` flips a byte of the stored page file the n-th prefetch reads
+first (before the read), ``l3_free`` frees the host pages of the n-th prefetch after the storage read and before its
+ack is processed and lets another writer reuse them, ``l3_skip`` makes this rank skip its storage writes
+(``backup_skip``, the switch SGLang sets on MLA ranks other than 0: here a CP rank that never writes its shard).
+
+CLI: ``python tests/sglang_real/l3_driver.py --version 0.5.20 --out DIR --matrix JSON [--world N --rank R --store
+S]`` (a list of :func:`run_l3` keyword sets; one JSON summary list on stdout), as ``driver.run_ranks(script=...)``
+starts it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import shutil
+import sys
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+import driver  # noqa: E402  (tests/sglang_real/driver.py)
+import runtime  # noqa: E402
+
+L3_FAULTS = ("l3_flip", "l3_free", "l3_skip")
+QUIET_S = 120.0   # the storage threads answer within milliseconds; past this they are stuck (a clear error)
+
+
+class L3Faults:
+    """One L3 fault ``kind`` at the ``nth`` eligible site; ``hits`` lists what it did."""
+
+    def __init__(self, kind: str | None, nth: int = 1) -> None:
+        if kind is not None and kind not in L3_FAULTS:
+            raise ValueError(f"unknown L3 fault {kind!r} (one of {', '.join(L3_FAULTS)})")
+        self.kind, self.nth, self.seen = kind, nth, 0
+        self.hits: list[dict] = []
+
+    def _take(self) -> bool:
+        if not self.kind or self.hits:
+            return False
+        self.seen += 1
+        return self.seen >= self.nth
+
+    def install(self, cache: Any) -> None:
+        cc = cache.cache_controller
+        if self.kind == "l3_skip":
+            cc.backup_skip = True
+            self.hits.append({"kind": "l3_skip"})
+        elif self.kind == "l3_flip":
+            orig = cc._page_transfer
+
+            def page_transfer(op: Any) -> int:   # (the I/O thread, before it reads the op's pages)
+                if op.hash_value and self._take():
+                    self._flip(cc, op)
+                return orig(op)
+
+            cc._page_transfer = page_transfer
+
+    def _flip(self, cc: Any, op: Any) -> None:
+        backend = cc.storage_backend
+        path = os.path.join(backend.file_path, backend._get_suffixed_key(op.hash_value[0]) + ".bin")
+        with open(path, "r+b") as f:
+            b = f.read(1)
+            f.seek(0)
+            f.write(bytes([b[0] ^ 0x10]))
+        self.hits.append({"kind": "l3_flip", "op": op.id, "rid": str(op.request_id),
+                          "key": backend._get_suffixed_key(op.hash_value[0])})
+
+    def after_drain(self, cache: Any) -> None:
+        """``l3_free``: after a drain handed a prefetch its host pages (its ``l3_prefetch``), before the ack."""
+        if self.kind != "l3_free":
+            return
+        for last_host_node, _key, op in list(cache.ongoing_prefetch.values()):
+            if op.host_indices is None or self.hits or not self._take():
+                continue
+            idx = op.host_indices[: cache.page_size]
+            _free_and_reuse(cache.token_to_kv_pool_host, idx)
+            self.hits.append({"kind": "l3_free", "op": op.id, "rid": str(op.request_id),
+                              "node_id": last_host_node.id, "host_slot": int(idx[0])})
+
+
+def _free_and_reuse(hp: Any, idx: Any) -> None:
+    """Host slots ``idx`` freed as SGLang frees them (``HostKVCache.free``) and taken at once by another writer, which
+    overwrites them with 7.0. That writer holds them: they are taken back from the pool's free lists, so that the
+    tree's later release of the prefetch's claim on them stays balanced (the pool asserts on a double free)."""
+    import torch
+
+    hp.free(idx)
+    for buf in (hp.k_buffer, hp.v_buffer):
+        buf[:, idx] = torch.full_like(buf[:, idx], 7.0)
+    hp.slot_used[idx] = True
+    hp.release_slots = [r[~torch.isin(r, idx)] for r in hp.release_slots]
+    hp.num_release_slots = sum(len(r) for r in hp.release_slots)
+
+
+class StorageDriver(driver.Driver):
+    """:class:`driver.Driver` with the scheduler's storage calls (see the module doc)."""
+
+    def __init__(self, cache: Any, kv: Any, alloc: Any, copies: runtime.Copies, seed: int, page_size: int,
+                 faults: L3Faults, sync_storage: bool = True) -> None:
+        super().__init__(cache, kv, alloc, copies, seed, page_size)
+        self.faults = faults
+        self.sync_storage = sync_storage
+        self.arrived: set[str] = set()
+        self.stats.update({"l3_prefetches": 0, "l3_loaded_tokens": 0, "l3_waits": 0})
+        attach_file_storage(cache)
+        faults.install(cache)
+        orig = cache.check_hicache_events   # (the instrumented method, bound)
+
+        def check_hicache_events() -> None:
+            if self.sync_storage:
+                self.quiesce()
+            orig()
+            if faults.kind == "l3_free" and cache.ongoing_prefetch:
+                self.quiesce()   # the storage read is done; the scheduler has not seen its ack
+                faults.after_drain(cache)
+
+        cache.check_hicache_events = check_hicache_events
+
+    # -- the storage threads --------------------------------------------------------------------------------------
+    def _busy(self) -> bool:
+        c = self.cache
+        cc = c.cache_controller
+        acked = {op.id for op in _items(cc.ack_backup_queue)}
+        if any(op_id not in acked for op_id in c.ongoing_backup):
+            return True
+        queried = {id(op) for op in _items(cc.prefetch_hit_queue)}
+        done = {id(a.operation) for a in _items(cc.ack_prefetch_queue) if a.completed_req}
+        for _node, _key, op in c.ongoing_prefetch.values():
+            if op.host_indices is None and id(op) not in queried:
+                return True   # its storage query is running
+            if op.host_indices is not None and id(op) not in done:
+                return True   # its storage read is running
+        return False
+
+    def quiesce(self) -> None:
+        """Wait until the storage threads finished what they were handed (polls their queues)."""
+        deadline = time.monotonic() + QUIET_S
+        while self._busy():
+            self.stats["l3_waits"] += 1
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"SGLang's storage threads did not finish within {QUIET_S:.0f}s")
+            time.sleep(0.0005)
+
+    # -- the scheduler's calls ------------------------------------------------------------------------------------
+    def arrive(self, req: driver.Req) -> None:
+        """``Scheduler._prefetch_kvcache``: a prefetch of what the tree lacks, from the last host-backed node."""
+        from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle, MatchPrefixParams
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+
+        c = self.cache
+        self.arrived.add(req.rid)
+        m = c.match_prefix(MatchPrefixParams(key=RadixKey(req.tokens), req=req))
+        matched = len(m.device_indices) + m.host_hit_length
+        node = m.last_host_node
+        if not (c.is_backuped(node) or c.is_root(node)):
+            return
+        tokens = req.tokens[matched:max(len(req.tokens) - 1, 0)]
+        before = len(c.ongoing_prefetch)
+        c.prefetch_from_storage(CacheRequestHandle(req.rid, 0), node, tokens, c.get_last_hash_value(node))
+        self.stats["l3_prefetches"] += int(len(c.ongoing_prefetch) > before)
+
+    def admit(self, reqs: list[driver.Req]) -> list[driver.Req]:
+        from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle
+
+        c = self.cache
+        ready = []
+        for req in reqs:
+            if req.rid not in self.arrived:
+                self.arrive(req)
+            h = CacheRequestHandle(req.rid, 0)
+            if not c.check_prefetch_progress(h):
+                continue   # its prefetch is running: it stays in the queue
+            self.stats["l3_loaded_tokens"] += c.pop_prefetch_loaded_tokens(h)
+            ready.append(req)
+        return super().admit(ready) if ready else []
+
+    def requeue(self, queue: list[driver.Req], take: int, admitted: list[driver.Req]) -> list[driver.Req]:
+        """The scheduler's waiting queue keeps its order: a request waiting for its prefetch stays at the head."""
+        return [r for r in queue[:take] if r not in admitted] + queue[take:]
+
+    def settle(self) -> None:
+        """Every copy and every storage operation done and acknowledged (before a reset and at the end)."""
+        c = self.cache
+        for _ in range(100):
+            self.quiesce()
+            super().settle()
+            if not (c.ongoing_backup or c.ongoing_prefetch or c.ongoing_write_through):
+                return
+        raise RuntimeError("storage operations still pending after 100 settles")
+
+
+def _items(q: Any) -> list:
+    with q.mutex:
+        return list(q.queue)
+
+
+def attach_file_storage(cache: Any) -> None:
+    """SGLang's runtime attach of the ``file`` backend (``HiRadixCache.attach_storage_backend``, the path the
+    controller's constructor takes for ``--hicache-storage-backend file`` too), into the folder
+    ``SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR`` names; prefetch policy ``wait_complete``, threshold one page."""
+    from sglang.srt import runtime_context as rc
+
+    # the backend's config reads the TP/PP widths from SGLang's parallel state, which only a model runner sets up
+    with rc.get_parallel().override(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1):
+        ok, why = cache.attach_storage_backend(
+            "file", json.dumps({"prefetch_threshold": cache.page_size}), served_model_name="dummy",
+            hicache_storage_prefetch_policy="wait_complete")
+    if not ok:
+        raise RuntimeError(f"SGLang refused the file storage backend: {why}")
+
+
+def run_l3(version: str, out: str, fault: str | None = None, nth: int = 1, l3_store: str | None = None,
+           requests: int = 60, dev_tokens: int = 160, host_ratio: float = 1.5, sync_storage: bool = True,
+           **kw: Any) -> dict:
+    """One run of :func:`driver.run` with storage on (a fresh ``file`` store under ``out/l3store``, or ``l3_store``:
+    the one folder the ranks of a CP group share); ``kw`` are :func:`driver.run`'s. ``sync_storage=False``: the
+    steps do not wait for the storage threads (their timing decides which step sees an ack, so the records differ
+    from run to run). The summary adds ``l3_fault_hits`` and ``l3_files``."""
+    root = l3_store or os.path.join(out, "l3store")
+    if l3_store is None:
+        shutil.rmtree(root, ignore_errors=True)
+    os.makedirs(root, exist_ok=True)
+    os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = root
+    faults = L3Faults(fault, nth)
+    make = functools.partial(StorageDriver, faults=faults, sync_storage=sync_storage)
+    res = driver.run(version, out, requests=requests, dev_tokens=dev_tokens, host_ratio=host_ratio,
+                     make_driver=make, **kw)
+    res["l3_fault_hits"] = faults.hits
+    res["l3_files"] = len([f for f in os.listdir(root) if f.endswith(".bin")])
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--version", required=True, choices=runtime.VERSIONS)
+    p.add_argument("--out", required=True)
+    p.add_argument("--matrix", required=True, help="JSON list of run_l3() keyword sets, run one after the other")
+    p.add_argument("--world", type=int, default=1)
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--store")
+    a = p.parse_args(argv)
+    runtime.on_path(a.version)
+    res = []
+    for i, kw in enumerate(json.loads(a.matrix)):
+        out = os.path.join(a.out, str(i))
+        # the ranks of a CP group share one store (their keys carry the rank suffix), one per matrix entry
+        l3_store = os.path.join(a.out, f"l3store-{i}") if a.world > 1 else None
+        res.append(run_l3(a.version, out, world=a.world, rank=a.rank, store=a.store, l3_store=l3_store, **kw))
+    print(json.dumps(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

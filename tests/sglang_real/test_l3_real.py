@@ -1,0 +1,250 @@
+"""The L3 storage tier on real SGLang (issue 23): stock SGLang 0.5.20's HiCache with the ``file`` storage backend
+(``HiCacheFile`` writing real files, its storage threads running), driven on CPU by ``l3_driver.py`` with the
+scheduler's storage calls and the instrumentation's L3 sites (``cptrace_otel/traced/sglang/_l3_sites.py``), the
+records read back by ``cptrace-otel check`` as a user runs it.
+
+* Healthy runs (write_through pages of 1 and 4, write_back pages of 4; two seeds; a reset mid-run, after which the
+  requests' prefixes come back from storage; device and host evicted under pressure; one run at the storage
+  threads' own pace): the driver's KV check sees no corruption (fetched pages reach the device through
+  ``init_load_back`` and are compared with the expected bytes), and the checker reports no finding of any severity.
+* A flipped byte in a stored page file is L3a; a prefetch's host pages freed and reused before its ack is
+  processed is L3b; under CP (2 gloo ranks, mode ``sharded``, the file backend's per-rank keys) a rank that never
+  writes its shard is L3c, and a healthy CP run has no finding.
+
+One subprocess runs the single-rank matrix, two (one per rank) the CP matrix. Without the SGLang folder the tests
+skip, unless ``CPTRACE_REQUIRE_SGLANG=1`` (``.ci/run``), where they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import runtime  # noqa: E402  (tests/sglang_real/runtime.py)
+
+VERSION = "0.5.20"
+pytestmark = [pytest.mark.sglang, pytest.mark.slow, pytest.mark.timeout(900)]
+
+SINGLE = [
+    {"seed": 0, "exact": True},                                                 # 0: write_through, pages of 1
+    {"seed": 1, "page_size": 4, "exact": False},                                # 1: write_through, pages of 4
+    {"seed": 1, "policy": "write_back", "page_size": 4, "exact": True},         # 2: write_back, pages of 4
+    {"seed": 0, "exact": True, "fault": "l3_flip"},                             # 3: a byte of a stored page
+    {"seed": 0, "exact": True, "fault": "l3_free"},                             # 4: pages freed mid-prefetch
+    {"seed": 1, "policy": "write_back", "exact": True, "sync_storage": False},  # 5: the threads' own timing
+]
+HEALTHY = [0, 1, 2]
+CP_WORLD, CP_FAULT_RANK = 2, 1
+CP = [
+    {"seed": 0, "cp_mode": "sharded", "exact": True},                           # 0: healthy
+    {"seed": 0, "cp_mode": "sharded", "fault": "l3_skip"},                      # 1: rank 1 never writes its shard
+]
+
+
+def _need() -> None:
+    runtime.need(VERSION)
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory) -> list[dict]:
+    _need()
+    out = tmp_path_factory.mktemp("l3")
+    p = subprocess.run([sys.executable, os.path.join(HERE, "l3_driver.py"), "--version", VERSION, "--out", str(out),
+                        "--matrix", json.dumps(SINGLE)], env=runtime.sglang_env(VERSION), capture_output=True,
+                       text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def cp(tmp_path_factory) -> list[list[dict]]:
+    _need()
+    import driver
+    import l3_driver
+
+    out = tmp_path_factory.mktemp("l3cp")
+    return driver.run_ranks(VERSION, str(out), world=CP_WORLD, fault_rank=CP_FAULT_RANK, matrix=CP,
+                            script=l3_driver.__file__)
+
+
+def _check(paths: list[str]) -> dict:
+    """``cptrace-otel check --json`` over the given logs."""
+    p = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "check", "--json", "--no-progress", *paths],
+                       capture_output=True, text=True, timeout=300, cwd=runtime.ROOT,
+                       env={**os.environ, "PYTHONPATH": runtime.ROOT})
+    assert p.returncode in (0, 1), p.stderr[-3000:]
+    return json.loads(p.stdout)
+
+
+def _events(paths: list[str]) -> list:
+    from cptrace_otel.analyze.sources.logs import read_log_events
+
+    return list(read_log_events(paths))
+
+
+def _fmt(d: dict) -> list[str]:
+    return [f"{f['severity']} {f['rule']} r{f['rank']} n{f['node_id']} op{f['op']}: {f['message'][:160]}"
+            for f in d["findings"][:8]]
+
+
+def _tags(events, rank: int | None = None) -> Counter:
+    return Counter(e.tag + (f"-{e.fields.get('dir') or e.fields.get('tier')}" if e.tag in ("l3_ack", "evict") else "")
+                   for e in events if rank is None or e.rank == rank)
+
+
+def _by_op(events, tag: str, op: int) -> list:
+    return [e for e in events if e.tag == tag and e.fields.get("op") == op]
+
+
+# -- healthy ----------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("i", HEALTHY, ids=["wt-p1-exact", "wt-p4-range", "wb-p4-exact"])
+def test_healthy_run_with_storage_has_no_finding(single, i):
+    run = single[i]
+    assert run["corruption"] == [], run["corruption"][:3]
+    st = run["stats"]
+    assert st["admitted"] == 60 and st["resets"] == 1 and st["l3_loaded_tokens"] > 0 and run["l3_files"] > 0, st
+    d = _check([run["log"]])
+    assert d["findings"] == [], _fmt(d)
+    l3_unchecked = [u for u in d["unchecked"] if u["code"] == "L3"]
+    if SINGLE[i]["exact"]:
+        assert l3_unchecked == [], l3_unchecked   # nothing undecidable, every fetched key was written in the trace
+    else:
+        assert {u["rule"] for u in l3_unchecked} <= {"L3b-undecidable"}, l3_unchecked
+    c = _tags(_events([run["log"]]))
+    # the L3 lifecycle happened: backups acknowledged, queries, prefetches read back and entering the tree,
+    # and the device and host tiers evicted under pressure
+    for tag in ("l3_backup", "l3_ack-backup", "l3_query", "l3_prefetch", "l3_ack-prefetch", "l3_hit", "evict-dev",
+                "evict-host", "reload"):
+        assert c[tag] > 0, (tag, c)
+    assert c["l3_backup"] == c["l3_ack-backup"] and c["l3_prefetch"] == c["l3_ack-prefetch"], c
+
+
+def test_healthy_run_at_the_storage_threads_own_pace_has_no_finding(single):
+    """The steps do not wait for SGLang's storage threads: which step sees which ack is the threads' timing (the
+    records differ from run to run); still no finding and no corruption."""
+    run = single[5]
+    assert run["corruption"] == [], run["corruption"][:3]
+    d = _check([run["log"]])
+    assert d["findings"] == [], _fmt(d)
+    assert not [u for u in d["unchecked"] if u["code"] == "L3"], d["unchecked"]
+    c = _tags(_events([run["log"]]))
+    assert c["l3_backup"] and c["l3_backup"] == c["l3_ack-backup"] and c["l3_prefetch"] == c["l3_ack-prefetch"], c
+
+
+def test_l3_records_become_stage_spans_of_the_nodes(single):
+    """The exporter's OTLP file of a healthy run: ``rank 0 · l3-backup`` and ``rank 0 · l3-prefetch`` stage spans,
+    one per backup and per prefetch, and every storage hit's span links to the prefetch span that fetched it."""
+    run = single[0]
+    names: Counter = Counter()
+    links = 0
+    with open(run["otlp"], encoding="utf-8") as f:
+        for line in f:
+            for rs in json.loads(line).get("resourceSpans", []):
+                for ss in rs.get("scopeSpans", []):
+                    for sp in ss.get("spans", []):
+                        names[sp["name"]] += 1
+                        links += sum(a["key"] == "cptrace.link.kind" and a["value"].get("stringValue") == "l3-prefetch"
+                                     for ln in sp.get("links") or [] for a in ln.get("attributes", []))
+    c = _tags(_events([run["log"]]))
+    assert names["rank 0 · l3-backup"] == c["l3_backup"] and names["rank 0 · l3-prefetch"] == c["l3_prefetch"], names
+    assert links == c["l3_hit"] > 0, (links, c["l3_hit"])
+
+
+def test_the_l3_rules_judge_these_logs(single, tmp_path):
+    """The 0 of a healthy run is not the rules' silence: the same log with one fetched page's fingerprint altered
+    (the first ``l3_ack dir=prefetch``) gives L3a on that prefetch."""
+    src = single[0]["log"]
+    dst = str(tmp_path / "rank-0.log")
+    op = None
+    with open(src, encoding="utf-8") as f, open(dst, "w", encoding="utf-8") as g:
+        for line in f:
+            if op is None and "[CPTRACE l3_ack]" in line and " dir=prefetch" in line and " hp=[" in line:
+                op = int(re.search(r" op=(\d+)", line).group(1))
+                line = re.sub(r" hp=\[(\d+)", lambda m: f" hp=[{int(m.group(1)) + 1}", line, count=1)
+            g.write(line)
+    assert op is not None
+    d = _check([dst])
+    assert [(f["rule"], f["op"]) for f in d["findings"]] == [("L3a", op)], _fmt(d)
+
+
+# -- faults -----------------------------------------------------------------------------------------------------------
+
+def test_flipped_byte_in_a_stored_page_is_l3a(single):
+    """A byte of the stored file of the first page a prefetch reads is flipped before the read: L3a at that
+    prefetch (and at every later prefetch of the same key), on the node the fetched pages extend, naming the key;
+    the node that took the pages is the one the driver saw come back wrong."""
+    run = single[3]
+    hit = run["l3_fault_hits"][0]
+    d = _check([run["log"]])
+    events = _events([run["log"]])
+    assert {f["rule"] for f in d["findings"]} == {"L3a"} and all(f["certainty"] == "exact" for f in d["findings"]), \
+        _fmt(d)
+    first = d["findings"][0]
+    (pf,) = _by_op(events, "l3_prefetch", hit["op"])
+    assert first["op"] == hit["op"] and first["node_id"] == pf.fields["node_id"], (hit, _fmt(d))
+    assert hit["key"] in first["message"]
+    assert all(hit["key"] in f["message"] for f in d["findings"])
+    took = {e.fields["node_id"] for e in _by_op(events, "l3_hit", hit["op"])}
+    seen = {n for c in run["corruption"] for n in c["nodes"]}
+    assert took and took & seen, (took, run["corruption"][:3])
+
+
+def test_host_pages_freed_during_their_prefetch_are_l3b(single):
+    """The first host page of a prefetch is freed (and taken by another writer, which overwrites it) after the
+    storage read was issued and before the scheduler processed its ack: L3b, exact, on that prefetch's op and node.
+    The overwritten page then enters the tree with the writer's bytes: L3a at the same ack, and the driver saw it."""
+    run = single[4]
+    hit = run["l3_fault_hits"][0]
+    d = _check([run["log"]])
+    l3b = [f for f in d["findings"] if f["rule"] == "L3b"]
+    assert [(f["op"], f["node_id"], f["certainty"]) for f in l3b] == [(hit["op"], hit["node_id"], "exact")], _fmt(d)
+    assert {f["rule"] for f in d["findings"]} <= {"L3b", "L3a"}, _fmt(d)
+    assert run["corruption"], "the reused page's bytes did not reach the device"
+
+
+# -- context parallelism ----------------------------------------------------------------------------------------------
+
+def test_healthy_cp_run_has_no_finding_and_ranks_write_keys_of_their_own(cp, tmp_path):
+    ranks = cp[0]
+    assert [r["corruption"] for r in ranks] == [[]] * CP_WORLD
+    assert all(r["stats"]["l3_loaded_tokens"] > 0 for r in ranks)
+    logs = [r["log"] for r in ranks]
+    d = _check(logs)
+    assert d["findings"] == [], _fmt(d)
+    events = _events(logs)
+    for r in range(CP_WORLD):
+        keys = [k for e in events if e.rank == r and e.tag == "l3_backup" for k in e.fields["keys"]]
+        assert keys and all(k.endswith(f"_cp{r}_{CP_WORLD}") for k in keys), (r, keys[:2])
+    # the cross-rank L3 rules judge these logs: rank 1 writing under rank 0's keys is L3d
+    altered = str(tmp_path / "rank-1.log")
+    with open(logs[1], encoding="utf-8") as f, open(altered, "w", encoding="utf-8") as g:
+        g.write(f.read().replace(f"_cp1_{CP_WORLD}", f"_cp0_{CP_WORLD}"))
+    d2 = _check([logs[0], altered])
+    assert "L3d" in {f["rule"] for f in d2["findings"]}, _fmt(d2)
+
+
+def test_cp_rank_that_never_writes_its_shard_is_l3c(cp):
+    """Rank 1 skips every storage write (``backup_skip``; its acks still come): L3c on rank 1 for every node rank 0
+    wrote, nothing else; with rank 1's shard missing, no prefix ever hits in storage on both ranks."""
+    ranks = cp[1]
+    assert [bool(r["l3_fault_hits"]) for r in ranks] == [r == CP_FAULT_RANK for r in range(CP_WORLD)]
+    logs = [r["log"] for r in ranks]
+    d = _check(logs)
+    events = _events(logs)
+    skipped = {e.fields["node_id"] for e in events if e.rank == CP_FAULT_RANK and e.tag == "l3_backup"
+               and e.fields["io"] == 0}
+    written = {e.fields["node_id"] for e in events if e.rank == 0 and e.tag == "l3_backup" and e.fields["io"] == 1}
+    assert skipped and skipped == written
+    assert {(f["rule"], f["rank"]) for f in d["findings"]} == {("L3c", CP_FAULT_RANK)}, _fmt(d)
+    assert {f["node_id"] for f in d["findings"]} == skipped
+    assert all(r["stats"]["l3_loaded_tokens"] == 0 for r in ranks)
