@@ -498,9 +498,9 @@ def shutdown(timeout_s: float = 30.0) -> bool:
         on_stop, _on_stop = _on_stop, None
     if on_stop is not None:
         on_stop()
-    if st.ring is not None:
-        st.ring.detach()   # (records put meanwhile are in the ring: the worker reads them to the end)
+    _ring.detach(st.ring)   # (records put meanwhile are in the ring: the worker reads them to the end)
     ok = lifecycle.close_state(st, timeout_s)
+    _ring.close(st.ring)    # its memfd (the worker has its own mapping; no worker starts after the close)
     _remember(st)
     # (not reached when the application's SIGTERM handler raised SystemExit meanwhile: the exit flush finishes it)
     _closing = None

@@ -42,6 +42,18 @@ def create(cfg: Any) -> "Ring | None":
         return None
 
 
+def detach(ring: "Ring | None") -> None:
+    """Stop producing into ``ring`` (None: nothing to do)."""
+    if ring is not None:
+        ring.detach()
+
+
+def close(ring: "Ring | None") -> None:
+    """Release ``ring`` once its pipeline is closed (None: nothing to do)."""
+    if ring is not None:
+        ring.close()
+
+
 class Ring:
     """One shared-memory ring (a memfd) and this process's counters of it."""
 
@@ -58,6 +70,7 @@ class Ring:
             os.close(fd)
             raise
         self.fd = fd
+        self._final = (0, 0, 0, 0, 0, 0, 0)   # the counters at close()
         self.size = HEADER + data
         self.cap = _hot.ring_init(self.mm)
         self.side_shipped = 0   # SIDE items shipped to any worker (a replacement worker is told where they go on)
@@ -75,8 +88,26 @@ class Ring:
         except Exception:
             pass
 
+    def close(self) -> None:
+        """Detach and release this process's memfd and mapping (the worker keeps its own until it exits). Counters
+        read afterwards are those at the close."""
+        self.detach()
+        if self.fd >= 0:
+            self._final = self.counters()
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+            self.fd = -1
+            try:
+                self.mm.close()
+            except (BufferError, ValueError):
+                pass
+
     def counters(self) -> tuple[int, int, int, int, int, int, int]:
         """``(write_pos, read_pos, dropped, side_next, written, consumed, cap)`` from the ring header."""
+        if self.fd < 0:
+            return self._final
         return self._hot.ring_counters(self.mm)
 
     def dropped(self) -> int:
@@ -108,3 +139,4 @@ class Ring:
             os.close(self.fd)
         except Exception:
             pass
+        self._final, self.fd = (0, 0, 0, 0, 0, 0, 0), -1

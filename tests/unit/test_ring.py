@@ -266,7 +266,17 @@ class Odd:
 for i in range(3000):
     ct.cptrace(1, "alloc", i=i, op="d2h", v=(Odd() if i % 7 == 0 else [i, 1]), ok=bool(i % 2))
 ok = ct.flush(30)
-print(json.dumps({"ok": ok, "stats": pipeline.stats()}))
+stats = pipeline.stats()
+ct.shutdown(30)
+import os
+def link(f):
+    try:
+        return os.readlink(f"/proc/self/fd/{f}")
+    except OSError:   # the directory's own descriptor, closed by now
+        return ""
+fds = [link(f) for f in os.listdir("/proc/self/fd")]
+print(json.dumps({"ok": ok, "stats": stats, "after": pipeline.stats(),
+                  "rings_open": sum("cptrace-ring" in f for f in fds)}))
 """
 
 
@@ -285,6 +295,7 @@ def test_a_traced_process_with_the_ring_delivers_every_record_in_order(tmp_path:
     ring = out["stats"]["ring"]
     assert out["ok"] and out["stats"]["dropped"] == 0
     assert ring["written"] == 3000 - 429 and ring["side"] == 429 and ring["taken"] == ring["written"]
+    assert out["after"]["ring"] == ring and out["rings_open"] == 0   # shutdown released the memfd
     lines = (tmp_path / "log.txt").read_text().splitlines()
     assert [int(ln.split(" i=")[1].split()[0]) for ln in lines] == list(range(3000))
     assert "v=oddvalue" in lines[0] and "v=[1,1]" in lines[1] and "ok=True" in lines[1]
