@@ -1,7 +1,7 @@
 """What the SGLang instrumentation costs per scheduler step: the real-SGLang driver (tests/sglang_real/driver.py)
 with the instrumentation off and on, in one process, same request stream, printing the ratio.
 
-    python3 bench/sglang_step_cost.py [--version 0.5.20] [--reps 3] [--requests 150] [--policy write_through]
+    python3 bench/sglang_step_cost.py [--version 0.5.20|0.5.23] [--reps 3] [--requests 150] [--policy write_through]
 
 Modes, alternated ``--reps`` times (median per mode):
 
@@ -35,7 +35,7 @@ import runtime  # noqa: E402
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--version", default="0.5.20", choices=("0.5.20",))
+    p.add_argument("--version", default="0.5.20", choices=runtime.VERSIONS)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--requests", type=int, default=150)
     p.add_argument("--policy", default="write_through")

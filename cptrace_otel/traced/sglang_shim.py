@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 MODULE = "sglang.srt.mem_cache.cp_hicache_trace"
-# SGLang's HiCache tree modules: 0.5.20's, and the later releases' (refused with a warning, not silently)
+# SGLang's HiCache tree modules: 0.5.20's HiRadixCache, 0.5.23's UnifiedRadixCache
 HOOKED = ("sglang.srt.mem_cache.hiradix_cache", "sglang.srt.mem_cache.unified_radix_cache")
 # SGLang's kv-canary violation reporter (its module logger is the one canary_hook listens to)
 CANARY_MODULE = "sglang.srt.kv_canary.runner.violation_reporter"

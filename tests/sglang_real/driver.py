@@ -1,5 +1,6 @@
-"""Drive real SGLang HiCache (``HiRadixCache`` + ``HiCacheController`` + pools + allocator) the way the scheduler
-does, on CPU, with the instrumentation on, and check the KV content itself.
+"""Drive real SGLang HiCache (0.5.20: ``HiRadixCache`` + ``HiCacheController``; 0.5.23: ``UnifiedRadixCache`` +
+``HybridCacheController``, :class:`Driver23`; their pools and allocators) the way the scheduler does, on CPU, with
+the instrumentation on, and check the KV content itself.
 
 One scheduler step: ``copies.tick`` (copies due now complete), ``check_hicache_events`` (writing_check /
 loading_check, all-reduced over the CP group), then a batch of requests is admitted: for each, ``match_prefix``,
@@ -73,6 +74,12 @@ def write_rows(pool: Any, idx: Any, rows: Any) -> None:
         b[idx] = rows[:, i]
 
 
+class _ReqKv:
+    """0.5.23's ``req.kv`` as read by a full-attention load back (no Mamba state)."""
+
+    mamba_pool_idx = None
+
+
 class Req:
     """What the cache's calls read from a request (``rid``, ``origin_input_ids``)."""
 
@@ -84,6 +91,13 @@ class Req:
         self.last_node: Any = None
         self.all_idx: Any = None
         self.finish_step = 0
+        # what 0.5.23's calls read besides (a plain, non-streaming full-attention request)
+        self.session = None
+        self.extra_key = None
+        self.swa_host_hit_length = 0
+        self.mamba_host_hit_length = 0
+        self.lock: Any = None
+        self.kv = _ReqKv()
 
 
 def request_stream(seed: int, n: int, page_size: int, families: int = 6) -> list[list[int]]:
@@ -130,6 +144,44 @@ def build(version: str, policy: str, page_size: int, dev_tokens: int, host_ratio
     params = CacheInitParams(disable=False, req_to_token_pool=req_pool, token_to_kv_pool_allocator=alloc,
                              page_size=page_size, tp_cache_group=tp_group, attn_cp_cache_group=cp_group)
     cache = HiRadixCache(params, sa)
+    return cache, kv, alloc
+
+
+def build23(policy: str, page_size: int, dev_tokens: int, host_ratio: float, cp_group: Any,
+            tp_group: Any) -> tuple[Any, Any, Any]:
+    """sglang 0.5.23: ``UnifiedRadixCache`` with the full-attention component only (what the scheduler builds for a
+    plain MHA model, ``registry.create_unified_radix_cache``), then ``init_hicache`` (``HybridCacheController``)."""
+    import torch
+
+    from sglang.srt import runtime_context as rc
+    from sglang.srt.server_args import ServerArgs
+
+    sa = ServerArgs(model_path="dummy", device="cpu", enable_hierarchical_cache=True, hicache_io_backend="direct",
+                    hicache_mem_layout="layer_first", hicache_write_policy=policy, page_size=page_size,
+                    hicache_ratio=host_ratio)
+    rc.get_context().set_server_args(sa)
+    runtime.apply_cpu_answers()
+    from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+    from sglang.srt.mem_cache.unified_cache.components import ComponentType
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+    kv = MHATokenToKVPool(size=dev_tokens, page_size=page_size, dtype=torch.float32, head_num=HEADS, head_dim=DIM,
+                          layer_num=LAYERS, device="cpu", enable_memory_saver=False)
+    if page_size == 1:
+        alloc = TokenToKVPoolAllocator(dev_tokens, torch.float32, "cpu", kv, need_sort=False)
+    else:
+        alloc = PagedTokenToKVPoolAllocator(dev_tokens, page_size, torch.float32, "cpu", kv, need_sort=False)
+    req_pool = ReqToTokenPool(size=64, max_context_len=256, device="cpu", enable_memory_saver=False)
+    params = CacheInitParams(disable=False, req_to_token_pool=req_pool, token_to_kv_pool_allocator=alloc,
+                             page_size=page_size, tp_cache_group=tp_group, attn_cp_cache_group=cp_group)
+    params.tree_components = (ComponentType.FULL,)
+    # the Python tree core, the one the instrumentation traces (SGLang's default, the Rust one, is taken where its
+    # extension supports this torch; SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND still picks another, as in SGLang)
+    params.tree_core_backend = os.environ.get("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", "python")
+    cache = UnifiedRadixCache(params)
+    cache.init_hicache(sa, params)
     return cache, kv, alloc
 
 
@@ -291,6 +343,98 @@ class Driver:
         self.stats["steps"] = step
 
 
+class Driver23(Driver):
+    """The same scheduler steps against sglang 0.5.23's ``UnifiedRadixCache``: match results and locks carry node ids
+    (``NodeId``), ``init_load_back`` returns ``(loaded tokens, node id)``, a lock returns the parameters of its
+    release, the tree's nodes keep the full-attention KV in ``component_data[FULL]``, and ``insert`` frees the
+    request's duplicate slots itself (``prev_prefix_len``: ``FreeDeviceKV``), as ``cache_finished_req`` relies on."""
+
+    def _node(self, nid: Any) -> Any:
+        return self.cache.tree_core.node_by_id(nid)
+
+    def _nodes_of(self, tokens: list[int], upto: int) -> list[tuple[int, int, int]]:
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+
+        out, node, pos = [], self.cache.tree_core.root_node, 0
+        key = RadixKey(tokens[:upto])
+        while pos < upto:
+            child = node.children.get(key[pos:].child_key(self.page_size))
+            if child is None:
+                break
+            out.append((child.id, pos, pos + len(child.key)))
+            pos += len(child.key)
+            node = child
+        return out
+
+    def audit_host(self) -> None:
+        c = self.cache
+        hp = runtime.host_pool(c)
+        pending = {nid for w in c.ongoing_write_through.values() for nid in w.publish_node_ids}
+        pending |= {w.node_id for w in c.ongoing_write_through.values()}
+        self.stats["host_audits"] += 1
+        stack = [(c.tree_core.root_node, [])]
+        while stack:
+            node, prefix = stack.pop()
+            for child in list(node.children.values()):
+                toks = prefix + list(child.key.token_ids)
+                hv = runtime.full(child).host_value
+                if hv is not None and child.id not in pending and len(hv):
+                    got = read_rows(hp, hv)
+                    want = expected_rows(toks)[len(prefix):]
+                    if not bool((got == want).all()):
+                        self.corruption.append({"step": self.copies.step, "where": "host", "nodes": [child.id]})
+                stack.append((child, toks))
+
+    def admit(self, reqs: list[Req]) -> list[Req]:
+        import torch
+
+        from sglang.srt.mem_cache.base_prefix_cache import (EvictParams, InitLoadBackParams, MatchPrefixParams)
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+
+        c = self.cache
+        for req in reqs:
+            m = c.match_prefix(MatchPrefixParams(key=RadixKey(req.tokens), req=req))
+            plen, last = m.device_prefix_len, m.last_device_node
+            req.last_node = last
+            if m.host_hit_length > 0:
+                n, last = c.init_load_back(InitLoadBackParams(best_match_node=m.best_match_node,
+                                                              host_hit_length=m.host_hit_length, req=req))
+                if n:
+                    self.stats["loads"] += 1
+                    plen += n
+            req.prefix_idx = c.path_device_indices(last)[:plen] if plen else torch.empty((0,), dtype=torch.int64)
+            req.last_node = last
+            req.lock = c.inc_lock_ref(last).to_dec_params()
+        c.ready_to_load_host_cache()
+        self.copies.wait_loads()
+        running = []
+        for req in reqs:
+            self.check_prefix(req)
+            need = len(req.tokens) - len(req.prefix_idx)
+            new = self.alloc.alloc(need) if need else torch.empty((0,), dtype=torch.int64)
+            if new is None:
+                c.evict(EvictParams(num_tokens=need))
+                new = self.alloc.alloc(need)
+            if new is None:
+                c.dec_lock_ref(req.last_node, req.lock)
+                self.stats["deferred"] += 1
+                continue
+            write_rows(self.kv, new, expected_rows(req.tokens)[len(req.prefix_idx):])
+            req.all_idx = torch.cat([req.prefix_idx, new])
+            req.finish_step = self.copies.step + self.rng.randint(0, 2)
+            running.append(req)
+            self.stats["admitted"] += 1
+        return running
+
+    def finish(self, req: Req) -> None:
+        from sglang.srt.mem_cache.base_prefix_cache import InsertParams
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+
+        c = self.cache
+        c.insert(InsertParams(key=RadixKey(req.tokens), value=req.all_idx, prev_prefix_len=len(req.prefix_idx)))
+        c.dec_lock_ref(req.last_node, req.lock)
+
+
 _GROUPS: dict = {}
 
 
@@ -339,12 +483,15 @@ def run(version: str, out: str, policy: str = "write_through", page_size: int = 
     if store is None:
         store = tempfile.mktemp(prefix="cptrace-gloo-")
     cp, tp = _init_group(world, rank, store)
-    cache, kv, alloc = build(version, policy, page_size, dev_tokens, host_ratio, cp, tp)
+    if version == "0.5.23":
+        cache, kv, alloc = build23(policy, page_size, dev_tokens, host_ratio, cp, tp)
+    else:
+        cache, kv, alloc = build(version, policy, page_size, dev_tokens, host_ratio, cp, tp)
     copies = runtime.Copies(seed * 31 + 1, max_lag)
     copies.install()
     faults = runtime.Faults(fault, nth)
     faults.install(cache, copies)
-    drv = (make_driver or Driver)(cache, kv, alloc, copies, seed, page_size)
+    drv = (make_driver or (Driver23 if version == "0.5.23" else Driver))(cache, kv, alloc, copies, seed, page_size)
     prompts = request_stream(seed, requests, page_size)
     drv.run(prompts, batch, reset_at=(len(prompts) // (2 * batch) if reset else None), audit_every=audit_every)
     cptrace_otel.flush(60)

@@ -79,10 +79,13 @@ def main(version: str, url: str, mode: str, run_id: str = RUN_ID) -> None:
 
         SGLangInstrumentor().instrument()
         cp, tp = driver._init_group(1, 0, tempfile.mktemp(prefix="cptrace-gloo-"))
-        cache, kv, alloc = driver.build(version, "write_through", 1, 256, 3.0, cp, tp)
+        if version == "0.5.23":
+            cache, kv, alloc = driver.build23("write_through", 1, 256, 3.0, cp, tp)
+        else:
+            cache, kv, alloc = driver.build(version, "write_through", 1, 256, 3.0, cp, tp)
         copies = runtime.Copies(1, 1)
         copies.install()
-        drv = driver.Driver(cache, kv, alloc, copies, 0, 1)
+        drv = (driver.Driver23 if version == "0.5.23" else driver.Driver)(cache, kv, alloc, copies, 0, 1)
         for rid, toks in zip(rids, PROMPTS):   # one request per step: each later one matches the earlier ones' nodes
             api, req = new_request(rid, toks)
             copies.tick()

@@ -1,7 +1,9 @@
 """Real SGLang HiCache on CPU, for tests: the three runtime answers, copies that complete steps later, and faults.
 
 Runs inside a process whose ``sys.path`` has ``.sglang/<version>/`` (see :func:`sglang_env`). Patches are narrow
-and test-only (never shipped):
+and test-only (never shipped), and the same three serve 0.5.20 and 0.5.23 (0.5.23's host pool takes ``pin_memory``
+at the same position, its controller and ``l2_transfer`` take ``device_module`` the same way, and its direct IO
+copies through the same ``transfer_kv_direct``); 0.5.23 needs no other:
 
 * the host pool is built with ``pin_memory=False`` (pinning calls ``cudaHostRegister``);
 * ``device_module`` of ``cache_controller`` and ``l2_transfer`` is ``torch.cpu`` (no-op streams and events; SGLang
@@ -11,7 +13,8 @@ and test-only (never shipped):
   seeded lag (scheduler steps); its data moves when it completes (due at a step, or forced by a ``synchronize``
   or by the forward's wait on a load) and its ack becomes visible to ``finish_event.query()`` at its due step.
   Copies on one stream complete in order.
-* :class:`Faults`: one injected fault per run (:data:`FAULTS`), at the n-th eligible site.
+* :class:`Faults`: one injected fault per run (:data:`FAULTS`), at the n-th eligible site (0.5.23: the same
+  five shapes at its own sites, ``_install23_*``).
 """
 
 from __future__ import annotations
@@ -92,6 +95,17 @@ def apply_cpu_answers() -> None:
 
         init._cpu_unpinned = True  # type: ignore[attr-defined]
         cls.__init__ = init
+
+
+def host_pool(cache: Any) -> Any:
+    """The full-attention KV host pool: ``token_to_kv_pool_host`` (0.5.20), the host pool group's anchor (0.5.23)."""
+    hp = getattr(cache, "token_to_kv_pool_host", None)
+    return hp if hp is not None else cache.cache_controller.mem_pool_host.anchor_entry.host_pool
+
+
+def full(node: Any) -> Any:
+    """0.5.23: the node's full-attention component data (``value``, ``host_value``, ``lock_ref``)."""
+    return node.component_data[0]
 
 
 # -- copies that complete later ---------------------------------------------------------------------------------
@@ -220,7 +234,10 @@ class Faults:
         return self.seen >= self.nth
 
     def install(self, cache: Any, copies: Copies) -> None:
-        if self.kind == "flip":
+        if hasattr(cache, "tree_core") and self.kind in ("unpinned", "midchain", "early_release",
+                                                         "split_no_rewrite"):
+            getattr(self, "_install23_" + self.kind)(cache, copies)
+        elif self.kind == "flip":
             copies.after_copy.append(functools.partial(self._flip, cache))
         elif self.kind == "unpinned":
             self._unpinned(cache, copies)
@@ -236,7 +253,7 @@ class Faults:
         """Flip every bit of the first byte of layer 0's K row of host slot ``host_idx[0]``."""
         import torch
 
-        hp = cache.token_to_kv_pool_host
+        hp = host_pool(cache)
         row = hp.k_buffer[0][int(host_idx[0])]
         b = row.view(torch.uint8).view(-1)
         b[0] ^= 0xFF
@@ -311,11 +328,15 @@ class Faults:
         released at issue in this SGLang) and reused by another writer, which overwrites them."""
         if res is None or not chain or not self._take():
             return
+        n = chain[0]
+        self._free_and_reuse(cache, n.host_value)
+        self.hits.append({"kind": "early_release", "node_id": n.id, "chain": [c.id for c in chain]})
+
+    @staticmethod
+    def _free_and_reuse(cache: Any, idx: Any) -> None:
         import torch
 
-        hp = cache.token_to_kv_pool_host
-        n = chain[0]
-        idx = n.host_value
+        hp = host_pool(cache)
         hp.free(idx)                        # the release SGLang #31427 moves to the ack ...
         for buf in (hp.k_buffer, hp.v_buffer):
             buf[:, idx] = torch.full_like(buf[:, idx], 7.0)   # ... and the writer that reused the pages
@@ -324,7 +345,6 @@ class Faults:
         hp.slot_used[idx] = True
         hp.release_slots = [r[~torch.isin(r, idx)] for r in hp.release_slots]
         hp.num_release_slots = sum(len(r) for r in hp.release_slots)
-        self.hits.append({"kind": "early_release", "node_id": n.id, "chain": [c.id for c in chain]})
 
     def _split_no_rewrite(self, cache: Any) -> None:
         """A split of a node with a pending write does not rewrite the pending entry (the shape of #27072)."""
@@ -336,6 +356,86 @@ class Faults:
                 self.hits.append({"kind": "split_no_rewrite", "node_id": old.id, "new_id": new_nodes[0].id})
                 return
             return orig(old, new_nodes)
+
+        cache._replace_pending_write_through_node = replace
+
+
+    # -- sglang 0.5.23 (UnifiedRadixCache): the same shapes at its own sites ------------------------------------------
+    def _install23_unpinned(self, cache: Any, copies: Copies) -> None:
+        """The n-th write-through backup action (a chain, parent first) pins none of its nodes while its copy is in
+        flight (lag 4): ``inc_lock_ref`` is skipped for it, and its ack releases nothing."""
+        orig = cache._execute_and_commit_kv_backup
+
+        class _NoLock:
+            @staticmethod
+            def to_dec_params() -> None:
+                return None   # _finish_write_through_ack releases no lock then
+
+        def backup(action: Any, write_back: bool = False) -> int:
+            tc = cache.tree_core
+            todo = [nid for nid in action.node_ids if not tc.node_by_id(nid).backuped]
+            if write_back or not todo or not self._take():
+                return orig(action, write_back)
+            cache.inc_lock_ref = lambda *a, **k: _NoLock()   # this action only
+            copies.force_lag["d2h"] = 4
+            try:
+                r = orig(action, write_back)
+            finally:
+                del cache.inc_lock_ref
+            self.hits.append({"kind": "unpinned", "node_id": todo[-1], "chain": todo})
+            return r
+
+        cache._execute_and_commit_kv_backup = backup
+
+    def _wrap_load_back23(self, cache: Any, hook: Any) -> None:
+        orig = cache.load_back
+
+        def load_back(node_id: Any, mem_quota: Any = None, req: Any = None) -> Any:
+            chain = []
+            n = cache.tree_core.node_by_id(node_id)
+            while n.evicted:
+                chain.insert(0, n)
+                n = n.parent
+            hook(cache, chain, None)
+            ok = orig(node_id, mem_quota, req=req)
+            if ok:
+                hook(cache, chain, True)
+            return ok
+
+        cache.load_back = load_back
+
+    def _install23_midchain(self, cache: Any, copies: Copies) -> None:
+        def hook(cache: Any, chain: list, res: Any) -> None:
+            if res is not None or len(chain) < 3 or not self._take():
+                return
+            mid = chain[len(chain) // 2]
+            self._corrupt_host(cache, full(mid).host_value)
+            self.hits.append({"kind": "midchain", "node_id": mid.id, "chain": [n.id for n in chain]})
+
+        self._wrap_load_back23(cache, hook)
+
+    def _install23_early_release(self, cache: Any, copies: Copies) -> None:
+        """0.5.23 holds the host pin to the ack (``ongoing_load_back``); the fault frees the first chain node's host
+        pages right after the load is issued and lets another writer overwrite them, as if the pin went at issue."""
+        def hook(cache: Any, chain: list, res: Any) -> None:
+            if res is None or not chain or not self._take():
+                return
+            n = chain[0]
+            self._free_and_reuse(cache, full(n).host_value)
+            self.hits.append({"kind": "early_release", "node_id": n.id, "chain": [c.id for c in chain]})
+
+        self._wrap_load_back23(cache, hook)
+
+    def _install23_split_no_rewrite(self, cache: Any, copies: Copies) -> None:
+        """A split of a node with a pending write does not rewrite the pending entry's publish list (#27072): the
+        ``UpdatePendingBackupOnNodeSplit`` action's relocation is skipped once."""
+        orig = cache._replace_pending_write_through_node
+
+        def replace(ack_id: int, old_node_id: Any, new_node_ids: list) -> None:
+            if ack_id in cache.ongoing_write_through and self._take():
+                self.hits.append({"kind": "split_no_rewrite", "node_id": old_node_id, "new_id": new_node_ids[0]})
+                return
+            return orig(ack_id, old_node_id, new_node_ids)
 
         cache._replace_pending_write_through_node = replace
 

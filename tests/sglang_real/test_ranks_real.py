@@ -1,5 +1,6 @@
 """Several CP ranks on real SGLang (issue 20, item 5): 4 rank processes (gloo on a ``file://`` store), each with its
-own stock SGLang 0.5.20 HiCache driven on CPU by ``driver.py``, the same request stream on every rank, and the
+own stock SGLang HiCache (0.5.20's ``HiRadixCache``, and 0.5.23's ``UnifiedRadixCache``: every test runs for both)
+driven on CPU by ``driver.py``, the same request stream on every rank, and the
 ``config`` record saying ``mode=replicated`` (every rank holds the whole stream's KV in its own cache: the same
 tokens, the same KV bytes, the same tree decisions, acks all-reduced over the group).
 
@@ -30,7 +31,7 @@ sys.path.insert(0, HERE)
 
 import runtime  # noqa: E402  (tests/sglang_real/runtime.py)
 
-VERSION = "0.5.20"
+VERSIONS = runtime.VERSIONS
 WORLD, FAULT_RANK = 4, 2
 pytestmark = [pytest.mark.sglang, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -40,26 +41,25 @@ BASE = {"requests": 60, "dev_tokens": 256, "seed": 1, "policy": "write_through"}
 MATRIX = [
     {"exact": True},                                                  # 0: healthy, exact sets, reset mid-run
     {"exact": False},                                                 # 1: healthy, range summaries only
-    {"exact": True, "reset": False, "fault": "flip", "nth": 4},       # 2: a host byte flipped on rank 2
+    {"exact": True, "reset": False, "fault": "flip", "nth": 4},       # 2: a host byte flipped on rank 2 (0.5.23: nth 3)
     {"exact": False, "reset": False, "fault": "early_release"},       # 3: host pin released early on rank 2
     {"exact": False, "policy": "write_back", "page_size": 4, "host_ratio": 1.5},   # 4: healthy, write_back, pages of 4
 ]
+# per version: the flip's site whose node this stream reloads later (a host copy never reloaded is invisible to HASH)
+FLIP_NTH = {"0.5.20": 4, "0.5.23": 3}
 CROSS = ("C1", "C2", "C3", "C4", "C5")
 
 
-def _need() -> None:
-    runtime.need(VERSION)
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> list[list[dict]]:
-    """``runs[i][r]``: rank ``r``'s driver summary of MATRIX entry ``i``."""
-    _need()
+@pytest.fixture(scope="module", params=VERSIONS)
+def runs(request, tmp_path_factory) -> list[list[dict]]:
+    """``runs[i][r]``: rank ``r``'s driver summary of MATRIX entry ``i``, for each SGLang version."""
+    runtime.need(request.param)
     import driver
 
     out = tmp_path_factory.mktemp("ranks")
-    return driver.run_ranks(VERSION, str(out), world=WORLD, fault_rank=FAULT_RANK,
-                            matrix=[{**BASE, **m} for m in MATRIX])
+    matrix = [{**BASE, **m, **({"nth": FLIP_NTH[request.param]} if m.get("fault") == "flip" else {})}
+              for m in MATRIX]
+    return driver.run_ranks(request.param, str(out), world=WORLD, fault_rank=FAULT_RANK, matrix=matrix)
 
 
 def _check(paths: list[str]) -> dict:
@@ -192,7 +192,7 @@ def _faulty(runs, i: int):
 
 
 def test_flipped_host_byte_on_one_rank_is_hash_on_that_rank(runs):
-    """A byte of rank 2's host copy flipped after its copy (the 4th backup; that node is reloaded later): HASH on
+    """A byte of rank 2's host copy flipped after its copy (a backup whose node is reloaded later): HASH on
     rank 2, on the node whose host copy holds the flipped slot, the node whose reloaded KV the driver saw wrong.
 
     No cross-rank rule fires, and none should: C5 in mode ``replicated`` compares the ranks' ``backup`` hashes, which

@@ -8,9 +8,9 @@ trace id and span id of ``Req <rid>``), the node lane holding it has an OTLP lin
 (``cptrace.link.kind=request``, ``hicache.rid``), a node used by several requests links each of them once, and the
 way back: SGLang's own request trace carries a ``cptrace.node`` event naming that node and the run id.
 
-sglang 0.5.20 runs through the instrumented HiRadixCache (``match_prefix`` records ``rid_map`` at its real site);
-0.5.23 is not instrumented yet (its UnifiedRadixCache), so there the capture helpers the sites call are called
-with 0.5.23's real request objects: what is tested for it is its tracing module, not a cache site.
+Both versions run through the instrumented cache (0.5.20's HiRadixCache, 0.5.23's UnifiedRadixCache: ``match_prefix``
+and ``init_load_back`` record ``rid_map`` at their real sites); the capture helpers alone, called with 0.5.23's real
+request objects, are tested too (its tracing module, without a cache).
 """
 
 from __future__ import annotations
@@ -71,8 +71,9 @@ def _check(out: dict, spans: list) -> dict[str, set[int]]:
     return linked
 
 
-def test_node_lanes_link_sglang_request_spans_at_the_real_rid_map_site():
-    out, spans = _run("0.5.20", "cache")
+@pytest.mark.parametrize("version", runtime.VERSIONS)
+def test_node_lanes_link_sglang_request_spans_at_the_real_rid_map_site(version):
+    out, spans = _run(version, "cache")
     linked = _check(out, spans)
     by_node: dict[int, set[str]] = {}
     for rid, nodes in linked.items():

@@ -1,5 +1,5 @@
 """The rules on real SGLang (issue 20, items 3 and 4): stock SGLang 0.5.20's HiCache (``HiRadixCache``, its
-controller, pools and allocator) driven on CPU by ``driver.py`` with the instrumentation on, its records read back
+controller, pools and allocator) and 0.5.23's (``UnifiedRadixCache``, ``HybridCacheController``) driven on CPU by ``driver.py`` with the instrumentation on, its records read back
 the way ``cptrace-otel check`` reads log files.
 
 * Healthy runs, every write policy, page sizes 1 and 4, batched admission, copies that complete steps later, a reset
@@ -123,31 +123,23 @@ def _lineage(events, nid: int) -> set[int]:
     return out
 
 
-@pytest.mark.parametrize("exact", [False, True], ids=["range", "exact"])
-def test_byte_flipped_in_a_host_copy_is_hash(tmp_path, exact):
-    """A byte of a host copy flipped after its device->host copy; the node is later reloaded (the 4th backup of
-    this stream: the earlier sites' nodes are never reloaded, and a host copy that never comes back is invisible to
-    HASH, which compares a backup with a reload)."""
-    summary, res, events = _fault(tmp_path, "flip", exact, nth=4)
+def assert_flip(summary, res, events) -> None:
+    """A byte of a host copy flipped after its device->host copy, the node later reloaded: HASH only, on the node
+    whose host copy holds the flipped slot, one the driver saw corrupt."""
     slot = summary["fault_hits"][0]["host_slot"]
     seen = {n for c in summary["corruption"] for n in c["nodes"]}
     assert seen, "the driver did not see the flipped byte"
     hashes = [f for f in res.findings if f.code == "HASH"]
     assert hashes and {f.code for f in res.findings} == {"HASH"}, _fmt(res)
-    # the HASH names the node whose host copy holds the flipped slot, the one the driver saw corrupt
     owners = {e.fields["node_id"] for e in events if e.tag == "prepare" and e.fields["host"].first == slot}
     assert owners and {f.node_id for f in hashes} <= set().union(*(_lineage(events, n) for n in owners)), \
         (owners, _fmt(res))
     assert {f.node_id for f in hashes} & set().union(*(_lineage(events, n) for n in seen))
 
 
-@pytest.mark.parametrize("exact", [False, True], ids=["range", "exact"])
-def test_unpinned_write_through_backup_is_h4a(tmp_path, exact):
-    """A write-through backup whose node is not pinned while its copy is in flight (4 steps), under device pressure
-    (96 device slots): the node is evicted and its pages reused before the copy reads them. H4a on that node (the
-    HASH findings that follow are the foreign bytes coming back in later reloads), and the driver saw the node's
-    host copy hold the wrong KV."""
-    summary, res, events = _fault(tmp_path, "unpinned", exact, dev_tokens=96)
+def assert_unpinned(summary, res, events) -> None:
+    """H4a (exact) on the unpinned node; the HASH findings that follow are the foreign bytes coming back in later
+    reloads; the driver saw the node's host copy hold the wrong KV."""
     nid = summary["fault_hits"][0]["node_id"]
     h4a = [f for f in res.findings if f.rule == "H4a"]
     assert [f.node_id for f in h4a] == [nid] and h4a[0].certainty == "exact", _fmt(res)
@@ -155,9 +147,7 @@ def test_unpinned_write_through_backup_is_h4a(tmp_path, exact):
     assert nid in {n for c in summary["corruption"] for n in c["nodes"]}, summary["corruption"]
 
 
-@pytest.mark.parametrize("exact", [False, True], ids=["range", "exact"])
-def test_host_slot_corrupted_mid_chain_is_hash_never_silent(tmp_path, exact):
-    summary, res, events = _fault(tmp_path, "midchain", exact)
+def assert_midchain(summary, res, events) -> None:
     hit = summary["fault_hits"][0]
     mid = hit["node_id"]
     assert mid != hit["chain"][-1]   # not the node SGLang's load ack names
@@ -169,12 +159,9 @@ def test_host_slot_corrupted_mid_chain_is_hash_never_silent(tmp_path, exact):
     assert {f.code for f in res.findings} == {"HASH"}, _fmt(res)
 
 
-@pytest.mark.parametrize("exact", [False, True], ids=["range", "exact"])
-def test_host_pin_released_before_the_load_ack_is_h2c(tmp_path, exact):
-    """The shape of SGLang #31427: the chain's first node's host pages are freed after the load is issued and
-    reused by another writer before the copy reads them. H2c on the load (named by its last node, as its ack is),
-    HASH on the node whose pages were reused, and the driver saw that node's KV come back wrong."""
-    summary, res, events = _fault(tmp_path, "early_release", exact)
+def assert_early_release(summary, res, events) -> None:
+    """H2c (exact) on the load, named by its last node as its ack is; HASH on the node whose pages were reused; the
+    driver saw that node's KV come back wrong."""
     hit = summary["fault_hits"][0]
     chain, first = hit["chain"], hit["node_id"]
     h2c = [f for f in res.findings if f.rule == "H2c"]
@@ -184,13 +171,126 @@ def test_host_pin_released_before_the_load_ack_is_h2c(tmp_path, exact):
     assert any(first in c["nodes"] for c in summary["corruption"]), summary["corruption"]
 
 
-@pytest.mark.parametrize("exact", [False, True], ids=["range", "exact"])
-def test_split_during_a_pending_write_without_rewriting_it_is_h1b(tmp_path, exact):
-    """The shape of #27072: a split while the node's write is pending does not rewrite the pending entry, so the
-    ack publishes the suffix's fragments only. H1b on the node, nothing else; what the driver sees is the
-    bookkeeping's consequence: the split-off prefix is no longer pending, and its host copy is read before the
-    copy that fills it completed."""
-    summary, res, events = _fault(tmp_path, "split_no_rewrite", exact)
+def assert_split_no_rewrite(summary, res, events) -> None:
+    """H1b on the node, nothing else; what the driver sees is the bookkeeping's consequence: the split-off prefix is
+    no longer pending, and its host copy is read before the copy that fills it completed."""
     hit = summary["fault_hits"][0]
     assert [(f.rule, f.node_id) for f in res.findings] == [("H1b", hit["node_id"])], _fmt(res)
     assert hit["new_id"] in {n for c in summary["corruption"] for n in c["nodes"]}, summary["corruption"]
+
+
+@pytest.mark.parametrize("exact", [False, True], ids=["range", "exact"])
+def test_byte_flipped_in_a_host_copy_is_hash(tmp_path, exact):
+    """The 4th backup of this stream (the earlier sites' nodes are never reloaded, and a host copy that never comes
+    back is invisible to HASH, which compares a backup with a reload)."""
+    assert_flip(*_fault(tmp_path, "flip", exact, nth=4))
+
+
+@pytest.mark.parametrize("exact", [False, True], ids=["range", "exact"])
+def test_unpinned_write_through_backup_is_h4a(tmp_path, exact):
+    """A write-through backup whose node is not pinned while its copy is in flight (4 steps), under device pressure
+    (96 device slots): the node is evicted and its pages reused before the copy reads them."""
+    assert_unpinned(*_fault(tmp_path, "unpinned", exact, dev_tokens=96))
+
+
+@pytest.mark.parametrize("exact", [False, True], ids=["range", "exact"])
+def test_host_slot_corrupted_mid_chain_is_hash_never_silent(tmp_path, exact):
+    assert_midchain(*_fault(tmp_path, "midchain", exact))
+
+
+@pytest.mark.parametrize("exact", [False, True], ids=["range", "exact"])
+def test_host_pin_released_before_the_load_ack_is_h2c(tmp_path, exact):
+    """The shape of SGLang #31427: the chain's first node's host pages are freed after the load is issued and
+    reused by another writer before the copy reads them."""
+    assert_early_release(*_fault(tmp_path, "early_release", exact))
+
+
+@pytest.mark.parametrize("exact", [False, True], ids=["range", "exact"])
+def test_split_during_a_pending_write_without_rewriting_it_is_h1b(tmp_path, exact):
+    """The shape of #27072: a split while the node's write is pending does not rewrite the pending entry, so the
+    ack publishes the suffix's fragments only."""
+    assert_split_no_rewrite(*_fault(tmp_path, "split_no_rewrite", exact))
+
+
+# -- sglang 0.5.23 (UnifiedRadixCache + HybridCacheController) -------------------------------------------------------
+# The same runs and the same assertions; each group runs in one driver process (``--matrix``: one SGLang import for
+# all its runs), which keeps 0.5.23's share of the CI time to about two minutes on two cores.
+
+V23 = "0.5.23"
+LARGE = [(pol, seed, exact) for pol in ("write_through", "write_back") for seed, exact in ((11, False), (12, True))]
+# the fault runs (write_through, seed 1, 200 requests): flip's 2nd backup is a node this stream reloads later;
+# unpinned needs device pressure (96 slots) to evict the node while its copy is in flight
+FAULTS23 = [("flip", {"nth": 2}), ("unpinned", {"dev_tokens": 96}), ("midchain", {}), ("early_release", {}),
+            ("split_no_rewrite", {})]
+ASSERT = {"flip": assert_flip, "unpinned": assert_unpinned, "midchain": assert_midchain,
+          "early_release": assert_early_release, "split_no_rewrite": assert_split_no_rewrite}
+
+
+def drive_matrix(out: str, version: str, matrix: list[dict]) -> list:
+    """Every run of ``matrix`` in one driver process; per run ``(summary, analysis, events)``."""
+    from cptrace_otel.analyze.engine import Analysis
+    from cptrace_otel.analyze.sources.logs import read_log_events
+
+    runtime.need(version)
+    args = [sys.executable, os.path.join(HERE, "driver.py"), "--version", version, "--out", out,
+            "--matrix", json.dumps(matrix)]
+    p = subprocess.run(args, env=runtime.sglang_env(version), capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out_runs = []
+    for summary in json.loads(p.stdout.strip().splitlines()[-1]):
+        events = list(read_log_events([summary["log"]]))
+        out_runs.append((summary, Analysis(None).run(events), events))
+    return out_runs
+
+
+@pytest.fixture(scope="module")
+def healthy23(tmp_path_factory):
+    m = [{"policy": pol, "page_size": ps, "exact": exact, "requests": 200,
+          "seed": 1 + HEALTHY.index((pol, ps, exact)) // 2} for pol, ps, exact in HEALTHY]
+    m += [{"policy": pol, "page_size": 4, "seed": seed, "exact": exact, "requests": 200, "batch": 8, "max_lag": 5}
+          for pol, seed, exact in LARGE]
+    return drive_matrix(str(tmp_path_factory.mktemp("healthy23")), V23, m)
+
+
+@pytest.mark.parametrize("i", range(len(HEALTHY)),
+                         ids=[f"{p}-p{ps}-{'exact' if x else 'range'}" for p, ps, x in HEALTHY])
+def test_healthy_real_run_has_no_finding_0_5_23(healthy23, i):
+    summary, res, _ = healthy23[i]
+    exact = HEALTHY[i][2]
+    assert summary["corruption"] == [], summary["corruption"][:3]
+    st = summary["stats"]
+    assert st["loads"] and st["resets"] == 1 and st["admitted"] == 200, st
+    assert res.findings == [], _fmt(res)
+    und = {u.rule: u.count for u in res.unchecked if u.kind == "undecidable"}
+    if exact:
+        assert und == {}, und
+    assert not [u for u in res.unchecked if u.rule == "HASH-skipped(no reload hash)"], res.unchecked
+
+
+def test_healthy_real_run_with_large_batches_and_late_copies_0_5_23(healthy23):
+    splits = 0
+    for (pol, seed, exact), (summary, res, events) in zip(LARGE, healthy23[len(HEALTHY):]):
+        assert summary["corruption"] == []
+        assert res.findings == [], (pol, seed, exact, _fmt(res))
+        splits += _inflight_splits(events)
+    splits += sum(_inflight_splits(ev) for _, _, ev in healthy23[:len(HEALTHY)])
+    assert splits, "no split of a node whose load was in flight: the runs did not meet what they are for"
+
+
+@pytest.fixture(scope="module")
+def faults23(tmp_path_factory):
+    m = [{"policy": "write_through", "seed": 1, "requests": 200, "fault": f, "exact": exact, **kw}
+         for f, kw in FAULTS23 for exact in (False, True)]
+    return drive_matrix(str(tmp_path_factory.mktemp("faults23")), V23, m)
+
+
+@pytest.mark.parametrize("i", range(2 * len(FAULTS23)),
+                         ids=[f"{f}-{x}" for f, _ in FAULTS23 for x in ("range", "exact")])
+def test_injected_fault_is_found_0_5_23(faults23, i):
+    """Each fault of the 0.5.20 tests above, injected at 0.5.23's own sites (``runtime.Faults._install23_*``),
+    found with the same code on the same node, the driver seeing the corruption. 0.5.23 holds the host pin of a
+    load to its ack (the fix of #31427): early_release frees and reuses the pages behind it, as that bug did."""
+    summary, res, events = faults23[i]
+    fault = FAULTS23[i // 2][0]
+    assert summary["fault_hits"] and summary["fault_hits"][0]["kind"] == fault, summary["fault_hits"]
+    ASSERT[fault](summary, res, events)

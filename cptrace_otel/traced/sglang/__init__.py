@@ -9,12 +9,14 @@ from the outside, the way OpenTelemetry's instrumentations do: :class:`SGLangIns
 
 Contract:
 
-* Supported: sglang ``>= 0.5.20, <= 0.5.23`` with ``HiRadixCache``, i.e. 0.5.20 (its last release). :data:`SITES`
-  lists the methods wrapped. Another version, or a build without ``HiRadixCache``: one warning, nothing wrapped,
-  never an exception. A build that ships its own ``cp_hicache_trace`` call sites is never instrumented (one info line).
-* ``CPTRACE_SGLANG=1`` applies it in every SGLang process, lazily, when SGLang imports its ``hiradix_cache`` (or,
-  in the releases after 0.5.20, ``unified_radix_cache``: then the warning says why nothing is recorded)
-  (:mod:`cptrace_otel.traced.sglang_shim`).
+* Supported: sglang ``>= 0.5.20, <= 0.5.23``: 0.5.20 (``HiRadixCache``, its last release; :data:`SITES`) and
+  0.5.23 (``UnifiedRadixCache`` + ``HybridCacheController`` over the Python ``UnifiedTreeCore``, the full-attention
+  KV component; :data:`SITES23`, whose module doc says what is not covered). :func:`sites` picks the table of the
+  importable SGLang; both share one record grammar and its code. Another version, or a build with neither cache:
+  one warning, nothing wrapped, never an exception. A build that ships its own ``cp_hicache_trace`` call sites is
+  never instrumented (one info line).
+* ``CPTRACE_SGLANG=1`` applies it in every SGLang process, lazily, when SGLang imports its ``hiradix_cache`` or
+  ``unified_radix_cache`` (:mod:`cptrace_otel.traced.sglang_shim`).
 * Nothing here ever raises into SGLang or changes what SGLang computes: each wrapper calls the wrapped method
   exactly as called and records around it; a recording error costs that record only.
 * ``CPTRACE_SGLANG_EXACT=1`` adds the exact run-length sets ``devx``/``hostx``/``idx_x`` (domain 3.1) to the
@@ -38,33 +40,27 @@ Readings of SGLang that decide where a record goes (the README's "Use it with SG
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any, Collection
 
 from opentelemetry.instrumentation import instrumentor as _otel_instrumentor
 
 from ._sites import SITES
-from ._state import Recorder, version_verdict
+from ._sites23 import SITES23
+from ._state import Recorder, cache_flavour, version_verdict, warn_once as _warn_once
 
 # Any: the package's type information differs between its versions (the subclass is checked at run time by it)
 BaseInstrumentor: Any = getattr(_otel_instrumentor, "BaseInstrumentor")
 
-__all__ = ["SGLangInstrumentor", "SITES", "SUPPORTED", "instrument_from_env", "version_verdict"]
+__all__ = ["SGLangInstrumentor", "SITES", "SITES23", "SUPPORTED", "instrument_from_env", "sites", "version_verdict"]
 
 logger = logging.getLogger("cptrace_otel.sglang")
 
 SUPPORTED = "sglang >= 0.5.20, <= 0.5.23"
 
-_warned: set[str] = set()
-_lock = threading.Lock()
-
-
-def _warn_once(key: str, msg: str) -> None:
-    with _lock:
-        if key in _warned:
-            return
-        _warned.add(key)
-    logger.warning(msg)
+def sites() -> list[tuple[str, str, Any]]:
+    """The site table of the importable SGLang: :data:`SITES` (0.5.20's ``HiRadixCache``) or :data:`SITES23`
+    (0.5.23's ``UnifiedRadixCache``); one grammar, the record code shared."""
+    return SITES23 if cache_flavour() == "unified" else SITES
 
 
 class SGLangInstrumentor(BaseInstrumentor):
@@ -104,9 +100,11 @@ class SGLangInstrumentor(BaseInstrumentor):
         Recorder.configure(exact=bool(exact), cp_mode=str(kwargs.get("cp_mode") or "sharded"))
         import wrapt
 
+        table = sites()
+        self._cptrace_sites = table
         done: list[tuple[Any, str]] = []
         try:
-            for module, attr, wrapper in SITES:
+            for module, attr, wrapper in table:
                 wrapt.wrap_function_wrapper(module, attr, wrapper)
                 done.append((module, attr))
         except Exception:
@@ -115,7 +113,7 @@ class SGLangInstrumentor(BaseInstrumentor):
             raise
 
     def _uninstrument(self, **kwargs: Any) -> None:
-        for module, attr, _ in SITES:
+        for module, attr, _ in getattr(self, "_cptrace_sites", None) or sites():
             _unwrap(module, attr)
 
 

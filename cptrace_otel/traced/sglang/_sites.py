@@ -39,7 +39,7 @@ def _attach(cache: Any) -> None:
         st.config()
 
 
-def _reset(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def reset_site(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     st = state_of(instance)
     if st is not None:
         safe(lambda: cptrace(1, "reset", reason="flush"))
@@ -100,14 +100,14 @@ def _split_node(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     pre = safe(lambda: (len(child.key), child.parent.id, child.write_through_pending_id, child.lock_ref))
     new = wrapped(*args, **kwargs)
     if pre is not None:
-        safe(_on_split, st, child, new, int(split_len), pre)
+        safe(on_split, st, child, new, int(split_len), pre)
     return new
 
 
-def _on_split(st: State, child: Any, new: Any, split_len: int, pre: tuple) -> None:
+def on_split(st: State, child: Any, new: Any, split_len: int, pre: tuple) -> None:
     pre_len, parent_id, pend, lock = pre
     cptrace(1, "split", node_id=child.id, new_id=new.id, parent=parent_id, pre_len=pre_len, split_len=split_len,
-            dev_p=rng(new.value), dev_c=rng(child.value), host_p=rng(new.host_value), host_c=rng(child.host_value),
+            dev_p=rng(st.dev(new)), dev_c=rng(st.dev(child)), host_p=rng(st.host(new)), host_c=rng(st.host(child)),
             pend=(pend if pend is not None else -1), lock=lock)
     for q in st.loads.values():   # a split of a node whose load is in flight: the load now covers both fragments
         for ld in q:
@@ -116,7 +116,7 @@ def _on_split(st: State, child: Any, new: Any, split_len: int, pre: tuple) -> No
                     ld.chain.insert(i, new)
                     break
     if st.insert_ctx is not None:
-        st.insert_ctx["split_new"][new] = new.value is None
+        st.insert_ctx["split_new"][new] = st.dev(new) is None
 
 
 def _insert(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -201,7 +201,7 @@ def _on_reload(st: State, last: Any, chain: list, dev: Any) -> None:
     st.loaded = last
 
 
-def _loading_check(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def loading_check_site(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     st = state_of(instance)
     if st is None:
         return wrapped(*args, **kwargs)
@@ -305,16 +305,16 @@ def _controller_evict_host(wrapped: Any, instance: Any, args: tuple, kwargs: dic
     return wrapped(*args, **kwargs)
 
 
-def _dev_free(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def dev_free(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     st = state_of(instance)
-    if st is not None:
+    if st is not None and not st.in_free:
         t = arg(args, kwargs, 0, "free_index")
         if t is not None and t.numel() > 0:
             safe(st.free, "dev", t)
     return wrapped(*args, **kwargs)
 
 
-def _host_free(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def host_free(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     st = state_of(instance)
     if st is not None:
         t = arg(args, kwargs, 0, "indices")
@@ -326,7 +326,7 @@ def _host_free(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
 # (module, "Class.method", wrapper): every site, for HiRadixCache builds (sglang 0.5.20).
 SITES: list[tuple[str, str, Any]] = [
     (HIRADIX, "HiRadixCache.__init__", _cache_init),
-    (HIRADIX, "HiRadixCache.reset", _reset),
+    (HIRADIX, "HiRadixCache.reset", reset_site),
     (HIRADIX, "HiRadixCache.match_prefix", _match_prefix),
     (HIRADIX, "HiRadixCache.init_load_back", _init_load_back),
     (HIRADIX, "HiRadixCache.insert", _insert),
@@ -334,7 +334,7 @@ SITES: list[tuple[str, str, Any]] = [
     (HIRADIX, "HiRadixCache.write_backup", _write_backup),
     (HIRADIX, "HiRadixCache._finish_write_through_ack", _finish_write_ack),
     (HIRADIX, "HiRadixCache.load_back", _load_back),
-    (HIRADIX, "HiRadixCache.loading_check", _loading_check),
+    (HIRADIX, "HiRadixCache.loading_check", loading_check_site),
     (HIRADIX, "HiRadixCache._evict_backuped", _evict_backuped),
     (HIRADIX, "HiRadixCache._detach_backuped", _detach_backuped),
     (HIRADIX, "HiRadixCache._evict_regular", _evict_regular),
@@ -343,8 +343,8 @@ SITES: list[tuple[str, str, Any]] = [
     (CONTROLLER, "HiCacheController.start_writing", _start_writing),
     (CONTROLLER, "HiCacheController.evict_device", _evict_device),
     (CONTROLLER, "HiCacheController.evict_host", _controller_evict_host),
-    (TOKEN_ALLOC, "TokenToKVPoolAllocator.free", _dev_free),
-    (PAGED_ALLOC, "PagedTokenToKVPoolAllocator.free", _dev_free),
-    (HOST_POOL, "HostKVCache.free", _host_free),
+    (TOKEN_ALLOC, "TokenToKVPoolAllocator.free", dev_free),
+    (PAGED_ALLOC, "PagedTokenToKVPoolAllocator.free", dev_free),
+    (HOST_POOL, "HostKVCache.free", host_free),
 ]
 SITES += L3_SITES   # the storage tier's sites (_l3_sites)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import threading
 from typing import Any
 
 from ..api import cptrace, khash, knz, rng, trace_level
@@ -19,7 +20,11 @@ logger = logging.getLogger("cptrace_otel.sglang")
 MIN_VERSION = (0, 5, 20)
 MAX_VERSION = (0, 5, 23)
 HIRADIX = "sglang.srt.mem_cache.hiradix_cache"
-_POLICY = {"write_through": "wt", "write_through_selective": "wts", "write_back": "wb"}
+UNIFIED = "sglang.srt.mem_cache.unified_radix_cache"
+# the modules whose source a build with its own call sites changes (one of them naming cp_hicache_trace)
+FLAVOURS = {"hiradix": (HIRADIX,),
+            "unified": (UNIFIED, "sglang.srt.mem_cache.unified_cache.unified_tree_core")}
+POLICY = {"write_through": "wt", "write_through_selective": "wts", "write_back": "wb"}
 
 
 def _vtuple(v: str) -> tuple[int, ...]:
@@ -43,17 +48,44 @@ def version_verdict() -> tuple[bool, str]:
     vt = _vtuple(str(v))
     if not (MIN_VERSION <= vt[:3] <= MAX_VERSION):
         return False, f"sglang {v} is outside the supported range"
-    spec = importlib.util.find_spec(HIRADIX)
-    if spec is None or not spec.origin:
-        return False, f"sglang {v} has no HiRadixCache (UnifiedRadixCache is not covered yet)"
-    try:
-        with open(spec.origin, encoding="utf-8") as f:
-            own = "cp_hicache_trace" in f.read()
-    except OSError:
-        own = False
-    if own:
-        return False, f"own-call-sites: sglang {v} ({spec.origin}) calls cp_hicache_trace itself"
+    flavour = cache_flavour()
+    if flavour is None:
+        return False, f"sglang {v} has neither HiRadixCache nor UnifiedRadixCache"
+    for mod in FLAVOURS[flavour]:
+        spec = importlib.util.find_spec(mod)
+        if spec is None or not spec.origin:
+            return False, f"sglang {v} has no {mod}"
+        try:
+            with open(spec.origin, encoding="utf-8") as f:
+                own = "cp_hicache_trace" in f.read()
+        except OSError:
+            own = False
+        if own:
+            return False, f"own-call-sites: sglang {v} ({spec.origin}) calls cp_hicache_trace itself"
     return True, str(v)
+
+
+def cache_flavour() -> str | None:
+    """``"hiradix"`` (0.5.20: ``HiRadixCache``), ``"unified"`` (0.5.23: ``UnifiedRadixCache`` over the Python tree
+    core), or None: which site table applies to the importable SGLang."""
+    if importlib.util.find_spec(HIRADIX) is not None:
+        return "hiradix"
+    if importlib.util.find_spec(UNIFIED) is not None:
+        return "unified"
+    return None
+
+
+_warned: set[str] = set()
+_lock = threading.Lock()
+
+
+def warn_once(key: str, msg: str) -> None:
+    """One warning per ``key`` and process (a refusal repeats at every cache and every ``instrument()``)."""
+    with _lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    logger.warning(msg)
 
 
 def safe(fn: Any, *args: Any) -> Any:
@@ -112,10 +144,12 @@ class State:
         self.writing: list = []             # write_backup's node (innermost last)
         self.write_op: dict[int, int] = {}  # pending write ack id (node id) -> op id of its backup
         self.loads: dict[int, list[Load]] = {}  # load ack id (the load's last node id) -> its loads, FIFO
-        self.expect_free: dict[int, tuple[Any, int]] = {}   # id(tensor) -> (tensor, owner node id)
+        self.expect_free: dict[int, tuple] = {}   # id(tensor) -> (tensor, owner node id[, why])
         self.staged: dict[int, tuple[Any, int, int, int]] = {}  # write_back: id(value) -> (value, node, lock, href)
         self.in_evict_backuped = 0
         self.in_evict_host = 0
+        self.in_free = 0                     # inside an allocator free that calls another (0.5.23 free_segment)
+        self.evict_kind: str | None = None   # 0.5.23: the kind the tree core's running eviction gets (drop, dup)
         self.insert_ctx: dict | None = None  # during insert: params, pre-evicted ids, counter, nodes announced
         self.loaded: Any = None              # during init_load_back: the last node of the load it issued
 
@@ -127,6 +161,29 @@ class State:
         self.staged.clear()
         self.insert_ctx = None
 
+    # -- node fields (0.5.20's TreeNode; State23 reads 0.5.23's per-component data) -------------------------------
+    @staticmethod
+    def dev(n: Any) -> Any:
+        return n.value
+
+    @staticmethod
+    def host(n: Any) -> Any:
+        return n.host_value
+
+    @staticmethod
+    def lock(n: Any) -> int:
+        return int(n.lock_ref)
+
+    @staticmethod
+    def href(n: Any) -> int:
+        return int(n.host_ref_counter)
+
+    def kv_pool(self) -> Any:
+        return self.cache.kv_cache
+
+    def host_pool(self) -> Any:
+        return getattr(self.cache, "token_to_kv_pool_host", None)
+
     # -- fields ------------------------------------------------------------------------------------------------
     def xs(self, key: str, t: Any) -> dict[str, str]:
         if not Recorder.exact or t is None:
@@ -137,7 +194,7 @@ class State:
         """``h``, ``nz``, ``hp``: the device KV of slots ``idx`` in token order, every layer's K then V."""
         if idx is None or len(idx) == 0:
             return {"h": 0, "nz": 0, "hp": []}
-        rows = _kv_rows(self.cache.kv_cache, idx)
+        rows = _kv_rows(self.kv_pool(), idx)
         if rows is None:
             return {"h": -2, "nz": -2}
         ps = self.page_size
@@ -157,14 +214,15 @@ class State:
         except Exception:
             pass
         cc = c.cache_controller
-        host = getattr(c, "token_to_kv_pool_host", None)
+        host = self.host_pool()
         cptrace(1, "config", cp_size=cp_size, cp_rank=cp_rank, mode=(Recorder.cp_mode if cp_size > 1 else "none"),
-                page_size=self.page_size, policy=_POLICY.get(cc.write_policy, cc.write_policy), level=trace_level(),
+                page_size=self.page_size, policy=POLICY.get(cc.write_policy, cc.write_policy), level=trace_level(),
                 io_backend=getattr(cc, "io_backend", "?"), layout=getattr(host, "layout", "?"))
 
     def node_record(self, n: Any, kind: str) -> None:
-        cptrace(1, "insert", node_id=n.id, parent=n.parent.id, len=len(n.key), dev=rng(n.value), kind=kind,
-                **self.xs("devx", n.value))
+        v = self.dev(n)
+        cptrace(1, "insert", node_id=n.id, parent=n.parent.id, len=len(n.key), dev=rng(v), kind=kind,
+                **self.xs("devx", v))
 
     def announce_inserted(self) -> None:
         """The ``insert`` records of the nodes the running insert created or revived so far (each once): walks
@@ -193,7 +251,7 @@ class State:
             pbk = int(parent is root or bool(parent is not None and parent.host_value is not None))
             cptrace(1, "prepare", node_id=nid, op=op.id, len=(len(n.key) if n is not None else len(op.device_indices)),
                     dev=rng(op.device_indices), host=rng(op.host_indices),
-                    policy=_POLICY.get(self.cache.cache_controller.write_policy, "?"),
+                    policy=POLICY.get(self.cache.cache_controller.write_policy, "?"),
                     parent=(parent.id if parent is not None else -1), pbk=pbk,
                     **self.xs("hostx", op.host_indices), **self.xs("devx", op.device_indices))
             self.write_op[nid] = merged_id
@@ -220,23 +278,23 @@ class State:
             if not q:
                 del self.loads[nid]
             for n in ld.chain:
-                cptrace(2, "ack", dir="h2d", op=ld.op, node_id=n.id, **self.fp(n.value))
+                cptrace(2, "ack", dir="h2d", op=ld.op, node_id=n.id, **self.fp(self.dev(n)))
 
     def evict(self, tier: str, n: Any, kind: str, t: Any) -> None:
         """``evict`` of node ``n`` on ``tier`` (the slots ``t`` it frees); the following ``free`` of ``t`` is
         attributed to ``n``."""
         if tier == "dev":
-            cptrace(1, "evict", tier="dev", node_id=n.id, kind=kind, dev=rng(t), lock=n.lock_ref,
-                    href=n.host_ref_counter, **self.xs("devx", t))
+            cptrace(1, "evict", tier="dev", node_id=n.id, kind=kind, dev=rng(t), lock=self.lock(n),
+                    href=self.href(n), **self.xs("devx", t))
         else:
-            cptrace(1, "evict", tier="host", node_id=n.id, kind=kind, host=rng(t), href=n.host_ref_counter,
+            cptrace(1, "evict", tier="host", node_id=n.id, kind=kind, host=rng(t), href=self.href(n),
                     **self.xs("hostx", t))
         if t is not None:
             self.expect_free[id(t)] = (t, n.id)
 
     def free(self, pool: str, t: Any) -> None:
         owner = self.expect_free.pop(id(t), None)
-        nid, why = (owner[1], "evict") if owner is not None else (-1, "finish")
+        nid, why = (owner[1], owner[2] if len(owner) > 2 else "evict") if owner is not None else (-1, "finish")
         cptrace(2, "free", pool=pool, idx=rng(t), node_id=nid, why=why, **self.xs("idx_x", t))
 
 

@@ -1,0 +1,343 @@
+"""The sites of sglang 0.5.23 (``UnifiedRadixCache`` + ``HybridCacheController`` over the Python ``UnifiedTreeCore``):
+:data:`SITES23`. The records, their fields and their grammar are 0.5.20's (:mod:`._sites`, :class:`._state.State`);
+only where 0.5.23 does a thing differs, and :class:`State23` reads 0.5.23's nodes.
+
+Where each record is made in 0.5.23 (the README's "Use it with SGLang" lists them):
+
+* the tree lives in the tree core: ``insert`` (new) at ``UnifiedTreeCore._add_new_node``, (revive) at
+  ``_unevict_node_on_insert``, ``split`` at ``UnifiedTreeCore._split_node`` (its pending write follows through the
+  ``UpdatePendingBackupOnNodeSplit`` action, recorded by ``ack d2h``'s ``pub``);
+* ``prepare`` + ``backup`` when a node's backup is queued (``UnifiedRadixCache._track_write_through_node``, right
+  after ``HybridCacheController.write`` allocated the host slots): 0.5.23 queues a node's copy (``flush=False``) and
+  submits the merged copy later (``start_writing``); the device KV hashed then is what the copy reads, as the node
+  is pinned (write-through) or flushed before its device pages go (write-back). ``op`` is the queued op's id,
+  the same in the node's ``ack dir=d2h``;
+* ``evict``: every eviction of the tree core goes through ``_evict_component_and_detach_lru`` (full-attention
+  component only): ``tier=dev`` when the node's device value is handed to the frees (kind ``backuped`` when a host
+  copy stays, ``regular`` when the node goes, ``drop`` under ``drop_subtree_no_host``), ``tier=host`` when its host
+  value is (kind ``host``, or ``drop``). Write-back demotes a node only after ``writing_check(write_back=True)``
+  consumed its acks, so its ``evict tier=dev`` follows them without any staging. A write-back *host duplicate*
+  reclaimed under host pressure (``_release_full_host_duplicate``: the node keeps its device copy) is no eviction:
+  it is one ``free pool=host why=dup`` of that node;
+* ``reload`` at ``UnifiedTreeCore.commit_load_back`` (the chain is the transfer's ``nodes_to_load``), ``ack h2d``
+  per chain node at ``loading_check`` (as 0.5.20);
+* ``free pool=dev`` at the allocator's ``free_segment`` / ``free`` (0.5.23 frees tree values and an insert's
+  duplicate slots with ``free_segment``), ``free pool=host`` at ``HostKVCache.free``.
+
+Not covered (:func:`untraceable`: such a cache gets one warning and no record, never partial records): the Rust
+tree core (``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=rust``, 0.5.23's default wherever its extension loads: its nodes
+are not Python objects; ``=python`` makes the cache traceable), trees with other components than the full-attention
+KV (SWA, Mamba, C128: hybrid models), an L3 storage backend (its prefetches add nodes to the tree through paths these
+sites do not see; 0.5.20's L3 sites, :mod:`._l3_sites`, have no 0.5.23 counterpart yet; a backend attached later at
+run time is not noticed), the buffer-only host mode and the external cache linker.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..api import cptrace, rng, trace_level
+from ._sites import (HOST_POOL, PAGED_ALLOC, TOKEN_ALLOC, dev_free, host_free, loading_check_site, on_split,
+                     reset_site)
+from ._reqlink import note_node, request_fields
+from ._state import Load, State, arg, safe, state_of, warn_once
+
+URC = "sglang.srt.mem_cache.unified_radix_cache"
+UTC = "sglang.srt.mem_cache.unified_cache.unified_tree_core"
+BASE_ALLOC = "sglang.srt.mem_cache.allocator.base"
+FULL = 0   # ComponentType.FULL (an IntEnum, 0 in 0.5.23)
+
+
+class State23(State):
+    """:class:`State` over 0.5.23's nodes: the full-attention component's data, node ids resolved by the tree core."""
+
+    def __init__(self, cache: Any) -> None:
+        super().__init__(cache)
+        self.write_len: dict[int, tuple[int, int]] = {}   # ack id (node id) -> (op id, backup length)
+
+    @staticmethod
+    def dev(n: Any) -> Any:
+        return n.component_data[FULL].value
+
+    @staticmethod
+    def host(n: Any) -> Any:
+        return n.component_data[FULL].host_value
+
+    @staticmethod
+    def lock(n: Any) -> int:
+        return int(n.component_data[FULL].lock_ref)
+
+    @staticmethod
+    def href(n: Any) -> int:
+        return int(n.component_data[FULL].host_lock_ref)
+
+    def kv_pool(self) -> Any:
+        return self.cache.token_to_kv_pool_allocator.get_kvcache()
+
+    def node(self, nid: Any) -> Any:
+        return self.cache.tree_core.node_by_id(nid)
+
+    def host_pool(self) -> Any:
+        return self.cache.cache_controller.mem_pool_host.anchor_entry.host_pool
+
+    def clear(self) -> None:
+        super().clear()
+        self.write_len.clear()
+        self.evict_kind = None
+
+    # -- records that differ from 0.5.20 --------------------------------------------------------------------------
+    def prepare23(self, node_id: int) -> None:
+        from ._state import POLICY
+
+        cc = self.cache.cache_controller
+        op = cc.write_queue[-1]
+        n = self.node(node_id)
+        parent = n.parent
+        root = self.cache.tree_core.root_node
+        pbk = int(parent is root or (parent is not None and self.host(parent) is not None))
+        dev, host = op.device_indices, op.host_indices
+        cptrace(1, "prepare", node_id=node_id, op=op.id, len=len(dev), dev=rng(dev), host=rng(host),
+                policy=POLICY.get(cc.write_policy, "?"), parent=(parent.id if parent is not None else -1), pbk=pbk,
+                **self.xs("hostx", host), **self.xs("devx", dev))
+        cptrace(1, "backup", op=op.id, node_id=node_id, dev=rng(dev), host=rng(host), io=1, **self.fp(dev),
+                **self.xs("devx", dev), **self.xs("hostx", host))
+        self.write_len[node_id] = (op.id, len(dev))
+
+    def ack_d2h23(self, ack_id: int) -> None:
+        pending = self.cache.ongoing_write_through.get(ack_id)
+        if pending is None:
+            return
+        op, blen = self.write_len.pop(ack_id, (-1, -1))
+        lock_node = self.node(pending.node_id)
+        cptrace(2, "ack", dir="d2h", op=op, node_id=ack_id, blen=int(blen), clen=len(lock_node.key),
+                pub=[int(x) for x in pending.publish_node_ids])
+
+    def reload23(self, node_id: int, device_indices: Any, kv_xfer: Any) -> None:
+        cc = self.cache.cache_controller
+        op = cc.load_queue[-1]
+        chain = [self.node(nid) for nid in (kv_xfer.nodes_to_load or ())]
+        host = kv_xfer.host_indices
+        last = self.node(node_id)
+        cptrace(1, "reload", node_id=last.id, chain=[n.id for n in chain], op=op.id, host=rng(host),
+                dev=rng(device_indices), **self.xs("hostx", host), **self.xs("devx", device_indices))
+        self.loads.setdefault(last.id, []).append(Load(op.id, chain))
+        self.loaded = last
+
+
+def _st(obj: Any) -> "State23 | None":
+    st = state_of(obj)
+    return st if isinstance(st, State23) else None
+
+
+# -- wrappers -----------------------------------------------------------------------------------------------------
+def _init_hicache(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    out = wrapped(*args, **kwargs)
+    safe(_attach, instance)
+    return out
+
+
+def untraceable(cache: Any) -> str | None:
+    """Why this 0.5.23 cache is left untraced (None when it is traced). Its records would be partial, and partial
+    records give false findings: a tree core whose nodes are not Python objects (the Rust one) fires none of the
+    tree sites; other components (SWA, Mamba, C128) free and load through other allocators and pools; an L3 storage
+    backend, the buffer-only host mode and the external cache linker move KV on paths these sites do not see."""
+    from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore
+
+    if cache.cache_controller is None:
+        return "no HiCache controller"
+    if not isinstance(cache.tree_core, UnifiedTreeCore):
+        return (f"its tree core is {type(cache.tree_core).__name__}, not the Python UnifiedTreeCore (set "
+                "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python to trace it)")
+    if [int(c) for c in cache.tree_components] != [FULL]:
+        return f"its tree has components {[c.name for c in cache.tree_components]}: only FULL alone is traced"
+    if cache.enable_storage:
+        return "it has an L3 storage backend (0.5.23's storage sites are not instrumented)"
+    if cache.buffer_pipeline is not None or cache.linker is not None:
+        return "it runs the buffer-only host mode or an external cache linker"
+    return None
+
+
+def _attach(cache: Any) -> None:
+    why = untraceable(cache)
+    if why is not None:
+        warn_once("untraceable:" + why, f"cptrace-otel: this sglang UnifiedRadixCache is not traced: {why}")
+        return
+    cc = cache.cache_controller
+    st = State23(cache)
+    for obj in (cache, cache.tree_core, cc, cache.token_to_kv_pool_allocator, st.host_pool()):
+        obj._cptrace_sg = st
+    if trace_level() >= 1:
+        st.config()
+
+
+def _match_prefix(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    res = wrapped(*args, **kwargs)
+    st = _st(instance)
+    if st is not None:
+        safe(_rid_map_match, arg(args, kwargs, 0, "params"), res)
+    return res
+
+
+def _rid_map_match(params: Any, res: Any) -> None:
+    req = getattr(params, "req", None)
+    rid = getattr(req, "rid", None)
+    if rid is None or res.host_hit_length > 0:
+        return   # no request, or the decision is init_load_back's
+    dlen = int(res.device_prefix_len)
+    node_id, hit = int(res.last_device_node), ("dev" if dlen else "miss")
+    cptrace(1, "rid_map", rid=str(rid), node_id=node_id, hit=hit, dlen=dlen, hlen=0, plen=len(params.key),
+            **request_fields(req))
+    note_node(req, node_id, hit)
+
+
+def _init_load_back(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    st = _st(instance)
+    if st is None:
+        return wrapped(*args, **kwargs)
+    st.loaded = None
+    res = wrapped(*args, **kwargs)
+    safe(_rid_map_load, st, arg(args, kwargs, 0, "params"), res)
+    return res
+
+
+def _rid_map_load(st: State23, params: Any, res: Any) -> None:
+    req = getattr(params, "req", None)
+    rid = getattr(req, "rid", None)
+    if rid is None or res is None:
+        return
+    n, node_id = res
+    root = st.cache.tree_core.root_node.id
+    hit = "host" if st.loaded is not None and n else ("dev" if node_id != root else "miss")
+    plen = len(getattr(req, "origin_input_ids", ()) or ())
+    cptrace(1, "rid_map", rid=str(rid), node_id=int(node_id), hit=hit, hlen=int(n), plen=plen, **request_fields(req))
+    note_node(req, int(node_id), hit)
+
+
+def _add_new_node(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    new = wrapped(*args, **kwargs)
+    st = _st(instance)
+    if st is not None:
+        safe(st.node_record, new, "new")
+    return new
+
+
+def _unevict(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    out = wrapped(*args, **kwargs)
+    st = _st(instance)
+    if st is not None:
+        safe(st.node_record, arg(args, kwargs, 0, "node"), "revive")
+    return out
+
+
+def _split_node(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    st = _st(instance)
+    if st is None:
+        return wrapped(*args, **kwargs)
+    child = arg(args, kwargs, 1, "child")
+    split_len = arg(args, kwargs, 2, "split_len")
+    pre = safe(lambda: (len(child.key), child.parent.id, child.write_through_pending_id, st.lock(child)))
+    out = wrapped(*args, **kwargs)
+    if pre is not None:
+        safe(on_split, st, child, out[0], int(split_len), pre)
+    return out
+
+
+def _track_write(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    st = _st(instance)
+    if st is not None:
+        safe(st.prepare23, arg(args, kwargs, 0, "node_id"))
+    return wrapped(*args, **kwargs)
+
+
+def _finish_write_ack(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    st = _st(instance)
+    if st is not None:
+        safe(st.ack_d2h23, arg(args, kwargs, 0, "ack_id"))
+    return wrapped(*args, **kwargs)
+
+
+def _commit_load_back(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    st = _st(instance)
+    if st is not None:
+        safe(st.reload23, arg(args, kwargs, 0, "node_id"), arg(args, kwargs, 1, "device_indices"),
+             arg(args, kwargs, 2, "kv_xfer"))
+    return wrapped(*args, **kwargs)
+
+
+def _evict_component(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """``_evict_component_and_detach_lru(node, comp, device_frees, host_frees, cache_actions, target, tracker)``."""
+    st = _st(instance)
+    if st is None:
+        return wrapped(*args, **kwargs)
+    node, comp = arg(args, kwargs, 0, "node"), arg(args, kwargs, 1, "comp")
+    pre = None
+    if int(getattr(comp, "component_type", -1)) == FULL:
+        pre = safe(lambda: (st.dev(node), st.host(node), arg(args, kwargs, 2, "device_frees"),
+                            arg(args, kwargs, 3, "host_frees")))
+    out = wrapped(*args, **kwargs)
+    if pre is not None:
+        safe(_on_evict, st, node, pre)
+    return out
+
+
+def _on_evict(st: State23, node: Any, pre: tuple) -> None:
+    dev, host, dfrees, hfrees = pre
+    kind = st.evict_kind
+    if dev is not None and any(t is dev for t in dfrees.get(FULL, ())):
+        st.evict("dev", node, kind or ("backuped" if st.host(node) is not None else "regular"), dev)
+    if host is not None and st.host(node) is None:
+        if kind == "dup":   # a host duplicate reclaimed: the node keeps its device copy
+            st.expect_free[id(host)] = (host, node.id, "dup")
+        else:
+            st.evict("host", node, kind or "host", host)
+
+
+def _kind(kind: str) -> Any:
+    def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        st = _st(instance)
+        if st is None:
+            return wrapped(*args, **kwargs)
+        prev, st.evict_kind = st.evict_kind, kind
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            st.evict_kind = prev
+    return wrapper
+
+
+def _dev_free_segment(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    st = _st(instance)
+    if st is None:
+        return wrapped(*args, **kwargs)
+    t = arg(args, kwargs, 0, "free_index")
+    if t is not None and t.numel() > 0 and not st.in_free:
+        safe(st.free, "dev", t)
+    st.in_free += 1   # the base class's free_segment frees through free(): one record
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        st.in_free -= 1
+
+
+# (module, "Class.method", wrapper): every site, for UnifiedRadixCache builds (sglang 0.5.23).
+SITES23: list[tuple[str, str, Any]] = [
+    (URC, "UnifiedRadixCache.init_hicache", _init_hicache),
+    (URC, "UnifiedRadixCache.reset", reset_site),
+    (URC, "UnifiedRadixCache.match_prefix", _match_prefix),
+    (URC, "UnifiedRadixCache.init_load_back", _init_load_back),
+    (URC, "UnifiedRadixCache._track_write_through_node", _track_write),
+    (URC, "UnifiedRadixCache._finish_write_through_ack", _finish_write_ack),
+    (URC, "UnifiedRadixCache.loading_check", loading_check_site),
+    (UTC, "UnifiedTreeCore._add_new_node", _add_new_node),
+    (UTC, "UnifiedTreeCore._unevict_node_on_insert", _unevict),
+    (UTC, "UnifiedTreeCore._split_node", _split_node),
+    (UTC, "UnifiedTreeCore.commit_load_back", _commit_load_back),
+    (UTC, "UnifiedTreeCore._evict_component_and_detach_lru", _evict_component),
+    (UTC, "UnifiedTreeCore.drop_subtree_no_host", _kind("drop")),
+    (UTC, "UnifiedTreeCore._release_full_host_duplicate", _kind("dup")),
+    (BASE_ALLOC, "BaseTokenToKVPoolAllocator.free_segment", _dev_free_segment),
+    (PAGED_ALLOC, "PagedTokenToKVPoolAllocator.free_segment", _dev_free_segment),
+    (TOKEN_ALLOC, "TokenToKVPoolAllocator.free", dev_free),
+    (PAGED_ALLOC, "PagedTokenToKVPoolAllocator.free", dev_free),
+    (HOST_POOL, "HostKVCache.free", host_free),
+]
