@@ -15,9 +15,10 @@
  * new node inherits the decision); all declared in Python only.
  * cptrace(level, tag, /, **fields): the call sites' function. Never raises for a call slow would not raise for (a
  * signal handler's SystemExit or KeyboardInterrupt raised inside submit propagates, as it does from slow).
+ * While api._submit is ring_put (the record ring is on, ring.c) and nothing is sampled out, a record that goes on is
+ * put into the ring from the argument arrays: no dict, no Python call.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "ring.h"
 
 static PyObject *slow = NULL;  /* api's Python cptrace */
 static PyObject *state = NULL; /* api's module dict */
@@ -62,6 +63,14 @@ static PyObject *cptrace(PyObject *self, PyObject *const *args, size_t nargsf, P
             /* a split still goes on: its new node inherits the decision */
             if (in > 0 && !is_key(args[1], s_split)) Py_RETURN_NONE;
             break;
+        }
+    }
+    if (drop == NULL || drop == Py_None) {
+        /* the record ring is on (api._submit is its put): encoded from the arrays, no dict (ring.c) */
+        PyObject *sub = PyDict_GetItemWithError(state, k_submit);
+        if (sub != NULL && sub == ring_put_fn) {
+            if (ring_put_kw(args[0], args[1], args + nargs, kwnames) < 0) goto swallow;
+            Py_RETURN_NONE;
         }
     }
     PyObject *fields = PyDict_New();
@@ -125,4 +134,8 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_hot", "The gate of cptrace in C.", -1, methods};
 
-PyMODINIT_FUNC PyInit__hot(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__hot(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && (PyModule_AddFunctions(m, ring_methods) < 0 || ring_module_init(m) < 0)) Py_CLEAR(m);
+    return m;
+}
