@@ -97,7 +97,7 @@ static PyObject *cptrace(PyObject *self, PyObject *const *args, size_t nargsf, P
 swallow: /* tracing never fails the traced process (submit functions catch every Exception themselves) */
     /* ...but a KeyboardInterrupt or SystemExit is not tracing's: an application's signal handler (its SIGTERM
      * handler's sys.exit) that ran inside submit raised it, and it propagates as it would without tracing */
-    if (!PyErr_ExceptionMatches(PyExc_Exception)) return NULL;
+    if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_Exception)) return NULL;
     PyErr_Clear();
     Py_RETURN_NONE;
 }

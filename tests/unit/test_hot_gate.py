@@ -97,6 +97,14 @@ def test_a_failing_submit_is_swallowed(monkeypatch: pytest.MonkeyPatch) -> None:
     assert api.cptrace(1, "evict", node_id=1) is None
 
 
+def test_a_missing_submit_is_swallowed_without_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the gate's lookup of api._submit finds nothing and sets no error: the call is dropped, and the exit path that
+    # lets a signal handler's SystemExit through must not turn "no error" into a SystemError
+    monkeypatch.delattr(api, "_submit")
+    monkeypatch.setattr(api, "_LEVEL", 1)
+    assert api.cptrace(1, "evict", node_id=1) is None
+
+
 @pytest.mark.parametrize("exc", [SystemExit(7), KeyboardInterrupt()])
 def test_a_signal_handlers_exit_raised_inside_submit_propagates(monkeypatch: pytest.MonkeyPatch,
                                                                 exc: BaseException) -> None:
