@@ -26,7 +26,8 @@ Where each record is made in 0.5.23 (the README's "Use it with SGLang" lists the
 
 Not covered (:func:`untraceable`: such a cache gets one warning and no record, never partial records): the Rust
 tree core (``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=rust``, 0.5.23's default wherever its extension loads: its nodes
-are not Python objects; ``=python`` makes the cache traceable), trees with other components than the full-attention
+are not Python objects; the instrumentor sets ``=python`` where the variable is unset, so only an explicit choice is
+left), trees with other components than the full-attention
 KV (SWA, Mamba, C128: hybrid models), an L3 storage backend (its prefetches add nodes to the tree through paths these
 sites do not see; 0.5.20's L3 sites, :mod:`._l3_sites`, have no 0.5.23 counterpart yet; a backend attached later at
 run time is not noticed), the buffer-only host mode and the external cache linker.
