@@ -5,7 +5,8 @@ They all live in ``cptrace_otel/_speedups/``, each C module next to the Python l
 * ``cptrace_otel._speedups._otlp``: OTLP protobuf encoding of span events (the exporter worker's largest cost).
 * ``cptrace_otel._speedups._logreader``: the upstream log-line reader used by ``cptrace-otel check``.
 * ``cptrace_otel._speedups._intake``: the exporter worker's intake of live records.
-* ``cptrace_otel._speedups._hot``: the gate of ``cptrace`` (level compare, sampled-out lookup) before any dict.
+* ``cptrace_otel._speedups._hot``: the gate of ``cptrace`` (level compare, sampled-out lookup) before any dict, and
+  the record ring (``ring.c``: records encoded on the caller's thread into memory the exporter process reads).
 * ``cptrace_otel._speedups._fingerprint``: exact CPU ``khash``/``knz``/``rng`` at memory speed (AVX2 where the CPU
   has it, chosen at import; a portable kernel elsewhere).
 
@@ -42,7 +43,7 @@ class _BuildPyWithPth(build_py):
 _FLAGS = ["-O2", "-std=c11", "-Wall", "-Wno-unused-function", "-fvisibility=hidden"]
 _DIR = "cptrace_otel/_speedups/"
 _SHARED = [_DIR + "value.c", _DIR + "event.c"]   # the value grammar and the Event builder of both readers
-_HEADERS = [_DIR + "value.h", _DIR + "event.h"]
+_HEADERS = [_DIR + "value.h", _DIR + "event.h", _DIR + "ring.h"]
 
 
 def _ext(name: str, sources: list[str], flags: tuple[str, ...] = ()) -> Extension:
@@ -56,7 +57,7 @@ setup(
         _ext("_otlp", [_DIR + "otlp.c"]),
         _ext("_logreader", [_DIR + "logreader.c"] + _SHARED),
         _ext("_intake", [_DIR + "intake.c"] + _SHARED),
-        _ext("_hot", [_DIR + "hot.c"]),
+        _ext("_hot", [_DIR + "hot.c", _DIR + "ring.c"]),
         # -O3: the portable kernel's row loops and the rng min/max loops are left to the auto-vectorizer
         _ext("_fingerprint", [_DIR + "fingerprint.c"], ("-O3",)),
     ],

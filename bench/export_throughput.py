@@ -7,6 +7,9 @@
 * SDK: a process does the same work through ``TracerProvider`` + ``BatchSpanProcessor`` + ``OTLPSpanExporter``
   (HTTP): one span per 8 records, each record a span event with the same 8 attributes, then ``force_flush()``.
   The queue is raised to 65,536 (the default 2,048 drops about half of a burst; perf-anchors C.3) so both deliver.
+* ours runs with ``CPTRACE_RING=0`` (every record through the buffer and the drainer thread); ring: the same with
+  ``CPTRACE_RING=1`` (the C gate encodes the records into the shared-memory ring the exporter reads;
+  ``--no-ring`` leaves it out).
 * receiver: ``tests/otlp_receiver.py`` (decodes every request with opentelemetry-proto and counts what arrived), or
   ``--sink null`` (reads and discards the body).
 
@@ -16,7 +19,7 @@ bar and the 100,000 events/s goal are measured into the real Jaeger (``bench/jae
 decodes every request in Python on the same cores, which caps the faster path (``--sink null`` lifts that cap).
 
     python bench/export_throughput.py [--events 100000] [--sink decode|null] [--protocol http/protobuf|grpc]
-                                      [--no-checks] [--acks-without-dir]
+                                      [--no-checks] [--acks-without-dir] [--no-ring]
 """
 
 from __future__ import annotations
@@ -132,9 +135,10 @@ class NullReceiver:
         self._srv.shutdown()
 
 
-def _run(code: str, argv: list[str]) -> dict:
+def _run(code: str, argv: list[str], ring: bool = False) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CPTRACE_", "OTEL_"))}
     env["PYTHONPATH"] = str(REPO)
+    env["CPTRACE_RING"] = "1" if ring else "0"   # ours: the deque and drainer path
     with tempfile.TemporaryDirectory() as tmp:
         env["CPTRACE_SPOOL_DIR"] = tmp
         out = subprocess.run([sys.executable, "-c", code, *argv], env=env, capture_output=True, text=True,
@@ -157,6 +161,7 @@ def main() -> int:
     ap.add_argument("--acks-without-dir", action="store_true",
                     help="the stream before issue 22: acks without dir=d2h, so no copy ever ends by its ack (every "
                          "stage span waits for its timeout, pending writes pile up to the checker's cap)")
+    ap.add_argument("--no-ring", action="store_true", help="leave out our run with CPTRACE_RING=1")
     args = ap.parse_args()
     n = args.events
     from tests.helpers.otlp_receiver import GrpcReceiver, HttpReceiver
@@ -167,21 +172,21 @@ def main() -> int:
                           else "pure-Python parts (C speedups not fully built)"))
 
     results = {}
-    for name in ("sdk", "ours"):
-        if args.sink == "null" and not (name == "ours" and args.protocol == "grpc"):
+    for name in ("sdk", "ours") + (() if args.no_ring else ("ring",)):
+        if args.sink == "null" and not (name != "sdk" and args.protocol == "grpc"):
             rx = NullReceiver()
-        elif name == "ours" and args.protocol == "grpc":
+        elif name != "sdk" and args.protocol == "grpc":
             rx = GrpcReceiver()
         else:
             rx = HttpReceiver()
         try:
-            if name == "ours":
+            if name != "sdk":
                 res = _run(OURS, [str(n), rx.url, args.protocol, "0" if args.no_checks else "1",
-                                  "0" if args.acks_without_dir else "1"])
+                                  "0" if args.acks_without_dir else "1"], ring=name == "ring")
             else:
                 res = _run(SDK, [str(n), rx.url])
             got = None if isinstance(rx, NullReceiver) else _count(rx)
-            if name == "ours" and got is not None:
+            if name != "sdk" and got is not None:
                 got -= 1  # the warm-up record
         finally:
             rx.stop()
@@ -192,13 +197,18 @@ def main() -> int:
               f"flushed after {res['wall']:.2f}s, ok={res['ok']}); traced process CPU "
               f"{res['cpu'] / n * 1000 * 1e3:.2f} ms per 1,000 events"
               + (f"; exporter process CPU {res['worker_cpu'] / n * 1000 * 1e3:.2f} ms per 1,000 events"
-                 if name == "ours" else "")
+                 if name != "sdk" else "")
               + (f"; delivered {got}" if got is not None else "")
               + (f"; dropped {res['dropped']}" if res['dropped'] is not None else ""))
     ratio = results["ours"]["rate"] / results["sdk"]["rate"]
     cpu_ratio = results["sdk"]["cpu"] / max(results["ours"]["cpu"], 1e-9)
     print(f"ratio ours/SDK: {ratio:.1f}x events/s (receiver: {args.sink}; the 5x bar is measured into Jaeger); "
           f"traced-process CPU {cpu_ratio:.1f}x lower")
+    if "ring" in results:
+        r = results["ring"]
+        print(f"ring/SDK: {r['rate'] / results['sdk']['rate']:.1f}x events/s; traced-process CPU "
+              f"{results['sdk']['cpu'] / max(r['cpu'], 1e-9):.1f}x lower ({r['cpu'] / n * 1e6:.2f} µs per event, "
+              f"ours without the ring {results['ours']['cpu'] / n * 1e6:.2f})")
     return 0
 
 

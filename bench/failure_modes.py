@@ -17,6 +17,7 @@ had delivered but not yet reported safe when it died; they are counted as lost, 
     python bench/failure_modes.py                                  # both: kill at 15k/s, 30 s outage at 20k/s
     python bench/failure_modes.py --fault kill [--events 50000] [--rate 15000] [--kills 1]
     python bench/failure_modes.py --fault outage [--events 800000] [--rate 20000] [--outage 30] [--outage-at 5]
+    [--ring]: the traced process uses the record ring (CPTRACE_RING=1)
 """
 
 from __future__ import annotations
@@ -80,13 +81,15 @@ def _record_ids(rx) -> tuple[int, int]:
     return sum(seen), total
 
 
-def run(events: int, rate: float, kills: int = 0, outage_s: float = 0.0, outage_at_s: float = 5.0) -> dict:
+def run(events: int, rate: float, kills: int = 0, outage_s: float = 0.0, outage_at_s: float = 5.0,
+        ring: bool = False) -> dict:
     from tests.helpers.otlp_receiver import HttpReceiver
 
     with tempfile.TemporaryDirectory() as tmp, HttpReceiver() as rx:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "CPTRACE_"))}
         env.update(PYTHONPATH=str(REPO), CPTRACE_LEVEL="1", CPTRACE_RUN_ID="bench-fault", CPTRACE_CP_RANK="0",
-                   CPTRACE_SPOOL_DIR=os.path.join(tmp, "spool"), OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=rx.url)
+                   CPTRACE_SPOOL_DIR=os.path.join(tmp, "spool"), OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=rx.url,
+                   CPTRACE_RING="1" if ring else "0")
         p = subprocess.Popen([sys.executable, "-c", CHILD, str(events), str(rate), str(kills)], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         window = None
@@ -124,15 +127,16 @@ def main() -> int:
     ap.add_argument("--kills", type=int, default=1)
     ap.add_argument("--outage", type=float, default=30.0, help="seconds the backend is down")
     ap.add_argument("--outage-at", type=float, default=5.0, help="seconds after the start that it goes down")
+    ap.add_argument("--ring", action="store_true", help="the traced process uses the record ring (CPTRACE_RING=1)")
     a = ap.parse_args()
     ok = True
     for fault in (("kill", "outage") if a.fault == "both" else (a.fault,)):
         if fault == "kill":
             n, rate = a.events or 50_000, a.rate or 15_000
-            r = run(n, rate, kills=a.kills)
+            r = run(n, rate, kills=a.kills, ring=a.ring)
         else:
             n, rate = a.events or 800_000, a.rate or 20_000
-            r = run(n, rate, outage_s=a.outage, outage_at_s=a.outage_at)
+            r = run(n, rate, outage_s=a.outage, outage_at_s=a.outage_at, ring=a.ring)
         for line in r.pop("stderr_tail"):
             print("  stderr: " + line)
         print(json.dumps(r))

@@ -8,7 +8,10 @@ round and ``dir=d2h``, so each copy's ack ends it).
 * off: the same loop without tracing calls.
 * upstream: the seed's ``cptrace`` semantics written to a ``logging.FileHandler`` (env gate re-read per call, upstream
   ``_fmt`` rendering, ``logger.info``; our own few lines in ``bench/hot_path.py``'s ``make_upstream``).
-* ours: ``cptrace_otel.cptrace`` with its default exporter subprocess writing OTLP JSON lines to a file.
+* ours: ``cptrace_otel.cptrace`` with its default exporter subprocess writing OTLP JSON lines to a file, with
+  ``CPTRACE_RING=0``: every record through the buffer and the drainer thread (the path before the ring).
+* ring: the same with ``CPTRACE_RING=1`` (records encoded by the C gate into the shared-memory ring the
+  exporter reads; ``--no-ring`` leaves it out).
 
 Printed per (rate, fields), medians over ``--repeat`` runs, per record: the CPU time inside the tracing calls on the
 loop's thread (``thread_time_ns`` around each call, the timer's own cost subtracted; CPU time, so that a call is not
@@ -20,7 +23,7 @@ wall-time difference of two runs carries the noise of the whole loop's work (at 
 1% of jitter is 10 µs per record); on a quiet machine the two agree. Figures are reported, not asserted.
 
     python bench/scheduler_cost.py [--rates 1000,10000,50000] [--fields 1,16] [--seconds 1.5] [--min-records 6000]
-                                   [--repeat 3]
+                                   [--repeat 3] [--no-ring]
 """
 
 from __future__ import annotations
@@ -109,7 +112,7 @@ def child(mode: str, records: int, iters: int, nfields: int, tmp: str) -> dict:
         from hot_path import make_upstream
 
         emit, _enabled, handler = make_upstream(os.path.join(tmp, "upstream.log"))
-    elif mode == "ours":
+    elif mode in ("ours", "ring"):
         import cptrace_otel as ct
 
         ct.configure(level=1, run_id="bench-sched", file=os.path.join(tmp, "ours-{pid}.otlp.jsonl"))
@@ -117,7 +120,7 @@ def child(mode: str, records: int, iters: int, nfields: int, tmp: str) -> dict:
         ct.flush(60)
         emit = ct.cptrace
     args = [(TAGS[(i // 500) % 4], _fields(i, nfields)) for i in range(records)]
-    wpid = _worker_pid() if mode == "ours" else None
+    wpid = _worker_pid() if mode in ("ours", "ring") else None
     w0 = _proc_cpu(wpid) if wpid else None   # the exporter's start-up is not the records' cost
     pc = time.thread_time_ns   # CPU time: a call is not charged for the time its thread was preempted
     timer = _timer_pair_ns()
@@ -137,7 +140,7 @@ def child(mode: str, records: int, iters: int, nfields: int, tmp: str) -> dict:
     wall = time.perf_counter() - t0
     out = {"wall": wall, "ok": True, "dropped": 0, "in_calls": max(0.0, (in_calls - timer * records) / 1e9)}
     w1 = None
-    if mode == "ours":
+    if mode in ("ours", "ring"):
         from cptrace_otel.traced import pipeline
 
         out["ok"] = ct.flush(300)
@@ -145,7 +148,7 @@ def child(mode: str, records: int, iters: int, nfields: int, tmp: str) -> dict:
         w1 = _proc_cpu(wpid) if wpid else None
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     main_cpu = time.thread_time() - m0
-    if mode == "ours":
+    if mode in ("ours", "ring"):
         ct.shutdown(60)
     elif mode == "upstream":
         handler.close()
@@ -161,6 +164,7 @@ def child(mode: str, records: int, iters: int, nfields: int, tmp: str) -> dict:
 def _run(mode: str, records: int, iters: int, nfields: int) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CPTRACE_", "OTEL_", "SGLANG_CP_HICACHE"))}
     env["PYTHONPATH"] = str(REPO)
+    env["CPTRACE_RING"] = "1" if mode == "ring" else "0"   # ours: the deque and drainer path
     with tempfile.TemporaryDirectory() as tmp:
         env["CPTRACE_SPOOL_DIR"] = tmp
         cmd = [sys.executable, __file__, "--child", mode, str(records), str(iters), str(nfields), tmp]
@@ -178,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-records", type=int, default=6000,
                     help="records per run at least (low rates run longer, so the per-record figure is not noise)")
     ap.add_argument("--repeat", type=int, default=3, help="runs per mode; medians are printed")
+    ap.add_argument("--no-ring", action="store_true", help="leave out the ring mode (CPTRACE_RING=1)")
     ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -193,13 +198,16 @@ def main(argv: list[str] | None = None) -> int:
           "ratio = upstream / ours; exporter = CPU of our exporter process;\n  wall = the loop's wall-time "
           "increase over off (noisy where other processes load the machine)")
     print(f"{'rate/s':>7} {'fields':>6} | {'caller up':>9} {'ours':>6} | {'others':>6} | {'cost up':>8} {'ours':>6} "
-          f"{'ratio':>6} | {'exporter':>8} | {'wall up':>8} {'ours':>7} | notes")
+          f"{'ratio':>6} | {'exporter':>8} | {'wall up':>8} {'ours':>7} | "
+          f"{'ring: caller':>12} {'others':>6} {'cost':>6} {'ratio':>6} {'exporter':>8} {'wall':>6} | notes")
     ok = True
     for rate in [int(r) for r in args.rates.split(",")]:
         for nfields in [int(f) for f in args.fields.split(",")]:
             records = max(args.min_records, int(rate * args.seconds))
             iters = max(1, int(per_s / rate))
             runs: dict[str, list[dict]] = {"off": [], "upstream": [], "ours": []}
+            if not args.no_ring:
+                runs["ring"] = []
             for _ in range(args.repeat):
                 for mode in runs:  # interleaved, so a load change on the machine hits every mode alike
                     runs[mode].append(_run(mode, records, iters, nfields))
@@ -213,13 +221,17 @@ def main(argv: list[str] | None = None) -> int:
             up, ours = cost("upstream"), cost("ours")
             ratio = f"{up / ours:5.1f}x" if ours > 0 else "  n/a"
             achieved = records / statistics.median(r["wall"] for r in runs["off"])
-            dropped = max(r["dropped"] for r in runs["ours"])
-            flushed = all(r["ok"] for r in runs["ours"])
+            dropped = max(r["dropped"] for m in ("ours", "ring") for r in runs.get(m, ()))
+            flushed = all(r["ok"] for m in ("ours", "ring") for r in runs.get(m, ()))
+            ring = "" if args.no_ring else (
+                f"{med('ring', 'in_calls'):12.2f} {med('ring', 'others_cpu'):6.2f} {cost('ring'):6.2f} "
+                f"{up / cost('ring'):5.1f}x {med('ring', 'exporter_cpu'):8.2f} "
+                f"{med('ring', 'wall') - med('off', 'wall'):6.2f} | ")
             ok &= flushed and dropped == 0
             print(f"{rate:7d} {nfields:6d} | {med('upstream', 'in_calls'):9.2f} {med('ours', 'in_calls'):6.2f} | "
                   f"{med('ours', 'others_cpu'):6.2f} | {up:8.2f} {ours:6.2f} {ratio:>6} | "
                   f"{med('ours', 'exporter_cpu'):8.2f} | {med('upstream', 'wall') - med('off', 'wall'):8.2f} "
-                  f"{med('ours', 'wall') - med('off', 'wall'):7.2f} | off ran {achieved:.0f} rec/s; "
+                  f"{med('ours', 'wall') - med('off', 'wall'):7.2f} | {ring}off ran {achieved:.0f} rec/s; "
                   f"{records} records; flushed={flushed} dropped={dropped}")
     return 0 if ok else 1
 

@@ -13,10 +13,12 @@
  * names = (gate, drop, submit, node_key, split_tag): the three globals' names (api's _LEVEL, _DROP: a set or None,
  * _submit), the field whose value is looked up in the drop set, and the tag whose records go on even then (their
  * new node inherits the decision); all declared in Python only.
- * cptrace(level, tag, /, **fields): the call sites' function. Never raises for a call slow would not raise for.
+ * cptrace(level, tag, /, **fields): the call sites' function. Never raises for a call slow would not raise for (a
+ * signal handler's SystemExit or KeyboardInterrupt raised inside submit propagates, as it does from slow).
+ * While api._submit is ring_put (the record ring is on, ring.c) and nothing is sampled out, a record that goes on is
+ * put into the ring from the argument arrays: no dict, no Python call.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "ring.h"
 
 static PyObject *slow = NULL;  /* api's Python cptrace */
 static PyObject *state = NULL; /* api's module dict */
@@ -63,6 +65,14 @@ static PyObject *cptrace(PyObject *self, PyObject *const *args, size_t nargsf, P
             break;
         }
     }
+    if (drop == NULL || drop == Py_None) {
+        /* the record ring is on (api._submit is its put): encoded from the arrays, no dict (ring.c) */
+        PyObject *sub = PyDict_GetItemWithError(state, k_submit);
+        if (sub != NULL && sub == ring_put_fn) {
+            if (ring_put_kw(args[0], args[1], args + nargs, kwnames) < 0) goto swallow;
+            Py_RETURN_NONE;
+        }
+    }
     PyObject *fields = PyDict_New();
     if (fields == NULL) goto swallow;
     for (Py_ssize_t i = 0; i < nkw; i++) {
@@ -84,7 +94,10 @@ static PyObject *cptrace(PyObject *self, PyObject *const *args, size_t nargsf, P
     if (r == NULL) goto swallow;
     Py_DECREF(r);
     Py_RETURN_NONE;
-swallow: /* tracing never fails the traced process (submit functions catch everything themselves) */
+swallow: /* tracing never fails the traced process (submit functions catch every Exception themselves) */
+    /* ...but a KeyboardInterrupt or SystemExit is not tracing's: an application's signal handler (its SIGTERM
+     * handler's sys.exit) that ran inside submit raised it, and it propagates as it would without tracing */
+    if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_Exception)) return NULL;
     PyErr_Clear();
     Py_RETURN_NONE;
 }
@@ -121,4 +134,8 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_hot", "The gate of cptrace in C.", -1, methods};
 
-PyMODINIT_FUNC PyInit__hot(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__hot(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && (PyModule_AddFunctions(m, ring_methods) < 0 || ring_module_init(m) < 0)) Py_CLEAR(m);
+    return m;
+}

@@ -13,6 +13,9 @@ thread mode the same message tuples go through a ``queue.Queue`` unframed. Messa
   with ``info`` (rank unknown) if its input ends first (the traced process ended: nothing is lost waiting).
 * ``(ITEMS, items, dropped)``: a batch of compact items ``(ts, level, tag, fields)`` (values int/str/float, see
   :func:`cptrace_otel.model.records.compact_item`), in emission order, and the traced process's drop count so far.
+* ``(SIDE, items, dropped)``: with the record ring (``info["ring"]`` = dict(fd, size) in INIT/PREINIT, and
+  ``resume["side_next"]``): compact items of the records that went to the side deque, in order, each to be put at its
+  placeholder in the ring (:mod:`cptrace_otel.export.ringread`); ``None`` for one the traced process gave up.
 * ``(FLUSH, flush_id, dropped, timeout_s)``: close open spans and deliver everything within ``timeout_s``.
 * end of input (EOF on stdin; ``None`` on the thread queue): finish, deliver, exit.
 
@@ -33,6 +36,7 @@ from typing import Any
 INIT = "init"
 PREINIT = "preinit"
 ITEMS = "items"
+SIDE = "side"
 FLUSH = "flush"
 ACK = "ack"
 PROGRESS = "progress"

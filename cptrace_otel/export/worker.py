@@ -29,13 +29,15 @@ from ..model.records import MAX_VALUE_CHARS, cut, render_other, render_record, t
 from ..model.spans import SpanBuilder
 from ..checks.epochs import EPOCH_TAGS, EpochTracker
 from ..checks.rank_checker import checker_factory
-from .protocol import ACK, FLUSH, INIT, ITEMS, PREINIT, PROGRESS, frame, read_frame
+from .protocol import ACK, FLUSH, INIT, ITEMS, PREINIT, PROGRESS, SIDE, frame, read_frame
+from .ringread import RingIntake
 from .stack import SinkError, open_sinks
 
 EXPORT_EVERY_S = 0.2      # latency bound for finished spans
 PROGRESS_EVERY_S = 0.2    # how often the traced process hears how many of its records are safe
 EXPORT_MIN_SPANS = 2048   # or earlier when this many spans are finished
 FILE_FLUSH_EVERY_S = 1.0
+RING_POLL_S = 0.02        # with the record ring: how often the worker looks for records when no message comes
 
 
 def _load_intake() -> Any:
@@ -371,62 +373,102 @@ def run_loop(get: Callable[[float], Any], ack: Callable[[tuple], None],
     exp: Exporter | None = None
     pre: dict[str, Any] | None = None   # PREINIT's info: the rank is not known yet, ITEMS wait in ``held``
     held: list[tuple[list, int]] = []
+    ring: RingIntake | None = None      # the record ring (CPTRACE_RING), named in INIT / PREINIT
+    dropped = 0                         # the traced process's drop count, as its last message said
 
     def begin(info: dict[str, Any]) -> Exporter:
         """The Exporter for ``info``, fed the batches held while the rank was unknown (PREINIT's resume kept)."""
         if pre is not None and not info.get("resume") and pre.get("resume"):
             info = dict(info, resume=pre["resume"])
         e = Exporter(info)
-        for items, dropped in held:
-            e.add_items(items, dropped)
+        for items, d in held:
+            e.add_items(items, d)
         held.clear()
         return e
+
+    def feed(items: list, d: int) -> None:
+        if exp is not None:
+            exp.add_items(items, d)
+            exp.tick()
+        elif pre is not None:
+            held.append((items, d))
+
+    def open_ring(info: dict[str, Any]) -> None:
+        nonlocal ring
+        if ring is None and info.get("ring"):
+            ring = RingIntake(info["ring"], int((info.get("resume") or {}).get("side_next", 0)))
+
+    def pull(final: bool = False) -> None:
+        """The ring's readable records into the exporter (or the PREINIT hold), in order."""
+        if ring is not None and (exp is not None or pre is not None):
+            try:
+                items = ring.take(final)
+            except ValueError as e:  # counted by the traced process's books as taken and never made safe
+                print(f"cptrace_otel: exporter error reading the record ring: {e}", file=sys.stderr, flush=True)
+                return
+            if items:
+                feed(items, dropped)
+
+    def report(e: Exporter) -> tuple:
+        p = e.progress()
+        return p if ring is None else (p[0], p[1] + ring.skipped) + p[2:]   # given-up side items are safe
 
     last_progress = 0.0
     while True:
         try:
-            msg = get(0.1)
+            msg = get(0.1 if ring is None else RING_POLL_S)
         except queue.Empty:
             msg = ()
         if progress is not None and exp is not None and time.monotonic() - last_progress >= PROGRESS_EVERY_S:
             last_progress = time.monotonic()
             try:
-                progress(exp.progress())
+                progress(report(exp))
             except Exception:
                 pass
         if msg == ():
+            pull()
             if exp is not None:
                 exp.tick()
             continue
         if msg is None:
             if exp is None and pre is not None:  # the traced process ended before its rank was known
                 try:
+                    pull(True)
                     exp = begin(pre)
                 except Exception as e:
                     print(f"cptrace_otel: exporter error at end of input: {e!r}", file=sys.stderr, flush=True)
+            else:
+                pull(True)
             if at_eof is not None and exp is not None:
                 at_eof(exp)
             break
         kind = msg[0]
         try:
             if kind == ITEMS:
-                if exp is not None:
-                    exp.add_items(msg[1], msg[2])
-                    exp.tick()
-                elif pre is not None:
-                    held.append((msg[1], msg[2]))
+                dropped = msg[2]
+                feed(msg[1], msg[2])
+            elif kind == SIDE:
+                dropped = msg[2]
+                if ring is not None:
+                    ring.add_side(msg[1])
+                pull()
             elif kind == FLUSH:
                 if exp is None and pre is not None:  # (the traced process sends INIT first; never wait here)
                     exp = begin(pre)
+                dropped = msg[2]
+                pull()   # everything emitted before the flush is in the ring, its side items already came
                 ok = exp.flush(msg[3], msg[2], len(msg) > 4 and bool(msg[4])) if exp is not None else False
                 if exp is not None and progress is not None:
-                    progress(exp.progress())  # before the ACK: the flushed records are safe by then
+                    progress(report(exp))  # before the ACK: the flushed records are safe by then
                 ack((ACK, msg[1], ok, exp.stats() if exp is not None else {}))
             elif kind == INIT:
+                open_ring(msg[1])
                 if exp is None:  # (a second INIT, after a restart, is the same configuration)
                     exp = begin(msg[1])
+                pull()
             elif kind == PREINIT:
                 pre = msg[1]
+                open_ring(msg[1])
         except Exception as e:  # keep serving: a bad batch must not take the exporter down
             print(f"cptrace_otel: exporter error on {kind!r}: {e!r}", file=sys.stderr, flush=True)
             if kind == FLUSH:
@@ -436,7 +478,7 @@ def run_loop(get: Callable[[float], Any], ack: Callable[[tuple], None],
     ok = exp.close(exp.cfg.timeout_s)
     if progress is not None:
         try:
-            progress(exp.progress())
+            progress(report(exp))
         except Exception:
             pass
     lost = exp.lost()

@@ -100,7 +100,7 @@ def make_submit(inner: Callable[[int, str, dict], None], run_id: str, fraction: 
                     inner(level, tag, fields)
                     return
             slow(level, tag, fields)
-        except BaseException:  # noqa: BLE001 - the traced process must never see tracing fail
-            pass
+        except Exception:  # the traced process must never see tracing fail; a signal handler's SystemExit or
+            pass           # KeyboardInterrupt is the application's and propagates (see pipeline's _submit)
 
     return submit

@@ -16,7 +16,9 @@ Contract (what a call site may rely on):
   definition, and decides every call the C gate does not (levels that are not ints).
 * An enabled ``cptrace`` only takes a timestamp and appends ``(ts, level, tag, fields)`` to a bounded buffer; all
   rendering, span mapping, checking, encoding and sending happen off the caller's thread. It never raises and never
-  blocks; when the buffer is full the record is dropped and counted.
+  blocks; when the buffer is full the record is dropped and counted. (An exception that an application's signal
+  handler raises while a ``cptrace`` call runs, its SIGTERM handler's ``SystemExit`` or a ``KeyboardInterrupt``, is
+  the application's: it propagates, as it would without tracing, and that record may be lost with the process.)
 * Field values are rendered off the caller's thread: pass values that will not be mutated after the call (ints,
   strings, ``rng()`` strings, deferred fingerprints, fresh lists), as SGLang's call sites do.
 """

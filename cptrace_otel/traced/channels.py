@@ -22,8 +22,11 @@ from ..export.protocol import frame, read_frame
 class Books:
     """One worker's accounting: records shipped to it, how many it reported safe and lost, its last seq/epochs."""
 
-    def _init_books(self, seq0: int) -> None:
+    def _init_books(self, seq0: int, ring: Any = None) -> None:
         self.seq0 = seq0
+        # the record ring (traced/ring.py) and how many of its records workers had taken when this one started
+        self.ring = ring
+        self.ring_base = ring.consumed() if ring is not None else 0
         self.shipped = 0
         self.safe = 0
         self.wlost = 0
@@ -31,21 +34,26 @@ class Books:
         self.dead = False
         self.why = ""
 
+    def given(self) -> int:
+        """Records this worker was given: shipped to it, and taken by it from the ring."""
+        return self.shipped + (self.ring.consumed() - self.ring_base if self.ring is not None else 0)
+
     def in_flight(self) -> int:
-        return max(0, self.shipped - self.safe)
+        return max(0, self.given() - self.safe)
 
 
 class ProcessChannel(Books):
     """Worker subprocess: framed pickles on its stdin, acks from its stdout."""
 
-    def __init__(self, st: Any, seq0: int = 0) -> None:
-        self._init_books(seq0)
+    def __init__(self, st: Any, seq0: int = 0, ring: Any = None) -> None:
+        self._init_books(seq0, ring)
         env = dict(os.environ)
         pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "cptrace_otel.export.worker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, close_fds=True, env=env, bufsize=0,
+            pass_fds=(ring.fd,) if ring is not None else (),   # the ring's memfd: the worker maps it
         )
         self._fd = self.proc.stdin.fileno()  # type: ignore[union-attr]
         self._st = st
@@ -98,12 +106,12 @@ class ThreadChannel(Books):
 
     MAX_QUEUED = 64
 
-    def __init__(self, st: Any, seq0: int = 0) -> None:
+    def __init__(self, st: Any, seq0: int = 0, ring: Any = None) -> None:
         import queue
 
         from ..export.worker import run_loop
 
-        self._init_books(seq0)
+        self._init_books(seq0, ring)
         # A SimpleQueue (C): put and get hold no Python-level lock a SIGTERM handler could find held (lifecycle).
         self._q: Any = queue.SimpleQueue()
         self._st = st

@@ -3,12 +3,12 @@
 Contract (docs/ARCHITECTURE.md):
 
 * :func:`start` returns the submit function that api installs as ``api._submit``: a bounded ``deque`` append of
-  ``(time_ns, level, tag, fields)`` on the caller's thread. When the buffer holds ``config.queue_size`` records, or
-  an estimated ``config.queue_bytes`` bytes, the new record is dropped and counted. It never blocks and never
-  raises. The byte bound costs nothing while fewer than :data:`UNMEASURED` records wait (the normal case: the
-  drainer keeps up); beyond that one record in 32 has its size estimated (:func:`_estimate`: the lengths of its
-  string and list values plus a per-field constant), standing for the 32, so a stalled exporter holds about
-  ``queue_bytes`` plus :data:`UNMEASURED` records (an estimate: sizes that vary wildly blur it).
+  ``(time_ns, level, tag, fields)`` on the caller's thread. When the buffer holds ``config.queue_size`` records, or an
+  estimated ``config.queue_bytes`` bytes, the new record is dropped and counted. It never blocks and never raises (a
+  signal handler's exit aside: api). The byte bound costs nothing while fewer than :data:`UNMEASURED` records wait
+  (the normal case: the drainer keeps up); beyond that one record in 32 has its size estimated (:func:`_estimate`: the
+  lengths of its string and list values plus a per-field constant), standing for the 32, so a stalled exporter holds
+  about ``queue_bytes`` plus :data:`UNMEASURED` records (an estimate: sizes that vary wildly blur it).
 * A daemon drainer thread pops batches in order (after shipping a partial batch it lingers :data:`LINGER_S` for more,
   so that records arriving a few per millisecond are not shipped one message each; a flush does not wait), resolves
   deferred fingerprints (``fingerprint.is_deferred/resolve``, waiting on their CUDA event), renders every value that
@@ -17,6 +17,8 @@ Contract (docs/ARCHITECTURE.md):
   ships batches of these compact items to the exporter worker, in order (messages and frames:
   :mod:`cptrace_otel.export.protocol`). The worker completes each with the same rendering
   (:mod:`cptrace_otel.model.records`), so the result is the same, but the traced process does the least work.
+  With ``CPTRACE_RING=1`` the submit function is the record ring's (:mod:`.ring`): the buffer and the drainer carry
+  only records of other shapes (SIDE messages, each put at its placeholder by the worker).
 * The worker is a subprocess per traced process (``python -m cptrace_otel.export.worker``; not ``multiprocessing``,
   since SGLang rank processes may be daemonic), fed over its stdin and acking over its stdout; it exits after
   delivering once its stdin closes, so it never outlives the traced process for long. ``CPTRACE_EXPORTER=thread``
@@ -53,10 +55,11 @@ import threading
 import time
 from typing import Any, Callable
 
-from . import lifecycle
+from . import lifecycle, ring as _ring
 from .channels import ProcessChannel, ThreadChannel
-from ..export.protocol import ACK, FLUSH, INIT, ITEMS, PREINIT, PROGRESS
+from ..export.protocol import ACK, FLUSH, INIT, ITEMS, PREINIT, PROGRESS, SIDE
 from ..model.records import RESOLVE_TIMEOUT_S, compact_item
+from .rendering import estimate as _estimate, import_drainer_needs as _import_drainer_needs, load_deferred
 
 BATCH = 4096              # records per message to the worker
 IDLE_WAIT_S = 0.05        # drainer poll interval when the buffer is empty
@@ -75,23 +78,6 @@ _fids = itertools.count(1)
 _on_stop: Callable[[], None] | None = None   # start()'s caller's uninstall hook
 _closing: "_State | None" = None   # the pipeline shutdown() is closing (a SIGTERM or the exit flush finishes it)
 _last_stats: dict[str, Any] = {}
-
-
-def load_deferred() -> tuple[Any, Any]:
-    """``(is_deferred, resolve)`` of the fingerprint package, or ``(None, None)`` when it cannot be imported."""
-    try:
-        from ..fingerprint import is_deferred, resolve
-
-        return is_deferred, resolve
-    except Exception:
-        return None, None
-
-
-def _import_drainer_needs() -> None:
-    """Import on the caller's thread what the drainer imports first: a thread importing at a fork leaves that
-    module's lock held in the child for ever, and the child's drainer would block on it (seen with ``os.fork``)."""
-    load_deferred()
-    from ..model import semconv  # noqa: F401 - Config.resource(), in the drainer's INIT message
 
 
 # -- state ----------------------------------------------------------------------------------------------------------
@@ -123,11 +109,14 @@ class _State:
         self.hold: Any = None       # cptrace_otel.traced.ranks.RankHold while the rank is not yet known (see _drain)
         self._cur_items: list = []  # the batch the drainer is rendering (the watchdog takes it over if stuck)
         self._rendering = False
+        self.ring = _ring.create(cfg)   # the record ring (CPTRACE_RING), else None: the deque path
         self.drainer = threading.Thread(target=self._drain, name="cptrace-drainer", daemon=True)
         self.watchdog = threading.Thread(target=self._watch, name="cptrace-watchdog", daemon=True)
 
     # caller side ---------------------------------------------------------------------------------------------------
     def make_submit(self) -> Any:
+        if self.ring is not None:   # records go to the ring; those of other shapes to self.buf (traced/ring.py)
+            return self.ring.submit(self.buf, self.cap)
         buf = self.buf
         cap = self.cap
         append = buf.append
@@ -170,8 +159,8 @@ class _State:
                     append((now(), level, tag, fields))
                 else:
                     _sampled(level, tag, fields, n)
-            except BaseException:  # noqa: BLE001 - the traced process must never see tracing fail
-                pass
+            except Exception:  # never BaseException: a SystemExit here is the app's SIGTERM handler's (lifecycle)
+                pass               # run between two bytecodes; swallowed, its process ran on for ever (issue 21)
 
         return _submit
 
@@ -219,7 +208,13 @@ class _State:
 
     def total_dropped(self) -> int:
         ch = self.channel
-        return self.dropped + self.prev_wlost + (ch.wlost if ch is not None else 0)
+        return self.up_dropped() + (ch.wlost if ch is not None else 0)
+
+    def up_dropped(self) -> int:
+        """Records lost on this side (the buffer's or the ring's drops, workers that died; once no worker runs, the
+        ring's records none took), for the worker's stamp."""
+        r = self.ring
+        return self.dropped + self.prev_wlost + (r.dropped() + (r.pending() if self.gone else 0) if r else 0)
 
     # drainer -------------------------------------------------------------------------------------------------------
     def _info(self, resume: dict | None) -> dict:
@@ -232,6 +227,7 @@ class _State:
             "log_file": self.cfg.expand(self.cfg.log_file) if self.cfg.log_file else None,
             "spool_dir": self.cfg.spool_dir,
             "resume": resume,
+            "ring": self.ring.info() if self.ring is not None else None,
         }
 
     def _start_channel(self, resume: dict | None = None) -> None:
@@ -241,14 +237,14 @@ class _State:
         init = (INIT if self.hold is None else PREINIT, self._info(resume))
         if self.cfg.exporter == "process":
             try:
-                ch: Any = ProcessChannel(self, seq0)
+                ch: Any = ProcessChannel(self, seq0, self.ring)
                 self.channel = ch
                 ch.send(init)
                 return
             except Exception as e:
                 print(f"cptrace_otel: cannot start the exporter process ({e!r}); exporting from a thread instead",
                       file=sys.stderr, flush=True)
-        self.channel = ThreadChannel(self, seq0)
+        self.channel = ThreadChannel(self, seq0, self.ring)
         self.channel.send(init)
 
     def _restart(self) -> bool:
@@ -258,11 +254,11 @@ class _State:
         lost = old.in_flight()
         # The next worker numbers on from every seq the dead one may have given (to records it may have delivered
         # before it died but had not reported safe): a seq is never given to two records.
-        next_seq = old.seq0 + old.shipped
+        next_seq = old.seq0 + old.given()
         self.dropped += lost
         self.lost += lost
         self.prev_wlost += old.wlost
-        old.shipped, old.wlost = old.safe, 0  # counted once
+        old.shipped, old.wlost, old.ring = old.safe, 0, None  # counted once
         if self.stop or self.restarts >= MAX_RESTARTS:
             self.gone = old.why
             print(f"cptrace_otel: {old.why}; {lost} records it held were lost; not restarting it (restarted "
@@ -274,7 +270,8 @@ class _State:
               file=sys.stderr, flush=True)
         time.sleep(RESTART_BACKOFF_S * (1 << (self.restarts - 1)))
         try:
-            self._start_channel({"seq": next_seq, "epochs": old.epochs, "restarts": self.restarts})
+            self._start_channel({"seq": next_seq, "epochs": old.epochs, "restarts": self.restarts,
+                                 "side_next": self.ring.side_shipped if self.ring is not None else 0})
         except Exception as e:
             self.gone = f"exporter failed to restart: {e!r}"
             print(f"cptrace_otel: {self.gone}; further records are dropped and counted", file=sys.stderr, flush=True)
@@ -300,8 +297,11 @@ class _State:
             self.lost += n_records
 
     def ship_items(self, items: list) -> None:
-        """Ship a batch of compact items, with the drop count so far (the worker stamps it on the rank span)."""
-        self._ship((ITEMS, items, self.dropped + self.prev_wlost), len(items))
+        """Ship a batch of compact items, with the drop count so far (the worker stamps it on the rank span). With the
+        ring they are its side records (SIDE: the worker puts each at its placeholder)."""
+        if self.ring is not None:
+            self.ring.side_shipped += len(items)
+        self._ship((ITEMS if self.ring is None else SIDE, items, self.up_dropped()), len(items))
 
     def _open(self) -> None:
         try:
@@ -382,7 +382,7 @@ class _State:
                 self._ship((INIT, self._info(None)))  # the worker starts exporting what it held, with the rank
             for fid, t_req, timeout_s in reqs:
                 left = timeout_s - (time.monotonic() - t_req) - 0.05
-                self._ship((FLUSH, fid, self.dropped + self.prev_wlost, max(0.0, left), self.exiting))
+                self._ship((FLUSH, fid, self.up_dropped(), max(0.0, left), self.exiting))
                 if self.gone is not None:
                     w = self.waiters.get(fid)
                     if w is not None:
@@ -431,6 +431,10 @@ class _State:
             self.dropped += 1
             self.lost += 1
             print(f"cptrace_otel: {why}; delivery goes on in a new drainer thread", file=sys.stderr, flush=True)
+            if self.ring is not None:   # the worker skips the given-up record's placeholder (ring order kept)
+                self.shipped += len(taken)
+                self.ship_items(taken + [None])
+                taken = []
         gen = self.gen
         self.drainer = threading.Thread(target=self._drain_loop, args=(gen, taken), name="cptrace-drainer",
                                         daemon=True)
@@ -447,19 +451,6 @@ class _State:
         got = w[0].wait(max(0.0, timeout_s))
         self.waiters.pop(fid, None)
         return bool(got and w[1] and self.gone is None and self.lost == 0 and self.prev_wlost == 0)
-
-
-def _estimate(fields: dict) -> int:
-    """Rough bytes one buffered record holds: a constant per record and field plus its strings' and lists' lengths
-    (one pass over the values; only called once the buffer is long, see :data:`UNMEASURED`)."""
-    n = 200 + 64 * len(fields)
-    for v in fields.values():
-        t = type(v)
-        if t is str or t is bytes:
-            n += len(v)
-        elif t is list or t is tuple:
-            n += 16 * len(v)
-    return n
 
 
 # -- public (called by api.py) ---------------------------------------------------------------------------------------
@@ -502,12 +493,14 @@ def shutdown(timeout_s: float = 30.0) -> bool:
         st = _state
         if st is None:
             return True
+        _closing = st  # first: a SIGTERM between these lines still finds it (_pipeline_for_signal, _at_exit)
         _state = None
-        _closing = st
         on_stop, _on_stop = _on_stop, None
     if on_stop is not None:
         on_stop()
+    _ring.detach(st.ring)   # (records put meanwhile are in the ring: the worker reads them to the end)
     ok = lifecycle.close_state(st, timeout_s)
+    _ring.close(st.ring)    # its memfd (the worker has its own mapping; no worker starts after the close)
     _remember(st)
     # (not reached when the application's SIGTERM handler raised SystemExit meanwhile: the exit flush finishes it)
     _closing = None
@@ -549,11 +542,15 @@ def stats() -> dict[str, Any]:
 
 def _stats_of(st: _State) -> dict[str, Any]:
     ch = st.channel
-    out = {"dropped": st.total_dropped(), "shipped": st.shipped, "queued": len(st.buf), "lost": st.lost,
+    out = {"dropped": st.total_dropped(), "shipped": st.shipped + (st.ring.counters()[4] if st.ring else 0),
+           "lost": st.lost,
+           "queued": len(st.buf) + (st.ring.pending() if st.ring is not None else 0),
            "exporter": st.cfg.exporter, "worker_gone": st.gone, "restarts": st.restarts, "stuck_renders": st.stuck,
            "in_flight": ch.in_flight() if ch is not None else 0,
            "queued_bytes_est": st.qbytes, "dropped_queue_bytes": st.dropped_bytes}
     out.update({"worker": dict(st.stats)})
+    if st.ring is not None:
+        out["ring"] = st.ring.stats()
     return out
 
 
@@ -594,6 +591,8 @@ def _after_fork_in_child() -> None:
     _lock = threading.Lock()
     if st is not None and st.channel is not None:
         st.channel.close_in_child()
+    if st is not None and st.ring is not None:
+        st.ring.close_in_child()
 
 
 lifecycle.set_handlers(_at_exit, _signal_flush)

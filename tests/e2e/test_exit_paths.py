@@ -3,7 +3,9 @@ workers (children in tests/helpers/exit_children.py, also measured by bench/exit
 
 * SIGTERM storms (hundreds of signals, 1 ms apart) while the main thread is inside ``flush()`` or ``shutdown()``,
   with and without an application handler, for both exporters: the process ends (no deadlock), the application's
-  handler ran, every record emitted was delivered.
+  handler ran, every record emitted was delivered. A hung child's stacks are in the failure message.
+* The application handler's SystemExit raised at each step of a ``cptrace`` call's submit functions ends the process
+  (before the fix it was swallowed there: the storm during ``shutdown()`` hung).
 * ``os._exit`` one second after the first record while the rank is still unknown: nothing lost (the records wait
   for the rank in the exporter, not in the traced process).
 * A plain ``os.fork`` child ending with ``os._exit``: its records reach its own exporter as they are emitted.
@@ -20,8 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.exit_children import (child_env, early_exit_child, every_line_child, fork_child, storm,
-                                         storm_child, stuck_render_child, wait_delivered)
+from tests.helpers.exit_children import (child_env, early_exit_child, every_line_child, fork_child,
+                                         signal_in_submit_child, storm, storm_child, stuck_render_child,
+                                         wait_delivered)
 from tests.helpers.otlp_receiver import read_jsonl
 
 from cptrace_otel.model import semconv as sc
@@ -32,14 +35,8 @@ from cptrace_otel.model import semconv as sc
 @pytest.mark.parametrize("app", [True, False], ids=["app-handler", "no-handler"])
 def test_a_sigterm_storm_in_flush_or_shutdown_ends_flushed_with_the_app_handler_run(tmp_path: Path, frame: str,
                                                                                      app: bool, exporter: str) -> None:
-    if frame == "shutdown" and app and exporter == "process":
-        # An open bug, not a pass: in 2 of the last 3 CI runs this case hung (784,000 records emitted, the app's
-        # handler run) or lost 1 of 22,000 records. It is skipped so that it cannot block every landing, and stays
-        # listed until it is fixed (docs/failure-modes.md, "Signals").
-        pytest.skip("open bug: a SIGTERM storm during shutdown() with the exporter process and an app handler can "
-                    "hang or lose a record (2 of the last 3 CI runs)")
     r = storm(storm_child(frame, app), tmp_path, CPTRACE_CP_RANK="0", CPTRACE_EXPORTER=exporter)
-    assert r.rc != "HUNG", "deadlocked under a SIGTERM storm"
+    assert r.rc != "HUNG", f"deadlocked under a SIGTERM storm; its stacks:\n{r.dump}"
     assert r.signals >= 1 and r.emitted >= 20000
     if app:
         assert r.app_ran
@@ -65,6 +62,27 @@ def test_a_sigterm_at_every_line_of_flush_and_shutdown_never_deadlocks(tmp_path:
     assert kills >= 20 and calls == kills          # every signal ran the application's handler once
     assert line[5] == "True" and line[7] == "True"  # both flushed everything
     assert len(wait_delivered(tmp_path, 10000, 30)) == 10000
+
+
+@pytest.mark.parametrize("gate", ["c", "python", "sampled"])
+def test_the_app_handlers_exit_raised_inside_cptrace_ends_the_process(tmp_path: Path, gate: str) -> None:
+    """Deterministic: a SIGTERM at each event of the submit functions one ``cptrace`` call runs (the C gate, the
+    Python gate, behind the sampler): the application's handler exits and the process ends there. Before the fix a
+    submit function (``except BaseException``) or the C gate (``PyErr_Clear``) swallowed that SystemExit: the
+    record was lost and the process, told to exit, ran on (the storm's hang: 784,000 records and no end)."""
+    env = {"c": {}, "python": {"CPTRACE_PY_GATE": "1"}, "sampled": {"CPTRACE_SAMPLE": "0.5"}}[gate]
+    k = 0
+    while True:
+        p = subprocess.run([sys.executable, "-c", signal_in_submit_child(k)],
+                           env=child_env(tmp_path, CPTRACE_CP_RANK="0", CPTRACE_EXPORTER="thread", **env),
+                           capture_output=True, text=True, timeout=120)
+        ran_on = [x.split() for x in p.stdout.splitlines() if x.startswith("RAN ON")]
+        if ran_on and ran_on[0][3] == "True":
+            break  # k is past the call's last event: no signal was sent
+        assert "APP" in p.stdout, (k, p.stdout, p.stderr)
+        assert p.returncode == 7 and not ran_on, f"the handler's exit at event {k} was swallowed: {p.stdout}"
+        k += 1
+    assert k >= 4, k  # the call ran through that many events, each one ended the process
 
 
 def test_os_exit_while_the_rank_is_unknown_loses_nothing(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,7 +22,8 @@ from tests.helpers.otlp_receiver import read_jsonl
 REPO = Path(__file__).resolve().parents[2]
 
 PRELUDE = textwrap.dedent("""
-    import os, signal, sys, threading, time
+    import faulthandler, os, signal, sys, threading, time
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the parent's stack dump of a hung child (storm)
     import cptrace_otel as ct
     from cptrace_otel.traced import pipeline
     def say(s):
@@ -165,6 +167,35 @@ def every_line_child(n: int = 5000) -> str:
     """)
 
 
+def signal_in_submit_child(k: int) -> str:
+    """A SIGTERM at the ``k``-th trace event (call, line, return) of the submit functions one ``cptrace`` call runs
+    (the pipeline's ``_submit``/``_sampled``, the sampler's ``submit``), sent from a ``sys.settrace`` hook, after
+    the application installed a handler that says ``APP`` and exits 7: the handler's SystemExit is raised right
+    there. Prints ``RAN ON <events> <armed>`` if the process went on after that record (``armed``: ``k`` was past the
+    call's last event, so no signal was sent)."""
+    return PRELUDE + textwrap.dedent(f"""
+        def on_term(signum, frame):
+            say("APP")
+            sys.exit(7)
+        signal.signal(signal.SIGTERM, on_term)
+        n = emit(100)  # the pipeline runs (its SIGTERM handler chains this one)
+        names = {{"_submit", "_sampled", "submit"}}
+        seen, armed = [0], [True]
+        def tracer(frame, event, arg):
+            if not armed[0] or frame.f_code.co_name not in names:
+                return None
+            if seen[0] == {k}:
+                armed[0] = False
+                os.kill(os.getpid(), signal.SIGTERM)
+            seen[0] += 1
+            return tracer
+        sys.settrace(tracer)
+        ct.cptrace(1, "evict", node_id=10**6, i=n)
+        sys.settrace(None)
+        say("RAN ON %d %s" % (seen[0], armed[0]))
+    """)
+
+
 # -- running them --------------------------------------------------------------------------------------------------
 def child_env(tmp: str | Path, **extra: str) -> dict[str, str]:
     """The children's environment: level 1, checks off, records to ``tmp/out-<pid>.jsonl``, this tree first."""
@@ -199,14 +230,46 @@ class Storm:
     signals: int
     emitted: int
     got: set[int] = field(default_factory=set)
+    dump: str = ""   # a hung child's stacks (faulthandler; py-spy's too, with its exporter's, where installed)
+
+
+def _stacks(p: subprocess.Popen, err_path: Path) -> str:
+    """The stacks of a hung child: py-spy's of the child and its exporter worker where py-spy is installed, and the
+    child's own faulthandler dump (SIGUSR1, registered by PRELUDE; written by C code, so it comes however the
+    interpreter is stuck), read from its stderr file."""
+    out = []
+    spy = shutil.which("py-spy")
+    if spy:
+        pids = [p.pid]
+        try:
+            pids += [int(x) for x in Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().split()]
+        except OSError:
+            pass
+        for pid in pids:
+            r = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30)
+            out.append(f"py-spy dump of {pid}:\n{r.stdout}{r.stderr}")
+    before = last = err_path.stat().st_size
+    p.send_signal(signal.SIGUSR1)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # polls (bounded) until the dump was written and stopped growing
+        time.sleep(0.1)
+        now = err_path.stat().st_size
+        if before != now == last:
+            break
+        last = now
+    out.append("child's stderr (faulthandler dump at the end):\n" + err_path.read_text(errors="replace")[-20000:])
+    return "\n".join(out)
 
 
 def storm(code: str, tmp: str | Path, signals: int = 200, gap_s: float = 0.001, **env: str) -> Storm:
     """Start ``code`` (a :func:`storm_child`), wait for READY, send it up to ``signals`` SIGTERMs ``gap_s`` apart
     while it lives, then collect: exit status (``"HUNG"`` if it did not end within 60 s: a deadlock), whether the
-    application's handler ran, how many records it emitted and which were delivered."""
-    p = subprocess.Popen([sys.executable, "-c", code], env=child_env(tmp, **env), stdout=subprocess.PIPE,
-                         stderr=subprocess.DEVNULL)
+    application's handler ran, how many records it emitted and which were delivered; a hung child's stacks are in
+    ``dump``."""
+    err_path = Path(tmp) / "child-stderr.txt"
+    with open(err_path, "wb") as err:
+        p = subprocess.Popen([sys.executable, "-c", code], env=child_env(tmp, **env), stdout=subprocess.PIPE,
+                             stderr=err)
     out = b""
     while b"READY" not in out:
         chunk = p.stdout.read1(4096)  # type: ignore[union-attr]
@@ -223,10 +286,12 @@ def storm(code: str, tmp: str | Path, signals: int = 200, gap_s: float = 0.001, 
             break
         sent += 1
         time.sleep(gap_s)  # the storm's pace (not a wait for a state)
+    dump = ""
     try:
         rest, _ = p.communicate(timeout=60)
         rc: int | str = p.returncode
     except subprocess.TimeoutExpired:
+        dump = _stacks(p, err_path)
         p.kill()
         rest, _ = p.communicate()
         rc = "HUNG"
@@ -234,4 +299,4 @@ def storm(code: str, tmp: str | Path, signals: int = 200, gap_s: float = 0.001, 
     text = out.decode(errors="replace")
     emitted = max([int(x.split()[1]) for x in text.splitlines() if x.startswith("E ")] or [0])
     got = wait_delivered(tmp, emitted, timeout_s=30.0)
-    return Storm(rc, "APP" in text, sent, emitted, got)
+    return Storm(rc, "APP" in text, sent, emitted, got, dump)

@@ -215,6 +215,26 @@ print(json.dumps({{"msgs": msgs, "records": n, "corruption": r["corruption"], "a
     assert r["records"] == 0 and r["corruption"] == [] and r["admitted"] == 40, r
 
 
+@pytest.mark.parametrize("chosen", [None, "rust"])
+def test_0_5_23_gets_the_python_tree_core_unless_the_user_chose_one(chosen):
+    """0.5.23's default tree core is the Rust one (untraceable: its nodes never pass through Python). Instrumenting
+    sets ``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python`` where it is unset, so SGLang's own selection
+    (``tree_core_registry.select_tree_core_backend`` with no per-cache override) gives the Python core; an explicit
+    choice is kept."""
+    _need("0.5.23")
+    env = {} if chosen is None else {"SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND": chosen}
+    r = _py("""
+import json, os
+from cptrace_otel.traced.sglang import SGLangInstrumentor
+from sglang.srt.environ import envs
+before = os.environ.get("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND")
+SGLangInstrumentor().instrument()
+print(json.dumps({"before": before, "after": envs.SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND.get()}))
+""", version="0.5.23", **env)
+    assert r["before"] == chosen
+    assert r["after"] == (chosen or "python")
+
+
 HEALTHY = [
     {"policy": "write_through", "page_size": 1, "exact": True, "seed": 1},
     {"policy": "write_through_selective", "page_size": 4, "seed": 2},

@@ -97,6 +97,30 @@ def test_a_failing_submit_is_swallowed(monkeypatch: pytest.MonkeyPatch) -> None:
     assert api.cptrace(1, "evict", node_id=1) is None
 
 
+def test_a_missing_submit_is_swallowed_without_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the gate's lookup of api._submit finds nothing and sets no error: the call is dropped, and the exit path that
+    # lets a signal handler's SystemExit through must not turn "no error" into a SystemError
+    monkeypatch.delattr(api, "_submit")
+    monkeypatch.setattr(api, "_LEVEL", 1)
+    assert api.cptrace(1, "evict", node_id=1) is None
+
+
+@pytest.mark.parametrize("exc", [SystemExit(7), KeyboardInterrupt()])
+def test_a_signal_handlers_exit_raised_inside_submit_propagates(monkeypatch: pytest.MonkeyPatch,
+                                                                exc: BaseException) -> None:
+    """What an application's signal handler raises while submit runs (its SIGTERM handler's sys.exit, Ctrl-C) is not
+    tracing's to swallow: the C gate and the Python definition both let it through (the real case, with signals:
+    tests/e2e/test_exit_paths.py)."""
+    def interrupted(level, tag, fields):
+        raise exc
+
+    monkeypatch.setattr(api, "_submit", interrupted)
+    monkeypatch.setattr(api, "_LEVEL", 1)
+    for fn in (api.cptrace, api._cptrace_py):
+        with pytest.raises(type(exc)):
+            fn(1, "evict", node_id=1)
+
+
 _LEVELS = st.one_of(st.integers(-3, 5), st.integers(), st.booleans(), st.floats(), st.none(),
                     st.sampled_from(["2", " 1 ", "x", b"1"]))
 _VALUES = st.one_of(st.integers(-2, 9), st.text(max_size=3), st.none(), st.lists(st.integers(), max_size=2))

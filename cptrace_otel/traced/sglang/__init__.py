@@ -42,6 +42,7 @@ Readings of SGLang that decide where a record goes (the README's "Use it with SG
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any, Collection
 
 from opentelemetry.instrumentation import instrumentor as _otel_instrumentor
@@ -100,6 +101,8 @@ class SGLangInstrumentor(BaseInstrumentor):
         if exact is None:
             exact = _config.from_env().sglang_exact
         Recorder.configure(exact=bool(exact), cp_mode=str(kwargs.get("cp_mode") or "sharded"))
+        if cache_flavour() == "unified":
+            python_tree_core()
         import wrapt
 
         table = sites()
@@ -117,6 +120,25 @@ class SGLangInstrumentor(BaseInstrumentor):
     def _uninstrument(self, **kwargs: Any) -> None:
         for module, attr, _ in getattr(self, "_cptrace_sites", None) or sites():
             _unwrap(module, attr)
+
+
+TREE_CORE_ENV = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"
+
+
+def python_tree_core() -> bool:
+    """Choose 0.5.23's Python ``UnifiedTreeCore`` for the caches this process builds, unless the user chose a tree
+    core (``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND`` set). True when it chose.
+
+    Why: 0.5.23's default tree core is the Rust one wherever its extension loads, and its nodes, splits and evictions
+    never pass through Python, where the sites are: such a cache can only be left untraced. SGLang reads the variable
+    when a cache is built, and its own KV-sharding hook defaults it to ``python`` the same way (only when unset). An
+    explicit choice is kept: a Rust cache then gets one warning and no records (``_sites23.untraceable``)."""
+    if os.environ.get(TREE_CORE_ENV) is not None:
+        return False
+    os.environ[TREE_CORE_ENV] = "python"
+    logger.info("cptrace-otel: %s=python (the Rust tree core cannot be traced; set the variable to choose)",
+                TREE_CORE_ENV)
+    return True
 
 
 def _unwrap(module: str, attr: str) -> None:

@@ -26,10 +26,11 @@ Where each record is made in 0.5.23 (the README's "Use it with SGLang" lists the
 
 Not covered (:func:`untraceable`: such a cache gets one warning and no record, never partial records): the Rust
 tree core (``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=rust``, 0.5.23's default wherever its extension loads: its nodes
-are not Python objects; ``=python`` makes the cache traceable), trees with other components than the full-attention
-KV (SWA, Mamba, C128: hybrid models), an L3 storage backend other than ``file`` (the L3 sites, :mod:`._l3_sites23`,
-are verified against the ``file`` backend's flow; a cache that gets another backend attached at run time stops being
-traced then, with a warning), the buffer-only host mode and the external cache linker.
+are not Python objects; the instrumentor sets ``=python`` where the variable is unset, so only an explicit choice is
+left), trees with other components than the full-attention KV (SWA, Mamba, C128: hybrid models), an L3 storage
+backend other than ``file`` (the L3 sites, :mod:`._l3_sites23`, are verified against the ``file`` backend's flow; a
+cache that gets another backend attached at run time stops being traced then, with a warning), the buffer-only host
+mode and the external cache linker.
 """
 
 from __future__ import annotations

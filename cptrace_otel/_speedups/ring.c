@@ -1,0 +1,514 @@
+/* The record ring: records encoded on the caller's thread into shared memory that the exporter process reads, so
+ * that no thread of the traced process renders or pickles them (docs/performance.md, "the native record path").
+ *
+ * Layout of the shared buffer (a memfd mapped by both processes; little-endian, the machine's own):
+ *   0    u64 magic, u64 cap (data bytes, a power of two)
+ *   64   producer line: u64 write_pos, u64 dropped, u64 side_next, u64 written      (written by the traced process)
+ *   128  consumer line: u64 read_pos, u64 consumed                                  (written by the exporter)
+ *   256  cap bytes of records
+ * Positions count bytes for ever (offset = pos & (cap - 1)). A record is 8-aligned and never wraps: when it does
+ * not fit before the end, a PAD record fills the end and it starts at offset 0. Record: u32 size, u16 kind, u16
+ * nfields, then
+ *   REC  i64 ts_ns, i64 level, tag, nfields x (key, value); a string is a varint length + UTF-8; a value is one
+ *        byte 'i' (i64), 'f' (f64), 's' (string), 'T' / 'F' (the bools, read back as the strs "True" / "False")
+ *   PH   u64 side id: the record at this place went to the side deque (a value of another shape); the exporter
+ *        gets it, rendered by the drainer, as the side id-th SIDE item, and puts it here, so order is kept
+ *   PAD  nothing
+ * One producer at a time: every producer holds the GIL and nothing here releases it or runs Python code between
+ * reserving and publishing. write_pos is published with a release store after the bytes; the reader loads it with
+ * an acquire load, and publishes read_pos (release) once it has copied the records out; the producer's free-space
+ * check loads read_pos with an acquire load. A full ring (or side deque) drops the record and counts it (dropped).
+ *
+ * What is encoded (else the side path): an exact int within int64, an exact str that encodes as UTF-8, an exact
+ * float, a bool, a list or tuple (exact) of at most 64 exact ints within int64 (encoded as its upstream rendering
+ * "[a,b]", the str the drainer would make of it); at most 64 fields, an exact str tag other than the side tag given
+ * to ring_attach (the config record: the drainer reads the rank there), a record of at most max_rec bytes (64 KiB,
+ * or an eighth of the ring). The side deque holds (ts, level, tag,
+ * fields) items exactly as the deque path's.
+ */
+#include "ring.h"
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#define MAGIC 0x31474e4952545043ULL /* "CPTRING1" */
+#define HDR 256
+#define MAXF 64
+#define MAXLIST 64
+#define K_REC 1
+#define K_PH 2
+#define K_PAD 3
+
+typedef struct {
+    uint64_t magic, cap, pad0[6];
+    uint64_t write_pos, dropped, side_next, written, pad1[4];
+    uint64_t read_pos, consumed, pad2[6];
+} ring_hdr;
+
+PyObject *ring_put_fn = NULL;
+
+static struct {
+    Py_buffer view;
+    ring_hdr *h; /* NULL: not attached */
+    unsigned char *data;
+    uint64_t cap, max_rec;
+    PyObject *deque, *append; /* the side deque and its bound append */
+    Py_ssize_t qcap;
+    PyObject *side_tag; /* records of this tag always take the side path (the drainer reads them) */
+    const char *st_p;
+    Py_ssize_t st_n;
+} R;
+
+static PyObject *s_true, *s_false;
+
+static inline uint64_t load_acq(uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+static inline void store_rel(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+
+static int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t); /* what time.time_ns reads */
+    return (int64_t)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+static size_t vlen(uint64_t n) { size_t k = 1; while (n >= 0x80) { n >>= 7; k++; } return k; }
+static unsigned char *put_v(unsigned char *p, uint64_t n) {
+    while (n >= 0x80) { *p++ = (unsigned char)(n | 0x80); n >>= 7; }
+    *p++ = (unsigned char)n;
+    return p;
+}
+
+typedef struct { const char *p; Py_ssize_t n; int64_t i; double f; char k; } fv_t;
+
+/* One value's encoding into *o: 1, or 0 when it has another shape (side path). Runs no Python code. */
+static int classify(PyObject *v, fv_t *o, char **scr, char *scr_end) {
+    if (PyLong_CheckExact(v)) {
+        int ovf;
+        long long x = PyLong_AsLongLongAndOverflow(v, &ovf);
+        if (ovf || (x == -1 && PyErr_Occurred())) { PyErr_Clear(); return 0; }
+        o->k = 'i'; o->i = x;
+        return 1;
+    }
+    if (PyUnicode_CheckExact(v)) {
+        o->p = PyUnicode_AsUTF8AndSize(v, &o->n);
+        if (o->p == NULL) { PyErr_Clear(); return 0; } /* lone surrogates */
+        o->k = 's';
+        return 1;
+    }
+    if (v == Py_True || v == Py_False) { o->k = v == Py_True ? 'T' : 'F'; return 1; }
+    if (PyFloat_CheckExact(v)) { o->k = 'f'; o->f = PyFloat_AS_DOUBLE(v); return 1; }
+    if (PyList_CheckExact(v) || PyTuple_CheckExact(v)) {
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(v);
+        if (n > MAXLIST || scr_end - *scr < 2 + 21 * (n ? n : 1)) return 0;
+        PyObject **it = PySequence_Fast_ITEMS(v);
+        char *p = *scr;
+        o->p = p;
+        *p++ = '[';
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (!PyLong_CheckExact(it[i])) return 0;
+            int ovf;
+            long long x = PyLong_AsLongLongAndOverflow(it[i], &ovf);
+            if (ovf || (x == -1 && PyErr_Occurred())) { PyErr_Clear(); return 0; }
+            if (i) *p++ = ',';
+            p += snprintf(p, 21, "%lld", x);
+        }
+        *p++ = ']';
+        o->n = p - o->p;
+        o->k = 's';
+        *scr = p;
+        return 1;
+    }
+    return 0;
+}
+
+/* Reserve size bytes (a multiple of 8) at the write position, padding the end when it does not fit there; the
+ * record's offset, or -1 when the ring is full. Nothing is published. *next gets the new write position. */
+static int64_t reserve(uint64_t size, uint64_t *next) {
+    ring_hdr *h = R.h;
+    uint64_t w = h->write_pos, r = load_acq(&h->read_pos);
+    uint64_t off = w & (R.cap - 1), tail = R.cap - off, need = size;
+    if (size > tail) need = tail + size;
+    if (w - r + need > R.cap) return -1;
+    if (size > tail) {
+        uint32_t hd[2] = {(uint32_t)tail, K_PAD};
+        memcpy(R.data + off, hd, 8);
+        off = 0;
+    }
+    *next = w + need;
+    return (int64_t)off;
+}
+
+static void write_hdr(unsigned char *p, uint64_t size, uint16_t kind, uint16_t nf) {
+    uint32_t s = (uint32_t)size;
+    memcpy(p, &s, 4);
+    memcpy(p + 4, &kind, 2);
+    memcpy(p + 6, &nf, 2);
+}
+
+/* The side path: (ts, level, tag, fields) onto the deque with a placeholder in the ring, published only once the
+ * append succeeded (so every published placeholder has its item). Steals nothing. */
+static int side_put(PyObject *level, PyObject *tag, PyObject *fields, int64_t ts) {
+    PyObject *t = PyLong_FromLongLong(ts);
+    if (t == NULL) return -1;
+    PyObject *item = PyTuple_Pack(4, t, level, tag, fields); /* (allocations first: they may run the collector) */
+    Py_DECREF(t);
+    if (item == NULL) return -1;
+    if (R.h == NULL) { Py_DECREF(item); return 0; } /* detached meanwhile (a collector run did it) */
+    Py_ssize_t n = PySequence_Size(R.deque);
+    uint64_t next;
+    int64_t off;
+    if (n < 0) { Py_DECREF(item); return -1; }
+    if (n >= R.qcap || (off = reserve(16, &next)) < 0) {
+        R.h->dropped++;
+        Py_DECREF(item);
+        return 0;
+    }
+    write_hdr(R.data + off, 16, K_PH, 0);
+    uint64_t id = R.h->side_next;
+    memcpy(R.data + off + 8, &id, 8);
+    PyObject *r = PyObject_CallOneArg(R.append, item); /* deque.append: C, allocates no Python object */
+    Py_DECREF(item);
+    if (r == NULL) { R.h->dropped++; return -1; }
+    Py_DECREF(r);
+    R.h->side_next = id + 1;
+    store_rel(&R.h->write_pos, next);
+    return 0;
+}
+
+/* keys[i]/vals[i], nf of them: encoded, or the side path (fields: the dict to put there, or NULL to build it). */
+static int put(PyObject *level, PyObject *tag, PyObject *const *keys, PyObject *const *vals, Py_ssize_t nf,
+               PyObject *fields) {
+    int64_t ts = now_ns();
+    if (R.h == NULL) return 0;
+    static char scratch[4096];
+    char *scr = scratch;
+    fv_t fv[MAXF], kv[MAXF];
+    const char *tp;
+    Py_ssize_t tn;
+    int ovf;
+    long long lv = PyLong_CheckExact(level) ? PyLong_AsLongLongAndOverflow(level, &ovf) : (ovf = 1, 0);
+    if (ovf || nf > MAXF || !PyUnicode_CheckExact(tag) || (tp = PyUnicode_AsUTF8AndSize(tag, &tn)) == NULL ||
+        (tn == R.st_n && memcmp(tp, R.st_p, tn) == 0))
+        goto side;
+    uint64_t size = 24 + vlen((uint64_t)tn) + (uint64_t)tn;
+    for (Py_ssize_t i = 0; i < nf; i++) {
+        if (!PyUnicode_CheckExact(keys[i]) || (kv[i].p = PyUnicode_AsUTF8AndSize(keys[i], &kv[i].n)) == NULL ||
+            !classify(vals[i], &fv[i], &scr, scratch + sizeof scratch))
+            goto side;
+        size += vlen((uint64_t)kv[i].n) + (uint64_t)kv[i].n + 1;
+        char k = fv[i].k;
+        size += (k == 'i' || k == 'f') ? 8 : k == 's' ? vlen((uint64_t)fv[i].n) + (uint64_t)fv[i].n : 0;
+        if (size > R.max_rec) goto side;
+    }
+    size = (size + 7) & ~(uint64_t)7;
+    uint64_t next;
+    int64_t off = reserve(size, &next);
+    if (off < 0) {
+        R.h->dropped++;
+        return 0;
+    }
+    unsigned char *p0 = R.data + off, *p = p0 + 8;
+    int64_t lv64 = lv;
+    memcpy(p, &ts, 8);
+    memcpy(p + 8, &lv64, 8);
+    p = put_v(p + 16, (uint64_t)tn);
+    memcpy(p, tp, tn);
+    p += tn;
+    for (Py_ssize_t i = 0; i < nf; i++) {
+        p = put_v(p, (uint64_t)kv[i].n);
+        memcpy(p, kv[i].p, kv[i].n);
+        p += kv[i].n;
+        *p++ = (unsigned char)fv[i].k;
+        if (fv[i].k == 'i') { memcpy(p, &fv[i].i, 8); p += 8; }
+        else if (fv[i].k == 'f') { memcpy(p, &fv[i].f, 8); p += 8; }
+        else if (fv[i].k == 's') { p = put_v(p, (uint64_t)fv[i].n); memcpy(p, fv[i].p, fv[i].n); p += fv[i].n; }
+    }
+    write_hdr(p0, size, K_REC, (uint16_t)nf);
+    R.h->written++;
+    store_rel(&R.h->write_pos, next);
+    return 0;
+side:
+    if (PyErr_Occurred()) PyErr_Clear();
+    if (fields != NULL) return side_put(level, tag, fields, ts);
+    PyObject *d = PyDict_New();
+    if (d == NULL) return -1;
+    for (Py_ssize_t i = 0; i < nf; i++)
+        if (PyDict_SetItem(d, keys[i], vals[i]) < 0) { Py_DECREF(d); return -1; }
+    int st = side_put(level, tag, d, ts);
+    Py_DECREF(d);
+    return st;
+}
+
+int ring_put_kw(PyObject *level, PyObject *tag, PyObject *const *vals, PyObject *kwnames) {
+    Py_ssize_t nf = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    return put(level, tag, kwnames ? &PyTuple_GET_ITEM(kwnames, 0) : NULL, vals, nf, NULL);
+}
+
+/* ring_put(level, tag, fields): the submit function api installs while the ring is on (the Python gate, the
+ * sampler and a C gate call with a drop set reach it). Never raises. */
+static PyObject *py_put(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) Py_RETURN_NONE;
+    PyObject *f = args[2];
+    if (R.h == NULL) Py_RETURN_NONE;
+    if (!PyDict_CheckExact(f)) { /* (the deque path drops and counts such a record in its drainer) */
+        R.h->dropped++;
+        Py_RETURN_NONE;
+    }
+    PyObject *keys[MAXF], *vals[MAXF];
+    Py_ssize_t pos = 0, i = 0;
+    PyObject *k, *v;
+    int st;
+    if (PyDict_GET_SIZE(f) > MAXF) {
+        st = side_put(args[0], args[1], f, now_ns());
+    } else {
+        while (PyDict_Next(f, &pos, &k, &v)) { keys[i] = k; vals[i] = v; i++; }
+        st = put(args[0], args[1], keys, vals, i, f);
+    }
+    if (st < 0) PyErr_Clear();
+    Py_RETURN_NONE;
+}
+
+static ring_hdr *hdr_of(Py_buffer *b) {
+    if (b->len < HDR) { PyErr_SetString(PyExc_ValueError, "ring: buffer too small"); return NULL; }
+    ring_hdr *h = (ring_hdr *)b->buf;
+    if (h->magic != MAGIC || h->cap < 64 || (h->cap & (h->cap - 1)) || (uint64_t)b->len < HDR + h->cap) {
+        PyErr_SetString(PyExc_ValueError, "ring: not a ring buffer");
+        return NULL;
+    }
+    return h;
+}
+
+/* ring_init(buf): a fresh ring over the whole writable buffer (its data part: the largest power of two). */
+static PyObject *py_init(PyObject *self, PyObject *arg) {
+    Py_buffer b;
+    if (PyObject_GetBuffer(arg, &b, PyBUF_WRITABLE) < 0) return NULL;
+    uint64_t cap = 64;
+    while (b.len >= HDR && cap * 2 <= (uint64_t)(b.len - HDR)) cap *= 2;
+    if (b.len < HDR + 64) {
+        PyBuffer_Release(&b);
+        PyErr_SetString(PyExc_ValueError, "ring: buffer too small");
+        return NULL;
+    }
+    memset(b.buf, 0, HDR);
+    ring_hdr *h = (ring_hdr *)b.buf;
+    h->cap = cap;
+    __atomic_store_n(&h->magic, MAGIC, __ATOMIC_RELEASE);
+    PyBuffer_Release(&b);
+    return PyLong_FromUnsignedLongLong(cap);
+}
+
+static void detach(void) {
+    if (R.h == NULL) return;
+    R.h = NULL;
+    PyBuffer_Release(&R.view);
+    Py_CLEAR(R.append);
+    Py_CLEAR(R.deque);
+    Py_CLEAR(R.side_tag);
+}
+
+/* ring_attach(buf, deque, qcap, side_tag): this process's producer writes into buf (one ring at a time), side
+ * records go to deque while it holds fewer than qcap; records tagged side_tag always go there. */
+static PyObject *py_attach(PyObject *self, PyObject *args) {
+    PyObject *buf, *dq, *stag;
+    Py_ssize_t qcap, stn;
+    if (!PyArg_ParseTuple(args, "OOnU:ring_attach", &buf, &dq, &qcap, &stag)) return NULL;
+    const char *stp = PyUnicode_AsUTF8AndSize(stag, &stn);
+    if (stp == NULL) return NULL;
+    Py_buffer b;
+    if (PyObject_GetBuffer(buf, &b, PyBUF_WRITABLE) < 0) return NULL;
+    ring_hdr *h = hdr_of(&b);
+    PyObject *app = h ? PyObject_GetAttrString(dq, "append") : NULL;
+    if (app == NULL) { PyBuffer_Release(&b); return NULL; }
+    detach();
+    R.view = b;
+    R.data = (unsigned char *)b.buf + HDR;
+    R.cap = h->cap;
+    R.max_rec = h->cap / 8 < 65536 ? h->cap / 8 : 65536;
+    R.deque = Py_NewRef(dq);
+    R.append = app;
+    R.qcap = qcap;
+    R.side_tag = Py_NewRef(stag);
+    R.st_p = stp;
+    R.st_n = stn;
+    R.h = h;
+    Py_RETURN_NONE;
+}
+
+/* ring_detach(buf=None): stop producing into buf (any ring when None); True when it was the attached one. */
+static PyObject *py_detach(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (R.h == NULL) Py_RETURN_FALSE;
+    if (nargs >= 1 && args[0] != Py_None) {
+        Py_buffer b;
+        if (PyObject_GetBuffer(args[0], &b, PyBUF_SIMPLE) < 0) return NULL;
+        int same = b.buf == R.view.buf;
+        PyBuffer_Release(&b);
+        if (!same) Py_RETURN_FALSE;
+    }
+    detach();
+    Py_RETURN_TRUE;
+}
+
+/* ring_forget(): in a forked child, forget the parent's ring without touching the Python objects' locks. */
+static PyObject *py_forget(PyObject *self, PyObject *unused) {
+    detach();
+    Py_RETURN_NONE;
+}
+
+/* ring_counters(buf) -> (write_pos, read_pos, dropped, side_next, written, consumed, cap) */
+static PyObject *py_counters(PyObject *self, PyObject *arg) {
+    Py_buffer b;
+    if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0) return NULL;
+    ring_hdr *h = hdr_of(&b);
+    PyObject *r = h ? Py_BuildValue("(KKKKKKK)", (unsigned long long)load_acq(&h->write_pos),
+                                    (unsigned long long)load_acq(&h->read_pos), (unsigned long long)h->dropped,
+                                    (unsigned long long)h->side_next, (unsigned long long)h->written,
+                                    (unsigned long long)load_acq(&h->consumed), (unsigned long long)h->cap)
+                    : NULL;
+    PyBuffer_Release(&b);
+    return r;
+}
+
+static int get_v(const unsigned char **p, const unsigned char *end, uint64_t *out) {
+    uint64_t v = 0;
+    for (int s = 0; s < 64; s += 7) {
+        if (*p >= end) return -1;
+        unsigned char c = *(*p)++;
+        v |= (uint64_t)(c & 0x7f) << s;
+        if (!(c & 0x80)) { *out = v; return 0; }
+    }
+    return -1;
+}
+
+static PyObject *get_s(const unsigned char **p, const unsigned char *end, int intern) {
+    uint64_t n;
+    if (get_v(p, end, &n) < 0 || n > (uint64_t)(end - *p)) return NULL;
+    PyObject *s = PyUnicode_DecodeUTF8((const char *)*p, (Py_ssize_t)n, "strict");
+    *p += n;
+    if (s != NULL && intern) PyUnicode_InternInPlace(&s);
+    return s;
+}
+
+/* One REC record's (ts, level, tag, fields) item. */
+static PyObject *decode(const unsigned char *p, const unsigned char *end, unsigned nf) {
+    if (end - p < 16) return NULL;
+    int64_t ts, lv;
+    memcpy(&ts, p, 8);
+    memcpy(&lv, p + 8, 8);
+    p += 16;
+    PyObject *tag = get_s(&p, end, 1), *f = tag ? PyDict_New() : NULL, *k = NULL, *v = NULL;
+    if (f == NULL) goto bad;
+    for (unsigned i = 0; i < nf; i++) {
+        if ((k = get_s(&p, end, 1)) == NULL || p >= end) goto bad;
+        char kind = (char)*p++;
+        if (kind == 'i' || kind == 'f') {
+            if (end - p < 8) goto bad;
+            if (kind == 'i') { int64_t x; memcpy(&x, p, 8); v = PyLong_FromLongLong(x); }
+            else { double x; memcpy(&x, p, 8); v = PyFloat_FromDouble(x); }
+            p += 8;
+        } else if (kind == 's') v = get_s(&p, end, 0);
+        else if (kind == 'T') v = Py_NewRef(s_true);
+        else if (kind == 'F') v = Py_NewRef(s_false);
+        if (v == NULL || PyDict_SetItem(f, k, v) < 0) goto bad;
+        Py_CLEAR(k);
+        Py_CLEAR(v);
+    }
+    PyObject *ts_o = PyLong_FromLongLong(ts), *lv_o = PyLong_FromLongLong(lv), *item = NULL;
+    if (ts_o && lv_o) item = PyTuple_Pack(4, ts_o, lv_o, tag, f);
+    Py_XDECREF(ts_o);
+    Py_XDECREF(lv_o);
+    Py_DECREF(tag);
+    Py_DECREF(f);
+    return item;
+bad:
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "ring: malformed record");
+    Py_XDECREF(tag);
+    Py_XDECREF(f);
+    Py_XDECREF(k);
+    Py_XDECREF(v);
+    return NULL;
+}
+
+/* ring_read(buf, max_records, side_avail) -> list: the exporter's intake of the ring. The next records in order,
+ * at most max_records: a REC as its (ts, level, tag, fields) item, a placeholder as its side id (an int); it stops
+ * before a placeholder whose id is >= side_avail (its item has not come yet). Publishes read_pos and the count of
+ * RECs taken (consumed) before returning: what was read is this reader's from then on. A malformed record raises
+ * ValueError after moving read_pos to the write position (what follows it cannot be framed). */
+static PyObject *py_read(PyObject *self, PyObject *args) {
+    PyObject *buf;
+    Py_ssize_t maxn;
+    unsigned long long avail;
+    if (!PyArg_ParseTuple(args, "OnK:ring_read", &buf, &maxn, &avail)) return NULL;
+    Py_buffer b;
+    if (PyObject_GetBuffer(buf, &b, PyBUF_WRITABLE) < 0) return NULL;
+    ring_hdr *h = hdr_of(&b);
+    PyObject *out = h ? PyList_New(0) : NULL;
+    if (out == NULL) { PyBuffer_Release(&b); return NULL; }
+    const unsigned char *data = (const unsigned char *)b.buf + HDR;
+    uint64_t cap = h->cap, r = h->read_pos, w = load_acq(&h->write_pos), recs = 0;
+    const char *bad = w - r > cap ? "positions out of range" : NULL;
+    while (!bad && r < w && PyList_GET_SIZE(out) < maxn) {
+        uint64_t off = r & (cap - 1);
+        uint32_t size;
+        uint16_t kind, nf;
+        if (cap - off < 8) { bad = "record header past the end"; break; }
+        memcpy(&size, data + off, 4);
+        memcpy(&kind, data + off + 4, 2);
+        memcpy(&nf, data + off + 6, 2);
+        if (size < 8 || (size & 7) || size > cap - off || size > w - r) { bad = "bad record size"; break; }
+        PyObject *e = NULL;
+        if (kind == K_PAD) {
+            r += size;
+            continue;
+        } else if (kind == K_PH && size == 16) {
+            uint64_t id;
+            memcpy(&id, data + off + 8, 8);
+            if (id >= avail) break;
+            e = PyLong_FromUnsignedLongLong(id);
+        } else if (kind == K_REC) {
+            e = decode(data + off + 8, data + off + size, nf);
+            if (e == NULL && PyErr_ExceptionMatches(PyExc_ValueError)) { PyErr_Clear(); bad = "malformed record"; break; }
+            recs++;
+        } else {
+            bad = "unknown record kind";
+            break;
+        }
+        if (e == NULL || PyList_Append(out, e) < 0) {
+            Py_XDECREF(e);
+            Py_DECREF(out);
+            PyBuffer_Release(&b);
+            return NULL;
+        }
+        Py_DECREF(e);
+        r += size;
+    }
+    if (bad) r = w;
+    h->consumed += recs;
+    store_rel(&h->read_pos, r);
+    PyBuffer_Release(&b);
+    if (bad) {
+        Py_DECREF(out);
+        PyErr_Format(PyExc_ValueError, "ring: %s; the records up to the write position are skipped", bad);
+        return NULL;
+    }
+    return out;
+}
+
+PyMethodDef ring_methods[] = {
+    {"ring_put", (PyCFunction)(void (*)(void))py_put, METH_FASTCALL,
+     "ring_put(level, tag, fields): put one record into the attached ring (the submit function while it is on)."},
+    {"ring_init", py_init, METH_O, "ring_init(buf) -> cap: make buf a fresh, empty ring."},
+    {"ring_attach", py_attach, METH_VARARGS, "ring_attach(buf, side_deque, qcap): produce into buf."},
+    {"ring_detach", (PyCFunction)(void (*)(void))py_detach, METH_FASTCALL,
+     "ring_detach(buf=None) -> bool: stop producing into buf (or any)."},
+    {"ring_forget", py_forget, METH_NOARGS, "ring_forget(): after fork, in the child: no ring."},
+    {"ring_counters", py_counters, METH_O,
+     "ring_counters(buf) -> (write_pos, read_pos, dropped, side_next, written, consumed, cap)."},
+    {"ring_read", py_read, METH_VARARGS, "ring_read(buf, max_records, side_avail) -> [item or side id]."},
+    {NULL, NULL, 0, NULL},
+};
+
+int ring_module_init(PyObject *m) {
+    s_true = PyUnicode_InternFromString("True");
+    s_false = PyUnicode_InternFromString("False");
+    ring_put_fn = PyObject_GetAttrString(m, "ring_put");
+    return (s_true && s_false && ring_put_fn) ? 0 : -1;
+}
