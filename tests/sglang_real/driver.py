@@ -117,8 +117,10 @@ def request_stream(seed: int, n: int, page_size: int, families: int = 6) -> list
     return out
 
 
-def build(version: str, policy: str, page_size: int, dev_tokens: int, host_ratio: float, cp_group: Any,
-          tp_group: Any) -> tuple[Any, Any, Any]:
+def _pools(policy: str, page_size: int, dev_tokens: int, host_ratio: float, cp_group: Any,
+           tp_group: Any) -> tuple[Any, Any, Any, Any]:
+    """What both versions' caches are built from: the server args (set in SGLang's runtime context, the CPU answers
+    applied), the device KV pool, its allocator and the cache's init params. ``(server args, kv, alloc, params)``."""
     import torch
 
     from sglang.srt import runtime_context as rc
@@ -131,7 +133,6 @@ def build(version: str, policy: str, page_size: int, dev_tokens: int, host_ratio
     runtime.apply_cpu_answers()
     from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-    from sglang.srt.mem_cache.hiradix_cache import HiRadixCache
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 
     kv = MHATokenToKVPool(size=dev_tokens, page_size=page_size, dtype=torch.float32, head_num=HEADS, head_dim=DIM,
@@ -143,39 +144,25 @@ def build(version: str, policy: str, page_size: int, dev_tokens: int, host_ratio
     req_pool = ReqToTokenPool(size=64, max_context_len=256, device="cpu", enable_memory_saver=False)
     params = CacheInitParams(disable=False, req_to_token_pool=req_pool, token_to_kv_pool_allocator=alloc,
                              page_size=page_size, tp_cache_group=tp_group, attn_cp_cache_group=cp_group)
-    cache = HiRadixCache(params, sa)
-    return cache, kv, alloc
+    return sa, kv, alloc, params
+
+
+def build(version: str, policy: str, page_size: int, dev_tokens: int, host_ratio: float, cp_group: Any,
+          tp_group: Any) -> tuple[Any, Any, Any]:
+    sa, kv, alloc, params = _pools(policy, page_size, dev_tokens, host_ratio, cp_group, tp_group)
+    from sglang.srt.mem_cache.hiradix_cache import HiRadixCache
+
+    return HiRadixCache(params, sa), kv, alloc
 
 
 def build23(policy: str, page_size: int, dev_tokens: int, host_ratio: float, cp_group: Any,
             tp_group: Any) -> tuple[Any, Any, Any]:
     """sglang 0.5.23: ``UnifiedRadixCache`` with the full-attention component only (what the scheduler builds for a
     plain MHA model, ``registry.create_unified_radix_cache``), then ``init_hicache`` (``HybridCacheController``)."""
-    import torch
-
-    from sglang.srt import runtime_context as rc
-    from sglang.srt.server_args import ServerArgs
-
-    sa = ServerArgs(model_path="dummy", device="cpu", enable_hierarchical_cache=True, hicache_io_backend="direct",
-                    hicache_mem_layout="layer_first", hicache_write_policy=policy, page_size=page_size,
-                    hicache_ratio=host_ratio)
-    rc.get_context().set_server_args(sa)
-    runtime.apply_cpu_answers()
-    from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
-    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+    sa, kv, alloc, params = _pools(policy, page_size, dev_tokens, host_ratio, cp_group, tp_group)
     from sglang.srt.mem_cache.unified_cache.components import ComponentType
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
-    kv = MHATokenToKVPool(size=dev_tokens, page_size=page_size, dtype=torch.float32, head_num=HEADS, head_dim=DIM,
-                          layer_num=LAYERS, device="cpu", enable_memory_saver=False)
-    if page_size == 1:
-        alloc = TokenToKVPoolAllocator(dev_tokens, torch.float32, "cpu", kv, need_sort=False)
-    else:
-        alloc = PagedTokenToKVPoolAllocator(dev_tokens, page_size, torch.float32, "cpu", kv, need_sort=False)
-    req_pool = ReqToTokenPool(size=64, max_context_len=256, device="cpu", enable_memory_saver=False)
-    params = CacheInitParams(disable=False, req_to_token_pool=req_pool, token_to_kv_pool_allocator=alloc,
-                             page_size=page_size, tp_cache_group=tp_group, attn_cp_cache_group=cp_group)
     params.tree_components = (ComponentType.FULL,)
     # the Python tree core, the one the instrumentation traces (SGLang's default, the Rust one, is taken where its
     # extension supports this torch; SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND still picks another, as in SGLang)

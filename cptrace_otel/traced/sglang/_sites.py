@@ -62,9 +62,7 @@ def _rid_map_match(cache: Any, params: Any, res: Any) -> None:
         return   # no request, or the decision is init_load_back's
     dlen = len(res.device_indices)
     node_id, hit = res.last_device_node.id, ("dev" if dlen else "miss")
-    cptrace(1, "rid_map", rid=str(rid), node_id=node_id, hit=hit, dlen=dlen, hlen=0, plen=len(params.key),
-            **request_fields(req))
-    note_node(req, node_id, hit)
+    rid_map(req, rid, node_id, hit, len(params.key), dlen=dlen, hlen=0)
 
 
 def _init_load_back(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -87,8 +85,15 @@ def _rid_map_load(st: State, params: Any, res: Any) -> None:
     hlen = len(values) if loaded is not None else 0
     hit = "host" if loaded is not None else ("dev" if node is not st.cache.root_node else "miss")
     plen = len(getattr(req, "origin_input_ids", ()) or ())
-    cptrace(1, "rid_map", rid=str(rid), node_id=node.id, hit=hit, hlen=hlen, plen=plen, **request_fields(req))
-    note_node(req, node.id, hit)
+    rid_map(req, rid, node.id, hit, plen, hlen=hlen)
+
+
+def rid_map(req: Any, rid: Any, node_id: int, hit: str, plen: int, **lens: int) -> None:
+    """The ``rid_map`` record of request ``rid`` on ``node_id`` (fields ``dlen``/``hlen`` as the site knows them,
+    then ``plen``; SGLang's request span where it traces ``req``), and the node noted back on that span. Both
+    versions' match and load-back sites write it here."""
+    cptrace(1, "rid_map", rid=str(rid), node_id=node_id, hit=hit, **lens, plen=plen, **request_fields(req))
+    note_node(req, node_id, hit)
 
 
 def _split_node(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:

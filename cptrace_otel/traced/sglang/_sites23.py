@@ -39,9 +39,8 @@ from typing import Any
 
 from ..api import cptrace, rng, trace_level
 from ._sites import (HOST_POOL, PAGED_ALLOC, TOKEN_ALLOC, dev_free, host_free, loading_check_site, on_split,
-                     reset_site)
+                     reset_site, rid_map)
 from ._l3_sites23 import L3_BACKENDS, L3_SITES23
-from ._reqlink import note_node, request_fields
 from ._state import Load, State, arg, safe, state_of, warn_once
 
 URC = "sglang.srt.mem_cache.unified_radix_cache"
@@ -219,9 +218,7 @@ def _rid_map_match(params: Any, res: Any) -> None:
         return   # no request, or the decision is init_load_back's
     dlen = int(res.device_prefix_len)
     node_id, hit = int(res.last_device_node), ("dev" if dlen else "miss")
-    cptrace(1, "rid_map", rid=str(rid), node_id=node_id, hit=hit, dlen=dlen, hlen=0, plen=len(params.key),
-            **request_fields(req))
-    note_node(req, node_id, hit)
+    rid_map(req, rid, node_id, hit, len(params.key), dlen=dlen, hlen=0)
 
 
 def _init_load_back(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -243,8 +240,7 @@ def _rid_map_load(st: State23, params: Any, res: Any) -> None:
     root = st.cache.tree_core.root_node.id
     hit = "host" if st.loaded is not None and n else ("dev" if node_id != root else "miss")
     plen = len(getattr(req, "origin_input_ids", ()) or ())
-    cptrace(1, "rid_map", rid=str(rid), node_id=int(node_id), hit=hit, hlen=int(n), plen=plen, **request_fields(req))
-    note_node(req, int(node_id), hit)
+    rid_map(req, rid, int(node_id), hit, plen, hlen=int(n))
 
 
 def _add_new_node(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
