@@ -53,6 +53,7 @@ static struct {
     unsigned char *data;
     uint64_t cap, max_rec;
     PyObject *deque, *append; /* the side deque and its bound append */
+    PyObject *wake; /* called after an append to the empty side deque (the drainer's wake-up; C, may be NULL) */
     Py_ssize_t qcap;
     PyObject *side_tag; /* records of this tag always take the side path (the drainer reads them) */
     const char *st_p;
@@ -171,6 +172,11 @@ static int side_put(PyObject *level, PyObject *tag, PyObject *fields, int64_t ts
     Py_DECREF(r);
     R.h->side_next = id + 1;
     store_rel(&R.h->write_pos, next);
+    if (n == 0 && R.wake != NULL) { /* the drainer waits for side records instead of polling for them */
+        r = PyObject_CallNoArgs(R.wake); /* a lock's release: runs no Python code; raises when already set */
+        if (r == NULL) PyErr_Clear();
+        else Py_DECREF(r);
+    }
     return 0;
 }
 
@@ -303,14 +309,16 @@ static void detach(void) {
     Py_CLEAR(R.append);
     Py_CLEAR(R.deque);
     Py_CLEAR(R.side_tag);
+    Py_CLEAR(R.wake);
 }
 
-/* ring_attach(buf, deque, qcap, side_tag): this process's producer writes into buf (one ring at a time), side
- * records go to deque while it holds fewer than qcap; records tagged side_tag always go there. */
+/* ring_attach(buf, deque, qcap, side_tag, wake=None): this process's producer writes into buf (one ring at a time),
+ * side records go to deque while it holds fewer than qcap; records tagged side_tag always go there; wake (a C
+ * callable that runs no Python code, or None) is called after each append to the empty deque. */
 static PyObject *py_attach(PyObject *self, PyObject *args) {
-    PyObject *buf, *dq, *stag;
+    PyObject *buf, *dq, *stag, *wake = Py_None;
     Py_ssize_t qcap, stn;
-    if (!PyArg_ParseTuple(args, "OOnU:ring_attach", &buf, &dq, &qcap, &stag)) return NULL;
+    if (!PyArg_ParseTuple(args, "OOnU|O:ring_attach", &buf, &dq, &qcap, &stag, &wake)) return NULL;
     const char *stp = PyUnicode_AsUTF8AndSize(stag, &stn);
     if (stp == NULL) return NULL;
     Py_buffer b;
@@ -327,6 +335,7 @@ static PyObject *py_attach(PyObject *self, PyObject *args) {
     R.append = app;
     R.qcap = qcap;
     R.side_tag = Py_NewRef(stag);
+    R.wake = wake == Py_None ? NULL : Py_NewRef(wake);
     R.st_p = stp;
     R.st_n = stn;
     R.h = h;
@@ -496,7 +505,8 @@ PyMethodDef ring_methods[] = {
     {"ring_put", (PyCFunction)(void (*)(void))py_put, METH_FASTCALL,
      "ring_put(level, tag, fields): put one record into the attached ring (the submit function while it is on)."},
     {"ring_init", py_init, METH_O, "ring_init(buf) -> cap: make buf a fresh, empty ring."},
-    {"ring_attach", py_attach, METH_VARARGS, "ring_attach(buf, side_deque, qcap): produce into buf."},
+    {"ring_attach", py_attach, METH_VARARGS,
+     "ring_attach(buf, side_deque, qcap, side_tag, wake=None): produce into buf."},
     {"ring_detach", (PyCFunction)(void (*)(void))py_detach, METH_FASTCALL,
      "ring_detach(buf=None) -> bool: stop producing into buf (or any)."},
     {"ring_forget", py_forget, METH_NOARGS, "ring_forget(): after fork, in the child: no ring."},

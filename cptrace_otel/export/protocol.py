@@ -20,9 +20,10 @@ thread mode the same message tuples go through a ``queue.Queue`` unframed. Messa
 * end of input (EOF on stdin; ``None`` on the thread queue): finish, deliver, exit.
 
 Worker -> traced process: ``(ACK, flush_id, ok, stats)``, one per FLUSH; ``(PROGRESS, safe, lost, seq, epochs)``
-about every 0.2 s and once at the end: ``safe`` = how many of the records it was sent reached a final state
-(delivered, written, spooled to disk, or lost and counted), ``lost`` = how many of those it lost (counted), ``seq``
-and ``epochs`` = its seq and epoch state after the last record it took (for a restart's ``resume``).
+about every 0.2 s when it changed, before each ACK and once at the end: ``safe`` = how many of the records it was
+sent reached a final state (delivered, written, spooled to disk, or lost and counted), ``lost`` = how many of those
+it lost (counted), ``seq`` and ``epochs`` = its seq and epoch state after the last record it took (for a restart's
+``resume``).
 
 Imports nothing but the standard library: the traced process loads it with the pipeline.
 """

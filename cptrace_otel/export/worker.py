@@ -368,8 +368,8 @@ def run_loop(get: Callable[[float], Any], ack: Callable[[tuple], None],
              at_eof: Callable[[Exporter], None] | None = None) -> int:
     """Process messages from ``get(timeout)`` (``None`` = end of input, ``queue.Empty`` = idle) until end of input;
     0 when everything was delivered at the end. ``ack`` gets the ACKs, ``progress`` (when given) the PROGRESS
-    messages: about every PROGRESS_EVERY_S, before each ACK and once at the end. ``at_eof(exporter)`` is called at
-    end of input, before the final delivery."""
+    messages: about every PROGRESS_EVERY_S when it changed, before each ACK and once at the end. ``at_eof(exporter)``
+    is called at end of input, before the final delivery."""
     exp: Exporter | None = None
     pre: dict[str, Any] | None = None   # PREINIT's info: the rank is not known yet, ITEMS wait in ``held``
     held: list[tuple[list, int]] = []
@@ -414,6 +414,7 @@ def run_loop(get: Callable[[float], Any], ack: Callable[[tuple], None],
         return p if ring is None else (p[0], p[1] + ring.skipped) + p[2:]   # given-up side items are safe
 
     last_progress = 0.0
+    last_sent: tuple = ()
     while True:
         try:
             msg = get(0.1 if ring is None else RING_POLL_S)
@@ -422,7 +423,10 @@ def run_loop(get: Callable[[float], Any], ack: Callable[[tuple], None],
         if progress is not None and exp is not None and time.monotonic() - last_progress >= PROGRESS_EVERY_S:
             last_progress = time.monotonic()
             try:
-                progress(report(exp))
+                p = report(exp)
+                if p != last_sent:   # an unchanged report is not sent: an idle traced process is not woken for it
+                    progress(p)
+                    last_sent = p
             except Exception:
                 pass
         if msg == ():

@@ -82,6 +82,12 @@ class Flag:
             self._lock.release()
         return got
 
+    @property
+    def raw_set(self) -> Callable[[], None]:
+        """A C callable that sets the flag and runs no Python code (the lock's ``release``; it raises RuntimeError
+        when the flag is already set): for native code to call (the record ring's side path wakes the drainer)."""
+        return self._lock.release
+
 
 
 def set_handlers(at_exit: Callable[[], None], signal_flush: Callable[[float, bool], object]) -> None:

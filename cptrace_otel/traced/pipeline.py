@@ -19,6 +19,12 @@ Contract (docs/ARCHITECTURE.md):
   (:mod:`cptrace_otel.model.records`), so the result is the same, but the traced process does the least work.
   With ``CPTRACE_RING=1`` the submit function is the record ring's (:mod:`.ring`): the buffer and the drainer carry
   only records of other shapes (SIDE messages, each put at its placeholder by the worker).
+* Wake-ups: the threads cost nothing periodic while no record needs them. With the ring the drainer sleeps until a
+  side record lands in the empty buffer (the C side path releases its wake flag), a flush, a stop or a dead worker
+  wakes it (a backstop wait of :data:`RING_IDLE_WAIT_S`; it polls only while the rank is still being looked for);
+  on the deque path, whose appends wake nothing, it polls, from :data:`IDLE_WAIT_S` doubling to
+  :data:`IDLE_WAIT_MAX_S` while nothing comes. The watchdog samples only while the drainer renders (below); the ack
+  reader blocks on the worker's pipe, which carries PROGRESS only when it changed.
 * The worker is a subprocess per traced process (``python -m cptrace_otel.export.worker``; not ``multiprocessing``,
   since SGLang rank processes may be daemonic), fed over its stdin and acking over its stdout; it exits after
   delivering once its stdin closes, so it never outlives the traced process for long. ``CPTRACE_EXPORTER=thread``
@@ -36,7 +42,10 @@ Contract (docs/ARCHITECTURE.md):
 * Rendering runs on the drainer thread: a value whose ``str`` raises costs only that value (records.py); one that
   blocks for :data:`RENDER_BUDGET_S` is given up by a watchdog thread: that record is dropped and counted, the
   records the stuck drainer had already rendered are shipped, and a new drainer carries on (reported on stderr).
-  A drainer that dies anyway is reported and replaced the same way.
+  A drainer that dies anyway is reported and replaced the same way. The watchdog samples every
+  :data:`WATCH_EVERY_S` while rendering goes on and for :data:`WATCH_QUIET_ROUNDS` samples after; then it sleeps until
+  the drainer starts rendering or ends (or :data:`WATCH_IDLE_S`), so a stuck or dead drainer is still seen within a
+  sample of it.
 * Exit, signals, fork: this module registers its callbacks with :mod:`cptrace_otel.traced.lifecycle` when it is
   imported: the exit shutdown (at exit and at the end of a ``multiprocessing`` child), the SIGTERM flush, and the
   fork-child reset that forgets the parent's pipeline, so the child starts its own drainer and worker on its next
@@ -62,13 +71,17 @@ from ..model.records import RESOLVE_TIMEOUT_S, compact_item
 from .rendering import estimate as _estimate, import_drainer_needs as _import_drainer_needs, load_deferred
 
 BATCH = 4096              # records per message to the worker
-IDLE_WAIT_S = 0.05        # drainer poll interval when the buffer is empty
+IDLE_WAIT_S = 0.05        # drainer poll interval when the buffer is empty (the deque path: records do not wake it),
+IDLE_WAIT_MAX_S = 0.4     # doubling up to this while nothing comes (the first record after a quiet spell may wait it)
+RING_IDLE_WAIT_S = 2.0    # with the ring: side records, flushes, stops and a dead worker wake it; this is a backstop
 LINGER_S = 0.02           # after shipping less than a full batch the drainer waits this long for more (_drain_body)
 EXIT_FLUSH_S = 5.0        # exit flush budget
 MAX_RESTARTS = 5          # exporter workers started after the first one died
 RESTART_BACKOFF_S = 0.5   # before the first restart; doubles each time (the buffer holds the records meanwhile)
 RENDER_BUDGET_S = RESOLVE_TIMEOUT_S + 5.0  # one record's rendering may take this long (a GPU fingerprint waits 30 s)
-WATCH_EVERY_S = 0.25      # watchdog period
+WATCH_EVERY_S = 0.25      # watchdog period while the drainer renders
+WATCH_QUIET_ROUNDS = 4    # after this many periods without rendering the watchdog sleeps until the drainer wakes it
+WATCH_IDLE_S = 5.0        # (or this long: a backstop, well within RENDER_BUDGET_S)
 UNMEASURED = 1024         # records buffered before the byte bound starts estimating sizes
 SAMPLE_MASK = 31          # past that, one record in SAMPLE_MASK + 1 is measured (its estimate counts for all)
 
@@ -109,6 +122,8 @@ class _State:
         self.hold: Any = None       # cptrace_otel.traced.ranks.RankHold while the rank is not yet known (see _drain)
         self._cur_items: list = []  # the batch the drainer is rendering (the watchdog takes it over if stuck)
         self._rendering = False
+        self.watch = lifecycle.Flag()   # wakes the idle watchdog: the drainer started rendering, or it ended
+        self._watch_idle = False        # the watchdog sleeps on self.watch
         self.ring = _ring.create(cfg)   # the record ring (CPTRACE_RING), else None: the deque path
         self.drainer = threading.Thread(target=self._drain, name="cptrace-drainer", daemon=True)
         self.watchdog = threading.Thread(target=self._watch, name="cptrace-watchdog", daemon=True)
@@ -116,7 +131,7 @@ class _State:
     # caller side ---------------------------------------------------------------------------------------------------
     def make_submit(self) -> Any:
         if self.ring is not None:   # records go to the ring; those of other shapes to self.buf (traced/ring.py)
-            return self.ring.submit(self.buf, self.cap)
+            return self.ring.submit(self.buf, self.cap, self.wake.raw_set)
         buf = self.buf
         cap = self.cap
         append = buf.append
@@ -317,11 +332,14 @@ class _State:
         # os._exit would lose them, nor on the caller) so that a rank learned from the config record, SGLang or
         # torch.distributed still labels them (cptrace_otel.traced.ranks.RankHold says when to stop looking). The
         # hold lives on the state, so a drainer started by the watchdog carries on with it.
-        hold = RankHold(self.cfg, self.cfg.rank_wait_s, self.cap)
-        if not hold.known:
-            self.hold = hold
-        self._open()
-        self._drain_loop(0, [])
+        try:
+            hold = RankHold(self.cfg, self.cfg.rank_wait_s, self.cap)
+            if not hold.known:
+                self.hold = hold
+            self._open()
+            self._drain_loop(0, [])
+        finally:
+            self.watch.set()   # the watchdog sees at once a drainer that ended (replaced unless stopping)
 
     def _drain_loop(self, gen: int, pending: list) -> None:
         """The drainer of generation ``gen`` (a newer one makes it stop); ``pending``: rendered items to ship first
@@ -337,11 +355,14 @@ class _State:
             if self.gen == gen:
                 print(f"cptrace_otel: the drainer thread failed ({e!r}); starting a new one", file=sys.stderr,
                       flush=True)
+        finally:
+            self.watch.set()
 
     def _drain_body(self, gen: int) -> None:
         is_deferred, resolve = load_deferred()
         buf = self.buf
         popleft = buf.popleft
+        idle_s = IDLE_WAIT_S
         while True:
             self.wake.clear()
             ch = self.channel
@@ -357,6 +378,8 @@ class _State:
                 items: list = []
                 self._cur_items = items
                 self._rendering = True
+                if self._watch_idle:   # (the watchdog checks _rendering after setting _watch_idle: no lost wake)
+                    self.watch.set()
                 for _ in range(n):
                     try:
                         item = popleft()
@@ -392,20 +415,55 @@ class _State:
             if self.gen != gen:
                 return
             if not busy:
-                self.wake.wait(IDLE_WAIT_S, consume=True)
-            elif not reqs and len(buf) < BATCH:
+                # The deque path polls (its records are appended without a wake-up), less often the longer
+                # nothing comes; with the ring every reason to run wakes the drainer (a side record lands in the
+                # empty deque: ring.c, a flush, a stop, a dead worker), except the rank search while the rank is
+                # unknown, which polls.
+                if self.hold is not None:
+                    wait_s = IDLE_WAIT_S
+                elif self.ring is not None:
+                    wait_s = RING_IDLE_WAIT_S
+                else:
+                    wait_s, idle_s = idle_s, min(idle_s * 2, IDLE_WAIT_MAX_S)
+                self.wake.wait(wait_s, consume=True)
+                continue
+            idle_s = IDLE_WAIT_S
+            if not reqs and len(buf) < BATCH:
                 # Records trickle in (a few per ms): without a pause each round would ship one or two of them, and
                 # every message costs a pickle, a write and the worker's wake-up, per record. A flush or a stop
                 # wakes the drainer at once; a full batch is shipped without waiting.
-                self.wake.wait(LINGER_S, consume=True)
+                self._linger()
+
+    def _linger(self) -> None:
+        """Wait up to LINGER_S for more records; return early for a flush, a stop, a dead worker or a full batch
+        (a side record's wake-up alone does not end it)."""
+        end = time.monotonic() + LINGER_S
+        while True:
+            left = end - time.monotonic()
+            if left <= 0 or not self.wake.wait(left, consume=True):
+                return
+            ch = self.channel
+            if self.flush_reqs or self.stop or (ch is not None and ch.dead) or len(self.buf) >= BATCH:
+                return
 
     # watchdog ------------------------------------------------------------------------------------------------------
     def _watch(self) -> None:
-        """Replaces a drainer that is stuck rendering one record for RENDER_BUDGET_S, or that died."""
+        """Replaces a drainer that is stuck rendering one record for RENDER_BUDGET_S, or that died. Samples every
+        WATCH_EVERY_S while the drainer renders; after WATCH_QUIET_ROUNDS samples without rendering it sleeps until
+        the drainer starts rendering or ends (``self.watch``), so a process with nothing to render (the ring's
+        records are never rendered here) pays no periodic wake-up for it."""
         seen: tuple = ()
         since = time.monotonic()
+        quiet = 0
         while not (self.stop and not self.drainer.is_alive()):
-            time.sleep(WATCH_EVERY_S)
+            if quiet < WATCH_QUIET_ROUNDS:
+                time.sleep(WATCH_EVERY_S)
+            else:
+                self._watch_idle = True
+                if not self._rendering and self.drainer.is_alive():
+                    self.watch.wait(WATCH_IDLE_S, consume=True)
+                self._watch_idle = False
+                quiet = 0
             if self.stop:
                 continue
             now = time.monotonic()
@@ -413,6 +471,7 @@ class _State:
                 self._new_drainer([], "")
                 continue
             mark = (self.gen, id(self._cur_items), len(self._cur_items)) if self._rendering else ()
+            quiet = 0 if mark else quiet + 1
             if not mark or mark != seen:
                 seen, since = mark, now
                 continue

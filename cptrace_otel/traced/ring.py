@@ -75,10 +75,11 @@ class Ring:
         self.cap = _hot.ring_init(self.mm)
         self.side_shipped = 0   # SIDE items shipped to any worker (a replacement worker is told where they go on)
 
-    def submit(self, side: Any, cap: int) -> Any:
-        """Attach the ring (side records go to ``side`` while it holds fewer than ``cap``) and return the submit
-        function to install."""
-        self._hot.ring_attach(self.mm, side, cap, CONFIG_TAG)
+    def submit(self, side: Any, cap: int, wake: Any = None) -> Any:
+        """Attach the ring (side records go to ``side`` while it holds fewer than ``cap``; ``wake``, a C callable
+        that runs no Python code, is called when a record lands in the empty ``side``, so the drainer waits for
+        side records rather than polling) and return the submit function to install."""
+        self._hot.ring_attach(self.mm, side, cap, CONFIG_TAG, wake)
         return self._hot.ring_put
 
     def detach(self) -> None:

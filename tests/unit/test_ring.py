@@ -359,3 +359,30 @@ def test_with_the_ring_a_stuck_side_record_costs_only_itself_at_shutdown_and_exi
     if mode == "shutdown":
         out = json.loads(lines[1])
         assert out["ok"] is False and out["stats"]["dropped"] == 1
+
+
+def test_a_side_record_into_the_empty_side_deque_wakes_the_drainer() -> None:
+    from cptrace_otel.traced.lifecycle import Flag
+
+    r = Ring(1 << 16)
+    side: collections.deque = collections.deque()
+    calls: list[int] = []
+    r.submit(side, 1 << 20, lambda: calls.append(len(side)))
+    try:
+        _hot.ring_put(1, "t", {"i": 1})            # a ring record: nobody is woken
+        assert calls == []
+        _hot.ring_put(1, "t", {"o": Odd()})        # lands in the empty deque: woken, after the append
+        _hot.ring_put(1, "t", {"o": Odd()})        # the deque was not empty: the drainer has been woken already
+        assert calls == [1]
+        side.clear()
+        _hot.ring_put(1, "config", {"cp_rank": 0})  # (the config record takes the side path too)
+        assert calls == [1, 1]
+        flag = Flag()                               # the drainer's real wake-up: a lock's release, set twice
+        r.submit(side, 1 << 20, flag.raw_set)
+        side.clear()
+        _hot.ring_put(1, "t", {"o": Odd()})
+        side.clear()
+        _hot.ring_put(1, "t", {"o": Odd()})        # already set: its RuntimeError is swallowed
+        assert flag.wait(0) and len(side) == 1 and r.counters()[2] == 0
+    finally:
+        r.detach()

@@ -14,7 +14,7 @@ import pytest
 from cptrace_otel.model import config
 from cptrace_otel.model import semconv as sc
 from cptrace_otel.export import stack, worker
-from cptrace_otel.export.protocol import ACK, FLUSH, INIT, ITEMS
+from cptrace_otel.export.protocol import ACK, FLUSH, INIT, ITEMS, PROGRESS
 from cptrace_otel.export.sinks import Outcome, SendResult
 
 S = 1_000_000_000
@@ -380,3 +380,25 @@ def test_online_checks_stamp_findings(mem) -> None:
     ex.add_items(_items() + [(T0 + 9, 2, "ack", {"dir": "d2h", "node_id": 9, "op": 3})], 0)
     assert ex.flush(1.0)
     assert ex.stats()["findings"] == ex.builder.findings == sum(len(sp.findings) for sp in sink.spans)
+
+
+def test_run_loop_sends_progress_only_when_it_changed(mem, monkeypatch: pytest.MonkeyPatch) -> None:
+    # an idle worker does not wake the traced process's ack reader with the same PROGRESS over and over
+    monkeypatch.setattr(worker, "PROGRESS_EVERY_S", 0.0)   # every round may report
+    q: queue.Queue = queue.Queue()
+    idle = [(INIT, _info(_cfg()))] + [queue.Empty] * 5 + [(ITEMS, _items(), 0)] + [queue.Empty] * 5 + [None]
+    for m in idle:
+        q.put(m)
+
+    def get(t: float) -> Any:
+        m = q.get_nowait()
+        if m is queue.Empty:
+            raise queue.Empty
+        return m
+
+    progress: list[tuple] = []
+    assert worker.run_loop(get, lambda m: None, progress.append) == 0
+    assert all(m[0] == PROGRESS for m in progress)
+    # each report differs from the one before it (at most one per change: after INIT, after the batch, at the end)
+    assert all(a != b for a, b in zip(progress, progress[1:]))
+    assert 2 <= len(progress) <= 4
