@@ -13,6 +13,17 @@ round and ``dir=d2h``, so each copy's ack ends it).
 * ring: the same with ``CPTRACE_RING=1`` (records encoded by the C gate into the shared-memory ring the
   exporter reads; ``--no-ring`` leaves it out).
 
+* floor (``--floor``): the same calls to ``cptrace_otel.cptrace`` below its level (the C gate returns at once): what
+  the timer around a call and the call itself cost with no tracing work, the part of the ``caller`` figure that no
+  tracing implementation can remove at such a call site.
+
+The calls are shaped like SGLang's call sites (``cptrace_otel/traced/sglang/_sites.py``: ``cptrace(1, "backup",
+node_id=n, ...)``), the same for every mode: the emitting loop is generated per field count with literal keyword
+arguments whose values are locals unpacked from a precomputed tuple before the timer starts, so each call is a
+vectorcall with a constant tuple of keyword names. ``--call-form dict`` calls ``emit(1, tag, **fields)`` with a dict
+per record instead (the benchmark's earlier form: CPython then builds the keyword names and values from the dict on
+every call, which costs the caller more in every mode).
+
 Printed per (rate, fields), medians over ``--repeat`` runs, per record: the CPU time inside the tracing calls on the
 loop's thread (``thread_time_ns`` around each call, the timer's own cost subtracted; CPU time, so that a call is not
 charged for a preemption by another process), the CPU of the process's other
@@ -23,7 +34,8 @@ wall-time difference of two runs carries the noise of the whole loop's work (at 
 1% of jitter is 10 µs per record); on a quiet machine the two agree. Figures are reported, not asserted.
 
     python bench/scheduler_cost.py [--rates 1000,10000,50000] [--fields 1,16] [--seconds 1.5] [--min-records 6000]
-                                   [--repeat 3] [--no-ring]
+                                   [--repeat 3] [--no-ring] [--call-form literal|dict]
+                                   [--floor]
 """
 
 from __future__ import annotations
@@ -38,6 +50,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parents[1]
 TAGS = ("prepare", "backup", "ack", "evict")
@@ -72,6 +85,27 @@ def _fields(i: int, nfields: int) -> dict:
             "rid": "req-7f3a", "dir": "d2h", "stage": "attn_kv"}
 
 
+def _loop(nfields: int, form: str, traced: bool) -> Callable[..., int]:
+    """The emitting loop ``loop(args, work, iters, emit, pc) -> CPU ns in the calls``, compiled for this field count
+    (the keys of :func:`_fields`): ``literal`` passes ``key=key`` keyword arguments of locals unpacked from each
+    record's values before the timer (a call site's shape), ``dict`` passes ``**fields`` of a dict per record;
+    ``traced=False`` is the untraced loop (the same unpacking, no call)."""
+    keys = list(_fields(0, nfields))
+    if form == "literal":
+        head = "    for tag, vals in args:\n        " + ", ".join(keys) + ", = vals\n"
+        call = "emit(1, tag, " + ", ".join(f"{k}={k}" for k in keys) + ")"
+    else:
+        head = "    for tag, f in args:\n"
+        call = "emit(1, tag, **f)"
+    src = "def loop(args, work, iters, emit, pc):\n    in_calls = 0\n" + head + "        work(iters)\n"
+    if traced:
+        src += f"        a = pc()\n        {call}\n        in_calls += pc() - a\n"
+    src += "    return in_calls\n"
+    ns: dict[str, Any] = {}
+    exec(compile(src, f"<scheduler_cost loop: {nfields} fields, {form}>", "exec"), ns)
+    return ns["loop"]
+
+
 def _timer_pair_ns() -> float:
     """What a ``thread_time_ns()`` pair around a call adds (subtracted from the measured time in the calls)."""
     pc = time.thread_time_ns
@@ -103,7 +137,7 @@ def _worker_pid() -> int | None:
     return getattr(proc, "pid", None)
 
 
-def child(mode: str, records: int, iters: int, nfields: int, tmp: str) -> dict:
+def child(mode: str, records: int, iters: int, nfields: int, tmp: str, form: str = "literal") -> dict:
     """One run in this (fresh) process; returns its figures."""
     emit = None
     if mode == "upstream":
@@ -112,6 +146,11 @@ def child(mode: str, records: int, iters: int, nfields: int, tmp: str) -> dict:
         from hot_path import make_upstream
 
         emit, _enabled, handler = make_upstream(os.path.join(tmp, "upstream.log"))
+    elif mode == "floor":
+        import cptrace_otel as ct
+
+        ct.configure(level=0, run_id="bench-sched")
+        emit = ct.cptrace
     elif mode in ("ours", "ring"):
         import cptrace_otel as ct
 
@@ -119,24 +158,18 @@ def child(mode: str, records: int, iters: int, nfields: int, tmp: str) -> dict:
         ct.cptrace(1, "config", cp_size=1)  # starts the drainer and the exporter process
         ct.flush(60)
         emit = ct.cptrace
-    args = [(TAGS[(i // 500) % 4], _fields(i, nfields)) for i in range(records)]
+    # literal: each record's values as a tuple, unpacked into locals in the loop (outside the timed call)
+    args = [(TAGS[(i // 500) % 4], _fields(i, nfields) if form == "dict" else tuple(_fields(i, nfields).values()))
+            for i in range(records)]
+    loop = _loop(nfields, form, emit is not None)
     wpid = _worker_pid() if mode in ("ours", "ring") else None
     w0 = _proc_cpu(wpid) if wpid else None   # the exporter's start-up is not the records' cost
     pc = time.thread_time_ns   # CPU time: a call is not charged for the time its thread was preempted
     timer = _timer_pair_ns()
-    in_calls = 0
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     m0 = time.thread_time()
     t0 = time.perf_counter()
-    if emit is None:
-        for tag, f in args:
-            work(iters)
-    else:
-        for tag, f in args:
-            work(iters)
-            a = pc()
-            emit(1, tag, **f)
-            in_calls += pc() - a
+    in_calls = loop(args, work, iters, emit, pc)
     wall = time.perf_counter() - t0
     out = {"wall": wall, "ok": True, "dropped": 0, "in_calls": max(0.0, (in_calls - timer * records) / 1e9)}
     w1 = None
@@ -161,13 +194,13 @@ def child(mode: str, records: int, iters: int, nfields: int, tmp: str) -> dict:
     return out
 
 
-def _run(mode: str, records: int, iters: int, nfields: int) -> dict:
+def _run(mode: str, records: int, iters: int, nfields: int, form: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CPTRACE_", "OTEL_", "SGLANG_CP_HICACHE"))}
     env["PYTHONPATH"] = str(REPO)
     env["CPTRACE_RING"] = "1" if mode == "ring" else "0"   # ours: the deque and drainer path
     with tempfile.TemporaryDirectory() as tmp:
         env["CPTRACE_SPOOL_DIR"] = tmp
-        cmd = [sys.executable, __file__, "--child", mode, str(records), str(iters), str(nfields), tmp]
+        cmd = [sys.executable, __file__, "--child", mode, str(records), str(iters), str(nfields), tmp, form]
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     if out.returncode != 0:
         raise SystemExit(f"benchmark child ({mode}) failed:\n{out.stderr}")
@@ -183,16 +216,19 @@ def main(argv: list[str] | None = None) -> int:
                     help="records per run at least (low rates run longer, so the per-record figure is not noise)")
     ap.add_argument("--repeat", type=int, default=3, help="runs per mode; medians are printed")
     ap.add_argument("--no-ring", action="store_true", help="leave out the ring mode (CPTRACE_RING=1)")
-    ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    ap.add_argument("--floor", action="store_true", help="also time the same calls below the level (the floor)")
+    ap.add_argument("--call-form", choices=("literal", "dict"), default="literal",
+                    help="literal: call-site-shaped keyword arguments (default); dict: emit(1, tag, **fields)")
+    ap.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        mode, records, iters, nfields, tmp = args.child
-        print(json.dumps(child(mode, int(records), int(iters), int(nfields), tmp)))
+        mode, records, iters, nfields, tmp, form = args.child
+        print(json.dumps(child(mode, int(records), int(iters), int(nfields), tmp, form)))
         return 0
 
     per_s = calibrate()
     print(f"scheduler loop: what tracing costs per record, µs (medians of {args.repeat}; each run a fresh process; "
-          f"work calibrated at {per_s / 1e6:.1f} M iterations/s)")
+          f"work calibrated at {per_s / 1e6:.1f} M iterations/s; calls: {args.call_form})")
     print("  caller = CPU time inside the calls on the loop's thread; others = CPU of the process's other threads (our "
           "drainer), loop start to flush;\n  cost = caller + others (the GIL time tracing takes from the loop); "
           "ratio = upstream / ours; exporter = CPU of our exporter process;\n  wall = the loop's wall-time "
@@ -208,9 +244,11 @@ def main(argv: list[str] | None = None) -> int:
             runs: dict[str, list[dict]] = {"off": [], "upstream": [], "ours": []}
             if not args.no_ring:
                 runs["ring"] = []
+            if args.floor:
+                runs["floor"] = []
             for _ in range(args.repeat):
                 for mode in runs:  # interleaved, so a load change on the machine hits every mode alike
-                    runs[mode].append(_run(mode, records, iters, nfields))
+                    runs[mode].append(_run(mode, records, iters, nfields, args.call_form))
 
             def med(mode: str, key: str) -> float:
                 return statistics.median(r[key] for r in runs[mode]) / records * 1e6
@@ -227,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{med('ring', 'in_calls'):12.2f} {med('ring', 'others_cpu'):6.2f} {cost('ring'):6.2f} "
                 f"{up / cost('ring'):5.1f}x {med('ring', 'exporter_cpu'):8.2f} "
                 f"{med('ring', 'wall') - med('off', 'wall'):6.2f} | ")
+            if args.floor:
+                ring += f"floor {med('floor', 'in_calls'):.2f}; "
             ok &= flushed and dropped == 0
             print(f"{rate:7d} {nfields:6d} | {med('upstream', 'in_calls'):9.2f} {med('ours', 'in_calls'):6.2f} | "
                   f"{med('ours', 'others_cpu'):6.2f} | {up:8.2f} {ours:6.2f} {ratio:>6} | "
