@@ -37,7 +37,8 @@ EXPORT_EVERY_S = 0.2      # latency bound for finished spans
 PROGRESS_EVERY_S = 0.2    # how often the traced process hears how many of its records are safe
 EXPORT_MIN_SPANS = 2048   # or earlier when this many spans are finished
 FILE_FLUSH_EVERY_S = 1.0
-RING_POLL_S = 0.02        # with the record ring: how often the worker looks for records when no message comes
+RING_POLL_S = 0.02        # with the record ring: how often the worker looks for records when no message comes,
+RING_POLL_MAX_S = 0.2     # doubling up to this while it finds none (an idle exporter costs little; a message resets it)
 
 
 def _load_intake() -> Any:
@@ -398,16 +399,18 @@ def run_loop(get: Callable[[float], Any], ack: Callable[[tuple], None],
         if ring is None and info.get("ring"):
             ring = RingIntake(info["ring"], int((info.get("resume") or {}).get("side_next", 0)))
 
-    def pull(final: bool = False) -> None:
-        """The ring's readable records into the exporter (or the PREINIT hold), in order."""
+    def pull(final: bool = False) -> int:
+        """The ring's readable records into the exporter (or the PREINIT hold), in order; how many there were."""
         if ring is not None and (exp is not None or pre is not None):
             try:
                 items = ring.take(final)
             except ValueError as e:  # counted by the traced process's books as taken and never made safe
                 print(f"cptrace_otel: exporter error reading the record ring: {e}", file=sys.stderr, flush=True)
-                return
+                return 0
             if items:
                 feed(items, dropped)
+            return len(items)
+        return 0
 
     def report(e: Exporter) -> tuple:
         p = e.progress()
@@ -415,9 +418,10 @@ def run_loop(get: Callable[[float], Any], ack: Callable[[tuple], None],
 
     last_progress = 0.0
     last_sent: tuple = ()
+    poll_s = RING_POLL_S
     while True:
         try:
-            msg = get(0.1 if ring is None else RING_POLL_S)
+            msg = get(0.1 if ring is None else poll_s)
         except queue.Empty:
             msg = ()
         if progress is not None and exp is not None and time.monotonic() - last_progress >= PROGRESS_EVERY_S:
@@ -430,7 +434,7 @@ def run_loop(get: Callable[[float], Any], ack: Callable[[tuple], None],
             except Exception:
                 pass
         if msg == ():
-            pull()
+            poll_s = RING_POLL_S if pull() else min(poll_s * 2, RING_POLL_MAX_S)
             if exp is not None:
                 exp.tick()
             continue
@@ -446,6 +450,7 @@ def run_loop(get: Callable[[float], Any], ack: Callable[[tuple], None],
             if at_eof is not None and exp is not None:
                 at_eof(exp)
             break
+        poll_s = RING_POLL_S
         kind = msg[0]
         try:
             if kind == ITEMS:

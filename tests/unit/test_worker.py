@@ -402,3 +402,36 @@ def test_run_loop_sends_progress_only_when_it_changed(mem, monkeypatch: pytest.M
     # each report differs from the one before it (at most one per change: after INIT, after the batch, at the end)
     assert all(a != b for a, b in zip(progress, progress[1:]))
     assert 2 <= len(progress) <= 4
+
+
+def test_an_idle_ring_is_polled_less_often_and_a_record_resets_the_poll(mem) -> None:
+    import collections
+
+    _hot = pytest.importorskip("cptrace_otel._speedups._hot")
+    from cptrace_otel.traced.ring import Ring
+
+    r = Ring(1 << 16)
+    r.submit(collections.deque(), 1 << 20)
+    script: list[Any] = [(INIT, _info(_cfg(), ring=r.info()))] + [queue.Empty] * 6 + ["put", queue.Empty, None]
+    timeouts: list[float] = []
+
+    def get(t: float) -> Any:
+        timeouts.append(t)
+        m = script.pop(0)
+        if m == "put":   # a record lands in the ring while the worker waits
+            _hot.ring_put(1, "evict", {"node_id": 2})
+            raise queue.Empty
+        if m is queue.Empty:
+            raise queue.Empty
+        return m
+
+    try:
+        assert worker.run_loop(get, lambda m: None) == 0
+    finally:
+        r.close()
+    p, most = worker.RING_POLL_S, worker.RING_POLL_MAX_S
+    idle = timeouts[1:7]   # after INIT, six rounds that find nothing
+    assert idle[0] == p and all(b == min(2 * a, most) for a, b in zip(idle, idle[1:])) and idle[-1] == most
+    assert timeouts[8] == p   # the round that found the record resets the poll
+    sink, _ = mem
+    assert [a.get("hicache.node_id") for sp in sink.spans for _, _, a in sp.events] == [2]
