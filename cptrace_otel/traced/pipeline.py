@@ -19,12 +19,11 @@ Contract (docs/ARCHITECTURE.md):
   (:mod:`cptrace_otel.model.records`), so the result is the same, but the traced process does the least work.
   With ``CPTRACE_RING=1`` the submit function is the record ring's (:mod:`.ring`): the buffer and the drainer carry
   only records of other shapes (SIDE messages, each put at its placeholder by the worker).
-* Wake-ups: the threads cost nothing periodic while no record needs them. With the ring the drainer sleeps until a
-  side record lands in the empty buffer (the C side path releases its wake flag), a flush, a stop or a dead worker
-  wakes it (a backstop wait of :data:`RING_IDLE_WAIT_S`; it polls only while the rank is still being looked for);
-  on the deque path, whose appends wake nothing, it polls, from :data:`IDLE_WAIT_S` doubling to
-  :data:`IDLE_WAIT_MAX_S` while nothing comes. The watchdog samples only while the drainer renders (below); the ack
-  reader blocks on the worker's pipe, which carries PROGRESS only when it changed.
+* Wake-ups: nothing periodic while no record needs the threads. With the ring the drainer sleeps until a side
+  record lands in the empty buffer (the C side path releases its wake flag), a flush, a stop or a dead worker wakes
+  it (backstop :data:`RING_IDLE_WAIT_S`; it polls while the rank is being looked for); on the deque path, whose
+  appends wake nothing, it polls every :data:`IDLE_WAIT_S`, doubling to :data:`IDLE_WAIT_MAX_S` while nothing comes.
+  The ack reader blocks on the worker's pipe, which carries PROGRESS only when it changed.
 * The worker is a subprocess per traced process (``python -m cptrace_otel.export.worker``; not ``multiprocessing``,
   since SGLang rank processes may be daemonic), fed over its stdin and acking over its stdout; it exits after
   delivering once its stdin closes, so it never outlives the traced process for long. ``CPTRACE_EXPORTER=thread``
@@ -42,10 +41,8 @@ Contract (docs/ARCHITECTURE.md):
 * Rendering runs on the drainer thread: a value whose ``str`` raises costs only that value (records.py); one that
   blocks for :data:`RENDER_BUDGET_S` is given up by a watchdog thread: that record is dropped and counted, the
   records the stuck drainer had already rendered are shipped, and a new drainer carries on (reported on stderr).
-  A drainer that dies anyway is reported and replaced the same way. The watchdog samples every
-  :data:`WATCH_EVERY_S` while rendering goes on and for :data:`WATCH_QUIET_ROUNDS` samples after; then it sleeps until
-  the drainer starts rendering or ends (or :data:`WATCH_IDLE_S`), so a stuck or dead drainer is still seen within a
-  sample of it.
+  A drainer that dies anyway is reported and replaced the same way. The watchdog (:mod:`.watchdog`) samples only
+  while the drainer renders; otherwise it sleeps until the drainer starts rendering or ends.
 * Exit, signals, fork: this module registers its callbacks with :mod:`cptrace_otel.traced.lifecycle` when it is
   imported: the exit shutdown (at exit and at the end of a ``multiprocessing`` child), the SIGTERM flush, and the
   fork-child reset that forgets the parent's pipeline, so the child starts its own drainer and worker on its next
@@ -64,7 +61,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from . import lifecycle, ring as _ring
+from . import lifecycle, ring as _ring, watchdog as _watchdog
 from .channels import ProcessChannel, ThreadChannel
 from ..export.protocol import ACK, FLUSH, INIT, ITEMS, PREINIT, PROGRESS, SIDE
 from ..model.records import RESOLVE_TIMEOUT_S, compact_item
@@ -79,9 +76,6 @@ EXIT_FLUSH_S = 5.0        # exit flush budget
 MAX_RESTARTS = 5          # exporter workers started after the first one died
 RESTART_BACKOFF_S = 0.5   # before the first restart; doubles each time (the buffer holds the records meanwhile)
 RENDER_BUDGET_S = RESOLVE_TIMEOUT_S + 5.0  # one record's rendering may take this long (a GPU fingerprint waits 30 s)
-WATCH_EVERY_S = 0.25      # watchdog period while the drainer renders
-WATCH_QUIET_ROUNDS = 4    # after this many periods without rendering the watchdog sleeps until the drainer wakes it
-WATCH_IDLE_S = 5.0        # (or this long: a backstop, well within RENDER_BUDGET_S)
 UNMEASURED = 1024         # records buffered before the byte bound starts estimating sizes
 SAMPLE_MASK = 31          # past that, one record in SAMPLE_MASK + 1 is measured (its estimate counts for all)
 
@@ -126,7 +120,8 @@ class _State:
         self._watch_idle = False        # the watchdog sleeps on self.watch
         self.ring = _ring.create(cfg)   # the record ring (CPTRACE_RING), else None: the deque path
         self.drainer = threading.Thread(target=self._drain, name="cptrace-drainer", daemon=True)
-        self.watchdog = threading.Thread(target=self._watch, name="cptrace-watchdog", daemon=True)
+        self.watchdog = threading.Thread(target=_watchdog.watch, args=(self, lambda: RENDER_BUDGET_S),
+                                         name="cptrace-watchdog", daemon=True)
 
     # caller side ---------------------------------------------------------------------------------------------------
     def make_submit(self) -> Any:
@@ -445,59 +440,6 @@ class _State:
             ch = self.channel
             if self.flush_reqs or self.stop or (ch is not None and ch.dead) or len(self.buf) >= BATCH:
                 return
-
-    # watchdog ------------------------------------------------------------------------------------------------------
-    def _watch(self) -> None:
-        """Replaces a drainer that is stuck rendering one record for RENDER_BUDGET_S, or that died. Samples every
-        WATCH_EVERY_S while the drainer renders; after WATCH_QUIET_ROUNDS samples without rendering it sleeps until
-        the drainer starts rendering or ends (``self.watch``), so a process with nothing to render (the ring's
-        records are never rendered here) pays no periodic wake-up for it."""
-        seen: tuple = ()
-        since = time.monotonic()
-        quiet = 0
-        while not (self.stop and not self.drainer.is_alive()):
-            if quiet < WATCH_QUIET_ROUNDS:
-                time.sleep(WATCH_EVERY_S)
-            else:
-                self._watch_idle = True
-                if not self._rendering and self.drainer.is_alive():
-                    self.watch.wait(WATCH_IDLE_S, consume=True)
-                self._watch_idle = False
-                quiet = 0
-            if self.stop:
-                continue
-            now = time.monotonic()
-            if not self.drainer.is_alive():
-                self._new_drainer([], "")
-                continue
-            mark = (self.gen, id(self._cur_items), len(self._cur_items)) if self._rendering else ()
-            quiet = 0 if mark else quiet + 1
-            if not mark or mark != seen:
-                seen, since = mark, now
-                continue
-            if now - since >= RENDER_BUDGET_S:
-                self._new_drainer(self._cur_items, f"rendering a record's value blocked for more than "
-                                  f"{RENDER_BUDGET_S:g}s (a __str__ that never returns?): that record is dropped "
-                                  "and counted")
-                seen = ()
-
-    def _new_drainer(self, stuck_items: list, why: str) -> None:
-        self.gen += 1
-        self._rendering = False
-        taken = list(stuck_items)
-        if why:
-            self.stuck += 1
-            self.dropped += 1
-            self.lost += 1
-            print(f"cptrace_otel: {why}; delivery goes on in a new drainer thread", file=sys.stderr, flush=True)
-            if self.ring is not None:   # the worker skips the given-up record's placeholder (ring order kept)
-                self.shipped += len(taken)
-                self.ship_items(taken + [None])
-                taken = []
-        gen = self.gen
-        self.drainer = threading.Thread(target=self._drain_loop, args=(gen, taken), name="cptrace-drainer",
-                                        daemon=True)
-        self.drainer.start()
 
     def flush(self, timeout_s: float) -> bool:
         if self.gone is not None and not self.drainer.is_alive():
