@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Callable
 
 
-def load() -> Callable[..., bytes] | None:
-    """``span_events(events, fallback) -> bytes`` (the bytes of ``export.otlp._event_field`` for each event), or
-    None when it was not built."""
+def load() -> tuple[Callable[..., bytes], Callable[..., list[bytes]]] | None:
+    """``(span_events, span_fields)``, or None when the extension was not built: ``span_events(events, fallback) ->
+    bytes`` (the bytes of ``export.otlp_proto._event_field`` for each event) and ``span_fields(spans, span_fallback,
+    event_fallback) -> list[bytes]`` (the bytes of ``export.otlp_proto._span_field`` for each span)."""
     try:
         from . import _otlp  # type: ignore[attr-defined]
     except ImportError:
@@ -19,4 +20,4 @@ def load() -> Callable[..., bytes] | None:
 
     # the key layout of attrs.fields_to_attributes, and the keys EventAttrs puts after the fields
     _otlp.init(EventAttrs, Rng, sc.FIELD_PREFIX, RNG_SUFFIXES, (sc.SEQ, sc.EPOCH, sc.LEVEL))
-    return _otlp.span_events
+    return _otlp.span_events, _otlp.span_fields
