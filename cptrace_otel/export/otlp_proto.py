@@ -20,7 +20,7 @@ from typing import Any, Iterable, Sequence
 from ..model import semconv as sc
 from .._version import __version__
 from .._speedups.otlp import load as _load_c_encoders
-from ..model.attrs import attribute_key, fields_to_attributes, range_keys
+from ..model.attrs import approx_bytes, attribute_key, fields_to_attributes, range_keys
 from ..model.logline import Rng
 from ..model.attrs import EventAttrs
 
@@ -401,8 +401,9 @@ def _event_field(ts: int, name: str, attrs: Any) -> bytes:
 
 
 # The C encoders (cptrace_otel._speedups.otlp) when they were built: span events (the bytes of _event_field) and
-# whole spans fields (the bytes of _span_field), each handing what it does not cover back to the Python encoder.
-_span_events, _span_fields = _load_c_encoders() or (None, None)
+# whole spans fields (the bytes of _span_field), each handing what it does not cover back to the Python encoder; and
+# attrs.approx_bytes in C (``sizer``, for the span builder).
+_span_events, _span_fields, sizer = _load_c_encoders() or (None, None, approx_bytes)
 
 
 def encode_span(sp: Any) -> bytes:

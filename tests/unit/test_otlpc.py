@@ -173,3 +173,22 @@ def test_span_encoder_bad_input_is_an_error_not_a_crash() -> None:
     with pytest.raises(AttributeError):
         otlp._span_fields([object()], otlp._span_field, otlp._event_field)
     assert otlp._span_fields([], otlp._span_field, otlp._event_field) == []
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_c_sizer_gives_the_python_estimate(seed: int) -> None:
+    """The exporter's span builder sizes events with the C ``approx_bytes``: the same number as the model's, so the
+    span byte cap cuts spans at the same record."""
+    from cptrace_otel.model.attrs import approx_bytes
+
+    class Sub(str):
+        pass
+
+    rng = random.Random(200 + seed)
+    for _ in range(300):
+        fields = {f"k{j}": _value(rng) for j in range(rng.randrange(0, 9))}
+        if rng.random() < 0.1:
+            fields["s"] = Sub("sub")
+        assert otlp.sizer(fields) == approx_bytes(fields)
+    with pytest.raises(TypeError):
+        otlp.sizer([1, 2])
