@@ -131,7 +131,7 @@ class Span:
 
     __slots__ = ("trace_id", "span_id", "name", "start", "end", "attrs", "events", "links", "status_code",
                  "status_message", "rank", "key", "nbytes", "findings", "parent", "kind", "lane", "children",
-                 "ref", "open_kids", "cut")
+                 "open_kids")
 
     def __init__(self, trace_id: bytes, span_id: bytes, name: str, start: int, rank: int, key: Any,
                  attrs: dict[str, Any], parent: bytes = b"", kind: str = "") -> None:
@@ -156,8 +156,6 @@ class Span:
         self.lane: Span | None = None
         self.children: list[Span] = []
         self.open_kids: list[Span] = []
-        self.ref = (trace_id, span_id)
-        self.cut = False
 
     def __repr__(self) -> str:  # for test failures
         return f"Span({self.name} trace={self.trace_id.hex()} events={len(self.events)} attrs={self.attrs})"
@@ -226,9 +224,7 @@ class SpanBuilder:
         self._opened += 1  # part of the id: unique even for spans opened without a record (annotations)
         if span_id is None:
             span_id = hashed_id(f"{self.instance}|{ev.rank}|{ev.epoch}|{ev.seq}|{kind}|{key[-1]}|{self._opened}", 8)
-        attrs: dict[str, Any] = {sc.RANK: ev.rank}
-        attrs.update(extra)
-        attrs[sc.SPAN_KIND] = kind
+        attrs: dict[str, Any] = {sc.RANK: ev.rank, **extra, sc.SPAN_KIND: kind}
         sp = Span(trace_id, span_id, self._name(ev.rank, kind), ev.ts, ev.rank, key, attrs,
                   lane.span_id if lane is not None else b"", kind)
         if lane is not None:
