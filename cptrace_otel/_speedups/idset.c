@@ -32,7 +32,21 @@ static inline int as_key(PyObject *o, int64_t *v) {
 }
 
 #define home idset_home
-#define table_has idset_table_has
+
+static int table_has(const IdSet *s, int64_t v) { return s->n > 0 && idset_probe(s, v); }
+
+/* A mutation begins: the table may disagree with all until it ends (Python code it runs, an element's __hash__,
+ * __eq__ or __del__, may ask meanwhile, or mutate: then nested). */
+static void begin(IdSet *s) {
+    s->busy++;
+    s->direct = 0;
+}
+
+/* A mutation ended: may the table alone decide an exact int again (not while an outer one is still running)? */
+static void settle(IdSet *s) {
+    s->busy--;
+    s->direct = s->busy == 0 && s->all != NULL && s->others == 0 && !s->stale && s->keys != NULL;
+}
 
 static void table_reset(IdSet *s) {
     free(s->keys);
@@ -96,12 +110,17 @@ static int table_remove(IdSet *s, int64_t v) {
     return 1;
 }
 
+/* An empty table of the least size (stale when there is no memory for it). */
+static void table_empty(IdSet *s) {
+    table_reset(s);
+    s->stale = table_grow(s) < 0;
+}
+
 /* The table and the count of others made again from all (after a reentrant mutation, or an ambiguous removal). */
 static void rebuild(IdSet *s) {
-    table_reset(s);
+    table_empty(s);
     s->others = 0;
-    s->stale = 0;
-    if (s->all == NULL) return;
+    if (s->stale || s->all == NULL) return;
     PyObject *it = PyObject_GetIter(s->all), *e;
     if (it == NULL) goto fail;
     while ((e = PyIter_Next(it)) != NULL) { /* iterating a set runs no Python code */
@@ -121,7 +140,7 @@ fail:
 
 int idset_contains_slow(PyObject *self, PyObject *key) {
     IdSet *s = (IdSet *)self;
-    if (s->others == 0 && !s->stale && PyLong_CheckExact(key)) {
+    if (s->direct && PyLong_CheckExact(key)) {
         int of = 0;
         long long v = PyLong_AsLongLongAndOverflow(key, &of);
         /* every element is an exact int within int64 but INT64_MIN: an int beyond that range equals none */
@@ -136,8 +155,9 @@ int idset_contains_slow(PyObject *self, PyObject *key) {
 
 static int idset_add_obj(IdSet *s, PyObject *x) {
     uint64_t before = ++s->muts;
+    begin(s);
     Py_ssize_t n0 = PySet_GET_SIZE(s->all);
-    if (PySet_Add(s->all, x) < 0) return -1;
+    int r = PySet_Add(s->all, x);
     int64_t v;
     if (s->muts != before)
         rebuild(s);
@@ -147,7 +167,8 @@ static int idset_add_obj(IdSet *s, PyObject *x) {
         else
             s->others++;
     }
-    return 0;
+    settle(s);
+    return r;
 }
 
 /* The element that discard(x) removed was not in the table unless the table held x's key: x is an exact int (the
@@ -165,8 +186,8 @@ static PyObject *idset_add(IdSet *s, PyObject *x) {
 static PyObject *idset_discard(IdSet *s, PyObject *x) {
     if (s->all == NULL) return PyErr_Format(PyExc_RuntimeError, "IdSet: cleared by the garbage collector");
     uint64_t before = ++s->muts;
+    begin(s);
     int r = PySet_Discard(s->all, x);
-    if (r < 0) return NULL;
     int64_t v;
     if (s->muts != before)
         rebuild(s);
@@ -179,17 +200,21 @@ static PyObject *idset_discard(IdSet *s, PyObject *x) {
         else if (!from_table)
             rebuild(s); /* True, 1.0, or an object of its own equality: which element went is not known here */
     }
+    settle(s);
+    if (r < 0) return NULL;
     Py_RETURN_NONE;
 }
 
 static PyObject *idset_clear(IdSet *s, PyObject *unused) {
     if (s->all == NULL) return PyErr_Format(PyExc_RuntimeError, "IdSet: cleared by the garbage collector");
     uint64_t before = ++s->muts;
-    table_reset(s);
+    begin(s);
+    table_empty(s); /* before the elements go: their deallocs may add to this set meanwhile */
     s->others = 0;
-    s->stale = 0;
-    if (PySet_Clear(s->all) < 0) return NULL;
-    if (s->muts != before) rebuild(s); /* an element's dealloc added to this set while it was being cleared */
+    int r = PySet_Clear(s->all);
+    if (s->muts != before) rebuild(s);
+    settle(s);
+    if (r < 0) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -205,6 +230,9 @@ static PyObject *idset_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     s->shift = 64;
     s->all = PySet_New(NULL);
     if (s->all == NULL) goto fail;
+    table_empty(s);
+    begin(s);
+    settle(s);
     if (init != NULL) {
         PyObject *it = PyObject_GetIter(init), *e;
         if (it == NULL) goto fail;
@@ -228,6 +256,7 @@ static int idset_traverse(IdSet *s, visitproc visit, void *arg) {
 }
 
 static int idset_gc_clear(IdSet *s) {
+    s->direct = 0;
     table_reset(s);
     s->others = 0;
     Py_CLEAR(s->all);

@@ -12,6 +12,8 @@ typedef struct {
     PyObject *all;      /* a set: every element (the definition of membership) */
     Py_ssize_t others;  /* elements of all not in the table (not an exact int within int64, or INT64_MIN) */
     int stale;          /* the table could not be kept (no memory): all decides until the next clear */
+    int direct;         /* the table decides an exact int: no others, not stale, a table, no mutation running */
+    int busy;           /* mutations running (nested when Python code run by one mutates again) */
     uint64_t muts;      /* mutations so far (a reentrant one is seen by the outer one) */
     int64_t *keys;      /* open addressing, linear probing; IDSET_EMPTY marks a free slot; NULL while cap == 0 */
     size_t cap, n;      /* slots (a power of two, or 0) and keys held; n <= cap / 2 */
@@ -39,8 +41,8 @@ static inline size_t idset_home(const IdSet *s, int64_t v) {
     return (size_t)(((uint64_t)v * 0x9E3779B97F4A7C15ULL) >> s->shift);
 }
 
-static inline int idset_table_has(const IdSet *s, int64_t v) {
-    if (s->n == 0) return 0;
+/* v in the table; s->keys != NULL */
+static inline int idset_probe(const IdSet *s, int64_t v) {
     size_t m = s->cap - 1, i = idset_home(s, v);
     for (;;) {
         int64_t k = s->keys[i];
@@ -59,8 +61,7 @@ int idset_contains_slow(PyObject *s, PyObject *key);
 static inline int idset_contains(PyObject *self, PyObject *key) {
     IdSet *s = (IdSet *)self;
     int64_t v;
-    if (s->others == 0 && !s->stale && PyLong_CheckExact(key) && idset_small_int(key, &v))
-        return idset_table_has(s, v);
+    if (s->direct && PyLong_CheckExact(key) && idset_small_int(key, &v)) return idset_probe(s, v);
     return idset_contains_slow(self, key);
 }
 
