@@ -10,8 +10,9 @@
  * idset.c, or any set) or None, and the function a record that goes on is handed to), shared with api's Python
  * definition, which reads the same three attributes: so api, or a test, setting one is seen at once, with no copy to
  * keep in step, and the gate reads them as three loads, where a module global would cost a dict lookup each.
- * configure(slow, state, names): slow is api's Python cptrace, the definition of the semantics: every call this
- * code does not decide itself goes there unchanged (a level or gate that is not an exact int within int64,
+ * configure(slow, slow_enabled, state, names): slow is api's Python cptrace, the definition of the semantics
+ * (slow_enabled, its trace_enabled, is that of trace_enabled here): every call this code does not decide itself
+ * goes there unchanged (a level or gate that is not an exact int within int64,
  * positional arguments other than (level, tag), a drop that is not a set), so its results and errors are Python's;
  * names = (node_key, split_tag): the field whose value is looked up in the drop set, and the tag whose records go on
  * even then (their new node inherits the decision); both declared in Python only.
@@ -32,6 +33,7 @@ typedef struct {
 static PyTypeObject State_Type;
 
 static PyObject *slow = NULL;   /* api's Python cptrace */
+static PyObject *slow_enabled = NULL; /* api's Python trace_enabled */
 static State *state = NULL;     /* api's gate state */
 static PyObject *s_node_id = NULL, *s_split = NULL; /* names */
 
@@ -124,11 +126,30 @@ swallow: /* tracing never fails the traced process (submit functions catch every
     Py_RETURN_NONE;
 }
 
+/* trace_enabled(level=1): state.level >= level, decided here when both are exact ints within int64 (no level: 1);
+ * any other call goes to api's Python trace_enabled, the definition, whose results and errors stand. */
+static PyObject *trace_enabled(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (slow_enabled == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "trace_enabled: _hot.configure was not called");
+        return NULL;
+    }
+    PyObject *g = state->level;
+    if (kwnames != NULL || nargs > 1 || g == NULL || !PyLong_CheckExact(g) ||
+        (nargs == 1 && !PyLong_CheckExact(args[0])))
+        return PyObject_Vectorcall(slow_enabled, args, nargsf, kwnames);
+    int overflow = 0, overflow_g = 0;
+    long long level = nargs == 1 ? PyLong_AsLongLongAndOverflow(args[0], &overflow) : 1;
+    long long gate = PyLong_AsLongLongAndOverflow(g, &overflow_g);
+    if (overflow || overflow_g) return PyObject_Vectorcall(slow_enabled, args, nargsf, kwnames);
+    return PyBool_FromLong(gate >= level);
+}
+
 static PyObject *configure(PyObject *self, PyObject *args) {
-    PyObject *fn, *st, *names[2];
-    if (!PyArg_ParseTuple(args, "OO(UU)", &fn, &st, &names[0], &names[1])) return NULL;
-    if (!PyCallable_Check(fn)) {
-        PyErr_SetString(PyExc_TypeError, "configure: slow must be callable");
+    PyObject *fn, *fn_enabled, *st, *names[2];
+    if (!PyArg_ParseTuple(args, "OOO(UU)", &fn, &fn_enabled, &st, &names[0], &names[1])) return NULL;
+    if (!PyCallable_Check(fn) || !PyCallable_Check(fn_enabled)) {
+        PyErr_SetString(PyExc_TypeError, "configure: slow and slow_enabled must be callable");
         return NULL;
     }
     if (!Py_IS_TYPE(st, &State_Type)) {
@@ -143,6 +164,7 @@ static PyObject *configure(PyObject *self, PyObject *args) {
     }
     Py_XSETREF(state, (State *)Py_NewRef(st));
     Py_XSETREF(slow, Py_NewRef(fn));
+    Py_XSETREF(slow_enabled, Py_NewRef(fn_enabled));
     Py_RETURN_NONE;
 }
 
@@ -204,9 +226,12 @@ static PyMethodDef methods[] = {
     {"cptrace", (PyCFunction)(void (*)(void))cptrace, METH_FASTCALL | METH_KEYWORDS,
      "cptrace($module, level, tag, /, **fields)\n--\n\nRecord one tag event with fields if the gate is at least "
      "level; never raises, never blocks (the traced api's cptrace, its gate and sampled-out check in C)."},
+    {"trace_enabled", (PyCFunction)(void (*)(void))trace_enabled, METH_FASTCALL | METH_KEYWORDS,
+     "trace_enabled($module, /, level=1)\n--\n\nTrue when records at level are traced (the traced api's "
+     "trace_enabled, its int compare in C)."},
     {"configure", configure, METH_VARARGS,
-     "configure(slow, state, names): api's Python cptrace (for the calls decided there), api's State and the "
-     "names (node_key, split_tag)."},
+     "configure(slow, slow_enabled, state, names): api's Python cptrace and trace_enabled (for the calls decided "
+     "there), api's State and the names (node_key, split_tag)."},
     {NULL, NULL, 0, NULL},
 };
 

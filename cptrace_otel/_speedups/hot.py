@@ -7,15 +7,16 @@ from types import ModuleType
 from typing import Any, Callable
 
 
-def load(slow: Callable[..., None], names: tuple[str, str]) -> tuple[ModuleType, Any] | None:
+def load(slow: Callable[..., None], slow_enabled: Callable[..., Any],
+         names: tuple[str, str]) -> tuple[ModuleType, Any] | None:
     """The C module and the gate's state it reads, a fresh ``_hot.State`` (``level``, ``drop``, ``submit``: api's
-    Python definition reads the same object), configured with ``slow`` (api's Python ``cptrace``, which decides
-    every call the C code does not) and ``names`` (the node-id field and the split tag: names the C code must not
-    declare); None when it was not built."""
+    Python definitions read the same object), configured with ``slow`` and ``slow_enabled`` (api's Python
+    ``cptrace`` and ``trace_enabled``, which decide every call the C code does not) and ``names`` (the node-id
+    field and the split tag: names the C code must not declare); None when it was not built."""
     try:
         from . import _hot  # type: ignore[attr-defined]
     except ImportError:
         return None
     state = _hot.State()
-    _hot.configure(slow, state, names)
+    _hot.configure(slow, slow_enabled, state, names)
     return _hot, state

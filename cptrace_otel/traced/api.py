@@ -14,7 +14,8 @@ Contract (what a call site may rely on):
   decisions are made in C before the keyword arguments become a dict (``_speedups/hot.c``, which reads the gate's
   state ``_STATE``, ``level``, ``drop`` and ``submit``, on each call, and looks an int node id up in ``drop``, a
   ``_hot.IdSet``, by a C hash probe); the Python function :func:`_cptrace_py` is the definition, reads the same
-  state, and decides every call the C gate does not (levels that are not ints).
+  state, and decides every call the C gate does not (levels that are not ints); :func:`trace_enabled` likewise
+  (``_hot.trace_enabled``, defined by :func:`_trace_enabled_py`).
 * An enabled ``cptrace`` only takes a timestamp and appends ``(ts, level, tag, fields)`` to a bounded buffer; all
   rendering, span mapping, checking, encoding and sending happen off the caller's thread. It never raises and never
   blocks; when the buffer is full the record is dropped and counted. (An exception that an application's signal
@@ -141,8 +142,11 @@ def _gate_level(level: Any) -> int | None:
     return None
 
 
-def trace_enabled(level: int = 1) -> bool:
-    """True when records at ``level`` are traced (False for a level that is not a number, see the module doc)."""
+def _trace_enabled_py(level: int = 1) -> bool:
+    """True when records at ``level`` are traced (False for a level that is not a number, see the module doc).
+
+    The definition: with the C speedups built, :data:`trace_enabled` is ``_hot.trace_enabled``, which compares ints
+    itself and calls this for anything else."""
     try:
         return _STATE.level >= level
     except Exception:
@@ -185,7 +189,7 @@ def _load_hot() -> tuple[Any, Any] | None:
         return None
     from .._speedups.hot import load
 
-    return load(_cptrace_py, (_NODE_KEY, _SPLIT))
+    return load(_cptrace_py, _trace_enabled_py, (_NODE_KEY, _SPLIT))
 
 
 _loaded = _load_hot()
@@ -196,6 +200,7 @@ del _loaded
 _STATE.submit = _submit_unstarted
 # The call sites' cptrace: the C gate when built (same contract, see the module doc), else the Python definition.
 cptrace = _hot.cptrace if _hot is not None else _cptrace_py
+trace_enabled = _hot.trace_enabled if _hot is not None else _trace_enabled_py
 
 
 def flush(timeout_s: float = 30.0) -> bool:

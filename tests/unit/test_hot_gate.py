@@ -159,6 +159,41 @@ def test_same_decisions_as_the_python_definition(calls: list, gate: int, drop: s
         state.submit, state.level, state.drop = saved
 
 
+def test_trace_enabled_is_the_c_one_with_the_same_signature() -> None:
+    import inspect
+
+    import cptrace_otel
+
+    assert api.trace_enabled is api._hot.trace_enabled and cptrace_otel.trace_enabled is api.trace_enabled
+    assert inspect.signature(api.trace_enabled) == inspect.signature(api._trace_enabled_py).replace(
+        parameters=[p.replace(annotation=inspect.Parameter.empty)
+                    for p in inspect.signature(api._trace_enabled_py).parameters.values()],
+        return_annotation=inspect.Signature.empty)
+
+
+def _outcome(fn, *args, **kwargs) -> tuple:
+    try:
+        r = fn(*args, **kwargs)
+    except Exception as e:   # the same error type and text on both sides
+        return ("raised", type(e), str(e))
+    return ("returned", type(r), r)
+
+
+@settings(max_examples=400, deadline=None)
+@given(level=st.one_of(_LEVELS, st.just(1 << 63), st.just(-(1 << 63))),
+       gate=st.one_of(st.integers(-1, 4), st.integers(), st.just(1 << 70), st.none(), st.floats(allow_nan=False)),
+       how=st.sampled_from(["positional", "keyword", "default", "two"]))
+def test_trace_enabled_decides_as_the_python_definition(level: object, gate: object, how: str) -> None:
+    saved = api._STATE.level
+    try:
+        api._STATE.level = gate
+        args, kwargs = {"positional": ((level,), {}), "keyword": ((), {"level": level}), "default": ((), {}),
+                        "two": ((level, level), {})}[how]
+        assert _outcome(api._hot.trace_enabled, *args, **kwargs) == _outcome(api._trace_enabled_py, *args, **kwargs)
+    finally:
+        api._STATE.level = saved
+
+
 def test_wrong_arity_raises_like_python() -> None:
     for args in [(), (1,), (1, "a", 3)]:
         with pytest.raises(TypeError) as c_err:
