@@ -114,19 +114,37 @@ def is_none_range(v: Any) -> bool:
 
 
 def _runs_intersect(a: tuple, b: tuple) -> bool:
-    if len(a) == 1 and len(b) == 1:
-        return a[0][0] <= b[0][1] and b[0][0] <= a[0][1]
+    # one run against a list: the merge below would stop at the first run of the list (by start) that ends beyond
+    # the one run without meeting it, and every later run starts beyond it too, so it answers exactly "any run of
+    # the list meets it": the same answer without sorting (the usual case: a dense block against scattered slots)
+    if len(b) == 1:
+        a, b = b, a   # (intersection is symmetric)
+    if len(a) == 1:
+        a0, a1 = a[0]
+        for b0, b1 in b:
+            if a0 <= b1 and b0 <= a1:
+                return True
+        return False
     sa, sb = sorted(a), sorted(b)
+    na, nb = len(sa), len(sb)
+    if not na or not nb:
+        return False
     i = j = 0
-    while i < len(sa) and j < len(sb):
-        (a0, a1), (b0, b1) = sa[i], sb[j]
+    a0, a1 = sa[0]
+    b0, b1 = sb[0]
+    while True:   # (only the side that advances is unpacked again)
         if a0 <= b1 and b0 <= a1:
             return True
         if a1 < b1:
             i += 1
+            if i == na:
+                return False
+            a0, a1 = sa[i]
         else:
             j += 1
-    return False
+            if j == nb:
+                return False
+            b0, b1 = sb[j]
 
 
 def _known_in(x: int, s: Slots) -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..model.events import Event, LEVEL_OF_TAG, int_field
+from ..model.logline import Rng
 from .epochs import EPOCH_TAGS, EpochTracker
 from .findings import Finding, Unchecked
 from .ranges import Slots, is_none_range, overlap, slice_slots, slots_of
@@ -231,8 +232,11 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
 
     def _prepare(self, ev: Event, f: dict, nid: int, ref: tuple) -> None:
         st = self.st
-        h = slots_of(f.get("host"), f.get("hostx"))
-        d = slots_of(f.get("dev"), f.get("devx"))
+        # slots_of() only where it can give a set (an Rng, a string, an exact-set field): a plain int is no set
+        hv, hx = f.get("host"), f.get("hostx")
+        h = slots_of(hv, hx) if hx is not None or type(hv) is Rng or type(hv) is str else None
+        dv, dx = f.get("dev"), f.get("devx")
+        d = slots_of(dv, dx) if dx is not None or type(dv) is Rng or type(dv) is str else None
         if h is not None:
             if st.writes:
                 self._h4_breach(h, "host", nid, ref, f"prepare of node {nid} took host slots of the copy", "b")
@@ -240,7 +244,9 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
                 self._h2c_breach(h, nid, ref, f"prepare of node {nid} took host slots being loaded")
             if st.l3:
                 self._l3_breach(h, ref, f"prepare of node {nid} took host slots")
-        length = int_field(f.get("len")) or (d.cnt if d is not None else 0)
+        length = f.get("len")
+        if type(length) is not int or not length:   # int_field(len) or the slot count, inlined (hot path)
+            length = d.cnt if d is not None else 0
         node = st.nodes.get(nid)
         if node is None:
             node = Node(nid, length, d if d is not None else UNKNOWN, None, ref)
@@ -248,16 +254,20 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
             self.nodes_total += 1
         node.host = h if h is not None else UNKNOWN
         node.host_freed = None
-        w = PendingWrite(int_field(f.get("op")), nid, length, d, h, ref)
+        op = f.get("op")
+        w = PendingWrite(op if type(op) is int else None, nid, length, d, h, ref)
         node.bk_state = ("pending", w)
         st.open_write(w)
         return None
 
     def _backup(self, ev: Event, f: dict, nid: int, ref: tuple) -> list[Finding] | None:
         st = self.st
-        op = int_field(f.get("op"))
+        op = f.get("op")
+        if type(op) is not int:
+            op = None
         w = st.find_write(nid, op, True)
-        d = slots_of(f.get("dev"), f.get("devx"))
+        dv, dx = f.get("dev"), f.get("devx")
+        d = slots_of(dv, dx) if dx is not None or type(dv) is Rng or type(dv) is str else None
         if w is not None:
             w.ops.add(op)
             w.b_ref = ref
@@ -269,7 +279,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
             node.bk = Backup(h if type(h) is int and h >= 0 else None, f.get("hp"), f.get("hs"), ref, op, True,
                              node.len)
         nz = f.get("nz")
-        if type(nz) is int:
+        if nz == 0 and type(nz) is int:   # (ZERO@backup fires on nz=0 only)
             fnd = self._zero_backup(ev, ref, nid, op, nz, d, w)
             if fnd is not None:
                 return [fnd]
@@ -277,24 +287,23 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
 
     def _ack(self, ev: Event, f: dict, nid: int, ref: tuple) -> list[Finding] | None:
         d = f.get("dir")
-        if d == "d2h":
-            return self._ack_d2h(ev, f, nid, ref)
-        if d == "h2d":
-            return self._ack_h2d(ev, f, nid, ref)
-        return None
-
-    def _ack_d2h(self, ev: Event, f: dict, nid: int, ref: tuple) -> list[Finding] | None:
+        if d != "d2h":
+            return self._ack_h2d(ev, f, nid, ref) if d == "h2d" else None
+        # -- ack dir=d2h (inline here: the commonest ack, one call less)
         st = self.st
-        op = int_field(f.get("op"))
+        op = f.get("op")
+        if type(op) is not int:
+            op = None
         w = st.find_write(nid, op)
         if w is None:
             return None   # a duplicate record of an ack already closed, or a copy issued before the trace began
         out: list[Finding] = []
         w.ops.add(op)
-        # the write's op as every finding about it names it: its prepare's (the lowest known), not the id of the
-        # merged op that carried it, so H1b/H4 here, H4-open at the end and ZERO@backup agree
-        wop = w.op()
-        if self.level >= 2:
+        if (w.splits or w.viol_a is not None or w.viol_b is not None or w.undec_a is not None
+                or w.undec_b is not None) and self.level >= 2:
+            # the write's op as every finding about it names it: its prepare's (the lowest known), not the id of
+            # the merged op that carried it, so H1b/H4 here, H4-open at the end and ZERO@backup agree
+            wop = w.op()
             if w.splits:
                 fnd = self._h1b(ev, ref, w, op, wop)
                 if fnd is not None:
@@ -303,12 +312,15 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
                 self._h4(ev, ref, w, op, wop, out)
         st.close_write(w)
         nodes = st.nodes
-        for fid in w.frag_ids():
-            n = nodes.get(fid)
+        acked = None
+        for fr in w.frags:
+            n = nodes.get(fr[0])
             if n is not None:
                 bs = n.bk_state
-                if bs is not None and bs[0] == "pending" and bs[1] is w:
-                    n.bk_state = ("acked", ref)
+                if bs is not None and bs[1] is w and bs[0] == "pending":
+                    if acked is None:
+                        acked = ("acked", ref)
+                    n.bk_state = acked
         return out
 
     def _ack_h2d(self, ev: Event, f: dict, nid: int, ref: tuple) -> list[Finding] | None:
@@ -354,9 +366,11 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         return out
 
     def _evict(self, ev: Event, f: dict, nid: int, ref: tuple) -> None:
+        tier = f.get("tier")
+        if tier != "dev" and tier != "host":
+            return None
         st = self.st
         node = st.nodes.get(nid)
-        tier = f.get("tier")
         if tier == "dev":
             lst = st.writes_by_node.get(nid)
             if lst:

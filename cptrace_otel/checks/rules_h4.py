@@ -54,22 +54,34 @@ class H4Recycle(RankRuleBase):
                    side: str) -> None:
         """Mark H4 (``side`` "a": ``attr`` "dev"; "b": "host") on every in-flight d2h copy (of another lineage
         than ``exclude``) whose dev/host ⊓ ``s``: a proven overlap is a breach, an undecidable one is noted."""
-        if s is None or not self.st.writes:
+        if s is None:
             return
-        for w in self.st.writes.values():
-            if exclude is not None and any(f[0] == exclude for f in w.frags):
+        writes = self.st.writes
+        if not writes or s.cnt <= 0:   # (overlap() of an empty set is None)
+            return
+        lo, hi = s.lo, s.hi
+        a_side = side == "a"
+        on_dev = attr == "dev"
+        for w in writes.values():
+            ws = w.dev if on_dev else w.host
+            # the hull test of overlap() first, inline: most in-flight copies are nowhere near ``s``
+            if ws is None or ws.cnt <= 0 or ws.hi < lo or hi < ws.lo:
                 continue
-            c = overlap(s, getattr(w, attr))
+            if exclude is not None:
+                frags = w.frags
+                if frags[0][0] == exclude if len(frags) == 1 else any(f[0] == exclude for f in frags):
+                    continue
+            c = overlap(s, ws)
             if c is None:
                 continue
             if c != EXACT:
-                if side == "a":
+                if a_side:
                     if w.undec_a is None:
                         w.undec_a = what
                 elif w.undec_b is None:
                     w.undec_b = what
                 continue
-            if side == "a":
+            if a_side:
                 if w.viol_a is None:
                     w.viol_a = (ref, c, what)
             elif w.viol_b is None:

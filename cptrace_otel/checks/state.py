@@ -175,22 +175,33 @@ class EpochState:
 
     # -- pending writes (prepare -> ack dir=d2h) ------------------------------------------------------------------
     def open_write(self, w: PendingWrite) -> None:
-        self.writes[id(w)] = w
-        self.writes_by_node.setdefault(w.origin, []).append(w)
-        if len(self.writes) > self.MAX_PENDING:  # a level-1 stream never acks: forget the oldest
-            self.close_write(next(iter(self.writes.values())))
+        writes = self.writes
+        writes[id(w)] = w
+        lst = self.writes_by_node.get(w.origin)
+        if lst is None:
+            self.writes_by_node[w.origin] = [w]
+        else:
+            lst.append(w)
+        if len(writes) > self.MAX_PENDING:  # a level-1 stream never acks: forget the oldest
+            self.close_write(next(iter(writes.values())))
 
     def close_write(self, w: PendingWrite) -> None:
         self.writes.pop(id(w), None)
-        for nid in w.frag_ids():
-            lst = self.writes_by_node.get(nid)
+        wbn = self.writes_by_node
+        for fr in w.frags:
+            nid = fr[0]
+            lst = wbn.get(nid)
             if lst:
+                if len(lst) == 1:   # (the usual case: the node's only write)
+                    if lst[0] is w:
+                        del wbn[nid]
+                    continue
                 try:
                     lst.remove(w)
                 except ValueError:
                     pass
                 if not lst:
-                    del self.writes_by_node[nid]
+                    del wbn[nid]
 
     def find_write(self, nid: int, op: Any, need_unbacked: bool = False) -> PendingWrite | None:
         """The open write of node ``nid`` for ``op`` (``need_unbacked``: not yet seen by a backup record), else the
@@ -198,13 +209,18 @@ class EpochState:
         lst = self.writes_by_node.get(nid)
         if not lst:
             return None
+        if need_unbacked:
+            for w in lst:
+                if w.b_ref is None and op in w.ops:
+                    return w
+            for w in lst:
+                if w.b_ref is None:
+                    return w
+            return None
         for w in lst:
-            if op in w.ops and not (need_unbacked and w.b_ref is not None):
+            if op in w.ops:
                 return w
-        for w in lst:
-            if not (need_unbacked and w.b_ref is not None):
-                return w
-        return None
+        return lst[0]
 
     # -- pending loads (reload -> ack dir=h2d) --------------------------------------------------------------------
     MAX_CLOSED = 256   # closed loads kept for their late chain-node acks

@@ -131,3 +131,20 @@ def test_compare_trees_parses_every_figure(bench: str, out: str, expect: dict) -
 def test_change_is_signed_better_positive() -> None:
     assert ct.change(100.0, 110.0, higher_better=True) == pytest.approx(0.10)
     assert ct.change(100.0, 110.0, higher_better=False) == pytest.approx(100 / 110 - 1)
+
+
+def test_checker_cost_export_stream_is_clean_and_a_zero_backup_is_found() -> None:
+    """bench/checker_cost.py's exporter stream is the clean d2h cycle it claims (at level 2: every copy acked, no
+    finding), and the harness reports what the checker finds (an nz=0 backup of 4 slots is ZERO@backup there)."""
+    from cptrace_otel.model.logline import Rng
+
+    cc = _load("checker_cost")
+    events = cc.export_events(2000)
+    n, found = cc.feed(events, 2)
+    assert n == 2001 and found == []
+    bad = next(ev for ev in events if ev.tag == "backup" and ev.fields["node_id"] == 7)
+    bad.fields["nz"] = 0
+    bad.fields["dev"] = Rng(4, 0, 3, 0, 3)   # (the stream's dev=1234 is no slot set: nothing to call all-zero)
+    _, found = cc.feed(events, 2)
+    assert [(f.rule, f.node_id, f.evidence) for f in found] == [("ZERO@backup", 7, [bad.seq])]
+    assert cc.digest(found) != cc.digest([])

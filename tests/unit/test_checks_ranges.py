@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from cptrace_otel.checks.ranges import EXACT, INTERVAL, concat, overlap, parse_runs, slice_slots, slots_of
 from cptrace_otel.model.logline import Rng
 
@@ -63,3 +66,24 @@ def test_concat_and_slice():
     assert slice_slots(c, 1, 2).summary() == (2, 1, 8, 8, 1)
     assert slice_slots(slots_of(Rng(4, 1, 4, 1, 4)), 0, 2) is None  # dense but unordered: no slicing
     assert concat([a, None]) is None
+
+
+_RUN = st.tuples(st.integers(0, 60), st.integers(0, 8)).map(lambda t: (t[0], t[0] + t[1]))
+_RUNS = st.lists(_RUN, min_size=1, max_size=6).map(tuple)
+
+
+def _members(runs: tuple) -> set[int]:
+    return {x for lo, hi in runs for x in range(lo, hi + 1)}
+
+
+@settings(max_examples=500, deadline=None)
+@given(_RUNS, _RUNS)
+def test_exact_overlap_is_set_intersection(a: tuple, b: tuple) -> None:
+    """Two exact sets overlap (EXACT) exactly when they share a slot, whichever side has one run (the unsorted fast
+    path the H4 scan takes) or both have several (the sorted merge), overlapping or unsorted runs included."""
+    sa = slots_of(None, ":".join(f"{lo}-{hi}" for lo, hi in a))
+    sb = slots_of(None, ":".join(f"{lo}-{hi}" for lo, hi in b))
+    assert sa is not None and sb is not None
+    expect = EXACT if _members(a) & _members(b) else None
+    assert overlap(sa, sb) == expect
+    assert overlap(sb, sa) == expect
