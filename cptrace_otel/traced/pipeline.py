@@ -116,7 +116,7 @@ class _State:
     # caller side ---------------------------------------------------------------------------------------------------
     def make_submit(self) -> Any:
         if self.ring is not None:   # records go to the ring; those of other shapes to self.buf (traced/ring.py)
-            return self.ring.submit(self.buf, self.cap)
+            return self.ring.submit(self.buf, self.cap, self.max_bytes)
         buf = self.buf
         cap = self.cap
         append = buf.append
@@ -251,6 +251,7 @@ class _State:
         """The worker died: count the records that died with it, start another (bounded, with backoff). False when
         no worker runs any more (records are then dropped and counted)."""
         old = self.channel
+        old.reap()   # gone for good before it is counted and replaced: never two readers of the ring (channels.py)
         lost = old.in_flight()
         # The next worker numbers on from every seq the dead one may have given (to records it may have delivered
         # before it died but had not reported safe): a seq is never given to two records.
