@@ -11,9 +11,9 @@ dead worker had received (counted as lost by the traced process), and is skipped
 the traced process gave up (a value whose rendering blocked; counted there): skipped, and reported safe
 (:attr:`skipped`) so it is not counted twice.
 
-The intake claims the ring with its own token (its pid and a count): from then on a worker that read the ring before reads
-nothing (its ``ring_read`` returns None), so two workers never take the same records. It gives consumed pages back
-in spans of :data:`PUNCH_BYTES` (``ring.c``; a ring under :data:`PUNCH_FROM` keeps them).
+The intake claims the ring with its own token (its pid and a count): from then on a worker that read the ring
+before reads nothing (its ``ring_read`` returns None), so two workers never take the same records. It gives
+consumed pages back in spans of :data:`PUNCH_BYTES` (``ring.c``; a ring under :data:`PUNCH_FROM` keeps them).
 """
 
 from __future__ import annotations
