@@ -97,8 +97,8 @@ def stuck_render_child(before: int = 50, after: int = 49) -> str:
     before it, ``after`` after it) and that exits normally well within the watchdog's budget. On the buffer path
     (``CPTRACE_RING=0``) it waits until the drainer has rendered the ``before`` records of its batch and is stuck
     (the ``after`` are queued behind it); with the ring the drainer only ever sees the stuck record (the others are
-    in the ring), so it waits until the drainer is stuck on it. An atexit handler registered before the package is imported (so it runs after the exit flush) prints
-    the pipeline's final ``stats()`` as ``STATS <json>``."""
+    in the ring), so it waits until the drainer is stuck on it. An atexit handler registered before the package is
+    imported (so it runs after the exit flush) prints the pipeline's final ``stats()`` as ``STATS <json>``."""
     return textwrap.dedent(f"""
         import atexit, json, os, threading, time
         atexit.register(lambda: os.write(1, ("STATS " + json.dumps(pipeline.stats(), default=str) + "\\n").encode()))
