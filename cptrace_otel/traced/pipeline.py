@@ -17,8 +17,8 @@ Contract (docs/ARCHITECTURE.md):
   ships batches of these compact items to the exporter worker, in order (messages and frames:
   :mod:`cptrace_otel.export.protocol`). The worker completes each with the same rendering
   (:mod:`cptrace_otel.model.records`), so the result is the same, but the traced process does the least work.
-  With ``CPTRACE_RING=1`` the submit function is the record ring's (:mod:`.ring`): the buffer and the drainer carry
-  only records of other shapes (SIDE messages, each put at its placeholder by the worker).
+  With the record ring (the default with the exporter process; off: ``CPTRACE_RING=0``) the submit function is its
+  own (:mod:`.ring`): the buffer and the drainer carry only records of other shapes (SIDE: put at placeholders).
 * The worker is a subprocess per traced process (``python -m cptrace_otel.export.worker``; not ``multiprocessing``,
   since SGLang rank processes may be daemonic), fed over its stdin and acking over its stdout; it exits after
   delivering once its stdin closes, so it never outlives the traced process for long. ``CPTRACE_EXPORTER=thread``
