@@ -43,7 +43,7 @@ class _BuildPyWithPth(build_py):
 _FLAGS = ["-O2", "-std=c11", "-Wall", "-Wno-unused-function", "-fvisibility=hidden"]
 _DIR = "cptrace_otel/_speedups/"
 _SHARED = [_DIR + "value.c", _DIR + "event.c"]   # the value grammar and the Event builder of both readers
-_HEADERS = [_DIR + "value.h", _DIR + "event.h", _DIR + "ring.h"]
+_HEADERS = [_DIR + "value.h", _DIR + "event.h", _DIR + "ring.h", _DIR + "idset.h"]
 
 
 def _ext(name: str, sources: list[str], flags: tuple[str, ...] = ()) -> Extension:
@@ -57,7 +57,7 @@ setup(
         _ext("_otlp", [_DIR + "otlp.c"]),
         _ext("_logreader", [_DIR + "logreader.c"] + _SHARED),
         _ext("_intake", [_DIR + "intake.c"] + _SHARED),
-        _ext("_hot", [_DIR + "hot.c", _DIR + "ring.c"]),
+        _ext("_hot", [_DIR + "hot.c", _DIR + "ring.c", _DIR + "idset.c"]),
         # -O3: the portable kernel's row loops and the rng min/max loops are left to the auto-vectorizer
         _ext("_fingerprint", [_DIR + "fingerprint.c"], ("-O3",)),
     ],

@@ -14,7 +14,8 @@
   ``--sink null`` (reads and discards the body).
 
 Reported: events/s delivered (emit start to flush done), the traced process's own CPU seconds per 1,000 events
-(``RUSAGE_SELF``: excludes the exporter subprocess, whose CPU is reported separately), drops, and the ratio. The 5x
+(``RUSAGE_SELF``: excludes the exporter subprocess, whose CPU is reported separately: over its whole life, and from
+the first record to the end of the flush, read from /proc by ``bench/_proc.py``), drops, and the ratio. The 5x
 bar and the 100,000 events/s goal are measured into the real Jaeger (``bench/jaeger_export.py``); here the receiver
 decodes every request in Python on the same cores, which caps the faster path (``--sink null`` lifts that cap).
 
@@ -39,15 +40,18 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.append(str(REPO))   # tests.helpers: the OTLP receivers the tests use too
 
 OURS = textwrap.dedent("""
-    import json, resource, sys, time
+    import json, os, resource, sys, time
     import cptrace_otel as ct
     from cptrace_otel.traced import pipeline
+    from bench import _proc
     n, url, proto, checks = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4] == "1"
     # the ack of a d2h copy says so (dir=d2h), as SGLang's does: it ends the copy's stage span and pending write
     ACK_DIR = ({}, {}, {"dir": "d2h"}, {}) if sys.argv[5] == "1" else ({},) * 4
     ct.configure(level=1, run_id="bench-exp", endpoint=url, protocol=proto, cp_rank=0, checks=checks)
     ct.cptrace(1, "config", cp_size=1)
     ct.flush(60)  # exporter process started and warm
+    workers = _proc.children(os.getpid())
+    w0 = [_proc.cpu_s(p) for p in workers]
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     for i in range(n):
@@ -61,12 +65,15 @@ OURS = textwrap.dedent("""
     ok = ct.flush(600)
     wall = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_SELF)
+    w1 = [_proc.cpu_s(p) for p in workers]
+    # the worker's CPU from the first record to the end of the flush (start-up and exit excluded)
+    stream = w1[0] - w0[0] if len(workers) == 1 and None not in (w0[0], w1[0]) else None
     st = pipeline.stats()
     ct.shutdown(60)
     rc = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     print(json.dumps({"ok": ok, "wall": wall, "emit": t_emit, "cpu": cpu, "dropped": st["dropped"],
-                      "worker_cpu": rc.ru_utime + rc.ru_stime}))
+                      "worker_cpu": rc.ru_utime + rc.ru_stime, "worker_stream_cpu": stream}))
 """)
 
 SDK = textwrap.dedent("""
@@ -197,6 +204,8 @@ def main() -> int:
               f"flushed after {res['wall']:.2f}s, ok={res['ok']}); traced process CPU "
               f"{res['cpu'] / n * 1000 * 1e3:.2f} ms per 1,000 events"
               + (f"; exporter process CPU {res['worker_cpu'] / n * 1000 * 1e3:.2f} ms per 1,000 events"
+                 + (f" ({res['worker_stream_cpu'] / n * 1e6:.2f} us per event over the stream, start-up and exit "
+                    f"excluded)" if res.get("worker_stream_cpu") is not None else "")
                  if name != "sdk" else "")
               + (f"; delivered {got}" if got is not None else "")
               + (f"; dropped {res['dropped']}" if res['dropped'] is not None else ""))

@@ -8,8 +8,9 @@
 * below level: ``cptrace(2, ...)`` with 8 fields at level 1 vs an empty function called with the same arguments;
   the bar is <= 1.2x.
 * sampled out: ``cptrace(1, ...)`` of a node that ``CPTRACE_SAMPLE=0.1`` drops (its decision cached), vs the
-  below-level call with the same arguments, alternating in batches (medians); the bar is "no more than a call below
-  the level" (about 1.0x).
+  below-level call with the same arguments, alternating in batches (medians and fastest batches, by the wall clock
+  and by the thread's CPU clock, which a busy machine's preemptions do not inflate); the bar is "no more than a call
+  below the level" (about 1.0x, the issue's goal <= 1.1x).
 
     python bench/hot_path.py [--calls 20000] [--repeat 7]
 
@@ -65,8 +66,8 @@ def make_upstream(path: str):
     return cptrace, trace_enabled, h
 
 
-def per_call_ns(stmt: str, glb: dict, number: int, repeat: int) -> float:
-    t = timeit.Timer(stmt, globals=glb)
+def per_call_ns(stmt: str, glb: dict, number: int, repeat: int, timer=time.perf_counter) -> float:
+    t = timeit.Timer(stmt, globals=glb, timer=timer)
     return min(t.repeat(repeat=repeat, number=number)) / number * 1e9
 
 
@@ -149,15 +150,20 @@ def main() -> int:
     exec(sampled_call.format("cp"), g)  # the node's decision is now cached
     # below-level and sampled-out calls alternate, in this same configuration, so that a change of load on the
     # machine hits both alike; medians of the per-batch times
-    below_t, sampled_t = [], []
+    below_t, sampled_t, below_c, sampled_c = [], [], [], []
     for _ in range(max(21, 3 * args.repeat)):
         below_t.append(per_call_ns(call.format("cp"), g, n // 4, 1))
         sampled_t.append(per_call_ns(sampled_call.format("cp"), g, n // 4, 1))
+        below_c.append(per_call_ns(call.format("cp"), g, n // 4, 1, time.thread_time))
+        sampled_c.append(per_call_ns(sampled_call.format("cp"), g, n // 4, 1, time.thread_time))
     below_med, sampled_med = statistics.median(below_t), statistics.median(sampled_t)
     print("sampled-out cptrace (CPTRACE_SAMPLE=0.1), 8 fields, alternating with the below-level call:")
     print(f"  below-level call: {below_med:7.1f} ns/call;  sampled out: {sampled_med:7.1f} ns/call (medians); "
           f"ratio {sampled_med / below_med:.2f}x (mins {min(below_t):.1f} and {min(sampled_t):.1f} ns: "
           f"{min(sampled_t) / min(below_t):.2f}x; bar: no more than a call below the level)")
+    bc, sc = statistics.median(below_c), statistics.median(sampled_c)
+    print(f"  thread CPU clock: {bc:7.1f} and {sc:7.1f} ns/call (medians), ratio {sc / bc:.2f}x (mins "
+          f"{min(below_c):.1f} and {min(sampled_c):.1f} ns: {min(sampled_c) / min(below_c):.2f}x; goal <= 1.1x)")
     ct.shutdown(30)
     return 0
 

@@ -14,7 +14,11 @@ Phase 1, throughput (each path in a fresh traced subprocess, emitting as fast as
   (an SDK-favourable bound).
 Reported per path: events/s end to end (first call -> everything delivered), hot-path µs per call, CPU seconds per
 1,000 events of the traced process itself (and of our exporter worker, which runs in its own process), and the events
-Jaeger returns for the run (read back through /api/traces; must equal the events emitted). Ratio ours / SDK.
+Jaeger returns for the run (read back through /api/traces; must equal the events emitted). Ratio ours / SDK. Then the
+CPU µs per event of each process on the path (``bench/_proc.py``, from /proc): the traced process, our worker from
+the first record to the end of the flush (and over its whole life, start-up included), and Jaeger (the process
+listening on the OTLP port, from the child's start to 1.5 s after its flush, less Jaeger's idle rate), with the event
+rate their sum allows on this machine's cores: what bounds the path when the cores are shared.
 
 Phase 2, steady: ours at a fixed 20,000 events/s for 60 s, then flush; events lost = emitted - returned by Jaeger.
 
@@ -34,8 +38,11 @@ import resource
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 import uuid
+
+import _proc   # (bench/: this script's own directory, first on sys.path)
 
 EVENTS_PER_NODE = 20
 CYCLES = 4
@@ -88,6 +95,8 @@ def child_ours(n_events: int, rate: float) -> dict:
     cptrace = ct.cptrace
     cptrace(1, "config", cp_size=1, cp_rank=0, mode="none", page_size=1, policy="wt")  # starts the pipeline
     ct.flush(30)
+    workers = _proc.children(os.getpid())   # the exporter worker, started and warm
+    w0 = [_proc.cpu_s(p) for p in workers]
     c0, t0 = _cpu_self(), time.perf_counter()
     emit_s = 0.0
     if rate <= 0:
@@ -109,12 +118,16 @@ def child_ours(n_events: int, rate: float) -> dict:
     ok = ct.flush(timeout_s=300)
     t1 = time.perf_counter()
     c1 = _cpu_self()
+    w1 = [_proc.cpu_s(p) for p in workers]
+    # the worker's CPU from the first record to the end of the flush (its start-up and exit excluded)
+    stream = sum(b - a for a, b in zip(w0, w1) if a is not None and b is not None) if len(workers) == 1 else None
     st = pipeline.stats()
     cw0 = _cpu_children()
     ct.shutdown(60)
     worker_cpu = _cpu_children() - cw0
     return {"events": len(recs), "wall_s": t1 - t0, "emit_wall_s": t_emitted - t0, "emit_s": emit_s,
-            "cpu_s": c1 - c0, "worker_cpu_s": worker_cpu, "flushed": ok, "dropped": st.get("dropped", 0),
+            "cpu_s": c1 - c0, "worker_cpu_s": worker_cpu, "worker_stream_cpu_s": stream,
+            "flushed": ok, "dropped": st.get("dropped", 0),
             "stats": {k: v for k, v in st.items() if k != "worker"}, "worker": st.get("worker", {})}
 
 
@@ -241,6 +254,27 @@ def _fmt(r: dict) -> str:
             + f" | Jaeger returned {r['returned']:,}/{ev:,}")
 
 
+def _fmt_cpu(r: dict) -> str:
+    """CPU per event of each process on the path: the traced process, our worker (over the stream, and its whole
+    life with start-up), Jaeger (from the first record to 1.5 s after the flush, less its idle rate); and the event
+    rate those would allow if the machine's cores did nothing else."""
+    ev = r["events"]
+    us = {"traced": 1e6 * r["cpu_s"] / ev}
+    txt = f"traced {us['traced']:.2f}"
+    if r.get("worker_stream_cpu_s") is not None:
+        us["worker"] = 1e6 * r["worker_stream_cpu_s"] / ev
+        txt += (f", exporter worker {us['worker']:.2f} over the stream "
+                f"({1e6 * r['worker_cpu_s'] / ev:.2f} with start-up)")
+    if r.get("jaeger_cpu_s") is not None:
+        us["jaeger"] = 1e6 * r["jaeger_cpu_s"] / ev
+        txt += f", Jaeger {us['jaeger']:.2f}"
+    total = sum(us.values())
+    cpus = os.cpu_count() or 1
+    return (f"CPU per event (us): {txt}; sum {total:.2f} -> {cpus} cores cap the path at "
+            f"{cpus * 1e6 / total:,.0f} ev/s" + (f" (Jaeger alone at {cpus * 1e6 / us['jaeger']:,.0f})"
+                                                 if us.get("jaeger") else ""))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "_child":
@@ -274,14 +308,33 @@ def main(argv: list[str] | None = None) -> int:
            else "pure-Python parts (C speedups not fully built)")
     print(f"jaeger_export: {n:,} events per path ({EVENTS_PER_NODE}/node), Jaeger {args.query}, {os.cpu_count()} CPUs, "
           f"{enc}")
+    jpid = _proc.listener(urllib.parse.urlsplit(args.otlp).port or 4318)
+    idle = None   # Jaeger's CPU seconds per second when nothing is sent (subtracted from each run's)
+    if jpid is not None:
+        j0 = _proc.cpu_s(jpid)
+        time.sleep(2.0)
+        j1 = _proc.cpu_s(jpid)
+        idle = (j1 - j0) / 2.0 if j0 is not None and j1 is not None else None
+    print(f"  Jaeger process: {jpid if jpid is not None else 'not found (its CPU is not reported)'}"
+          + (f", idle CPU {100 * idle:.1f}% of a core" if idle is not None else ""))
+
+    def jaeger_cpu(kind: str, n_ev: int, run_id: str, rate: float = 0) -> dict:
+        j0, t0 = (_proc.cpu_s(jpid) if jpid is not None else None), time.perf_counter()
+        r = run_child(kind, n_ev, run_id, run_id, args, rate=rate)
+        time.sleep(1.5)  # Jaeger's batch processor (200 ms) and store
+        j1, t1 = (_proc.cpu_s(jpid) if jpid is not None else None), time.perf_counter()
+        r["jaeger_cpu_s"] = (max(0.0, j1 - j0 - (idle or 0.0) * (t1 - t0)) if j0 is not None and j1 is not None
+                             else None)
+        return r
+
     paths = ["ours"] + ([] if args.skip_sdk else ["sdk", "sdk-pre"])
     for kind in paths:
         run_id = f"bench-{kind}-{tag}"
-        r = run_child(kind, n, run_id, f"bench-{kind}-{tag}", args)
-        time.sleep(1.5)  # Jaeger's batch processor (200 ms) and store
+        r = jaeger_cpu(kind, n, run_id)
         r["returned"], r["traces"] = count_in_jaeger(args.query, run_id, n // EVENTS_PER_NODE)
         out[kind] = r
         print(f"  {kind:7s}: {_fmt(r)}  (flushed={r['flushed']}, dropped={r['dropped']})")
+        print(f"           {_fmt_cpu(r)}")
     if "sdk" in out:
         o, s = out["ours"], out["sdk"]
         out["ratio_events_per_s"] = (o["events"] / o["wall_s"]) / (s["events"] / s["wall_s"])
@@ -300,8 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         ns = int(args.steady_rate * args.steady_s)
         ns -= ns % EVENTS_PER_NODE
         run_id = f"bench-steady-{tag}"
-        r = run_child("ours", ns, run_id, run_id, args, rate=args.steady_rate)
-        time.sleep(1.5)
+        r = jaeger_cpu("ours", ns, run_id, rate=args.steady_rate)
         r["returned"], r["traces"] = count_in_jaeger(args.query, run_id, ns // EVENTS_PER_NODE)
         r["lost"] = r["events"] - r["returned"]
         out["steady"] = r
@@ -309,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['emit_wall_s']:.1f} s, delivered by {r['wall_s']:.1f} s; Jaeger returned {r['returned']:,}; "
               f"lost {r['lost']:,}; dropped in process {r['dropped']}; traced-process CPU "
               f"{1000 * r['cpu_s'] / r['events']:.4f} s/1k ev, worker {1000 * r['worker_cpu_s'] / r['events']:.4f}")
+        print(f"           {_fmt_cpu(r)}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

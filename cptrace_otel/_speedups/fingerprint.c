@@ -126,16 +126,22 @@ __attribute__((target("avx2,popcnt"))) static void sums_avx2(const uint8_t *p, s
     while (c < chunks) {
         size_t k = chunks - c < BLOCK_CHUNKS ? chunks - c : BLOCK_CHUNKS;
         const uint8_t *q = p + c * 32;
-        __m256i vs0 = zero, vrun = zero, vw = zero;
-        uint64_t zeros = 0;
-        for (size_t i = 0; i < k; i++) {
-            __m256i x = _mm256_loadu_si256((const __m256i *)(q + i * 32));
-            vrun = _mm256_add_epi64(vrun, vs0); /* after the block: sum_c (k - 1 - c) * S0_c */
-            vs0 = _mm256_add_epi64(vs0, _mm256_sad_epu8(x, zero));
-            vw = _mm256_add_epi32(vw, _mm256_madd_epi16(_mm256_maddubs_epi16(x, weights), ones16));
-            if (want_nz)
-                zeros += (uint64_t)__builtin_popcount((unsigned)_mm256_movemask_epi8(_mm256_cmpeq_epi8(x, zero)));
+        __m256i vs0 = zero, vrun = zero, vw = zero, vzeros = zero;
+        for (size_t i = 0; i < k;) {
+            /* zero bytes are counted per byte lane (cmpeq gives -1: subtracting it adds 1), at most 255 chunks
+             * before the lanes are summed into vzeros with a vpsadbw: two vector ops a chunk, no scalar ones */
+            size_t end = k - i < 255 ? k : i + 255;
+            __m256i vz8 = zero;
+            for (; i < end; i++) {
+                __m256i x = _mm256_loadu_si256((const __m256i *)(q + i * 32));
+                vrun = _mm256_add_epi64(vrun, vs0); /* after the block: sum_c (k - 1 - c) * S0_c */
+                vs0 = _mm256_add_epi64(vs0, _mm256_sad_epu8(x, zero));
+                vw = _mm256_add_epi32(vw, _mm256_madd_epi16(_mm256_maddubs_epi16(x, weights), ones16));
+                if (want_nz) vz8 = _mm256_sub_epi8(vz8, _mm256_cmpeq_epi8(x, zero));
+            }
+            if (want_nz) vzeros = _mm256_add_epi64(vzeros, _mm256_sad_epu8(vz8, zero));
         }
+        uint64_t zeros = hsum64(vzeros);
         uint64_t bs0 = hsum64(vs0);
         uint64_t run = hsum64(vrun);
         /* W lanes are non-negative int32: widen to 64 bits before summing the eight of them */

@@ -4,17 +4,19 @@ level or of a sampled-out node returns before its keyword arguments become a dic
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Callable
+from typing import Any, Callable
 
 
-def load(slow: Callable[..., None], state: dict, names: tuple[str, str, str, str, str]) -> ModuleType | None:
-    """The C module configured with ``slow`` (api's Python ``cptrace``, which decides every call the C code does
-    not), ``state`` (api's module globals, read on each call) and ``names`` (the globals holding the gate, the drop
-    set and the submit function, then the node-id field and the split tag: names the C code must not declare), or
-    None when it was not built."""
+def load(slow: Callable[..., None], slow_enabled: Callable[..., Any],
+         names: tuple[str, str]) -> tuple[ModuleType, Any] | None:
+    """The C module and the gate's state it reads, a fresh ``_hot.State`` (``level``, ``drop``, ``submit``: api's
+    Python definitions read the same object), configured with ``slow`` and ``slow_enabled`` (api's Python
+    ``cptrace`` and ``trace_enabled``, which decide every call the C code does not) and ``names`` (the node-id
+    field and the split tag: names the C code must not declare); None when it was not built."""
     try:
         from . import _hot  # type: ignore[attr-defined]
     except ImportError:
         return None
-    _hot.configure(slow, state, names)
-    return _hot
+    state = _hot.State()
+    _hot.configure(slow, slow_enabled, state, names)
+    return _hot, state

@@ -1,4 +1,5 @@
-/* OTLP protobuf encoding of span events, the exporter worker's largest per-event cost in Python; loaded by otlp.py.
+/* OTLP protobuf encoding of spans and their events, the exporter worker's largest per-event cost in Python; loaded by
+ * otlp.py.
  *
  * init(EventAttrs, Rng, field_prefix, rng_suffixes, trailer_keys): the two Python types the encoder recognises
  * and the attribute keys it writes, as cptrace_otel.model.attrs maps fields to attributes (given by Python, declared only
@@ -14,8 +15,18 @@
  * So the output is byte-for-byte what ``export.otlp`` writes in Python; tests/unit/test_otlpc.py holds them equal
  * and decodes both with opentelemetry-proto.
  *
+ * span_fields(spans, span_fallback, event_fallback) -> list[bytes]: each span's whole ``ScopeSpans.spans`` field
+ * (tag 0x12, length, Span: ids, parent, name, kind INTERNAL, times, attributes, events as span_events writes them).
+ * A span is encoded here when it has the common shape: a 16-byte trace id, an 8-byte span id, a parent that is
+ * empty or 8 bytes, a str name, int times, attributes that are exact int64 ints or strs, no links and no status;
+ * any other span goes to ``span_fallback(span)`` (export.otlp_proto._span_field), so again the bytes are Python's.
+ *
+ * approx_bytes(fields) -> int: model.attrs.approx_bytes in C (the span builder calls it once per event).
+ *
  * Why C: the Python encoder, after caching every repeated piece, still costs ~10 us per event on a slow core (one
- * bytes object per attribute, dict and tuple lookups); here an event is a few hundred bytes of memcpy.
+ * bytes object per attribute, dict and tuple lookups); here an event is a few hundred bytes of memcpy. Whole spans
+ * too: the per-span Python (ids, name, times, attributes, joins) cost ~1.2 us per event of a stream of short stage
+ * spans (bench/jaeger_export.py: 3.3 events per span).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -73,15 +84,15 @@ static inline void put_bytes(Buf *b, const char *s, Py_ssize_t n) {
     b->n += n;
 }
 
-/* One KeyValue attribute field (tag 0x1a) with key = a + b + c (any may be empty) and an AnyValue that is either
- * an int64 (is_int) or a string (sv, sn). */
-static int put_kv(Buf *out, const char *a, Py_ssize_t an, const char *k, Py_ssize_t kn, const char *c,
+/* One KeyValue attribute field (field tag ``tag``: 0x1a in an event, 0x4a in a span) with key = a + b + c (any may
+ * be empty) and an AnyValue that is either an int64 (is_int) or a string (sv, sn). */
+static int put_kv_tag(Buf *out, char tag, const char *a, Py_ssize_t an, const char *k, Py_ssize_t kn, const char *c,
                   Py_ssize_t cn, int is_int, uint64_t iv, const char *sv, Py_ssize_t sn) {
     Py_ssize_t key_len = an + kn + cn;
     Py_ssize_t av_len = is_int ? 1 + varint_len(iv) : 1 + varint_len((uint64_t)sn) + sn;
     Py_ssize_t kv_len = 1 + varint_len((uint64_t)key_len) + key_len + 1 + varint_len((uint64_t)av_len) + av_len;
     if (buf_reserve(out, 1 + 10 + kv_len) < 0) return -1;
-    out->p[out->n++] = 0x1a;
+    out->p[out->n++] = tag;
     put_varint(out, (uint64_t)kv_len);
     out->p[out->n++] = 0x0a; /* KeyValue.key */
     put_varint(out, (uint64_t)key_len);
@@ -100,6 +111,8 @@ static int put_kv(Buf *out, const char *a, Py_ssize_t an, const char *k, Py_ssiz
     }
     return 0;
 }
+
+#define put_kv(out, ...) put_kv_tag(out, 0x1a, __VA_ARGS__)
 
 /* An exact int within int64 -> 1 and *v (two's complement as uint64, i.e. ``v & (2**64 - 1)``); else 0. */
 static int int64_of(PyObject *o, uint64_t *v) {
@@ -208,18 +221,11 @@ done:
     return rc;
 }
 
-/* span_events(events, fallback) -> bytes */
-static PyObject *span_events(PyObject *self, PyObject *args) {
-    PyObject *events, *fallback;
-    if (!PyArg_ParseTuple(args, "OO:span_events", &events, &fallback)) return NULL;
-    if (!EventAttrs_type || !Rng_type) {
-        PyErr_SetString(PyExc_RuntimeError, "_otlp.init() was not called");
-        return NULL;
-    }
+/* Append the Span.events fields of ``events`` (a sequence of (ts, name, attrs)) to out; 0, or -1 with an
+ * exception. attrs and tmp are scratch buffers. */
+static int put_events(Buf *out, PyObject *events, PyObject *fallback, Buf *attrs, Buf *tmp) {
     PyObject *seq = PySequence_Fast(events, "events must be a sequence");
-    if (!seq) return NULL;
-    Buf out = {0}, attrs = {0}, tmp = {0};
-    PyObject *result = NULL;
+    if (!seq) return -1;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -237,24 +243,24 @@ static PyObject *span_events(PyObject *self, PyObject *args) {
             ns = PyUnicode_AsUTF8AndSize(name, &nn);
             if (!ns) PyErr_Clear();
             else {
-                attrs.n = 0;
-                rc = encode_attrs(&attrs, at, &tmp);
+                attrs->n = 0;
+                rc = encode_attrs(attrs, at, tmp);
                 if (rc < 0) goto fail;
             }
         }
         if (rc == 1) {
             uint64_t t = PyLong_AsUnsignedLongLongMask(ts);
             if (t == (uint64_t)-1 && PyErr_Occurred()) goto fail;
-            Py_ssize_t ev_len = 9 + 1 + varint_len((uint64_t)nn) + nn + attrs.n;
-            if (buf_reserve(&out, 1 + 10 + ev_len) < 0) goto fail;
-            out.p[out.n++] = 0x5a; /* Span.events */
-            put_varint(&out, (uint64_t)ev_len);
-            out.p[out.n++] = 0x09; /* Event.time_unix_nano, fixed64 little-endian */
-            for (int b = 0; b < 8; b++) out.p[out.n++] = (char)((t >> (8 * b)) & 0xFF);
-            out.p[out.n++] = 0x12; /* Event.name */
-            put_varint(&out, (uint64_t)nn);
-            put_bytes(&out, ns, nn);
-            put_bytes(&out, attrs.p, attrs.n);
+            Py_ssize_t ev_len = 9 + 1 + varint_len((uint64_t)nn) + nn + attrs->n;
+            if (buf_reserve(out, 1 + 10 + ev_len) < 0) goto fail;
+            out->p[out->n++] = 0x5a; /* Span.events */
+            put_varint(out, (uint64_t)ev_len);
+            out->p[out->n++] = 0x09; /* Event.time_unix_nano, fixed64 little-endian */
+            for (int b = 0; b < 8; b++) out->p[out->n++] = (char)((t >> (8 * b)) & 0xFF);
+            out->p[out->n++] = 0x12; /* Event.name */
+            put_varint(out, (uint64_t)nn);
+            put_bytes(out, ns, nn);
+            put_bytes(out, attrs->p, attrs->n);
         } else {
             if (!at) {
                 PyErr_SetString(PyExc_TypeError, "span_events: each event must be a (ts, name, attrs) tuple");
@@ -268,21 +274,245 @@ static PyObject *span_events(PyObject *self, PyObject *args) {
                 goto fail;
             }
             Py_ssize_t bn = PyBytes_GET_SIZE(b);
-            if (buf_reserve(&out, bn) < 0) {
+            if (buf_reserve(out, bn) < 0) {
                 Py_DECREF(b);
                 goto fail;
             }
-            put_bytes(&out, PyBytes_AS_STRING(b), bn);
+            put_bytes(out, PyBytes_AS_STRING(b), bn);
             Py_DECREF(b);
         }
     }
-    result = PyBytes_FromStringAndSize(out.p ? out.p : "", out.n);
+    Py_DECREF(seq);
+    return 0;
 fail:
+    Py_DECREF(seq);
+    return -1;
+}
+
+static int check_init(void) {
+    if (!EventAttrs_type || !Rng_type) {
+        PyErr_SetString(PyExc_RuntimeError, "_otlp.init() was not called");
+        return -1;
+    }
+    return 0;
+}
+
+/* span_events(events, fallback) -> bytes */
+static PyObject *span_events(PyObject *self, PyObject *args) {
+    PyObject *events, *fallback;
+    if (!PyArg_ParseTuple(args, "OO:span_events", &events, &fallback)) return NULL;
+    if (check_init() < 0) return NULL;
+    Buf out = {0}, attrs = {0}, tmp = {0};
+    PyObject *result = NULL;
+    if (put_events(&out, events, fallback, &attrs, &tmp) == 0)
+        result = PyBytes_FromStringAndSize(out.p ? out.p : "", out.n);
     PyMem_Free(out.p);
+    PyMem_Free(attrs.p);
+    PyMem_Free(tmp.p);
+    return result;
+}
+
+/* Span attributes we read; interned in PyInit. */
+static PyObject *s_trace_id, *s_span_id, *s_parent, *s_name, *s_start, *s_end, *s_attrs, *s_events, *s_links,
+    *s_status_code;
+
+static inline void put_fixed64(Buf *b, uint64_t t) {
+    for (int i = 0; i < 8; i++) b->p[b->n++] = (char)((t >> (8 * i)) & 0xFF);
+}
+
+/* The Span.attributes fields (tag 0x4a) of a dict whose values are exact int64 ints or strs: 1 done, 0 "another
+ * kind of value (bool, float, a huge int, a lone surrogate...): use the fallback", -1 error. */
+static int put_span_attrs(Buf *out, PyObject *attrs) {
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(attrs, &pos, &k, &v)) {
+        if (!PyUnicode_CheckExact(k)) return 0;
+        Py_ssize_t kn, sn = 0;
+        const char *ks = PyUnicode_AsUTF8AndSize(k, &kn), *s = NULL;
+        if (!ks) {
+            PyErr_Clear();
+            return 0;
+        }
+        uint64_t iv = 0;
+        int is_int = Py_TYPE(v) == &PyLong_Type;
+        if (is_int) {
+            if (!int64_of(v, &iv)) return 0;
+        } else if (Py_TYPE(v) == &PyUnicode_Type) {
+            s = PyUnicode_AsUTF8AndSize(v, &sn);
+            if (!s) {
+                PyErr_Clear();
+                return 0;
+            }
+        } else {
+            return 0;
+        }
+        if (put_kv_tag(out, 0x4a, "", 0, ks, kn, "", 0, is_int, iv, s, sn) < 0) return -1;
+    }
+    return 1;
+}
+
+/* One span's ``ResourceSpans...spans`` field (tag 0x12, length, Span) when it is of the common shape: 1 done,
+ * 0 use the fallback, -1 error. ``out`` is rewound on 0. */
+static int put_span(Buf *out, PyObject *sp, PyObject *event_fallback, Buf *body, Buf *attrs, Buf *tmp) {
+    int rc = -1;
+    PyObject *tid = NULL, *sid = NULL, *parent = NULL, *name = NULL, *start = NULL, *end = NULL, *at = NULL,
+             *events = NULL, *links = NULL, *status = NULL;
+    if (!(tid = PyObject_GetAttr(sp, s_trace_id)) || !(sid = PyObject_GetAttr(sp, s_span_id)) ||
+        !(name = PyObject_GetAttr(sp, s_name)) || !(start = PyObject_GetAttr(sp, s_start)) ||
+        !(end = PyObject_GetAttr(sp, s_end)) || !(at = PyObject_GetAttr(sp, s_attrs)) ||
+        !(events = PyObject_GetAttr(sp, s_events)) || !(links = PyObject_GetAttr(sp, s_links)) ||
+        !(status = PyObject_GetAttr(sp, s_status_code)))
+        goto done;
+    parent = PyObject_GetAttr(sp, s_parent);
+    if (!parent) {   /* spans without a parent attribute are roots (getattr(sp, "parent", b"")) */
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) goto done;
+        PyErr_Clear();
+    }
+    rc = 0;
+    /* the common shape: ids of the right sizes, a str name, int times, a dict of attributes, no links, no status */
+    if (!PyBytes_CheckExact(tid) || PyBytes_GET_SIZE(tid) != 16 || !PyBytes_CheckExact(sid) ||
+        PyBytes_GET_SIZE(sid) != 8 || !PyUnicode_CheckExact(name) || !PyLong_Check(start) || !PyLong_Check(end) ||
+        !PyDict_CheckExact(at) || !PyList_CheckExact(links) || PyList_GET_SIZE(links) != 0 ||
+        !PyLong_CheckExact(status) || PyObject_IsTrue(status) != 0)
+        goto done;
+    int has_parent = 0;
+    if (parent && PyObject_IsTrue(parent)) {
+        if (!PyBytes_CheckExact(parent) || PyBytes_GET_SIZE(parent) != 8) goto done;
+        has_parent = 1;
+    }
+    Py_ssize_t nn;
+    const char *ns = PyUnicode_AsUTF8AndSize(name, &nn);
+    if (!ns) {
+        PyErr_Clear();
+        goto done;
+    }
+    uint64_t t0 = PyLong_AsUnsignedLongLongMask(start), t1 = PyLong_AsUnsignedLongLongMask(end);
+    if (PyErr_Occurred()) {
+        rc = -1;
+        goto done;
+    }
+    body->n = 0;
+    if (buf_reserve(body, 64 + nn) < 0) {
+        rc = -1;
+        goto done;
+    }
+    put_bytes(body, "\x0a\x10", 2);
+    put_bytes(body, PyBytes_AS_STRING(tid), 16);
+    put_bytes(body, "\x12\x08", 2);
+    put_bytes(body, PyBytes_AS_STRING(sid), 8);
+    if (has_parent) {
+        put_bytes(body, "\x22\x08", 2);
+        put_bytes(body, PyBytes_AS_STRING(parent), 8);
+    }
+    body->p[body->n++] = 0x2a; /* Span.name */
+    put_varint(body, (uint64_t)nn);
+    put_bytes(body, ns, nn);
+    put_bytes(body, "\x30\x01", 2); /* kind INTERNAL */
+    body->p[body->n++] = 0x39;
+    put_fixed64(body, t0);
+    body->p[body->n++] = 0x41;
+    put_fixed64(body, t1);
+    int arc = put_span_attrs(body, at);
+    if (arc <= 0) {
+        rc = arc;
+        goto done;
+    }
+    if (put_events(body, events, event_fallback, attrs, tmp) < 0) {
+        rc = -1;
+        goto done;
+    }
+    if (buf_reserve(out, 1 + 10 + body->n) < 0) {
+        rc = -1;
+        goto done;
+    }
+    out->p[out->n++] = 0x12;
+    put_varint(out, (uint64_t)body->n);
+    put_bytes(out, body->p, body->n);
+    rc = 1;
+done:
+    Py_XDECREF(tid);
+    Py_XDECREF(sid);
+    Py_XDECREF(parent);
+    Py_XDECREF(name);
+    Py_XDECREF(start);
+    Py_XDECREF(end);
+    Py_XDECREF(at);
+    Py_XDECREF(events);
+    Py_XDECREF(links);
+    Py_XDECREF(status);
+    return rc;
+}
+
+/* span_fields(spans, span_fallback, event_fallback) -> list[bytes] */
+static PyObject *span_fields(PyObject *self, PyObject *args) {
+    PyObject *spans, *span_fallback, *event_fallback;
+    if (!PyArg_ParseTuple(args, "OOO:span_fields", &spans, &span_fallback, &event_fallback)) return NULL;
+    if (check_init() < 0) return NULL;
+    PyObject *seq = PySequence_Fast(spans, "spans must be a sequence");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject *result = PyList_New(n);
+    Buf out = {0}, body = {0}, attrs = {0}, tmp = {0};
+    if (!result) goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *sp = PySequence_Fast_GET_ITEM(seq, i), *b;
+        out.n = 0;
+        int rc = put_span(&out, sp, event_fallback, &body, &attrs, &tmp);
+        if (rc < 0) goto fail;
+        if (rc == 1) {
+            b = PyBytes_FromStringAndSize(out.p, out.n);
+        } else {
+            b = PyObject_CallOneArg(span_fallback, sp);
+            if (b && !PyBytes_Check(b)) {
+                Py_DECREF(b);
+                PyErr_SetString(PyExc_TypeError, "span_fallback must return bytes");
+                b = NULL;
+            }
+        }
+        if (!b) goto fail;
+        PyList_SET_ITEM(result, i, b);
+    }
+    goto done;
+fail:
+    Py_CLEAR(result);
+done:
+    PyMem_Free(out.p);
+    PyMem_Free(body.p);
     PyMem_Free(attrs.p);
     PyMem_Free(tmp.p);
     Py_DECREF(seq);
     return result;
+}
+
+/* approx_bytes(fields) -> int: model.attrs.approx_bytes (the span byte cap's estimate), the same number: 16 + 12 per
+ * field, plus len - 4 per str (in code points), 48 per Rng, len(str(v)) per value of any other type but int and
+ * float (exact types, as there). */
+static PyObject *approx_bytes(PyObject *self, PyObject *fields) {
+    if (!Rng_type) {
+        PyErr_SetString(PyExc_RuntimeError, "_otlp.init() was not called");
+        return NULL;
+    }
+    if (!PyDict_Check(fields)) {
+        PyErr_SetString(PyExc_TypeError, "approx_bytes: fields must be a dict");
+        return NULL;
+    }
+    Py_ssize_t pos = 0, n = 16 + 12 * PyDict_GET_SIZE(fields);
+    PyObject *k, *v;
+    while (PyDict_Next(fields, &pos, &k, &v)) {
+        PyTypeObject *t = Py_TYPE(v);
+        if (t == &PyLong_Type || t == &PyFloat_Type) continue;
+        if (t == &PyUnicode_Type) {
+            n += PyUnicode_GET_LENGTH(v) - 4;
+        } else if ((PyObject *)t == Rng_type) {
+            n += 48;
+        } else {
+            PyObject *r = PyObject_Str(v);
+            if (!r) return NULL;
+            n += PyUnicode_GET_LENGTH(r);
+            Py_DECREF(r);
+        }
+    }
+    return PyLong_FromSsize_t(n);
 }
 
 /* A new reference to the UTF-8 bytes of str s, or NULL with an exception. */
@@ -331,6 +561,11 @@ static PyMethodDef methods[] = {
     {"span_events", span_events, METH_VARARGS,
      "span_events(events, fallback) -> bytes: the Span.events fields of (ts, name, attrs) tuples; events the C "
      "encoder does not cover go through fallback(ts, name, attrs) -> bytes."},
+    {"span_fields", span_fields, METH_VARARGS,
+     "span_fields(spans, span_fallback, event_fallback) -> list[bytes]: each span's whole spans field (tag 0x12); a "
+     "span the C encoder does not cover goes through span_fallback(span) -> bytes."},
+    {"approx_bytes", approx_bytes, METH_O,
+     "approx_bytes(fields) -> int: the number model.attrs.approx_bytes gives (the span byte cap's estimate)."},
     {"init", init, METH_VARARGS,
      "init(EventAttrs, Rng, field_prefix, rng_suffixes, trailer_keys): the Python types the encoder recognises and the "
      "attribute keys it writes."},
@@ -346,5 +581,18 @@ PyMODINIT_FUNC PyInit__otlp(void) {
     s_level = PyUnicode_InternFromString("level");
     s_dirty = PyUnicode_InternFromString("dirty");
     if (!s_fields || !s_seq || !s_epoch || !s_level || !s_dirty) return NULL;
+    s_trace_id = PyUnicode_InternFromString("trace_id");
+    s_span_id = PyUnicode_InternFromString("span_id");
+    s_parent = PyUnicode_InternFromString("parent");
+    s_name = PyUnicode_InternFromString("name");
+    s_start = PyUnicode_InternFromString("start");
+    s_end = PyUnicode_InternFromString("end");
+    s_attrs = PyUnicode_InternFromString("attrs");
+    s_events = PyUnicode_InternFromString("events");
+    s_links = PyUnicode_InternFromString("links");
+    s_status_code = PyUnicode_InternFromString("status_code");
+    if (!s_trace_id || !s_span_id || !s_parent || !s_name || !s_start || !s_end || !s_attrs || !s_events ||
+        !s_links || !s_status_code)
+        return NULL;
     return PyModule_Create(&module);
 }

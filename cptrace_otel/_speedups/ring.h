@@ -5,8 +5,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-/* The ring_put function object of _hot (set by PyInit__hot): api installs it as _submit when the ring is on, and the
- * gate takes the keyword fast path only while api._submit is this object. */
+/* The ring_put function object of _hot (set by PyInit__hot): api installs it as the submit function when the ring
+ * is on, and the gate takes the keyword fast path only while api's state.submit is this object. */
 extern PyObject *ring_put_fn;
 
 /* Put one record (level: an exact int; tag; vals[i] the value of kwnames[i]) into the attached ring: encoded when

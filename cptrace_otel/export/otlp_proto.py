@@ -19,8 +19,8 @@ from typing import Any, Iterable, Sequence
 
 from ..model import semconv as sc
 from .._version import __version__
-from .._speedups.otlp import load as _load_span_events
-from ..model.attrs import attribute_key, fields_to_attributes, range_keys
+from .._speedups.otlp import load as _load_c_encoders
+from ..model.attrs import approx_bytes, attribute_key, fields_to_attributes, range_keys
 from ..model.logline import Rng
 from ..model.attrs import EventAttrs
 
@@ -400,8 +400,10 @@ def _event_field(ts: int, name: str, attrs: Any) -> bytes:
     return b"\x5a" + (_SMALL[n] if n < 16384 else varint(n)) + ev
 
 
-# The C encoder of span events (cptrace_otel._speedups.otlp: the same bytes as _event_field) when it was built.
-_span_events = _load_span_events()
+# The C encoders (cptrace_otel._speedups.otlp) when they were built: span events (the bytes of _event_field) and
+# whole spans fields (the bytes of _span_field), each handing what it does not cover back to the Python encoder; and
+# attrs.approx_bytes in C (``sizer``, for the span builder).
+_span_events, _span_fields, sizer = _load_c_encoders() or (None, None, approx_bytes)
 
 
 def encode_span(sp: Any) -> bytes:
@@ -428,6 +430,18 @@ def encode_span(sp: Any) -> bytes:
         st += b"\x18" + varint(sp.status_code)
         append(_ld(b"\x7a", st))
     return b"".join(parts)
+
+
+def _span_field(sp: Any) -> bytes:
+    """One ``ScopeSpans.spans`` field (tag 0x12) of ``sp``: the Python encoder, and the C encoder's fallback."""
+    return _ld(b"\x12", encode_span(sp))
+
+
+def span_fields(spans: Sequence[Any]) -> list[bytes]:
+    """The ``ScopeSpans.spans`` field of each span (C when built: the same bytes as :func:`_span_field`)."""
+    if _span_fields is not None:
+        return _span_fields(spans, _span_field, _event_field)
+    return [_span_field(sp) for sp in spans]
 
 
 def _resource_header(resource: dict[str, Any]) -> bytes:
@@ -458,8 +472,7 @@ def encode_requests(groups: Iterable[tuple[dict[str, Any], Sequence[Any]]],
         overhead = len(head) + len(scope) + 24
         chunk: list[bytes] = []
         size = 0
-        for sp in spans:
-            body = _ld(b"\x12", encode_span(sp))
+        for sp, body in zip(spans, span_fields(spans)):
             if (chunk or cur) and cur_size + overhead + size + len(body) > max_bytes:
                 if chunk:
                     cur.append(_resource_spans(head, scope, chunk))

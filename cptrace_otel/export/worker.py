@@ -76,12 +76,14 @@ class Exporter:
     :meth:`stats` ``errors``; every later flush then answers False) and left out; the others still work."""
 
     def __init__(self, info: dict[str, Any]) -> None:
+        from .otlp_proto import sizer   # (lazily: thread mode imports this module in the traced process)
+
         cfg = info["config"]
         self.cfg = cfg
         self.resource: dict[str, Any] = info["resource"]
         self.rank = cfg.cp_rank
         self.builder = SpanBuilder(cfg.run_id, info.get("instance", ""), cfg.span_timeout_s,
-                                   checker_factory(cfg.checks, cfg.level), track_traces=False)
+                                   checker_factory(cfg.checks, cfg.level), track_traces=False, sizer=sizer)
         self.epochs: dict[int, EpochTracker] = {}
         self.records = 0
         # monotonic time of the last ITEMS batch: the tick expires spans by wall clock only once the stream has been

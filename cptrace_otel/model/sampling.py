@@ -12,7 +12,8 @@ Contract:
 * Records that belong to no node (no ``node_id``, or a negative one: ``config``, ``reset``, ``store``, ``fwd_hash``,
   ``free`` of unowned slots, rank-span records) are always kept.
 * Cost: a sampled-out call pays one set lookup of its ``node_id`` in ``api.cptrace`` after the level compare (the
-  set of nodes decided out, :func:`make_submit`'s ``drop``); a node's hash is
+  set of nodes decided out, :func:`make_submit`'s ``drop``: with the C speedups an ``IdSet``, whose lookup of an
+  int is a C hash probe, see ``_speedups/idset.c``); a node's hash is
   computed once (cached; the cache is bounded by :data:`MAX_CACHED`, inherited decisions by :data:`MAX_INHERITED`,
   past which the oldest lineage links are forgotten and the hash decides).
 * The exporter's resource says ``cptrace.sample=<fraction>`` on a sampled stream, and ``check`` knows that a node
@@ -22,7 +23,7 @@ Contract:
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 MAX_CACHED = 1 << 20
 MAX_INHERITED = 1 << 20
@@ -40,8 +41,22 @@ def keep_node(run_id: str, node_id: Any, fraction: float) -> bool:
 _NO_NODE = object()
 
 
+class DropSet(Protocol):
+    """What :func:`make_submit` needs of its ``drop``: a ``set`` has it, and so has the C speedups' ``IdSet``."""
+
+    def add(self, n: Any, /) -> None: ...
+
+    def discard(self, n: Any, /) -> None: ...
+
+    def clear(self) -> None: ...
+
+    def __len__(self) -> int: ...
+
+    def __contains__(self, n: object, /) -> bool: ...
+
+
 def make_submit(inner: Callable[[int, str, dict], None], run_id: str, fraction: float,
-                drop: set | None = None) -> Callable[[int, str, dict], None]:
+                drop: DropSet | None = None) -> Callable[[int, str, dict], None]:
     """``inner`` (the pipeline's submit function) behind the sampling decision for ``run_id`` at ``fraction``.
 
     ``drop`` (filled here, read by ``api.cptrace``): the node ids decided out, so that the caller drops their later

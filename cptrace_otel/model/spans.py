@@ -86,6 +86,12 @@ _ACK_STAGE: dict[tuple[str, Any], tuple[str, str]] = {
     ("ack", "d2h"): _OPEN_STAGE["prepare"], ("ack", "h2d"): _OPEN_STAGE["reload"],
     (L3_ACK, DIR_BACKUP): _OPEN_STAGE[L3_BACKUP], (L3_ACK, DIR_PREFETCH): _OPEN_STAGE[L3_PREFETCH]}
 
+# What add does with a record, by tag (one dict lookup instead of a chain of tag comparisons per record).
+_R_PLAIN, _R_OPEN, _R_BACKUP, _R_ACK, _R_RID_MAP, _R_L3_HIT, _R_FWD_HASH, _R_CANARY, _R_RESET = range(9)
+_ROLE: dict[str, int] = {**{t: _R_OPEN for t in _OPEN_STAGE}, "backup": _R_BACKUP, "ack": _R_ACK, L3_ACK: _R_ACK,
+                         "rid_map": _R_RID_MAP, L3_HIT: _R_L3_HIT, "fwd_hash": _R_FWD_HASH, CANARY_TAG: _R_CANARY,
+                         "reset": _R_RESET}
+
 _DIGEST = hashlib.blake2b
 
 
@@ -125,7 +131,7 @@ class Span:
 
     __slots__ = ("trace_id", "span_id", "name", "start", "end", "attrs", "events", "links", "status_code",
                  "status_message", "rank", "key", "nbytes", "findings", "parent", "kind", "lane", "children",
-                 "ref", "open_kids", "cut")
+                 "open_kids")
 
     def __init__(self, trace_id: bytes, span_id: bytes, name: str, start: int, rank: int, key: Any,
                  attrs: dict[str, Any], parent: bytes = b"", kind: str = "") -> None:
@@ -150,8 +156,6 @@ class Span:
         self.lane: Span | None = None
         self.children: list[Span] = []
         self.open_kids: list[Span] = []
-        self.ref = (trace_id, span_id)
-        self.cut = False
 
     def __repr__(self) -> str:  # for test failures
         return f"Span({self.name} trace={self.trace_id.hex()} events={len(self.events)} attrs={self.attrs})"
@@ -161,12 +165,15 @@ class SpanBuilder:
     """Maps one rank process's events to spans. Not thread-safe: one builder per exporter loop.
 
     ``instance`` makes span ids unique per traced process (two processes may run with the same rank). Finished spans
-    accumulate until :meth:`take`.
+    accumulate until :meth:`take`. ``sizer`` is :func:`~cptrace_otel.model.attrs.approx_bytes` or a function giving
+    the same number (the exporter passes its C version).
     """
 
     def __init__(self, run_id: str, instance: str = "", span_timeout_s: float = 1.0,
-                 checker_factory: Callable[[int], Any] | None = None, track_traces: bool = True) -> None:
+                 checker_factory: Callable[[int], Any] | None = None, track_traces: bool = True,
+                 sizer: Callable[[dict[str, Any]], int] = approx_bytes) -> None:
         self.run_id = run_id
+        self._sizer = sizer
         self.instance = instance
         self.timeout_ns = int(span_timeout_s * 1e9)
         self._checker_factory = checker_factory
@@ -217,9 +224,7 @@ class SpanBuilder:
         self._opened += 1  # part of the id: unique even for spans opened without a record (annotations)
         if span_id is None:
             span_id = hashed_id(f"{self.instance}|{ev.rank}|{ev.epoch}|{ev.seq}|{kind}|{key[-1]}|{self._opened}", 8)
-        attrs: dict[str, Any] = {sc.RANK: ev.rank}
-        attrs.update(extra)
-        attrs[sc.SPAN_KIND] = kind
+        attrs: dict[str, Any] = {sc.RANK: ev.rank, **extra, sc.SPAN_KIND: kind}
         sp = Span(trace_id, span_id, self._name(ev.rank, kind), ev.ts, ev.rank, key, attrs,
                   lane.span_id if lane is not None else b"", kind)
         if lane is not None:
@@ -302,10 +307,11 @@ class SpanBuilder:
     def add(self, ev: Event) -> Span:
         """Record ``ev`` as one span event; returns the span that holds it."""
         ts = ev.ts
+        opened = self._open
         if ts > self._max_ts:
             self._max_ts = ts
-            if self._open:
-                head = next(iter(self._open.values()))
+            if opened:
+                head = next(iter(opened.values()))
                 if ts - head.start >= self.timeout_ns:
                     self.expire(ts)
         tag = ev.tag
@@ -313,71 +319,77 @@ class SpanBuilder:
         rank = ev.rank
         epoch = ev.epoch
         node = f.get("node_id")
+        role = _ROLE.get(tag, _R_PLAIN)
         closing = False
         link_rid = None
         sp: Span | None
         key: tuple[Any, ...]
         fed, found = False, None
-        if tag == CANARY_TAG and self._checker_factory is not None:
-            # SGLang's kv-canary record names a slot, not a node: the checker decides whose slot it was (rule CANARY),
-            # so it runs before the record is placed, and the record goes to that node's lane with its finding
-            found, fed = self._feed_now(ev), True
-            owner = next((x.node_id for x in found or () if type(getattr(x, "node_id", None)) is int), None)
-            if owner is not None:
-                node = owner
-        if tag == "reset":
-            # A reset ends every open span of this rank: node ids restart, so nothing may join them any more.
-            for sp in [s for s in self._open.values() if s.rank == rank and s.lane is None]:
-                self._close(sp, "reset")
-        if tag == "fwd_hash":
+        if role >= _R_CANARY:
+            if role == _R_CANARY and self._checker_factory is not None:
+                # SGLang's kv-canary record names a slot, not a node: the checker decides whose slot it was (rule
+                # CANARY), so it runs before the record is placed, and the record goes to that node's lane with its
+                # finding
+                found, fed = self._feed_now(ev), True
+                owner = next((x.node_id for x in found or () if type(getattr(x, "node_id", None)) is int), None)
+                if owner is not None:
+                    node = owner
+            elif role == _R_RESET:
+                # A reset ends every open span of this rank: node ids restart, so nothing may join them any more.
+                for sp in [s for s in opened.values() if s.rank == rank and s.lane is None]:
+                    self._close(sp, "reset")
+        if role == _R_FWD_HASH:
             rid = render_value(f.get("rid", "?"))
             key = (rank, "req", rid)
-            sp = self._open.get(key)
+            sp = opened.get(key)
             if sp is None:
                 sp = self._open_span(key, request_trace_id(self.run_id, rid), sc.SPAN_REQUEST, ev, {sc.RID: rid})
         elif type(node) is int and node >= 0:
-            op = f.get("op")
-            opening = _OPEN_STAGE.get(tag)
-            if opening is not None:   # prepare, reload, l3_backup, l3_prefetch: a new stage instance
+            if role == _R_PLAIN:   # the most common record: a structural one, on its node's lane
+                sp = opened.get((rank, epoch, node, "node")) or self._lane(rank, epoch, node, ev)
+            elif role == _R_OPEN:   # prepare, reload, l3_backup, l3_prefetch: a new stage instance
+                opening = _OPEN_STAGE[tag]
+                op = f.get("op")
                 key = (rank, epoch, node, opening[0], op)
-                old = self._open.get(key)
+                old = opened.get(key)
                 if old is not None:
                     self._close(old, "tag")
-                self._cut.pop(key, None)
+                if key in self._cut:
+                    del self._cut[key]
                 sp = self._stage(key, opening[1], ev, node)
                 if tag == L3_PREFETCH:
                     self._remember_prefetch(rank, op, sp)
-            elif tag == "backup":
-                key = (rank, epoch, node, "d2h", op)
+            elif role == _R_BACKUP:
+                key = (rank, epoch, node, "d2h", f.get("op"))
                 # (the open span is looked up first: a new one only when its prepare's span is gone)
-                sp = self._open.get(key)
+                sp = opened.get(key)
                 if sp is None:
                     sp = self._stage(key, sc.SPAN_D2H, ev, node)
             else:
                 sp = None
-                if tag == "ack" or tag == L3_ACK:
+                if role == _R_ACK:
                     stage = _ACK_STAGE.get((tag, f.get("dir")))   # the stage this ack closes: (key word, kind)
                     if stage is not None:
-                        key = (rank, epoch, node, stage[0], op)
-                        sp = self._open.get(key)
+                        key = (rank, epoch, node, stage[0], f.get("op"))
+                        sp = opened.get(key)
                         if sp is None and key in self._cut:
                             sp = self._stage(key, stage[1], ev, node)
                         closing = sp is not None
                 if sp is None:
                     sp = self._lane(rank, epoch, node, ev)
-                    if tag == "rid_map" and "rid" in f:
+                    if role == _R_RID_MAP and "rid" in f:
                         link_rid = render_value(f["rid"])
                         sp.attrs[sc.RID] = link_rid
-                    elif tag == L3_HIT:
-                        self._link_prefetch(rank, op, sp)
+                    elif role == _R_L3_HIT:
+                        self._link_prefetch(rank, f.get("op"), sp)
         else:
             key = (rank, "rank")
-            sp = self._open.get(key)
+            sp = opened.get(key)
             if sp is None:
                 sp = self._open_span(key, rank_trace_id(self.run_id, rank), sc.SPAN_RANK, ev, {})
 
         sp.events.append((ts, tag, EventAttrs(f, ev.seq, epoch, ev.level)))
-        sp.nbytes += approx_bytes(f)
+        sp.nbytes += self._sizer(f)
         if REQ_SPAN in f:   # the span of SGLang's request that used the node (rid_map): an OTLP link to it
             link_request(sp, f[REQ_SPAN], f.get("rid"))
         if ts > sp.end:

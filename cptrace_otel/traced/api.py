@@ -4,16 +4,18 @@ Contract (what a call site may rely on):
 
 * Same names, signatures, sentinels and values as upstream (``cptrace``, ``trace_level``, ``trace_enabled``,
   ``rng``, ``khash``, ``knz``, ``fwd_hash``).
-* The gate is read once (``CPTRACE_LEVEL``, else ``SGLANG_CP_HICACHE_KV_TRACE``) into a module int; a call below the
+* The gate is read once (``CPTRACE_LEVEL``, else ``SGLANG_CP_HICACHE_KV_TRACE``) into an int; a call below the
   level costs one compare. :func:`reload_config` (or :func:`configure`) re-reads it.
 * ``level`` may be anything: an int (or float) is compared with the gate; a string is parsed as an int
   (``"2"``); anything else that does not compare with an int (``None``, a non-numeric string) counts as below the
   gate and the record is skipped (not counted as dropped). The gate functions never raise.
 * With ``CPTRACE_SAMPLE`` < 1 a record of a node whose lineage was sampled out (:mod:`cptrace_otel.model.sampling`) is
   dropped here, by one set lookup: it costs what a call below the level costs. With the C speedups built, both
-  decisions are made in C before the keyword arguments become a dict (``_speedups/hot.c``, which reads this
-  module's ``_LEVEL``, ``_DROP`` and ``_submit`` on each call); the Python function :func:`_cptrace_py` is the
-  definition, and decides every call the C gate does not (levels that are not ints).
+  decisions are made in C before the keyword arguments become a dict (``_speedups/hot.c``, which reads the gate's
+  state ``_STATE``, ``level``, ``drop`` and ``submit``, on each call, and looks an int node id up in ``drop``, a
+  ``_hot.IdSet``, by a C hash probe); the Python function :func:`_cptrace_py` is the definition, reads the same
+  state, and decides every call the C gate does not (levels that are not ints); :func:`trace_enabled` likewise
+  (``_hot.trace_enabled``, defined by :func:`_trace_enabled_py`).
 * An enabled ``cptrace`` only takes a timestamp and appends ``(ts, level, tag, fields)`` to a bounded buffer; all
   rendering, span mapping, checking, encoding and sending happen off the caller's thread. It never raises and never
   blocks; when the buffer is full the record is dropped and counted. (An exception that an application's signal
@@ -32,23 +34,34 @@ from typing import Any
 from ..model import config as _config
 from . import lifecycle as _lifecycle
 
-# Module state. Global on purpose: the hot path must not pay for attribute lookups on an object.
-_LEVEL: int = 0
 _CONFIG: _config.Config | None = None
-_DROP: set | None = None   # node ids sampled out (cptrace_otel.model.sampling) while CPTRACE_SAMPLE < 1, else None
 _lock = threading.Lock()
+
+
+class _State:
+    """The gate's state, one object that the C gate (``_hot.State``, the same three attributes, when built) and
+    :func:`_cptrace_py` both read on every call, so that setting an attribute is seen at once by both (the C gate
+    reads an attribute as one load, a module global would cost it a dict lookup): ``level`` (the gate, an int),
+    ``drop`` (the node ids sampled out, :mod:`cptrace_otel.model.sampling`, while ``CPTRACE_SAMPLE`` < 1, else None)
+    and ``submit`` (the record's way on: the pipeline's bounded-buffer append once started)."""
+
+    __slots__ = ("level", "drop", "submit")
+
+    def __init__(self) -> None:
+        self.level: Any = 0
+        self.drop: Any = None
+        self.submit: Any = None
 
 
 def _submit_unstarted(level: int, tag: str, fields: dict) -> None:
     """First enabled record of a process: start the pipeline, install its submit function, hand it the record."""
-    global _submit
     try:
         from . import pipeline
 
         with _lock:
-            if _submit is _submit_unstarted:
-                _submit = _started(pipeline)
-        _submit(level, tag, fields)
+            if _STATE.submit is _submit_unstarted:
+                _STATE.submit = _started(pipeline)
+        _STATE.submit(level, tag, fields)
     except Exception:  # tracing must never crash the traced process
         pass
 
@@ -57,7 +70,7 @@ def _started(pipeline: Any) -> Any:
     """Start the pipeline for the configuration in force, with the run id all ranks agree on
     (:func:`cptrace_otel.traced.ranks.agreed_run_id`, once, before the first record is kept: the sampling decision
     hashes it), and return the submit function to install (behind the sampler when ``CPTRACE_SAMPLE`` < 1)."""
-    global _CONFIG, _DROP
+    global _CONFIG
     import dataclasses
 
     from .ranks import agreed_run_id
@@ -67,27 +80,22 @@ def _started(pipeline: Any) -> Any:
     if run_id != cfg.run_id:
         cfg = _CONFIG = dataclasses.replace(cfg, run_id=run_id)
     submit = pipeline.start(cfg, _uninstall)
-    _DROP = None
+    _STATE.drop = None
     if cfg.sample < 1.0:
         from ..model.sampling import make_submit
 
-        drop: set = set()
+        drop = _hot.IdSet() if _hot is not None else set()
         submit = make_submit(submit, cfg.run_id, cfg.sample, drop)
-        _DROP = drop
+        _STATE.drop = drop
     return submit
 
 
 def _uninstall() -> None:
     """The pipeline stopped (shutdown, configure, exit): the next record starts a new one. Under the lock that
     installs, so a submit function obtained from the stopped pipeline is never installed after this."""
-    global _submit, _DROP
     with _lock:
-        _submit = _submit_unstarted
-        _DROP = None
-
-
-# Replaced by the started pipeline's bounded-buffer append (restored by _uninstall and on fork).
-_submit = _submit_unstarted
+        _STATE.submit = _submit_unstarted
+        _STATE.drop = None
 
 
 def get_config() -> _config.Config:
@@ -103,10 +111,10 @@ def reload_config(**overrides: Any) -> _config.Config:
 
     A running pipeline keeps its sinks until :func:`shutdown`; records after a reload use the new level.
     """
-    global _CONFIG, _LEVEL
+    global _CONFIG
     cfg = _config.from_env(**overrides)
     _CONFIG = cfg
-    _LEVEL = cfg.level
+    _STATE.level = cfg.level
     return cfg
 
 
@@ -120,7 +128,7 @@ def configure(**overrides: Any) -> _config.Config:
 
 def trace_level() -> int:
     """The trace level in force (0 = off)."""
-    return _LEVEL
+    return _STATE.level
 
 
 def _gate_level(level: Any) -> int | None:
@@ -134,13 +142,16 @@ def _gate_level(level: Any) -> int | None:
     return None
 
 
-def trace_enabled(level: int = 1) -> bool:
-    """True when records at ``level`` are traced (False for a level that is not a number, see the module doc)."""
+def _trace_enabled_py(level: int = 1) -> bool:
+    """True when records at ``level`` are traced (False for a level that is not a number, see the module doc).
+
+    The definition: with the C speedups built, :data:`trace_enabled` is ``_hot.trace_enabled``, which compares ints
+    itself and calls this for anything else."""
     try:
-        return _LEVEL >= level
+        return _STATE.level >= level
     except Exception:
         lv = _gate_level(level)
-        return lv is not None and _LEVEL >= lv
+        return lv is not None and _STATE.level >= lv
 
 
 def _cptrace_py(level: Any, tag: str, /, **fields: Any) -> None:
@@ -148,38 +159,48 @@ def _cptrace_py(level: Any, tag: str, /, **fields: Any) -> None:
 
     ``level`` and ``tag`` are positional-only (upstream call sites pass them positionally), so a record may carry
     fields named ``level`` or ``tag``, as the ``config`` record's ``level=`` does."""
+    st = _STATE
     try:
-        if level > _LEVEL:
+        if level > st.level:
             return
     except Exception:  # a level that is not a number (see the module doc); free when none is raised
         level = _gate_level(level)
-        if level is None or level > _LEVEL:
+        if level is None or level > st.level:
             return
-    if _DROP is not None:
+    drop = st.drop
+    if drop is not None:
         try:
-            if fields.get(_NODE_KEY) in _DROP and tag != _SPLIT:
+            if fields.get(_NODE_KEY, _NO_NODE) in drop and tag != _SPLIT:
                 return   # sampled out: its lineage's decision is known (a split still goes on: its child inherits it)
         except TypeError:   # an unhashable node id: never decided out (the sampler's guard drops it)
             pass
-    _submit(level, tag, fields)
+    st.submit(level, tag, fields)
 
 
 _NODE_KEY = "node_id"   # the field the sampling decision is about (sampling.py reads the same one)
 _SPLIT = "split"        # the record whose new node inherits its origin's decision
+_NO_NODE = object()     # a record without a node id: in no drop set
 
 
-def _load_hot() -> Any:
-    """The C gate configured with :func:`_cptrace_py`, or None (not built, or ``CPTRACE_PY_GATE=1``)."""
+def _load_hot() -> tuple[Any, Any] | None:
+    """The C gate configured with :func:`_cptrace_py`, and the state it reads; None when not built, or with
+    ``CPTRACE_PY_GATE=1``."""
     if os.environ.get("CPTRACE_PY_GATE") == "1":
         return None
     from .._speedups.hot import load
 
-    return load(_cptrace_py, globals(), ("_LEVEL", "_DROP", "_submit", _NODE_KEY, _SPLIT))
+    return load(_cptrace_py, _trace_enabled_py, (_NODE_KEY, _SPLIT))
 
 
-_hot = _load_hot()
+_loaded = _load_hot()
+_hot: Any = _loaded[0] if _loaded is not None else None
+_STATE: Any = _loaded[1] if _loaded is not None else _State()
+del _loaded
+# Replaced by the started pipeline's bounded-buffer append (restored by _uninstall and on fork).
+_STATE.submit = _submit_unstarted
 # The call sites' cptrace: the C gate when built (same contract, see the module doc), else the Python definition.
 cptrace = _hot.cptrace if _hot is not None else _cptrace_py
+trace_enabled = _hot.trace_enabled if _hot is not None else _trace_enabled_py
 
 
 def flush(timeout_s: float = 30.0) -> bool:
@@ -227,11 +248,11 @@ def fwd_hash(forward_batch: Any, layer_id: Any, stage: Any, t: Any, *, level: An
 
     Skipped outside the EXTEND path and under CUDA-graph capture (nothing is launched there)."""
     try:
-        if level > _LEVEL:
+        if level > _STATE.level:
             return
     except Exception:
         level = _gate_level(level)
-        if level is None or level > _LEVEL:
+        if level is None or level > _STATE.level:
             return
     try:
         fm = getattr(forward_batch, "forward_mode", None)
@@ -260,9 +281,9 @@ def fwd_hash(forward_batch: Any, layer_id: Any, stage: Any, t: Any, *, level: An
 
 def _after_fork_in_child() -> None:
     # The child inherits a copy of the buffer and a dead drainer thread: start over lazily on the next record.
-    global _submit, _lock, _DROP
-    _submit = _submit_unstarted
-    _DROP = None
+    global _lock
+    _STATE.submit = _submit_unstarted
+    _STATE.drop = None
     _lock = threading.Lock()
 
 

@@ -2,7 +2,7 @@
 
 Contract (docs/ARCHITECTURE.md):
 
-* :func:`start` returns the submit function that api installs as ``api._submit``: a bounded ``deque`` append of
+* :func:`start` returns the submit function that api installs (``api._STATE.submit``): a bounded ``deque`` append of
   ``(time_ns, level, tag, fields)`` on the caller's thread. When the buffer holds ``config.queue_size`` records, or an
   estimated ``config.queue_bytes`` bytes, the new record is dropped and counted. It never blocks and never raises (a
   signal handler's exit aside: api). The byte bound costs nothing while fewer than :data:`UNMEASURED` records wait

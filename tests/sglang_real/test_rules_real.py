@@ -74,13 +74,9 @@ HEALTHY = [(pol, ps, exact) for pol in ("write_through", "write_through_selectiv
            for exact in (False, True)]
 
 
-@pytest.mark.parametrize("policy,page_size,exact", HEALTHY,
-                         ids=[f"{p}-p{ps}-{'exact' if x else 'range'}" for p, ps, x in HEALTHY])
-def test_healthy_real_run_has_no_finding(tmp_path, policy, page_size, exact):
-    """200 requests in batches of up to 4, copies completing up to 3 steps later, a reset mid-run."""
-    seed = 1 + HEALTHY.index((policy, page_size, exact)) // 2   # the same run range-only and with exact sets
-    summary, res, _ = drive(str(tmp_path), policy=policy, page_size=page_size, seed=seed, requests=200,
-                            exact=exact)
+def assert_healthy(summary, res, exact: bool) -> None:
+    """A healthy run of 200 requests with a reset mid-run (either version): the driver saw no corruption, loads
+    happened, no finding, nothing undecidable with exact sets, and every reload carried its hash."""
     assert summary["corruption"] == [], summary["corruption"][:3]
     st = summary["stats"]
     assert st["loads"] and st["resets"] == 1 and st["admitted"] == 200, st
@@ -89,6 +85,16 @@ def test_healthy_real_run_has_no_finding(tmp_path, policy, page_size, exact):
     if exact:
         assert und == {}, und
     assert not [u for u in res.unchecked if u.rule == "HASH-skipped(no reload hash)"], res.unchecked
+
+
+@pytest.mark.parametrize("policy,page_size,exact", HEALTHY,
+                         ids=[f"{p}-p{ps}-{'exact' if x else 'range'}" for p, ps, x in HEALTHY])
+def test_healthy_real_run_has_no_finding(tmp_path, policy, page_size, exact):
+    """200 requests in batches of up to 4, copies completing up to 3 steps later, a reset mid-run."""
+    seed = 1 + HEALTHY.index((policy, page_size, exact)) // 2   # the same run range-only and with exact sets
+    summary, res, _ = drive(str(tmp_path), policy=policy, page_size=page_size, seed=seed, requests=200,
+                            exact=exact)
+    assert_healthy(summary, res, exact)
 
 
 @pytest.mark.parametrize("policy", ["write_through", "write_back"])
@@ -256,15 +262,7 @@ def healthy23(tmp_path_factory):
                          ids=[f"{p}-p{ps}-{'exact' if x else 'range'}" for p, ps, x in HEALTHY])
 def test_healthy_real_run_has_no_finding_0_5_23(healthy23, i):
     summary, res, _ = healthy23[i]
-    exact = HEALTHY[i][2]
-    assert summary["corruption"] == [], summary["corruption"][:3]
-    st = summary["stats"]
-    assert st["loads"] and st["resets"] == 1 and st["admitted"] == 200, st
-    assert res.findings == [], _fmt(res)
-    und = {u.rule: u.count for u in res.unchecked if u.kind == "undecidable"}
-    if exact:
-        assert und == {}, und
-    assert not [u for u in res.unchecked if u.rule == "HASH-skipped(no reload hash)"], res.unchecked
+    assert_healthy(summary, res, exact=HEALTHY[i][2])
 
 
 def test_healthy_real_run_with_large_batches_and_late_copies_0_5_23(healthy23):

@@ -71,7 +71,7 @@ def test_below_level_computes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
             raise AssertionError("rendered although below the level")
 
     started = []
-    monkeypatch.setattr(api, "_submit", lambda *a: started.append(a))
+    monkeypatch.setattr(api._STATE, "submit", lambda *a: started.append(a))
     api.cptrace(2, "ack", v=Explodes())
     api.fwd_hash(object(), 0, "attn", object())  # level 3 > 1: returns before touching anything
     assert started == []
@@ -101,7 +101,7 @@ def test_cptrace_never_raises_even_if_the_pipeline_cannot_start(monkeypatch: pyt
 
     monkeypatch.setattr(pipeline, "start", boom)
     api.cptrace(1, "evict", node_id=1)  # swallowed
-    assert api._submit is api._submit_unstarted
+    assert api._STATE.submit is api._submit_unstarted
 
 
 def test_configure_restarts_with_new_settings(tmp_path) -> None:

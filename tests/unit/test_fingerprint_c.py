@@ -30,8 +30,10 @@ if C is None:
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 M64 = formula.MASK64
 
-# Sizes around the kernel's boundaries: 32-byte chunks, 1024-chunk blocks (32 KiB), the portable 4 KiB rows.
-EDGES = [0, 1, 2, 31, 32, 33, 63, 64, 4095, 4096, 4097, 32767, 32768, 32769, 65536 + 31, 3 * 32768 + 100]
+# Sizes around the kernel's boundaries: 32-byte chunks, 1024-chunk blocks (32 KiB), the portable 4 KiB rows, the
+# AVX2 kernel's byte-lane zero counters (summed every 255 chunks).
+EDGES = [0, 1, 2, 31, 32, 33, 63, 64, 4095, 4096, 4097, 255 * 32, 256 * 32 + 1, 32767, 32768, 32769, 65536 + 31,
+         3 * 32768 + 100]
 
 
 def closed_form(a: "np.ndarray", start: int = 0) -> tuple[int, int, int]:
@@ -46,6 +48,8 @@ def _bytes(n: int, seed: int, mode: int) -> "np.ndarray":
     g = np.random.default_rng(seed)
     if mode == 0:
         return np.full(n, 255, np.uint8)
+    if mode == 3:
+        return np.zeros(n, np.uint8)   # every byte lane counts a zero in every chunk
     a = g.integers(0, 256, n, dtype=np.uint8)
     if mode == 1:
         a[g.random(n) < 0.8] = 0  # sparse: many zero bytes for knz
@@ -55,7 +59,7 @@ def _bytes(n: int, seed: int, mode: int) -> "np.ndarray":
 @pytest.mark.parametrize("portable", [False, True])
 @pytest.mark.parametrize("n", EDGES)
 def test_sums_at_kernel_boundaries(n: int, portable: bool) -> None:
-    for mode in (0, 1, 2):
+    for mode in (0, 1, 2, 3):
         a = _bytes(n, n + mode, mode)
         want = closed_form(a)
         assert C.sums(a, portable=portable) == want

@@ -18,8 +18,8 @@ from cptrace_otel.model.records import compact_item, render_other, render_record
 @pytest.fixture
 def captured(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
     got: list[tuple] = []
-    monkeypatch.setattr(api, "_submit", lambda level, tag, fields: got.append((level, tag, fields)))
-    monkeypatch.setattr(api, "_LEVEL", 2)
+    monkeypatch.setattr(api._STATE, "submit", lambda level, tag, fields: got.append((level, tag, fields)))
+    monkeypatch.setattr(api._STATE, "level", 2)
     return got
 
 

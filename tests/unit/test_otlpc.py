@@ -103,3 +103,92 @@ def test_bad_input_is_an_error_not_a_crash() -> None:
     with pytest.raises(ZeroDivisionError):
         C([(1, "x", {})], lambda *a: 1 / 0)
     assert C([], otlp._event_field) == b""
+
+
+def _spans(rng: random.Random, n: int) -> list:
+    """Spans of every shape: common ones (int/str attributes, no links, no status) and odd ones the C encoder hands
+    back to Python (a bool / float / huge-int / surrogate attribute, links, a status, ids of a wrong size)."""
+    out = []
+    for i in range(n):
+        attrs = {sc.RANK: rng.choice([0, 3, -1]), sc.NODE_ID: rng.randrange(0, 1 << 40), sc.SPAN_KIND: "hicache.d2h"}
+        odd = rng.random()
+        if odd < 0.05:
+            attrs[sc.CONTINUES] = True
+        elif odd < 0.1:
+            attrs["x.float"] = 0.5
+        elif odd < 0.15:
+            attrs["x.huge"] = 1 << 64
+        elif odd < 0.2:
+            attrs["x.bad"] = "bad\ud800"
+        elif odd < 0.25:
+            attrs["x.\u00fcber"] = "h\u00e9llo"
+        name = rng.choice([sc.SPAN_NODE, "rank 3 \u00b7 d2h", "bad\udc80name"])
+        tid = rng.choice([bytes([i % 251 + 1]) * 16, b"\x01" * 15])
+        sp = Span(tid, bytes([i % 7 + 1]) * 8, name, rng.choice([10**18 + i, -1, 1 << 65]), 0, ("k", i), attrs,
+                  rng.choice([b"", b"\x09" * 8, b"\x09" * 4]))
+        sp.end = sp.start + rng.randrange(0, 10**9)
+        sp.events = _events(rng, rng.randrange(0, 6))
+        if rng.random() < 0.1:
+            sp.links.append((b"\x05" * 16, b"\x06" * 8, {sc.LINK_KIND: "continues"}))
+        if rng.random() < 0.1:
+            sp.status_code, sp.status_message = 2, "H1: bad"
+        out.append(sp)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_c_span_encoder_writes_the_python_bytes(seed: int) -> None:
+    rng = random.Random(100 + seed)
+    spans = _spans(rng, 200)
+    want = [otlp._span_field(sp) for sp in spans]
+    assert otlp._span_fields(spans, otlp._span_field, otlp._event_field) == want
+    body = otlp.encode_requests([({sc.SERVICE_NAME: "svc"}, spans)])[0]
+    saved = otlp._span_fields
+    try:
+        otlp._span_fields = None   # the pure-Python request encoder: the same request bytes
+        assert otlp.encode_requests([({sc.SERVICE_NAME: "svc"}, spans)])[0] == body
+    finally:
+        otlp._span_fields = saved
+
+
+def test_common_spans_never_reach_the_span_fallback() -> None:
+    spans = _spans(random.Random(7), 400)
+    common = [sp for sp in spans if not sp.links and not sp.status_code and len(sp.trace_id) == 16
+              and len(sp.parent) in (0, 8) and all(type(v) in (int, str) for v in sp.attrs.values())
+              and all(type(v) is str or -(1 << 63) <= v < (1 << 63) for v in sp.attrs.values())
+              and "\udc80" not in sp.name and not any(type(v) is str and "\ud800" in v for v in sp.attrs.values())]
+    assert len(common) > 30
+
+    def refuse(sp):
+        raise AssertionError(f"span fallback called for {sp!r}")
+
+    assert otlp._span_fields(common, refuse, otlp._event_field) == [otlp._span_field(sp) for sp in common]
+
+
+def test_span_encoder_bad_input_is_an_error_not_a_crash() -> None:
+    sp = _spans(random.Random(1), 1)[0]
+    sp.links.append((b"\x05" * 16, b"\x06" * 8, {}))   # the fallback path
+    with pytest.raises(TypeError):
+        otlp._span_fields([sp], lambda s: "not bytes", otlp._event_field)
+    with pytest.raises(AttributeError):
+        otlp._span_fields([object()], otlp._span_field, otlp._event_field)
+    assert otlp._span_fields([], otlp._span_field, otlp._event_field) == []
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_c_sizer_gives_the_python_estimate(seed: int) -> None:
+    """The exporter's span builder sizes events with the C ``approx_bytes``: the same number as the model's, so the
+    span byte cap cuts spans at the same record."""
+    from cptrace_otel.model.attrs import approx_bytes
+
+    class Sub(str):
+        pass
+
+    rng = random.Random(200 + seed)
+    for _ in range(300):
+        fields = {f"k{j}": _value(rng) for j in range(rng.randrange(0, 9))}
+        if rng.random() < 0.1:
+            fields["s"] = Sub("sub")
+        assert otlp.sizer(fields) == approx_bytes(fields)
+    with pytest.raises(TypeError):
+        otlp.sizer([1, 2])

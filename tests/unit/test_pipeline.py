@@ -149,7 +149,7 @@ def test_shutdown_stops_the_worker_and_a_new_record_restarts(tmp_path: Path) -> 
     proc = st.channel.proc
     assert api.shutdown(30) is True
     assert proc.poll() == 0  # the worker delivered and exited
-    assert api._submit is api._submit_unstarted and pipeline._state is None
+    assert api._STATE.submit is api._submit_unstarted and pipeline._state is None
     assert pipeline.flush(1) is True  # nothing running: nothing to wait for
     api.cptrace(1, "evict", node_id=2)
     assert pipeline._state is not None and pipeline._state is not st

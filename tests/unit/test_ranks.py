@@ -9,6 +9,7 @@ import subprocess
 import sys
 import types
 
+import pytest
 
 from cptrace_otel.model import config
 from cptrace_otel.model import sampling
@@ -149,6 +150,56 @@ def test_sampled_stream_resource_and_check_knows(tmp_path):
     assert nodes[0] == nodes[1] == {n for n in range(1, 60) if sampling.keep_node("r1", n, 0.5)}
     from cptrace_otel.cli import main
     assert main(["check", str(tmp_path / "out")]) == 0
+
+
+def _node_ids(path) -> list[int]:
+    """The hicache.node_id of every span and span event in an OTLP JSON lines file, in file order."""
+    out = []
+    for line in open(path):
+        for rs in json.loads(line)["resourceSpans"]:
+            for ss in rs["scopeSpans"]:
+                for sp in ss["spans"]:
+                    for item in [sp] + sp.get("events", []):
+                        for a in item.get("attributes", []):
+                            if a["key"] == "hicache.node_id":
+                                out.append(int(a["value"]["intValue"]))
+    return out
+
+
+@pytest.mark.parametrize("ring", ["0", "1"])
+def test_a_sampled_out_nodes_records_never_reach_the_exporter(tmp_path, ring):
+    """Each node gets several records: the first is decided by the sampler, the later ones of a node decided out are
+    dropped by the gate (``cptrace``'s C gate probing the sampler's ``IdSet``, or the Python definition), and a
+    split hands its decision to the new node; on both record paths (the buffer and the ring) exactly the kept
+    lineages reach the exporter, each record of them."""
+    body = (
+        "from cptrace_otel.traced import api\n"
+        "from cptrace_otel.model.sampling import keep_node\n"
+        "ct.cptrace(1, 'config', cp_size=1, cp_rank=0, mode='none', page_size=1, policy='wt')\n"
+        "dev = '(cnt=1,min=1,max=1,first=1,last=1)'\n"
+        "for n in range(1, 60):\n"
+        "    for _ in range(3):\n"
+        "        ct.cptrace(1, 'insert', node_id=n, parent=0, len=1, dev=dev)\n"
+        "out = [n for n in range(1, 60) if not keep_node('r1', n, 0.5)]\n"
+        "kept = [n for n in range(1, 60) if keep_node('r1', n, 0.5)]\n"
+        "ct.cptrace(1, 'split', node_id=out[0], new_id=1000, parent=0, pre_len=1, split_len=1)\n"
+        "ct.cptrace(1, 'split', node_id=kept[0], new_id=1001, parent=0, pre_len=1, split_len=1)\n"
+        "for n in (1000, 1001):\n"
+        "    for _ in range(3):\n"
+        "        ct.cptrace(1, 'insert', node_id=n, parent=0, len=1, dev=dev)\n"
+        "assert sorted(api._STATE.drop) == sorted(out + [1000]), sorted(api._STATE.drop)\n"
+        "assert api._hot is None or type(api._STATE.drop) is api._hot.IdSet\n")
+    p = _run_emitter(tmp_path, {"CPTRACE_SAMPLE": "0.5", "CPTRACE_RING": ring, "CPTRACE_CP_RANK": "0"}, body)
+    assert p.returncode == 0, p.stderr
+    files = os.listdir(tmp_path / "out")
+    assert len(files) == 1, files
+    kept = [n for n in range(1, 60) if sampling.keep_node("r1", n, 0.5)]
+    out = [n for n in range(1, 60) if not sampling.keep_node("r1", n, 0.5)]
+    assert kept and out
+    ids = _node_ids(tmp_path / "out" / files[0])
+    assert set(ids) == set(kept) | {1001}
+    for n in kept + [1001]:
+        assert ids.count(n) >= 3, (n, ids.count(n))   # all three of its inserts (the split adds its own)
 
 
 def test_check_says_unknown_rank_streams(tmp_path, capsys):

@@ -212,24 +212,25 @@ def test_the_gate_writes_the_ring_only_while_its_put_is_the_submit_function() ->
     from cptrace_otel.traced import api
 
     r, side = _ring()
-    saved = api._submit, api._LEVEL, api._DROP
+    st = api._STATE
+    saved = st.submit, st.level, st.drop
     try:
-        api._LEVEL, api._DROP = 2, None
-        api._submit = _hot.ring_put
+        st.level, st.drop = 2, None
+        st.submit = _hot.ring_put
         api.cptrace(1, "t", a=1, b="x")
         api.cptrace(3, "t", a=2)                        # below the level: nothing
-        api._DROP = {7}
+        st.drop = _hot.IdSet([7])
         api.cptrace(1, "t", node_id=7)                  # sampled out
         api.cptrace(1, "t", node_id=8)                  # through the dict path into ring_put
-        api._DROP = None
+        st.drop = None
         seen: list = []
-        api._submit = lambda *a: seen.append(a)
+        st.submit = lambda *a: seen.append(a)
         api.cptrace(1, "t", a=3)                        # another submit function: the ring is not written
         rd = RingIntake(r.info())
         assert [it[3] for it in rd.take()] == [{"a": 1, "b": "x"}, {"node_id": 8}]
         assert seen == [(1, "t", {"a": 3})]
     finally:
-        api._submit, api._LEVEL, api._DROP = saved
+        st.submit, st.level, st.drop = saved
         r.detach()
 
 
