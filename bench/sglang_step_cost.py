@@ -2,6 +2,7 @@
 with the instrumentation off and on, in one process, same request stream, printing the ratio.
 
     python3 bench/sglang_step_cost.py [--version 0.5.20|0.5.23] [--reps 3] [--requests 150] [--policy write_through]
+        [--exporter thread|process] [--no-ring]
 
 Modes, alternated ``--reps`` times (median per mode):
 
@@ -14,7 +15,9 @@ Modes, alternated ``--reps`` times (median per mode):
 A step is the driver's scheduler step (copies polled, acks checked, a batch matched, loaded, stored, finished,
 eviction under pressure). It includes the driver's own per-request content check of the matched prefix (the same
 in every mode), and runs on CPU with tiny KV (2 layers x 4 floats per token), so the fingerprints are cheap here
-and the ratio is mostly the Python work of the wrappers and records. Records go to a file sink in a thread.
+and the ratio is mostly the Python work of the wrappers and records. Records go to a file sink, exported from a
+thread (``--exporter thread``, the default here) or from the exporter process with the record ring (``--exporter
+process``, the package's default) or without it (``--exporter process --no-ring``: the buffer and drainer path).
 Needs deploy/sglang/install.
 """
 
@@ -40,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=150)
     p.add_argument("--policy", default="write_through")
     p.add_argument("--page-size", type=int, default=1)
+    p.add_argument("--exporter", default="thread", choices=["thread", "process"])
+    p.add_argument("--no-ring", action="store_true", help="with --exporter process: the buffer path (CPTRACE_RING=0)")
     a = p.parse_args(argv)
     why = runtime.missing_reason(a.version)
     if why:
@@ -61,12 +66,14 @@ def main(argv: list[str] | None = None) -> int:
                 if m == "exact" and inst.is_instrumented_by_opentelemetry:
                     inst.uninstrument()   # exact is an instrument() option
                 r = driver.run(a.version, os.path.join(out, f"{m}-{rep}"), policy=a.policy, page_size=a.page_size,
-                               seed=5, requests=a.requests, dev_tokens=256, audit_every=0, reset=False, **kw)
+                               seed=5, requests=a.requests, dev_tokens=256, audit_every=0, reset=False,
+                               exporter=a.exporter, ring=not a.no_ring, **kw)
                 steps = r["stats"]["steps"]
                 per_step[m].append(r["stats"]["loop_s"] / steps)
     med = {m: statistics.median(v) for m, v in per_step.items()}
+    how = a.exporter + (" ring" if a.exporter == "process" and not a.no_ring else "")
     print(f"sglang {a.version} {a.policy} page_size={a.page_size}: {a.requests} requests, {steps} steps, "
-          f"median of {a.reps}")
+          f"median of {a.reps}; exporter {how}")
     for m in modes:
         print(f"  {m:6s} {med[m] * 1e3:8.3f} ms/step   x{med[m] / med['off']:.2f} of off")
     return 0

@@ -4,7 +4,7 @@
  * Layout of the shared buffer (a memfd mapped by both processes; little-endian, the machine's own):
  *   0    u64 magic, u64 cap (data bytes, a power of two)
  *   64   producer line: u64 write_pos, u64 dropped, u64 side_next, u64 written      (written by the traced process)
- *   128  consumer line: u64 read_pos, u64 consumed                                  (written by the exporter)
+ *   128  consumer line: u64 read_pos, u64 consumed, u64 free_pos, u64 reader       (written by the exporter)
  *   256  cap bytes of records
  * Positions count bytes for ever (offset = pos & (cap - 1)). A record is 8-aligned and never wraps: when it does
  * not fit before the end, a PAD record fills the end and it starts at offset 0. Record: u32 size, u16 kind, u16
@@ -17,21 +17,39 @@
  * One producer at a time: every producer holds the GIL and nothing here releases it or runs Python code between
  * reserving and publishing. write_pos is published with a release store after the bytes; the reader loads it with
  * an acquire load, and publishes read_pos (release) once it has copied the records out; the producer's free-space
- * check loads read_pos with an acquire load. A full ring (or side deque) drops the record and counts it (dropped).
+ * check loads free_pos (<= read_pos) with an acquire load. A full ring (or side deque) drops the record and counts
+ * it (dropped).
+ *
+ * Giving pages back: a ring that has wrapped would keep all its pages resident (cap bytes of shared memory per
+ * traced process, for ever). The reader gives back the consumed span [free_pos, read_pos) in whole pages
+ * (madvise MADV_REMOVE: a punched hole in the memfd, unmapped in both processes) once it is at least `punch` bytes,
+ * and only then moves free_pos to the start of read_pos's page: the producer never writes into a span while it is
+ * being punched, because it may only write below free_pos + cap. Without punching (punch 0) free_pos = read_pos.
+ * So the ring holds about `punch` bytes plus what is unread; each page is faulted in anew once a lap, as every page
+ * is on the ring's first lap.
+ *
+ * One reader: `reader` is the token of the worker that claimed the ring last (ring_claim); ring_read by any other
+ * token reads nothing (returns None), so a worker that outlives its replacement cannot take records from it. (The
+ * traced process also kills and reaps a worker before it starts the next one: traced/channels.py.)
  *
  * What is encoded (else the side path): an exact int within int64, an exact str that encodes as UTF-8, an exact
  * float, a bool, a list or tuple (exact) of at most 64 exact ints within int64 (encoded as its upstream rendering
  * "[a,b]", the str the drainer would make of it); at most 64 fields, an exact str tag other than the side tag given
  * to ring_attach (the config record: the drainer reads the rank there), a record of at most max_rec bytes (64 KiB,
  * or an eighth of the ring). The side deque holds (ts, level, tag,
- * fields) items exactly as the deque path's.
+ * fields) items exactly as the deque path's; it is bounded by a count (qcap) and by an estimate of its bytes (qbytes:
+ * the deque path's estimate, traced/rendering.py's, made for every side record; as the drainer takes items from the
+ * front, the sum is scaled to those left, as the deque path does), so large values that take the side path (a str
+ * record over max_rec) cannot grow it without bound.
  */
 #include "ring.h"
 #include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
-#define MAGIC 0x31474e4952545043ULL /* "CPTRING1" */
+#define MAGIC 0x32474e4952545043ULL /* "CPTRING2" */
 #define HDR 256
 #define MAXF 64
 #define MAXLIST 64
@@ -42,7 +60,7 @@
 typedef struct {
     uint64_t magic, cap, pad0[6];
     uint64_t write_pos, dropped, side_next, written, pad1[4];
-    uint64_t read_pos, consumed, pad2[6];
+    uint64_t read_pos, consumed, free_pos, reader, pad2[4];
 } ring_hdr;
 
 PyObject *ring_put_fn = NULL;
@@ -55,6 +73,7 @@ static struct {
     PyObject *deque, *append; /* the side deque and its bound append */
     PyObject *wake; /* called after an append to the empty side deque (the drainer's wake-up; C, may be NULL) */
     Py_ssize_t qcap;
+    uint64_t qbytes_max, qbytes, qn; /* the side deque's byte bound, estimated bytes of its qn newest items */
     PyObject *side_tag; /* records of this tag always take the side path (the drainer reads them) */
     const char *st_p;
     Py_ssize_t st_n;
@@ -125,7 +144,7 @@ static int classify(PyObject *v, fv_t *o, char **scr, char *scr_end) {
  * record's offset, or -1 when the ring is full. Nothing is published. *next gets the new write position. */
 static int64_t reserve(uint64_t size, uint64_t *next) {
     ring_hdr *h = R.h;
-    uint64_t w = h->write_pos, r = load_acq(&h->read_pos);
+    uint64_t w = h->write_pos, r = load_acq(&h->free_pos);
     uint64_t off = w & (R.cap - 1), tail = R.cap - off, need = size;
     if (size > tail) need = tail + size;
     if (w - r + need > R.cap) return -1;
@@ -145,6 +164,20 @@ static void write_hdr(unsigned char *p, uint64_t size, uint16_t kind, uint16_t n
     memcpy(p + 6, &nf, 2);
 }
 
+/* Rough bytes one side record holds (traced/rendering.py's estimate): a constant per record and field plus its
+ * strings' and lists' lengths. Runs no Python code. */
+static uint64_t side_estimate(PyObject *fields) {
+    uint64_t n = 200 + 64 * (uint64_t)PyDict_GET_SIZE(fields);
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(fields, &pos, &k, &v)) {
+        if (PyUnicode_CheckExact(v)) n += (uint64_t)PyUnicode_GET_LENGTH(v);
+        else if (PyBytes_CheckExact(v)) n += (uint64_t)PyBytes_GET_SIZE(v);
+        else if (PyList_CheckExact(v) || PyTuple_CheckExact(v)) n += 16 * (uint64_t)PySequence_Fast_GET_SIZE(v);
+    }
+    return n;
+}
+
 /* The side path: (ts, level, tag, fields) onto the deque with a placeholder in the ring, published only once the
  * append succeeded (so every published placeholder has its item). Steals nothing. */
 static int side_put(PyObject *level, PyObject *tag, PyObject *fields, int64_t ts) {
@@ -158,7 +191,12 @@ static int side_put(PyObject *level, PyObject *tag, PyObject *fields, int64_t ts
     uint64_t next;
     int64_t off;
     if (n < 0) { Py_DECREF(item); return -1; }
-    if (n >= R.qcap || (off = reserve(16, &next)) < 0) {
+    if ((uint64_t)n < R.qn) { /* the drainer took items from the front: scale the sum to those left */
+        R.qbytes = n ? (uint64_t)((double)R.qbytes * (double)n / (double)R.qn) : 0;
+        R.qn = (uint64_t)n;
+    }
+    uint64_t est = side_estimate(fields);
+    if (n >= R.qcap || R.qbytes + est > R.qbytes_max || (off = reserve(16, &next)) < 0) {
         R.h->dropped++;
         Py_DECREF(item);
         return 0;
@@ -170,6 +208,8 @@ static int side_put(PyObject *level, PyObject *tag, PyObject *fields, int64_t ts
     Py_DECREF(item);
     if (r == NULL) { R.h->dropped++; return -1; }
     Py_DECREF(r);
+    R.qbytes += est;
+    R.qn++;
     R.h->side_next = id + 1;
     store_rel(&R.h->write_pos, next);
     if (n == 0 && R.wake != NULL) { /* the drainer waits for side records instead of polling for them */
@@ -312,13 +352,15 @@ static void detach(void) {
     Py_CLEAR(R.wake);
 }
 
-/* ring_attach(buf, deque, qcap, side_tag, wake=None): this process's producer writes into buf (one ring at a time),
- * side records go to deque while it holds fewer than qcap; records tagged side_tag always go there; wake (a C
- * callable that runs no Python code, or None) is called after each append to the empty deque. */
+/* ring_attach(buf, deque, qcap, side_tag, qbytes, wake=None): this process's producer writes into buf (one ring at a
+ * time), side records go to deque while it holds fewer than qcap records and an estimated qbytes bytes; records
+ * tagged side_tag always go there; wake (a C callable that runs no Python code, or None) is called after each append
+ * to the empty deque. */
 static PyObject *py_attach(PyObject *self, PyObject *args) {
     PyObject *buf, *dq, *stag, *wake = Py_None;
     Py_ssize_t qcap, stn;
-    if (!PyArg_ParseTuple(args, "OOnU|O:ring_attach", &buf, &dq, &qcap, &stag, &wake)) return NULL;
+    unsigned long long qbytes;
+    if (!PyArg_ParseTuple(args, "OOnUK|O:ring_attach", &buf, &dq, &qcap, &stag, &qbytes, &wake)) return NULL;
     const char *stp = PyUnicode_AsUTF8AndSize(stag, &stn);
     if (stp == NULL) return NULL;
     Py_buffer b;
@@ -334,6 +376,8 @@ static PyObject *py_attach(PyObject *self, PyObject *args) {
     R.deque = Py_NewRef(dq);
     R.append = app;
     R.qcap = qcap;
+    R.qbytes_max = qbytes;
+    R.qbytes = R.qn = 0;
     R.side_tag = Py_NewRef(stag);
     R.wake = wake == Py_None ? NULL : Py_NewRef(wake);
     R.st_p = stp;
@@ -436,19 +480,58 @@ bad:
     return NULL;
 }
 
-/* ring_read(buf, max_records, side_avail) -> list: the exporter's intake of the ring. The next records in order,
- * at most max_records: a REC as its (ts, level, tag, fields) item, a placeholder as its side id (an int); it stops
- * before a placeholder whose id is >= side_avail (its item has not come yet). Publishes read_pos and the count of
- * RECs taken (consumed) before returning: what was read is this reader's from then on. A malformed record raises
- * ValueError after moving read_pos to the write position (what follows it cannot be framed). */
-static PyObject *py_read(PyObject *self, PyObject *args) {
+/* Give back the whole pages of the data span [from, to) (positions; at most a lap, and not writable by the
+ * producer meanwhile: below free_pos + cap it is not). Returns the position up to which the span was handled: the
+ * start of to's page (its rest is not consumed yet). */
+static uint64_t punch_span(unsigned char *data, uint64_t cap, uint64_t from, uint64_t to) {
+    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uint64_t into = (uint64_t)(((uintptr_t)data + (to & (cap - 1))) & (pg - 1)); /* bytes of to's page before to */
+    if (into >= to - from) return from;
+    uint64_t upto = to - into;
+    uint64_t s = from;
+    while (s < upto) { /* at most two pieces: the span may wrap */
+        uint64_t off = s & (cap - 1), n = upto - s;
+        if (n > cap - off) n = cap - off;
+        uintptr_t a = ((uintptr_t)data + off + pg - 1) & ~(pg - 1), e = ((uintptr_t)data + off + n) & ~(pg - 1);
+        if (e > a) (void)madvise((void *)a, e - a, MADV_REMOVE); /* a failure leaves the pages resident, no more */
+        s += n;
+    }
+    return upto;
+}
+
+/* ring_claim(buf, token): the reader with this token is the ring's only reader from now on (ring_read). */
+static PyObject *py_claim(PyObject *self, PyObject *args) {
     PyObject *buf;
-    Py_ssize_t maxn;
-    unsigned long long avail;
-    if (!PyArg_ParseTuple(args, "OnK:ring_read", &buf, &maxn, &avail)) return NULL;
+    unsigned long long token;
+    if (!PyArg_ParseTuple(args, "OK:ring_claim", &buf, &token)) return NULL;
     Py_buffer b;
     if (PyObject_GetBuffer(buf, &b, PyBUF_WRITABLE) < 0) return NULL;
     ring_hdr *h = hdr_of(&b);
+    if (h != NULL) store_rel(&h->reader, token);
+    PyBuffer_Release(&b);
+    if (h == NULL) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* ring_read(buf, max_records, side_avail, token=0, punch=0) -> list or None: the exporter's intake of the ring.
+ * None when another reader has claimed the ring (token is not the header's: nothing is read). Else the next records
+ * in order, at most max_records: a REC as its (ts, level, tag, fields) item, a placeholder as its side id (an int);
+ * it stops before a placeholder whose id is >= side_avail (its item has not come yet). Publishes read_pos and the
+ * count of RECs taken (consumed) before returning: what was read is this reader's from then on. With punch > 0 the
+ * consumed span's pages are given back once it is at least punch bytes (see the top of this file). A malformed
+ * record raises ValueError after moving read_pos to the write position (what follows it cannot be framed). */
+static PyObject *py_read(PyObject *self, PyObject *args) {
+    PyObject *buf;
+    Py_ssize_t maxn;
+    unsigned long long avail, token = 0, punch = 0;
+    if (!PyArg_ParseTuple(args, "OnK|KK:ring_read", &buf, &maxn, &avail, &token, &punch)) return NULL;
+    Py_buffer b;
+    if (PyObject_GetBuffer(buf, &b, PyBUF_WRITABLE) < 0) return NULL;
+    ring_hdr *h = hdr_of(&b);
+    if (h != NULL && load_acq(&h->reader) != token) {
+        PyBuffer_Release(&b);
+        Py_RETURN_NONE;
+    }
     PyObject *out = h ? PyList_New(0) : NULL;
     if (out == NULL) { PyBuffer_Release(&b); return NULL; }
     const unsigned char *data = (const unsigned char *)b.buf + HDR;
@@ -492,6 +575,10 @@ static PyObject *py_read(PyObject *self, PyObject *args) {
     if (bad) r = w;
     h->consumed += recs;
     store_rel(&h->read_pos, r);
+    uint64_t fp = h->free_pos;
+    if (punch == 0 || r - fp > cap) fp = r; /* (more than a lap behind: a ring read before without punching) */
+    else if (r - fp >= punch) fp = punch_span((unsigned char *)data, cap, fp, r);
+    store_rel(&h->free_pos, fp);
     PyBuffer_Release(&b);
     if (bad) {
         Py_DECREF(out);
@@ -506,13 +593,15 @@ PyMethodDef ring_methods[] = {
      "ring_put(level, tag, fields): put one record into the attached ring (the submit function while it is on)."},
     {"ring_init", py_init, METH_O, "ring_init(buf) -> cap: make buf a fresh, empty ring."},
     {"ring_attach", py_attach, METH_VARARGS,
-     "ring_attach(buf, side_deque, qcap, side_tag, wake=None): produce into buf."},
+     "ring_attach(buf, side_deque, qcap, side_tag, qbytes, wake=None): produce into buf."},
     {"ring_detach", (PyCFunction)(void (*)(void))py_detach, METH_FASTCALL,
      "ring_detach(buf=None) -> bool: stop producing into buf (or any)."},
     {"ring_forget", py_forget, METH_NOARGS, "ring_forget(): after fork, in the child: no ring."},
     {"ring_counters", py_counters, METH_O,
      "ring_counters(buf) -> (write_pos, read_pos, dropped, side_next, written, consumed, cap)."},
-    {"ring_read", py_read, METH_VARARGS, "ring_read(buf, max_records, side_avail) -> [item or side id]."},
+    {"ring_read", py_read, METH_VARARGS,
+     "ring_read(buf, max_records, side_avail, token=0, punch=0) -> [item or side id], or None: claimed by another."},
+    {"ring_claim", py_claim, METH_VARARGS, "ring_claim(buf, token): the reader with this token is the only one."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -26,9 +26,9 @@ Variables (README.md's configuration table lists the same):
 ``CPTRACE_SPAN_TIMEOUT_S``          longest a stage span stays open (default 1.0)
 ``CPTRACE_CHECKS``                  ``1`` (default) runs the per-rank invariant checks online; ``0`` turns them off
 ``CPTRACE_QUEUE_BYTES``             estimated bytes buffered in the traced process before drops (default 64 MiB)
-``CPTRACE_RING``                    ``1``: records go to the exporter process through a shared-memory ring encoded
-                                    on the caller's thread (:mod:`cptrace_otel.traced.ring`); default off (every
-                                    record takes the buffer and the drainer thread)
+``CPTRACE_RING``                    ``1`` (default): with the exporter process, records go to it through a
+                                    shared-memory ring encoded on the caller's thread (:mod:`cptrace_otel.traced.ring`);
+                                    ``0``: every record takes the buffer and the drainer thread (as thread mode does)
 ``CPTRACE_RING_BYTES``              the ring's size in bytes (default 64 MiB, as CPTRACE_QUEUE_BYTES; a power of two)
 ``OTEL_EXPORTER_OTLP_[TRACES_]*``   ENDPOINT, PROTOCOL (http/protobuf, grpc), HEADERS, TIMEOUT, COMPRESSION,
                                     CERTIFICATE, CLIENT_CERTIFICATE, CLIENT_KEY (PEM files), INSECURE (gRPC)
@@ -142,7 +142,7 @@ class Config:
     service_name: str = "sglang-hicache"
     resource_attributes: tuple[tuple[str, str], ...] = ()
     queue_bytes: int = 64 << 20          # estimated bytes of buffered records before drops
-    ring: bool = False                   # CPTRACE_RING: the shared-memory record ring (cptrace_otel.traced.ring)
+    ring: bool = True                    # CPTRACE_RING: the shared-memory record ring (cptrace_otel.traced.ring)
     ring_bytes: int = 64 << 20
     certificate: str | None = None       # PEM CA bundle that verifies the backend (https / secure gRPC)
     client_certificate: str | None = None  # PEM client certificate (mTLS), with client_key
@@ -266,14 +266,18 @@ def _bool(raw: str | None) -> bool | None:
     return None
 
 
-def _switch(env: Mapping[str, str], name: str) -> bool:
-    """An on/off variable: 1/true/yes/on is on; unset, empty, 0/false/no/off is off; anything else warns once, off."""
+def _switch(env: Mapping[str, str], name: str, default: bool = False) -> bool:
+    """An on/off variable: 1/true/yes/on is on; 0/false/no/off is off; unset or empty is ``default``; anything else
+    warns once and is ``default``."""
     raw = (env.get(name) or "").strip().lower()
     if raw in ("1", "true", "yes", "on"):
         return True
-    if raw not in ("", "0", "false", "no", "off"):
-        _warn_once("switch" + name + raw, f"{name}={raw!r} is not 1|true|yes|on|0|false|no|off; off")
-    return False
+    if raw in ("0", "false", "no", "off"):
+        return False
+    if raw:
+        _warn_once("switch" + name + raw, f"{name}={raw!r} is not 1|true|yes|on|0|false|no|off; "
+                   f"{'on' if default else 'off'}")
+    return default
 
 
 def _fraction(env: Mapping[str, str], name: str) -> float:
@@ -400,7 +404,7 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: Any) -> Config:
         dp_rank=_int(env, "CPTRACE_DP_RANK", -1),
         queue_size=_int(env, "CPTRACE_QUEUE_SIZE", 262144, lo=1),
         queue_bytes=_int(env, "CPTRACE_QUEUE_BYTES", 64 << 20, lo=1),
-        ring=_switch(env, "CPTRACE_RING"),
+        ring=_switch(env, "CPTRACE_RING", default=True),
         ring_bytes=_int(env, "CPTRACE_RING_BYTES", 64 << 20, lo=4096),
         certificate=_otel(env, "CERTIFICATE"),
         client_certificate=_otel(env, "CLIENT_CERTIFICATE"),

@@ -18,6 +18,8 @@ from typing import Any
 
 from ..export.protocol import frame, read_frame
 
+REAP_S = 5.0   # longest a restart waits for a killed worker to be reaped
+
 
 class Books:
     """One worker's accounting: records shipped to it, how many it reported safe and lost, its last seq/epochs."""
@@ -81,6 +83,23 @@ class ProcessChannel(Books):
             rc = self.proc.poll()
         self._st.on_worker_gone(f"exporter process exited (rc={rc})", self)
 
+    def reap(self, timeout_s: float = REAP_S) -> None:
+        """Before a replacement starts: make sure this worker is gone. Its ack pipe can break (a frame it could not
+        write, stdout closed by something it ran) while it still runs, reading its stdin and, with the record ring,
+        the ring: left alive it would be a second reader of that ring, taking records from under its replacement.
+        So it is killed and reaped (with the ring, the records it had read count as lost with it, in
+        :meth:`Books.in_flight`, read once it can read no more)."""
+        try:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait(timeout=timeout_s)
+        except Exception:
+            pass   # not reaped in time: the ring's reader token still keeps it from reading (export/ringread.py)
+        try:
+            self.proc.stdin.close()  # type: ignore[union-attr]
+        except OSError:
+            pass
+
     def close(self, timeout_s: float) -> bool:
         try:
             self.proc.stdin.close()  # type: ignore[union-attr]  # EOF: the worker delivers and exits
@@ -142,3 +161,6 @@ class ThreadChannel(Books):
 
     def close_in_child(self) -> None:
         pass
+
+    def reap(self, timeout_s: float = REAP_S) -> None:
+        """A thread cannot be killed; a failed one has left its loop already (and it never reads the ring)."""

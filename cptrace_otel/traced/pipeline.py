@@ -17,13 +17,12 @@ Contract (docs/ARCHITECTURE.md):
   ships batches of these compact items to the exporter worker, in order (messages and frames:
   :mod:`cptrace_otel.export.protocol`). The worker completes each with the same rendering
   (:mod:`cptrace_otel.model.records`), so the result is the same, but the traced process does the least work.
-  With ``CPTRACE_RING=1`` the submit function is the record ring's (:mod:`.ring`): the buffer and the drainer carry
-  only records of other shapes (SIDE messages, each put at its placeholder by the worker).
-* Wake-ups: nothing periodic while no record needs the threads. With the ring the drainer sleeps until a side
-  record lands in the empty buffer (the C side path releases its wake flag), a flush, a stop or a dead worker wakes
-  it (backstop :data:`RING_IDLE_WAIT_S`; it polls while the rank is being looked for); on the deque path, whose
-  appends wake nothing, it polls every :data:`IDLE_WAIT_S`, doubling to :data:`IDLE_WAIT_MAX_S` while nothing comes.
-  The ack reader blocks on the worker's pipe, which carries PROGRESS only when it changed.
+  With the record ring (default with the exporter process; off: ``CPTRACE_RING=0``) the submit function is its own
+  (:mod:`.ring`) and the buffer carries only records of other shapes (SIDE: put at placeholders).
+* Wake-ups: none while no record needs the threads. With the ring the drainer sleeps until a side record lands in
+  the empty buffer (the C side path releases its wake flag), a flush, a stop or a dead worker (backstop
+  :data:`RING_IDLE_WAIT_S`; it polls while the rank is looked for); the deque path polls every :data:`IDLE_WAIT_S`,
+  doubling to :data:`IDLE_WAIT_MAX_S` while idle. The ack reader blocks on PROGRESS, sent only when it changed.
 * The worker is a subprocess per traced process (``python -m cptrace_otel.export.worker``; not ``multiprocessing``,
   since SGLang rank processes may be daemonic), fed over its stdin and acking over its stdout; it exits after
   delivering once its stdin closes, so it never outlives the traced process for long. ``CPTRACE_EXPORTER=thread``
@@ -126,7 +125,7 @@ class _State:
     # caller side ---------------------------------------------------------------------------------------------------
     def make_submit(self) -> Any:
         if self.ring is not None:   # records go to the ring; those of other shapes to self.buf (traced/ring.py)
-            return self.ring.submit(self.buf, self.cap, self.wake.raw_set)
+            return self.ring.submit(self.buf, self.cap, self.max_bytes, self.wake.raw_set)
         buf = self.buf
         cap = self.cap
         append = buf.append
@@ -261,6 +260,7 @@ class _State:
         """The worker died: count the records that died with it, start another (bounded, with backoff). False when
         no worker runs any more (records are then dropped and counted)."""
         old = self.channel
+        old.reap()   # gone for good before it is counted and replaced: never two readers of the ring (channels.py)
         lost = old.in_flight()
         # The next worker numbers on from every seq the dead one may have given (to records it may have delivered
         # before it died but had not reported safe): a seq is never given to two records.

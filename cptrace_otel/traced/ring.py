@@ -10,12 +10,16 @@ Contract:
   api installs, ``_hot.ring_put``; while it is installed the C gate puts records into the ring from its argument
   arrays (``_speedups/ring.c``: a record of the common shapes is encoded on the caller's thread; any other goes to the
   side deque with a placeholder in the ring, so order is kept; a full ring or deque drops the record and counts it in
-  the ring header). Nothing of a ring record is left for the drainer thread.
+  the ring header). The side deque is bounded like the deque path's buffer: by a count and by an estimate of its
+  bytes. Nothing of a ring record is left for the drainer thread.
 * The exporter process maps the same memfd (passed to it by :class:`~.channels.ProcessChannel`; :meth:`info` goes
   in its INIT), reads records in order, splices in the SIDE items the drainer ships at their placeholders
   (:mod:`cptrace_otel.export.ringread`), and publishes its read position and the count of records it took: records
   it had not read when it died are read by the worker that replaces it (same memfd), those it had read are counted
-  as in flight by the channel's books (:meth:`consumed`).
+  as in flight by the channel's books (:meth:`consumed`). One reader at a time: the channel kills and reaps a worker
+  before it starts the next one, and each worker claims the ring (a token in its header), so one that lingers reads
+  nothing more. The worker gives the pages it has consumed back (``_speedups/ring.c``), so a ring that has wrapped
+  does not keep ``CPTRACE_RING_BYTES`` of shared memory resident.
 * A forked child forgets the parent's ring (:meth:`close_in_child`); its pipeline makes its own on its next record.
 """
 
@@ -75,11 +79,12 @@ class Ring:
         self.cap = _hot.ring_init(self.mm)
         self.side_shipped = 0   # SIDE items shipped to any worker (a replacement worker is told where they go on)
 
-    def submit(self, side: Any, cap: int, wake: Any = None) -> Any:
-        """Attach the ring (side records go to ``side`` while it holds fewer than ``cap``; ``wake``, a C callable
-        that runs no Python code, is called when a record lands in the empty ``side``, so the drainer waits for
-        side records rather than polling) and return the submit function to install."""
-        self._hot.ring_attach(self.mm, side, cap, CONFIG_TAG, wake)
+    def submit(self, side: Any, cap: int, max_bytes: int, wake: Any = None) -> Any:
+        """Attach the ring (side records go to ``side`` while it holds fewer than ``cap`` records and an estimated
+        ``max_bytes`` bytes, as the deque path's bounds; ``wake``, a C callable that runs no Python code, is called
+        when a record lands in the empty ``side``, so the drainer waits for side records rather than polling) and
+        return the submit function to install."""
+        self._hot.ring_attach(self.mm, side, cap, CONFIG_TAG, max_bytes, wake)
         return self._hot.ring_put
 
     def detach(self) -> None:

@@ -108,14 +108,24 @@ def test_a_forked_child_ending_with_os_exit_reaches_its_own_exporter(tmp_path: P
     assert 0 in got
 
 
-def test_exit_with_a_stuck_render_delivers_what_was_rendered_and_counts_the_rest(tmp_path: Path) -> None:
+@pytest.mark.parametrize("ring", ["0", "1"])
+def test_exit_with_a_stuck_render_delivers_what_was_rendered_and_counts_the_rest(tmp_path: Path, ring: str) -> None:
+    """The process exits (well before the watchdog's budget) while its drainer is stuck on a value, 50 records
+    emitted before it and 49 after. The exit flush never waits on the stuck value, counts it (``stuck_renders``)
+    and says so. The buffer path (``CPTRACE_RING=0``): the 50 the drainer had rendered are delivered, the stuck
+    record and the 49 queued behind it in the traced process are counted (50). The ring (the default): the 99
+    other records are in the ring, not behind the stuck value, and the worker reads it to its end after the
+    process ended: all 99 delivered, only the stuck record counted (1)."""
     p = subprocess.run([sys.executable, "-c", stuck_render_child(50, 49)],
-                       env=child_env(tmp_path, CPTRACE_CP_RANK="0"), capture_output=True, text=True, timeout=120)
+                       env=child_env(tmp_path, CPTRACE_CP_RANK="0", CPTRACE_RING=ring), capture_output=True,
+                       text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     stats = json.loads(p.stdout.split("STATS ", 1)[1])
-    got = wait_delivered(tmp_path, 50, timeout_s=30)
-    assert got == set(range(50))                       # the 50 it had rendered, delivered
-    assert stats["dropped"] == 50 and stats["stuck_renders"] == 1   # the stuck one and the 49 queued: counted
+    want = set(range(50)) if ring == "0" else set(range(100)) - {50}
+    got = wait_delivered(tmp_path, len(want), timeout_s=30)
+    assert got == want                                          # what was rendered / what was in the ring
+    lost = 100 - len(want)
+    assert stats["dropped"] == lost and stats["stuck_renders"] == 1   # the stuck one (and on the buffer path the 49)
     assert "still rendering a value" in p.stderr
     spans = read_jsonl(sorted(str(f) for f in tmp_path.glob("out-*.jsonl")))
-    assert max(sp.attrs.get(sc.DROPPED, 0) for sp in spans) == 50   # and the rank span says so
+    assert max(sp.attrs.get(sc.DROPPED, 0) for sp in spans) == lost   # and the rank span says so

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,17 @@ def _run(tmp: Path, body: str, timeout: float = 120, **env: str) -> tuple[int, d
         if line.startswith("STATS "):
             stats = json.loads(line[6:])
     return p.returncode, stats, p.stderr
+
+
+def _wait_gone(pid: int, limit_s: float = 60.0) -> None:
+    """Until process ``pid`` (not a child of this one) has exited, at most ``limit_s``."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
 
 
 def _file_events(pattern: str) -> list:
@@ -198,7 +210,15 @@ def test_rejected_requests_are_counted_and_flush_is_false(tmp_path: Path, status
     assert "records dropped" in err
 
 
-def test_records_queued_when_shutdown_times_out_are_counted(tmp_path: Path) -> None:
+@pytest.mark.parametrize("ring", ["0", "1"])
+def test_records_queued_when_shutdown_times_out_are_counted(tmp_path: Path, ring: str) -> None:
+    """``shutdown(0.5)`` while the drainer is stuck for 3 s on the first record's value, 5,000 records emitted
+    behind it. On both paths shutdown returns False, the stuck record is counted, and every record is delivered or
+    counted, none both. What differs is where the 5,000 wait. The buffer path (``CPTRACE_RING=0``): behind the stuck
+    value in the traced process's buffer, so those the drainer had not taken into its batch (at least 5,000 - 4,096)
+    are lost and counted ("still queued"). The ring (the default): in the shared ring, not behind the value; the
+    worker reads the ring to its end once the traced process has closed its input, so all 5,000 are delivered and
+    only the stuck record is counted."""
     rc, st, err = _run(tmp_path, """
         class Slow:
             def __str__(self):
@@ -206,12 +226,22 @@ def test_records_queued_when_shutdown_times_out_are_counted(tmp_path: Path) -> N
                 return "slow"
         ct.cptrace(1, "evict", node_id=1, i=-1, v=Slow())
         emit(5000)
+        while pipeline._state.channel is None:   # the drainer starts the worker
+            time.sleep(0.01)
+        wpid = pipeline._state.channel.proc.pid
         ok = ct.shutdown(0.5)
-        report(shutdown=ok)
-    """, CPTRACE_FILE=str(tmp_path / "out-{pid}.jsonl"))
+        report(shutdown=ok, worker=wpid)
+    """, CPTRACE_FILE=str(tmp_path / "out-{pid}.jsonl"), CPTRACE_RING=ring)
     assert rc == 0, err
-    assert st["shutdown"] is False and st["dropped"] >= 5000 - 4096
-    assert "still queued" in err
+    _wait_gone(st["worker"])   # it delivers after the traced process ended
+    got = _is(_file_events(str(tmp_path / "out-*.jsonl")))
+    assert len(got) == len(set(got)) and -1 not in got
+    assert st["shutdown"] is False and st["dropped"] + len(got) == 5001
+    assert "drainer was still rendering a value; that record is dropped" in err
+    if ring == "0":
+        assert st["dropped"] >= 5000 - 4096 and "still queued" in err
+    else:
+        assert st["dropped"] == 1 and got == list(range(5000))
 
 
 # -- a spool left behind is replayed by the next run ------------------------------------------------------

@@ -93,10 +93,12 @@ def fork_child(n: int = 5000, pace_s: float = 0.002) -> str:
 
 
 def stuck_render_child(before: int = 50, after: int = 49) -> str:
-    """A process whose drainer gets stuck on a value whose ``__str__`` never returns (after ``before`` records of
-    its batch were rendered, ``after`` more queued behind it) and that exits normally well within the watchdog's
-    budget. An atexit handler registered before the package is imported (so it runs after the exit flush) prints
-    the pipeline's final ``stats()`` as ``STATS <json>``."""
+    """A process whose drainer gets stuck on a value whose ``__str__`` never returns (``before`` records emitted
+    before it, ``after`` after it) and that exits normally well within the watchdog's budget. On the buffer path
+    (``CPTRACE_RING=0``) it waits until the drainer has rendered the ``before`` records of its batch and is stuck
+    (the ``after`` are queued behind it); with the ring the drainer only ever sees the stuck record (the others are
+    in the ring), so it waits until the drainer is stuck on it. An atexit handler registered before the package is
+    imported (so it runs after the exit flush) prints the pipeline's final ``stats()`` as ``STATS <json>``."""
     return textwrap.dedent(f"""
         import atexit, json, os, threading, time
         atexit.register(lambda: os.write(1, ("STATS " + json.dumps(pipeline.stats(), default=str) + "\\n").encode()))
@@ -112,7 +114,8 @@ def stuck_render_child(before: int = 50, after: int = 49) -> str:
         for i in range({before} + 1, {before} + 1 + {after}):
             ct.cptrace(1, "evict", node_id=i, i=i)
         st = pipeline._state
-        while not (st._rendering and len(st._cur_items) >= {before}):   # wait until the drainer is stuck there
+        rendered = {before} if st.ring is None else 0
+        while not (st._rendering and len(st._cur_items) >= rendered):   # wait until the drainer is stuck there
             time.sleep(0.01)
     """)
 

@@ -442,20 +442,22 @@ def run(version: str, out: str, policy: str = "write_through", page_size: int = 
         requests: int = 120, batch: int = 4, max_lag: int = 3, dev_tokens: int = 384, host_ratio: float = 3.0,
         reset: bool = True, fault: str | None = None, nth: int = 1, exact: bool = False, instrument: bool = True,
         world: int = 1, rank: int = 0, store: str | None = None, level: int = 2, audit_every: int = 5,
-        cp_mode: str = "replicated", make_driver: Any = None) -> dict:
+        cp_mode: str = "replicated", make_driver: Any = None, exporter: str = "thread",
+        ring: bool = True) -> dict:
     """One run; returns ``{"corruption", "fault_hits", "stats", "log", "otlp", "seconds"}``.
 
     ``cp_mode`` is the ``config`` record's ``mode`` when ``world`` > 1: the driver's ranks each hold the whole
     stream's KV in their own cache (the same requests, the same KV bytes), which is ``replicated``.
     ``make_driver``: a :class:`Driver` factory with its arguments (l3_driver.py's: storage on, the scheduler's
-    storage calls)."""
+    storage calls). ``exporter``/``ring``: where records go (``process`` with ``ring``: the record ring, the
+    default outside these tests; the tests export from a thread)."""
     t0 = time.monotonic()
     os.makedirs(out, exist_ok=True)
     import cptrace_otel
 
     log = os.path.join(out, f"rank-{rank}.log")
     otlp = os.path.join(out, f"rank-{rank}.otlp.jsonl")
-    cptrace_otel.configure(level=(level if instrument else 0), file=otlp, log_file=log, exporter="thread",
+    cptrace_otel.configure(level=(level if instrument else 0), file=otlp, log_file=log, exporter=exporter, ring=ring,
                            cp_rank=rank, run_id=f"sglang-{version}-{policy}-p{page_size}-s{seed}", checks=False)
     if instrument:
         from cptrace_otel.traced.sglang import SGLangInstrumentor

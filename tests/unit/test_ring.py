@@ -1,7 +1,9 @@
 """The record ring (``CPTRACE_RING=1``; ``_speedups/ring.c``, ``traced/ring.py``, ``export/ringread.py``) against the
 deque path: the same records give the same compact items, Records and byte-identical OTLP (decoded with
 opentelemetry-proto), whatever the value shapes (Hypothesis); order is kept across side records; a full ring drops
-and counts; wrap-around, restarts (side ids already given to a dead worker) and a malformed ring."""
+and counts; wrap-around, restarts (side ids already given to a dead worker) and a malformed ring; the ring is the
+default with the exporter process; one reader at a time (a reader token, and a restarted worker's predecessor killed
+first); consumed pages given back; the side deque bounded by bytes as well as by count."""
 
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ class Odd:
 def _ring(nbytes: int = 1 << 16) -> tuple[Ring, collections.deque]:
     r = Ring(nbytes)
     side: collections.deque = collections.deque()
-    r.submit(side, 1 << 20)
+    r.submit(side, 1 << 20, 1 << 40)
     return r, side
 
 
@@ -368,7 +370,7 @@ def test_a_side_record_into_the_empty_side_deque_wakes_the_drainer() -> None:
     r = Ring(1 << 16)
     side: collections.deque = collections.deque()
     calls: list[int] = []
-    r.submit(side, 1 << 20, lambda: calls.append(len(side)))
+    r.submit(side, 1 << 20, 1 << 40, lambda: calls.append(len(side)))
     try:
         _hot.ring_put(1, "t", {"i": 1})            # a ring record: nobody is woken
         assert calls == []
@@ -379,7 +381,7 @@ def test_a_side_record_into_the_empty_side_deque_wakes_the_drainer() -> None:
         _hot.ring_put(1, "config", {"cp_rank": 0})  # (the config record takes the side path too)
         assert calls == [1, 1]
         flag = Flag()                               # the drainer's real wake-up: a lock's release, set twice
-        r.submit(side, 1 << 20, flag.raw_set)
+        r.submit(side, 1 << 20, 1 << 40, flag.raw_set)
         side.clear()
         _hot.ring_put(1, "t", {"o": Odd()})
         side.clear()
@@ -387,3 +389,111 @@ def test_a_side_record_into_the_empty_side_deque_wakes_the_drainer() -> None:
         assert flag.wait(0) and len(side) == 1 and r.counters()[2] == 0
     finally:
         r.detach()
+
+
+def test_the_ring_is_the_default_with_the_exporter_process_and_0_keeps_the_buffer() -> None:
+    from cptrace_otel.traced import ring as ring_mod
+
+    assert config.from_env({}).ring is True
+    assert config.from_env({"CPTRACE_RING": "0"}).ring is False
+    made = ring_mod.create(config.from_env({}))
+    assert made is not None   # (CPTRACE_REQUIRE_SPEEDUPS: the C part is built)
+    made.close()
+    assert ring_mod.create(config.from_env({"CPTRACE_RING": "0"})) is None
+    assert ring_mod.create(config.from_env({"CPTRACE_EXPORTER": "thread"})) is None
+
+
+def test_a_reader_that_was_replaced_reads_nothing_more() -> None:
+    r, _ = _ring()
+    _hot.ring_put(1, "t", {"i": 0})
+    old = RingIntake(r.info())
+    assert [it[3] for it in old.take()] == [{"i": 0}]
+    new = RingIntake(r.info(), side_next=0)   # a replacement worker claims the ring
+    for i in range(1, 50):
+        _hot.ring_put(1, "t", {"i": i})
+    assert old.take() == [] and old.superseded   # the one that lingers takes nothing from under it
+    assert [it[3]["i"] for it in new.take()] == list(range(1, 50))
+    r.detach()
+
+
+def test_consumed_pages_are_given_back_once_the_ring_has_wrapped() -> None:
+    """The memfd's allocated blocks (what is resident, in both processes) after the ring wrapped three times while
+    a reader kept up: about the span held back before a punch plus what is unread, not the whole ring."""
+    r, _ = _ring(4 << 20)
+    rd = RingIntake(r.info())
+    assert rd.punch == 512 << 10
+    n = 0
+    blob = "z" * 900
+    while r.counters()[0] < 3 * r.cap:
+        for _ in range(200):
+            _hot.ring_put(1, "t", {"i": n, "s": blob})
+            n += 1
+        assert [it[3]["i"] for it in rd.take()][-1] == n - 1
+    w, rpos, dropped, _, written, consumed, cap = r.counters()
+    assert dropped == 0 and written == consumed == n and w == rpos
+    resident = os.fstat(r.fd).st_blocks * 512
+    assert resident <= rd.punch + 4 * 4096, resident   # (without giving pages back: the whole 4 MiB)
+    for i in range(300):   # the producer writes on into punched pages: they come back as zero pages, records intact
+        _hot.ring_put(1, "t", {"i": n + i, "s": blob})
+    assert [it[3]["i"] for it in rd.take()] == list(range(n, n + 300))
+    r.detach()
+
+
+def test_the_side_deque_is_bounded_by_bytes_too() -> None:
+    """Records too large for the ring (a str value over 64 KiB) take the side path; while the drainer does not
+    take them they stop at the byte bound (counted as dropped), not at the count bound; once taken there is room."""
+    r = Ring(1 << 20)
+    side: collections.deque = collections.deque()
+    r.submit(side, 1 << 20, 1 << 20)   # count bound 1M records, byte bound 1 MiB
+    big = "b" * 100_000
+    for i in range(100):
+        _hot.ring_put(1, "t", {"i": i, "s": big})
+    kept = len(side)
+    assert 5 <= kept <= 10 and r.dropped() == 100 - kept
+    assert [it[3]["i"] for it in side] == list(range(kept))
+    side.clear()   # the drainer took them
+    for i in range(3):
+        _hot.ring_put(1, "t", {"i": 100 + i, "s": big})
+    assert len(side) == 3 and r.dropped() == 100 - kept
+    r.detach()
+
+
+_RESTART_CHILD = r"""
+import json, os, time
+import cptrace_otel as ct
+from cptrace_otel.traced import pipeline
+
+for i in range(500):
+    ct.cptrace(1, "evict", node_id=i, i=i)
+assert ct.flush(30)
+st = pipeline._state
+old = st.channel
+st.on_worker_gone("the ack pipe broke (test)", old)   # as the ack reader does; the worker itself still runs
+for i in range(500, 3000):
+    ct.cptrace(1, "evict", node_id=i, i=i)
+ok = ct.flush(30)
+print(json.dumps({"ok": ok, "old_rc": old.proc.poll(), "new": st.channel is not old, "stats": pipeline.stats()}),
+      flush=True)
+"""
+
+
+def test_a_restart_while_the_old_worker_still_runs_leaves_one_reader(tmp_path: Any) -> None:
+    """The channel declares a worker gone when its ack pipe breaks, which can happen while the worker still runs.
+    The restart kills and reaps it before the replacement starts, so the old one cannot go on reading the ring:
+    every record is delivered once, in order."""
+    import json
+    import subprocess
+    import sys
+
+    env = dict(os.environ, CPTRACE_LEVEL="1", CPTRACE_CP_RANK="0", CPTRACE_RUN_ID="restart",
+               CPTRACE_EXPORTER="process", CPTRACE_LOG_FILE=str(tmp_path / "log.txt"),
+               CPTRACE_FILE=str(tmp_path / "o.jsonl"), CPTRACE_SPOOL_DIR=str(tmp_path / "spool"))
+    env.pop("CPTRACE_RING", None)   # the default
+    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+    p = subprocess.run([sys.executable, "-c", _RESTART_CHILD], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["new"] and out["old_rc"] is not None, out   # the old worker was reaped before the new one started
+    assert out["stats"]["restarts"] == 1 and "ring" in out["stats"]
+    got = [int(ln.split(" i=")[1].split()[0]) for ln in (tmp_path / "log.txt").read_text().splitlines()]
+    assert got == list(range(3000)) and out["ok"] and out["stats"]["dropped"] == 0

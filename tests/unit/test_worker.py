@@ -411,7 +411,7 @@ def test_an_idle_ring_is_polled_less_often_and_a_record_resets_the_poll(mem) -> 
     from cptrace_otel.traced.ring import Ring
 
     r = Ring(1 << 16)
-    r.submit(collections.deque(), 1 << 20)
+    r.submit(collections.deque(), 1 << 20, 1 << 40)
     script: list[Any] = [(INIT, _info(_cfg(), ring=r.info()))] + [queue.Empty] * 6 + ["put", queue.Empty, None]
     timeouts: list[float] = []
 
