@@ -14,7 +14,7 @@ from typing import Iterator
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+from hypothesis import HealthCheck, example, given, settings, strategies as st  # noqa: E402
 
 from cptrace_otel.commands import ingest  # noqa: E402
 from cptrace_otel.analyze.sources import logs  # noqa: E402
@@ -122,6 +122,7 @@ def _mutated_request(draw) -> str:
 
 @settings(max_examples=150, **SETTINGS)
 @given(st.lists(_mutated_request(), min_size=1, max_size=3))
+@example(lines=["\x00"])   # a NUL on a later line once made the whole file "binary data" (found by this test)
 def test_check_reads_any_otlp_json(lines):
     with _file("rank0.otlp.jsonl", (otlp_line(0) + "\n".join(lines) + "\n" + otlp_line(1)).encode()) as p:
         rc, out, err = check("--json", str(p))

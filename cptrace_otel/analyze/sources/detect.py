@@ -72,15 +72,15 @@ def _classify(path: str, head: bytes, fh) -> Sniff:
         return Sniff(path, None, "empty")
     if MARKER in head or CANARY in head:   # first: a log may hold a few binary bytes (NULs after a crash) and still
         return Sniff(path, "log")         # its records
-    if not _is_text(head):
-        return Sniff(path, None, f"binary data, not text (starts with bytes {head[:8].hex(' ')})")
     body = head.lstrip(b"\xef\xbb\xbf \t\r\n")
-    if not body:
-        return Sniff(path, None, "only whitespace")
-    if body[:1] == b"{":
-        js = _json_kind(path, body)
+    if body[:1] == b"{":   # before the text test: a JSON-lines file whose first line parses is JSON even where a
+        js = _json_kind(path, body)   # later line holds a NUL (that line is reported by the reader, the rest read)
         if js is not None:
             return js
+    if not _is_text(head):
+        return Sniff(path, None, f"binary data, not text (starts with bytes {head[:8].hex(' ')})")
+    if not body:
+        return Sniff(path, None, "only whitespace")
     if _ARRAY.match(body):   # a JSON list of traces (e.g. the "data" of an answer, saved alone)
         return Sniff(path, "jaeger")
     lines = head.count(b"\n")
