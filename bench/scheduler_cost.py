@@ -52,6 +52,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import _proc   # (bench/: this script's own directory, first on sys.path)
+
 REPO = Path(__file__).resolve().parents[1]
 TAGS = ("prepare", "backup", "ack", "evict")
 
@@ -119,16 +121,6 @@ def _timer_pair_ns() -> float:
     return best
 
 
-def _proc_cpu(pid: int) -> float | None:
-    """CPU seconds (user + system) of process ``pid`` so far, from /proc (Linux), or None."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            parts = f.read().rsplit(b")", 1)[1].split()
-        return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def _worker_pid() -> int | None:
     from cptrace_otel.traced import pipeline
 
@@ -163,7 +155,7 @@ def child(mode: str, records: int, iters: int, nfields: int, tmp: str, form: str
             for i in range(records)]
     loop = _loop(nfields, form, emit is not None)
     wpid = _worker_pid() if mode in ("ours", "ring") else None
-    w0 = _proc_cpu(wpid) if wpid else None   # the exporter's start-up is not the records' cost
+    w0 = _proc.cpu_s(wpid) if wpid else None   # the exporter's start-up is not the records' cost
     pc = time.thread_time_ns   # CPU time: a call is not charged for the time its thread was preempted
     timer = _timer_pair_ns()
     r0 = resource.getrusage(resource.RUSAGE_SELF)
@@ -178,7 +170,7 @@ def child(mode: str, records: int, iters: int, nfields: int, tmp: str, form: str
 
         out["ok"] = ct.flush(300)
         out["dropped"] = pipeline.stats()["dropped"]
-        w1 = _proc_cpu(wpid) if wpid else None
+        w1 = _proc.cpu_s(wpid) if wpid else None
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     main_cpu = time.thread_time() - m0
     if mode in ("ours", "ring"):

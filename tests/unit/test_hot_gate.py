@@ -36,16 +36,22 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
     return got
 
 
+def _unannotated(fn):
+    """``fn``'s signature without annotations: what a C function's ``__text_signature__`` can state."""
+    import inspect
+
+    sig = inspect.signature(fn)
+    return sig.replace(parameters=[p.replace(annotation=inspect.Parameter.empty) for p in sig.parameters.values()],
+                       return_annotation=inspect.Signature.empty)
+
+
 def test_the_call_sites_get_the_c_gate() -> None:
     import inspect
 
     import cptrace_otel
 
     assert api.cptrace is api._hot.cptrace and cptrace_otel.cptrace is api.cptrace
-    assert inspect.signature(api.cptrace) == inspect.signature(api._cptrace_py).replace(
-        parameters=[p.replace(annotation=inspect.Parameter.empty)
-                    for p in inspect.signature(api._cptrace_py).parameters.values()],
-        return_annotation=inspect.Signature.empty)
+    assert inspect.signature(api.cptrace) == _unannotated(api._cptrace_py)
 
 
 @pytest.mark.parametrize("kind", [set, api._hot.IdSet])
@@ -165,10 +171,7 @@ def test_trace_enabled_is_the_c_one_with_the_same_signature() -> None:
     import cptrace_otel
 
     assert api.trace_enabled is api._hot.trace_enabled and cptrace_otel.trace_enabled is api.trace_enabled
-    assert inspect.signature(api.trace_enabled) == inspect.signature(api._trace_enabled_py).replace(
-        parameters=[p.replace(annotation=inspect.Parameter.empty)
-                    for p in inspect.signature(api._trace_enabled_py).parameters.values()],
-        return_annotation=inspect.Signature.empty)
+    assert inspect.signature(api.trace_enabled) == _unannotated(api._trace_enabled_py)
 
 
 def _outcome(fn, *args, **kwargs) -> tuple:
