@@ -96,6 +96,7 @@ class Exporter:
         self.errors: list[str] = []
         self.bad = 0               # records that could not be turned into span events (reported, counted)
         self.exported = 0          # span events handed to the sinks
+        self._failed_sinks: list[Callable[[], int]] = []   # per failed sink: the records it has lost
         self._flushed = 0          # ... of which the file sinks have flushed to the OS (they survive a kill)
         self.spool_root = info.get("spool_dir") or cfg.spool_dir
         spool_dir = os.path.join(self.spool_root, f"{_safe(cfg.run_id)}-{os.getpid()}")
@@ -122,16 +123,30 @@ class Exporter:
         """Each rank's epoch tracker state (for a replacement worker's ``resume``)."""
         return {r: t.state() for r, t in self.epochs.items()}
 
-    def _drop_sink(self, sink: Any, e: BaseException) -> None:
-        """A sink that failed: reported and left out from now on (the others go on)."""
+    def _drop_sink(self, sink: Any, e: BaseException, since: Callable[[], int]) -> None:
+        """A sink that failed: reported and left out from now on (the others go on). It keeps counting as a sink that
+        loses: every record from the failed batch on (``since()``: how many that is now) is lost for it, on top of
+        what it had lost already."""
         self._error(f"{sink.what} write failed: {e!r}")
         self.sinks = [s for s in self.sinks if s is not sink]
+        prior = self._sink_lost(sink)
+        self._failed_sinks.append(lambda: prior + since())
+
+    @staticmethod
+    def _sink_lost(s: Any) -> int:
+        try:
+            if hasattr(s, "settled_records"):
+                return int(s.stats().get("lost_records", 0))
+            return int(getattr(s, "dropped_records", 0))
+        except Exception:  # a sink broken enough to fail its own stats: what it lost before is unknown, not negative
+            return 0
 
     def lost(self) -> int:
         """Records this worker lost, all counted: unrenderable ones and those its sinks rejected or dropped (a record
-        two sinks lost counts once: the most any sink lost)."""
-        per_sink = [s.stats().get("lost_records", 0) if hasattr(s, "settled_records") else
-                    getattr(s, "dropped_records", 0) for s in self.sinks]
+        two sinks lost counts once: the most any sink lost), a sink that failed included (it loses everything from its
+        failed batch on)."""
+        per_sink = [self._sink_lost(s) for s in self.sinks]
+        per_sink += [lost() for lost in self._failed_sinks]
         return self.bad + max(per_sink, default=0)
 
     def _files_flushed(self) -> int:
@@ -216,7 +231,7 @@ class Exporter:
             try:
                 s.write(recs)
             except Exception as e:
-                self._drop_sink(s, e)
+                self._drop_sink(s, e, lambda: self.next_seq - seq)   # (records received from this batch on)
         return bad
 
     def _item_event(self, item: tuple, seq: int) -> Event | None:
@@ -285,12 +300,13 @@ class Exporter:
         if not spans:
             return
         groups = [(self.resource, spans)]
+        before = self.exported
         self.exported += sum(len(sp.events) for sp in spans)
         for s in self.sinks:
             try:
                 s.export(groups)
             except Exception as e:
-                self._drop_sink(s, e)
+                self._drop_sink(s, e, lambda: self.exported - before)   # (span events: one a record)
 
     def _stamp_dropped(self) -> None:
         total = self.dropped_upstream + self.lost()  # the traced process's losses and this worker's

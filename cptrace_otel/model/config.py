@@ -240,6 +240,43 @@ def _int(env: Mapping[str, str], name: str, default: int, lo: int | None = None)
         return default
 
 
+MEMORY_FRACTION = 8   # the ring and the buffer's byte bound each take at most 1/8 of what the machine allows
+
+
+def memory_limit() -> tuple[int, str]:
+    """The memory this process may use, and where that figure comes from: the smaller of the machine's physical
+    memory and the cgroup limit (v2 ``memory.max``, v1 ``memory.limit_in_bytes``) where one is set. ``(0, "")``
+    when neither can be read."""
+    best, why = 0, ""
+    try:
+        best, why = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "physical memory"
+    except (ValueError, OSError, AttributeError):
+        pass
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                v = int(f.read().strip())   # "max" (no limit) is not an int
+        except (OSError, ValueError):
+            continue
+        if 0 < v < (best or v + 1):
+            best, why = v, f"the cgroup memory limit ({path})"
+    return best, why
+
+
+def _bounded(name: str, v: int, power_of_two: bool = False) -> int:
+    """``v`` bytes, or at most 1/:data:`MEMORY_FRACTION` of :func:`memory_limit` (a power of two for the ring),
+    said once when it is cut: a stalled exporter must not take the traced process to the OOM killer."""
+    limit, why = memory_limit()
+    cap = limit // MEMORY_FRACTION
+    if not cap or v <= cap:
+        return v
+    if power_of_two:
+        cap = 1 << (cap.bit_length() - 1)
+    _warn_once(f"{name}-bound-{v}", f"{name}={v} is more than 1/{MEMORY_FRACTION} of {why} ({limit} bytes); using "
+               f"{cap}")
+    return cap
+
+
 def _float(env: Mapping[str, str], name: str, default: float) -> float:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
@@ -403,9 +440,9 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: Any) -> Config:
         tp_rank=_int(env, "CPTRACE_TP_RANK", -1),
         dp_rank=_int(env, "CPTRACE_DP_RANK", -1),
         queue_size=_int(env, "CPTRACE_QUEUE_SIZE", 262144, lo=1),
-        queue_bytes=_int(env, "CPTRACE_QUEUE_BYTES", 64 << 20, lo=1),
+        queue_bytes=_bounded("CPTRACE_QUEUE_BYTES", _int(env, "CPTRACE_QUEUE_BYTES", 64 << 20, lo=1)),
         ring=_switch(env, "CPTRACE_RING", default=True),
-        ring_bytes=_int(env, "CPTRACE_RING_BYTES", 64 << 20, lo=4096),
+        ring_bytes=_bounded("CPTRACE_RING_BYTES", _int(env, "CPTRACE_RING_BYTES", 64 << 20, lo=4096), True),
         certificate=_otel(env, "CERTIFICATE"),
         client_certificate=_otel(env, "CLIENT_CERTIFICATE"),
         client_key=_otel(env, "CLIENT_KEY"),

@@ -32,7 +32,7 @@ import threading
 from typing import Any
 
 from ..model import config as _config
-from . import lifecycle as _lifecycle
+from . import lifecycle as _lifecycle, losses as _losses
 
 _CONFIG: _config.Config | None = None
 _lock = threading.Lock()
@@ -56,11 +56,22 @@ class _State:
 def _submit_unstarted(level: int, tag: str, fields: dict) -> None:
     """First enabled record of a process: start the pipeline, install its submit function, hand it the record."""
     try:
-        from . import pipeline
-
         with _lock:
             if _STATE.submit is _submit_unstarted:
-                _STATE.submit = _started(pipeline)
+                # A pipeline that cannot start (no file descriptor, no room for a thread, an import that fails)
+                # is tried again after a backoff, not once per record; meanwhile each record is counted (losses).
+                if not _losses.START.due():
+                    _losses.START.drop()
+                    return
+                try:
+                    from . import pipeline
+
+                    _STATE.submit = _started(pipeline)
+                except Exception as e:
+                    _losses.START.failed(e)
+                    _losses.START.drop()
+                    return
+                _losses.START.started()
         _STATE.submit(level, tag, fields)
     except Exception:  # tracing must never crash the traced process
         pass
@@ -204,17 +215,25 @@ trace_enabled = _hot.trace_enabled if _hot is not None else _trace_enabled_py
 
 
 def flush(timeout_s: float = 30.0) -> bool:
-    """Block until every record emitted before this call is exported or written; False on timeout."""
-    from . import pipeline
+    """Block until every record emitted before this call is exported or written; False on timeout, and once any
+    record of this process was lost (:mod:`.losses`)."""
+    try:
+        from . import pipeline
 
-    return pipeline.flush(timeout_s)
+        return pipeline.flush(timeout_s) and _losses.START.dropped == 0
+    except Exception:  # (an import that fails where no file descriptor is left)
+        return False
 
 
 def shutdown(timeout_s: float = 30.0) -> bool:
-    """Flush, then stop the pipeline (a later ``cptrace`` starts a new one). False if the flush timed out."""
-    from . import pipeline
+    """Flush, then stop the pipeline (a later ``cptrace`` starts a new one). False if the flush timed out or any
+    record of this process was lost."""
+    try:
+        from . import pipeline
 
-    return pipeline.shutdown(timeout_s)
+        return pipeline.shutdown(timeout_s) and _losses.START.dropped == 0
+    except Exception:
+        return False
 
 
 def rng(t: Any) -> str:

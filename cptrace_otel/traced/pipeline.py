@@ -19,19 +19,18 @@ Contract (docs/ARCHITECTURE.md):
   (:mod:`cptrace_otel.model.records`), so the result is the same, but the traced process does the least work.
   With the record ring (default with the exporter process; off: ``CPTRACE_RING=0``) the submit function is its own
   (:mod:`.ring`) and the buffer carries only records of other shapes (SIDE: put at placeholders).
-* Wake-ups: none while no record needs the threads. With the ring the drainer sleeps until a side record lands in
-  the empty buffer (the C side path releases its wake flag), a flush, a stop or a dead worker (backstop
-  :data:`RING_IDLE_WAIT_S`; it polls while the rank is looked for); the deque path polls every :data:`IDLE_WAIT_S`,
-  doubling to :data:`IDLE_WAIT_MAX_S` while idle. The ack reader blocks on PROGRESS, sent only when it changed.
+* Wake-ups: none while no record needs the threads. With the ring the drainer sleeps until a side record lands (C
+  side path), a flush, a stop or a dead worker (backstop :data:`RING_IDLE_WAIT_S`; it polls while the rank is looked
+  for); the deque path polls (:data:`IDLE_WAIT_S` doubling to :data:`IDLE_WAIT_MAX_S`); the ack reader blocks.
 * The worker is a subprocess per traced process (``python -m cptrace_otel.export.worker``; not ``multiprocessing``,
   since SGLang rank processes may be daemonic), fed over its stdin and acking over its stdout; it exits after
   delivering once its stdin closes, so it never outlives the traced process for long. ``CPTRACE_EXPORTER=thread``
   runs the same worker loop in a thread instead (and a worker that cannot be spawned falls back to it).
 * :func:`flush` returns True only when everything emitted before it is exported or written (open spans closed);
   False on timeout, while the backend is unreachable (records wait in the spool), or once any record was lost (a
-  worker died holding it, the backend rejected it, it could not be traced, it was abandoned at shutdown).
-  :func:`stats` has the counters: ``dropped`` counts every lost record, whoever lost it (the full buffer here, the
-  worker's losses it reports), and is exported as ``cptrace.dropped`` on the rank span.
+  worker died holding it, the backend rejected it, it could not be traced, it was abandoned at shutdown, the ring or
+  buffer was full: :mod:`.losses`, which names them on stderr, rate-limited). :func:`stats` has the counters:
+  ``dropped`` counts every lost record, whoever lost it, and is exported as ``cptrace.dropped`` on the rank span.
 * Worker death (kill -9, OOM): the worker reports, about every 0.2 s (``PROGRESS``), how many of the records it was
   sent reached a final state; the records shipped beyond that died with it and are counted as dropped (and named on
   stderr). It is restarted (at most :data:`MAX_RESTARTS` times, with backoff), told the seq to go on from and the
@@ -42,12 +41,9 @@ Contract (docs/ARCHITECTURE.md):
   records the stuck drainer had already rendered are shipped, and a new drainer carries on (reported on stderr).
   A drainer that dies anyway is reported and replaced the same way. The watchdog (:mod:`.watchdog`) samples only
   while the drainer renders; otherwise it sleeps until the drainer starts rendering or ends.
-* Exit, signals, fork: this module registers its callbacks with :mod:`cptrace_otel.traced.lifecycle` when it is
-  imported: the exit shutdown (at exit and at the end of a ``multiprocessing`` child), the SIGTERM flush, and the
-  fork-child reset that forgets the parent's pipeline, so the child starts its own drainer and worker on its next
-  record. Everything a SIGTERM handler waits on is signal-safe (``lifecycle.Flag``), and it flushes the pipeline
-  being shut down too (:func:`_signal_flush`). Closing with the drainer stuck on a value ships what it had rendered
-  and counts the stuck record (``lifecycle.close_state``), whatever the exit budget.
+* Exit, signals, fork (:mod:`cptrace_otel.traced.lifecycle`): the exit shutdown, the SIGTERM flush (signal-safe:
+  ``lifecycle.Flag``) and the fork-child reset are registered there when this module is imported; closing with the
+  drainer stuck on a value ships what it had rendered and counts the stuck record (``lifecycle.close_state``).
 """
 
 from __future__ import annotations
@@ -60,7 +56,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from . import lifecycle, ring as _ring, watchdog as _watchdog
+from . import lifecycle, losses, ring as _ring, watchdog as _watchdog
 from .channels import ProcessChannel, ThreadChannel
 from ..export.protocol import ACK, FLUSH, INIT, ITEMS, PREINIT, PROGRESS, SIDE
 from ..model.records import RESOLVE_TIMEOUT_S, compact_item
@@ -118,6 +114,7 @@ class _State:
         self.watch = lifecycle.Flag()   # wakes the idle watchdog: the drainer started rendering, or it ended
         self._watch_idle = False        # the watchdog sleeps on self.watch
         self.ring = _ring.create(cfg)   # the record ring (CPTRACE_RING), else None: the deque path
+        self.loss_report = losses.LossReport("dropped (a full ring or buffer, a sink or worker lost them)")
         self.drainer = threading.Thread(target=self._drain, name="cptrace-drainer", daemon=True)
         self.watchdog = threading.Thread(target=_watchdog.watch, args=(self, lambda: RENDER_BUDGET_S),
                                          name="cptrace-watchdog", daemon=True)
@@ -223,7 +220,8 @@ class _State:
         """Records lost on this side (the buffer's or the ring's drops, workers that died; once no worker runs, the
         ring's records none took), for the worker's stamp."""
         r = self.ring
-        return self.dropped + self.prev_wlost + (r.dropped() + (r.pending() if self.gone else 0) if r else 0)
+        return (self.dropped + self.prev_wlost + losses.START.dropped
+                + (r.dropped() + (r.pending() if self.gone else 0) if r else 0))
 
     # drainer -------------------------------------------------------------------------------------------------------
     def _info(self, resume: dict | None) -> dict:
@@ -409,6 +407,7 @@ class _State:
                 return
             if self.gen != gen:
                 return
+            self.loss_report.update(self.total_dropped())
             if not busy:
                 # The deque path polls (its records are appended without a wake-up), less often the longer
                 # nothing comes; with the ring every reason to run wakes the drainer (a side record lands in the
@@ -451,7 +450,8 @@ class _State:
         self.wake.set()
         got = w[0].wait(max(0.0, timeout_s))
         self.waiters.pop(fid, None)
-        return bool(got and w[1] and self.gone is None and self.lost == 0 and self.prev_wlost == 0)
+        self.loss_report.update(dropped := self.total_dropped())
+        return bool(got and w[1] and self.gone is None and self.lost == 0 and self.prev_wlost == 0 and not dropped)
 
 
 # -- public (called by api.py) ---------------------------------------------------------------------------------------
@@ -537,7 +537,7 @@ def stats() -> dict[str, Any]:
     worker's own figures from the last flush (events, spans, sent/spooled requests, ``backend_down``...)."""
     st = _state
     if st is None:
-        return dict(_last_stats)
+        return dict(_last_stats) or losses.START.stats()   # (no pipeline ever started: its drops all the same)
     return _stats_of(st)
 
 

@@ -31,6 +31,7 @@ import sys
 from typing import Any
 
 HEADER = 256        # ring.c's header bytes
+_said_failure = False   # the ring's set-up failure was named on stderr
 CONFIG_TAG = "config"   # records of this tag take the side path: the drainer's RankHold reads the rank there
 
 
@@ -38,11 +39,14 @@ def create(cfg: Any) -> "Ring | None":
     """The ring for ``cfg``, or None when it does not apply (see the module doc; a failure is said once)."""
     if not getattr(cfg, "ring", False) or cfg.exporter != "process":
         return None
+    global _said_failure
     try:
         return Ring(int(cfg.ring_bytes))
     except Exception as e:
-        print(f"cptrace_otel: CPTRACE_RING: the record ring cannot be set up ({e!r}); records take the deque",
-              file=sys.stderr, flush=True)
+        if not _said_failure:   # once a process: a pipeline whose start is retried must not say it again each time
+            _said_failure = True
+            print(f"cptrace_otel: CPTRACE_RING: the record ring cannot be set up ({e!r}); records take the deque",
+                  file=sys.stderr, flush=True)
         return None
 
 
