@@ -29,7 +29,8 @@ Variables (README.md's configuration table lists the same):
 ``CPTRACE_RING``                    ``1`` (default): with the exporter process, records go to it through a
                                     shared-memory ring encoded on the caller's thread (:mod:`cptrace_otel.traced.ring`);
                                     ``0``: every record takes the buffer and the drainer thread (as thread mode does)
-``CPTRACE_RING_BYTES``              the ring's size in bytes (default 64 MiB, as CPTRACE_QUEUE_BYTES; a power of two)
+``CPTRACE_RING_BYTES``              the ring's size in bytes (default 64 MiB, as CPTRACE_QUEUE_BYTES; a power of two);
+                                    both at most 1/8 of physical memory or the cgroup limit (:func:`memory_limit`)
 ``OTEL_EXPORTER_OTLP_[TRACES_]*``   ENDPOINT, PROTOCOL (http/protobuf, grpc), HEADERS, TIMEOUT, COMPRESSION,
                                     CERTIFICATE, CLIENT_CERTIFICATE, CLIENT_KEY (PEM files), INSECURE (gRPC)
 ``OTEL_SERVICE_NAME``               resource service.name (default ``sglang-hicache``)

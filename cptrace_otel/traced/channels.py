@@ -59,7 +59,8 @@ class ProcessChannel(Books):
         )
         self._fd = self.proc.stdin.fileno()  # type: ignore[union-attr]
         self._st = st
-        threading.Thread(target=self._read_acks, name="cptrace-acks", daemon=True).start()
+        self._reader = threading.Thread(target=self._read_acks, name="cptrace-acks", daemon=True)
+        self._reader.start()
 
     def send(self, msg: tuple) -> None:
         view = memoryview(frame(msg))
@@ -82,6 +83,14 @@ class ProcessChannel(Books):
         except Exception:
             rc = self.proc.poll()
         self._st.on_worker_gone(f"exporter process exited (rc={rc})", self)
+
+    def finished(self, timeout_s: float) -> bool:
+        """Whether the worker has exited and every message it sent was read (waiting up to ``timeout_s`` for the
+        reader): only then is :meth:`~Books.in_flight` final."""
+        if self.proc.poll() is None:
+            return False
+        self._reader.join(max(0.0, timeout_s))
+        return not self._reader.is_alive()
 
     def reap(self, timeout_s: float = REAP_S) -> None:
         """Before a replacement starts: make sure this worker is gone. Its ack pipe can break (a frame it could not
@@ -158,6 +167,10 @@ class ThreadChannel(Books):
         self._q.put(None)
         self._t.join(timeout=max(0.0, timeout_s))
         return not self._t.is_alive() and self._rc == [0]
+
+    def finished(self, timeout_s: float) -> bool:
+        """Whether the worker loop has ended (its messages are delivered in its own thread, so none is pending)."""
+        return not self._t.is_alive()
 
     def close_in_child(self) -> None:
         pass

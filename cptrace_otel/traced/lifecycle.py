@@ -200,10 +200,30 @@ def close_state(st: Any, timeout_s: float) -> bool:
             ok = _take_over_stuck(st) and ok
         if st.channel is not None:
             closed = st.channel.close(max(0.0, timeout_s - (time.monotonic() - t0)))
-            ok = ok and closed
+            settled = _count_unsettled(st)   # (always run: a flush that failed does not excuse the count)
+            ok = ok and closed and settled
     except Exception:
         ok = False
     return ok
+
+
+def _count_unsettled(st: Any) -> bool:
+    """After the worker ended: records it was given and never reported delivered, spooled or lost (a worker whose
+    own start failed, one that died at the end) are lost; count them and say so. False when there were any. A worker
+    still delivering in the background (a backend that hangs at exit) is not judged."""
+    ch = st.channel
+    try:
+        if not ch.finished(1.0):
+            return True
+        left = ch.in_flight()
+    except Exception:
+        return True
+    if left:
+        st.dropped += left
+        st.lost += left
+        print(f"cptrace_otel: the exporter ended without settling {left} records it was given; they are lost "
+              "(counted in cptrace.dropped)", file=sys.stderr, flush=True)
+    return left == 0
 
 
 def _take_over_stuck(st: Any) -> bool:

@@ -172,3 +172,35 @@ def test_the_loss_line_is_rate_limited_with_a_running_count(capsys: pytest.Captu
     assert len(lines) == 2 and rep.lines == 2
     assert lines[0].startswith("cptrace_otel: 1 records dropped (1 in all")
     assert "1499 records dropped (1500 in all" in lines[1]
+
+
+BROKEN_EXPORTER = """
+import cptrace_otel.export.worker as w
+def _cannot(info):
+    raise OSError(24, "Too many open files")
+w.Exporter = _cannot   # the exporter's own start fails, after the pipeline started (as with no descriptor left)
+"""
+
+
+def test_records_given_to_an_exporter_that_never_started_are_counted_at_shutdown(tmp_path: Path) -> None:
+    """The pipeline starts, but its (thread) exporter fails to build: the records it was given are never settled.
+    At shutdown they are counted as lost and named, not left as 'in flight'."""
+    out = tmp_path / "rank-{pid}.otlp.jsonl"
+    code = f"""
+import json, sys
+import cptrace_otel as c
+import cptrace_otel.traced.pipeline as p
+{BROKEN_EXPORTER}
+for i in range(5000):
+    c.cptrace(1, "backup", node_id=i, op=i)
+ok = c.flush(10)
+down = c.shutdown(5)
+sys.stdout.write(json.dumps({{"ok": ok, "down": down, "stats": p.stats()}}, default=str) + "\\n")
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CPTRACE_", "OTEL_"))}
+    env.update(CPTRACE_LEVEL="1", CPTRACE_RUN_ID="loss", CPTRACE_FILE=str(out), CPTRACE_EXPORTER="thread")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["ok"] is False and res["down"] is False
+    assert res["stats"]["dropped"] == 5000 and _delivered(out) == 0
+    assert "without settling 5000 records" in r.stderr
