@@ -76,7 +76,11 @@ def mask_url(url: str) -> str:
     return _USERINFO_RE.sub(_MASKED + "@", url) if "@" in url else url
 
 
-MIN_SECRET_CHARS = 4  # a credential piece (or form) shorter than this is not masked: it would garble text
+# A credential piece or encoded form shorter than MIN_SECRET_CHARS is not masked (it would garble text, and a 1-3
+# character piece of a longer credential gives little away); a whole configured value (a header value, the userinfo,
+# the password) as it was given is masked from MIN_WHOLE_CHARS on (a 1-2 character value protects nothing).
+MIN_SECRET_CHARS = 4
+MIN_WHOLE_CHARS = 3
 
 
 def mask(text: str, secrets: Any = ()) -> str:
@@ -84,12 +88,14 @@ def mask(text: str, secrets: Any = ()) -> str:
     credentials, the pieces inside them, their percent-encoded and base64 forms) replaced by ``***``. The one masking
     helper: every message that may quote an endpoint, a header, an error raised while using them, or what a server
     answered (a body, a ``Location``, gRPC status details) goes through it. Strings shorter than
-    :data:`MIN_SECRET_CHARS` are not masked. Masking repeats until no secret is left (a replacement cannot join the
-    text around it into one), so no form of a secret survives in the result."""
+    :data:`MIN_WHOLE_CHARS` are not masked (:func:`secrets_of` applies the rule for pieces). Masking repeats until
+    no secret is left (a replacement may join the text around it into one), so no form survives in the result."""
     text = str(text)
     pattern = _secrets_pattern(tuple(secrets))
     if pattern is not None:
-        while True:  # each pass shortens the text (a form of >= 4 characters becomes 3): it ends
+        # Each pass that changes the text shortens it (a form of >= 4 characters becomes 3) or turns characters into
+        # "*" (a 3-character form): it ends.
+        while True:
             new = pattern.sub(_MASKED, text)
             if new == text:
                 break
@@ -103,7 +109,7 @@ def mask(text: str, secrets: Any = ()) -> str:
 def _secrets_pattern(secrets: tuple[str, ...]) -> re.Pattern[str] | None:
     """One alternation of ``secrets``, longest first so a form containing another is masked whole; compiled once
     per set of secrets (each sink builds its set once)."""
-    forms = sorted({s for s in secrets if isinstance(s, str) and len(s) >= MIN_SECRET_CHARS}, key=len, reverse=True)
+    forms = sorted({s for s in secrets if isinstance(s, str) and len(s) >= MIN_WHOLE_CHARS}, key=len, reverse=True)
     return re.compile("|".join(map(re.escape, forms))) if forms else None
 
 
@@ -171,15 +177,19 @@ def secrets_of(endpoint: str | None, headers: Any = ()) -> tuple[str, ...]:
     and handed to :func:`mask`: every header value and the endpoint's userinfo (raw and percent-decoded, whole, the
     user, the password and ``user:password``, which is also what basic auth sends), with the credential pieces
     inside a header value (:func:`credential_pieces`), each in all of its :func:`secret_forms`. Pieces shorter than
-    :data:`MIN_SECRET_CHARS` are left out. Longest first."""
+    :data:`MIN_SECRET_CHARS` are left out, except the configured values themselves, as given (a header value, the
+    userinfo, its password), kept from :data:`MIN_WHOLE_CHARS`. Longest first."""
     pieces: set[str] = set()
+    whole: set[str] = set()
     for _k, v in headers:
         pieces |= credential_pieces(v)
+        whole.update((v, v.strip()))
     ui = userinfo_of(endpoint) if endpoint else ""
     if ui:
         user, _, pw = ui.partition(":")
         pieces.update((ui, unquote(ui), user, unquote(user), pw, unquote(pw), f"{unquote(user)}:{unquote(pw)}"))
-    out: set[str] = set()
+        whole.update((ui, unquote(ui), pw, unquote(pw)))
+    out = {w for w in whole if len(w) >= MIN_WHOLE_CHARS}
     for p in pieces:
         if len(p) >= MIN_SECRET_CHARS:
             out |= {f for f in secret_forms(p) if len(f) >= MIN_SECRET_CHARS}

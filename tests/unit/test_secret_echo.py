@@ -174,6 +174,19 @@ def test_alertmanager_that_echoes_the_password_is_reported_masked(echo_http: Ech
     assert "authentication failed" in text and "127.0.0.1" in text, text
 
 
+def test_report_links_carry_no_password(tmp_path: Path) -> None:
+    """``report --jaeger-url`` with ``user:password@``: the page's links point at Jaeger without the credential."""
+    log = tmp_path / "r.log"
+    log.write_text("[2026-07-18 03:03:06 ATTN_CP0 TP0] [CPTRACE backup] node_id=1 op=1 rank=0\n"
+                   "[2026-07-18 03:03:06 ATTN_CP0 TP0] [CPTRACE evict] node_id=1 tier=dev\n")
+    r = _cli(["report", str(log), "-o", str(tmp_path / "out.html"), "--run-id", "r1", "--no-progress",
+              "--jaeger-url", _userinfo_url("http://127.0.0.1:16686", "")], tmp_path)
+    assert r.returncode == 0, r.stderr
+    page = (tmp_path / "out.html").read_text()
+    assert "http://127.0.0.1:16686/search?" in page   # the links are there
+    assert hits(page + r.stdout + r.stderr, PASSWORD) == 0 and "alice" not in page
+
+
 # -- the masker ----------------------------------------------------------------------------------------------------
 _SECRET = st.text(st.characters(min_codepoint=33, max_codepoint=0x2FF, blacklist_characters="*@"),
                   min_size=config.MIN_SECRET_CHARS, max_size=24)
