@@ -130,6 +130,16 @@ def test_ingest_never_prints_an_echoed_token(tmp_path: Path, echo_http: EchoHttp
     assert endpoint.split("://")[1].split("/")[0] in r.stderr   # the URL is named
 
 
+def test_ingest_with_userinfo_never_prints_the_echoed_password(tmp_path: Path, echo_http: EchoHttp) -> None:
+    """The endpoint's ``user:password@`` goes out as basic auth; the 401 body echoes the password in every form."""
+    r = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "ingest", "-", "--no-progress", "--endpoint",
+                        _userinfo_url(echo_http.base, "/m401/v1/traces")], capture_output=True, text=True,
+                       timeout=90, cwd=tmp_path, env=_env(), input="[CPTRACE backup] node_id=1 op=1\n")
+    assert r.returncode == 3, r.stderr
+    assert hits(r.stdout + r.stderr, PASSWORD) == 0, r.stderr
+    assert "authentication failed" in r.stderr and "***@127.0.0.1" in r.stderr, r.stderr
+
+
 # -- the analyzer's backends (basic auth in the URL) --------------------------------------------------------------
 def _cli(args: list[str], tmp: Path, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "cptrace_otel.cli", *args], capture_output=True, text=True,
@@ -202,13 +212,15 @@ def _encoded(s: str) -> list[str]:
 
 
 @settings(max_examples=300, deadline=None)
-@given(token=_SECRET, user=_SECRET, pw=_SECRET, fill=st.lists(_FILLER, min_size=5, max_size=5),
-       pick=st.lists(st.integers(0, 100), min_size=4, max_size=4))
+@given(token=_SECRET, user=_SECRET, pw=_SECRET, fill=st.lists(_FILLER, min_size=6, max_size=6),
+       pick=st.lists(st.integers(0, 100), min_size=5, max_size=5))
 def test_mask_property_no_form_of_any_credential_survives(token: str, user: str, pw: str, fill: list[str],
                                                           pick: list[int]) -> None:
     url = f"http://{quote(user, safe='')}:{quote(pw, safe='')}@host:4318/v1/traces"
-    secrets = config.secrets_of(url, [("authorization", f"Bearer {token}")])
-    pieces = [token, user, pw, f"{user}:{pw}"]
+    basic = base64.b64encode(f"{pw}:{token}".encode()).decode()   # a Basic header's user and password
+    secrets = config.secrets_of(url, [("authorization", f"Bearer {token}"), ("proxy-authorization",
+                                                                             f"Basic {basic}")])
+    pieces = [token, user, pw, f"{user}:{pw}", f"{pw}:{token}"]
     chosen = [(_encoded(p)[i % 8]) for p, i in zip(pieces, pick)]
     text = fill[0] + "".join(c + f for c, f in zip(chosen, fill[1:]))
     out = config.mask(text, secrets)
