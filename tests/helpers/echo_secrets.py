@@ -5,6 +5,7 @@ reaches the user.
 The HTTP server answers every GET and POST by the first segment of its path:
 
 * ``/m401/...``: 401 with a body echoing the credential (raw, percent-encoded, base64)
+* ``/m403/...``: 403, the same body
 * ``/m500/...``: 500, the same body
 * ``/mother/...``: 307 to another origin (another port) with ``?token=<credential, percent-encoded>``
 * ``/msame/...``: 307 to ``/m401/...`` on the same origin, with the token in the query; the target answers 401
@@ -83,7 +84,7 @@ class EchoHttp:
                     status = 200
                 else:
                     body = echo_text(cred).encode()
-                    status = 500 if mode == "m500" else 401
+                    status = {"m500": 500, "m403": 403}.get(mode, 401)
                 self.send_response(status)
                 self.send_header("Content-Type", "text/plain")
                 self.send_header("Content-Length", str(len(body)))

@@ -140,6 +140,21 @@ def test_ingest_with_userinfo_never_prints_the_echoed_password(tmp_path: Path, e
     assert "authentication failed" in r.stderr and "***@127.0.0.1" in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("mode,auth", [("m401", True), ("m403", True), ("m500", False)])
+def test_the_http_transport_names_401_and_403_an_authentication_failure(echo_http: EchoHttp, mode: str,
+                                                                       auth: bool) -> None:
+    from cptrace_otel.export.otlp_http import HttpTransport
+    from cptrace_otel.export.sinks import Outcome, is_auth_failure
+
+    t = HttpTransport(f"{echo_http.base}/{mode}/v1/traces", [("authorization", f"Bearer {TOKEN}")], timeout_s=5.0)
+    try:
+        res, detail = t.send(b"")
+    finally:
+        t.close()
+    assert res == Outcome.DROP and is_auth_failure(detail) is auth, detail
+    assert hits(detail) == 0 and "***" in detail, detail
+
+
 # -- the analyzer's backends (basic auth in the URL) --------------------------------------------------------------
 def _cli(args: list[str], tmp: Path, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "cptrace_otel.cli", *args], capture_output=True, text=True,

@@ -387,7 +387,7 @@ def _server_message(data: bytes, secrets: tuple[str, ...] = ()) -> str:
     try:
         obj = json.loads(text)
     except (ValueError, RecursionError):
-        return excerpt(mask(text, secrets))
+        return excerpt(mask(text, secrets).encode())
     if isinstance(obj, dict):
         errs = obj.get("errors")
         if isinstance(errs, list) and errs:
@@ -396,4 +396,4 @@ def _server_message(data: bytes, secrets: tuple[str, ...] = ()) -> str:
         for k in ("message", "error", "msg"):
             if isinstance(obj.get(k), str):
                 return mask(obj[k], secrets)[:300]
-    return excerpt(mask(text, secrets))
+    return excerpt(mask(text, secrets).encode())
