@@ -323,12 +323,26 @@ def _density(events: list[Event], t0: int, t1: int) -> list[tuple[int, int]]:
     return sorted(counts.items())
 
 
+def _without_userinfo(url: str | None) -> str | None:
+    """The Jaeger base for the page's links without ``user:password@``: a page is shared, a credential is not (and
+    the browser asks for it). A base that is not an http(s) URL is left as given (the links refuse it)."""
+    if not url or "@" not in url:
+        return url
+    from . import links
+    from .sources.httpio import split_userinfo
+
+    try:
+        return split_userinfo(links.normalize_base(url))[0]
+    except ValueError:
+        return url
+
+
 class Builder:
     """Builds the :class:`Model` of one group of events (one run) and its findings."""
 
     def __init__(self, records: Records, run_id: str | None = None, jaeger_url: str | None = None,
                  full_limit: int = FULL_LIMIT, top: int = TOP_NODES) -> None:
-        self.records, self.run_id, self.jaeger = records, run_id, jaeger_url
+        self.records, self.run_id, self.jaeger = records, run_id, _without_userinfo(jaeger_url)
         self.full_limit, self.top = full_limit, top
 
     # -- links ----------------------------------------------------------------------------------------------------

@@ -12,7 +12,9 @@ record, else by the wall time in the logger prefix of its first trace line, else
 Prints a summary (events, traces, spans, findings, malformed lines with ``file:line``). A line the span builder
 cannot take (a value of the wrong type, such as ``op=[1,2]``) is such a malformed line: reported and skipped, the
 rest is sent. Exit codes: 0 done, 3 a log cannot be read, holds no cptrace record (binary, protobuf, empty: as in
-``check``, never a pass with "0 events"), or the endpoint cannot be reached (message with the URL, no traceback).
+``check``, never a pass with "0 events"), the endpoint cannot be reached (message with the URL, no traceback), or it
+refuses the credentials (HTTP 401/403, gRPC ``UNAUTHENTICATED``/``PERMISSION_DENIED``: "authentication failed"
+with the URL). No message holds a credential, even where the backend's answer echoes one.
 """
 
 from __future__ import annotations
@@ -163,7 +165,10 @@ def _open_sinks(cfg: Any, endpoint: str | None, protocol: str, out_file: str | N
         return open_sinks(cfg, endpoint=endpoint, protocol=protocol, file=out_file, probe=True,
                           spool_dir=os.path.join(cfg.spool_dir, f"{run_id}-ingest-{os.getpid()}"))
     except SinkError as e:
-        if e.kind == "unreachable":
+        if e.kind == "auth":
+            _err(f"OTLP endpoint {e.target} refused the credentials: authentication failed ({e.cause}); check "
+                 "OTEL_EXPORTER_OTLP_[TRACES_]HEADERS or the endpoint's user:password")
+        elif e.kind == "unreachable":
             _err(f"OTLP endpoint {e.target} is unreachable ({e.cause})")
         elif e.kind == "otlp":
             _err(f"cannot use OTLP endpoint {e.target}: {e.cause}")

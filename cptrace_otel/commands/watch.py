@@ -123,8 +123,11 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
     service = args.service or sc.DEFAULT_SERVICE_NAME
     try:
         client.services()
-    except (JaegerUnreachable, JaegerError) as e:
-        print(f"{_PFX}: cannot reach Jaeger at {given}: {getattr(e, 'reason', e)}", file=err)
+    except JaegerUnreachable as e:
+        print(f"{_PFX}: cannot reach Jaeger at {given}: {e.reason}", file=err)
+        return EXIT_UNREACHABLE
+    except JaegerError as e:   # it answered: an error status (a 401/403 says "authentication failed")
+        print(f"{_PFX}: Jaeger at {given}: {e}", file=err)
         return EXIT_UNREACHABLE
     wb = None
     if args.endpoint:

@@ -50,7 +50,7 @@ class GrpcTransport:
             insecure = False  # a CA was given for a scheme-less endpoint: TLS is meant
         target, secure = grpc_target(endpoint, insecure)
         self.url = mask_url(("https://" if secure else "http://") + target)
-        self._secrets = secrets_of(endpoint, headers)
+        self.secrets = secrets_of(endpoint, headers)
         self.retry_after: float | None = None
         self._secure = secure
         self._strikes = HandshakeStrikes()
@@ -87,7 +87,7 @@ class GrpcTransport:
         except self._grpc.RpcError as e:
             code = e.code() if hasattr(e, "code") else None
             detail = mask(f"gRPC {getattr(code, 'name', code)}: {e.details() if hasattr(e, 'details') else e}",
-                          self._secrets)
+                          self.secrets)
             if code == self._grpc.StatusCode.UNAVAILABLE and is_tls_config_error(detail):
                 return SendResult(Outcome.FATAL, f"{tls_hint()}: {detail}")
             if self._secure and code == self._grpc.StatusCode.UNAVAILABLE and "Socket closed" in detail:
@@ -100,7 +100,7 @@ class GrpcTransport:
                 return SendResult(Outcome.DROP, detail)  # an oversize request will never fit: do not re-send it
             return SendResult(Outcome.RETRY if code in self._retry else Outcome.DROP, detail)
         except ValueError as e:  # e.g. metadata grpc refuses
-            return SendResult(Outcome.FATAL, mask(f"configuration error: {type(e).__name__}: {e}", self._secrets))
+            return SendResult(Outcome.FATAL, mask(f"configuration error: {type(e).__name__}: {e}", self.secrets))
 
     def close(self) -> None:
         try:

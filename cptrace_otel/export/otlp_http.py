@@ -5,8 +5,9 @@ URL is verified against ``OTEL_EXPORTER_OTLP_[TRACES_]CERTIFICATE`` when set, el
 certificate and key give mTLS). :meth:`HttpTransport.send` classifies the outcome for the spooling sender (a
 :class:`~.sinks.SendResult`): ``OK``; ``RETRY`` (connection refused or reset, timeout, 408, 429, 502, 503, 504: the
 backend is unreachable or overloaded, keep the request; ``retry_after`` holds a 429/503 ``Retry-After`` in seconds);
-``DROP`` (any other status: the request itself is bad, sending it again cannot help); ``FATAL`` (a TLS handshake or
-header error: the configuration is wrong). Every detail is masked (:func:`cptrace_otel.model.config.mask`).
+``DROP`` (any other status: the request itself is bad, sending it again cannot help; a 401/403 is an authentication
+failure, :func:`~.sinks.is_auth_failure`); ``FATAL`` (a TLS handshake or header error: the configuration is wrong).
+Every detail is masked (:func:`cptrace_otel.model.config.mask`), a body or ``Location`` echoing a credential too.
 
 Credentials go only to the origin they were configured for (scheme, host and port of the endpoint): URL userinfo
 (``http://user:pass@host``) is sent as HTTP basic auth, beside the OTLP headers, and redirects are never followed by
@@ -34,6 +35,7 @@ RETRYABLE_STATUS = frozenset({408, 429, 502, 503, 504})
 MAX_RETRY_AFTER_S = 120.0   # a longer Retry-After is honoured as this (the spool keeps the requests meanwhile)
 MAX_REDIRECTS = 3           # same-origin 307/308 hops followed for one request
 REDIRECT_STATUS = frozenset({301, 302, 303, 307, 308})
+MAX_BODY_MASKED = 1 << 16   # characters of an error body masked, of which 200 are quoted
 
 
 def origin(url: str) -> tuple[str, str, int | None]:
@@ -92,8 +94,8 @@ class HttpTransport:
         files = load_tls(tls) if tls is not None else None
         self._url, basic = split_userinfo(url)
         self._origin = origin(self._url)
-        self._secrets = secrets_of(url, headers) + ((basic, basic[6:]) if basic else ())
-        self.url = mask(url, self._secrets)
+        self.secrets = secrets_of(url, headers)  # (with the basic credential's forms: user:password in base64)
+        self.url = mask(url, self.secrets)
         self.redirects_refused = 0
         self.timeout_s = timeout_s
         self.gzip = compression == "gzip"
@@ -141,7 +143,9 @@ class HttpTransport:
             return r
         if 200 <= r.status_code < 300:
             return SENT
-        detail = self._mask(f"HTTP {r.status_code} {r.text[:200]!r}")
+        # Masked before it is cut and quoted: a secret the body echoes is never cut into an unmasked piece or
+        # escaped into a form the masker does not know.
+        detail = self._mask(f"HTTP {r.status_code} {self._mask(r.text[:MAX_BODY_MASKED])[:200]!r}")
         if r.status_code in (429, 503):
             self.retry_after = parse_retry_after(r.headers.get("Retry-After"))
         return SendResult(Outcome.RETRY if r.status_code in RETRYABLE_STATUS else Outcome.DROP, detail)
@@ -172,7 +176,7 @@ class HttpTransport:
             f"configuration error: more than {MAX_REDIRECTS} redirects from {self.url}; not followed"))
 
     def _mask(self, text: str) -> str:
-        return mask(text, self._secrets)
+        return mask(text, self.secrets)
 
     def close(self) -> None:
         try:

@@ -51,6 +51,16 @@ class SendResult(NamedTuple):
 
 SENT = SendResult(Outcome.OK)
 
+# The details of the transports' authentication failures (HTTP 401/403, gRPC UNAUTHENTICATED/PERMISSION_DENIED):
+# the backend answered and refused the credentials; it is not unreachable.
+_AUTH_DETAIL = ("HTTP 401 ", "HTTP 403 ", "gRPC UNAUTHENTICATED:", "gRPC PERMISSION_DENIED:")
+
+
+def is_auth_failure(detail: str) -> bool:
+    """Whether a transport's :class:`SendResult` detail is an authentication failure: the backend refused the
+    credentials (HTTP 401 or 403, gRPC ``UNAUTHENTICATED`` or ``PERMISSION_DENIED``)."""
+    return detail.startswith(_AUTH_DETAIL)
+
 
 class Transport(Protocol):
     """Sends encoded requests to one backend (OTLP/HTTP or gRPC). Not thread-safe: one sender thread uses it."""

@@ -50,10 +50,10 @@ import threading
 import time
 from typing import Any, Callable
 
-from ..model.config import mask_url
+from ..model.config import mask
 from .ownfiles import (MAX_SIDE_FILE, NotOwnFile, kind_of, open_own, owner_ok, read_own_file, secure_dir,
                        write_new)
-from .sinks import Outcome, SendResult
+from .sinks import Outcome, SendResult, is_auth_failure
 
 DEFAULT_SPOOL_MAX_BYTES = 512 << 20
 class Spool:
@@ -453,6 +453,12 @@ class ReliableSender:
             self._report(f"cptrace_otel: OTLP endpoint {self.url}: {detail}; not retrying: every request is "
                          f"dropped and counted (failed_requests)")
 
+    def _rejected(self, detail: str, records: int) -> None:
+        """Report a dropped request (DROP): an authentication failure is named so, the backend is not unreachable."""
+        self.last_error = detail
+        what = "refused the credentials (authentication failed: " if is_auth_failure(detail) else "rejected a request ("
+        self._report(f"cptrace_otel: OTLP endpoint {self.url} {what}{detail}); {records} records dropped")
+
     def _drop_all(self) -> None:
         """After a FATAL: drop the queue and the spool, counted (requests and records)."""
         with self._cv:
@@ -514,8 +520,7 @@ class ReliableSender:
             else:
                 self.failed += 1
                 self.lost_records += records  # (settled when spooled)
-                self._report(f"cptrace_otel: OTLP endpoint {self.url} rejected a request ({detail}); "
-                             f"{records} records dropped")
+                self._rejected(detail, records)
             if not len(self.spool) and self.down_since is not None:
                 self._report(f"cptrace_otel: OTLP endpoint {self.url} reachable again after "
                              f"{time.monotonic() - self.down_since:.1f}s; spooled requests replayed")
@@ -526,7 +531,7 @@ class ReliableSender:
         try:
             return self.transport.send(body)
         except Exception as e:  # a transport bug must not kill the sender
-            return SendResult(Outcome.RETRY, mask_url(f"{type(e).__name__}: {e}"))
+            return SendResult(Outcome.RETRY, mask(f"{type(e).__name__}: {e}", getattr(self.transport, "secrets", ())))
 
     def _send_one(self, body: bytes, records: int = 0) -> None:
         res, detail = self._attempt(body)
@@ -548,10 +553,8 @@ class ReliableSender:
             self._done()
         else:
             self.failed += 1
-            self.last_error = detail
             self._lose(records)
-            self._report(f"cptrace_otel: OTLP endpoint {self.url} rejected a request ({detail}); "
-                         f"{records} records dropped")
+            self._rejected(detail, records)
             self._done()
 
     def _to_spool(self, body: bytes, records: int = 0) -> None:

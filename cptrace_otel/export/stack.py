@@ -12,14 +12,15 @@ from typing import Any, Callable
 
 from ..model.config import mask, secrets_of
 from ..model.exits import CptraceError
-from .sinks import ConfigError, Outcome, OtlpSink, Sink, Transport
+from .sinks import ConfigError, Outcome, OtlpSink, Sink, Transport, is_auth_failure
 
 
 class SinkError(CptraceError):
     """A sink could not be set up. ``kind``: ``"otlp"`` (the transport or sender), ``"unreachable"`` (the probe
-    request failed; ``cause`` is its detail), ``"config"`` (a permanent configuration error: bad TLS files or header
-    syntax, ``cause`` a :class:`~.sinks.ConfigError`), ``"file"`` (the OTLP JSON-lines file), ``"log"`` (the
-    log-lines file). ``target`` is the endpoint, URL or path, and ``cause`` its text, both masked
+    request failed; ``cause`` is its detail), ``"auth"`` (the probe's answer was an authentication failure: HTTP
+    401/403, gRPC ``UNAUTHENTICATED``/``PERMISSION_DENIED``), ``"config"`` (a permanent configuration error: bad
+    TLS files or header syntax, ``cause`` a :class:`~.sinks.ConfigError`), ``"file"`` (the OTLP JSON-lines file),
+    ``"log"`` (the log-lines file). ``target`` is the endpoint, URL or path, and ``cause`` its text, both masked
     (:func:`cptrace_otel.model.config.mask`): whoever prints them prints no secret."""
 
     def __init__(self, kind: str, target: str, cause: Any, secrets: tuple[str, ...] = ()) -> None:
@@ -66,7 +67,8 @@ def open_sinks(cfg: Any, *, endpoint: str | None = None, protocol: str = "http/p
     """Open the sinks asked for, in this order (the order of the list): OTLP to ``endpoint`` (spooled in
     ``spool_dir``), the OTLP JSON-lines ``file``, the upstream ``log_file`` (ranks from ``cfg``).
 
-    ``probe``: send an empty request first and fail (``"unreachable"``) unless the backend answers OK.
+    ``probe``: send an empty request first and fail unless the backend answers OK: ``"unreachable"`` (no answer,
+    or a status worth retrying), ``"auth"`` (the credentials refused), ``"otlp"`` (any other error status).
     ``adopt_orphans``: the OTLP sender replays the spools that finished processes left behind for its endpoint (the
     exporter worker: one per traced process, a spool folder per pid). A sink that cannot be set up raises
     :class:`SinkError`, or, with ``on_error``, is reported there and left out (the others are still opened)."""
@@ -149,6 +151,8 @@ def _open_otlp(cfg: Any, endpoint: str, protocol: str, spool_dir: str, probe: bo
         res, detail = transport.send(b"")  # an empty ExportTraceServiceRequest: is anyone there?
         if res == Outcome.FATAL:
             raise SinkError("config", transport.url, detail)
+        if res == Outcome.DROP:   # it answered, with an error: not unreachable
+            raise SinkError("auth" if is_auth_failure(detail) else "otlp", transport.url, detail)
         if res != Outcome.OK:
             raise SinkError("unreachable", transport.url, detail)
     max_bytes = int(getattr(cfg, "spool_max_bytes", 512 << 20))  # CPTRACE_SPOOL_MAX_BYTES

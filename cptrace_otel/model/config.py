@@ -5,9 +5,12 @@ standard OpenTelemetry variable (signal-specific ``OTEL_EXPORTER_OTLP_TRACES_*``
 ``OTEL_EXPORTER_OTLP_*``), then the default. A bad value warns once and falls back to the default; it never raises
 into the traced process.
 
-Secrets: the endpoint's userinfo (``http://user:pass@host``) and every header value are secrets. Every message,
-``stats()`` figure and error text that may hold them goes through :func:`mask` (one helper, used by the sinks, the
-sender and the commands): userinfo becomes ``***@`` and header values ``***``.
+Secrets: the endpoint's userinfo (``http://user:pass@host``) and every header value are secrets, and so is each
+credential inside them (the token after ``Bearer``, a ``Basic`` credential's decoded user and password), in every
+form a server may echo it (as is, percent-encoded, base64: :func:`secrets_of` builds the set once per sink). Every
+message, ``stats()`` figure and error text that may hold them, including what a server answered, goes through
+:func:`mask` (one helper, used by the sinks, the sender, the backend clients and the commands): userinfo becomes
+``***@`` and every secret form ``***``.
 
 Variables (README.md's configuration table lists the same):
 
@@ -40,14 +43,16 @@ Variables (README.md's configuration table lists the same):
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import functools
 import hashlib
 import os
 import re
 import socket
 import warnings
 from typing import Any, Mapping
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, quote_plus, unquote, urlsplit
 from .exits import EXIT_USAGE, CptraceError
 
 DEFAULT_FILE = "cptrace-out/{run_id}/rank-{rank}-{pid}.otlp.jsonl"
@@ -72,17 +77,41 @@ def mask_url(url: str) -> str:
     return _USERINFO_RE.sub(_MASKED + "@", url) if "@" in url else url
 
 
+# A credential piece or encoded form shorter than MIN_SECRET_CHARS is not masked (it would garble text, and a 1-3
+# character piece of a longer credential gives little away); a whole configured value (a header value, the userinfo,
+# the password) as it was given is masked from MIN_WHOLE_CHARS on (a 1-2 character value protects nothing).
+MIN_SECRET_CHARS = 4
+MIN_WHOLE_CHARS = 3
+
+
 def mask(text: str, secrets: Any = ()) -> str:
-    """``text`` with URL userinfo masked and every string of ``secrets`` (header values, passwords; see
-    :func:`secrets_of`) replaced by ``***``. The one masking helper: every message that may quote an endpoint, a
-    header or an error raised while using them goes through it."""
+    """``text`` with URL userinfo masked and every string of ``secrets`` (the forms :func:`secrets_of` builds:
+    credentials, the pieces inside them, their percent-encoded and base64 forms) replaced by ``***``. The one masking
+    helper: every message that may quote an endpoint, a header, an error raised while using them, or what a server
+    answered (a body, a ``Location``, gRPC status details) goes through it. Strings shorter than
+    :data:`MIN_WHOLE_CHARS` are not masked (:func:`secrets_of` applies the rule for pieces). Masking repeats until
+    no secret is left (a replacement may join the text around it into one), so no form survives in the result."""
     text = str(text)
-    for s in secrets:
-        if s and len(s) >= 3:  # a 1-2 character value would mask unrelated text and protects nothing
-            text = text.replace(s, _MASKED)
+    pattern = _secrets_pattern(tuple(secrets))
+    if pattern is not None:
+        # Each pass that changes the text shortens it (a form of >= 4 characters becomes 3) or turns characters into
+        # "*" (a 3-character form): it ends.
+        while True:
+            new = pattern.sub(_MASKED, text)
+            if new == text:
+                break
+            text = new
     if "@" in text and "//" in text:
         text = _USERINFO_RE.sub(_MASKED + "@", text)
     return text
+
+
+@functools.lru_cache(maxsize=64)
+def _secrets_pattern(secrets: tuple[str, ...]) -> re.Pattern[str] | None:
+    """One alternation of ``secrets``, longest first so a form containing another is masked whole; compiled once
+    per set of secrets (each sink builds its set once)."""
+    forms = sorted({s for s in secrets if isinstance(s, str) and len(s) >= MIN_WHOLE_CHARS}, key=len, reverse=True)
+    return re.compile("|".join(map(re.escape, forms))) if forms else None
 
 
 def userinfo_of(endpoint: str) -> str:
@@ -96,19 +125,76 @@ def userinfo_of(endpoint: str) -> str:
     return endpoint[start:end] if end >= start else ""
 
 
+_AUTH_SCHEME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_.-]*")  # "Bearer", "Basic", "Token", "ApiKey": not secret
+
+
+def credential_pieces(value: str) -> set[str]:
+    """The credential strings of one header value: the value (raw and stripped); what follows a leading
+    auth-scheme word (``Bearer``/``Basic``/...: text, not a secret), whole; each word of it (split at ASCII white
+    space), each comma-separated part of a word and the value of a ``k=v`` / ``k="v"`` part (Digest-style
+    parameters, not the parameter's name); for ``Basic``, the decoded ``user:password``, its user and its
+    password."""
+    v = value.strip(" \t")   # HTTP's white space (a non-ASCII space may be part of a token)
+    out = {value, v, value.strip()}
+    words = [w for w in re.split(r"[ \t\r\n]+", v) if w]
+    scheme = ""
+    if len(words) > 1 and _AUTH_SCHEME_RE.fullmatch(words[0]):
+        scheme, words = words[0].lower(), words[1:]
+        out.add(v[v.index(words[0]):])   # the credential after the scheme word, whole
+    for w in words:
+        out.add(w)
+        for part in w.split(","):   # Digest-style parameters: k=v, k="v"
+            out.add(part)
+            _k, eq, val = part.partition("=")
+            if eq and _k and val.strip('"'):
+                out.add(val.strip('"'))
+        if scheme == "basic":
+            try:
+                dec = base64.b64decode(w, validate=True).decode("utf-8")
+            except (ValueError, UnicodeDecodeError):
+                continue
+            user, _, pw = dec.partition(":")
+            out.update((dec, user, pw))
+    return out
+
+
+def secret_forms(piece: str) -> set[str]:
+    """Every way a server may echo ``piece``: as is, percent-encoded (``%20`` or ``+`` for a space, upper- or
+    lower-case hex, ``/`` kept or not) and in base64 (standard and URL-safe, with or without padding)."""
+    out = {piece, quote(piece, safe=""), quote(piece), quote_plus(piece)}
+    out |= {_PCT_RE.sub(lambda m: m.group(0).lower(), f) for f in list(out)}
+    raw = piece.encode("utf-8", "surrogatepass")
+    for b in (base64.b64encode(raw), base64.urlsafe_b64encode(raw)):
+        t = b.decode("ascii")
+        out.update((t, t.rstrip("=")))
+    return out
+
+
+_PCT_RE = re.compile(r"%[0-9A-F]{2}")
+
+
 def secrets_of(endpoint: str | None, headers: Any = ()) -> tuple[str, ...]:
-    """The secret strings of a sink's settings: header values (raw and stripped) and the endpoint's userinfo
-    (raw and percent-decoded, whole and its password part), longest first so a value containing another is masked
-    whole."""
-    out: set[str] = set()
+    """The secret strings of a sink's (or a backend client's) settings, built once by whoever holds the settings
+    and handed to :func:`mask`: every header value and the endpoint's userinfo (raw and percent-decoded, whole, the
+    user, the password and ``user:password``, which is also what basic auth sends), with the credential pieces
+    inside a header value (:func:`credential_pieces`), each in all of its :func:`secret_forms`. Pieces shorter than
+    :data:`MIN_SECRET_CHARS` are left out, except the configured values themselves, as given (a header value, the
+    userinfo, its password), kept from :data:`MIN_WHOLE_CHARS`. Longest first."""
+    pieces: set[str] = set()
+    whole: set[str] = set()
     for _k, v in headers:
-        out.update((v, v.strip()))
+        pieces |= credential_pieces(v)
+        whole.update((v, v.strip()))
     ui = userinfo_of(endpoint) if endpoint else ""
     if ui:
-        out.update((ui, unquote(ui)))
-        _user, _, pw = ui.partition(":")
-        out.update((pw, unquote(pw)))
-    return tuple(sorted((s for s in out if s), key=len, reverse=True))
+        user, _, pw = ui.partition(":")
+        pieces.update((ui, unquote(ui), user, unquote(user), pw, unquote(pw), f"{unquote(user)}:{unquote(pw)}"))
+        whole.update((ui, unquote(ui), pw, unquote(pw)))
+    out = {w for w in whole if len(w) >= MIN_WHOLE_CHARS}
+    for p in pieces:
+        if len(p) >= MIN_SECRET_CHARS:
+            out |= {f for f in secret_forms(p) if len(f) >= MIN_SECRET_CHARS}
+    return tuple(sorted(out, key=len, reverse=True))
 
 
 def _warn_once(key: str, msg: str) -> None:

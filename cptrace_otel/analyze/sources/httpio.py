@@ -14,8 +14,11 @@ Contract of :func:`request`:
   :class:`BackendError` naming the masked target), and followed without any when it carries none. At most
   :data:`MAX_REDIRECTS`.
 * **Errors say what came back.** An HTTP status >= 400 raises :class:`BackendError` with the status and an escaped
-  excerpt of the body (:func:`excerpt`): never a raw, unbounded or unprintable body. Messages never hold a password:
-  URLs go through :func:`cptrace_otel.config.mask_url`.
+  excerpt of the body (:func:`excerpt`): never a raw, unbounded or unprintable body; a 401 or 403 is named an
+  authentication failure. Messages never hold a credential: every message of :func:`request` goes through
+  :func:`cptrace_otel.model.config.mask` with the request's credentials (the URL's userinfo, the ``Authorization``
+  header, basic auth's decoded user and password, in every encoded form), so a body or ``Location`` that echoes one
+  prints ``***``.
 
 No proxy support (``HTTP_PROXY`` is not read): the backends are reached directly. Standard library only.
 """
@@ -33,10 +36,12 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 
-from ...model.config import mask_url
+from ...model.config import mask, mask_url, secrets_of
 from ...model.exits import CptraceError
 
 MAX_REDIRECTS = 5
+AUTH_STATUS = frozenset({401, 403})   # an authentication failure (BackendError says so)
+CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
 CHUNK = 1 << 20            # bytes per chunk of a streamed body
 EXCERPT_CHARS = 120        # characters of a body quoted in a message
 
@@ -89,6 +94,7 @@ class BackendUnreachable(CptraceError, ConnectionError):
 
     def __init__(self, url: str, reason: str, what: str = "Jaeger query service") -> None:
         super().__init__(f"{what} unreachable at {url}: {reason}")
+        self.what = what
         self.url = url
         self.reason = reason
 
@@ -99,6 +105,8 @@ class BackendError(CptraceError, RuntimeError):
     ``body`` the server's message or an escaped excerpt."""
 
     def __init__(self, url: str, status: int, body: str) -> None:
+        if status in AUTH_STATUS:   # the backend answered: not "unreachable", and not a bad request either
+            body = f"authentication failed (the credentials were refused or missing): {body}"
         super().__init__(f"{url}: HTTP {status}: {body}")
         self.url = url
         self.status = status
@@ -263,10 +271,24 @@ def request(method: str, url: str, *, headers: Mapping[str, str] | None = None, 
     ``user:password@`` (sent as basic auth); ``max_bytes`` defaults to ``limits.max_answer_bytes``."""
     lim = limits or limits_from_env()
     deadline = time.monotonic() + lim.deadline_s
+    secrets = secrets_of(url, [(k, v) for k, v in (headers or {}).items() if k.lower() in CREDENTIAL_HEADERS])
     url, auth = split_userinfo(url)
     hdrs = dict(headers or {})
     if auth is not None and not any(k.lower() == "authorization" for k in hdrs):
         hdrs["Authorization"] = auth
+    try:
+        return _request(method, url, hdrs, body, lim, deadline, max_bytes, what, ssl_context, secrets)
+    except (BackendError, BackendUnreachable) as e:   # whatever a message quotes (a Location, an error text)
+        for attr in ("url", "body", "reason"):
+            if isinstance(getattr(e, attr, None), str):
+                setattr(e, attr, mask(getattr(e, attr), secrets))
+        e.args = tuple(mask(a, secrets) if isinstance(a, str) else a for a in e.args)
+        raise
+
+
+def _request(method: str, url: str, hdrs: dict[str, str], body: bytes | None, lim: Limits, deadline: float,
+             max_bytes: int | None, what: str, ssl_context: ssl.SSLContext | None,
+             secrets: tuple[str, ...]) -> Answer | None:
     has_cred = any(k.lower() in ("authorization", "cookie") for k in hdrs)
     origin = _origin(url)
     for _hop in range(MAX_REDIRECTS + 1):
@@ -296,7 +318,7 @@ def request(method: str, url: str, *, headers: Mapping[str, str] | None = None, 
         if status >= 300:
             text = _read_some(resp, deadline)
             conn.close()
-            raise BackendError(url, status, _server_message(text))
+            raise BackendError(url, status, _server_message(text, secrets))
         return Answer(conn, resp, url, deadline, lim.deadline_s, lim.max_answer_bytes if max_bytes is None
                       else max_bytes)
     raise BackendError(url, 310, f"more than {MAX_REDIRECTS} redirects")
@@ -355,19 +377,23 @@ def _drain_close(conn: Any, resp: Any) -> None:
         conn.close()
 
 
-def _server_message(data: bytes) -> str:
-    """Jaeger's ``{"errors": [{"msg": ...}]}``, Alertmanager's/Tempo's ``{"message"|"error": ...}`` or an excerpt."""
+def _server_message(data: bytes, secrets: tuple[str, ...] = ()) -> str:
+    """Jaeger's ``{"errors": [{"msg": ...}]}``, Alertmanager's/Tempo's ``{"message"|"error": ...}`` or an excerpt,
+    with ``secrets`` masked before it is cut or escaped (a credential the server echoes is never split or escaped
+    into a form the masker does not know)."""
     import json
 
+    text = data.decode("utf-8", "replace")
     try:
-        obj = json.loads(data.decode("utf-8", "replace"))
+        obj = json.loads(text)
     except (ValueError, RecursionError):
-        return excerpt(data)
+        return excerpt(mask(text, secrets).encode())
     if isinstance(obj, dict):
         errs = obj.get("errors")
         if isinstance(errs, list) and errs:
-            return "; ".join(str(e.get("msg", e)) if isinstance(e, dict) else str(e) for e in errs)[:300]
+            return mask("; ".join(str(e.get("msg", e)) if isinstance(e, dict) else str(e) for e in errs),
+                        secrets)[:300]
         for k in ("message", "error", "msg"):
             if isinstance(obj.get(k), str):
-                return obj[k][:300]
-    return excerpt(data)
+                return mask(obj[k], secrets)[:300]
+    return excerpt(mask(text, secrets).encode())
