@@ -330,6 +330,8 @@ class ReliableSender:
         self._retry_at = 0.0     # monotonic time before which the spool head is not retried
         self._backoff = backoff_s
         self._last_report = 0.0
+        self._rejected_n = self._rejected_records = 0
+        self._last_rejected_report = 0.0
         self.lost_records = 0      # records in requests rejected, dropped (spool full) or abandoned at close
         self.settled_records = 0   # records delivered, spooled to disk, or lost and counted (submission order)
         self.adopted = 0
@@ -454,10 +456,19 @@ class ReliableSender:
                          f"dropped and counted (failed_requests)")
 
     def _rejected(self, detail: str, records: int) -> None:
-        """Report a dropped request (DROP): an authentication failure is named so, the backend is not unreachable."""
+        """Report a dropped request (DROP): an authentication failure is named so, the backend is not unreachable.
+        Named at the first rejection and then at most every ``report_every_s`` with the running count, so a backend
+        that refuses everything (a 401 on a bad token) does not print a line per request."""
         self.last_error = detail
+        self._rejected_n += 1
+        self._rejected_records += records
+        now = time.monotonic()
+        if self._rejected_n > 1 and now - self._last_rejected_report < self.report_every_s:
+            return
+        self._last_rejected_report = now
         what = "refused the credentials (authentication failed: " if is_auth_failure(detail) else "rejected a request ("
-        self._report(f"cptrace_otel: OTLP endpoint {self.url} {what}{detail}); {records} records dropped")
+        self._report(f"cptrace_otel: OTLP endpoint {self.url} {what}{detail}); {records} records dropped "
+                     f"({self._rejected_n} requests, {self._rejected_records} records rejected so far)")
 
     def _drop_all(self) -> None:
         """After a FATAL: drop the queue and the spool, counted (requests and records)."""

@@ -260,3 +260,42 @@ def test_mask_leaves_short_pieces_and_the_scheme_word() -> None:
     assert config.mask("Bearer tokens: ab cd xyz", secrets) == "Bearer tokens: ab cd xyz"
     secrets = config.secrets_of(None, [("authorization", "Basic " + base64.b64encode(b"alice:hunter22").decode())])
     assert config.mask("user alice, password hunter22", secrets) == "user ***, password ***"
+
+
+def test_a_refusing_backend_is_named_a_bounded_number_of_times(tmp_path) -> None:  # noqa: ANN001
+    """Every request refused with a 401: the refusal is named at its first occurrence and then at most every report
+    interval, with a running count, not once per request; every record is counted."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    import threading
+
+    from cptrace_otel.export.otlp_http import HttpTransport
+    from cptrace_otel.export.spool import ReliableSender
+
+    class H(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body = b"invalid token"
+            self.send_response(401)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a) -> None:  # noqa: ANN002
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        t = HttpTransport(f"http://127.0.0.1:{srv.server_address[1]}/v1/traces", [("authorization", "Bearer tok")],
+                          timeout_s=2.0)
+        reports: list[str] = []
+        s = ReliableSender(t, str(tmp_path / "spool"), report=reports.append, report_every_s=3600.0)
+        for _ in range(20):
+            s.submit(b"", records=2)
+        s.flush(10.0)
+        st = s.stats()
+        s.close(1.0)
+    finally:
+        srv.shutdown()
+    assert st["lost_records"] == 40
+    assert len(reports) == 1 and "authentication failed" in reports[0]
