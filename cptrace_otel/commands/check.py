@@ -30,6 +30,8 @@ from . import add_progress_flags
 from ..model.exits import EXIT_UNREADABLE, EXIT_USAGE, CptraceError
 from ..analyze.check_output import CHECK_PREFIX as _PFX
 
+NO_RUN_ID = "(no run id)"   # the start of the name of a run whose records carry no run id (log files)
+
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     """The ``check`` subcommand's parser, added to ``sub`` (the ``cli`` subparsers)."""
@@ -151,10 +153,9 @@ def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
     events, in the order the rules saw them, are kept in ``groups`` when ``keep`` is true (the HTML report draws
     them). Reader warnings go to ``err``. Raises :class:`SourceError` (after printing why, prefixed with ``pfx``)
     when a source cannot be read, holds no record, or the sources overlap in a way that cannot be counted once."""
-    from ..analyze.engine import Analysis, Result, analyze_traces
+    from ..analyze.engine import Analysis, Result, Runs, analyze_traces
     from ..analyze.sources.detect import expand
     from ..analyze.sources.logs import LogReadError, LogStats, read_log_events
-    from ..analyze.sources.overlap import decide
     from ..analyze.sources.tracedocs import TraceDocs
 
     try:
@@ -188,16 +189,13 @@ def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
             raise SourceError(EXIT_UNREADABLE)
         docs.dedupe()
         _dup_notes(docs, err)
-        choice = decide(logs, docs, otlp + docfiles)
-        if choice is not None:
-            if choice.use == "refuse":
-                print(f"{pfx}: {choice.message}", file=err)
-                raise SourceError(EXIT_USAGE)
-            print(f"check: {choice.message}", file=err)
-            if choice.use == "logs":
-                otlp, docfiles = [], []
-            else:
-                logs = []
+        log_groups = _log_runs(logs, docs, otlp + docfiles, pfx, err)
+        if run_id is not None:
+            log_groups = _select_run(run_id, docs, log_groups, pfx, err)
+        held = docs.sources()
+        otlp, docfiles = [p for p in otlp if p in held], [p for p in docfiles if p in held]
+        logs = [p for _label, group in log_groups for p in group]
+        runs = Runs()
         if logs:
             bar = _progress_bar(args, err, logs)
 
@@ -206,19 +204,25 @@ def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
                     if bar is not None:
                         bar.clear()
                     print(f"warning: {m.path}:{m.line_no}: malformed line ({m.reason})", file=err)
-            kept: list = []
             try:
-                evs = read_log_events(logs, on_bad, stats, bar.to if bar is not None else None)
-                results.append(Analysis(level).run(_Kept(evs, kept) if keep else evs))
+                for label, group in log_groups:   # one run per folder of log files (their lines hold no run id)
+                    kept: list = []
+                    evs = read_log_events(group, on_bad, stats, bar.to if bar is not None else None)
+                    one = Analysis(level).run(_Kept(evs, kept) if keep else evs)
+                    runs.add(label, one)
+                    groups.append((one, kept))
             finally:
                 if bar is not None:
                     bar.close()
-            groups.append((results[-1], kept))
-        if otlp or docfiles:
-            kept = []
-            evs = docs.events()  # type: ignore[assignment]
-            results.append(analyze_traces(level, info, _Kept(evs, kept) if keep else evs, err))
-            groups.append((results[-1], kept))
+            results.append(runs.result())
+            results[-1].links.update((label, "") for label, _g in log_groups if label.startswith(NO_RUN_ID))
+        if docs.total():
+            kept_all: list = []
+
+            def keeping(run: str, evs: Any) -> Any:
+                return _Kept(evs, kept_all)
+            results.append(analyze_traces(level, docs, err, keeping if keep else None))
+            groups.append((results[-1], kept_all))
         if run_id is None and len(info.run_ids) == 1:   # (the trace files' run id also when the logs were chosen)
             run_id = next(iter(info.run_ids))
         doc_malformed = info.malformed if otlp or docfiles else []
@@ -257,6 +261,59 @@ class _Kept:
         for ev in self._events:
             keep(ev)
             yield ev
+
+
+def _log_runs(logs: list[str], docs: Any, doc_files: list[str], pfx: str, err: TextIO) -> list[tuple[str, list[str]]]:
+    """The runs of the log files: ``(run, files)``, one per folder (upstream log lines carry no run id: the files of
+    one folder are one launch's ranks, two folders two launches). Each folder's logs are compared with the trace files
+    of the same folder (with every trace file when that folder holds none) by :func:`.sources.overlap.decide`: the
+    same records are counted once (the log files' run is then named by the trace files' run id, or the trace files
+    are dropped from ``docs``); other records are another run, named ``(no run id) FOLDER``. Raises
+    :class:`SourceError` when a run is split in a way that cannot be counted once."""
+    import os
+    from ..analyze.sources.overlap import decide
+
+    folders: dict[str, list[str]] = {}
+    for p in logs:
+        folders.setdefault("standard input" if p == "-" else os.path.dirname(p) or ".", []).append(p)
+    out = []
+    for folder, group in folders.items():
+        mine = [p for p in doc_files if (os.path.dirname(p) or ".") == folder]
+        view = docs.only(set(mine)) if mine else docs
+        choice = decide(group, view, mine or doc_files)
+        label = f"{NO_RUN_ID} {folder}"
+        if choice is not None:
+            if choice.use == "refuse":
+                print(f"{pfx}: {choice.message}", file=err)
+                raise SourceError(EXIT_USAGE)
+            print(f"check: {choice.message}", file=err)
+            if choice.use == "docs":
+                continue
+            ids = view.run_ids()
+            if len(ids) == 1 and ids[0]:
+                label = ids[0]
+            docs.drop_sources(set(mine or doc_files))
+        out.append((label, group))
+    return out
+
+
+def _select_run(run_id: str, docs: Any, log_groups: list, pfx: str, err: TextIO) -> list:
+    """``--run-id`` on files: keep the trace records of that run and the log files of it (log files of no known run
+    are named by it, as their lines hold none); say so when it matches no record (:class:`SourceError`, exit 3,
+    naming the runs the files hold)."""
+    have = docs.run_ids()
+    shown = ", ".join(r or NO_RUN_ID for r in have[:10]) + (f" and {len(have) - 10} more" if len(have) > 10 else "")
+    if run_id not in have and have:
+        print(f"check: run id {run_id} matches no record of the trace files (they hold {len(have)} run(s): {shown})",
+              file=err)
+    docs.keep_run(run_id)
+    kept = [(run_id if label.startswith(NO_RUN_ID) else label, g) for label, g in log_groups
+            if label == run_id or label.startswith(NO_RUN_ID)]
+    if not kept and not docs.total():
+        print(f"{pfx}: run id {run_id} matches no record of the sources"
+              + (f" (the trace files hold {len(have)} run(s): {shown})" if have else ""), file=err)
+        raise SourceError(EXIT_UNREADABLE)
+    return kept
 
 
 def _name(path: str) -> str:
@@ -333,18 +390,11 @@ def _progress_bar(args: Any, err: TextIO, paths: list[str]) -> _Bar | None:
 
 
 def _merge(results: list) -> Any:
-    from ..checks import Finding
-    from ..analyze.engine import Result
+    from ..analyze.engine import Runs
 
     if len(results) == 1:
         return results[0]
-    findings = [f for r in results for f in r.findings]
-    findings.sort(key=Finding.sort_key)
-    unchecked = [u for r in results for u in r.unchecked]
-    stats: dict[str, Any] = {"events": sum(r.stats["events"] for r in results),
-                             "nodes": sum(r.stats["nodes"] for r in results),
-                             "ranks": sorted({x for r in results for x in r.stats["ranks"]}),
-                             "levels": {}}
+    runs = Runs()
     for r in results:
-        stats["levels"].update(r.stats.get("levels", {}))
-    return Result(findings, unchecked, stats, [e for r in results for e in r.localization])
+        runs.add(None, r)
+    return runs.result()
