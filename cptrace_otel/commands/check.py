@@ -12,10 +12,15 @@ once), 3 a source cannot be read, holds no cptrace record (empty, binary, plain 
 the message names the file and what it looked like), or Jaeger cannot be reached (the URL is printed, its password
 masked). A check never passes on input in which no record was found.
 
-Sources given together: trace documents (OTLP files, Jaeger JSON) are one run; records given twice there (same rank,
-epoch and seq, same content) count once. Log files and trace documents holding the same records (a run's logs and
-its OTLP files) are counted once, from one of them (:mod:`.sources.overlap`; stderr says which); holding other
-records, they are analysed as two separate runs (their ranks would otherwise collide) and reported together. While
+Runs: every rule judges one run; records of several runs given together are analysed run by run and reported
+together (findings name their run; the text report says how many runs were read and lists those with findings). A
+trace record's run is its resource's ``cptrace.run_id`` (records with none are one run, ``(no run id)``); records
+given twice within a run (same rank, epoch and seq, same content) count once. Upstream log lines carry no run id: the
+log files of one folder are one run. Log files and trace documents of one folder holding the same records (a run's
+logs and its OTLP files; with every trace file when the logs' folder holds none) are counted once, from one of them
+(:mod:`.sources.overlap`; stderr says which), the logs' run then named by the trace files' run id; holding other
+records, the log files are a run of their own, ``(no run id) FOLDER``. ``--run-id`` keeps one run: the trace records
+of that run id, and the log files of it or of no known run (exit 3, naming the runs found, when nothing matches). While
 log files are read, a byte progress bar goes to stderr when it is a terminal (``--progress`` / ``--no-progress``
 force it on / off); a Jaeger fetch prints a line per search then.
 """
@@ -35,7 +40,10 @@ NO_RUN_ID = "(no run id)"   # the start of the name of a run whose records carry
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     """The ``check`` subcommand's parser, added to ``sub`` (the ``cli`` subparsers)."""
-    c = sub.add_parser("check", help="check invariants over log files, OTLP files, Jaeger JSON exports or a Jaeger")
+    c = sub.add_parser("check", help="check invariants over log files, OTLP files, Jaeger JSON exports or a Jaeger",
+                       description="Every rule judges one run. A trace record's run is its resource's cptrace.run_id "
+                                   "(records with none are one run); log lines carry none: the log files of one "
+                                   "folder are one run. Several runs are checked run by run and reported together.")
     c.add_argument("paths", nargs="*", metavar="PATH",
                    help="log files ([CPTRACE ...] lines), OTLP JSON-lines files, Jaeger JSON exports (/api/traces, "
                         "/api/v3/traces, the UI's downloads), or folders of them (read recursively); plain or gzip; "
@@ -44,7 +52,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     c.add_argument("--level", type=int, default=None, help="force the trace level instead of inferring it")
     c.add_argument("--jaeger-url", default=None, help="Jaeger query base URL, for trace links in the report")
     c.add_argument("--run-id", default=None,
-                   help="run id: the run to read with --jaeger; for log files, the one used for trace links")
+                   help="check only this run: the run to read with --jaeger or --tempo; in files, the records whose "
+                        "resource has this cptrace.run_id, and the log files (their lines carry no run id; the log "
+                        "files of one folder are one run), which it also names for trace links")
     j = c.add_argument_group("reading the run from Jaeger instead of files")
     j.add_argument("--jaeger", default=None, metavar="URL",
                    help="Jaeger query base URL (e.g. http://127.0.0.1:16686; user:password@ allowed) to read the "
@@ -133,9 +143,9 @@ class SourceError(CptraceError):
 
 
 class Analyzed(NamedTuple):
-    """What :func:`analyze_sources` read: the merged result, the run id, one ``(Result, events)`` per group
-    (logs, trace documents), the sources read per kind, the log reader's stats and the trace documents' malformed
-    count."""
+    """What :func:`analyze_sources` read: the merged result, the run id, one ``(Result, events)`` per run (its
+    ``stats["run"]`` names it; its events only when ``keep``), the sources read per kind, the log reader's stats and
+    the trace documents' malformed count."""
 
     res: Any
     run_id: str | None
@@ -149,8 +159,8 @@ def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
                     pfx: str = _PFX) -> Analyzed:
     """Read ``paths`` as ``check`` does and analyze them (every rule, per-rank and cross-rank).
 
-    Log files and trace documents holding other records are two groups (two runs, analyzed apart); each group's
-    events, in the order the rules saw them, are kept in ``groups`` when ``keep`` is true (the HTML report draws
+    Every run is analyzed apart (see the module doc); each run's events, in the order the rules saw them, are kept
+    in ``groups`` (one per run) when ``keep`` is true (the HTML report draws
     them). Reader warnings go to ``err``. Raises :class:`SourceError` (after printing why, prefixed with ``pfx``)
     when a source cannot be read, holds no record, or the sources overlap in a way that cannot be counted once."""
     from ..analyze.engine import Analysis, Result, Runs, analyze_traces
@@ -210,6 +220,7 @@ def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
                     evs = read_log_events(group, on_bad, stats, bar.to if bar is not None else None)
                     one = Analysis(level).run(_Kept(evs, kept) if keep else evs)
                     runs.add(label, one)
+                    one.stats["run"] = label
                     groups.append((one, kept))
             finally:
                 if bar is not None:
@@ -217,12 +228,16 @@ def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
             results.append(runs.result())
             results[-1].links.update((label, "") for label, _g in log_groups if label.startswith(NO_RUN_ID))
         if docs.total():
-            kept_all: list = []
+            kept_by_run: dict[str, list] = {}
 
             def keeping(run: str, evs: Any) -> Any:
-                return _Kept(evs, kept_all)
+                return _Kept(evs, kept_by_run.setdefault(run, []))
             results.append(analyze_traces(level, docs, err, keeping if keep else None))
-            groups.append((results[-1], kept_all))
+            found: dict[str, list] = {}
+            for f in results[-1].findings:
+                found.setdefault(f.run, []).append(f)
+            for run, kept in kept_by_run.items():   # one group per run: the report draws each run apart
+                groups.append((Result(found.get(run, []), [], {"run": run}), kept))
         if run_id is None and len(info.run_ids) == 1:   # (the trace files' run id also when the logs were chosen)
             run_id = next(iter(info.run_ids))
         doc_malformed = info.malformed if otlp or docfiles else []

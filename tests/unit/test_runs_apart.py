@@ -80,6 +80,24 @@ def test_a_fault_in_one_run_is_found_in_that_run_only(runs):
     assert f"run {bad['run_id']}: node " in text and ok["run_id"] not in text
 
 
+def test_report_draws_each_run_apart(tmp_path, runs):
+    """The HTML report of two runs: one part per run, named by it, with trace links made of that run's id."""
+    import hashlib
+
+    from cptrace_otel.cli import main
+
+    ok, bad = runs["r1"], runs["bad"]
+    out = str(tmp_path / "two.html")
+    assert main(["report", "-o", out, ok["dir"], bad["dir"]]) == 1
+    page = open(out).read()
+    assert "cptrace-otel report: 2 runs" in page
+    assert f"run · {ok['run_id']}" in page and f"run · {bad['run_id']}" in page
+    rc, js, _ = check("--json", bad["dir"])
+    f = json.loads(js)["findings"][0]
+    tid = hashlib.blake2b(f"{bad['run_id']}|{f['epoch']}|{f['node_id']}".encode(), digest_size=16).hexdigest()
+    assert f["trace_id"] == tid and tid in page
+
+
 def test_run_id_selects_a_run_in_files(runs):
     ok, bad = runs["r1"], runs["bad"]
     rc, out, err = check("--json", "--run-id", ok["run_id"], *ok["otlp"], *bad["otlp"])
