@@ -278,6 +278,17 @@ class _Kept:
             yield ev
 
 
+def log_runs(logs: list[str]) -> dict[str, list[str]]:
+    """The log files by run: folder (``.`` for the current one, ``standard input`` for ``-``) -> its files, in the
+    order given. Upstream log lines carry no run id: the log files of one folder are one run (one launch's ranks)."""
+    import os
+
+    folders: dict[str, list[str]] = {}
+    for p in logs:
+        folders.setdefault("standard input" if p == "-" else os.path.dirname(p) or ".", []).append(p)
+    return folders
+
+
 def _log_runs(logs: list[str], docs: Any, doc_files: list[str], pfx: str, err: TextIO) -> list[tuple[str, list[str]]]:
     """The runs of the log files: ``(run, files)``, one per folder (upstream log lines carry no run id: the files of
     one folder are one launch's ranks, two folders two launches). Each folder's logs are compared with the trace files
@@ -288,9 +299,7 @@ def _log_runs(logs: list[str], docs: Any, doc_files: list[str], pfx: str, err: T
     import os
     from ..analyze.sources.overlap import decide
 
-    folders: dict[str, list[str]] = {}
-    for p in logs:
-        folders.setdefault("standard input" if p == "-" else os.path.dirname(p) or ".", []).append(p)
+    folders = log_runs(logs)
     out = []
     for folder, group in folders.items():
         mine = [p for p in doc_files if (os.path.dirname(p) or ".") == folder]

@@ -98,6 +98,23 @@ def test_report_draws_each_run_apart(tmp_path, runs):
     assert f["trace_id"] == tid and tid in page
 
 
+def test_ingest_is_one_run_per_folder(tmp_path, runs):
+    """ingest gives one run one run id: log files of two folders are refused; each folder ingested alone, the two
+    outputs check clean together."""
+    from cptrace_otel.cli import main
+
+    r1, r2 = runs["r1"], runs["r2"]
+    assert main(["ingest", "--file", str(tmp_path / "both.jsonl"), "--no-progress", *r1["logs"], *r2["logs"]]) == 2
+    assert not (tmp_path / "both.jsonl").exists()
+    outs = []
+    for i, r in enumerate((r1, r2)):
+        outs.append(str(tmp_path / f"ingest{i}.otlp.jsonl"))
+        assert main(["ingest", "--file", outs[-1], "--no-progress", *r["logs"]]) == 0
+    rc, out, err = check("--json", *outs)
+    assert rc == 0, err
+    assert json.loads(out)["stats"]["runs"] == 2
+
+
 def test_run_id_selects_a_run_in_files(runs):
     ok, bad = runs["r1"], runs["bad"]
     rc, out, err = check("--json", "--run-id", ok["run_id"], *ok["otlp"], *bad["otlp"])
