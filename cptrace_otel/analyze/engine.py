@@ -1,4 +1,6 @@
-"""One analysis over an event stream of any number of ranks: per-rank :class:`RankChecker` plus :class:`CrossRank`.
+"""One analysis over an event stream of one run and any number of ranks: per-rank :class:`RankChecker` plus
+:class:`CrossRank`. Several runs are analysed one at a time and folded by :class:`Runs` (:func:`analyze_traces`): no
+rule ever sees records of two runs.
 
 Feed events in an order that keeps each rank's seq order (the sources do); ``result()`` returns the findings
 (sorted most severe first), the unchecked rules and counters, plus the advisory fwd_hash localization
