@@ -158,8 +158,9 @@ def localization_lines(entries: list[dict[str, Any]]) -> list[str]:
         return []
     out = ["fwd_hash localization (advisory, not a finding):"]
     rest = [e for e in entries if e["verdict"] != "match"]
+    several = len({e.get("run", "") for e in entries}) > 1   # entries of several runs: each names its run
     for e in rest[:_LOC_SHOWN]:
-        out.append("  " + _loc_line(e))
+        out.append("  " + (f"run {run_name(e.get('run', ''))}: " if several else "") + _loc_line(e))
     if len(rest) > _LOC_SHOWN:
         out.append(f"  ... {len(rest) - _LOC_SHOWN} more (see --json)")
     n_match = len(entries) - len(rest)

@@ -209,3 +209,18 @@ def test_together_is_the_union_of_each_alone(tmp_path_factory, pool, picks, seed
     assert rc == (1 if want else 0), err
     assert _tagged(out) == sorted(want)
     assert json.loads(out)["stats"]["runs"] == len(picks)
+
+
+def test_localization_entries_name_their_run_when_runs_are_several():
+    from cptrace_otel.analyze.check_output import localization_lines
+    from cptrace_otel.analyze.engine import Result, Runs
+
+    runs = Runs()
+    for run in ("a", "b"):
+        entry = {"verdict": "unpairable", "count": 1, "reason": "no pfp", "ranks": [0]}
+        runs.add(run, Result([], [], {"events": 1, "ranks": [0], "nodes": 0, "levels": {}}, [entry]))
+    res = runs.result()
+    assert [e["run"] for e in res.localization] == ["a", "b"]
+    lines = localization_lines(res.localization)
+    assert lines[1].startswith("  run a: UNPAIRABLE") and lines[2].startswith("  run b: UNPAIRABLE")
+    assert not localization_lines(res.localization[:1])[1].startswith("  run ")
