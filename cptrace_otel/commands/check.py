@@ -292,19 +292,30 @@ def log_runs(logs: list[str]) -> dict[str, list[str]]:
 def _log_runs(logs: list[str], docs: Any, doc_files: list[str], pfx: str, err: TextIO) -> list[tuple[str, list[str]]]:
     """The runs of the log files: ``(run, files)``, one per folder (upstream log lines carry no run id: the files of
     one folder are one launch's ranks, two folders two launches). Each folder's logs are compared with the trace files
-    of the same folder (with every trace file when that folder holds none) by :func:`.sources.overlap.decide`: the
+    of the same folder (with every trace file when that folder holds none; run by run when they hold several, the
+    logs read once) by :func:`.sources.overlap.decide`: the
     same records are counted once (the log files' run is then named by the trace files' run id, or the trace files
     are dropped from ``docs``); other records are another run, named ``(no run id) FOLDER``. Raises
     :class:`SourceError` when a run is split in a way that cannot be counted once."""
     import os
-    from ..analyze.sources.overlap import decide
+    from ..analyze.sources.overlap import decide, log_heads
 
     folders = log_runs(logs)
     out = []
     for folder, group in folders.items():
         mine = [p for p in doc_files if (os.path.dirname(p) or ".") == folder]
         view = docs.only(set(mine)) if mine else docs
-        choice = decide(group, view, mine or doc_files)
+        views = view.by_run()
+        matched = None
+        if len(views) > 1 and "-" not in group:   # trace files of several runs beside the logs: find the logs' run
+            heads = log_heads(group, view.ranks())
+            for rid, one in views.items():
+                choice = decide(group, one, mine or doc_files, heads)
+                if choice is not None:
+                    view, matched = one, rid
+                    break
+        else:
+            choice = decide(group, view, mine or doc_files)
         label = f"{NO_RUN_ID} {folder}"
         if choice is not None:
             if choice.use == "refuse":
@@ -316,7 +327,7 @@ def _log_runs(logs: list[str], docs: Any, doc_files: list[str], pfx: str, err: T
             ids = view.run_ids()
             if len(ids) == 1 and ids[0]:
                 label = ids[0]
-            docs.drop_sources(set(mine or doc_files))
+            docs.drop_sources(set(mine or doc_files), matched)
         out.append((label, group))
     return out
 

@@ -62,6 +62,27 @@ def test_two_healthy_runs_checked_together_are_clean(runs):
     assert json.loads(out)["stats"]["runs"] == 2
 
 
+def test_log_files_beside_trace_files_of_several_runs_count_once(tmp_path, runs):
+    """One folder: a run's log files and OTLP files, and the OTLP files of another run. The logs are compared with
+    each run and counted once with the run they copy; nothing is checked twice, nothing is a run of its own."""
+    import shutil
+
+    r1, bad = runs["r1"], runs["bad"]
+    d = tmp_path / "mixed"
+    d.mkdir()
+    for p in r1["logs"] + r1["otlp"]:
+        shutil.copy(p, d)
+    for i, p in enumerate(bad["otlp"]):   # a run id sorted before the logs' run: not the first one compared
+        (d / f"other{i}.otlp.jsonl").write_text("".join(_with_run_id(ln, "0-other") for ln in _lines(p)))
+    rc, out, err = check("--json", str(d))
+    assert rc == 1, err
+    obj = json.loads(out)
+    assert obj["stats"]["runs"] == 2 and "counted once, from the log files" in err
+    assert set(obj["stats"]["runs_with_findings"]) == {"0-other"}
+    assert obj["stats"]["sources"]["logs"] and len(obj["stats"]["sources"]["otlp"]) == len(bad["otlp"])
+    assert core(out) == core(check("--json", *bad["otlp"])[1])
+
+
 def test_a_fault_in_one_run_is_found_in_that_run_only(runs):
     ok, bad = runs["r1"], runs["bad"]
     rc, alone, _ = check("--json", *bad["otlp"])

@@ -247,9 +247,11 @@ class TraceDocs:
         """Drop the records of every other run."""
         self.per_rank = {k: v for k, v in self.per_rank.items() if k[0] == run}
 
-    def drop_sources(self, srcs: set[str]) -> None:
-        """Drop the records read from ``srcs`` (trace files not to be analysed)."""
+    def drop_sources(self, srcs: set[str], run: str | None = None) -> None:
+        """Drop the records read from ``srcs`` (trace files not to be analysed), of ``run`` only when given."""
         for key, lst in list(self.per_rank.items()):
+            if run is not None and key[0] != run:
+                continue
             kept = [t for t in lst if t[3].src not in srcs]
             if len(kept) != len(lst):
                 self.per_rank[key] = kept
@@ -263,6 +265,17 @@ class TraceDocs:
             if kept:
                 view.per_rank[key] = kept
         return view
+
+    def by_run(self) -> dict[str, "TraceDocs"]:
+        """A view per run (sharing :attr:`info`), built in one pass."""
+        out: dict[str, TraceDocs] = {}
+        for key, lst in self.per_rank.items():
+            view = out.get(key[0])
+            if view is None:
+                view = out[key[0]] = TraceDocs()
+                view.info = self.info
+            view.per_rank[key] = lst
+        return out
 
     def sources(self) -> set[str]:
         """The sources that gave a record still held."""
