@@ -335,19 +335,19 @@ def _log_runs(logs: list[str], docs: Any, doc_files: list[str], pfx: str, err: T
 def _select_run(run_id: str, docs: Any, log_groups: list, pfx: str, err: TextIO) -> list:
     """``--run-id`` on files: keep the trace records of that run and the log files of it (log files of no known run
     are named by it, as their lines hold none); say so when it matches no record (:class:`SourceError`, exit 3,
-    naming the runs the files hold)."""
-    have = docs.run_ids()
+    naming the runs the sources hold)."""
+    have = sorted(set(docs.run_ids()) | {label for label, _g in log_groups if not label.startswith(NO_RUN_ID)})
     shown = ", ".join(r or NO_RUN_ID for r in have[:10]) + (f" and {len(have) - 10} more" if len(have) > 10 else "")
-    if run_id not in have and have:
-        print(f"check: run id {run_id} matches no record of the trace files (they hold {len(have)} run(s): {shown})",
-              file=err)
     docs.keep_run(run_id)
     kept = [(run_id if label.startswith(NO_RUN_ID) else label, g) for label, g in log_groups
             if label == run_id or label.startswith(NO_RUN_ID)]
     if not kept and not docs.total():
         print(f"{pfx}: run id {run_id} matches no record of the sources"
-              + (f" (the trace files hold {len(have)} run(s): {shown})" if have else ""), file=err)
+              + (f" (they hold {len(have)} run(s): {shown})" if have else ""), file=err)
         raise SourceError(EXIT_UNREADABLE)
+    if run_id not in have and have:   # checked: the log files of no known run, named by it
+        print(f"check: run id {run_id} matches no trace record (the sources hold {len(have)} run(s): {shown}); "
+              "checking the log files of no known run", file=err)
     return kept
 
 

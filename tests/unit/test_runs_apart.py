@@ -136,7 +136,7 @@ def test_ingest_is_one_run_per_folder(tmp_path, runs):
     assert json.loads(out)["stats"]["runs"] == 2
 
 
-def test_run_id_selects_a_run_in_files(runs):
+def test_run_id_selects_a_run_in_files(tmp_path, runs):
     ok, bad = runs["r1"], runs["bad"]
     rc, out, err = check("--json", "--run-id", ok["run_id"], *ok["otlp"], *bad["otlp"])
     assert rc == 0, err
@@ -146,6 +146,16 @@ def test_run_id_selects_a_run_in_files(runs):
     rc, out, err = check("--run-id", "no-such-run", *ok["otlp"], *bad["otlp"])
     assert rc == 3 and out == ""
     assert "run id no-such-run matches no record" in err and ok["run_id"] in err and bad["run_id"] in err
+    # log files of no known run (no trace file copies them) are checked under the given run id, and stderr says so
+    import shutil
+
+    logs = tmp_path / "logs-only"
+    logs.mkdir()
+    for p in ok["logs"]:   # (seed 1: a launch of seed 2 starts with the faulty run's records, the same ts)
+        shutil.copy(p, logs)
+    rc, out, err = check("--json", "--run-id", "named-here", str(logs), *bad["otlp"])
+    assert rc == 0, err
+    assert json.loads(out)["stats"]["runs"] == 1 and "matches no trace record" in err
 
 
 def test_many_runs_one_line_each(tmp_path, runs):
