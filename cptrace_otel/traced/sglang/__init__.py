@@ -107,6 +107,7 @@ class SGLangInstrumentor(BaseInstrumentor):
 
         table = sites()
         self._cptrace_sites = table
+        _register_cache_class()
         done: list[tuple[Any, str]] = []
         try:
             for module, attr, wrapper in table:
@@ -120,6 +121,19 @@ class SGLangInstrumentor(BaseInstrumentor):
     def _uninstrument(self, **kwargs: Any) -> None:
         for module, attr, _ in getattr(self, "_cptrace_sites", None) or sites():
             _unwrap(module, attr)
+
+
+def _register_cache_class() -> None:
+    """Name the cache class to :func:`._state.state_of`, which warns about a cache built before ``instrument()``."""
+    import importlib
+
+    from . import _state
+
+    mod, name = (_state.UNIFIED, "UnifiedRadixCache") if cache_flavour() == "unified" else (_state.HIRADIX,
+                                                                                               "HiRadixCache")
+    cls = getattr(importlib.import_module(mod), name)
+    if cls not in _state.CACHE_CLASSES:
+        _state.CACHE_CLASSES.append(cls)
 
 
 TREE_CORE_ENV = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"

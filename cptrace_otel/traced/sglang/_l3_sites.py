@@ -150,9 +150,8 @@ def write_storage_site(reads: type[Reads]) -> Any:
         if st is None or node is None:
             return wrapped(*args, **kwargs)
         host = arg(args, kwargs, 0, "host_indices")
-        hashes = list(arg(args, kwargs, 2, "hash_value") or ())
         # before the call: the backup thread reads these pages as soon as the op is queued (it never writes them)
-        pre = safe(lambda: (reads.node_id(st, node), _keys(instance, hashes), _page_fps(instance, host, len(hashes))))
+        pre = safe(lambda: _backup_pre(reads, st, node, instance, host, arg(args, kwargs, 2, "hash_value")))
         op = wrapped(*args, **kwargs)
         if pre is not None:
             nid, keys, hp = pre
@@ -195,6 +194,11 @@ def _drain_pre(cache: Any, n_hit: Any) -> tuple:
     queried = [(op, int(op.storage_hit_count), list(op.all_hash_values or op.hash_value or ())) for op in hits]
     acks = {op.id: op for op in _queue_items(cc.ack_backup_queue)}
     return queried, dict(cache.ongoing_backup), acks
+
+
+def _backup_pre(reads: Any, st: Any, node: Any, controller: Any, host: Any, hash_value: Any) -> tuple:
+    hashes = list(hash_value or ())
+    return reads.node_id(st, node), _keys(controller, hashes), _page_fps(controller, host, len(hashes))
 
 
 def flush_hits(st: Any, cache: Any) -> None:

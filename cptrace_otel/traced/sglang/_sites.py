@@ -22,6 +22,7 @@ HOST_POOL = "sglang.srt.mem_cache.pool_host.base"
 
 # -- wrappers -----------------------------------------------------------------------------------------------------
 def _cache_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    safe(setattr, instance, "_cptrace_sg", None)   # built after instrument(): no warning while __init__ runs
     out = wrapped(*args, **kwargs)
     safe(_attach, instance)
     return out
@@ -105,7 +106,7 @@ def _split_node(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     pre = safe(lambda: (len(child.key), child.parent.id, child.write_through_pending_id, child.lock_ref))
     new = wrapped(*args, **kwargs)
     if pre is not None:
-        safe(on_split, st, child, new, int(split_len), pre)
+        safe(lambda: on_split(st, child, new, int(split_len), pre))
     return new
 
 
@@ -161,11 +162,16 @@ def _write_backup(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any
 
 def _start_writing(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     st = state_of(instance)
-    if st is not None and instance.write_queue:
-        ops = list(instance.write_queue)
-        merged = ops[0].id if len(ops) == 1 else type(ops[0]).counter   # merge_ops takes the next op id
-        safe(st.prepare_backup, ops, merged)
+    if st is not None:
+        safe(_prepare_queued, st, instance)
     return wrapped(*args, **kwargs)
+
+
+def _prepare_queued(st: State, controller: Any) -> None:
+    if controller.write_queue:
+        ops = list(controller.write_queue)
+        merged = ops[0].id if len(ops) == 1 else type(ops[0]).counter   # merge_ops takes the next op id
+        st.prepare_backup(ops, merged)
 
 
 def _finish_write_ack(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -210,12 +216,17 @@ def loading_check_site(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -
     st = state_of(instance)
     if st is None:
         return wrapped(*args, **kwargs)
-    before = list(instance.cache_controller.ack_load_queue)
+    before = safe(lambda: list(instance.cache_controller.ack_load_queue))
     res = wrapped(*args, **kwargs)
-    n_done = len(before) - len(instance.cache_controller.ack_load_queue)
+    if before is not None:
+        safe(_acks_h2d, st, instance, before)
+    return res
+
+
+def _acks_h2d(st: State, cache: Any, before: list) -> None:
+    n_done = len(before) - len(cache.cache_controller.ack_load_queue)
     for ack in before[:max(n_done, 0)]:
         safe(st.ack_h2d, list(ack.node_ids))
-    return res
 
 
 def _evict_backuped(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -223,7 +234,7 @@ def _evict_backuped(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> A
     if st is None:
         return wrapped(*args, **kwargs)
     node = arg(args, kwargs, 0, "node")
-    safe(st.evict, "dev", node, "backuped", node.value)
+    safe(lambda: st.evict("dev", node, "backuped", node.value))
     st.in_evict_backuped += 1
     try:
         return wrapped(*args, **kwargs)
@@ -235,11 +246,14 @@ def _detach_backuped(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> 
     st = state_of(instance)
     if st is not None and not st.in_evict_backuped:
         # write_back staging: detached now, its device pages freed by the flush's evict_device (after the acks)
-        node = arg(args, kwargs, 0, "node")
-        v = node.value
-        if v is not None:
-            st.staged[id(v)] = (v, node, node.lock_ref, node.host_ref_counter)
+        safe(_stage, st, arg(args, kwargs, 0, "node"))
     return wrapped(*args, **kwargs)
+
+
+def _stage(st: State, node: Any) -> None:
+    v = node.value
+    if v is not None:
+        st.staged[id(v)] = (v, node, node.lock_ref, node.host_ref_counter)
 
 
 def _evict_device(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -263,7 +277,7 @@ def _evict_regular(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> An
     st = state_of(instance)
     if st is not None:
         node = arg(args, kwargs, 0, "node")
-        safe(st.evict, "dev", node, "regular", node.value)
+        safe(lambda: st.evict("dev", node, "regular", node.value))
     return wrapped(*args, **kwargs)
 
 
@@ -290,41 +304,54 @@ def _on_drop(st: State, root: Any) -> None:
 
 
 def _evict_host_tree(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """``HiRadixCache.evict_host``: which node each ``cache_controller.evict_host(x.host_value)`` evicts is found in
+    an index built once per call (host value -> node, over the leaves SGLang itself lists and heapifies here), and
+    each evicted node's parent joins it (SGLang pushes the parent once it became a leaf): O(1) per evicted node."""
     st = state_of(instance)
     if st is None:
         return wrapped(*args, **kwargs)
-    st.in_evict_host += 1
+    outer = st.host_owner
+    st.host_owner = safe(lambda: {id(n.host_value): n for n in list(instance.evictable_host_leaves)}) or {}
     try:
         return wrapped(*args, **kwargs)
     finally:
-        st.in_evict_host -= 1
+        st.host_owner = outer
 
 
 def _controller_evict_host(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     st = state_of(instance)
-    if st is not None and st.in_evict_host:
-        t = arg(args, kwargs, 0, "host_indices")
-        node = next((n for n in st.cache.evictable_host_leaves if n.host_value is t), None)
-        if node is not None:
-            safe(st.evict, "host", node, "host", t)
+    if st is not None and st.host_owner is not None:
+        safe(_on_evict_host, st, arg(args, kwargs, 0, "host_indices"))
     return wrapped(*args, **kwargs)
+
+
+def _on_evict_host(st: State, t: Any) -> None:
+    owner = st.host_owner
+    node = owner.pop(id(t), None) if owner is not None else None
+    if node is None or node.host_value is not t:
+        return
+    st.evict("host", node, "host", t)
+    parent = node.parent
+    if owner is not None and parent is not None and parent.host_value is not None:
+        owner[id(parent.host_value)] = parent
 
 
 def dev_free(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     st = state_of(instance)
     if st is not None and not st.in_free:
-        t = arg(args, kwargs, 0, "free_index")
-        if t is not None and t.numel() > 0:
-            safe(st.free, "dev", t)
+        safe(free_nonempty, st, "dev", arg(args, kwargs, 0, "free_index"))
     return wrapped(*args, **kwargs)
+
+
+def free_nonempty(st: State, pool: str, t: Any) -> None:
+    if t is not None and t.numel() > 0:
+        st.free(pool, t)
 
 
 def host_free(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     st = state_of(instance)
     if st is not None:
-        t = arg(args, kwargs, 0, "indices")
-        if t is not None and t.numel() > 0:
-            safe(st.free, "host", t)
+        safe(free_nonempty, st, "host", arg(args, kwargs, 0, "indices"))
     return wrapped(*args, **kwargs)
 
 

@@ -38,8 +38,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..api import cptrace, rng, trace_level
-from ._sites import (HOST_POOL, PAGED_ALLOC, TOKEN_ALLOC, dev_free, host_free, loading_check_site, on_split,
-                     reset_site, rid_map)
+from ._sites import (HOST_POOL, PAGED_ALLOC, TOKEN_ALLOC, dev_free, free_nonempty, host_free, loading_check_site,
+                     on_split, reset_site, rid_map)
 from ._l3_sites23 import L3_BACKENDS, L3_SITES23
 from ._state import Load, State, arg, safe, state_of, warn_once
 
@@ -132,6 +132,7 @@ def _st(obj: Any) -> "State23 | None":
 
 # -- wrappers -----------------------------------------------------------------------------------------------------
 def _init_hicache(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    safe(setattr, instance, "_cptrace_sg", None)   # HiCache set up after instrument(): no warning meanwhile
     out = wrapped(*args, **kwargs)
     safe(_attach, instance)
     return out
@@ -268,7 +269,7 @@ def _split_node(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     pre = safe(lambda: (len(child.key), child.parent.id, child.write_through_pending_id, st.lock(child)))
     out = wrapped(*args, **kwargs)
     if pre is not None:
-        safe(on_split, st, child, out[0], int(split_len), pre)
+        safe(lambda: on_split(st, child, out[0], int(split_len), pre))
     return out
 
 
@@ -300,10 +301,9 @@ def _evict_component(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> 
     if st is None:
         return wrapped(*args, **kwargs)
     node, comp = arg(args, kwargs, 0, "node"), arg(args, kwargs, 1, "comp")
-    pre = None
-    if int(getattr(comp, "component_type", -1)) == FULL:
-        pre = safe(lambda: (st.dev(node), st.host(node), arg(args, kwargs, 2, "device_frees"),
-                            arg(args, kwargs, 3, "host_frees")))
+    pre = safe(lambda: (st.dev(node), st.host(node), arg(args, kwargs, 2, "device_frees"),
+                        arg(args, kwargs, 3, "host_frees")) if int(getattr(comp, "component_type", -1)) == FULL
+               else None)
     out = wrapped(*args, **kwargs)
     if pre is not None:
         safe(_on_evict, st, node, pre)
@@ -339,9 +339,8 @@ def _dev_free_segment(wrapped: Any, instance: Any, args: tuple, kwargs: dict) ->
     st = _st(instance)
     if st is None:
         return wrapped(*args, **kwargs)
-    t = arg(args, kwargs, 0, "free_index")
-    if t is not None and t.numel() > 0 and not st.in_free:
-        safe(st.free, "dev", t)
+    if not st.in_free:
+        safe(free_nonempty, st, "dev", arg(args, kwargs, 0, "free_index"))
     st.in_free += 1   # the base class's free_segment frees through free(): one record
     try:
         return wrapped(*args, **kwargs)

@@ -102,11 +102,29 @@ def arg(args: tuple, kwargs: dict, i: int, name: str, default: Any = None) -> An
     return args[i] if len(args) > i else default
 
 
+CACHE_CLASSES: list[type] = []   # the cache classes the instrumentor wrapped (HiRadixCache or UnifiedRadixCache)
+_MISSING = object()
+
+
 def state_of(obj: Any) -> "State | None":
-    """The state of ``obj`` when tracing is on and ``obj`` belongs to an instrumented cache."""
+    """The state of ``obj`` when tracing is on and ``obj`` belongs to an instrumented cache.
+
+    A cache built before ``instrument()`` has no state (it is attached when the cache is built): it is left
+    untraced, with one warning, the first time one of its methods is called. Attaching then would trace it from
+    the middle of its life (backups queued, loads in flight, nodes whose insert was never seen), and partial records
+    give false findings."""
     if trace_level() < 1:
         return None
-    return getattr(obj, "_cptrace_sg", None)
+    st: Any = getattr(obj, "_cptrace_sg", _MISSING)
+    if st is _MISSING:
+        if CACHE_CLASSES and isinstance(obj, tuple(CACHE_CLASSES)) and \
+                getattr(obj, "cache_controller", None) is not None:   # (a cache without HiCache is not traced)
+            warn_once("built-before", f"cptrace-otel: this sglang {type(obj).__name__} was built before "
+                      "SGLangInstrumentor().instrument() and is not traced (instrument first: CPTRACE_SGLANG=1 "
+                      "does so when SGLang is imported)")
+            safe(setattr, obj, "_cptrace_sg", None)   # (said once; later calls are one attribute read)
+        return None
+    return st
 
 
 def _runs(t: Any) -> str:
@@ -147,7 +165,7 @@ class State:
         self.expect_free: dict[int, tuple] = {}   # id(tensor) -> (tensor, owner node id[, why])
         self.staged: dict[int, tuple[Any, int, int, int]] = {}  # write_back: id(value) -> (value, node, lock, href)
         self.in_evict_backuped = 0
-        self.in_evict_host = 0
+        self.host_owner: dict | None = None   # inside HiRadixCache.evict_host: id(host value) -> node
         self.in_free = 0                     # inside an allocator free that calls another (0.5.23 free_segment)
         self.evict_kind: str | None = None   # 0.5.23: the kind the tree core's running eviction gets (drop, dup)
         self.insert_ctx: dict | None = None  # during insert: params, pre-evicted ids, counter, nodes announced
