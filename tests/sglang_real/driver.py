@@ -452,7 +452,7 @@ def run(version: str, out: str, policy: str = "write_through", page_size: int = 
         reset: bool = True, fault: str | None = None, nth: int = 1, exact: bool = False, instrument: bool = True,
         world: int = 1, rank: int = 0, store: str | None = None, level: int = 2, audit_every: int = 5,
         cp_mode: str = "replicated", make_driver: Any = None, exporter: str = "thread",
-        ring: bool = True, builder: Any = None, stream: Any = None) -> dict:
+        ring: bool = True, builder: Any = None, stream: Any = None, checks: bool = False) -> dict:
     """One run; returns ``{"corruption", "fault_hits", "stats", "log", "otlp", "seconds"}``.
 
     ``cp_mode`` is the ``config`` record's ``mode`` when ``world`` > 1: the driver's ranks each hold the whole
@@ -461,7 +461,8 @@ def run(version: str, out: str, policy: str = "write_through", page_size: int = 
     storage calls). ``exporter``/``ring``: where records go (``process`` with ``ring``: the record ring, the
     default outside these tests; the tests export from a thread). ``builder``/``stream``: 0.5.23's cache builder
     (:func:`build23`'s arguments) and the prompt stream (:func:`request_stream`'s) for another pool kind
-    (dsa_driver.py's)."""
+    (dsa_driver.py's). ``checks``: the exporter's online checks (their findings on the spans, ``hicache.violation``
+    events)."""
     t0 = time.monotonic()
     os.makedirs(out, exist_ok=True)
     import cptrace_otel
@@ -469,7 +470,7 @@ def run(version: str, out: str, policy: str = "write_through", page_size: int = 
     log = os.path.join(out, f"rank-{rank}.log")
     otlp = os.path.join(out, f"rank-{rank}.otlp.jsonl")
     cptrace_otel.configure(level=(level if instrument else 0), file=otlp, log_file=log, exporter=exporter, ring=ring,
-                           cp_rank=rank, run_id=f"sglang-{version}-{policy}-p{page_size}-s{seed}", checks=False)
+                           cp_rank=rank, run_id=f"sglang-{version}-{policy}-p{page_size}-s{seed}", checks=checks)
     if instrument:
         from cptrace_otel.traced.sglang import SGLangInstrumentor
 
