@@ -58,13 +58,14 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         self.nodes_total = 0
         self._skips: dict[str, Unchecked] = {}
         self._l3_keys = Bounded(KEYS_KEPT)   # L3a: page key -> its backup fingerprints (outlives epochs, as storage)
+        self._side_l3_keys = Bounded(KEYS_KEPT)   # SIDE-l3: the same for sidecar pages ("<key>.<pool>")
         self._l3_acked = Bounded(4096)       # L3a: prefetch ops compared at their ack
         self._l3_seen = False                # any L3 record: the L3 rules apply to this stream
         handlers: dict[str, Handler] = {
             "config": self._config, "insert": self._insert, "split": self._split, "prepare": self._prepare,
             "backup": self._backup, "ack": self._ack, "evict": self._evict, "free": self._free,
             "reload": self._reload, "compose": self._compose, "kv_canary": self._canary,
-            "l3_backup": self._l3_backup, "l3_prefetch": self._l3_prefetch, "l3_ack": self._l3_ack,
+            "l3_backup": self._l3_backup_all, "l3_prefetch": self._l3_prefetch, "l3_ack": self._l3_ack_all,
             "l3_hit": self._l3_hit,
         }
         # tag -> (level of the tag, handler, whether the record can move the epoch tracker, whether the handler
@@ -155,7 +156,8 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         out: list[Unchecked] = []
         lv = self.level
         for r in unchecked_at(lv, RANK):
-            if r.only_with and not (self.sidecars if r.code == "SIDE" else self._l3_seen):
+            if r.only_with and not (self.sidecars and (self._l3_seen or "l3_ack" not in r.tags) if r.code == "SIDE"
+                                    else self._l3_seen):
                 continue   # a tier (L3) or pool (sidecars) this stream never had: nothing the rule could check
             out.append(Unchecked(r.id, r.code, self.rank, r.level,
                                  f"trace level {lv} < {r.level}: no {LEVEL_RECORDS[r.level]}", "level"))
@@ -376,6 +378,21 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
                 out.append(fnd)
         if self.sidecars:
             out.extend(self._side_hash(ev, f, nid, ref, ld))
+        return out
+
+    def _l3_backup_all(self, ev: Event, f: dict, nid: Any, ref: tuple) -> None:
+        """``l3_backup``: L3a/L3b's state, then the sidecar pages' (SIDE-l3)."""
+        self._l3_backup(ev, f, nid, ref)
+        if self.sidecars:
+            self._side_l3_backup(f, ref)
+
+    def _l3_ack_all(self, ev: Event, f: dict, nid: Any, ref: tuple) -> list[Finding] | None:
+        """``l3_ack``: L3a/L3b, then SIDE-l3 at a prefetch's ack."""
+        out = self._l3_ack(ev, f, nid, ref)
+        if self.sidecars and f.get("dir") == "prefetch":
+            fnd = self._side_l3(ev, f, nid, ref)
+            if fnd is not None:
+                out = [*(out or ()), fnd]
         return out
 
     def _evict(self, ev: Event, f: dict, nid: int, ref: tuple) -> None:

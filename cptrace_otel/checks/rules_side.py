@@ -8,6 +8,10 @@ of a node's lifecycle, so they move and survive with its KV.
   device (reload) copy of the sidecar stale while the KV is fine.
 * SIDE-hash: a node's sidecar fingerprint after its host->device load (``ack dir=h2d`` ``sh_<pool>``, per page
   ``shp_<pool>`` across a split) equals the one of its latest backup, as HASH does for the KV.
+* SIDE-l3: the sidecar pages survive the L3 round trip with the KV's: per page key, the ``shp_<pool>`` fingerprint
+  an ``l3_ack dir=prefetch`` brought back is one an ``l3_backup`` wrote under that key (as L3a does for the KV
+  pages; SGLang stores them as their own objects, ``<key>.<pool>`` in the ``file`` backend,
+  ``HiCacheFile._log_key``).
 
 A KV-only stream (no ``sidecars`` in its ``config``) gives these rules nothing to check; an undecidable instance is
 counted (``SIDE-skipped(...)``), never passed.
@@ -22,7 +26,8 @@ from ..model.events import Event
 from .findings import Finding
 from .rank_base import RankRuleBase
 from .ranges import EXACT
-from .state import Backup, PendingLoad
+from .rules_l3 import FPS_PER_KEY
+from .state import Backup, Bounded, PendingLoad
 
 
 def side_witness(f: dict, pools: tuple[str, ...]) -> dict[str, tuple[Any, Any]] | None:
@@ -38,6 +43,59 @@ def side_witness(f: dict, pools: tuple[str, ...]) -> dict[str, tuple[Any, Any]] 
 
 class SideRules(RankRuleBase):
     sidecars: tuple[str, ...]
+    _side_l3_keys: Bounded   # "<page key>.<pool>" -> its backup fingerprints [(fp, ref), ...] (set by RankChecker)
+
+    def _side_l3_pages(self, f: dict) -> list[tuple[str, int]]:
+        """``(<key>.<pool>, fingerprint)`` per sidecar page of an L3 record (sentinels left out)."""
+        keys = f.get("keys")
+        if type(keys) is not list:
+            return []
+        out: list[tuple[str, int]] = []
+        for p in self.sidecars:
+            hp = f.get(sc.side_field(sc.SIDE_HP, p))
+            if type(hp) is list and len(hp) == len(keys):
+                out.extend((f"{k}.{p}", h) for k, h in zip(keys, hp) if type(h) is int and h >= 0)
+        return out
+
+    def _side_l3_backup(self, f: dict, ref: tuple) -> None:
+        """An ``l3_backup`` (``io=1``): its sidecar pages' fingerprints, per key."""
+        if f.get("io", 1) == 0:
+            return
+        km = self._side_l3_keys
+        for k, fp in self._side_l3_pages(f):
+            lst = km.get(k)
+            if lst is None:
+                km.put(k, [(fp, ref)])
+            elif all(x[0] != fp for x in lst):
+                if len(lst) >= FPS_PER_KEY:
+                    del lst[0]
+                lst.append((fp, ref))
+
+    def _side_l3(self, ev: Event, f: dict, nid: Any, ref: tuple) -> Finding | None:
+        """SIDE-l3 at an ``l3_ack dir=prefetch``: each fetched sidecar page is one its key was written with."""
+        pairs = self._side_l3_pages(f)
+        if not pairs:
+            if self.sidecars and type(f.get("keys")) is list and f["keys"]:
+                self._skip("SIDE-skipped(no l3 fingerprint)", "SIDE", nid if type(nid) is int else None,
+                           "an L3 prefetch without sidecar page fingerprints")
+            return None
+        km = self._side_l3_keys
+        bad = []
+        for k, fp in pairs:
+            lst = km.get(k)
+            if lst is None:
+                self._skip("SIDE-skipped(no l3 backup)", "SIDE", nid if type(nid) is int else None,
+                           "a fetched sidecar page this trace never saw written")
+            elif all(x[0] != fp for x in lst):
+                bad.append((k, fp, lst))
+        if not bad:
+            return None
+        k, fp, lst = bad[0]
+        op = f.get("op")
+        return self._finding("SIDE", "SIDE-l3", nid if type(nid) is int else None, op if type(op) is int else None,
+                             EXACT, [lst[-1][1], ref],
+                             f"L3 prefetch: sidecar page {k} came back with fingerprint {fp} but was written with "
+                             f"{', '.join(str(x[0]) for x in lst)} ({len(bad)} of {len(pairs)} sidecar pages)", ev)
 
     def _side_missing(self, ev: Event, f: dict, nid: int, ref: tuple, what: str) -> Finding | None:
         """SIDE-missing at a ``backup`` or ``reload`` (``what``) of node ``nid`` whose ``sp`` lacks a sidecar the

@@ -7,10 +7,14 @@ token's index key and scale as it writes its KV, and every prefix check and host
 
 DSA needs 64-token pages (``DSATokenToKVPool``'s assertion), so prompts are whole pages (:func:`dsa_stream`).
 
-Fault (:data:`DSA_FAULTS`): ``dsa_no_idx_backup`` drops the indexer's transfer from every backup op
+Faults (:data:`DSA_FAULTS`): ``dsa_no_idx_backup`` drops the indexer's transfer from every backup op
 (``HybridCacheController.write`` gets the KV transfer only): what SGLang did before the DSA index buffers were
 backed up to host (the GLM-5.3 host load-back report). The KV round trip stays correct; the indexer on the device
-after a load-back is stale.
+after a load-back is stale. ``dsa_l3_no_idx`` (with ``l3=True``: SGLang's ``file`` storage backend, l3_driver.py's
+scheduler calls): the store reads the KV pages of an L3 hit but not the indexer's, and reports them read
+(``HiCacheFile._read_page`` of the indexer pool does nothing): the shape of a store that registered ``kv_buffer``
+but not ``index_k_with_scale_buffer`` (the GLM-5.1 + Mooncake report). The fetched KV is right, its indexer pages
+on the host (and then the device) are whatever they held before.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import functools
 import os
 import random
+import shutil
 import sys
 from typing import Any
 
@@ -26,10 +31,11 @@ if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
 import driver  # noqa: E402  (tests/sglang_real/driver.py)
+import l3_driver  # noqa: E402
 
 PAGE = 64
 RANK, ROPE, IDX_DIM = 16, 8, 128
-DSA_FAULTS = ("dsa_no_idx_backup",)
+DSA_FAULTS = ("dsa_no_idx_backup", "dsa_l3_no_idx")
 
 
 def make_dsa_pool(dev_tokens: int, page_size: int) -> Any:
@@ -160,6 +166,18 @@ def install_fault(cache: Any, kind: str | None) -> list[dict]:
     if kind not in DSA_FAULTS:
         raise ValueError(f"unknown DSA fault {kind!r} (one of {', '.join(DSA_FAULTS)})")
     cc = cache.cache_controller
+    if kind == "dsa_l3_no_idx":
+        backend = cc.storage_backend
+        read = backend._read_page
+
+        def read_page(pool_name: Any, key: str, host_pool: Any, page_offset: int) -> bool:
+            if pool_name == _indexer_name():
+                hits.append({"skipped": key})
+                return True
+            return read(pool_name, key, host_pool, page_offset)
+
+        backend._read_page = read_page
+        return hits
     orig = cc.write
 
     @functools.wraps(orig)
@@ -174,14 +192,27 @@ def install_fault(cache: Any, kind: str | None) -> list[dict]:
     return hits
 
 
-def run_dsa(out: str, fault: str | None = None, seed: int = 0, requests: int = 48, **kw: Any) -> dict:
-    """One :func:`driver.run` of 0.5.23 over the DSA pool (``fault``: :data:`DSA_FAULTS`); its summary plus
-    ``dsa_fault_hits``."""
+class StorageDsaDriver(l3_driver._Storage, DsaDriver):
+    """:class:`DsaDriver` with the ``file`` storage backend and the scheduler's storage calls (l3_driver.py)."""
+
+
+def run_dsa(out: str, fault: str | None = None, seed: int = 0, requests: int = 48, l3: bool = False,
+            **kw: Any) -> dict:
+    """One :func:`driver.run` of 0.5.23 over the DSA pool (``fault``: :data:`DSA_FAULTS`; ``l3``: with the ``file``
+    storage backend in a fresh folder ``out/l3store``); its summary plus ``dsa_fault_hits``."""
     box: dict = {}
 
     def make_driver(cache: Any, *a: Any) -> DsaDriver:
+        if l3:
+            root = os.path.join(out, "l3store")
+            shutil.rmtree(root, ignore_errors=True)
+            os.makedirs(root)
+            os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = root
+            drv: DsaDriver = StorageDsaDriver(cache, *a, faults=l3_driver.L3Faults(None))
+        else:
+            drv = DsaDriver(cache, *a)
         box["hits"] = install_fault(cache, fault)
-        return DsaDriver(cache, *a)
+        return drv
 
     kw.setdefault("dev_tokens", PAGE * 16)
     res = driver.run("0.5.23", out, page_size=PAGE, seed=seed, requests=requests, builder=build_dsa,

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -49,15 +50,19 @@ def _online(otlp: str) -> list[str]:
     return out
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def _both(tmp_path_factory: Any, script: str, name: str) -> list[dict]:
+    """``script`` (:data:`RUN`'s shape) in a process with SGLang 0.5.23: the healthy run's and the fault's summary."""
     runtime.need(VERSION)
-    out = str(tmp_path_factory.mktemp("dsa"))
-    p = subprocess.run([sys.executable, "-c", RUN.format(here=HERE, out=out)], env=runtime.sglang_env(VERSION),
+    out = str(tmp_path_factory.mktemp(name))
+    p = subprocess.run([sys.executable, "-c", script.format(here=HERE, out=out)], env=runtime.sglang_env(VERSION),
                        capture_output=True, text=True, timeout=600, cwd=runtime.ROOT)
     assert p.returncode == 0, p.stderr[-4000:]
-    healthy, fault = json.loads(p.stdout.strip().splitlines()[-1])
-    return healthy, fault
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return _both(tmp_path_factory, RUN, "dsa")
 
 
 def test_the_dsa_indexer_is_fingerprinted_with_the_kv(runs):
@@ -98,3 +103,40 @@ def test_the_indexer_left_out_of_the_backup_is_found(runs):
     assert all(f["severity"] == "ERROR" and f["certainty"] == "exact" for f in rep["findings"])
     assert len([f for f in rep["findings"] if f["rule"] == "SIDE-missing"]) == len(fault["dsa_fault_hits"])
     assert set(_online(fault["otlp"])) == {"SIDE-missing", "SIDE-hash"}
+
+
+RUN_L3 = RUN.replace('(None, "dsa_no_idx_backup")', '(None, "dsa_l3_no_idx")').replace(
+    "exact=True)", "exact=True, l3=True, host_ratio=1.5)")
+
+
+@pytest.fixture(scope="module")
+def l3_runs(tmp_path_factory):
+    return _both(tmp_path_factory, RUN_L3, "dsa_l3")
+
+
+def test_the_indexer_goes_to_l3_and_back_fingerprinted(l3_runs):
+    """SGLang's ``file`` backend stores each page's indexer as its own object; a healthy run with L3 prefetches
+    has no finding, and its L3 records carry the indexer pages' fingerprints."""
+    healthy, _ = l3_runs
+    assert healthy["corruption"] == [] and healthy["stats"]["l3_loaded_tokens"] > 0
+    side_hp = sc.side_field(sc.SIDE_HP, "indexer")
+    recs = _records(healthy["log"])
+    l3 = [f for t, f in recs if t == "l3_backup" or (t == "l3_ack" and f.get("dir") == "prefetch")]
+    assert l3 and all(len(f[side_hp]) == len(f["keys"]) for f in l3)
+    rep = _check(healthy["log"])
+    assert rep["findings"] == []
+    # the fetched nodes enter the tree without a backup in this trace: counted, never passed
+    assert {u["rule"] for u in rep["unchecked"]} <= {"HASH-skipped(no backup)", "SIDE-skipped(no backup)"}
+    assert _online(healthy["otlp"]) == []
+
+
+def test_a_store_that_leaves_the_indexer_out_of_an_l3_hit_is_found(l3_runs):
+    """The shape of a store that registered ``kv_buffer`` but not ``index_k_with_scale_buffer``: the L3 hit brings
+    the KV back and reports the indexer read, which it was not. SIDE-l3 finds it at the prefetch's ack."""
+    _, fault = l3_runs
+    assert fault["dsa_fault_hits"]
+    assert {c.get("pool") for c in fault["corruption"] if c["where"] == "device"} == {"indexer"}
+    rep = _check(fault["log"])
+    rules = {f["rule"] for f in rep["findings"]}
+    assert "SIDE-l3" in rules and rules <= {"SIDE-l3", "SIDE-hash"}, rules
+    assert "SIDE-l3" in set(_online(fault["otlp"]))

@@ -57,3 +57,22 @@ def test_undecidable_instances_are_counted_not_passed(tmp_path):
     res = check_lines(tmp_path, _stream(CFG, "sh_indexer=-2 snz_indexer=-2", "", "sh_indexer=-2 snz_indexer=-2"))
     assert res.findings == []
     assert {u.rule for u in res.unchecked} == {"SIDE-skipped(no sp)", "SIDE-skipped(no hash)"}
+
+
+def _l3(prefetched: str) -> list[str]:
+    return [
+        CFG,
+        f"[CPTRACE l3_backup] node_id=6 op=3 keys=[ka,kb] hp=[1,2] shp_indexer=[11,12] host={R(64, 95)} io=1 rank=0 "
+        "ts=2",
+        "[CPTRACE l3_ack] dir=backup op=3 node_id=6 done=2 rank=0 ts=3",
+        f"[CPTRACE l3_prefetch] node_id=0 op=4 keys=[ka,kb] host={R(128, 159)} rank=0 ts=4",
+        f"[CPTRACE l3_ack] dir=prefetch op=4 node_id=0 done=2 keys=[ka,kb] hp=[1,2] {prefetched} rank=0 ts=5",
+    ]
+
+
+def test_sidecar_pages_must_come_back_from_l3_as_written(tmp_path):
+    assert check_lines(tmp_path, _l3("shp_indexer=[11,12]")).findings == []
+    res = check_lines(tmp_path, _l3("shp_indexer=[11,99]"))
+    assert rules(res) == {"SIDE-l3"} and "kb.indexer" in res.findings[0].message
+    res = check_lines(tmp_path, _l3(""))
+    assert res.findings == [] and "SIDE-skipped(no l3 fingerprint)" in {u.rule for u in res.unchecked}

@@ -93,6 +93,11 @@ RULES: tuple[Rule, ...] = (
        "a node's sidecar fingerprint after its h2d load equals its latest backup's (per-page shp across a split)",
        "rules_side:SideRules._side_hash", skips=("SIDE-skipped(no backup)", "SIDE-skipped(no hash)"),
        only_with="config"),
+    _r("SIDE-l3", "SIDE", 2, RANK, "config l3_backup l3_ack",
+       "sidecar pages survive the L3 round trip: per page key, the sidecar fingerprint a prefetch brought back "
+       "(l3_ack dir=prefetch shp_<pool>) is one the key was written with (l3_backup)",
+       "rules_side:SideRules._side_l3", skips=("SIDE-skipped(no l3 backup)", "SIDE-skipped(no l3 fingerprint)"),
+       only_with="config"),
     _r("C1", "C1", 1, CROSS, "insert split prepare evict reload reset",
        "lockstep tree: every rank's structural tuples are identical; the first divergence is reported",
        "rules_c1:C1Lockstep._c1_compare"),

@@ -56,6 +56,8 @@ class State23(State):
         super().__init__(cache)
         self.write_len: dict[int, tuple[int, int]] = {}   # ack id (node id) -> (op id, backup length)
         self.side = sidecars(cache)
+        group = cache.cache_controller.mem_pool_host
+        self.side_host = {name: group.get_pool(pool_name) for name, pool_name in sidecar_names(cache)}
 
     @staticmethod
     def dev(n: Any) -> Any:
@@ -126,19 +128,21 @@ class State23(State):
         self.loaded = last
 
 
-def sidecars(cache: Any) -> list[tuple[str, Any]]:
+def sidecar_names(cache: Any) -> list[tuple[str, Any]]:
     """The cache's sidecar pools whose slots are the KV's (``sidecar_pool_specs`` with ``indices_from_pool=KV``:
-    the DSA/NSA indexer of DeepSeek-V3.2 and GLM-5.x), as ``(pool name, device pool)``; their pages travel in the
-    same copy ops as the node's KV (``HybridCacheController.write``/``load`` ``extra_pools``)."""
-    group = cache.cache_controller.mem_pool_host
-    out = []
-    for spec in getattr(cache, "sidecar_pool_specs", None) or ():
-        if getattr(spec.indices_from_pool, "value", None) != "kv":
-            continue
-        entry = getattr(group, "entry_map", {}).get(spec.pool_name)
-        if entry is not None:
-            out.append((str(getattr(spec.pool_name, "value", spec.pool_name)), entry.device_pool))
-    return out
+    the DSA/NSA indexer of DeepSeek-V3.2 and GLM-5.x) that its host pool group holds, as ``(name, PoolName)``;
+    their pages travel in the same copy ops as the node's KV (``HybridCacheController.write``/``load``
+    ``extra_pools``) and to L3 under their own keys."""
+    entries = getattr(cache.cache_controller.mem_pool_host, "entry_map", {})
+    return [(str(getattr(spec.pool_name, "value", spec.pool_name)), spec.pool_name)
+            for spec in getattr(cache, "sidecar_pool_specs", None) or ()
+            if getattr(spec.indices_from_pool, "value", None) == "kv" and spec.pool_name in entries]
+
+
+def sidecars(cache: Any) -> list[tuple[str, Any]]:
+    """:func:`sidecar_names` as ``(name, device pool)``."""
+    entries = cache.cache_controller.mem_pool_host.entry_map
+    return [(name, entries[pn].device_pool) for name, pn in sidecar_names(cache)]
 
 
 def _st(obj: Any) -> "State23 | None":

@@ -154,6 +154,7 @@ class State:
         self.insert_ctx: dict | None = None  # during insert: params, pre-evicted ids, counter, nodes announced
         self.loaded: Any = None              # during init_load_back: the last node of the load it issued
         self.side: list[tuple[str, Any]] = []  # sidecar pools riding on the KV's slots: (name, device pool)
+        self.side_host: dict[str, Any] = {}    # the same pools' host pools, by name
 
     def clear(self) -> None:
         self.writing.clear()
