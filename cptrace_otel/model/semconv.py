@@ -58,12 +58,11 @@ RANK: Final = "sglang.cp.rank"           # also stamped on spans so cross-rank v
 # -- sidecar pools (record fields; their attributes are hicache.<field>) -----------------------------------------
 # Pools whose slots follow the KV's (SGLang 0.5.23's sidecars with indices_from_pool=KV: the DSA/NSA indexer's
 # index_k_with_scale_buffer, ``indexer``). ``config`` names them (SIDECARS, "+"-joined); ``backup`` and ``reload``
-# name those their copy op moves (SIDE_MOVED, "-" for none); ``backup`` and ``ack dir=h2d`` carry each one's
+# name those their copy op moves (SIDE_MOVED, "+"-joined, "-" for none); ``backup`` and ``ack dir=h2d`` carry each one's
 # fingerprint of the node's pages as the KV's h/nz/hp are (side_field(SIDE_H, pool), ...). A KV-only cache writes
 # none of these fields.
 SIDECARS: Final = "sidecars"
 SIDE_MOVED: Final = "sp"
-SIDE_NONE: Final = "-"
 SIDE_H: Final = "sh_"
 SIDE_NZ: Final = "snz_"
 SIDE_HP: Final = "shp_"

@@ -211,7 +211,7 @@ class State:
             return {}
         names = {getattr(t.name, "value", t.name) for t in (getattr(op, "pool_transfers", None) or ())}
         got = [n for n, _ in self.side if n in names]
-        return {sc.SIDE_MOVED: "+".join(got) if got else sc.SIDE_NONE}
+        return {sc.SIDE_MOVED: "+".join(got) if got else "-"}
 
     # -- records -----------------------------------------------------------------------------------------------
     def config(self) -> None:
