@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..model.events import Event, LEVEL_OF_TAG, int_field
+from ..model import semconv as sc
 from ..model.logline import Rng
 from .epochs import EPOCH_TAGS, EpochTracker
 from .findings import Finding, Unchecked
@@ -29,6 +30,7 @@ from .rules_h2 import H2Reload
 from .rules_h3 import H3Compose
 from .rules_h4 import H4Recycle
 from .rules_l3 import KEYS_KEPT, L3Rules
+from .rules_side import SideRules, side_witness
 from .state import UNKNOWN, Backup, Bounded, EpochState, Node, PendingLoad, PendingWrite
 
 # handler(ev, ev.fields, node_id, (seq, line_no)); node_id is an int for the keyed tags (the rest get the raw value)
@@ -37,7 +39,8 @@ Handler = Callable[[Event, dict, Any, tuple], "list[Finding] | None"]
 _UNKEYED = frozenset(("config", "free", "kv_canary", "l3_prefetch", "l3_ack"))
 
 
-class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare, CanaryOwner, L3Rules):
+class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare, CanaryOwner, L3Rules,
+                  SideRules):
     """Streaming checker of one rank. See the package docstring for the contract."""
 
     def __init__(self, rank: int, level: int | None = None) -> None:
@@ -47,6 +50,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         self.seen_level = 1
         self.mode = "none"
         self.io_rank = 0
+        self.sidecars: tuple[str, ...] = ()   # the config's sidecar pools (rules_side)
         self.epoch = 0
         self._tracker = EpochTracker()
         self.st = EpochState()
@@ -54,13 +58,14 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         self.nodes_total = 0
         self._skips: dict[str, Unchecked] = {}
         self._l3_keys = Bounded(KEYS_KEPT)   # L3a: page key -> its backup fingerprints (outlives epochs, as storage)
+        self._side_l3_keys = Bounded(KEYS_KEPT)   # SIDE-l3: the same for sidecar pages ("<key>.<pool>")
         self._l3_acked = Bounded(4096)       # L3a: prefetch ops compared at their ack
         self._l3_seen = False                # any L3 record: the L3 rules apply to this stream
         handlers: dict[str, Handler] = {
             "config": self._config, "insert": self._insert, "split": self._split, "prepare": self._prepare,
             "backup": self._backup, "ack": self._ack, "evict": self._evict, "free": self._free,
             "reload": self._reload, "compose": self._compose, "kv_canary": self._canary,
-            "l3_backup": self._l3_backup, "l3_prefetch": self._l3_prefetch, "l3_ack": self._l3_ack,
+            "l3_backup": self._l3_backup_all, "l3_prefetch": self._l3_prefetch, "l3_ack": self._l3_ack_all,
             "l3_hit": self._l3_hit,
         }
         # tag -> (level of the tag, handler, whether the record can move the epoch tracker, whether the handler
@@ -151,8 +156,9 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         out: list[Unchecked] = []
         lv = self.level
         for r in unchecked_at(lv, RANK):
-            if r.only_with and not self._l3_seen:
-                continue   # a rule of a tier this stream never touched (no L3 record): nothing it could check
+            if r.only_with and not (self.sidecars and (self._l3_seen or "l3_ack" not in r.tags) if r.code == "SIDE"
+                                    else self._l3_seen):
+                continue   # a tier (L3) or pool (sidecars) this stream never had: nothing the rule could check
             out.append(Unchecked(r.id, r.code, self.rank, r.level,
                                  f"trace level {lv} < {r.level}: no {LEVEL_RECORDS[r.level]}", "level"))
         out.extend(self._skips.values())
@@ -168,6 +174,8 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         io = int_field(f.get("io_rank"))
         if io is not None:
             self.io_rank = io
+        side = f.get(sc.SIDECARS)
+        self.sidecars = tuple(p for p in side.split("+") if p) if isinstance(side, str) else ()
 
     def _insert(self, ev: Event, f: dict, nid: int, ref: tuple) -> None:
         d = slots_of(f.get("dev"), f.get("devx"))
@@ -277,13 +285,18 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         if node is not None:   # the content witness HASH compares a later reload with
             h = f.get("h")
             node.bk = Backup(h if type(h) is int and h >= 0 else None, f.get("hp"), f.get("hs"), ref, op, True,
-                             node.len)
+                             node.len, side_witness(f, self.sidecars))
+        out = None
         nz = f.get("nz")
         if nz == 0 and type(nz) is int:   # (ZERO@backup fires on nz=0 only)
             fnd = self._zero_backup(ev, ref, nid, op, nz, d, w)
             if fnd is not None:
-                return [fnd]
-        return None
+                out = [fnd]
+        if self.sidecars:
+            fnd = self._side_missing(ev, f, nid, ref, "backup")
+            if fnd is not None:
+                out = [*(out or ()), fnd]
+        return out
 
     def _ack(self, ev: Event, f: dict, nid: int, ref: tuple) -> list[Finding] | None:
         d = f.get("dir")
@@ -363,6 +376,23 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
             fnd = self._hash_ack(ev, ref, nid, ld, hr, hp_r)
             if fnd is not None:
                 out.append(fnd)
+        if self.sidecars:
+            out.extend(self._side_hash(ev, f, nid, ref, ld))
+        return out
+
+    def _l3_backup_all(self, ev: Event, f: dict, nid: Any, ref: tuple) -> None:
+        """``l3_backup``: L3a/L3b's state, then the sidecar pages' (SIDE-l3)."""
+        self._l3_backup(ev, f, nid, ref)
+        if self.sidecars:
+            self._side_l3_backup(f, ref)
+
+    def _l3_ack_all(self, ev: Event, f: dict, nid: Any, ref: tuple) -> list[Finding] | None:
+        """``l3_ack``: L3a/L3b, then SIDE-l3 at a prefetch's ack."""
+        out = self._l3_ack(ev, f, nid, ref)
+        if self.sidecars and f.get("dir") == "prefetch":
+            fnd = self._side_l3(ev, f, nid, ref)
+            if fnd is not None:
+                out = [*(out or ()), fnd]
         return out
 
     def _evict(self, ev: Event, f: dict, nid: int, ref: tuple) -> None:
@@ -442,6 +472,10 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         fnd = self._h2a(ev, ref, nid, chain, H, op)
         if fnd is not None:
             out.append(fnd)
+        if self.sidecars:
+            fnd = self._side_missing(ev, f, nid, ref, "reload")
+            if fnd is not None:
+                out.append(fnd)
         if self.level >= 2:
             self._h2b(ev, ref, chain, op, out)
         # -- H4 and H2c windows of other copies

@@ -22,18 +22,24 @@ class Backup:
 
     ``whole`` is False for a fragment left by a split: its ``h`` is not composable, only ``hp`` slices are."""
 
-    __slots__ = ("h", "hp", "hs", "ref", "op", "whole", "length")
+    __slots__ = ("h", "hp", "hs", "ref", "op", "whole", "length", "side")
 
-    def __init__(self, h: Any, hp: Any, hs: Any, ref: Ref, op: Any, whole: bool, length: int) -> None:
+    def __init__(self, h: Any, hp: Any, hs: Any, ref: Ref, op: Any, whole: bool, length: int,
+                 side: dict | None = None) -> None:
         self.h, self.hp, self.hs, self.ref, self.op, self.whole, self.length = h, hp, hs, ref, op, whole, length
+        self.side = side   # sidecar pool -> (h, hp) of the same backup (rules_side)
+
+    def _pages(self, hp: Any, start: int, n: int) -> Any:
+        if isinstance(hp, list) and hp and self.length > 0 and self.length % len(hp) == 0:
+            tpp = self.length // len(hp)  # tokens per page
+            if start % tpp == 0 and n % tpp == 0:
+                return hp[start // tpp:(start + n) // tpp]
+        return None
 
     def fragment(self, start: int, n: int) -> "Backup":
-        hp = None
-        if isinstance(self.hp, list) and self.hp and self.length > 0 and self.length % len(self.hp) == 0:
-            tpp = self.length // len(self.hp)  # tokens per page
-            if start % tpp == 0 and n % tpp == 0:
-                hp = self.hp[start // tpp:(start + n) // tpp]
-        return Backup(None, hp, None, self.ref, self.op, False, n)
+        side = None if self.side is None else {p: (None, self._pages(hp, start, n)) for p, (_, hp) in
+                                               self.side.items()}
+        return Backup(None, self._pages(self.hp, start, n), None, self.ref, self.op, False, n, side)
 
 
 class Node:

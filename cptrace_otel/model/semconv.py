@@ -55,6 +55,25 @@ EPOCH: Final = "cptrace.epoch"           # per-rank count of reset records so fa
 LEVEL: Final = "cptrace.record.level"    # the level argument the record was emitted at
 RANK: Final = "sglang.cp.rank"           # also stamped on spans so cross-rank views need no resource join
 
+# -- sidecar pools (record fields; their attributes are hicache.<field>) -----------------------------------------
+# Pools whose slots follow the KV's (SGLang 0.5.23's sidecars with indices_from_pool=KV: the DSA/NSA indexer's
+# index_k_with_scale_buffer, ``indexer``). ``config`` names them (SIDECARS, "+"-joined); ``backup`` and ``reload``
+# name those their copy op moves (SIDE_MOVED, "+"-joined, "-" for none); ``backup`` and ``ack dir=h2d`` carry each one's
+# fingerprint of the node's pages as the KV's h/nz/hp are (side_field(SIDE_H, pool), ...). A KV-only cache writes
+# none of these fields.
+SIDECARS: Final = "sidecars"
+SIDE_MOVED: Final = "sp"
+SIDE_H: Final = "sh_"
+SIDE_NZ: Final = "snz_"
+SIDE_HP: Final = "shp_"
+
+
+def side_field(kind: str, pool: str) -> str:
+    """The record field of fingerprint ``kind`` (:data:`SIDE_H`, :data:`SIDE_NZ`, :data:`SIDE_HP`) of sidecar
+    ``pool``: ``sh_indexer``."""
+    return kind + pool
+
+
 # -- span attributes -------------------------------------------------------------------------------------------
 STAGE_CLOSED: Final = "cptrace.span.closed_by"  # "tag" (closing record), "timeout", "reset", "limit" or "flush"
 VIOLATION: Final = "cptrace.violation"          # comma-joined codes (H1..H4, ZERO, HASH) found on this span

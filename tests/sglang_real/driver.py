@@ -118,9 +118,10 @@ def request_stream(seed: int, n: int, page_size: int, families: int = 6) -> list
 
 
 def _pools(policy: str, page_size: int, dev_tokens: int, host_ratio: float, cp_group: Any,
-           tp_group: Any) -> tuple[Any, Any, Any, Any]:
+           tp_group: Any, make_kv: Any = None) -> tuple[Any, Any, Any, Any]:
     """What both versions' caches are built from: the server args (set in SGLang's runtime context, the CPU answers
-    applied), the device KV pool, its allocator and the cache's init params. ``(server args, kv, alloc, params)``."""
+    applied), the device KV pool (``make_kv(dev_tokens, page_size)`` where given, else an MHA pool), its allocator and
+    the cache's init params. ``(server args, kv, alloc, params)``."""
     import torch
 
     from sglang.srt import runtime_context as rc
@@ -135,8 +136,9 @@ def _pools(policy: str, page_size: int, dev_tokens: int, host_ratio: float, cp_g
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 
-    kv = MHATokenToKVPool(size=dev_tokens, page_size=page_size, dtype=torch.float32, head_num=HEADS, head_dim=DIM,
-                          layer_num=LAYERS, device="cpu", enable_memory_saver=False)
+    kv = (make_kv(dev_tokens, page_size) if make_kv is not None else
+          MHATokenToKVPool(size=dev_tokens, page_size=page_size, dtype=torch.float32, head_num=HEADS, head_dim=DIM,
+                           layer_num=LAYERS, device="cpu", enable_memory_saver=False))
     if page_size == 1:
         alloc = TokenToKVPoolAllocator(dev_tokens, torch.float32, "cpu", kv, need_sort=False)
     else:
@@ -156,10 +158,11 @@ def build(version: str, policy: str, page_size: int, dev_tokens: int, host_ratio
 
 
 def build23(policy: str, page_size: int, dev_tokens: int, host_ratio: float, cp_group: Any,
-            tp_group: Any) -> tuple[Any, Any, Any]:
+            tp_group: Any, make_kv: Any = None) -> tuple[Any, Any, Any]:
     """sglang 0.5.23: ``UnifiedRadixCache`` with the full-attention component only (what the scheduler builds for a
-    plain MHA model, ``registry.create_unified_radix_cache``), then ``init_hicache`` (``HybridCacheController``)."""
-    sa, kv, alloc, params = _pools(policy, page_size, dev_tokens, host_ratio, cp_group, tp_group)
+    plain MHA model, ``registry.create_unified_radix_cache``; ``make_kv``: another device pool, see :func:`_pools`),
+    then ``init_hicache`` (``HybridCacheController``, its host pools chosen by SGLang's strategy for the pool)."""
+    sa, kv, alloc, params = _pools(policy, page_size, dev_tokens, host_ratio, cp_group, tp_group, make_kv)
     from sglang.srt.mem_cache.unified_cache.components import ComponentType
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
@@ -230,6 +233,14 @@ class Driver:
                         self.corruption.append({"step": self.copies.step, "where": "host", "nodes": [child.id]})
                 stack.append((child, toks))
 
+    def store(self, idx: Any, tokens: list[int], start: int) -> None:
+        """The forward's write of the KV of ``tokens[start:]`` into device slots ``idx``."""
+        write_rows(self.kv, idx, expected_rows(tokens)[start:])
+
+    def host_ok(self, hp: Any, hv: Any, tokens: list[int], start: int) -> bool:
+        """Whether host slots ``hv`` of the KV host pool ``hp`` hold the KV of ``tokens[start:]``."""
+        return bool((read_rows(hp, hv) == expected_rows(tokens)[start:]).all())
+
     # -- the scheduler's calls -----------------------------------------------------------------------------------
     def admit(self, reqs: list[Req]) -> list[Req]:
         import torch
@@ -264,7 +275,7 @@ class Driver:
                 c.dec_lock_ref(req.last_node)
                 self.stats["deferred"] += 1
                 continue
-            write_rows(self.kv, new, expected_rows(req.tokens)[len(req.prefix_idx):])
+            self.store(new, req.tokens, len(req.prefix_idx))
             req.all_idx = torch.cat([req.prefix_idx, new])
             req.finish_step = self.copies.step + self.rng.randint(0, 2)
             running.append(req)
@@ -366,9 +377,7 @@ class Driver23(Driver):
                 toks = prefix + list(child.key.token_ids)
                 hv = runtime.full(child).host_value
                 if hv is not None and child.id not in pending and len(hv):
-                    got = read_rows(hp, hv)
-                    want = expected_rows(toks)[len(prefix):]
-                    if not bool((got == want).all()):
+                    if not self.host_ok(hp, hv, toks, len(prefix)):
                         self.corruption.append({"step": self.copies.step, "where": "host", "nodes": [child.id]})
                 stack.append((child, toks))
 
@@ -406,7 +415,7 @@ class Driver23(Driver):
                 c.dec_lock_ref(req.last_node, req.lock)
                 self.stats["deferred"] += 1
                 continue
-            write_rows(self.kv, new, expected_rows(req.tokens)[len(req.prefix_idx):])
+            self.store(new, req.tokens, len(req.prefix_idx))
             req.all_idx = torch.cat([req.prefix_idx, new])
             req.finish_step = self.copies.step + self.rng.randint(0, 2)
             running.append(req)
@@ -443,14 +452,17 @@ def run(version: str, out: str, policy: str = "write_through", page_size: int = 
         reset: bool = True, fault: str | None = None, nth: int = 1, exact: bool = False, instrument: bool = True,
         world: int = 1, rank: int = 0, store: str | None = None, level: int = 2, audit_every: int = 5,
         cp_mode: str = "replicated", make_driver: Any = None, exporter: str = "thread",
-        ring: bool = True) -> dict:
+        ring: bool = True, builder: Any = None, stream: Any = None, checks: bool = False) -> dict:
     """One run; returns ``{"corruption", "fault_hits", "stats", "log", "otlp", "seconds"}``.
 
     ``cp_mode`` is the ``config`` record's ``mode`` when ``world`` > 1: the driver's ranks each hold the whole
     stream's KV in their own cache (the same requests, the same KV bytes), which is ``replicated``.
     ``make_driver``: a :class:`Driver` factory with its arguments (l3_driver.py's: storage on, the scheduler's
     storage calls). ``exporter``/``ring``: where records go (``process`` with ``ring``: the record ring, the
-    default outside these tests; the tests export from a thread)."""
+    default outside these tests; the tests export from a thread). ``builder``/``stream``: 0.5.23's cache builder
+    (:func:`build23`'s arguments) and the prompt stream (:func:`request_stream`'s) for another pool kind
+    (dsa_driver.py's). ``checks``: the exporter's online checks (their findings on the spans, ``hicache.violation``
+    events)."""
     t0 = time.monotonic()
     os.makedirs(out, exist_ok=True)
     import cptrace_otel
@@ -458,7 +470,7 @@ def run(version: str, out: str, policy: str = "write_through", page_size: int = 
     log = os.path.join(out, f"rank-{rank}.log")
     otlp = os.path.join(out, f"rank-{rank}.otlp.jsonl")
     cptrace_otel.configure(level=(level if instrument else 0), file=otlp, log_file=log, exporter=exporter, ring=ring,
-                           cp_rank=rank, run_id=f"sglang-{version}-{policy}-p{page_size}-s{seed}", checks=False)
+                           cp_rank=rank, run_id=f"sglang-{version}-{policy}-p{page_size}-s{seed}", checks=checks)
     if instrument:
         from cptrace_otel.traced.sglang import SGLangInstrumentor
 
@@ -473,7 +485,7 @@ def run(version: str, out: str, policy: str = "write_through", page_size: int = 
         store = tempfile.mktemp(prefix="cptrace-gloo-")
     cp, tp = _init_group(world, rank, store)
     if version == "0.5.23":
-        cache, kv, alloc = build23(policy, page_size, dev_tokens, host_ratio, cp, tp)
+        cache, kv, alloc = (builder or build23)(policy, page_size, dev_tokens, host_ratio, cp, tp)
     else:
         cache, kv, alloc = build(version, policy, page_size, dev_tokens, host_ratio, cp, tp)
     copies = runtime.Copies(seed * 31 + 1, max_lag)
@@ -481,7 +493,7 @@ def run(version: str, out: str, policy: str = "write_through", page_size: int = 
     faults = runtime.Faults(fault, nth)
     faults.install(cache, copies)
     drv = (make_driver or (Driver23 if version == "0.5.23" else Driver))(cache, kv, alloc, copies, seed, page_size)
-    prompts = request_stream(seed, requests, page_size)
+    prompts = (stream or request_stream)(seed, requests, page_size)
     drv.run(prompts, batch, reset_at=(len(prompts) // (2 * batch) if reset else None), audit_every=audit_every)
     cptrace_otel.flush(60)
     cptrace_otel.shutdown(60)

@@ -5,10 +5,11 @@ and test-only (never shipped), and the same three serve 0.5.20 and 0.5.23 (0.5.2
 at the same position, its controller and ``l2_transfer`` take ``device_module`` the same way, and its direct IO
 copies through the same ``transfer_kv_direct``); 0.5.23 needs no other:
 
-* the host pool is built with ``pin_memory=False`` (pinning calls ``cudaHostRegister``);
+* the host pools (MHA; 0.5.23's MLA and DSA indexer too) are built with ``pin_memory=False`` (pinning calls
+  ``cudaHostRegister``);
 * ``device_module`` of ``cache_controller`` and ``l2_transfer`` is ``torch.cpu`` (no-op streams and events; SGLang
   took ``torch.get_device_module()``, ``torch.cuda`` on a CUDA build of torch even without a GPU);
-* ``transfer_kv_direct`` (imported from sgl_kernel only under CUDA) is a plain indexed copy;
+* ``transfer_kv_direct`` (imported from sgl_kernel only under CUDA, in each host pool module) is a plain indexed copy;
 * :class:`Copies`: ``L2TransferEngine.submit_*`` run SGLang's own copy code later: each copy is queued with a
   seeded lag (scheduler steps); its data moves when it completes (due at a step, or forced by a ``synchronize``
   or by the forward's wait on a load) and its ack becomes visible to ``finish_event.query()`` at its due step.
@@ -81,20 +82,34 @@ def apply_cpu_answers() -> None:
 
     cc.device_module = torch.cpu
     l2.device_module = torch.cpu
-    if not hasattr(mha, "transfer_kv_direct"):
-        mha.transfer_kv_direct = _transfer_kv_direct
-    cls = mha.MHATokenToKVPoolHost
-    if not getattr(cls.__init__, "_cpu_unpinned", False):
-        orig = cls.__init__
+    mods: list[tuple[Any, str, int]] = [(mha, "MHATokenToKVPoolHost", 6)]
+    try:   # 0.5.23's MLA host pool and the DSA indexer's host pool (the DSA sidecar); 0.5.20 has no dsa module
+        import sglang.srt.mem_cache.pool_host.dsa as dsa
+        import sglang.srt.mem_cache.pool_host.mla as mla
 
-        @functools.wraps(orig)
-        def init(self: Any, *a: Any, **k: Any) -> None:
-            if len(a) < 6:
-                k["pin_memory"] = False
-            orig(self, *a, **k)
+        mods += [(mla, "MLATokenToKVPoolHost", 6), (dsa, "DSAIndexerPoolHost", 1 << 30)]
+    except ImportError:
+        pass
+    for mod, name, pos in mods:
+        if not hasattr(mod, "transfer_kv_direct"):
+            mod.transfer_kv_direct = _transfer_kv_direct
+        _unpinned(getattr(mod, name), pos)
 
-        init._cpu_unpinned = True  # type: ignore[attr-defined]
-        cls.__init__ = init
+
+def _unpinned(cls: Any, pos: int) -> None:
+    """``cls`` built with ``pin_memory=False`` unless its caller passed it (positional index ``pos`` of ``a``)."""
+    if getattr(cls.__init__, "_cpu_unpinned", False):
+        return
+    orig = cls.__init__
+
+    @functools.wraps(orig)
+    def init(self: Any, *a: Any, **k: Any) -> None:
+        if len(a) < pos:
+            k["pin_memory"] = False
+        orig(self, *a, **k)
+
+    init._cpu_unpinned = True  # type: ignore[attr-defined]
+    cls.__init__ = init
 
 
 def host_pool(cache: Any) -> Any:

@@ -34,7 +34,8 @@ class Rule(NamedTuple):
     emits: tuple[str, ...]
     impl: str
     skips: tuple[str, ...] = ()
-    only_with: tuple[str, ...] = ()   # tags without which a stream gives the rule nothing to check (a tier it skips)
+    only_with: tuple[str, ...] = ()   # tags without which a stream gives the rule nothing to check (a tier it skips;
+    #                                   SIDE: a config naming sidecars)
 
 
 def _r(id: str, code: str, level: int, scope: str, tags: str, summary: str, impl: str,
@@ -84,6 +85,19 @@ RULES: tuple[Rule, ...] = (
     _r("HASH", "HASH", 1, RANK, "backup reload ack split",
        "a node's reload hash equals its latest backup hash (per-page hp across a split)",
        "rules_content:HashCompare._hash_cmp", skips=_HASH_SKIPS),
+    _r("SIDE-missing", "SIDE", 1, RANK, "config backup reload",
+       "a backup or reload moves each sidecar pool the config names (DSA indexer: sidecars=indexer) in the same "
+       "copy op as the node's KV (its sp names it)",
+       "rules_side:SideRules._side_missing", skips=("SIDE-skipped(no sp)",)),
+    _r("SIDE-hash", "SIDE", 2, RANK, "config backup ack split",
+       "a node's sidecar fingerprint after its h2d load equals its latest backup's (per-page shp across a split)",
+       "rules_side:SideRules._side_hash", skips=("SIDE-skipped(no backup)", "SIDE-skipped(no hash)"),
+       only_with="config"),
+    _r("SIDE-l3", "SIDE", 2, RANK, "config l3_backup l3_ack",
+       "sidecar pages survive the L3 round trip: per page key, the sidecar fingerprint a prefetch brought back "
+       "(l3_ack dir=prefetch shp_<pool>) is one the key was written with (l3_backup)",
+       "rules_side:SideRules._side_l3", skips=("SIDE-skipped(no l3 backup)", "SIDE-skipped(no l3 fingerprint)"),
+       only_with="config"),
     _r("C1", "C1", 1, CROSS, "insert split prepare evict reload reset",
        "lockstep tree: every rank's structural tuples are identical; the first divergence is reported",
        "rules_c1:C1Lockstep._c1_compare"),

@@ -34,6 +34,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from ..api import cptrace, khash, rng
+from ...model import semconv as sc
 from ._state import arg, safe, state_of
 
 CONTROLLER = "sglang.srt.managers.cache_controller"
@@ -71,6 +72,17 @@ def _page_fps(cc: Any, host_indices: Any, pages: int) -> list[int]:
     pool = cc.storage_host_pool
     ps = int(cc.page_size)
     return [page_fp(pool.get_data_page(int(host_indices[i * ps]), flat=False)) for i in range(pages)]
+
+
+def _side_fps(st: Any, cc: Any, host_indices: Any, pages: int) -> dict[str, list[int]]:
+    """``shp_<pool>``: per sidecar pool of the cache (the DSA indexer), one :func:`page_fp` per page of its host pool
+    at the KV's host slots (a sidecar's slots are the KV's); nothing for a cache without sidecars."""
+    side_host = getattr(st, "side_host", None)
+    if not side_host:
+        return {}
+    ps = int(cc.page_size)
+    return {sc.side_field(sc.SIDE_HP, name): [page_fp(pool.get_data_page(int(host_indices[i * ps]), flat=False))
+                                               for i in range(pages)] for name, pool in side_host.items()}
 
 
 def page_fp(page: Any) -> int:
@@ -154,9 +166,10 @@ def write_storage_site(reads: type[Reads]) -> Any:
         pre = safe(lambda: _backup_pre(reads, st, node, instance, host, arg(args, kwargs, 2, "hash_value")))
         op = wrapped(*args, **kwargs)
         if pre is not None:
-            nid, keys, hp = pre
+            nid, keys, hp, side = pre
             safe(lambda: cptrace(1, "l3_backup", node_id=nid, op=int(op), keys=keys, hp=hp, host=rng(host),
-                                 io=(0 if getattr(instance, "backup_skip", False) else 1), **st.xs("hostx", host)))
+                                 io=(0 if getattr(instance, "backup_skip", False) else 1), **side,
+                                 **st.xs("hostx", host)))
         return op
     return _write_storage
 
@@ -198,7 +211,8 @@ def _drain_pre(cache: Any, n_hit: Any) -> tuple:
 
 def _backup_pre(reads: Any, st: Any, node: Any, controller: Any, host: Any, hash_value: Any) -> tuple:
     hashes = list(hash_value or ())
-    return reads.node_id(st, node), _keys(controller, hashes), _page_fps(controller, host, len(hashes))
+    return (reads.node_id(st, node), _keys(controller, hashes), _page_fps(controller, host, len(hashes)),
+            _side_fps(st, controller, host, len(hashes)))
 
 
 def flush_hits(st: Any, cache: Any) -> None:
@@ -261,7 +275,8 @@ def _prefetch_ack(reads: type[Reads], cache: Any, op: Any) -> None:
     cc = cache.cache_controller
     pages = reads.usable_pages(cache, op)
     cptrace(2, "l3_ack", dir="prefetch", op=op.id, node_id=cur[0], done=pages,
-            keys=_keys(cc, list(op.hash_value)[:pages]), hp=_page_fps(cc, op.host_indices, pages))
+            keys=_keys(cc, list(op.hash_value)[:pages]), hp=_page_fps(cc, op.host_indices, pages),
+            **_side_fps(state_of(cache), cc, op.host_indices, pages))
 
 
 def hit_record(st: Any, cache: Any, op: Any, node: Any, hashes: Any) -> None:

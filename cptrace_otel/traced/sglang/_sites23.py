@@ -55,6 +55,9 @@ class State23(State):
     def __init__(self, cache: Any) -> None:
         super().__init__(cache)
         self.write_len: dict[int, tuple[int, int]] = {}   # ack id (node id) -> (op id, backup length)
+        self.side = sidecars(cache)
+        group = cache.cache_controller.mem_pool_host
+        self.side_host = {name: group.get_pool(pool_name) for name, pool_name in sidecar_names(cache)}
 
     @staticmethod
     def dev(n: Any) -> Any:
@@ -101,7 +104,7 @@ class State23(State):
                 policy=POLICY.get(cc.write_policy, "?"), parent=(parent.id if parent is not None else -1), pbk=pbk,
                 **self.xs("hostx", host), **self.xs("devx", dev))
         cptrace(1, "backup", op=op.id, node_id=node_id, dev=rng(dev), host=rng(host), io=1, **self.fp(dev),
-                **self.xs("devx", dev), **self.xs("hostx", host))
+                **self.moved(op), **self.xs("devx", dev), **self.xs("hostx", host))
         self.write_len[node_id] = (op.id, len(dev))
 
     def ack_d2h23(self, ack_id: int) -> None:
@@ -120,9 +123,26 @@ class State23(State):
         host = kv_xfer.host_indices
         last = self.node(node_id)
         cptrace(1, "reload", node_id=last.id, chain=[n.id for n in chain], op=op.id, host=rng(host),
-                dev=rng(device_indices), **self.xs("hostx", host), **self.xs("devx", device_indices))
+                dev=rng(device_indices), **self.moved(op), **self.xs("hostx", host), **self.xs("devx", device_indices))
         self.loads.setdefault(last.id, []).append(Load(op.id, chain))
         self.loaded = last
+
+
+def sidecar_names(cache: Any) -> list[tuple[str, Any]]:
+    """The cache's sidecar pools whose slots are the KV's (``sidecar_pool_specs`` with ``indices_from_pool=KV``:
+    the DSA/NSA indexer of DeepSeek-V3.2 and GLM-5.x) that its host pool group holds, as ``(name, PoolName)``;
+    their pages travel in the same copy ops as the node's KV (``HybridCacheController.write``/``load``
+    ``extra_pools``) and to L3 under their own keys."""
+    entries = getattr(cache.cache_controller.mem_pool_host, "entry_map", {})
+    return [(str(getattr(spec.pool_name, "value", spec.pool_name)), spec.pool_name)
+            for spec in getattr(cache, "sidecar_pool_specs", None) or ()
+            if getattr(spec.indices_from_pool, "value", None) == "kv" and spec.pool_name in entries]
+
+
+def sidecars(cache: Any) -> list[tuple[str, Any]]:
+    """:func:`sidecar_names` as ``(name, device pool)``."""
+    entries = cache.cache_controller.mem_pool_host.entry_map
+    return [(name, entries[pn].device_pool) for name, pn in sidecar_names(cache)]
 
 
 def _st(obj: Any) -> "State23 | None":

@@ -14,6 +14,7 @@ import threading
 from typing import Any
 
 from ..api import cptrace, khash, knz, rng, trace_level
+from ...model import semconv as sc
 
 logger = logging.getLogger("cptrace_otel.sglang")
 
@@ -170,6 +171,8 @@ class State:
         self.evict_kind: str | None = None   # 0.5.23: the kind the tree core's running eviction gets (drop, dup)
         self.insert_ctx: dict | None = None  # during insert: params, pre-evicted ids, counter, nodes announced
         self.loaded: Any = None              # during init_load_back: the last node of the load it issued
+        self.side: list[tuple[str, Any]] = []  # sidecar pools riding on the KV's slots: (name, device pool)
+        self.side_host: dict[str, Any] = {}    # the same pools' host pools, by name
 
     def clear(self) -> None:
         self.writing.clear()
@@ -209,15 +212,24 @@ class State:
         return {key: _runs(t)}
 
     def fp(self, idx: Any) -> dict[str, Any]:
-        """``h``, ``nz``, ``hp``: the device KV of slots ``idx`` in token order, every layer's K then V."""
-        if idx is None or len(idx) == 0:
-            return {"h": 0, "nz": 0, "hp": []}
-        rows = _kv_rows(self.kv_pool(), idx)
-        if rows is None:
-            return {"h": -2, "nz": -2}
-        ps = self.page_size
-        hp = [khash(rows[i:i + ps]) for i in range(0, rows.shape[0], ps)]
-        return {"h": _int(khash(rows)), "nz": _int(knz(rows)), "hp": [_int(x) for x in hp]}
+        """``h``, ``nz``, ``hp``: the device KV of slots ``idx`` in token order, every layer's K then V; then, per
+        sidecar pool (:attr:`side`), the same three of its pages holding those slots (``sh_<pool>``, ...)."""
+        empty = idx is None or len(idx) == 0
+        out = {"h": 0, "nz": 0, "hp": []} if empty else _fp(_kv_rows(self.kv_pool(), idx), self.page_size)
+        for name, pool in self.side:
+            f = {"h": 0, "nz": 0, "hp": []} if empty else _fp(_side_rows(pool, idx, self.page_size), 1)
+            out.update({sc.side_field(k, name): f[key] for k, key in ((sc.SIDE_H, "h"), (sc.SIDE_NZ, "nz"),
+                                                                     (sc.SIDE_HP, "hp")) if key in f})
+        return out
+
+    def moved(self, op: Any) -> dict[str, str]:
+        """``sp``: the sidecar pools (of :attr:`side`) that copy op ``op`` moves with its KV (``-``: none); nothing
+        for a cache without sidecars."""
+        if not self.side:
+            return {}
+        names = {getattr(t.name, "value", t.name) for t in (getattr(op, "pool_transfers", None) or ())}
+        got = [n for n, _ in self.side if n in names]
+        return {sc.SIDE_MOVED: "+".join(got) if got else "-"}
 
     # -- records -----------------------------------------------------------------------------------------------
     def config(self) -> None:
@@ -235,7 +247,8 @@ class State:
         host = self.host_pool()
         cptrace(1, "config", cp_size=cp_size, cp_rank=cp_rank, mode=(Recorder.cp_mode if cp_size > 1 else "none"),
                 page_size=self.page_size, policy=POLICY.get(cc.write_policy, cc.write_policy), level=trace_level(),
-                io_backend=getattr(cc, "io_backend", "?"), layout=getattr(host, "layout", "?"))
+                io_backend=getattr(cc, "io_backend", "?"), layout=getattr(host, "layout", "?"),
+                **({sc.SIDECARS: "+".join(n for n, _ in self.side)} if self.side else {}))
 
     def node_record(self, n: Any, kind: str) -> None:
         v = self.dev(n)
@@ -330,6 +343,32 @@ class Recorder:
 
 def _int(x: Any) -> Any:
     return x if type(x) is int else int(x)
+
+
+def _fp(rows: Any, per_page: int) -> dict[str, Any]:
+    """``h``, ``nz`` of ``rows`` and ``hp``, one ``khash`` per ``per_page`` rows; the -2 sentinels for None (a pool
+    layout the instrumentation does not know)."""
+    if rows is None:
+        return {"h": -2, "nz": -2}
+    hp = [khash(rows[i:i + per_page]) for i in range(0, rows.shape[0], per_page)]
+    return {"h": _int(khash(rows)), "nz": _int(knz(rows)), "hp": [_int(x) for x in hp]}
+
+
+def _side_rows(pool: Any, idx: Any, page_size: int) -> Any:
+    """``[pages, layers, page bytes]``: the sidecar pages holding KV slots ``idx`` (page-aligned, token order), one
+    row per page with every layer's index keys then scales as the page holds them (DSA's
+    ``index_k_with_scale_buffer``, one page row per KV page; layers without an indexer, 0-row placeholders, are
+    left out). None for a layout this does not know (another sidecar, or index pages of another size)."""
+    import torch
+
+    bufs = getattr(pool, "index_k_with_scale_buffer", None)
+    if not bufs or int(getattr(pool, "index_page_size", page_size)) != page_size:
+        return None
+    bufs = [b for b in bufs if b.shape[0] > 0]
+    if not bufs:
+        return None
+    pages = (idx[::page_size] // page_size).to(bufs[0].device)
+    return torch.stack([b[pages] for b in bufs], dim=1).contiguous()
 
 
 def _kv_rows(pool: Any, idx: Any) -> Any:

@@ -1,0 +1,230 @@
+"""Drive real SGLang 0.5.23 HiCache over a DSA KV pool (DeepSeek-V3.2, GLM-5.x): ``DSATokenToKVPool`` (MLA KV plus
+the indexer's ``index_k_with_scale_buffer``) under ``UnifiedRadixCache``, whose ``init_hicache`` picks SGLang's own
+``_DsaStrategy``: an MLA host pool as the anchor and a ``DSAIndexerPoolHost`` sidecar (``PoolName.INDEXER``,
+indices from the KV pool) in one host pool group, both moved by one ``HybridCacheController`` op per backup and
+load. The scheduler steps are ``driver.Driver23``'s; this adds the indexer's content: the forward writes each new
+token's index key and scale as it writes its KV, and every prefix check and host audit compares both pools.
+
+DSA needs 64-token pages (``DSATokenToKVPool``'s assertion), so prompts are whole pages (:func:`dsa_stream`).
+
+Faults (:data:`DSA_FAULTS`): ``dsa_no_idx_backup`` drops the indexer's transfer from every backup op
+(``HybridCacheController.write`` gets the KV transfer only): what SGLang did before the DSA index buffers were
+backed up to host (the GLM-5.3 host load-back report). The KV round trip stays correct; the indexer on the device
+after a load-back is stale. ``dsa_l3_no_idx`` (with ``l3=True``: SGLang's ``file`` storage backend, l3_driver.py's
+scheduler calls): the store reads the KV pages of an L3 hit but not the indexer's, and reports them read
+(``HiCacheFile._read_page`` of the indexer pool does nothing): the shape of a store that registered ``kv_buffer``
+but not ``index_k_with_scale_buffer`` (the GLM-5.1 + Mooncake report). The fetched KV is right, its indexer pages
+on the host (and then the device) are whatever they held before.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import random
+import shutil
+import sys
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+import driver  # noqa: E402  (tests/sglang_real/driver.py)
+import l3_driver  # noqa: E402
+
+PAGE = 64
+RANK, ROPE, IDX_DIM = 16, 8, 128
+DSA_FAULTS = ("dsa_no_idx_backup", "dsa_l3_no_idx")
+
+
+def make_dsa_pool(dev_tokens: int, page_size: int) -> Any:
+    import torch
+
+    from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool
+
+    return DSATokenToKVPool(size=dev_tokens, page_size=page_size, kv_lora_rank=RANK, dtype=torch.bfloat16,
+                            qk_rope_head_dim=ROPE, layer_num=driver.LAYERS, device="cpu", index_head_dim=IDX_DIM,
+                            enable_memory_saver=False, kv_cache_dim=RANK + ROPE)
+
+
+build_dsa = functools.partial(driver.build23, make_kv=make_dsa_pool)
+
+
+def dsa_stream(seed: int, n: int, page_size: int) -> list[list[int]]:
+    """:func:`driver.request_stream`'s shape in whole pages: families of 1-3 shared pages, then 1-2 own pages."""
+    r = random.Random(seed)
+    fams = [[r.randrange(1, 5000) for _ in range(page_size * r.choice((1, 2, 3)))] for _ in range(5)]
+    out = []
+    for _ in range(n):
+        base = list(r.choice(fams))
+        if r.random() < 0.4:
+            base = base[: page_size * r.randrange(1, len(base) // page_size + 1)]
+        out.append(base + [r.randrange(1, 5000) for _ in range(page_size * r.randrange(1, 3))])
+    return out
+
+
+def expected_kv(tokens: list[int]) -> Any:
+    """``[len(tokens), LAYERS, 1, RANK+ROPE]`` bf16: each position's MLA KV (a function of its whole prefix)."""
+    import torch
+
+    h = torch.tensor(driver._prefix_hashes(tokens), dtype=torch.int64)[:, None, None, None]
+    lay = torch.arange(driver.LAYERS, dtype=torch.int64)[None, :, None, None]
+    d = torch.arange(RANK + ROPE, dtype=torch.int64).view(1, 1, 1, -1)
+    return (((h * 31 + lay * 7 + d * 3) % 251) + 1).to(torch.bfloat16)
+
+
+def expected_idx(tokens: list[int]) -> Any:
+    """``[len(tokens), LAYERS, IDX_DIM + 4]`` uint8: each position's index key (fp8 bytes) and scale (4 bytes)."""
+    import torch
+
+    h = torch.tensor(driver._prefix_hashes(tokens), dtype=torch.int64)[:, None, None]
+    lay = torch.arange(driver.LAYERS, dtype=torch.int64)[None, :, None]
+    d = torch.arange(IDX_DIM + 4, dtype=torch.int64).view(1, 1, -1)
+    return ((h * 17 + lay * 5 + d * 11) % 255 + 1).to(torch.uint8)
+
+
+def _idx_cols(pool: Any, idx: Any) -> tuple[Any, Any, Any]:
+    """Where token slots ``idx`` live in a page-major index buffer row ``[page_size*IDX_DIM keys | page_size*4
+    scales]`` (DSA's layout): ``(page, key columns [T, IDX_DIM], scale columns [T, 4])``."""
+    import torch
+
+    ps = pool.page_size
+    page, off = idx // ps, idx % ps
+    kcol = off[:, None] * IDX_DIM + torch.arange(IDX_DIM)[None, :]
+    scol = ps * IDX_DIM + off[:, None] * 4 + torch.arange(4)[None, :]
+    return page, kcol, scol
+
+
+def idx_layers(pool: Any) -> list:
+    """The indexer buffers of a device pool (per layer) or of a layer-first host pool (its ``[layers, ...]``)."""
+    b = pool.index_k_with_scale_buffer
+    return list(b)
+
+
+def read_idx(pool: Any, idx: Any) -> Any:
+    import torch
+
+    page, kcol, scol = _idx_cols(pool, idx)
+    out = []
+    for b in idx_layers(pool):
+        out.append(torch.cat([b[page[:, None], kcol], b[page[:, None], scol]], dim=1))
+    return torch.stack(out, dim=1)
+
+
+def write_idx(pool: Any, idx: Any, rows: Any) -> None:
+    page, kcol, scol = _idx_cols(pool, idx)
+    for i, b in enumerate(idx_layers(pool)):
+        b[page[:, None], kcol] = rows[:, i, :IDX_DIM]
+        b[page[:, None], scol] = rows[:, i, IDX_DIM:]
+
+
+def read_kv(pool: Any, idx: Any) -> Any:
+    import torch
+
+    return torch.stack([b[idx] for b in pool.kv_buffer], dim=1)
+
+
+class DsaDriver(driver.Driver23):
+    """:class:`driver.Driver23` over a DSA pool: KV and indexer written, checked on the device and audited on the
+    host; a mismatch is a ``corruption`` entry whose ``pool`` says which."""
+
+    def store(self, idx: Any, tokens: list[int], start: int) -> None:
+        kv = expected_kv(tokens)[start:]
+        for i, b in enumerate(self.kv.kv_buffer):
+            b[idx] = kv[:, i]
+        write_idx(self.kv, idx, expected_idx(tokens)[start:])
+
+    def check_prefix(self, req: driver.Req) -> None:
+        n = len(req.prefix_idx)
+        if n == 0:
+            return
+        for pool, got, want in (("kv", read_kv(self.kv, req.prefix_idx), expected_kv(req.tokens[:n])),
+                                ("indexer", read_idx(self.kv, req.prefix_idx), expected_idx(req.tokens[:n]))):
+            bad = (got != want).flatten(1).any(dim=1)
+            if bool(bad.any()):
+                self.corruption.append({"step": self.copies.step, "where": "device", "pool": pool, "rid": req.rid,
+                                        "positions": int(bad.sum())})
+
+    def host_ok(self, hp: Any, hv: Any, tokens: list[int], start: int) -> bool:
+        idx_host = self.cache.cache_controller.mem_pool_host.get_pool(_indexer_name())
+        return (bool((read_kv(hp, hv) == expected_kv(tokens)[start:]).all())
+                and bool((read_idx(idx_host, hv) == expected_idx(tokens)[start:]).all()))
+
+
+def _indexer_name() -> Any:
+    from sglang.srt.mem_cache.hicache_storage import PoolName
+
+    return PoolName.INDEXER
+
+
+def install_fault(cache: Any, kind: str | None) -> list[dict]:
+    """``kind`` (one of :data:`DSA_FAULTS`) on ``cache``'s controller; returns the list its hits go to."""
+    hits: list[dict] = []
+    if kind is None:
+        return hits
+    if kind not in DSA_FAULTS:
+        raise ValueError(f"unknown DSA fault {kind!r} (one of {', '.join(DSA_FAULTS)})")
+    cc = cache.cache_controller
+    if kind == "dsa_l3_no_idx":
+        backend = cc.storage_backend
+        read = backend._read_page
+
+        def read_page(pool_name: Any, key: str, host_pool: Any, page_offset: int) -> bool:
+            if pool_name == _indexer_name():
+                hits.append({"skipped": key})
+                return True
+            return read(pool_name, key, host_pool, page_offset)
+
+        backend._read_page = read_page
+        return hits
+    orig = cc.write
+
+    @functools.wraps(orig)
+    def write(*a: Any, **k: Any) -> Any:
+        extra = k.get("extra_pools")
+        if extra:
+            k["extra_pools"] = [x for x in extra if getattr(x, "name", None) != _indexer_name()]
+            hits.append({"dropped": len(extra) - len(k["extra_pools"])})
+        return orig(*a, **k)
+
+    cc.write = write
+    return hits
+
+
+class StorageDsaDriver(l3_driver._Storage, DsaDriver):
+    """:class:`DsaDriver` with the ``file`` storage backend and the scheduler's storage calls (l3_driver.py)."""
+
+
+def run_dsa(out: str, fault: str | None = None, seed: int = 0, requests: int = 48, l3: bool = False,
+            **kw: Any) -> dict:
+    """One :func:`driver.run` of 0.5.23 over the DSA pool (``fault``: :data:`DSA_FAULTS`; ``l3``: with the ``file``
+    storage backend in a fresh folder ``out/l3store``); its summary plus ``dsa_fault_hits``."""
+    box: dict = {}
+
+    def make_driver(cache: Any, *a: Any) -> DsaDriver:
+        if l3:
+            root = os.path.join(out, "l3store")
+            shutil.rmtree(root, ignore_errors=True)
+            os.makedirs(root)
+            os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = root
+            drv: DsaDriver = StorageDsaDriver(cache, *a, faults=l3_driver.L3Faults(None))
+        else:
+            drv = DsaDriver(cache, *a)
+        box["hits"] = install_fault(cache, fault)
+        return drv
+
+    kw.setdefault("dev_tokens", PAGE * 16)
+    res = driver.run("0.5.23", out, page_size=PAGE, seed=seed, requests=requests, builder=build_dsa,
+                     stream=dsa_stream, make_driver=make_driver, **kw)
+    res["dsa_fault_hits"] = box.get("hits", [])
+    return res
+
+
+if __name__ == "__main__":
+    import json
+
+    import runtime
+
+    runtime.on_path("0.5.23")
+    print(json.dumps(run_dsa(sys.argv[1], fault=(sys.argv[2] if len(sys.argv) > 2 else None))))
