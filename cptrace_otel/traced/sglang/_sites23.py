@@ -320,20 +320,28 @@ def _evict_component(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> 
     st = _st(instance)
     if st is None:
         return wrapped(*args, **kwargs)
-    node, comp = arg(args, kwargs, 0, "node"), arg(args, kwargs, 1, "comp")
-    pre = safe(lambda: (st.dev(node), st.host(node), arg(args, kwargs, 2, "device_frees"),
-                        arg(args, kwargs, 3, "host_frees")) if int(getattr(comp, "component_type", -1)) == FULL
-               else None)
+    node = arg(args, kwargs, 0, "node")
+    pre = safe(_pre_evict, st, node, arg(args, kwargs, 1, "comp"), arg(args, kwargs, 2, "device_frees"))
     out = wrapped(*args, **kwargs)
     if pre is not None:
         safe(_on_evict, st, node, pre)
     return out
 
 
+def _pre_evict(st: State23, node: Any, comp: Any, dfrees: Any) -> Any:
+    """The FULL component's eviction of ``node``, before the call: its device and host values, the frees list the
+    call appends to and that list's length. The call's own frees are those past it: O(1) per evicted node, never a
+    scan of everything the running eviction freed before (that was quadratic in the nodes one eviction takes)."""
+    if int(getattr(comp, "component_type", -1)) != FULL:
+        return None
+    lst = dfrees.get(FULL)
+    return st.dev(node), st.host(node), dfrees, (len(lst) if lst is not None else 0)
+
+
 def _on_evict(st: State23, node: Any, pre: tuple) -> None:
-    dev, host, dfrees, hfrees = pre
+    dev, host, dfrees, n_before = pre
     kind = st.evict_kind
-    if dev is not None and any(t is dev for t in dfrees.get(FULL, ())):
+    if dev is not None and any(t is dev for t in dfrees.get(FULL, ())[n_before:]):
         st.evict("dev", node, kind or ("backuped" if st.host(node) is not None else "regular"), dev)
     if host is not None and st.host(node) is None:
         if kind == "dup":   # a host duplicate reclaimed: the node keeps its device copy

@@ -89,11 +89,23 @@ def warn_once(key: str, msg: str) -> None:
     logger.warning(msg)
 
 
+failures: dict[str, int] = {}   # wrapper-side failures so far, by the function that failed
+
+
 def safe(fn: Any, *args: Any) -> Any:
+    """``fn(*args)``, or None where it raises: every read a wrapper makes of SGLang's arguments and objects runs
+    here, so the wrapped call runs exactly as uninstrumented whatever SGLang passes. A failure costs that record
+    only; it is counted in :data:`failures` and named once per function (one warning, then debug lines)."""
     try:
         return fn(*args)
     except Exception as e:  # recording never breaks SGLang
-        logger.debug("cptrace-otel: record skipped (%s: %s)", type(e).__name__, e)
+        name = getattr(fn, "__qualname__", None) or type(fn).__name__
+        n = failures[name] = failures.get(name, 0) + 1
+        if n == 1:
+            logger.warning("cptrace-otel: a record skipped in %s (%s: %s); later ones are counted", name,
+                           type(e).__name__, e)
+        else:
+            logger.debug("cptrace-otel: record skipped in %s (%s: %s)", name, type(e).__name__, e)
         return None
 
 
