@@ -125,6 +125,7 @@ def reload_config(**overrides: Any) -> _config.Config:
     global _CONFIG
     cfg = _config.from_env(**overrides)
     _CONFIG = cfg
+    _losses.START.retry_now()   # (a pipeline that could not start is tried at once with the new settings)
     _STATE.level = cfg.level
     return cfg
 
@@ -231,7 +232,8 @@ def shutdown(timeout_s: float = 30.0) -> bool:
     try:
         from . import pipeline
 
-        return pipeline.shutdown(timeout_s) and _losses.START.dropped == 0
+        ok = pipeline.shutdown(timeout_s)
+        return ok and _losses.START.take() == 0   # (drops with no pipeline: this shutdown answers for them)
     except Exception:
         return False
 

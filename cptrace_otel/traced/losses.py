@@ -7,9 +7,11 @@ Contract (docs/failure-modes.md, "Every lost record"):
   so once on stderr, with the error, and every record emitted while it is down is dropped and counted
   (:data:`START`). Starting is tried again after a backoff (:data:`FIRST_RETRY_S` doubling to :data:`MAX_RETRY_S`),
   never once per record: between tries a record costs a counter increment.
-* :func:`flush` / :func:`shutdown` (``cptrace_otel``) return False once any record of this process was lost, for
-  whatever reason: the answer stays False for every later flush, so a program that checks only its last flush or its
-  shutdown still sees it. ``stats()["dropped"]`` counts them all, and the rank span's ``cptrace.dropped``.
+* :func:`flush` / :func:`shutdown` (``cptrace_otel``) return False once any record of the pipeline was lost, for
+  whatever reason: the answer stays False for every later flush until :func:`shutdown`, so a program that checks
+  only its last flush or its shutdown still sees it; the records dropped while no pipeline could start belong to the
+  pipeline that starts next (or to the ``shutdown()`` called meanwhile). A pipeline started after a shutdown starts
+  with no loss. ``stats()["dropped"]`` counts them all, and the rank span's ``cptrace.dropped``.
 * :class:`LossReport` names losses on stderr: the first at once, then at most every :data:`REPORT_EVERY_S` seconds
   with the running count, so a full ring or buffer at full speed prints a handful of lines, not one per record.
 
@@ -63,6 +65,17 @@ class StartFailure:
             self.error = text
             self._next_try = self._clock() + self._backoff
             self._backoff = min(self._backoff * 2, MAX_RETRY_S)
+
+    def retry_now(self) -> None:
+        """A new configuration (``configure``/``reload_config``): the next record tries to start at once."""
+        self._next_try = 0.0
+        self._backoff = FIRST_RETRY_S
+
+    def take(self) -> int:
+        """The records dropped while no pipeline could start, handed to the pipeline that starts (or to the
+        ``shutdown()`` that answers for them), and reset: each is counted once, by whoever answers for it."""
+        n, self.dropped = self.dropped, 0
+        return n
 
     def drop(self) -> None:
         self.dropped += 1  # (a racing increment may be lost under free threading; the GIL keeps it whole)

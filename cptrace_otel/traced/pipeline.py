@@ -92,7 +92,7 @@ class _State:
         self.qbytes = 0             # estimated bytes of the measured records still buffered (approximate)
         self.measured = 0           # how many records those are
         self.dropped_bytes = 0      # records dropped by the byte bound (subset of dropped)
-        self.dropped = 0
+        self.dropped = losses.START.take()   # (records lost while no pipeline could start: this one answers)
         self.shipped = 0
         self.flush_reqs: collections.deque = collections.deque()
         self.waiters: dict[int, list[Any]] = {}
@@ -220,8 +220,7 @@ class _State:
         """Records lost on this side (the buffer's or the ring's drops, workers that died; once no worker runs, the
         ring's records none took), for the worker's stamp."""
         r = self.ring
-        return (self.dropped + self.prev_wlost + losses.START.dropped
-                + (r.dropped() + (r.pending() if self.gone else 0) if r else 0))
+        return self.dropped + self.prev_wlost + (r.dropped() + (r.pending() if self.gone else 0) if r else 0)
 
     # drainer -------------------------------------------------------------------------------------------------------
     def _info(self, resume: dict | None) -> dict:
