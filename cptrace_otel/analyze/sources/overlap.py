@@ -80,7 +80,7 @@ def decide(logs: list[str], docs: TraceDocs, doc_files: list[str]) -> Choice | N
                                 f"({pairs(same)}), and ranks {_span(only_logs)} only in the log files, ranks "
                                 f"{_span(only_docs)} only in the trace files: give each rank of the run once", common)
     n_logs = sum(count_markers(p) for p in logs)
-    n_docs = sum(len(docs.per_rank[r]) for r in doc_ranks)
+    n_docs = sum(docs.count(r) for r in doc_ranks)
     if only_docs or (not only_logs and n_docs > n_logs):
         use, dropped = "docs", logs
     else:

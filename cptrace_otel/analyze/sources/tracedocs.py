@@ -13,6 +13,10 @@ Contract:
 * :meth:`TraceDocs.events` returns the merged stream after :meth:`TraceDocs.dedupe`: records of one rank with the same
   (epoch, seq) and the same content are one record given twice (two files of the same run, a span stored twice) and
   are kept once. Events are ordered per rank by ``cptrace.seq``, never by the order a backend returned them.
+* Memory is bounded by :data:`SPILL_AT`, not by the run's length: once OTLP JSON-lines files have added that many
+  records, each rank's records are sorted and written to an unnamed temporary file (a sorted run, pickled in
+  chunks of :data:`CHUNK`) and dropped from memory; :meth:`TraceDocs.dedupe` and :meth:`TraceDocs.events` merge
+  the runs lazily (a stable merge: the same order, and the same records kept, as one sort of everything).
 
 Documents in Jaeger's ``{"data": [...]}`` layout are read trace by trace (a trace too large is skipped and reported);
 others are parsed whole up to a bound (:meth:`TraceDocs.add_document_file`). The events kept are the run's, like
@@ -25,7 +29,10 @@ parsed whole) and adds nothing; the other traces of the document are read.
 
 from __future__ import annotations
 
+import heapq
 import json
+import pickle
+import tempfile
 from collections import Counter
 from typing import Any, Iterable, Iterator
 
@@ -33,9 +40,11 @@ from ...model import semconv as sc
 from ...model.events import Event
 from .inputs import open_text, truncated
 from .logs import LogReadError
-from .otlpfile import BAD_SHAPE, OtlpInfo, collect, bad_shape, collect_file, json_lines, merge_ranks
+from .otlpfile import BAD_SHAPE, OtlpInfo, collect, bad_shape, collect_file, json_lines, merge_ranks, merge_streams
 
 _JS_SAFE = 1 << 53
+SPILL_AT = 20_000   # records held in memory before they are sorted to disk (about 1.5 KiB each while held)
+CHUNK = 256         # records per pickled chunk of a sorted run: what each run's reader holds while merging
 _FINGERPRINTS = ("hicache.h", "hicache.pfp")   # random 63-bit values: a round one is a rounded one
 
 
@@ -52,15 +61,67 @@ class TraceDocs:
         self.duplicates: Counter = Counter()       # (source kept, source dropped) -> records given twice
         self.conflicts: Counter = Counter()        # (source, source) -> same (rank, epoch, seq), other content
         self._line = 1                             # the line of the JSON value being read, for malformed records
+        self._disk: Any = None                     # the temporary file of the sorted runs, once there is one
+        self._runs: dict[int, list[tuple[int, int]]] = {}   # rank -> sorted runs on disk: (offset, records)
+        self._held = 0                             # records in per_rank when they were last counted
+        self._srcs: dict[int, set[str]] = {}       # rank -> sources of its records on disk
 
     # -- reading -----------------------------------------------------------------------------------------------
     def total(self) -> int:
-        return sum(len(v) for v in self.per_rank.values())
+        return sum(self.count(r) for r in set(self.per_rank) | set(self._runs))
+
+    def count(self, rank: int) -> int:
+        """Records of ``rank``, in memory and on disk."""
+        return len(self.per_rank.get(rank, ())) + sum(n for _o, n in self._runs.get(rank, ()))
+
+    def _maybe_spill(self) -> None:
+        held = sum(len(v) for v in self.per_rank.values())
+        if held >= SPILL_AT:
+            self._spill()
+
+    def _spill(self) -> None:
+        """Each rank's records in memory -> one sorted run on disk (stable sort by (epoch, seq, ts))."""
+        if self._disk is None:
+            self._disk = tempfile.TemporaryFile(prefix="cptrace-sort-")
+        fh = self._disk
+        for rank, lst in self.per_rank.items():
+            if not lst:
+                continue
+            lst.sort(key=lambda t: (t[0], t[1], t[2]))
+            self._srcs.setdefault(rank, set()).update(t[3].src for t in lst)
+            fh.seek(0, 2)
+            off = fh.tell()
+            for i in range(0, len(lst), CHUNK):
+                _dump(lst[i:i + CHUNK], fh)
+            self._runs.setdefault(rank, []).append((off, len(lst)))
+            lst.clear()   # in place: collect_file holds this list's dict
+
+    def _read_run(self, off: int, n: int) -> Iterator[tuple]:
+        """The records of one sorted run, a chunk at a time (the file is shared: each read seeks to its place)."""
+        fh = self._disk
+        while n > 0:
+            fh.seek(off)
+            chunk = pickle.load(fh)
+            off = fh.tell()
+            n -= len(chunk)
+            for x in chunk:
+                ev = Event(*x)
+                yield ev.epoch, ev.seq, ev.ts, ev
+
+    def _sorted(self, rank: int) -> Iterator[tuple]:
+        """The records of ``rank`` sorted by (epoch, seq, ts): its runs on disk, then its records in memory, merged
+        stably (ties keep the order they were read in)."""
+        lst = self.per_rank.get(rank, [])
+        lst.sort(key=lambda t: (t[0], t[1], t[2]))
+        runs = [self._read_run(o, n) for o, n in self._runs.get(rank, ())]
+        if not runs:
+            return iter(lst)
+        return heapq.merge(*runs, iter(lst), key=lambda t: (t[0], t[1], t[2]))
 
     def add_otlp_lines(self, path: str) -> int:
         """An OTLP JSON-lines file; returns the cptrace events it gave."""
         n0 = self.total()
-        collect_file(path, self.info, self.per_rank)
+        collect_file(path, self.info, self.per_rank, self._maybe_spill)
         self.formats[path] = "OTLP JSON lines"
         n = self._counted(path, n0)
         if n == 0:   # only to say what the file held instead: the services of its resources
@@ -201,12 +262,17 @@ class TraceDocs:
     # -- the stream --------------------------------------------------------------------------------------------
     def dedupe(self) -> None:
         """Sort each rank by (epoch, seq, ts) and keep one of the records given twice (see the module doc); counts go
-        to :attr:`duplicates` and :attr:`conflicts`."""
-        for rank, lst in self.per_rank.items():
-            lst.sort(key=lambda t: (t[0], t[1], t[2]))
-            out = []
+        to :attr:`duplicates` and :attr:`conflicts`. With runs on disk, the kept records are written as one run per
+        rank."""
+        spilled = bool(self._runs)
+        if spilled:
+            self._spill()   # (the records still in memory become the last run of their rank)
+        for rank in list(self._runs) if spilled else list(self.per_rank):
+            out: Any = _RunWriter(self) if spilled else []
+            n = 0
             first = None   # the first kept record of the current (epoch, seq)
-            for t in lst:
+            for t in self._sorted(rank):
+                n += 1
                 if first is not None and t[0] == first[0] and t[1] == first[1]:
                     a, b = first[3], t[3]
                     if a.tag == b.tag and a.fields == b.fields:
@@ -216,21 +282,66 @@ class TraceDocs:
                 else:
                     first = t
                 out.append(t)
-            if len(out) != len(lst):
+            if spilled:
+                self._runs[rank] = [out.close()]
+            elif len(out) != n:
                 self.per_rank[rank] = out
 
     def events(self) -> Iterator[Event]:
-        return merge_ranks(self.per_rank)
+        if not self._runs:
+            return merge_ranks(self.per_rank)
+        return merge_streams([(t[3] for t in self._sorted(r)) for r in sorted(self.ranks())])
 
     def ranks(self) -> set[int]:
-        return {r for r, v in self.per_rank.items() if v}
+        return {r for r in set(self.per_rank) | set(self._runs) if self.count(r)}
 
     def sources_of(self, rank: int) -> list[str]:
-        return sorted({t[3].src for t in self.per_rank.get(rank, ())})
+        return sorted({t[3].src for t in self.per_rank.get(rank, ())} | self._srcs.get(rank, set()))
 
     def head(self, rank: int, k: int) -> list[Event]:
         """The first ``k`` records of ``rank`` in seq order (after :meth:`dedupe`)."""
-        return [t[3] for t in self.per_rank.get(rank, [])[:k]]
+        out: list[Event] = []
+        for t in self._sorted(rank):
+            if len(out) >= k:
+                break
+            out.append(t[3])
+        return out
+
+
+def _dump(chunk: list[tuple], fh: Any) -> None:
+    """``(epoch, seq, ts, Event)`` records -> one pickled chunk of the events' values (plain tuples pickle several
+    times faster than dataclass instances; the sort key is the event's own epoch, seq, ts)."""
+    pickle.dump([(e.tag, e.rank, e.seq, e.ts, e.epoch, e.fields, e.level, e.src, e.line_no) for *_k, e in chunk],
+                fh, pickle.HIGHEST_PROTOCOL)
+
+
+class _RunWriter:
+    """One new sorted run of ``rank`` written at the end of the docs' temporary file, chunk by chunk (it is written
+    while the old runs are read: each write seeks to the end)."""
+
+    def __init__(self, docs: TraceDocs) -> None:
+        self.fh = docs._disk
+        self.fh.seek(0, 2)
+        self.off, self.n = self.fh.tell(), 0
+        self.buf: list[tuple] = []
+        self.end = self.off
+
+    def append(self, t: tuple) -> None:
+        self.buf.append(t)
+        if len(self.buf) >= CHUNK:
+            self._flush()
+
+    def _flush(self) -> None:
+        self.fh.seek(self.end)
+        _dump(self.buf, self.fh)
+        self.end = self.fh.tell()
+        self.n += len(self.buf)
+        self.buf = []
+
+    def close(self) -> tuple[int, int]:
+        if self.buf:
+            self._flush()
+        return self.off, self.n
 
 
 class _pieces:
