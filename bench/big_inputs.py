@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -107,12 +108,16 @@ def run_child(tree: str, args: list[str], timeout: float) -> tuple[float | None,
     """(peak RSS MiB, seconds, exit code or 'timeout') of ``python -m cptrace_otel.cli ARGS`` run in ``tree``."""
     cmd = ["/usr/bin/time", "-v", sys.executable, "-m", "cptrace_otel.cli", *args]
     t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, cwd=tree, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)   # its own group: a timeout stops the command, not only `time`
     try:
-        p = subprocess.run(cmd, cwd=tree, capture_output=True, text=True, timeout=timeout)
+        _out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
         return None, time.perf_counter() - t0, "timeout"
     dt = time.perf_counter() - t0
-    m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", p.stderr)
+    m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", err)
     return (int(m.group(1)) / 1024.0 if m else None), dt, p.returncode
 
 
