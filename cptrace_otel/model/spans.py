@@ -77,6 +77,11 @@ MAX_CHILDREN = 200
 MAX_SEQ_REFS = 1 << 16
 MAX_CUT = 1 << 16
 MAX_LANES_SEEN = 1 << 18
+# What one builder holds at once, however dense the records are in time (a replay of records 1 ns apart never
+# reaches the timeout): spans open, and records in open spans (with the closed children parked in their open lanes).
+# Past either bound the oldest open spans are closed (``closed_by=bound``) until both are under 3/4 of it.
+MAX_OPEN = 20_000
+MAX_HELD = 100_000
 
 STATUS_UNSET, STATUS_OK = 0, 1
 # The stages: the record opening one -> (the stage's key word, its span kind); (tag, dir) of the record closing it
@@ -131,7 +136,7 @@ class Span:
 
     __slots__ = ("trace_id", "span_id", "name", "start", "end", "attrs", "events", "links", "status_code",
                  "status_message", "rank", "key", "nbytes", "findings", "parent", "kind", "lane", "children",
-                 "open_kids")
+                 "open_kids", "nrec")
 
     def __init__(self, trace_id: bytes, span_id: bytes, name: str, start: int, rank: int, key: Any,
                  attrs: dict[str, Any], parent: bytes = b"", kind: str = "") -> None:
@@ -156,6 +161,7 @@ class Span:
         self.lane: Span | None = None
         self.children: list[Span] = []
         self.open_kids: list[Span] = []
+        self.nrec = 0   # records it held when it closed (its violation events not counted)
 
     def __repr__(self) -> str:  # for test failures
         return f"Span({self.name} trace={self.trace_id.hex()} events={len(self.events)} attrs={self.attrs})"
@@ -199,6 +205,7 @@ class SpanBuilder:
         self._opened = 0
         self._last_open_ts = 0
         self._unordered = False
+        self._held = 0   # records in open spans and in the closed children parked in open lanes (MAX_HELD)
 
     # -- span bookkeeping ----------------------------------------------------------------------------------------
     def _node_trace(self, epoch: int, node: int) -> bytes:
@@ -272,6 +279,7 @@ class SpanBuilder:
         if self._open.get(sp.key) is sp:
             del self._open[sp.key]
         sp.attrs[sc.STAGE_CLOSED] = why
+        sp.nrec = len(sp.events)   # (before the violation events are added)
         if sp.findings:
             self._stamp(sp)
         if sp.end < sp.start:
@@ -298,6 +306,7 @@ class SpanBuilder:
         if self._track:
             self.traces.add(sp.trace_id)
         self._done.append(sp)
+        self._held -= sp.nrec + sum(c.nrec for c in sp.children)
         if sp.children:
             self.spans += len(sp.children)
             self._done.extend(sp.children)
@@ -445,7 +454,21 @@ class SpanBuilder:
             self._close(sp, "limit")
         elif sp.lane is not None and len(sp.lane.children) >= MAX_CHILDREN:
             self._close(sp.lane, "limit")
+        self._held += 1
+        if self._held > MAX_HELD or len(opened) > MAX_OPEN:
+            self._shed()
         return sp
+
+    def _shed(self) -> None:
+        """Close the oldest open spans (a stage span's lane with it, as at a timeout) until the open spans and the
+        records they hold are both under 3/4 of :data:`MAX_OPEN` / :data:`MAX_HELD`: what a replay holds is bounded
+        by these, not by the span timeout alone. A node's later records then open a new lane segment (and stage
+        continuations), as after a timeout."""
+        opened = self._open
+        low_open, low_held = MAX_OPEN * 3 // 4, MAX_HELD * 3 // 4
+        while opened and (len(opened) > low_open or self._held > low_held):
+            sp = next(iter(opened.values()))
+            self._close(sp.lane if sp.lane is not None else sp, "bound")
 
     def _remember_prefetch(self, rank: int, op: Any, sp: Span) -> None:
         """The span of rank's L3 prefetch ``op``, for the link from the ``l3_hit`` that later uses its pages."""
