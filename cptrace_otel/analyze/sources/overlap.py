@@ -39,10 +39,9 @@ class Choice:
     ranks: list[int]          # the ranks found in both
 
 
-def decide(logs: list[str], docs: TraceDocs, doc_files: list[str]) -> Choice | None:
-    doc_ranks = docs.ranks()
-    if not logs or not doc_ranks or STDIN in logs:   # standard input can be read only once: not compared
-        return None
+def log_heads(logs: list[str], doc_ranks: set[int]) -> tuple[dict[int, list], dict[int, set[str]], set[int]]:
+    """``(heads, sources, ranks)`` of the log files: the first :data:`HEAD` records of each rank (read until those
+    of ``doc_ranks`` are complete), the files each rank's head came from, the ranks seen."""
     heads: dict[int, list] = {}
     log_src: dict[int, set[str]] = {}
     stream = read_log_events(logs)
@@ -57,7 +56,17 @@ def decide(logs: list[str], docs: TraceDocs, doc_files: list[str]) -> Choice | N
             log_src.setdefault(ev.rank, set()).add(ev.src)
         if len(h) == HEAD and all(len(heads.get(r, ())) >= HEAD for r in target):
             break
-    del stream
+    return heads, log_src, log_ranks
+
+
+def decide(logs: list[str], docs: TraceDocs, doc_files: list[str],
+           heads_of_logs: tuple | None = None) -> Choice | None:
+    """See the module doc; ``heads_of_logs``: :func:`log_heads` of ``logs`` when already read (comparing one log
+    folder with several runs reads the logs once)."""
+    doc_ranks = docs.ranks()
+    if not logs or not doc_ranks or STDIN in logs:   # standard input can be read only once: not compared
+        return None
+    heads, log_src, log_ranks = heads_of_logs or log_heads(logs, doc_ranks)
     common = sorted(log_ranks & doc_ranks)
     if not common:
         return None
@@ -80,7 +89,7 @@ def decide(logs: list[str], docs: TraceDocs, doc_files: list[str]) -> Choice | N
                                 f"({pairs(same)}), and ranks {_span(only_logs)} only in the log files, ranks "
                                 f"{_span(only_docs)} only in the trace files: give each rank of the run once", common)
     n_logs = sum(count_markers(p) for p in logs)
-    n_docs = sum(len(docs.per_rank[r]) for r in doc_ranks)
+    n_docs = sum(docs.count(r) for r in doc_ranks)
     if only_docs or (not only_logs and n_docs > n_logs):
         use, dropped = "docs", logs
     else:
