@@ -16,13 +16,14 @@ Runs: every rule judges one run; records of several runs given together are anal
 together (findings name their run; the text report says how many runs were read and lists those with findings). A
 trace record's run is its resource's ``cptrace.run_id`` (records with none are one run, ``(no run id)``); records
 given twice within a run (same rank, epoch and seq, same content) count once. Upstream log lines carry no run id: the
-log files of one folder are one run. Log files and trace documents of one folder holding the same records (a run's
-logs and its OTLP files; with every trace file when the logs' folder holds none) are counted once, from one of them
-(:mod:`.sources.overlap`; stderr says which), the logs' run then named by the trace files' run id; holding other
-records, the log files are a run of their own, ``(no run id) FOLDER``. ``--run-id`` keeps one run: the trace records
-of that run id, and the log files of it or of no known run (exit 3, naming the runs found, when nothing matches). While
-log files are read, a byte progress bar goes to stderr when it is a terminal (``--progress`` / ``--no-progress``
-force it on / off); a Jaeger fetch prints a line per search then.
+log files given together are one run unless a rank recurs in the files of two folders (two launches; each folder is
+then a run: :func:`.sources.overlap.log_runs`). Log files and trace documents of the same folders holding the same
+records (a run's logs and its OTLP files; with every trace file when the logs' folders hold none) are counted once,
+from one of them (:mod:`.sources.overlap`; stderr says which), the logs' run then named by the trace files' run id;
+holding other records, the log files are a run of their own, ``(no run id) FOLDER``. ``--run-id`` keeps one run: the
+trace records of that run id, and the log files of it or of no known run (exit 3, naming the runs found, when nothing
+matches). While log files are read, a byte progress bar goes to stderr when it is a terminal (``--progress`` /
+``--no-progress`` force it on / off); a Jaeger fetch prints a line per search then.
 """
 
 from __future__ import annotations
@@ -42,8 +43,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     """The ``check`` subcommand's parser, added to ``sub`` (the ``cli`` subparsers)."""
     c = sub.add_parser("check", help="check invariants over log files, OTLP files, Jaeger JSON exports or a Jaeger",
                        description="Every rule judges one run. A trace record's run is its resource's cptrace.run_id "
-                                   "(records with none are one run); log lines carry none: the log files of one "
-                                   "folder are one run. Several runs are checked run by run and reported together.")
+                                   "(records with none are one run); log lines carry none: the log files given "
+                                   "together are one run unless a rank recurs in two folders (two launches: a run "
+                                   "per folder). Several runs are checked run by run and reported together.")
     c.add_argument("paths", nargs="*", metavar="PATH",
                    help="log files ([CPTRACE ...] lines), OTLP JSON-lines files, Jaeger JSON exports (/api/traces, "
                         "/api/v3/traces, the UI's downloads), or folders of them (read recursively); plain or gzip; "
@@ -53,8 +55,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     c.add_argument("--jaeger-url", default=None, help="Jaeger query base URL, for trace links in the report")
     c.add_argument("--run-id", default=None,
                    help="check only this run: the run to read with --jaeger or --tempo; in files, the records whose "
-                        "resource has this cptrace.run_id, and the log files (their lines carry no run id; the log "
-                        "files of one folder are one run), which it also names for trace links")
+                        "resource has this cptrace.run_id, and the log files (their lines carry no run id), which "
+                        "it also names for trace links")
     j = c.add_argument_group("reading the run from Jaeger instead of files")
     j.add_argument("--jaeger", default=None, metavar="URL",
                    help="Jaeger query base URL (e.g. http://127.0.0.1:16686; user:password@ allowed) to read the "
@@ -215,7 +217,7 @@ def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
                         bar.clear()
                     print(f"warning: {m.path}:{m.line_no}: malformed line ({m.reason})", file=err)
             try:
-                for label, group in log_groups:   # one run per folder of log files (their lines hold no run id)
+                for label, group in log_groups:   # (their lines hold no run id: log_runs)
                     kept: list = []
                     evs = read_log_events(group, on_bad, stats, bar.to if bar is not None else None)
                     one = Analysis(level).run(_Kept(evs, kept) if keep else evs)
@@ -278,32 +280,22 @@ class _Kept:
             yield ev
 
 
-def log_runs(logs: list[str]) -> dict[str, list[str]]:
-    """The log files by run: folder (``.`` for the current one, ``standard input`` for ``-``) -> its files, in the
-    order given. Upstream log lines carry no run id: the log files of one folder are one run (one launch's ranks)."""
-    import os
-
-    folders: dict[str, list[str]] = {}
-    for p in logs:
-        folders.setdefault("standard input" if p == "-" else os.path.dirname(p) or ".", []).append(p)
-    return folders
-
-
 def _log_runs(logs: list[str], docs: Any, doc_files: list[str], pfx: str, err: TextIO) -> list[tuple[str, list[str]]]:
-    """The runs of the log files: ``(run, files)``, one per folder (upstream log lines carry no run id: the files of
-    one folder are one launch's ranks, two folders two launches). Each folder's logs are compared with the trace files
-    of the same folder (with every trace file when that folder holds none; run by run when they hold several, the
-    logs read once) by :func:`.sources.overlap.decide`: the
+    """The runs of the log files: ``(run, files)`` (upstream log lines carry no run id: see
+    :func:`.sources.overlap.log_runs`). Each run's logs are compared with the trace files of the same folders (with
+    every trace file when those folders hold none; run by run when they hold several, the logs read once) by
+    :func:`.sources.overlap.decide`: the
     same records are counted once (the log files' run is then named by the trace files' run id, or the trace files
     are dropped from ``docs``); other records are another run, named ``(no run id) FOLDER``. Raises
     :class:`SourceError` when a run is split in a way that cannot be counted once."""
     import os
-    from ..analyze.sources.overlap import decide, log_heads
+    from ..analyze.sources.overlap import decide, log_heads, log_runs
 
     folders = log_runs(logs)
     out = []
     for folder, group in folders.items():
-        mine = [p for p in doc_files if (os.path.dirname(p) or ".") == folder]
+        dirs = {os.path.dirname(p) or "." for p in group}
+        mine = [p for p in doc_files if (os.path.dirname(p) or ".") in dirs]
         view = docs.only(set(mine)) if mine else docs
         views = view.by_run()
         matched = None

@@ -1,7 +1,8 @@
 """``cptrace-otel ingest LOG...``: replay upstream ``[CPTRACE tag] k=v`` log files of all ranks as OTLP.
 
-One run per ingest: log lines carry no run id, and the log files of one folder are one run (as ``check`` reads
-them); log files of several folders are refused (exit 2), each folder is ingested on its own.
+One run per ingest: log lines carry no run id; the files given are one run unless a rank recurs in the files of
+several folders (two launches, as ``check`` reads them: :func:`~cptrace_otel.analyze.sources.overlap.log_runs`),
+which is refused (exit 2): each folder is ingested on its own.
 
 The same mapping as the live exporter: every line becomes one span event through :class:`~cptrace_otel.model.spans.
 SpanBuilder` (one builder and one resource per rank, online checks stamped unless ``CPTRACE_CHECKS=0``), sent
@@ -202,7 +203,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     g = sub.add_parser("ingest", help="replay upstream log files (all ranks) as OTLP")
     g.add_argument("logs", nargs="+", metavar="LOG",
                    help="upstream log files of one run, plain or gzip; - reads standard input (log lines carry no run "
-                        "id: the files of one folder are one run, files of several folders are refused)")
+                        "id: files whose ranks recur in several folders are several runs, and refused)")
     tgt = g.add_mutually_exclusive_group()
     tgt.add_argument("--endpoint", default=None, help="OTLP traces URL")
     tgt.add_argument("--file", default=None, help="OTLP JSON-lines output file")
@@ -215,19 +216,23 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 def run(args: Any) -> int:
     from ..model import config as _config
     from ..analyze.sources.logs import LogReadError, LogStats, Malformed, read_log_events
+    from ..analyze.sources.overlap import log_runs
     from ..checks.rank_checker import checker_factory
     from ..model.spans import SpanBuilder
 
     env_cfg = _config.from_env()
     logs = list(args.logs)
-    from .check import log_runs
-
-    folders = log_runs(logs)
-    if len(folders) > 1:   # one run id per ingest: the logs of several folders would be merged into one run
+    try:
+        folders = log_runs(logs)
+    except LogReadError as e:
+        _err(str(e))
+        return EXIT_UNREACHABLE   # (3: the same code as an unreadable file below)
+    if len(folders) > 1:   # one run id per ingest: two launches' logs would be merged into one run
         from ..model.exits import EXIT_USAGE
 
-        _err(f"the log files of one folder are one run (their lines carry no run id): these are {len(folders)} runs "
-             f"({', '.join(list(folders)[:5])}{' ...' if len(folders) > 5 else ''}); ingest each folder on its own")
+        _err(f"these log files are {len(folders)} runs (their lines carry no run id, and ranks recur in the files of "
+             f"several folders: {', '.join(list(folders)[:5])}{' ...' if len(folders) > 5 else ''}); ingest each "
+             "folder on its own")
         return EXIT_USAGE
     run_id = args.run_id or (env_cfg.run_id if env_cfg.run_id_given else "") or _derived_run_id(logs)
     endpoint, protocol, out_file = _target(args, env_cfg, run_id)

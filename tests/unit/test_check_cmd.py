@@ -51,7 +51,7 @@ def test_json_object(tmp_path):
     h1 = next(f for f in obj["findings"] if f["code"] == "H1")
     for k in ("code", "rule", "rank", "epoch", "node_id", "op", "certainty", "evidence", "message"):
         assert k in h1
-    # two folders, two runs (log lines carry no run id: the log files of one folder are one run), both named by
+    # two folders, two runs (log lines carry no run id: rank 0 in two folders is two launches), both named by
     # --run-id: h1b_bad.log's records are a stream of their own, not merged with malformed.log's rank 0
     assert (h1["rule"], h1["node_id"], h1["op"], h1["evidence"]) == ("H1b", 3, 7, [0, 1, 2])
     assert h1["run"] == "r1"

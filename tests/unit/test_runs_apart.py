@@ -56,10 +56,36 @@ def test_two_healthy_runs_checked_together_are_clean(runs):
     rc, out, err = check(os.path.dirname(r1["dir"]))
     assert rc == 0, out + err
     assert "2 runs" in out and "runs with findings: 0 of 2" in out
-    # log files alone: their lines carry no run id, the files of one folder are one run
+    # log files alone: their lines carry no run id; the same ranks in two folders are two launches
     rc, out, err = check("--json", *r1["logs"], *r2["logs"])
     assert rc == 0, out + err
     assert json.loads(out)["stats"]["runs"] == 2
+
+
+def test_one_launchs_rank_logs_in_several_folders_are_one_run(tmp_path, runs):
+    """Rank logs of one launch gathered from several places (each rank's file in a folder of its own, as copied
+    from the hosts) are one run: no rank recurs across the folders, so the cross-rank rules see every rank together.
+    The same records split into two launches would leave each rank alone, and the H1 fault's cross-rank view with it;
+    the result equals that of the files in their own folder."""
+    import shutil
+
+    bad = runs["bad"]
+    whole = check("--json", *bad["logs"])
+    moved = []
+    for i, p in enumerate(bad["logs"]):
+        dst = tmp_path / f"host{i}" / os.path.basename(p)
+        dst.parent.mkdir()
+        shutil.copy(p, dst)
+        moved.append(str(dst))
+    apart = check("--json", *moved)
+    assert whole[0] == apart[0] == 1, apart[1] + apart[2]
+    w, a = json.loads(whole[1]), json.loads(apart[1])
+    assert a["stats"]["runs"] == 1
+    assert [(f["code"], f["rank"], f["message"]) for f in a["findings"]] == \
+        [(f["code"], f["rank"], f["message"]) for f in w["findings"]]
+    from cptrace_otel.analyze.sources.overlap import log_runs
+    assert list(log_runs(moved)) == [str(tmp_path)]
+    assert len(log_runs([*runs["r1"]["logs"], *runs["r2"]["logs"]])) == 2
 
 
 def test_log_files_beside_trace_files_of_several_runs_count_once(tmp_path, runs):
@@ -120,8 +146,8 @@ def test_report_draws_each_run_apart(tmp_path, runs):
 
 
 def test_ingest_is_one_run_per_folder(tmp_path, runs):
-    """ingest gives one run one run id: log files of two folders are refused; each folder ingested alone, the two
-    outputs check clean together."""
+    """ingest gives one run one run id: log files of two launches (their ranks recur in two folders) are refused; each
+    folder ingested alone, the two outputs check clean together."""
     from cptrace_otel.cli import main
 
     r1, r2 = runs["r1"], runs["r2"]
