@@ -105,7 +105,7 @@ def run_jaeger(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:
     if docs.conflicts:
         print(f"warning: {sum(docs.conflicts.values())} record(s) of run {run_id} share rank, epoch and seq with "
               "another of other content (a restarted rank reusing the run id?): both are analysed", file=err)
-    res = analyze_traces(level, docs.info, docs.events(), err)
+    res = analyze_traces(level, docs, err)
     links = getattr(args, "jaeger_url", None) or base
     bad = _unread_lines(search.unread, docs.info.malformed)
     rc = print_report(args, res, run_id, links, {"logs": [], "otlp": [], "jaeger": [base]}, LogStats(), len(bad),

@@ -18,7 +18,7 @@ from .check_output import print_report
 
 
 def run_tempo(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:
-    from .engine import Analysis
+    from .engine import analyze_traces
     from ..model.config import mask_url
     from .sources.jaeger import JaegerError, JaegerUnreachable
     from .sources.jaegerquery import open_query
@@ -67,7 +67,7 @@ def run_tempo(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:
         return EXIT_UNREADABLE
     print(f"check: read {traces} traces ({docs.total()} records) of run {run_id} from Tempo at {base}", file=err)
     docs.dedupe()
-    res = Analysis(level, docs.info.levels).run(docs.events())
+    res = analyze_traces(level, docs, err)
     links = getattr(args, "jaeger_url", None)
     rc = print_report(args, res, run_id, links, {"logs": [], "otlp": [], "tempo": [base]}, LogStats(), len(bad),
                       out, err)

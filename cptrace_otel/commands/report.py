@@ -119,17 +119,23 @@ def build_page(res: Any, run_id: str | None, groups: list, paths: list[str], nod
     records = Records()
     builder = Builder(records, run_id, jaeger_url, full_limit if full_limit is not None else FULL_LIMIT,
                       top if top is not None else TOP_NODES)
-    names = ["log files", "OTLP files"] if len(groups) == 2 else [""]
+    from ..analyze.check_output import run_name
+
     models = []
-    for (result, events), name in zip(groups, names):
+    for result, events in groups:   # one per run: a run's node ids are its own
+        name = run_name(result.stats.get("run", "")) if len(groups) > 1 else ""
         what = f"node {node}" + (f", epoch {epoch}" if epoch is not None else "") if node is not None else "run"
         title = f"{what} · {name}" if name else what
+        run = result.stats.get("run")
+        if len(groups) > 1 and run is not None:   # trace links are made of each run's own run id
+            builder.run_id = res.links.get(run, run) or run_id
         models.append(builder.build(events, result.findings, title, node=node, epoch=epoch))
     unchecked = [f"{u.rule} ({u.reason})" if u.reason else u.rule for u in res.unchecked]
     if node is not None:
         head = f"cptrace-otel report: node {node}" + (f", epoch {epoch}" if epoch is not None else "")
     else:
-        head = "cptrace-otel report" + (f": run {run_id}" if run_id else "")
+        head = "cptrace-otel report" + (f": {len(groups)} runs" if len(groups) > 1 else f": run {run_id}" if run_id
+                                        else "")
     meta = {"title": head, "run_id": run_id, "sources": shlex.join(paths), "unchecked": unchecked,
             "version": __version__}
     return render(models, records.rows, meta), models

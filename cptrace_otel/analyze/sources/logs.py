@@ -470,9 +470,10 @@ class LogEvents:
     """The iterator :func:`read_log_events` returns; ``ranks`` are the ranks seen in each file's first chunk (a
     hint for the cross-rank rules, known before the first event is consumed)."""
 
-    def __init__(self, it: Iterator[Event], ranks: set[int]) -> None:
+    def __init__(self, it: Iterator[Event], ranks: set[int], per_file: list[set[int]] | None = None) -> None:
         self._it = it
         self.ranks = ranks
+        self.per_file = per_file if per_file is not None else []   # the ranks of each file's first chunk, in order
 
     def __iter__(self) -> Iterator[Event]:
         return self._it   # the generator itself: no Python-level __next__ per event
@@ -513,8 +514,9 @@ def read_log_events(paths: Iterable[str], on_malformed: Callable[[Malformed], No
         merged = _reporting(merged, handles, paths, progress)
     # one rank per file, no rank in two files (the usual layout): the readers' numbers are final
     if sum(len(x) for x in per_file) == len(ranks) and all(len(x) <= 1 for x in per_file):
-        return LogEvents(itertools.chain.from_iterable(merged), ranks)
-    return LogEvents(_renumber(merged, st), ranks)
+        return LogEvents(itertools.chain.from_iterable(merged), ranks, per_file)
+    return LogEvents(_renumber(merged, st), ranks, per_file)
+
 
 
 def _reporting(chunks: Iterator[list[Event]], handles: list, paths: list[str],

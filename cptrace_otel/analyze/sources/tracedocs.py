@@ -1,18 +1,23 @@
-"""Trace documents -> the per-rank event lists of one run: OTLP JSON-lines files, Jaeger's JSON (api_v2
+"""Trace documents -> the per-rank event lists of each run: OTLP JSON-lines files, Jaeger's JSON (api_v2
 ``/api/traces``, the UI's downloads, api_v3 ``/api/v3/traces``, OTLP/JSON documents) and traces fetched from a Jaeger
 query service, all through one collector (:func:`.otlpfile.collect`), so an event read from any of them is the
 event the exporter wrote.
 
 Contract:
 
-* :class:`TraceDocs` accumulates ``per_rank`` (rank -> ``[(epoch, seq, ts, Event)]``) plus :class:`.otlpfile.OtlpInfo`
-  (run ids, levels, malformed lines) and, per source, the events it gave and the services it named.
+* :class:`TraceDocs` accumulates ``per_rank`` (``(run id, rank)`` -> ``[(epoch, seq, ts, Event)]``; the run id is the
+  resource's ``cptrace.run_id``, ``""`` for records whose resource has none: those are one run) plus
+  :class:`.otlpfile.OtlpInfo` (run ids, levels, malformed lines) and, per source, the events it gave and the services
+  it named.
+* Runs are kept apart: :meth:`TraceDocs.runs` gives each run's stream on its own, and records of two runs never
+  count as one record given twice (the same rank, epoch and seq recur in every run).
 * api_v2 (Jaeger model) traces are mapped to OTLP/JSON first (:func:`v2_trace_to_otlp`): process -> resource
   (``serviceName`` -> ``service.name``), span tags -> attributes, logs -> events (the ``event`` field is the
   name; µs timestamps). Nothing the rules read is lost (tags keep their int/float/bool/string types).
-* :meth:`TraceDocs.events` returns the merged stream after :meth:`TraceDocs.dedupe`: records of one rank with the same
-  (epoch, seq) and the same content are one record given twice (two files of the same run, a span stored twice) and
-  are kept once. Events are ordered per rank by ``cptrace.seq``, never by the order a backend returned them.
+* :meth:`TraceDocs.runs` returns each run's merged stream after :meth:`TraceDocs.dedupe`: records of one run and
+  rank with the same (epoch, seq) and the same content are one record given twice (two files of the same run, a span
+  stored twice) and are kept once. Events are ordered per rank by ``cptrace.seq``, never by the order a backend
+  returned them.
 
 Documents in Jaeger's ``{"data": [...]}`` layout are read trace by trace (a trace too large is skipped and reported);
 others are parsed whole up to a bound (:meth:`TraceDocs.add_document_file`). The events kept are the run's, like
@@ -25,6 +30,7 @@ parsed whole) and adds nothing; the other traces of the document are read.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter
 from typing import Any, Iterable, Iterator
@@ -44,7 +50,8 @@ class TraceDocs:
 
     def __init__(self) -> None:
         self.info = OtlpInfo()
-        self.per_rank: dict[int, list[tuple[int, int, int, Event]]] = {}
+        self.info.by_run = True
+        self.per_rank: dict[tuple[str, int], list[tuple[int, int, int, Event]]] = {}
         self.counts: dict[str, int] = {}           # source -> cptrace events it gave
         self.services: dict[str, set[str]] = {}    # source -> service names seen in it
         self.formats: dict[str, str] = {}          # source -> what it is ("api_v2", "api_v3", "OTLP/JSON" ...)
@@ -219,18 +226,78 @@ class TraceDocs:
             if len(out) != len(lst):
                 self.per_rank[rank] = out
 
+    def runs(self) -> list[tuple[str, Iterator[Event]]]:
+        """``(run id, events)`` per run, sorted by run id; each run's ranks merged by ts
+        (:func:`.otlpfile.merge_ranks`)."""
+        by: dict[str, dict[int, list]] = {}
+        for (run, rank), lst in self.per_rank.items():
+            if lst:
+                by.setdefault(run, {})[rank] = lst
+        return [(run, merge_ranks(by[run])) for run in sorted(by)]
+
     def events(self) -> Iterator[Event]:
-        return merge_ranks(self.per_rank)
+        """Every run's events, one run after the other (see :meth:`runs`)."""
+        return itertools.chain.from_iterable(evs for _run, evs in self.runs())
+
+    def run_ids(self) -> list[str]:
+        """The runs that hold a record, sorted (``""``: records with no run id)."""
+        return sorted({run for (run, _r), lst in self.per_rank.items() if lst})
+
+    def keep_run(self, run: str) -> None:
+        """Drop the records of every other run."""
+        self.per_rank = {k: v for k, v in self.per_rank.items() if k[0] == run}
+
+    def drop_sources(self, srcs: set[str], run: str | None = None) -> None:
+        """Drop the records read from ``srcs`` (trace files not to be analysed), of ``run`` only when given."""
+        for key, lst in list(self.per_rank.items()):
+            if run is not None and key[0] != run:
+                continue
+            kept = [t for t in lst if t[3].src not in srcs]
+            if len(kept) != len(lst):
+                self.per_rank[key] = kept
+
+    def only(self, srcs: set[str]) -> "TraceDocs":
+        """A view holding only the records read from ``srcs`` (shares :attr:`info`)."""
+        view = TraceDocs()
+        view.info = self.info
+        for key, lst in self.per_rank.items():
+            kept = [t for t in lst if t[3].src in srcs]
+            if kept:
+                view.per_rank[key] = kept
+        return view
+
+    def by_run(self) -> dict[str, "TraceDocs"]:
+        """A view per run (sharing :attr:`info`), built in one pass."""
+        out: dict[str, TraceDocs] = {}
+        for key, lst in self.per_rank.items():
+            view = out.get(key[0])
+            if view is None:
+                view = out[key[0]] = TraceDocs()
+                view.info = self.info
+            view.per_rank[key] = lst
+        return out
+
+    def sources(self) -> set[str]:
+        """The sources that gave a record still held."""
+        return {t[3].src for lst in self.per_rank.values() for t in lst}
 
     def ranks(self) -> set[int]:
-        return {r for r, v in self.per_rank.items() if v}
+        return {r for (_run, r), v in self.per_rank.items() if v}
+
+    def count(self, rank: int) -> int:
+        """Records of ``rank``, all runs."""
+        return sum(len(v) for (_run, r), v in self.per_rank.items() if r == rank)
 
     def sources_of(self, rank: int) -> list[str]:
-        return sorted({t[3].src for t in self.per_rank.get(rank, ())})
+        return sorted({t[3].src for (_run, r), lst in self.per_rank.items() if r == rank for t in lst})
 
     def head(self, rank: int, k: int) -> list[Event]:
-        """The first ``k`` records of ``rank`` in seq order (after :meth:`dedupe`)."""
-        return [t[3] for t in self.per_rank.get(rank, [])[:k]]
+        """The first ``k`` records of ``rank`` in seq order (after :meth:`dedupe`), of the first run that holds it."""
+        for run in self.run_ids():
+            lst = self.per_rank.get((run, rank))
+            if lst:
+                return [t[3] for t in lst[:k]]
+        return []
 
 
 class _pieces:
