@@ -58,7 +58,8 @@ def test_resolve_an_explicit_mode_wins_with_a_warning_where_it_disagrees(caplog)
     m = _cpmode.resolve("", "", 2, MLATokenToKVPool(), sa)
     assert (m.mode, m.src) == ("prefill_cp", "server_args") and "mla:1" in m.why
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
-    m = _cpmode.resolve("sharded", "CPTRACE_CP_MODE", 2, None, sa)
+    m = _cpmode.resolve("sharded", "CPTRACE_CP_MODE", 2, None, sa, warn_once=_state.warn_once)
+    assert _cpmode.resolve("sharded", "CPTRACE_CP_MODE", 2, None, sa, warn_once=_state.warn_once).mode == "sharded"
     assert (m.mode, m.src) == ("sharded", "CPTRACE_CP_MODE")
     warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warned) == 1 and "sharded" in warned[0] and "prefill_cp" in warned[0]

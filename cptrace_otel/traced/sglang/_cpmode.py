@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 logger = logging.getLogger("cptrace_otel.sglang")
 
@@ -94,13 +94,16 @@ def derive(sa: Any, cp_size: int, mla: int) -> tuple[str, list[str]]:
     return mode, why
 
 
-def resolve(explicit: str, explicit_src: str, cp_size: int, pool: Any, sa: Any = None) -> CpMode:
+def _warn(key: str, msg: str) -> None:
+    logger.warning(msg)
+
+
+def resolve(explicit: str, explicit_src: str, cp_size: int, pool: Any, sa: Any = None,
+            warn_once: Callable[[str, str], None] = _warn) -> CpMode:
     """The mode of a cache whose attention CP group has ``cp_size`` ranks and whose device pool is ``pool``;
     ``explicit`` a mode someone set (``""`` none) and ``explicit_src`` who; ``sa`` the server arguments (default
-    :func:`server_args`). Warns (once per distinct case) where an explicit mode disagrees with the derived one and
-    where the mode stays unknown."""
-    from ._state import warn_once
-
+    :func:`server_args`). Warns through ``warn_once(key, message)`` (the instrumentation's: once per key and process)
+    where an explicit mode disagrees with the derived one and where the mode stays unknown."""
     mla = is_mla(pool)
     if cp_size <= 1:
         return CpMode("none", "cp_group", [f"cp_group:{cp_size}", f"mla:{mla}"])

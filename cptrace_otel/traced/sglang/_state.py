@@ -259,7 +259,7 @@ class State:
         host = self.host_pool()
         from ._cpmode import resolve
 
-        m = resolve(Recorder.cp_mode, Recorder.cp_mode_src, cp_size, safe(self.kv_pool))
+        m = resolve(Recorder.cp_mode, Recorder.cp_mode_src, cp_size, safe(self.kv_pool), warn_once=warn_once)
         mode = {"mode": m.mode} if m.mode else {}   # unknown: no mode (check lists the rules it needs as unchecked)
         cptrace(1, "config", cp_size=cp_size, cp_rank=cp_rank, **mode, mode_src=m.src, mode_why=m.why,
                 page_size=self.page_size, policy=POLICY.get(cc.write_policy, cc.write_policy), level=trace_level(),
