@@ -17,6 +17,7 @@ are judged; a join whose records lie past what C1 has compared waits for it.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from ..model.events import Event, int_field
@@ -199,13 +200,19 @@ class JoinRules(CrossRuleBase):
         """C5, modes replicated and prefill_cp: the backup ``h`` of a decided prepare join is equal on all ranks."""
         hs = {r: x.get("h") for r, x in per.items() if x.get("h") is not None and x["h"] >= 0}
         if len(set(hs.values())) > 1:
-            vals = sorted(set(hs.values()), key=lambda v: -list(hs.values()).count(v))
-            ref = vals[0]
-            for r, v in hs.items():
+            counts = Counter(hs.values())
+            top = max(counts.values())
+            # the majority's hash; without one (two ranks that differ), the lowest rank's, so that the finding
+            # lands on the same rank in every run (and says that it is a choice)
+            r0 = min(r for r, v in hs.items() if counts[v] == top)
+            ref = hs[r0]
+            whose = "elsewhere" if list(counts.values()).count(top) == 1 else \
+                f"on rank {r0} (no majority: compared with the lowest rank of the most common hashes)"
+            for r, v in sorted(hs.items()):
                 if v != ref:
                     x = per[r]
                     self._add("C5", "C5", r, epoch, nid, x["op"], [x.get("bseq", x["seq"])],
-                              f"node {nid}: backup h={v} on rank {r}, {ref} elsewhere (mode {self.mode}: equal "
+                              f"node {nid}: backup h={v} on rank {r}, {ref} {whose} (mode {self.mode}: equal "
                               "copies)", x)
 
     def _c4(self, epoch: int, tag: str, nid: int, per: dict[int, dict]) -> None:

@@ -122,6 +122,12 @@ def test_c5_replicated_backup_hash_differs(tmp_path):
         res = check_files(_write(tmp_path, ranks))
         assert found(res) == {("C5", 1, 2)}, mode
         assert f"mode {mode}" in res.findings[0].message
+    # two ranks that differ: no majority; the finding is on the higher rank in every run, and says why
+    for bad in (0, 1):
+        ranks = {r: _clean(r, "prefill_cp", n=3) for r in (0, 1)}
+        ranks[bad][1 + 4 + 2] = ranks[bad][1 + 4 + 2].replace("h=14", "h=99")
+        res = check_files(_write(tmp_path, ranks))
+        assert found(res) == {("C5", 1, 2)} and "no majority" in res.findings[0].message
     ranks = {r: _clean(r, "sharded", n=3) for r in (0, 1, 2)}   # shards differ: no equality
     ranks[1][1 + 4 + 2] = ranks[1][1 + 4 + 2].replace("h=14", "h=99")
     assert check_files(_write(tmp_path, ranks)).findings == []
