@@ -12,14 +12,17 @@ those server arguments (``prefill_cp``: equal copies on every rank under per-ran
   L3c on every other rank, for every node rank 0 wrote, and nothing else.
 * One rank's copy unequal (its forward write of one position differs): C5 on that rank, on that node, and nothing
   else; under the label every CP run used to get (``sharded``) the same logs give no finding at all.
-* ``CPTRACE_CP_MODE`` (what the one-switch path reads) overrides the derived mode, with one warning naming both.
+* ``CPTRACE_CP_MODE`` overrides the derived mode, with one warning naming both; the one-switch path
+  (``CPTRACE_SGLANG=1``) reads it, and ignores a value that is no mode with a warning.
 
 Without the SGLang folder the tests skip, unless ``CPTRACE_REQUIRE_SGLANG=1`` (``.ci/run``), where they fail.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -173,3 +176,29 @@ def test_unequal_copy_on_one_rank_is_c5_on_that_rank_and_node(runs, tmp_path):
     for src, dst in zip(logs, relabelled):
         _relabel(src, dst, "sharded")
     assert _check(relabelled)["findings"] == []
+
+
+# -- the one-switch path ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("value,want", [("prefill_cp", ("prefill_cp", "CPTRACE_CP_MODE")), ("zigzag", ("", ""))])
+def test_the_one_switch_path_reads_cptrace_cp_mode(value, want):
+    """``CPTRACE_SGLANG=1`` (the shim, applied when SGLang imports its cache module) takes its mode from
+    ``CPTRACE_CP_MODE``; a value that is no mode is warned about and ignored (the mode is then derived)."""
+    runtime.need(VERSION)
+    code = """
+import json, warnings
+warnings.simplefilter("always")
+with warnings.catch_warnings(record=True) as w:
+    from cptrace_otel.traced import sglang_shim
+    sglang_shim.install()
+    import sglang.srt.mem_cache.unified_radix_cache
+    from cptrace_otel.traced.sglang._state import Recorder
+print(json.dumps({"mode": [Recorder.cp_mode, Recorder.cp_mode_src], "warned": [str(x.message) for x in w
+                  if "CPTRACE_CP_MODE" in str(x.message)]}))
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=runtime.ROOT,
+                       env=runtime.sglang_env(VERSION, CPTRACE_SGLANG="1", CPTRACE_LEVEL="1", CPTRACE_CP_MODE=value))
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    assert tuple(r["mode"]) == want
+    assert len(r["warned"]) == (0 if want[0] else 1), r["warned"]
