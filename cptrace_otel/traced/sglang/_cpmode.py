@@ -12,7 +12,8 @@ Contract:
   - ``--attn-cp-size N>1`` otherwise: ``prefill_cp``. Stock prefill CP (zigzag and interleave, ``--enable-prefill-cp``
     or the DSA models' own) all-gathers the KV and writes it whole on every CP rank, so every rank holds and backs
     up the same KV, while L3 keys are per CP rank (the ``file`` backend's ``_cp<r>_<N>``, Mooncake's ``cp<r>``);
-    for MLA one storage writer per attention-TP group is elected;
+    for MLA stock 0.5.23 elects one storage writer by the global TP rank, so only CP rank 0 writes (SGLang #37149;
+    L3c finds it in this mode);
   - ``--dcp-size D>1`` (MLA only): ``dcp``; else ``none``.
 
 * :func:`resolve` decides the mode a ``config`` record states: a group of one rank is ``none``; a mode someone set
