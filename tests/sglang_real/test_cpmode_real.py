@@ -87,7 +87,7 @@ def test_the_mode_is_derived_from_sglangs_server_arguments(runs):
             assert (c["mode"], c["mode_src"], c["cp_size"], c["cp_rank"]) == ("prefill_cp", "server_args", WORLD, r), c
             why = list(c["mode_why"])
             assert {f"attn_cp_size:{WORLD}", "prefill_cp:1", "cp_strategy:interleave", "kv_cache_sharding:0",
-                    f"mla:{int(m['kv'] == 'dsa')}"} <= set(why), why
+                    f"mla:{int(m['kv'] == 'dsa')}", f"tp_size:{WORLD}", "attn_tp_size:1"} <= set(why), why
         assert all(r["warnings"] == [] for r in runs[i]), [r["warnings"] for r in runs[i]]
 
 

@@ -42,7 +42,7 @@ def test_the_mode_follows_the_server_arguments():
     assert _cpmode.derive(_sa(), 1, 0)[0] == "none"
     mode, why = _cpmode.derive(_sa(attn_cp_size=2, enable_prefill_cp=True, cp_strategy="zigzag"), 2, 1)
     assert why == ["cp_group:2", "mla:1", "attn_cp_size:2", "prefill_cp:1", "cp_strategy:zigzag",
-                   "kv_cache_sharding:0", "layer_split:0", "dcp_size:1"]
+                   "kv_cache_sharding:0", "layer_split:0", "dcp_size:1", "tp_size:1", "attn_tp_size:1"]
     # a CP group the arguments do not explain, or no arguments at all: unknown, never a guess
     assert _cpmode.derive(_sa(), 2, 0)[0] == ""
     assert _cpmode.derive(None, 2, 0) == ("", ["cp_group:2", "mla:0", "server_args:none"])

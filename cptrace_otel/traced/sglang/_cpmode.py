@@ -68,7 +68,7 @@ def is_mla(pool: Any) -> int:
 def _num(sa: Any, name: str) -> int:
     try:
         return int(getattr(sa, name, 1) or 1)
-    except (TypeError, ValueError):
+    except Exception:   # (a derived width SGLang cannot compute yet raises on read)
         return 1
 
 
@@ -83,7 +83,8 @@ def derive(sa: Any, cp_size: int, mla: int) -> tuple[str, list[str]]:
     split = bool(getattr(sa, "enable_dsa_cache_layer_split", False))
     why += [f"attn_cp_size:{n}", f"prefill_cp:{int(bool(getattr(sa, 'enable_prefill_cp', False)))}",
             f"cp_strategy:{getattr(sa, 'cp_strategy', None)}", f"kv_cache_sharding:{int(sharding)}",
-            f"layer_split:{int(split)}", f"dcp_size:{dcp}"]
+            f"layer_split:{int(split)}", f"dcp_size:{dcp}", f"tp_size:{_num(sa, 'tp_size')}",
+            f"attn_tp_size:{_num(sa, 'attn_tp_size')}"]
     if n > 1:   # (SGLang refuses sharding together with the layer split)
         mode = "sharded" if sharding else "layersplit" if split else "prefill_cp"
     elif dcp > 1:
