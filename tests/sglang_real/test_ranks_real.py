@@ -17,10 +17,8 @@ rank for the five runs). Without the SGLang folder the tests skip, unless ``CPTR
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import subprocess
 import sys
 from collections import Counter
 
@@ -62,13 +60,7 @@ def runs(request, tmp_path_factory) -> list[list[dict]]:
     return driver.run_ranks(request.param, str(out), world=WORLD, fault_rank=FAULT_RANK, matrix=matrix)
 
 
-def _check(paths: list[str]) -> dict:
-    """``cptrace-otel check --json`` over the given logs, as a user runs it."""
-    p = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "check", "--json", "--no-progress", *paths],
-                       capture_output=True, text=True, timeout=300, cwd=runtime.ROOT,
-                       env={**os.environ, "PYTHONPATH": runtime.ROOT})
-    assert p.returncode in (0, 1), p.stderr[-3000:]
-    return json.loads(p.stdout)
+_check = runtime.check_json
 
 
 def _analysis(paths: list[str]):
