@@ -1,4 +1,4 @@
-"""The lineage state a :class:`~.rank.RankChecker` rebuilds for one (rank, epoch) (docs/domain.md §3.4).
+"""The lineage state a :class:`~.rank_checker.RankChecker` rebuilds for one (rank, epoch) (docs/domain.md §3.4).
 
 Everything here is bounded by what is live: nodes leave with their lifecycle (host eviction, regular eviction),
 pending writes and loads leave at their ack, compose fills leave with their node, and the few "recently closed"

@@ -2,12 +2,12 @@
 
 Writes one self-contained HTML file (no network: style, script and data inline) from the sources ``check`` reads
 (upstream log files and/or OTLP JSON-lines files, plain or gzip, ``-`` for standard input), read and analyzed by
-the same code as ``check`` (:func:`.check_cmd.analyze_sources`). The page has a time axis with one swimlane per CP
+the same code as ``check`` (:func:`.check.analyze_sources`). The page has a time axis with one swimlane per CP
 rank, one panel per epoch, the stage bars (d2h, h2d) and, for a node, its device and host holds; a mark per record
 with its fields on hover; every finding in red with its evidence records outlined; and, with ``--jaeger-url``, a
 Jaeger link per lane, per finding and per node (trace ids: :func:`cptrace_otel.model.spans.node_trace_id`). ``--node N``
 draws one node (every epoch it appears in, or ``--epoch E``). A run with more than ``--max-records`` records is
-summarised (see :mod:`.report_model`). ``-o -`` writes the page to standard output.
+summarised (see :mod:`cptrace_otel.analyze.report_model`). ``-o -`` writes the page to standard output.
 
 Exit codes as ``check``: 0 clean, 1 findings (the report is written either way), 2 usage error (also: the node is
 not in the sources), 3 a source cannot be read or the output cannot be written.
@@ -111,7 +111,7 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
 def build_page(res: Any, run_id: str | None, groups: list, paths: list[str], node: int | None = None,
                epoch: int | None = None, jaeger_url: str | None = None, full_limit: int | None = None,
                top: int | None = None) -> tuple[str, list]:
-    """``(html, models)`` for the analyzed ``groups`` of :func:`.check_cmd.analyze_sources` (one model each)."""
+    """``(html, models)`` for the analyzed ``groups`` of :func:`.check.analyze_sources` (one model each)."""
     from .._version import __version__
     from ..analyze.report_html import render
     from ..analyze.report_model import FULL_LIMIT, TOP_NODES, Builder, Records

@@ -41,7 +41,7 @@ def volume_workload(seed: int, mode: str, ranks: int, policy: str, records: int,
     pages hold at least one token per rank (``page_size`` = max(4, ranks)), so that every rank holds rows of every
     page.
 
-    ``real``: what real SGLang runs do and the short streams' defaults do not (issue 20): SGLang's allocators
+    ``real``: what real SGLang runs do and the short streams' defaults do not: SGLang's allocators
     (scattered slots after frees), a third of the cuts made while the repeat's load is in flight (splits of nodes
     whose load is pending)."""
     rng = np.random.default_rng([seed, 0])

@@ -166,7 +166,7 @@ class _State:
                 else:
                     _sampled(level, tag, fields, n)
             except Exception:  # never BaseException: a SystemExit here is the app's SIGTERM handler's (lifecycle)
-                pass               # run between two bytecodes; swallowed, its process ran on for ever (issue 21)
+                pass               # run between two bytecodes; swallowed, its process ran on for ever
 
         return _submit
 

@@ -1,4 +1,4 @@
-"""The L3 storage tier on real SGLang (issue 23): stock SGLang's HiCache with the ``file`` storage backend
+"""The L3 storage tier on real SGLang: stock SGLang's HiCache with the ``file`` storage backend
 (``HiCacheFile`` writing real files, its storage threads running), driven on CPU by ``l3_driver.py`` with the
 scheduler's storage calls and the instrumentation's L3 sites, the records read back by ``cptrace-otel check`` as a
 user runs it. Every test runs on 0.5.20 (``HiRadixCache``, ``_l3_sites.py``) and on 0.5.23 (``UnifiedRadixCache``

@@ -1,4 +1,4 @@
-"""Several CP ranks on real SGLang (issue 20, item 5): 4 rank processes (gloo on a ``file://`` store), each with its
+"""Several CP ranks on real SGLang: 4 rank processes (gloo on a ``file://`` store), each with its
 own stock SGLang HiCache (0.5.20's ``HiRadixCache``, and 0.5.23's ``UnifiedRadixCache``: every test runs for both)
 driven on CPU by ``driver.py``, the same request stream on every rank, and the
 ``config`` record saying ``mode=replicated`` (every rank holds the whole stream's KV in its own cache: the same

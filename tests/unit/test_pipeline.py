@@ -258,7 +258,7 @@ def test_exit_without_flush_still_delivers(tmp_path: Path, exporter: str) -> Non
 
 def test_a_restarted_worker_numbers_on_past_every_seq_the_dead_one_was_given(tmp_path: Path,
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 21: records shipped to a worker that died before reporting them safe may have been delivered: their
+    """records shipped to a worker that died before reporting them safe may have been delivered: their
     seqs are spent, so the next worker starts after all of them (before: at the last safe one, reusing seqs)."""
     monkeypatch.setattr(pipeline, "RESTART_BACKOFF_S", 0.0)
     cfg = config.from_env({"CPTRACE_LEVEL": "1", "CPTRACE_EXPORTER": "thread", "CPTRACE_CP_RANK": "0",

@@ -12,7 +12,7 @@ original snake_case field names are accepted).
 Bad input costs only itself: a line that is not JSON, is nested too deeply, or is not shaped like a request (a
 list where an object belongs, ...) is recorded in :attr:`OtlpInfo.malformed` with its file and line and adds
 nothing; a span event whose values do not convert (``"intValue": "abc"``, an int of more than 4,300 digits) is
-recorded and skipped, the other events of its line are kept. A line longer than :data:`.files.MAX_JSON_LINE` is
+recorded and skipped, the other events of its line are kept. A line longer than :data:`.inputs.MAX_JSON_LINE` is
 recorded and not read.
 """
 
