@@ -3,8 +3,9 @@ level or of a sampled-out node returns before its keyword arguments become a dic
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 
 def load(slow: Callable[..., None], slow_enabled: Callable[..., Any],

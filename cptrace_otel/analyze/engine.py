@@ -11,7 +11,8 @@ Feed events in an order that keeps each rank's seq order (the sources do); ``res
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, TextIO
+from collections.abc import Iterable
+from typing import Any, TextIO
 
 from ..checks import Finding, RankChecker, Unchecked
 from ..checks.crossrank import CrossRank
@@ -66,7 +67,7 @@ class Analysis:
         self.cross.feed(ev)
         return out
 
-    def run(self, events: Iterable[Event]) -> "Result":
+    def run(self, events: Iterable[Event]) -> Result:
         hint = getattr(events, "ranks", None)   # sources that know their ranks up front (log files)
         if hint:
             self.cross.expect_ranks(hint)

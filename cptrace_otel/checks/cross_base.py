@@ -6,7 +6,8 @@
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .fence import StoreFence
 from .findings import ERROR, Finding

@@ -24,7 +24,7 @@ the cross-rank rules off after 65,536 records.
 from __future__ import annotations
 
 from collections import deque
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..model.events import Event, int_field
 from .cross_base import REPLICA_MODES, EpochC1

@@ -254,7 +254,7 @@ class JoinRules(CrossRuleBase):
         """C5, mode shared: compare the queued reload hashes whose IO-rank ``hs`` is known (and C1 has passed)."""
         keep = []
         for item in self._reload_hashes:
-            epoch, nid, occ, rank, h, seq, line, src, idx, op = item
+            epoch, nid, occ, rank, h, seq, line, src, idx, _op = item
             hs = self._io_hs.get((epoch, nid), {}).get(occ)
             if hs is None:
                 if not final:

@@ -67,7 +67,7 @@ class L3Cross(CrossRuleBase):
         mode = self.mode
         if not per or len(ranks) < 2 or (mode not in SHARD_MODES and mode not in REPLICA_MODES):
             return
-        epoch, nid, occ = key
+        epoch, nid, _occ = key
         per = {r: x for r, x in per.items() if not self._diverged_before(epoch, x["idx"])}
         if not per:
             return

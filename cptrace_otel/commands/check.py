@@ -32,9 +32,9 @@ import argparse
 import sys
 from typing import Any, NamedTuple, TextIO
 
-from . import add_progress_flags
-from ..model.exits import EXIT_UNREADABLE, EXIT_USAGE, CptraceError
 from ..analyze.check_output import CHECK_PREFIX as _PFX
+from ..model.exits import EXIT_UNREADABLE, EXIT_USAGE, CptraceError
+from . import add_progress_flags
 
 NO_RUN_ID = "(no run id)"   # the start of the name of a run whose records carry no run id (log files)
 
@@ -289,6 +289,7 @@ def _log_runs(logs: list[str], docs: Any, doc_files: list[str], pfx: str, err: T
     are dropped from ``docs``); other records are another run, named ``(no run id) FOLDER``. Raises
     :class:`SourceError` when a run is split in a way that cannot be counted once."""
     import os
+
     from ..analyze.sources.overlap import decide, log_heads, log_runs
 
     folders = log_runs(logs)

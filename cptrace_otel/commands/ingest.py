@@ -214,10 +214,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def run(args: Any) -> int:
-    from ..model import config as _config
     from ..analyze.sources.logs import LogReadError, LogStats, Malformed, read_log_events
     from ..analyze.sources.overlap import log_runs
     from ..checks.rank_checker import checker_factory
+    from ..model import config as _config
     from ..model.spans import SpanBuilder
 
     env_cfg = _config.from_env()

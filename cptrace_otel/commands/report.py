@@ -22,8 +22,8 @@ import sys
 import time
 from typing import Any, TextIO
 
-from . import add_progress_flags
 from ..model.exits import EXIT_FINDINGS, EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE
+from . import add_progress_flags
 
 DEFAULT_OUT = os.path.join("cptrace-out", "report.html")
 

@@ -51,8 +51,10 @@ import os
 import re
 import socket
 import warnings
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 from urllib.parse import quote, quote_plus, unquote, urlsplit
+
 from .exits import EXIT_USAGE, CptraceError
 
 DEFAULT_FILE = "cptrace-out/{run_id}/rank-{rank}-{pid}.otlp.jsonl"

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -105,7 +106,7 @@ class Coverage:
         self._loading: dict[tuple[int, int | None], int | None] = {}
         self._wb_prep: dict[tuple[int, int | None], bool] = {}   # (epoch, node) of rank 0 -> its wb prepare was acked
 
-    def watch(self, events: Iterable[Event]) -> "_Watched":
+    def watch(self, events: Iterable[Event]) -> _Watched:
         """``events`` unchanged (and their source's rank hint), counted on the way."""
         return _Watched(self, events)
 

@@ -8,7 +8,8 @@ records of a :class:`~cptrace_otel.sim.tracer.LogEmitter`.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 

@@ -31,7 +31,8 @@ import os
 import sys
 import time
 import uuid
-from typing import Any, Mapping, NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 UNKNOWN = -1
 STORE_KEY = "cptrace_otel/run_id"

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Iterable, Iterator, NamedTuple
+from collections.abc import Iterable, Iterator
+from typing import Any, NamedTuple
 
-from .httpio import BackendError as JaegerError
-from .httpio import excerpt
+from .httpio import BackendError as JaegerError, excerpt
 
 
 class Unread(NamedTuple):

@@ -32,13 +32,12 @@ import itertools
 import os
 import re
 import sys
-from typing import Any, Callable, Iterable, Iterator, NamedTuple
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, NamedTuple
 
 from ..._speedups.logreader import load as _load_logreader
-from ...model.canary import MARKER as CANARY_MARK
-from ...model.canary import TAG as CANARY_TAG
-from ...model.canary import parse_canary_line
 from ...checks.epochs import EPOCH_TAGS, EpochTracker
+from ...model.canary import MARKER as CANARY_MARK, TAG as CANARY_TAG, parse_canary_line
 from ...model.events import Event
 from ...model.exits import CptraceError
 from ...model.logline import fast_value
@@ -502,7 +501,7 @@ def read_log_events(paths: Iterable[str], on_malformed: Callable[[Malformed], No
     handles = [_open(p) for p in paths]
     state: dict[int, list] = {}
     streams = [_file_chunks(fh, p, default_rank(p, i), bad, st, state)
-               for i, (fh, p) in enumerate(zip(handles, paths))]
+               for i, (fh, p) in enumerate(zip(handles, paths, strict=False))]
     firsts = [next(s, None) or [] for s in streams]  # type: ignore[arg-type]
     per_file = [{ev.rank for ev in c} for c in firsts]
     ranks = set().union(*per_file) if per_file else set()
@@ -532,7 +531,7 @@ def _reporting(chunks: Iterator[list[Event]], handles: list, paths: list[str],
 
     def done() -> int:
         n = 0
-        for fh, size in zip(handles, sizes):
+        for fh, size in zip(handles, sizes, strict=False):
             pos = consumed(fh)
             n += size if pos is None else min(pos, size)
         return n

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import heapq
 import json
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from ...model import semconv as sc
 from ...model.attrs import attributes_to_fields

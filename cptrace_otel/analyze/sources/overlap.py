@@ -135,7 +135,7 @@ def log_runs(paths: list[str]) -> dict[str, list[str]]:
         return folders
     where: dict[int, str] = {}
     per_file = read_log_events(paths).per_file
-    for p, ranks in zip(paths, per_file):
+    for p, ranks in zip(paths, per_file, strict=False):
         folder = os.path.dirname(p) or "."
         for r in ranks:
             if r >= 0 and where.setdefault(r, folder) != folder:

@@ -33,13 +33,14 @@ from __future__ import annotations
 import itertools
 import json
 from collections import Counter
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from ...model import semconv as sc
 from ...model.events import Event
 from .inputs import open_text, truncated
 from .logs import LogReadError
-from .otlpfile import BAD_SHAPE, OtlpInfo, collect, bad_shape, collect_file, json_lines, merge_ranks
+from .otlpfile import BAD_SHAPE, OtlpInfo, bad_shape, collect, collect_file, json_lines, merge_ranks
 
 _JS_SAFE = 1 << 53
 _FINGERPRINTS = ("hicache.h", "hicache.pfp")   # random 63-bit values: a round one is a rounded one
@@ -256,7 +257,7 @@ class TraceDocs:
             if len(kept) != len(lst):
                 self.per_rank[key] = kept
 
-    def only(self, srcs: set[str]) -> "TraceDocs":
+    def only(self, srcs: set[str]) -> TraceDocs:
         """A view holding only the records read from ``srcs`` (shares :attr:`info`)."""
         view = TraceDocs()
         view.info = self.info
@@ -266,7 +267,7 @@ class TraceDocs:
                 view.per_rank[key] = kept
         return view
 
-    def by_run(self) -> dict[str, "TraceDocs"]:
+    def by_run(self) -> dict[str, TraceDocs]:
         """A view per run (sharing :attr:`info`), built in one pass."""
         out: dict[str, TraceDocs] = {}
         for key, lst in self.per_rank.items():

@@ -43,7 +43,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Collection
+from collections.abc import Collection
+from typing import Any
 
 from opentelemetry.instrumentation import instrumentor as _otel_instrumentor
 
@@ -52,9 +53,10 @@ from ._sites23 import SITES23
 from ._state import Recorder, cache_flavour, version_verdict, warn_once as _warn_once
 
 # Any: the package's type information differs between its versions (the subclass is checked at run time by it)
-BaseInstrumentor: Any = getattr(_otel_instrumentor, "BaseInstrumentor")
+# (getattr: mypy sees the attribute as absent in some of those versions)
+BaseInstrumentor: Any = getattr(_otel_instrumentor, "BaseInstrumentor")  # noqa: B009
 
-__all__ = ["SGLangInstrumentor", "SITES", "SITES23", "SUPPORTED", "instrument_from_env", "sites", "version_verdict"]
+__all__ = ["SITES", "SITES23", "SUPPORTED", "SGLangInstrumentor", "instrument_from_env", "sites", "version_verdict"]
 
 logger = logging.getLogger("cptrace_otel.sglang")
 

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 logger = logging.getLogger("cptrace_otel.sglang")
 
@@ -77,7 +78,7 @@ def derive(sa: Any, cp_size: int, mla: int) -> tuple[str, list[str]]:
     ``cp_size`` ranks; ``mode`` is ``""`` where the arguments do not explain the group."""
     why = [f"cp_group:{cp_size}", f"mla:{mla}"]
     if sa is None:
-        return "", why + ["server_args:none"]
+        return "", [*why, "server_args:none"]
     n, dcp = _num(sa, "attn_cp_size"), _num(sa, "dcp_size")
     sharding = bool(getattr(sa, "enable_kv_cache_sharding", False))
     split = bool(getattr(sa, "enable_dsa_cache_layer_split", False))

@@ -13,8 +13,8 @@ import logging
 import threading
 from typing import Any
 
-from ..api import cptrace, khash, knz, rng, trace_level
 from ...model import semconv as sc
+from ..api import cptrace, khash, knz, rng, trace_level
 
 logger = logging.getLogger("cptrace_otel.sglang")
 
@@ -119,7 +119,7 @@ CACHE_CLASSES: list[type] = []   # the cache classes the instrumentor wrapped (H
 _MISSING = object()
 
 
-def state_of(obj: Any) -> "State | None":
+def state_of(obj: Any) -> State | None:
     """The state of ``obj`` when tracing is on and ``obj`` belongs to an instrumented cache.
 
     A cache built before ``instrument()`` has no state (it is attached when the cache is built): it is left
