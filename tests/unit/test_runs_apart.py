@@ -281,3 +281,32 @@ def test_localization_entries_name_their_run_when_runs_are_several():
     lines = localization_lines(res.localization)
     assert lines[1].startswith("  run a: UNPAIRABLE") and lines[2].startswith("  run b: UNPAIRABLE")
     assert not localization_lines(res.localization[:1])[1].startswith("  run ")
+
+
+def test_runs_apart_hold_with_records_sorted_on_disk(tmp_path, runs, monkeypatch):
+    """The same checks with every few records sorted to disk (TraceDocs' bound on records held): two runs, logs
+    beside the trace files of the run they copy (whose trace records on disk are then dropped) and of another run,
+    ``--run-id``: the same output as with everything in memory."""
+    import shutil
+
+    from cptrace_otel.analyze.sources import tracedocs
+
+    r1, r2, bad = runs["r1"], runs["r2"], runs["bad"]
+    d = tmp_path / "mixed"
+    d.mkdir()
+    for p in r1["logs"] + r1["otlp"]:
+        shutil.copy(p, d)
+    for i, p in enumerate(bad["otlp"]):
+        (d / f"other{i}.otlp.jsonl").write_text("".join(_with_run_id(ln, "0-other") for ln in _lines(p)))
+    cases = [("--json", *r1["otlp"], *r2["otlp"], *bad["otlp"]), ("--json", str(d)),
+             ("--json", "--run-id", bad["run_id"], *r1["otlp"], *bad["otlp"])]
+    before = [check(*c) for c in cases]
+    monkeypatch.setattr(tracedocs, "SPILL_AT", 7)
+    monkeypatch.setattr(tracedocs, "CHUNK", 3)
+    after = [check(*c) for c in cases]
+    for (rc0, out0, err0), (rc1, out1, err1) in zip(before, after, strict=True):
+        assert rc0 == rc1, err1
+        a, b = json.loads(out0), json.loads(out1)
+        assert a["findings"] == b["findings"] and a["stats"]["runs"] == b["stats"]["runs"]
+        assert a["stats"]["events"] == b["stats"]["events"]
+    assert before[0][0] == 1 and json.loads(before[1][1])["stats"]["runs"] == 2

@@ -4,7 +4,8 @@ Every span event is one record: name = tag, ``timeUnixNano`` = ts, ``cptrace.seq
 ``cptrace.record.level`` give its place, the ``hicache.*`` attributes its fields
 (:func:`cptrace_otel.model.attrs.attributes_to_fields`). ``hicache.violation`` events (our own findings) are skipped.
 Rank: the span's ``sglang.cp.rank`` attribute, else the resource's. Spans reach the file out of order, so events
-are sorted per rank by seq (this source holds one run in memory; a few hundred bytes per record).
+are sorted per rank by seq (:func:`read_otlp_events` holds one run in memory; :class:`.tracedocs.TraceDocs`, what
+``check`` and ``report`` read with, sorts runs of a bounded size on disk and merges them).
 
 Parsed with the standard library's ``json`` (proto3 JSON: int64 values are strings, both camelCase and the
 original snake_case field names are accepted).
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ...model import semconv as sc
@@ -159,9 +160,10 @@ def collect_guarded(req: Any, path: str, line_no: int, info: OtlpInfo, per_rank:
         per_rank.setdefault(rank, []).extend(lst)
 
 
-def collect_file(path: str, info: OtlpInfo, per_rank: dict) -> None:
+def collect_file(path: str, info: OtlpInfo, per_rank: dict, after_line: Callable[[], None] | None = None) -> None:
     """Add the events of one OTLP JSON-lines file to ``per_rank`` (rank -> ``[(epoch, seq, ts, Event)]``, unsorted).
-    Raises :class:`LogReadError` when the file cannot be opened or read."""
+    ``after_line`` is called after each line's events were added (the caller may move them out of ``per_rank``, in
+    place, to bound its memory). Raises :class:`LogReadError` when the file cannot be opened or read."""
     try:
         fh = open_text(path)
     except OSError as e:
@@ -171,6 +173,8 @@ def collect_file(path: str, info: OtlpInfo, per_rank: dict) -> None:
         try:
             for line_no, req in json_lines(fh, path, info):
                 collect_guarded(req, path, line_no, info, per_rank)
+                if after_line is not None:
+                    after_line()
         except OSError as e:
             raise LogReadError(path, e.strerror or str(e)) from None
         why = truncated(fh)
@@ -185,6 +189,11 @@ def merge_ranks(per_rank: dict) -> Iterator[Event]:
     for lst in per_rank.values():
         lst.sort(key=lambda t: (t[0], t[1], t[2]))
         streams.append([t[3] for t in lst])
+    return merge_streams(streams)
+
+
+def merge_streams(streams: list) -> Iterator[Event]:
+    """Per-rank event streams (each in its rank's order) merged by the records' ``ts`` field, lazily."""
     if len(streams) == 1:
         return iter(streams[0])
     # merge by the records' ts= field (monotonic, one clock for the ranks of a host) when they carry one: the event

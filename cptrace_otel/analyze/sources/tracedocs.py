@@ -18,6 +18,10 @@ Contract:
   rank with the same (epoch, seq) and the same content are one record given twice (two files of the same run, a span
   stored twice) and are kept once. Events are ordered per rank by ``cptrace.seq``, never by the order a backend
   returned them.
+* Memory is bounded by :data:`SPILL_AT`, not by the run's length: once OTLP JSON-lines files have added that many
+  records, each (run, rank)'s records are sorted and written to an unnamed temporary file (a sorted run, pickled in
+  chunks of :data:`CHUNK`) and dropped from memory; :meth:`TraceDocs.dedupe` and :meth:`TraceDocs.events` merge
+  the runs lazily (a stable merge: the same order, and the same records kept, as one sort of everything).
 
 Documents in Jaeger's ``{"data": [...]}`` layout are read trace by trace (a trace too large is skipped and reported);
 others are parsed whole up to a bound (:meth:`TraceDocs.add_document_file`). The events kept are the run's, like
@@ -30,8 +34,11 @@ parsed whole) and adds nothing; the other traces of the document are read.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import json
+import pickle
+import tempfile
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -40,9 +47,11 @@ from ...model import semconv as sc
 from ...model.events import Event
 from .inputs import open_text, truncated
 from .logs import LogReadError
-from .otlpfile import BAD_SHAPE, OtlpInfo, bad_shape, collect, collect_file, json_lines, merge_ranks
+from .otlpfile import BAD_SHAPE, OtlpInfo, bad_shape, collect, collect_file, json_lines, merge_ranks, merge_streams
 
 _JS_SAFE = 1 << 53
+SPILL_AT = 20_000   # records held in memory before they are sorted to disk (about 1.5 KiB each while held)
+CHUNK = 256         # records per pickled chunk of a sorted run: what each run's reader holds while merging
 _FINGERPRINTS = ("hicache.h", "hicache.pfp")   # random 63-bit values: a round one is a rounded one
 
 
@@ -60,15 +69,79 @@ class TraceDocs:
         self.duplicates: Counter = Counter()       # (source kept, source dropped) -> records given twice
         self.conflicts: Counter = Counter()        # (source, source) -> same (rank, epoch, seq), other content
         self._line = 1                             # the line of the JSON value being read, for malformed records
+        self._disk: Any = None                     # the temporary file of the sorted runs, once there is one
+        self._runs: dict[tuple[str, int], list[tuple[int, int]]] = {}   # key -> sorted runs on disk: (offset, n)
+        self._held = 0                             # records in per_rank when they were last counted
+        self._srcs: dict[tuple[str, int], set[str]] = {}   # key -> sources of its records on disk
+        self._only: set[str] | None = None         # a view's sources (:meth:`only`): records on disk filtered on read
 
     # -- reading -----------------------------------------------------------------------------------------------
     def total(self) -> int:
-        return sum(len(v) for v in self.per_rank.values())
+        return sum(self._n(k) for k in self._keys())
+
+    def _keys(self) -> set[tuple[str, int]]:
+        return set(self.per_rank) | set(self._runs)
+
+    def _n(self, key: tuple[str, int]) -> int:
+        """Records of ``key`` (run id, rank), in memory and on disk (a view's on disk counted as read)."""
+        if key in self._runs and self._only is not None:
+            return sum(1 for _t in self._sorted(key))
+        return len(self.per_rank.get(key, ())) + sum(n for _o, n in self._runs.get(key, ()))
+
+    def count(self, rank: int) -> int:
+        """Records of ``rank``, all runs."""
+        return sum(self._n(k) for k in self._keys() if k[1] == rank)
+
+    def _maybe_spill(self) -> None:
+        held = sum(len(v) for v in self.per_rank.values())
+        if held >= SPILL_AT:
+            self._spill()
+
+    def _spill(self) -> None:
+        """Each rank's records in memory -> one sorted run on disk (stable sort by (epoch, seq, ts))."""
+        if self._disk is None:
+            self._disk = tempfile.TemporaryFile(prefix="cptrace-sort-")  # noqa: SIM115 - lives as long as the docs
+        fh = self._disk
+        for rank, lst in self.per_rank.items():
+            if not lst:
+                continue
+            lst.sort(key=lambda t: (t[0], t[1], t[2]))
+            self._srcs.setdefault(rank, set()).update(t[3].src for t in lst)
+            fh.seek(0, 2)
+            off = fh.tell()
+            for i in range(0, len(lst), CHUNK):
+                _dump(lst[i:i + CHUNK], fh)
+            self._runs.setdefault(rank, []).append((off, len(lst)))
+            lst.clear()   # in place: collect_file holds this list's dict
+
+    def _read_run(self, off: int, n: int) -> Iterator[tuple]:
+        """The records of one sorted run, a chunk at a time (the file is shared: each read seeks to its place)."""
+        fh = self._disk
+        while n > 0:
+            fh.seek(off)
+            chunk = pickle.load(fh)
+            off = fh.tell()
+            n -= len(chunk)
+            for x in chunk:
+                ev = Event(*x)
+                yield ev.epoch, ev.seq, ev.ts, ev
+
+    def _sorted(self, key: tuple[str, int]) -> Iterator[tuple]:
+        """The records of ``key`` sorted by (epoch, seq, ts): its runs on disk, then its records in memory, merged
+        stably (ties keep the order they were read in)."""
+        lst = self.per_rank.get(key, [])
+        lst.sort(key=lambda t: (t[0], t[1], t[2]))
+        runs = [self._read_run(o, n) for o, n in self._runs.get(key, ())]
+        if not runs:
+            return iter(lst)
+        merged = heapq.merge(*runs, iter(lst), key=lambda t: (t[0], t[1], t[2]))
+        only = self._only
+        return merged if only is None else (t for t in merged if t[3].src in only)
 
     def add_otlp_lines(self, path: str) -> int:
         """An OTLP JSON-lines file; returns the cptrace events it gave."""
         n0 = self.total()
-        collect_file(path, self.info, self.per_rank)
+        collect_file(path, self.info, self.per_rank, self._maybe_spill)
         self.formats[path] = "OTLP JSON lines"
         n = self._counted(path, n0)
         if n == 0:   # only to say what the file held instead: the services of its resources
@@ -209,12 +282,17 @@ class TraceDocs:
     # -- the stream --------------------------------------------------------------------------------------------
     def dedupe(self) -> None:
         """Sort each rank by (epoch, seq, ts) and keep one of the records given twice (see the module doc); counts go
-        to :attr:`duplicates` and :attr:`conflicts`."""
-        for rank, lst in self.per_rank.items():
-            lst.sort(key=lambda t: (t[0], t[1], t[2]))
-            out = []
+        to :attr:`duplicates` and :attr:`conflicts`. With runs on disk, the kept records are written as one run per
+        rank."""
+        spilled = bool(self._runs)
+        if spilled:
+            self._spill()   # (the records still in memory become the last run of their rank)
+        for rank in list(self._runs) if spilled else list(self.per_rank):
+            out: Any = _RunWriter(self) if spilled else []
+            n = 0
             first = None   # the first kept record of the current (epoch, seq)
-            for t in lst:
+            for t in self._sorted(rank):
+                n += 1
                 if first is not None and t[0] == first[0] and t[1] == first[1]:
                     a, b = first[3], t[3]
                     if a.tag == b.tag and a.fields == b.fields:
@@ -224,17 +302,21 @@ class TraceDocs:
                 else:
                     first = t
                 out.append(t)
-            if len(out) != len(lst):
+            if spilled:
+                self._runs[rank] = [out.close()]
+            elif len(out) != n:
                 self.per_rank[rank] = out
 
     def runs(self) -> list[tuple[str, Iterator[Event]]]:
         """``(run id, events)`` per run, sorted by run id; each run's ranks merged by ts
-        (:func:`.otlpfile.merge_ranks`)."""
-        by: dict[str, dict[int, list]] = {}
-        for (run, rank), lst in self.per_rank.items():
-            if lst:
-                by.setdefault(run, {})[rank] = lst
-        return [(run, merge_ranks(by[run])) for run in sorted(by)]
+        (:func:`.otlpfile.merge_ranks`; :func:`.otlpfile.merge_streams` of the sorted streams once on disk)."""
+        by: dict[str, list[tuple[str, int]]] = {}
+        for key in sorted(self._keys()):
+            if self._n(key):
+                by.setdefault(key[0], []).append(key)
+        if not self._runs:
+            return [(run, merge_ranks({k[1]: self.per_rank[k] for k in keys})) for run, keys in by.items()]
+        return [(run, merge_streams([(t[3] for t in self._sorted(k)) for k in keys])) for run, keys in by.items()]
 
     def events(self) -> Iterator[Event]:
         """Every run's events, one run after the other (see :meth:`runs`)."""
@@ -242,63 +324,129 @@ class TraceDocs:
 
     def run_ids(self) -> list[str]:
         """The runs that hold a record, sorted (``""``: records with no run id)."""
-        return sorted({run for (run, _r), lst in self.per_rank.items() if lst})
+        return sorted({k[0] for k in self._keys() if self._n(k)})
 
     def keep_run(self, run: str) -> None:
         """Drop the records of every other run."""
         self.per_rank = {k: v for k, v in self.per_rank.items() if k[0] == run}
+        self._runs = {k: v for k, v in self._runs.items() if k[0] == run}
+        self._srcs = {k: v for k, v in self._srcs.items() if k[0] == run}
 
     def drop_sources(self, srcs: set[str], run: str | None = None) -> None:
-        """Drop the records read from ``srcs`` (trace files not to be analysed), of ``run`` only when given."""
-        for key, lst in list(self.per_rank.items()):
+        """Drop the records read from ``srcs`` (trace files not to be analysed), of ``run`` only when given. Records
+        on disk are dropped by writing the rest as a new sorted run."""
+        for key in list(self._keys()):
             if run is not None and key[0] != run:
                 continue
+            if key in self._runs:
+                if not self._srcs.get(key, set()) & srcs and not any(t[3].src in srcs for t in
+                                                                   self.per_rank.get(key, ())):
+                    continue
+                w = _RunWriter(self)
+                for t in self._sorted(key):
+                    if t[3].src not in srcs:
+                        w.append(t)
+                self._runs[key] = [w.close()]
+                self.per_rank.pop(key, None)
+                self._srcs[key] = self._srcs.get(key, set()) - srcs
+                continue
+            lst = self.per_rank[key]
             kept = [t for t in lst if t[3].src not in srcs]
             if len(kept) != len(lst):
                 self.per_rank[key] = kept
 
-    def only(self, srcs: set[str]) -> TraceDocs:
-        """A view holding only the records read from ``srcs`` (shares :attr:`info`)."""
+    def _view(self) -> TraceDocs:
         view = TraceDocs()
-        view.info = self.info
+        view.info, view._disk = self.info, self._disk
+        return view
+
+    def only(self, srcs: set[str]) -> TraceDocs:
+        """A view holding only the records read from ``srcs`` (shares :attr:`info` and the runs on disk, which it
+        filters as it reads them)."""
+        view = self._view()
         for key, lst in self.per_rank.items():
             kept = [t for t in lst if t[3].src in srcs]
             if kept:
                 view.per_rank[key] = kept
+        for key, runs in self._runs.items():
+            if self._srcs.get(key, set()) & srcs:
+                view._runs[key], view._srcs[key] = runs, self._srcs[key] & srcs
+                view._only = srcs
         return view
 
     def by_run(self) -> dict[str, TraceDocs]:
-        """A view per run (sharing :attr:`info`), built in one pass."""
+        """A view per run (sharing :attr:`info` and the runs on disk), built in one pass."""
         out: dict[str, TraceDocs] = {}
-        for key, lst in self.per_rank.items():
+        for key in self._keys():
             view = out.get(key[0])
             if view is None:
-                view = out[key[0]] = TraceDocs()
-                view.info = self.info
-            view.per_rank[key] = lst
+                view = out[key[0]] = self._view()
+                view._only = self._only
+            if key in self.per_rank:
+                view.per_rank[key] = self.per_rank[key]
+            if key in self._runs:
+                view._runs[key], view._srcs[key] = self._runs[key], self._srcs.get(key, set())
         return out
 
     def sources(self) -> set[str]:
         """The sources that gave a record still held."""
-        return {t[3].src for lst in self.per_rank.values() for t in lst}
+        out = {t[3].src for lst in self.per_rank.values() for t in lst}
+        for key in self._runs:
+            out |= self._srcs.get(key, set())
+        return out
 
     def ranks(self) -> set[int]:
-        return {r for (_run, r), v in self.per_rank.items() if v}
-
-    def count(self, rank: int) -> int:
-        """Records of ``rank``, all runs."""
-        return sum(len(v) for (_run, r), v in self.per_rank.items() if r == rank)
+        return {k[1] for k in self._keys() if self._n(k)}
 
     def sources_of(self, rank: int) -> list[str]:
-        return sorted({t[3].src for (_run, r), lst in self.per_rank.items() if r == rank for t in lst})
+        out = {t[3].src for k, lst in self.per_rank.items() if k[1] == rank for t in lst}
+        for k in self._runs:
+            if k[1] == rank:
+                out |= self._srcs.get(k, set())
+        return sorted(out)
 
     def head(self, rank: int, k: int) -> list[Event]:
         """The first ``k`` records of ``rank`` in seq order (after :meth:`dedupe`), of the first run that holds it."""
         for run in self.run_ids():
-            lst = self.per_rank.get((run, rank))
-            if lst:
-                return [t[3] for t in lst[:k]]
+            key = (run, rank)
+            if self._n(key):
+                return [t[3] for t in itertools.islice(self._sorted(key), k)]
         return []
+
+def _dump(chunk: list[tuple], fh: Any) -> None:
+    """``(epoch, seq, ts, Event)`` records -> one pickled chunk of the events' values (plain tuples pickle several
+    times faster than dataclass instances; the sort key is the event's own epoch, seq, ts)."""
+    pickle.dump([(e.tag, e.rank, e.seq, e.ts, e.epoch, e.fields, e.level, e.src, e.line_no) for *_k, e in chunk],
+                fh, pickle.HIGHEST_PROTOCOL)
+
+
+class _RunWriter:
+    """One new sorted run of ``rank`` written at the end of the docs' temporary file, chunk by chunk (it is written
+    while the old runs are read: each write seeks to the end)."""
+
+    def __init__(self, docs: TraceDocs) -> None:
+        self.fh = docs._disk
+        self.fh.seek(0, 2)
+        self.off, self.n = self.fh.tell(), 0
+        self.buf: list[tuple] = []
+        self.end = self.off
+
+    def append(self, t: tuple) -> None:
+        self.buf.append(t)
+        if len(self.buf) >= CHUNK:
+            self._flush()
+
+    def _flush(self) -> None:
+        self.fh.seek(self.end)
+        _dump(self.buf, self.fh)
+        self.end = self.fh.tell()
+        self.n += len(self.buf)
+        self.buf = []
+
+    def close(self) -> tuple[int, int]:
+        if self.buf:
+            self._flush()
+        return self.off, self.n
 
 
 class _pieces:

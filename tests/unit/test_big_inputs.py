@@ -1,0 +1,83 @@
+"""Big inputs in bounded memory: OTLP JSON-lines records sorted in runs on disk give the same stream as one sort in
+memory, and ``check``'s peak RSS over one node's OTLP JSON stays flat as the records grow (real processes, real
+files written by ``bench/big_inputs.py``'s generators)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from cptrace_otel.analyze.sources import tracedocs
+from cptrace_otel.analyze.sources.tracedocs import TraceDocs
+
+from test_bad_input import run_rss   # (pytest puts this folder on sys.path)
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+@pytest.fixture()
+def big():
+    saved = list(sys.path)
+    sys.path.insert(0, str(BENCH))
+    try:
+        import big_inputs
+        yield big_inputs
+    finally:
+        sys.path[:] = saved
+
+
+def _two_rank_files(big, tmp_path: Path, n: int) -> list[str]:
+    """Rank 0's records (one node) as OTLP JSON lines written in reverse line order (spans out of order), a copy of
+    a third of them (the same records given twice), one record changed (a conflict) and a second rank."""
+    log = tmp_path / "r0.log"
+    big.one_node_log(str(log), n)
+    a = tmp_path / "a.jsonl"
+    big.write_otlp(str(log), str(a), 7)
+    lines = a.read_text().splitlines()
+    a.write_text("\n".join(reversed(lines)) + "\n")
+    b = tmp_path / "b.jsonl"
+    dup = lines[: len(lines) // 3]
+    req = json.loads(dup[0])
+    ev = req["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["events"][1]
+    ev["attributes"].append({"key": "hicache.extra", "value": {"intValue": "5"}})
+    dup[0] = json.dumps(req)
+    req = json.loads(lines[-1])
+    req["resourceSpans"][0]["resource"]["attributes"][0]["value"] = {"intValue": "1"}   # rank 1
+    b.write_text("\n".join(dup + [json.dumps(req)]) + "\n")
+    return [str(a), str(b)]
+
+
+def _read(paths: list[str]):
+    docs = TraceDocs()
+    for p in paths:
+        docs.add_otlp_lines(p)
+    counts = (docs.total(), {r: docs.count(r) for r in docs.ranks()})
+    docs.dedupe()
+    evs = [(e.tag, e.rank, e.epoch, e.seq, e.ts, e.fields, e.src) for e in docs.events()]
+    return (evs, counts, docs.total(), docs.duplicates, docs.conflicts, sorted(docs.ranks()),
+            [docs.head(r, 5) for r in (0, 1)], [docs.sources_of(r) for r in (0, 1)])
+
+
+def test_sorted_runs_on_disk_give_the_stream_of_one_sort(big, tmp_path, monkeypatch):
+    paths = _two_rank_files(big, tmp_path, 400)
+    whole = _read(paths)
+    monkeypatch.setattr(tracedocs, "SPILL_AT", 9)
+    monkeypatch.setattr(tracedocs, "CHUNK", 4)
+    spilled = _read(paths)
+    assert len(whole[0]) > 400 and whole[3] and whole[4], "the input has no duplicates or conflicts to keep"
+    assert spilled == whole
+
+
+def test_check_peak_rss_is_flat_in_the_number_of_otlp_records(big, tmp_path):
+    rss = {}
+    for n in (30_000, 120_000):
+        log, otlp = tmp_path / f"{n}.log", tmp_path / f"{n}.jsonl"
+        big.one_node_log(str(log), n)
+        big.write_otlp(str(log), str(otlp), 1000)
+        rc, err, rss[n] = run_rss("check", "--no-progress", str(otlp), timeout=600)
+        assert rc == 0, err
+    # 90,000 more records held would be ~130 MiB more (about 1.5 KiB each); sorted on disk, they cost none
+    assert rss[120_000] <= rss[30_000] + 24, rss
