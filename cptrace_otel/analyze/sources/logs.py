@@ -517,7 +517,6 @@ def read_log_events(paths: Iterable[str], on_malformed: Callable[[Malformed], No
     return LogEvents(_renumber(merged, st), ranks, per_file)
 
 
-
 def _reporting(chunks: Iterator[list[Event]], handles: list, paths: list[str],
                progress: Callable[[int, int], None]) -> Iterator[list[Event]]:
     """``chunks`` unchanged, calling ``progress(done, total)`` in bytes before each one and at the end."""

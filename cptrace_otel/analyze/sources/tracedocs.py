@@ -74,6 +74,7 @@ class TraceDocs:
         self._held = 0                             # records in per_rank when they were last counted
         self._srcs: dict[tuple[str, int], set[str]] = {}   # key -> sources of its records on disk
         self._only: set[str] | None = None         # a view's sources (:meth:`only`): records on disk filtered on read
+        self._filtered_n: dict[tuple[str, int], int] = {}   # a view's records on disk per key, counted once
 
     # -- reading -----------------------------------------------------------------------------------------------
     def total(self) -> int:
@@ -85,7 +86,11 @@ class TraceDocs:
     def _n(self, key: tuple[str, int]) -> int:
         """Records of ``key`` (run id, rank), in memory and on disk (a view's on disk counted as read)."""
         if key in self._runs and self._only is not None:
-            return sum(1 for _t in self._sorted(key))
+            # a view is never changed once built: its filtered records are read once to be counted, not per call
+            n = self._filtered_n.get(key)
+            if n is None:
+                n = self._filtered_n[key] = sum(1 for _t in self._sorted(key))
+            return n
         return len(self.per_rank.get(key, ())) + sum(n for _o, n in self._runs.get(key, ()))
 
     def count(self, rank: int) -> int:
@@ -412,6 +417,7 @@ class TraceDocs:
             if self._n(key):
                 return [t[3] for t in itertools.islice(self._sorted(key), k)]
         return []
+
 
 def _dump(chunk: list[tuple], fh: Any) -> None:
     """``(epoch, seq, ts, Event)`` records -> one pickled chunk of the events' values (plain tuples pickle several
