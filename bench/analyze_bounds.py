@@ -1,4 +1,4 @@
-"""What hostile or huge backend answers cost ``check --jaeger`` and ``watch --once`` (issue 21): peak RSS, requests,
+"""What hostile or huge backend answers cost ``check --jaeger`` and ``watch --once``: peak RSS, requests,
 seconds and exit status of the command, run as a subprocess against a loopback server in this process that streams
 its answers (never holding them whole).
 

@@ -1,4 +1,4 @@
-"""Peak memory and time of ``cptrace-otel check`` on hostile input (issue 14, item 12). Figures are printed, not
+"""Peak memory and time of ``cptrace-otel check`` on hostile input. Figures are printed, not
 asserted (the tests assert the bounds that do not depend on the machine: tests/unit/test_bad_input.py).
 
 Cases, each in a fresh subprocess whose peak RSS is read from ``os.wait4`` (``ru_maxrss`` of the child):

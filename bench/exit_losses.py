@@ -1,4 +1,4 @@
-"""Records lost on the exit paths of issue 21, with real processes, real signals and real exporter workers (the
+"""Records lost on the exit paths, with real processes, real signals and real exporter workers (the
 children are tests/helpers/exit_children.py; tests/e2e/test_exit_paths.py asserts the same cases).
 
 * ``storm``: SIGTERM storms (``--signals`` signals 1 ms apart) while the main thread is inside ``flush()`` or

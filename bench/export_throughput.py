@@ -166,7 +166,7 @@ def main() -> int:
     ap.add_argument("--protocol", choices=["http/protobuf", "grpc"], default="http/protobuf")
     ap.add_argument("--no-checks", action="store_true", help="turn the online checks off in our exporter")
     ap.add_argument("--acks-without-dir", action="store_true",
-                    help="the stream before issue 22: acks without dir=d2h, so no copy ever ends by its ack (every "
+                    help="the stream before the d2h acks: acks without dir=d2h, so no copy ever ends by its ack (every "
                          "stage span waits for its timeout, pending writes pile up to the checker's cap)")
     ap.add_argument("--no-ring", action="store_true", help="leave out our run with CPTRACE_RING=1")
     args = ap.parse_args()

@@ -3,7 +3,7 @@
     python bench/gpu_fingerprint.py [--gib 1] [--pages 1024] [--reps 10]
     python bench/gpu_fingerprint.py --smoke      # no GPU needed: tiny sizes under TRITON_INTERPRET on CPU tensors
 
-Figures printed (issue 5):
+Figures printed:
   1. khash+knz over a --gib GiB tensor: TB/s (CUDA-event timed, input > L2), ratio vs the upstream formula in the same
      run, host syncs per call (torch.cuda.set_sync_debug_mode("warn") warnings counted), extra device memory.
   2. host cost of enqueueing one fingerprint of a 64-token page slice (MLA bf16: 64 x 576 x 2 B = 72 KiB).

@@ -1,5 +1,5 @@
 """Memory of ``cptrace-otel watch`` over a long run streamed into Jaeger: peak RSS against the RSS after the first
-100,000 events (issue 13: within 2x; the watcher's memory must follow what is in flight, not the run's length).
+100,000 events (within 2x; the watcher's memory must follow what is in flight, not the run's length).
 
 Setup: a Jaeger of its own (the repo's ``deploy/jaeger/config.yaml``, free loopback ports, memory store with
 ``--max-traces`` slots, span metrics off) unless ``--jaeger``/``--otlp`` name one; ``watch --run-id R --interval``

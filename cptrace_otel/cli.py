@@ -18,7 +18,6 @@ from typing import Any
 from ._version import __version__
 from .model.exits import EXIT_UNREACHABLE, EXIT_USAGE, CptraceError
 
-
 # The commands, in the order ``--help`` lists them: name -> module under ``cptrace_otel.commands``. Each module
 # has ``add_parser(sub)`` (its arguments) and ``run(args) -> int`` (its work, the exit code).
 COMMANDS: dict[str, str] = {

@@ -1,10 +1,11 @@
-"""Loader of ``_hot`` (``hot.c``): the gate of :func:`cptrace_otel.api.cptrace` in C, so that a call below the
+"""Loader of ``_hot`` (``hot.c``): the gate of :func:`cptrace_otel.traced.api.cptrace` in C, so that a call below the
 level or of a sampled-out node returns before its keyword arguments become a dict."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 
 def load(slow: Callable[..., None], slow_enabled: Callable[..., Any],

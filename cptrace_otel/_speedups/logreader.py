@@ -12,8 +12,8 @@ def load() -> ModuleType | None:
         from . import _logreader  # type: ignore[attr-defined]
     except ImportError:
         return None
-    from ..model.canary import MARKER as CANARY_MARKER
     from ..checks.epochs import EPOCH_TAGS, EpochTracker
+    from ..model.canary import MARKER as CANARY_MARKER
     from ..model.events import Event
     from ..model.logline import Rng
     from .event import event_slots

@@ -3,7 +3,7 @@ and the span builder's size estimate."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 
 def load() -> tuple[Callable[..., bytes], Callable[..., list[bytes]], Callable[[dict], int]] | None:
@@ -16,9 +16,8 @@ def load() -> tuple[Callable[..., bytes], Callable[..., list[bytes]], Callable[[
     except ImportError:
         return None
     from ..model import semconv as sc
-    from ..model.attrs import RNG_SUFFIXES
+    from ..model.attrs import RNG_SUFFIXES, EventAttrs
     from ..model.logline import Rng
-    from ..model.attrs import EventAttrs
 
     # the key layout of attrs.fields_to_attributes, and the keys EventAttrs puts after the fields
     _otlp.init(EventAttrs, Rng, sc.FIELD_PREFIX, RNG_SUFFIXES, (sc.SEQ, sc.EPOCH, sc.LEVEL))

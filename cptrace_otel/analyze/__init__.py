@@ -1,6 +1,6 @@
 """The offline analyzer: event sources (``sources/``: upstream log files, OTLP JSON-lines files), the rules of
 :mod:`cptrace_otel.checks` (per-rank H1-H4, ZERO, HASH and cross-rank C1-C5) combined by :class:`.engine.Analysis`,
-rendered by :mod:`.report`, and the ``cptrace-otel check`` command (:mod:`.check_cmd`).
+rendered by :mod:`.report_html`, and the ``cptrace-otel check`` command (:mod:`cptrace_otel.commands.check`).
 
 Programmatic use::
 

@@ -21,18 +21,17 @@ import time
 from typing import Any, TextIO
 
 from ..model.exits import EXIT_UNREADABLE, EXIT_USAGE
-from .check_output import CHECK_PREFIX as _PFX
-from .check_output import print_report
+from .check_output import CHECK_PREFIX as _PFX, print_report
 
 
 def run_jaeger(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:
-    from .engine import analyze_traces
+    from ..model import semconv as sc
     from ..model.config import mask_url
+    from .engine import analyze_traces
     from .sources.jaeger import JaegerClient, JaegerError, JaegerUnreachable
     from .sources.jaegerquery import DEFAULT_LIMIT, PageTooSmall, Search, open_query
     from .sources.logs import LogStats
     from .sources.tracedocs import TraceDocs
-    from ..model import semconv as sc
 
     given = str(args.jaeger)
     try:
@@ -105,7 +104,7 @@ def run_jaeger(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:
     if docs.conflicts:
         print(f"warning: {sum(docs.conflicts.values())} record(s) of run {run_id} share rank, epoch and seq with "
               "another of other content (a restarted rank reusing the run id?): both are analysed", file=err)
-    res = analyze_traces(level, docs.info, docs.events(), err)
+    res = analyze_traces(level, docs, err)
     links = getattr(args, "jaeger_url", None) or base
     bad = _unread_lines(search.unread, docs.info.malformed)
     rc = print_report(args, res, run_id, links, {"logs": [], "otlp": [], "jaeger": [base]}, LogStats(), len(bad),

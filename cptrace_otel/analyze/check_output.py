@@ -4,7 +4,10 @@ JSON: ``{"findings": [...], "unchecked": [...], "stats": {...}, "localization": 
 advisory fwd_hash entries of :mod:`.localize`, ``[]`` when there are none); each finding has ``code, rule, rank, epoch,
 node_id, op, certainty, severity, evidence, message, src, line_no`` and, when a run id is known, ``trace_id`` (the
 node's trace: ``blake2b(f"{run_id}|{epoch}|{node_id}", digest_size=16)``) plus ``jaeger_url`` when a Jaeger base
-URL is given.
+URL is given, and ``run`` (the run it was found in: every rule judges one run). ``stats`` has ``runs`` (how many were
+read) and ``runs_with_findings`` (run -> findings). The text report groups findings by run and node; when several runs
+were read it says how many, lists the runs with findings (the first :data:`RUNS_SHOWN`) and prints the findings of
+those runs only.
 """
 
 from __future__ import annotations
@@ -45,9 +48,21 @@ def finding_dict(f: Finding, run_id: str | None = None, jaeger_url: str | None =
     return d
 
 
+def link_run(result: Any, f: Finding, run_id: str | None) -> str | None:
+    """The run id the trace id of ``f``'s node is made of: its run's (``result.links`` maps a run named otherwise,
+    e.g. a folder of log files, to it, ``""`` for none), else ``run_id`` (``--run-id``, or the only run of the
+    files)."""
+    return getattr(result, "links", {}).get(f.run, f.run) or run_id
+
+
 def to_json(result: Any, run_id: str | None = None, jaeger_url: str | None = None) -> str:
+    def one(f: Finding) -> dict[str, Any]:
+        d = finding_dict(f, link_run(result, f, run_id), jaeger_url)
+        d["run"] = f.run
+        return d
+
     obj = {
-        "findings": [finding_dict(f, run_id, jaeger_url) for f in result.findings],
+        "findings": [one(f) for f in result.findings],
         "unchecked": [u.to_dict() for u in result.unchecked],
         "stats": result.stats,
         "localization": list(getattr(result, "localization", None) or []),
@@ -56,7 +71,7 @@ def to_json(result: Any, run_id: str | None = None, jaeger_url: str | None = Non
 
 
 def _unchecked_line(u: Unchecked) -> str:
-    who = "all ranks" if u.rank is None else f"rank {u.rank}"
+    who = ("all ranks" if u.rank is None else f"rank {u.rank}") + (f" of {u.runs} runs" if u.runs > 1 else "")
     if u.kind == "level":
         return f"  UNCHECKED {u.rule:<22} {who}: needs level {u.need_level} ({u.reason})"
     ex = f" e.g. nodes {u.examples}" if u.examples else ""
@@ -66,19 +81,28 @@ def _unchecked_line(u: Unchecked) -> str:
 
 
 def to_text(result: Any, run_id: str | None = None, jaeger_url: str | None = None) -> str:
-    """A table grouped by (epoch, node), groups ordered by their most severe finding."""
+    """A table grouped by (run, epoch, node), groups ordered by their most severe finding; of several runs, the
+    findings of the first :data:`RUNS_SHOWN` runs with findings (the others are counted, see --json)."""
     out: list[str] = []
     groups: dict[tuple, list[Finding]] = {}
     for f in result.findings:
-        groups.setdefault((f.epoch, f.node_id), []).append(f)
+        groups.setdefault((f.run, f.epoch, f.node_id), []).append(f)
 
     def gkey(item: tuple) -> tuple:
-        (epoch, nid), fs = item
-        return (min(f.sort_key()[0] for f in fs), epoch, nid if nid is not None else -1)
+        (run, epoch, nid), fs = item
+        return (min(f.sort_key()[0] for f in fs), run, epoch, nid if nid is not None else -1)
 
     st = result.stats
+    n_runs = st.get("runs", 1)
     out.append(f"cptrace-otel check: {st.get('events', 0)} events, {len(st.get('ranks', []))} ranks, "
-               f"{st.get('nodes', 0)} nodes, {st.get('malformed', 0)} malformed lines")
+               f"{st.get('nodes', 0)} nodes, {st.get('malformed', 0)} malformed lines"
+               + (f", {n_runs} runs" if n_runs > 1 else ""))
+    bad_runs = st.get("runs_with_findings") or {}
+    shown_runs = set(sorted(bad_runs)[:RUNS_SHOWN])
+    if n_runs > 1:
+        listed = ", ".join(f"{run_name(r)} ({bad_runs[r]})" for r in sorted(shown_runs))
+        more = f", and {len(bad_runs) - RUNS_SHOWN} more (see --json)" if len(bad_runs) > RUNS_SHOWN else ""
+        out.append(f"runs with findings: {len(bad_runs)} of {n_runs}" + (f": {listed}{more}" if bad_runs else ""))
     if not result.findings:
         out.append("no findings")
     else:
@@ -86,10 +110,15 @@ def to_text(result: Any, run_id: str | None = None, jaeger_url: str | None = Non
         out.append(f"{len(result.findings)} findings ({n_err} ERROR, {len(result.findings) - n_err} WARN) "
                    f"on {len(groups)} nodes")
         out.append(f"  {'SEV':<5} {'CODE':<6} {'RULE':<12} {'RANK':>4} {'OP':>6} {'CERT':<8} {'WHERE':<24} MESSAGE")
-        for (epoch, nid), fs in sorted(groups.items(), key=gkey):
+        for (run, epoch, nid), fs in sorted(groups.items(), key=gkey):
+            if n_runs > 1 and run not in shown_runs:
+                continue
             head = f"node {nid} (epoch {epoch})" if nid is not None else f"(no node) (epoch {epoch})"
-            if run_id is not None and isinstance(nid, int) and nid >= 0:
-                tid = node_trace_id(run_id, epoch, nid)
+            if n_runs > 1:
+                head = f"run {run_name(run)}: {head}"
+            link = link_run(result, fs[0], run_id)
+            if link is not None and isinstance(nid, int) and nid >= 0:
+                tid = node_trace_id(link, epoch, nid)
                 head += f"  trace {tid}"
                 if jaeger_url:
                     from . import links
@@ -114,6 +143,12 @@ def to_text(result: Any, run_id: str | None = None, jaeger_url: str | None = Non
 
 
 CHECK_PREFIX = "cptrace-otel check"   # the start of every message of check (files, --jaeger, --tempo)
+RUNS_SHOWN = 20   # runs with findings listed (and their findings printed) in the text report; --json has them all
+
+
+def run_name(run: str) -> str:
+    """How a run is named in reports: its run id, ``(no run id)`` for records that carry none."""
+    return run or "(no run id)"
 _LOC_SHOWN = 20   # entries printed in the text report; --json has them all
 
 
@@ -123,8 +158,9 @@ def localization_lines(entries: list[dict[str, Any]]) -> list[str]:
         return []
     out = ["fwd_hash localization (advisory, not a finding):"]
     rest = [e for e in entries if e["verdict"] != "match"]
+    several = len({e.get("run", "") for e in entries}) > 1   # entries of several runs: each names its run
     for e in rest[:_LOC_SHOWN]:
-        out.append("  " + _loc_line(e))
+        out.append("  " + (f"run {run_name(e.get('run', ''))}: " if several else "") + _loc_line(e))
     if len(rest) > _LOC_SHOWN:
         out.append(f"  ... {len(rest) - _LOC_SHOWN} more (see --json)")
     n_match = len(entries) - len(rest)

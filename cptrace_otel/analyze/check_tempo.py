@@ -13,13 +13,12 @@ from __future__ import annotations
 from typing import Any, TextIO
 
 from ..model.exits import EXIT_UNREADABLE, EXIT_USAGE
-from .check_output import CHECK_PREFIX as _PFX
-from .check_output import print_report
+from .check_output import CHECK_PREFIX as _PFX, print_report
 
 
 def run_tempo(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:
-    from .engine import Analysis
     from ..model.config import mask_url
+    from .engine import analyze_traces
     from .sources.jaeger import JaegerError, JaegerUnreachable
     from .sources.jaegerquery import open_query
     from .sources.logs import LogStats
@@ -67,7 +66,7 @@ def run_tempo(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:
         return EXIT_UNREADABLE
     print(f"check: read {traces} traces ({docs.total()} records) of run {run_id} from Tempo at {base}", file=err)
     docs.dedupe()
-    res = Analysis(level, docs.info.levels).run(docs.events())
+    res = analyze_traces(level, docs, err)
     links = getattr(args, "jaeger_url", None)
     rc = print_report(args, res, run_id, links, {"logs": [], "otlp": [], "tempo": [base]}, LogStats(), len(bad),
                       out, err)

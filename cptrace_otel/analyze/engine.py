@@ -1,4 +1,6 @@
-"""One analysis over an event stream of any number of ranks: per-rank :class:`RankChecker` plus :class:`CrossRank`.
+"""One analysis over an event stream of one run and any number of ranks: per-rank :class:`RankChecker` plus
+:class:`CrossRank`. Several runs are analysed one at a time and folded by :class:`Runs` (:func:`analyze_traces`): no
+rule ever sees records of two runs.
 
 Feed events in an order that keeps each rank's seq order (the sources do); ``result()`` returns the findings
 (sorted most severe first), the unchecked rules and counters, plus the advisory fwd_hash localization
@@ -9,7 +11,8 @@ Feed events in an order that keeps each rank's seq order (the sources do); ``res
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, TextIO
+from collections.abc import Iterable
+from typing import Any, TextIO
 
 from ..checks import Finding, RankChecker, Unchecked
 from ..checks.crossrank import CrossRank
@@ -25,6 +28,8 @@ class Result:
     unchecked: list[Unchecked]
     stats: dict[str, Any]
     localization: list[dict[str, Any]] = dataclasses.field(default_factory=list)   # advisory, see .localize
+    # run -> the run id its trace ids are made of, where that is not the run itself ("" none: a log folder's run)
+    links: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def codes(self) -> set[str]:
@@ -62,7 +67,7 @@ class Analysis:
         self.cross.feed(ev)
         return out
 
-    def run(self, events: Iterable[Event]) -> "Result":
+    def run(self, events: Iterable[Event]) -> Result:
         hint = getattr(events, "ranks", None)   # sources that know their ranks up front (log files)
         if hint:
             self.cross.expect_ranks(hint)
@@ -107,18 +112,90 @@ class Analysis:
         return Result(findings, unchecked, stats, self.localizer.report())
 
 
-def analyze_traces(level: int | None, info: Any, events: Iterable[Event], err: TextIO) -> Result:
-    """One analysis of trace documents (OTLP files, Jaeger): per-rank levels and sampled ranks from their resources
-    (``info``: :class:`~.sources.otlpfile.OtlpInfo`). When several streams are read and some have an unknown rank,
-    says ``N streams with an unknown rank: cross-rank rules not run`` on ``err``, runs only the per-rank rules and
-    puts N in ``stats["unknown_rank_streams"]`` (``check`` then exits 4 unless something was found)."""
-    an = Analysis(level, info.levels, sampled=info.sampled)
+class Runs:
+    """The results of several runs, analysed one at a time, folded into one :class:`Result` as they finish.
+
+    ``add(run, result)`` tags each finding (and each localization entry) with its run; the same unchecked entry of
+    several runs is listed once with ``runs`` counting them (and ``count`` summed), so neither memory nor the report
+    grows with the number of clean runs. ``stats`` sums events and nodes, joins ranks and levels, and adds ``runs``
+    (how many) and ``runs_with_findings`` (run -> findings, only the runs that have some)."""
+
+    def __init__(self) -> None:
+        self.findings: list[Finding] = []
+        self.unchecked: dict[tuple, Unchecked] = {}
+        self.localization: list[dict[str, Any]] = []
+        self.events = self.nodes = self.runs = 0
+        self.ranks: set[int] = set()
+        self.levels: dict[int, int] = {}
+        self.with_findings: dict[str, int] = {}
+        self.extra: dict[str, Any] = {}
+        self.links: dict[str, str] = {}
+
+    def add(self, run: str | None, res: Result) -> None:
+        """One run's result; ``run`` None: a result of :meth:`result` (runs already named) folded in."""
+        if run is None:
+            self.runs += res.stats.get("runs", 1)
+            for r, n in res.stats.get("runs_with_findings", {}).items():
+                self.with_findings[r] = self.with_findings.get(r, 0) + n
+            self.links.update(res.links)
+        else:
+            self.runs += 1
+            for f in res.findings:
+                f.run = run
+            for e in res.localization:
+                e["run"] = run
+            if res.findings:
+                self.with_findings[run] = self.with_findings.get(run, 0) + len(res.findings)
+        self.findings.extend(res.findings)
+        for u in res.unchecked:
+            key = (u.rule, u.code, u.rank, u.need_level, u.reason, u.kind)
+            have = self.unchecked.get(key)
+            if have is None:
+                self.unchecked[key] = u
+            else:
+                have.runs += u.runs
+                have.count += u.count
+                have.examples.extend(u.examples[:max(0, 5 - len(have.examples))])
+        self.localization.extend(res.localization)
+        st = res.stats
+        self.events += st.get("events", 0)
+        self.nodes += st.get("nodes", 0)
+        self.ranks.update(st.get("ranks", ()))
+        for r, lvl in st.get("levels", {}).items():
+            self.levels[r] = max(self.levels.get(r, 0), lvl)
+        for k, v in st.items():   # counters a source added (unknown_rank_streams)
+            if k not in ("events", "nodes", "ranks", "levels", "runs") and isinstance(v, int):
+                self.extra[k] = self.extra.get(k, 0) + v
+
+    def result(self) -> Result:
+        self.findings.sort(key=Finding.sort_key)
+        stats: dict[str, Any] = {"events": self.events, "ranks": sorted(self.ranks), "nodes": self.nodes,
+                                 "levels": dict(sorted(self.levels.items())), **self.extra,
+                                 "runs": self.runs, "runs_with_findings": self.with_findings}
+        return Result(self.findings, list(self.unchecked.values()), stats, self.localization, dict(self.links))
+
+
+def analyze_traces(level: int | None, docs: Any, err: TextIO, keep: Any = None, runs: Runs | None = None) -> Result:
+    """Every run of trace documents (OTLP files, Jaeger; ``docs``: :class:`~.sources.tracedocs.TraceDocs`), one
+    :class:`Analysis` each, one run after the other (a run's state is dropped once it is finished), folded by
+    :class:`Runs`: every rule, per-rank and cross-rank, judges one run. Per-rank levels and sampled ranks come from
+    each run's resources. When several streams are read and some have an unknown rank, says ``N streams with an
+    unknown rank: cross-rank rules not run`` on ``err``, runs only the per-rank rules and puts N in
+    ``stats["unknown_rank_streams"]`` (``check`` then exits 4 unless something was found). ``keep(run, events)``,
+    when given, wraps each run's events (the report keeps them); ``runs``, when given, is the fold to add to."""
+    info = docs.info
     unknown = info.unknown_rank_streams() if len(info.streams) > 1 else 0
     if unknown:
         # their records would be compared as one rank "-1", or against the known ranks: say so instead of passing
         print(f"check: {unknown} streams with an unknown rank: cross-rank rules not run", file=err)
-        an.cross.disabled = True
-    res = an.run(events)
+    runs = runs if runs is not None else Runs()
+    for run, events in docs.runs():
+        an = Analysis(level, info.run_levels.get(run), sampled=info.run_sampled.get(run))
+        if unknown:
+            an.cross.disabled = True
+        runs.add(run, an.run(keep(run, events) if keep is not None else events))
+    res = runs.result()
+    res.stats.pop("unknown_rank_streams", None)
     if unknown:
         res.stats["unknown_rank_streams"] = unknown
     return res

@@ -41,7 +41,7 @@ from ..model.events import Event
 
 BASELINE_SRCS = ("miss", "dev")
 RELOAD_SRC = "host"
-_SRCS = frozenset(BASELINE_SRCS + (RELOAD_SRC,))
+_SRCS = frozenset((*BASELINE_SRCS, RELOAD_SRC))
 
 # report order: the entries worth reading first
 _VERDICT_ORDER = {"diverged": 0, "noisy": 1, "unpaired": 2, "unpairable": 3, "match": 4, "truncated": 5}

@@ -27,13 +27,11 @@ for the ranks of a host) when the record has one, else the event time.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from ..model.events import Event
-from ..model.l3 import ACK as L3_ACK
-from ..model.l3 import BACKUP as L3_BACKUP
-from ..model.l3 import DIR_BACKUP, DIR_PREFETCH
-from ..model.l3 import PREFETCH as L3_PREFETCH
+from ..model.l3 import ACK as L3_ACK, BACKUP as L3_BACKUP, DIR_BACKUP, DIR_PREFETCH, PREFETCH as L3_PREFETCH
 
 FULL_LIMIT = 5000        # a run with at most this many records is drawn whole
 TOP_NODES = 12           # node panels in a summarised run
@@ -299,9 +297,8 @@ def holds(events: Iterable[Event], node: int) -> list[Bar]:
     for ev in events:
         tag, f = ev.tag, ev.fields
         nid = f.get("node_id")
-        if tag == "insert" and nid == node:
-            start("dev", ev)
-        elif tag == "reload" and isinstance(f.get("chain"), list) and node in f["chain"]:
+        in_chain = tag == "reload" and isinstance(f.get("chain"), list) and node in f["chain"]
+        if (tag == "insert" and nid == node) or in_chain:
             start("dev", ev)
         elif tag == "split" and f.get("new_id") == node:
             start("dev", ev)
@@ -361,9 +358,9 @@ class Builder:
             return None
         from urllib.parse import quote
 
-        from . import links
         from ..model import semconv as sc
-        tid, url = self._trace(epoch, node)
+        from . import links
+        _tid, url = self._trace(epoch, node)
         if url is not None:   # the node's trace with this rank's spans found (highlighted) in it
             return f"{url}?uiFind={quote(f'{sc.CP_RANK}={rank}')}"
         tags: dict[str, Any] = {sc.CP_RANK: rank}

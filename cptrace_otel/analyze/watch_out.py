@@ -25,7 +25,8 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..model import semconv as sc
 from ..model.spans import Span, hashed_id, node_trace_id, rank_trace_id, stamp_findings
@@ -82,8 +83,8 @@ class WriteBack:
     """Finding spans to an OTLP endpoint through the export stack (see the module doc)."""
 
     def __init__(self, endpoint: str, protocol: str = "http/protobuf") -> None:
-        from ..model import config as _config
         from ..export.stack import open_sinks
+        from ..model import config as _config
 
         self.cfg = _config.from_env()
         self.sinks = open_sinks(self.cfg, endpoint=endpoint, protocol=protocol, spool_dir="")

@@ -23,11 +23,12 @@ the length of the run, and a small run costs little.
 from __future__ import annotations
 
 import heapq
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from ..model import semconv as sc
 from ..checks import Finding, RankChecker
 from ..checks.crossrank import CrossRank
+from ..model import semconv as sc
 from ..model.events import Event
 from .sources import otlpfile
 

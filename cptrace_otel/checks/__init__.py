@@ -58,5 +58,16 @@ from .findings import ERROR, WARN, Finding, Unchecked
 from .rank_checker import RankChecker
 from .registry import CODES, LEVEL2_RULES, RULE_LEVEL, RULES, STRUCTURAL, Rule
 
-__all__ = ["RankChecker", "Finding", "Unchecked", "CODES", "ERROR", "WARN", "LEVEL2_RULES", "RULE_LEVEL", "RULES",
-           "Rule", "STRUCTURAL"]
+__all__ = [
+           "CODES",
+           "ERROR",
+           "LEVEL2_RULES",
+           "RULES",
+           "RULE_LEVEL",
+           "STRUCTURAL",
+           "WARN",
+           "Finding",
+           "RankChecker",
+           "Rule",
+           "Unchecked",
+]

@@ -6,11 +6,16 @@
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .fence import StoreFence
 from .findings import ERROR, Finding
 
+# CP modes whose ranks hold equal copies of every node's KV (C5 compares their backup hashes; L3c asks that every
+# rank's L3 keys be written by some rank): ``replicated``, and ``prefill_cp`` (stock SGLang prefill CP: replicated KV
+# under per-rank L3 keys)
+REPLICA_MODES = frozenset(("replicated", "prefill_cp"))
 
 
 class EpochC1:

@@ -1,7 +1,7 @@
 """Epoch boundaries of one rank's stream (docs/domain.md §3.1): a ``reset`` record ends an epoch, and so does a node id
 going backwards (a restarted process or a reset that was not logged). Node ids are unique only per (rank, epoch).
 
-The same tracker runs in the sources (which stamp ``Event.epoch``) and in :class:`~.rank.RankChecker` (for
+The same tracker runs in the sources (which stamp ``Event.epoch``) and in :class:`~.rank_checker.RankChecker` (for
 streams whose producer did not), so both agree: once a source has started a new epoch, the checker's fresh state
 sees no backwards id.
 """

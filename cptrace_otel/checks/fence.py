@@ -34,7 +34,8 @@ of windows in a bucket follows the resident nodes, not the records read).
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..model.events import Event
 from .findings import ERROR, Finding
@@ -308,7 +309,7 @@ class StoreFence:
     def take(self, diverged_before: Callable[[int, int], bool]) -> list[Finding]:
         """Hand out the findings so far, less those that ``diverged_before(epoch, index)`` puts after the epoch's
         first C1 divergence, and forget them."""
-        out = [f for f, at in zip(self.findings, self.at) if not diverged_before(f.epoch, at)]
+        out = [f for f, at in zip(self.findings, self.at, strict=False) if not diverged_before(f.epoch, at)]
         self.findings, self.at = [], []
         for lst in self.windows.values():   # their findings are handed out: a later store cannot reopen them
             for w in lst:

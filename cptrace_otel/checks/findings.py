@@ -31,6 +31,7 @@ class Finding:
     src: str = ""                      # file (or "live", or a URL) of the record that completed the finding
     line_no: int = 0                   # its line in ``src`` (0 when unknown)
     evidence_lines: list[int] = dataclasses.field(default_factory=list)  # line numbers of ``evidence`` (0 unknown)
+    run: str = ""                      # the run it was found in (set by the analysis: every rule judges one run)
 
     def __post_init__(self) -> None:
         if self.certainty != "exact" and self.severity == ERROR:
@@ -59,6 +60,7 @@ class Unchecked:
     kind: str = "level"
     count: int = 1
     examples: list[int] = dataclasses.field(default_factory=list)  # a few node ids (skips)
+    runs: int = 1                      # runs it applies to (the same entry of several runs is listed once)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -121,10 +121,7 @@ def _runs_intersect(a: tuple, b: tuple) -> bool:
         a, b = b, a   # (intersection is symmetric)
     if len(a) == 1:
         a0, a1 = a[0]
-        for b0, b1 in b:
-            if a0 <= b1 and b0 <= a1:
-                return True
-        return False
+        return any(a0 <= b1 and b0 <= a1 for b0, b1 in b)
     sa, sb = sorted(a), sorted(b)
     na, nb = len(sa), len(sb)
     if not na or not nb:
@@ -151,10 +148,7 @@ def _known_in(x: int, s: Slots) -> bool:
     """Whether slot ``x`` is surely in ``s``: a member of its exact runs, else one of the members a summary names
     (its min, max, first and last are slots of the set)."""
     if s.runs is not None:
-        for a, b in s.runs:
-            if a <= x <= b:
-                return True
-        return False
+        return any(a <= x <= b for a, b in s.runs)
     return x == s.lo or x == s.hi or x == s.first or x == s.last
 
 

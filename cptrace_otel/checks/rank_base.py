@@ -16,7 +16,6 @@ from .ranges import EXACT
 from .state import EpochState
 
 
-
 class RankRuleBase:
     rank: int
     epoch: int

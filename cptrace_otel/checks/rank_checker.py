@@ -14,10 +14,11 @@ the prepare, the stream's level), so a clean record costs no call to a rule that
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from ..model.events import Event, LEVEL_OF_TAG, int_field
 from ..model import semconv as sc
+from ..model.events import LEVEL_OF_TAG, Event, int_field
 from ..model.logline import Rng
 from .epochs import EPOCH_TAGS, EpochTracker
 from .findings import Finding, Unchecked

@@ -100,7 +100,7 @@ class C1Lockstep(CrossRuleBase):
                 if not final or not any(qs):
                     return
                 # end of stream: some ranks have records the others never logged
-                short = [r for r, q in zip(ranks, qs) if not q]
+                short = [r for r, q in zip(ranks, qs, strict=False) if not q]
                 longq = next(q for q in qs if q)
                 t0 = longq[0]
                 for r in short:
@@ -136,11 +136,11 @@ class C1Lockstep(CrossRuleBase):
                     if i != j and len(q2) >= 2 and q2[1][0] == q[0][0] and q2[0][0] != q[0][0]:
                         ref = q2[0][0]  # rank i skipped q2's head
         ref_item = next(q[0] for q in qs if q[0][0] == ref)
-        for r, q in zip(ranks, qs):
+        for r, q in zip(ranks, qs, strict=False):
             if q[0][0] != ref:
                 self._emit_c1(epoch, r, ref_item, st.index,
                               f"structural record #{st.index}: rank {r} has {_fmt(q[0][0])}, expected "
-                              f"{_fmt(ref)} (ranks {[x for x, y in zip(ranks, qs) if y[0][0] == ref]})",
+                              f"{_fmt(ref)} (ranks {[x for x, y in zip(ranks, qs, strict=False) if y[0][0] == ref]})",
                               q[0][1], ref_item)
         st.diverged = st.index
         st.queues.clear()

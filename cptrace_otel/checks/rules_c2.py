@@ -134,7 +134,7 @@ class C2AckRounds(CrossRuleBase):
             # judged at the latest structural index of the rounds compared: a C1 divergence found later (it can
             # wait for more tuples) at or before that index drops the finding (finish), as C2 stops there
             at = max(q[0][6] for q in qs)
-            for r, q in zip(ranks, qs):
+            for r, q in zip(ranks, qs, strict=False):
                 if q[0][:3] != ref:
                     d, nops, nodes, seq, line, src, _ = q[0]
                     f = Finding("C2", "C2", r, epoch, min(ref[2] ^ nodes) if ref[2] ^ nodes else None, None, "exact",
@@ -153,7 +153,7 @@ class C2AckRounds(CrossRuleBase):
             st = self._c1.get(epoch)
             if st is not None and st.diverged is not None:
                 return
-            for r, q in zip(ranks, qs):
+            for r, q in zip(ranks, qs, strict=False):
                 if not q and any(qs):
                     other = next(x for x in qs if x)[0]
                     f = Finding("C2", "C2", r, epoch, min(other[2]) if other[2] else None, None, "exact",

@@ -26,9 +26,10 @@ from typing import Any
 from ..model.canary import full_pool
 from ..model.events import Event
 from .findings import Finding
-from .rank_base import RankRuleBase
 from .ranges import EXACT, INTERVAL, Slots, overlap
+from .rank_base import RankRuleBase
 from .state import UNKNOWN, Node
+
 
 def _describe(f: dict) -> str:
     tag, why = f.get("launch_tag"), f.get("fail_reason")

@@ -15,8 +15,8 @@ from typing import Any
 
 from ..model.events import Event
 from .findings import Finding
-from .rank_base import RankRuleBase
 from .ranges import EXACT, Slots
+from .rank_base import RankRuleBase
 from .state import Backup, PendingLoad, PendingWrite
 
 
@@ -110,7 +110,8 @@ class HashCompare(RankRuleBase):
             return None
         if isinstance(bk.hp, list) and isinstance(hp_r, list):
             if bk.hp != hp_r:
-                k = next((i for i, (a, b) in enumerate(zip(bk.hp, hp_r)) if a != b), min(len(bk.hp), len(hp_r)))
+                k = next((i for i, (a, b) in enumerate(zip(bk.hp, hp_r, strict=False)) if a != b),
+                         min(len(bk.hp), len(hp_r)))
                 return self._finding("HASH", "HASH", nid, op, EXACT, [bk.ref, *refs],
                                      f"node {nid} (split since backup): page {k} hash differs between backup "
                                      "and reload", ev)

@@ -13,8 +13,8 @@ from typing import Any
 
 from ..model.events import Event, int_field
 from .findings import Finding
-from .rank_base import RankRuleBase
 from .ranges import EXACT, Slots, is_none_range
+from .rank_base import RankRuleBase
 from .state import Node, PendingWrite
 
 

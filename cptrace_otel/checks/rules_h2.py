@@ -17,8 +17,8 @@ from typing import Any
 
 from ..model.events import Event
 from .findings import Finding
-from .rank_base import RankRuleBase
 from .ranges import EXACT, Slots, concat, overlap
+from .rank_base import RankRuleBase
 from .state import UNKNOWN, PendingLoad
 
 
@@ -108,8 +108,7 @@ class H2Reload(RankRuleBase):
         """A host eviction of node ``nid`` (freeing ``hs``) breaches the loads whose chain holds it, and those of
         other lineages whose host slots it freed."""
         for ld in self.st.loads.values():
-            if nid in ld.chain:
-                if ld.viol is None:
-                    ld.viol = (ref, EXACT, f"host eviction of node {nid}")
+            if nid in ld.chain and ld.viol is None:
+                ld.viol = (ref, EXACT, f"host eviction of node {nid}")
         if hs is not None:
             self._h2c_breach(hs, nid, ref, f"host eviction of node {nid} freed host slots")

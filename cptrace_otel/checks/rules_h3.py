@@ -13,8 +13,8 @@ from typing import Any
 
 from ..model.events import Event
 from .findings import Finding
-from .rank_base import RankRuleBase
 from .ranges import EXACT, Slots, overlap, slots_of
+from .rank_base import RankRuleBase
 from .state import UNKNOWN, Fill, Node
 
 

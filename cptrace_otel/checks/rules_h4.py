@@ -17,8 +17,8 @@ from typing import Any
 
 from ..model.events import Event
 from .findings import WARN, Finding
-from .rank_base import RankRuleBase
 from .ranges import EXACT, Slots, overlap
+from .rank_base import RankRuleBase
 from .state import PendingWrite
 
 

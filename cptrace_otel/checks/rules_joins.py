@@ -7,9 +7,9 @@ for that node on that rank) and holds each rank's facts of the record (``prepare
   ``backup`` has ``io=1``; in ``shared`` exactly the ``config io_rank`` has ``io=1`` and host summaries are equal.
 * C4, count relations: ``dev.cnt``/``host.cnt`` of a node's prepare and reload equal on all ranks (logical,
   widened counts in dcp).
-* C5, content relations: ``replicated``: backup ``h`` equal on all ranks; ``shared``: the IO rank's ``hs[r]``
-  equals rank r's ``ack dir=h2d`` hash (nodes split since their prepare are skipped). The store fence is
-  ``C5-fence`` (:mod:`.fence`).
+* C5, content relations: ``replicated`` and ``prefill_cp``: backup ``h`` equal on all ranks; ``shared``: the IO
+  rank's ``hs[r]`` equals rank r's ``ack dir=h2d`` hash (nodes split since their prepare are skipped). The store
+  fence is ``C5-fence`` (:mod:`.fence`).
 
 Node ids line up across ranks only while C1 holds, so only records at or before the epoch's C1 divergence index
 are judged; a join whose records lie past what C1 has compared waits for it.
@@ -17,10 +17,11 @@ are judged; a join whose records lie past what C1 has compared waits for it.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from ..model.events import Event, int_field
-from .cross_base import CrossRuleBase
+from .cross_base import REPLICA_MODES, CrossRuleBase
 from .ranges import slots_of
 
 
@@ -130,7 +131,7 @@ class JoinRules(CrossRuleBase):
             # same dev/host counts (C4) and, for a prepare, io=1 where the mode asks for it (C3) and the same h in
             # mode replicated (C5): none of the rules below can find anything
             chk_io = tag == "prepare" and mode is not None and mode != "none"
-            chk_h = tag == "prepare" and mode == "replicated"
+            chk_h = tag == "prepare" and mode in REPLICA_MODES
             d0, c0, h0 = any_f["dev"], any_f["host"], any_f.get("h")
             for x in per.values():
                 if x["dev"] != d0 or x["host"] != c0 or (chk_io and x.get("io", 1) != 1) \
@@ -152,7 +153,7 @@ class JoinRules(CrossRuleBase):
                 return
         if tag == "prepare":
             self._c3(epoch, nid, ranks, per, reported, any_f)
-            if mode == "replicated":
+            if mode in REPLICA_MODES:
                 self._c5_replicated(epoch, nid, per)
             elif mode == "shared":
                 io = per.get(self.io_rank)
@@ -196,16 +197,23 @@ class JoinRules(CrossRuleBase):
                               "moves its own payload", x)
 
     def _c5_replicated(self, epoch: int, nid: int, per: dict[int, dict]) -> None:
-        """C5, mode replicated: the backup ``h`` of a decided prepare join is equal on all ranks."""
+        """C5, modes replicated and prefill_cp: the backup ``h`` of a decided prepare join is equal on all ranks."""
         hs = {r: x.get("h") for r, x in per.items() if x.get("h") is not None and x["h"] >= 0}
         if len(set(hs.values())) > 1:
-            vals = sorted(set(hs.values()), key=lambda v: -list(hs.values()).count(v))
-            ref = vals[0]
-            for r, v in hs.items():
+            counts = Counter(hs.values())
+            top = max(counts.values())
+            # the majority's hash; without one (two ranks that differ), the lowest rank's, so that the finding
+            # lands on the same rank in every run (and says that it is a choice)
+            r0 = min(r for r, v in hs.items() if counts[v] == top)
+            ref = hs[r0]
+            whose = "elsewhere" if list(counts.values()).count(top) == 1 else \
+                f"on rank {r0} (no majority: compared with the lowest rank of the most common hashes)"
+            for r, v in sorted(hs.items()):
                 if v != ref:
                     x = per[r]
                     self._add("C5", "C5", r, epoch, nid, x["op"], [x.get("bseq", x["seq"])],
-                              f"node {nid}: replicated backup h={v} on rank {r}, {ref} elsewhere", x)
+                              f"node {nid}: backup h={v} on rank {r}, {ref} {whose} (mode {self.mode}: equal "
+                              "copies)", x)
 
     def _c4(self, epoch: int, tag: str, nid: int, per: dict[int, dict]) -> None:
         """C4: dev and host counts of a decided join equal on all ranks (dcp: logical widened counts)."""
@@ -246,7 +254,7 @@ class JoinRules(CrossRuleBase):
         """C5, mode shared: compare the queued reload hashes whose IO-rank ``hs`` is known (and C1 has passed)."""
         keep = []
         for item in self._reload_hashes:
-            epoch, nid, occ, rank, h, seq, line, src, idx, op = item
+            epoch, nid, occ, rank, h, seq, line, src, idx, _op = item
             hs = self._io_hs.get((epoch, nid), {}).get(occ)
             if hs is None:
                 if not final:

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 from ..model.events import Event, int_field
 from ..model.l3 import DIR_BACKUP, DIR_PREFETCH
 from .findings import WARN, Finding
-from .rank_base import RankRuleBase
 from .ranges import EXACT, Slots, overlap, slots_of
+from .rank_base import RankRuleBase
 from .state import Bounded, L3Transfer, Node
 
 KEYS_KEPT = 1 << 15      # keys whose backup fingerprints a rank remembers (oldest forgotten first: a later
@@ -42,7 +42,7 @@ def _pages(f: dict) -> list[tuple[int, Any, int]] | None:
     keys, hp = f.get("keys"), f.get("hp")
     if type(keys) is not list or type(hp) is not list or len(keys) != len(hp):
         return None
-    return [(i, k, h) for i, (k, h) in enumerate(zip(keys, hp)) if type(h) is int and h >= 0]
+    return [(i, k, h) for i, (k, h) in enumerate(zip(keys, hp, strict=False)) if type(h) is int and h >= 0]
 
 
 class L3Rules(RankRuleBase):

@@ -24,8 +24,8 @@ from typing import Any
 from ..model import semconv as sc
 from ..model.events import Event
 from .findings import Finding
-from .rank_base import RankRuleBase
 from .ranges import EXACT
+from .rank_base import RankRuleBase
 from .rules_l3 import FPS_PER_KEY
 from .state import Backup, Bounded, PendingLoad
 
@@ -54,7 +54,7 @@ class SideRules(RankRuleBase):
         for p in self.sidecars:
             hp = f.get(sc.side_field(sc.SIDE_HP, p))
             if type(hp) is list and len(hp) == len(keys):
-                out.extend((f"{k}.{p}", h) for k, h in zip(keys, hp) if type(h) is int and h >= 0)
+                out.extend((f"{k}.{p}", h) for k, h in zip(keys, hp, strict=False) if type(h) is int and h >= 0)
         return out
 
     def _side_l3_backup(self, f: dict, ref: tuple) -> None:
@@ -131,7 +131,8 @@ class SideRules(RankRuleBase):
                                              f"node {nid}: sidecar {p} backup h={hb} but after load h={hr}", ev))
             elif hp_b is not None and hp_r is not None:
                 if hp_b != hp_r:
-                    k = next((i for i, (a, b) in enumerate(zip(hp_b, hp_r)) if a != b), min(len(hp_b), len(hp_r)))
+                    k = next((i for i, (a, b) in enumerate(zip(hp_b, hp_r, strict=False)) if a != b),
+                             min(len(hp_b), len(hp_r)))
                     out.append(self._finding("SIDE", "SIDE-hash", nid, ld.op, EXACT, [bk.ref, ld.ref, ref],
                                              f"node {nid}: sidecar {p} page {k} differs between backup and load",
                                              ev))

@@ -1,4 +1,4 @@
-"""The lineage state a :class:`~.rank.RankChecker` rebuilds for one (rank, epoch) (docs/domain.md §3.4).
+"""The lineage state a :class:`~.rank_checker.RankChecker` rebuilds for one (rank, epoch) (docs/domain.md §3.4).
 
 Everything here is bounded by what is live: nodes leave with their lifecycle (host eviction, regular eviction),
 pending writes and loads leave at their ack, compose fills leave with their node, and the few "recently closed"
@@ -36,7 +36,7 @@ class Backup:
                 return hp[start // tpp:(start + n) // tpp]
         return None
 
-    def fragment(self, start: int, n: int) -> "Backup":
+    def fragment(self, start: int, n: int) -> Backup:
         side = None if self.side is None else {p: (None, self._pages(hp, start, n)) for p, (_, hp) in
                                                self.side.items()}
         return Backup(None, self._pages(self.hp, start, n), None, self.ref, self.op, False, n, side)
@@ -48,8 +48,8 @@ class Node:
     def __init__(self, nid: int, length: int, dev: Any, host: Any, ref: Ref) -> None:
         self.id = nid
         self.len = length
-        self.dev: Slots | None | str = dev      # None: evicted from device; UNKNOWN: present, slots not known
-        self.host: Slots | None | str = host    # None: not backuped
+        self.dev: Slots | str | None = dev      # None: evicted from device; UNKNOWN: present, slots not known
+        self.host: Slots | str | None = host    # None: not backuped
         self.host_freed: Ref | None = None      # a host free/evict of this node since its last prepare
         self.gen = 0                            # our device generation (docs/domain.md §3.3 `gen`)
         self.gen_ref: tuple = (ref, "insert")   # the record that last changed the device state

@@ -12,12 +12,18 @@ once), 3 a source cannot be read, holds no cptrace record (empty, binary, plain 
 the message names the file and what it looked like), or Jaeger cannot be reached (the URL is printed, its password
 masked). A check never passes on input in which no record was found.
 
-Sources given together: trace documents (OTLP files, Jaeger JSON) are one run; records given twice there (same rank,
-epoch and seq, same content) count once. Log files and trace documents holding the same records (a run's logs and
-its OTLP files) are counted once, from one of them (:mod:`.sources.overlap`; stderr says which); holding other
-records, they are analysed as two separate runs (their ranks would otherwise collide) and reported together. While
-log files are read, a byte progress bar goes to stderr when it is a terminal (``--progress`` / ``--no-progress``
-force it on / off); a Jaeger fetch prints a line per search then.
+Runs: every rule judges one run; records of several runs given together are analysed run by run and reported
+together (findings name their run; the text report says how many runs were read and lists those with findings). A
+trace record's run is its resource's ``cptrace.run_id`` (records with none are one run, ``(no run id)``); records
+given twice within a run (same rank, epoch and seq, same content) count once. Upstream log lines carry no run id: the
+log files given together are one run unless a rank recurs in the files of two folders (two launches; each folder is
+then a run: :func:`.sources.overlap.log_runs`). Log files and trace documents of the same folders holding the same
+records (a run's logs and its OTLP files; with every trace file when the logs' folders hold none) are counted once,
+from one of them (:mod:`.sources.overlap`; stderr says which), the logs' run then named by the trace files' run id;
+holding other records, the log files are a run of their own, ``(no run id) FOLDER``. ``--run-id`` keeps one run: the
+trace records of that run id, and the log files of it or of no known run (exit 3, naming the runs found, when nothing
+matches). While log files are read, a byte progress bar goes to stderr when it is a terminal (``--progress`` /
+``--no-progress`` force it on / off); a Jaeger fetch prints a line per search then.
 """
 
 from __future__ import annotations
@@ -26,14 +32,20 @@ import argparse
 import sys
 from typing import Any, NamedTuple, TextIO
 
-from . import add_progress_flags
-from ..model.exits import EXIT_UNREADABLE, EXIT_USAGE, CptraceError
 from ..analyze.check_output import CHECK_PREFIX as _PFX
+from ..model.exits import EXIT_UNREADABLE, EXIT_USAGE, CptraceError
+from . import add_progress_flags
+
+NO_RUN_ID = "(no run id)"   # the start of the name of a run whose records carry no run id (log files)
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     """The ``check`` subcommand's parser, added to ``sub`` (the ``cli`` subparsers)."""
-    c = sub.add_parser("check", help="check invariants over log files, OTLP files, Jaeger JSON exports or a Jaeger")
+    c = sub.add_parser("check", help="check invariants over log files, OTLP files, Jaeger JSON exports or a Jaeger",
+                       description="Every rule judges one run. A trace record's run is its resource's cptrace.run_id "
+                                   "(records with none are one run); log lines carry none: the log files given "
+                                   "together are one run unless a rank recurs in two folders (two launches: a run "
+                                   "per folder). Several runs are checked run by run and reported together.")
     c.add_argument("paths", nargs="*", metavar="PATH",
                    help="log files ([CPTRACE ...] lines), OTLP JSON-lines files, Jaeger JSON exports (/api/traces, "
                         "/api/v3/traces, the UI's downloads), or folders of them (read recursively); plain or gzip; "
@@ -42,7 +54,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     c.add_argument("--level", type=int, default=None, help="force the trace level instead of inferring it")
     c.add_argument("--jaeger-url", default=None, help="Jaeger query base URL, for trace links in the report")
     c.add_argument("--run-id", default=None,
-                   help="run id: the run to read with --jaeger; for log files, the one used for trace links")
+                   help="check only this run: the run to read with --jaeger or --tempo; in files, the records whose "
+                        "resource has this cptrace.run_id, and the log files (their lines carry no run id), which "
+                        "it also names for trace links")
     j = c.add_argument_group("reading the run from Jaeger instead of files")
     j.add_argument("--jaeger", default=None, metavar="URL",
                    help="Jaeger query base URL (e.g. http://127.0.0.1:16686; user:password@ allowed) to read the "
@@ -131,9 +145,9 @@ class SourceError(CptraceError):
 
 
 class Analyzed(NamedTuple):
-    """What :func:`analyze_sources` read: the merged result, the run id, one ``(Result, events)`` per group
-    (logs, trace documents), the sources read per kind, the log reader's stats and the trace documents' malformed
-    count."""
+    """What :func:`analyze_sources` read: the merged result, the run id, one ``(Result, events)`` per run (its
+    ``stats["run"]`` names it; its events only when ``keep``), the sources read per kind, the log reader's stats and
+    the trace documents' malformed count."""
 
     res: Any
     run_id: str | None
@@ -147,14 +161,13 @@ def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
                     pfx: str = _PFX) -> Analyzed:
     """Read ``paths`` as ``check`` does and analyze them (every rule, per-rank and cross-rank).
 
-    Log files and trace documents holding other records are two groups (two runs, analyzed apart); each group's
-    events, in the order the rules saw them, are kept in ``groups`` when ``keep`` is true (the HTML report draws
+    Every run is analyzed apart (see the module doc); each run's events, in the order the rules saw them, are kept
+    in ``groups`` (one per run) when ``keep`` is true (the HTML report draws
     them). Reader warnings go to ``err``. Raises :class:`SourceError` (after printing why, prefixed with ``pfx``)
     when a source cannot be read, holds no record, or the sources overlap in a way that cannot be counted once."""
-    from ..analyze.engine import Analysis, Result, analyze_traces
+    from ..analyze.engine import Analysis, Result, Runs, analyze_traces
     from ..analyze.sources.detect import expand
     from ..analyze.sources.logs import LogReadError, LogStats, read_log_events
-    from ..analyze.sources.overlap import decide
     from ..analyze.sources.tracedocs import TraceDocs
 
     try:
@@ -188,16 +201,13 @@ def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
             raise SourceError(EXIT_UNREADABLE)
         docs.dedupe()
         _dup_notes(docs, err)
-        choice = decide(logs, docs, otlp + docfiles)
-        if choice is not None:
-            if choice.use == "refuse":
-                print(f"{pfx}: {choice.message}", file=err)
-                raise SourceError(EXIT_USAGE)
-            print(f"check: {choice.message}", file=err)
-            if choice.use == "logs":
-                otlp, docfiles = [], []
-            else:
-                logs = []
+        log_groups = _log_runs(logs, docs, otlp + docfiles, pfx, err)
+        if run_id is not None:
+            log_groups = _select_run(run_id, docs, log_groups, pfx, err)
+        held = docs.sources()
+        otlp, docfiles = [p for p in otlp if p in held], [p for p in docfiles if p in held]
+        logs = [p for _label, group in log_groups for p in group]
+        runs = Runs()
         if logs:
             bar = _progress_bar(args, err, logs)
 
@@ -206,19 +216,30 @@ def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
                     if bar is not None:
                         bar.clear()
                     print(f"warning: {m.path}:{m.line_no}: malformed line ({m.reason})", file=err)
-            kept: list = []
             try:
-                evs = read_log_events(logs, on_bad, stats, bar.to if bar is not None else None)
-                results.append(Analysis(level).run(_Kept(evs, kept) if keep else evs))
+                for label, group in log_groups:   # (their lines hold no run id: log_runs)
+                    kept: list = []
+                    evs = read_log_events(group, on_bad, stats, bar.to if bar is not None else None)
+                    one = Analysis(level).run(_Kept(evs, kept) if keep else evs)
+                    runs.add(label, one)
+                    one.stats["run"] = label
+                    groups.append((one, kept))
             finally:
                 if bar is not None:
                     bar.close()
-            groups.append((results[-1], kept))
-        if otlp or docfiles:
-            kept = []
-            evs = docs.events()  # type: ignore[assignment]
-            results.append(analyze_traces(level, info, _Kept(evs, kept) if keep else evs, err))
-            groups.append((results[-1], kept))
+            results.append(runs.result())
+            results[-1].links.update((label, "") for label, _g in log_groups if label.startswith(NO_RUN_ID))
+        if docs.total():
+            kept_by_run: dict[str, list] = {}
+
+            def keeping(run: str, evs: Any) -> Any:
+                return _Kept(evs, kept_by_run.setdefault(run, []))
+            results.append(analyze_traces(level, docs, err, keeping if keep else None))
+            found: dict[str, list] = {}
+            for f in results[-1].findings:
+                found.setdefault(f.run, []).append(f)
+            for run, kept in kept_by_run.items():   # one group per run: the report draws each run apart
+                groups.append((Result(found.get(run, []), [], {"run": run}), kept))
         if run_id is None and len(info.run_ids) == 1:   # (the trace files' run id also when the logs were chosen)
             run_id = next(iter(info.run_ids))
         doc_malformed = info.malformed if otlp or docfiles else []
@@ -257,6 +278,70 @@ class _Kept:
         for ev in self._events:
             keep(ev)
             yield ev
+
+
+def _log_runs(logs: list[str], docs: Any, doc_files: list[str], pfx: str, err: TextIO) -> list[tuple[str, list[str]]]:
+    """The runs of the log files: ``(run, files)`` (upstream log lines carry no run id: see
+    :func:`.sources.overlap.log_runs`). Each run's logs are compared with the trace files of the same folders (with
+    every trace file when those folders hold none; run by run when they hold several, the logs read once) by
+    :func:`.sources.overlap.decide`: the
+    same records are counted once (the log files' run is then named by the trace files' run id, or the trace files
+    are dropped from ``docs``); other records are another run, named ``(no run id) FOLDER``. Raises
+    :class:`SourceError` when a run is split in a way that cannot be counted once."""
+    import os
+
+    from ..analyze.sources.overlap import decide, log_heads, log_runs
+
+    folders = log_runs(logs)
+    out = []
+    for folder, group in folders.items():
+        dirs = {os.path.dirname(p) or "." for p in group}
+        mine = [p for p in doc_files if (os.path.dirname(p) or ".") in dirs]
+        view = docs.only(set(mine)) if mine else docs
+        views = view.by_run()
+        matched = None
+        if len(views) > 1 and "-" not in group:   # trace files of several runs beside the logs: find the logs' run
+            heads = log_heads(group, view.ranks())
+            for rid, one in views.items():
+                choice = decide(group, one, mine or doc_files, heads)
+                if choice is not None:
+                    view, matched = one, rid
+                    break
+        else:
+            choice = decide(group, view, mine or doc_files)
+        label = f"{NO_RUN_ID} {folder}"
+        if choice is not None:
+            if choice.use == "refuse":
+                print(f"{pfx}: {choice.message}", file=err)
+                raise SourceError(EXIT_USAGE)
+            print(f"check: {choice.message}", file=err)
+            if choice.use == "docs":
+                continue
+            ids = view.run_ids()
+            if len(ids) == 1 and ids[0]:
+                label = ids[0]
+            docs.drop_sources(set(mine or doc_files), matched)
+        out.append((label, group))
+    return out
+
+
+def _select_run(run_id: str, docs: Any, log_groups: list, pfx: str, err: TextIO) -> list:
+    """``--run-id`` on files: keep the trace records of that run and the log files of it (log files of no known run
+    are named by it, as their lines hold none); say so when it matches no record (:class:`SourceError`, exit 3,
+    naming the runs the sources hold)."""
+    have = sorted(set(docs.run_ids()) | {label for label, _g in log_groups if not label.startswith(NO_RUN_ID)})
+    shown = ", ".join(r or NO_RUN_ID for r in have[:10]) + (f" and {len(have) - 10} more" if len(have) > 10 else "")
+    docs.keep_run(run_id)
+    kept = [(run_id if label.startswith(NO_RUN_ID) else label, g) for label, g in log_groups
+            if label == run_id or label.startswith(NO_RUN_ID)]
+    if not kept and not docs.total():
+        print(f"{pfx}: run id {run_id} matches no record of the sources"
+              + (f" (they hold {len(have)} run(s): {shown})" if have else ""), file=err)
+        raise SourceError(EXIT_UNREADABLE)
+    if run_id not in have and have:   # checked: the log files of no known run, named by it
+        print(f"check: run id {run_id} matches no trace record (the sources hold {len(have)} run(s): {shown}); "
+              "checking the log files of no known run", file=err)
+    return kept
 
 
 def _name(path: str) -> str:
@@ -333,18 +418,11 @@ def _progress_bar(args: Any, err: TextIO, paths: list[str]) -> _Bar | None:
 
 
 def _merge(results: list) -> Any:
-    from ..checks import Finding
-    from ..analyze.engine import Result
+    from ..analyze.engine import Runs
 
     if len(results) == 1:
         return results[0]
-    findings = [f for r in results for f in r.findings]
-    findings.sort(key=Finding.sort_key)
-    unchecked = [u for r in results for u in r.unchecked]
-    stats: dict[str, Any] = {"events": sum(r.stats["events"] for r in results),
-                             "nodes": sum(r.stats["nodes"] for r in results),
-                             "ranks": sorted({x for r in results for x in r.stats["ranks"]}),
-                             "levels": {}}
+    runs = Runs()
     for r in results:
-        stats["levels"].update(r.stats.get("levels", {}))
-    return Result(findings, unchecked, stats, [e for r in results for e in r.localization])
+        runs.add(None, r)
+    return runs.result()

@@ -30,8 +30,8 @@ from typing import Any, TextIO
 from urllib.parse import urlsplit
 
 from ..model.config import traces_url
-
 from ..model.exits import EXIT_FINDINGS, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
+
 RANK_TIMEOUT_S = 120.0
 
 

@@ -1,5 +1,9 @@
 """``cptrace-otel ingest LOG...``: replay upstream ``[CPTRACE tag] k=v`` log files of all ranks as OTLP.
 
+One run per ingest: log lines carry no run id; the files given are one run unless a rank recurs in the files of
+several folders (two launches, as ``check`` reads them: :func:`~cptrace_otel.analyze.sources.overlap.log_runs`),
+which is refused (exit 2): each folder is ingested on its own.
+
 The same mapping as the live exporter: every line becomes one span event through :class:`~cptrace_otel.model.spans.
 SpanBuilder` (one builder and one resource per rank, online checks stamped unless ``CPTRACE_CHECKS=0``), sent
 through the same sinks: OTLP/HTTP or gRPC (``--endpoint``/``--protocol``, spooled and retried like live export) or an
@@ -197,24 +201,39 @@ def _summary(n: int, logs: list[str], builders: dict[int, Any], stats: Any, malf
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     """The ``ingest`` subcommand's parser, added to ``sub`` (the ``cli`` subparsers)."""
     g = sub.add_parser("ingest", help="replay upstream log files (all ranks) as OTLP")
-    g.add_argument("logs", nargs="+", metavar="LOG", help="upstream log files, plain or gzip; - reads standard input")
+    g.add_argument("logs", nargs="+", metavar="LOG",
+                   help="upstream log files of one run, plain or gzip; - reads standard input (log lines carry no run "
+                        "id: files whose ranks recur in several folders are several runs, and refused)")
     tgt = g.add_mutually_exclusive_group()
     tgt.add_argument("--endpoint", default=None, help="OTLP traces URL")
     tgt.add_argument("--file", default=None, help="OTLP JSON-lines output file")
     g.add_argument("--protocol", default="http/protobuf", choices=["http/protobuf", "grpc"])
-    g.add_argument("--run-id", default=None)
+    g.add_argument("--run-id", default=None, help="the run id the replayed run gets (default: derived from the files)")
     g.add_argument("--no-progress", action="store_true")
     return g
 
 
 def run(args: Any) -> int:
-    from ..model import config as _config
     from ..analyze.sources.logs import LogReadError, LogStats, Malformed, read_log_events
+    from ..analyze.sources.overlap import log_runs
     from ..checks.rank_checker import checker_factory
+    from ..model import config as _config
     from ..model.spans import SpanBuilder
 
     env_cfg = _config.from_env()
     logs = list(args.logs)
+    try:
+        folders = log_runs(logs)
+    except LogReadError as e:
+        _err(str(e))
+        return EXIT_UNREACHABLE   # (3: the same code as an unreadable file below)
+    if len(folders) > 1:   # one run id per ingest: two launches' logs would be merged into one run
+        from ..model.exits import EXIT_USAGE
+
+        _err(f"these log files are {len(folders)} runs (their lines carry no run id, and ranks recur in the files of "
+             f"several folders: {', '.join(list(folders)[:5])}{' ...' if len(folders) > 5 else ''}); ingest each "
+             "folder on its own")
+        return EXIT_USAGE
     run_id = args.run_id or (env_cfg.run_id if env_cfg.run_id_given else "") or _derived_run_id(logs)
     endpoint, protocol, out_file = _target(args, env_cfg, run_id)
     sinks = _open_sinks(env_cfg, endpoint, protocol, out_file, run_id)

@@ -2,12 +2,12 @@
 
 Writes one self-contained HTML file (no network: style, script and data inline) from the sources ``check`` reads
 (upstream log files and/or OTLP JSON-lines files, plain or gzip, ``-`` for standard input), read and analyzed by
-the same code as ``check`` (:func:`.check_cmd.analyze_sources`). The page has a time axis with one swimlane per CP
+the same code as ``check`` (:func:`.check.analyze_sources`). The page has a time axis with one swimlane per CP
 rank, one panel per epoch, the stage bars (d2h, h2d) and, for a node, its device and host holds; a mark per record
 with its fields on hover; every finding in red with its evidence records outlined; and, with ``--jaeger-url``, a
 Jaeger link per lane, per finding and per node (trace ids: :func:`cptrace_otel.model.spans.node_trace_id`). ``--node N``
 draws one node (every epoch it appears in, or ``--epoch E``). A run with more than ``--max-records`` records is
-summarised (see :mod:`.report_model`). ``-o -`` writes the page to standard output.
+summarised (see :mod:`cptrace_otel.analyze.report_model`). ``-o -`` writes the page to standard output.
 
 Exit codes as ``check``: 0 clean, 1 findings (the report is written either way), 2 usage error (also: the node is
 not in the sources), 3 a source cannot be read or the output cannot be written.
@@ -22,8 +22,8 @@ import sys
 import time
 from typing import Any, TextIO
 
-from . import add_progress_flags
 from ..model.exits import EXIT_FINDINGS, EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE
+from . import add_progress_flags
 
 DEFAULT_OUT = os.path.join("cptrace-out", "report.html")
 
@@ -111,7 +111,7 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
 def build_page(res: Any, run_id: str | None, groups: list, paths: list[str], node: int | None = None,
                epoch: int | None = None, jaeger_url: str | None = None, full_limit: int | None = None,
                top: int | None = None) -> tuple[str, list]:
-    """``(html, models)`` for the analyzed ``groups`` of :func:`.check_cmd.analyze_sources` (one model each)."""
+    """``(html, models)`` for the analyzed ``groups`` of :func:`.check.analyze_sources` (one model each)."""
     from .._version import __version__
     from ..analyze.report_html import render
     from ..analyze.report_model import FULL_LIMIT, TOP_NODES, Builder, Records
@@ -119,17 +119,23 @@ def build_page(res: Any, run_id: str | None, groups: list, paths: list[str], nod
     records = Records()
     builder = Builder(records, run_id, jaeger_url, full_limit if full_limit is not None else FULL_LIMIT,
                       top if top is not None else TOP_NODES)
-    names = ["log files", "OTLP files"] if len(groups) == 2 else [""]
+    from ..analyze.check_output import run_name
+
     models = []
-    for (result, events), name in zip(groups, names):
+    for result, events in groups:   # one per run: a run's node ids are its own
+        name = run_name(result.stats.get("run", "")) if len(groups) > 1 else ""
         what = f"node {node}" + (f", epoch {epoch}" if epoch is not None else "") if node is not None else "run"
         title = f"{what} · {name}" if name else what
+        run = result.stats.get("run")
+        if len(groups) > 1 and run is not None:   # trace links are made of each run's own run id
+            builder.run_id = res.links.get(run, run) or run_id
         models.append(builder.build(events, result.findings, title, node=node, epoch=epoch))
     unchecked = [f"{u.rule} ({u.reason})" if u.reason else u.rule for u in res.unchecked]
     if node is not None:
         head = f"cptrace-otel report: node {node}" + (f", epoch {epoch}" if epoch is not None else "")
     else:
-        head = "cptrace-otel report" + (f": run {run_id}" if run_id else "")
+        head = "cptrace-otel report" + (f": {len(groups)} runs" if len(groups) > 1 else f": run {run_id}" if run_id
+                                        else "")
     meta = {"title": head, "run_id": run_id, "sources": shlex.join(paths), "unchecked": unchecked,
             "version": __version__}
     return render(models, records.rows, meta), models

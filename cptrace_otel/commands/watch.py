@@ -5,11 +5,12 @@ Each poll searches the spans that started since the last good poll (less ``--loo
 intervals: a span is sent when it closes, up to ``span_timeout_s`` after it started, plus the batching delays)
 of ``--run-id``, or of every run of ``--service`` (one paginated search of the service, its traces handed to their
 runs: the requests of a poll grow with its traces / ``--limit``, not with the number of runs), and hands them to
-the run's :class:`.watch_state.RunWatch`, which feeds the rules what is new and contiguous. At most
+the run's :class:`~cptrace_otel.analyze.watch_state.RunWatch`, which feeds the rules what is new and contiguous. At most
 :data:`MAX_RUNS` runs are watched at once (``CPTRACE_WATCH_MAX_RUNS``): past it, the least recently changed is
 finished early, so memory does not grow with the number of runs. A finding is printed on stdout
-(one line), written back (:class:`.watch_out.WriteBack`) unless its span already carries the code, and becomes or
-refreshes an alert (:class:`.watch_out.Alerts`). A run whose traces have not changed for ``--idle`` is finished (the
+(one line), written back (:class:`~cptrace_otel.analyze.watch_out.WriteBack`) unless its span already carries the
+code, and becomes or refreshes an alert (:class:`~cptrace_otel.analyze.watch_out.Alerts`). A run whose traces have not
+changed for ``--idle`` is finished (the
 rules' end-of-stream findings) and its state freed; with ``--once`` that happens after the first poll.
 
 Fail closed: every poll writes one line on stderr saying whether its window was checked (``window A .. B: checked

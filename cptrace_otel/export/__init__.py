@@ -5,10 +5,11 @@
   -> events -> spans (:mod:`cptrace_otel.model.spans`) -> sinks.
 * :mod:`.sinks`: the sink and transport protocols, a transport's :class:`~.sinks.SendResult`, the network sink;
   :mod:`.stack`: :func:`~.stack.open_sinks`, the one builder of the sinks (worker and ``ingest``).
-* :mod:`.otlp`: OTLP protobuf and OTLP/JSON encoding of spans, requests split below 3.5 MiB.
+* :mod:`.otlp_proto`, :mod:`.otlp_json`: OTLP protobuf and OTLP/JSON encoding of spans, requests split below
+  3.5 MiB.
 * :mod:`.otlp_http`, :mod:`.otlp_grpc`: transports; :mod:`.spool`: delivery thread, disk spool and replay across
   backend outages.
-* :mod:`.files`: OTLP JSON-lines file sink (Collector file-exporter format) and upstream log-lines sink.
+* :mod:`.file_sinks`: OTLP JSON-lines file sink (Collector file-exporter format) and upstream log-lines sink.
 
 Nothing here is imported by ``import cptrace_otel``.
 """

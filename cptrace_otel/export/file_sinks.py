@@ -18,7 +18,8 @@ import os
 import re
 import sys
 import time
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from ..model.logline import render_line
 from .otlp_json import request_json

@@ -14,7 +14,8 @@ sender, except a failed TLS handshake (FATAL: a configuration error); others dro
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 from urllib.parse import urlparse
 
 from ..model.config import mask, mask_url, secrets_of

@@ -24,7 +24,8 @@ import base64
 import email.utils
 import gzip
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 
 from ..model.config import mask, mask_url, secrets_of

@@ -9,11 +9,12 @@ infinities as strings), bools as booleans, anything else as its ``str``.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from json.encoder import encode_basestring as _jstr  # C-accelerated string quoting
-from typing import Any, Iterable, Sequence
+from typing import Any
 
-from ..model import semconv as sc
 from .._version import __version__
+from ..model import semconv as sc
 
 _INT_CACHE_MAX = 4096                     # cache small ints only (ids, counters and hashes would churn it)
 _CACHE_LIMIT = 100_000

@@ -15,14 +15,14 @@ reject more than 4 MiB, and an oversize request is re-sent uselessly by retrying
 from __future__ import annotations
 
 import struct
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
-from ..model import semconv as sc
-from .._version import __version__
 from .._speedups.otlp import load as _load_c_encoders
-from ..model.attrs import approx_bytes, attribute_key, fields_to_attributes, range_keys
+from .._version import __version__
+from ..model import semconv as sc
+from ..model.attrs import EventAttrs, approx_bytes, attribute_key, fields_to_attributes, range_keys
 from ..model.logline import Rng
-from ..model.attrs import EventAttrs
 
 MAX_REQUEST_BYTES = int(3.5 * 1024 * 1024)
 
@@ -241,7 +241,7 @@ def _field_miss(k: str, v: Any, t: type) -> bytes:
         cache = len(v) <= _VAL_CACHE_STR
     elif t is Rng and all(type(pv) is int and -(1 << 63) <= pv < (1 << 63) for pv in v):
         out = []
-        for pe, pv in zip(e.parts, v):
+        for pe, pv in zip(e.parts, v, strict=False):
             vb = varint(pv & _MASK64)
             out.append(pe.ints[len(vb)] + vb)
         b = b"".join(out)   # not cached: see _event_attrs, ranges are encoded inline
@@ -376,7 +376,7 @@ def _span_attrs(attrs: dict[str, Any]) -> bytes:
         return _attrs(b"\x4a", attrs)
     for v in attrs.values():
         t = type(v)
-        if t is not int and t is not str or t is str and len(v) > 64:
+        if (t is not int and t is not str) or (t is str and len(v) > 64):
             return _attrs(b"\x4a", attrs)
     key = tuple(attrs.items())
     b = _span_attr_cache.get(key)
@@ -472,7 +472,7 @@ def encode_requests(groups: Iterable[tuple[dict[str, Any], Sequence[Any]]],
         overhead = len(head) + len(scope) + 24
         chunk: list[bytes] = []
         size = 0
-        for sp, body in zip(spans, span_fields(spans)):
+        for sp, body in zip(spans, span_fields(spans), strict=False):
             if (chunk or cur) and cur_size + overhead + size + len(body) > max_bytes:
                 if chunk:
                     cur.append(_resource_spans(head, scope, chunk))

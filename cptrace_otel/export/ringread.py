@@ -45,7 +45,8 @@ def _claim() -> Any:
 
 
 class RingIntake:
-    """One worker's reader of the ring described by ``info`` (``{"fd", "size"}``, :meth:`Ring.info`)."""
+    """One worker's reader of the ring described by ``info`` (``{"fd", "size"}``,
+    :meth:`cptrace_otel.traced.ring.Ring.info`)."""
 
     def __init__(self, info: dict[str, int], side_next: int = 0) -> None:
         self._read = _reader()

@@ -23,7 +23,8 @@ encoder is imported when an :class:`OtlpSink` is made), so the transports and th
 from __future__ import annotations
 
 import enum
-from typing import Any, NamedTuple, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, NamedTuple, Protocol
 
 from ..model.exits import CptraceError
 
@@ -132,7 +133,7 @@ class OtlpSink:
             bodies = self._encode(groups, records=counts)
         except Exception:
             bodies, counts = self._encode_repaired(groups)
-        for body, n in zip(bodies, counts):
+        for body, n in zip(bodies, counts, strict=False):
             submit(body, n)
 
     def _encode_repaired(self, groups: SpanGroups) -> tuple[list[bytes], list[int]]:

@@ -48,11 +48,11 @@ except ImportError:  # pragma: no cover - not on POSIX: no locking, no adoption
     fcntl = None  # type: ignore[assignment]
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..model.config import mask
-from .ownfiles import (MAX_SIDE_FILE, NotOwnFile, kind_of, open_own, owner_ok, read_own_file, secure_dir,
-                       write_new)
+from .ownfiles import MAX_SIDE_FILE, NotOwnFile, kind_of, open_own, owner_ok, read_own_file, secure_dir, write_new
 from .sinks import Outcome, SendResult, is_auth_failure
 
 DEFAULT_SPOOL_MAX_BYTES = 512 << 20
@@ -499,7 +499,7 @@ class ReliableSender:
             with self._cv:
                 while not self._q and not len(self.spool) and not self._closing:
                     self._cv.wait(0.5)
-                if self._closing and (not self._q and not len(self.spool) or self.down_since is not None):
+                if self._closing and ((not self._q and not len(self.spool)) or self.down_since is not None):
                     return
                 nxt = self._q.popleft() if (self._q and not len(self.spool)) else None
                 self._cv.notify_all()

@@ -8,11 +8,12 @@ Transports, sender and file sinks are imported only when asked for (gRPC and req
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..model.config import mask, secrets_of
 from ..model.exits import CptraceError
-from .sinks import ConfigError, Outcome, OtlpSink, Sink, Transport, is_auth_failure
+from .sinks import ConfigError, OtlpSink, Outcome, Sink, Transport, is_auth_failure
 
 
 class SinkError(CptraceError):
@@ -40,7 +41,7 @@ class _MaskedText(str):
 
     _rep: str
 
-    def __new__(cls, text: str, rep: str) -> "_MaskedText":
+    def __new__(cls, text: str, rep: str) -> _MaskedText:
         o = str.__new__(cls, text)
         o._rep = rep
         return o

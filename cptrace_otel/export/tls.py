@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import re
 import ssl
-from typing import Any, NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 from .sinks import ConfigError
 

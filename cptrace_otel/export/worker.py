@@ -20,15 +20,16 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
+from ..checks.epochs import EPOCH_TAGS, EpochTracker
+from ..checks.rank_checker import checker_factory
 from ..model import semconv as sc
 from ..model.events import Event
 from ..model.logline import Rng, fast_value
 from ..model.records import MAX_VALUE_CHARS, cut, render_other, render_record, tag_level
 from ..model.spans import SpanBuilder
-from ..checks.epochs import EPOCH_TAGS, EpochTracker
-from ..checks.rank_checker import checker_factory
 from .protocol import ACK, FLUSH, INIT, ITEMS, PREINIT, PROGRESS, SIDE, frame, read_frame
 from .ringread import RingIntake
 from .stack import SinkError, open_sinks
@@ -77,7 +78,7 @@ class Exporter:
     :meth:`stats` ``errors``; every later flush then answers False) and left out; the others still work."""
 
     def __init__(self, info: dict[str, Any]) -> None:
-        from .otlp_proto import sizer   # (lazily: thread mode imports this module in the traced process)
+        from .otlp_proto import sizer  # (lazily: thread mode imports this module in the traced process)
 
         cfg = info["config"]
         self.cfg = cfg
@@ -266,10 +267,7 @@ class Exporter:
             tr = self.epochs[rank] = EpochTracker()
         # EpochTracker.step only moves on reset / split / insert or right after a reset; for every other
         # record it returns the current epoch unchanged (hint 0 never moves it), so skip the call.
-        if tag in EPOCH_TAGS or tr.pending:
-            ep = tr.step(tag, f)
-        else:
-            ep = tr.epoch
+        ep = tr.step(tag, f) if tag in EPOCH_TAGS or tr.pending else tr.epoch
         return Event(tag, rank, seq, ts, ep, f, level, "live", 0)
 
     def tick(self) -> None:
@@ -432,7 +430,7 @@ def run_loop(get: Callable[[float], Any], ack: Callable[[tuple], None],
 
     def report(e: Exporter) -> tuple:
         p = e.progress()
-        return p if ring is None else (p[0], p[1] + ring.skipped) + p[2:]   # given-up side items are safe
+        return p if ring is None else (p[0], p[1] + ring.skipped, *p[2:])   # given-up side items are safe
 
     last_progress = 0.0
     last_sent: tuple = ()

@@ -24,9 +24,9 @@ from .deferred import Deferred, is_deferred, resolve
 __all__ = [
     "Deferred",
     "cuda_warmup",
+    "fingerprint_many",
     "forward_fingerprint",
     "gather_fingerprint",
-    "fingerprint_many",
     "is_deferred",
     "khash",
     "khash_knz",
@@ -165,7 +165,7 @@ def fingerprint_many(tensors: Any) -> list[tuple[Any, Any]]:
             for i in cuda:
                 by_dev.setdefault(tensors[i].device, []).append(i)
             for idxs in by_dev.values():
-                for i, r in zip(idxs, gpu.many([tensors[i] for i in idxs])):
+                for i, r in zip(idxs, gpu.many([tensors[i] for i in idxs]), strict=False):
                     out[i] = r
         for i, t in enumerate(tensors):
             if out[i] is None:

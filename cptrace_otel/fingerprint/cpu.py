@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import formula
 from .._speedups.fingerprint import load as _load_c
+from . import formula
 
 # numpy fallback: uint32 row sums are exact for rows <= 5804 bytes; chunks bound the temporaries.
 NP_ROW = 4096

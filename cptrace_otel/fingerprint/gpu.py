@@ -503,7 +503,7 @@ def _many(tensors: list) -> list[tuple[Any, Any]]:
     ev = ring.event()
     ev.record()
     pending = Pending(ev, host, (tensors, segs, base, desc_host, desc, state, out), ring.releaser(None, 0, ev))
-    for k, (i, n) in enumerate(zip(where, lens)):
+    for k, (i, n) in enumerate(zip(where, lens, strict=False)):
         row = _row(k)
         results[i] = (Deferred("khash", pending, _compose(_finish_hash(n), row), -1),
                       Deferred("knz", pending, _compose(_finish_nz, row), -1))

@@ -234,10 +234,7 @@ def _hash_nz_batch_kernel(base_ptr, offs_ptr, lens_ptr, slots_ptr, state_ptr, ou
     off = tl.load(offs_ptr + seg)
     n = tl.load(lens_ptr + seg)
     slot = tl.load(slots_ptr + seg)
-    if ALIGNED:
-        x_ptr = base_ptr + off * 16
-    else:
-        x_ptr = base_ptr + off
+    x_ptr = base_ptr + off * 16 if ALIGNED else base_ptr + off
     acc0, acc1, accn = _segment_sums(x_ptr, n, 0, pid, nprog, SUB, BLOCK, ALIGNED, USE_ASM)
     _publish_hash(state_ptr, out_ptr, slot, acc0, acc1, accn, tl.zeros((), tl.int64), nprog)
 

@@ -75,7 +75,7 @@ def fields_to_attributes(fields: dict[str, Any], out: dict[str, Any] | None = No
         elif t is str or t is float:
             out[keys.get(k) or attribute_key(k)] = v
         elif t is Rng:
-            for pk, pv in zip(_RKEYS.get(k) or range_keys(k), v):
+            for pk, pv in zip(_RKEYS.get(k) or range_keys(k), v, strict=False):
                 out[pk] = pv if type(pv) is int and _INT64_MIN <= pv <= _INT64_MAX else _scalar_attr(pv)
         else:
             out[keys.get(k) or attribute_key(k)] = render_value(v)

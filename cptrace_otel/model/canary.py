@@ -13,11 +13,11 @@ before the marker is the logger's prefix (``[2026-05-12 10:00:00 TP0] ``, ``Runt
 prefix of a ``[CPTRACE tag]`` line.
 
 A canary line becomes one record with tag :data:`TAG` (``kv_canary``) and the line's fields, typed by the same
-grammar as every trace line (:func:`cptrace_otel.logline.parse_value`): ``slot_idx``, ``position`` and the tokens are
-ints, ``launch_tag`` and ``fail_reason`` words, the two 64-bit hashes stay the ``0x...`` text SGLang printed (an
-unsigned 64-bit value does not fit the int64 attributes). The record carries no ``node_id``: which node's device
-slots held ``slot_idx`` is decided by the ``CANARY`` rule (:mod:`cptrace_otel.checks.rules_canary`) from the
-ranges the trace recorded.
+grammar as every trace line (:func:`~cptrace_otel.model.logline.parse_value`): ``slot_idx``, ``position`` and the
+tokens are ints, ``launch_tag`` and ``fail_reason`` words, the two 64-bit hashes stay the ``0x...`` text SGLang
+printed (an unsigned 64-bit value does not fit the int64 attributes). The record carries no ``node_id``: which
+node's device slots held ``slot_idx`` is decided by the ``CANARY`` rule (:mod:`cptrace_otel.checks.rules_canary`)
+from the ranges the trace recorded.
 
 ``slot_idx`` is an index of the KV pool the launch read: the full-attention pool for the ``*_FULL`` launch tags
 (the index space of the trace's ``dev`` ranges), the sliding-window pool for ``*_SWA`` (:func:`full_pool`).

@@ -51,8 +51,10 @@ import os
 import re
 import socket
 import warnings
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 from urllib.parse import quote, quote_plus, unquote, urlsplit
+
 from .exits import EXIT_USAGE, CptraceError
 
 DEFAULT_FILE = "cptrace-out/{run_id}/rank-{rank}-{pid}.otlp.jsonl"
@@ -197,6 +199,22 @@ def secrets_of(endpoint: str | None, headers: Any = ()) -> tuple[str, ...]:
     return tuple(sorted(out, key=len, reverse=True))
 
 
+# The CP modes of docs/domain.md section 5 (the ``config`` record's ``mode``); ``prefill_cp`` is stock SGLang's prefill
+# context parallelism: every CP rank holds the whole KV (replicated), under L3 keys of its own.
+CP_MODES = ("none", "replicated", "prefill_cp", "sharded", "dcp", "layersplit", "shared")
+
+
+def cp_mode_setting(value: str | None, what: str) -> str:
+    """A CP mode someone set (``CPTRACE_CP_MODE``, ``instrument(cp_mode=...)``): the mode, ``""`` when unset; a value
+    that is not one of :data:`CP_MODES` is warned about once and ignored (the mode is then derived)."""
+    v = (value or "").strip().lower()
+    if not v or v in CP_MODES:
+        return v
+    _warn_once("cpmode" + v, f"{what}={value!r} is not a CP mode ({', '.join(CP_MODES)}); ignored, the mode is "
+               "derived from SGLang's server arguments")
+    return ""
+
+
 def _warn_once(key: str, msg: str) -> None:
     if key not in _warned:
         _warned.add(key)
@@ -240,6 +258,7 @@ class Config:
     sample: float = 1.0                  # fraction of node lineages kept (cptrace_otel.model.sampling)
     rank_source: str = ""                # where cp_rank came from when it was discovered (cptrace_otel.traced.ranks)
     sglang_exact: bool = False           # CPTRACE_SGLANG_EXACT: the SGLang instrumentation adds devx/hostx/idx_x
+    cp_mode: str = ""                    # CPTRACE_CP_MODE: the SGLang instrumentation's CP mode ("": derived)
 
     def __repr__(self) -> str:
         body = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
@@ -542,6 +561,7 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: Any) -> Config:
         sample=_fraction(env, "CPTRACE_SAMPLE"),
         checks=(env.get("CPTRACE_CHECKS", "1").strip() not in ("0", "false", "no", "off")),
         sglang_exact=_switch(env, "CPTRACE_SGLANG_EXACT"),
+        cp_mode=cp_mode_setting(env.get("CPTRACE_CP_MODE"), "CPTRACE_CP_MODE"),
         service_name=env.get("OTEL_SERVICE_NAME") or "sglang-hicache",
         resource_attributes=_parse_kv_list(env.get("OTEL_RESOURCE_ATTRIBUTES") or "", "OTEL_RESOURCE_ATTRIBUTES"),
     )

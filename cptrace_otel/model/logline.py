@@ -193,7 +193,7 @@ def render_line(tag: str, fields: dict[str, Any]) -> str:
     return f"[CPTRACE {tag}] {parts}"
 
 
-# SGLang's logger prefix, e.g. "[2026-07-18 03:03:06 ATTN_CP5 TP5] " (issue #31600 format).
+# SGLang's logger prefix, e.g. "[2026-07-18 03:03:06 ATTN_CP5 TP5] " (the format of sgl-project/sglang#31600).
 _PREFIX_RANK = re.compile(r"ATTN_CP(\d+)")
 _PREFIX_TP = re.compile(r"\bTP(\d+)")
 _PREFIX_DP = re.compile(r"\bDP(\d+)")

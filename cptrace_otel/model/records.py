@@ -56,10 +56,7 @@ def render_other(v: Any, is_deferred: Any, resolve: Any) -> Any:
             # "nan", "inf", "-inf" (one form for the three; logline.parse_value keeps that text a string too), so
             # live records and log lines still give identical events and no check ever compares a NaN.
             return v if _isfinite(v) else repr(v)
-        if isinstance(v, str):
-            s = str.replace(v, " ", "")
-        else:
-            s = render_value(v)
+        s = str.replace(v, " ", "") if isinstance(v, str) else render_value(v)
         if type(s) is not str:
             s = str(s)
         return cut(s)

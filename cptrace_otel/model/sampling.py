@@ -23,7 +23,8 @@ Contract:
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 MAX_CACHED = 1 << 20
 MAX_INHERITED = 1 << 20
@@ -72,7 +73,7 @@ def make_submit(inner: Callable[[int, str, dict], None], run_id: str, fraction: 
         n = fields.get("node_id", _NO_NODE)
         k = decided.get(n)
         if k is None:
-            if type(n) is int and n < 0 or n is None:
+            if (type(n) is int and n < 0) or n is None:
                 k = True   # unowned: belongs to no node
             else:
                 k = inherited.get(n)

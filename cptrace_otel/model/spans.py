@@ -49,20 +49,17 @@ from __future__ import annotations
 
 import hashlib
 import sys
-from collections.abc import Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from . import semconv as sc
-from .canary import TAG as CANARY_TAG
-from .l3 import ACK as L3_ACK
-from .l3 import BACKUP as L3_BACKUP
-from .l3 import DIR_BACKUP, DIR_PREFETCH
-from .l3 import HIT as L3_HIT
-from .l3 import PREFETCH as L3_PREFETCH
-from .events import Event
-from .logline import render_value
 from .attrs import EventAttrs, approx_bytes
+from .canary import TAG as CANARY_TAG
+from .events import Event
+from .l3 import ACK as L3_ACK, BACKUP as L3_BACKUP, DIR_BACKUP, DIR_PREFETCH, HIT as L3_HIT, PREFETCH as L3_PREFETCH
+from .logline import render_value
 from .reqlink import FIELD as REQ_SPAN, link_request
+
 # violation_attributes: the one helper making the per-code violation keys (the watcher imports it from here)
 from .violations import STATUS_ERROR, stamp_findings, violation_attributes  # noqa: F401
 
@@ -480,7 +477,7 @@ class SpanBuilder:
     def _link_prefetch(self, rank: int, op: Any, lane: Span) -> None:
         """Link ``lane`` (an ``l3_hit``'s node) to the span of the prefetch that fetched the pages (once per lane)."""
         ref = self._l3p_refs.get((rank, op))
-        if ref is None or ref[0] == lane.trace_id and ref[1] == lane.span_id:
+        if ref is None or (ref[0] == lane.trace_id and ref[1] == lane.span_id):
             return
         if not any(lk[0] == ref[0] and lk[1] == ref[1] for lk in lane.links):
             lane.links.append((ref[0], ref[1], {sc.LINK_KIND: "l3-prefetch", sc.OP: op}))

@@ -18,7 +18,8 @@ here, on the span.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from . import semconv as sc
 
@@ -65,7 +66,7 @@ def stamp_findings(sp: Any, refs: dict[int, tuple[bytes, bytes, str, Any]]) -> N
     ts_of_seq = {a.get(sc.SEQ): t for t, _, a in sp.events}
     messages = []
     linked: dict[bytes, tuple[bytes, list[str], list[int]]] = {}
-    for f, code in zip(findings, codes):
+    for f, code in zip(findings, codes, strict=False):
         ev_seqs = [int(x) for x in (getattr(f, "evidence", None) or []) if isinstance(x, int)]
         ts = sp.end
         for s in reversed(ev_seqs):

@@ -13,4 +13,4 @@ from .core import Simulation
 from .faults import FAULTS, FaultPlan, Oracle, parse_faults
 from .tracer import ApiEmitter, LogEmitter
 
-__all__ = ["Simulation", "FaultPlan", "FAULTS", "Oracle", "parse_faults", "LogEmitter", "ApiEmitter"]
+__all__ = ["FAULTS", "ApiEmitter", "FaultPlan", "LogEmitter", "Oracle", "Simulation", "parse_faults"]

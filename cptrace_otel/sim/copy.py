@@ -181,7 +181,7 @@ class CopyEngine:
         clen = len(n)
         self.hooks.expect_stale_ack(op, clen)
         self.rec.ack_d2h(t, op, clen, [f.id for f in frags])
-        for f in op.frags + [n]:
+        for f in [*op.frags, n]:
             if op in f.pend_ops:
                 f.pend_ops.remove(op)
         if op.locked:
@@ -272,7 +272,7 @@ class CopyEngine:
         for _ in range(count):
             op = self.load_q.popleft()
             last = op.chain[-1]
-            for n in [last] + op.chain[:-1]:
+            for n in [last, *op.chain[:-1]]:
                 if n is last or cfg.ack_chain:
                     b = self.mem.gather(n.dev_slots())
                     fp = kv.fingerprint(b, cfg.page_size)

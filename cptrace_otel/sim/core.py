@@ -32,7 +32,8 @@ one module each); :class:`Simulation` here runs the ranks in lockstep.
 
 from __future__ import annotations
 
-from typing import Generic, Iterable, TypeVar
+from collections.abc import Iterable
+from typing import Generic, TypeVar
 
 import numpy as np
 

@@ -8,7 +8,8 @@ device-evicted host leaves with no host pin and no write in flight.
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 

@@ -62,7 +62,7 @@ class Memory:
         cfg = self.cfg
         sources: list[Memory]
         if cfg.mode == "shared":
-            out = np.empty((slots.size,) + self.dev.data.shape[1:], dtype=np.uint8)
+            out = np.empty((slots.size, *self.dev.data.shape[1:]), dtype=np.uint8)
             owner = (slots // cfg.page_size) % cfg.ranks
             for other in self.peers:
                 m = owner == other.r

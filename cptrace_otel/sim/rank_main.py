@@ -26,7 +26,7 @@ def build(mode: str, ranks: int, policy: str, level: int, seed: int, faults: str
 
     from .core import Simulation
     from .faults import parse_faults
-    from .workload import NEAR_MISSES, P, SCENARIO_NAME_OF_FAULT, random_stream, run_segment
+    from .workload import NEAR_MISSES, SCENARIO_NAME_OF_FAULT, P, random_stream, run_segment
 
     plans = parse_faults(faults, 1 if mode == "none" else ranks)
     # divergence faults desynchronize the ranks for good: run them last

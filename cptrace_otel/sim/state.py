@@ -39,7 +39,7 @@ class Settings:
     # still precedes the IO rank's copy and every ack follows it)
     lag_ns: int
     mixed_acks: bool   # each rank logs a round's d2h and h2d acks in its own interleaving (see Simulation)
-    # what real SGLang does (issue 20): alloc "sglang": the device allocator's sorted free pages and the host
+    # what real SGLang does: alloc "sglang": the device allocator's sorted free pages and the host
     # pool's appended frees (scattered slots after frees; "lifo": prompt reuse, for the scripted races);
     # split_loading: match/insert split nodes whose load is in flight; ack_chain: one h2d ack record per chain
     # node (False: the last node's only, as SGLang's HiCacheAck names it)

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -41,7 +42,7 @@ def volume_workload(seed: int, mode: str, ranks: int, policy: str, records: int,
     pages hold at least one token per rank (``page_size`` = max(4, ranks)), so that every rank holds rows of every
     page.
 
-    ``real``: what real SGLang runs do and the short streams' defaults do not (issue 20): SGLang's allocators
+    ``real``: what real SGLang runs do and the short streams' defaults do not: SGLang's allocators
     (scattered slots after frees), a third of the cuts made while the repeat's load is in flight (splits of nodes
     whose load is pending)."""
     rng = np.random.default_rng([seed, 0])
@@ -105,7 +106,7 @@ class Coverage:
         self._loading: dict[tuple[int, int | None], int | None] = {}
         self._wb_prep: dict[tuple[int, int | None], bool] = {}   # (epoch, node) of rank 0 -> its wb prepare was acked
 
-    def watch(self, events: Iterable[Event]) -> "_Watched":
+    def watch(self, events: Iterable[Event]) -> _Watched:
         """``events`` unchanged (and their source's rank hint), counted on the way."""
         return _Watched(self, events)
 

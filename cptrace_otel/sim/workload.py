@@ -8,7 +8,8 @@ records of a :class:`~cptrace_otel.sim.tracer.LogEmitter`.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -40,7 +41,7 @@ def random_workload(seed: int, mode: str = "none", ranks: int = 2, policy: str =
     small host pool forces host eviction, copy delays ``d_w``/``d_l`` of 1-3 rounds, now and then a reset.
     ``merge``: the writes of one round start as one merged op (the simulator's default); False: one op each.
     ``lag_ns``, ``mixed_acks``: see :class:`~cptrace_otel.sim.core.Simulation`; ``cut``: see :func:`random_stream`
-    (all three off by default, so a seed's stream is what it always was). What real SGLang runs do (issue 20):
+    (all three off by default, so a seed's stream is what it always was). What real SGLang runs do:
     ``alloc="sglang"`` (scattered slots after frees), ``inflight`` (the share of cuts made while the load is still
     in flight), ``ack_chain`` (False: h2d ack records for each load's last node only); see :class:`Simulation`."""
     rng = np.random.default_rng(seed)

@@ -39,7 +39,8 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 SIGNAL_FLUSH_S = 3.0      # SIGTERM: longest wait for the flush before the chained handler (or death)
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 FIRST_RETRY_S = 1.0
 MAX_RETRY_S = 60.0

@@ -54,12 +54,13 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from . import lifecycle, losses, ring as _ring, watchdog as _watchdog
-from .channels import ProcessChannel, ThreadChannel
 from ..export.protocol import ACK, FLUSH, INIT, ITEMS, PREINIT, PROGRESS, SIDE
 from ..model.records import RESOLVE_TIMEOUT_S, compact_item
+from . import lifecycle, losses, ring as _ring, watchdog as _watchdog
+from .channels import ProcessChannel, ThreadChannel
 from .rendering import estimate as _estimate, import_drainer_needs as _import_drainer_needs, load_deferred
 
 BATCH = 4096              # records per message to the worker
@@ -75,10 +76,10 @@ UNMEASURED = 1024         # records buffered before the byte bound starts estima
 SAMPLE_MASK = 31          # past that, one record in SAMPLE_MASK + 1 is measured (its estimate counts for all)
 
 _lock = threading.Lock()
-_state: "_State | None" = None
+_state: _State | None = None
 _fids = itertools.count(1)
 _on_stop: Callable[[], None] | None = None   # start()'s caller's uninstall hook
-_closing: "_State | None" = None   # the pipeline shutdown() is closing (a SIGTERM or the exit flush finishes it)
+_closing: _State | None = None   # the pipeline shutdown() is closing (a SIGTERM or the exit flush finishes it)
 _last_stats: dict[str, Any] = {}
 
 
@@ -159,14 +160,12 @@ class _State:
         def _submit(level: int, tag: str, fields: dict, _len: Any = len) -> None:
             try:
                 n = _len(buf)
-                if n < soft:
-                    append((now(), level, tag, fields))
-                elif n & SAMPLE_MASK and not full and n < cap:
+                if n < soft or (n & SAMPLE_MASK and not full and n < cap):
                     append((now(), level, tag, fields))
                 else:
                     _sampled(level, tag, fields, n)
             except Exception:  # never BaseException: a SystemExit here is the app's SIGTERM handler's (lifecycle)
-                pass               # run between two bytecodes; swallowed, its process ran on for ever (issue 21)
+                pass               # run between two bytecodes; swallowed, its process ran on for ever
 
         return _submit
 
@@ -205,9 +204,8 @@ class _State:
                 return
             ch.dead = True
             ch.why = why
-        if self.stop or ch is None:
-            if self.gone is None:
-                self.gone = why
+        if (self.stop or ch is None) and self.gone is None:
+            self.gone = why
         self.wake.set()
         for w in list(self.waiters.values()):
             w[0].set()
@@ -507,7 +505,7 @@ def shutdown(timeout_s: float = 30.0) -> bool:
     return ok
 
 
-def _pipeline_for_signal() -> "_State | None":
+def _pipeline_for_signal() -> _State | None:
     """The pipeline a SIGTERM must flush: the running one, or the one shutdown() is closing."""
     st = _state if _state is not None else _closing
     return st if st is not None and st.pid == os.getpid() else None

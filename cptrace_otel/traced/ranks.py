@@ -13,8 +13,8 @@ Contract:
   first records (the drainer ships them as usual, after a ``PREINIT``; the traced process keeps none, so an
   ``os._exit`` meanwhile loses nothing) until the drainer, which watches them go by, finds the rank, ``hold_s`` has
   passed, a flush asks for delivery, or ``cap`` records went by; then it sends the worker ``INIT`` with the resolved
-  :class:`Config`, whose resource, file names and span ranks label every record. A rank that stays
-  unknown in a run of several processes is warned about once, loudly (stderr).
+  :class:`~cptrace_otel.model.config.Config`, whose resource, file names and span ranks label every record. A rank
+  that stays unknown in a run of several processes is warned about once, loudly (stderr).
 * :func:`agreed_run_id`: the run id all ranks of one launch share. ``CPTRACE_RUN_ID`` (or an override) wins, then
   ``TORCHELASTIC_RUN_ID`` (torchrun; its placeholder ``none`` does not count), then, when ``torch.distributed`` is
   initialized, an id agreed through its own store (the one at the init address: ``MASTER_ADDR``/``MASTER_PORT``, or
@@ -31,7 +31,8 @@ import os
 import sys
 import time
 import uuid
-from typing import Any, Mapping, NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 UNKNOWN = -1
 STORE_KEY = "cptrace_otel/run_id"

@@ -35,7 +35,7 @@ _said_failure = False   # the ring's set-up failure was named on stderr
 CONFIG_TAG = "config"   # records of this tag take the side path: the drainer's RankHold reads the rank there
 
 
-def create(cfg: Any) -> "Ring | None":
+def create(cfg: Any) -> Ring | None:
     """The ring for ``cfg``, or None when it does not apply (see the module doc; a failure is said once)."""
     if not getattr(cfg, "ring", False) or cfg.exporter != "process":
         return None
@@ -50,13 +50,13 @@ def create(cfg: Any) -> "Ring | None":
         return None
 
 
-def detach(ring: "Ring | None") -> None:
+def detach(ring: Ring | None) -> None:
     """Stop producing into ``ring`` (None: nothing to do)."""
     if ring is not None:
         ring.detach()
 
 
-def close(ring: "Ring | None") -> None:
+def close(ring: Ring | None) -> None:
     """Release ``ring`` once its pipeline is closed (None: nothing to do)."""
     if ring is not None:
         ring.close()

@@ -16,7 +16,8 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 WATCH_EVERY_S = 0.25      # sampling period while the drainer renders
 WATCH_QUIET_ROUNDS = 4    # after this many samples without rendering the watchdog sleeps until the drainer wakes it
@@ -69,7 +70,7 @@ def new_drainer(st: Any, stuck_items: list, why: str) -> None:
         print(f"cptrace_otel: {why}; delivery goes on in a new drainer thread", file=sys.stderr, flush=True)
         if st.ring is not None:   # the worker skips the given-up record's placeholder (ring order kept)
             st.shipped += len(taken)
-            st.ship_items(taken + [None])
+            st.ship_items([*taken, None])
             taken = []
     st.drainer = threading.Thread(target=st._drain_loop, args=(st.gen, taken), name="cptrace-drainer", daemon=True)
     st.drainer.start()

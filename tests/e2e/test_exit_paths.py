@@ -1,4 +1,4 @@
-"""Issue 21: exit paths that lose nothing and never hang, with real processes, real signals and real exporter
+"""exit paths that lose nothing and never hang, with real processes, real signals and real exporter
 workers (children in tests/helpers/exit_children.py, also measured by bench/exit_losses.py).
 
 * SIGTERM storms (hundreds of signals, 1 ms apart) while the main thread is inside ``flush()`` or ``shutdown()``,
@@ -51,7 +51,7 @@ def test_a_sigterm_storm_in_flush_or_shutdown_ends_flushed_with_the_app_handler_
 @pytest.mark.parametrize("exporter", ["process", "thread"])
 def test_a_sigterm_at_every_line_of_flush_and_shutdown_never_deadlocks(tmp_path: Path, exporter: str) -> None:
     """Deterministic: the handler runs at each line of the main thread's flush() and shutdown() frames, including
-    threading's own (before issue 21 the first SIGTERM inside Event.set deadlocked: the handler's flush waited for
+    threading's own (before the signal-safe flush the first SIGTERM inside Event.set deadlocked: the handler's flush waited for
     the lock that frame held)."""
     p = subprocess.run([sys.executable, "-c", every_line_child(5000)],
                        env=child_env(tmp_path, CPTRACE_CP_RANK="0", CPTRACE_EXPORTER=exporter),
@@ -91,7 +91,7 @@ def test_os_exit_while_the_rank_is_unknown_loses_nothing(tmp_path: Path) -> None
     assert p.returncode == 0, p.stderr
     got = wait_delivered(tmp_path, 30000)
     # only records still in the traced process's buffer at os._exit can miss (nothing runs after it): on this VM none
-    # did (bench/exit_losses.py --case early); before issue 21 the rank wait held all 30,000 there
+    # did (bench/exit_losses.py --case early); before the exporter held them, the rank wait held all 30,000 there
     assert len(got) >= 29000, len(got)
 
 
@@ -103,7 +103,7 @@ def test_a_forked_child_ending_with_os_exit_reaches_its_own_exporter(tmp_path: P
     got = wait_delivered(tmp_path, 5001, timeout_s=20)
     child = {i for i in got if i >= 1}
     # records emitted in the child's last few milliseconds may still be in its buffer at os._exit (nothing runs
-    # after it); before issue 21 the rank wait held all of them there (0 of 5,000)
+    # after it); before the exporter held them, the rank wait held all of them there (0 of 5,000)
     assert len(child) >= 4500, len(child)
     assert 0 in got
 

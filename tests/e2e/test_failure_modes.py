@@ -94,7 +94,7 @@ def test_kill9_of_the_worker_under_load_restarts_it_and_counts_every_lost_record
     got = _is([e for sp in spans for e in sp.events])
     assert len(got) == len(set(got))                     # nothing twice
     seqs = [e.attrs[sc.SEQ] for sp in spans for e in sp.events if "hicache.i" in e.attrs]
-    assert len(seqs) == len(set(seqs))                   # no seq given twice (issue 21: the restart reused them)
+    assert len(seqs) == len(set(seqs))                   # no seq given twice (the restart reused them)
     assert st["restarts"] == 1 and st["worker_gone"] is None
     assert n - len(got) <= st["dropped"]                 # every record missing is counted
     # the restarted worker delivered the rest (records shipped to the dead worker before its death was seen are

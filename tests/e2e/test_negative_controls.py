@@ -123,7 +123,7 @@ def test_random_workloads_with_lagging_io_rank_mixed_acks_and_cuts_are_clean(mod
             assert sim.oracle.entries == []
 
 
-# -- what real SGLang runs do (issue 20) -------------------------------------------------------------------------------
+# -- what real SGLang runs do -------------------------------------------------------------------------------
 
 REAL_KW = dict(alloc="sglang", inflight=0.5, cut=0.3, mixed_acks=True, requests=40)
 

@@ -79,7 +79,7 @@ def test_switch_off_costs_nothing(tmp_path):
     assert p.stdout.split() == ["False", "absent"]
 
 
-# -- issue 21: the switch's values, its cost at every start, a broken install ------------------------------------
+# -- the switch's values, its cost at every start, a broken install ------------------------------------
 PROBE = ("import sys\n"
          "print('pkg', 'cptrace_otel' in sys.modules, 'cptrace_otel.traced.api' in sys.modules)\n"
          "print('finder', any(getattr(f, 'cptrace_alias', False) for f in sys.meta_path))\n"

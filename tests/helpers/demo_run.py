@@ -45,7 +45,8 @@ def check(*argv: str) -> tuple[int, str, str]:
     return rc, out.getvalue(), err.getvalue()
 
 
-def core(out: str) -> list[dict]:
-    """The findings of a --json report without where they were read from."""
-    drop = ("src", "line_no", "evidence_lines", "trace_id", "jaeger_url")
+def core(out: str, keep_run: bool = False) -> list[dict]:
+    """The findings of a --json report without where they were read from (the run's name too unless ``keep_run``:
+    log files carry no run id, their run is named by its folder)."""
+    drop = ("src", "line_no", "evidence_lines", "trace_id", "jaeger_url") + (() if keep_run else ("run",))
     return [{k: v for k, v in f.items() if k not in drop} for f in json.loads(out)["findings"]]

@@ -1,4 +1,4 @@
-"""Traced child processes for the exit-path faults of issue 21, shared by ``tests/e2e/test_exit_paths.py`` (assertions)
+"""Traced child processes for the exit-path faults, shared by ``tests/e2e/test_exit_paths.py`` (assertions)
 and ``bench/exit_losses.py`` (figures). Each function returns the child's Python source; the child writes its
 records to ``CPTRACE_FILE`` (OTLP JSON lines) and says what it emitted on stdout with ``os.write`` (safe inside a
 signal handler), one line per batch: ``E <records emitted so far>``; ``READY`` when the parent may start the fault.

@@ -118,10 +118,11 @@ def request_stream(seed: int, n: int, page_size: int, families: int = 6) -> list
 
 
 def _pools(policy: str, page_size: int, dev_tokens: int, host_ratio: float, cp_group: Any,
-           tp_group: Any, make_kv: Any = None) -> tuple[Any, Any, Any, Any]:
+           tp_group: Any, make_kv: Any = None, server_args: dict | None = None) -> tuple[Any, Any, Any, Any]:
     """What both versions' caches are built from: the server args (set in SGLang's runtime context, the CPU answers
-    applied), the device KV pool (``make_kv(dev_tokens, page_size)`` where given, else an MHA pool), its allocator and
-    the cache's init params. ``(server args, kv, alloc, params)``."""
+    applied; ``server_args``: more of ``ServerArgs``'s fields, e.g. the CP ones), the device KV pool
+    (``make_kv(dev_tokens, page_size)`` where given, else an MHA pool), its allocator and the cache's init params.
+    ``(server args, kv, alloc, params)``."""
     import torch
 
     from sglang.srt import runtime_context as rc
@@ -129,7 +130,7 @@ def _pools(policy: str, page_size: int, dev_tokens: int, host_ratio: float, cp_g
 
     sa = ServerArgs(model_path="dummy", device="cpu", enable_hierarchical_cache=True, hicache_io_backend="direct",
                     hicache_mem_layout="layer_first", hicache_write_policy=policy, page_size=page_size,
-                    hicache_ratio=host_ratio)
+                    hicache_ratio=host_ratio, **(server_args or {}))
     rc.get_context().set_server_args(sa)
     runtime.apply_cpu_answers()
     from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
@@ -158,11 +159,13 @@ def build(version: str, policy: str, page_size: int, dev_tokens: int, host_ratio
 
 
 def build23(policy: str, page_size: int, dev_tokens: int, host_ratio: float, cp_group: Any,
-            tp_group: Any, make_kv: Any = None) -> tuple[Any, Any, Any]:
+            tp_group: Any, make_kv: Any = None, server_args: dict | None = None) -> tuple[Any, Any, Any]:
     """sglang 0.5.23: ``UnifiedRadixCache`` with the full-attention component only (what the scheduler builds for a
     plain MHA model, ``registry.create_unified_radix_cache``; ``make_kv``: another device pool, see :func:`_pools`),
-    then ``init_hicache`` (``HybridCacheController``, its host pools chosen by SGLang's strategy for the pool)."""
-    sa, kv, alloc, params = _pools(policy, page_size, dev_tokens, host_ratio, cp_group, tp_group, make_kv)
+    then ``init_hicache`` (``HybridCacheController``, its host pools chosen by SGLang's strategy for the pool);
+    ``server_args``: :func:`_pools`'s."""
+    sa, kv, alloc, params = _pools(policy, page_size, dev_tokens, host_ratio, cp_group, tp_group, make_kv,
+                                   server_args)
     from sglang.srt.mem_cache.unified_cache.components import ComponentType
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
@@ -451,12 +454,13 @@ def run(version: str, out: str, policy: str = "write_through", page_size: int = 
         requests: int = 120, batch: int = 4, max_lag: int = 3, dev_tokens: int = 384, host_ratio: float = 3.0,
         reset: bool = True, fault: str | None = None, nth: int = 1, exact: bool = False, instrument: bool = True,
         world: int = 1, rank: int = 0, store: str | None = None, level: int = 2, audit_every: int = 5,
-        cp_mode: str = "replicated", make_driver: Any = None, exporter: str = "thread",
+        cp_mode: str | None = "replicated", make_driver: Any = None, exporter: str = "thread",
         ring: bool = True, builder: Any = None, stream: Any = None, checks: bool = False) -> dict:
     """One run; returns ``{"corruption", "fault_hits", "stats", "log", "otlp", "seconds"}``.
 
     ``cp_mode`` is the ``config`` record's ``mode`` when ``world`` > 1: the driver's ranks each hold the whole
-    stream's KV in their own cache (the same requests, the same KV bytes), which is ``replicated``.
+    stream's KV in their own cache (the same requests, the same KV bytes), which is ``replicated``; None: the
+    instrumentation derives it from the server arguments (``builder``'s, cp_driver.py's prefill CP).
     ``make_driver``: a :class:`Driver` factory with its arguments (l3_driver.py's: storage on, the scheduler's
     storage calls). ``exporter``/``ring``: where records go (``process`` with ``ring``: the record ring, the
     default outside these tests; the tests export from a thread). ``builder``/``stream``: 0.5.23's cache builder
@@ -477,7 +481,7 @@ def run(version: str, out: str, policy: str = "write_through", page_size: int = 
         from cptrace_otel.traced.sglang._state import Recorder
 
         inst = SGLangInstrumentor()
-        if inst.is_instrumented_by_opentelemetry and (Recorder.exact, Recorder.cp_mode) != (exact, cp_mode):
+        if inst.is_instrumented_by_opentelemetry and (Recorder.exact, Recorder.cp_mode) != (exact, cp_mode or ""):
             inst.uninstrument()   # a later run of a --matrix with other options: instrument anew, never reuse
         if not inst.is_instrumented_by_opentelemetry:
             inst.instrument(exact=exact, cp_mode=cp_mode)

@@ -143,13 +143,13 @@ class _Storage:
     stats: dict
 
     def __init__(self, cache: Any, kv: Any, alloc: Any, copies: runtime.Copies, seed: int, page_size: int,
-                 faults: L3Faults, sync_storage: bool = True) -> None:
+                 faults: L3Faults, sync_storage: bool = True, parallel: dict | None = None) -> None:
         super().__init__(cache, kv, alloc, copies, seed, page_size)
         self.faults = faults
         self.sync_storage = sync_storage
         self.arrived: set[str] = set()
         self.stats.update({"l3_prefetches": 0, "l3_loaded_tokens": 0, "l3_waits": 0})
-        attach_file_storage(cache)
+        attach_file_storage(cache, parallel=parallel)
         faults.install(cache)
         orig = cache.check_hicache_events   # (the instrumented method, bound)
 
@@ -258,17 +258,21 @@ def _items(q: Any) -> list:
         return list(q.queue)
 
 
-def attach_file_storage(cache: Any, backend: str = "file", extra: dict | None = None) -> None:
+def attach_file_storage(cache: Any, backend: str = "file", extra: dict | None = None,
+                        parallel: dict | None = None) -> None:
     """SGLang's runtime attach of the ``file`` backend (``HiRadixCache.attach_storage_backend``, the path the
     controller's constructor takes for ``--hicache-storage-backend file`` too), into the folder
     ``SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR`` names; prefetch policy ``wait_complete``, threshold one page.
-    ``backend``/``extra``: another backend and its extra config (e.g. ``dynamic``, with the class it loads)."""
+    ``backend``/``extra``: another backend and its extra config (e.g. ``dynamic``, with the class it loads).
+    ``parallel``: SGLang's parallel state as the storage config reads it, over a TP group of one (e.g. the global
+    TP rank and size of a prefill CP deployment, where every attention CP rank is a TP rank of its own)."""
     from sglang.srt import runtime_context as rc
 
     # the backend's config reads the TP/PP widths from SGLang's parallel state, which only a model runner sets up
     names = dict(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1)
     if hasattr(cache, "tree_core"):   # 0.5.23 also reads the attention TP/DP and decode-CP widths
         names.update(attn_tp_rank=0, attn_tp_size=1, attn_dp_rank=0, attn_dcp_rank=0, attn_dcp_size=1)
+    names.update(parallel or {})
     with rc.get_parallel().override(**names):
         ok, why = cache.attach_storage_backend(
             backend, json.dumps({"prefetch_threshold": cache.page_size, **(extra or {})}), served_model_name="dummy",
@@ -299,11 +303,16 @@ def run_l3(version: str, out: str, fault: str | None = None, nth: int = 1, l3_st
     return res
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--version", required=True, choices=runtime.VERSIONS)
+def main(argv: list[str] | None = None, run: Any = None, versions: tuple = runtime.VERSIONS,
+         doc: str | None = None) -> int:
+    """The CLI of the module doc: ``run`` (default :func:`run_l3`, or another with its signature: cp_driver.py's)
+    for each matrix entry, over the SGLang ``versions`` it supports; ``doc``: the program's description."""
+    run = run or run_l3
+    p = argparse.ArgumentParser(description=(doc or __doc__).split("\n")[0])
+    p.add_argument("--version", required=True, choices=versions)
     p.add_argument("--out", required=True)
-    p.add_argument("--matrix", required=True, help="JSON list of run_l3() keyword sets, run one after the other")
+    p.add_argument("--matrix", required=True,
+                   help=f"JSON list of {run.__name__}() keyword sets, run one after the other")
     p.add_argument("--world", type=int, default=1)
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--store")
@@ -314,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         out = os.path.join(a.out, str(i))
         # the ranks of a CP group share one store (their keys carry the rank suffix), one per matrix entry
         l3_store = os.path.join(a.out, f"l3store-{i}") if a.world > 1 else None
-        res.append(run_l3(a.version, out, world=a.world, rank=a.rank, store=a.store, l3_store=l3_store, **kw))
+        res.append(run(a.version, out, world=a.world, rank=a.rank, store=a.store, l3_store=l3_store, **kw))
     print(json.dumps(res))
     return 0
 

@@ -21,8 +21,10 @@ copies through the same ``transfer_kv_direct``); 0.5.23 needs no other:
 from __future__ import annotations
 
 import functools
+import json
 import os
 import random
+import subprocess
 import sys
 from typing import Any
 
@@ -63,6 +65,28 @@ def sglang_env(version: str, **extra: str) -> dict[str, str]:
     env.setdefault("SGLANG_LOG_LEVEL", "warning")
     env.update(extra)
     return env
+
+
+# -- reading the runs back ---------------------------------------------------------------------------------------
+def check_json(paths: list[str]) -> dict:
+    """``cptrace-otel check --json`` over the given logs, as a user runs it (this checkout's package)."""
+    p = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "check", "--json", "--no-progress", *paths],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
+    assert p.returncode in (0, 1), p.stderr[-3000:]
+    return json.loads(p.stdout)
+
+
+def log_events(paths: list[str]) -> list:
+    """The records of the given logs, as ``check`` reads them."""
+    from cptrace_otel.analyze.sources.logs import read_log_events
+
+    return list(read_log_events(paths))
+
+
+def fmt_findings(d: dict, width: int | None = 160) -> list[str]:
+    """The first findings of a :func:`check_json` answer, one line each (messages cut at ``width``), for asserts."""
+    return [f"{f['severity']} {f['rule']} r{f['rank']} n{f['node_id']} op{f['op']}: {f['message'][:width]}"
+            for f in d["findings"][:8]]
 
 
 # -- CPU answers ----------------------------------------------------------------------------------------------

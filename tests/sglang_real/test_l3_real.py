@@ -1,4 +1,4 @@
-"""The L3 storage tier on real SGLang (issue 23): stock SGLang's HiCache with the ``file`` storage backend
+"""The L3 storage tier on real SGLang: stock SGLang's HiCache with the ``file`` storage backend
 (``HiCacheFile`` writing real files, its storage threads running), driven on CPU by ``l3_driver.py`` with the
 scheduler's storage calls and the instrumentation's L3 sites, the records read back by ``cptrace-otel check`` as a
 user runs it. Every test runs on 0.5.20 (``HiRadixCache``, ``_l3_sites.py``) and on 0.5.23 (``UnifiedRadixCache``
@@ -79,24 +79,7 @@ def cp(version, tmp_path_factory) -> list[list[dict]]:
                             script=l3_driver.__file__)
 
 
-def _check(paths: list[str]) -> dict:
-    """``cptrace-otel check --json`` over the given logs."""
-    p = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "check", "--json", "--no-progress", *paths],
-                       capture_output=True, text=True, timeout=300, cwd=runtime.ROOT,
-                       env={**os.environ, "PYTHONPATH": runtime.ROOT})
-    assert p.returncode in (0, 1), p.stderr[-3000:]
-    return json.loads(p.stdout)
-
-
-def _events(paths: list[str]) -> list:
-    from cptrace_otel.analyze.sources.logs import read_log_events
-
-    return list(read_log_events(paths))
-
-
-def _fmt(d: dict) -> list[str]:
-    return [f"{f['severity']} {f['rule']} r{f['rank']} n{f['node_id']} op{f['op']}: {f['message'][:160]}"
-            for f in d["findings"][:8]]
+_check, _events, _fmt = runtime.check_json, runtime.log_events, runtime.fmt_findings
 
 
 def _tags(events, rank: int | None = None) -> Counter:

@@ -1,4 +1,4 @@
-"""Several CP ranks on real SGLang (issue 20, item 5): 4 rank processes (gloo on a ``file://`` store), each with its
+"""Several CP ranks on real SGLang: 4 rank processes (gloo on a ``file://`` store), each with its
 own stock SGLang HiCache (0.5.20's ``HiRadixCache``, and 0.5.23's ``UnifiedRadixCache``: every test runs for both)
 driven on CPU by ``driver.py``, the same request stream on every rank, and the
 ``config`` record saying ``mode=replicated`` (every rank holds the whole stream's KV in its own cache: the same
@@ -17,10 +17,8 @@ rank for the five runs). Without the SGLang folder the tests skip, unless ``CPTR
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import subprocess
 import sys
 from collections import Counter
 
@@ -62,13 +60,7 @@ def runs(request, tmp_path_factory) -> list[list[dict]]:
     return driver.run_ranks(request.param, str(out), world=WORLD, fault_rank=FAULT_RANK, matrix=matrix)
 
 
-def _check(paths: list[str]) -> dict:
-    """``cptrace-otel check --json`` over the given logs, as a user runs it."""
-    p = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "check", "--json", "--no-progress", *paths],
-                       capture_output=True, text=True, timeout=300, cwd=runtime.ROOT,
-                       env={**os.environ, "PYTHONPATH": runtime.ROOT})
-    assert p.returncode in (0, 1), p.stderr[-3000:]
-    return json.loads(p.stdout)
+_check = runtime.check_json
 
 
 def _analysis(paths: list[str]):

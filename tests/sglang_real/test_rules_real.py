@@ -1,4 +1,4 @@
-"""The rules on real SGLang (issue 20, items 3 and 4): stock SGLang 0.5.20's HiCache (``HiRadixCache``, its
+"""The rules on real SGLang: stock SGLang 0.5.20's HiCache (``HiRadixCache``, its
 controller, pools and allocator) and 0.5.23's (``UnifiedRadixCache``, ``HybridCacheController``) driven on CPU by ``driver.py`` with the instrumentation on, its records read back
 the way ``cptrace-otel check`` reads log files.
 

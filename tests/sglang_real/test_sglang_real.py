@@ -7,7 +7,7 @@ with ``CPTRACE_REQUIRE_SGLANG=1`` (as .ci/run sets) they fail instead.
 What is asserted here, for sglang 0.5.20 (``HiRadixCache``) and 0.5.23 (``UnifiedRadixCache``): the
 instrumentation applies and un-applies, refuses other versions with one warning and builds with their own call sites; the driver's healthy runs see no corruption and their records are complete and
 readable by ``cptrace-otel check``; each injected fault is seen by the driver's own content check (and, where the
-rules already decide it, by its code). That healthy runs give 0 findings is the rules' side (issue 20, item 3).
+rules already decide it, by its code). That healthy runs give 0 findings is the rules' side.
 """
 
 from __future__ import annotations
@@ -398,7 +398,7 @@ def test_fault_is_injected_and_seen(faulty, i):
                          ids=["flip-HASH", "unpinned-H4a", "early-release-H2c", "split-no-rewrite-H1b"])
 def test_fault_found_by_check(faulty, i, code):
     """The rules that already decide these shapes name the fault's node (the flip's: a node whose reloaded KV the
-    driver saw corrupted). The mid-chain corruption is the rules' open item (issue 20, item 4)."""
+    driver saw corrupted). The mid-chain corruption is the rules' open item."""
     r = faulty[i]
     hit = r["fault_hits"][0]
     d = _check_json(r["log"])

@@ -51,8 +51,10 @@ def test_json_object(tmp_path):
     h1 = next(f for f in obj["findings"] if f["code"] == "H1")
     for k in ("code", "rule", "rank", "epoch", "node_id", "op", "certainty", "evidence", "message"):
         assert k in h1
-    # both files are rank 0: one stream merged by ts (malformed.log's three events, ts 1-3, come first)
-    assert (h1["rule"], h1["node_id"], h1["op"], h1["evidence"]) == ("H1b", 3, 7, [3, 4, 5])
+    # two folders, two runs (log lines carry no run id: rank 0 in two folders is two launches), both named by
+    # --run-id: h1b_bad.log's records are a stream of their own, not merged with malformed.log's rank 0
+    assert (h1["rule"], h1["node_id"], h1["op"], h1["evidence"]) == ("H1b", 3, 7, [0, 1, 2])
+    assert h1["run"] == "r1"
     assert h1["evidence_lines"] == [1, 2, 3] and h1["line_no"] == 3 and h1["src"].endswith("h1b_bad.log")
     tid = hashlib.blake2b(b"r1|0|3", digest_size=16).hexdigest()
     assert h1["trace_id"] == tid and h1["jaeger_url"].endswith("/trace/" + tid)

@@ -115,10 +115,22 @@ def test_c4_counts_differ(tmp_path):
 
 
 def test_c5_replicated_backup_hash_differs(tmp_path):
-    ranks = {r: _clean(r, n=3) for r in (0, 1, 2)}
+    for mode in ("replicated", "prefill_cp"):   # prefill_cp: stock SGLang prefill CP writes the whole KV everywhere
+        ranks = {r: _clean(r, mode, n=3) for r in (0, 1, 2)}
+        assert check_files(_write(tmp_path, ranks)).findings == []
+        ranks[1][1 + 4 + 2] = ranks[1][1 + 4 + 2].replace("h=14", "h=99")
+        res = check_files(_write(tmp_path, ranks))
+        assert found(res) == {("C5", 1, 2)}, mode
+        assert f"mode {mode}" in res.findings[0].message
+    # two ranks that differ: no majority; the finding is on the higher rank in every run, and says why
+    for bad in (0, 1):
+        ranks = {r: _clean(r, "prefill_cp", n=3) for r in (0, 1)}
+        ranks[bad][1 + 4 + 2] = ranks[bad][1 + 4 + 2].replace("h=14", "h=99")
+        res = check_files(_write(tmp_path, ranks))
+        assert found(res) == {("C5", 1, 2)} and "no majority" in res.findings[0].message
+    ranks = {r: _clean(r, "sharded", n=3) for r in (0, 1, 2)}   # shards differ: no equality
     ranks[1][1 + 4 + 2] = ranks[1][1 + 4 + 2].replace("h=14", "h=99")
-    res = check_files(_write(tmp_path, ranks))
-    assert found(res) == {("C5", 1, 2)}
+    assert check_files(_write(tmp_path, ranks)).findings == []
 
 
 def test_c5_shared_reload_hash_against_io_rank_hs(tmp_path):

@@ -1,4 +1,4 @@
-"""Record shapes that stock SGLang's HiCache produces and the simulator's first reading did not (issue 20): a chain
+"""Record shapes that stock SGLang's HiCache produces and the simulator's first reading did not: a chain
 node split between its ``reload`` and its ``ack dir=h2d``, load acks that name the op's last node only, loads merged
 into one op with a new id, and write_back's eviction staging. Hand-written streams, read like ``cptrace-otel check``
 reads log files."""

@@ -127,8 +127,10 @@ def _cli(*args: str, stdin: bytes) -> subprocess.CompletedProcess:
 
 
 def _findings(rep: dict) -> list:
-    """Findings without where they were read (file, line and the run id in the trace id differ between sources)."""
-    return [{k: v for k, v in f.items() if k not in ("src", "line_no", "trace_id", "evidence_lines")} for f in rep["findings"]]
+    """Findings without where they were read (file, line and the run id in the trace id and run differ between
+    sources)."""
+    return [{k: v for k, v in f.items() if k not in ("src", "line_no", "trace_id", "evidence_lines", "run")}
+            for f in rep["findings"]]
 
 
 def test_check_reads_standard_input(run_files):

@@ -166,7 +166,7 @@ print(c.shutdown(30))
 
 def test_a_backlog_larger_than_the_space_freed_still_resumes_and_every_loss_is_counted(one_mib_disk: Path,
                                                                                          tmp_path: Path) -> None:
-    """Issue 21: the log file's disk is full while 6,000 records (~1.5 MiB of lines) are traced, then only 256 KiB
+    """the log file's disk is full while 6,000 records (~1.5 MiB of lines) are traced, then only 256 KiB
     are freed: the sink writes what fits (whole lines, in order) instead of retrying the whole backlog for ever, and
     what never fits is counted in the traced process's ``stats()["dropped"]`` (before: 0 written, 0 counted)."""
     filler = _fill(one_mib_disk)

@@ -160,6 +160,24 @@ def test_every_cp_rank_writes_its_own_shard(tmp_path):
     assert check_files(_cp_run(tmp_path, "replicated", lambda x: x.replace("_cp1_", "_cp0_"))).findings == []
 
 
+def test_equal_copies_under_per_rank_keys_need_a_writer_per_rank(tmp_path):
+    """Stock prefill CP (mode prefill_cp; replicated too): one writer serves only the ranks that look its keys up.
+    SGLang #37149: MLA under CP elects the writer by the global TP rank, so rank 1 skips (io=0) while its keys carry
+    its own CP suffix."""
+    skip = lambda x: x.replace("io=1", "io=0")   # noqa: E731
+    for mode in ("prefill_cp", "replicated"):
+        res = check_files(_cp_run(tmp_path, mode, skip))
+        assert [(f.rule, f.rank, f.node_id) for f in res.findings] == [("L3c", 1, 1)], mode
+        assert "a1f0_m_cp1_2" in res.findings[0].message and "(and 1 more" in res.findings[0].message
+        # a writer of the keys rank 1 looks up, a rank that writes its own, or one that logged nothing: no finding
+        assert check_files(_cp_run(tmp_path, mode, lambda x: skip(x).replace("_cp1_", "_cp0_"))).findings == []
+        assert check_files(_cp_run(tmp_path, mode, lambda x: x)).findings == []
+        assert check_files(_cp_run(tmp_path, mode, None)).findings == []
+    # one of rank 1's two keys written by rank 0: the other is still missing
+    res = check_files(_cp_run(tmp_path, "prefill_cp", lambda x: skip(x).replace("a1f0_m_cp1_", "a1f0_m_cp0_")))
+    assert [(f.rule, f.rank) for f in res.findings] == [("L3c", 1)] and "b2e1_m_cp1_2" in res.findings[0].message
+
+
 # -- spans --------------------------------------------------------------------------------------------------------
 
 def test_l3_stage_spans_in_the_node_trace(tmp_path, capsys):

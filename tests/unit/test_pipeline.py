@@ -208,12 +208,13 @@ def test_stats_and_json_serializable() -> None:
 def test_deferred_fingerprints_are_resolved_off_the_caller_thread(tmp_path: Path) -> None:
     deferred = pytest.importorskip("cptrace_otel.fingerprint.deferred")
 
-    class SlowEvent:  # stands in for a CUDA event: completes a little later
-        def __init__(self) -> None:
-            self.t = time.monotonic() + 0.2
+    import threading
 
+    kernel_done = threading.Event()   # the "kernel" completes only when the test says so (or a timer, below)
+
+    class SlowEvent:  # stands in for a CUDA event
         def query(self) -> bool:
-            return time.monotonic() >= self.t
+            return kernel_done.is_set()
 
     class Host:
         def __init__(self, vals) -> None:
@@ -226,9 +227,14 @@ def test_deferred_fingerprints_are_resolved_off_the_caller_thread(tmp_path: Path
     r = deferred.Deferred("rng", deferred.Pending(SlowEvent(), Host([3, 1, 9, 1, 9])),
                           lambda v: f"(cnt={v[0]},min={v[1]},max={v[2]},first={v[3]},last={v[4]})", "(err:x)")
     _configure(tmp_path, "thread")
-    t0 = time.perf_counter()
-    api.cptrace(1, "backup", node_id=1, op=1, h=h, dev=r)
-    assert time.perf_counter() - t0 < 0.15  # the caller did not wait for the "kernel"
+    timer = threading.Timer(10, kernel_done.set)   # a caller that waits would return only after this
+    timer.start()
+    try:
+        api.cptrace(1, "backup", node_id=1, op=1, h=h, dev=r)
+        assert not kernel_done.is_set()   # the caller returned while the "kernel" was still running
+    finally:
+        timer.cancel()
+    kernel_done.set()
     assert api.flush(30)
     (ev, _), = _events(tmp_path)
     assert ev.attrs["hicache.h"] == 1234567890123
@@ -252,7 +258,7 @@ def test_exit_without_flush_still_delivers(tmp_path: Path, exporter: str) -> Non
 
 def test_a_restarted_worker_numbers_on_past_every_seq_the_dead_one_was_given(tmp_path: Path,
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 21: records shipped to a worker that died before reporting them safe may have been delivered: their
+    """records shipped to a worker that died before reporting them safe may have been delivered: their
     seqs are spent, so the next worker starts after all of them (before: at the last safe one, reusing seqs)."""
     monkeypatch.setattr(pipeline, "RESTART_BACKOFF_S", 0.0)
     cfg = config.from_env({"CPTRACE_LEVEL": "1", "CPTRACE_EXPORTER": "thread", "CPTRACE_CP_RANK": "0",

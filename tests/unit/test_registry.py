@@ -28,7 +28,7 @@ CHECKS = ROOT / "cptrace_otel" / "checks"
 # `h` (level 1).
 DOMAIN_LEVEL = {"H1a": 1, "H1b": 2, "H1c": 1, "H2a": 1, "H2b": 2, "H2c": 2, "H3": 2, "H4": 2, "ZERO": 1, "HASH": 1,
                 "C1": 1, "C2": 2, "C3": 1, "C4": 1, "C5": 1, "C5-fence": 2}
-# Rules beyond the domain reference (issue 23): SGLang's kv-canary lines carry no trace level (read at any level).
+# Rules beyond the domain reference: SGLang's kv-canary lines carry no trace level (read at any level).
 # The L3 tier: content round trip and writer rules read backups and hits (level 1); the in-flight rule the acks and
 # frees (level 2), as H4 does. Sidecar pools: which pools a copy moves is on backup/reload (level 1); their content
 # after a load on the h2d ack (level 2); after an L3 prefetch on its l3_ack (level 2, as L3b).

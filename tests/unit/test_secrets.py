@@ -154,7 +154,7 @@ def test_mask_property() -> None:
     check()
 
 
-# -- issue 21: credentials go only to the origin they were configured for -----------------------------------------
+# -- credentials go only to the origin they were configured for -----------------------------------------
 def _send_through(url: str, headers: list[tuple[str, str]], tmp: Path) -> tuple[dict, list[str]]:
     t = HttpTransport(url, headers, timeout_s=5.0)
     reports: list[str] = []

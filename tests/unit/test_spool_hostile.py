@@ -1,4 +1,4 @@
-"""Issue 21: the spool reads only regular files it created. A symlink, FIFO or device planted in a spool folder (the
+"""the spool reads only regular files it created. A symlink, FIFO or device planted in a spool folder (the
 exporter's own, or a finished process's that it adopts) is reported and skipped: never read, never sent, never
 blocks the sender; spool folders are 0700 and request files 0600. Real files, real FIFOs, a real loopback receiver."""
 

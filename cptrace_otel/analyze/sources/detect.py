@@ -19,7 +19,7 @@ service): the readers count per file and ``check`` rejects those with the servic
 recognises (recursively, sorted, hidden names and symlinked folders skipped); the others are listed as skipped. A
 file named on the command line that is not recognised is rejected. The same file reached twice is read once.
 Only regular files and ``-`` are read: a FIFO or device named on the command line is rejected with the reason
-(:class:`.files.NotRegular`), one inside a folder is skipped with it.
+(:class:`.inputs.NotRegular`), one inside a folder is skipped with it.
 """
 
 from __future__ import annotations

@@ -32,8 +32,9 @@ import os
 import socket
 import ssl
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any
 from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 
 from ...model.config import mask, mask_url, secrets_of
@@ -150,7 +151,7 @@ def _origin(url: str) -> tuple[str, str, int]:
 class _DeadlineRaw(io.RawIOBase):
     """A socket's reads, each bounded by the time left to the deadline and the per-read timeout."""
 
-    def __init__(self, owner: "_DeadlineSocket") -> None:
+    def __init__(self, owner: _DeadlineSocket) -> None:
         self._owner = owner
 
     def readable(self) -> bool:
@@ -222,7 +223,7 @@ class Answer:
             while True:
                 try:
                     data = self._resp.read1(size)
-                except (TimeoutError, socket.timeout):
+                except TimeoutError:
                     raise BackendUnreachable(self.url, self._late()) from None
                 except (OSError, http.client.HTTPException) as e:
                     raise BackendUnreachable(self.url, f"the answer broke off after {self.read_bytes} bytes: "
@@ -257,7 +258,7 @@ class Answer:
         finally:
             self._conn.close()
 
-    def __enter__(self) -> "Answer":
+    def __enter__(self) -> Answer:
         return self
 
     def __exit__(self, *a: Any) -> None:
@@ -303,11 +304,10 @@ def _request(method: str, url: str, hdrs: dict[str, str], body: bytes | None, li
             nxt_clean, nxt_auth = split_userinfo(nxt)
             if urlsplit(nxt_clean).scheme.lower() not in ("http", "https"):
                 raise BackendError(url, status, f"redirected to {excerpt(mask_url(nxt))}: not http(s), not followed")
-            if _origin(nxt_clean) != origin:
-                if has_cred or nxt_auth is not None:
-                    raise BackendError(url, status, f"redirected to {mask_url(nxt_clean)}, another origin: not "
-                                       "followed (the request carries credentials for "
-                                       f"{origin[0]}://{origin[1]}:{origin[2]} only)")
+            if _origin(nxt_clean) != origin and (has_cred or nxt_auth is not None):
+                raise BackendError(url, status, f"redirected to {mask_url(nxt_clean)}, another origin: not "
+                                   "followed (the request carries credentials for "
+                                   f"{origin[0]}://{origin[1]}:{origin[2]} only)")
             url = nxt_clean
             if status == 303 or (status in (301, 302) and method == "POST"):
                 method, body = "GET", None
@@ -347,7 +347,7 @@ def _send(method: str, url: str, hdrs: dict[str, str], body: bytes | None, deadl
         path = urlunsplit(("", "", parts.path or "/", parts.query, ""))
         conn.request(method, path, body=body, headers=hdrs)
         resp = conn.getresponse()
-    except (TimeoutError, socket.timeout):
+    except TimeoutError:
         raise BackendUnreachable(url, late, what) from None
     except ssl.SSLError as e:
         raise BackendUnreachable(url, f"TLS: {e}"[:300], what) from None

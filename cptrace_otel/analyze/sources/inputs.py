@@ -166,7 +166,7 @@ def open_text(path: str, buffering: int = 1 << 20) -> io.TextIOBase:
     if is_gzip(path):
         raw = io.BufferedReader(_TolerantGzip(path), buffer_size=buffering)
         return io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="")
-    return open(path, "r", encoding="utf-8", errors="replace", newline="", buffering=buffering)
+    return open(path, encoding="utf-8", errors="replace", newline="", buffering=buffering)
 
 
 class _Unclosed(io.BufferedIOBase):

@@ -39,7 +39,8 @@ import base64
 import codecs
 import json
 import time
-from typing import Any, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 from urllib.parse import quote, urlencode
 
 from ...model import semconv as sc
@@ -48,13 +49,20 @@ from ...model.config import mask_url
 from ...model.events import Event
 from ..links import normalize_base, trace_id_hex
 from . import httpio
-from .httpio import BackendError as JaegerError
-from .httpio import BackendUnreachable as JaegerUnreachable
-from .httpio import Limits, excerpt
+from .httpio import BackendError as JaegerError, BackendUnreachable as JaegerUnreachable, Limits, excerpt
 from .jaegerstream import Unread, data_list, iter_data
 
-__all__ = ["JaegerClient", "JaegerError", "JaegerUnreachable", "Unread", "iter_data", "mask_url", "run_events",
-           "events_from_otlp", "findings_from_otlp"]
+__all__ = [
+    "JaegerClient",
+    "JaegerError",
+    "JaegerUnreachable",
+    "Unread",
+    "events_from_otlp",
+    "findings_from_otlp",
+    "iter_data",
+    "mask_url",
+    "run_events",
+]
 
 DEFAULT_URL = "http://127.0.0.1:16686"
 STREAM_FACTOR = 16          # a streamed search answer may be this many times max_answer_bytes (skipped traces)

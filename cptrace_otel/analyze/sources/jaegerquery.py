@@ -25,7 +25,8 @@ import datetime as _dt
 import json
 import re
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from ...model import semconv as sc
 from ...model.exits import CptraceError

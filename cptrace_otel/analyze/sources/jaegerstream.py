@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Iterable, Iterator, NamedTuple
+from collections.abc import Iterable, Iterator
+from typing import Any, NamedTuple
 
-from .httpio import BackendError as JaegerError
-from .httpio import excerpt
+from .httpio import BackendError as JaegerError, excerpt
 
 
 class Unread(NamedTuple):
@@ -145,7 +145,7 @@ class _Skip:
 def iter_data(parts: str | Iterable[str], url: str, with_text: bool = False,
               max_item: int | None = None) -> Iterator[Any]:
     """The elements of the ``data`` array of a Jaeger ``/api/...`` answer (text, or text in pieces, pulled as
-    needed), parsed one at a time, then its ``errors`` checked (:class:`JaegerError`, as :func:`_data` does);
+    needed), parsed one at a time, then its ``errors`` checked (:class:`JaegerError`, as :func:`iter_data` does);
     ``with_text``: ``(element, its JSON text)`` pairs.
 
     Pieces are pulled only as far as the parse has got, so the text is held about once, and only one element's

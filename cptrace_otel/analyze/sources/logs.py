@@ -32,13 +32,12 @@ import itertools
 import os
 import re
 import sys
-from typing import Any, Callable, Iterable, Iterator, NamedTuple
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, NamedTuple
 
 from ..._speedups.logreader import load as _load_logreader
-from ...model.canary import MARKER as CANARY_MARK
-from ...model.canary import TAG as CANARY_TAG
-from ...model.canary import parse_canary_line
 from ...checks.epochs import EPOCH_TAGS, EpochTracker
+from ...model.canary import MARKER as CANARY_MARK, TAG as CANARY_TAG, parse_canary_line
 from ...model.events import Event
 from ...model.exits import CptraceError
 from ...model.logline import fast_value
@@ -470,9 +469,10 @@ class LogEvents:
     """The iterator :func:`read_log_events` returns; ``ranks`` are the ranks seen in each file's first chunk (a
     hint for the cross-rank rules, known before the first event is consumed)."""
 
-    def __init__(self, it: Iterator[Event], ranks: set[int]) -> None:
+    def __init__(self, it: Iterator[Event], ranks: set[int], per_file: list[set[int]] | None = None) -> None:
         self._it = it
         self.ranks = ranks
+        self.per_file = per_file if per_file is not None else []   # the ranks of each file's first chunk, in order
 
     def __iter__(self) -> Iterator[Event]:
         return self._it   # the generator itself: no Python-level __next__ per event
@@ -501,7 +501,7 @@ def read_log_events(paths: Iterable[str], on_malformed: Callable[[Malformed], No
     handles = [_open(p) for p in paths]
     state: dict[int, list] = {}
     streams = [_file_chunks(fh, p, default_rank(p, i), bad, st, state)
-               for i, (fh, p) in enumerate(zip(handles, paths))]
+               for i, (fh, p) in enumerate(zip(handles, paths, strict=False))]
     firsts = [next(s, None) or [] for s in streams]  # type: ignore[arg-type]
     per_file = [{ev.rank for ev in c} for c in firsts]
     ranks = set().union(*per_file) if per_file else set()
@@ -513,8 +513,8 @@ def read_log_events(paths: Iterable[str], on_malformed: Callable[[Malformed], No
         merged = _reporting(merged, handles, paths, progress)
     # one rank per file, no rank in two files (the usual layout): the readers' numbers are final
     if sum(len(x) for x in per_file) == len(ranks) and all(len(x) <= 1 for x in per_file):
-        return LogEvents(itertools.chain.from_iterable(merged), ranks)
-    return LogEvents(_renumber(merged, st), ranks)
+        return LogEvents(itertools.chain.from_iterable(merged), ranks, per_file)
+    return LogEvents(_renumber(merged, st), ranks, per_file)
 
 
 def _reporting(chunks: Iterator[list[Event]], handles: list, paths: list[str],
@@ -530,7 +530,7 @@ def _reporting(chunks: Iterator[list[Event]], handles: list, paths: list[str],
 
     def done() -> int:
         n = 0
-        for fh, size in zip(handles, sizes):
+        for fh, size in zip(handles, sizes, strict=False):
             pos = consumed(fh)
             n += size if pos is None else min(pos, size)
         return n

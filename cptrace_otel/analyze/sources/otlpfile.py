@@ -13,7 +13,7 @@ original snake_case field names are accepted).
 Bad input costs only itself: a line that is not JSON, is nested too deeply, or is not shaped like a request (a
 list where an object belongs, ...) is recorded in :attr:`OtlpInfo.malformed` with its file and line and adds
 nothing; a span event whose values do not convert (``"intValue": "abc"``, an int of more than 4,300 digits) is
-recorded and skipped, the other events of its line are kept. A line longer than :data:`.files.MAX_JSON_LINE` is
+recorded and skipped, the other events of its line are kept. A line longer than :data:`.inputs.MAX_JSON_LINE` is
 recorded and not read.
 """
 
@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import heapq
 import json
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from ...model import semconv as sc
 from ...model.attrs import attributes_to_fields
@@ -86,6 +87,10 @@ class OtlpInfo:
         self.spans = 0
         self.streams: dict[str, int] = {}                     # service.instance.id -> its resource's cp rank
         self.sampled: dict[int, tuple[str, float]] = {}       # rank -> (run id, cptrace.sample) of sampled streams
+        # by run (the resource's cptrace.run_id, "" where it has none), as per_rank is keyed when by_run is set
+        self.by_run = False                                   # per_rank keys are (run id, rank), not rank
+        self.run_levels: dict[str, dict[int, int]] = {}       # run -> rank -> trace level
+        self.run_sampled: dict[str, dict[int, tuple[str, float]]] = {}   # run -> rank -> (run id, fraction)
 
     def unknown_rank_streams(self) -> int:
         """Streams (exporter processes) whose resource says their rank is unknown (-1)."""
@@ -197,8 +202,10 @@ def merge_streams(streams: list) -> Iterator[Event]:
 
 
 def collect(req: dict, path: str, info: OtlpInfo, per_rank: dict, line_no: int = 0) -> None:
-    """The cptrace events of one request into ``per_rank``. A span event whose values do not convert is recorded in
-    ``info.malformed`` (at ``line_no``) and skipped; a request of the wrong shape raises one of :data:`BAD_SHAPE`."""
+    """The cptrace events of one request into ``per_rank`` (keyed by rank, or by ``(run id, rank)`` when
+    ``info.by_run``: the resource's ``cptrace.run_id``, ``""`` when it has none). A span event whose values do not
+    convert is recorded in ``info.malformed`` (at ``line_no``) and skipped; a request of the wrong shape raises one
+    of :data:`BAD_SHAPE`."""
     for rs in _g(req, "resourceSpans", "resource_spans", []) or []:
         res = dict(_attrs((rs.get("resource") or {}).get("attributes")))
         rrank = res.get(sc.CP_RANK)
@@ -211,6 +218,8 @@ def collect(req: dict, path: str, info: OtlpInfo, per_rank: dict, line_no: int =
             frac = res.get(sc.SAMPLE)
             if type(frac) is float and rrank >= 0 and isinstance(run_id, str):
                 info.sampled[rrank] = (run_id, frac)
+                info.run_sampled.setdefault(run_id, {})[rrank] = (run_id, frac)
+        run = run_id if isinstance(run_id, str) else ""
         for ss in _g(rs, "scopeSpans", "scope_spans", []) or []:
             for sp in ss.get("spans", []) or []:
                 info.spans += 1
@@ -220,6 +229,9 @@ def collect(req: dict, path: str, info: OtlpInfo, per_rank: dict, line_no: int =
                     rank = 0
                 if type(lvl) is int:
                     info.levels[rank] = max(info.levels.get(rank, 0), lvl)
+                    by = info.run_levels.setdefault(run, {})
+                    by[rank] = max(by.get(rank, 0), lvl)
+                key = (run, rank) if info.by_run else rank
                 for e in sp.get("events", []) or []:
                     try:
                         name = e.get("name", "")
@@ -242,4 +254,4 @@ def collect(req: dict, path: str, info: OtlpInfo, per_rank: dict, line_no: int =
                     level = meta.get(sc.LEVEL, 1)
                     ev = Event(name, rank, seq, ts, epoch if type(epoch) is int else 0, fields,
                                level if type(level) is int else 1, path, 0)
-                    per_rank.setdefault(rank, []).append((ev.epoch, seq, ts, ev))
+                    per_rank.setdefault(key, []).append((ev.epoch, seq, ts, ev))

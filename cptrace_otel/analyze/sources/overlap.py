@@ -13,6 +13,8 @@ record's own monotonic clock, so two different runs never match) and answers:
 * ``Choice("refuse")``: the same run split in a way that cannot be counted once (some common ranks match and others
   do not, or each kind has ranks the other lacks); ``message`` names the files.
 
+Which log files are one run (:func:`log_runs`) is decided here too: log lines carry no run id.
+
 Only the heads of the log files are parsed here (and their markers counted when both kinds hold the same ranks):
 the logs are then read by the analysis itself, or not at all.
 """
@@ -39,10 +41,9 @@ class Choice:
     ranks: list[int]          # the ranks found in both
 
 
-def decide(logs: list[str], docs: TraceDocs, doc_files: list[str]) -> Choice | None:
-    doc_ranks = docs.ranks()
-    if not logs or not doc_ranks or STDIN in logs:   # standard input can be read only once: not compared
-        return None
+def log_heads(logs: list[str], doc_ranks: set[int]) -> tuple[dict[int, list], dict[int, set[str]], set[int]]:
+    """``(heads, sources, ranks)`` of the log files: the first :data:`HEAD` records of each rank (read until those
+    of ``doc_ranks`` are complete), the files each rank's head came from, the ranks seen."""
     heads: dict[int, list] = {}
     log_src: dict[int, set[str]] = {}
     stream = read_log_events(logs)
@@ -57,7 +58,17 @@ def decide(logs: list[str], docs: TraceDocs, doc_files: list[str]) -> Choice | N
             log_src.setdefault(ev.rank, set()).add(ev.src)
         if len(h) == HEAD and all(len(heads.get(r, ())) >= HEAD for r in target):
             break
-    del stream
+    return heads, log_src, log_ranks
+
+
+def decide(logs: list[str], docs: TraceDocs, doc_files: list[str],
+           heads_of_logs: tuple | None = None) -> Choice | None:
+    """See the module doc; ``heads_of_logs``: :func:`log_heads` of ``logs`` when already read (comparing one log
+    folder with several runs reads the logs once)."""
+    doc_ranks = docs.ranks()
+    if not logs or not doc_ranks or STDIN in logs:   # standard input can be read only once: not compared
+        return None
+    heads, log_src, log_ranks = heads_of_logs or log_heads(logs, doc_ranks)
     common = sorted(log_ranks & doc_ranks)
     if not common:
         return None
@@ -106,3 +117,31 @@ def _span(ranks: list[int]) -> str:
     if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
         return f"{ranks[0]}-{ranks[-1]}"
     return ", ".join(map(str, ranks))
+
+
+def log_runs(paths: list[str]) -> dict[str, list[str]]:
+    """The runs of log files given together: a name -> its files, in the order given.
+
+    Upstream log lines carry no run id, so the run is inferred from where a rank's records are: the files given
+    together are one run (one launch's ranks, wherever each rank's file was copied to) unless the same rank is found
+    in the files of two folders, which only two launches give (a launch writes each rank once; a rotated rank's
+    files stay in one folder): then each folder is one run. The name is the folder (``.`` for the current one,
+    ``standard input`` for ``-``), or for one run of several folders their common folder. A rank is read from each
+    file's first chunk of records (as :func:`read_log_events` does), so deciding costs one chunk per file."""
+    folders: dict[str, list[str]] = {}
+    for p in paths:
+        folders.setdefault("standard input" if p == STDIN else os.path.dirname(p) or ".", []).append(p)
+    if len(folders) < 2 or STDIN in paths:   # standard input can be read once only: a folder of its own
+        return folders
+    where: dict[int, str] = {}
+    per_file = read_log_events(paths).per_file
+    for p, ranks in zip(paths, per_file, strict=False):
+        folder = os.path.dirname(p) or "."
+        for r in ranks:
+            if r >= 0 and where.setdefault(r, folder) != folder:
+                return folders   # a rank in two folders: two launches
+    try:
+        common = os.path.commonpath(list(folders)) or "."
+    except ValueError:   # relative and absolute folders mixed
+        common = ", ".join(folders)
+    return {common: list(paths)}

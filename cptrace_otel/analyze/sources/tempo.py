@@ -20,7 +20,8 @@ Errors are those of :class:`~.jaeger.JaegerClient` (the same HTTP client): ``Jae
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 from urllib.parse import quote
 
 from .httpio import excerpt

@@ -1,20 +1,25 @@
-"""Trace documents -> the per-rank event lists of one run: OTLP JSON-lines files, Jaeger's JSON (api_v2
+"""Trace documents -> the per-rank event lists of each run: OTLP JSON-lines files, Jaeger's JSON (api_v2
 ``/api/traces``, the UI's downloads, api_v3 ``/api/v3/traces``, OTLP/JSON documents) and traces fetched from a Jaeger
 query service, all through one collector (:func:`.otlpfile.collect`), so an event read from any of them is the
 event the exporter wrote.
 
 Contract:
 
-* :class:`TraceDocs` accumulates ``per_rank`` (rank -> ``[(epoch, seq, ts, Event)]``) plus :class:`.otlpfile.OtlpInfo`
-  (run ids, levels, malformed lines) and, per source, the events it gave and the services it named.
+* :class:`TraceDocs` accumulates ``per_rank`` (``(run id, rank)`` -> ``[(epoch, seq, ts, Event)]``; the run id is the
+  resource's ``cptrace.run_id``, ``""`` for records whose resource has none: those are one run) plus
+  :class:`.otlpfile.OtlpInfo` (run ids, levels, malformed lines) and, per source, the events it gave and the services
+  it named.
+* Runs are kept apart: :meth:`TraceDocs.runs` gives each run's stream on its own, and records of two runs never
+  count as one record given twice (the same rank, epoch and seq recur in every run).
 * api_v2 (Jaeger model) traces are mapped to OTLP/JSON first (:func:`v2_trace_to_otlp`): process -> resource
   (``serviceName`` -> ``service.name``), span tags -> attributes, logs -> events (the ``event`` field is the
   name; µs timestamps). Nothing the rules read is lost (tags keep their int/float/bool/string types).
-* :meth:`TraceDocs.events` returns the merged stream after :meth:`TraceDocs.dedupe`: records of one rank with the same
-  (epoch, seq) and the same content are one record given twice (two files of the same run, a span stored twice) and
-  are kept once. Events are ordered per rank by ``cptrace.seq``, never by the order a backend returned them.
+* :meth:`TraceDocs.runs` returns each run's merged stream after :meth:`TraceDocs.dedupe`: records of one run and
+  rank with the same (epoch, seq) and the same content are one record given twice (two files of the same run, a span
+  stored twice) and are kept once. Events are ordered per rank by ``cptrace.seq``, never by the order a backend
+  returned them.
 * Memory is bounded by :data:`SPILL_AT`, not by the run's length: once OTLP JSON-lines files have added that many
-  records, each rank's records are sorted and written to an unnamed temporary file (a sorted run, pickled in
+  records, each (run, rank)'s records are sorted and written to an unnamed temporary file (a sorted run, pickled in
   chunks of :data:`CHUNK`) and dropped from memory; :meth:`TraceDocs.dedupe` and :meth:`TraceDocs.events` merge
   the runs lazily (a stable merge: the same order, and the same records kept, as one sort of everything).
 
@@ -30,17 +35,19 @@ parsed whole) and adds nothing; the other traces of the document are read.
 from __future__ import annotations
 
 import heapq
+import itertools
 import json
 import pickle
 import tempfile
 from collections import Counter
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from ...model import semconv as sc
 from ...model.events import Event
 from .inputs import open_text, truncated
 from .logs import LogReadError
-from .otlpfile import BAD_SHAPE, OtlpInfo, collect, bad_shape, collect_file, json_lines, merge_ranks, merge_streams
+from .otlpfile import BAD_SHAPE, OtlpInfo, bad_shape, collect, collect_file, json_lines, merge_ranks, merge_streams
 
 _JS_SAFE = 1 << 53
 SPILL_AT = 20_000   # records held in memory before they are sorted to disk (about 1.5 KiB each while held)
@@ -53,7 +60,8 @@ class TraceDocs:
 
     def __init__(self) -> None:
         self.info = OtlpInfo()
-        self.per_rank: dict[int, list[tuple[int, int, int, Event]]] = {}
+        self.info.by_run = True
+        self.per_rank: dict[tuple[str, int], list[tuple[int, int, int, Event]]] = {}
         self.counts: dict[str, int] = {}           # source -> cptrace events it gave
         self.services: dict[str, set[str]] = {}    # source -> service names seen in it
         self.formats: dict[str, str] = {}          # source -> what it is ("api_v2", "api_v3", "OTLP/JSON" ...)
@@ -62,17 +70,32 @@ class TraceDocs:
         self.conflicts: Counter = Counter()        # (source, source) -> same (rank, epoch, seq), other content
         self._line = 1                             # the line of the JSON value being read, for malformed records
         self._disk: Any = None                     # the temporary file of the sorted runs, once there is one
-        self._runs: dict[int, list[tuple[int, int]]] = {}   # rank -> sorted runs on disk: (offset, records)
+        self._runs: dict[tuple[str, int], list[tuple[int, int]]] = {}   # key -> sorted runs on disk: (offset, n)
         self._held = 0                             # records in per_rank when they were last counted
-        self._srcs: dict[int, set[str]] = {}       # rank -> sources of its records on disk
+        self._srcs: dict[tuple[str, int], set[str]] = {}   # key -> sources of its records on disk
+        self._only: set[str] | None = None         # a view's sources (:meth:`only`): records on disk filtered on read
+        self._filtered_n: dict[tuple[str, int], int] = {}   # a view's records on disk per key, counted once
 
     # -- reading -----------------------------------------------------------------------------------------------
     def total(self) -> int:
-        return sum(self.count(r) for r in set(self.per_rank) | set(self._runs))
+        return sum(self._n(k) for k in self._keys())
+
+    def _keys(self) -> set[tuple[str, int]]:
+        return set(self.per_rank) | set(self._runs)
+
+    def _n(self, key: tuple[str, int]) -> int:
+        """Records of ``key`` (run id, rank), in memory and on disk (a view's on disk counted as read)."""
+        if key in self._runs and self._only is not None:
+            # a view is never changed once built: its filtered records are read once to be counted, not per call
+            n = self._filtered_n.get(key)
+            if n is None:
+                n = self._filtered_n[key] = sum(1 for _t in self._sorted(key))
+            return n
+        return len(self.per_rank.get(key, ())) + sum(n for _o, n in self._runs.get(key, ()))
 
     def count(self, rank: int) -> int:
-        """Records of ``rank``, in memory and on disk."""
-        return len(self.per_rank.get(rank, ())) + sum(n for _o, n in self._runs.get(rank, ()))
+        """Records of ``rank``, all runs."""
+        return sum(self._n(k) for k in self._keys() if k[1] == rank)
 
     def _maybe_spill(self) -> None:
         held = sum(len(v) for v in self.per_rank.values())
@@ -82,7 +105,7 @@ class TraceDocs:
     def _spill(self) -> None:
         """Each rank's records in memory -> one sorted run on disk (stable sort by (epoch, seq, ts))."""
         if self._disk is None:
-            self._disk = tempfile.TemporaryFile(prefix="cptrace-sort-")
+            self._disk = tempfile.TemporaryFile(prefix="cptrace-sort-")  # noqa: SIM115 - lives as long as the docs
         fh = self._disk
         for rank, lst in self.per_rank.items():
             if not lst:
@@ -108,15 +131,17 @@ class TraceDocs:
                 ev = Event(*x)
                 yield ev.epoch, ev.seq, ev.ts, ev
 
-    def _sorted(self, rank: int) -> Iterator[tuple]:
-        """The records of ``rank`` sorted by (epoch, seq, ts): its runs on disk, then its records in memory, merged
+    def _sorted(self, key: tuple[str, int]) -> Iterator[tuple]:
+        """The records of ``key`` sorted by (epoch, seq, ts): its runs on disk, then its records in memory, merged
         stably (ties keep the order they were read in)."""
-        lst = self.per_rank.get(rank, [])
+        lst = self.per_rank.get(key, [])
         lst.sort(key=lambda t: (t[0], t[1], t[2]))
-        runs = [self._read_run(o, n) for o, n in self._runs.get(rank, ())]
+        runs = [self._read_run(o, n) for o, n in self._runs.get(key, ())]
         if not runs:
             return iter(lst)
-        return heapq.merge(*runs, iter(lst), key=lambda t: (t[0], t[1], t[2]))
+        merged = heapq.merge(*runs, iter(lst), key=lambda t: (t[0], t[1], t[2]))
+        only = self._only
+        return merged if only is None else (t for t in merged if t[3].src in only)
 
     def add_otlp_lines(self, path: str) -> int:
         """An OTLP JSON-lines file; returns the cptrace events it gave."""
@@ -287,25 +312,111 @@ class TraceDocs:
             elif len(out) != n:
                 self.per_rank[rank] = out
 
-    def events(self) -> Iterator[Event]:
+    def runs(self) -> list[tuple[str, Iterator[Event]]]:
+        """``(run id, events)`` per run, sorted by run id; each run's ranks merged by ts
+        (:func:`.otlpfile.merge_ranks`; :func:`.otlpfile.merge_streams` of the sorted streams once on disk)."""
+        by: dict[str, list[tuple[str, int]]] = {}
+        for key in sorted(self._keys()):
+            if self._n(key):
+                by.setdefault(key[0], []).append(key)
         if not self._runs:
-            return merge_ranks(self.per_rank)
-        return merge_streams([(t[3] for t in self._sorted(r)) for r in sorted(self.ranks())])
+            return [(run, merge_ranks({k[1]: self.per_rank[k] for k in keys})) for run, keys in by.items()]
+        return [(run, merge_streams([(t[3] for t in self._sorted(k)) for k in keys])) for run, keys in by.items()]
+
+    def events(self) -> Iterator[Event]:
+        """Every run's events, one run after the other (see :meth:`runs`)."""
+        return itertools.chain.from_iterable(evs for _run, evs in self.runs())
+
+    def run_ids(self) -> list[str]:
+        """The runs that hold a record, sorted (``""``: records with no run id)."""
+        return sorted({k[0] for k in self._keys() if self._n(k)})
+
+    def keep_run(self, run: str) -> None:
+        """Drop the records of every other run."""
+        self.per_rank = {k: v for k, v in self.per_rank.items() if k[0] == run}
+        self._runs = {k: v for k, v in self._runs.items() if k[0] == run}
+        self._srcs = {k: v for k, v in self._srcs.items() if k[0] == run}
+
+    def drop_sources(self, srcs: set[str], run: str | None = None) -> None:
+        """Drop the records read from ``srcs`` (trace files not to be analysed), of ``run`` only when given. Records
+        on disk are dropped by writing the rest as a new sorted run."""
+        for key in list(self._keys()):
+            if run is not None and key[0] != run:
+                continue
+            if key in self._runs:
+                if not self._srcs.get(key, set()) & srcs and not any(t[3].src in srcs for t in
+                                                                   self.per_rank.get(key, ())):
+                    continue
+                w = _RunWriter(self)
+                for t in self._sorted(key):
+                    if t[3].src not in srcs:
+                        w.append(t)
+                self._runs[key] = [w.close()]
+                self.per_rank.pop(key, None)
+                self._srcs[key] = self._srcs.get(key, set()) - srcs
+                continue
+            lst = self.per_rank[key]
+            kept = [t for t in lst if t[3].src not in srcs]
+            if len(kept) != len(lst):
+                self.per_rank[key] = kept
+
+    def _view(self) -> TraceDocs:
+        view = TraceDocs()
+        view.info, view._disk = self.info, self._disk
+        return view
+
+    def only(self, srcs: set[str]) -> TraceDocs:
+        """A view holding only the records read from ``srcs`` (shares :attr:`info` and the runs on disk, which it
+        filters as it reads them)."""
+        view = self._view()
+        for key, lst in self.per_rank.items():
+            kept = [t for t in lst if t[3].src in srcs]
+            if kept:
+                view.per_rank[key] = kept
+        for key, runs in self._runs.items():
+            if self._srcs.get(key, set()) & srcs:
+                view._runs[key], view._srcs[key] = runs, self._srcs[key] & srcs
+                view._only = srcs
+        return view
+
+    def by_run(self) -> dict[str, TraceDocs]:
+        """A view per run (sharing :attr:`info` and the runs on disk), built in one pass."""
+        out: dict[str, TraceDocs] = {}
+        for key in self._keys():
+            view = out.get(key[0])
+            if view is None:
+                view = out[key[0]] = self._view()
+                view._only = self._only
+            if key in self.per_rank:
+                view.per_rank[key] = self.per_rank[key]
+            if key in self._runs:
+                view._runs[key], view._srcs[key] = self._runs[key], self._srcs.get(key, set())
+        return out
+
+    def sources(self) -> set[str]:
+        """The sources that gave a record still held."""
+        out = {t[3].src for lst in self.per_rank.values() for t in lst}
+        for key in self._runs:
+            out |= self._srcs.get(key, set())
+        return out
 
     def ranks(self) -> set[int]:
-        return {r for r in set(self.per_rank) | set(self._runs) if self.count(r)}
+        return {k[1] for k in self._keys() if self._n(k)}
 
     def sources_of(self, rank: int) -> list[str]:
-        return sorted({t[3].src for t in self.per_rank.get(rank, ())} | self._srcs.get(rank, set()))
+        out = {t[3].src for k, lst in self.per_rank.items() if k[1] == rank for t in lst}
+        for k in self._runs:
+            if k[1] == rank:
+                out |= self._srcs.get(k, set())
+        return sorted(out)
 
     def head(self, rank: int, k: int) -> list[Event]:
-        """The first ``k`` records of ``rank`` in seq order (after :meth:`dedupe`)."""
-        out: list[Event] = []
-        for t in self._sorted(rank):
-            if len(out) >= k:
-                break
-            out.append(t[3])
-        return out
+        """The first ``k`` records of ``rank`` in seq order (after :meth:`dedupe`), of the first run that holds it."""
+        for run in self.run_ids():
+            key = (run, rank)
+            if self._n(key):
+                return [t[3] for t in itertools.islice(self._sorted(key), k)]
+        return []
 
 
 def _dump(chunk: list[tuple], fh: Any) -> None:

@@ -112,7 +112,7 @@ RULES: tuple[Rule, ...] = (
        "dev.cnt and host.cnt of a node's prepare and reload are equal on all ranks",
        "rules_joins:JoinRules._c4"),
     _r("C5", "C5", 1, CROSS, "config backup ack",
-       "replicated: backup h equal on all ranks; shared: the IO rank's hs[r] equals rank r's reload hash",
+       "replicated, prefill_cp: backup h equal on all ranks; shared: the IO rank's hs[r] equals rank r's reload hash",
        "rules_joins:JoinRules._c5_replicated"),
     _r("C5-fence", "C5", 2, CROSS, "store backup evict free reset",
        "shared: no rank's store to a node's pages lands after the IO rank's backup of them began, while that rank's "
@@ -131,8 +131,9 @@ RULES: tuple[Rule, ...] = (
        "no ack)",
        "rules_l3:L3Rules._l3b", emits=("L3b", "L3b-open"), skips=("L3b-undecidable",), only_with=_L3),
     _r("L3c", "L3", 1, CROSS, "config l3_backup",
-       "CP modes with a shard per rank (sharded, dcp, layersplit): every rank writes its shard of a node another "
-       "rank writes to L3 (l3_backup io=1)",
+       "when a rank writes a node to L3 (l3_backup io=1), every rank's copy is in storage: with a shard per rank "
+       "(sharded, dcp, layersplit) every rank writes its shard; with equal copies (replicated, prefill_cp) every "
+       "page key a rank's l3_backup names (io=0 too) is written by some rank (SGLang #37149)",
        "rules_l3x:L3Cross._l3c", only_with=_L3),
     _r("L3d", "L3", 1, CROSS, "config l3_backup",
        "CP modes with a shard per rank: the ranks' L3 keys of a node are disjoint (one rank's shard never "

@@ -43,7 +43,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Collection
+from collections.abc import Collection
+from typing import Any
 
 from opentelemetry.instrumentation import instrumentor as _otel_instrumentor
 
@@ -52,9 +53,10 @@ from ._sites23 import SITES23
 from ._state import Recorder, cache_flavour, version_verdict, warn_once as _warn_once
 
 # Any: the package's type information differs between its versions (the subclass is checked at run time by it)
-BaseInstrumentor: Any = getattr(_otel_instrumentor, "BaseInstrumentor")
+# (getattr: mypy sees the attribute as absent in some of those versions)
+BaseInstrumentor: Any = getattr(_otel_instrumentor, "BaseInstrumentor")  # noqa: B009
 
-__all__ = ["SGLangInstrumentor", "SITES", "SITES23", "SUPPORTED", "instrument_from_env", "sites", "version_verdict"]
+__all__ = ["SITES", "SITES23", "SUPPORTED", "SGLangInstrumentor", "instrument_from_env", "sites", "version_verdict"]
 
 logger = logging.getLogger("cptrace_otel.sglang")
 
@@ -70,8 +72,11 @@ class SGLangInstrumentor(BaseInstrumentor):
     """``SGLangInstrumentor().instrument()`` adds the records; ``.uninstrument()`` removes every wrapper.
 
     Keyword arguments of :meth:`instrument`: ``exact`` (bool, default the ``CPTRACE_SGLANG_EXACT`` setting) and
-    ``cp_mode`` (the ``config`` record's ``mode`` when the attention CP group has more than one rank; default
-    ``sharded``, as SGLang's CP ranks hold different tokens' KV)."""
+    ``cp_mode`` (the ``config`` record's ``mode`` when the attention CP group has more than one rank; default the
+    ``CPTRACE_CP_MODE`` setting, else the mode SGLang's own server arguments give: stock prefill CP is
+    ``prefill_cp``, KV-cache sharding ``sharded``, DCP ``dcp``; :mod:`._cpmode`). A mode set here or in the
+    environment that disagrees with the derived one wins, with one warning; the ``config`` record says which mode,
+    who decided it (``mode_src``) and what it was derived from (``mode_why``)."""
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return (SUPPORTED,)
@@ -98,9 +103,12 @@ class SGLangInstrumentor(BaseInstrumentor):
         from ...model import config as _config
 
         exact = kwargs.get("exact")
+        env = _config.from_env()
         if exact is None:
-            exact = _config.from_env().sglang_exact
-        Recorder.configure(exact=bool(exact), cp_mode=str(kwargs.get("cp_mode") or "sharded"))
+            exact = env.sglang_exact
+        mode = _config.cp_mode_setting(kwargs.get("cp_mode"), "instrument(cp_mode)")
+        Recorder.configure(exact=bool(exact), cp_mode=mode or env.cp_mode,
+                           cp_mode_src="instrument" if mode else "CPTRACE_CP_MODE" if env.cp_mode else "")
         if cache_flavour() == "unified":
             python_tree_core()
         import wrapt

@@ -31,10 +31,11 @@ read; the records are the same.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
-from ..api import cptrace, khash, rng
 from ...model import semconv as sc
+from ..api import cptrace, khash, rng
 from ._state import arg, safe, state_of
 
 CONTROLLER = "sglang.srt.managers.cache_controller"
@@ -119,7 +120,7 @@ class Reads:
         return int(node.id)
 
     @staticmethod
-    def prefetch(cache: Any, op: Any) -> "tuple[int, Any] | None":
+    def prefetch(cache: Any, op: Any) -> tuple[int, Any] | None:
         """``(node id, host slots)`` of a prefetch that is still ``op``'s (its ``ongoing_prefetch`` entry), None
         when it is gone; host slots None while its pages are not allocated."""
         info = cache.ongoing_prefetch.get(op.request_id)

@@ -22,8 +22,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._l3_sites import (Reads, write_backup_storage_site, drain_site, hit_record, prefetch_insert_site,
-                        prefetch_result_site, tree_path, write_storage_site)
+from ._l3_sites import (
+    Reads,
+    drain_site,
+    hit_record,
+    prefetch_insert_site,
+    prefetch_result_site,
+    tree_path,
+    write_backup_storage_site,
+    write_storage_site,
+)
 from ._state import arg
 
 URC = "sglang.srt.mem_cache.unified_radix_cache"
@@ -40,7 +48,7 @@ class Reads23(Reads):
         return int(node)   # write_backup_storage(node_id)
 
     @staticmethod
-    def prefetch(cache: Any, op: Any) -> "tuple[int, Any] | None":
+    def prefetch(cache: Any, op: Any) -> tuple[int, Any] | None:
         info = cache.ongoing_prefetch.get(op.handle)
         if info is None or info.operation is not op:
             return None

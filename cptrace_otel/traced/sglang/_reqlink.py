@@ -52,7 +52,7 @@ def request_fields(req: Any) -> dict[str, str]:
             ctx = tc.__dict__.get("root_span_context")
             if ctx is None:
                 return {}
-            from opentelemetry import trace   # (SGLang imported it already: it is tracing)
+            from opentelemetry import trace  # (SGLang imported it already: it is tracing)
 
             span = trace.get_current_span(ctx)
         c = span.get_span_context()

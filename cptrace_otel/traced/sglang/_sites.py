@@ -12,7 +12,7 @@ from typing import Any
 from ..api import cptrace, rng, trace_level
 from ._l3_sites import L3_SITES
 from ._reqlink import note_node, request_fields
-from ._state import HIRADIX, aligned_key, arg, Load, tree_path, safe, state_of, State
+from ._state import HIRADIX, Load, State, aligned_key, arg, safe, state_of, tree_path
 
 CONTROLLER = "sglang.srt.managers.cache_controller"
 TOKEN_ALLOC = "sglang.srt.mem_cache.allocator.token"

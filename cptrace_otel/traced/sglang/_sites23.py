@@ -38,9 +38,19 @@ from __future__ import annotations
 from typing import Any
 
 from ..api import cptrace, rng, trace_level
-from ._sites import (HOST_POOL, PAGED_ALLOC, TOKEN_ALLOC, dev_free, free_nonempty, host_free, loading_check_site,
-                     on_split, reset_site, rid_map)
 from ._l3_sites23 import L3_BACKENDS, L3_SITES23
+from ._sites import (
+    HOST_POOL,
+    PAGED_ALLOC,
+    TOKEN_ALLOC,
+    dev_free,
+    free_nonempty,
+    host_free,
+    loading_check_site,
+    on_split,
+    reset_site,
+    rid_map,
+)
 from ._state import Load, State, arg, safe, state_of, warn_once
 
 URC = "sglang.srt.mem_cache.unified_radix_cache"
@@ -145,7 +155,7 @@ def sidecars(cache: Any) -> list[tuple[str, Any]]:
     return [(name, entries[pn].device_pool) for name, pn in sidecar_names(cache)]
 
 
-def _st(obj: Any) -> "State23 | None":
+def _st(obj: Any) -> State23 | None:
     st = state_of(obj)
     return st if isinstance(st, State23) else None
 

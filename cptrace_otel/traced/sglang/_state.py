@@ -13,8 +13,8 @@ import logging
 import threading
 from typing import Any
 
-from ..api import cptrace, khash, knz, rng, trace_level
 from ...model import semconv as sc
+from ..api import cptrace, khash, knz, rng, trace_level
 
 logger = logging.getLogger("cptrace_otel.sglang")
 
@@ -119,7 +119,7 @@ CACHE_CLASSES: list[type] = []   # the cache classes the instrumentor wrapped (H
 _MISSING = object()
 
 
-def state_of(obj: Any) -> "State | None":
+def state_of(obj: Any) -> State | None:
     """The state of ``obj`` when tracing is on and ``obj`` belongs to an instrumented cache.
 
     A cache built before ``instrument()`` has no state (it is attached when the cache is built): it is left
@@ -257,7 +257,11 @@ class State:
             pass
         cc = c.cache_controller
         host = self.host_pool()
-        cptrace(1, "config", cp_size=cp_size, cp_rank=cp_rank, mode=(Recorder.cp_mode if cp_size > 1 else "none"),
+        from ._cpmode import resolve
+
+        m = resolve(Recorder.cp_mode, Recorder.cp_mode_src, cp_size, safe(self.kv_pool), warn_once=warn_once)
+        mode = {"mode": m.mode} if m.mode else {}   # unknown: no mode (check lists the rules it needs as unchecked)
+        cptrace(1, "config", cp_size=cp_size, cp_rank=cp_rank, **mode, mode_src=m.src, mode_why=m.why,
                 page_size=self.page_size, policy=POLICY.get(cc.write_policy, cc.write_policy), level=trace_level(),
                 io_backend=getattr(cc, "io_backend", "?"), layout=getattr(host, "layout", "?"),
                 **({sc.SIDECARS: "+".join(n for n, _ in self.side)} if self.side else {}))
@@ -345,12 +349,14 @@ class Recorder:
     """Process-wide options of the instrumentation (set by :meth:`SGLangInstrumentor._instrument`)."""
 
     exact = False
-    cp_mode = "sharded"
+    cp_mode = ""          # a CP mode someone set ("": derived from SGLang's server arguments, ._cpmode)
+    cp_mode_src = ""      # who set it: "instrument" or "CPTRACE_CP_MODE"
 
     @classmethod
-    def configure(cls, exact: bool, cp_mode: str) -> None:
+    def configure(cls, exact: bool, cp_mode: str, cp_mode_src: str = "") -> None:
         cls.exact = exact
         cls.cp_mode = cp_mode
+        cls.cp_mode_src = cp_mode_src
 
 
 def _int(x: Any) -> Any:
