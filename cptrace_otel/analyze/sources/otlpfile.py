@@ -38,7 +38,14 @@ def _g(d: dict, camel: str, snake: str, default: Any = None) -> Any:
 
 def any_value(v: dict) -> Any:
     """Python value of an OTLP ``AnyValue`` in JSON form."""
-    if not isinstance(v, dict):
+    if type(v) is dict:   # the common shapes first: one string or one int value (one lookup each)
+        x = v.get("stringValue")
+        if x is not None:
+            return x
+        x = v.get("intValue")
+        if x is not None and len(v) == 1:
+            return int(x)
+    elif not isinstance(v, dict):
         return v
     for camel, snake in (("stringValue", "string_value"), ("intValue", "int_value"),
                          ("doubleValue", "double_value"), ("boolValue", "bool_value")):
