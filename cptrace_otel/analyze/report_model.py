@@ -17,7 +17,10 @@ A report is made of :class:`Panel` s, one per epoch (a run) or per epoch of one 
   records always drawn as marks (at most :data:`FINDINGS_SHOWN` findings, most severe first, or
   :data:`FINDINGS_DRAWN` in a summarised run: the page says how many more ``check --json`` lists).
 
-A run with at most ``full_limit`` records is drawn whole. A larger one is summarised: its epochs (at most
+A one-node report (``node``) is drawn from one pass over the run's records, holding what its panels draw and not
+the records (:class:`_NodeIndex`; bars and densities: :mod:`.report_bars`): its records one by one up to
+:data:`NODE_MARKS`, then densities; at most :data:`NODE_BARS` stage bars and as many holds per lane, the first and
+the last half. A run with at most ``full_limit`` records is drawn whole. A larger one is summarised: its epochs (at most
 :data:`MAX_PANELS`, those with findings first) as densities with every finding and its evidence, then the top nodes
 (by findings, then by activity: records that change a node's state, not reads such as ``rid_map`` or ``compose``)
 each in a panel of its own, and a table of the top nodes. Record times are the ``ts`` field (monotonic, one clock
@@ -355,7 +358,7 @@ class Builder:
     def _trace(self, epoch: int, node: int | None) -> tuple[str | None, str | None]:
         if self.run_id is None or node is None or node < 0:
             return None, None
-        from ..model.spans import node_trace_id
+        from ..model.trace_ids import node_trace_id
         tid = node_trace_id(self.run_id, epoch, node).hex()
         if not self.jaeger:
             return tid, None

@@ -2,18 +2,20 @@
 
 Contract:
 
-* Every :class:`~cptrace_otel.model.events.Event` fed to :meth:`SpanBuilder.add` becomes exactly one span event (name =
-tag,
-  timestamp = ``ev.ts``, attributes = typed fields + ``cptrace.seq`` / ``cptrace.epoch`` / ``cptrace.record.level``).
-* Trace ids are deterministic, so every rank process of a run puts a node's records into the same trace without any
-  context propagation: node trace ``blake2b(f"{run_id}|{epoch}|{node_id}")``, rank trace
-  ``blake2b(f"{run_id}|rank|{rank}")``, request trace ``blake2b(f"{run_id}|rid|{rid}")`` (16 bytes; 0 maps to 1).
+* Every :class:`~cptrace_otel.model.events.Event` fed to :meth:`SpanBuilder.add` becomes exactly one span event
+  (name = tag, timestamp = ``ev.ts``, attributes = typed fields + ``cptrace.seq`` / ``cptrace.epoch`` /
+  ``cptrace.record.level``).
+* Trace ids are deterministic (:mod:`cptrace_otel.model.trace_ids`), so every rank process of a run puts a node's
+  records into the same trace without any context propagation: node trace ``blake2b(f"{run_id}|{epoch}|{node_id}")``,
+  rank trace ``blake2b(f"{run_id}|rank|{rank}")``, request trace ``blake2b(f"{run_id}|rid|{rid}")`` (16 bytes; 0
+  maps to 1).
 * Lanes: in a node trace each rank's spans hang under that rank's **lane** span (``rank 3 · node``, kind
   ``hicache.node``), which also holds the node's structural records (insert, evict, split, free, rid_map, ...). The
-  first lane segment of (run, epoch, node, rank) is a root with the span id :func:`lane_span_id` (any process can
-  name it, e.g. the watcher writing cross-rank findings); a later segment of the same lane (the lane is cut like any
-  span, below) hashes the seq of its first record in and is a child of the first segment, which this process has
-  already sent. No span has a parent that another process must send, and the UI shows one top-level row per rank.
+  first lane segment of (run, epoch, node, rank) is a root with the span id :func:`.trace_ids.lane_span_id` (any
+  process can name it, e.g. the watcher writing cross-rank findings); a later segment of the same lane (the lane is
+  cut like any span, below) hashes the seq of its first record in and is a child of the first segment, which this
+  process has already sent. No span has a parent that another process must send, and the UI shows one top-level
+  row per rank.
 * Stage spans are children of the lane: ``rank 3 · d2h`` (``prepare`` .. ``ack dir=d2h``, holds ``backup``),
   ``rank 3 · h2d`` (``reload`` .. ``ack dir=h2d``), and the L3 tier's (:mod:`cptrace_otel.model.l3`)
   ``rank 3 · l3-backup`` (``l3_backup`` .. ``l3_ack dir=backup``) and ``rank 3 · l3-prefetch`` (``l3_prefetch`` ..
@@ -47,7 +49,6 @@ and tests are deterministic.
 
 from __future__ import annotations
 
-import hashlib
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -59,6 +60,7 @@ from .events import Event
 from .l3 import ACK as L3_ACK, BACKUP as L3_BACKUP, DIR_BACKUP, DIR_PREFETCH, HIT as L3_HIT, PREFETCH as L3_PREFETCH
 from .logline import render_value
 from .reqlink import FIELD as REQ_SPAN, link_request
+from .trace_ids import hashed_id, lane_span_id, node_trace_id, rank_trace_id, request_trace_id
 
 # violation_attributes: the one helper making the per-code violation keys (the watcher imports it from here)
 from .violations import STATUS_ERROR, stamp_findings, violation_attributes  # noqa: F401
@@ -93,38 +95,6 @@ _R_PLAIN, _R_OPEN, _R_BACKUP, _R_ACK, _R_RID_MAP, _R_L3_HIT, _R_FWD_HASH, _R_CAN
 _ROLE: dict[str, int] = {**{t: _R_OPEN for t in _OPEN_STAGE}, "backup": _R_BACKUP, "ack": _R_ACK, L3_ACK: _R_ACK,
                          "rid_map": _R_RID_MAP, L3_HIT: _R_L3_HIT, "fwd_hash": _R_FWD_HASH, CANARY_TAG: _R_CANARY,
                          "reset": _R_RESET}
-
-_DIGEST = hashlib.blake2b
-
-
-def hashed_id(text: str, size: int) -> bytes:
-    """The ``size``-byte id (trace id 16, span id 8) of ``text``: blake2b, never all zero (invalid in OTLP). Every
-    trace and span id of the model is one of these, so any process can name a span without coordination."""
-    d = _DIGEST(text.encode("utf-8", "replace"), digest_size=size).digest()
-    return d if any(d) else (b"\x00" * (size - 1) + b"\x01")  # all-zero ids are invalid in OTLP
-
-
-def node_trace_id(run_id: str, epoch: int, node_id: int) -> bytes:
-    """Trace id of one node lineage: identical in every rank process of the run."""
-    return hashed_id(f"{run_id}|{epoch}|{node_id}", 16)
-
-
-def rank_trace_id(run_id: str, rank: int) -> bytes:
-    """Trace id holding a rank's records that belong to no node (config, reset, free of unowned slots, ...)."""
-    return hashed_id(f"{run_id}|rank|{rank}", 16)
-
-
-def request_trace_id(run_id: str, rid: str) -> bytes:
-    """Trace id of one request (``fwd_hash`` records; links to the node traces named by ``rid_map``)."""
-    return hashed_id(f"{run_id}|rid|{rid}", 16)
-
-
-def lane_span_id(run_id: str, epoch: int, node_id: int, rank: int, segment_seq: int | None = None) -> bytes:
-    """Span id of ``rank``'s lane in the node trace ``(run_id, epoch, node_id)``: the first segment (``segment_seq``
-    None) is computable by any process; a later segment hashes the seq of its first record in."""
-    tail = "" if segment_seq is None else f"|{segment_seq}"
-    return hashed_id(f"{run_id}|{epoch}|{node_id}|lane|{rank}{tail}", 8)
-
 
 class Span:
     """One finished (or open) span, in the shape the OTLP encoders need. ``parent`` is the parent span id (b"" for
