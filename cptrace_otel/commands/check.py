@@ -34,7 +34,7 @@ from typing import Any, NamedTuple, TextIO
 
 from ..analyze.check_output import CHECK_PREFIX as _PFX
 from ..model.exits import EXIT_UNREADABLE, EXIT_USAGE, CptraceError
-from . import add_progress_flags
+from . import add_progress_flags, fewer_collections
 
 NO_RUN_ID = "(no run id)"   # the start of the name of a run whose records carry no run id (log files)
 
@@ -111,18 +111,11 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
     if level is not None and level not in (1, 2, 3):
         print(f"{_PFX}: --level must be 1, 2 or 3, not {level}", file=err)
         return EXIT_USAGE
-    import gc
-    # The analysis allocates a few short-lived containers per event and keeps little: collect the young generation
-    # less often (the default, every 700 allocations, costs several percent of a check).
-    old_threshold = gc.get_threshold()
-    gc.set_threshold(50_000, 20, 20)
-    try:
+    with fewer_collections():
         if jaeger is not None:
             from ..analyze.check_jaeger import run_jaeger
             return run_jaeger(args, level, out, err)
         return _run(args, paths, level, out, err)
-    finally:
-        gc.set_threshold(*old_threshold)
 
 
 def _run(args: Any, paths: list[str], level: int | None, out: TextIO, err: TextIO) -> int:

@@ -24,7 +24,7 @@ import time
 from typing import Any, TextIO
 
 from ..model.exits import EXIT_FINDINGS, EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE
-from . import add_progress_flags
+from . import add_progress_flags, fewer_collections
 
 DEFAULT_OUT = os.path.join("cptrace-out", "report.html")
 
@@ -76,13 +76,14 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
     t_start = time.perf_counter()
     from .check import SourceError, analyze_sources
 
-    try:
-        res, run_id, groups = analyze_sources(args, paths, level, err, keep=True, pfx="cptrace-otel report")[:3]
-    except SourceError as e:
-        return e.exit_code
-    page, models = build_page(res, run_id, groups, paths, node=node, epoch=epoch,
-                              jaeger_url=getattr(args, "jaeger_url", None),
-                              full_limit=getattr(args, "max_records", None), top=getattr(args, "top", None))
+    with fewer_collections():
+        try:
+            res, run_id, groups = analyze_sources(args, paths, level, err, keep=True, pfx="cptrace-otel report")[:3]
+        except SourceError as e:
+            return e.exit_code
+        page, models = build_page(res, run_id, groups, paths, node=node, epoch=epoch,
+                                  jaeger_url=getattr(args, "jaeger_url", None),
+                                  full_limit=getattr(args, "max_records", None), top=getattr(args, "top", None))
     if node is not None and not any(m.panels for m in models):
         where = f"epoch {epoch}" if epoch is not None else "any epoch"
         print(f"cptrace-otel report: node {node} has no record in {where} of the sources", file=err)

@@ -433,9 +433,12 @@ class SpanBuilder:
         continuations), as after a timeout."""
         opened = self._open
         low_open, low_held = MAX_OPEN * 3 // 4, MAX_HELD * 3 // 4
-        while opened and (len(opened) > low_open or self._held > low_held):
-            sp = next(iter(opened.values()))
-            self._close(sp.lane if sp.lane is not None else sp, "bound")
+        # oldest first, from one copy (taking a dict's first item after each delete walks the deleted ones)
+        for sp in list(opened.values()):
+            if len(opened) <= low_open and self._held <= low_held:
+                break
+            if opened.get(sp.key) is sp:   # not closed with its lane already
+                self._close(sp.lane if sp.lane is not None else sp, "bound")
 
     def _remember_prefetch(self, rank: int, op: Any, sp: Span) -> None:
         """The span of rank's L3 prefetch ``op``, for the link from the ``l3_hit`` that later uses its pages."""
