@@ -66,6 +66,32 @@ def one_node_log(path: str, n: int) -> None:
         fh.writelines(lines)
 
 
+def dense_log(path: str, n: int, nodes: int = 20_000) -> None:
+    """``n`` records on rank 0 all within ``n`` ns (1 ns apart: far inside any span timeout) of ``nodes`` nodes: each
+    node's insert, then its request's ``rid_map`` (a request span of its own per node) over and over, node after
+    node. The structure (nodes, requests) is fixed, the volume grows: what a replay holds open grows with the records
+    unless it is bounded otherwise than by time."""
+    from check_throughput import _r
+
+    ts = 1_000_000_000
+    with open(path, "w") as fh:
+        fh.write(f"[2026-07-18 03:03:06 ATTN_CP0 TP0] [CPTRACE config] cp_size=1 cp_rank=0 mode=replicated "
+                 f"page_size=16 policy=wt level=2 rank=0 ts={ts}\n")
+        lines = []
+        for i in range(n - 1):
+            node = 2 + i % nodes
+            if i < nodes:
+                body = f"insert] node_id={node} parent=0 len=64 dev={_r((i % 4096) * 64, 64)} kind=new"
+            else:
+                body = f"rid_map] rid=q{node} node_id={node} hit=dev dlen=64 hlen=0"
+            ts += 1
+            lines.append(f"[2026-07-18 03:03:06 ATTN_CP0 TP0] [CPTRACE {body} rank=0 ts={ts}\n")
+            if len(lines) >= 10_000:
+                fh.writelines(lines)
+                lines.clear()
+        fh.writelines(lines)
+
+
 def _any(v: object) -> dict:
     if type(v) is int:
         return {"intValue": str(v)}
@@ -142,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
         n = write_otlp(log, otlp, a.per_line)
         print(f"inputs: {n} records; log {os.path.getsize(log) >> 20} MiB, OTLP JSON {os.path.getsize(otlp) >> 20} MiB"
               f" in {tmp}")
+    dense = os.path.join(tmp, f"dense-{a.events}.log")
+    if not os.path.exists(dense) and (not a.only or "ingest-dense" in a.only):
+        dense_log(dense, a.events)
     out = os.path.join(tmp, "out")
     rows = {
         "check-otlp": ["check", otlp],
@@ -149,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         "report-otlp": ["report", "--node", str(a.node), "-o", out + ".html", otlp],
         "report-log": ["report", "--node", str(a.node), "-o", out + ".html", log],
         "ingest-log": ["ingest", "--file", out + ".jsonl", "--no-progress", log],
+        "ingest-dense": ["ingest", "--file", out + ".jsonl", "--no-progress", dense],
     }
     print(f"{'command':<12}" + "".join(f" | {name + ' MiB'} {name + ' s'} {'rc':>7}" for name, _ in trees))
     for row, args in rows.items():

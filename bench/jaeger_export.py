@@ -142,7 +142,7 @@ def child_sdk(n_events: int, run_id: str, queue: int, preconverted: bool = False
     from cptrace_otel.model.attrs import fields_to_attributes
     from cptrace_otel.model.config import from_env
     from cptrace_otel.model.logline import parse_value
-    from cptrace_otel.model.spans import node_trace_id
+    from cptrace_otel.model.trace_ids import node_trace_id
 
     class NodeIds(RandomIdGenerator):
         trace_id = 1
@@ -228,7 +228,7 @@ def run_child(kind: str, n_events: int, run_id: str, service: str, args: argpars
 
 def count_in_jaeger(query: str, run_id: str, nodes: int, batch: int = 40) -> tuple[int, int]:
     """(record events, traces found) for the node traces of ``run_id`` as Jaeger's /api/traces returns them."""
-    from cptrace_otel.model.spans import node_trace_id
+    from cptrace_otel.model.trace_ids import node_trace_id
 
     ids = [node_trace_id(run_id, 0, n).hex() for n in range(1, nodes + 1)]
     events = found = 0

@@ -20,8 +20,9 @@ from ..model.exits import EXIT_FINDINGS, EXIT_INCOMPLETE, EXIT_OK
 
 
 def node_trace_id(run_id: str, epoch: int, node_id: int) -> str:
-    """Hex trace id of a node lineage, as the exporter assigns it (:func:`cptrace_otel.model.spans.node_trace_id`)."""
-    from ..model.spans import node_trace_id as raw
+    """Hex trace id of a node lineage, as the exporter assigns it
+    (:func:`cptrace_otel.model.trace_ids.node_trace_id`)."""
+    from ..model.trace_ids import node_trace_id as raw
 
     return raw(run_id, epoch, node_id).hex()
 

@@ -175,14 +175,14 @@ class Runs:
         return Result(self.findings, list(self.unchecked.values()), stats, self.localization, dict(self.links))
 
 
-def analyze_traces(level: int | None, docs: Any, err: TextIO, keep: Any = None, runs: Runs | None = None) -> Result:
+def analyze_traces(level: int | None, docs: Any, err: TextIO, runs: Runs | None = None) -> Result:
     """Every run of trace documents (OTLP files, Jaeger; ``docs``: :class:`~.sources.tracedocs.TraceDocs`), one
     :class:`Analysis` each, one run after the other (a run's state is dropped once it is finished), folded by
     :class:`Runs`: every rule, per-rank and cross-rank, judges one run. Per-rank levels and sampled ranks come from
     each run's resources. When several streams are read and some have an unknown rank, says ``N streams with an
     unknown rank: cross-rank rules not run`` on ``err``, runs only the per-rank rules and puts N in
-    ``stats["unknown_rank_streams"]`` (``check`` then exits 4 unless something was found). ``keep(run, events)``,
-    when given, wraps each run's events (the report keeps them); ``runs``, when given, is the fold to add to."""
+    ``stats["unknown_rank_streams"]`` (``check`` then exits 4 unless something was found). ``runs``, when given, is
+    the fold to add to."""
     info = docs.info
     unknown = info.unknown_rank_streams() if len(info.streams) > 1 else 0
     if unknown:
@@ -193,7 +193,7 @@ def analyze_traces(level: int | None, docs: Any, err: TextIO, keep: Any = None, 
         an = Analysis(level, info.run_levels.get(run), sampled=info.run_sampled.get(run))
         if unknown:
             an.cross.disabled = True
-        runs.add(run, an.run(keep(run, events) if keep is not None else events))
+        runs.add(run, an.run(events))
     res = runs.result()
     res.stats.pop("unknown_rank_streams", None)
     if unknown:

@@ -160,14 +160,14 @@ def rid_search_url(base: str, rid: str, run_id: str | None = None, service: str 
 
 def node_trace_url(base: str, run_id: str, epoch: int, node_id: int) -> str:
     """The trace page of one node lineage, from the deterministic trace id
-    (:func:`cptrace_otel.model.spans.node_trace_id`)."""
-    from ..model.spans import node_trace_id
+    (:func:`cptrace_otel.model.trace_ids.node_trace_id`)."""
+    from ..model.trace_ids import node_trace_id
 
     return trace_url(base, node_trace_id(run_id, epoch, node_id))
 
 
 def request_trace_url(base: str, run_id: str, rid: str) -> str:
     """The trace page of one request (``fwd_hash`` records, links to the node traces its ``rid_map`` named)."""
-    from ..model.spans import request_trace_id
+    from ..model.trace_ids import request_trace_id
 
     return trace_url(base, request_trace_id(run_id, rid))

@@ -17,7 +17,10 @@ A report is made of :class:`Panel` s, one per epoch (a run) or per epoch of one 
   records always drawn as marks (at most :data:`FINDINGS_SHOWN` findings, most severe first, or
   :data:`FINDINGS_DRAWN` in a summarised run: the page says how many more ``check --json`` lists).
 
-A run with at most ``full_limit`` records is drawn whole. A larger one is summarised: its epochs (at most
+A one-node report (``node``) is drawn from one pass over the run's records, holding what its panels draw and not
+the records (:class:`_NodeIndex`; bars and densities: :mod:`.report_bars`): its records one by one up to
+:data:`NODE_MARKS`, then densities; at most :data:`NODE_BARS` stage bars and as many holds per lane, the first and
+the last half. A run with at most ``full_limit`` records is drawn whole. A larger one is summarised: its epochs (at most
 :data:`MAX_PANELS`, those with findings first) as densities with every finding and its evidence, then the top nodes
 (by findings, then by activity: records that change a node's state, not reads such as ``rid_map`` or ``compose``)
 each in a panel of its own, and a table of the top nodes. Record times are the ``ts`` field (monotonic, one clock
@@ -31,49 +34,20 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..model.events import Event
-from ..model.l3 import ACK as L3_ACK, BACKUP as L3_BACKUP, DIR_BACKUP, DIR_PREFETCH, PREFETCH as L3_PREFETCH
+from ..model.l3 import ACK as L3_ACK
+from .report_bars import Bar, Hist, Holds, Kept, Stages, density, holds, nodes_of, rec_ts, stage_bars
 
 FULL_LIMIT = 5000        # a run with at most this many records is drawn whole
 TOP_NODES = 12           # node panels in a summarised run
 NODE_MARKS = 1500        # a node panel with more records than this draws densities
 MAX_PANELS = 8           # epoch panels in a summarised run
-BUCKETS = 240            # density buckets per lane
+NODE_BARS = 2000         # bars a lane of a node panel draws at most (the first and the last half)
+SETTLE_EVERY = 1024      # records of a lane between two settlings of its stage bars (a one-node report)
 TABLE_ROWS = 40          # rows of the top-nodes table
 TRACE_MAP_MAX = 20000    # nodes whose trace id the report can resolve (#trace=<hex>)
 FINDINGS_SHOWN = 1000    # findings listed and drawn (most severe first) ...
 FINDINGS_DRAWN = 300     # ... in a summarised run
 _READS = frozenset(("rid_map", "compose", "store", "fwd_hash"))   # records that do not change a node
-
-
-def rec_ts(ev: Event) -> int:
-    """The time a record is drawn at: its ``ts`` field when it is an int, else the event's time."""
-    t = ev.fields.get("ts")
-    return t if type(t) is int else ev.ts
-
-
-def nodes_of(ev: Event) -> set[int]:
-    """Node ids a record is about: ``node_id``, ``new_id`` (split), the ``chain`` of a reload, ``pub`` of an ack."""
-    f = ev.fields
-    out = set()
-    for k in ("node_id", "new_id"):
-        v = f.get(k)
-        if type(v) is int and v >= 0:
-            out.add(v)
-    for k in ("chain", "pub"):
-        v = f.get(k)
-        if isinstance(v, list):
-            out.update(x for x in v if type(x) is int and x >= 0)
-    return out
-
-
-@dataclasses.dataclass
-class Bar:
-    kind: str                  # d2h, h2d, l3b, l3p, dev, host
-    start: int                 # ts
-    end: int | None            # ts of the closing record; None: open
-    op: int | None = None
-    nodes: set[int] = dataclasses.field(default_factory=set)
-    seqs: list[int] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -207,117 +181,155 @@ class _Index:
             self._bars[k] = stage_bars(self.lanes.get(epoch, {}).get(rank, []))
         return self._bars[k]
 
+    def node_ranks(self, key: tuple[int, int]) -> list[int]:
+        return sorted({ev.rank for ev in self.node_events[key]})
 
-_L3_OPEN: dict[str, str] = {L3_BACKUP: "l3b", L3_PREFETCH: "l3p"}   # the record opening an L3 bar -> its kind
-_L3_DIR: dict[Any, str] = {DIR_BACKUP: "l3b", DIR_PREFETCH: "l3p"}   # the dir of the l3_ack closing it
+    def node_lanes(self, epoch: int, node: int) -> dict[int, _NodeLane]:
+        """The lanes of ``node``'s panel in ``epoch``, one per rank with a record of it."""
+        out: dict[int, _NodeLane] = {}
+        for ev in self.node_events.get((epoch, node), ()):
+            nl = out.get(ev.rank)
+            if nl is None:
+                nl = out[ev.rank] = _NodeLane(node)
+            nl.note(ev)
+        for r, nl in out.items():
+            if r in self.acks:
+                nl.bars.extend(b for b in self.bars(epoch, r) if node in b.nodes)
+            nl.bars.extend(holds(nl.events or (), node))
+        return out
 
 
-def stage_bars(events: Iterable[Event]) -> list[Bar]:
-    """The d2h, h2d and L3 stage instances of one rank's records of one epoch, in start order.
+class _NodeLane:
+    """What one rank's lane of a node panel draws: the node's records (``events`` while they are few enough to be
+    drawn one by one, else None), their times (``hist``, ``lo``..``hi``) and the bars with the node in them."""
 
-    A d2h instance is one node's write: its ``prepare`` (op P), the ``backup`` of that node (op P, or the merged op
-    M that carried it: SGLang's ``merge_ops`` gives a merged write a new id) and the ``ack dir=d2h`` of that node
-    with op P or M. An h2d instance is one ``reload`` op: the ``ack dir=h2d`` records of the op (one per node)
-    close it, the last one ending the bar. ``Bar.op`` is the prepare's (reload's) op. The L3 tier's
-    (:mod:`cptrace_otel.model.l3`): ``l3b`` from an ``l3_backup`` to the ``l3_ack dir=backup`` of its op, ``l3p``
-    from an ``l3_prefetch`` to the ``l3_ack dir=prefetch`` of its op."""
-    d2h: dict[int, Bar] = {}                 # node -> its open write
-    d2h_ops: dict[int, set] = {}             # node -> the ops its open write is known by
-    h2d: dict[Any, Bar] = {}                 # op -> its reload
-    l3: dict[tuple, Bar] = {}                # (kind, op) -> its open L3 transfer
-    out: list[Bar] = []
-    for ev in events:
-        tag, f = ev.tag, ev.fields
-        if tag in _L3_OPEN or tag == L3_ACK:
-            kind = _L3_OPEN.get(tag) or _L3_DIR.get(f.get("dir"))
-            op = f.get("op")
-            if kind is None:
-                continue
-            if tag != L3_ACK:
-                lb = l3[(kind, op)] = Bar(kind, rec_ts(ev), None, op if type(op) is int else None, nodes_of(ev),
-                                          [ev.seq])
-                out.append(lb)
+    __slots__ = ("bars", "dropped", "events", "hi", "hist", "lo", "records")
+
+    def __init__(self, node: int) -> None:
+        self.records, self.dropped = 0, 0
+        self.events: list[Event] | None = []
+        self.hist: Hist | None = None
+        self.lo: int | None = None
+        self.hi: int | None = None
+        self.bars: list[Bar] = []
+
+    def note(self, ev: Event, keep: bool = True) -> None:
+        """One of the node's records: counted, its time noted, and kept while ``keep`` (else its time goes to the
+        histogram, as do those of the records kept so far)."""
+        t = rec_ts(ev)
+        self.records += 1
+        self.lo = t if self.lo is None or t < self.lo else self.lo
+        self.hi = t if self.hi is None or t > self.hi else self.hi
+        if keep and self.events is not None:
+            self.events.append(ev)
+            return
+        self.to_hist()
+        self.hist.add(t)  # type: ignore[union-attr]
+
+    def to_hist(self) -> None:
+        """Count the kept records' times in a histogram and drop them (too many to draw one by one)."""
+        if self.hist is None:
+            self.hist = Hist()
+            for kept in self.events or ():
+                self.hist.add(rec_ts(kept))
+            self.events = None
+
+    def density(self, t0: int, t1: int) -> list[tuple[int, int]]:
+        if self.events is not None:
+            return density((rec_ts(ev) for ev in self.events), t0, t1)
+        return self.hist.density(t0, t1) if self.hist is not None else []
+
+
+class _Feed:
+    """One (epoch, rank) lane of a one-node report as it is fed: the node's lane, the lane's stage bars (settled
+    into ``stages`` when there are ``due`` of them) and the node's holds."""
+
+    __slots__ = ("due", "holds", "lane", "stages", "st")
+
+    def __init__(self, node: int) -> None:
+        self.lane, self.st, self.holds = _NodeLane(node), Stages(), Holds(node, Kept(NODE_BARS))
+        self.stages, self.due = Kept(NODE_BARS), SETTLE_EVERY
+
+
+class _NodeIndex:
+    """One pass over a group's events for the panels of one ``node`` (every epoch, or ``epoch``), keeping what they
+    draw and not the records: per (epoch, rank) the span of the lane, its stage bars as they settle (those with the
+    node in them, at most :data:`NODE_BARS`: :class:`.report_bars.Kept`), the node's holds and records (one by one up
+    to :data:`NODE_MARKS` in the epoch, then a :class:`.report_bars.Hist`), and the findings' evidence records. Its
+    memory follows the run's structure (ranks, epochs, operations in flight), not the number of its records."""
+
+    def __init__(self, events: Iterable[Event], findings: list, node: int, epoch: int | None) -> None:
+        want = {(f.rank, s) for f in findings for s in f.evidence}
+        self.node, self.count = node, 0
+        self.ranks: set[int] = set()
+        self.acks: set[int] = set()
+        self.evidence: dict[tuple[int, int], Event] = {}
+        self.activity: dict[tuple[int, int], list[int]] = {}
+        self._ends: dict[tuple[int, int], list[int]] = {}   # (epoch, rank) -> [first ts, last ts]
+        self._feeds: dict[tuple[int, int], _Feed] = {}
+        total: dict[int, int] = {}                          # epoch -> the node's records
+        for ev in events:
+            self.count += 1
+            r, e = ev.rank, ev.epoch
+            t = rec_ts(ev)
+            ends = self._ends.get((e, r))
+            if ends is None:
+                self._ends[(e, r)] = [t, t]
+                self.ranks.add(r)
             else:
-                ob = l3.pop((kind, op), None)
-                if ob is not None:
-                    ob.seqs.append(ev.seq)
-                    ob.end = rec_ts(ev)
-            continue
-        if tag == "prepare" or tag == "backup":
-            n, op = f.get("node_id"), f.get("op")
-            b = d2h.get(n)  # type: ignore[arg-type]
-            if b is None or tag == "prepare":
-                b = d2h[n] = Bar("d2h", rec_ts(ev), None, op if type(op) is int else None)  # type: ignore[index]
-                d2h_ops[n] = set()  # type: ignore[index]
-                out.append(b)
-            d2h_ops[n].add(op)  # type: ignore[index]
-            b.nodes |= nodes_of(ev)
-            b.seqs.append(ev.seq)
-        elif tag == "reload":
-            op = f.get("op")
-            b = h2d[op] = Bar("h2d", rec_ts(ev), None, op if type(op) is int else None, nodes_of(ev), [ev.seq])
-            out.append(b)
-        elif tag == "ack":
-            op, n = f.get("op"), f.get("node_id")
-            if f.get("dir") == "d2h":
-                b = d2h.get(n)  # type: ignore[arg-type]
-                if b is None or op not in d2h_ops[n]:  # type: ignore[index]
-                    continue
-                del d2h[n]  # type: ignore[arg-type]
-            elif f.get("dir") == "h2d":
-                b = h2d.get(op)
-                if b is None:
-                    continue
-            else:
+                ends[1] = t
+            if ev.tag == "ack" or ev.tag == L3_ACK:
+                self.acks.add(r)
+            if want and (r, ev.seq) in want:
+                self.evidence[(r, ev.seq)] = ev
+            if epoch is not None and e != epoch:
                 continue
-            b.nodes |= nodes_of(ev)
-            b.seqs.append(ev.seq)
-            b.end = rec_ts(ev)
-    return out
+            fd = self._feeds.get((e, r))
+            if fd is None:
+                fd = self._feeds[(e, r)] = _Feed(node)
+            fd.st.add(ev)
+            fd.holds.add(ev)
+            if node in nodes_of(ev):
+                a = self.activity.get((e, node))
+                if a is None:
+                    a = self.activity[(e, node)] = [0, 0]
+                a[0] += 1
+                if ev.tag not in _READS:
+                    a[1] += 1
+                n = total[e] = total.get(e, 0) + 1
+                if n == NODE_MARKS + 1:   # too many to draw one by one: every lane of the epoch draws densities
+                    for (le, _r), other in self._feeds.items():
+                        if le == e:
+                            other.lane.to_hist()
+                fd.lane.note(ev, keep=n <= NODE_MARKS)
+            if len(fd.st.out) >= fd.due:
+                fd.st.settle(node, fd.stages)
+                fd.due = max(SETTLE_EVERY, 2 * len(fd.st.out))   # (bars still open stay: settle less often)
+        for fd in self._feeds.values():   # the end: every bar is as it will stay
+            fd.st.settle(node, fd.stages)
+            for b in fd.st.out:
+                if node in b.nodes:
+                    fd.stages.add(b)
+            fd.st.out = []
 
+    def span(self, epoch: int) -> tuple[int, int]:
+        ts = [t for (e, _r), ends in self._ends.items() if e == epoch for t in ends]
+        return (min(ts), max(ts)) if ts else (0, 1)
 
-def holds(events: Iterable[Event], node: int) -> list[Bar]:
-    """The device and host holds of ``node`` in one rank's records of one epoch (see the module docstring)."""
-    cur: dict[str, Bar | None] = {"dev": None, "host": None}
-    out: list[Bar] = []
+    def node_ranks(self, key: tuple[int, int]) -> list[int]:
+        return sorted(r for (e, r), fd in self._feeds.items() if e == key[0] and fd.lane.records)
 
-    def start(kind: str, ev: Event) -> None:
-        if cur[kind] is None:
-            b = cur[kind] = Bar(kind, rec_ts(ev), None, None, {node})
-            out.append(b)
-        cur[kind].seqs.append(ev.seq)   # type: ignore[union-attr]
-
-    def end(kind: str, ev: Event) -> None:
-        b = cur[kind]
-        if b is not None:
-            b.end = rec_ts(ev)
-            b.seqs.append(ev.seq)
-            cur[kind] = None
-
-    for ev in events:
-        tag, f = ev.tag, ev.fields
-        nid = f.get("node_id")
-        in_chain = tag == "reload" and isinstance(f.get("chain"), list) and node in f["chain"]
-        if (tag == "insert" and nid == node) or in_chain:
-            start("dev", ev)
-        elif tag == "split" and f.get("new_id") == node:
-            start("dev", ev)
-            if not isinstance(f.get("host_p"), str):   # "(none)": the prefix was not backed up
-                start("host", ev)
-        elif tag == "prepare" and nid == node:
-            start("host", ev)
-        elif tag == "evict" and nid == node:
-            end("dev" if f.get("tier") == "dev" else "host", ev)
-    return out
-
-
-def _density(events: list[Event], t0: int, t1: int) -> list[tuple[int, int]]:
-    width = max(1, t1 - t0)
-    counts: dict[int, int] = {}
-    for ev in events:
-        b = min(BUCKETS - 1, max(0, (rec_ts(ev) - t0) * BUCKETS // width))
-        counts[b] = counts.get(b, 0) + 1
-    return sorted(counts.items())
+    def node_lanes(self, epoch: int, node: int) -> dict[int, _NodeLane]:
+        out: dict[int, _NodeLane] = {}
+        for (e, r), fd in self._feeds.items():
+            if e != epoch or not fd.lane.records:
+                continue
+            hk: Kept = fd.holds.out
+            stages = r in self.acks
+            fd.lane.bars = (sorted(fd.stages.bars(), key=lambda b: b.start) if stages else []) + hk.bars()
+            fd.lane.dropped = (fd.stages.dropped if stages else 0) + hk.dropped
+            out[r] = fd.lane
+        return out
 
 
 def _without_userinfo(url: str | None) -> str | None:
@@ -346,7 +358,7 @@ class Builder:
     def _trace(self, epoch: int, node: int | None) -> tuple[str | None, str | None]:
         if self.run_id is None or node is None or node < 0:
             return None, None
-        from ..model.spans import node_trace_id
+        from ..model.trace_ids import node_trace_id
         tid = node_trace_id(self.run_id, epoch, node).hex()
         if not self.jaeger:
             return tid, None
@@ -371,15 +383,22 @@ class Builder:
         return links.search_url(self.jaeger, tags=tags, lookback="2d")
 
     # -- the model ------------------------------------------------------------------------------------------------
-    def build(self, events: list[Event], findings: list, title: str, node: int | None = None,
+    def build(self, events: Iterable[Event], findings: list, title: str, node: int | None = None,
               epoch: int | None = None) -> Model:
         """The model of ``events`` and their ``findings`` (most severe first, as the analysis sorts them): the run,
-        or with ``node`` that node (every epoch, or ``epoch``) and its findings only."""
+        or with ``node`` that node (every epoch, or ``epoch``) and its findings only. ``events`` is read once; for
+        a node, record by record (:class:`_NodeIndex`: what is held follows the run's structure, not its size)."""
+        ix: _Index | _NodeIndex
         if node is not None:
             findings = [f for f in findings if f.node_id == node and (epoch is None or f.epoch == epoch)]
-        summarised = node is None and len(events) > self.full_limit
-        shown = findings[:FINDINGS_DRAWN if summarised else FINDINGS_SHOWN]
-        ix = _Index(events, shown)
+            shown = findings[:FINDINGS_SHOWN]
+            ix = _NodeIndex(events, shown, node, epoch)
+            summarised, count = False, ix.count
+        else:
+            events = events if isinstance(events, list) else list(events)
+            summarised, count = len(events) > self.full_limit, len(events)
+            shown = findings[:FINDINGS_DRAWN if summarised else FINDINGS_SHOWN]
+            ix = _Index(events, shown)
         placed = [self._place(f, ix) for f in shown]
         notes: list[str] = []
         if len(shown) < len(findings):
@@ -390,31 +409,11 @@ class Builder:
         if node is not None:
             nodes = [r for r in nodes if r.node == node and (epoch is None or r.epoch == epoch)]
         panels: list[Panel] = []
-        if node is not None:
-            epochs = [e for e in sorted(ix.lanes) if (e, node) in ix.activity and (epoch is None or e == epoch)]
-            for e in epochs:
-                panels.append(self._node_panel(ix, placed, e, node, ranks))
-        elif not summarised:
-            for e in sorted(ix.lanes):
-                panels.append(self._epoch_panel(ix, placed, e, ranks, full=True))
+        if isinstance(ix, _NodeIndex):
+            for e in sorted(e for e, n in ix.activity if n == node):
+                panels.append(self._node_panel(ix, placed, e, ix.node, ranks))
         else:
-            fcount: dict[int, int] = {}
-            for f in findings:
-                fcount[f.epoch] = fcount.get(f.epoch, 0) + 1
-            chosen = sorted(ix.lanes, key=lambda e: (-fcount.get(e, 0), -sum(map(len, ix.lanes[e].values())), e))
-            chosen = sorted(chosen[:MAX_PANELS])
-            if len(ix.lanes) > len(chosen):
-                notes.append(f"{len(ix.lanes) - len(chosen)} of {len(ix.lanes)} epochs not drawn (those with the "
-                             "fewest findings, then records)")
-            for e in chosen:
-                panels.append(self._epoch_panel(ix, placed, e, ranks, full=False))
-            for row in nodes[:self.top]:
-                p = self._node_panel(ix, placed, row.epoch, row.node, ranks)
-                row.panel = p.pid
-                panels.append(p)
-            notes.append(f"{len(events)} records: more than {self.full_limit}, so the run is summarised (densities "
-                         f"per rank, every finding and its evidence, then the top {min(self.top, len(nodes))} nodes "
-                         "by findings and activity); draw one node with --node N [--epoch E]")
+            panels += self._run_panels(ix, placed, findings, nodes, ranks, summarised, count, notes)
         if not (ix.acks >= ix.ranks):
             notes.append("no ack records on rank(s) " + ", ".join(map(str, sorted(ix.ranks - ix.acks)))
                          + " (trace level 1): no d2h/h2d stage bars there")
@@ -428,17 +427,44 @@ class Builder:
         codes: dict[str, int] = {}
         for f in findings:
             codes[f.code] = codes.get(f.code, 0) + 1
-        return Model(title, self.run_id, ranks, len(events), summarised, panels, placed,
+        return Model(title, self.run_id, ranks, count, summarised, panels, placed,
                      nodes[:TABLE_ROWS], trace_map, notes, codes)
 
-    def _place(self, f: Any, ix: _Index) -> PlacedFinding:
+    def _run_panels(self, ix: _Index, placed: list[PlacedFinding], findings: list, nodes: list[NodeRow],
+                    ranks: list[int], summarised: bool, count: int, notes: list[str]) -> list[Panel]:
+        """A run's panels: every epoch drawn whole, or summarised (densities, then the top nodes)."""
+        panels: list[Panel] = []
+        if not summarised:
+            for e in sorted(ix.lanes):
+                panels.append(self._epoch_panel(ix, placed, e, ranks, full=True))
+            return panels
+        fcount: dict[int, int] = {}
+        for f in findings:
+            fcount[f.epoch] = fcount.get(f.epoch, 0) + 1
+        chosen = sorted(ix.lanes, key=lambda e: (-fcount.get(e, 0), -sum(map(len, ix.lanes[e].values())), e))
+        chosen = sorted(chosen[:MAX_PANELS])
+        if len(ix.lanes) > len(chosen):
+            notes.append(f"{len(ix.lanes) - len(chosen)} of {len(ix.lanes)} epochs not drawn (those with the "
+                         "fewest findings, then records)")
+        for e in chosen:
+            panels.append(self._epoch_panel(ix, placed, e, ranks, full=False))
+        for row in nodes[:self.top]:
+            p = self._node_panel(ix, placed, row.epoch, row.node, ranks)
+            row.panel = p.pid
+            panels.append(p)
+        notes.append(f"{count} records: more than {self.full_limit}, so the run is summarised (densities "
+                     f"per rank, every finding and its evidence, then the top {min(self.top, len(nodes))} nodes "
+                     "by findings and activity); draw one node with --node N [--epoch E]")
+        return panels
+
+    def _place(self, f: Any, ix: _Index | _NodeIndex) -> PlacedFinding:
         evs = [ix.evidence[(f.rank, s)] for s in f.evidence if (f.rank, s) in ix.evidence]
         last = ix.evidence.get((f.rank, f.evidence[-1])) if f.evidence else None
         tid, url = self._trace(f.epoch, f.node_id)
         return PlacedFinding(f, rec_ts(last) if last is not None else None, [self.records.add(e) for e in evs],
                              tid, url)
 
-    def _node_rows(self, ix: _Index, findings: list) -> list[NodeRow]:
+    def _node_rows(self, ix: _Index | _NodeIndex, findings: list) -> list[NodeRow]:
         codes: dict[tuple[int, int], list[str]] = {}
         for f in findings:
             if isinstance(f.node_id, int):
@@ -447,7 +473,7 @@ class Builder:
         rows = []
         for k in keys[:max(TABLE_ROWS, self.top)]:
             tid, url = self._trace(*k)
-            rows.append(NodeRow(k[0], k[1], sorted({ev.rank for ev in ix.node_events[k]}), ix.activity[k][0],
+            rows.append(NodeRow(k[0], k[1], ix.node_ranks(k), ix.activity[k][0],
                                 ix.activity[k][1],
                                 sorted(set(codes.get(k, ()))), tid, url))
         return rows
@@ -464,38 +490,40 @@ class Builder:
                 lane.marks = [self.records.add(ev) for ev in evs]
                 lane.bars = [] if lane.no_acks else ix.bars(epoch, r)
             else:
-                lane.density = _density(evs, t0, t1)
+                lane.density = density((rec_ts(ev) for ev in evs), t0, t1)
                 lane.marks = sorted({m for i in fidx if placed[i].finding.rank == r for m in placed[i].evidence})
             lanes.append(lane)
         nrec = sum(len(x) for x in ix.lanes[epoch].values())
         return Panel(f"epoch-{epoch}", f"epoch {epoch}", epoch, None, t0, t1, lanes, fidx,
                      note=f"{nrec} records on {len(ix.lanes[epoch])} rank(s)")
 
-    def _node_panel(self, ix: _Index, placed: list[PlacedFinding], epoch: int, node: int,
+    def _node_panel(self, ix: _Index | _NodeIndex, placed: list[PlacedFinding], epoch: int, node: int,
                     ranks: list[int]) -> Panel:
         fidx = [i for i, p in enumerate(placed) if p.finding.epoch == epoch and p.finding.node_id == node]
-        per_rank: dict[int, list[Event]] = {r: [] for r in ranks}
-        for ev in ix.node_events.get((epoch, node), ()):
-            per_rank[ev.rank].append(ev)
-        bars = {r: ([] if r not in ix.acks else [b for b in ix.bars(epoch, r) if node in b.nodes])
-                + holds(per_rank[r], node) for r in ranks}
-        ts = [rec_ts(ev) for lst in per_rank.values() for ev in lst]
-        ts += [t for lst in bars.values() for b in lst for t in (b.start, b.end) if t is not None]
+        lanes_of = ix.node_lanes(epoch, node)
+        ts = [t for nl in lanes_of.values() for t in (nl.lo, nl.hi) if t is not None]
+        ts += [t for nl in lanes_of.values() for b in nl.bars for t in (b.start, b.end) if t is not None]
         ts += [placed[i].ts for i in fidx if placed[i].ts is not None]  # type: ignore[misc]
         t0, t1 = (min(ts), max(ts)) if ts else ix.span(epoch)
-        total = sum(map(len, per_rank.values()))
-        lanes = []
+        total = sum(nl.records for nl in lanes_of.values())
+        lanes, dropped = [], 0
         for r in ranks:
-            lane = Lane(r, records=len(per_rank[r]), link=self._lane_link(r, epoch, node), no_acks=r not in ix.acks)
+            nl = lanes_of.get(r)
+            lane = Lane(r, records=nl.records if nl else 0, link=self._lane_link(r, epoch, node),
+                        no_acks=r not in ix.acks)
             ev_marks = {m for i in fidx if placed[i].finding.rank == r for m in placed[i].evidence}
-            if total <= NODE_MARKS:
-                lane.marks = sorted({self.records.add(ev) for ev in per_rank[r]} | ev_marks)
+            if nl is not None and nl.events is not None and total <= NODE_MARKS:
+                lane.marks = sorted({self.records.add(ev) for ev in nl.events} | ev_marks)
             else:
-                lane.density = _density(per_rank[r], t0, t1)
+                lane.density = nl.density(t0, t1) if nl is not None else []
                 lane.marks = sorted(ev_marks)
-            lane.bars = bars[r]
+            if nl is not None:
+                lane.bars, dropped = nl.bars, dropped + nl.dropped
             lanes.append(lane)
         tid, url = self._trace(epoch, node)
         pid = f"trace-{tid}" if tid else f"node-e{epoch}-n{node}"
-        return Panel(pid, f"node {node}, epoch {epoch}", epoch, node, t0, t1, lanes, fidx, tid, url,
-                     note=f"{total} records on {sum(1 for v in per_rank.values() if v)} rank(s)")
+        note = f"{total} records on {len(lanes_of)} rank(s)"
+        if dropped:
+            note += (f"; {dropped} bars not drawn (past {NODE_BARS} in a lane: the first and the last "
+                     f"{NODE_BARS // 2} are)")
+        return Panel(pid, f"node {node}, epoch {epoch}", epoch, node, t0, t1, lanes, fidx, tid, url, note=note)

@@ -29,7 +29,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..model import semconv as sc
-from ..model.spans import Span, hashed_id, node_trace_id, rank_trace_id, stamp_findings
+from ..model.spans import Span, stamp_findings
+from ..model.trace_ids import hashed_id, node_trace_id, rank_trace_id
 from .watch_state import WATCH_SERVICE, RunWatch
 
 SPAN_FINDING = "cptrace.finding"

@@ -6,6 +6,22 @@ when its command runs, so ``--help`` and ``--version`` load nothing heavy.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
+from collections.abc import Iterator
+
+
+@contextlib.contextmanager
+def fewer_collections() -> Iterator[None]:
+    """The young generation collected every 50,000 allocations instead of 700 while a command reads records: it
+    allocates a few short-lived containers per record and keeps little (the default costs several percent of a
+    check, and a third of an ingest that holds many open spans)."""
+    old = gc.get_threshold()
+    gc.set_threshold(50_000, 20, 20)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
 
 
 def add_progress_flags(p: argparse.ArgumentParser) -> None:

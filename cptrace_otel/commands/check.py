@@ -34,7 +34,7 @@ from typing import Any, NamedTuple, TextIO
 
 from ..analyze.check_output import CHECK_PREFIX as _PFX
 from ..model.exits import EXIT_UNREADABLE, EXIT_USAGE, CptraceError
-from . import add_progress_flags
+from . import add_progress_flags, fewer_collections
 
 NO_RUN_ID = "(no run id)"   # the start of the name of a run whose records carry no run id (log files)
 
@@ -111,18 +111,11 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
     if level is not None and level not in (1, 2, 3):
         print(f"{_PFX}: --level must be 1, 2 or 3, not {level}", file=err)
         return EXIT_USAGE
-    import gc
-    # The analysis allocates a few short-lived containers per event and keeps little: collect the young generation
-    # less often (the default, every 700 allocations, costs several percent of a check).
-    old_threshold = gc.get_threshold()
-    gc.set_threshold(50_000, 20, 20)
-    try:
+    with fewer_collections():
         if jaeger is not None:
             from ..analyze.check_jaeger import run_jaeger
             return run_jaeger(args, level, out, err)
         return _run(args, paths, level, out, err)
-    finally:
-        gc.set_threshold(*old_threshold)
 
 
 def _run(args: Any, paths: list[str], level: int | None, out: TextIO, err: TextIO) -> int:
@@ -146,12 +139,13 @@ class SourceError(CptraceError):
 
 class Analyzed(NamedTuple):
     """What :func:`analyze_sources` read: the merged result, the run id, one ``(Result, events)`` per run (its
-    ``stats["run"]`` names it; its events only when ``keep``), the sources read per kind, the log reader's stats and
-    the trace documents' malformed count."""
+    ``stats["run"]`` names it; when ``keep``, its events in the order the rules saw them, to be iterated once: read
+    anew from the files or the trace documents, a list only for standard input), the sources read per kind, the log
+    reader's stats and the trace documents' malformed count."""
 
     res: Any
     run_id: str | None
-    groups: list[tuple[Any, list]]
+    groups: list[tuple[Any, Any]]
     sources: dict[str, Any]
     stats: Any
     doc_malformed: int
@@ -161,10 +155,10 @@ def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
                     pfx: str = _PFX) -> Analyzed:
     """Read ``paths`` as ``check`` does and analyze them (every rule, per-rank and cross-rank).
 
-    Every run is analyzed apart (see the module doc); each run's events, in the order the rules saw them, are kept
-    in ``groups`` (one per run) when ``keep`` is true (the HTML report draws
-    them). Reader warnings go to ``err``. Raises :class:`SourceError` (after printing why, prefixed with ``pfx``)
-    when a source cannot be read, holds no record, or the sources overlap in a way that cannot be counted once."""
+    Every run is analyzed apart (see the module doc); with ``keep`` each run's events, in the order the rules saw
+    them, are given again in ``groups`` (one per run; :class:`Analyzed`) for the HTML report to draw. Reader
+    warnings go to ``err``. Raises :class:`SourceError` (after printing why, prefixed with ``pfx``) when
+    a source cannot be read, holds no record, or the sources overlap in a way that cannot be counted once."""
     from ..analyze.engine import Analysis, Result, Runs, analyze_traces
     from ..analyze.sources.detect import expand
     from ..analyze.sources.logs import LogReadError, LogStats, read_log_events
@@ -184,7 +178,7 @@ def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
     _notes(plan, err)
     logs, otlp, docfiles = plan.logs, plan.otlp, plan.docs
     results: list[Result] = []
-    groups: list[tuple[Result, list]] = []
+    groups: list[tuple[Result, Any]] = []
     run_id = getattr(args, "run_id", None)
     stats = LogStats()
     docs = TraceDocs()
@@ -218,9 +212,10 @@ def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
                     print(f"warning: {m.path}:{m.line_no}: malformed line ({m.reason})", file=err)
             try:
                 for label, group in log_groups:   # (their lines hold no run id: log_runs)
-                    kept: list = []
                     evs = read_log_events(group, on_bad, stats, bar.to if bar is not None else None)
-                    one = Analysis(level).run(_Kept(evs, kept) if keep else evs)
+                    # the report reads files again (nothing held); standard input's events are kept as they pass
+                    kept: Any = _Reread(group) if keep and "-" not in group else []
+                    one = Analysis(level).run(_Kept(evs, kept) if keep and isinstance(kept, list) else evs)
                     runs.add(label, one)
                     one.stats["run"] = label
                     groups.append((one, kept))
@@ -230,16 +225,13 @@ def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
             results.append(runs.result())
             results[-1].links.update((label, "") for label, _g in log_groups if label.startswith(NO_RUN_ID))
         if docs.total():
-            kept_by_run: dict[str, list] = {}
-
-            def keeping(run: str, evs: Any) -> Any:
-                return _Kept(evs, kept_by_run.setdefault(run, []))
-            results.append(analyze_traces(level, docs, err, keeping if keep else None))
+            results.append(analyze_traces(level, docs, err))
             found: dict[str, list] = {}
             for f in results[-1].findings:
                 found.setdefault(f.run, []).append(f)
-            for run, kept in kept_by_run.items():   # one group per run: the report draws each run apart
-                groups.append((Result(found.get(run, []), [], {"run": run}), kept))
+            if keep:   # one group per run: the report draws each run apart, from its records read anew
+                for run, again in docs.runs():
+                    groups.append((Result(found.get(run, []), [], {"run": run}), again))
         if run_id is None and len(info.run_ids) == 1:   # (the trace files' run id also when the logs were chosen)
             run_id = next(iter(info.run_ids))
         doc_malformed = info.malformed if otlp or docfiles else []
@@ -263,6 +255,18 @@ def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
     if docfiles:
         sources["jaeger"] = docfiles
     return Analyzed(res, run_id, groups, sources, stats, len(doc_malformed))
+
+
+class _Reread:
+    """The events of log files, read anew each time it is iterated (malformed lines skipped silently: the first
+    reading reported them)."""
+
+    def __init__(self, paths: list[str]) -> None:
+        self._paths = paths
+
+    def __iter__(self) -> Any:
+        from ..analyze.sources.logs import read_log_events
+        return iter(read_log_events(self._paths))
 
 
 class _Kept:

@@ -211,7 +211,7 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
 def _report(args, mode, ranks, run_id, plans, ref, res_logs, res_otlp, expected, found, hit, missed, extra, recall,
             agree, events_ok, ok, elapsed, logs, otlp) -> dict[str, Any]:
     from ..analyze import links
-    from ..model.spans import node_trace_id, rank_trace_id
+    from ..model.trace_ids import node_trace_id, rank_trace_id
 
     jaeger = args.jaeger_url
 

@@ -214,6 +214,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def run(args: Any) -> int:
+    from . import fewer_collections
+
+    with fewer_collections():
+        return _run(args)
+
+
+def _run(args: Any) -> int:
     from ..analyze.sources.logs import LogReadError, LogStats, Malformed, read_log_events
     from ..analyze.sources.overlap import log_runs
     from ..checks.rank_checker import checker_factory

@@ -5,8 +5,9 @@ Writes one self-contained HTML file (no network: style, script and data inline) 
 the same code as ``check`` (:func:`.check.analyze_sources`). The page has a time axis with one swimlane per CP
 rank, one panel per epoch, the stage bars (d2h, h2d) and, for a node, its device and host holds; a mark per record
 with its fields on hover; every finding in red with its evidence records outlined; and, with ``--jaeger-url``, a
-Jaeger link per lane, per finding and per node (trace ids: :func:`cptrace_otel.model.spans.node_trace_id`). ``--node N``
-draws one node (every epoch it appears in, or ``--epoch E``). A run with more than ``--max-records`` records is
+Jaeger link per lane, per finding and per node (trace ids: :func:`cptrace_otel.model.trace_ids.node_trace_id`).
+``--node N`` draws one node (every epoch it appears in, or ``--epoch E``), in memory bounded by the run's structure
+(:mod:`cptrace_otel.analyze.report_model`). A run with more than ``--max-records`` records is
 summarised (see :mod:`cptrace_otel.analyze.report_model`). ``-o -`` writes the page to standard output.
 
 Exit codes as ``check``: 0 clean, 1 findings (the report is written either way), 2 usage error (also: the node is
@@ -23,7 +24,7 @@ import time
 from typing import Any, TextIO
 
 from ..model.exits import EXIT_FINDINGS, EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE
-from . import add_progress_flags
+from . import add_progress_flags, fewer_collections
 
 DEFAULT_OUT = os.path.join("cptrace-out", "report.html")
 
@@ -75,13 +76,14 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
     t_start = time.perf_counter()
     from .check import SourceError, analyze_sources
 
-    try:
-        res, run_id, groups = analyze_sources(args, paths, level, err, keep=True, pfx="cptrace-otel report")[:3]
-    except SourceError as e:
-        return e.exit_code
-    page, models = build_page(res, run_id, groups, paths, node=node, epoch=epoch,
-                              jaeger_url=getattr(args, "jaeger_url", None),
-                              full_limit=getattr(args, "max_records", None), top=getattr(args, "top", None))
+    with fewer_collections():
+        try:
+            res, run_id, groups = analyze_sources(args, paths, level, err, keep=True, pfx="cptrace-otel report")[:3]
+        except SourceError as e:
+            return e.exit_code
+        page, models = build_page(res, run_id, groups, paths, node=node, epoch=epoch,
+                                  jaeger_url=getattr(args, "jaeger_url", None),
+                                  full_limit=getattr(args, "max_records", None), top=getattr(args, "top", None))
     if node is not None and not any(m.panels for m in models):
         where = f"epoch {epoch}" if epoch is not None else "any epoch"
         print(f"cptrace-otel report: node {node} has no record in {where} of the sources", file=err)
@@ -101,7 +103,8 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
         return EXIT_UNREADABLE
     if dest != "-":
         drawn = sum(len(m.panels) for m in models)
-        how = "summarised" if any(m.summarised for m in models) else "drawn whole"
+        dense = any(ln.density for m in models for p in m.panels for ln in p.lanes)
+        how = "summarised" if any(m.summarised for m in models) else "as densities" if dense else "drawn whole"
         print(f"report: {dest} ({len(page.encode('utf-8')) / 1e6:.2f} MB, {res.stats.get('events', 0)} records, "
               f"{len(res.findings)} finding(s), {drawn} panel(s), {how}, {time.perf_counter() - t_start:.2f} s)",
               file=out)

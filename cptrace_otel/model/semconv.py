@@ -75,7 +75,7 @@ def side_field(kind: str, pool: str) -> str:
 
 
 # -- span attributes -------------------------------------------------------------------------------------------
-STAGE_CLOSED: Final = "cptrace.span.closed_by"  # "tag" (closing record), "timeout", "reset", "limit" or "flush"
+STAGE_CLOSED: Final = "cptrace.span.closed_by"  # "tag" (closing record), timeout, reset, limit, bound, flush
 VIOLATION: Final = "cptrace.violation"          # comma-joined codes (H1..H4, ZERO, HASH) found on this span
 VIOLATION_RULES: Final = "cptrace.violation.rules"
 VIOLATION_CODE_PREFIX: Final = "cptrace.violation."  # + code: boolean True per code found on the span

@@ -2,18 +2,20 @@
 
 Contract:
 
-* Every :class:`~cptrace_otel.model.events.Event` fed to :meth:`SpanBuilder.add` becomes exactly one span event (name =
-tag,
-  timestamp = ``ev.ts``, attributes = typed fields + ``cptrace.seq`` / ``cptrace.epoch`` / ``cptrace.record.level``).
-* Trace ids are deterministic, so every rank process of a run puts a node's records into the same trace without any
-  context propagation: node trace ``blake2b(f"{run_id}|{epoch}|{node_id}")``, rank trace
-  ``blake2b(f"{run_id}|rank|{rank}")``, request trace ``blake2b(f"{run_id}|rid|{rid}")`` (16 bytes; 0 maps to 1).
+* Every :class:`~cptrace_otel.model.events.Event` fed to :meth:`SpanBuilder.add` becomes exactly one span event
+  (name = tag, timestamp = ``ev.ts``, attributes = typed fields + ``cptrace.seq`` / ``cptrace.epoch`` /
+  ``cptrace.record.level``).
+* Trace ids are deterministic (:mod:`cptrace_otel.model.trace_ids`), so every rank process of a run puts a node's
+  records into the same trace without any context propagation: node trace ``blake2b(f"{run_id}|{epoch}|{node_id}")``,
+  rank trace ``blake2b(f"{run_id}|rank|{rank}")``, request trace ``blake2b(f"{run_id}|rid|{rid}")`` (16 bytes; 0
+  maps to 1).
 * Lanes: in a node trace each rank's spans hang under that rank's **lane** span (``rank 3 · node``, kind
   ``hicache.node``), which also holds the node's structural records (insert, evict, split, free, rid_map, ...). The
-  first lane segment of (run, epoch, node, rank) is a root with the span id :func:`lane_span_id` (any process can
-  name it, e.g. the watcher writing cross-rank findings); a later segment of the same lane (the lane is cut like any
-  span, below) hashes the seq of its first record in and is a child of the first segment, which this process has
-  already sent. No span has a parent that another process must send, and the UI shows one top-level row per rank.
+  first lane segment of (run, epoch, node, rank) is a root with the span id :func:`.trace_ids.lane_span_id` (any
+  process can name it, e.g. the watcher writing cross-rank findings); a later segment of the same lane (the lane is
+  cut like any span, below) hashes the seq of its first record in and is a child of the first segment, which this
+  process has already sent. No span has a parent that another process must send, and the UI shows one top-level
+  row per rank.
 * Stage spans are children of the lane: ``rank 3 · d2h`` (``prepare`` .. ``ack dir=d2h``, holds ``backup``),
   ``rank 3 · h2d`` (``reload`` .. ``ack dir=h2d``), and the L3 tier's (:mod:`cptrace_otel.model.l3`)
   ``rank 3 · l3-backup`` (``l3_backup`` .. ``l3_ack dir=backup``) and ``rank 3 · l3-prefetch`` (``l3_prefetch`` ..
@@ -47,7 +49,6 @@ and tests are deterministic.
 
 from __future__ import annotations
 
-import hashlib
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -59,6 +60,7 @@ from .events import Event
 from .l3 import ACK as L3_ACK, BACKUP as L3_BACKUP, DIR_BACKUP, DIR_PREFETCH, HIT as L3_HIT, PREFETCH as L3_PREFETCH
 from .logline import render_value
 from .reqlink import FIELD as REQ_SPAN, link_request
+from .trace_ids import hashed_id, lane_span_id, node_trace_id, rank_trace_id, request_trace_id
 
 # violation_attributes: the one helper making the per-code violation keys (the watcher imports it from here)
 from .violations import STATUS_ERROR, stamp_findings, violation_attributes  # noqa: F401
@@ -74,6 +76,11 @@ MAX_CHILDREN = 200
 MAX_SEQ_REFS = 1 << 16
 MAX_CUT = 1 << 16
 MAX_LANES_SEEN = 1 << 18
+# What one builder holds at once, however dense the records are in time (a replay of records 1 ns apart never
+# reaches the timeout): spans open, and records in open spans (with the closed children parked in their open lanes).
+# Past either bound the oldest open spans are closed (``closed_by=bound``) until both are under 3/4 of it.
+MAX_OPEN = 20_000
+MAX_HELD = 100_000
 
 STATUS_UNSET, STATUS_OK = 0, 1
 # The stages: the record opening one -> (the stage's key word, its span kind); (tag, dir) of the record closing it
@@ -89,38 +96,6 @@ _ROLE: dict[str, int] = {**{t: _R_OPEN for t in _OPEN_STAGE}, "backup": _R_BACKU
                          "rid_map": _R_RID_MAP, L3_HIT: _R_L3_HIT, "fwd_hash": _R_FWD_HASH, CANARY_TAG: _R_CANARY,
                          "reset": _R_RESET}
 
-_DIGEST = hashlib.blake2b
-
-
-def hashed_id(text: str, size: int) -> bytes:
-    """The ``size``-byte id (trace id 16, span id 8) of ``text``: blake2b, never all zero (invalid in OTLP). Every
-    trace and span id of the model is one of these, so any process can name a span without coordination."""
-    d = _DIGEST(text.encode("utf-8", "replace"), digest_size=size).digest()
-    return d if any(d) else (b"\x00" * (size - 1) + b"\x01")  # all-zero ids are invalid in OTLP
-
-
-def node_trace_id(run_id: str, epoch: int, node_id: int) -> bytes:
-    """Trace id of one node lineage: identical in every rank process of the run."""
-    return hashed_id(f"{run_id}|{epoch}|{node_id}", 16)
-
-
-def rank_trace_id(run_id: str, rank: int) -> bytes:
-    """Trace id holding a rank's records that belong to no node (config, reset, free of unowned slots, ...)."""
-    return hashed_id(f"{run_id}|rank|{rank}", 16)
-
-
-def request_trace_id(run_id: str, rid: str) -> bytes:
-    """Trace id of one request (``fwd_hash`` records; links to the node traces named by ``rid_map``)."""
-    return hashed_id(f"{run_id}|rid|{rid}", 16)
-
-
-def lane_span_id(run_id: str, epoch: int, node_id: int, rank: int, segment_seq: int | None = None) -> bytes:
-    """Span id of ``rank``'s lane in the node trace ``(run_id, epoch, node_id)``: the first segment (``segment_seq``
-    None) is computable by any process; a later segment hashes the seq of its first record in."""
-    tail = "" if segment_seq is None else f"|{segment_seq}"
-    return hashed_id(f"{run_id}|{epoch}|{node_id}|lane|{rank}{tail}", 8)
-
-
 class Span:
     """One finished (or open) span, in the shape the OTLP encoders need. ``parent`` is the parent span id (b"" for
     a root); ``kind`` the semconv SPAN_* kind; ``lane`` the open lane span a stage span hangs under (None when
@@ -128,7 +103,7 @@ class Span:
 
     __slots__ = ("trace_id", "span_id", "name", "start", "end", "attrs", "events", "links", "status_code",
                  "status_message", "rank", "key", "nbytes", "findings", "parent", "kind", "lane", "children",
-                 "open_kids")
+                 "open_kids", "nrec")
 
     def __init__(self, trace_id: bytes, span_id: bytes, name: str, start: int, rank: int, key: Any,
                  attrs: dict[str, Any], parent: bytes = b"", kind: str = "") -> None:
@@ -153,6 +128,7 @@ class Span:
         self.lane: Span | None = None
         self.children: list[Span] = []
         self.open_kids: list[Span] = []
+        self.nrec = 0   # records it held when it closed (its violation events not counted)
 
     def __repr__(self) -> str:  # for test failures
         return f"Span({self.name} trace={self.trace_id.hex()} events={len(self.events)} attrs={self.attrs})"
@@ -196,6 +172,7 @@ class SpanBuilder:
         self._opened = 0
         self._last_open_ts = 0
         self._unordered = False
+        self._held = 0   # records in open spans and in the closed children parked in open lanes (MAX_HELD)
 
     # -- span bookkeeping ----------------------------------------------------------------------------------------
     def _node_trace(self, epoch: int, node: int) -> bytes:
@@ -269,6 +246,7 @@ class SpanBuilder:
         if self._open.get(sp.key) is sp:
             del self._open[sp.key]
         sp.attrs[sc.STAGE_CLOSED] = why
+        sp.nrec = len(sp.events)   # (before the violation events are added)
         if sp.findings:
             self._stamp(sp)
         if sp.end < sp.start:
@@ -295,6 +273,7 @@ class SpanBuilder:
         if self._track:
             self.traces.add(sp.trace_id)
         self._done.append(sp)
+        self._held -= sp.nrec + sum(c.nrec for c in sp.children)
         if sp.children:
             self.spans += len(sp.children)
             self._done.extend(sp.children)
@@ -442,7 +421,24 @@ class SpanBuilder:
             self._close(sp, "limit")
         elif sp.lane is not None and len(sp.lane.children) >= MAX_CHILDREN:
             self._close(sp.lane, "limit")
+        self._held += 1
+        if self._held > MAX_HELD or len(opened) > MAX_OPEN:
+            self._shed()
         return sp
+
+    def _shed(self) -> None:
+        """Close the oldest open spans (a stage span's lane with it, as at a timeout) until the open spans and the
+        records they hold are both under 3/4 of :data:`MAX_OPEN` / :data:`MAX_HELD`: what a replay holds is bounded
+        by these, not by the span timeout alone. A node's later records then open a new lane segment (and stage
+        continuations), as after a timeout."""
+        opened = self._open
+        low_open, low_held = MAX_OPEN * 3 // 4, MAX_HELD * 3 // 4
+        # oldest first, from one copy (taking a dict's first item after each delete walks the deleted ones)
+        for sp in list(opened.values()):
+            if len(opened) <= low_open and self._held <= low_held:
+                break
+            if opened.get(sp.key) is sp:   # not closed with its lane already
+                self._close(sp.lane if sp.lane is not None else sp, "bound")
 
     def _remember_prefetch(self, rank: int, op: Any, sp: Span) -> None:
         """The span of rank's L3 prefetch ``op``, for the link from the ``l3_hit`` that later uses its pages."""

@@ -11,7 +11,7 @@ import pytest
 from tests.helpers.demo_run import demo
 from tests.helpers.otlp_receiver import HttpReceiver, read_jsonl
 
-from cptrace_otel.model.spans import node_trace_id
+from cptrace_otel.model.trace_ids import node_trace_id
 
 
 def test_default_demo_finds_every_injected_fault_and_nothing_else(tmp_path):

@@ -19,7 +19,7 @@ from tests.helpers.browser import chromium_page, cli, screenshot
 from tests.helpers.integration import wait_for
 from tests.integration.test_jaeger_ui_node import COLLAPSER, _require_ui, _rows
 
-from cptrace_otel.model.spans import node_trace_id
+from cptrace_otel.model.trace_ids import node_trace_id
 from cptrace_otel.sim.l3 import L3Sim
 
 RANKS, SEED = 2, 3

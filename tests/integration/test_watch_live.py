@@ -23,7 +23,7 @@ from tests.helpers.integration import _BASE_ENV, ROOT, get_json, wait_for
 
 from tests.helpers import free_port
 
-from cptrace_otel.model.spans import node_trace_id
+from cptrace_otel.model.trace_ids import node_trace_id
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

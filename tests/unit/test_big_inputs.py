@@ -81,3 +81,40 @@ def test_check_peak_rss_is_flat_in_the_number_of_otlp_records(big, tmp_path):
         assert rc == 0, err
     # 90,000 more records held would be ~130 MiB more (about 1.5 KiB each); sorted on disk, they cost none
     assert rss[120_000] <= rss[30_000] + 24, rss
+
+
+def test_ingest_peak_rss_is_flat_however_dense_the_records_are(big, tmp_path):
+    """Records 1 ns apart never reach the span timeout: without a bound on what is open, every lane and request span
+    of the run stays in memory until the end (about 1 KiB per record here)."""
+    rss = {}
+    for n in (120_000, 480_000):   # both past the fixed bounds (open spans, records linked as evidence)
+        log, out = tmp_path / f"{n}.log", tmp_path / f"{n}.jsonl"
+        big.dense_log(str(log), n)
+        rc, err, rss[n] = run_rss("ingest", "--no-progress", "--file", str(out), str(log), timeout=600)
+        assert rc == 0, err
+        assert out.stat().st_size > 0
+    assert rss[480_000] <= rss[120_000] + 24, rss
+
+
+def test_span_builder_closes_the_oldest_spans_at_its_bound_and_loses_no_record(monkeypatch):
+    from cptrace_otel.model import spans
+    from cptrace_otel.model.events import Event
+
+    monkeypatch.setattr(spans, "MAX_OPEN", 40)
+    monkeypatch.setattr(spans, "MAX_HELD", 90)
+    b = spans.SpanBuilder("run", span_timeout_s=3600.0)
+    out, most_open, most_held, n = [], 0, 0, 0
+    for node in range(2, 200):
+        for tag, f in (("insert", {"node_id": node}), ("rid_map", {"rid": f"q{node}", "node_id": node}),
+                       ("reload", {"node_id": node, "op": node, "chain": [node]})):
+            b.add(Event(tag, 0, n, 1_000 + n, 0, dict(f)))   # 1 ns apart: no timeout ever
+            n += 1
+            most_open, most_held = max(most_open, b.open_spans), max(most_held, b._held)
+            out += b.take()
+    b.finish()
+    out += b.take()
+    assert most_open <= 40 and most_held <= 90, (most_open, most_held)
+    seqs = sorted(a.seq for sp in out for _ts, _tag, a in sp.events)
+    assert seqs == list(range(n)), "a record was lost or sent twice"
+    why = {sp.attrs.get("cptrace.span.closed_by") for sp in out}
+    assert "bound" in why, why

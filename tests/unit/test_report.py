@@ -11,7 +11,7 @@ from html.parser import HTMLParser
 
 from cptrace_otel.analyze import links
 from cptrace_otel.commands import report as report_cmd
-from cptrace_otel.analyze.report_model import holds, stage_bars
+from cptrace_otel.analyze.report_bars import holds, stage_bars
 from cptrace_otel.cli import main
 from cptrace_otel.model.events import Event
 

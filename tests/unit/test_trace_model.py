@@ -8,7 +8,8 @@ import re
 
 from cptrace_otel.model import semconv as sc
 from cptrace_otel.model.events import Event
-from cptrace_otel.model.spans import SpanBuilder, lane_span_id, violation_attributes
+from cptrace_otel.model.spans import SpanBuilder, violation_attributes
+from cptrace_otel.model.trace_ids import lane_span_id
 
 S = 1_000_000_000
 NAME = re.compile(r"^rank \d+ \u00b7 (node|d2h|h2d|process|request)$")

@@ -19,7 +19,7 @@ from cptrace_otel.commands import watch as watch_cmd
 from cptrace_otel.analyze.watch_out import ALERTNAME, Alerts, already_stamped, finding_span, finding_trace
 from cptrace_otel.analyze.watch_state import GAP_POLLS, WATCH_SERVICE, RunWatch
 from cptrace_otel.cli import _parser
-from cptrace_otel.model.spans import node_trace_id
+from cptrace_otel.model.trace_ids import node_trace_id
 
 
 @pytest.fixture(scope="module")

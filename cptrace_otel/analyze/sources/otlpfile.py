@@ -38,7 +38,14 @@ def _g(d: dict, camel: str, snake: str, default: Any = None) -> Any:
 
 def any_value(v: dict) -> Any:
     """Python value of an OTLP ``AnyValue`` in JSON form."""
-    if not isinstance(v, dict):
+    if type(v) is dict:   # the common shapes first: one string or one int value (one lookup each)
+        x = v.get("stringValue")
+        if x is not None:
+            return x
+        x = v.get("intValue")
+        if x is not None and len(v) == 1:
+            return int(x)
+    elif not isinstance(v, dict):
         return v
     for camel, snake in (("stringValue", "string_value"), ("intValue", "int_value"),
                          ("doubleValue", "double_value"), ("boolValue", "bool_value")):
@@ -206,6 +213,7 @@ def collect(req: dict, path: str, info: OtlpInfo, per_rank: dict, line_no: int =
     ``info.by_run``: the resource's ``cptrace.run_id``, ``""`` when it has none). A span event whose values do not
     convert is recorded in ``info.malformed`` (at ``line_no``) and skipped; a request of the wrong shape raises one
     of :data:`BAD_SHAPE`."""
+    prefix = sc.FIELD_PREFIX
     for rs in _g(req, "resourceSpans", "resource_spans", []) or []:
         res = dict(_attrs((rs.get("resource") or {}).get("attributes")))
         rrank = res.get(sc.CP_RANK)
@@ -237,12 +245,17 @@ def collect(req: dict, path: str, info: OtlpInfo, per_rank: dict, line_no: int =
                         name = e.get("name", "")
                         if name == sc.EVENT_VIOLATION:
                             continue
-                        attrs = _attrs(e.get("attributes"))
-                        meta = {k: v for k, v in attrs if not k.startswith(sc.FIELD_PREFIX)}
+                        fattrs, meta = [], {}   # (one pass: the record's fields, and seq / epoch / level)
+                        for a in e.get("attributes") or ():
+                            k, v = a.get("key"), any_value(a.get("value", {}))
+                            if k.startswith(prefix):
+                                fattrs.append((k, v))
+                            else:
+                                meta[k] = v
                         seq = meta.get(sc.SEQ)
                         if type(seq) is not int:
                             continue
-                        fields = attributes_to_fields(attrs)
+                        fields = attributes_to_fields(fattrs)
                         ts = int(_g(e, "timeUnixNano", "time_unix_nano", 0) or 0)
                         if type(name) is not str:
                             raise TypeError(f"event name {str(name)[:40]} is not a string")
