@@ -159,7 +159,7 @@ def _measure(kind: str, paths: list[str]) -> dict:
     if kind in ("startup", "imports"):   # the baselines subtracted from instruction counts (raw, ours)
         if kind == "imports":
             from cptrace_otel.commands import check as check_cmd
-            from cptrace_otel.analyze import engine, check_output as report  # noqa: F401
+            from cptrace_otel.analyze import engine, result_output as report  # noqa: F401
             from cptrace_otel.analyze.sources import logs, otlpfile  # noqa: F401
         n, findings = 0, None
     elif kind == "raw":

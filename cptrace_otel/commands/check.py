@@ -32,7 +32,7 @@ import argparse
 import sys
 from typing import Any, NamedTuple, TextIO
 
-from ..analyze.check_output import CHECK_PREFIX as _PFX
+from ..analyze.result_output import CHECK_PREFIX as _PFX
 from ..model.exits import EXIT_UNREADABLE, EXIT_USAGE, CptraceError
 from . import add_progress_flags, fewer_collections
 
@@ -92,7 +92,7 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
         print(f"{_PFX}: give PATHs, --jaeger or --tempo, one of them", file=err)
         return EXIT_USAGE
     if tempo is not None:
-        from ..analyze.check_tempo import run_tempo
+        from ..analyze.tempo_runs import run_tempo
         return run_tempo(args, level, out, err)
     if jaeger is not None and paths:
         print(f"{_PFX}: give PATHs or --jaeger, not both", file=err)
@@ -113,7 +113,7 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
         return EXIT_USAGE
     with fewer_collections():
         if jaeger is not None:
-            from ..analyze.check_jaeger import run_jaeger
+            from ..analyze.jaeger_runs import run_jaeger
             return run_jaeger(args, level, out, err)
         return _run(args, paths, level, out, err)
 
@@ -123,7 +123,7 @@ def _run(args: Any, paths: list[str], level: int | None, out: TextIO, err: TextI
         a = analyze_sources(args, paths, level, err)
     except SourceError as e:
         return e.exit_code
-    from ..analyze.check_output import print_report
+    from ..analyze.result_output import print_report
 
     return print_report(args, a.res, a.run_id, getattr(args, "jaeger_url", None), a.sources, a.stats, a.doc_malformed,
                   out, err)

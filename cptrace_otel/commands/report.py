@@ -122,7 +122,7 @@ def build_page(res: Any, run_id: str | None, groups: list, paths: list[str], nod
     records = Records()
     builder = Builder(records, run_id, jaeger_url, full_limit if full_limit is not None else FULL_LIMIT,
                       top if top is not None else TOP_NODES)
-    from ..analyze.check_output import run_name
+    from ..analyze.result_output import run_name
 
     models = []
     for result, events in groups:   # one per run: a run's node ids are its own

@@ -5,12 +5,12 @@ Each poll searches the spans that started since the last good poll (less ``--loo
 intervals: a span is sent when it closes, up to ``span_timeout_s`` after it started, plus the batching delays)
 of ``--run-id``, or of every run of ``--service`` (one paginated search of the service, its traces handed to their
 runs: the requests of a poll grow with its traces / ``--limit``, not with the number of runs), and hands them to
-the run's :class:`~cptrace_otel.analyze.watch_state.RunWatch`, which feeds the rules what is new and contiguous. At most
+the run's :class:`~cptrace_otel.analyze.incremental.RunWatch`, which feeds the rules what is new and contiguous. At most
 :data:`MAX_RUNS` runs are watched at once (``CPTRACE_WATCH_MAX_RUNS``): past it, the least recently changed is
 finished early, so memory does not grow with the number of runs. A finding is printed on stdout
-(one line), written back (:class:`~cptrace_otel.analyze.watch_out.WriteBack`) unless its span already carries the
-code, and becomes or refreshes an alert (:class:`~cptrace_otel.analyze.watch_out.Alerts`). A run whose traces have not
-changed for ``--idle`` is finished (the
+(one line), written back (:class:`~cptrace_otel.analyze.finding_sinks.WriteBack`) unless its span already carries
+the code, and becomes or refreshes an alert (:class:`~cptrace_otel.analyze.finding_sinks.Alerts`). A run whose
+traces have not changed for ``--idle`` is finished (the
 rules' end-of-stream findings) and its state freed; with ``--once`` that happens after the first poll.
 
 Fail closed: every poll writes one line on stderr saying whether its window was checked (``window A .. B: checked
@@ -91,12 +91,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
     from ..analyze import links
+    from ..analyze.finding_sinks import Alerts, WriteBack, finding_trace
+    from ..analyze.incremental import RunWatch
     from ..analyze.links import bad_link_base
     from ..analyze.sources.jaeger import JaegerClient, JaegerError, JaegerUnreachable
     from ..analyze.sources.jaegerquery import DEFAULT_LIMIT, PageTooSmall, Search, iso_us, parse_duration, run_ids_of
     from ..analyze.sources.otlpfile import BAD_SHAPE, bad_shape
-    from ..analyze.watch_out import Alerts, WriteBack, finding_trace
-    from ..analyze.watch_state import RunWatch
     from ..model import semconv as sc
     from ..model.config import mask_url, traces_url
 

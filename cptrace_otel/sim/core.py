@@ -41,7 +41,7 @@ from .faults import FaultPlan, Oracle
 from .memory import Memory
 from .node import Node
 from .rank import RankSim
-from .state import Epoch, RankCtx, Settings
+from .rank_ctx import Epoch, RankCtx, Settings
 from .tracer import Clock, Emitter, LogEmitter
 
 T = TypeVar("T")
@@ -66,7 +66,7 @@ class Simulation:
 
     ``emitter`` gets every record (``emit(rank, level, tag, **fields)``); ``faults`` are :class:`FaultPlan`;
     ``oracle`` collects the expected findings. The parameters (``sim.mode``, ``sim.d_w`` ...) live in ``sim.cfg``
-    (:class:`~cptrace_otel.sim.state.Settings`, which documents them).
+    (:class:`~cptrace_otel.sim.rank_ctx.Settings`, which documents them).
     """
 
     mode = _Setting[str]()
@@ -142,7 +142,7 @@ class Simulation:
 
     def judged(self, index: int) -> bool:
         """Whether the cross-rank rules C3-C5 judge a record at structural ``index`` of this epoch (see
-        :meth:`Epoch.judged <cptrace_otel.sim.state.Epoch.judged>`)."""
+        :meth:`Epoch.judged <cptrace_otel.sim.rank_ctx.Epoch.judged>`)."""
         return self.epoch.judged(index)
 
     # -- driver ------------------------------------------------------------------------------------------------
@@ -235,7 +235,7 @@ class Simulation:
 
     def rebackup_all(self) -> None:
         """Every rank re-backs up every device-resident backuped node to a fresh host range (see
-        :meth:`CopyEngine.rebackup <cptrace_otel.sim.copy.CopyEngine.rebackup>`), parents before children so
+        :meth:`CopyEngine.rebackup <cptrace_otel.sim.copy_engine.CopyEngine.rebackup>`), parents before children so
         the write-through guard holds."""
         for rk in self.ranks_:
             todo = sorted((n for n in rk.tree.nodes.values() if n.host_value is not None and n.value is not None),

@@ -16,7 +16,7 @@ from ..checks.registry import STRUCTURAL
 from ..fingerprint.cpu import khash_bytes
 from . import kv
 from .node import Node, Op
-from .state import RankCtx
+from .rank_ctx import RankCtx
 from .tracer import TS_BASE, WALL_BASE_NS, Emitter
 
 

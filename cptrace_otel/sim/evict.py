@@ -18,12 +18,12 @@ from .emit import Recorder
 from .faults import FaultHooks
 from .node import Node, Op
 from .pool import PagedPool
-from .state import Settings
+from .rank_ctx import Settings
 from .tree import Tree
 
 
 class Writer(Protocol):
-    """What eviction needs of the rank's copy engine (:class:`~cptrace_otel.sim.copy.CopyEngine`): start the
+    """What eviction needs of the rank's copy engine (:class:`~cptrace_otel.sim.copy_engine.CopyEngine`): start the
     queued writes before a page is freed; write_back's backup of a victim and its synchronous flush."""
 
     def start_writing(self) -> None: ...

@@ -23,7 +23,7 @@ import numpy as np
 
 from .emit import Recorder
 from .node import Node, Op
-from .state import RankCtx
+from .rank_ctx import RankCtx
 
 MODES = ("none", "replicated", "sharded", "dcp", "layersplit", "shared")
 POLICIES = ("wt", "wts", "wb")

@@ -17,7 +17,7 @@ from .emit import Recorder
 from .faults import FaultHooks
 from .node import Node
 from .pool import PagedPool
-from .state import RankCtx
+from .rank_ctx import RankCtx
 
 
 class Memory:

@@ -2,7 +2,7 @@
 
 Each part is a module that owns its state and is given, when the rank builds it, the other parts' state it works on
 (never the rank or the simulation; the group's settings and shared counters come as a
-:class:`~cptrace_otel.sim.state.RankCtx`):
+:class:`~cptrace_otel.sim.rank_ctx.RankCtx`):
 
 * ``tree`` (:mod:`.tree`): the nodes, match and split, ``lock_ref``;
 * ``mem`` (:mod:`.memory`): the KV bytes, the forward's stores, ``gather``;
@@ -25,14 +25,14 @@ import numpy as np
 
 from ..fingerprint.cpu import khash_bytes
 from .compose import ComposeCache
-from .copy import CopyEngine
+from .copy_engine import CopyEngine
 from .emit import Recorder
 from .evict import Evictor
 from .faults import FaultHooks, FaultPlan, Oracle
 from .memory import Memory
 from .node import Node, Op
 from .pool import PagedPool
-from .state import RankCtx
+from .rank_ctx import RankCtx
 from .tracer import Emitter
 from .tree import Tree
 

@@ -18,12 +18,12 @@ from .compose import ComposeCache
 from .emit import Recorder
 from .faults import FaultHooks
 from .node import Node, Op
-from .state import RankCtx
+from .rank_ctx import RankCtx
 
 
 class Transfers(Protocol):
-    """What a split needs of the rank's copy engine (:class:`~cptrace_otel.sim.copy.CopyEngine`): the queued writes
-    (started before a node of theirs is cut) and the loads in flight (whose chains take the prefix)."""
+    """What a split needs of the rank's copy engine (:class:`~cptrace_otel.sim.copy_engine.CopyEngine`): the queued
+    writes (started before a node of theirs is cut) and the loads in flight (whose chains take the prefix)."""
 
     write_new: list[Op]
     load_q: deque[Op]

@@ -1,4 +1,4 @@
-"""The L3 simulator (cptrace_otel.sim.l3) over stock SGLang's ``file`` storage backend: every page is written to,
+"""The L3 simulator (cptrace_otel.sim.l3_tier) over stock SGLang's ``file`` storage backend: every page is written to,
 looked up in and read back from real files by SGLang's own ``HiCacheFile`` (run by tests/e2e/test_l3_sglang_file.py with
 ``.sglang/<version>`` on PYTHONPATH; never imported by the test process).
 
@@ -21,11 +21,11 @@ import numpy as np
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheFile, HiCacheStorageConfig
 
-from cptrace_otel.sim.l3 import L3Sim
+from cptrace_otel.sim.l3_tier import L3Sim
 
 
 class FileStorage:
-    """:class:`cptrace_otel.sim.l3.MemoryStorage`'s methods over one ``HiCacheFile`` per rank in ``root``."""
+    """:class:`cptrace_otel.sim.l3_tier.MemoryStorage`'s methods over one ``HiCacheFile`` per rank in ``root``."""
 
     def __init__(self, ranks: int, per_rank: bool, root: str, shape: tuple[int, ...]) -> None:
         os.makedirs(root, exist_ok=True)

@@ -233,8 +233,8 @@ def test_watch_finds_the_violations_in_the_backends_traces(tmp_path):
     and the node's is already stamped by the exporter's check (so the watcher does not write it twice)."""
     from tests.helpers.jaeger_fixtures import read_requests, v2_traces
 
-    from cptrace_otel.analyze.watch_out import already_stamped
-    from cptrace_otel.analyze.watch_state import RunWatch
+    from cptrace_otel.analyze.finding_sinks import already_stamped
+    from cptrace_otel.analyze.incremental import RunWatch
 
     out = tmp_path / "out.jsonl"
     assert cli.main(["ingest", "--no-progress", "--file", str(out), "--run-id", "canary", _server_log(tmp_path)]) == 0

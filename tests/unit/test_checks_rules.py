@@ -187,7 +187,7 @@ def test_h4_interval_overlap_is_undecidable_not_a_finding(tmp_path):
 def test_h2c_interval_overlap_is_undecidable_and_reported(tmp_path):
     """A free pool=host whose summary cannot be told apart from a pending load's scattered host slots: no H2c
     finding, one undecidable H2c instance in the check's text and JSON reports."""
-    from cptrace_otel.analyze.check_output import to_json, to_text
+    from cptrace_otel.analyze.result_output import to_json, to_text
     import json
 
     host = "(cnt=8,min=0,max=40,first=0,last=40)"   # scattered: 8 slots over 41

@@ -20,7 +20,7 @@ import tracemalloc
 import pytest
 
 from cptrace_otel.analyze.sources.jaeger import JaegerClient, JaegerError, Unread
-from cptrace_otel.analyze.watch_out import Alerts
+from cptrace_otel.analyze.finding_sinks import Alerts
 from cptrace_otel.cli import _parser
 from cptrace_otel.commands import watch as watch_cmd
 from tests.helpers.demo_run import check, run_demo
@@ -395,7 +395,7 @@ def test_watch_once_requests_do_not_grow_with_the_number_of_runs(demo):
 def test_watch_memory_does_not_grow_with_small_runs(demo):
     """A RunWatch of a small run costs kilobytes (the old evidence index allocated 2 x 65,536 slots per rank: about
     1 MiB per rank and run, 1 GiB for 1,000 runs)."""
-    from cptrace_otel.analyze.watch_state import RunWatch
+    from cptrace_otel.analyze.incremental import RunWatch
 
     tr = demo["traces"][0]
     tracemalloc.start()

@@ -1,4 +1,4 @@
-"""The L3 tier against the simulator (cptrace_otel.sim.l3): random workloads with storage backups, evictions and
+"""The L3 tier against the simulator (cptrace_otel.sim.l3_tier): random workloads with storage backups, evictions and
 prefetches on 1-3 CP ranks give no finding of any severity; each fault gives exactly the codes its oracle expects
 (the rule names and the ranks), with the faulted byte, page or rank really changed in the simulated storage."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from cptrace_otel.analyze.engine import Analysis
-from cptrace_otel.sim.l3 import FAULTS, L3Sim
+from cptrace_otel.sim.l3_tier import FAULTS, L3Sim
 
 
 @pytest.mark.parametrize("mode,ranks", [("none", 1), ("replicated", 2), ("sharded", 2), ("sharded", 3)])

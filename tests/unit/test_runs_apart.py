@@ -208,7 +208,7 @@ def test_many_runs_one_line_each(tmp_path, runs):
 
 
 def test_text_lists_a_bounded_number_of_runs():
-    from cptrace_otel.analyze.check_output import RUNS_SHOWN, to_text
+    from cptrace_otel.analyze.result_output import RUNS_SHOWN, to_text
     from cptrace_otel.analyze.engine import Result, Runs
     from cptrace_otel.checks import Finding, Unchecked
 
@@ -269,7 +269,7 @@ def test_together_is_the_union_of_each_alone(tmp_path_factory, pool, picks, seed
 
 
 def test_localization_entries_name_their_run_when_runs_are_several():
-    from cptrace_otel.analyze.check_output import localization_lines
+    from cptrace_otel.analyze.result_output import localization_lines
     from cptrace_otel.analyze.engine import Result, Runs
 
     runs = Runs()

@@ -188,7 +188,7 @@ def test_watch_against_an_echoing_jaeger_prints_no_password(tmp_path: Path, echo
 def test_alertmanager_that_echoes_the_password_is_reported_masked(echo_http: EchoHttp) -> None:
     from types import SimpleNamespace
 
-    from cptrace_otel.analyze.watch_out import Alerts
+    from cptrace_otel.analyze.finding_sinks import Alerts
 
     notes: list[str] = []
     am = Alerts(_userinfo_url(echo_http.base, "/m401"), interval_s=30.0, note=notes.append)

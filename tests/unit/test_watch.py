@@ -16,8 +16,8 @@ from tests.helpers.demo_run import check, core, run_demo
 from tests.helpers.jaeger_fixtures import FakeJaeger, read_requests, v2_traces
 from cptrace_otel.model import semconv as sc
 from cptrace_otel.commands import watch as watch_cmd
-from cptrace_otel.analyze.watch_out import ALERTNAME, Alerts, already_stamped, finding_span, finding_trace
-from cptrace_otel.analyze.watch_state import GAP_POLLS, WATCH_SERVICE, RunWatch
+from cptrace_otel.analyze.finding_sinks import ALERTNAME, Alerts, already_stamped, finding_span, finding_trace
+from cptrace_otel.analyze.incremental import GAP_POLLS, WATCH_SERVICE, RunWatch
 from cptrace_otel.cli import _parser
 from cptrace_otel.model.trace_ids import node_trace_id
 
@@ -33,7 +33,7 @@ def demo(tmp_path_factory):
 
 
 def _core(findings) -> list[str]:
-    from cptrace_otel.analyze.check_output import finding_dict
+    from cptrace_otel.analyze.result_output import finding_dict
 
     drop = ("src", "line_no", "evidence_lines", "trace_id", "jaeger_url")
     return sorted(json.dumps({k: v for k, v in finding_dict(f).items() if k not in drop}, sort_keys=True)

@@ -5,7 +5,7 @@
   ``spans.stamp_findings`` (the exporter's violation attributes: ``cptrace.violation`` = the code, the rules,
   certainty, status ERROR, one ``hicache.violation`` event), with ``sglang.cp.rank``/``hicache.node_id`` span
   attributes and an OTLP span link to the span of each evidence record still in the evidence index. The resource is
-  service :data:`~.watch_state.WATCH_SERVICE` with the run id, so Jaeger's span metrics count the codes
+  service :data:`~.incremental.WATCH_SERVICE` with the run id, so Jaeger's span metrics count the codes
   (``cptrace_violation``) like the exporter's and watch skips its own spans when it reads. The span id is derived
   from the finding, so writing the same finding twice gives the same span. Sent through the project's export stack
   (``export.stack.open_sinks``: OTLP HTTP or gRPC, spooled while the collector is down).
@@ -31,7 +31,7 @@ from typing import Any
 from ..model import semconv as sc
 from ..model.spans import Span, stamp_findings
 from ..model.trace_ids import hashed_id, node_trace_id, rank_trace_id
-from .watch_state import WATCH_SERVICE, RunWatch
+from .incremental import WATCH_SERVICE, RunWatch
 
 SPAN_FINDING = "cptrace.finding"
 ALERTNAME = "CptraceInvariantViolated"

@@ -24,7 +24,7 @@ from .faults import FaultHooks, flip_one_byte
 from .memory import Memory
 from .node import Node, Op
 from .pool import PagedPool
-from .state import RankCtx
+from .rank_ctx import RankCtx
 from .tree import Tree
 
 

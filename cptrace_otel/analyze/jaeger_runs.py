@@ -21,7 +21,7 @@ import time
 from typing import Any, TextIO
 
 from ..model.exits import EXIT_UNREADABLE, EXIT_USAGE
-from .check_output import CHECK_PREFIX as _PFX, print_report
+from .result_output import CHECK_PREFIX as _PFX, print_report
 
 
 def run_jaeger(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, TextIO
 
 from ..model.exits import EXIT_UNREADABLE, EXIT_USAGE
-from .check_output import CHECK_PREFIX as _PFX, print_report
+from .result_output import CHECK_PREFIX as _PFX, print_report
 
 
 def run_tempo(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:
