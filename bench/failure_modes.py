@@ -45,7 +45,7 @@ CHILD = textwrap.dedent("""
     t0 = time.monotonic()
     for i in range(n):
         if i in at:
-            os.kill(pipeline._state.channel.proc.pid, signal.SIGKILL)
+            os.kill(pipeline.current().channel.proc.pid, signal.SIGKILL)
         ct.cptrace(1, "evict", node_id=i % 500, i=i, h=i * 2654435761 % (1 << 63), src="bench")
         if i % 100 == 0:
             ahead = i / rate - (time.monotonic() - t0)

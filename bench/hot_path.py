@@ -110,7 +110,7 @@ def main() -> int:
     print(f"enabled cptrace, 8 scalar fields ({args.calls} calls x {args.repeat}):")
     print(f"  upstream (env gate + _fmt + logger.info -> FileHandler): {up_wall:9.0f} ns/call wall, "
           f"{up_cpu:9.0f} ns/call caller CPU")
-    path = "record ring" if getattr(pipeline._state, "ring", None) is not None else "bounded buffer append"
+    path = "record ring" if getattr(pipeline.current(), "ring", None) is not None else "bounded buffer append"
     print(f"  ours ({path}; drainer + exporter process): {our_wall:9.0f} ns/call wall, "
           f"{our_cpu:9.0f} ns/call caller CPU")
     print(f"  ratio upstream/ours: {up_wall / our_wall:.1f}x wall, {up_cpu / our_cpu:.1f}x caller CPU "

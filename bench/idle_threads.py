@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
             ct.cptrace(1, "backup", node_id=i % 500, op=i)
         ok = ct.flush(60)
         time.sleep(0.5)   # let the post-flush lingering end
-        st = pipeline._state
+        st = pipeline.current()
         ring = st is not None and st.ring is not None
         wpid = getattr(getattr(getattr(st, "channel", None), "proc", None), "pid", None)
         threads = _threads()

@@ -40,7 +40,7 @@ def main() -> int:
         if i % 20000 == 0:
             time.sleep(0.02)
     print("flush", ct.flush(60))
-    st = pipeline._state
+    st = pipeline.current()
     if st is None or st.ring is None:
         print("the record ring is not in use (CPTRACE_RING=0 or the thread exporter?)", file=sys.stderr)
         return 2

@@ -124,7 +124,7 @@ def _timer_pair_ns() -> float:
 def _worker_pid() -> int | None:
     from cptrace_otel.traced import pipeline
 
-    ch = getattr(pipeline._state, "channel", None)
+    ch = getattr(pipeline.current(), "channel", None)
     proc = getattr(ch, "proc", None)
     return getattr(proc, "pid", None)
 

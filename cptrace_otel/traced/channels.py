@@ -1,10 +1,10 @@
 """The traced process's end of the pipe to its exporter worker: a subprocess (:class:`ProcessChannel`) or a thread of
 this process (:class:`ThreadChannel`), each with the books of what it was shipped and what the worker reported.
 
-A channel calls back into its owner (``cptrace_otel.traced.pipeline``'s state): ``on_ack(msg, channel)`` for every
-message the worker sends (ACK, PROGRESS) and ``on_worker_gone(why, channel)`` once the worker is gone. Messages and
-frames:
-:mod:`cptrace_otel.export.protocol`.
+A channel calls back into its owner (a :class:`ChannelOwner`: the :class:`~cptrace_otel.traced.pipeline.Pipeline`),
+on the channel's own thread (the ack reader, or the worker thread): ``on_ack(msg, channel)`` for every message the
+worker sends (ACK, PROGRESS) and ``on_worker_gone(why, channel)`` once the worker is gone. The pipeline holds either
+kind as a :class:`Channel`. Messages and frames: :mod:`cptrace_otel.export.protocol`.
 """
 
 from __future__ import annotations
@@ -14,17 +14,28 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from ..export.protocol import frame, read_frame
+from .ring import Ring
 
 REAP_S = 5.0   # longest a restart waits for a killed worker to be reaped
+
+
+class ChannelOwner(Protocol):
+    """What a channel calls back, on its reader (or worker) thread."""
+
+    def on_ack(self, msg: tuple, ch: Channel | None = None) -> None:
+        """A message from the worker (ACK of a flush, PROGRESS of its books)."""
+
+    def on_worker_gone(self, why: str, ch: Channel | None = None) -> None:
+        """The worker is gone (its pipe closed, its thread failed, a send failed)."""
 
 
 class Books:
     """One worker's accounting: records shipped to it, how many it reported safe and lost, its last seq/epochs."""
 
-    def _init_books(self, seq0: int, ring: Any = None) -> None:
+    def _init_books(self, seq0: int, ring: Ring | None = None) -> None:
         self.seq0 = seq0
         # the record ring (traced/ring.py) and how many of its records workers had taken when this one started
         self.ring = ring
@@ -44,10 +55,43 @@ class Books:
         return max(0, self.given() - self.safe)
 
 
+class Channel(Protocol):
+    """A worker channel (:class:`ProcessChannel`, :class:`ThreadChannel`): its :class:`Books` (written by the
+    drainer when it ships and restarts, by the reader on PROGRESS) and its operations."""
+
+    seq0: int
+    ring: Ring | None
+    shipped: int
+    safe: int
+    wlost: int
+    epochs: dict
+    dead: bool
+    why: str
+
+    def given(self) -> int: ...
+
+    def in_flight(self) -> int: ...
+
+    def send(self, msg: tuple) -> None:
+        """Hand ``msg`` to the worker (raises when it cannot go)."""
+
+    def close(self, timeout_s: float) -> bool:
+        """End of input: the worker delivers and exits; True when it exited cleanly within ``timeout_s``."""
+
+    def finished(self, timeout_s: float) -> bool:
+        """Whether the worker has ended and all it sent was read (only then is ``in_flight`` final)."""
+
+    def reap(self, timeout_s: float = ...) -> None:
+        """Before a replacement starts: make sure this worker reads nothing more."""
+
+    def close_in_child(self) -> None:
+        """After fork, in the child: drop this process's end without touching the parent's worker."""
+
+
 class ProcessChannel(Books):
     """Worker subprocess: framed pickles on its stdin, acks from its stdout."""
 
-    def __init__(self, st: Any, seq0: int = 0, ring: Any = None) -> None:
+    def __init__(self, owner: ChannelOwner, seq0: int = 0, ring: Ring | None = None) -> None:
         self._init_books(seq0, ring)
         env = dict(os.environ)
         pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,7 +102,7 @@ class ProcessChannel(Books):
             pass_fds=(ring.fd,) if ring is not None else (),   # the ring's memfd: the worker maps it
         )
         self._fd = self.proc.stdin.fileno()  # type: ignore[union-attr]
-        self._st = st
+        self._owner = owner
         self._reader = threading.Thread(target=self._read_acks, name="cptrace-acks", daemon=True)
         self._reader.start()
 
@@ -75,14 +119,14 @@ class ProcessChannel(Books):
                 msg = read_frame(f)
                 if msg is None:
                     break
-                self._st.on_ack(msg, self)
+                self._owner.on_ack(msg, self)
         except Exception:
             pass
         try:
             rc: int | None = self.proc.wait(1.0)
         except Exception:
             rc = self.proc.poll()
-        self._st.on_worker_gone(f"exporter process exited (rc={rc})", self)
+        self._owner.on_worker_gone(f"exporter process exited (rc={rc})", self)
 
     def finished(self, timeout_s: float) -> bool:
         """Whether the worker has exited and every message it sent was read (waiting up to ``timeout_s`` for the
@@ -134,7 +178,7 @@ class ThreadChannel(Books):
 
     MAX_QUEUED = 64
 
-    def __init__(self, st: Any, seq0: int = 0, ring: Any = None) -> None:
+    def __init__(self, owner: ChannelOwner, seq0: int = 0, ring: Ring | None = None) -> None:
         import queue
 
         from ..export.worker import run_loop
@@ -142,15 +186,15 @@ class ThreadChannel(Books):
         self._init_books(seq0, ring)
         # A SimpleQueue (C): put and get hold no Python-level lock a SIGTERM handler could find held (lifecycle).
         self._q: Any = queue.SimpleQueue()
-        self._st = st
+        self._owner = owner
         self._rc: list[int] = []
 
         def body() -> None:
             try:
-                on_msg = lambda m: st.on_ack(m, self)  # noqa: E731
+                on_msg = lambda m: owner.on_ack(m, self)  # noqa: E731
                 self._rc.append(run_loop(lambda t: self._q.get(timeout=t), on_msg, on_msg))
             except BaseException as e:  # noqa: BLE001 - reported and restarted, never silent
-                st.on_worker_gone(f"exporter thread failed: {e!r}", self)
+                owner.on_worker_gone(f"exporter thread failed: {e!r}", self)
 
         self._t = threading.Thread(target=body, name="cptrace-exporter", daemon=True)
         self._t.start()

@@ -22,10 +22,6 @@
   end with ``os._exit`` (no atexit): after those callbacks, a ``multiprocessing.util.Finalize`` is armed that runs
   the exit flush when the child's bootstrap finishes.
 
-* Closing (:func:`close_state`, for ``pipeline.shutdown`` and the exit flush): flush, stop the drainer, count what
-  is still queued when time runs out, have what a drainer stuck on one value had rendered shipped and that record
-  counted, close the worker.
-
 Imports only the standard library and nothing of the package: the pipeline registers its callbacks here when it is
 imported (it is never looked up from here).
 """
@@ -38,7 +34,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -183,89 +178,6 @@ def run_deferred() -> None:
             _chain(*d)
         except SystemExit:
             pass  # already exiting: an atexit callback cannot change the exit status
-
-
-def close_state(st: Any, timeout_s: float) -> bool:
-    """Flush the pipeline state ``st`` (``cptrace_otel.traced.pipeline._State``) and close it within ``timeout_s``:
-    stop its drainer, count what is still queued if it cannot finish, close the worker. Safe to run again on a state
-    whose close was interrupted (by the application's SIGTERM handler raising SystemExit)."""
-    t0 = time.monotonic()
-    ok = False
-    try:
-        ok = st.flush(timeout_s) if not st.stop else True
-        st.stop = True
-        st.wake.set()
-        st.drainer.join(timeout=max(0.0, timeout_s - (time.monotonic() - t0)))
-        if st.drainer.is_alive():
-            ok = _abandon_queue(st, timeout_s) and ok
-            ok = _take_over_stuck(st) and ok
-        if st.channel is not None:
-            closed = st.channel.close(max(0.0, timeout_s - (time.monotonic() - t0)))
-            settled = _count_unsettled(st)   # (always run: a flush that failed does not excuse the count)
-            ok = ok and closed and settled
-    except Exception:
-        ok = False
-    return ok
-
-
-def _count_unsettled(st: Any) -> bool:
-    """After the worker ended: records it was given and never reported delivered, spooled or lost (a worker whose
-    own start failed, one that died at the end) are lost; count them and say so. False when there were any. A worker
-    still delivering in the background (a backend that hangs at exit) is not judged."""
-    ch = st.channel
-    try:
-        if not ch.finished(1.0):
-            return True
-        left = ch.in_flight()
-    except Exception:
-        return True
-    if left:
-        st.dropped += left
-        st.lost += left
-        print(f"cptrace_otel: the exporter ended without settling {left} records it was given; they are lost "
-              "(counted in cptrace.dropped)", file=sys.stderr, flush=True)
-    return left == 0
-
-
-def _take_over_stuck(st: Any) -> bool:
-    """Closing with the drainer stuck rendering one value (the watchdog's budget not yet spent): ship what it had
-    rendered, count the stuck record, and send the final drop count. False when a record was lost."""
-    lost = st._rendering
-    items: list = []
-    if lost:
-        st.gen += 1  # the stuck drainer stops if it ever returns
-        st._rendering = False
-        items = list(st._cur_items)
-        st.stuck += 1
-        st.dropped += 1
-        st.lost += 1
-        print(f"cptrace_otel: at shutdown the drainer was still rendering a value; that record is dropped (counted), "
-              f"the {len(items)} records it had rendered are delivered", file=sys.stderr, flush=True)
-    if st.channel is not None and st.gone is None:
-        st.shipped += len(items)
-        st.ship_items(items)
-    elif items:
-        st.dropped += len(items)
-        st.lost += len(items)
-    return not lost
-
-
-def _abandon_queue(st: Any, timeout_s: float) -> bool:
-    """shutdown() ran out of time with records still queued: they are lost; count them and say so."""
-    n = 0
-    popleft = st.buf.popleft
-    while True:  # popleft, not len+clear: a record the drainer takes meanwhile is not counted twice
-        try:
-            popleft()
-        except IndexError:
-            break
-        n += 1
-    if n:
-        st.dropped += n
-        st.lost += n
-        print(f"cptrace_otel: shutdown timed out after {timeout_s:g}s with {n} records still queued; they are "
-              "dropped (counted)", file=sys.stderr, flush=True)
-    return n == 0
 
 
 class _Token:

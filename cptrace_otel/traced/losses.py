@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import TypedDict
 
 FIRST_RETRY_S = 1.0
 MAX_RETRY_S = 60.0
@@ -35,6 +36,14 @@ def _say(msg: str) -> None:
         print(f"cptrace_otel: {msg}", file=sys.stderr, flush=True)
     except Exception:  # a closed or full stderr must not reach the traced process
         pass
+
+
+class StartStats(TypedDict, total=False):
+    """``stats()`` while no pipeline ever started: empty, or the records dropped and why."""
+
+    dropped: int
+    exporter: None
+    start_error: str
 
 
 class StartFailure:
@@ -80,7 +89,7 @@ class StartFailure:
     def drop(self) -> None:
         self.dropped += 1  # (a racing increment may be lost under free threading; the GIL keeps it whole)
 
-    def stats(self) -> dict:
+    def stats(self) -> StartStats:
         """``stats()`` while no pipeline ever started: the records dropped and why (empty when none was)."""
         return {"dropped": self.dropped, "exporter": None, "start_error": self.error} if self.dropped else {}
 

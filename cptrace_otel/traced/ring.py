@@ -28,11 +28,22 @@ from __future__ import annotations
 import mmap
 import os
 import sys
-from typing import Any
+from typing import Any, TypedDict
 
 HEADER = 256        # ring.c's header bytes
 _said_failure = False   # the ring's set-up failure was named on stderr
 CONFIG_TAG = "config"   # records of this tag take the side path: the drainer's RankHold reads the rank there
+
+
+class RingStats(TypedDict):
+    """:meth:`Ring.stats`: the ring's size and use in bytes, and its record counts."""
+
+    bytes: int        # the ring's capacity
+    used_bytes: int   # written and not yet read
+    written: int      # records encoded into the ring (side records not counted)
+    taken: int        # of those, the records the exporter processes took
+    side: int         # side records put in the deque (with a placeholder in the ring)
+    dropped: int      # records dropped because the ring or the side deque was full
 
 
 def create(cfg: Any) -> Ring | None:
@@ -137,7 +148,7 @@ class Ring:
         """What the worker needs to map the ring (in its INIT / PREINIT message)."""
         return {"fd": self.fd, "size": self.size}
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> RingStats:
         w, r, dropped, side, written, consumed, cap = self.counters()
         return {"bytes": cap, "used_bytes": w - r, "written": written, "taken": consumed, "side": side,
                 "dropped": dropped}

@@ -84,7 +84,7 @@ def test_kill9_of_the_worker_under_load_restarts_it_and_counts_every_lost_record
     with HttpReceiver() as rx:
         rc, st, err = _run(tmp_path, f"""
             emit(10_000, rate=15_000)
-            os.kill(pipeline._state.channel.proc.pid, signal.SIGKILL)
+            os.kill(pipeline.current().channel.proc.pid, signal.SIGKILL)
             emit({n} - 10_000, start=10_000, rate=15_000)
             ok = ct.flush(60)
             report(flush=ok)
@@ -116,7 +116,7 @@ def test_restarted_worker_keeps_seq_and_epochs(tmp_path: Path) -> None:
         ct.cptrace(1, "evict", node_id=1, i=2)
         assert ct.flush(30)
         time.sleep(0.5)  # a PROGRESS carries the epoch state
-        os.kill(pipeline._state.channel.proc.pid, signal.SIGKILL)
+        os.kill(pipeline.current().channel.proc.pid, signal.SIGKILL)
         time.sleep(0.5)
         ct.cptrace(1, "evict", node_id=1, i=3)
         report(flush=ct.flush(30))
@@ -226,9 +226,9 @@ def test_records_queued_when_shutdown_times_out_are_counted(tmp_path: Path, ring
                 return "slow"
         ct.cptrace(1, "evict", node_id=1, i=-1, v=Slow())
         emit(5000)
-        while pipeline._state.channel is None:   # the drainer starts the worker
+        while pipeline.current().channel is None:   # the drainer starts the worker
             time.sleep(0.01)
-        wpid = pipeline._state.channel.proc.pid
+        wpid = pipeline.current().channel.proc.pid
         ok = ct.shutdown(0.5)
         report(shutdown=ok, worker=wpid)
     """, CPTRACE_FILE=str(tmp_path / "out-{pid}.jsonl"), CPTRACE_RING=ring)

@@ -113,9 +113,9 @@ def stuck_render_child(before: int = 50, after: int = 49) -> str:
         ct.cptrace(1, "evict", node_id=1, i={before}, v=Stuck())
         for i in range({before} + 1, {before} + 1 + {after}):
             ct.cptrace(1, "evict", node_id=i, i=i)
-        st = pipeline._state
+        st = pipeline.current()
         rendered = {before} if st.ring is None else 0
-        while not (st._rendering and len(st._cur_items) >= rendered):   # wait until the drainer is stuck there
+        while not (st.rendering and len(st.cur_items) >= rendered):   # wait until the drainer is stuck there
             time.sleep(0.01)
     """)
 
@@ -132,7 +132,7 @@ def restart_child(n: int = 30000, kill_at: int = 10000, rate: int = 15000) -> st
                 if ahead > 0:
                     time.sleep(ahead)
         paced({kill_at}, 0)
-        os.kill(pipeline._state.channel.proc.pid, signal.SIGKILL)
+        os.kill(pipeline.current().channel.proc.pid, signal.SIGKILL)
         paced({n} - {kill_at}, {kill_at})
         ct.flush(60)
     """)

@@ -76,7 +76,7 @@ def test_byte_bound_caps_a_stalled_buffer() -> None:
     UNMEASURED records), the rest is dropped and counted."""
     cfg = config.from_env({"CPTRACE_QUEUE_BYTES": str(8 << 20)}, level=1, run_id="x", exporter="thread")
     assert cfg.queue_bytes == 8 << 20
-    st = pipeline._State(cfg)  # drainer not started: a stalled exporter
+    st = pipeline.Pipeline(cfg)  # drainer not started: a stalled exporter
     submit = st.make_submit()
     tracemalloc.start()
     for i in range(30_000):
@@ -89,12 +89,12 @@ def test_byte_bound_caps_a_stalled_buffer() -> None:
     limit = (8 << 20) // 20_000 + pipeline.UNMEASURED + 2 * (pipeline.SAMPLE_MASK + 1)
     assert held <= limit, (held, limit)
     assert cur < (8 << 20) + pipeline.UNMEASURED * 21_000 + (4 << 20)
-    assert pipeline._stats_of(st)["dropped_queue_bytes"] == st.dropped
+    assert st.stats()["dropped_queue_bytes"] == st.dropped
 
 
 def test_byte_estimate_shrinks_as_the_drainer_pops() -> None:
     cfg = config.from_env({}, level=1, run_id="x", exporter="thread", queue_bytes=1 << 30)
-    st = pipeline._State(cfg)
+    st = pipeline.Pipeline(cfg)
     submit = st.make_submit()
     for i in range(5000):
         submit(1, "backup", {"blob": "y" * 1000})
@@ -102,11 +102,11 @@ def test_byte_estimate_shrinks_as_the_drainer_pops() -> None:
     assert before > 0
     for _ in range(4500):
         st.buf.popleft()
-    st._popped()
+    st.popped()
     assert st.measured == 500 and 0 < st.qbytes < before // 4
     while st.buf:
         st.buf.popleft()
-    st._popped()
+    st.popped()
     assert st.qbytes == 0 and st.measured == 0
 
 

@@ -8,13 +8,14 @@ import os
 import signal
 import sys
 import time
+import typing
 from pathlib import Path
 
 import pytest
 from tests.helpers.otlp_receiver import read_jsonl
 
 from cptrace_otel.model import records
-from cptrace_otel.traced import api, pipeline
+from cptrace_otel.traced import api, drainer, pipeline, ring
 from cptrace_otel.model import config
 from cptrace_otel.model import semconv as sc
 from cptrace_otel.model.logline import parse_line, parse_prefix, parse_value
@@ -90,7 +91,7 @@ def test_fuzzed_values_flush_and_render_like_upstream(tmp_path: Path, exporter: 
 def test_full_buffer_drops_newest_counts_and_exports_the_count(tmp_path: Path) -> None:
     cfg = config.from_env({}, level=1, run_id="drops", file=str(tmp_path / "out" / "d.otlp.jsonl"),
                           exporter="thread", queue_size=5, cp_rank=0, spool_dir=str(tmp_path / "spool"))
-    st = pipeline._State(cfg)  # drainer not started yet: nothing leaves the buffer
+    st = pipeline.Pipeline(cfg)  # drainer not started yet: nothing leaves the buffer
     submit = st.make_submit()
     for i in range(12):
         submit(1, "evict", {"node_id": i})
@@ -110,7 +111,7 @@ def test_full_buffer_drops_newest_counts_and_exports_the_count(tmp_path: Path) -
 
 def test_submit_never_raises() -> None:
     cfg = config.from_env({}, level=1, run_id="x", exporter="thread")
-    st = pipeline._State(cfg)
+    st = pipeline.Pipeline(cfg)
     st.cap = object()  # type: ignore[assignment]  # the capacity compare now raises: must not reach the caller
     submit = st.make_submit()
     submit(1, "t", {})
@@ -138,10 +139,37 @@ def test_log_lines_sink_round_trips(tmp_path: Path) -> None:
     assert lines[1].endswith("[CPTRACE reset] ")
 
 
+@pytest.mark.parametrize("exporter", ["thread", "process"])
+def test_stats_are_the_keys_and_types_pipelinestats_declares(tmp_path: Path, exporter: str) -> None:
+    """stats() of a running pipeline, and of the last one after shutdown, has exactly the keys PipelineStats declares
+    (``ring`` only with the record ring: the process exporter has it here, the thread exporter never), its ints are
+    ints, and current() is the pipeline whose figures they are."""
+    _configure(tmp_path, exporter)
+    api.cptrace(1, "evict", node_id=1)
+    api.cptrace(1, "evict", node_id=2, v=BadStr())   # a side record with the ring
+    assert api.flush(30)
+    p = pipeline.current()
+    assert p is not None and (p.ring is not None) == (exporter == "process")
+    hints = typing.get_type_hints(pipeline.PipelineStats)
+    assert set(pipeline.PipelineStats.__optional_keys__) == {"ring"}
+    want = set(pipeline.PipelineStats.__required_keys__) | ({"ring"} if p.ring is not None else set())
+    for st in (pipeline.stats(), p.stats()):
+        assert set(st) == want
+        assert all(isinstance(st[k], int) for k in want if hints[k] is int)
+        assert st["shipped"] == 2 and st["dropped"] == 0 and st["exporter"] == exporter
+        if p.ring is not None:
+            assert set(st["ring"]) == set(ring.RingStats.__required_keys__)
+            assert st["ring"]["written"] == 1 and st["ring"]["side"] == 1
+    assert api.shutdown(30)
+    assert pipeline.current() is None
+    last = pipeline.stats()
+    assert set(last) == want and last["shipped"] == 2
+
+
 def test_shutdown_stops_the_worker_and_a_new_record_restarts(tmp_path: Path) -> None:
     _configure(tmp_path, "process")
     api.cptrace(1, "evict", node_id=1)
-    st = pipeline._state
+    st = pipeline.current()
     assert st is not None
     deadline = time.time() + 30
     while st.channel is None and time.time() < deadline:
@@ -149,21 +177,21 @@ def test_shutdown_stops_the_worker_and_a_new_record_restarts(tmp_path: Path) -> 
     proc = st.channel.proc
     assert api.shutdown(30) is True
     assert proc.poll() == 0  # the worker delivered and exited
-    assert api._STATE.submit is api._submit_unstarted and pipeline._state is None
+    assert api._STATE.submit is api._submit_unstarted and pipeline.current() is None
     assert pipeline.flush(1) is True  # nothing running: nothing to wait for
     api.cptrace(1, "evict", node_id=2)
-    assert pipeline._state is not None and pipeline._state is not st
+    assert (new := pipeline.current()) is not None and new is not st
     assert api.flush(30)
     assert sorted(e.attrs["hicache.node_id"] for e, _ in _events(tmp_path)) == [1, 2]
 
 
 def test_dead_worker_drops_and_counts_never_blocks(tmp_path: Path, capfd: pytest.CaptureFixture,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pipeline, "MAX_RESTARTS", 0)  # restarts used up: the worker stays dead
+    monkeypatch.setattr(drainer, "MAX_RESTARTS", 0)  # restarts used up: the worker stays dead
     _configure(tmp_path, "process")
     api.cptrace(1, "evict", node_id=1)
     assert api.flush(30)
-    st = pipeline._state
+    st = pipeline.current()
     os.kill(st.channel.proc.pid, signal.SIGKILL)
     st.channel.proc.wait(10)
     deadline = time.time() + 10
@@ -187,7 +215,7 @@ def test_fork_child_starts_its_own_pipeline(tmp_path: Path) -> None:
         code = 1
         try:
             api.cptrace(1, "evict", node_id=2, who="child")
-            code = 0 if api.flush(30) and pipeline._state.pid == os.getpid() else 3
+            code = 0 if api.flush(30) and pipeline.current() is not None else 3
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
@@ -260,15 +288,15 @@ def test_a_restarted_worker_numbers_on_past_every_seq_the_dead_one_was_given(tmp
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """records shipped to a worker that died before reporting them safe may have been delivered: their
     seqs are spent, so the next worker starts after all of them (before: at the last safe one, reusing seqs)."""
-    monkeypatch.setattr(pipeline, "RESTART_BACKOFF_S", 0.0)
+    monkeypatch.setattr(drainer, "RESTART_BACKOFF_S", 0.0)
     cfg = config.from_env({"CPTRACE_LEVEL": "1", "CPTRACE_EXPORTER": "thread", "CPTRACE_CP_RANK": "0",
                            "CPTRACE_FILE": str(tmp_path / "o.jsonl"), "CPTRACE_SPOOL_DIR": str(tmp_path / "s")})
-    st = pipeline._State(cfg)
-    st._start_channel()
+    st = pipeline.Pipeline(cfg)
+    drainer.start_channel(st)
     old = st.channel
     old.seq0, old.shipped, old.safe = 1000, 500, 200   # 300 in flight when it died
     old.dead, old.why = True, "exporter thread failed: test"
-    assert st._restart()
+    assert drainer.restart(st)
     assert st.channel is not old and st.channel.seq0 == 1500
     assert st.dropped == 300 and st.restarts == 1
     st.channel.close(5.0)

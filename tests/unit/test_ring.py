@@ -319,11 +319,11 @@ class Slow:
 
 MODE = os.environ["CHILD_MODE"]
 ct.cptrace(1, "evict", node_id=0, i=0)
-st = pipeline._state
+st = pipeline.current()
 ct.cptrace(1, "evict", node_id=1, i=1, v=Slow(MODE == "exit"))
 for i in range(2, 5000):
     ct.cptrace(1, "evict", node_id=i % 500, i=i)
-while not st._rendering:   # the drainer is on the slow value
+while not st.rendering:   # the drainer is on the slow value
     time.sleep(0.01)
 print("WORKER", st.channel.proc.pid, flush=True)
 if MODE == "shutdown":
@@ -466,7 +466,7 @@ from cptrace_otel.traced import pipeline
 for i in range(500):
     ct.cptrace(1, "evict", node_id=i, i=i)
 assert ct.flush(30)
-st = pipeline._state
+st = pipeline.current()
 old = st.channel
 st.on_worker_gone("the ack pipe broke (test)", old)   # as the ack reader does; the worker itself still runs
 for i in range(500, 3000):

@@ -36,7 +36,7 @@ from typing import Any
 
 from ...model import semconv as sc
 from ..api import cptrace, khash, rng
-from ._state import arg, safe, state_of
+from ._state import State, arg, safe, state_of
 
 CONTROLLER = "sglang.srt.managers.cache_controller"
 HIRADIX = "sglang.srt.mem_cache.hiradix_cache"
@@ -53,10 +53,11 @@ class L3State:
         self.drain: Any = None         # during a drain: (reads, its queues' view) until its hit records are out
 
 
-def _l3(st: Any) -> L3State:
+def _l3(st: State) -> L3State:
     s = getattr(st, "l3", None)
     if s is None:
-        s = st.l3 = L3State()
+        s = L3State()
+        setattr(st, "l3", s)  # noqa: B010 - attached on first use, so State (_state.py) does not declare it
     return s
 
 
@@ -75,7 +76,7 @@ def _page_fps(cc: Any, host_indices: Any, pages: int) -> list[int]:
     return [page_fp(pool.get_data_page(int(host_indices[i * ps]), flat=False)) for i in range(pages)]
 
 
-def _side_fps(st: Any, cc: Any, host_indices: Any, pages: int) -> dict[str, list[int]]:
+def _side_fps(st: State | None, cc: Any, host_indices: Any, pages: int) -> dict[str, list[int]]:
     """``shp_<pool>``: per sidecar pool of the cache (the DSA indexer), one :func:`page_fp` per page of its host pool
     at the KV's host slots (a sidecar's slots are the KV's); nothing for a cache without sidecars."""
     side_host = getattr(st, "side_host", None)
@@ -115,7 +116,7 @@ class Reads:
     subclass in :mod:`._l3_sites23`). The records and their grammar are the same for every version."""
 
     @staticmethod
-    def node_id(st: Any, node: Any) -> int:
+    def node_id(st: State, node: Any) -> int:
         """The id of the node a storage method was called with (0.5.20: the node itself)."""
         return int(node.id)
 
@@ -210,13 +211,13 @@ def _drain_pre(cache: Any, n_hit: Any) -> tuple:
     return queried, dict(cache.ongoing_backup), acks
 
 
-def _backup_pre(reads: Any, st: Any, node: Any, controller: Any, host: Any, hash_value: Any) -> tuple:
+def _backup_pre(reads: Any, st: State, node: Any, controller: Any, host: Any, hash_value: Any) -> tuple:
     hashes = list(hash_value or ())
     return (reads.node_id(st, node), _keys(controller, hashes), _page_fps(controller, host, len(hashes)),
             _side_fps(st, controller, host, len(hashes)))
 
 
-def flush_hits(st: Any, cache: Any) -> None:
+def flush_hits(st: State, cache: Any) -> None:
     """The pending ``l3_query``/``l3_prefetch`` records of the running drain, once."""
     l3 = _l3(st)
     pending, l3.drain = l3.drain, None
@@ -224,7 +225,7 @@ def flush_hits(st: Any, cache: Any) -> None:
         safe(_hit_records, pending[0], st, cache, pending[1][0])
 
 
-def _hit_records(reads: type[Reads], st: Any, cache: Any, queried: list) -> None:
+def _hit_records(reads: type[Reads], st: State, cache: Any, queried: list) -> None:
     cc = cache.cache_controller
     ps = int(cache.page_size)
     for op, hit, hashes in queried:
@@ -280,7 +281,7 @@ def _prefetch_ack(reads: type[Reads], cache: Any, op: Any) -> None:
             **_side_fps(state_of(cache), cc, op.host_indices, pages))
 
 
-def hit_record(st: Any, cache: Any, op: Any, node: Any, hashes: Any) -> None:
+def hit_record(st: State, cache: Any, op: Any, node: Any, hashes: Any) -> None:
     """``l3_hit``: ``node`` now holds fetched pages of ``op`` (its host slots, its page hashes)."""
     host = st.host(node)
     cptrace(1, "l3_hit", node_id=node.id, parent=node.parent.id, op=op.id, keys=_keys(cache.cache_controller,
@@ -321,7 +322,7 @@ def tree_path(node: Any, key: Any, ps: int) -> Iterator[tuple[Any, bool]]:
             return
 
 
-def _on_hit(st: Any, cache: Any, op: Any, pre: tuple, matched: int) -> None:
+def _on_hit(st: State, cache: Any, op: Any, pre: tuple, matched: int) -> None:
     """``_insert_helper_host(node, key, ...)`` returned ``matched``: the node it created past it takes the pages."""
     start, key = pre
     if matched >= len(key):

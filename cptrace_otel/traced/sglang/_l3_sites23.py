@@ -32,7 +32,7 @@ from ._l3_sites import (
     write_backup_storage_site,
     write_storage_site,
 )
-from ._state import arg
+from ._state import State, arg
 
 URC = "sglang.srt.mem_cache.unified_radix_cache"
 UTC = "sglang.srt.mem_cache.unified_cache.unified_tree_core"
@@ -44,7 +44,7 @@ class Reads23(Reads):
     """0.5.23's storage state for the shared L3 wrappers."""
 
     @staticmethod
-    def node_id(st: Any, node: Any) -> int:
+    def node_id(st: State, node: Any) -> int:
         return int(node)   # write_backup_storage(node_id)
 
     @staticmethod
@@ -69,7 +69,7 @@ def _insert_host_call(args: tuple, kwargs: dict) -> tuple:
     return arg(args, kwargs, 0, "node_id"), arg(args, kwargs, 1, "key"), {int(x) for x in host.tolist()}
 
 
-def _on_hits(st: Any, tree: Any, op: Any, pre: tuple, _res: Any) -> None:
+def _on_hits(st: State, tree: Any, op: Any, pre: tuple, _res: Any) -> None:
     """Walk the path ``insert_host`` took (read-only, after it): every node whose host slots are fetched ones took
     pages of this prefetch. Fetched slots were free when the drain allocated them, so no node held them before
     (a split's new parent keeps slots of the node it split, never fetched ones)."""
