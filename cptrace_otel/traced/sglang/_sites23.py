@@ -39,6 +39,7 @@ from typing import Any
 
 from ..api import cptrace, rng, trace_level
 from ._l3_sites23 import L3_BACKENDS, L3_SITES23
+from ._layerwise23 import LAYERWISE_SITES23, drop_counter, end as end_layerwise
 from ._sites import (
     HOST_POOL,
     PAGED_ALLOC,
@@ -98,6 +99,11 @@ class State23(State):
         super().clear()
         self.write_len.clear()
         self.evict_kind = None
+        drop_counter(self.cache.cache_controller.layer_done_counter)   # a reset aborts the load-backs in flight
+
+    def ack_h2d(self, ack_node_ids: list) -> None:
+        super().ack_h2d(ack_node_ids)
+        end_layerwise(ack_node_ids)   # the load-back step is done: its reads are no longer recorded
 
     # -- records that differ from 0.5.20 --------------------------------------------------------------------------
     def prepare23(self, node_id: int) -> None:
@@ -409,4 +415,5 @@ SITES23: list[tuple[str, str, Any]] = [
     (HOST_POOL, "HostKVCache.free", host_free),
     *L3_SITES23,
     (URC, "UnifiedRadixCache.attach_storage_backend", _attach_storage_backend),
+    *LAYERWISE_SITES23,
 ]
