@@ -246,6 +246,14 @@ class LayerwiseDsaDriver(DsaDriver):
             self.forward()
         super().check_prefix(req)
 
+    def run(self, *a: Any, **k: Any) -> None:
+        super().run(*a, **k)
+        # what is left hooked on the pool and the counter once every load-back was acked (the instrumentation
+        # hooks them only while one is in flight)
+        counter = self.kv.layer_transfer_counter
+        self.stats["hooks_left"] = sorted([n for n in vars(self.kv) if n.startswith("get_")]
+                                          + [n for n in vars(counter) if n == "wait_until"])
+
     def forward(self) -> None:
         pool = self.kv
         for layer in range(driver.LAYERS):

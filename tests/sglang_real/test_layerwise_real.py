@@ -48,6 +48,8 @@ def test_a_layerwise_load_back_is_recorded_per_step_layer_and_reader(runs):
         assert got == sorted((layer, r) for layer in range(f["layers"]) for r in ("indexer", "kv")), (op, got)
     # healthy: each read after the wait for its layer
     assert all(x["waited"] >= x["layer"] for x in reads)
+    # the read and wait sites are hooked only while a step is in flight: none is left once every load was acked
+    assert healthy["stats"]["hooks_left"] == []
 
 
 def test_a_healthy_layerwise_run_has_no_finding_of_any_severity(runs):

@@ -7,10 +7,15 @@ moves layer by layer; after each layer it records that layer's event (``LayerLoa
 meanwhile (``set_consumer(slot)``) and every read of a layer's buffer waits first for that layer's event
 (``LayerDoneCounter.wait_until(l)``: in ``MLATokenToKVPool.get_key_buffer``/``get_value_buffer``, the MHA pool's
 and the DSA indexer's ``IndexKeyCache.get_local_buffer``, which ``DSATokenToKVPool.get_index_k_with_scale_buffer``
-reads). A read that skips the wait reads pages still being
-loaded (the GLM-5 report, SGLang #22811: the NSA indexer's reads did).
+reads). A read that skips the wait reads pages still being loaded (the GLM-5 report, SGLang #22811: the NSA
+indexer's reads did).
 
-Records (level 2; below level 2 nothing here records and a read costs one check of an empty dict):
+Cost: the one class-level wrapper is ``start_loading``'s (once per load-back step). The per-layer sites (the
+forward's reads and waits, the step's completions) are hooked on the objects themselves (instance attributes over
+whatever those objects resolve to then) only while a step of their counter is in flight at level 2, and unhooked
+when the last one ends: below level 2, and between load-backs, a read runs SGLang's code alone.
+
+Records (level 2):
 
 * ``ld_start`` at ``start_loading``, before the copy is submitted: ``op`` (the step's id: its first queued op's),
   ``ops`` (every queued op it merges: the ``op`` of their ``reload`` records), ``nodes`` (the load ops' nodes, as
@@ -34,8 +39,10 @@ from ..api import cptrace, trace_level
 from ._state import arg, safe, state_of
 
 CC = "sglang.srt.managers.cache_controller"
-MEMPOOL = "sglang.srt.mem_cache.memory_pool"
-INDEX_KEYS = "sglang.srt.mem_cache.index_key_cache"
+
+KV_GETTERS = ("get_key_buffer", "get_value_buffer")   # attention's reads (MHA, MLA and DSA pools)
+# the DSA indexer reads through the pool (dsa_indexer.py), which reads its IndexKeyCache: both are read sites
+INDEXER_GETTERS = ("get_index_k_with_scale_buffer", "get_index_k_scale_buffer")
 
 
 class Live:
@@ -49,9 +56,26 @@ class Live:
         self.read: set[tuple[int, str]] = set()
 
 
-# (id(LayerDoneCounter), slot) -> the step in flight in that slot. Empty whenever no load-back is in flight (and
-# always below level 2), which is all the wait and read wrappers look at then.
+# (id(LayerDoneCounter), slot) -> the step in flight in that slot
 LIVE: dict[tuple[int, int], Live] = {}
+# id(LayerDoneCounter) -> the hooks set on its pool and counter while a step of it is in flight
+_HOOKS: dict[int, list[tuple[Any, str, bool, Any]]] = {}
+
+
+def _hook(obj: Any, name: str, make: Any) -> tuple[Any, str, bool, Any]:
+    """Set ``obj.name`` to ``make(what obj.name resolves to now)``; returns how to undo it (:func:`_unhook`)."""
+    own = vars(obj)
+    had, prev = name in own, own.get(name)
+    setattr(obj, name, make(getattr(obj, name)))
+    return obj, name, had, prev
+
+
+def _unhook(hooks: list[tuple[Any, str, bool, Any]]) -> None:
+    for obj, name, had, prev in reversed(hooks):
+        if had:
+            setattr(obj, name, prev)
+        else:
+            vars(obj).pop(name, None)
 
 
 def end(node_ids: list) -> None:
@@ -71,15 +95,28 @@ def drop_counter(counter: Any) -> None:
             _drop(key, live)
 
 
+def drop_all() -> None:
+    """Forget every step and remove every hook (``uninstrument``)."""
+    for key, live in list(LIVE.items()):
+        _drop(key, live)
+    for hooks in list(_HOOKS.values()):
+        _unhook(hooks)
+    _HOOKS.clear()
+
+
 def _drop(key: tuple[int, int], live: Live) -> None:
-    LIVE.pop(key, None)
-    if getattr(live.event, "_cptrace_live", None) is live:
-        live.event._cptrace_live = None
+    if LIVE.get(key) is live:
+        del LIVE[key]
+    ev = live.event
+    if "complete" in vars(ev) and getattr(vars(ev)["complete"], "_cptrace_live", None) is live:
+        del vars(ev)["complete"]
+    if not any(k[0] == key[0] for k in LIVE):
+        _unhook(_HOOKS.pop(key[0], []))
 
 
-def _start(cc: Any) -> Live | None:
+def _start(st: Any, cc: Any) -> Live | None:
     """``ld_start`` of the step ``start_loading`` is about to submit; registers it under the slot it will take
-    (``LayerDoneCounter.update_producer``: the next one, modulo the slots)."""
+    (``LayerDoneCounter.update_producer``: the next one, modulo the slots) and hooks the per-layer sites."""
     q = cc.load_queue
     if not q:
         return None
@@ -94,40 +131,74 @@ def _start(cc: Any) -> Live | None:
         _drop(key, old)
     event = counter.events[slot]
     live = Live(key, ops[0], nodes, event)
+    if key[0] not in _HOOKS:
+        _HOOKS[key[0]] = _hooks(counter, cc.mem_pool_device)
     LIVE[key] = live
-    event._cptrace_live = live
+    complete = _completer(live, event.complete)
+    event.complete = complete   # SGLang takes it as the step's on_layer_done
     return live
 
 
+def _hooks(counter: Any, pool: Any) -> list[tuple[Any, str, bool, Any]]:
+    """The forward's wait and read sites of ``counter``'s pool, hooked."""
+    out = [_hook(counter, "wait_until", lambda orig: _waiter(counter, orig))]
+    for name in KV_GETTERS:
+        if hasattr(pool, name):
+            out.append(_hook(pool, name, lambda orig: _reader(pool, "kv", orig)))
+    for name in INDEXER_GETTERS:
+        if hasattr(pool, name):
+            out.append(_hook(pool, name, lambda orig: _reader(pool, "indexer", orig)))
+    ikc = getattr(pool, "index_key_cache", None)
+    if ikc is not None and hasattr(ikc, "get_local_buffer"):
+        out.append(_hook(ikc, "get_local_buffer", lambda orig: _reader(pool, "indexer", orig)))
+    return out
+
+
 def _start_loading(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    if trace_level() < 2 or state_of(instance) is None:
+    if trace_level() < 2:
         return wrapped(*args, **kwargs)
-    live = safe(_start, instance)
+    st = state_of(instance)
+    if st is None:
+        return wrapped(*args, **kwargs)
+    live = safe(_start, st, instance)
     try:
         return wrapped(*args, **kwargs)
     except BaseException:
         if live is not None:
-            _drop(live.key, live)   # nothing was submitted
+            safe(_drop, live.key, live)   # nothing was submitted
         raise
 
 
-def _complete(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    out = wrapped(*args, **kwargs)
-    live = getattr(instance, "_cptrace_live", None)
-    if live is not None:
+def _completer(live: Live, orig: Any) -> Any:
+    def complete(*args: Any, **kwargs: Any) -> Any:
+        out = orig(*args, **kwargs)
         safe(lambda: cptrace(2, "ld_layer", op=live.op, layer=int(arg(args, kwargs, 0, "layer_index"))))
-    return out
+        return out
+
+    complete._cptrace_live = live  # type: ignore[attr-defined]
+    return complete
 
 
-def _wait_until(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    out = wrapped(*args, **kwargs)
-    if LIVE:
-        live = LIVE.get((id(instance), instance.consumer_index))
+def _waiter(counter: Any, orig: Any) -> Any:
+    def wait_until(*args: Any, **kwargs: Any) -> Any:
+        out = orig(*args, **kwargs)
+        live = LIVE.get((id(counter), counter.consumer_index))
         if live is not None:
             t = arg(args, kwargs, 0, "threshold")
             if type(t) is int and t > live.waited:
                 live.waited = t
-    return out
+        return out
+
+    return wait_until
+
+
+def _reader(pool: Any, reader: str, orig: Any) -> Any:
+    def read(*args: Any, **kwargs: Any) -> Any:
+        out = orig(*args, **kwargs)
+        safe(_read, pool, reader, arg(args, kwargs, 0, "layer_id"))
+        return out
+
+    return read
 
 
 def _read(pool: Any, reader: str, layer_id: Any) -> None:
@@ -146,31 +217,8 @@ def _read(pool: Any, reader: str, layer_id: Any) -> None:
             waited=live.waited)
 
 
-def _reader(reader: str, of_pool: bool) -> Any:
-    """A read site of ``reader``'s buffers; ``of_pool``: the wrapped object holds the KV pool in ``.pool``."""
-
-    def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-        out = wrapped(*args, **kwargs)
-        if LIVE:   # (no load-back in flight: nothing more)
-            safe(_read, instance.pool if of_pool else instance, reader, arg(args, kwargs, 0, "layer_id"))
-        return out
-
-    return wrapper
-
-
-_KV, _IDX_POOL, _IDX = _reader("kv", False), _reader("indexer", False), _reader("indexer", True)
-
-# (module, "Class.method", wrapper): the layer-wise load-back sites of sglang 0.5.23
+# (module, "Class.method", wrapper): the layer-wise load-back site of sglang 0.5.23 (the per-layer ones are hooked
+# per object while a step is in flight)
 LAYERWISE_SITES23: list[tuple[str, str, Any]] = [
     (CC, "HiCacheController.start_loading", _start_loading),
-    (CC, "LayerLoadingEvent.complete", _complete),
-    (CC, "LayerDoneCounter.wait_until", _wait_until),
-    (MEMPOOL, "MHATokenToKVPool.get_key_buffer", _KV),
-    (MEMPOOL, "MHATokenToKVPool.get_value_buffer", _KV),
-    (MEMPOOL, "MLATokenToKVPool.get_key_buffer", _KV),
-    (MEMPOOL, "MLATokenToKVPool.get_value_buffer", _KV),
-    # the indexer reads through the DSA pool (dsa_indexer.py), which reads the IndexKeyCache: both are read sites
-    (MEMPOOL, "DSATokenToKVPool.get_index_k_with_scale_buffer", _IDX_POOL),
-    (MEMPOOL, "DSATokenToKVPool.get_index_k_scale_buffer", _IDX_POOL),
-    (INDEX_KEYS, "IndexKeyCache.get_local_buffer", _IDX),
 ]
