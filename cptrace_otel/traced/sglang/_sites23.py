@@ -23,6 +23,9 @@ Where each record is made in 0.5.23 (the README's "Use it with SGLang" lists the
   per chain node at ``loading_check`` (as 0.5.20);
 * ``free pool=dev`` at the allocator's ``free_segment`` / ``free`` (0.5.23 frees tree values and an insert's
   duplicate slots with ``free_segment``), ``free pool=host`` at ``HostKVCache.free``.
+* ``ld_start``, ``ld_layer``, ``ld_read`` (level 2, the layer-wise load-back and the reads of its layers) at
+  ``HiCacheController.start_loading`` and the per-layer sites it hooks while a step is in flight
+  (:mod:`._layerwise23`); a step ends at its ``ack h2d``.
 
 Not covered (:func:`untraceable`: such a cache gets one warning and no record, never partial records): the Rust
 tree core (``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=rust``, 0.5.23's default wherever its extension loads: its nodes
