@@ -2,7 +2,7 @@
 with the instrumentation off and on, in one process, same request stream, printing the ratio.
 
     python3 bench/sglang_step_cost.py [--version 0.5.20|0.5.23] [--reps 3] [--requests 150] [--policy write_through]
-        [--exporter thread|process] [--no-ring] [--layerwise]
+        [--exporter thread|process] [--no-ring] [--layerwise] [--cpu]
     python3 bench/sglang_step_cost.py --reads [--n 20000] [--reps 7]
 
 Modes, alternated ``--reps`` times (median per mode):
@@ -19,6 +19,8 @@ in every mode), and runs on CPU with tiny KV (2 layers x 4 floats per token), so
 and the ratio is mostly the Python work of the wrappers and records. Records go to a file sink, exported from a
 thread (``--exporter thread``, the default here) or from the exporter process with the record ring (``--exporter
 process``, the package's default) or without it (``--exporter process --no-ring``: the buffer and drainer path).
+``--cpu``: per step the process's CPU time (its threads, the exporter thread included) instead of wall time: on a
+machine other processes load, far less noisy (wall time counts the waits for a core).
 ``--layerwise`` (0.5.23): a DSA pool (MLA KV and the indexer, 64-token pages) whose load-backs complete layer by
 layer under a forward that reads every layer through SGLang's getters (tests/sglang_real/dsa_driver.py,
 ``LayerwiseDsaDriver``): the step then includes the reads and waits, and at level 2 the use-before-load records.
@@ -58,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-ring", action="store_true", help="with --exporter process: the buffer path (CPTRACE_RING=0)")
     p.add_argument("--layerwise", action="store_true",
                    help="0.5.23: a DSA pool read layer by layer under layer-wise load-backs (dsa_driver.py)")
+    p.add_argument("--cpu", action="store_true", help="CPU time per step instead of wall time")
     p.add_argument("--reads", action="store_true", help="0.5.23: a layer's reads with no load-back in flight")
     p.add_argument("--n", type=int, default=20000, help="with --reads: reads per timing")
     a = p.parse_args(argv)
@@ -96,12 +99,12 @@ def main(argv: list[str] | None = None) -> int:
                 r = driver.run(a.version, os.path.join(out, f"{m}-{rep}"), seed=5, requests=a.requests,
                                audit_every=0, reset=False, exporter=a.exporter, ring=not a.no_ring, **pool, **kw)
                 steps = r["stats"]["steps"]
-                per_step[m].append(r["stats"]["loop_s"] / steps)
+                per_step[m].append(r["stats"]["loop_cpu_s" if a.cpu else "loop_s"] / steps)
     med = {m: statistics.median(v) for m, v in per_step.items()}
     how = a.exporter + (" ring" if a.exporter == "process" and not a.no_ring else "")
     print(f"sglang {a.version} {a.policy} page_size={pool['page_size']}{' layerwise DSA' if a.layerwise else ''}: "
           f"{a.requests} requests, {steps} steps, "
-          f"median of {a.reps}; exporter {how}")
+          f"median of {a.reps}; exporter {how}; {'CPU' if a.cpu else 'wall'} time")
     for m in modes:
         print(f"  {m:6s} {med[m] * 1e3:8.3f} ms/step   x{med[m] / med['off']:.2f} of off")
     return 0
