@@ -2,7 +2,8 @@
 with the instrumentation off and on, in one process, same request stream, printing the ratio.
 
     python3 bench/sglang_step_cost.py [--version 0.5.20|0.5.23] [--reps 3] [--requests 150] [--policy write_through]
-        [--exporter thread|process] [--no-ring]
+        [--exporter thread|process] [--no-ring] [--layerwise] [--cpu]
+    python3 bench/sglang_step_cost.py --reads [--n 20000] [--reps 7]
 
 Modes, alternated ``--reps`` times (median per mode):
 
@@ -18,6 +19,18 @@ in every mode), and runs on CPU with tiny KV (2 layers x 4 floats per token), so
 and the ratio is mostly the Python work of the wrappers and records. Records go to a file sink, exported from a
 thread (``--exporter thread``, the default here) or from the exporter process with the record ring (``--exporter
 process``, the package's default) or without it (``--exporter process --no-ring``: the buffer and drainer path).
+``--cpu``: per step the process's CPU time (its threads, the exporter thread included) instead of wall time: on a
+machine other processes load, far less noisy (wall time counts the waits for a core).
+``--layerwise`` (0.5.23): a DSA pool (MLA KV and the indexer, 64-token pages) whose load-backs complete layer by
+layer under a forward that reads every layer through SGLang's getters (tests/sglang_real/dsa_driver.py,
+``LayerwiseDsaDriver``): the step then includes the reads and waits, and at level 2 the use-before-load records.
+
+``--reads`` (0.5.23): what a layer's reads cost with no load-back in flight (the use-before-load sites hook them only
+while one is): SGLang's DSA pool built by the driver, one layer's reads as a DSA forward makes them (the indexer's
+``get_index_k_with_scale_buffer``, attention's ``get_key_buffer`` and ``get_value_buffer``, a ``LayerDoneCounter``
+registered, no consumer), timed ``off`` (stock), ``gate0`` (instrumented, level 0) and ``on`` (level 2); best of
+``--reps`` runs of ``--n`` reads (the least disturbed by other processes).
+
 Needs deploy/sglang/install.
 """
 
@@ -45,16 +58,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--page-size", type=int, default=1)
     p.add_argument("--exporter", default="thread", choices=["thread", "process"])
     p.add_argument("--no-ring", action="store_true", help="with --exporter process: the buffer path (CPTRACE_RING=0)")
+    p.add_argument("--layerwise", action="store_true",
+                   help="0.5.23: a DSA pool read layer by layer under layer-wise load-backs (dsa_driver.py)")
+    p.add_argument("--cpu", action="store_true", help="CPU time per step instead of wall time")
+    p.add_argument("--reads", action="store_true", help="0.5.23: a layer's reads with no load-back in flight")
+    p.add_argument("--n", type=int, default=20000, help="with --reads: reads per timing")
     a = p.parse_args(argv)
+    if a.reads:
+        a.version = "0.5.23"
+    if a.layerwise and a.version != "0.5.23":
+        p.error("--layerwise needs --version 0.5.23")
     why = runtime.missing_reason(a.version)
     if why:
         print(why, file=sys.stderr)
         return 2
     runtime.on_path(a.version)
+    if a.reads:
+        return read_cost(a)
     import driver
     from cptrace_otel.traced.sglang import SGLangInstrumentor
 
     inst = SGLangInstrumentor()
+    pool: dict = dict(policy=a.policy, page_size=a.page_size, dev_tokens=256)
+    if a.layerwise:
+        import dsa_driver
+
+        pool = dict(policy=a.policy, page_size=dsa_driver.PAGE, dev_tokens=dsa_driver.PAGE * 16,
+                    builder=dsa_driver.build_dsa, stream=dsa_driver.dsa_stream,
+                    make_driver=lambda cache, *x: dsa_driver.LayerwiseDsaDriver(cache, *x))
     modes = {"off": dict(instrument=False), "gate0": dict(level=0), "on": dict(), "exact": dict(exact=True)}
     per_step: dict[str, list[float]] = {m: [] for m in modes}
     steps = 0
@@ -65,17 +96,52 @@ def main(argv: list[str] | None = None) -> int:
                     inst.uninstrument()
                 if m == "exact" and inst.is_instrumented_by_opentelemetry:
                     inst.uninstrument()   # exact is an instrument() option
-                r = driver.run(a.version, os.path.join(out, f"{m}-{rep}"), policy=a.policy, page_size=a.page_size,
-                               seed=5, requests=a.requests, dev_tokens=256, audit_every=0, reset=False,
-                               exporter=a.exporter, ring=not a.no_ring, **kw)
+                r = driver.run(a.version, os.path.join(out, f"{m}-{rep}"), seed=5, requests=a.requests,
+                               audit_every=0, reset=False, exporter=a.exporter, ring=not a.no_ring, **pool, **kw)
                 steps = r["stats"]["steps"]
-                per_step[m].append(r["stats"]["loop_s"] / steps)
+                per_step[m].append(r["stats"]["loop_cpu_s" if a.cpu else "loop_s"] / steps)
     med = {m: statistics.median(v) for m, v in per_step.items()}
     how = a.exporter + (" ring" if a.exporter == "process" and not a.no_ring else "")
-    print(f"sglang {a.version} {a.policy} page_size={a.page_size}: {a.requests} requests, {steps} steps, "
-          f"median of {a.reps}; exporter {how}")
+    print(f"sglang {a.version} {a.policy} page_size={pool['page_size']}{' layerwise DSA' if a.layerwise else ''}: "
+          f"{a.requests} requests, {steps} steps, "
+          f"median of {a.reps}; exporter {how}; {'CPU' if a.cpu else 'wall'} time")
     for m in modes:
         print(f"  {m:6s} {med[m] * 1e3:8.3f} ms/step   x{med[m] / med['off']:.2f} of off")
+    return 0
+
+
+def read_cost(a: argparse.Namespace) -> int:
+    """``--reads``: one layer's reads of the DSA pool, per mode (see the module doc)."""
+    import timeit
+
+    import driver
+    import dsa_driver
+
+    import cptrace_otel
+    from cptrace_otel.traced.sglang import SGLangInstrumentor
+
+    cp, tp = driver._init_group(1, 0, tempfile.mktemp(prefix="cptrace-gloo-"))
+    inst = SGLangInstrumentor()
+    out = tempfile.mkdtemp(prefix="sglang-read-cost-")
+    res: dict[str, float] = {}
+    for mode, level in (("off", None), ("gate0", 0), ("on", 2)):
+        if level is not None and not inst.is_instrumented_by_opentelemetry:
+            inst.instrument(exact=False)
+        cptrace_otel.configure(level=level or 0, file=os.path.join(out, f"{mode}.otlp.jsonl"),
+                               log_file=os.path.join(out, f"{mode}.log"), exporter="thread")
+        _, pool, _ = dsa_driver.build_dsa("write_through", dsa_driver.PAGE, dsa_driver.PAGE * 16, 3.0, cp, tp)
+        assert pool.layer_transfer_counter is not None
+
+        def read(pool=pool) -> None:
+            pool.get_index_k_with_scale_buffer(layer_id=1)
+            pool.get_key_buffer(1)
+            pool.get_value_buffer(1)
+
+        res[mode] = min(timeit.repeat(read, number=a.n, repeat=a.reps)) / a.n
+        cptrace_otel.shutdown(10)
+    print(f"sglang 0.5.23 DSA pool, one layer's reads (indexer + K + V), no load-back in flight, best of {a.reps}:")
+    for m, t in res.items():
+        print(f"  {m:6s} {t * 1e6:7.3f} us   {(t - res['off']) * 1e6:+7.3f} us   x{t / res['off']:.2f} of off")
     return 0
 
 

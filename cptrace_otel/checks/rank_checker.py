@@ -31,17 +31,18 @@ from .rules_h2 import H2Reload
 from .rules_h3 import H3Compose
 from .rules_h4 import H4Recycle
 from .rules_l3 import KEYS_KEPT, L3Rules
+from .rules_load import STEPS_KEPT, LoadRules
 from .rules_side import SideRules, side_witness
 from .state import UNKNOWN, Backup, Bounded, EpochState, Node, PendingLoad, PendingWrite
 
 # handler(ev, ev.fields, node_id, (seq, line_no)); node_id is an int for the keyed tags (the rest get the raw value)
 Handler = Callable[[Event, dict, Any, tuple], "list[Finding] | None"]
 # handlers that also run for a record without an int node_id
-_UNKEYED = frozenset(("config", "free", "kv_canary", "l3_prefetch", "l3_ack"))
+_UNKEYED = frozenset(("config", "free", "kv_canary", "l3_prefetch", "l3_ack", "ld_start", "ld_layer", "ld_read"))
 
 
 class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare, CanaryOwner, L3Rules,
-                  SideRules):
+                  SideRules, LoadRules):
     """Streaming checker of one rank. See the package docstring for the contract."""
 
     def __init__(self, rank: int, level: int | None = None) -> None:
@@ -62,12 +63,16 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         self._side_l3_keys = Bounded(KEYS_KEPT)   # SIDE-l3: the same for sidecar pages ("<key>.<pool>")
         self._l3_acked = Bounded(4096)       # L3a: prefetch ops compared at their ack
         self._l3_seen = False                # any L3 record: the L3 rules apply to this stream
+        self._ld_steps = Bounded(STEPS_KEPT)   # LOAD: layer-wise load-back steps (outlive epochs, as op ids do)
+        self._ld_by_op = Bounded(STEPS_KEPT)
+        self._ld_seen = False                # any ld_* record: LOAD applies to this stream
         handlers: dict[str, Handler] = {
             "config": self._config, "insert": self._insert, "split": self._split, "prepare": self._prepare,
             "backup": self._backup, "ack": self._ack, "evict": self._evict, "free": self._free,
             "reload": self._reload, "compose": self._compose, "kv_canary": self._canary,
             "l3_backup": self._l3_backup_all, "l3_prefetch": self._l3_prefetch, "l3_ack": self._l3_ack_all,
             "l3_hit": self._l3_hit,
+            "ld_start": self._ld_start, "ld_layer": self._ld_layer, "ld_read": self._ld_read,
         }
         # tag -> (level of the tag, handler, whether the record can move the epoch tracker, whether the handler
         # needs an int node_id): one lookup per record on the hot path
@@ -158,7 +163,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         lv = self.level
         for r in unchecked_at(lv, RANK):
             if r.only_with and not (self.sidecars and (self._l3_seen or "l3_ack" not in r.tags) if r.code == "SIDE"
-                                    else self._l3_seen):
+                                    else self._ld_seen if r.code == "LOAD" else self._l3_seen):
                 continue   # a tier (L3) or pool (sidecars) this stream never had: nothing the rule could check
             out.append(Unchecked(r.id, r.code, self.rank, r.level,
                                  f"trace level {lv} < {r.level}: no {LEVEL_RECORDS[r.level]}", "level"))
@@ -302,6 +307,8 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
     def _ack(self, ev: Event, f: dict, nid: int, ref: tuple) -> list[Finding] | None:
         d = f.get("dir")
         if d != "d2h":
+            if d == "h2d" and self._ld_seen:
+                self._ld_closed(f.get("op"))   # LOAD: its layer-wise step finished loading
             return self._ack_h2d(ev, f, nid, ref) if d == "h2d" else None
         # -- ack dir=d2h (inline here: the commonest ack, one call less)
         st = self.st
@@ -386,6 +393,11 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         self._l3_backup(ev, f, nid, ref)
         if self.sidecars:
             self._side_l3_backup(f, ref)
+
+    def _ld_read(self, ev: Event, f: dict, nid: Any, ref: tuple) -> list[Finding] | None:
+        """``ld_read``: LOAD-early."""
+        fnd = self._load_early(ev, f, nid, ref)
+        return [fnd] if fnd is not None else None
 
     def _l3_ack_all(self, ev: Event, f: dict, nid: Any, ref: tuple) -> list[Finding] | None:
         """``l3_ack``: L3a/L3b, then SIDE-l3 at a prefetch's ack."""

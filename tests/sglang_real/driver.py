@@ -318,7 +318,7 @@ class Driver:
         queue = [Req(f"r{i}", t) for i, t in enumerate(prompts)]
         running: list[Req] = []
         step = 0
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         while queue or running:
             step += 1
             self.copies.tick()
@@ -339,6 +339,7 @@ class Driver:
             if step > 20 * len(prompts) + 100:
                 raise RuntimeError("driver made no progress (device pool too small for the stream?)")
         self.stats["loop_s"] = time.perf_counter() - t0   # the scheduler steps (not the final settle and audit)
+        self.stats["loop_cpu_s"] = time.process_time() - c0   # their CPU time (this process's threads)
         self.settle()
         self.audit_host()
         self.stats["steps"] = step

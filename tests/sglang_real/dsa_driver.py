@@ -14,7 +14,9 @@ after a load-back is stale. ``dsa_l3_no_idx`` (with ``l3=True``: SGLang's ``file
 scheduler calls): the store reads the KV pages of an L3 hit but not the indexer's, and reports them read
 (``HiCacheFile._read_page`` of the indexer pool does nothing): the shape of a store that registered ``kv_buffer``
 but not ``index_k_with_scale_buffer`` (the GLM-5.1 + Mooncake report). The fetched KV is right, its indexer pages
-on the host (and then the device) are whatever they held before.
+on the host (and then the device) are whatever they held before. ``dsa_idx_no_wait`` (with ``layerwise=True``:
+:class:`LayerwiseDsaDriver`'s forward under a layer-wise load-back): the indexer's read of a layer skips the wait for
+that layer's load (:func:`install_no_wait`; the GLM-5 + L2 HiCache report), so it reads pages still being loaded.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import l3_driver  # noqa: E402
 
 PAGE = 64
 RANK, ROPE, IDX_DIM = 16, 8, 128
-DSA_FAULTS = ("dsa_no_idx_backup", "dsa_l3_no_idx")
+DSA_FAULTS = ("dsa_no_idx_backup", "dsa_l3_no_idx", "dsa_idx_no_wait")
 
 
 def make_dsa_pool(dev_tokens: int, page_size: int) -> Any:
@@ -192,14 +194,117 @@ def install_fault(cache: Any, kind: str | None) -> list[dict]:
     return hits
 
 
+class LayerwiseDsaDriver(DsaDriver):
+    """:class:`DsaDriver` whose load-backs complete layer by layer under the forward, as on a GPU: the batch's
+    ``ready_to_load_host_cache`` slot goes to ``LayerDoneCounter.set_consumer`` (as ``TpModelWorker`` does), and
+    the batch's forward reads each layer through SGLang's own getters, the indexer first
+    (``DSATokenToKVPool.get_index_k_with_scale_buffer``, as ``dsa_indexer.py`` does), then attention
+    (``get_key_buffer``/``get_value_buffer``). The copy engine holds a load back until a read waits for it: a wait
+    on a layer's event (``LayerLoadingEvent.wait``, what ``wait_until`` calls) moves the load's data and fires its
+    per-layer completions (``LayerLoadingEvent.complete``, SGLang's ``on_layer_done``), as the GPU's stream wait
+    orders the read after the copy. Each read is compared with what the batch's prefixes must hold in that layer:
+    a read of stale pages is a ``corruption`` entry with ``where="read"``."""
+
+    def __init__(self, *a: Any, **k: Any) -> None:
+        super().__init__(*a, **k)
+        self.stats["layer_reads"] = 0
+        self._reqs: list[driver.Req] = []
+        self._forward_done = True
+        for ev in self.cache.cache_controller.layer_done_counter.events:
+            ev.wait = functools.partial(self._wait, ev.wait)
+
+    def _wait(self, orig: Any, layer_index: int) -> None:
+        self._load_now()   # the stream wait: the load's copies done before the read
+        orig(layer_index)
+
+    def admit(self, reqs: list[driver.Req]) -> list[driver.Req]:
+        """:meth:`driver.Driver23.admit` with the forward between the load's start and the prefix checks, and no
+        wait for the loads but the forward's own."""
+        self._reqs = reqs
+        copies = self.copies
+        self._load_now = copies.wait_loads
+        cache = self.cache
+        ready = cache.ready_to_load_host_cache
+
+        def start() -> Any:
+            slot = ready()
+            cache.cache_controller.layer_done_counter.set_consumer(slot)   # TpModelWorker.set_hicache_consumer
+            self._forward_done = False
+            return slot
+
+        cache.ready_to_load_host_cache = start
+        copies.wait_loads = lambda: None
+        try:
+            return super().admit(reqs)
+        finally:
+            copies.wait_loads = self._load_now
+            del cache.ready_to_load_host_cache
+
+    def check_prefix(self, req: driver.Req) -> None:
+        if not self._forward_done:   # the first prefix check of the batch: its forward has run by then
+            self._forward_done = True
+            self.forward()
+        super().check_prefix(req)
+
+    def run(self, *a: Any, **k: Any) -> None:
+        super().run(*a, **k)
+        # what is left hooked on the pool and the counter once every load-back was acked (the instrumentation
+        # hooks them only while one is in flight)
+        counter = self.kv.layer_transfer_counter
+        self.stats["hooks_left"] = sorted([n for n in vars(self.kv) if n.startswith("get_")]
+                                          + [n for n in vars(counter) if n == "wait_until"])
+
+    def forward(self) -> None:
+        pool = self.kv
+        for layer in range(driver.LAYERS):
+            self._check_read("indexer", layer, pool.get_index_k_with_scale_buffer(layer_id=layer))
+            self._check_read("kv", layer, pool.get_key_buffer(layer))
+            pool.get_value_buffer(layer)
+            self.stats["layer_reads"] += 1
+        self._load_now()   # the batch's end: its results need every layer
+
+    def _check_read(self, reader: str, layer: int, buf: Any) -> None:
+        for req in self._reqs:
+            n = len(req.prefix_idx)
+            if n == 0:
+                continue
+            if reader == "kv":
+                bad = bool((buf[req.prefix_idx] != expected_kv(req.tokens[:n])[:, layer]).any())
+            else:
+                page, kcol, _ = _idx_cols(self.kv, req.prefix_idx)
+                bad = bool((buf[page[:, None], kcol] != expected_idx(req.tokens[:n])[:, layer, :IDX_DIM]).any())
+            if bad:
+                self.corruption.append({"step": self.copies.step, "where": "read", "pool": reader, "rid": req.rid,
+                                        "layer": layer})
+
+
+def install_no_wait(pool: Any) -> list[dict]:
+    """The indexer read that skips the per-layer wait (SGLang #22811, GLM-5 + L2 HiCache): the DSA pool's
+    ``IndexKeyCache.get_local_buffer`` returns layer l's buffer without ``layer_transfer_counter.wait_until``, as
+    the indexer's read did before the fix; attention's reads still wait. Returns the list of its reads made while
+    a load-back was in flight on the consumer's slot."""
+    hits: list[dict] = []
+    ikc = pool.index_key_cache
+
+    def get_local_buffer(layer_id: int) -> Any:
+        c = pool.layer_transfer_counter
+        if c is not None and c.consumer_index >= 0:
+            hits.append({"layer": layer_id})
+        return ikc._kernel_view(ikc.buffer[layer_id - pool.start_layer])
+
+    ikc.get_local_buffer = get_local_buffer
+    return hits
+
+
 class StorageDsaDriver(l3_driver._Storage, DsaDriver):
     """:class:`DsaDriver` with the ``file`` storage backend and the scheduler's storage calls (l3_driver.py)."""
 
 
 def run_dsa(out: str, fault: str | None = None, seed: int = 0, requests: int = 48, l3: bool = False,
-            **kw: Any) -> dict:
+            layerwise: bool = False, **kw: Any) -> dict:
     """One :func:`driver.run` of 0.5.23 over the DSA pool (``fault``: :data:`DSA_FAULTS`; ``l3``: with the ``file``
-    storage backend in a fresh folder ``out/l3store``); its summary plus ``dsa_fault_hits``."""
+    storage backend in a fresh folder ``out/l3store``; ``layerwise``: :class:`LayerwiseDsaDriver`, whose forward reads
+each layer while the load-back completes, the one ``dsa_idx_no_wait`` needs); its summary plus ``dsa_fault_hits``."""
     box: dict = {}
 
     def make_driver(cache: Any, *a: Any) -> DsaDriver:
@@ -209,9 +314,11 @@ def run_dsa(out: str, fault: str | None = None, seed: int = 0, requests: int = 4
             os.makedirs(root)
             os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = root
             drv: DsaDriver = StorageDsaDriver(cache, *a, faults=l3_driver.L3Faults(None))
+        elif layerwise:
+            drv = LayerwiseDsaDriver(cache, *a)
         else:
             drv = DsaDriver(cache, *a)
-        box["hits"] = install_fault(cache, fault)
+        box["hits"] = install_no_wait(drv.kv) if fault == "dsa_idx_no_wait" else install_fault(cache, fault)
         return drv
 
     kw.setdefault("dev_tokens", PAGE * 16)

@@ -98,6 +98,11 @@ RULES: tuple[Rule, ...] = (
        "(l3_ack dir=prefetch shp_<pool>) is one the key was written with (l3_backup)",
        "rules_side:SideRules._side_l3", skips=("SIDE-skipped(no l3 backup)", "SIDE-skipped(no l3 fingerprint)"),
        only_with="config"),
+    _r("LOAD-early", "LOAD", 2, RANK, "ld_start ld_layer ld_read ack",
+       "no layer of a layer-wise load-back is read before its load completed it: each first read of a layer "
+       "(ld_read) while the step is in flight follows that layer's completion (ld_layer) and the forward's wait "
+       "for it (waited >= layer) (SGLang #22811)",
+       "rules_load:LoadRules._load_early", skips=("LOAD-skipped(no start)",), only_with="ld_start ld_layer ld_read"),
     _r("C1", "C1", 1, CROSS, "insert split prepare evict reload reset",
        "lockstep tree: every rank's structural tuples are identical; the first divergence is reported",
        "rules_c1:C1Lockstep._c1_compare"),

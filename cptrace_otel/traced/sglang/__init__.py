@@ -129,6 +129,9 @@ class SGLangInstrumentor(BaseInstrumentor):
     def _uninstrument(self, **kwargs: Any) -> None:
         for module, attr, _ in getattr(self, "_cptrace_sites", None) or sites():
             _unwrap(module, attr)
+        from ._layerwise23 import drop_all
+
+        drop_all()   # the per-object hooks of load-backs still in flight
 
 
 def _register_cache_class() -> None:

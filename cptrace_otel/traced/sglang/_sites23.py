@@ -23,6 +23,9 @@ Where each record is made in 0.5.23 (the README's "Use it with SGLang" lists the
   per chain node at ``loading_check`` (as 0.5.20);
 * ``free pool=dev`` at the allocator's ``free_segment`` / ``free`` (0.5.23 frees tree values and an insert's
   duplicate slots with ``free_segment``), ``free pool=host`` at ``HostKVCache.free``.
+* ``ld_start``, ``ld_layer``, ``ld_read`` (level 2, the layer-wise load-back and the reads of its layers) at
+  ``HiCacheController.start_loading`` and the per-layer sites it hooks while a step is in flight
+  (:mod:`._layerwise23`); a step ends at its ``ack h2d``.
 
 Not covered (:func:`untraceable`: such a cache gets one warning and no record, never partial records): the Rust
 tree core (``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=rust``, 0.5.23's default wherever its extension loads: its nodes
@@ -39,6 +42,7 @@ from typing import Any
 
 from ..api import cptrace, rng, trace_level
 from ._l3_sites23 import L3_BACKENDS, L3_SITES23
+from ._layerwise23 import LAYERWISE_SITES23, drop_counter, end as end_layerwise
 from ._sites import (
     HOST_POOL,
     PAGED_ALLOC,
@@ -98,6 +102,11 @@ class State23(State):
         super().clear()
         self.write_len.clear()
         self.evict_kind = None
+        drop_counter(self.cache.cache_controller.layer_done_counter)   # a reset aborts the load-backs in flight
+
+    def ack_h2d(self, ack_node_ids: list) -> None:
+        super().ack_h2d(ack_node_ids)
+        end_layerwise(ack_node_ids)   # the load-back step is done: its reads are no longer recorded
 
     # -- records that differ from 0.5.20 --------------------------------------------------------------------------
     def prepare23(self, node_id: int) -> None:
@@ -409,4 +418,5 @@ SITES23: list[tuple[str, str, Any]] = [
     (HOST_POOL, "HostKVCache.free", host_free),
     *L3_SITES23,
     (URC, "UnifiedRadixCache.attach_storage_backend", _attach_storage_backend),
+    *LAYERWISE_SITES23,
 ]
