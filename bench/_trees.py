@@ -21,7 +21,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from typing import Iterator
+from collections.abc import Iterator
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CURRENT = os.path.dirname(HERE)   # the checkout these tools belong to

@@ -23,9 +23,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = "bench-run"
@@ -43,7 +44,7 @@ PROCS = ('"processes":{"p1":{"serviceName":"sglang-hicache","tags":[{"key":"cptr
 
 def trace_pieces(tid: str, spans: int, t0: int, logs: bool, run: str = RUN) -> Iterator[bytes]:
     """One Jaeger-model trace of ``spans`` spans, in pieces of about 1 MiB."""
-    yield ('{"traceID":"%s","spans":[' % tid).encode()
+    yield (f'{{"traceID":"{tid}","spans":[').encode()
     buf: list[str] = []
     size = 0
     for j in range(spans):

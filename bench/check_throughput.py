@@ -158,9 +158,9 @@ def _measure(kind: str, paths: list[str]) -> dict:
     c0 = time.process_time()
     if kind in ("startup", "imports"):   # the baselines subtracted from instruction counts (raw, ours)
         if kind == "imports":
-            from cptrace_otel.commands import check as check_cmd
             from cptrace_otel.analyze import engine, result_output as report  # noqa: F401
             from cptrace_otel.analyze.sources import logs, otlpfile  # noqa: F401
+            from cptrace_otel.commands import check as check_cmd
         n, findings = 0, None
     elif kind == "raw":
         n = 0
@@ -197,6 +197,7 @@ def _measure(kind: str, paths: list[str]) -> dict:
     else:
         import io
         from types import SimpleNamespace
+
         from cptrace_otel.commands import check as check_cmd
         buf = io.StringIO()
         rc = check_cmd.run(SimpleNamespace(paths=paths, json=True, level=None, jaeger_url=None, run_id=None),

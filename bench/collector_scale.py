@@ -212,7 +212,7 @@ def run(args: argparse.Namespace) -> dict:
         accepted = metric_sum(METRICS["collector"], "otelcol_receiver_accepted_spans") - accepted0
         sent = metric_sum(METRICS["collector"], "otelcol_exporter_sent_spans") - sent0
         at_shards = {s: metric_sum(METRICS[s], "otelcol_receiver_accepted_spans") - v for s, v in shard0.items()}
-        if sent >= accepted and sum(at_shards.values()) >= sent or time.monotonic() > deadline:
+        if (sent >= accepted and sum(at_shards.values()) >= sent) or time.monotonic() > deadline:
             break
         time.sleep(0.2)
     cpu_servers = {k: cpu_s(p) for k, p in servers.items()}
@@ -254,7 +254,8 @@ def report(o: dict) -> None:
           "lag s  dropped")
     for r, x in enumerate(o["per_rank"]):
         print(f"  {r:4d}  {x['emit_rate']:12,.0f}  {x['exporter_cpu_s_per_s']:16.3f}"
-              f"  {x['exporter_cpu_ms_per_1k']:17.1f}  {x['exporter_rss_mib']:8.0f} MiB  {x['traced_cpu_s_per_s']:14.3f}  {x['traced_rss_mib']:6.0f} MiB"
+              f"  {x['exporter_cpu_ms_per_1k']:17.1f}  {x['exporter_rss_mib']:8.0f} MiB"
+              f"  {x['traced_cpu_s_per_s']:14.3f}  {x['traced_rss_mib']:6.0f} MiB"
               f"  {x['lag_s']:5.1f}  {x['dropped']}")
     for k, s in o["servers"].items():
         print(f"  {k:15s} CPU {s['cpu_s_per_100k_events']:.3f} s per 100k events ({s['cpu_s_per_100k_spans']:.3f} s "

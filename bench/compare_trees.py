@@ -32,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable
+from collections.abc import Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -191,9 +191,9 @@ def report(runs: dict[str, dict[str, list[float]]], out: object) -> list[str]:
                          spread))
     head = ("figure (best of the rounds)", "old", "new", "new/old", "change (+ better)", "", "new: range")
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    pr("  ".join(h.ljust(w) for h, w in zip(head, widths)))
+    pr("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=False)))
     for r in rows:
-        pr("  ".join((c.ljust(w) if i == 0 else c.rjust(w)) for i, (c, w) in enumerate(zip(r, widths))))
+        pr("  ".join((c.ljust(w) if i == 0 else c.rjust(w)) for i, (c, w) in enumerate(zip(r, widths, strict=False))))
     return worse
 
 

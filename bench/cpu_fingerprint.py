@@ -67,9 +67,10 @@ def main(argv: list[str] | None = None) -> int:
         ("rng", index, reference.rng, fp.rng, args.reps),
     ]
     for name, t, base_fn, our_fn, breps in cases:
-        tb, vb = _median(lambda: base_fn(t), breps)
-        tn, vn = _median(ours(lambda: our_fn(t), True), args.reps)
-        to, vo = (tn, vn) if args.numpy or c_module is None else _median(ours(lambda: our_fn(t), False), args.reps)
+        tb, vb = _median(lambda base_fn=base_fn, t=t: base_fn(t), breps)
+        tn, vn = _median(ours(lambda our_fn=our_fn, t=t: our_fn(t), True), args.reps)
+        to, vo = ((tn, vn) if args.numpy or c_module is None
+                  else _median(ours(lambda our_fn=our_fn, t=t: our_fn(t), False), args.reps))
         same = vb == vo == vn
         ok &= same
         gb = t.numel() * t.element_size() / 1e9

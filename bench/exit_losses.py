@@ -25,8 +25,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.append(str(REPO))   # tests.helpers: the children the tests run too
 
-from tests.helpers.exit_children import (child_env, early_exit_child, fork_child, restart_child,  # noqa: E402
-                                         storm, storm_child, stuck_render_child, wait_delivered)
+from tests.helpers.exit_children import (  # noqa: E402
+    child_env,
+    early_exit_child,
+    fork_child,
+    restart_child,
+    storm,
+    storm_child,
+    stuck_render_child,
+    wait_delivered,
+)
 
 
 def _run(code: str, tmp: str, **env: str) -> subprocess.CompletedProcess:

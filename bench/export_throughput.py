@@ -171,9 +171,8 @@ def main() -> int:
     ap.add_argument("--no-ring", action="store_true", help="leave out our run with CPTRACE_RING=1")
     args = ap.parse_args()
     n = args.events
-    from tests.helpers.otlp_receiver import GrpcReceiver, HttpReceiver
-
     from cptrace_otel.export import otlp_proto as otlp, worker
+    from tests.helpers.otlp_receiver import GrpcReceiver, HttpReceiver
 
     print("exporter: " + ("C span-event encoder and intake" if otlp._span_events and worker._intake
                           else "pure-Python parts (C speedups not fully built)"))

@@ -35,8 +35,7 @@ def child(stream: str, n: int, mode: str) -> None:
     import gzip
 
     from cptrace_otel.checks.rank_checker import checker_factory
-    from cptrace_otel.export import otlp_proto as otlp
-    from cptrace_otel.export import worker as W
+    from cptrace_otel.export import otlp_proto as otlp, worker as W
     from cptrace_otel.model.records import MAX_VALUE_CHARS, render_other
     from cptrace_otel.model.spans import SpanBuilder
 

@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         kept = [khash_knz(big) for _ in range(10)]
         sync()
         extra_mem = torch.cuda.max_memory_allocated() - before
-        for a, b in kept:
+        for a, _b in kept:
             int(a)
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     starts = [rnd.randrange(0, pool_tokens // page_tokens) * page_tokens for _ in range(pages)]
     slices = [pool[s:s + page_tokens] for s in starts]
     res = many(slices)  # warm-up
-    for (a, b), s in list(zip(res, slices))[:: max(1, pages // 20)]:
+    for (a, b), s in list(zip(res, slices, strict=False))[:: max(1, pages // 20)]:
         check("batched", (int(a), int(b)), (reference.khash(s), reference.knz(s)))
     sync()
     t0 = time.perf_counter()

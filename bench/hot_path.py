@@ -74,7 +74,7 @@ def per_call_ns(stmt: str, glb: dict, number: int, repeat: int, timer=time.perf_
 def burst(fn, calls: int, repeat: int) -> tuple[float, float]:
     """(best wall ns/call, median caller-thread CPU ns/call) over bursts of ``calls`` enabled calls."""
     walls, cpus = [], []
-    for r in range(repeat):
+    for _r in range(repeat):
         t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
         for i in range(calls):
             fn(1, "backup", op=i, node_id=17, dev=1234, host=5678, io=1, h=8765432101234567, nz=4096, ts=i)

@@ -42,7 +42,7 @@ import urllib.parse
 import urllib.request
 import uuid
 
-import _proc   # (bench/: this script's own directory, first on sys.path)
+import _proc  # (bench/: this script's own directory, first on sys.path)
 
 EVENTS_PER_NODE = 20
 CYCLES = 4
@@ -120,7 +120,8 @@ def child_ours(n_events: int, rate: float) -> dict:
     c1 = _cpu_self()
     w1 = [_proc.cpu_s(p) for p in workers]
     # the worker's CPU from the first record to the end of the flush (its start-up and exit excluded)
-    stream = sum(b - a for a, b in zip(w0, w1) if a is not None and b is not None) if len(workers) == 1 else None
+    stream = (sum(b - a for a, b in zip(w0, w1, strict=False) if a is not None and b is not None)
+              if len(workers) == 1 else None)
     st = pipeline.stats()
     cw0 = _cpu_children()
     ct.shutdown(60)
@@ -179,7 +180,7 @@ def child_sdk(n_events: int, run_id: str, queue: int, preconverted: bool = False
         return a
 
     c0, t0 = _cpu_self(), time.perf_counter()
-    for n, (node, tid) in enumerate(zip(recs, tids), start=1):
+    for n, (node, tid) in enumerate(zip(recs, tids, strict=False), start=1):
         ids.trace_id = tid
         span_attrs = {sc.NODE_ID: n, sc.RANK: cfg.cp_rank}
         node_span = tracer.start_span(sc.SPAN_NODE, attributes=span_attrs)

@@ -72,8 +72,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -373,7 +374,7 @@ def run_one(sc: Scenario, tree: str, work: str, rx: RawReceiver) -> dict[str, by
         reqs = rx.take()
     heads = [f"POST {path} content-type={ctype} content-encoding={enc or 'none'}" for path, ctype, enc, _ in reqs]
     if sc.cuts:
-        for i, (head, (_, _, _, body)) in enumerate(zip(heads, reqs)):
+        for i, (head, (_, _, _, body)) in enumerate(zip(heads, reqs, strict=False)):
             arts[f"http request {i}"] = f"{head} bytes={len(body)}\n".encode() + _hexdump(body)
     elif reqs:
         arts["http requests (spans in order, request cuts removed)"] = "\n".join(sorted(set(heads))).encode() + \
@@ -406,9 +407,9 @@ def first_difference(a: dict[str, bytes], b: dict[str, bytes]) -> str | None:
         if x == y:
             continue
         la, lb = x.split(b"\n"), y.split(b"\n")
-        for i, (p, q) in enumerate(zip(la, lb)):
+        for i, (p, q) in enumerate(zip(la, lb, strict=False)):
             if p != q:
-                col = next((j for j, (c, d) in enumerate(zip(p, q)) if c != d), min(len(p), len(q)))
+                col = next((j for j, (c, d) in enumerate(zip(p, q, strict=False)) if c != d), min(len(p), len(q)))
                 lo = max(0, col - 60)
                 return (f"{k} line {i + 1} col {col + 1}: baseline {p[lo:col + 80]!r} | "
                         f"current {q[lo:col + 80]!r}")

@@ -49,10 +49,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-import _proc   # (bench/: this script's own directory, first on sys.path)
+import _proc  # (bench/: this script's own directory, first on sys.path)
 
 REPO = Path(__file__).resolve().parents[1]
 TAGS = ("prepare", "backup", "ack", "evict")
@@ -242,10 +243,10 @@ def main(argv: list[str] | None = None) -> int:
                 for mode in runs:  # interleaved, so a load change on the machine hits every mode alike
                     runs[mode].append(_run(mode, records, iters, nfields, args.call_form))
 
-            def med(mode: str, key: str) -> float:
+            def med(mode: str, key: str, runs: dict = runs, records: int = records) -> float:
                 return statistics.median(r[key] for r in runs[mode]) / records * 1e6
 
-            def cost(mode: str) -> float:
+            def cost(mode: str, runs: dict = runs, records: int = records) -> float:
                 return statistics.median(r["in_calls"] + r["others_cpu"] for r in runs[mode]) / records * 1e6
 
             up, ours = cost("upstream"), cost("ours")

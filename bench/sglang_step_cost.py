@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.reads:
         return read_cost(a)
     import driver
+
     from cptrace_otel.traced.sglang import SGLangInstrumentor
 
     inst = SGLangInstrumentor()

@@ -82,10 +82,9 @@ def node_events(n: int, ranks: int):
 
 def stream(otlp: str, run_id: str, n_events: int, rate: float, ranks: int = 2) -> int:
     """Send ``n_events`` events at ``rate``/s through SpanBuilder + the OTLP sink; the events sent."""
-    from cptrace_otel.model import config as _config
-    from cptrace_otel.model import semconv as sc
-    from cptrace_otel.model.events import Event
     from cptrace_otel.export.stack import open_sinks
+    from cptrace_otel.model import config as _config, semconv as sc
+    from cptrace_otel.model.events import Event
     from cptrace_otel.model.spans import SpanBuilder
 
     cfg = _config.from_env()

@@ -4,7 +4,7 @@ for the tests that trace."""
 from __future__ import annotations
 
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 

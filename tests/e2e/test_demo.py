@@ -8,10 +8,9 @@ import os
 
 import pytest
 
+from cptrace_otel.model.trace_ids import node_trace_id
 from tests.helpers.demo_run import demo
 from tests.helpers.otlp_receiver import HttpReceiver, read_jsonl
-
-from cptrace_otel.model.trace_ids import node_trace_id
 
 
 def test_default_demo_finds_every_injected_fault_and_nothing_else(tmp_path):
@@ -35,7 +34,8 @@ def test_default_demo_finds_every_injected_fault_and_nothing_else(tmp_path):
         assert f["trace_url"] == f"http://127.0.0.1:16686/trace/{tid}"
         assert "hicache.node_id" in f["search_url"]
     # the exporters' online checks stamped the per-rank violations on the spans holding the evidence
-    stamped = {(s.resource["sglang.cp.rank"], c) for s in spans for c in str(s.attrs.get("cptrace.violation", "")).split(",") if c}
+    stamped = {(s.resource["sglang.cp.rank"], c) for s in spans
+               for c in str(s.attrs.get("cptrace.violation", "")).split(",") if c}
     assert {(f["rank"], f["code"]) for f in rep["findings"]} <= stamped
     assert sorted(os.listdir(out)) >= ["rank0.log", "rank0.otlp.jsonl", "rank1.log", "rank1.otlp.jsonl"]
 

@@ -22,12 +22,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.exit_children import (child_env, early_exit_child, every_line_child, fork_child,
-                                         signal_in_submit_child, storm, storm_child, stuck_render_child,
-                                         wait_delivered)
-from tests.helpers.otlp_receiver import read_jsonl
-
 from cptrace_otel.model import semconv as sc
+from tests.helpers.exit_children import (
+    child_env,
+    early_exit_child,
+    every_line_child,
+    fork_child,
+    signal_in_submit_child,
+    storm,
+    storm_child,
+    stuck_render_child,
+    wait_delivered,
+)
+from tests.helpers.otlp_receiver import read_jsonl
 
 
 @pytest.mark.parametrize("exporter", ["process", "thread"])
@@ -51,13 +58,13 @@ def test_a_sigterm_storm_in_flush_or_shutdown_ends_flushed_with_the_app_handler_
 @pytest.mark.parametrize("exporter", ["process", "thread"])
 def test_a_sigterm_at_every_line_of_flush_and_shutdown_never_deadlocks(tmp_path: Path, exporter: str) -> None:
     """Deterministic: the handler runs at each line of the main thread's flush() and shutdown() frames, including
-    threading's own (before the signal-safe flush the first SIGTERM inside Event.set deadlocked: the handler's flush waited for
-    the lock that frame held)."""
+    threading's own (before the signal-safe flush the first SIGTERM inside Event.set deadlocked: the handler's flush
+    waited for the lock that frame held)."""
     p = subprocess.run([sys.executable, "-c", every_line_child(5000)],
                        env=child_env(tmp_path, CPTRACE_CP_RANK="0", CPTRACE_EXPORTER=exporter),
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
-    line = [x for x in p.stdout.splitlines() if x.startswith("KILLS")][0].split()
+    line = next(x for x in p.stdout.splitlines() if x.startswith("KILLS")).split()
     kills, calls = int(line[1]), int(line[3])
     assert kills >= 20 and calls == kills          # every signal ran the application's handler once
     assert line[5] == "True" and line[7] == "True"  # both flushed everything

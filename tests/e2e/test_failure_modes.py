@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.helpers.otlp_receiver import HttpReceiver, read_jsonl
-from tests.helpers import free_port
 
 from cptrace_otel.model import semconv as sc
+from tests.helpers import free_port
+from tests.helpers.otlp_receiver import HttpReceiver, read_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -255,11 +255,11 @@ def test_orphaned_spool_is_replayed_once_by_the_next_run(tmp_path: Path) -> None
     assert rc == 0 and st["flush"] is False, err
     assert glob.glob(str(tmp_path / "spool" / "*" / "*.otlp"))
     with HttpReceiver(port=port) as rx:
-        rc2, st2, err2 = _run(tmp_path, """
+        rc2, _st2, err2 = _run(tmp_path, """
             emit(10, start=2000)
             report(flush=ct.flush(30))
         """, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=url)
-        rc3, st3, err3 = _run(tmp_path, """
+        rc3, _st3, err3 = _run(tmp_path, """
             emit(10, start=2010)
             report(flush=ct.flush(30))
         """, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=url)
@@ -276,7 +276,7 @@ def test_orphaned_spool_replay_respects_the_byte_cap(tmp_path: Path) -> None:
     _run(tmp_path, "emit(2000)\nct.flush(3)\n", OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=url)
     assert glob.glob(str(tmp_path / "spool" / "*" / "*.otlp"))
     with HttpReceiver(port=port) as rx:
-        rc, st, err = _run(tmp_path, "emit(10, start=2000)\nreport(flush=ct.flush(30))\n",
+        rc, _st, err = _run(tmp_path, "emit(10, start=2000)\nreport(flush=ct.flush(30))\n",
                            OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=url, CPTRACE_SPOOL_MAX_BYTES="1")
         got = _is([e for sp in rx.spans() for e in sp.events])
     assert rc == 0, err
@@ -335,7 +335,7 @@ def test_exit_with_the_backend_down_does_not_hold_the_inherited_stderr(tmp_path:
     # A 10-minute OTLP timeout: an exporter that waited for the backend at exit would hold stderr (and with it
     # subprocess.run) far past this test's timeout.
     port = free_port()
-    rc, st, err = _run(tmp_path, """
+    rc, _st, err = _run(tmp_path, """
         emit(2000)
     """, timeout=60, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=f"http://127.0.0.1:{port}/v1/traces",
         OTEL_EXPORTER_OTLP_TIMEOUT="600000")
@@ -353,7 +353,7 @@ def test_exit_with_a_hanging_backend_lets_the_inherited_stderr_go(tmp_path: Path
     srv.bind(("127.0.0.1", 0))
     srv.listen(16)
     try:
-        rc, st, err = _run(tmp_path, """
+        rc, _st, err = _run(tmp_path, """
             emit(2000)
         """, timeout=90, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=f"http://127.0.0.1:{srv.getsockname()[1]}/v1/traces",
             OTEL_EXPORTER_OTLP_TIMEOUT="600000")

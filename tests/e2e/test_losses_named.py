@@ -137,8 +137,8 @@ def test_a_sink_that_fails_keeps_counting_its_losses(tmp_path: Path, monkeypatch
     exp.close(1.0)
 
 
-def test_a_ring_or_buffer_larger_than_the_machine_allows_is_cut_and_said_once(monkeypatch: pytest.MonkeyPatch,
-                                                                                recwarn: pytest.WarningsRecorder) -> None:
+def test_a_ring_or_buffer_larger_than_the_machine_allows_is_cut_and_said_once(
+        monkeypatch: pytest.MonkeyPatch, recwarn: pytest.WarningsRecorder) -> None:
     """``CPTRACE_RING_BYTES=2**40`` (and a byte bound as large) on this machine: each is cut to at most 1/8 of the
     smaller of physical memory and the cgroup limit (the ring to a power of two), with the reason said once."""
     from cptrace_otel.model import config

@@ -15,6 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from tests.helpers.otlp_receiver import GrpcReceiver, HttpReceiver, RxSpan, read_jsonl
 
 N_EVENTS = 50_000

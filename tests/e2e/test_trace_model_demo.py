@@ -12,8 +12,9 @@ from __future__ import annotations
 import collections
 import json
 import re
-from tests.helpers.otlp_receiver import read_jsonl
+
 from tests.helpers.demo_run import demo
+from tests.helpers.otlp_receiver import read_jsonl
 
 NAME = re.compile(r"^rank \d+ \u00b7 (node|d2h|h2d|process|request)$")
 STAGE = {"prepare": "hicache.d2h", "backup": "hicache.d2h", "reload": "hicache.h2d"}

@@ -10,8 +10,8 @@ import shutil
 import subprocess
 import sys
 
-from cptrace_otel.commands import check as check_cmd
 from cptrace_otel.cli import _parser
+from cptrace_otel.commands import check as check_cmd
 
 FAULTS = "C1_div,C3_writer,HASH_flip"
 

@@ -105,7 +105,7 @@ class EchoHttp:
         self._server.shutdown()
         self._server.server_close()
 
-    def __enter__(self) -> "EchoHttp":
+    def __enter__(self) -> EchoHttp:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -143,7 +143,7 @@ class EchoGrpc:
     def close(self) -> None:
         self._server.stop(grace=None).wait()
 
-    def __enter__(self) -> "EchoGrpc":
+    def __enter__(self) -> EchoGrpc:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 
 
 class HostileServer:
@@ -64,7 +65,7 @@ class HostileServer:
         self.server.shutdown()
         self.server.server_close()
 
-    def __enter__(self) -> "HostileServer":
+    def __enter__(self) -> HostileServer:
         return self
 
     def __exit__(self, *a: Any) -> None:

@@ -17,11 +17,11 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
-
 
 from cptrace_otel.analyze.sources.jaeger import JaegerClient, JaegerUnreachable
 from tests.helpers import free_port

@@ -60,7 +60,7 @@ def to_v3(reqs: list[dict], seed: int = 0) -> dict:
     """One api_v3 answer holding every trace: spans grouped by trace, spans and events in another order."""
     rnd = random.Random(seed)
     rss = []
-    for tid, items in traces_of(reqs).items():
+    for _tid, items in traces_of(reqs).items():
         items = list(items)
         rnd.shuffle(items)
         for res, sp in items:

@@ -28,10 +28,10 @@ import ssl
 import threading
 import time
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Iterable
-
+from typing import Any
 
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.common.v1 import common_pb2
@@ -141,12 +141,12 @@ def make_pki(directory: str) -> dict[str, str]:
     127.0.0.1 and localhost, signed by the CA), ``client_cert``/``client_key`` (signed by the CA) and ``other_ca``
     (a CA that signed nothing here: trusting only it must fail). Returns the paths."""
     import datetime
+    import ipaddress
 
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-    import ipaddress
 
     now = datetime.datetime.now(datetime.timezone.utc)
 
@@ -304,7 +304,7 @@ class HttpReceiver(_Store):
             self._server.server_close()
             self._server = None
 
-    def __enter__(self) -> "HttpReceiver":
+    def __enter__(self) -> HttpReceiver:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -362,7 +362,7 @@ class GrpcReceiver(_Store):
             self._server.stop(grace=None).wait()
             self._server = None
 
-    def __enter__(self) -> "GrpcReceiver":
+    def __enter__(self) -> GrpcReceiver:
         return self
 
     def __exit__(self, *exc: Any) -> None:

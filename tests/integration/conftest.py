@@ -21,10 +21,20 @@ from typing import Any
 import pytest
 
 from cptrace_otel.analyze.sources.jaeger import JaegerClient, JaegerUnreachable
-
 from tests.helpers import free_port
-from tests.helpers.integration import (_BASE_ENV, DEPLOY, JAEGER_URL, OTLP_GRPC, OTLP_HTTP, SPANMETRICS_URL, AlertStack,
-                                       Jaeger, PrivateJaeger, _port_open, unavailable)
+from tests.helpers.integration import (
+    _BASE_ENV,
+    DEPLOY,
+    JAEGER_URL,
+    OTLP_GRPC,
+    OTLP_HTTP,
+    SPANMETRICS_URL,
+    AlertStack,
+    Jaeger,
+    PrivateJaeger,
+    _port_open,
+    unavailable,
+)
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,6 @@ from pathlib import Path
 import pytest
 
 from cptrace_otel.analyze.sources.jaeger import JaegerClient, JaegerUnreachable, events_from_otlp
-
 from tests.helpers.integration import _BASE_ENV, DEPLOY, rank_env, start_rank, wait_for
 
 yaml = pytest.importorskip("yaml")

@@ -13,9 +13,8 @@ from collections import Counter
 
 import pytest
 
-from cptrace_otel.model import spans
 from cptrace_otel.analyze.sources.jaeger import events_from_otlp
-
+from cptrace_otel.model import spans
 from tests.helpers.integration import rank_env, start_rank, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -87,5 +86,5 @@ def test_outage_spools_and_replays_every_event(private_jaeger, run_id, tmp_path,
                 seqs.add(ev.seq)
         return (got, seqs) if got == emitted else None
 
-    got, seqs = wait_for(all_events, 60, f"all {total} events in Jaeger after the outage", 1.0)
+    _got, seqs = wait_for(all_events, 60, f"all {total} events in Jaeger after the outage", 1.0)
     assert len(seqs) == total   # no event twice (replay is not duplication), none missing

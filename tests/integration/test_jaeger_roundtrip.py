@@ -14,11 +14,10 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from cptrace_otel.analyze import links
-from cptrace_otel.model import spans
 from cptrace_otel.analyze.sources.jaeger import events_from_otlp, iter_spans, otlp_attrs, run_events
+from cptrace_otel.model import spans
 from cptrace_otel.model.attrs import fields_to_attributes
 from cptrace_otel.model.logline import parse_value, render_value
-
 from tests.helpers.integration import rank_env, start_rank, wait_for
 
 pytestmark = pytest.mark.integration
@@ -94,7 +93,7 @@ def test_two_ranks_roundtrip_through_jaeger(jaeger, run_id, tmp_path, protocol):
     for r in (0, 1):
         got = by_rank[r]
         assert [e.tag for e in got] == [tag for tag, *_ in emitted5[r]]      # in per-rank emission order
-        for ev, (tag, fields, t0, t1) in zip(got, emitted5[r]):
+        for ev, (tag, fields, t0, t1) in zip(got, emitted5[r], strict=False):
             assert ev.fields == expected_fields(fields), (tag, ev.fields)
             assert t0 <= ev.ts <= t1, (tag, t0, ev.ts, t1)                  # the call time, in ns
             assert ev.rank == r and ev.epoch == 0

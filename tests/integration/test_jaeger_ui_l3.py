@@ -1,4 +1,5 @@
-"""A node whose lifecycle crosses L3, in the real Jaeger UI: the L3 simulator's records (cptrace_otel.sim.l3_tier, two CP
+"""A node whose lifecycle crosses L3, in the real Jaeger UI: the L3 simulator's records (cptrace_otel.sim.l3_tier, two
+CP
 ranks in mode sharded, a flipped byte in one stored page) ingested into Jaeger, the trace of a node that was backed
 up to storage opened in headless Chromium and asserted from the page:
 
@@ -15,12 +16,11 @@ from __future__ import annotations
 
 import uuid
 
+from cptrace_otel.model.trace_ids import node_trace_id
+from cptrace_otel.sim.l3_tier import L3Sim
 from tests.helpers.browser import chromium_page, cli, screenshot
 from tests.helpers.integration import wait_for
 from tests.integration.test_jaeger_ui_node import COLLAPSER, _require_ui, _rows
-
-from cptrace_otel.model.trace_ids import node_trace_id
-from cptrace_otel.sim.l3_tier import L3Sim
 
 RANKS, SEED = 2, 3
 DOT = "\u00b7"

@@ -3,8 +3,8 @@
 header links to the run's HTML report at ``#trace=<id>``, which names the node.
 
 Needs the shared Jaeger serving the jaeger-ui build (``deploy/jaeger/up`` does when ``../shared/jaeger-ui/build``
-exists next to the repository) and headless Chromium (see tests/helpers/browser.py). Without the UI build it skips with the
-reason; with the build present but not served it is an error under ``CPTRACE_REQUIRE_JAEGER``.
+exists next to the repository) and headless Chromium (see tests/helpers/browser.py). Without the UI build it skips
+with the reason; with the build present but not served it is an error under ``CPTRACE_REQUIRE_JAEGER``.
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ def test_tag_links_search_and_trace_links_report(jaeger, tmp_path):
         node_row = page.query_selector(".KeyValueTable--row:has(td:text-is('hicache.node_id'))")
         node_row.query_selector("a.ant-dropdown-trigger").click()
         page.wait_for_selector(".ant-dropdown-menu a")
-        items = {a.inner_text().strip(): a.get_attribute("href") for a in page.query_selector_all(".ant-dropdown-menu a")}
+        items = {a.inner_text().strip(): a.get_attribute("href")
+                 for a in page.query_selector_all(".ant-dropdown-menu a")}
         node_link = next(h for t, h in items.items() if "every epoch" in t)
         rank_link = next(h for t, h in items.items() if f"on rank {f['rank']}" in t)
         assert json.loads(unquote(node_link.split("tags=")[1].split("&")[0])) == {

@@ -66,7 +66,8 @@ def test_sixteen_rank_node_in_the_jaeger_ui(jaeger, tmp_path):
 
     def complete():
         t = jaeger.client.get_trace(tid)
-        ranks = {next(x["value"] for x in s["tags"] if x["key"] == "sglang.cp.rank") for s in (t or {}).get("spans", [])}
+        ranks = {next(x["value"] for x in s["tags"] if x["key"] == "sglang.cp.rank")
+                 for s in (t or {}).get("spans", [])}
         return t if len(ranks) == RANKS else None
 
     trace = wait_for(complete, 60, f"trace {tid} with all {RANKS} ranks in Jaeger")

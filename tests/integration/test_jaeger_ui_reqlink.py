@@ -60,7 +60,7 @@ def test_from_a_node_to_sglang_requests_and_back_in_the_jaeger_ui(jaeger):
     refs = [r for r in lane["references"] if r["refType"] == "FOLLOWS_FROM"]
     req_traces = {}
     for r in refs:
-        t = wait_for(lambda: jaeger.client.get_trace(r["traceID"]), 60, f"SGLang's request trace {r['traceID']}")
+        t = wait_for(lambda r=r: jaeger.client.get_trace(r["traceID"]), 60, f"SGLang's request trace {r['traceID']}")
         (sp,) = [s for s in t["spans"] if s["spanID"] == r["spanID"]]
         assert t["processes"][sp["processID"]]["serviceName"] == "sglang"
         assert sp["operationName"].strip() in {f"Req {rid}" for rid in rids}

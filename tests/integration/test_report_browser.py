@@ -67,7 +67,7 @@ def test_demo_report_in_chromium(demo_report):
 
 
 def test_node_report_in_chromium(demo_report, tmp_path):
-    html, demo = demo_report
+    html, _demo = demo_report
     otlp = sorted(str(x) for x in html.parent.glob("rank*.otlp.jsonl"))
     f = json.loads(cli("check", "--json", *otlp).stdout)["findings"][0]
     node_html = tmp_path / "node.html"

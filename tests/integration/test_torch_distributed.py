@@ -14,10 +14,8 @@ from pathlib import Path
 import pytest
 
 from cptrace_otel.analyze.sources.jaeger import events_from_otlp
-
-from tests.helpers.integration import _BASE_ENV, ROOT, wait_for
-
 from tests.helpers import free_port
+from tests.helpers.integration import _BASE_ENV, ROOT, wait_for
 
 pytest.importorskip("torch.distributed")
 pytestmark = pytest.mark.integration
@@ -67,7 +65,8 @@ def test_four_torch_distributed_ranks_into_jaeger(jaeger, tmp_path):
     node_traces = {tid: es for tid, es in evs.items() if any("node_id" in e.fields and e.fields["node_id"] >= 0
                                                                and e.tag != "free" for e in es)}
     assert node_traces
-    partial = {tid: sorted({e.rank for e in es}) for tid, es in node_traces.items() if {e.rank for e in es} != {0, 1, 2, 3}}
+    partial = {tid: sorted({e.rank for e in es}) for tid, es in node_traces.items()
+               if {e.rank for e in es} != {0, 1, 2, 3}}
     assert not partial, list(partial.items())[:5]
 
     # check reads the run back from Jaeger and finds the injected faults

@@ -19,11 +19,9 @@ import urllib.parse
 
 import pytest
 
-from tests.helpers.integration import _BASE_ENV, ROOT, get_json, wait_for
-
-from tests.helpers import free_port
-
 from cptrace_otel.model.trace_ids import node_trace_id
+from tests.helpers import free_port
+from tests.helpers.integration import _BASE_ENV, ROOT, get_json, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -76,7 +74,7 @@ def test_watch_writes_back_and_alerts(watch_stack, tmp_path):
 
     # 1. the cross-rank findings are in their node traces, found by searching the code; linked to their evidence
     for code in ("C1", "C3"):
-        traces = wait_for(lambda: pj.client.search("cptrace-watch", {"cptrace.violation": code,
+        traces = wait_for(lambda code=code: pj.client.search("cptrace-watch", {"cptrace.violation": code,
                                                                       "cptrace.run_id": run_id}, lookback_s=3600),
                           30, f"the {code} finding span in Jaeger")
         ids = {node_trace_id(run_id, e, n).hex() for c, _r, n, e in want if c == code}
@@ -172,6 +170,6 @@ def test_watch_keeps_going_across_a_jaeger_restart(private_jaeger, tmp_path):
         assert p.poll() is None   # still watching
     finally:
         p.send_signal(signal.SIGTERM)
-        out, err = p.communicate(timeout=30)
+        _out, err = p.communicate(timeout=30)
     assert p.returncode == 0, err
     assert f"watch: Jaeger at {pj.query_url} is down" in err and f"watch: Jaeger at {pj.query_url} is back" in err, err

@@ -124,7 +124,6 @@ def _pools(policy: str, page_size: int, dev_tokens: int, host_ratio: float, cp_g
     (``make_kv(dev_tokens, page_size)`` where given, else an MHA pool), its allocator and the cache's init params.
     ``(server args, kv, alloc, params)``."""
     import torch
-
     from sglang.srt import runtime_context as rc
     from sglang.srt.server_args import ServerArgs
 
@@ -247,8 +246,7 @@ class Driver:
     # -- the scheduler's calls -----------------------------------------------------------------------------------
     def admit(self, reqs: list[Req]) -> list[Req]:
         import torch
-
-        from sglang.srt.mem_cache.base_prefix_cache import (EvictParams, InitLoadBackParams, MatchPrefixParams)
+        from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InitLoadBackParams, MatchPrefixParams
         from sglang.srt.mem_cache.radix_cache import RadixKey
 
         c = self.cache
@@ -380,15 +378,14 @@ class Driver23(Driver):
             for child in list(node.children.values()):
                 toks = prefix + list(child.key.token_ids)
                 hv = runtime.full(child).host_value
-                if hv is not None and child.id not in pending and len(hv):
-                    if not self.host_ok(hp, hv, toks, len(prefix)):
-                        self.corruption.append({"step": self.copies.step, "where": "host", "nodes": [child.id]})
+                if (hv is not None and child.id not in pending and len(hv)
+                        and not self.host_ok(hp, hv, toks, len(prefix))):
+                    self.corruption.append({"step": self.copies.step, "where": "host", "nodes": [child.id]})
                 stack.append((child, toks))
 
     def admit(self, reqs: list[Req]) -> list[Req]:
         import torch
-
-        from sglang.srt.mem_cache.base_prefix_cache import (EvictParams, InitLoadBackParams, MatchPrefixParams)
+        from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InitLoadBackParams, MatchPrefixParams
         from sglang.srt.mem_cache.radix_cache import RadixKey
 
         c = self.cache
@@ -478,7 +475,6 @@ def run(version: str, out: str, policy: str = "write_through", page_size: int = 
                            cp_rank=rank, run_id=f"sglang-{version}-{policy}-p{page_size}-s{seed}", checks=checks)
     if instrument:
         from cptrace_otel.traced.sglang import SGLangInstrumentor
-
         from cptrace_otel.traced.sglang._state import Recorder
 
         inst = SGLangInstrumentor()

@@ -42,7 +42,6 @@ DSA_FAULTS = ("dsa_no_idx_backup", "dsa_l3_no_idx", "dsa_idx_no_wait")
 
 def make_dsa_pool(dev_tokens: int, page_size: int) -> Any:
     import torch
-
     from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool
 
     return DSATokenToKVPool(size=dev_tokens, page_size=page_size, kv_lora_rank=RANK, dtype=torch.bfloat16,

@@ -21,7 +21,8 @@ import json
 import os
 import sys
 import tempfile
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
@@ -34,7 +35,7 @@ import runtime  # noqa: E402
 class _CpuOnly:
     """Has ``.cpu()`` but no ``.numel()``."""
 
-    def cpu(self) -> "_CpuOnly":
+    def cpu(self) -> _CpuOnly:
         return self
 
 
@@ -198,7 +199,7 @@ def run_cases(version: str, instrument: bool) -> dict:
     out = {}
     for name, case in cases(version).items():
         cache, _drv = _populated(version)
-        res = _outcome(lambda: case(cache))
+        res = _outcome(lambda case=case, cache=cache: case(cache))
         out[name] = {"outcome": res, "tree": tree_state(cache)}
     return out
 
@@ -213,7 +214,7 @@ def evict_host_visits(version: str, n_leaves: int, instrument: bool, level: int 
         from cptrace_otel.traced.sglang import SGLangInstrumentor
 
         SGLangInstrumentor().instrument()
-    cache, drv = _populated(version, host_ratio=4.0 + n_leaves / 384, level=level)
+    cache, _drv = _populated(version, host_ratio=4.0 + n_leaves / 384, level=level)
     from sglang.srt.mem_cache.radix_cache import TreeNode
 
     # n_leaves evicted host leaves under the root, each one token on host (hand-made: the request stream would take
@@ -270,7 +271,7 @@ def late_instrument(version: str) -> dict:
             said.append(record.getMessage())
 
     logging.getLogger("cptrace_otel.sglang").addHandler(Grab())
-    cache, drv = _populated(version)
+    _cache, drv = _populated(version)
     from cptrace_otel.traced.sglang import SGLangInstrumentor
 
     SGLangInstrumentor().instrument()
@@ -279,7 +280,7 @@ def late_instrument(version: str) -> dict:
     drv.run(driver.request_stream(1, 30, 1), 4, reset_at=None, audit_every=0)
     cptrace_otel.flush(30)
     before = sum(1 for _ in open(log)) if os.path.exists(log) else 0
-    after_cache, after_drv = _populated(version)   # (configures its own file sink; the log goes on)
+    _after_cache, after_drv = _populated(version)   # (configures its own file sink; the log goes on)
     cptrace_otel.configure(level=2, log_file=log, exporter="thread", checks=False)
     after_drv.run(driver.request_stream(2, 30, 1), 4, reset_at=None, audit_every=0)
     cptrace_otel.flush(30)

@@ -75,6 +75,7 @@ def main(version: str, url: str, mode: str, run_id: str = RUN_ID) -> None:
     if mode == "cache":
         import driver
         import runtime
+
         from cptrace_otel.traced.sglang import SGLangInstrumentor
 
         SGLangInstrumentor().instrument()
@@ -86,7 +87,8 @@ def main(version: str, url: str, mode: str, run_id: str = RUN_ID) -> None:
         copies = runtime.Copies(1, 1)
         copies.install()
         drv = (driver.Driver23 if version == "0.5.23" else driver.Driver)(cache, kv, alloc, copies, 0, 1)
-        for rid, toks in zip(rids, PROMPTS):   # one request per step: each later one matches the earlier ones' nodes
+        # one request per step: each later one matches the earlier ones' nodes
+        for rid, toks in zip(rids, PROMPTS, strict=False):
             api, req = new_request(rid, toks)
             copies.tick()
             cache.check_hicache_events()
@@ -97,7 +99,7 @@ def main(version: str, url: str, mode: str, run_id: str = RUN_ID) -> None:
     else:
         from cptrace_otel.traced.sglang._reqlink import note_node, request_fields
 
-        for i, (rid, toks) in enumerate(zip(rids, PROMPTS)):
+        for i, (rid, toks) in enumerate(zip(rids, PROMPTS, strict=False)):
             api, req = new_request(rid, toks)
             node = 100 + (i % 2)
             cptrace_otel.cptrace(1, "rid_map", rid=rid, node_id=node, hit="dev", **request_fields(req))

@@ -51,7 +51,7 @@ def need(version: str) -> None:
     why = missing_reason(version)
     if why is None:
         return
-    import pytest   # (only tests call this; the driver's processes never import pytest)
+    import pytest  # (only tests call this; the driver's processes never import pytest)
 
     if os.environ.get("CPTRACE_REQUIRE_SGLANG", "").strip().lower() in ("1", "true", "yes", "on"):
         pytest.fail(why + " (CPTRACE_REQUIRE_SGLANG=1)")
@@ -93,16 +93,15 @@ def fmt_findings(d: dict, width: int | None = 160) -> list[str]:
 def _transfer_kv_direct(src_layers: list, dst_layers: list, src_indices: Any, dst_indices: Any,
                         page_size: int = 1) -> None:
     """sgl_kernel's ``transfer_kv_direct`` on CPU: ``dst[dst_indices] = src[src_indices]`` per layer buffer."""
-    for s, d in zip(src_layers, dst_layers):
+    for s, d in zip(src_layers, dst_layers, strict=False):
         d[dst_indices.to(d.device)] = s[src_indices.to(s.device)]
 
 
 def apply_cpu_answers() -> None:
-    import torch
-
     import sglang.srt.managers.cache_controller as cc
     import sglang.srt.mem_cache.l2_transfer as l2
     import sglang.srt.mem_cache.pool_host.mha as mha
+    import torch
 
     cc.device_module = torch.cpu
     l2.device_module = torch.cpu
@@ -158,7 +157,7 @@ class _Job:
 class _Event:
     """The finish event of a deferred copy."""
 
-    def __init__(self, copies: "Copies", job: _Job) -> None:
+    def __init__(self, copies: Copies, job: _Job) -> None:
         self.copies, self.job = copies, job
 
     def query(self) -> bool:
@@ -208,9 +207,8 @@ class Copies:
         eng.submit_host_to_device = h2d
 
     def submit(self, stream: str, run: Any, transfers: list) -> Any:
-        import torch
-
         import sglang.srt.mem_cache.l2_transfer as l2
+        import torch
 
         lag = self.force_lag.pop(stream, None)
         if lag is None:

@@ -173,7 +173,7 @@ def test_unequal_copy_on_one_rank_is_c5_on_that_rank_and_node(runs, tmp_path):
     assert holders
     assert d["findings"][0]["node_id"] in holders, (holders, _fmt(d))
     relabelled = [str(tmp_path / f"rank-{r}.log") for r in range(WORLD)]
-    for src, dst in zip(logs, relabelled):
+    for src, dst in zip(logs, relabelled, strict=False):
         _relabel(src, dst, "sharded")
     assert _check(relabelled)["findings"] == []
 

@@ -26,9 +26,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import runtime  # noqa: E402
-from tests.helpers.otlp_receiver import HttpReceiver  # noqa: E402
 
 from cptrace_otel.model import semconv as sc  # noqa: E402
+from tests.helpers.otlp_receiver import HttpReceiver  # noqa: E402
 
 pytestmark = pytest.mark.sglang
 MAIN = os.path.join(HERE, "reqlink_main.py")

@@ -1,6 +1,6 @@
 """The rules on real SGLang: stock SGLang 0.5.20's HiCache (``HiRadixCache``, its
-controller, pools and allocator) and 0.5.23's (``UnifiedRadixCache``, ``HybridCacheController``) driven on CPU by ``driver.py`` with the instrumentation on, its records read back
-the way ``cptrace-otel check`` reads log files.
+controller, pools and allocator) and 0.5.23's (``UnifiedRadixCache``, ``HybridCacheController``) driven on CPU by
+``driver.py`` with the instrumentation on, its records read back the way ``cptrace-otel check`` reads log files.
 
 * Healthy runs, every write policy, page sizes 1 and 4, batched admission, copies that complete steps later, a reset
   mid-run: the driver's own content check sees no corruption, and the checker reports no finding of any severity,
@@ -267,7 +267,7 @@ def test_healthy_real_run_has_no_finding_0_5_23(healthy23, i):
 
 def test_healthy_real_run_with_large_batches_and_late_copies_0_5_23(healthy23):
     splits = 0
-    for (pol, seed, exact), (summary, res, events) in zip(LARGE, healthy23[len(HEALTHY):]):
+    for (pol, seed, exact), (summary, res, events) in zip(LARGE, healthy23[len(HEALTHY):], strict=False):
         assert summary["corruption"] == []
         assert res.findings == [], (pol, seed, exact, _fmt(res))
         splits += _inflight_splits(events)

@@ -5,7 +5,8 @@ seconds, so one subprocess runs several scenarios). Without the installed SGLang
 with ``CPTRACE_REQUIRE_SGLANG=1`` (as .ci/run sets) they fail instead.
 
 What is asserted here, for sglang 0.5.20 (``HiRadixCache``) and 0.5.23 (``UnifiedRadixCache``): the
-instrumentation applies and un-applies, refuses other versions with one warning and builds with their own call sites; the driver's healthy runs see no corruption and their records are complete and
+instrumentation applies and un-applies, refuses other versions with one warning and builds with their own call sites;
+the driver's healthy runs see no corruption and their records are complete and
 readable by ``cptrace-otel check``; each injected fault is seen by the driver's own content check (and, where the
 rules already decide it, by its code). That healthy runs give 0 findings is the rules' side.
 """
@@ -252,14 +253,14 @@ def healthy(request, tmp_path_factory):
 
 
 def test_healthy_runs_see_no_corruption(healthy):
-    for m, r in zip(HEALTHY, healthy):
+    for m, r in zip(HEALTHY, healthy, strict=False):
         assert r["corruption"] == [], (m, r["corruption"][:5])
         assert r["stats"]["loads"] > 0 and r["stats"]["resets"] == 1 and r["stats"]["host_audits"] > 0, m
 
 
 def test_healthy_records_are_complete(healthy):
     seen: set[tuple] = set()
-    for m, r in zip(HEALTHY, healthy):
+    for m, r in zip(HEALTHY, healthy, strict=False):
         recs = _records(r["log"])
         tags = {t for t, _ in recs}
         assert {"config", "reset", "rid_map", "insert", "split", "prepare", "backup", "ack", "evict", "free",
@@ -309,7 +310,7 @@ def test_loads_split_in_flight_get_an_ack_per_fragment(healthy):
             if t == "reload":
                 inflight[f["op"]] = set(f["chain"])
             elif t == "split":
-                for op, chain in inflight.items():
+                for _op, chain in inflight.items():
                     if f["node_id"] in chain:
                         chain.add(f["new_id"])
                         found += 1
@@ -327,7 +328,7 @@ def test_write_back_staging_evicts_after_the_flush_acks(healthy):
     ``writing_check(write_back=True)`` consumed its ack. Either way the eviction follows the ack of the node's
     write and is followed by the free of those pages."""
     staged = 0
-    for m, r in zip(HEALTHY, healthy):
+    for m, r in zip(HEALTHY, healthy, strict=False):
         if m["policy"] != "write_back":
             continue
         recs = _records(r["log"])
@@ -425,7 +426,7 @@ def test_four_ranks_one_faulty(tmp_path, version):
     shapes = []
     for r, o in enumerate(outs):
         recs = _records(o["log"])
-        cfg = [f for t, f in recs if t == "config"][0]
+        cfg = next(f for t, f in recs if t == "config")
         assert (cfg["cp_size"], cfg["cp_rank"]) == (4, r)
         shapes.append([t for t, _ in recs if t in ("insert", "split", "prepare", "reload")])
     assert shapes[0] == shapes[1] == shapes[3]   # the same stream, the same decisions (all-reduced acks)

@@ -69,7 +69,7 @@ def test_a_big_document_of_another_layout_is_refused_not_read_into_memory(tmp_pa
     monkeypatch.setenv("CPTRACE_QUERY_MAX_BYTES", str(1 << 20))
     doc = tmp_path / "big.json"
     doc.write_text('{"result": {"resourceSpans": [\n' + ",\n".join(['{"resource": {}}'] * 200_000) + "]}}\n")
-    rc, out, err = check(str(doc))
+    rc, _out, err = check(str(doc))
     assert rc == 3 and "more than 1048576 characters" in err and "CPTRACE_QUERY_MAX_BYTES" in err
 
 

@@ -8,9 +8,8 @@ import warnings
 import pytest
 
 import cptrace_otel
-from cptrace_otel.traced import api
 from cptrace_otel.model import config
-
+from cptrace_otel.traced import api
 
 pytestmark = pytest.mark.usefixtures("fresh_pipeline")
 

@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.otlp_receiver import HttpReceiver
-
-from cptrace_otel.export.otlp_proto import encode_requests
 from cptrace_otel.export.otlp_http import MAX_RETRY_AFTER_S, HttpTransport, parse_retry_after
+from cptrace_otel.export.otlp_proto import encode_requests
 from cptrace_otel.export.spool import ReliableSender
 from cptrace_otel.model.spans import Span
+from tests.helpers.otlp_receiver import HttpReceiver
 
 
 def _body(i: int) -> bytes:
@@ -71,5 +70,5 @@ def test_exponential_backoff_is_not_cut_short_by_new_requests(tmp_path: Path) ->
         assert i > 100
         # attempts at ~0, 0.4, 1.2 (doubling): a handful, not one per new request
         assert 2 <= n <= 4, n
-        gaps = [b - a for a, b in zip(rx.attempts, rx.attempts[1:])]
+        gaps = [b - a for a, b in zip(rx.attempts, rx.attempts[1:], strict=False)]
         assert all(g >= 0.35 for g in gaps), gaps

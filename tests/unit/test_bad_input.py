@@ -15,7 +15,6 @@ import pytest
 
 from cptrace_otel import cli
 from cptrace_otel.analyze.sources import inputs as files, logs
-
 from tests.helpers.demo_run import check
 
 GOOD = "[CPTRACE prepare] rank=0 node_id=7 op=1 ts=10\n"
@@ -26,7 +25,8 @@ def otlp_line(seq: int = 0, node: str = '{"intValue":"7"}', op: str = '{"intValu
     """One ExportTraceServiceRequest line with one cptrace record (a prepare of rank 0)."""
     ev = {"timeUnixNano": "1000", "name": "prepare", "attributes": [
         {"key": "hicache.node_id", "value": json.loads(node)}, {"key": "hicache.op", "value": json.loads(op)},
-        {"key": "hicache.ts", "value": {"intValue": str(10 + seq)}}, {"key": "cptrace.seq", "value": {"intValue": str(seq)}},
+        {"key": "hicache.ts", "value": {"intValue": str(10 + seq)}},
+        {"key": "cptrace.seq", "value": {"intValue": str(seq)}},
         {"key": "cptrace.epoch", "value": {"intValue": "0"}}]}
     req = {"resourceSpans": [{"resource": {"attributes": [{"key": "sglang.cp.rank", "value": {"intValue": "0"}}]},
                               "scopeSpans": [{"spans": [{"name": "hicache.d2h", "events": [ev]}]}]}]}
@@ -75,7 +75,7 @@ def test_the_python_reader_skips_a_huge_int_too(tmp_path, monkeypatch):
     ('{"resourceSpans": {"a": 1}}', "not an OTLP request of the expected shape"),
     ('{"resourceSpans": [{"scopeSpans": [{"spans": [{"events": [7]}]}]}]}', "span event skipped"),
     (otlp_line(5, node='{"intValue":"abc"}').strip(), "span event skipped"),
-    (otlp_line(5, node='{"intValue":"%s"}' % BIG).strip(), "an integer of more than 4300 digits"),
+    (otlp_line(5, node=f'{{"intValue":"{BIG}"}}').strip(), "an integer of more than 4300 digits"),
     (otlp_line(5, node='{"arrayValue": 3}').strip(), "span event skipped"),
     ("[1, 2]", "a JSON list, not an object"),
 ])
@@ -225,7 +225,7 @@ def test_a_fifo_or_device_by_path_is_refused_not_waited_on(tmp_path, kind):
 def test_a_fifo_in_a_folder_is_skipped(tmp_path):
     (tmp_path / "rank0.log").write_text(GOOD)
     os.mkfifo(tmp_path / "pipe")
-    rc, out, err = cli_run("check", "--json", str(tmp_path), timeout=30)
+    rc, _out, err = cli_run("check", "--json", str(tmp_path), timeout=30)
     assert rc == 0, err
     assert "pipe: unreadable (a FIFO (named pipe), not a regular file" in err
 

@@ -8,20 +8,19 @@ import contextlib
 import json
 import re
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, example, given, settings, strategies as st  # noqa: E402
+from test_bad_input import GOOD, otlp_line  # noqa: E402
 
-from cptrace_otel.commands import ingest  # noqa: E402
 from cptrace_otel.analyze.sources import logs  # noqa: E402
 from cptrace_otel.cli import _parser  # noqa: E402
-
+from cptrace_otel.commands import ingest  # noqa: E402
 from tests.helpers.demo_run import check  # noqa: E402
-from test_bad_input import GOOD, otlp_line  # noqa: E402
 
 SETTINGS = dict(deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 BIG = "9" * 4400

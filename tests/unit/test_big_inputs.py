@@ -9,11 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_bad_input import run_rss  # (pytest puts this folder on sys.path)
 
 from cptrace_otel.analyze.sources import tracedocs
 from cptrace_otel.analyze.sources.tracedocs import TraceDocs
-
-from test_bad_input import run_rss   # (pytest puts this folder on sys.path)
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 

@@ -15,14 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.checks_util import R, check_lines
-from tests.helpers.otlp_receiver import read_jsonl
-
 from cptrace_otel import cli
-from cptrace_otel.model import canary
 from cptrace_otel.analyze.engine import Analysis
 from cptrace_otel.analyze.sources import detect, logs
 from cptrace_otel.analyze.sources.logs import LogStats, read_log_events
+from cptrace_otel.model import canary
+from tests.helpers.checks_util import R, check_lines
+from tests.helpers.otlp_receiver import read_jsonl
 
 
 def sglang_violation(slot: int, position: int = 42, tag: str = "HEAD_K_FULL",
@@ -151,7 +150,7 @@ def test_exact_sets_decide_the_owner(tmp_path):
     assert "node 1's device slots" in f.message and "slot_idx=17" in f.message
     (f,), _ = _canary_findings(tmp_path, trace, 30)
     assert f.node_id == 2
-    (f,), res = _canary_findings(tmp_path, trace, 25)   # between node 2's exact slots: no node holds it
+    (f,), _res = _canary_findings(tmp_path, trace, 25)   # between node 2's exact slots: no node holds it
     assert f.node_id is None and f.severity == "ERROR" and "no node of the trace holds the slot" in f.message
 
 
@@ -231,10 +230,9 @@ def test_ingest_stamps_the_violation_on_the_owning_nodes_span_and_check_reads_it
 def test_watch_finds_the_violations_in_the_backends_traces(tmp_path):
     """What ``watch`` reads: the ingested spans as Jaeger returns them (api_v2 JSON), in pieces: the same findings,
     and the node's is already stamped by the exporter's check (so the watcher does not write it twice)."""
-    from tests.helpers.jaeger_fixtures import read_requests, v2_traces
-
     from cptrace_otel.analyze.finding_sinks import already_stamped
     from cptrace_otel.analyze.incremental import RunWatch
+    from tests.helpers.jaeger_fixtures import read_requests, v2_traces
 
     out = tmp_path / "out.jsonl"
     assert cli.main(["ingest", "--no-progress", "--file", str(out), "--run-id", "canary", _server_log(tmp_path)]) == 0

@@ -9,10 +9,8 @@ import os
 import subprocess
 import sys
 
-
-from cptrace_otel.commands import check as check_cmd
 from cptrace_otel.cli import main
-
+from cptrace_otel.commands import check as check_cmd
 from tests.helpers.checks_util import FIXTURES
 
 DOMAIN = os.path.join(FIXTURES, "domain")
@@ -134,6 +132,7 @@ def _big_log(tmp_path, copies: int = 600) -> str:
 
 def test_reader_progress_is_per_chunk_monotonic_and_ends_at_the_size(tmp_path):
     import gzip
+
     from cptrace_otel.analyze.sources.logs import read_log_events
     plain = _big_log(tmp_path)
     packed = str(tmp_path / "rank1.log.gz")
@@ -141,7 +140,7 @@ def test_reader_progress_is_per_chunk_monotonic_and_ends_at_the_size(tmp_path):
         g.write(f.read())
     for path in (plain, packed):
         calls: list = []
-        n = sum(1 for _ in read_log_events([path], progress=lambda d, t: calls.append((d, t))))
+        n = sum(1 for _ in read_log_events([path], progress=lambda d, t, calls=calls: calls.append((d, t))))
         size = os.path.getsize(path)
         assert n > 2000 and 2 <= len(calls) < n / 100      # once per chunk, not per event
         assert all(t == size for _, t in calls) and calls[-1] == (size, size)

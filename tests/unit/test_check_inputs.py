@@ -14,7 +14,6 @@ import sys
 import pytest
 
 from cptrace_otel.analyze.sources.detect import HEAD, sniff
-
 from tests.helpers.checks_util import FIXTURES
 from tests.helpers.demo_run import check, core, run_demo
 from tests.helpers.jaeger_fixtures import read_requests, to_v2, to_v3
@@ -78,7 +77,8 @@ def test_input_without_a_record_exits_3_with_what_it_looked_like(tmp_path, demo)
             "processID": "p1"}]}], "total": 0, "limit": 0, "offset": 0, "errors": None}
     other_v3 = {"result": {"resourceSpans": [{"resource": {"attributes": [
         {"key": "service.name", "value": {"stringValue": "redis"}}]}, "scopeSpans": [{"spans": [
-            {"traceId": "ab" * 16, "spanId": "cd" * 8, "name": "GET", "events": [{"name": "x", "attributes": []}]}]}]}]}}
+            {"traceId": "ab" * 16, "spanId": "cd" * 8, "name": "GET",
+             "events": [{"name": "x", "attributes": []}]}]}]}]}}
     files = {"random.bin": os.urandom(4096), "notes.txt": b"just some text\nwith no records\n", "empty.log": b"",
              "frontend.json": json.dumps(other_v2).encode(), "redis.json": json.dumps(other_v3, indent=2).encode(),
              "other.otlp.jsonl": (json.dumps(other_v3["result"]) + "\n").encode()}

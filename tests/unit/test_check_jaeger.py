@@ -1,7 +1,7 @@
 """``cptrace-otel check --jaeger URL`` against a fake query service with the memory store's search semantics
-(:mod:`tests.helpers.jaeger_fixtures`): the run's findings as from its files, pagination past the search depth, the search depth
-lowered when refused, run-id discovery, and the errors (unreachable, HTTP error, nothing found) as exit 3 with the
-URL and no password."""
+(:mod:`tests.helpers.jaeger_fixtures`): the run's findings as from its files, pagination past the search depth, the
+search depth lowered when refused, run-id discovery, and the errors (unreachable, HTTP error, nothing found) as exit
+3 with the URL and no password."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import copy
 import json
 import subprocess
 import sys
+from typing import ClassVar
 
 import pytest
 
 from cptrace_otel.analyze.sources.jaegerquery import parse_duration, parse_time, window
-
-from tests.helpers.jaeger_fixtures import FakeJaeger, read_requests, v2_traces
 from tests.helpers.demo_run import check, core, run_demo
+from tests.helpers.jaeger_fixtures import FakeJaeger, read_requests, v2_traces
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def test_pagination_past_the_search_depth_finds_every_trace(demo):
         starts = [int(q["start"][0]) for q in fj.queries]
         ends = [int(q["end"][0]) for q in fj.queries]
         assert min(starts) == starts[0] and max(ends) == ends[0]          # halves of the first window
-        rc0, out0, _ = check("--json", *demo["otlp"])
+        _rc0, out0, _ = check("--json", *demo["otlp"])
         assert core(out) == core(out0)
 
 
@@ -125,7 +125,7 @@ def test_credentials_go_as_basic_auth(demo):
 def test_an_http_error_is_exit_3_with_the_message(demo):
     with FakeJaeger(demo["traces"]) as fj:
         fj.search = lambda q: (503, {"data": None, "errors": [{"code": 503, "msg": "storage is down"}]})
-        rc, out, err = check("--jaeger", fj.url, "--run-id", demo["run_id"])
+        rc, _out, err = check("--jaeger", fj.url, "--run-id", demo["run_id"])
         assert rc == 3 and "HTTP 503" in err and "storage is down" in err and fj.url in err
 
 
@@ -203,7 +203,7 @@ def test_run_traces_hands_out_each_trace_once_oldest_first_and_never_a_full_page
               for i in range(60)]
 
     class Store:
-        answers: list[int] = []
+        answers: ClassVar[list[int]] = []
 
         def search_iter(self, service, tags, start_us, end_us, limit, raw, with_text):
             hit = [t for t in traces if any(start_us <= s["startTime"] <= end_us for s in t["spans"])]
@@ -242,7 +242,7 @@ def test_a_trace_past_the_bound_is_skipped_across_every_cut(monkeypatch):
         bound = rnd.choice([5000, 20000, 10**9])
         out = list(iter_data(parts, "u", max_item=bound))
         assert [o.trace_id if isinstance(o, Unread) else o["traceID"] for o in out] == [t["traceID"] for t in traces]
-        for o, t in zip(out, traces):
+        for o, t in zip(out, traces, strict=False):
             if isinstance(o, Unread):
                 assert len(json.dumps(t)) > bound and set(o.starts) <= {t["spans"][0]["startTime"]}
             else:

@@ -1,4 +1,5 @@
-"""``check --tempo`` against a fake Tempo in its documented response formats (:mod:`tests.helpers.tempo_fixtures`; Tempo itself
+"""``check --tempo`` against a fake Tempo in its documented response formats (:mod:`tests.helpers.tempo_fixtures`;
+Tempo itself
 is AGPL and not run here): the run's findings are those of its files, also through small search pages; the TraceQL
 is the documented run query; unreachable is exit 3; no --run-id is a usage error."""
 
@@ -8,16 +9,16 @@ import json
 
 import pytest
 
+from cptrace_otel.analyze.sources.tempo import run_query, run_trace_ids, traces_data
 from tests.helpers.demo_run import check, core, run_demo
 from tests.helpers.jaeger_fixtures import read_requests
 from tests.helpers.tempo_fixtures import FakeTempo
-from cptrace_otel.analyze.sources.tempo import run_query, run_trace_ids, traces_data
 
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     d = run_demo(tmp_path_factory.mktemp("demo"))
-    rc, out, _ = check("--json", *d["otlp"])
+    _rc, out, _ = check("--json", *d["otlp"])
     d["want"] = core(out)
     d["reqs"] = read_requests(d["otlp"])
     return d

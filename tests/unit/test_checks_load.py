@@ -1,4 +1,5 @@
-"""LOAD-early (rules_load) on hand-written streams; the real-SGLang runs are tests/sglang_real/test_layerwise_real.py."""
+"""LOAD-early (rules_load) on hand-written streams; the real-SGLang runs are
+tests/sglang_real/test_layerwise_real.py."""
 
 from __future__ import annotations
 

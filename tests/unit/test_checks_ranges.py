@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from cptrace_otel.checks.ranges import EXACT, INTERVAL, concat, overlap, parse_runs, slice_slots, slots_of
 from cptrace_otel.model.logline import Rng

@@ -9,7 +9,6 @@ import pytest
 
 from cptrace_otel.checks import Finding, RankChecker
 from cptrace_otel.model.events import Event
-
 from tests.helpers.checks_util import FIXTURES, R, check_files, check_lines, rules
 
 DOMAIN = os.path.join(FIXTURES, "domain")
@@ -187,8 +186,9 @@ def test_h4_interval_overlap_is_undecidable_not_a_finding(tmp_path):
 def test_h2c_interval_overlap_is_undecidable_and_reported(tmp_path):
     """A free pool=host whose summary cannot be told apart from a pending load's scattered host slots: no H2c
     finding, one undecidable H2c instance in the check's text and JSON reports."""
-    from cptrace_otel.analyze.result_output import to_json, to_text
     import json
+
+    from cptrace_otel.analyze.result_output import to_json, to_text
 
     host = "(cnt=8,min=0,max=40,first=0,last=40)"   # scattered: 8 slots over 41
     lines = ["[CPTRACE config] level=2",

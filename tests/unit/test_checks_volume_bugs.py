@@ -9,10 +9,9 @@
 
 from __future__ import annotations
 
-from tests.helpers.checks_util import R, check_files, check_lines, write_ranks
-
 from cptrace_otel.analyze.engine import Analysis
 from cptrace_otel.analyze.sources.logs import read_log_events
+from tests.helpers.checks_util import R, check_files, check_lines, write_ranks
 
 
 def _cfg(r, mode="shared", n=2, level=2):

@@ -13,10 +13,10 @@ import sys
 
 import pytest
 
-from cptrace_otel.commands import check as check_cmd
 from cptrace_otel.analyze.sources import inputs as files, logs
 from cptrace_otel.analyze.sources.logs import LogStats, read_log_events
 from cptrace_otel.analyze.sources.otlpfile import OtlpInfo, looks_like_otlp, read_otlp_events
+from cptrace_otel.commands import check as check_cmd
 
 
 def _gzip(src: str, dst: str) -> str:
@@ -99,12 +99,11 @@ def test_broken_otlp_stream_is_a_malformed_line_not_an_error(run_files, tmp_path
     plain, _ = run_files
     lines = open(plain["otlp.jsonl"][0], "rb").read().splitlines(keepends=True)
     cut = tmp_path / "rank0.otlp.jsonl.gz"
-    with open(cut, "wb") as raw:
-        with gzip.GzipFile(fileobj=raw, mode="wb") as g:
-            g.write(lines[0])
-            g.flush(zlib.Z_SYNC_FLUSH)   # the first line's compressed bytes are all out before the cut
-            keep = raw.tell()
-            g.write(b"".join(lines[1:]) or b"x" * 1000)
+    with open(cut, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb") as g:
+        g.write(lines[0])
+        g.flush(zlib.Z_SYNC_FLUSH)   # the first line's compressed bytes are all out before the cut
+        keep = raw.tell()
+        g.write(b"".join(lines[1:]) or b"x" * 1000)
     cut.write_bytes(cut.read_bytes()[:keep + 5])
     info = OtlpInfo()
     evs = list(read_otlp_events([str(cut)], info))
@@ -134,7 +133,7 @@ def _findings(rep: dict) -> list:
 
 
 def test_check_reads_standard_input(run_files):
-    plain, packed = run_files
+    plain, _packed = run_files
     want = _check(plain["log"][:1])[1]
     log0 = open(plain["log"][0], "rb").read()
     for data in (log0, gzip.compress(log0)):
@@ -161,7 +160,9 @@ def test_check_reads_standard_input(run_files):
 def test_ingest_reads_standard_input(run_files, tmp_path):
     plain, _ = run_files
     out = tmp_path / "in.jsonl"
-    p = _cli("ingest", "-", "--file", str(out), "--no-progress", stdin=gzip.compress(open(plain["log"][0], "rb").read()))
+    with open(plain["log"][0], "rb") as fh:
+        packed = gzip.compress(fh.read())
+    p = _cli("ingest", "-", "--file", str(out), "--no-progress", stdin=packed)
     assert p.returncode == 0, p.stderr
     assert _findings(_check([str(out)])[1]) == _findings(_check(plain["log"][:1])[1])
 

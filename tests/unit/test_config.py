@@ -9,8 +9,7 @@ import warnings
 
 import pytest
 
-from cptrace_otel.model import config
-from cptrace_otel.model import semconv as sc
+from cptrace_otel.model import config, semconv as sc
 from cptrace_otel.model.config import DEFAULT_FILE, from_env, traces_url
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 import builtins
 import re
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,7 +54,7 @@ def _class_names(cls: ast.ClassDef) -> dict[str, ast.AST | None]:
     return out
 
 
-@lru_cache(maxsize=None)
+@cache
 def _names(mod: str) -> dict[str, ast.AST | None]:
     """Top-level name -> its ClassDef (to look inside), or None."""
     tree = ast.parse(MODULES[mod].read_text())

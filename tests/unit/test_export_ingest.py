@@ -6,12 +6,12 @@ import glob
 from pathlib import Path
 
 import pytest
-from tests.helpers.otlp_receiver import HttpReceiver, read_jsonl
-from tests.helpers import free_port
 
-from cptrace_otel.traced import api
 from cptrace_otel import cli
 from cptrace_otel.model import semconv as sc
+from cptrace_otel.traced import api
+from tests.helpers import free_port
+from tests.helpers.otlp_receiver import HttpReceiver, read_jsonl
 
 pytest.importorskip("cptrace_otel.analyze.sources.logs")
 

@@ -8,12 +8,12 @@ import math
 import random
 
 import pytest
-from tests.helpers.otlp_receiver import flatten, parse_json_line
-
-from cptrace_otel.model import semconv as sc
-from cptrace_otel.export import otlp_proto as otlp, otlp_json
-from cptrace_otel.model.spans import STATUS_ERROR, Span
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+from cptrace_otel.export import otlp_json, otlp_proto as otlp
+from cptrace_otel.model import semconv as sc
+from cptrace_otel.model.spans import STATUS_ERROR, Span
+from tests.helpers.otlp_receiver import flatten, parse_json_line
 
 
 def _rand_value(rng: random.Random):
@@ -60,7 +60,7 @@ def _same(a, b) -> bool:
 
 def _assert_matches(spans: list[Span], rx: list, resource: dict) -> None:
     assert len(rx) == len(spans)
-    for sp, r in zip(spans, rx):
+    for sp, r in zip(spans, rx, strict=False):
         assert r.resource == resource
         assert r.scope == sc.SCOPE_NAME
         assert (r.trace_id, r.span_id, r.name) == (sp.trace_id.hex(), sp.span_id.hex(), sp.name)
@@ -70,10 +70,10 @@ def _assert_matches(spans: list[Span], rx: list, resource: dict) -> None:
         for k, v in sp.attrs.items():
             assert _same(r.attrs[k], v), (k, v, r.attrs[k])
         assert len(r.events) == len(sp.events)
-        for (ts, name, attrs), ev in zip(sp.events, r.events):
+        for (ts, name, attrs), ev in zip(sp.events, r.events, strict=False):
             assert (ev.time_ns, ev.name) == (ts, name)
             assert [k for k, _ in ev.attr_list] == list(attrs)
-            for (k, v), (_, rv) in zip(attrs.items(), ev.attr_list):
+            for (k, v), (_, rv) in zip(attrs.items(), ev.attr_list, strict=False):
                 assert _same(rv, v), (k, v, rv)
         assert [(t, s) for t, s, _ in r.links] == [(t.hex(), s.hex()) for t, s, _ in sp.links]
         assert [a for _, _, a in r.links] == [a for _, _, a in sp.links]
@@ -164,8 +164,8 @@ def test_event_attrs_from_typed_fields_match_the_dict_path(seed: int) -> None:
     """Span events built by SpanBuilder keep typed fields (``EventAttrs``) and are encoded from them directly: the
     bytes must equal the plain-dict encoding, and decode with opentelemetry-proto to the same attributes, also for
     ranges, wide/negative ints, floats, non-ASCII text, bools, lists, repeated (cached) values and dotted names."""
-    from cptrace_otel.model.logline import parse_value
     from cptrace_otel.model.attrs import EventAttrs
+    from cptrace_otel.model.logline import parse_value
 
     rng = random.Random(seed)
     texts = ["(cnt=3,min=1,max=5,first=1,last=5)", "(cnt=2,min=0.5,max=1.5,first=0.5,last=1.5)", "[1,[2,3]]",

@@ -8,15 +8,15 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.helpers.otlp_receiver import GrpcReceiver, HttpReceiver
 
-from cptrace_otel.traced import api, pipeline
-from cptrace_otel.model import semconv as sc
-from cptrace_otel.export.otlp_proto import encode_requests
 from cptrace_otel.export.otlp_grpc import GrpcTransport, grpc_target
 from cptrace_otel.export.otlp_http import HttpTransport
+from cptrace_otel.export.otlp_proto import encode_requests
 from cptrace_otel.export.spool import ReliableSender
+from cptrace_otel.model import semconv as sc
 from cptrace_otel.model.spans import Span
+from cptrace_otel.traced import api, pipeline
+from tests.helpers.otlp_receiver import GrpcReceiver, HttpReceiver
 
 
 class FakeTransport:
@@ -133,7 +133,7 @@ def test_grpc_transport_and_target_parsing() -> None:
         tr.close()
     tr = GrpcTransport(rx.url, timeout_s=0.5)
     res, detail = tr.send(_body(8))
-    assert res == "retry" and "UNAVAILABLE" in detail or "DEADLINE" in detail
+    assert (res == "retry" and "UNAVAILABLE" in detail) or "DEADLINE" in detail
     tr.close()
 
 

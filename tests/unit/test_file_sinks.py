@@ -108,7 +108,7 @@ def test_disk_full_for_the_otlp_file_sink(tiny_disk: Path) -> None:
     sink.MAX_PENDING = 64 << 10
     res = {"service.name": "t"}
     total = 0
-    for i in range(300):
+    for _i in range(300):
         sps = [Span(os.urandom(16), os.urandom(8), "hicache.node", 1, 2, ("k",), {"pad": "y" * 400})
                for _ in range(8)]
         total += len(sps)

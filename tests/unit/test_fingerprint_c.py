@@ -8,6 +8,7 @@ turns a missing build into a failure."""
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import pytest
@@ -15,6 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 np = pytest.importorskip("numpy")
 hypothesis = pytest.importorskip("hypothesis")
+
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
 import cptrace_otel.fingerprint as fp  # noqa: E402
@@ -36,7 +38,7 @@ EDGES = [0, 1, 2, 31, 32, 33, 63, 64, 4095, 4096, 4097, 255 * 32, 256 * 32 + 1, 
          3 * 32768 + 100]
 
 
-def closed_form(a: "np.ndarray", start: int = 0) -> tuple[int, int, int]:
+def closed_form(a: np.ndarray, start: int = 0) -> tuple[int, int, int]:
     """(S0, S1, nz) of the bytes with weights start + i + 1, in exact numpy uint64 (wraps mod 2**64 like the spec)."""
     b = a.reshape(-1).view(np.uint8).astype(np.uint64)
     w = np.arange(1, b.size + 1, dtype=np.uint64) + np.uint64(start & M64)
@@ -44,7 +46,7 @@ def closed_form(a: "np.ndarray", start: int = 0) -> tuple[int, int, int]:
         return int(b.sum(dtype=np.uint64)), int((b * w).sum(dtype=np.uint64)), int(np.count_nonzero(b))
 
 
-def _bytes(n: int, seed: int, mode: int) -> "np.ndarray":
+def _bytes(n: int, seed: int, mode: int) -> np.ndarray:
     g = np.random.default_rng(seed)
     if mode == 0:
         return np.full(n, 255, np.uint8)
@@ -85,7 +87,7 @@ def test_any_split_combines_to_the_whole(n: int, cuts: list, seed: int) -> None:
     a = _bytes(n, seed, 2)
     bounds = sorted({0, n, *[c % (n + 1) for c in cuts]})
     s0 = s1 = nz = 0
-    for lo, hi in zip(bounds, bounds[1:]):
+    for lo, hi in itertools.pairwise(bounds):
         p0, p1, pz = C.sums(a[lo:hi], start=lo)
         s0, s1, nz = (s0 + p0) & M64, (s1 + p1) & M64, nz + pz
     assert (s0, s1, nz) == C.sums(a)
@@ -96,7 +98,7 @@ BYTE_DTYPES = [torch.uint8, torch.int8, torch.bool, torch.int16, torch.float16, 
 
 
 @st.composite
-def tensors(draw) -> "torch.Tensor":
+def tensors(draw) -> torch.Tensor:
     """A CPU tensor of any byte dtype and shape, often a view: transposed, strided, or offset into its storage."""
     dtype = draw(st.sampled_from(BYTE_DTYPES))
     shape = draw(st.lists(st.integers(0, 40), min_size=0, max_size=3))
@@ -119,7 +121,7 @@ def tensors(draw) -> "torch.Tensor":
 
 @settings(max_examples=300, **SETTINGS)
 @given(t=tensors())
-def test_tensor_fingerprints_equal_the_reference(t: "torch.Tensor") -> None:
+def test_tensor_fingerprints_equal_the_reference(t: torch.Tensor) -> None:
     assert cpu.khash(t) == reference.khash(t), (t.dtype, t.shape, t.stride())
     assert cpu.knz(t) == reference.knz(t)
     assert cpu.khash_knz(t) == (reference.khash(t), reference.knz(t))

@@ -48,7 +48,7 @@ def test_int_str_index_format_force_the_value() -> None:
     assert not h.ready()
     want = 14 ^ 6000018 ^ 3
     assert int(h) == want and ev.syncs == 1
-    assert str(h) == str(want) and f"{h}" == str(want) and [0] * 4 == [0] * nz.__index__() + [0]
+    assert str(h) == str(want) and f"{h}" == str(want) and [0] * nz.__index__() + [0] == [0] * 4
     assert int(nz) == 3 and list(range(10))[nz] == 3
     assert host.reads == 1 and released == [1]  # one read, slot returned once
 
@@ -88,9 +88,9 @@ def test_event_that_breaks_gives_sentinel() -> None:
 
 def test_concurrent_forcing_reads_once() -> None:
     for _ in range(50):
-        ev, host, released, h, nz = _pair(done=True)
+        _ev, host, released, h, nz = _pair(done=True)
         out = []
-        threads = [threading.Thread(target=lambda d=d: out.append(int(d))) for d in (h, nz, h, nz)]
+        threads = [threading.Thread(target=lambda d=d, out=out: out.append(int(d))) for d in (h, nz, h, nz)]
         for t in threads:
             t.start()
         for t in threads:

@@ -127,7 +127,7 @@ def test_weighted_sum_wraps_past_2_63(tk, bufs, start, words) -> None:
     x = torch.randint(0, 256, (2 * 16384 + 10007,), dtype=torch.uint8,
                       generator=torch.Generator().manual_seed(start % 997))
     tk.hash_nz(x, state, out, 1, max_programs=1, start=formula.to_signed64(start), words=words)
-    s0, s1, nz, _ = out[1].tolist()
+    s0, s1, _nz, _ = out[1].tolist()
     want = sum(int(v) * (start + i + 1) for i, v in enumerate(x.tolist())) & formula.MASK64
     assert s1 & formula.MASK64 == want
     assert s0 == int(x.sum())
@@ -147,8 +147,7 @@ def test_gather_matches_materialized_copy(tk, bufs, words) -> None:
     ]
     for slot, (pool, idx_list) in enumerate(cases):
         idx = torch.tensor(idx_list)
-        p2 = pool.view(torch.uint8).reshape(pool.shape[0], -1) if pool.dim() > 1 else pool.view(torch.uint8).reshape(
-            pool.shape[0], -1)
+        p2 = pool.view(torch.uint8).reshape(pool.shape[0], -1)
         tk.hash_nz_gather(p2, idx, state, out, slot, max_programs=2, words=words)
         _check_hash(out[slot].tolist(), pool[idx].contiguous())
 
@@ -170,7 +169,7 @@ def test_batched_segments_from_separate_tensors(tk, bufs) -> None:
     lens = torch.tensor([s.numel() for s in segs])
     slots = torch.tensor([10, 11, 12, 13, 14, 15])
     tk.hash_nz_batch(base, offs, lens, slots, 40000, state, out, aligned=False, max_programs_per_segment=2)
-    for s, slot in zip(segs, slots.tolist()):
+    for s, slot in zip(segs, slots.tolist(), strict=False):
         _check_hash(out[slot].tolist(), s)
 
 
@@ -187,7 +186,7 @@ def test_batched_page_slices_of_one_pool(tk, bufs) -> None:
     lens = torch.tensor([v.numel() for v in views])
     slots = torch.arange(20, 25)
     tk.hash_nz_batch(base, offs, lens, slots, 64 * 400, state, out, aligned=True, max_programs_per_segment=1)
-    for v, slot in zip(views, slots.tolist()):
+    for v, slot in zip(views, slots.tolist(), strict=False):
         _check_hash(out[slot].tolist(), v)
 
 

@@ -20,7 +20,7 @@ BYTE_DTYPES = [
 ]
 
 
-def _random_tensor(rng: random.Random) -> "torch.Tensor":
+def _random_tensor(rng: random.Random) -> torch.Tensor:
     dtype = rng.choice(BYTE_DTYPES + [torch.bool])
     ndim = rng.choice([0, 1, 1, 1, 2, 2, 3])
     big = rng.random() < 0.1

@@ -19,8 +19,8 @@ import tracemalloc
 
 import pytest
 
-from cptrace_otel.analyze.sources.jaeger import JaegerClient, JaegerError, Unread
 from cptrace_otel.analyze.finding_sinks import Alerts
+from cptrace_otel.analyze.sources.jaeger import JaegerClient, JaegerError, Unread
 from cptrace_otel.cli import _parser
 from cptrace_otel.commands import watch as watch_cmd
 from tests.helpers.demo_run import check, run_demo
@@ -108,10 +108,7 @@ def test_a_dripping_server_meets_the_total_deadline(where, monkeypatch):
     body = b'{"data":[' + b" " * 100_000 + b"]}"
     head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n" % len(body)
     stop = threading.Event()
-    if where == "headers":
-        data = head + b"X-Pad: " + b"a" * 100_000 + b"\r\n\r\n" + body
-    else:
-        data = head + b"\r\n" + body
+    data = head + b"X-Pad: " + b"a" * 100000 + b"\r\n\r\n" + body if where == "headers" else head + b"\r\n" + body
     slow = drip(data, 0.05, stop)
 
     def behave(h):
@@ -121,9 +118,9 @@ def test_a_dripping_server_meets_the_total_deadline(where, monkeypatch):
 
     with HostileServer(behave) as hs:
         try:
-            rc, out, err = check("--jaeger", hs.url, "--run-id", "r")
+            rc, _out, err = check("--jaeger", hs.url, "--run-id", "r")
             assert rc == 3 and "no complete answer within 1 s" in err, err
-            rc, out, err = watch_once(hs.url, "--run-id", "r")
+            rc, _out, err = watch_once(hs.url, "--run-id", "r")
             assert rc == 3 and "NOT checked" in err and "no complete answer within 1 s" in err, err
         finally:
             stop.set()
@@ -385,7 +382,7 @@ def test_watch_once_requests_do_not_grow_with_the_number_of_runs(demo):
                     t["value"] = f"run-{i}"
         traces.append(tr)
     with FakeJaeger(traces) as fj:
-        rc, out, err = watch_once(fj.url, "--since", "1h")
+        rc, _out, err = watch_once(fj.url, "--since", "1h")
         searches = len(fj.queries)
     assert rc in (0, 1), err
     assert err.count(": finished") == 300

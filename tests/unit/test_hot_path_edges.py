@@ -9,10 +9,10 @@ import tracemalloc
 
 import pytest
 
-from cptrace_otel.traced import api, pipeline
 from cptrace_otel.model import config
 from cptrace_otel.model.logline import parse_line, parse_value, render_line
 from cptrace_otel.model.records import compact_item, render_other, render_record
+from cptrace_otel.traced import api, pipeline
 
 
 @pytest.fixture
@@ -96,7 +96,7 @@ def test_byte_estimate_shrinks_as_the_drainer_pops() -> None:
     cfg = config.from_env({}, level=1, run_id="x", exporter="thread", queue_bytes=1 << 30)
     st = pipeline.Pipeline(cfg)
     submit = st.make_submit()
-    for i in range(5000):
+    for _i in range(5000):
         submit(1, "backup", {"blob": "y" * 1000})
     before = st.qbytes
     assert before > 0

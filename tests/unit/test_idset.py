@@ -117,7 +117,7 @@ def test_removals_keep_every_colliding_id_reachable() -> None:
 def test_unhashable_keys_raise_like_a_set() -> None:
     s = IdSet([1])
     with pytest.raises(TypeError):
-        [1] in s
+        [1] in s  # noqa: B015 - the test is that the comparison raises
     with pytest.raises(TypeError):
         s.add([1])
     with pytest.raises(TypeError):

@@ -6,11 +6,9 @@ backend's rank suffix; hp: one fingerprint per page)."""
 
 from __future__ import annotations
 
-
+from cptrace_otel import cli
 from tests.helpers.checks_util import R, check_files, check_lines, rules, write_ranks
 from tests.helpers.otlp_receiver import read_jsonl
-
-from cptrace_otel import cli
 
 K = ["a1f0_m_0_1", "b2e1_m_0_1"]   # two pages' storage keys on rank 0
 

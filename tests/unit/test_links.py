@@ -68,7 +68,8 @@ def test_node_trace_url_is_the_exporters_trace_id():
     url = links.node_trace_url("http://h:16686", "run-a", 0, 17)
     assert url == "http://h:16686/trace/" + spans.node_trace_id("run-a", 0, 17).hex()
     assert links.node_trace_url("http://h:16686", "run-a", 1, 17) != url
-    assert links.request_trace_url("http://h:16686", "run-a", "r9").endswith(spans.request_trace_id("run-a", "r9").hex())
+    want = spans.request_trace_id("run-a", "r9").hex()
+    assert links.request_trace_url("http://h:16686", "run-a", "r9").endswith(want)
 
 
 def _closed_port() -> int:

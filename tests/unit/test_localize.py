@@ -9,10 +9,9 @@ import json
 
 import pytest
 
-
-from cptrace_otel.commands import check as check_cmd
 from cptrace_otel.analyze.engine import Analysis
 from cptrace_otel.analyze.localize import Localizer
+from cptrace_otel.commands import check as check_cmd
 from cptrace_otel.model.events import Event
 from cptrace_otel.sim.workload import analyze, run_fault
 
@@ -167,7 +166,7 @@ def test_chunked_forward_and_interleaved_ranks_stay_apart():
     a, b = Stream(), Stream()
     a.forward(0, "r2", "host", layers=3)
     b.forward(1, "r2", "host", {(1, "attn_out"): 3}, layers=3)
-    for x, y in zip(a.events, b.events):
+    for x, y in zip(a.events, b.events, strict=False):
         s.rec(0, **x.fields)
         s.rec(1, **y.fields)
     # the same rid again from layer 0: a second forward (chunked prefill), compared on its own

@@ -11,11 +11,10 @@ import os
 import random
 
 import pytest
+from test_logs_fastpath import LINES
 
 from cptrace_otel.analyze.sources import logs
 from cptrace_otel.model.logline import Rng, parse_line
-
-from test_logs_fastpath import LINES
 
 _logc = logs._logc
 _REQUIRED = os.environ.get("CPTRACE_REQUIRE_SPEEDUPS") == "1"

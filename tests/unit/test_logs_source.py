@@ -8,10 +8,8 @@ import random
 
 import pytest
 
-from cptrace_otel.analyze.sources.logs import (LogReadError, LogStats, default_rank, parse_trace_line,
-                                                read_log_events)
+from cptrace_otel.analyze.sources.logs import LogReadError, LogStats, default_rank, parse_trace_line, read_log_events
 from cptrace_otel.model.logline import parse_line, render_line
-
 from tests.helpers.checks_util import FIXTURES, R
 
 REAL = os.path.join(FIXTURES, "real", "sglang_attn_cp3.log")
@@ -121,5 +119,5 @@ def test_multi_file_merge_keeps_rank_order_and_assigns_epochs(tmp_path):
     assert by[1][-1].epoch == 1 and by[1][-2].epoch == 0     # node id went backwards
     # ranks stay close in time: never more than ~two read chunks apart
     pos = {id(e): i for i, e in enumerate(evs)}
-    lag = max(abs(pos[id(x)] - pos[id(y)]) for x, y in zip(by[0][:1400], by[1][:1400]))
+    lag = max(abs(pos[id(x)] - pos[id(y)]) for x, y in zip(by[0][:1400], by[1][:1400], strict=False))
     assert lag <= 2 * 512 + 2

@@ -10,13 +10,13 @@ import os
 import random
 
 import pytest
-
-from cptrace_otel.model import semconv as sc
-from cptrace_otel.export import otlp_proto as otlp
-from cptrace_otel.model.logline import Rng
-from cptrace_otel.model.attrs import EventAttrs
-from cptrace_otel.model.spans import Span
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+from cptrace_otel.export import otlp_proto as otlp
+from cptrace_otel.model import semconv as sc
+from cptrace_otel.model.attrs import EventAttrs
+from cptrace_otel.model.logline import Rng
+from cptrace_otel.model.spans import Span
 
 if otlp._span_events is None:
     if os.environ.get("CPTRACE_REQUIRE_SPEEDUPS") == "1":
@@ -90,7 +90,7 @@ def test_c_encoder_output_decodes_with_opentelemetry_proto() -> None:
     req = trace_service_pb2.ExportTraceServiceRequest.FromString(body)   # (zero times: no byte-exact re-encode)
     got = req.resource_spans[0].scope_spans[0].spans[0].events
     assert len(got) == len(events)
-    for (ts, name, a), ev in zip(events, got):
+    for (ts, _name, a), ev in zip(events, got, strict=False):
         assert ev.time_unix_nano == ts & ((1 << 64) - 1)
         assert [kv.key for kv in ev.attributes] == list(a.keys())
 

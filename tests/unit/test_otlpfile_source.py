@@ -8,11 +8,10 @@ import os
 
 import pytest
 
-from cptrace_otel.model import semconv as sc
 from cptrace_otel.analyze.engine import Analysis
 from cptrace_otel.analyze.sources.logs import LogReadError, read_log_events
 from cptrace_otel.analyze.sources.otlpfile import OtlpInfo, any_value, looks_like_otlp, read_otlp_events
-
+from cptrace_otel.model import semconv as sc
 from tests.helpers.checks_util import FIXTURES
 
 spans = pytest.importorskip("cptrace_otel.model.spans")

@@ -12,14 +12,11 @@ import typing
 from pathlib import Path
 
 import pytest
-from tests.helpers.otlp_receiver import read_jsonl
 
-from cptrace_otel.model import records
-from cptrace_otel.traced import api, drainer, pipeline, ring
-from cptrace_otel.model import config
-from cptrace_otel.model import semconv as sc
+from cptrace_otel.model import config, records, semconv as sc
 from cptrace_otel.model.logline import parse_line, parse_prefix, parse_value
-
+from cptrace_otel.traced import api, drainer, pipeline, ring
+from tests.helpers.otlp_receiver import read_jsonl
 
 pytestmark = pytest.mark.usefixtures("fresh_pipeline")
 

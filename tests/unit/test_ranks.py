@@ -11,8 +11,7 @@ import types
 
 import pytest
 
-from cptrace_otel.model import config
-from cptrace_otel.model import sampling
+from cptrace_otel.model import config, sampling
 from cptrace_otel.traced import ranks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -129,7 +128,7 @@ def test_sampled_stream_resource_and_check_knows(tmp_path):
     for r in (0, 1):
         code = ("ct.cptrace(1, 'config', cp_size=2, cp_rank=%d, mode='replicated', page_size=1, policy='wt')\n"
                 "for n in range(1, 60):\n"
-                "    ct.cptrace(1, 'insert', node_id=n, parent=0, len=1, dev='(cnt=1,min=%%d,max=%%d,first=%%d,last=%%d)' %% (n, n, n, n))\n" % r)
+                "    ct.cptrace(1, 'insert', node_id=n, parent=0, len=1, dev='(cnt=1,min=%%d,max=%%d,first=%%d,last=%%d)' %% (n, n, n, n))\n" % r)  # noqa: E501 - the child's source line
         p = _run_emitter(tmp_path, {"CPTRACE_SAMPLE": "0.5"}, body + code)
         assert p.returncode == 0, p.stderr
     files = sorted(os.listdir(tmp_path / "out"))

@@ -51,10 +51,10 @@ def test_derived_tables_keep_their_values():
                                  "LOAD-early": 2, "CANARY": 1, "L3a": 1, "L3b": 2}
     assert checks.LEVEL2_RULES == (("H1b", "H1"), ("H2b", "H2"), ("H2c", "H2"), ("H3", "H3"), ("H4", "H4"),
                                    ("SIDE-hash", "SIDE"), ("SIDE-l3", "SIDE"), ("LOAD-early", "LOAD"), ("L3b", "L3"))
-    assert checks.CODES == ("H1", "H2", "H3", "H4", "ZERO", "HASH", "SIDE", "LOAD", "C1", "C2", "C3", "C4", "C5", "CANARY",
-                            "L3")
-    assert checks.STRUCTURAL == {"insert", "split", "prepare", "evict", "reload", "reset"}
-    assert registry.FENCE_TAGS == {"store", "backup", "evict", "free", "reset"}
+    assert checks.CODES == ("H1", "H2", "H3", "H4", "ZERO", "HASH", "SIDE", "LOAD", "C1", "C2", "C3", "C4", "C5",
+                            "CANARY", "L3")
+    assert {"insert", "split", "prepare", "evict", "reload", "reset"} == checks.STRUCTURAL
+    assert {"store", "backup", "evict", "free", "reset"} == registry.FENCE_TAGS
     assert [r.id for r in registry.unchecked_at(1, RANK)] == ["H1b", "H2b", "H2c", "H3", "H4", "SIDE-hash", "SIDE-l3",
                                                                  "LOAD-early", "L3b"]
     assert [r.id for r in registry.unchecked_at(1, CROSS)] == ["C2", "C5-fence"]

@@ -10,11 +10,10 @@ import re
 from html.parser import HTMLParser
 
 from cptrace_otel.analyze import links
-from cptrace_otel.commands import report as report_cmd
 from cptrace_otel.analyze.report_bars import holds, stage_bars
 from cptrace_otel.cli import main
+from cptrace_otel.commands import report as report_cmd
 from cptrace_otel.model.events import Event
-
 from tests.helpers.checks_util import FIXTURES
 
 DOMAIN = os.path.join(FIXTURES, "domain")
@@ -124,7 +123,7 @@ def test_self_contained_lanes_findings_evidence(tmp_path):
     rec = next(r for r in dom.data["records"] if r[0] == "reload")
     assert "chain=[6]" in rec[5] and rec[6].endswith("rank0.log:7")
     # stage bars: d2h (prepare..ack d2h) and h2d (reload..ack h2d) on both ranks, closed
-    for r in ("0", "1"):
+    for _r in ("0", "1"):
         kinds = [a["class"] for a in dom.find("rect", "bar") if a["class"]]
         assert "bar b-d2h" in kinds and "bar b-h2d" in kinds
     # the page names its trace ids so a link from Jaeger (#trace=<id>) can be resolved

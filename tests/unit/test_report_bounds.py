@@ -9,14 +9,13 @@ import io
 
 import pytest
 from hypothesis import given, settings, strategies as st
+from test_bad_input import run_rss  # (pytest puts this folder on sys.path)
+from test_big_inputs import big  # noqa: F401  (the fixture)
 
 from cptrace_otel.analyze import report_bars, report_model
 from cptrace_otel.analyze.report_bars import Bar, Hist, Kept, density
 from cptrace_otel.analyze.report_model import Builder, Records
 from cptrace_otel.commands.check import analyze_sources
-
-from test_bad_input import run_rss   # (pytest puts this folder on sys.path)
-from test_big_inputs import big  # noqa: F401  (the fixture)
 from tests.helpers.demo_run import run_demo
 
 
@@ -27,7 +26,7 @@ class _Args:
 
 
 def _groups(paths: list[str]):
-    res, run_id, groups = analyze_sources(_Args(), paths, None, io.StringIO(), keep=True)[:3]
+    _res, run_id, groups = analyze_sources(_Args(), paths, None, io.StringIO(), keep=True)[:3]
     assert len(groups) == 1
     result, again = groups[0]
     return run_id, list(again), result.findings

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
-from tests.helpers.otlp_receiver import flatten
 
 from cptrace_otel.export import otlp_proto
-from cptrace_otel.model import reqlink
-from cptrace_otel.model import semconv as sc
+from cptrace_otel.model import reqlink, semconv as sc
 from cptrace_otel.model.events import Event
 from cptrace_otel.model.logline import parse_line, render_line
 from cptrace_otel.model.spans import SpanBuilder
+from tests.helpers.otlp_receiver import flatten
 
 TID, SID = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
 GOOD = f"{TID}-{SID}"

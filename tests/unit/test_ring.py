@@ -57,7 +57,8 @@ def _both_paths(records: list[tuple[int, str, dict]], nbytes: int = 1 << 20) -> 
         assert r.counters()[2] == 0, "nothing dropped"
         assert len(got) == len(records)
         # each record's timestamp is taken once (ring or side item): the deque path gets the same one
-        ref = [compact_item((it[0], level, tag, fields)) for (level, tag, fields), it in zip(records, got)]
+        ref = [compact_item((it[0], level, tag, fields))
+               for (level, tag, fields), it in zip(records, got, strict=False)]
         assert [it[0] for it in got if any(it is s for s in side_items)] == side_ts
         return got, ref
     finally:
@@ -146,12 +147,12 @@ def test_any_value_shapes_give_byte_identical_otlp(records: list) -> None:
 
 
 def test_wrap_around_and_a_full_ring_drops_and_counts() -> None:
-    r, side = _ring(4096)
+    r, _side = _ring(4096)
     rd = RingIntake(r.info())
     out: list = []
     n = 0
     for round_ in range(40):   # records of varying sizes, read in between: positions wrap many times
-        for i in range(round_ % 7 + 1):
+        for _ in range(round_ % 7 + 1):
             _hot.ring_put(1, "t", {"i": n, "s": "y" * (n % 97)})
             n += 1
         out += rd.take()
@@ -185,7 +186,7 @@ def test_side_records_keep_their_place_and_a_restart_skips_what_a_dead_worker_ha
 
 
 def test_a_placeholder_never_filled_is_skipped_at_end_of_input_only() -> None:
-    r, side = _ring()
+    r, _side = _ring()
     _hot.ring_put(1, "t", {"o": Odd()})
     _hot.ring_put(1, "t", {"i": 1})
     rd = RingIntake(r.info())
@@ -195,7 +196,7 @@ def test_a_placeholder_never_filled_is_skipped_at_end_of_input_only() -> None:
 
 
 def test_a_malformed_ring_raises_and_skips_to_the_write_position() -> None:
-    r, side = _ring()
+    r, _side = _ring()
     _hot.ring_put(1, "t", {"i": 1})
     r.mm[HEADER:HEADER + 4] = (12345).to_bytes(4, "little")   # a record size that is not a multiple of 8
     rd = RingIntake(r.info())
@@ -211,7 +212,7 @@ def test_a_malformed_ring_raises_and_skips_to_the_write_position() -> None:
 def test_the_gate_writes_the_ring_only_while_its_put_is_the_submit_function() -> None:
     from cptrace_otel.traced import api
 
-    r, side = _ring()
+    r, _side = _ring()
     st = api._STATE
     saved = st.submit, st.level, st.drop
     try:
@@ -235,7 +236,7 @@ def test_the_gate_writes_the_ring_only_while_its_put_is_the_submit_function() ->
 
 
 def test_a_forked_child_never_writes_the_parents_ring() -> None:
-    r, side = _ring()
+    r, _side = _ring()
     pid = os.fork()
     if pid == 0:   # child: forgets the ring, a put is a no-op
         try:
@@ -429,7 +430,7 @@ def test_consumed_pages_are_given_back_once_the_ring_has_wrapped() -> None:
             _hot.ring_put(1, "t", {"i": n, "s": blob})
             n += 1
         assert [it[3]["i"] for it in rd.take()][-1] == n - 1
-    w, rpos, dropped, _, written, consumed, cap = r.counters()
+    w, rpos, dropped, _, written, consumed, _cap = r.counters()
     assert dropped == 0 and written == consumed == n and w == rpos
     resident = os.fstat(r.fd).st_blocks * 512
     assert resident <= rd.punch + 4 * 4096, resident   # (without giving pages back: the whole 4 MiB)

@@ -139,7 +139,7 @@ def test_report_draws_each_run_apart(tmp_path, runs):
     page = open(out).read()
     assert "cptrace-otel report: 2 runs" in page
     assert f"run · {ok['run_id']}" in page and f"run · {bad['run_id']}" in page
-    rc, js, _ = check("--json", bad["dir"])
+    _rc, js, _ = check("--json", bad["dir"])
     f = json.loads(js)["findings"][0]
     tid = hashlib.blake2b(f"{bad['run_id']}|{f['epoch']}|{f['node_id']}".encode(), digest_size=16).hexdigest()
     assert f["trace_id"] == tid and tid in page
@@ -208,8 +208,8 @@ def test_many_runs_one_line_each(tmp_path, runs):
 
 
 def test_text_lists_a_bounded_number_of_runs():
-    from cptrace_otel.analyze.result_output import RUNS_SHOWN, to_text
     from cptrace_otel.analyze.engine import Result, Runs
+    from cptrace_otel.analyze.result_output import RUNS_SHOWN, to_text
     from cptrace_otel.checks import Finding, Unchecked
 
     runs = Runs()
@@ -269,8 +269,8 @@ def test_together_is_the_union_of_each_alone(tmp_path_factory, pool, picks, seed
 
 
 def test_localization_entries_name_their_run_when_runs_are_several():
-    from cptrace_otel.analyze.result_output import localization_lines
     from cptrace_otel.analyze.engine import Result, Runs
+    from cptrace_otel.analyze.result_output import localization_lines
 
     runs = Runs()
     for run in ("a", "b"):
@@ -304,7 +304,7 @@ def test_runs_apart_hold_with_records_sorted_on_disk(tmp_path, runs, monkeypatch
     monkeypatch.setattr(tracedocs, "SPILL_AT", 7)
     monkeypatch.setattr(tracedocs, "CHUNK", 3)
     after = [check(*c) for c in cases]
-    for (rc0, out0, err0), (rc1, out1, err1) in zip(before, after, strict=True):
+    for (rc0, out0, _err0), (rc1, out1, err1) in zip(before, after, strict=True):
         assert rc0 == rc1, err1
         a, b = json.loads(out0), json.loads(out1)
         assert a["findings"] == b["findings"] and a["stats"]["runs"] == b["stats"]["runs"]

@@ -236,8 +236,8 @@ def test_mask_property_no_form_of_any_credential_survives(token: str, user: str,
     secrets = config.secrets_of(url, [("authorization", f"Bearer {token}"), ("proxy-authorization",
                                                                              f"Basic {basic}")])
     pieces = [token, user, pw, f"{user}:{pw}", f"{pw}:{token}"]
-    chosen = [(_encoded(p)[i % 8]) for p, i in zip(pieces, pick)]
-    text = fill[0] + "".join(c + f for c, f in zip(chosen, fill[1:]))
+    chosen = [(_encoded(p)[i % 8]) for p, i in zip(pieces, pick, strict=False)]
+    text = fill[0] + "".join(c + f for c, f in zip(chosen, fill[1:], strict=False))
     out = config.mask(text, secrets)
     for p in pieces:
         for f in _encoded(p):
@@ -265,8 +265,8 @@ def test_mask_leaves_short_pieces_and_the_scheme_word() -> None:
 def test_a_refusing_backend_is_named_a_bounded_number_of_times(tmp_path) -> None:  # noqa: ANN001
     """Every request refused with a 401: the refusal is named at its first occurrence and then at most every report
     interval, with a running count, not once per request; every record is counted."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     from cptrace_otel.export.otlp_http import HttpTransport
     from cptrace_otel.export.spool import ReliableSender

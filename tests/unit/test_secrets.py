@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import free_port
-
-from cptrace_otel.model import config
 from cptrace_otel.export.otlp_http import HttpTransport
 from cptrace_otel.export.spool import ReliableSender
 from cptrace_otel.export.stack import SinkError, open_sinks
+from cptrace_otel.model import config
+from tests.helpers import free_port
 
 PASSWORD = "s3cretPassw0rd"
 TOKEN = "tok-9f8e7d6c5b"

@@ -40,7 +40,7 @@ def test_the_mode_follows_the_server_arguments():
     assert _cpmode.derive(_sa(attn_cp_size=2, enable_dsa_cache_layer_split=True), 2, 1)[0] == "layersplit"
     assert _cpmode.derive(_sa(dcp_size=2), 1, 1)[0] == "dcp"
     assert _cpmode.derive(_sa(), 1, 0)[0] == "none"
-    mode, why = _cpmode.derive(_sa(attn_cp_size=2, enable_prefill_cp=True, cp_strategy="zigzag"), 2, 1)
+    _mode, why = _cpmode.derive(_sa(attn_cp_size=2, enable_prefill_cp=True, cp_strategy="zigzag"), 2, 1)
     assert why == ["cp_group:2", "mla:1", "attn_cp_size:2", "prefill_cp:1", "cp_strategy:zigzag",
                    "kv_cache_sharding:0", "layer_split:0", "dcp_size:1", "tp_size:1", "attn_tp_size:1"]
     # a CP group the arguments do not explain, or no arguments at all: unknown, never a guess

@@ -11,7 +11,7 @@ from cptrace_otel.fingerprint import khash  # noqa: E402
 from cptrace_otel.traced.sglang._l3_sites import page_fp  # noqa: E402
 
 
-def _layer_first(size: int = 32) -> "torch.Tensor":
+def _layer_first(size: int = 32) -> torch.Tensor:
     g = torch.Generator().manual_seed(3)
     return torch.randn(2, 3, size, 2, 4, generator=g)   # [K/V, layers, slots, heads, dim]
 

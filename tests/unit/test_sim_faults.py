@@ -71,6 +71,6 @@ def test_c1_div_rank_never_backs_the_node_up_so_the_trees_diverge_at_the_fault()
     assert rank == 1 and prepares == {0: [op], 1: []}
     streams = {r: [(e.tag, e.fields.get("node_id"), e.fields.get("len")) for e in ev
                    if e.rank == r and e.epoch == 0 and e.tag in tags] for r in (0, 1)}
-    first = next(i for i, (a, b) in enumerate(zip(*streams.values())) if a != b)
+    first = next(i for i, (a, b) in enumerate(zip(*streams.values(), strict=False)) if a != b)
     assert streams[0][first] == ("prepare", nid, streams[0][first][2])
     assert max(e.epoch for e in ev) == 0 and sim.diverged_at == first   # (a reset would clear it)

@@ -8,10 +8,9 @@ import random
 import pytest
 
 from cptrace_otel.model import semconv as sc
-from cptrace_otel.model.attrs import fields_to_attributes
+from cptrace_otel.model.attrs import event_attributes, fields_to_attributes
 from cptrace_otel.model.events import Event
 from cptrace_otel.model.logline import Rng, parse_value
-from cptrace_otel.model.attrs import event_attributes
 from cptrace_otel.model.spans import MAX_EVENTS, STATUS_ERROR, SpanBuilder
 from cptrace_otel.model.trace_ids import lane_span_id, node_trace_id, rank_trace_id, request_trace_id
 

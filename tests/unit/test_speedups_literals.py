@@ -12,8 +12,8 @@ import re
 from pathlib import Path
 
 import cptrace_otel
-from cptrace_otel.model import semconv
 from cptrace_otel.checks.epochs import EPOCH_TAGS
+from cptrace_otel.model import semconv
 from cptrace_otel.model.events import LEVEL_OF_TAG
 
 SPEEDUPS = Path(cptrace_otel.__file__).parent / "_speedups"

@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.otlp_receiver import HttpReceiver
-
 from cptrace_otel.export.otlp_http import HttpTransport
 from cptrace_otel.export.ownfiles import read_own_file, secure_dir
 from cptrace_otel.export.spool import ReliableSender, Spool
+from tests.helpers.otlp_receiver import HttpReceiver
 
 SECRET = b"-----BEGIN PRIVATE KEY----- do not send me"
 REPO = Path(__file__).resolve().parents[2]

@@ -199,7 +199,7 @@ def find_cycles(graph: dict[str, dict[str, str]]) -> list[list[str]]:
 
 def _describe(graph: dict[str, dict[str, str]], cycles: list[list[str]]) -> str:
     out = []
-    for c, comp in zip(cycles, strongly_connected(graph)):
+    for c, comp in zip(cycles, strongly_connected(graph), strict=False):
         out.append("  cycle: " + " -> ".join(c))
         out.append(f"  every import among its component ({', '.join(comp)}):")
         for a in comp:
@@ -211,7 +211,8 @@ def _describe(graph: dict[str, dict[str, str]], cycles: list[list[str]]) -> str:
 
 def test_import_graph_sees_the_package() -> None:
     g = import_graph(deferred=True)
-    assert f"{NAME}.traced.api" in g and f"{NAME}.model.config" in g[f"{NAME}.traced.api"]   # `from ..model import config`
+    # `from ..model import config`
+    assert f"{NAME}.traced.api" in g and f"{NAME}.model.config" in g[f"{NAME}.traced.api"]
     assert f"{NAME}.cli" in g
 
 
@@ -328,9 +329,9 @@ def reach_throughs(mod: str, is_pkg: bool, src: str, modules: set[str], path: st
 def test_reach_through_check_reports_each_kind() -> None:
     mods = {f"{NAME}.a", f"{NAME}.b", f"{NAME}._speedups", f"{NAME}._speedups.intake"}
     src = ("import sys\nfrom . import b\nfrom .b import _hidden, shown\nx = b._state\n"
-           "p = sys.modules.get('%s.b')\nt = sys.modules.get('torch')\nfrom ._speedups import _intake\n" % NAME)
+           f"p = sys.modules.get('{NAME}.b')\nt = sys.modules.get('torch')\nfrom ._speedups import _intake\n")
     got = reach_throughs(f"{NAME}.a", False, src, mods, "a.py")
-    assert got == ["a.py:3: from %s.b import _hidden" % NAME, "a.py:4: b._state (%s.b)" % NAME,
+    assert got == [f"a.py:3: from {NAME}.b import _hidden", f"a.py:4: b._state ({NAME}.b)",
                    "a.py:5: sys.modules"], got
 
 

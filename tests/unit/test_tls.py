@@ -8,14 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.otlp_receiver import GrpcReceiver, HttpReceiver, ServerTls, make_pki
-
-from cptrace_otel.model import config
 from cptrace_otel.export.otlp_proto import encode_requests
 from cptrace_otel.export.sinks import ConfigError, Outcome
 from cptrace_otel.export.spool import ReliableSender
 from cptrace_otel.export.stack import SinkError, open_sinks, open_transport
+from cptrace_otel.model import config
 from cptrace_otel.model.spans import Span
+from tests.helpers.otlp_receiver import GrpcReceiver, HttpReceiver, ServerTls, make_pki
 
 pytest.importorskip("cryptography")
 

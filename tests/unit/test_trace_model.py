@@ -124,8 +124,9 @@ def test_every_finding_message_is_in_the_status_and_has_its_event() -> None:
     sp = b.add(Event("ack", 2, 2, 3, 0, {"node_id": 4, "op": 9, "dir": "h2d"}, 2, "t", 0))
     b.close_all()
     b.take()
-    assert sp.status_message == ("H2: released too early [evidence: seq 2 ack op=9 rank 2]; "
-                                 "HASH: reload hash differs [evidence: seq 0 prepare op=8 rank 2, seq 2 ack op=9 rank 2]")
+    assert sp.status_message == (
+        "H2: released too early [evidence: seq 2 ack op=9 rank 2]; "
+        "HASH: reload hash differs [evidence: seq 0 prepare op=8 rank 2, seq 2 ack op=9 rank 2]")
     assert [e[2][sc.V_CODE] for e in sp.events if e[1] == sc.EVENT_VIOLATION] == ["H2", "HASH"]
     assert sp.attrs[sc.VIOLATION] == "H2,HASH" and sp.attrs["cptrace.violation.H2"] is True
     assert sp.attrs["cptrace.violation.HASH"] is True

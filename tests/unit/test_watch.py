@@ -12,14 +12,14 @@ import random
 
 import pytest
 
-from tests.helpers.demo_run import check, core, run_demo
-from tests.helpers.jaeger_fixtures import FakeJaeger, read_requests, v2_traces
-from cptrace_otel.model import semconv as sc
-from cptrace_otel.commands import watch as watch_cmd
 from cptrace_otel.analyze.finding_sinks import ALERTNAME, Alerts, already_stamped, finding_span, finding_trace
 from cptrace_otel.analyze.incremental import GAP_POLLS, WATCH_SERVICE, RunWatch
 from cptrace_otel.cli import _parser
+from cptrace_otel.commands import watch as watch_cmd
+from cptrace_otel.model import semconv as sc
 from cptrace_otel.model.trace_ids import node_trace_id
+from tests.helpers.demo_run import check, core, run_demo
+from tests.helpers.jaeger_fixtures import FakeJaeger, read_requests, v2_traces
 
 
 @pytest.fixture(scope="module")

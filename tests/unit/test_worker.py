@@ -3,6 +3,7 @@ message loop (run_loop); the sinks built by export/stack.py, network path includ
 
 from __future__ import annotations
 
+import itertools
 import os
 import queue
 import time
@@ -11,11 +12,10 @@ from typing import Any
 
 import pytest
 
-from cptrace_otel.model import config
-from cptrace_otel.model import semconv as sc
 from cptrace_otel.export import stack, worker
 from cptrace_otel.export.protocol import ACK, FLUSH, INIT, ITEMS, PROGRESS
 from cptrace_otel.export.sinks import Outcome, SendResult
+from cptrace_otel.model import config, semconv as sc
 
 S = 1_000_000_000
 T0 = time.time_ns()  # spans open now, so that a tick's expiry (now - span_timeout_s) leaves them open
@@ -104,8 +104,8 @@ def test_items_in_spans_out_with_seq_epoch_and_typed_fields(mem) -> None:
     sink, calls = mem
     ex = worker.Exporter(_info(_cfg(), spool_dir="/sp"))
     spool = os.path.join("/sp", f"w_run-{os.getpid()}")  # the run id made path-safe, one folder per process
-    assert calls == [dict(endpoint=None, protocol="http/protobuf", spool_dir=spool, file=None, log_file=None, adopt_orphans=True,
-                          on_error=ex._sink_error)]
+    assert calls == [dict(endpoint=None, protocol="http/protobuf", spool_dir=spool, file=None, log_file=None,
+                          adopt_orphans=True, on_error=ex._sink_error)]
     ex.add_items(_items(), 0)
     assert ex.records == 5 and ex.next_seq == 5
     assert sink.spans == []  # nothing is exported before a tick, a flush or EXPORT_MIN_SPANS finished spans
@@ -243,7 +243,8 @@ def test_sinks_are_one_list_behind_one_protocol(mem, capsys) -> None:
     assert [sp.name for sp in rec.spans] == [sp.name for sp in sink.spans] and len(sink.spans) > 0
     assert [(r[0], r[3]) for r in rec.records] == [(i, it[2]) for i, it in enumerate(_items())]
     assert broken not in ex.sinks and rec in ex.sinks and sink in ex.sinks
-    assert [e for e in ex.errors if "broken sink write failed" in e] == ["broken sink write failed: OSError('disk gone')"]
+    failed = [e for e in ex.errors if "broken sink write failed" in e]
+    assert failed == ["broken sink write failed: OSError('disk gone')"]
     assert "broken sink write failed" in capsys.readouterr().err
 
 
@@ -274,10 +275,13 @@ def test_file_sinks_write_otlp_json_lines(tmp_path: Path) -> None:
     assert sorted(e.attrs[sc.SEQ] for sp in spans for e in sp.events) == [0, 1, 2, 3, 4]
 
 
+_SENT = SendResult(Outcome.OK)
+
+
 class FakeTransport:
     url = "http://fake:4318/v1/traces"
 
-    def __init__(self, answer: Any = SendResult(Outcome.OK)) -> None:
+    def __init__(self, answer: Any = _SENT) -> None:
         self.bodies: list[bytes] = []
         self.answer = answer
         self.closed = False
@@ -354,7 +358,7 @@ def test_run_loop_init_items_flush_eof(mem) -> None:
 
 
 def test_run_loop_flush_before_init_bad_batches_and_unknown_messages(mem, capsys) -> None:
-    sink, _ = mem
+    _sink, _ = mem
     # a flush before init, a batch that is not a list, a message kind the worker does not know (ignored)
     rc, acks = _loop([(FLUSH, 1, 0, 1.0), (INIT, _info(_cfg())), (ITEMS, None, 0), ("rec", [], 0),
                       (ITEMS, _items(), 0), (FLUSH, 2, 0, 1.0), None])
@@ -400,7 +404,7 @@ def test_run_loop_sends_progress_only_when_it_changed(mem, monkeypatch: pytest.M
     assert worker.run_loop(get, lambda m: None, progress.append) == 0
     assert all(m[0] == PROGRESS for m in progress)
     # each report differs from the one before it (at most one per change: after INIT, after the batch, at the end)
-    assert all(a != b for a, b in zip(progress, progress[1:]))
+    assert all(a != b for a, b in itertools.pairwise(progress))
     assert 2 <= len(progress) <= 4
 
 
@@ -431,7 +435,7 @@ def test_an_idle_ring_is_polled_less_often_and_a_record_resets_the_poll(mem) -> 
         r.close()
     p, most = worker.RING_POLL_S, worker.RING_POLL_MAX_S
     idle = timeouts[1:7]   # after INIT, six rounds that find nothing
-    assert idle[0] == p and all(b == min(2 * a, most) for a, b in zip(idle, idle[1:])) and idle[-1] == most
+    assert idle[0] == p and all(b == min(2 * a, most) for a, b in itertools.pairwise(idle)) and idle[-1] == most
     assert timeouts[8] == p   # the round that found the record resets the poll
     sink, _ = mem
     assert [a.get("hicache.node_id") for sp in sink.spans for _, _, a in sp.events] == [2]
