@@ -31,6 +31,7 @@ from .rules_h2 import H2Reload
 from .rules_h3 import H3Compose
 from .rules_h4 import H4Recycle
 from .rules_l3 import KEYS_KEPT, L3Rules
+from .rules_rest import RestRules
 from .rules_side import SideRules, side_witness
 from .state import UNKNOWN, Backup, Bounded, EpochState, Node, PendingLoad, PendingWrite
 
@@ -41,7 +42,7 @@ _UNKEYED = frozenset(("config", "free", "kv_canary", "l3_prefetch", "l3_ack"))
 
 
 class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare, CanaryOwner, L3Rules,
-                  SideRules):
+                  SideRules, RestRules):
     """Streaming checker of one rank. See the package docstring for the contract."""
 
     def __init__(self, rank: int, level: int | None = None) -> None:
@@ -62,12 +63,14 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         self._side_l3_keys = Bounded(KEYS_KEPT)   # SIDE-l3: the same for sidecar pages ("<key>.<pool>")
         self._l3_acked = Bounded(4096)       # L3a: prefetch ops compared at their ack
         self._l3_seen = False                # any L3 record: the L3 rules apply to this stream
+        self._audit_seen = False             # any audit record: REST applies to this stream
+        self._rest_reported = Bounded(4096)  # REST-hash: the copies reported (one finding per corrupted copy)
         handlers: dict[str, Handler] = {
             "config": self._config, "insert": self._insert, "split": self._split, "prepare": self._prepare,
             "backup": self._backup, "ack": self._ack, "evict": self._evict, "free": self._free,
             "reload": self._reload, "compose": self._compose, "kv_canary": self._canary,
             "l3_backup": self._l3_backup_all, "l3_prefetch": self._l3_prefetch, "l3_ack": self._l3_ack_all,
-            "l3_hit": self._l3_hit,
+            "l3_hit": self._l3_hit, "audit": self._audit,
         }
         # tag -> (level of the tag, handler, whether the record can move the epoch tracker, whether the handler
         # needs an int node_id): one lookup per record on the hot path
@@ -158,7 +161,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         lv = self.level
         for r in unchecked_at(lv, RANK):
             if r.only_with and not (self.sidecars and (self._l3_seen or "l3_ack" not in r.tags) if r.code == "SIDE"
-                                    else self._l3_seen):
+                                    else self._audit_seen if r.code == "REST" else self._l3_seen):
                 continue   # a tier (L3) or pool (sidecars) this stream never had: nothing the rule could check
             out.append(Unchecked(r.id, r.code, self.rank, r.level,
                                  f"trace level {lv} < {r.level}: no {LEVEL_RECORDS[r.level]}", "level"))
@@ -395,6 +398,12 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
             if fnd is not None:
                 out = [*(out or ()), fnd]
         return out
+
+    def _audit(self, ev: Event, f: dict, nid: int, ref: tuple) -> list[Finding] | None:
+        """``audit``: a host copy at rest re-fingerprinted (REST-hash)."""
+        self._audit_seen = True
+        fnd = self._rest_hash(ev, f, nid, ref)
+        return [fnd] if fnd is not None else None
 
     def _evict(self, ev: Event, f: dict, nid: int, ref: tuple) -> None:
         tier = f.get("tier")

@@ -46,4 +46,6 @@ LEVEL_OF_TAG: dict[str, int] = {
     "kv_canary": 1,
     # the L3 storage tier (cptrace_otel.model.l3): the transfers' completions are acks (level 2), like the d2h/h2d acks
     "l3_backup": 1, "l3_query": 1, "l3_prefetch": 1, "l3_hit": 1, "l3_ack": 2,
+    # the opt-in audit of host copies at rest (cptrace_otel.traced.sglang._audit): written off the scheduler's thread
+    "audit": 2,
 }

@@ -98,6 +98,12 @@ RULES: tuple[Rule, ...] = (
        "(l3_ack dir=prefetch shp_<pool>) is one the key was written with (l3_backup)",
        "rules_side:SideRules._side_l3", skips=("SIDE-skipped(no l3 backup)", "SIDE-skipped(no l3 fingerprint)"),
        only_with="config"),
+    _r("REST-hash", "REST", 2, RANK, "prepare backup ack split evict free audit",
+       "a host copy at rest (audit: the opt-in audit thread's re-fingerprint of an acked backup's host slots) "
+       "equals what its backup wrote (backup h; per-page hp across a split)",
+       "rules_rest:RestRules._rest_hash",
+       skips=("REST-skipped(no backup)", "REST-skipped(not at rest)", "REST-skipped(moved)", "REST-skipped(no hash)"),
+       only_with="audit"),
     _r("C1", "C1", 1, CROSS, "insert split prepare evict reload reset",
        "lockstep tree: every rank's structural tuples are identical; the first divergence is reported",
        "rules_c1:C1Lockstep._c1_compare"),

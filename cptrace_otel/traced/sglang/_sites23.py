@@ -38,6 +38,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..api import cptrace, rng, trace_level
+from ._audit import enroll
 from ._l3_sites23 import L3_BACKENDS, L3_SITES23
 from ._sites import (
     HOST_POOL,
@@ -125,6 +126,7 @@ class State23(State):
         lock_node = self.node(pending.node_id)
         cptrace(2, "ack", dir="d2h", op=op, node_id=ack_id, blen=int(blen), clen=len(lock_node.key),
                 pub=[int(x) for x in pending.publish_node_ids])
+        self.at_rest([self.node(x) for x in pending.publish_node_ids])
 
     def reload23(self, node_id: int, device_indices: Any, kv_xfer: Any) -> None:
         cc = self.cache.cache_controller
@@ -207,6 +209,7 @@ def _attach(cache: Any) -> None:
         obj._cptrace_sg = st
     if trace_level() >= 1:
         st.config()
+    enroll(st)
 
 
 def detach(cache: Any, why: str) -> None:

@@ -1,0 +1,69 @@
+"""The audit of host copies at rest on real SGLang: 0.5.20's ``HiRadixCache`` and 0.5.23's ``UnifiedRadixCache``
+driven on CPU by ``driver.py`` with the audit thread on (``audit_mbps``), their records read back as ``check``
+reads log files.
+
+* Healthy runs (write-through page 1, write-back page 4, a reset mid-run): ``audit`` records of complete host
+  copies are written, and the checker reports no finding of any severity.
+* A byte of a complete host copy flipped in the host pool after the last step (``rot``: never reloaded, so HASH
+  cannot see it): REST-hash on that node, and nothing else.
+
+One driver process per version runs its three runs (``--matrix``); without SGLang the tests skip, unless
+``CPTRACE_REQUIRE_SGLANG=1``, where they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from test_rules_real import _fmt, _lineage, drive_matrix  # noqa: E402
+
+pytestmark = [pytest.mark.sglang, pytest.mark.slow, pytest.mark.timeout(900)]
+
+MBPS = 50   # a rate at which every pass over these small caches ends within a step or two
+RUNS = [{"policy": "write_through", "page_size": 1, "seed": 1},
+        {"policy": "write_back", "page_size": 4, "seed": 2},
+        {"policy": "write_through", "page_size": 1, "seed": 1, "rot": True}]
+
+
+@pytest.fixture(scope="module", params=["0.5.20", "0.5.23"])
+def runs(request, tmp_path_factory):
+    m = [{"requests": 200, "audit_mbps": MBPS, **r} for r in RUNS]
+    return request.param, drive_matrix(str(tmp_path_factory.mktemp("rest")), request.param, m)
+
+
+def _audits(events) -> list:
+    return [e for e in events if e.tag == "audit"]
+
+
+def test_healthy_runs_audit_their_host_copies_and_find_nothing(runs):
+    version, out = runs
+    for (summary, res, events), kw in zip(out[:2], RUNS[:2], strict=True):
+        assert summary["corruption"] == [], summary["corruption"][:3]
+        assert summary["stats"]["resets"] == 1 and summary["stats"]["loads"], summary["stats"]
+        st = summary["audit"]
+        assert st["audited"] > 0 and st["refused"] == 0 and st["errors"] == 0, st
+        audited = {e.fields["node_id"] for e in _audits(events)}
+        backed = {e.fields["node_id"] for e in events if e.tag == "backup"}
+        assert len(audited) > 20 and audited <= backed | {e.fields["new_id"] for e in events if e.tag == "split"}
+        assert res.findings == [], (version, kw, _fmt(res))
+        rest_skips = sum(u.count for u in res.unchecked if u.code == "REST")
+        assert rest_skips <= len(_audits(events)) // 20, (version, res.unchecked)   # (races: counted, never found)
+
+
+def test_a_host_copy_corrupted_at_rest_and_never_reloaded_is_rest_hash(runs):
+    version, out = runs
+    summary, res, events = out[2]
+    hit = summary["fault_hits"][0]
+    nid = hit["node_id"]
+    assert hit["kind"] == "rot"
+    assert not [e for e in events if e.tag == "reload" and set(e.fields.get("chain") or ()) & _lineage(events, nid)
+                and e.seq > max(a.seq for a in _audits(events) if a.fields["node_id"] == nid)]
+    assert [(f.rule, f.node_id, f.severity) for f in res.findings] == [("REST-hash", nid, "ERROR")], \
+        (version, _fmt(res))
+    assert not [f for f in res.findings if f.code == "HASH"]
