@@ -2,7 +2,7 @@
 with the instrumentation off and on, in one process, same request stream, printing the ratio.
 
     python3 bench/sglang_step_cost.py [--version 0.5.20|0.5.23] [--reps 3] [--requests 150] [--policy write_through]
-        [--exporter thread|process] [--no-ring]
+        [--exporter thread|process] [--no-ring] [--audit-mbps 100]
 
 Modes, alternated ``--reps`` times (median per mode):
 
@@ -10,7 +10,9 @@ Modes, alternated ``--reps`` times (median per mode):
 * ``gate0``: instrumented, trace level 0 (the wrappers pass through after one lookup and one compare);
 * ``on``: level 2, range summaries (every record, the ``h``/``nz``/``hp`` fingerprints of every backup and of
   every loaded node);
-* ``exact``: level 2 plus the exact sets (``CPTRACE_SGLANG_EXACT=1``).
+* ``exact``: level 2 plus the exact sets (``CPTRACE_SGLANG_EXACT=1``);
+* ``audit`` (with ``--audit-mbps`` > 0): ``on`` plus the audit of host copies at rest at that rate (its thread
+  competes with the scheduler's for the GIL; the time it takes after the last step is not counted).
 
 A step is the driver's scheduler step (copies polled, acks checked, a batch matched, loaded, stored, finished,
 eviction under pressure). It includes the driver's own per-request content check of the matched prefix (the same
@@ -45,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--page-size", type=int, default=1)
     p.add_argument("--exporter", default="thread", choices=["thread", "process"])
     p.add_argument("--no-ring", action="store_true", help="with --exporter process: the buffer path (CPTRACE_RING=0)")
+    p.add_argument("--audit-mbps", type=float, default=0.0, help="add the mode `audit`: `on` with the audit of host "
+                   "copies at rest at this rate (MB/s)")
     a = p.parse_args(argv)
     why = runtime.missing_reason(a.version)
     if why:
@@ -55,27 +59,37 @@ def main(argv: list[str] | None = None) -> int:
     from cptrace_otel.traced.sglang import SGLangInstrumentor
 
     inst = SGLangInstrumentor()
-    modes = {"off": dict(instrument=False), "gate0": dict(level=0), "on": dict(), "exact": dict(exact=True)}
+    modes: dict[str, dict] = {"off": dict(instrument=False), "gate0": dict(level=0), "on": dict(),
+                              "exact": dict(exact=True)}
+    if a.audit_mbps > 0:
+        modes["audit"] = dict(audit_mbps=a.audit_mbps)
     per_step: dict[str, list[float]] = {m: [] for m in modes}
     steps = 0
+    audit: dict = {}
     with tempfile.TemporaryDirectory(prefix="sglang-step-cost-") as out:
         for rep in range(a.reps):
             for m, kw in modes.items():
                 if m == "off" and inst.is_instrumented_by_opentelemetry:
                     inst.uninstrument()
-                if m == "exact" and inst.is_instrumented_by_opentelemetry:
-                    inst.uninstrument()   # exact is an instrument() option
+                if m in ("exact", "audit") and inst.is_instrumented_by_opentelemetry:
+                    inst.uninstrument()   # exact and audit_mbps are instrument() options
                 r = driver.run(a.version, os.path.join(out, f"{m}-{rep}"), policy=a.policy, page_size=a.page_size,
                                seed=5, requests=a.requests, dev_tokens=256, audit_every=0, reset=False,
                                exporter=a.exporter, ring=not a.no_ring, **kw)
                 steps = r["stats"]["steps"]
                 per_step[m].append(r["stats"]["loop_s"] / steps)
+                if r.get("audit"):
+                    audit = r["audit"]
     med = {m: statistics.median(v) for m, v in per_step.items()}
     how = a.exporter + (" ring" if a.exporter == "process" and not a.no_ring else "")
     print(f"sglang {a.version} {a.policy} page_size={a.page_size}: {a.requests} requests, {steps} steps, "
           f"median of {a.reps}; exporter {how}")
     for m in modes:
         print(f"  {m:6s} {med[m] * 1e3:8.3f} ms/step   x{med[m] / med['off']:.2f} of off")
+    if audit:
+        print(f"  audit at {a.audit_mbps:g} MB/s (last run, loop and final passes): {audit['audited']:.0f} samples, "
+              f"{audit['bytes'] / 1e6:.2f} MB, {audit['busy_s'] * 1e3:.0f} ms busy "
+              f"({audit['busy_s'] * 1e6 / max(audit['audited'], 1):.0f} us a sample), {audit['raced']:.0f} raced")
     return 0
 
 

@@ -5,7 +5,8 @@ reads log files.
 * Healthy runs (write-through page 1, write-back page 4, a reset mid-run): ``audit`` records of complete host
   copies are written, and the checker reports no finding of any severity.
 * A byte of a complete host copy flipped in the host pool after the last step (``rot``: never reloaded, so HASH
-  cannot see it): REST-hash on that node, and nothing else.
+  cannot see it): REST-hash on that node, and nothing else; the exporter's online checks put it on the node's span
+  (``cptrace.violation.REST``, what the deploy's alert rules count).
 
 One driver process per version runs its three runs (``--matrix``); without SGLang the tests skip, unless
 ``CPTRACE_REQUIRE_SGLANG=1``, where they fail.
@@ -25,10 +26,10 @@ from test_rules_real import _fmt, _lineage, drive_matrix  # noqa: E402
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow, pytest.mark.timeout(900)]
 
-MBPS = 50   # a rate at which every pass over these small caches ends within a step or two
+MBPS = 200   # (a sample is charged 256 KiB at least: about 760 samples a second, a pass over a cache in 0.5 s)
 RUNS = [{"policy": "write_through", "page_size": 1, "seed": 1},
         {"policy": "write_back", "page_size": 4, "seed": 2},
-        {"policy": "write_through", "page_size": 1, "seed": 1, "rot": True}]
+        {"policy": "write_through", "page_size": 1, "seed": 1, "rot": True, "checks": True}]
 
 
 @pytest.fixture(scope="module", params=["0.5.20", "0.5.23"])
@@ -67,3 +68,7 @@ def test_a_host_copy_corrupted_at_rest_and_never_reloaded_is_rest_hash(runs):
     assert [(f.rule, f.node_id, f.severity) for f in res.findings] == [("REST-hash", nid, "ERROR")], \
         (version, _fmt(res))
     assert not [f for f in res.findings if f.code == "HASH"]
+    # the exporter's online checks (one rule definition with check's): the finding is on the node's span, alertable
+    with open(summary["otlp"], encoding="utf-8") as f:
+        otlp = f.read()
+    assert '"key":"cptrace.violation.REST","value":{"boolValue":true}' in otlp.replace(" ", "")

@@ -6,7 +6,8 @@ Contract:
 
 * Off by default: no thread and no work. ``CPTRACE_AUDIT_MBPS`` (or ``instrument(audit_mbps=...)``) > 0 turns it on:
   the bytes of host KV per second (in MB, 10**6 bytes) it may read and hash; it sleeps after each copy for the time
-  that copy's bytes are worth at that rate, so its cost is bounded by the rate whatever the cache holds.
+  that copy's bytes (at least :data:`FLOOR`: the fixed cost of a sample) are worth at that rate, so its cost is
+  bounded by the rate whatever the cache holds.
 * Which copies: a node's host copy joins the audit set when the ``ack dir=d2h`` that publishes it is recorded (the
   copy is complete) and leaves it at its host eviction, at the free of its host slots or at a reset, all on the
   scheduler's thread (:class:`~._state.State`). The thread walks the set in a random order, one pass after
@@ -14,8 +15,8 @@ Contract:
 * The record: ``audit node_id=<id> host=<rng of its host slots> h nz hp``: the host KV of the node in the same row
   layout as the ``backup`` fingerprint of the device KV (token order, every layer's K then V;
   :func:`host_rows`), so an intact copy has its backup's ``h``. Host pool layouts it does not know (anything but
-  ``layer_first`` and ``page_first`` of SGLang's plain MHA and MLA host pools) are not read: counted in
-  :data:`STATS` ``refused``.
+  ``layer_first`` and ``page_first`` of SGLang's plain MHA and MLA host pools) are not read: such a cache leaves the
+  audit at its first sample (one warning; :data:`STATS` ``refused``).
 * Never a false finding from concurrent reuse: a sample is dropped (``STATS['raced']``) when, while it was read, any
   host slot of the cache was freed (the State's ``host_gen``; SGLang frees host slots before it reuses them) or the
   node's host value object changed (a split, an eviction).
@@ -31,13 +32,16 @@ import logging
 import os
 import random
 import threading
+import time
 import weakref
 from typing import Any
 
 logger = logging.getLogger("cptrace_otel.sglang")
 
 ENV = "CPTRACE_AUDIT_MBPS"
-STATS = {"audited": 0, "bytes": 0, "raced": 0, "refused": 0, "errors": 0, "passes": 0}
+FLOOR = 256 << 10   # bytes a sample is charged at least: a small node's fixed (Python) cost bounds the samples/s too
+# what the audit did in this process (busy_s: seconds spent reading and hashing, the waits left out)
+STATS: dict[str, float] = {"audited": 0, "bytes": 0, "raced": 0, "refused": 0, "errors": 0, "passes": 0, "busy_s": 0.0}
 _KNOWN = {"MHATokenToKVPoolHost", "MLATokenToKVPoolHost"}   # exact classes: their subclasses lay pages out otherwise
 
 
@@ -117,31 +121,41 @@ class Auditor:
         for st, nid in work:
             if self.stop_evt.is_set():
                 break
+            if st not in self.states:
+                continue   # refused earlier in this pass
+            t0 = time.perf_counter()
             n = self.audit_one(st, nid)
-            if n:
-                self.stop_evt.wait(n / self.bps)   # the rate bound: this copy's bytes at the configured rate
+            STATS["busy_s"] += time.perf_counter() - t0
+            if n is None:   # a host pool this does not know: its cache leaves the audit (one warning)
+                self.states.discard(st)
+                STATS["refused"] += 1
+                logger.warning("cptrace-otel: the host-copy audit cannot read this host pool (%s, layout %s); "
+                               "its cache is not audited", type(st.host_pool()).__name__,
+                               getattr(st.host_pool(), "layout", "?"))
+                continue
+            # the rate bound: every sample that got as far as the pool (read, raced or failed) waits its bytes' time
+            self.stop_evt.wait(max(n, FLOOR) / self.bps)
         return bool(work)
 
     @staticmethod
-    def audit_one(st: Any, nid: int) -> int:
-        """Re-fingerprint node ``nid``'s host copy and record it; the bytes read (0 when skipped)."""
+    def audit_one(st: Any, nid: int) -> int | None:
+        """Re-fingerprint node ``nid``'s host copy and record it; the bytes read (0 when skipped), None when the
+        cache's host pool is one :func:`host_rows` does not know."""
         from ..api import cptrace, rng
-        from ._state import _fp
 
         node = st.rest.get(nid)
         if node is None:
             return 0
         gen = st.host_gen
-        hv = st.host(node)
-        pool = st.host_pool()
-        if hv is None or len(hv) == 0 or pool is None:
-            return 0
         try:
+            hv = st.host(node)
+            pool = st.host_pool()
+            if hv is None or len(hv) == 0 or pool is None:
+                return 0
             rows = host_rows(pool, hv)
             if rows is None:
-                STATS["refused"] += 1
-                return 0
-            f = _fp(rows, st.page_size)
+                return None
+            f = st.fp_rows(rows)
             where = rng(hv)
             # checked last, right before the record: a free, split or eviction after it is recorded after the audit
             # (a record in between makes the checker count the audit as not comparable, never as a finding)

@@ -240,6 +240,10 @@ class State:
                                                                      (sc.SIDE_HP, "hp")) if key in f})
         return out
 
+    def fp_rows(self, rows: Any) -> dict[str, Any]:
+        """``h``, ``nz``, ``hp`` of KV ``rows`` already gathered in :meth:`fp`'s layout (the host-copy audit's)."""
+        return _fp(rows, self.page_size)
+
     def moved(self, op: Any) -> dict[str, str]:
         """``sp``: the sidecar pools (of :attr:`side`) that copy op ``op`` moves with its KV (``-``: none); nothing
         for a cache without sidecars."""
