@@ -7,8 +7,10 @@ reads log files.
 * A byte of a complete host copy flipped in the host pool after the last step (``rot``: never reloaded, so HASH
   cannot see it): REST-hash on that node, and nothing else; the exporter's online checks put it on the node's span
   (``cptrace.violation.REST``, what the deploy's alert rules count).
+* A byte of a host copy flipped right after its device->host copy (fault ``flip``), the node reloaded much later:
+  REST-hash on the node's lineage is reported at an earlier record than the HASH of its reload.
 
-One driver process per version runs its three runs (``--matrix``); without SGLang the tests skip, unless
+One driver process per version runs its four runs (``--matrix``); without SGLang the tests skip, unless
 ``CPTRACE_REQUIRE_SGLANG=1``, where they fail.
 """
 
@@ -29,7 +31,8 @@ pytestmark = [pytest.mark.sglang, pytest.mark.slow, pytest.mark.timeout(900)]
 MBPS = 200   # (a sample is charged 256 KiB at least: about 760 samples a second, a pass over a cache in 0.5 s)
 RUNS = [{"policy": "write_through", "page_size": 1, "seed": 1},
         {"policy": "write_back", "page_size": 4, "seed": 2},
-        {"policy": "write_through", "page_size": 1, "seed": 1, "rot": True, "checks": True}]
+        {"policy": "write_through", "page_size": 1, "seed": 1, "rot": True, "checks": True},
+        {"policy": "write_through", "page_size": 1, "seed": 1, "fault": "flip", "nth": 1, "reset": False}]
 
 
 @pytest.fixture(scope="module", params=["0.5.20", "0.5.23"])
@@ -72,3 +75,17 @@ def test_a_host_copy_corrupted_at_rest_and_never_reloaded_is_rest_hash(runs):
     with open(summary["otlp"], encoding="utf-8") as f:
         otlp = f.read()
     assert '"key":"cptrace.violation.REST","value":{"boolValue":true}' in otlp.replace(" ", "")
+
+
+def test_a_host_copy_corrupted_mid_run_is_found_before_its_reload(runs):
+    version, out = runs
+    summary, res, events = out[3]
+    slot = summary["fault_hits"][0]["host_slot"]
+    owners = {e.fields["node_id"] for e in events if e.tag == "prepare" and e.fields["host"].first == slot}
+    lineage = set().union(*(_lineage(events, n) for n in owners))
+    rest = [f for f in res.findings if f.code == "REST"]
+    hashes = [f for f in res.findings if f.code == "HASH"]
+    assert rest and {f.node_id for f in rest} <= lineage, (version, _fmt(res))
+    assert {f.code for f in res.findings} <= {"REST", "HASH"}, (version, _fmt(res))
+    if hashes:   # the reload came: the audit had found the copy before it
+        assert min(f.evidence[-1] for f in rest) < min(f.evidence[-1] for f in hashes), (version, _fmt(res))
