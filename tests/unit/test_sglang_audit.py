@@ -78,7 +78,13 @@ def test_off_starts_no_thread_and_on_starts_one(monkeypatch):
     before = {t.name for t in threading.enumerate()}
     _audit.enroll(St())
     assert _audit.auditor() is None and "cptrace-audit" not in before | {t.name for t in threading.enumerate()}
+    from cptrace_otel.traced import api
+
     monkeypatch.setattr(Recorder, "audit_mbps", 5.0)
+    monkeypatch.setattr(api, "trace_level", lambda: 0)   # tracing off: no thread either
+    _audit.enroll(St())
+    assert _audit.auditor() is None
+    monkeypatch.setattr(api, "trace_level", lambda: 2)
     st = St()
     try:
         _audit.enroll(st)

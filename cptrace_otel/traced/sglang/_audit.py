@@ -4,10 +4,11 @@ pool is found (rule REST-hash, :mod:`cptrace_otel.checks.rules_rest`) before, or
 
 Contract:
 
-* Off by default: no thread and no work. ``CPTRACE_AUDIT_MBPS`` (or ``instrument(audit_mbps=...)``) > 0 turns it on:
-  the bytes of host KV per second (in MB, 10**6 bytes) it may read and hash; it sleeps after each copy for the time
-  that copy's bytes (at least :data:`FLOOR`: the fixed cost of a sample) are worth at that rate, so its cost is
-  bounded by the rate whatever the cache holds.
+* Off by default: no thread and no work; nor for a cache built while the trace level is below 2 (the level the
+  ``audit`` record needs); a level lowered later pauses the thread's work. ``CPTRACE_AUDIT_MBPS`` (or
+  ``instrument(audit_mbps=...)``) > 0 turns it on: the bytes of host KV per second (in MB, 10**6 bytes) it may
+  read and hash; it sleeps after each copy for the time that copy's bytes (at least :data:`FLOOR`: the fixed cost
+  of a sample) are worth at that rate, so its cost is bounded by the rate whatever the cache holds.
 * Which copies: a node's host copy joins the audit set when the ``ack dir=d2h`` that publishes it is recorded (the
   copy is complete) and leaves it at its host eviction, at the free of its host slots or at a reset, all on the
   scheduler's thread (:class:`~._state.State`). The thread walks the set in a random order, one pass after
@@ -190,10 +191,12 @@ def auditor() -> Auditor | None:
 
 
 def enroll(st: Any) -> None:
-    """Put a new cache's state under audit when the audit is on (starts the thread on the first one)."""
+    """Put a new cache's state under audit when the audit is on and the trace level is 2 or more when the cache is
+    built (starts the thread on the first one; none while tracing is off)."""
+    from ..api import trace_level
     from ._state import Recorder
 
-    if Recorder.audit_mbps <= 0:
+    if Recorder.audit_mbps <= 0 or trace_level() < 2:
         return
     global _AUDITOR
     with _lock:

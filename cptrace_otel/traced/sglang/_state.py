@@ -331,7 +331,8 @@ class State:
         """Nodes whose host copy an ack just completed join the audit set (only while the audit is on)."""
         if Recorder.audit_mbps > 0:
             for n in nodes:
-                self.rest[n.id] = n
+                if n is not None:
+                    self.rest[n.id] = n
 
     def ack_h2d(self, ack_node_ids: list) -> None:
         for nid in ack_node_ids:
