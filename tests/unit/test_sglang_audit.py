@@ -122,3 +122,50 @@ def test_a_pool_it_cannot_read_leaves_the_audit_after_one_sample(monkeypatch):
     assert a.one_pass() is True
     assert st not in a.states and _audit.STATS["refused"] == before + 1 and recs == []
     assert a.one_pass() is False   # nothing left to audit
+
+
+def test_the_rate_bounds_the_samples_and_every_sample_is_recorded_with_its_backup_layout(monkeypatch):
+    """At 1 MB/s a sample is charged 256 KiB at least: about 4 samples a second, whatever the cache holds; each
+    record carries the fingerprint of the host rows in the backup's layout."""
+    import time
+
+    from cptrace_otel.traced import api
+    from cptrace_otel.traced.sglang._state import _fp
+
+    kv = torch.randn(2, LAYERS, SIZE, HEADS, DIM)
+    pool = _mha("layer_first", kv)
+    nodes = {i: torch.tensor([i, i + 1]) for i in range(0, 14, 2)}
+
+    class St:
+        host_gen = 0
+        page_size = 1
+        rest = {i: i for i in nodes}
+
+        @staticmethod
+        def host(n):
+            return nodes[n]
+
+        @staticmethod
+        def host_pool():
+            return pool
+
+        @staticmethod
+        def fp_rows(rows):
+            return _fp(rows, 1)
+
+    recs: list = []
+    monkeypatch.setattr(api, "trace_level", lambda: 2)
+    monkeypatch.setattr(api, "cptrace", lambda lv, tag, **f: recs.append((lv, tag, f)))
+    a = _audit.Auditor(1.0)
+    st = St()   # (the audit holds its caches' states weakly)
+    a.states.add(st)
+    a.thread.start()
+    try:
+        time.sleep(1.0)
+    finally:
+        a.stop_evt.set()
+        a.thread.join(5)
+    assert 2 <= len(recs) <= 6, len(recs)   # 1e6 / 262144 = 3.8 a second
+    want = {i: _fp(_kv_rows(_Dev(list(kv[0]), list(kv[1])), t), 1)["h"] for i, t in nodes.items()}
+    for lv, tag, f in recs:
+        assert (lv, tag) == (2, "audit") and f["h"] == want[f["node_id"]]
