@@ -2,7 +2,7 @@
 with the instrumentation off and on, in one process, same request stream, printing the ratio.
 
     python3 bench/sglang_step_cost.py [--version 0.5.20|0.5.23] [--reps 3] [--requests 150] [--policy write_through]
-        [--exporter thread|process] [--no-ring] [--layerwise] [--cpu]
+        [--exporter thread|process] [--no-ring] [--layerwise] [--cpu] [--audit-mbps 100]
     python3 bench/sglang_step_cost.py --reads [--n 20000] [--reps 7]
 
 Modes, alternated ``--reps`` times (median per mode):
@@ -11,7 +11,9 @@ Modes, alternated ``--reps`` times (median per mode):
 * ``gate0``: instrumented, trace level 0 (the wrappers pass through after one lookup and one compare);
 * ``on``: level 2, range summaries (every record, the ``h``/``nz``/``hp`` fingerprints of every backup and of
   every loaded node);
-* ``exact``: level 2 plus the exact sets (``CPTRACE_SGLANG_EXACT=1``).
+* ``exact``: level 2 plus the exact sets (``CPTRACE_SGLANG_EXACT=1``);
+* ``audit`` (with ``--audit-mbps`` > 0): ``on`` plus the audit of host copies at rest at that rate (its thread
+  competes with the scheduler's for the GIL; the time it takes after the last step is not counted).
 
 A step is the driver's scheduler step (copies polled, acks checked, a batch matched, loaded, stored, finished,
 eviction under pressure). It includes the driver's own per-request content check of the matched prefix (the same
@@ -63,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu", action="store_true", help="CPU time per step instead of wall time")
     p.add_argument("--reads", action="store_true", help="0.5.23: a layer's reads with no load-back in flight")
     p.add_argument("--n", type=int, default=20000, help="with --reads: reads per timing")
+    p.add_argument("--audit-mbps", type=float, default=0.0, help="add the mode `audit`: `on` with the audit of host "
+                   "copies at rest at this rate (MB/s)")
     a = p.parse_args(argv)
     if a.reads:
         a.version = "0.5.23"
@@ -87,20 +91,26 @@ def main(argv: list[str] | None = None) -> int:
         pool = dict(policy=a.policy, page_size=dsa_driver.PAGE, dev_tokens=dsa_driver.PAGE * 16,
                     builder=dsa_driver.build_dsa, stream=dsa_driver.dsa_stream,
                     make_driver=lambda cache, *x: dsa_driver.LayerwiseDsaDriver(cache, *x))
-    modes = {"off": dict(instrument=False), "gate0": dict(level=0), "on": dict(), "exact": dict(exact=True)}
+    modes: dict[str, dict] = {"off": dict(instrument=False), "gate0": dict(level=0), "on": dict(),
+                              "exact": dict(exact=True)}
+    if a.audit_mbps > 0:
+        modes["audit"] = dict(audit_mbps=a.audit_mbps)
     per_step: dict[str, list[float]] = {m: [] for m in modes}
     steps = 0
+    audit: dict = {}
     with tempfile.TemporaryDirectory(prefix="sglang-step-cost-") as out:
         for rep in range(a.reps):
             for m, kw in modes.items():
                 if m == "off" and inst.is_instrumented_by_opentelemetry:
                     inst.uninstrument()
-                if m == "exact" and inst.is_instrumented_by_opentelemetry:
-                    inst.uninstrument()   # exact is an instrument() option
+                if m in ("exact", "audit") and inst.is_instrumented_by_opentelemetry:
+                    inst.uninstrument()   # exact and audit_mbps are instrument() options
                 r = driver.run(a.version, os.path.join(out, f"{m}-{rep}"), seed=5, requests=a.requests,
                                audit_every=0, reset=False, exporter=a.exporter, ring=not a.no_ring, **pool, **kw)
                 steps = r["stats"]["steps"]
                 per_step[m].append(r["stats"]["loop_cpu_s" if a.cpu else "loop_s"] / steps)
+                if r.get("audit"):
+                    audit = r["audit"]
     med = {m: statistics.median(v) for m, v in per_step.items()}
     how = a.exporter + (" ring" if a.exporter == "process" and not a.no_ring else "")
     print(f"sglang {a.version} {a.policy} page_size={pool['page_size']}{' layerwise DSA' if a.layerwise else ''}: "
@@ -108,6 +118,10 @@ def main(argv: list[str] | None = None) -> int:
           f"median of {a.reps}; exporter {how}; {'CPU' if a.cpu else 'wall'} time")
     for m in modes:
         print(f"  {m:6s} {med[m] * 1e3:8.3f} ms/step   x{med[m] / med['off']:.2f} of off")
+    if audit:
+        print(f"  audit at {a.audit_mbps:g} MB/s (last run, loop and final passes): {audit['audited']:.0f} samples, "
+              f"{audit['bytes'] / 1e6:.2f} MB, {audit['busy_s'] * 1e3:.0f} ms busy "
+              f"({audit['busy_s'] * 1e6 / max(audit['audited'], 1):.0f} us a sample), {audit['raced']:.0f} raced")
     return 0
 
 

@@ -32,6 +32,7 @@ from .rules_h3 import H3Compose
 from .rules_h4 import H4Recycle
 from .rules_l3 import KEYS_KEPT, L3Rules
 from .rules_load import STEPS_KEPT, LoadRules
+from .rules_rest import RestRules
 from .rules_side import SideRules, side_witness
 from .state import UNKNOWN, Backup, Bounded, EpochState, Node, PendingLoad, PendingWrite
 
@@ -42,7 +43,7 @@ _UNKEYED = frozenset(("config", "free", "kv_canary", "l3_prefetch", "l3_ack", "l
 
 
 class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare, CanaryOwner, L3Rules,
-                  SideRules, LoadRules):
+                  SideRules, LoadRules, RestRules):
     """Streaming checker of one rank. See the package docstring for the contract."""
 
     def __init__(self, rank: int, level: int | None = None) -> None:
@@ -66,12 +67,14 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         self._ld_steps = Bounded(STEPS_KEPT)   # LOAD: layer-wise load-back steps (outlive epochs, as op ids do)
         self._ld_by_op = Bounded(STEPS_KEPT)
         self._ld_seen = False                # any ld_* record: LOAD applies to this stream
+        self._audit_seen = False             # any audit record: REST applies to this stream
+        self._rest_reported = Bounded(4096)  # REST-hash: the copies reported (one finding per corrupted copy)
         handlers: dict[str, Handler] = {
             "config": self._config, "insert": self._insert, "split": self._split, "prepare": self._prepare,
             "backup": self._backup, "ack": self._ack, "evict": self._evict, "free": self._free,
             "reload": self._reload, "compose": self._compose, "kv_canary": self._canary,
             "l3_backup": self._l3_backup_all, "l3_prefetch": self._l3_prefetch, "l3_ack": self._l3_ack_all,
-            "l3_hit": self._l3_hit,
+            "l3_hit": self._l3_hit, "audit": self._audit,
             "ld_start": self._ld_start, "ld_layer": self._ld_layer, "ld_read": self._ld_read,
         }
         # tag -> (level of the tag, handler, whether the record can move the epoch tracker, whether the handler
@@ -156,14 +159,19 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
             self._count_unhashed(ld)
         return out
 
+    def _stream_had(self, r: Any) -> bool:
+        """Whether this stream had the tier, pool or records that rule ``r`` needs (its ``only_with``)."""
+        if r.code == "SIDE":
+            return bool(self.sidecars) and (self._l3_seen or "l3_ack" not in r.tags)
+        return {"LOAD": self._ld_seen, "REST": self._audit_seen}.get(r.code, self._l3_seen)
+
     def unchecked(self) -> list[Unchecked]:
         """Rules that could not run at this stream's level (:func:`.registry.unchecked_at`), then per-instance skips
         (HASH across a split, ...)."""
         out: list[Unchecked] = []
         lv = self.level
         for r in unchecked_at(lv, RANK):
-            if r.only_with and not (self.sidecars and (self._l3_seen or "l3_ack" not in r.tags) if r.code == "SIDE"
-                                    else self._ld_seen if r.code == "LOAD" else self._l3_seen):
+            if r.only_with and not self._stream_had(r):
                 continue   # a tier (L3) or pool (sidecars) this stream never had: nothing the rule could check
             out.append(Unchecked(r.id, r.code, self.rank, r.level,
                                  f"trace level {lv} < {r.level}: no {LEVEL_RECORDS[r.level]}", "level"))
@@ -407,6 +415,12 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
             if fnd is not None:
                 out = [*(out or ()), fnd]
         return out
+
+    def _audit(self, ev: Event, f: dict, nid: int, ref: tuple) -> list[Finding] | None:
+        """``audit``: a host copy at rest re-fingerprinted (REST-hash)."""
+        self._audit_seen = True
+        fnd = self._rest_hash(ev, f, nid, ref)
+        return [fnd] if fnd is not None else None
 
     def _evict(self, ev: Event, f: dict, nid: int, ref: tuple) -> None:
         tier = f.get("tier")

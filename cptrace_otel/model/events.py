@@ -48,4 +48,6 @@ LEVEL_OF_TAG: dict[str, int] = {
     "l3_backup": 1, "l3_query": 1, "l3_prefetch": 1, "l3_hit": 1, "l3_ack": 2,
     # a layer-wise load-back step, its layers' completions and the first read of each (checks.rules_load)
     "ld_start": 2, "ld_layer": 2, "ld_read": 2,
+    # the opt-in audit of host copies at rest (cptrace_otel.traced.sglang._audit): written off the scheduler's thread
+    "audit": 2,
 }

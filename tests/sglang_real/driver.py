@@ -235,6 +235,30 @@ class Driver:
                         self.corruption.append({"step": self.copies.step, "where": "host", "nodes": [child.id]})
                 stack.append((child, toks))
 
+    def at_rest(self) -> list[tuple[Any, Any]]:
+        """``(node id, host slots)`` of the nodes whose host copy is complete (no write pending), tree order."""
+        c = self.cache
+        pending = {id(n) for _, _, pub in c.ongoing_write_through.values() for n in pub}
+        pending |= {id(lk) for lk, _, _ in c.ongoing_write_through.values()}
+        out, stack = [], [c.root_node]
+        while stack:
+            node = stack.pop()
+            for child in node.children.values():
+                if child.host_value is not None and id(child) not in pending and len(child.host_value):
+                    out.append((child.id, child.host_value))
+                stack.append(child)
+        return sorted(out, key=lambda x: x[0])
+
+    def rot(self) -> dict:
+        """Flip one byte of the host copy of the complete host copy with the lowest node id (never reloaded after:
+        called once the stream has ended)."""
+        nodes = self.at_rest()
+        if not nodes:
+            raise RuntimeError("no complete host copy to corrupt")
+        nid, hv = nodes[0]
+        runtime.Faults._corrupt_host(self.cache, hv)
+        return {"kind": "rot", "node_id": int(nid), "host_slot": int(hv[0])}
+
     def store(self, idx: Any, tokens: list[int], start: int) -> None:
         """The forward's write of the KV of ``tokens[start:]`` into device slots ``idx``."""
         write_rows(self.kv, idx, expected_rows(tokens)[start:])
@@ -383,6 +407,20 @@ class Driver23(Driver):
                     self.corruption.append({"step": self.copies.step, "where": "host", "nodes": [child.id]})
                 stack.append((child, toks))
 
+    def at_rest(self) -> list[tuple[Any, Any]]:
+        c = self.cache
+        pending = {nid for w in c.ongoing_write_through.values() for nid in w.publish_node_ids}
+        pending |= {w.node_id for w in c.ongoing_write_through.values()}
+        out, stack = [], [c.tree_core.root_node]
+        while stack:
+            node = stack.pop()
+            for child in node.children.values():
+                hv = runtime.full(child).host_value
+                if hv is not None and child.id not in pending and len(hv):
+                    out.append((child.id, hv))
+                stack.append(child)
+        return sorted(out, key=lambda x: x[0])
+
     def admit(self, reqs: list[Req]) -> list[Req]:
         import torch
         from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InitLoadBackParams, MatchPrefixParams
@@ -453,7 +491,8 @@ def run(version: str, out: str, policy: str = "write_through", page_size: int = 
         reset: bool = True, fault: str | None = None, nth: int = 1, exact: bool = False, instrument: bool = True,
         world: int = 1, rank: int = 0, store: str | None = None, level: int = 2, audit_every: int = 5,
         cp_mode: str | None = "replicated", make_driver: Any = None, exporter: str = "thread",
-        ring: bool = True, builder: Any = None, stream: Any = None, checks: bool = False) -> dict:
+        ring: bool = True, builder: Any = None, stream: Any = None, checks: bool = False,
+        audit_mbps: float = 0.0, rot: bool = False) -> dict:
     """One run; returns ``{"corruption", "fault_hits", "stats", "log", "otlp", "seconds"}``.
 
     ``cp_mode`` is the ``config`` record's ``mode`` when ``world`` > 1: the driver's ranks each hold the whole
@@ -464,7 +503,10 @@ def run(version: str, out: str, policy: str = "write_through", page_size: int = 
     default outside these tests; the tests export from a thread). ``builder``/``stream``: 0.5.23's cache builder
     (:func:`build23`'s arguments) and the prompt stream (:func:`request_stream`'s) for another pool kind
     (dsa_driver.py's). ``checks``: the exporter's online checks (their findings on the spans, ``hicache.violation``
-    events)."""
+    events). ``audit_mbps``: the audit of host copies at rest on at that rate (0: off); the run then waits for two
+    more audit passes over the final cache before it flushes, and its summary has the audit's counts (``audit``).
+    ``rot``: after the last step, one byte of a complete host copy is flipped in the host pool (a copy corrupted at
+    rest that is never reloaded: the stream has ended; ``fault_hits`` names its node)."""
     t0 = time.monotonic()
     os.makedirs(out, exist_ok=True)
     import cptrace_otel
@@ -478,10 +520,11 @@ def run(version: str, out: str, policy: str = "write_through", page_size: int = 
         from cptrace_otel.traced.sglang._state import Recorder
 
         inst = SGLangInstrumentor()
-        if inst.is_instrumented_by_opentelemetry and (Recorder.exact, Recorder.cp_mode) != (exact, cp_mode or ""):
+        if inst.is_instrumented_by_opentelemetry and (Recorder.exact, Recorder.cp_mode, Recorder.audit_mbps) != \
+                (exact, cp_mode or "", audit_mbps):
             inst.uninstrument()   # a later run of a --matrix with other options: instrument anew, never reuse
         if not inst.is_instrumented_by_opentelemetry:
-            inst.instrument(exact=exact, cp_mode=cp_mode)
+            inst.instrument(exact=exact, cp_mode=cp_mode, audit_mbps=audit_mbps)
     if store is None:
         store = tempfile.mktemp(prefix="cptrace-gloo-")
     cp, tp = _init_group(world, rank, store)
@@ -496,10 +539,23 @@ def run(version: str, out: str, policy: str = "write_through", page_size: int = 
     drv = (make_driver or (Driver23 if version == "0.5.23" else Driver))(cache, kv, alloc, copies, seed, page_size)
     prompts = (stream or request_stream)(seed, requests, page_size)
     drv.run(prompts, batch, reset_at=(len(prompts) // (2 * batch) if reset else None), audit_every=audit_every)
+    if rot:
+        faults.hits.append(drv.rot())
+    audit = None
+    if instrument and audit_mbps > 0:
+        from cptrace_otel.traced.sglang import _audit
+
+        a = _audit.auditor()
+        if a is None or not a.wait_passes(2, 120):
+            raise RuntimeError("the host-copy audit did not complete its passes")
+        audit = dict(_audit.STATS)
+        _audit.stop()   # (a later run of a --matrix audits its own cache only: the next one starts a new thread)
+        for k in _audit.STATS:
+            _audit.STATS[k] = 0
     cptrace_otel.flush(60)
     cptrace_otel.shutdown(60)
     return {"corruption": drv.corruption, "fault_hits": faults.hits, "stats": drv.stats, "log": log, "otlp": otlp,
-            "seconds": round(time.monotonic() - t0, 2)}
+            "seconds": round(time.monotonic() - t0, 2), "audit": audit}
 
 
 def run_ranks(version: str, out: str, world: int = 4, fault_rank: int | None = None,
@@ -567,6 +623,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--world", type=int, default=1)
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--store")
+    p.add_argument("--audit-mbps", type=float, default=0.0, help="the host-copy audit's rate (0: off)")
+    p.add_argument("--rot", action="store_true", help="flip a byte of a complete host copy after the last step")
     p.add_argument("--cp-mode", default="replicated", choices=("replicated", "sharded", "shared"),
                    help="the config record's mode when --world > 1 (the driver's ranks replicate the KV)")
     p.add_argument("--matrix", help="JSON list of run() keyword sets, run one after the other in this process "

@@ -103,6 +103,12 @@ RULES: tuple[Rule, ...] = (
        "(ld_read) while the step is in flight follows that layer's completion (ld_layer) and the forward's wait "
        "for it (waited >= layer) (SGLang #22811)",
        "rules_load:LoadRules._load_early", skips=("LOAD-skipped(no start)",), only_with="ld_start ld_layer ld_read"),
+    _r("REST-hash", "REST", 2, RANK, "prepare backup ack split evict free audit",
+       "a host copy at rest (audit: the opt-in audit thread's re-fingerprint of an acked backup's host slots) "
+       "equals what its backup wrote (backup h; per-page hp across a split)",
+       "rules_rest:RestRules._rest_hash",
+       skips=("REST-skipped(no backup)", "REST-skipped(not at rest)", "REST-skipped(moved)", "REST-skipped(no hash)"),
+       only_with="audit"),
     _r("C1", "C1", 1, CROSS, "insert split prepare evict reload reset",
        "lockstep tree: every rank's structural tuples are identical; the first divergence is reported",
        "rules_c1:C1Lockstep._c1_compare"),

@@ -48,6 +48,7 @@ from typing import Any
 
 from opentelemetry.instrumentation import instrumentor as _otel_instrumentor
 
+from . import _audit
 from ._sites import SITES
 from ._sites23 import SITES23
 from ._state import Recorder, cache_flavour, version_verdict, warn_once as _warn_once
@@ -76,7 +77,8 @@ class SGLangInstrumentor(BaseInstrumentor):
     ``CPTRACE_CP_MODE`` setting, else the mode SGLang's own server arguments give: stock prefill CP is
     ``prefill_cp``, KV-cache sharding ``sharded``, DCP ``dcp``; :mod:`._cpmode`). A mode set here or in the
     environment that disagrees with the derived one wins, with one warning; the ``config`` record says which mode,
-    who decided it (``mode_src``) and what it was derived from (``mode_why``)."""
+    who decided it (``mode_src``) and what it was derived from (``mode_why``). ``audit_mbps`` (default the
+    ``CPTRACE_AUDIT_MBPS`` setting, else 0: off): the rate of the audit of host copies at rest (:mod:`._audit`)."""
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return (SUPPORTED,)
@@ -108,7 +110,8 @@ class SGLangInstrumentor(BaseInstrumentor):
             exact = env.sglang_exact
         mode = _config.cp_mode_setting(kwargs.get("cp_mode"), "instrument(cp_mode)")
         Recorder.configure(exact=bool(exact), cp_mode=mode or env.cp_mode,
-                           cp_mode_src="instrument" if mode else "CPTRACE_CP_MODE" if env.cp_mode else "")
+                           cp_mode_src="instrument" if mode else "CPTRACE_CP_MODE" if env.cp_mode else "",
+                           audit_mbps=_audit.rate_setting(kwargs.get("audit_mbps")))
         if cache_flavour() == "unified":
             python_tree_core()
         import wrapt
@@ -127,6 +130,7 @@ class SGLangInstrumentor(BaseInstrumentor):
             raise
 
     def _uninstrument(self, **kwargs: Any) -> None:
+        _audit.stop()
         for module, attr, _ in getattr(self, "_cptrace_sites", None) or sites():
             _unwrap(module, attr)
         from ._layerwise23 import drop_all

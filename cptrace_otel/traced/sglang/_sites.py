@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..api import cptrace, rng, trace_level
+from ._audit import enroll
 from ._l3_sites import L3_SITES
 from ._reqlink import note_node, request_fields
 from ._state import HIRADIX, Load, State, aligned_key, arg, safe, state_of, tree_path
@@ -38,6 +39,7 @@ def _attach(cache: Any) -> None:
         cache.token_to_kv_pool_host._cptrace_sg = st
     if trace_level() >= 1:
         st.config()
+    enroll(st)
 
 
 def reset_site(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -123,6 +125,8 @@ def on_split(st: State, child: Any, new: Any, split_len: int, pre: tuple) -> Non
                     break
     if st.insert_ctx is not None:
         st.insert_ctx["split_new"][new] = st.dev(new) is None
+    if child.id in st.rest:   # the prefix keeps its part of the audited host copy
+        st.rest[new.id] = new
 
 
 def _insert(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:

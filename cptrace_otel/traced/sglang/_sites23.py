@@ -41,6 +41,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..api import cptrace, rng, trace_level
+from ._audit import enroll
 from ._l3_sites23 import L3_BACKENDS, L3_SITES23
 from ._layerwise23 import LAYERWISE_SITES23, drop_counter, end as end_layerwise
 from ._sites import (
@@ -134,6 +135,7 @@ class State23(State):
         lock_node = self.node(pending.node_id)
         cptrace(2, "ack", dir="d2h", op=op, node_id=ack_id, blen=int(blen), clen=len(lock_node.key),
                 pub=[int(x) for x in pending.publish_node_ids])
+        self.at_rest([self.node(x) for x in pending.publish_node_ids])
 
     def reload23(self, node_id: int, device_indices: Any, kv_xfer: Any) -> None:
         cc = self.cache.cache_controller
@@ -216,6 +218,7 @@ def _attach(cache: Any) -> None:
         obj._cptrace_sg = st
     if trace_level() >= 1:
         st.config()
+    enroll(st)
 
 
 def detach(cache: Any, why: str) -> None:

@@ -185,6 +185,10 @@ class State:
         self.loaded: Any = None              # during init_load_back: the last node of the load it issued
         self.side: list[tuple[str, Any]] = []  # sidecar pools riding on the KV's slots: (name, device pool)
         self.side_host: dict[str, Any] = {}    # the same pools' host pools, by name
+        # the host-copy audit (._audit): node id -> node whose host copy is complete (published by its d2h ack), and
+        # the count of host frees so far (the audit thread drops a sample read while it moved)
+        self.rest: dict[int, Any] = {}
+        self.host_gen = 0
 
     def clear(self) -> None:
         self.writing.clear()
@@ -193,6 +197,8 @@ class State:
         self.expect_free.clear()
         self.staged.clear()
         self.insert_ctx = None
+        self.rest.clear()
+        self.host_gen += 1
 
     # -- node fields (0.5.20's TreeNode; State23 reads 0.5.23's per-component data) -------------------------------
     @staticmethod
@@ -233,6 +239,10 @@ class State:
             out.update({sc.side_field(k, name): f[key] for k, key in ((sc.SIDE_H, "h"), (sc.SIDE_NZ, "nz"),
                                                                      (sc.SIDE_HP, "hp")) if key in f})
         return out
+
+    def fp_rows(self, rows: Any) -> dict[str, Any]:
+        """``h``, ``nz``, ``hp`` of KV ``rows`` already gathered in :meth:`fp`'s layout (the host-copy audit's)."""
+        return _fp(rows, self.page_size)
 
     def moved(self, op: Any) -> dict[str, str]:
         """``sp``: the sidecar pools (of :attr:`side`) that copy op ``op`` moves with its KV (``-``: none); nothing
@@ -315,6 +325,14 @@ class State:
         lock_node, backup_len, publish = pending
         cptrace(2, "ack", dir="d2h", op=self.write_op.pop(ack_id, -1), node_id=ack_id, blen=int(backup_len),
                 clen=len(lock_node.key), pub=[n.id for n in publish])
+        self.at_rest(publish)
+
+    def at_rest(self, nodes: Any) -> None:
+        """Nodes whose host copy an ack just completed join the audit set (only while the audit is on)."""
+        if Recorder.audit_mbps > 0:
+            for n in nodes:
+                if n is not None:
+                    self.rest[n.id] = n
 
     def ack_h2d(self, ack_node_ids: list) -> None:
         for nid in ack_node_ids:
@@ -338,10 +356,15 @@ class State:
                     **self.xs("hostx", t))
         if t is not None:
             self.expect_free[id(t)] = (t, n.id)
+        if tier != "dev":
+            self.rest.pop(n.id, None)
 
     def free(self, pool: str, t: Any) -> None:
         owner = self.expect_free.pop(id(t), None)
         nid, why = (owner[1], owner[2] if len(owner) > 2 else "evict") if owner is not None else (-1, "finish")
+        if pool == "host":   # (before SGLang's free runs: an audit reading these slots now drops its sample)
+            self.host_gen += 1
+            self.rest.pop(nid, None)
         cptrace(2, "free", pool=pool, idx=rng(t), node_id=nid, why=why, **self.xs("idx_x", t))
 
 
@@ -349,12 +372,14 @@ class Recorder:
     """Process-wide options of the instrumentation (set by :meth:`SGLangInstrumentor._instrument`)."""
 
     exact = False
+    audit_mbps = 0.0      # the host-copy audit's rate (._audit; 0: off)
     cp_mode = ""          # a CP mode someone set ("": derived from SGLang's server arguments, ._cpmode)
     cp_mode_src = ""      # who set it: "instrument" or "CPTRACE_CP_MODE"
 
     @classmethod
-    def configure(cls, exact: bool, cp_mode: str, cp_mode_src: str = "") -> None:
+    def configure(cls, exact: bool, cp_mode: str, cp_mode_src: str = "", audit_mbps: float = 0.0) -> None:
         cls.exact = exact
+        cls.audit_mbps = audit_mbps
         cls.cp_mode = cp_mode
         cls.cp_mode_src = cp_mode_src
 

@@ -1,0 +1,65 @@
+"""The rule of host copies at rest (REST): REST-hash.
+
+* REST-hash: an ``audit`` record (the opt-in audit thread's re-fingerprint of a node's host copy,
+  :mod:`cptrace_otel.traced.sglang._audit`) carries the fingerprint of the node's host KV as it is in the host pool
+  now; it equals the ``h`` of the ``backup`` that wrote that host copy (per page ``hp`` once a split cut the node).
+  A difference is a host copy that changed while at rest (after its d2h copy, before any reload): found before the
+  reload that would bring it back (HASH), or even if none ever does.
+
+Judged only when the audited copy is that backup's: the node's backup is acked (``ack dir=d2h``), no free or host
+eviction of it came since, and the audit's host slots are the ones the node holds (its ``prepare`` or a split's
+``host_p``/``host_c``; compared where both are known). Anything else is counted (``REST-skipped(...)``), never
+judged: a copy still being written, one without a backup record in this trace (the trace began later), one whose
+slots moved.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..model.events import Event
+from .findings import Finding
+from .ranges import EXACT, Slots, slots_of
+from .rank_base import RankRuleBase
+from .state import Bounded
+
+
+class RestRules(RankRuleBase):
+    _rest_reported: Bounded   # (node id, backup ref) already reported: one finding per corrupted copy, not per audit
+
+    def _rest_hash(self, ev: Event, f: dict, nid: int, ref: tuple) -> Finding | None:
+        """REST-hash at an ``audit`` of node ``nid``."""
+        node = self.st.nodes.get(nid)
+        bk = node.bk if node is not None else None
+        if node is None or bk is None:
+            self._skip("REST-skipped(no backup)", "REST", nid, "an audited host copy with no backup record")
+            return None
+        bs = node.bk_state
+        if bs is None or bs[0] != "acked" or node.host_freed is not None:
+            self._skip("REST-skipped(not at rest)", "REST", nid,
+                       "an audited host copy whose backup is not acked, or whose host slots were freed since")
+            return None
+        got = slots_of(f.get("host"), f.get("hostx"))
+        if isinstance(node.host, Slots) and got is not None and got.summary() != node.host.summary():
+            self._skip("REST-skipped(moved)", "REST", nid, "the audit read other host slots than the node's backup")
+            return None
+        h, hp = f.get("h"), f.get("hp")
+        op: Any = bk.op
+        if (nid, bk.ref) in self._rest_reported:
+            return None
+        if bk.whole and type(bk.h) is int and type(h) is int and h >= 0:
+            if h != bk.h:
+                self._rest_reported.put((nid, bk.ref), ref)
+                return self._finding("REST", "REST-hash", nid, op, EXACT, [bk.ref, ref],
+                                     f"node {nid}: host copy at rest h={h} but its backup wrote h={bk.h}", ev)
+            return None
+        if isinstance(bk.hp, list) and isinstance(hp, list) and len(bk.hp) == len(hp):
+            if bk.hp != hp:
+                k = next(i for i, (a, b) in enumerate(zip(bk.hp, hp, strict=True)) if a != b)
+                self._rest_reported.put((nid, bk.ref), ref)
+                return self._finding("REST", "REST-hash", nid, op, EXACT, [bk.ref, ref],
+                                     f"node {nid}: page {k} of its host copy at rest differs from what its backup "
+                                     "wrote", ev)
+            return None
+        self._skip("REST-skipped(no hash)", "REST", nid, "backup or audit carries no comparable h/hp")
+        return None
