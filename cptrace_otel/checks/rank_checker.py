@@ -62,6 +62,8 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         self._side_l3_keys = Bounded(KEYS_KEPT)   # SIDE-l3: the same for sidecar pages ("<key>.<pool>")
         self._l3_acked = Bounded(4096)       # L3a: prefetch ops compared at their ack
         self._l3_seen = False                # any L3 record: the L3 rules apply to this stream
+        self._l3_ident: dict = {}            # FOREIGN: this rank's storage identity (its config)
+        self.l3_prior = None                 # FOREIGN: earlier runs' L3 backups (set by the analysis)
         handlers: dict[str, Handler] = {
             "config": self._config, "insert": self._insert, "split": self._split, "prepare": self._prepare,
             "backup": self._backup, "ack": self._ack, "evict": self._evict, "free": self._free,
@@ -177,6 +179,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
             self.io_rank = io
         side = f.get(sc.SIDECARS)
         self.sidecars = tuple(p for p in side.split("+") if p) if isinstance(side, str) else ()
+        self._l3_config(f)
 
     def _insert(self, ev: Event, f: dict, nid: int, ref: tuple) -> None:
         d = slots_of(f.get("dev"), f.get("devx"))

@@ -169,6 +169,7 @@ def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
     from ..analyze.sources.detect import expand
     from ..analyze.sources.logs import LogReadError, LogStats, read_log_events
     from ..analyze.sources.tracedocs import TraceDocs
+    from ..checks.rules_l3 import L3Prior
 
     try:
         plan = expand(paths)
@@ -208,6 +209,7 @@ def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
         otlp, docfiles = [p for p in otlp if p in held], [p for p in docfiles if p in held]
         logs = [p for _label, group in log_groups for p in group]
         runs = Runs()
+        l3_prior = L3Prior()   # each run's L3 backups serve the runs read after it (FOREIGN, L3a): nothing else
         if logs:
             bar = _progress_bar(args, err, logs)
 
@@ -220,7 +222,7 @@ def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
                 for label, group in log_groups:   # (their lines hold no run id: log_runs)
                     kept: list = []
                     evs = read_log_events(group, on_bad, stats, bar.to if bar is not None else None)
-                    one = Analysis(level).run(_Kept(evs, kept) if keep else evs)
+                    one = Analysis(level, l3_prior=l3_prior, run=label).run(_Kept(evs, kept) if keep else evs)
                     runs.add(label, one)
                     one.stats["run"] = label
                     groups.append((one, kept))
@@ -234,7 +236,7 @@ def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
 
             def keeping(run: str, evs: Any) -> Any:
                 return _Kept(evs, kept_by_run.setdefault(run, []))
-            results.append(analyze_traces(level, docs, err, keeping if keep else None))
+            results.append(analyze_traces(level, docs, err, keeping if keep else None, l3_prior=l3_prior))
             found: dict[str, list] = {}
             for f in results[-1].findings:
                 found.setdefault(f.run, []).append(f)

@@ -39,6 +39,9 @@ if HERE not in sys.path:
 import runtime  # noqa: E402  (tests/sglang_real/runtime.py)
 
 LAYERS, HEADS, DIM = 2, 1, 4
+# Another configuration for the next caches built (l3_driver.py's runs of another model or KV dtype): ``model_path``
+# (ServerArgs') and ``kv_dtype`` (a torch dtype name, of the device KV pool, so also of its host pool)
+POOL: dict[str, str] = {}
 
 
 def _prefix_hashes(tokens: list[int]) -> list[int]:
@@ -71,7 +74,7 @@ def read_rows(pool: Any, idx: Any) -> Any:
 
 def write_rows(pool: Any, idx: Any, rows: Any) -> None:
     for i, b in enumerate(_bufs(pool)):
-        b[idx] = rows[:, i]
+        b[idx] = rows[:, i].to(b.dtype)   # (a pool of another KV dtype, POOL: the expected values, cast)
 
 
 class _ReqKv:
@@ -128,7 +131,7 @@ def _pools(policy: str, page_size: int, dev_tokens: int, host_ratio: float, cp_g
     from sglang.srt import runtime_context as rc
     from sglang.srt.server_args import ServerArgs
 
-    sa = ServerArgs(model_path="dummy", device="cpu", enable_hierarchical_cache=True, hicache_io_backend="direct",
+    sa = ServerArgs(model_path=POOL.get("model_path", "dummy"), device="cpu", enable_hierarchical_cache=True, hicache_io_backend="direct",
                     hicache_mem_layout="layer_first", hicache_write_policy=policy, page_size=page_size,
                     hicache_ratio=host_ratio, **(server_args or {}))
     rc.get_context().set_server_args(sa)
@@ -137,8 +140,9 @@ def _pools(policy: str, page_size: int, dev_tokens: int, host_ratio: float, cp_g
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 
+    kv_dtype = getattr(torch, POOL.get("kv_dtype", "float32"))
     kv = (make_kv(dev_tokens, page_size) if make_kv is not None else
-          MHATokenToKVPool(size=dev_tokens, page_size=page_size, dtype=torch.float32, head_num=HEADS, head_dim=DIM,
+          MHATokenToKVPool(size=dev_tokens, page_size=page_size, dtype=kv_dtype, head_num=HEADS, head_dim=DIM,
                            layer_num=LAYERS, device="cpu", enable_memory_saver=False))
     if page_size == 1:
         alloc = TokenToKVPoolAllocator(dev_tokens, torch.float32, "cpu", kv, need_sort=False)
@@ -455,7 +459,8 @@ def run(version: str, out: str, policy: str = "write_through", page_size: int = 
         reset: bool = True, fault: str | None = None, nth: int = 1, exact: bool = False, instrument: bool = True,
         world: int = 1, rank: int = 0, store: str | None = None, level: int = 2, audit_every: int = 5,
         cp_mode: str | None = "replicated", make_driver: Any = None, exporter: str = "thread",
-        ring: bool = True, builder: Any = None, stream: Any = None, checks: bool = False) -> dict:
+        ring: bool = True, builder: Any = None, stream: Any = None, checks: bool = False,
+        run_id: str | None = None) -> dict:
     """One run; returns ``{"corruption", "fault_hits", "stats", "log", "otlp", "seconds"}``.
 
     ``cp_mode`` is the ``config`` record's ``mode`` when ``world`` > 1: the driver's ranks each hold the whole
@@ -466,7 +471,7 @@ def run(version: str, out: str, policy: str = "write_through", page_size: int = 
     default outside these tests; the tests export from a thread). ``builder``/``stream``: 0.5.23's cache builder
     (:func:`build23`'s arguments) and the prompt stream (:func:`request_stream`'s) for another pool kind
     (dsa_driver.py's). ``checks``: the exporter's online checks (their findings on the spans, ``hicache.violation``
-    events)."""
+    events). ``run_id``: the records' run id (default: one per version, policy, page size and seed)."""
     t0 = time.monotonic()
     os.makedirs(out, exist_ok=True)
     import cptrace_otel
@@ -474,7 +479,7 @@ def run(version: str, out: str, policy: str = "write_through", page_size: int = 
     log = os.path.join(out, f"rank-{rank}.log")
     otlp = os.path.join(out, f"rank-{rank}.otlp.jsonl")
     cptrace_otel.configure(level=(level if instrument else 0), file=otlp, log_file=log, exporter=exporter, ring=ring,
-                           cp_rank=rank, run_id=f"sglang-{version}-{policy}-p{page_size}-s{seed}", checks=checks)
+                           cp_rank=rank, run_id=run_id or f"sglang-{version}-{policy}-p{page_size}-s{seed}", checks=checks)
     if instrument:
         from cptrace_otel.traced.sglang import SGLangInstrumentor
 

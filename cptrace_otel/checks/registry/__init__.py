@@ -139,6 +139,12 @@ RULES: tuple[Rule, ...] = (
        "CP modes with a shard per rank: the ranks' L3 keys of a node are disjoint (one rank's shard never "
        "overwrites another's)",
        "rules_l3x:L3Cross._l3d", only_with=_L3),
+    _r("FOREIGN", "FOREIGN", 2, RANK, "config l3_backup l3_ack",
+       "a fetched L3 page this run never wrote was written under the same storage identity (model, kv_dtype, "
+       "layout, page_size of the config) as the metadata beside the object (l3_ack wid) or an earlier run's trace "
+       "given to check says (SGLang's keys omit the KV dtype and layout: sglang #33268, the model: #24758); the "
+       "same identity with another fingerprint is L3a",
+       "rules_l3:L3Rules._l3_compare", only_with=_L3),
 )
 
 BY_ID: dict[str, Rule] = {r.id: r for r in RULES}
