@@ -212,6 +212,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         pnode = Node(p, s, dp if dp is not None else (None if is_none_range(f.get("dev_p")) else UNKNOWN),
                      hp if hp is not None else (None if is_none_range(hp_raw) else UNKNOWN), ref)
         pnode.from_split = True
+        pnode.dev_loaded = pre is not None and pre.dev_loaded   # (the prefix's device slots came as the node's)
         st.nodes[p] = pnode
         self.nodes_total += 1
         if pre is None:

@@ -10,14 +10,15 @@ import os
 import time
 
 from hypothesis import given, strategies as st
-from tests.helpers.checks_util import R, check_lines, rules
 
 from cptrace_otel.model.l3 import IDENT_FIELDS, ident_diff, ident_parse, ident_str
 from cptrace_otel.traced.sglang import _l3_meta
+from tests.helpers.checks_util import R, check_lines, rules
 
 K = ["a1f0_m_0_1", "b2e1_m_0_1"]
 KEYS = f"[{','.join(K)}]"
-CFG = "[CPTRACE config] cp_size=1 cp_rank=0 page_size=4 level=2 layout=layer_first model=org/m kv_dtype={dt} rank=0 ts=0"
+CFG = ("[CPTRACE config] cp_size=1 cp_rank=0 page_size=4 level=2 layout=layer_first model=org/m kv_dtype={dt} "
+       "rank=0 ts=0")
 
 
 def _fetch(wid: list[str] | None, wfp: list[int] | None = None, hp: tuple[int, int] = (701, 702),

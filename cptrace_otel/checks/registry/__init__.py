@@ -121,7 +121,7 @@ RULES: tuple[Rule, ...] = (
     _r("CANARY", "CANARY", 1, RANK, "kv_canary insert split reload evict",
        "SGLang's kv-canary saw a slot's hash chain break (a `kv_canary violation:` log line): reported on the node "
        "whose device slots held the slot then (exact sets decide; else for the run, saying why)",
-       "rules_canary:CanaryOwner._canary", skips=("CANARY-owner(undecidable)",)),
+       "rules_canary:CanaryOwner._canary", skips=("CANARY-owner(undecidable)", "CANARY-skipped(reloaded)")),
     _r("L3a", "L3", 1, RANK, "l3_backup l3_ack l3_hit",
        "content survives the L3 round trip: per page key, the fingerprint after a prefetch (l3_ack dir=prefetch, "
        "l3_hit) is one the key was backed up with (l3_backup hp)",
