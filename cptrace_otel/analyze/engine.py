@@ -16,6 +16,7 @@ from typing import Any, TextIO
 
 from ..checks import Finding, RankChecker, Unchecked
 from ..checks.crossrank import CrossRank
+from ..checks.rules_l3 import L3Prior
 from ..model.events import Event
 from .localize import Localizer
 
@@ -37,12 +38,16 @@ class Result:
 
 
 class Analysis:
-    """``Analysis(level=None, rank_levels=None, sampled=None)``: ``rank_levels`` are per-rank levels recorded by the
-    exporter (OTLP resource ``cptrace.level``), used when no explicit level is given; ``sampled`` the sampled ranks'
-    ``(run id, cptrace.sample)`` (OTLP resource), so the cross-rank rules do not call a sampled-out node missing."""
+    """``Analysis(level=None, rank_levels=None, sampled=None, l3_prior=None)``: ``rank_levels`` are per-rank levels
+    recorded by the exporter (OTLP resource ``cptrace.level``), used when no explicit level is given; ``sampled`` the
+    sampled ranks' ``(run id, cptrace.sample)`` (OTLP resource), so the cross-rank rules do not call a sampled-out
+    node missing; ``l3_prior`` the L3 backups of the runs analysed before this one
+    (:class:`~cptrace_otel.checks.rules_l3.L3Prior`): this run's fetches of keys it never wrote are judged against
+    them, and :meth:`run` adds this run's backups to it (as ``run``) when it finishes."""
 
     def __init__(self, level: int | None = None, rank_levels: dict[int, int] | None = None,
-                 sampled: dict[int, tuple[str, float]] | None = None) -> None:
+                 sampled: dict[int, tuple[str, float]] | None = None, l3_prior: L3Prior | None = None,
+                 run: str = "") -> None:
         self.level = level
         self.rank_levels = rank_levels or {}
         self.checkers: dict[int, RankChecker] = {}
@@ -52,12 +57,14 @@ class Analysis:
         self.findings: list[Finding] = []
         self.events = 0
         self.localizer = Localizer()
+        self.l3_prior, self.run_name = l3_prior, run
 
     def feed(self, ev: Event) -> list[Finding]:
         self.events += 1
         chk = self.checkers.get(ev.rank)
         if chk is None:
             chk = self.checkers[ev.rank] = RankChecker(ev.rank, self.level)
+            chk.l3_prior = self.l3_prior
             if self.level is None and ev.rank in self.rank_levels:
                 chk.config_level = self.rank_levels[ev.rank]
             chk.observe(_FWD_HASH, self.localizer.feed)   # only fwd_hash records reach the localizer
@@ -87,7 +94,10 @@ class Analysis:
                 found.extend(out)
             cross(ev)
         self.events += n
-        return self.result()
+        res = self.result()
+        if self.l3_prior is not None:
+            self.l3_prior.absorb(self.run_name, self.checkers.values())
+        return res
 
     def result(self, extra_stats: dict[str, Any] | None = None) -> Result:
         findings = list(self.findings)
@@ -175,22 +185,26 @@ class Runs:
         return Result(self.findings, list(self.unchecked.values()), stats, self.localization, dict(self.links))
 
 
-def analyze_traces(level: int | None, docs: Any, err: TextIO, runs: Runs | None = None) -> Result:
+def analyze_traces(level: int | None, docs: Any, err: TextIO, runs: Runs | None = None,
+                   l3_prior: L3Prior | None = None) -> Result:
     """Every run of trace documents (OTLP files, Jaeger; ``docs``: :class:`~.sources.tracedocs.TraceDocs`), one
     :class:`Analysis` each, one run after the other (a run's state is dropped once it is finished), folded by
     :class:`Runs`: every rule, per-rank and cross-rank, judges one run. Per-rank levels and sampled ranks come from
     each run's resources. When several streams are read and some have an unknown rank, says ``N streams with an
     unknown rank: cross-rank rules not run`` on ``err``, runs only the per-rank rules and puts N in
     ``stats["unknown_rank_streams"]`` (``check`` then exits 4 unless something was found). ``runs``, when given, is
-    the fold to add to."""
+    the fold to add to; ``l3_prior`` the L3 backups of runs read before (a fresh one when None): each run's L3
+    fetches of keys it never wrote are judged against the backups of the runs before it (FOREIGN, L3a), nothing else
+    crosses runs."""
     info = docs.info
     unknown = info.unknown_rank_streams() if len(info.streams) > 1 else 0
     if unknown:
         # their records would be compared as one rank "-1", or against the known ranks: say so instead of passing
         print(f"check: {unknown} streams with an unknown rank: cross-rank rules not run", file=err)
     runs = runs if runs is not None else Runs()
+    prior = l3_prior if l3_prior is not None else L3Prior()
     for run, events in docs.runs():
-        an = Analysis(level, info.run_levels.get(run), sampled=info.run_sampled.get(run))
+        an = Analysis(level, info.run_levels.get(run), sampled=info.run_sampled.get(run), l3_prior=prior, run=run)
         if unknown:
             an.cross.disabled = True
         runs.add(run, an.run(events))

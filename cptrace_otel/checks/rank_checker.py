@@ -69,6 +69,8 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         self._ld_seen = False                # any ld_* record: LOAD applies to this stream
         self._audit_seen = False             # any audit record: REST applies to this stream
         self._rest_reported = Bounded(4096)  # REST-hash: the copies reported (one finding per corrupted copy)
+        self._l3_ident: dict = {}            # FOREIGN: this rank's storage identity (its config)
+        self.l3_prior = None                 # FOREIGN: earlier runs' L3 backups (set by the analysis)
         handlers: dict[str, Handler] = {
             "config": self._config, "insert": self._insert, "split": self._split, "prepare": self._prepare,
             "backup": self._backup, "ack": self._ack, "evict": self._evict, "free": self._free,
@@ -190,6 +192,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
             self.io_rank = io
         side = f.get(sc.SIDECARS)
         self.sidecars = tuple(p for p in side.split("+") if p) if isinstance(side, str) else ()
+        self._l3_config(f)
 
     def _insert(self, ev: Event, f: dict, nid: int, ref: tuple) -> None:
         d = slots_of(f.get("dev"), f.get("devx"))
@@ -222,6 +225,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         pnode = Node(p, s, dp if dp is not None else (None if is_none_range(f.get("dev_p")) else UNKNOWN),
                      hp if hp is not None else (None if is_none_range(hp_raw) else UNKNOWN), ref)
         pnode.from_split = True
+        pnode.dev_loaded = pre is not None and pre.dev_loaded   # (the prefix's device slots came as the node's)
         st.nodes[p] = pnode
         self.nodes_total += 1
         if pre is None:

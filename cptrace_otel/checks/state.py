@@ -42,8 +42,12 @@ class Backup:
         return Backup(None, self._pages(self.hp, start, n), None, self.ref, self.op, False, n, side)
 
 
+LOAD_BACK = frozenset(("reload", "ack h2d"))   # the bump reasons of a load-back into fresh device slots
+
+
 class Node:
-    __slots__ = ("id", "len", "dev", "host", "host_freed", "gen", "gen_ref", "bk", "bk_state", "from_split")
+    __slots__ = ("id", "len", "dev", "host", "host_freed", "gen", "gen_ref", "bk", "bk_state", "from_split",
+                 "dev_loaded")
 
     def __init__(self, nid: int, length: int, dev: Any, host: Any, ref: Ref) -> None:
         self.id = nid
@@ -56,11 +60,18 @@ class Node:
         self.bk: Backup | None = None
         self.bk_state: tuple | None = None      # ("pending", write) or ("acked", ref)
         self.from_split = False
+        self.dev_loaded = False                 # its device slots were filled by a load-back (CANARY)
 
     def bump(self, ref: Ref, why: str) -> None:
-        """The node's device state changed at ``ref`` (H3 compares fills against ``gen``)."""
+        """The node's device state changed at ``ref`` (H3 compares fills against ``gen``); a ``reload`` or its
+        ``ack h2d`` marks its device slots as filled by a load-back, a split keeps the mark, anything else clears
+        it."""
         self.gen += 1
         self.gen_ref = (ref, why)
+        if why in LOAD_BACK:
+            self.dev_loaded = True
+        elif not why.startswith("split"):
+            self.dev_loaded = False
 
 
 class PendingWrite:

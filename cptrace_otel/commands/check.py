@@ -163,6 +163,7 @@ def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
     from ..analyze.sources.detect import expand
     from ..analyze.sources.logs import LogReadError, LogStats, read_log_events
     from ..analyze.sources.tracedocs import TraceDocs
+    from ..checks.rules_l3 import L3Prior
 
     try:
         plan = expand(paths)
@@ -202,6 +203,7 @@ def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
         otlp, docfiles = [p for p in otlp if p in held], [p for p in docfiles if p in held]
         logs = [p for _label, group in log_groups for p in group]
         runs = Runs()
+        l3_prior = L3Prior()   # each run's L3 backups serve the runs read after it (FOREIGN, L3a): nothing else
         if logs:
             bar = _progress_bar(args, err, logs)
 
@@ -215,7 +217,8 @@ def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
                     evs = read_log_events(group, on_bad, stats, bar.to if bar is not None else None)
                     # the report reads files again (nothing held); standard input's events are kept as they pass
                     kept: Any = _Reread(group) if keep and "-" not in group else []
-                    one = Analysis(level).run(_Kept(evs, kept) if keep and isinstance(kept, list) else evs)
+                    one = Analysis(level, l3_prior=l3_prior, run=label).run(
+                        _Kept(evs, kept) if keep and isinstance(kept, list) else evs)
                     runs.add(label, one)
                     one.stats["run"] = label
                     groups.append((one, kept))
@@ -225,7 +228,7 @@ def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
             results.append(runs.result())
             results[-1].links.update((label, "") for label, _g in log_groups if label.startswith(NO_RUN_ID))
         if docs.total():
-            results.append(analyze_traces(level, docs, err))
+            results.append(analyze_traces(level, docs, err, l3_prior=l3_prior))
             found: dict[str, list] = {}
             for f in results[-1].findings:
                 found.setdefault(f.run, []).append(f)

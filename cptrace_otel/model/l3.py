@@ -26,6 +26,14 @@ tag             level   fields
                         ``op``, ``keys=[..]``, ``host`` (+``hostx``), optional ``hp=[..]``
 ==============  ======  ========================================================================================
 
+What a page's writer was (``FOREIGN``): the ``config`` record names the run's storage identity, the fields of
+:data:`IDENT_FIELDS` (``model``: SGLang's ``model_path``; ``kv_dtype``: the device KV pool's dtype; ``layout``: the
+host pool's; ``page_size``). Where the backend keeps files (``file``), the instrumentation writes a small metadata
+file beside each object it stored (:data:`META_EXT`: the page's fingerprint, the writer's identity and the object
+file's size and mtime, so a metadata file outlived by a rewrite of its object is ignored), and an ``l3_ack
+dir=prefetch`` whose pages have one adds ``wfp=[..]`` (per page, the fingerprint it was written with; ``-1`` none)
+and ``wid=[..]`` (per page, the writer's identity, :func:`ident_str`; ``""`` none).
+
 Rules (:mod:`cptrace_otel.checks.rules_l3`, :mod:`cptrace_otel.checks.rules_l3x`; code ``L3``): ``L3a`` content
 survives the round trip (per key, the fingerprint after a prefetch is one the key was backed up with), ``L3b`` the
 host pages of an L3 transfer are not freed, evicted or given to another copy before its ``l3_ack``, ``L3c``/``L3d``
@@ -45,3 +53,30 @@ PREFETCH = "l3_prefetch"
 HIT = "l3_hit"
 TAGS = (BACKUP, ACK, QUERY, PREFETCH, HIT)
 DIR_BACKUP, DIR_PREFETCH = "backup", "prefetch"
+
+WFP, WID = "wfp", "wid"
+META_EXT = ".cptrace"   # the metadata file beside a stored object: "<object key>.cptrace"
+IDENT_FIELDS = ("model", "kv_dtype", "layout", "page_size")
+
+
+def ident_str(ident: dict) -> str:
+    """The storage identity ``ident`` (fields of :data:`IDENT_FIELDS`, any missing) as one string, ``|``-joined in
+    that order (a missing field empty)."""
+    return "|".join(str(ident.get(k, "")) for k in IDENT_FIELDS)
+
+
+def ident_parse(s: object) -> dict[str, str]:
+    """:func:`ident_str`'s inverse: the fields it names (empty ones left out); ``{}`` for anything else. The model
+    (first) may hold ``|``: the other fields are split off from the right."""
+    if type(s) is not str or not s:
+        return {}
+    parts = s.rsplit("|", len(IDENT_FIELDS) - 1)
+    if len(parts) != len(IDENT_FIELDS):
+        return {}
+    return {k: v for k, v in zip(IDENT_FIELDS, parts, strict=True) if v}
+
+
+def ident_diff(mine: dict, theirs: dict) -> list[tuple[str, str, str]]:
+    """``(field, this run's, the writer's)`` for each identity field both name and that differs."""
+    return [(k, str(mine[k]), str(theirs[k])) for k in IDENT_FIELDS
+            if mine.get(k) not in (None, "") and theirs.get(k) not in (None, "") and str(mine[k]) != str(theirs[k])]

@@ -39,6 +39,9 @@ if HERE not in sys.path:
 import runtime  # noqa: E402  (tests/sglang_real/runtime.py)
 
 LAYERS, HEADS, DIM = 2, 1, 4
+# Another configuration for the next caches built (l3_driver.py's runs of another model or KV dtype): ``model_path``
+# (ServerArgs') and ``kv_dtype`` (a torch dtype name, of the device KV pool, so also of its host pool)
+POOL: dict[str, str] = {}
 
 
 def _prefix_hashes(tokens: list[int]) -> list[int]:
@@ -71,7 +74,7 @@ def read_rows(pool: Any, idx: Any) -> Any:
 
 def write_rows(pool: Any, idx: Any, rows: Any) -> None:
     for i, b in enumerate(_bufs(pool)):
-        b[idx] = rows[:, i]
+        b[idx] = rows[:, i].to(b.dtype)   # (a pool of another KV dtype, POOL: the expected values, cast)
 
 
 class _ReqKv:
@@ -127,17 +130,18 @@ def _pools(policy: str, page_size: int, dev_tokens: int, host_ratio: float, cp_g
     from sglang.srt import runtime_context as rc
     from sglang.srt.server_args import ServerArgs
 
-    sa = ServerArgs(model_path="dummy", device="cpu", enable_hierarchical_cache=True, hicache_io_backend="direct",
-                    hicache_mem_layout="layer_first", hicache_write_policy=policy, page_size=page_size,
-                    hicache_ratio=host_ratio, **(server_args or {}))
+    sa = ServerArgs(model_path=POOL.get("model_path", "dummy"), device="cpu", enable_hierarchical_cache=True,
+                    hicache_io_backend="direct", hicache_mem_layout="layer_first", hicache_write_policy=policy,
+                    page_size=page_size, hicache_ratio=host_ratio, **(server_args or {}))
     rc.get_context().set_server_args(sa)
     runtime.apply_cpu_answers()
     from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 
+    kv_dtype = getattr(torch, POOL.get("kv_dtype", "float32"))
     kv = (make_kv(dev_tokens, page_size) if make_kv is not None else
-          MHATokenToKVPool(size=dev_tokens, page_size=page_size, dtype=torch.float32, head_num=HEADS, head_dim=DIM,
+          MHATokenToKVPool(size=dev_tokens, page_size=page_size, dtype=kv_dtype, head_num=HEADS, head_dim=DIM,
                            layer_num=LAYERS, device="cpu", enable_memory_saver=False))
     if page_size == 1:
         alloc = TokenToKVPoolAllocator(dev_tokens, torch.float32, "cpu", kv, need_sort=False)
@@ -492,7 +496,7 @@ def run(version: str, out: str, policy: str = "write_through", page_size: int = 
         world: int = 1, rank: int = 0, store: str | None = None, level: int = 2, audit_every: int = 5,
         cp_mode: str | None = "replicated", make_driver: Any = None, exporter: str = "thread",
         ring: bool = True, builder: Any = None, stream: Any = None, checks: bool = False,
-        audit_mbps: float = 0.0, rot: bool = False) -> dict:
+        audit_mbps: float = 0.0, rot: bool = False, run_id: str | None = None) -> dict:
     """One run; returns ``{"corruption", "fault_hits", "stats", "log", "otlp", "seconds"}``.
 
     ``cp_mode`` is the ``config`` record's ``mode`` when ``world`` > 1: the driver's ranks each hold the whole
@@ -506,15 +510,17 @@ def run(version: str, out: str, policy: str = "write_through", page_size: int = 
     events). ``audit_mbps``: the audit of host copies at rest on at that rate (0: off); the run then waits for two
     more audit passes over the final cache before it flushes, and its summary has the audit's counts (``audit``).
     ``rot``: after the last step, one byte of a complete host copy is flipped in the host pool (a copy corrupted at
-    rest that is never reloaded: the stream has ended; ``fault_hits`` names its node)."""
+    rest that is never reloaded: the stream has ended; ``fault_hits`` names its node).
+    ``run_id``: the records' run id (default: one per version, policy, page size and seed)."""
     t0 = time.monotonic()
     os.makedirs(out, exist_ok=True)
     import cptrace_otel
 
     log = os.path.join(out, f"rank-{rank}.log")
     otlp = os.path.join(out, f"rank-{rank}.otlp.jsonl")
+    run_id = run_id or f"sglang-{version}-{policy}-p{page_size}-s{seed}"
     cptrace_otel.configure(level=(level if instrument else 0), file=otlp, log_file=log, exporter=exporter, ring=ring,
-                           cp_rank=rank, run_id=f"sglang-{version}-{policy}-p{page_size}-s{seed}", checks=checks)
+                           cp_rank=rank, run_id=run_id, checks=checks)
     if instrument:
         from cptrace_otel.traced.sglang import SGLangInstrumentor
         from cptrace_otel.traced.sglang._state import Recorder

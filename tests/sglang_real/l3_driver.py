@@ -283,23 +283,37 @@ def attach_file_storage(cache: Any, backend: str = "file", extra: dict | None = 
 
 def run_l3(version: str, out: str, fault: str | None = None, nth: int = 1, l3_store: str | None = None,
            requests: int = 60, dev_tokens: int = 160, host_ratio: float = 1.5, sync_storage: bool = True,
-           **kw: Any) -> dict:
+           l3_from: str | None = None, drop_meta: bool = False, model_path: str | None = None,
+           kv_dtype: str | None = None, **kw: Any) -> dict:
     """One run of :func:`driver.run` with storage on (a fresh ``file`` store under ``out/l3store``, or ``l3_store``:
     the one folder the ranks of a CP group share); ``kw`` are :func:`driver.run`'s. ``sync_storage=False``: the
     steps do not wait for the storage threads (their timing decides which step sees an ack, so the records differ
-    from run to run). The summary adds ``l3_fault_hits`` and ``l3_files``."""
+    from run to run). ``l3_from``: the fresh store starts as a copy of that one (an earlier run's: persisted
+    storage), without the instrumentation's metadata files where ``drop_meta``; ``model_path``/``kv_dtype``: this
+    run's model and KV dtype (:data:`driver.POOL`). The summary adds ``l3_fault_hits``, ``l3_files`` and
+    ``l3_store``."""
     root = l3_store or os.path.join(out, "l3store")
     if l3_store is None:
         shutil.rmtree(root, ignore_errors=True)
+    if l3_from is not None:
+        shutil.copytree(l3_from, root, dirs_exist_ok=True)
+        if drop_meta:
+            for f in os.listdir(root):
+                if f.endswith(".cptrace"):
+                    os.remove(os.path.join(root, f))
     os.makedirs(root, exist_ok=True)
+    driver.POOL.clear()
+    driver.POOL.update({k: v for k, v in (("model_path", model_path), ("kv_dtype", kv_dtype)) if v})
     os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = root
     faults = L3Faults(fault, nth)
     make = functools.partial(StorageDriver23 if version == "0.5.23" else StorageDriver, faults=faults,
                              sync_storage=sync_storage)
     res = driver.run(version, out, requests=requests, dev_tokens=dev_tokens, host_ratio=host_ratio,
                      make_driver=make, **kw)
+    driver.POOL.clear()
     res["l3_fault_hits"] = faults.hits
     res["l3_files"] = len([f for f in os.listdir(root) if f.endswith(".bin")])
+    res["l3_store"] = root
     return res
 
 

@@ -11,6 +11,10 @@ over the Python tree core, ``_l3_sites23.py``).
 * A flipped byte in a stored page file is L3a; a prefetch's host pages freed and reused before its ack is
   processed is L3b; under CP (2 gloo ranks, mode ``sharded``, the file backend's per-rank keys) a rank that never
   writes its shard is L3c, and a healthy CP run has no finding.
+* Persisted storage (:data:`PERSISTED`): later runs start from a copy of run A's store. One of A's configuration
+  reads A's objects with no finding, its hits judged by the metadata beside the objects, or, with that metadata
+  gone, by A's trace given to the same ``check``; one of another KV dtype or model (the ``file`` backend's keys
+  name neither the dtype nor the weights) is FOREIGN, from the metadata or from A's trace, and silent without both.
 
 One subprocess runs the single-rank matrix, two (one per rank) the CP matrix. Without the SGLang folder the tests
 skip, unless ``CPTRACE_REQUIRE_SGLANG=1`` (``.ci/run``), where they fail.
@@ -51,6 +55,17 @@ CP = [
 ]
 
 
+# run A writes a store; the others start from a copy of it (its files' times kept), each under a run id of its own
+PERSISTED = [
+    {"seed": 0, "exact": True, "run_id": "l3-a"},                                                # 0: A
+    {"seed": 0, "exact": True, "run_id": "l3-same"},                                             # 1: A's config
+    {"seed": 0, "exact": True, "run_id": "l3-dtype", "kv_dtype": "int32"},                       # 2: another dtype
+    {"seed": 0, "exact": True, "run_id": "l3-same-bare", "drop_meta": True},                     # 3: 1, no metadata
+    {"seed": 0, "exact": True, "run_id": "l3-dtype-bare", "kv_dtype": "int32", "drop_meta": True},  # 4: 2, no metadata
+    {"seed": 0, "exact": True, "run_id": "l3-model", "model_path": "other-org/other-model"},     # 5: other weights
+]
+
+
 @pytest.fixture(scope="module", params=VERSIONS)
 def version(request) -> str:
     """Every test runs against both SGLang releases: 0.5.20's ``HiRadixCache`` (:mod:`._l3_sites`) and 0.5.23's
@@ -64,6 +79,18 @@ def single(version, tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("l3")
     p = subprocess.run([sys.executable, os.path.join(HERE, "l3_driver.py"), "--version", version, "--out", str(out),
                         "--matrix", json.dumps(SINGLE)], env=runtime.sglang_env(version), capture_output=True,
+                       text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def persisted(version, tmp_path_factory) -> list[dict]:
+    out = tmp_path_factory.mktemp("l3persist")
+    a_store = os.path.join(str(out), "0", "l3store")
+    matrix = [PERSISTED[0]] + [{**kw, "l3_from": a_store} for kw in PERSISTED[1:]]
+    p = subprocess.run([sys.executable, os.path.join(HERE, "l3_driver.py"), "--version", version, "--out", str(out),
+                        "--matrix", json.dumps(matrix)], env=runtime.sglang_env(version), capture_output=True,
                        text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -280,3 +307,80 @@ print(json.dumps({{"msgs": msgs, "traced": out}}))
     r = json.loads(p.stdout.strip().splitlines()[-1])
     assert r["traced"] == {"file": [True] * 5, "dynamic": [False] * 5}, r
     assert len(r["msgs"]) == 1 and "no longer traced" in r["msgs"][0] and "'dynamic'" in r["msgs"][0], r
+
+
+# -- L3 objects another run wrote --------------------------------------------------------------------------------------
+
+def _rules(d: dict) -> Counter:
+    return Counter(f["rule"] for f in d["findings"])
+
+
+def _l3_skipped(d: dict) -> int:
+    return sum(u.get("count", 1) for u in d["unchecked"] if u["rule"] == "L3a-skipped(no backup)")
+
+
+def test_a_run_of_the_same_config_reading_another_runs_l3_objects_has_no_finding(persisted):
+    """Run A's configuration over A's store: its prefetches are storage hits on objects A wrote (every one judged by
+    the metadata beside it: nothing counted as never written), no corruption, no finding of any severity."""
+    run = persisted[1]
+    assert run["corruption"] == [], run["corruption"][:3]
+    assert run["stats"]["l3_loaded_tokens"] > 0, run["stats"]
+    evs = _events([run["log"]])
+    acks = [e for e in evs if e.tag == "l3_ack" and e.fields.get("dir") == "prefetch" and e.fields.get("keys")]
+    assert acks and all("wid" in e.fields for e in acks[:3]), acks[:3]
+    d = _check([run["log"]])
+    assert d["findings"] == [], _fmt(d)
+    assert _l3_skipped(d) == 0, d["unchecked"]
+
+
+def test_l3_objects_written_with_another_kv_dtype_are_foreign(persisted):
+    """Another KV dtype of the same size (int32 over A's float32): SGLang's keys are the same, the file backend
+    loads A's bytes (the driver sees its KV corrupted) and the metadata beside the objects makes it FOREIGN."""
+    run = persisted[2]
+    assert run["corruption"], "the foreign bytes were expected to reach the device"
+    d = _check([run["log"]])
+    foreign = [f for f in d["findings"] if f["code"] == "FOREIGN"]
+    assert foreign, _fmt(d)
+    assert "kv_dtype float32 (this run: int32)" in foreign[0]["message"], foreign[0]["message"]
+    assert "metadata beside the object" in foreign[0]["message"], foreign[0]["message"]
+
+
+def test_l3_objects_written_for_another_model_are_foreign(persisted):
+    """Other weights served under the same name: the ``file`` backend's keys carry the served model name only, so
+    the hits load A's KV; FOREIGN names the model."""
+    d = _check([persisted[5]["log"]])
+    foreign = [f for f in d["findings"] if f["code"] == "FOREIGN"]
+    assert foreign, _fmt(d)
+    assert "model dummy (this run: other-org/other-model)" in foreign[0]["message"], foreign[0]["message"]
+
+
+def test_an_earlier_runs_trace_resolves_hits_on_its_objects(persisted, tmp_path):
+    """The metadata gone: alone, the hits on A's objects are counted as never written; given A's trace (log
+    folders, and OTLP files) together with the run, check resolves them against A's backups: no finding, nothing
+    skipped, and the two runs still analysed apart."""
+    a, b = persisted[0], persisted[3]
+    alone = _check([b["log"]])
+    assert alone["findings"] == [] and _l3_skipped(alone) > 0, alone["unchecked"]
+    for paths in ([a["log"], b["log"]], [a["otlp"], b["otlp"]]):
+        d = _check(paths)
+        assert d["findings"] == [], _fmt(d)
+        assert _l3_skipped(d) == 0 and d["stats"]["runs"] == 2, (d["unchecked"], d["stats"])
+
+
+def test_an_earlier_runs_trace_finds_foreign_hits_on_its_objects(persisted):
+    """The metadata gone, another KV dtype: alone the collision is silent (no FOREIGN); with A's trace it is
+    FOREIGN, named after A's run, and the other rules judge each run alone (the later run's findings other than
+    FOREIGN are those it has alone, none on A)."""
+    a, b = persisted[0], persisted[4]
+    alone = _check([b["log"]])
+    assert "FOREIGN" not in _rules(alone), _fmt(alone)
+    assert _check([a["log"]])["findings"] == []
+    for paths in ([a["log"], b["log"]], [a["otlp"], b["otlp"]]):
+        d = _check(paths)
+        foreign = [f for f in d["findings"] if f["code"] == "FOREIGN"]
+        assert foreign and "the backups of run" in foreign[0]["message"], _fmt(d)
+        assert "kv_dtype float32 (this run: int32)" in foreign[0]["message"], foreign[0]["message"]
+        assert d["stats"]["runs"] == 2, d["stats"]
+        rest = _rules(d)
+        del rest["FOREIGN"]
+        assert rest == _rules(alone), (rest, _rules(alone))

@@ -172,11 +172,34 @@ def test_the_slot_follows_the_lifecycle(tmp_path):
     ev = life + [f"[CPTRACE evict] tier=dev node_id=2 kind=backuped dev={R(0, 3)} rank=0 ts=3"]
     assert _canary_findings(tmp_path, ev, 2)[0][0].node_id is None    # evicted: no longer its slot
     rel = ev + [f"[CPTRACE reload] node_id=2 chain=[2] op=5 host={R(100, 103)} dev={R(50, 53)} rank=0 ts=4"]
-    (f,), _ = _canary_findings(tmp_path, rel, 51)
-    assert f.node_id == 2 and "reload" in f.message and f.evidence == [3, 4]
+    assert _canary_findings(tmp_path, rel, 51)[0] == []   # reloaded: CANARY-skipped(reloaded), below
+    ev2 = rel + [f"[CPTRACE evict] tier=dev node_id=2 kind=backuped dev={R(50, 53)} rank=0 ts=5",
+                 f"[CPTRACE insert] node_id=2 parent=0 len=4 dev={R(60, 63)} kind=revive rank=0 ts=6"]
+    (f,), _ = _canary_findings(tmp_path, ev2, 61)   # revived from a request's own slots: stamped by its forward
+    assert f.node_id == 2 and "insert kind=revive" in f.message
     # a stale record: node 3 took slots 0..3 later (no free record at level 1): the latest assignment holds them
     stale = life + [f"[CPTRACE insert] node_id=3 parent=0 len=4 dev={R(0, 3)} rank=0 ts=3"]
     assert _canary_findings(tmp_path, stale, 1)[0][0].node_id == 3
+
+
+def test_a_slot_a_load_back_filled_is_skipped_not_reported(tmp_path):
+    """SGLang's canary stamps do not follow a HiCache load-back (tests/sglang_real/test_canary_real.py): a violation
+    on a slot the holder got by its reload (or its h2d ack), or by a split of such a node, is counted as
+    ``CANARY-skipped(reloaded)``, never a finding; the node's other slots and other nodes are judged as before."""
+    trace = [f"[CPTRACE insert] node_id=1 parent=0 len=8 dev={R(0, 7)} rank=0 ts=1",
+             f"[CPTRACE insert] node_id=3 parent=0 len=4 dev={R(20, 23)} rank=0 ts=2",
+             f"[CPTRACE evict] tier=dev node_id=1 kind=backuped dev={R(0, 7)} rank=0 ts=3",
+             f"[CPTRACE reload] node_id=1 chain=[1] op=5 host={R(100, 107)} dev={R(40, 47)} rank=0 ts=4",
+             "[CPTRACE ack] dir=h2d op=5 node_id=1 rank=0 ts=5",
+             f"[CPTRACE split] node_id=1 new_id=2 parent=0 pre_len=8 split_len=4 dev_p={R(40, 43)} dev_c={R(44, 47)} "
+             "host_p=(none) host_c=(none) rank=0 ts=6"]
+    for slot in (41, 45):   # the split's prefix (new id 2) and suffix (id 1): both from the load-back
+        found, res = _canary_findings(tmp_path, trace, slot)
+        assert found == [], found
+        (u,) = [u for u in res.unchecked if u.rule == "CANARY-skipped(reloaded)"]
+        assert (u.code, u.count, u.examples) == ("CANARY", 1, [2 if slot == 41 else 1])
+    (f,), _ = _canary_findings(tmp_path, trace, 21)   # node 3 was never reloaded
+    assert f.node_id == 3
 
 
 def test_a_sliding_window_slot_is_not_attributed(tmp_path):

@@ -132,7 +132,7 @@ RULES: tuple[Rule, ...] = (
     _r("CANARY", "CANARY", 1, RANK, "kv_canary insert split reload evict",
        "SGLang's kv-canary saw a slot's hash chain break (a `kv_canary violation:` log line): reported on the node "
        "whose device slots held the slot then (exact sets decide; else for the run, saying why)",
-       "rules_canary:CanaryOwner._canary", skips=("CANARY-owner(undecidable)",)),
+       "rules_canary:CanaryOwner._canary", skips=("CANARY-owner(undecidable)", "CANARY-skipped(reloaded)")),
     _r("L3a", "L3", 1, RANK, "l3_backup l3_ack l3_hit",
        "content survives the L3 round trip: per page key, the fingerprint after a prefetch (l3_ack dir=prefetch, "
        "l3_hit) is one the key was backed up with (l3_backup hp)",
@@ -150,6 +150,12 @@ RULES: tuple[Rule, ...] = (
        "CP modes with a shard per rank: the ranks' L3 keys of a node are disjoint (one rank's shard never "
        "overwrites another's)",
        "rules_l3x:L3Cross._l3d", only_with=_L3),
+    _r("FOREIGN", "FOREIGN", 2, RANK, "config l3_backup l3_ack",
+       "a fetched L3 page this run never wrote was written under the same storage identity (model, kv_dtype, "
+       "layout, page_size of the config) as the metadata beside the object (l3_ack wid) or an earlier run's trace "
+       "given to check says (SGLang's keys omit the KV dtype and layout: sglang #33268, the model: #24758); the "
+       "same identity with another fingerprint is L3a",
+       "rules_l3:L3Rules._l3_compare", only_with=_L3),
 )
 
 BY_ID: dict[str, Rule] = {r.id: r for r in RULES}

@@ -21,6 +21,9 @@ Where each record is written (every site runs on the scheduler thread; SGLang's 
 * ``l3_hit``: ``HiRadixCache._insert_helper_host`` under that call created the node that holds the fetched pages
   past the part the tree already had (which SGLang frees right after).
 
+With the ``file`` backend the backup's ack also writes the metadata file beside each object it stored, and the
+prefetch's ack reads those of its pages (``wfp``/``wid``): :mod:`._l3_meta`.
+
 The drain's inner steps are closures, run in this order: storage hits, prefetch acks, backup acks, releases. Its
 ``l3_query``/``l3_prefetch`` records are written at its first prefetch ack (before that ack's record: a prefetch
 allocated and read within one drain is acknowledged in it) or when it returns; its backup acks when it returns.
@@ -31,11 +34,13 @@ read; the records are the same.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
-from ...model import semconv as sc
+from ...model import l3 as l3m, semconv as sc
 from ..api import cptrace, khash, rng
+from . import _l3_meta
 from ._state import State, arg, safe, state_of
 
 CONTROLLER = "sglang.srt.managers.cache_controller"
@@ -45,12 +50,14 @@ HIRADIX = "sglang.srt.mem_cache.hiradix_cache"
 class L3State:
     """The L3 side of one cache's :class:`~._state.State` (attribute ``l3``)."""
 
-    __slots__ = ("backup_node", "prefetch_op", "drain")
+    __slots__ = ("backup_node", "prefetch_op", "drain", "meta")
 
     def __init__(self) -> None:
         self.backup_node: Any = None   # during write_backup_storage: its node (0.5.23: its node id)
         self.prefetch_op: Any = None   # during _handle_prefetch_result: its operation
         self.drain: Any = None         # during a drain: (reads, its queues' view) until its hit records are out
+        # file backend: op id -> (folder, keys, fingerprints, start ns) of a backup whose metadata its ack writes
+        self.meta: OrderedDict = OrderedDict()
 
 
 def _l3(st: State) -> L3State:
@@ -166,12 +173,15 @@ def write_storage_site(reads: type[Reads]) -> Any:
         host = arg(args, kwargs, 0, "host_indices")
         # before the call: the backup thread reads these pages as soon as the op is queued (it never writes them)
         pre = safe(lambda: _backup_pre(reads, st, node, instance, host, arg(args, kwargs, 2, "hash_value")))
+        t0 = _l3_meta.now_ns()
         op = wrapped(*args, **kwargs)
         if pre is not None:
             nid, keys, hp, side = pre
+            io = 0 if getattr(instance, "backup_skip", False) else 1
             safe(lambda: cptrace(1, "l3_backup", node_id=nid, op=int(op), keys=keys, hp=hp, host=rng(host),
-                                 io=(0 if getattr(instance, "backup_skip", False) else 1), **side,
-                                 **st.xs("hostx", host)))
+                                 io=io, **side, **st.xs("hostx", host)))
+            if io:
+                safe(_meta_pending, st, instance, int(op), keys, hp, t0)
         return op
     return _write_storage
 
@@ -195,7 +205,7 @@ def drain_site(reads: type[Reads]) -> Any:
         finally:
             flush_hits(st, instance)
         if pre is not None:
-            safe(_backup_acks, reads, instance, pre)
+            safe(_backup_acks, reads, st, instance, pre)
         return res
     return _drain
 
@@ -209,6 +219,17 @@ def _drain_pre(cache: Any, n_hit: Any) -> tuple:
     queried = [(op, int(op.storage_hit_count), list(op.all_hash_values or op.hash_value or ())) for op in hits]
     acks = {op.id: op for op in _queue_items(cc.ack_backup_queue)}
     return queried, dict(cache.ongoing_backup), acks
+
+
+def _meta_pending(st: State, cc: Any, op: int, keys: list[str], hp: list[int], t0: int) -> None:
+    """A file backend's backup: its ack writes the metadata files (:func:`_l3_meta.write`)."""
+    root = _l3_meta.folder(cc.storage_backend)
+    if root is None:
+        return
+    pending = _l3(st).meta
+    pending[op] = (root, keys, hp, t0)
+    while len(pending) > _l3_meta.PENDING_KEPT:
+        pending.popitem(last=False)
 
 
 def _backup_pre(reads: Any, st: State, node: Any, controller: Any, host: Any, hash_value: Any) -> tuple:
@@ -239,15 +260,29 @@ def _hit_records(reads: type[Reads], st: State, cache: Any, queried: list) -> No
                 host=rng(host), **st.xs("hostx", host))
 
 
-def _backup_acks(reads: type[Reads], cache: Any, pre: tuple) -> None:
+def _backup_acks(reads: type[Reads], st: Any, cache: Any, pre: tuple) -> None:
     _, backups, acks = pre
     ps = int(cache.page_size)
+    pending = _l3(st).meta
     for op_id, entry in backups.items():
         if op_id in cache.ongoing_backup:
             continue
         op = acks.get(op_id)
         done = {"done": int(op.completed_tokens) // ps} if op is not None else {}
         cptrace(2, "l3_ack", dir="backup", op=op_id, node_id=reads.backup_node_id(entry), **done)
+        meta = pending.pop(op_id, None)
+        if meta is not None:
+            root, keys, hp, t0 = meta
+            n = len(keys) if op is None else int(op.completed_tokens) // ps
+            safe(_l3_meta.write, root, keys[:n], hp[:n], st_identity(st), t0)
+
+
+def st_identity(st: Any) -> dict:
+    """The cache's storage identity (:func:`_l3_meta.identity`), read once."""
+    ident = getattr(st, "ident", None)
+    if ident is None:
+        ident = st.ident = _l3_meta.identity(st)
+    return ident
 
 
 # -- prefetch completion and the storage hit ----------------------------------------------------------------------
@@ -276,9 +311,13 @@ def _prefetch_ack(reads: type[Reads], cache: Any, op: Any) -> None:
         return
     cc = cache.cache_controller
     pages = reads.usable_pages(cache, op)
+    keys = _keys(cc, list(op.hash_value)[:pages])
+    root = _l3_meta.folder(cc.storage_backend)
+    got = safe(_l3_meta.read, root, keys) if root is not None and keys else None
+    wrote = {l3m.WFP: got[0], l3m.WID: got[1]} if got is not None else {}
     cptrace(2, "l3_ack", dir="prefetch", op=op.id, node_id=cur[0], done=pages,
-            keys=_keys(cc, list(op.hash_value)[:pages]), hp=_page_fps(cc, op.host_indices, pages),
-            **_side_fps(state_of(cache), cc, op.host_indices, pages))
+            keys=keys, hp=_page_fps(cc, op.host_indices, pages),
+            **_side_fps(state_of(cache), cc, op.host_indices, pages), **wrote)
 
 
 def hit_record(st: State, cache: Any, op: Any, node: Any, hashes: Any) -> None:

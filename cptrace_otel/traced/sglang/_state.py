@@ -189,6 +189,7 @@ class State:
         # the count of host frees so far (the audit thread drops a sample read while it moved)
         self.rest: dict[int, Any] = {}
         self.host_gen = 0
+        self.ident: dict | None = None         # the storage identity (model, kv_dtype, ...), read once: _l3_meta
 
     def clear(self) -> None:
         self.writing.clear()
@@ -268,12 +269,15 @@ class State:
         cc = c.cache_controller
         host = self.host_pool()
         from ._cpmode import resolve
+        from ._l3_meta import identity
 
         m = resolve(Recorder.cp_mode, Recorder.cp_mode_src, cp_size, safe(self.kv_pool), warn_once=warn_once)
         mode = {"mode": m.mode} if m.mode else {}   # unknown: no mode (check lists the rules it needs as unchecked)
+        self.ident = safe(identity, self) or {}
+        ident = {k: self.ident[k] for k in ("model", "kv_dtype") if k in self.ident}   # (FOREIGN: who wrote a page)
         cptrace(1, "config", cp_size=cp_size, cp_rank=cp_rank, **mode, mode_src=m.src, mode_why=m.why,
                 page_size=self.page_size, policy=POLICY.get(cc.write_policy, cc.write_policy), level=trace_level(),
-                io_backend=getattr(cc, "io_backend", "?"), layout=getattr(host, "layout", "?"),
+                io_backend=getattr(cc, "io_backend", "?"), layout=getattr(host, "layout", "?"), **ident,
                 **({sc.SIDECARS: "+".join(n for n, _ in self.side)} if self.side else {}))
 
     def node_record(self, n: Any, kind: str) -> None:
