@@ -35,7 +35,10 @@ import random
 import threading
 import time
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._state import State
 
 logger = logging.getLogger("cptrace_otel.sglang")
 
@@ -139,7 +142,7 @@ class Auditor:
         return bool(work)
 
     @staticmethod
-    def audit_one(st: Any, nid: int) -> int | None:
+    def audit_one(st: State, nid: int) -> int | None:
         """Re-fingerprint node ``nid``'s host copy and record it; the bytes read (0 when skipped), None when the
         cache's host pool is one :func:`host_rows` does not know."""
         from ..api import cptrace, rng
@@ -190,7 +193,7 @@ def auditor() -> Auditor | None:
     return _AUDITOR
 
 
-def enroll(st: Any) -> None:
+def enroll(st: State) -> None:
     """Put a new cache's state under audit when the audit is on and the trace level is 2 or more when the cache is
     built (starts the thread on the first one; none while tracing is off)."""
     from ..api import trace_level

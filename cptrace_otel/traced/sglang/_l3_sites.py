@@ -260,7 +260,7 @@ def _hit_records(reads: type[Reads], st: State, cache: Any, queried: list) -> No
                 host=rng(host), **st.xs("hostx", host))
 
 
-def _backup_acks(reads: type[Reads], st: Any, cache: Any, pre: tuple) -> None:
+def _backup_acks(reads: type[Reads], st: State, cache: Any, pre: tuple) -> None:
     _, backups, acks = pre
     ps = int(cache.page_size)
     pending = _l3(st).meta
@@ -277,7 +277,7 @@ def _backup_acks(reads: type[Reads], st: Any, cache: Any, pre: tuple) -> None:
             safe(_l3_meta.write, root, keys[:n], hp[:n], st_identity(st), t0)
 
 
-def st_identity(st: Any) -> dict:
+def st_identity(st: State) -> dict:
     """The cache's storage identity (:func:`_l3_meta.identity`), read once."""
     ident = getattr(st, "ident", None)
     if ident is None:

@@ -36,7 +36,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..api import cptrace, trace_level
-from ._state import arg, safe, state_of
+from ._state import State, arg, safe, state_of
 
 CC = "sglang.srt.managers.cache_controller"
 
@@ -114,7 +114,7 @@ def _drop(key: tuple[int, int], live: Live) -> None:
         _unhook(_HOOKS.pop(key[0], []))
 
 
-def _start(st: Any, cc: Any) -> Live | None:
+def _start(st: State, cc: Any) -> Live | None:
     """``ld_start`` of the step ``start_loading`` is about to submit; registers it under the slot it will take
     (``LayerDoneCounter.update_producer``: the next one, modulo the slots) and hooks the per-layer sites."""
     q = cc.load_queue
