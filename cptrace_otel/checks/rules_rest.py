@@ -3,8 +3,8 @@
 * REST-hash: an ``audit`` record (the opt-in audit thread's re-fingerprint of a node's host copy,
   :mod:`cptrace_otel.traced.sglang._audit`) carries the fingerprint of the node's host KV as it is in the host pool
   now; it equals the ``h`` of the ``backup`` that wrote that host copy (per page ``hp`` once a split cut the node).
-  A difference is a host copy that changed while at rest (after its d2h copy, before any reload): found before the
-  reload that would bring it back (HASH), or even if none ever does.
+  A difference is a host copy that changed while at rest (after its d2h copy): found before the reload that would
+  bring it back (HASH) when the audit reaches the copy first, and even if no reload ever does.
 
 Judged only when the audited copy is that backup's: the node's backup is acked (``ack dir=d2h``), no free or host
 eviction of it came since, and the audit's host slots are the ones the node holds (its ``prepare`` or a split's

