@@ -16,19 +16,26 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ...model.l3 import META_EXT, ident_str
 
-if TYPE_CHECKING:
-    from ._state import State
+
+class CacheState(Protocol):
+    """What :func:`identity` reads of a cache's state (``._state.State``, which imports this module)."""
+
+    page_size: int
+
+    def kv_pool(self) -> Any: ...
+
+    def host_pool(self) -> Any: ...
 
 PENDING_KEPT = 4096        # backups awaiting their ack whose metadata is still to be written (oldest dropped)
 META_MAX = 4096            # bytes read of a metadata file (one holds a few hundred)
 MTIME_SLACK_NS = 20_000_000   # file times come from the kernel's coarse clock: up to a tick behind time.time_ns()
 
 
-def identity(st: State) -> dict[str, Any]:
+def identity(st: CacheState) -> dict[str, Any]:
     """The run's storage identity (``model``, ``kv_dtype``, ``layout``, ``page_size``; a field left out where it
     cannot be read), for the ``config`` record and the metadata files."""
     from ._cpmode import server_args
