@@ -40,6 +40,11 @@ EXPORT_MIN_SPANS = 2048   # or earlier when this many spans are finished
 FILE_FLUSH_EVERY_S = 1.0
 RING_POLL_S = 0.02        # with the record ring: how often the worker looks for records when no message comes,
 RING_POLL_MAX_S = 0.2     # doubling up to this while it finds none (an idle exporter costs little; a message resets it)
+# A start (INIT) that fails is tried again after this long, doubling, this many times in all: a cause that passes (an
+# import raced by another thread of the traced process in thread mode, a file descriptor limit met for a moment)
+# must not lose the whole run; the records wait meanwhile as they do while the rank is unknown.
+INIT_RETRY_S = 0.5
+INIT_TRIES = 6
 
 
 def _load_intake() -> Any:
@@ -403,7 +408,34 @@ def run_loop(get: Callable[[float], Any], ack: Callable[[tuple], None],
         held.clear()
         return e
 
+    init_tries = 0                      # failed starts of the INIT in ``pre`` (0: none failed)
+    init_next = 0.0                     # monotonic time of its next try
+
+    def start(info: dict[str, Any], final: bool = False) -> None:
+        """Begin exporting for ``info`` (an INIT's); when that fails, hold the records and try again later
+        (:data:`INIT_RETRY_S`, :data:`INIT_TRIES`), then (or at once when ``final``: the input has ended) give up
+        on them (the traced process counts them lost)."""
+        nonlocal exp, pre, init_tries, init_next
+        try:
+            exp = begin(info)
+            pre, init_tries = None, 0
+            return
+        except Exception as e:
+            init_tries += 1
+            if final or init_tries >= INIT_TRIES:
+                print(f"cptrace_otel: exporter could not start ({e!r}), tried {init_tries} times; the records it "
+                      "was given are lost (counted in cptrace.dropped)", file=sys.stderr, flush=True)
+                pre = None
+                held.clear()
+                return
+            pre = info
+            init_next = time.monotonic() + INIT_RETRY_S * 2 ** (init_tries - 1)
+            print(f"cptrace_otel: exporter could not start ({e!r}); its records wait, trying again in "
+                  f"{init_next - time.monotonic():.1f}s", file=sys.stderr, flush=True)
+
     def feed(items: list, d: int) -> None:
+        if exp is None and pre is not None and init_tries and time.monotonic() >= init_next:
+            start(pre)
         if exp is not None:
             exp.add_items(items, d)
             exp.tick()
@@ -450,17 +482,19 @@ def run_loop(get: Callable[[float], Any], ack: Callable[[tuple], None],
             except Exception:
                 pass
         if msg == ():
+            if exp is None and pre is not None and init_tries and time.monotonic() >= init_next:
+                start(pre)
             poll_s = RING_POLL_S if pull() else min(poll_s * 2, RING_POLL_MAX_S)
             if exp is not None:
                 exp.tick()
             continue
         if msg is None:
-            if exp is None and pre is not None:  # the traced process ended before its rank was known
+            if exp is None and pre is not None:  # ended before its rank was known (or while a start failed)
                 try:
                     pull(True)
-                    exp = begin(pre)
                 except Exception as e:
                     print(f"cptrace_otel: exporter error at end of input: {e!r}", file=sys.stderr, flush=True)
+                start(pre, final=True)
             else:
                 pull(True)
             if at_eof is not None and exp is not None:
@@ -479,7 +513,7 @@ def run_loop(get: Callable[[float], Any], ack: Callable[[tuple], None],
                 pull()
             elif kind == FLUSH:
                 if exp is None and pre is not None:  # (the traced process sends INIT first; never wait here)
-                    exp = begin(pre)
+                    start(pre)
                 dropped = msg[2]
                 pull()   # everything emitted before the flush is in the ring, its side items already came
                 ok = exp.flush(msg[3], msg[2], len(msg) > 4 and bool(msg[4])) if exp is not None else False
@@ -489,7 +523,7 @@ def run_loop(get: Callable[[float], Any], ack: Callable[[tuple], None],
             elif kind == INIT:
                 open_ring(msg[1])
                 if exp is None:  # (a second INIT, after a restart, is the same configuration)
-                    exp = begin(msg[1])
+                    start(msg[1])
                 pull()
             elif kind == PREINIT:
                 pre = msg[1]

@@ -558,10 +558,14 @@ def run(version: str, out: str, policy: str = "write_through", page_size: int = 
         _audit.stop()   # (a later run of a --matrix audits its own cache only: the next one starts a new thread)
         for k in _audit.STATS:
             _audit.STATS[k] = 0
-    cptrace_otel.flush(60)
+    flushed = cptrace_otel.flush(60)
+    if not flushed:   # records were lost: the caller's checks would read a partial run (say why, on stderr)
+        from cptrace_otel.traced import pipeline
+
+        print(f"driver: flush() returned False: {pipeline.stats()}", file=sys.stderr, flush=True)
     cptrace_otel.shutdown(60)
     return {"corruption": drv.corruption, "fault_hits": faults.hits, "stats": drv.stats, "log": log, "otlp": otlp,
-            "seconds": round(time.monotonic() - t0, 2), "audit": audit}
+            "seconds": round(time.monotonic() - t0, 2), "audit": audit, "flushed": flushed}
 
 
 def run_ranks(version: str, out: str, world: int = 4, fault_rank: int | None = None,

@@ -57,7 +57,10 @@ def _both(tmp_path_factory: Any, script: str, name: str) -> list[dict]:
     p = subprocess.run([sys.executable, "-c", script.format(here=HERE, out=out)], env=runtime.sglang_env(VERSION),
                        capture_output=True, text=True, timeout=600, cwd=runtime.ROOT)
     assert p.returncode == 0, p.stderr[-4000:]
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    runs = json.loads(p.stdout.strip().splitlines()[-1])
+    # every record of both runs delivered to both files (else the tests below would judge a partial run)
+    assert all(r["flushed"] and os.path.exists(r["log"]) and os.path.exists(r["otlp"]) for r in runs), p.stderr[-4000:]
+    return runs
 
 
 @pytest.fixture(scope="module")

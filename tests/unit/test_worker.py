@@ -439,3 +439,44 @@ def test_an_idle_ring_is_polled_less_often_and_a_record_resets_the_poll(mem) -> 
     assert timeouts[8] == p   # the round that found the record resets the poll
     sink, _ = mem
     assert [a.get("hicache.node_id") for sp in sink.spans for _, _, a in sp.events] == [2]
+
+
+def _failing_starts(monkeypatch: pytest.MonkeyPatch, fails: int) -> list[int]:
+    """``worker.Exporter`` raising for its first ``fails`` constructions (as an import another thread of the traced
+    process raced does in thread mode), then the real one; returns the running count of tries."""
+    real, tries = worker.Exporter, [0]
+
+    def exporter(info: dict) -> Any:
+        tries[0] += 1
+        if tries[0] <= fails:
+            raise ImportError("cannot import name 'sizer' from partially initialized module")
+        return real(info)
+
+    monkeypatch.setattr(worker, "Exporter", exporter)
+    monkeypatch.setattr(worker, "INIT_RETRY_S", 0.0)
+    return tries
+
+
+def test_run_loop_a_failed_start_holds_the_records_and_tries_again(mem, monkeypatch, capsys) -> None:
+    """A start that fails once loses nothing: the records wait and the next message starts the exporter."""
+    sink, _ = mem
+    tries = _failing_starts(monkeypatch, 1)
+    rc, acks = _loop([(INIT, _info(_cfg())), (ITEMS, _items(), 0), (FLUSH, 7, 0, 5.0), None])
+    assert rc == 0 and tries[0] == 2
+    assert acks[0][:3] == (ACK, 7, True) and acks[0][3]["records"] == 5
+    assert sorted(a[sc.SEQ] for sp in sink.spans for _, _, a in sp.events) == list(range(5))
+    assert "exporter could not start (ImportError" in capsys.readouterr().err
+
+
+def test_run_loop_a_start_that_keeps_failing_gives_up_once(mem, monkeypatch, capsys) -> None:
+    """A start that fails every time is tried INIT_TRIES times, then its records are given up, said once; every
+    flush meanwhile answers False (the traced process counts the records lost)."""
+    sink, _ = mem
+    tries = _failing_starts(monkeypatch, 10**6)
+    msgs: list[Any] = [(INIT, _info(_cfg()))]
+    msgs += [(ITEMS, _items(T0 + i), 0) for i in range(worker.INIT_TRIES + 2)]
+    rc, acks = _loop([*msgs, (FLUSH, 9, 0, 1.0), None])
+    assert rc == 0 and tries[0] == worker.INIT_TRIES
+    assert acks == [(ACK, 9, False, {})]
+    assert sink.spans == []
+    assert capsys.readouterr().err.count(f"tried {worker.INIT_TRIES} times; the records it was given are lost") == 1
