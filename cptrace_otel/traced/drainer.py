@@ -42,6 +42,8 @@ RING_IDLE_WAIT_S = 2.0    # with the ring: side records, flushes, stops and a de
 LINGER_S = 0.02           # after shipping less than a full batch the drainer waits this long for more (_body)
 MAX_RESTARTS = 5          # exporter workers started after the first one died
 RESTART_BACKOFF_S = 0.5   # before the first restart; doubles each time (the buffer holds the records meanwhile)
+START_TRIES = 4           # the first start of the worker, tried this many times ...
+START_RETRY_S = 0.2       # ... waiting this long after the first failure, doubling
 
 
 class Host(Protocol):
@@ -182,11 +184,23 @@ def ship_items(p: Host, items: list) -> None:
 
 
 def _open(p: Host) -> None:
-    try:
-        start_channel(p)
-    except Exception as e:
-        p.gone = f"exporter failed to start: {e!r}"
-        print(f"cptrace_otel: {p.gone}; records are dropped and counted", file=sys.stderr, flush=True)
+    """Start the worker; a start that fails is tried again (:data:`START_TRIES`, waiting :data:`START_RETRY_S`,
+    doubling: a cause that passes, such as an import that another thread of the traced process raced, must not lose
+    the run; the records wait in the buffer or the ring meanwhile, on this thread, never the caller's); then the
+    pipeline is gone: its records are dropped and counted."""
+    for i in range(START_TRIES):
+        try:
+            start_channel(p)
+            return
+        except Exception as e:
+            err = e
+        if i + 1 == START_TRIES or p.stop:
+            break
+        print(f"cptrace_otel: exporter failed to start ({err!r}); trying again in {START_RETRY_S * 2 ** i:g}s",
+              file=sys.stderr, flush=True)
+        time.sleep(START_RETRY_S * 2 ** i)
+    p.gone = f"exporter failed to start: {err!r}"
+    print(f"cptrace_otel: {p.gone}; records are dropped and counted", file=sys.stderr, flush=True)
 
 
 # -- the drainer thread ---------------------------------------------------------------------------------------------

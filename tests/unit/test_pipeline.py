@@ -297,3 +297,44 @@ def test_a_restarted_worker_numbers_on_past_every_seq_the_dead_one_was_given(tmp
     assert st.channel is not old and st.channel.seq0 == 1500
     assert st.dropped == 300 and st.restarts == 1
     st.channel.close(5.0)
+
+
+def test_a_worker_start_that_fails_once_loses_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capfd: pytest.CaptureFixture) -> None:
+    """The worker's first start raising (as an import another thread of the traced process raced does in thread
+    mode) is said and tried again: every record is delivered and flush() is True (before: the run was lost)."""
+    real, tries = drainer.start_channel, [0]
+
+    def start(p: typing.Any, resume: dict | None = None) -> None:
+        tries[0] += 1
+        if tries[0] == 1:
+            raise ImportError("cannot import name 'run_loop' from partially initialized module")
+        real(p, resume)
+
+    monkeypatch.setattr(drainer, "start_channel", start)
+    monkeypatch.setattr(drainer, "START_RETRY_S", 0.01)
+    _configure(tmp_path, "thread")
+    for i in range(300):
+        api.cptrace(1, "evict", node_id=i % 7, i=i)
+    assert api.flush(30) is True
+    api.shutdown(30)
+    assert tries[0] == 2
+    assert sorted(e.attrs["hicache.i"] for e, _ in _events(tmp_path)) == list(range(300))
+    assert "exporter failed to start (ImportError" in capfd.readouterr().err
+
+
+def test_a_worker_start_that_keeps_failing_is_given_up_and_counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   capfd: pytest.CaptureFixture) -> None:
+    def start(p: typing.Any, resume: dict | None = None) -> None:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(drainer, "start_channel", start)
+    monkeypatch.setattr(drainer, "START_RETRY_S", 0.01)
+    _configure(tmp_path, "thread")
+    for i in range(50):
+        api.cptrace(1, "evict", node_id=1, i=i)
+    assert api.flush(10) is False
+    assert pipeline.stats()["dropped"] == 50
+    api.shutdown(10)
+    err = capfd.readouterr().err
+    assert err.count("trying again") == drainer.START_TRIES - 1 and "records are dropped and counted" in err
