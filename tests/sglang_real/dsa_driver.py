@@ -17,6 +17,12 @@ but not ``index_k_with_scale_buffer`` (the GLM-5.1 + Mooncake report). The fetch
 on the host (and then the device) are whatever they held before. ``dsa_idx_no_wait`` (with ``layerwise=True``:
 :class:`LayerwiseDsaDriver`'s forward under a layer-wise load-back): the indexer's read of a layer skips the wait for
 that layer's load (:func:`install_no_wait`; the GLM-5 + L2 HiCache report), so it reads pages still being loaded.
+``dsa_l3_idx_evicted`` (with ``l3=True`` and the backend under a size cap): the ``file`` backend's own
+``LRUFileEvictor`` unlinks a page's indexer object between a prefetch's storage query and its read (the partial L3
+prefetch report); ``dsa_l3_idx_evicted_unclamped`` also reads as SGLang did before that report's fix, committing
+the KV read's pages whatever the indexer read got (:func:`_evict_idx_before_read`). ``dsa_early_release`` and
+``dsa_early_release_idx``: a load-back's host pin released at issue and its slots reused (both pools' pages, or the
+indexer's only) before the copy reads them (:func:`_early_release`; the GLM-5.2 MTP report's host-pin half).
 """
 
 from __future__ import annotations
@@ -37,7 +43,8 @@ import l3_driver  # noqa: E402
 
 PAGE = 64
 RANK, ROPE, IDX_DIM = 16, 8, 128
-DSA_FAULTS = ("dsa_no_idx_backup", "dsa_l3_no_idx", "dsa_idx_no_wait")
+DSA_FAULTS = ("dsa_no_idx_backup", "dsa_l3_no_idx", "dsa_idx_no_wait", "dsa_l3_idx_evicted",
+              "dsa_l3_idx_evicted_unclamped", "dsa_early_release", "dsa_early_release_idx")
 
 
 def make_dsa_pool(dev_tokens: int, page_size: int) -> Any:
@@ -167,6 +174,12 @@ def install_fault(cache: Any, kind: str | None) -> list[dict]:
     if kind not in DSA_FAULTS:
         raise ValueError(f"unknown DSA fault {kind!r} (one of {', '.join(DSA_FAULTS)})")
     cc = cache.cache_controller
+    if kind.startswith("dsa_early_release"):
+        _early_release(cache, hits, kv=(kind == "dsa_early_release"))
+        return hits
+    if kind.startswith("dsa_l3_idx_evicted"):
+        _evict_idx_before_read(cc, hits, unclamped=kind.endswith("_unclamped"))
+        return hits
     if kind == "dsa_l3_no_idx":
         backend = cc.storage_backend
         read = backend._read_page
@@ -191,6 +204,79 @@ def install_fault(cache: Any, kind: str | None) -> list[dict]:
 
     cc.write = write
     return hits
+
+
+def _early_release(cache: Any, hits: list[dict], kv: bool) -> None:
+    """The host pin of a load-back released before its ack (SGLang #30321, fix #31427), over the DSA pool: right
+    after the first load-back is issued, its chain's first node's host slots are freed through the anchor host pool
+    (``HostKVCache.free``; the indexer's host pool takes its indices from the KV pool, so the same slots are its
+    pages too) and reused by another writer before the load's copy reads them. The writer overwrites the
+    indexer's host pages; ``kv``: its KV pages too (``runtime.Faults._free_and_reuse``), else the KV half of its
+    write has not landed when the copy reads (the KV comes back right, the indexer does not)."""
+    import runtime
+    import torch
+
+    faults = runtime.Faults(None)
+    idx_host = cache.cache_controller.mem_pool_host.get_pool(_indexer_name())
+
+    def hook(cache: Any, chain: list, res: Any) -> None:
+        if res is None or not chain or hits:
+            return
+        host = runtime.full(chain[0]).host_value
+        if kv:
+            faults._free_and_reuse(cache, host)
+        else:   # freed and taken at once as _free_and_reuse does, the KV rows left as they are
+            hp = runtime.host_pool(cache)
+            kept = hp.kv_buffer[:, host].clone()
+            faults._free_and_reuse(cache, host)
+            hp.kv_buffer[:, host] = kept
+        write_idx(idx_host, host, torch.full((len(host), driver.LAYERS, IDX_DIM + 4), 7, dtype=torch.uint8))
+        hits.append({"kind": "dsa_early_release", "kv": kv, "node_id": chain[0].id, "chain": [c.id for c in chain]})
+
+    faults._wrap_load_back23(cache, hook)
+
+
+def _evict_idx_before_read(cc: Any, hits: list[dict], unclamped: bool) -> None:
+    """The partial L3 prefetch of DSA KV without its indexer pages (SGLang #30057): the first prefetch of 2+ pages
+    loses its last page's indexer object between the storage query (``batch_exists_v2``, which found every page's
+    KV and indexer objects) and the I/O thread's read. The object is unlinked by the ``file`` backend's own
+    ``LRUFileEvictor`` (``_evict_one_lru_locked``, the step a write under the size cap takes; the backend must run
+    with a cap, ``SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE``), the entry made its oldest first. ``unclamped``: the read as
+    it was before the fix (#31108), which committed the pages the KV read brought back whatever the indexer read
+    got (``CacheController._page_transfer_kv_batch`` without its clamp to the sidecar's hits)."""
+    backend, ev = cc.storage_backend, cc.storage_backend._evictor
+    if not ev.enabled:
+        raise RuntimeError("the file backend's LRUFileEvictor is off: set SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE")
+    transfer = cc._page_transfer
+
+    def page_transfer(op: Any) -> Any:   # (the I/O thread, after the query, before any read of the op's pages)
+        if not hits and len(op.hash_value) >= 2:
+            key = op.hash_value[-1]
+            stem = backend._get_suffixed_key(backend._log_key(_indexer_name(), key))
+            with ev._lock:
+                if stem in ev._lru:
+                    ev._lru.move_to_end(stem, last=False)
+                    outcome, _ = ev._evict_one_lru_locked()
+                    hits.append({"key": key, "evicted": stem, "outcome": outcome, "op": op.id,
+                                 "pages": len(op.hash_value), "rid": str(op.request_id),
+                                 "gone": not os.path.exists(os.path.join(backend.file_path, stem + ".bin"))})
+        return transfer(op)
+
+    cc._page_transfer = page_transfer
+    if not unclamped:
+        return
+    kv_batch = cc._page_transfer_kv_batch
+
+    def page_transfer_kv_batch(op: Any, hashes: list, host_indices: Any, extra: Any, derived: list) -> int:
+        from sglang.srt.mem_cache.hicache_storage import PoolTransfer
+
+        got = kv_batch(op, hashes, host_indices, extra, [])   # the KV read alone: its hits are committed
+        if derived:   # the indexer read, its result not counted
+            backend.batch_get_v2([PoolTransfer(name=t.name, host_indices=host_indices, keys=hashes)
+                                  for t in derived], extra_info=extra)
+        return int(got)
+
+    cc._page_transfer_kv_batch = page_transfer_kv_batch
 
 
 class LayerwiseDsaDriver(DsaDriver):

@@ -380,7 +380,8 @@ class Faults:
 
         hp = host_pool(cache)
         hp.free(idx)                        # the release SGLang #31427 moves to the ack ...
-        for buf in (hp.k_buffer, hp.v_buffer):
+        mla = not hasattr(hp, "k_buffer")
+        for buf in ((hp.kv_buffer,) if mla else (hp.k_buffer, hp.v_buffer)):
             buf[:, idx] = torch.full_like(buf[:, idx], 7.0)   # ... and the writer that reused the pages
         # the reusing writer holds the pages: take them back from the free lists so the tree's later host
         # eviction of this node stays balanced (the pool asserts on a double free)
