@@ -3,6 +3,7 @@ with the instrumentation off and on, in one process, same request stream, printi
 
     python3 bench/sglang_step_cost.py [--version 0.5.20|0.5.23] [--reps 3] [--requests 150] [--policy write_through]
         [--exporter thread|process] [--no-ring] [--layerwise] [--cpu] [--audit-mbps 100]
+    python3 bench/sglang_step_cost.py --tree-core rust|python [--reps 5] [--cpu] ...
     python3 bench/sglang_step_cost.py --reads [--n 20000] [--reps 7]
 
 Modes, alternated ``--reps`` times (median per mode):
@@ -27,6 +28,15 @@ machine other processes load, far less noisy (wall time counts the waits for a c
 layer under a forward that reads every layer through SGLang's getters (tests/sglang_real/dsa_driver.py,
 ``LayerwiseDsaDriver``): the step then includes the reads and waits, and at level 2 the use-before-load records.
 
+``--tree-core rust|python`` (0.5.23): the cache is built on that tree core (``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND``
+set for every run; the default, without the option, is the driver's Python core), and the mode ``off-python`` or
+``off-rust`` adds stock SGLang on the other core, alternated with the rest, so the two cores' stock step costs are
+compared in one run (the last line prints their ratio). The Rust core loads only with torch 2.11-2.14: the bench
+re-runs itself with the torch deploy/sglang/install puts in ``.sglang/torch-2.14`` first on ``PYTHONPATH``, and both
+cores then run on that torch. Prompts are ``array('q')`` (the scheduler's input ids; the Rust core asserts the type)
+and the driver reads the tree through the core's interface only (tests/sglang_real/rust_driver.py), for both cores.
+With ``rust`` the instrumented modes measure the refusal: that cache is not traced (one warning, no record).
+
 ``--reads`` (0.5.23): what a layer's reads cost with no load-back in flight (the use-before-load sites hook them only
 while one is): SGLang's DSA pool built by the driver, one layer's reads as a DSA forward makes them (the indexer's
 ``get_index_k_with_scale_buffer``, attention's ``get_key_buffer`` and ``get_value_buffer``, a ``LayerDoneCounter``
@@ -41,6 +51,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 
@@ -49,6 +60,8 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "sglang_real"))
 sys.path.insert(0, ROOT)
 
 import runtime  # noqa: E402
+
+CORE_CLASS = {"rust": "RustUnifiedTreeCore", "python": "UnifiedTreeCore"}   # what SGLang builds for each name
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,7 +80,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=20000, help="with --reads: reads per timing")
     p.add_argument("--audit-mbps", type=float, default=0.0, help="add the mode `audit`: `on` with the audit of host "
                    "copies at rest at this rate (MB/s)")
+    p.add_argument("--tree-core", choices=("rust", "python"),
+                   help="0.5.23: the tree core the cache is built on, with stock SGLang on the other one beside it "
+                        "(runs under the torch the Rust core loads with)")
     a = p.parse_args(argv)
+    if a.tree_core:
+        a.version = "0.5.23"
+        why = runtime.missing_reason(a.version, rust=True)
+        if why:
+            print(why, file=sys.stderr)
+            return 2
+        if runtime.rust_torch_dir() not in sys.path:   # this interpreter's torch: SGLang would fall back to Python
+            return subprocess.call([sys.executable, os.path.abspath(__file__), *(sys.argv[1:] if argv is None
+                                                                                  else argv)],
+                                   env=runtime.sglang_env(a.version, rust=True))
     if a.reads:
         a.version = "0.5.23"
     if a.layerwise and a.version != "0.5.23":
@@ -91,38 +117,65 @@ def main(argv: list[str] | None = None) -> int:
         pool = dict(policy=a.policy, page_size=dsa_driver.PAGE, dev_tokens=dsa_driver.PAGE * 16,
                     builder=dsa_driver.build_dsa, stream=dsa_driver.dsa_stream,
                     make_driver=lambda cache, *x: dsa_driver.LayerwiseDsaDriver(cache, *x))
-    modes: dict[str, dict] = {"off": dict(instrument=False), "gate0": dict(level=0), "on": dict(),
-                              "exact": dict(exact=True)}
+    modes: dict[str, dict] = {"off": dict(instrument=False)}
+    core: dict[str, str | None] = {}   # the tree core of each mode's cache (None: the driver's default)
+    if a.tree_core:
+        import rust_driver
+
+        other = "python" if a.tree_core == "rust" else "rust"
+        modes["off-" + other] = dict(instrument=False)
+        core["off-" + other] = other
+        pool.update(stream=rust_driver.request_stream, make_driver=rust_driver.BoundaryDriver23)
+    modes.update(gate0=dict(level=0), on=dict(), exact=dict(exact=True))
     if a.audit_mbps > 0:
         modes["audit"] = dict(audit_mbps=a.audit_mbps)
+    for m in modes:
+        core.setdefault(m, a.tree_core)
     per_step: dict[str, list[float]] = {m: [] for m in modes}
     steps = 0
     audit: dict = {}
     with tempfile.TemporaryDirectory(prefix="sglang-step-cost-") as out:
         for rep in range(a.reps):
             for m, kw in modes.items():
-                if m == "off" and inst.is_instrumented_by_opentelemetry:
+                if m.startswith("off") and inst.is_instrumented_by_opentelemetry:
                     inst.uninstrument()
+                if core[m]:
+                    os.environ["SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"] = core[m]
                 if m in ("exact", "audit") and inst.is_instrumented_by_opentelemetry:
                     inst.uninstrument()   # exact and audit_mbps are instrument() options
                 r = driver.run(a.version, os.path.join(out, f"{m}-{rep}"), seed=5, requests=a.requests,
                                audit_every=0, reset=False, exporter=a.exporter, ring=not a.no_ring, **pool, **kw)
                 steps = r["stats"]["steps"]
+                built = r["stats"].get("tree_core")
+                if core[m] and built != CORE_CLASS[core[m]]:   # SGLang fell back: the figure would be of another core
+                    raise RuntimeError(f"mode {m}: SGLang built {built}, not the {core[m]} tree core")
                 per_step[m].append(r["stats"]["loop_cpu_s" if a.cpu else "loop_s"] / steps)
                 if r.get("audit"):
                     audit = r["audit"]
     med = {m: statistics.median(v) for m, v in per_step.items()}
     how = a.exporter + (" ring" if a.exporter == "process" and not a.no_ring else "")
-    print(f"sglang {a.version} {a.policy} page_size={pool['page_size']}{' layerwise DSA' if a.layerwise else ''}: "
+    cores = f" {a.tree_core} tree core (torch {torch_version()})" if a.tree_core else ""
+    print(f"sglang {a.version}{cores} {a.policy} page_size={pool['page_size']}"
+          f"{' layerwise DSA' if a.layerwise else ''}: "
           f"{a.requests} requests, {steps} steps, "
           f"median of {a.reps}; exporter {how}; {'CPU' if a.cpu else 'wall'} time")
+    stock = {c: med["off" if c == a.tree_core else "off-" + c] for c in ("rust", "python")} if a.tree_core else {}
     for m in modes:
-        print(f"  {m:6s} {med[m] * 1e3:8.3f} ms/step   x{med[m] / med['off']:.2f} of off")
+        print(f"  {m:10s} {med[m] * 1e3:8.3f} ms/step   x{med[m] / med['off']:.2f} of off"
+              + (f"   x{med[m] / stock['rust']:.2f} of stock rust" if stock else ""))
+    if stock:
+        print(f"  stock python core / stock rust core: x{stock['python'] / stock['rust']:.2f}")
     if audit:
         print(f"  audit at {a.audit_mbps:g} MB/s (last run, loop and final passes): {audit['audited']:.0f} samples, "
               f"{audit['bytes'] / 1e6:.2f} MB, {audit['busy_s'] * 1e3:.0f} ms busy "
               f"({audit['busy_s'] * 1e6 / max(audit['audited'], 1):.0f} us a sample), {audit['raced']:.0f} raced")
     return 0
+
+
+def torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
 
 
 def read_cost(a: argparse.Namespace) -> int:

@@ -40,7 +40,8 @@ import runtime  # noqa: E402  (tests/sglang_real/runtime.py)
 
 LAYERS, HEADS, DIM = 2, 1, 4
 # Another configuration for the next caches built (l3_driver.py's runs of another model or KV dtype): ``model_path``
-# (ServerArgs') and ``kv_dtype`` (a torch dtype name, of the device KV pool, so also of its host pool)
+# (ServerArgs') and ``kv_dtype`` (a torch dtype name, of the device KV pool, so also of its host pool); 0.5.23's
+# ``tree_core`` (:func:`build23`)
 POOL: dict[str, str] = {}
 
 
@@ -174,8 +175,10 @@ def build23(policy: str, page_size: int, dev_tokens: int, host_ratio: float, cp_
 
     params.tree_components = (ComponentType.FULL,)
     # the Python tree core, the one the instrumentation traces (SGLang's default, the Rust one, is taken where its
-    # extension supports this torch; SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND still picks another, as in SGLang)
-    params.tree_core_backend = os.environ.get("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", "python")
+    # extension supports this torch; SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND still picks another, as in SGLang);
+    # POOL["tree_core"] = "": SGLang's own selection, as the scheduler leaves it (None: the variable, else its default)
+    params.tree_core_backend = os.environ.get("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND",
+                                              POOL.get("tree_core", "python")) or None
     cache = UnifiedRadixCache(params)
     cache.init_hicache(sa, params)
     return cache, kv, alloc
@@ -394,11 +397,15 @@ class Driver23(Driver):
             node = child
         return out
 
+    def pending_ids(self) -> set:
+        """The ids of the nodes a write-through in flight covers (their host copies are not complete yet)."""
+        ws = self.cache.ongoing_write_through.values()
+        return {nid for w in ws for nid in w.publish_node_ids} | {w.node_id for w in ws}
+
     def audit_host(self) -> None:
         c = self.cache
         hp = runtime.host_pool(c)
-        pending = {nid for w in c.ongoing_write_through.values() for nid in w.publish_node_ids}
-        pending |= {w.node_id for w in c.ongoing_write_through.values()}
+        pending = self.pending_ids()
         self.stats["host_audits"] += 1
         stack = [(c.tree_core.root_node, [])]
         while stack:
@@ -413,8 +420,7 @@ class Driver23(Driver):
 
     def at_rest(self) -> list[tuple[Any, Any]]:
         c = self.cache
-        pending = {nid for w in c.ongoing_write_through.values() for nid in w.publish_node_ids}
-        pending |= {w.node_id for w in c.ongoing_write_through.values()}
+        pending = self.pending_ids()
         out, stack = [], [c.tree_core.root_node]
         while stack:
             node = stack.pop()

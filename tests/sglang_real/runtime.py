@@ -37,18 +37,28 @@ def sglang_dir(version: str) -> str:
     return os.path.join(ROOT, ".sglang", version)
 
 
-def missing_reason(version: str) -> str | None:
-    """Why real SGLang ``version`` cannot run here (None when it can): the folder deploy/sglang/install fills."""
+def rust_torch_dir() -> str:
+    """The torch that 0.5.23's Rust tree core loads with (2.11-2.14; deploy/sglang/install puts 2.14.1 there): with
+    another torch SGLang falls back to its Python core without a word."""
+    return os.path.join(ROOT, ".sglang", "torch-2.14")
+
+
+def missing_reason(version: str, rust: bool = False) -> str | None:
+    """Why real SGLang ``version`` cannot run here (None when it can): the folder deploy/sglang/install fills;
+    ``rust``: with 0.5.23's Rust tree core (its torch, :func:`rust_torch_dir`, too)."""
     d = sglang_dir(version)
     if not os.path.isfile(os.path.join(d, "sglang", "srt", "mem_cache", "radix_cache.py")):
         return f"sglang {version} is not installed in {d} (run deploy/sglang/install)"
+    if rust and not os.path.isfile(os.path.join(rust_torch_dir(), "torch", "__init__.py")):
+        return (f"torch 2.14 for sglang {version}'s Rust tree core is not installed in {rust_torch_dir()} "
+                "(run deploy/sglang/install)")
     return None
 
 
-def need(version: str) -> None:
-    """In a test: skip when SGLang ``version`` is missing here, fail instead under ``CPTRACE_REQUIRE_SGLANG=1``
-    (``.ci/run`` installs it and requires it)."""
-    why = missing_reason(version)
+def need(version: str, rust: bool = False) -> None:
+    """In a test: skip when SGLang ``version`` (``rust``: with its Rust tree core's torch) is missing here, fail
+    instead under ``CPTRACE_REQUIRE_SGLANG=1`` (``.ci/run`` installs it and requires it)."""
+    why = missing_reason(version, rust)
     if why is None:
         return
     import pytest  # (only tests call this; the driver's processes never import pytest)
@@ -58,10 +68,12 @@ def need(version: str) -> None:
     pytest.skip(why)
 
 
-def sglang_env(version: str, **extra: str) -> dict[str, str]:
-    """Environment for a subprocess that imports SGLang ``version`` and this checkout."""
+def sglang_env(version: str, rust: bool = False, **extra: str) -> dict[str, str]:
+    """Environment for a subprocess that imports SGLang ``version`` and this checkout; ``rust``: with the torch
+    0.5.23's Rust tree core loads with (:func:`rust_torch_dir`) ahead of this interpreter's. Which core a cache gets
+    is still SGLang's choice (``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND``, in ``extra`` or the caller's environment)."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([ROOT, sglang_dir(version)])
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, *([rust_torch_dir()] if rust else []), sglang_dir(version)])
     env.setdefault("SGLANG_LOG_LEVEL", "warning")
     env.update(extra)
     return env
