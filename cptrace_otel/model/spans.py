@@ -50,7 +50,7 @@ and tests are deterministic.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from . import semconv as sc
@@ -114,7 +114,7 @@ class Span:
         self.end = start
         self.attrs = attrs
         # (time_ns, name, attributes)
-        self.events: list[tuple[int, str, Mapping[str, Any]]] = []   # (ts, tag, EventAttrs or a dict)
+        self.events: list[tuple[int, str, EventAttrs | dict[str, Any]]] = []   # (ts, tag, attributes)
         # (trace_id, span_id, attributes)
         self.links: list[tuple[bytes, bytes, dict[str, Any]]] = []
         self.status_code = STATUS_UNSET

@@ -18,11 +18,14 @@ here, on the span.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any, Protocol
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import semconv as sc
 from .reqlink import LinkedSpan
+
+if TYPE_CHECKING:
+    from .attrs import EventAttrs
 
 STATUS_ERROR = 2  # OTLP Status.code ERROR
 
@@ -64,7 +67,7 @@ class FindingSpan(LinkedSpan, Protocol):
     def findings(self) -> list[Any]: ...
 
     @property
-    def events(self) -> list[tuple[int, str, Mapping[str, Any]]]: ...
+    def events(self) -> list[tuple[int, str, EventAttrs | dict[str, Any]]]: ...
 
     @property
     def end(self) -> int: ...
