@@ -15,10 +15,9 @@ sender, except a failed TLS handshake (FATAL: a configuration error); others dro
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 from urllib.parse import urlparse
 
-from ..model.config import mask, mask_url, secrets_of
+from ..model.config import Config, mask, mask_url, secrets_of
 from .sinks import SENT, Outcome, SendResult
 from .tls import HandshakeStrikes, check_headers, is_tls_config_error, load_tls, tls_hint
 
@@ -39,7 +38,7 @@ class GrpcTransport:
     """A :class:`~.sinks.Transport`: unary ``Export`` calls on one channel."""
 
     def __init__(self, endpoint: str, headers: Sequence[tuple[str, str]] = (), timeout_s: float = 10.0,
-                 compression: str = "gzip", tls: Any = None) -> None:
+                 compression: str = "gzip", tls: Config | None = None) -> None:
         import grpc  # lazily: optional dependency, and never in the traced process
         from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 
-from ..model.config import mask, mask_url, secrets_of
+from ..model.config import Config, mask, mask_url, secrets_of
 from .sinks import SENT, Outcome, SendResult
 from .tls import HandshakeStrikes, check_headers, is_tls_config_error, load_tls, tls_hint
 
@@ -88,7 +88,7 @@ class HttpTransport:
     :class:`~.sinks.ConfigError` for bad headers or TLS files."""
 
     def __init__(self, url: str, headers: Sequence[tuple[str, str]] = (), timeout_s: float = 10.0,
-                 compression: str = "gzip", tls: Any = None) -> None:
+                 compression: str = "gzip", tls: Config | None = None) -> None:
         import requests  # lazily: the traced process never imports this module
 
         check_headers(headers)

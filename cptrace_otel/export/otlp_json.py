@@ -9,12 +9,15 @@ infinities as strings), bools as booleans, anything else as its ``str``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from json.encoder import encode_basestring as _jstr  # C-accelerated string quoting
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
 from ..model import semconv as sc
+
+if TYPE_CHECKING:
+    from ..model.spans import Span
 
 _INT_CACHE_MAX = 4096                     # cache small ints only (ids, counters and hashes would churn it)
 _CACHE_LIMIT = 100_000
@@ -39,7 +42,7 @@ def _json_any(v: Any) -> str:
     return '{"stringValue":' + _jstr(str(v)) + "}"
 
 
-def _json_attrs(attrs: dict[str, Any]) -> str:
+def _json_attrs(attrs: Mapping[str, Any]) -> str:
     get = _json_cache.get
     out = []
     for k, v in attrs.items():
@@ -56,7 +59,7 @@ def _json_attrs(attrs: dict[str, Any]) -> str:
     return "[" + ",".join(out) + "]"
 
 
-def span_json(sp: Any) -> str:
+def span_json(sp: Span) -> str:
     """One ``Span`` in OTLP/JSON (hex ids, int64 as strings, enums as numbers)."""
     parent = getattr(sp, "parent", b"")
     parts = ['{"traceId":"', sp.trace_id.hex(), '","spanId":"', sp.span_id.hex(),

@@ -15,14 +15,17 @@ reject more than 4 MiB, and an oversize request is re-sent uselessly by retrying
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .._speedups.otlp import load as _load_c_encoders
 from .._version import __version__
 from ..model import semconv as sc
 from ..model.attrs import EventAttrs, approx_bytes, attribute_key, fields_to_attributes, range_keys
 from ..model.logline import Rng
+
+if TYPE_CHECKING:
+    from ..model.spans import Span
 
 MAX_REQUEST_BYTES = int(3.5 * 1024 * 1024)
 
@@ -106,7 +109,7 @@ def _keyp(k: str) -> bytes:
     return b
 
 
-def _field(tag: bytes, k: str, v: Any) -> bytes:
+def _field(tag: bytes, k: str, v: object) -> bytes:
     return _ld(tag, _keyp(k) + _ld(b"\x12", any_value(v)))
 
 
@@ -125,7 +128,7 @@ class _KeyEnc:
 _key_enc: dict[bytes, dict[str, _KeyEnc]] = {}
 
 
-def _attrs(tag: bytes, attrs: dict[str, Any]) -> bytes:
+def _attrs(tag: bytes, attrs: Mapping[str, Any]) -> bytes:
     """The repeated ``KeyValue`` field ``tag`` for ``attrs``."""
     encs = _key_enc.get(tag)
     if encs is None or len(encs) > 50_000:
@@ -254,7 +257,7 @@ def _field_miss(k: str, v: Any, t: type) -> bytes:
     return b
 
 
-def _event_attrs(a: Any) -> bytes:
+def _event_attrs(a: EventAttrs) -> bytes:
     """The span event's repeated attributes field (tag 0x1a) for a ``attrs.EventAttrs``."""
     if a.dirty:
         return _attrs(_EV_TAG, a.as_dict())
@@ -387,7 +390,7 @@ def _span_attrs(attrs: dict[str, Any]) -> bytes:
     return b
 
 
-def _event_field(ts: int, name: str, attrs: Any) -> bytes:
+def _event_field(ts: int, name: str, attrs: EventAttrs | dict[str, Any]) -> bytes:
     """One ``Span.events`` field (tag 0x5a): the Python encoder, and the C encoder's fallback for odd events."""
     nb = _ev_names.get(name)
     if nb is None:
@@ -406,7 +409,7 @@ def _event_field(ts: int, name: str, attrs: Any) -> bytes:
 _span_events, _span_fields, sizer = _load_c_encoders() or (None, None, approx_bytes)
 
 
-def encode_span(sp: Any) -> bytes:
+def encode_span(sp: Span) -> bytes:
     """Encoded ``Span`` message body (kind INTERNAL; ``parent_span_id`` when the span has a parent: a stage span's
     lane)."""
     parts = [b"\x0a\x10", sp.trace_id, b"\x12\x08", sp.span_id, _name(b"\x2a", sp.name), b"\x30\x01",
@@ -432,7 +435,7 @@ def encode_span(sp: Any) -> bytes:
     return b"".join(parts)
 
 
-def _span_field(sp: Any) -> bytes:
+def _span_field(sp: Span) -> bytes:
     """One ``ScopeSpans.spans`` field (tag 0x12) of ``sp``: the Python encoder, and the C encoder's fallback."""
     return _ld(b"\x12", encode_span(sp))
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import pickle
 import struct
-from typing import Any
+from typing import IO, Any
 
 INIT = "init"
 PREINIT = "preinit"
@@ -51,7 +51,7 @@ def frame(msg: tuple) -> bytes:
     return HEADER.pack(len(data)) + data
 
 
-def read_exact(f: Any, n: int) -> bytes | None:
+def read_exact(f: IO[bytes], n: int) -> bytes | None:
     """``n`` bytes from the binary stream ``f`` (a raw pipe: reads may be short); None at end of input."""
     buf = b""
     while len(buf) < n:
@@ -62,7 +62,7 @@ def read_exact(f: Any, n: int) -> bytes | None:
     return buf
 
 
-def read_frame(f: Any) -> Any:
+def read_frame(f: IO[bytes]) -> Any:
     """The next message from ``f``; None at end of input (also when it ends inside a frame). Raises on a frame
     that does not unpickle."""
     h = read_exact(f, HEADER.size)

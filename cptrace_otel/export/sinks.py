@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from ..model.exits import CptraceError
+
+if TYPE_CHECKING:
+    from ..model.spans import Span
 
 
 class Outcome(str, enum.Enum):
@@ -96,13 +99,42 @@ class Sink(Protocol):
     def stats(self) -> dict[str, Any]: ...
 
 
+class _SpoolDir(Protocol):
+    @property
+    def dir(self) -> str: ...
+
+
+class Sender(Protocol):
+    """What an :class:`OtlpSink` queues its requests on: a :class:`~.spool.ReliableSender` (a Protocol because that
+    module imports this one)."""
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def spool(self) -> _SpoolDir: ...
+
+    @property
+    def settled_records(self) -> int: ...
+
+    def submit(self, body: bytes, records: int = 0) -> None: ...
+
+    def flush(self, timeout_s: float) -> bool: ...
+
+    def close(self, timeout_s: float) -> bool: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+    def adopt_orphans(self) -> int: ...   # (open_sinks calls it)
+
+
 class OtlpSink:
     """Network sink: each export is encoded into requests (split below the size limit) and queued on a
     :class:`~.spool.ReliableSender`, which delivers them in order and spools them across outages."""
 
     waits = True
 
-    def __init__(self, sender: Any) -> None:
+    def __init__(self, sender: Sender) -> None:
         from .otlp_proto import encode_requests
 
         self.sender = sender
@@ -175,7 +207,7 @@ class OtlpSink:
         return self.sender.settled_records + self.lost_records
 
 
-def _encodable(v: Any) -> Any:
+def _encodable(v: object) -> object:
     """``v`` if its attribute encoding works, else its ``(err:<ExceptionType>)`` stand-in (records.render_other's)."""
     if type(v) is int and not -(1 << 63) <= v < (1 << 63):
         try:
@@ -185,7 +217,7 @@ def _encodable(v: Any) -> Any:
     return v
 
 
-def repair_span(sp: Any) -> int:
+def repair_span(sp: Span) -> int:
     """Replace the values of ``sp`` (its attributes, its events' fields) that cannot be encoded; how many."""
     n = 0
     # an event's attributes are built lazily from its typed fields (attrs.EventAttrs): repair those

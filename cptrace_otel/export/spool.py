@@ -53,7 +53,7 @@ from typing import Any
 
 from ..model.config import mask
 from .ownfiles import MAX_SIDE_FILE, NotOwnFile, kind_of, open_own, owner_ok, read_own_file, secure_dir, write_new
-from .sinks import Outcome, SendResult, is_auth_failure
+from .sinks import Outcome, SendResult, Transport, is_auth_failure
 
 DEFAULT_SPOOL_MAX_BYTES = 512 << 20
 class Spool:
@@ -303,7 +303,7 @@ class ReliableSender:
     ``transport.send`` returns a :class:`~.sinks.SendResult` (any ``(outcome, detail)`` pair whose outcome equals
     an :class:`~.sinks.Outcome`, such as ``("ok", "")``, will do)."""
 
-    def __init__(self, transport: Any, spool_dir: str, max_bytes: int = DEFAULT_SPOOL_MAX_BYTES,
+    def __init__(self, transport: Transport, spool_dir: str, max_bytes: int = DEFAULT_SPOOL_MAX_BYTES,
                  queue_max: int = 64, backoff_s: float = 0.25, max_backoff_s: float = 2.0,
                  report_every_s: float = 10.0, report: Callable[[str], None] | None = None) -> None:
         self.transport = transport

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..model.config import mask, secrets_of
+from ..model.config import Config, mask, secrets_of
 from ..model.exits import CptraceError
-from .sinks import ConfigError, OtlpSink, Outcome, Sink, Transport, is_auth_failure
+from .sinks import ConfigError, OtlpSink, Outcome, Sink, SpanGroups, Transport, is_auth_failure
 
 
 class SinkError(CptraceError):
@@ -24,7 +24,7 @@ class SinkError(CptraceError):
     ``"log"`` (the log-lines file). ``target`` is the endpoint, URL or path, and ``cause`` its text, both masked
     (:func:`cptrace_otel.model.config.mask`): whoever prints them prints no secret."""
 
-    def __init__(self, kind: str, target: str, cause: Any, secrets: tuple[str, ...] = ()) -> None:
+    def __init__(self, kind: str, target: str, cause: object, secrets: tuple[str, ...] = ()) -> None:
         target = mask(target, secrets)
         if isinstance(cause, str):
             cause = mask(cause, secrets)
@@ -50,7 +50,7 @@ class _MaskedText(str):
         return self._rep
 
 
-def open_transport(endpoint: str, protocol: str, cfg: Any) -> Transport:
+def open_transport(endpoint: str, protocol: str, cfg: Config) -> Transport:
     """The transport for ``endpoint`` (``protocol`` ``"grpc"`` or HTTP), with ``cfg``'s headers, timeout and
     compression. The endpoint is used as given (:func:`cptrace_otel.model.config.traces_url` makes the HTTP URL)."""
     if protocol == "grpc":
@@ -62,7 +62,7 @@ def open_transport(endpoint: str, protocol: str, cfg: Any) -> Transport:
     return HttpTransport(endpoint, cfg.headers, cfg.timeout_s, cfg.compression, tls=cfg)
 
 
-def open_sinks(cfg: Any, *, endpoint: str | None = None, protocol: str = "http/protobuf", spool_dir: str = "",
+def open_sinks(cfg: Config, *, endpoint: str | None = None, protocol: str = "http/protobuf", spool_dir: str = "",
                file: str | None = None, log_file: str | None = None, probe: bool = False, adopt_orphans: bool = False,
                on_error: Callable[[SinkError], None] | None = None) -> list[Sink]:
     """Open the sinks asked for, in this order (the order of the list): OTLP to ``endpoint`` (spooled in
@@ -125,7 +125,7 @@ class RefusingSink:
         self.dropped_spans = 0
         self.lost_records = 0   # the records (span events) of those spans: lost, counted, settled
 
-    def export(self, groups: Any) -> None:
+    def export(self, groups: SpanGroups) -> None:
         for _res, spans in groups:
             self.dropped_spans += len(spans)
             self.lost_records += sum(len(getattr(sp, "events", ())) for sp in spans)
@@ -144,7 +144,7 @@ class RefusingSink:
                 "lost_records": self.lost_records}
 
 
-def _open_otlp(cfg: Any, endpoint: str, protocol: str, spool_dir: str, probe: bool) -> OtlpSink:
+def _open_otlp(cfg: Config, endpoint: str, protocol: str, spool_dir: str, probe: bool) -> OtlpSink:
     from .spool import ReliableSender
 
     transport = open_transport(endpoint, protocol, cfg)

@@ -14,9 +14,12 @@ from __future__ import annotations
 import re
 import ssl
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from .sinks import ConfigError
+
+if TYPE_CHECKING:
+    from ..model.config import Config
 
 # RFC 7230 token for names; a value must not hold a control character (a CR/LF would split the request).
 _NAME_RE = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
@@ -56,7 +59,7 @@ def _read(path: str, var: str) -> bytes:
         raise ConfigError(f"cannot read {VARS}{var} file {path!r}: {e.strerror or e}") from None
 
 
-def load_tls(cfg: Any) -> TlsFiles:
+def load_tls(cfg: Config) -> TlsFiles:
     """Read and check the configured PEM files: each must be readable, the CA must load as a CA bundle and the
     client certificate must match its key. Raises :class:`ConfigError`."""
     ca_p = getattr(cfg, "certificate", None)

@@ -32,6 +32,7 @@ from ..model.records import MAX_VALUE_CHARS, cut, render_other, render_record, t
 from ..model.spans import SpanBuilder
 from .protocol import ACK, FLUSH, INIT, ITEMS, PREINIT, PROGRESS, SIDE, frame, read_frame
 from .ringread import RingIntake
+from .sinks import Sink
 from .stack import SinkError, open_sinks
 
 EXPORT_EVERY_S = 0.2      # latency bound for finished spans
@@ -129,7 +130,7 @@ class Exporter:
         """Each rank's epoch tracker state (for a replacement worker's ``resume``)."""
         return {r: t.state() for r, t in self.epochs.items()}
 
-    def _drop_sink(self, sink: Any, e: BaseException, since: Callable[[], int]) -> None:
+    def _drop_sink(self, sink: Sink, e: BaseException, since: Callable[[], int]) -> None:
         """A sink that failed: reported and left out from now on (the others go on). It keeps counting as a sink that
         loses: every record from the failed batch on (``since()``: how many that is now) is lost for it, on top of
         what it had lost already."""
@@ -139,7 +140,7 @@ class Exporter:
         self._failed_sinks.append(lambda: prior + since())
 
     @staticmethod
-    def _sink_lost(s: Any) -> int:
+    def _sink_lost(s: Sink) -> int:
         try:
             if hasattr(s, "settled_records"):
                 return int(s.stats().get("lost_records", 0))

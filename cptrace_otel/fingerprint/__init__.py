@@ -17,9 +17,14 @@ Nothing here raises into the caller.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from collections.abc import Iterable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from .deferred import Deferred, is_deferred, resolve
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "Deferred",
@@ -38,7 +43,7 @@ __all__ = [
 _torch_available: bool | None = None
 
 
-def _tensor_type() -> Any:
+def _tensor_type() -> type[torch.Tensor] | None:
     # A tensor can only exist if torch was already imported by someone; never import it here.
     torch = sys.modules.get("torch")
     return None if torch is None else torch.Tensor
@@ -53,7 +58,7 @@ def _torch_importable() -> bool:
     return _torch_available
 
 
-def _non_tensor_fingerprint(t: Any) -> int:
+def _non_tensor_fingerprint(t: object) -> int:
     # Upstream: ``import torch``; ``t is None or t.numel() == 0`` -> 0; anything failing -> -1.
     if t is None:
         return 0 if _torch_importable() else -1
@@ -62,7 +67,7 @@ def _non_tensor_fingerprint(t: Any) -> int:
     return -3  # tensor-like object: let the reference decide
 
 
-def _device_impl(t: Any) -> Any:
+def _device_impl(t: object) -> ModuleType | None:
     """The module that fingerprints ``t`` (``gpu`` for CUDA tensors, ``cpu`` for CPU tensors, ``reference`` for
     tensors elsewhere), or None when ``t`` is not a tensor."""
     T = _tensor_type()
@@ -82,7 +87,7 @@ def _device_impl(t: Any) -> Any:
     return reference
 
 
-def _dispatch(name: str, t: Any) -> Any:
+def _dispatch(name: str, t: object) -> Any:
     """Run fingerprint ``name`` (``"khash"`` or ``"knz"``) on the path for ``t``'s device; -1 on any failure."""
     try:
         impl = _device_impl(t)
@@ -98,17 +103,17 @@ def _dispatch(name: str, t: Any) -> Any:
         return -1
 
 
-def khash(t: Any) -> Any:
+def khash(t: object) -> Any:
     """Upstream ``khash(t)``: an int (CPU, non-tensors) or a Deferred int (CUDA)."""
     return _dispatch("khash", t)
 
 
-def knz(t: Any) -> Any:
+def knz(t: object) -> Any:
     """Upstream ``knz(t)``: count of nonzero bytes; an int or a Deferred int (CUDA)."""
     return _dispatch("knz", t)
 
 
-def khash_knz(t: Any) -> tuple[Any, Any]:
+def khash_knz(t: object) -> tuple[Any, Any]:
     """``(khash(t), knz(t))`` from one pass over the bytes."""
     try:
         impl = _device_impl(t)
@@ -119,14 +124,16 @@ def khash_knz(t: Any) -> tuple[Any, Any]:
         return -1, -1
 
 
-def rng(t: Any) -> Any:
+def rng(t: object) -> Any:
     """Upstream ``rng(t)``: ``(cnt=..,min=..,max=..,first=..,last=..)``; a Deferred string on CUDA tensors."""
     try:
         if t is None:
             return "(none)"
         impl = _device_impl(t)
         if impl is None:
-            from . import reference as impl
+            from . import reference
+
+            impl = reference
         return impl.rng(t)
     except Exception as e:  # pragma: no cover - reference.rng already catches
         try:
@@ -135,7 +142,7 @@ def rng(t: Any) -> Any:
             return "(err:?)"
 
 
-def forward_fingerprint(t: Any) -> tuple[Any, Any, int]:
+def forward_fingerprint(t: object) -> tuple[Any, Any, int]:
     """``(h, nz, rows)`` for upstream ``fwd_hash``: tensors -> (khash, knz, first-dim size or 0), None -> zeros,
     anything else -> -2s. Under CUDA-graph capture nothing is launched and h, nz are -1."""
     try:
@@ -151,21 +158,22 @@ def forward_fingerprint(t: Any) -> tuple[Any, Any, int]:
         return -1, -1, -1
 
 
-def fingerprint_many(tensors: Any) -> list[tuple[Any, Any]]:
+def fingerprint_many(tensors: Iterable[object]) -> list[tuple[Any, Any]]:
     """``[(khash(t), knz(t)) for t in tensors]``; the CUDA tensors of one device are hashed in a single launch."""
     tensors = list(tensors)
     try:
         T = _tensor_type()
-        cuda = [i for i, t in enumerate(tensors) if T is not None and isinstance(t, T) and t.device.type == "cuda"]
+        # Keyed by position, the CUDA tensors themselves (typed as tensors for the launch below).
+        cuda = {i: t for i, t in enumerate(tensors) if T is not None and isinstance(t, T) and t.device.type == "cuda"}
         out: list[Any] = [None] * len(tensors)
         if cuda:
             from . import gpu
 
-            by_dev: dict = {}
-            for i in cuda:
-                by_dev.setdefault(tensors[i].device, []).append(i)
+            by_dev: dict[torch.device, list[int]] = {}
+            for i, ct in cuda.items():
+                by_dev.setdefault(ct.device, []).append(i)
             for idxs in by_dev.values():
-                for i, r in zip(idxs, gpu.many([tensors[i] for i in idxs]), strict=False):
+                for i, r in zip(idxs, gpu.many([cuda[i] for i in idxs]), strict=False):
                     out[i] = r
         for i, t in enumerate(tensors):
             if out[i] is None:
@@ -175,7 +183,7 @@ def fingerprint_many(tensors: Any) -> list[tuple[Any, Any]]:
         return [(-1, -1)] * len(tensors)
 
 
-def gather_fingerprint(pool: Any, indices: Any) -> tuple[Any, Any]:
+def gather_fingerprint(pool: torch.Tensor, indices: torch.Tensor) -> tuple[Any, Any]:
     """``(khash(pool[indices]), knz(pool[indices]))``; on CUDA the gathered copy is never materialized (rows are read
     through the indices in token order). -1s when the indexing itself fails."""
     try:
@@ -189,7 +197,7 @@ def gather_fingerprint(pool: Any, indices: Any) -> tuple[Any, Any]:
         return -1, -1
 
 
-def cuda_warmup(device: Any = None) -> bool:
+def cuda_warmup(device: torch.device | int | str | None = None) -> bool:
     """Optional, at startup: compile the CUDA kernels and allocate the result ring for ``device`` so the first traced
     fingerprint pays no compile time. False (and nothing done) without torch/CUDA. Syncs the device."""
     try:

@@ -13,10 +13,15 @@ or that is a lazily-resolved view goes to :mod:`.reference`, so the same value o
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .._speedups.fingerprint import load as _load_c
 from . import formula
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+    import torch
 
 # numpy fallback: uint32 row sums are exact for rows <= 5804 bytes; chunks bound the temporaries.
 NP_ROW = 4096
@@ -26,7 +31,7 @@ NP_CHUNK = 1 << 22
 _c = _load_c()
 
 
-def numpy_sums(a: Any, start: int = 0) -> tuple[int, int]:
+def numpy_sums(a: npt.NDArray[np.uint8], start: int = 0) -> tuple[int, int]:
     """Exact ``(S0, S1) mod 2**64`` of a 1-D uint8 numpy array with numpy alone (no C module).
 
     Rows of NP_ROW bytes: ``S0_row`` by an integer row sum and ``W_row = sum_j b[j] * j`` by an integer einsum, both
@@ -63,7 +68,7 @@ def backend() -> str:
     return "c-" + _c.kernel() if _c is not None else "numpy"
 
 
-def array_sums(a: Any, start: int = 0) -> tuple[int, int]:
+def array_sums(a: npt.NDArray[np.uint8], start: int = 0) -> tuple[int, int]:
     """``(S0, S1) mod 2**64`` of a contiguous 1-D uint8 numpy array whose first byte sits at logical offset
     ``start`` (0 for a whole tensor; tests use large values to push S1 through 2**63 with a small input)."""
     if _c is not None:
@@ -76,7 +81,7 @@ class _Unsupported(Exception):
     """Raised for inputs the fast path leaves to the reference implementation."""
 
 
-def _region(t: Any) -> tuple[int, int, Any]:
+def _region(t: torch.Tensor) -> tuple[int, int, torch.Tensor]:
     """``(address, nbytes, owner)`` of the bytes upstream's ``t.detach().contiguous().view(torch.uint8)`` reads, in
     place for a contiguous tensor, else in the contiguous copy upstream makes too (``owner`` keeps it alive while
     the caller reads). Raises :class:`_Unsupported` for inputs whose byte view upstream rejects (multi-byte elements
@@ -93,14 +98,14 @@ def _region(t: Any) -> tuple[int, int, Any]:
     return c.data_ptr(), c.numel() * c.element_size(), c
 
 
-def _numpy_bytes(c: Any) -> Any:
+def _numpy_bytes(c: torch.Tensor) -> npt.NDArray[np.uint8]:
     """The bytes of the contiguous tensor ``c`` as a 1-D uint8 numpy array (a view; the path without C)."""
     import torch
 
     return c.detach().reshape(-1).view(torch.uint8).numpy()
 
 
-def khash_knz(t: Any) -> tuple[int, int]:
+def khash_knz(t: torch.Tensor) -> tuple[int, int]:
     """Upstream ``(khash(t), knz(t))`` of a CPU tensor from one pass over its bytes: ``(0, 0)`` when empty, the
     reference's values for inputs the fast path leaves to it, ``(-1, -1)`` on failure (upstream's sentinel)."""
     try:
@@ -122,21 +127,21 @@ def khash_knz(t: Any) -> tuple[int, int]:
     return formula.finish(s0, s1, a.size), int(np.count_nonzero(a))
 
 
-def khash(t: Any) -> int:
+def khash(t: torch.Tensor) -> int:
     """Upstream ``khash`` of a CPU tensor (exact), or the reference's result for inputs the fast path skips."""
     return khash_knz(t)[0]
 
 
-def knz(t: Any) -> int:
+def knz(t: torch.Tensor) -> int:
     """Upstream ``knz`` of a CPU tensor: number of nonzero bytes."""
     return khash_knz(t)[1]
 
 
 # Integer dtypes whose upstream min()/max()/indexing the C reader reproduces, by struct code (built on first use).
-_RNG_CODES: dict = {}
+_RNG_CODES: dict[torch.dtype, str] = {}
 
 
-def _rng_code(dtype: Any) -> str | None:
+def _rng_code(dtype: torch.dtype) -> str | None:
     if not _RNG_CODES:
         import torch
 
@@ -144,7 +149,7 @@ def _rng_code(dtype: Any) -> str | None:
     return _RNG_CODES.get(dtype)
 
 
-def rng(t: Any) -> str:
+def rng(t: torch.Tensor) -> str:
     """Upstream ``rng`` of a CPU tensor: integer tensors in one min/max pass (C in place when contiguous, else
     ``aminmax``), other dtypes through the reference."""
     from . import reference
@@ -167,7 +172,7 @@ def rng(t: Any) -> str:
         return reference.rng(t)
 
 
-def khash_bytes(a: Any) -> int:
+def khash_bytes(a: npt.NDArray[np.uint8]) -> int:
     """Upstream ``khash`` of a numpy byte buffer (any shape, C order; e.g. the simulator's KV pages), read in place
     when it is a C-contiguous uint8 array. Exact on either path."""
     import numpy as np

@@ -15,7 +15,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 _lock = threading.Lock()
 
@@ -32,9 +35,10 @@ class Pending:
 
     __slots__ = ("event", "host", "keep", "_values", "_on_done")
 
-    def __init__(self, event: Any, host: Any, keep: Any = None, on_done: Callable[[bool], None] | None = None):
+    def __init__(self, event: torch.cuda.Event, host: torch.Tensor, keep: object = None,
+                 on_done: Callable[[bool], None] | None = None):
         self.event = event
-        self.host = host
+        self.host: torch.Tensor | None = host
         self.keep = keep
         self._values: tuple | None = None
         self._on_done = on_done
@@ -88,6 +92,8 @@ class Pending:
     def _collect(self) -> tuple:
         with _lock:
             if self._values is None:
+                # host is dropped only together with storing the values, so it is still here
+                assert self.host is not None
                 self._values = tuple(self.host.tolist())
                 on_done, self._on_done = self._on_done, None
                 self.keep = None
@@ -105,7 +111,7 @@ class Deferred:
 
     __slots__ = ("kind", "_pending", "_finish", "_value", "sentinel")
 
-    def __init__(self, kind: str, pending: Pending, finish: Callable[[tuple], Any], sentinel: Any):
+    def __init__(self, kind: str, pending: Pending, finish: Callable[[tuple], int | str], sentinel: int | str):
         self.kind = kind
         self._pending = pending
         self._finish = finish
@@ -175,12 +181,12 @@ class _Done:
 _DONE: Any = _Done()
 
 
-def is_deferred(v: Any) -> bool:
+def is_deferred(v: object) -> bool:
     """True for a :class:`Deferred` (cheap type check for the drainer)."""
     return type(v) is Deferred
 
 
-def resolve(v: Any, timeout_s: float | None = None) -> Any:
+def resolve(v: object, timeout_s: float | None = None) -> Any:
     """``v`` itself, or for a Deferred its value once ready; its ``sentinel`` if not ready within ``timeout_s``."""
     if type(v) is not Deferred:
         return v

@@ -20,16 +20,21 @@ from __future__ import annotations
 import threading
 import warnings
 import weakref
-from typing import Any
+from collections.abc import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from . import formula
 from .deferred import Deferred, Pending
+
+if TYPE_CHECKING:
+    import torch
 
 SLOTS_PER_CHUNK = 256
 CAPTURE_ERROR = "(err:operation not permitted when stream is capturing)"
 RNG_TIMEOUT = "(err:fingerprint result not ready)"
 
-_tk: Any = None
+_tk: ModuleType | None = None
 _triton_state = "unknown"  # "unknown" | "ok" | "off"
 # Result delivery: True = kernels write into the pinned host ring through its UVA mapping (no copy launch per call);
 # False = device ring + one non_blocking 32-byte copy per call; None = decide by a probe on first use.
@@ -39,7 +44,7 @@ _rings_lock = threading.Lock()
 _memo = threading.local()
 
 
-def _kernels() -> Any:
+def _kernels() -> ModuleType | None:
     """The Triton launchers, or None when Triton is unavailable (or a launch failed once)."""
     global _tk, _triton_state
     if _triton_state == "unknown":
@@ -68,7 +73,7 @@ def backend() -> str:
 class _Chunk:
     __slots__ = ("state", "out", "host", "out_rows", "host_rows", "init_event", "init_done")
 
-    def __init__(self, device: Any, tk: Any):
+    def __init__(self, device: torch.device, tk: ModuleType):
         import torch
 
         self.state = tk.new_state(SLOTS_PER_CHUNK, device)
@@ -96,13 +101,13 @@ class _Chunk:
 class _Ring:
     """Result slots and CUDA events of one device. Grows by a chunk when every slot is in flight."""
 
-    def __init__(self, device: Any):
+    def __init__(self, device: torch.device):
         self.device = device
         self.chunks: list[_Chunk] = []
         self.free: list[tuple[_Chunk, int]] = []
-        self.events: list[Any] = []
+        self.events: list[torch.cuda.Event] = []
         # Slots whose Deferreds were dropped unread: reusable once their event has completed.
-        self.quarantine: list[tuple[_Chunk | None, int, Any]] = []
+        self.quarantine: list[tuple[_Chunk | None, int, torch.cuda.Event]] = []
 
     def _reclaim(self) -> None:
         # Swap the list out first: Pending.__del__ may append from any thread while this runs.
@@ -122,7 +127,7 @@ class _Ring:
                 keep.append(item)
         self.quarantine.extend(keep)
 
-    def acquire(self, tk: Any) -> tuple[_Chunk, int]:
+    def acquire(self, tk: ModuleType) -> tuple[_Chunk, int]:
         try:
             chunk, slot = self.free.pop()  # list.pop is atomic under the GIL
         except IndexError:
@@ -139,13 +144,13 @@ class _Ring:
             chunk.ensure_initialized()
         return chunk, slot
 
-    def event(self) -> Any:
+    def event(self) -> torch.cuda.Event:
         try:
             return self.events.pop()
         except IndexError:
             return _new_event()
 
-    def releaser(self, chunk: _Chunk | None, slot: int, ev: Any):
+    def releaser(self, chunk: _Chunk | None, slot: int, ev: torch.cuda.Event) -> Callable[[bool], None]:
         def release(dropped: bool) -> None:
             if dropped:
                 self.quarantine.append((chunk, slot, ev))
@@ -167,7 +172,7 @@ class _Ring:
         return sum(c.state.numel() * 8 + c.out.numel() * 8 for c in self.chunks)
 
 
-def _ring(device: Any) -> _Ring:
+def _ring(device: torch.device) -> _Ring:
     key = device.index if device.index is not None else 0
     r = _rings.get(key)
     if r is None:
@@ -189,14 +194,14 @@ def _capturing() -> bool:
     return torch.cuda.is_current_stream_capturing()
 
 
-def _new_event() -> Any:
+def _new_event() -> torch.cuda.Event:
     import torch
 
     # Blocking: a waiting resolver sleeps in the driver instead of spinning on its lock.
     return torch.cuda.Event(blocking=True)
 
 
-def _pinned(device: Any) -> bool:
+def _pinned(device: torch.device) -> bool:
     # Host mirrors are pinned so device-to-host copies can be non_blocking. (The unit tests drive this module with
     # CPU tensors under the Triton interpreter; there nothing is pinned.)
     return device.type == "cuda"
@@ -208,14 +213,14 @@ class _NoGuard:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         return None
 
 
 _NO_GUARD = _NoGuard()
 
 
-def _on(device: Any) -> Any:
+def _on(device: torch.device) -> _NoGuard | torch.cuda.device:
     """Make ``device`` current for the launch (Triton and events use the current device's current stream)."""
     if device.type != "cuda":
         return _NO_GUARD
@@ -239,7 +244,7 @@ def _finish_nz(v: tuple) -> int:
     return -1 if v[3] else formula.to_signed64(v[2])
 
 
-def _probe_uva(device: Any, tk: Any) -> bool:
+def _probe_uva(device: torch.device, tk: ModuleType) -> bool:
     """Can kernels write results straight into pinned host memory (UVA-mapped)? One small launch and one stream
     sync, once per process, on the first fingerprint; any failure selects the copy mode, which is always correct."""
     if device.type != "cuda":
@@ -260,7 +265,7 @@ def _probe_uva(device: Any, tk: Any) -> bool:
         return False
 
 
-def _uva(ring: _Ring, tk: Any) -> bool:
+def _uva(ring: _Ring, tk: ModuleType) -> bool:
     global UVA
     if UVA is None:
         with _rings_lock:
@@ -269,7 +274,8 @@ def _uva(ring: _Ring, tk: Any) -> bool:
     return UVA
 
 
-def _enqueue(ring: _Ring, tk: Any, launch: Any, keep: Any) -> Pending | None:
+def _enqueue(ring: _Ring, tk: ModuleType, launch: Callable[[torch.Tensor, torch.Tensor, int], None],
+             keep: object) -> Pending | None:
     """Run ``launch(state, out, slot)`` on the current stream for one ring slot and return its Pending; None (and
     Triton switched off) when the launch raised."""
     chunk, slot = ring.acquire(tk)
@@ -288,7 +294,7 @@ def _enqueue(ring: _Ring, tk: Any, launch: Any, keep: Any) -> Pending | None:
     return Pending(ev, host, keep, ring.releaser(chunk, slot, ev))
 
 
-def _launch_hash(b: Any, keep: Any) -> Pending:
+def _launch_hash(b: torch.Tensor, keep: object) -> Pending:
     """Enqueue S0/S1/nz of the uint8 CUDA tensor ``b`` (contiguous, numel >= 1; its shape does not matter)."""
     import torch
 
@@ -308,7 +314,7 @@ def _launch_hash(b: Any, keep: Any) -> Pending:
     return Pending(ev, host, (keep, acc), ring.releaser(None, 0, ev))
 
 
-def _pair(t: Any) -> tuple[Any, Any]:
+def _pair(t: torch.Tensor) -> tuple[Any, Any]:
     """(khash, knz) of a CUDA tensor: Deferreds, or plain upstream values for empty/failing/capturing cases."""
     try:
         if t.numel() == 0:
@@ -329,12 +335,12 @@ def _pair(t: Any) -> tuple[Any, Any]:
     return Deferred("khash", pending, _finish_hash(n), -1), Deferred("knz", pending, _finish_nz, -1)
 
 
-def khash_knz(t: Any) -> tuple[Any, Any]:
+def khash_knz(t: torch.Tensor) -> tuple[Any, Any]:
     """Both fingerprints from one fused launch."""
     return _pair(t)
 
 
-def _memo_pair(t: Any, want: int) -> Any:
+def _memo_pair(t: torch.Tensor, want: int) -> Any:
     # The usual call site evaluates khash(t) and knz(t) back to back: the second call takes the other half of the
     # first call's launch when it is the same tensor object, unmodified (same version counter), on the same thread.
     # The memo holds the tensor weakly: it must not keep a KV slice alive.
@@ -357,11 +363,11 @@ def is_deferred_pair(pair: tuple) -> bool:
     return type(pair[0]) is Deferred
 
 
-def khash(t: Any) -> Any:
+def khash(t: torch.Tensor) -> Any:
     return _memo_pair(t, 0)
 
 
-def knz(t: Any) -> Any:
+def knz(t: torch.Tensor) -> Any:
     return _memo_pair(t, 1)
 
 
@@ -380,7 +386,7 @@ def _rng_text(n: int):
     return f
 
 
-def rng(t: Any) -> Any:
+def rng(t: torch.Tensor) -> Any:
     """``rng`` of a CUDA tensor as a Deferred string (one launch for integer tensors, no sync)."""
     try:
         guard = _on(t.device)
@@ -390,7 +396,7 @@ def rng(t: Any) -> Any:
         return _rng(t)
 
 
-def _rng(t: Any) -> Any:
+def _rng(t: torch.Tensor) -> Any:
     import torch
 
     try:
@@ -418,7 +424,7 @@ def _rng(t: Any) -> Any:
         return f"(err:{e})"
 
 
-def many(tensors: list) -> list[tuple[Any, Any]]:
+def many(tensors: list[torch.Tensor]) -> list[tuple[Any, Any]]:
     """(khash, knz) for each CUDA tensor of one device, all nonempty ones in a single launch."""
     if not tensors:
         return []
@@ -426,14 +432,14 @@ def many(tensors: list) -> list[tuple[Any, Any]]:
         return _many(tensors)
 
 
-def _is_empty(t: Any) -> bool:
+def _is_empty(t: torch.Tensor) -> bool:
     try:
         return t.numel() == 0
     except Exception:
         return False
 
 
-def _many(tensors: list) -> list[tuple[Any, Any]]:
+def _many(tensors: list[torch.Tensor]) -> list[tuple[Any, Any]]:
     import torch
 
     results: list[Any] = [None] * len(tensors)
@@ -477,6 +483,7 @@ def _many(tensors: list) -> list[tuple[Any, Any]]:
             results[i] = (-1, -1)
     if not where:
         return results
+    assert dev is not None  # set by the first segment
     segs = copies  # kept alive with the launch
     bp = ptrs[0]  # == base.data_ptr(): every segment is addressed relative to the first one
     offs = [p - bp for p in ptrs]
@@ -518,14 +525,14 @@ def _compose(f, g):
     return lambda v: f(g(v))
 
 
-def gather(pool: Any, indices: Any) -> tuple[Any, Any]:
+def gather(pool: torch.Tensor, indices: torch.Tensor) -> tuple[Any, Any]:
     """(khash, knz) of ``pool[indices]`` without materializing it (falls back to materializing for index forms the
     kernel does not cover: masks, multi-dim or CPU indices, rows that are not contiguous)."""
     with _on(pool.device):
         return _gather(pool, indices)
 
 
-def _gather(pool: Any, indices: Any) -> tuple[Any, Any]:
+def _gather(pool: torch.Tensor, indices: torch.Tensor) -> tuple[Any, Any]:
     import torch
 
     tk = _kernels()
@@ -538,7 +545,7 @@ def _gather(pool: Any, indices: Any) -> tuple[Any, Any]:
             and indices.dtype in (torch.int64, torch.int32)
             and pool.dim() >= 1
         )
-        if not simple:
+        if tk is None or not simple:  # (simple implies tk; spelled out for the type checker)
             return _pair(pool[indices])
         if indices.numel() == 0 or pool.numel() == 0:
             return _pair(pool[indices])
@@ -566,7 +573,7 @@ def _gather(pool: Any, indices: Any) -> tuple[Any, Any]:
         return -1, -1
 
 
-def warmup(device: Any = None) -> None:
+def warmup(device: torch.device | int | str | None = None) -> None:
     """Compile the kernels and set up the ring, events and delivery mode for ``device`` (default: current), so that
     the first traced call does not pay for it. Syncs the device; call it at startup, not on a hot path."""
     import torch

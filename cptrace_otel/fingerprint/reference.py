@@ -8,10 +8,14 @@ temporary memory.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypeGuard
+
+if TYPE_CHECKING:
+    import torch
 
 
-def khash(t: Any) -> int:
+def khash(t: torch.Tensor | None) -> int:
     """Position-weighted fingerprint of ``t``'s bytes; 0 for None/empty, -1 when anything fails."""
     try:
         import torch
@@ -28,7 +32,7 @@ def khash(t: Any) -> int:
         return -1
 
 
-def knz(t: Any) -> int:
+def knz(t: torch.Tensor | None) -> int:
     """Number of nonzero bytes of ``t``; 0 for None/empty, -1 when anything fails."""
     try:
         import torch
@@ -41,15 +45,20 @@ def knz(t: Any) -> int:
         return -1
 
 
-def rng(t: Any) -> str:
+def _tensor_like(t: object) -> TypeGuard[torch.Tensor]:
+    # Upstream tells tensors from plain sequences by their ``numel`` attribute.
+    return hasattr(t, "numel")
+
+
+def rng(t: torch.Tensor | Sequence[int] | None) -> str:
     """``(cnt=..,min=..,max=..,first=..,last=..)`` of a tensor or sequence; ``(none)``, ``(0)`` or ``(err:msg)``."""
     if t is None:
         return "(none)"
     try:
-        n = t.numel() if hasattr(t, "numel") else len(t)
+        n = t.numel() if _tensor_like(t) else len(t)
         if n == 0:
             return "(0)"
-        if hasattr(t, "numel"):
+        if _tensor_like(t):
             flat = t.flatten()
             lo = int(flat.min().item())
             hi = int(flat.max().item())
@@ -61,7 +70,7 @@ def rng(t: Any) -> str:
         return f"(err:{e})"
 
 
-def forward_fingerprint(t: Any) -> tuple[int, int, int]:
+def forward_fingerprint(t: object) -> tuple[int, int, int]:
     """``(khash, knz, rows)`` as upstream ``fwd_hash`` computes them: zeros for None, -2s for non-tensors."""
     import torch
 

@@ -8,13 +8,16 @@ device and nothing is read back: the result is a device int64 tensor ``[S0, S1, 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 ROW = 4096
 CHUNK = 1 << 22
 
 
-def sums(b: Any) -> Any:
+def sums(b: torch.Tensor) -> torch.Tensor:
     """Device int64 tensor ``[S0, S1, nz, 0]`` of the 1-D uint8 tensor ``b`` (length >= 1); no host sync."""
     import torch
 

@@ -14,10 +14,13 @@ tensors, which is how CI checks the kernels bit for bit against :mod:`.reference
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import triton
 import triton.language as tl
+
+if TYPE_CHECKING:
+    import torch
 
 TILE = 4096
 # Sub-tiles per step of the contiguous kernels: 4 x 4096 bytes per program iteration keeps several 16-byte loads per
@@ -355,7 +358,7 @@ def _rng_kernel(x_ptr, n, state_ptr, out_ptr, slot, BLOCK: tl.constexpr):
 _MAX_PROGRAMS = 1024
 
 
-def new_state(slots: int, device: Any) -> Any:
+def new_state(slots: int, device: torch.device | str) -> torch.Tensor:
     """A fresh state block in its resting values."""
     import torch
 
@@ -377,7 +380,7 @@ def programs_for(ntiles: int, max_programs: int = _MAX_PROGRAMS) -> int:
 _ASM_BACKEND: bool | None = None
 
 
-def _use_asm(x: Any) -> bool:
+def _use_asm(x: torch.Tensor) -> bool:
     # dp4a through inline PTX on NVIDIA devices; the interpreter (CPU tensors) and other backends run the
     # shift-and-mask equivalent.
     global _ASM_BACKEND
@@ -391,8 +394,8 @@ def _use_asm(x: Any) -> bool:
     return _ASM_BACKEND
 
 
-def hash_nz(x: Any, state: Any, out: Any, slot: int, max_programs: int = _MAX_PROGRAMS, start: int = 0,
-            words: bool | None = None) -> None:
+def hash_nz(x: torch.Tensor, state: torch.Tensor, out: torch.Tensor, slot: int, max_programs: int = _MAX_PROGRAMS,
+            start: int = 0, words: bool | None = None) -> None:
     """Enqueue S0, S1, nz of the contiguous uint8 1-D tensor ``x`` (length >= 1) into ``out[slot, 0:4]``.
 
     ``start`` is the logical offset of ``x[0]`` (weights ``start + i + 1``): 0 for a whole tensor; tests use large
@@ -405,8 +408,8 @@ def hash_nz(x: Any, state: Any, out: Any, slot: int, max_programs: int = _MAX_PR
                           num_warps=8)
 
 
-def hash_nz_batch(base: Any, offs: Any, lens: Any, slots: Any, max_len: int, state: Any, out: Any,
-                  aligned: bool, max_programs_per_segment: int = 64) -> None:
+def hash_nz_batch(base: torch.Tensor, offs: torch.Tensor, lens: torch.Tensor, slots: torch.Tensor, max_len: int,
+                  state: torch.Tensor, out: torch.Tensor, aligned: bool, max_programs_per_segment: int = 64) -> None:
     """Enqueue one launch over segments ``base_bytes[offs[i] : offs[i] + lens[i]]`` writing ``out[slots[i]]``.
 
     ``offs`` are byte offsets relative to ``base``'s data pointer (may be negative), or, with ``aligned``, offsets in
@@ -434,7 +437,7 @@ def gather_shape(row_bytes: int, words: bool = False) -> tuple[int, int, int]:
     return rows, cols, cpr
 
 
-def hash_nz_gather(pool2d: Any, indices: Any, state: Any, out: Any, slot: int,
+def hash_nz_gather(pool2d: torch.Tensor, indices: torch.Tensor, state: torch.Tensor, out: torch.Tensor, slot: int,
                    max_programs: int = _MAX_PROGRAMS, words: bool | None = None) -> None:
     """Enqueue S0, S1, nz (and the count of out-of-range indices) of ``pool2d[indices]`` into ``out[slot]``.
 
@@ -453,7 +456,8 @@ def hash_nz_gather(pool2d: Any, indices: Any, state: Any, out: Any, slot: int,
                                  USE_ASM=_use_asm(pool2d), num_warps=8)
 
 
-def rng_summary(x: Any, state: Any, out: Any, slot: int, max_programs: int = _MAX_PROGRAMS) -> None:
+def rng_summary(x: torch.Tensor, state: torch.Tensor, out: torch.Tensor, slot: int,
+                max_programs: int = _MAX_PROGRAMS) -> None:
     """Enqueue min, max, first, last of the contiguous 1-D integer tensor ``x`` (length >= 1) into ``out[slot]``."""
     n = x.numel()
     block = 1024

@@ -148,12 +148,12 @@ class EventAttrs(Mapping):
             return self.seq
         return self.as_dict()[key]
 
-    def get(self, key: str, default: Any = None) -> Any:
+    def get(self, key: str, default: object = None) -> Any:
         if key == sc.SEQ and not self.dirty:
             return self.seq
         return self.as_dict().get(key, default)
 
-    def __setitem__(self, key: str, value: Any) -> None:
+    def __setitem__(self, key: str, value: object) -> None:
         self.as_dict()[key] = value
         self.dirty = True
 

@@ -65,7 +65,7 @@ def render_canary_line(fields: dict[str, Any]) -> str:
     return MARKER + " ".join(f"{k}={render_value(v)}" for k, v in fields.items())
 
 
-def full_pool(launch_tag: Any) -> bool:
+def full_pool(launch_tag: object) -> bool:
     """True when ``launch_tag`` names a launch over the full-attention KV pool (``HEAD_K_FULL`` ...), whose slot
     indices are the trace's ``dev`` indices; False for the sliding-window pool (``*_SWA``) and unknown tags."""
     return isinstance(launch_tag, str) and launch_tag.endswith("_FULL")

@@ -51,7 +51,7 @@ import os
 import re
 import socket
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import quote, quote_plus, unquote, urlsplit
 
@@ -86,7 +86,7 @@ MIN_SECRET_CHARS = 4
 MIN_WHOLE_CHARS = 3
 
 
-def mask(text: str, secrets: Any = ()) -> str:
+def mask(text: str, secrets: Iterable[str] = ()) -> str:
     """``text`` with URL userinfo masked and every string of ``secrets`` (the forms :func:`secrets_of` builds:
     credentials, the pieces inside them, their percent-encoded and base64 forms) replaced by ``***``. The one masking
     helper: every message that may quote an endpoint, a header, an error raised while using them, or what a server
@@ -175,7 +175,7 @@ def secret_forms(piece: str) -> set[str]:
 _PCT_RE = re.compile(r"%[0-9A-F]{2}")
 
 
-def secrets_of(endpoint: str | None, headers: Any = ()) -> tuple[str, ...]:
+def secrets_of(endpoint: str | None, headers: Iterable[tuple[str, str]] = ()) -> tuple[str, ...]:
     """The secret strings of a sink's (or a backend client's) settings, built once by whoever holds the settings
     and handed to :func:`mask`: every header value and the endpoint's userinfo (raw and percent-decoded, whole, the
     user, the password and ``user:password``, which is also what basic auth sends), with the credential pieces
@@ -499,7 +499,7 @@ def derive_run_id(env: Mapping[str, str]) -> str:
     return f"auto-{digest}"
 
 
-def from_env(env: Mapping[str, str] | None = None, **overrides: Any) -> Config:
+def from_env(env: Mapping[str, str] | None = None, **overrides: object) -> Config:
     """Resolve a :class:`Config` from ``env`` (default ``os.environ``) and explicit overrides."""
     env = os.environ if env is None else env
     raw_level = env.get("CPTRACE_LEVEL")

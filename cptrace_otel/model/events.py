@@ -23,7 +23,7 @@ class Event:
     src: str = ""                # file path, "live", or a backend URL
     line_no: int = 0             # 1-based line in ``src`` for log files, 0 otherwise
 
-    def get(self, key: str, default: Any = None) -> Any:
+    def get(self, key: str, default: object = None) -> Any:
         return self.fields.get(key, default)
 
     @property
@@ -32,7 +32,7 @@ class Event:
         return v if isinstance(v, int) else None
 
 
-def int_field(v: Any) -> int | None:
+def int_field(v: object) -> int | None:
     """``v`` when it is an int (not a bool: a field value's type is exact), else None: how a rule reads a field that
     must be an integer (an id, a count) and treats anything else as absent."""
     return v if type(v) is int else None

@@ -18,6 +18,7 @@ so an item gives the same Record however the work was split. Imports only :mod:`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from math import isfinite as _isfinite
 from typing import Any
 
@@ -36,13 +37,14 @@ def cut(s: str) -> str:
     return s
 
 
-def render_other(v: Any, is_deferred: Any, resolve: Any) -> Any:
+def render_other(v: Any, is_deferred: Callable[[object], bool] | None,
+                 resolve: Callable[[object, float], object] | None) -> Any:
     """Render a value that is not a plain int/str: deferred fingerprint, bool, float, list, any object. Never raises.
 
     Returns an int (a resolved fingerprint), a finite float, or a str without spaces of at most
     :data:`MAX_VALUE_CHARS` (plus the cut marker)."""
     try:
-        if is_deferred is not None and is_deferred(v):
+        if is_deferred is not None and resolve is not None and is_deferred(v):  # passed together
             try:
                 r = resolve(v, RESOLVE_TIMEOUT_S)  # its sentinel if the GPU never finishes
             except BaseException:  # noqa: BLE001
@@ -80,7 +82,8 @@ def tag_level(tag: Any, level: Any) -> tuple[str, int]:
     return tag, level
 
 
-def render_record(seq: int, item: tuple, is_deferred: Any = None, resolve: Any = None) -> tuple:
+def render_record(seq: int, item: tuple, is_deferred: Callable[[object], bool] | None = None,
+                  resolve: Callable[[object, float], object] | None = None) -> tuple:
     """``(ts, level, tag, fields dict)`` -> Record ``(seq, ts, level, tag, ((k, v), ...))``. Does not modify
     ``item``; raises only when ``item`` is not of that shape."""
     ts, level, tag, fields = item
@@ -99,7 +102,8 @@ def render_record(seq: int, item: tuple, is_deferred: Any = None, resolve: Any =
     return (seq, ts, level, tag, tuple(out))
 
 
-def compact_item(item: tuple, is_deferred: Any = None, resolve: Any = None) -> tuple:
+def compact_item(item: tuple, is_deferred: Callable[[object], bool] | None = None,
+                 resolve: Callable[[object, float], object] | None = None) -> tuple:
     """The drainer's share of rendering: ``(ts, level, tag, fields)`` with every field value an exact int, str or
     float, so it pickles cheaply. The common case (all values already are) returns the item itself; deferred
     fingerprints are resolved and every other value rendered here, because only this process can. The worker

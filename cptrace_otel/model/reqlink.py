@@ -17,7 +17,7 @@ always.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Protocol
 
 from . import semconv as sc
 from .logline import render_value
@@ -31,7 +31,7 @@ MAX_LINKS = 128
 _SHAPE = re.compile(r"([0-9a-f]{32})-([0-9a-f]{16})").fullmatch
 
 
-def format_context(trace_id: Any, span_id: Any) -> str | None:
+def format_context(trace_id: object, span_id: object) -> str | None:
     """The field value for OTel ids given as ints (``SpanContext.trace_id`` / ``span_id``); None for anything that is
     not a valid pair (not ints, out of range, or zero)."""
     if type(trace_id) is not int or type(span_id) is not int:
@@ -41,7 +41,7 @@ def format_context(trace_id: Any, span_id: Any) -> str | None:
     return f"{trace_id:032x}-{span_id:016x}"
 
 
-def parse_context(value: Any) -> tuple[bytes, bytes] | None:
+def parse_context(value: object) -> tuple[bytes, bytes] | None:
     """``(trace id 16 bytes, span id 8 bytes)`` of a field value, or None when it is not one (see the module doc).
     Never raises."""
     if type(value) is not str:
@@ -55,7 +55,18 @@ def parse_context(value: Any) -> tuple[bytes, bytes] | None:
     return tid, sid
 
 
-def link_request(sp: Any, value: Any, rid: Any = None) -> bool:
+class LinkedSpan(Protocol):
+    """What links are added to: a :class:`cptrace_otel.model.spans.Span` (a Protocol because that module imports
+    this one)."""
+
+    @property
+    def attrs(self) -> dict[str, Any]: ...
+
+    @property
+    def links(self) -> list[tuple[bytes, bytes, dict[str, Any]]]: ...
+
+
+def link_request(sp: LinkedSpan, value: object, rid: object = None) -> bool:
     """Add to span ``sp`` (a :class:`cptrace_otel.model.spans.Span`: ``links``, ``attrs``) the link to the request
     span named by the field ``value``, once per request span, with ``cptrace.link.kind=request`` and ``hicache.rid``
     (when the record has one). Past :data:`MAX_LINKS` request links on ``sp`` the link is counted in

@@ -31,7 +31,7 @@ MAX_INHERITED = 1 << 20
 _SCALE = float(1 << 64)
 
 
-def keep_node(run_id: str, node_id: Any, fraction: float) -> bool:
+def keep_node(run_id: str, node_id: object, fraction: float) -> bool:
     """True when node ``node_id`` of run ``run_id`` is kept at ``fraction`` (the hash rule, no lineage)."""
     if fraction >= 1.0:
         return True
@@ -45,9 +45,9 @@ _NO_NODE = object()
 class DropSet(Protocol):
     """What :func:`make_submit` needs of its ``drop``: a ``set`` has it, and so has the C speedups' ``IdSet``."""
 
-    def add(self, n: Any, /) -> None: ...
+    def add(self, n: object, /) -> None: ...
 
-    def discard(self, n: Any, /) -> None: ...
+    def discard(self, n: object, /) -> None: ...
 
     def clear(self) -> None: ...
 

@@ -50,7 +50,7 @@ and tests are deterministic.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from . import semconv as sc
@@ -105,7 +105,7 @@ class Span:
                  "status_message", "rank", "key", "nbytes", "findings", "parent", "kind", "lane", "children",
                  "open_kids", "nrec")
 
-    def __init__(self, trace_id: bytes, span_id: bytes, name: str, start: int, rank: int, key: Any,
+    def __init__(self, trace_id: bytes, span_id: bytes, name: str, start: int, rank: int, key: tuple[object, ...],
                  attrs: dict[str, Any], parent: bytes = b"", kind: str = "") -> None:
         self.trace_id = trace_id
         self.span_id = span_id
@@ -114,7 +114,7 @@ class Span:
         self.end = start
         self.attrs = attrs
         # (time_ns, name, attributes)
-        self.events: list[tuple[int, str, Mapping[str, Any]]] = []   # (ts, tag, EventAttrs or a dict)
+        self.events: list[tuple[int, str, EventAttrs | dict[str, Any]]] = []   # (ts, tag, attributes)
         # (trace_id, span_id, attributes)
         self.links: list[tuple[bytes, bytes, dict[str, Any]]] = []
         self.status_code = STATUS_UNSET
@@ -193,7 +193,7 @@ class SpanBuilder:
             n = self._names[k] = sc.span_name(rank, kind)
         return n
 
-    def _open_span(self, key: Any, trace_id: bytes, kind: str, ev: Event, extra: dict[str, Any],
+    def _open_span(self, key: tuple[object, ...], trace_id: bytes, kind: str, ev: Event, extra: dict[str, Any],
                    span_id: bytes | None = None, lane: Span | None = None) -> Span:
         self._opened += 1  # part of the id: unique even for spans opened without a record (annotations)
         if span_id is None:
@@ -230,7 +230,7 @@ class SpanBuilder:
                 sp = self._open_span(key, self._node_trace(epoch, node), sc.SPAN_NODE, ev, {sc.NODE_ID: node}, first)
         return sp
 
-    def _stage(self, key: Any, kind: str, ev: Event, node: int) -> Span:
+    def _stage(self, key: tuple[object, ...], kind: str, ev: Event, node: int) -> Span:
         """A new stage span for ``key`` under the current lane (a continuation when the key was cut)."""
         lane = self._lane(ev.rank, ev.epoch, node, ev)
         sp = self._open_span(key, lane.trace_id, kind, ev, {sc.NODE_ID: node}, None, lane)
@@ -440,14 +440,14 @@ class SpanBuilder:
             if opened.get(sp.key) is sp:   # not closed with its lane already
                 self._close(sp.lane if sp.lane is not None else sp, "bound")
 
-    def _remember_prefetch(self, rank: int, op: Any, sp: Span) -> None:
+    def _remember_prefetch(self, rank: int, op: object, sp: Span) -> None:
         """The span of rank's L3 prefetch ``op``, for the link from the ``l3_hit`` that later uses its pages."""
         refs = self._l3p_refs
         if len(refs) >= MAX_SEQ_REFS:
             del refs[next(iter(refs))]
         refs[(rank, op)] = (sp.trace_id, sp.span_id)
 
-    def _link_prefetch(self, rank: int, op: Any, lane: Span) -> None:
+    def _link_prefetch(self, rank: int, op: object, lane: Span) -> None:
         """Link ``lane`` (an ``l3_hit``'s node) to the span of the prefetch that fetched the pages (once per lane)."""
         ref = self._l3p_refs.get((rank, op))
         if ref is None or (ref[0] == lane.trace_id and ref[1] == lane.span_id):
@@ -519,7 +519,7 @@ class SpanBuilder:
                     self._stamp_late(rank, fd)
         self.close_all("flush")
 
-    def _stamp_late(self, rank: int, fd: Any) -> None:
+    def _stamp_late(self, rank: int, fd: object) -> None:
         evidence = list(getattr(fd, "evidence", None) or [])
         target = None
         if evidence:

@@ -19,9 +19,13 @@ here, on the span.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import semconv as sc
+from .reqlink import LinkedSpan
+
+if TYPE_CHECKING:
+    from .attrs import EventAttrs
 
 STATUS_ERROR = 2  # OTLP Status.code ERROR
 
@@ -52,7 +56,30 @@ def describe_evidence(seqs: list[int], refs: dict[int, tuple[bytes, bytes, str, 
     return ", ".join(out)
 
 
-def stamp_findings(sp: Any, refs: dict[int, tuple[bytes, bytes, str, Any]]) -> None:
+class FindingSpan(LinkedSpan, Protocol):
+    """What :func:`stamp_findings` reads and marks: a :class:`cptrace_otel.model.spans.Span` (a Protocol because that
+    module imports this one)."""
+
+    status_code: int
+    status_message: str
+
+    @property
+    def findings(self) -> list[Any]: ...
+
+    @property
+    def events(self) -> list[tuple[int, str, EventAttrs | dict[str, Any]]]: ...
+
+    @property
+    def end(self) -> int: ...
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def span_id(self) -> bytes: ...
+
+
+def stamp_findings(sp: FindingSpan, refs: dict[int, tuple[bytes, bytes, str, Any]]) -> None:
     """Mark ``sp`` with its findings (see the module docstring)."""
     findings = sp.findings
     codes = [str(getattr(f, "code", "?")) for f in findings]

@@ -33,7 +33,7 @@ class Recorder:
         self.emitter = emitter
         self.n_struct = 0
 
-    def emit(self, level: int, tag: str, /, **f: Any) -> None:
+    def emit(self, level: int, tag: str, /, **f: object) -> None:
         cfg = self.cfg
         if level <= cfg.level:
             f["rank"] = self.r

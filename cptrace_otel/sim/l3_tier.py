@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import hashlib
 import random
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -43,6 +44,20 @@ from .tracer import Clock, LogEmitter
 FAULTS = {"flip": {"L3a"}, "free_prefetch": {"L3b"}, "no_writer": {"L3c"}, "same_keys": {"L3d"}}
 MODES = ("none", "replicated", "sharded")
 HELD = 0.25   # share of completed fetches whose leading pages the tree already holds
+
+
+class L3Storage(Protocol):
+    """What :class:`L3Sim` uses of its backend (:class:`MemoryStorage`, or a test's file-backed one)."""
+
+    def key(self, r: int, page_hash: str) -> str: ...
+
+    def exists(self, r: int, page_hash: str) -> bool: ...
+
+    def set(self, r: int, page_hash: str, page: np.ndarray) -> None: ...
+
+    def get(self, r: int, page_hash: str) -> np.ndarray: ...
+
+    def corrupt(self, r: int, page_hash: str) -> None: ...
 
 
 class MemoryStorage:
@@ -96,7 +111,7 @@ class L3Sim:
 
     def __init__(self, mode: str = "none", ranks: int = 1, seed: int = 0, fault: str | None = None, *,
                  page_size: int = 4, layers: int = 2, width: int = 4, prompts: int = 4, budget: int = 2,
-                 pages: int = 64, storage: Any = MemoryStorage) -> None:
+                 pages: int = 64, storage: Callable[[int, bool], L3Storage] = MemoryStorage) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r} (one of {MODES})")
         if fault is not None and fault not in FAULTS:
@@ -121,7 +136,7 @@ class L3Sim:
         self._faulted = False
 
     # -- records ---------------------------------------------------------------------------------------------------
-    def _emit(self, r: int, lv: int, tag: str, /, **f: Any) -> None:
+    def _emit(self, r: int, lv: int, tag: str, /, **f: object) -> None:
         f["rank"] = r
         f["ts"] = self.clock.ts()
         self.emitter.emit(r, lv, tag, **f)

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .tracer import Emitter
 
 FLUSH_TIMEOUT_S = 60.0
 
 
-def build(mode: str, ranks: int, policy: str, level: int, seed: int, faults: str, emitter: Any,
+def build(mode: str, ranks: int, policy: str, level: int, seed: int, faults: str, emitter: Emitter,
           background: int = 16) -> Any:
     """The demo run: a seeded random stream (no fault armed), then one scripted segment per requested fault with
     only that fault armed (each segment a new epoch), then, with no fault at all, every legal near-miss segment.

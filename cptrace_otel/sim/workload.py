@@ -131,7 +131,7 @@ def _cut_point(sim: Simulation, src: list[int], rng: np.random.Generator) -> int
 # -- scripted scenarios ---------------------------------------------------------------------------------------------
 
 def _sim(mode: str, ranks: int, policy: str, level: int, faults: Iterable[FaultPlan], emitter: Emitter | None,
-         **kw: Any) -> Simulation:
+         **kw: object) -> Simulation:
     opts: dict[str, Any] = dict(page_size=P, layers=2, width=4, dev_pages=8, host_pages=16, d_w=1, d_l=1,
                                 lb_threshold=2 * P)
     opts.update(kw)

@@ -29,10 +29,14 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..model import config as _config
 from . import lifecycle as _lifecycle, losses as _losses
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import ModuleType
 
 _CONFIG: _config.Config | None = None
 _lock = threading.Lock()
@@ -77,7 +81,7 @@ def _submit_unstarted(level: int, tag: str, fields: dict) -> None:
         pass
 
 
-def _started(pipeline: Any) -> Any:
+def _started(pipeline: ModuleType) -> Callable[[int, str, dict], None]:
     """Start the pipeline for the configuration in force, with the run id all ranks agree on
     (:func:`cptrace_otel.traced.ranks.agreed_run_id`, once, before the first record is kept: the sampling decision
     hashes it), and return the submit function to install (behind the sampler when ``CPTRACE_SAMPLE`` < 1)."""
@@ -143,7 +147,7 @@ def trace_level() -> int:
     return _STATE.level
 
 
-def _gate_level(level: Any) -> int | None:
+def _gate_level(level: object) -> int | None:
     """A level that does not compare with an int: a numeric string as its int, anything else None (below the
     gate). Only reached when the comparison raised, so the hot path never pays for it."""
     try:
@@ -166,7 +170,7 @@ def _trace_enabled_py(level: int = 1) -> bool:
         return lv is not None and _STATE.level >= lv
 
 
-def _cptrace_py(level: Any, tag: str, /, **fields: Any) -> None:
+def _cptrace_py(level: object, tag: str, /, **fields: object) -> None:
     """Record one ``tag`` event with ``fields`` if the gate is at least ``level``; never raises, never blocks.
 
     ``level`` and ``tag`` are positional-only (upstream call sites pass them positionally), so a record may carry
@@ -238,7 +242,7 @@ def shutdown(timeout_s: float = 30.0) -> bool:
         return False
 
 
-def rng(t: Any) -> str:
+def rng(t: object) -> str:
     """Upstream ``rng``: ``(cnt=N,min=a,max=b,first=c,last=d)``, ``(0)``, ``(none)`` or ``(err:...)``.
 
     On a CUDA tensor the summary is computed in one launch and the result is deferred (see :func:`khash`).
@@ -248,7 +252,7 @@ def rng(t: Any) -> str:
     return _rng(t)
 
 
-def khash(t: Any) -> Any:
+def khash(t: object) -> Any:
     """Upstream ``khash``: position-weighted fingerprint of the tensor's bytes (0 empty, -1 failure, -2 non-tensor
     where upstream gives it). On a CUDA tensor it returns a deferred value; ``int()`` forces it (a sync), passing it
     to ``cptrace`` resolves it off the caller's thread."""
@@ -257,14 +261,14 @@ def khash(t: Any) -> Any:
     return _khash(t)
 
 
-def knz(t: Any) -> Any:
+def knz(t: object) -> Any:
     """Upstream ``knz``: count of nonzero bytes (0 empty, -1 failure). Deferred on CUDA tensors, like :func:`khash`."""
     from ..fingerprint import knz as _knz
 
     return _knz(t)
 
 
-def fwd_hash(forward_batch: Any, layer_id: Any, stage: Any, t: Any, *, level: Any = 3) -> None:
+def fwd_hash(forward_batch: object, layer_id: object, stage: object, t: object, *, level: object = 3) -> None:
     """Upstream ``fwd_hash``: a level-3 ``fwd_hash`` record for one per-layer forward tensor.
 
     Skipped outside the EXTEND path and under CUDA-graph capture (nothing is launched there)."""

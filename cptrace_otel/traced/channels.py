@@ -115,6 +115,7 @@ class ProcessChannel(Books):
     def _read_acks(self) -> None:
         f = self.proc.stdout
         try:
+            assert f is not None   # (stdout=PIPE)
             while True:
                 msg = read_frame(f)
                 if msg is None:

@@ -35,7 +35,10 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from types import FrameType
 
 SIGNAL_FLUSH_S = 3.0      # SIGTERM: longest wait for the flush before the chained handler (or death)
 
@@ -132,7 +135,7 @@ def install_sigterm() -> None:
         pass
 
 
-def _on_sigterm(signum: int, frame: Any) -> None:
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     """Flush (within :data:`SIGNAL_FLUSH_S`), then chain the previous handler or die of SIGTERM. Signal-safe: see
     the module docstring."""
     global _in_handler, _deferred
@@ -154,7 +157,7 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     _chain(signum, frame)
 
 
-def _chain(signum: int, frame: Any) -> None:
+def _chain(signum: int, frame: FrameType | None) -> None:
     prev = _prev_sigterm
     if callable(prev):
         prev(signum, frame)
@@ -204,7 +207,7 @@ def _after_fork_in_child() -> None:
         pass
 
 
-def _arm_child_exit(_token: Any) -> None:
+def _arm_child_exit(_token: object) -> None:
     mpu = sys.modules.get("multiprocessing.util")
     if mpu is not None:
         mpu.Finalize(None, _exit_hook, exitpriority=-100)

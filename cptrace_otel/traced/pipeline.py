@@ -59,7 +59,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..export.protocol import ACK, PROGRESS
@@ -213,7 +213,7 @@ class Pipeline:
             st.dropped += 1
             st.dropped_bytes += 1
 
-        def _submit(level: int, tag: str, fields: dict, _len: Any = len) -> None:
+        def _submit(level: int, tag: str, fields: dict, _len: Callable[[Sized], int] = len) -> None:
             try:
                 n = _len(buf)
                 if n < soft or (n & SAMPLE_MASK and not full and n < cap):

@@ -32,7 +32,10 @@ import sys
 import time
 import uuid
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from ..model.config import Config
 
 UNKNOWN = -1
 STORE_KEY = "cptrace_otel/run_id"
@@ -48,7 +51,7 @@ class Ranks(NamedTuple):
     source: str = ""
 
 
-def _int(v: Any) -> int | None:
+def _int(v: object) -> int | None:
     return v if type(v) is int and v >= 0 else None
 
 
@@ -137,14 +140,14 @@ def discover(env: Mapping[str, str] | None = None) -> Ranks | None:
     return from_sglang() or from_torch() or from_env(env)
 
 
-def apply(cfg: Any, r: Ranks) -> Any:
+def apply(cfg: Config, r: Ranks) -> Config:
     """``cfg`` with the discovered ranks (a rank the caller configured is kept) and ``rank_source``."""
     return dataclasses.replace(
         cfg, cp_rank=r.cp, tp_rank=cfg.tp_rank if cfg.tp_rank >= 0 else r.tp,
         dp_rank=cfg.dp_rank if cfg.dp_rank >= 0 else r.dp, rank_source=r.source)
 
 
-def agreed_run_id(cfg: Any, env: Mapping[str, str] | None = None) -> str:
+def agreed_run_id(cfg: Config, env: Mapping[str, str] | None = None) -> str:
     """The run id to use for ``cfg`` (see the module docstring); ``cfg.run_id`` when nothing better is known."""
     env = os.environ if env is None else env
     if cfg.run_id_given or (env.get("TORCHELASTIC_RUN_ID") or "none") != "none":
@@ -171,7 +174,7 @@ class RankHold:
 
     POLL_S = 0.05
 
-    def __init__(self, cfg: Any, hold_s: float = 2.0, cap: int = 262144) -> None:
+    def __init__(self, cfg: Config, hold_s: float = 2.0, cap: int = 262144) -> None:
         self.cfg = cfg
         self.held = 0
         self.cap = cap

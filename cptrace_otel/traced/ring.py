@@ -28,7 +28,13 @@ from __future__ import annotations
 import mmap
 import os
 import sys
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
+
+if TYPE_CHECKING:
+    import collections
+    from collections.abc import Callable
+
+    from ..model.config import Config
 
 HEADER = 256        # ring.c's header bytes
 _said_failure = False   # the ring's set-up failure was named on stderr
@@ -46,7 +52,7 @@ class RingStats(TypedDict):
     dropped: int      # records dropped because the ring or the side deque was full
 
 
-def create(cfg: Any) -> Ring | None:
+def create(cfg: Config) -> Ring | None:
     """The ring for ``cfg``, or None when it does not apply (see the module doc; a failure is said once)."""
     if not getattr(cfg, "ring", False) or cfg.exporter != "process":
         return None
@@ -94,7 +100,8 @@ class Ring:
         self.cap = _hot.ring_init(self.mm)
         self.side_shipped = 0   # SIDE items shipped to any worker (a replacement worker is told where they go on)
 
-    def submit(self, side: Any, cap: int, max_bytes: int, wake: Any = None) -> Any:
+    def submit(self, side: collections.deque, cap: int, max_bytes: int,
+               wake: Callable[[], None] | None = None) -> Callable[[int, str, dict], None]:
         """Attach the ring (side records go to ``side`` while it holds fewer than ``cap`` records and an estimated
         ``max_bytes`` bytes, as the deque path's bounds; ``wake``, a C callable that runs no Python code, is called
         when a record lands in the empty ``side``, so the drainer waits for side records rather than polling) and

@@ -39,6 +39,10 @@ import sys
 
 TYPE_CHECKING = False   # (typing is not imported at interpreter start; mypy reads this name as True)
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from importlib.abc import Loader
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
     from typing import Any
 
 MODULE = "sglang.srt.mem_cache.cp_hicache_trace"
@@ -109,13 +113,13 @@ def boot() -> bool:
 class _AliasLoader:
     """Gives the importer :mod:`cptrace_otel.traced.api` itself (already executed)."""
 
-    def __init__(self, module: Any) -> None:
+    def __init__(self, module: ModuleType) -> None:
         self._module = module
 
-    def create_module(self, spec: Any) -> Any:
+    def create_module(self, spec: ModuleSpec) -> ModuleType:
         return self._module
 
-    def exec_module(self, module: Any) -> None:
+    def exec_module(self, module: ModuleType) -> None:
         pass   # cptrace_otel.traced.api is already executed
 
 
@@ -125,7 +129,8 @@ class AliasFinder:
 
     cptrace_alias = True   # how install() recognises one (the .pth loads this file apart from the package)
 
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+    def find_spec(self, fullname: str, path: Sequence[str] | None = None,
+                  target: ModuleType | None = None) -> ModuleSpec | None:
         if fullname in HOOKED or fullname == CANARY_MODULE:
             return self._instrumented(fullname, path, target)
         if fullname != MODULE:
@@ -143,7 +148,8 @@ class AliasFinder:
     def invalidate_caches(self) -> None:
         pass
 
-    def _instrumented(self, fullname: str, path: Any, target: Any) -> Any:
+    def _instrumented(self, fullname: str, path: Sequence[str] | None,
+                      target: ModuleType | None) -> ModuleSpec | None:
         """The spec the other finders give a :data:`HOOKED` module, its loader wrapped by
         :class:`_InstrumentingLoader`."""
         for f in sys.meta_path:
@@ -161,16 +167,16 @@ class _InstrumentingLoader:
     """SGLang's own loader; after it has executed the module, the instrumentation (or, for :data:`CANARY_MODULE`, the
     kv-canary handler) is applied (never raises)."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Loader) -> None:
         self._inner = inner
 
     def __getattr__(self, name: str) -> Any:   # get_source, get_filename ...: the real loader's
         return getattr(self._inner, name)
 
-    def create_module(self, spec: Any) -> Any:
+    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
         return self._inner.create_module(spec)
 
-    def exec_module(self, module: Any) -> None:
+    def exec_module(self, module: ModuleType) -> None:
         self._inner.exec_module(module)
         try:
             if getattr(module, "__name__", None) == CANARY_MODULE:
