@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 DEFAULT_SINCE_S = 7 * 86400
 DEFAULT_LIMIT = 1000
 _DUR = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)", re.IGNORECASE)
+_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
 _Client = TypeVar("_Client", covariant=True)
 
 
@@ -46,9 +48,6 @@ class ClientClass(Protocol[_Client]):
     """How :func:`open_query` makes a query client (``JaegerClient``, ``TempoClient``): the base URL, a timeout."""
 
     def __call__(self, url: str, /, *, timeout_s: float) -> _Client: ...
-
-
-_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
 def parse_duration(text: str) -> float:
