@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from ..checks import Finding, RankChecker, Unchecked
 from ..checks.crossrank import CrossRank
 from ..checks.rules_l3 import L3Prior
 from ..model.events import Event
 from .localize import Localizer
+
+if TYPE_CHECKING:
+    from .sources.tracedocs import TraceDocs
 
 _FWD_HASH = "fwd_hash"
 
@@ -185,7 +188,7 @@ class Runs:
         return Result(self.findings, list(self.unchecked.values()), stats, self.localization, dict(self.links))
 
 
-def analyze_traces(level: int | None, docs: Any, err: TextIO, runs: Runs | None = None,
+def analyze_traces(level: int | None, docs: TraceDocs, err: TextIO, runs: Runs | None = None,
                    l3_prior: L3Prior | None = None) -> Result:
     """Every run of trace documents (OTLP files, Jaeger; ``docs``: :class:`~.sources.tracedocs.TraceDocs`), one
     :class:`Analysis` each, one run after the other (a run's state is dropped once it is finished), folded by

@@ -26,26 +26,29 @@ import datetime as _dt
 import json
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..model import semconv as sc
 from ..model.spans import Span, stamp_findings
 from ..model.trace_ids import hashed_id, node_trace_id, rank_trace_id
 from .incremental import WATCH_SERVICE, RunWatch
 
+if TYPE_CHECKING:
+    from ..checks.findings import Finding
+
 SPAN_FINDING = "cptrace.finding"
 ALERTNAME = "CptraceInvariantViolated"
 MAX_LINKS = 16
 
 
-def finding_trace(run_id: str, f: Any) -> bytes:
+def finding_trace(run_id: str, f: Finding) -> bytes:
     """The trace a finding belongs to: its node's trace, else its rank's."""
     if isinstance(f.node_id, int) and f.node_id >= 0:
         return node_trace_id(run_id, f.epoch, f.node_id)
     return rank_trace_id(run_id, f.rank)
 
 
-def already_stamped(state: RunWatch, f: Any) -> bool:
+def already_stamped(state: RunWatch, f: Finding) -> bool:
     """True when the span holding the finding's last evidence record already carries its code (the exporter's
     online check found it): writing it again would count it twice."""
     if not f.evidence:
@@ -54,7 +57,7 @@ def already_stamped(state: RunWatch, f: Any) -> bool:
     return ref is not None and f.code in ref.codes
 
 
-def finding_span(state: RunWatch, f: Any, now_ns: int) -> Span:
+def finding_span(state: RunWatch, f: Finding, now_ns: int) -> Span:
     """The write-back span of one finding (see the module doc)."""
     tid = finding_trace(state.run_id, f)
     sid = hashed_id(f"watch|{state.run_id}|{f.code}|{f.rule}|{f.rank}|{f.epoch}|{f.node_id}|{f.evidence}", 8)
@@ -129,7 +132,7 @@ class Alerts:
         self.down = False
         self.posts = 0
 
-    def found(self, run_id: str, f: Any, jaeger_link: str, now: float | None = None) -> None:
+    def found(self, run_id: str, f: Finding, jaeger_link: str, now: float | None = None) -> None:
         now = time.time() if now is None else now
         key = (run_id, f.code, f.rank)
         a = self.active.get(key)

@@ -18,13 +18,16 @@ trace is named with its id and why, and the exit status is 3 (the run was not re
 from __future__ import annotations
 
 import time
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from ..model.exits import EXIT_UNREADABLE, EXIT_USAGE
 from .result_output import CHECK_PREFIX as _PFX, print_report
 
+if TYPE_CHECKING:
+    import argparse
 
-def run_jaeger(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:
+
+def run_jaeger(args: argparse.Namespace, level: int | None, out: TextIO, err: TextIO) -> int:
     from ..model import semconv as sc
     from ..model.config import mask_url
     from .engine import analyze_traces
@@ -133,6 +136,6 @@ def _when(start_us: int, end_us: int) -> str:
     return f"spans starting {iso_us(start_us)} .. {iso_us(end_us)}"
 
 
-def _want_progress(args: Any, err: TextIO) -> bool:
+def _want_progress(args: argparse.Namespace, err: TextIO) -> bool:
     want = getattr(args, "progress", None)
     return bool(getattr(err, "isatty", lambda: False)()) if want is None else bool(want)

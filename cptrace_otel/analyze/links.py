@@ -21,10 +21,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
 from ..model import semconv as sc
+
+if TYPE_CHECKING:
+    import argparse
 
 _HEX32 = re.compile(r"[0-9a-f]{32}")
 _LOOKBACK = re.compile(r"\d+[mhd]")
@@ -50,7 +53,7 @@ def normalize_base(base: str) -> str:
     return b.rstrip("/")
 
 
-def bad_link_base(args: Any) -> str | None:
+def bad_link_base(args: argparse.Namespace) -> str | None:
     """Check ``args.jaeger_url`` (the base of every link a command prints or writes) and normalize it in place: None
     when it is absent or http(s), else the message for a usage error (``javascript:``, ``data:``, ``file:``)."""
     base = getattr(args, "jaeger_url", None)
@@ -100,7 +103,7 @@ def trace_url(base: str, trace_id: str | bytes | int) -> str:
     return f"{normalize_base(base)}/trace/{trace_id_hex(trace_id)}"
 
 
-def _tag_value(v: Any) -> str:
+def _tag_value(v: object) -> str:
     # Jaeger compares tag values as strings (int 17 matches "17"); bools as Go renders them.
     if isinstance(v, bool):
         return "true" if v else "false"

@@ -52,7 +52,7 @@ class _Baseline:
 
     __slots__ = ("rid", "hashes", "noisy", "nondet", "reloaded")
 
-    def __init__(self, rid: Any) -> None:
+    def __init__(self, rid: object) -> None:
         self.rid = rid
         self.hashes: dict[tuple, tuple[int, Any]] = {}
         self.noisy: str | None = None   # the baseline itself was batched (nreq != 1)
@@ -65,7 +65,7 @@ class _Forward:
 
     __slots__ = ("rank", "rid", "key", "src", "seen", "base", "building", "noise", "diff", "compared")
 
-    def __init__(self, rank: int, rid: Any, key: tuple, src: str, base: _Baseline | None, building: bool) -> None:
+    def __init__(self, rank: int, rid: object, key: tuple, src: str, base: _Baseline | None, building: bool) -> None:
         self.rank = rank
         self.rid = rid
         self.key = key
@@ -127,7 +127,7 @@ class Localizer:
             self._compare(cur, ls, h, f.get("rows"))
         return None
 
-    def _start(self, rank: int, rid: Any, key: tuple, src: str) -> _Forward:
+    def _start(self, rank: int, rid: object, key: tuple, src: str) -> _Forward:
         base = self._bases.get(key)
         building = False
         if base is None and src != RELOAD_SRC:
@@ -143,7 +143,7 @@ class Localizer:
                 base = None   # a device hit on reloaded KV: neither a baseline nor evidence of (non)determinism
         return _Forward(rank, rid, key, src, base, building)
 
-    def _compare(self, cur: _Forward, ls: tuple, h: int, rows: Any) -> None:
+    def _compare(self, cur: _Forward, ls: tuple, h: int, rows: object) -> None:
         """One record of a forward against the prompt's baseline; the first difference is kept, the rest ignored."""
         if cur.diff is not None:
             return

@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from ..model.events import Event
 from ..model.l3 import ACK as L3_ACK, BACKUP as L3_BACKUP, DIR_BACKUP, DIR_PREFETCH, PREFETCH as L3_PREFETCH
@@ -20,6 +20,15 @@ from ..model.l3 import ACK as L3_ACK, BACKUP as L3_BACKUP, DIR_BACKUP, DIR_PREFE
 BUCKETS = 240            # density buckets per lane
 FINE = BUCKETS * 16      # buckets a streaming histogram keeps (its error: at most 1/16 of a drawn bucket)
 RELOADS_HELD = 4096      # reload ops whose h2d bar a later ack may still extend (the oldest is let go past this)
+
+
+class BarSink(Protocol):
+    """Where :class:`Holds` puts its bars: a list, or a :class:`Kept`."""
+
+    def append(self, b: Bar, /) -> None: ...
+
+
+_Sink = TypeVar("_Sink", bound=BarSink)
 
 
 def rec_ts(ev: Event) -> int:
@@ -146,14 +155,14 @@ def stage_bars(events: Iterable[Event]) -> list[Bar]:
     return st.out
 
 
-class Holds:
+class Holds(Generic[_Sink]):
     """The device and host holds of ``node`` in one rank's records of one epoch (see :mod:`.report_model`), fed in
     order (:meth:`add`) into ``out`` (a list, or a :class:`Kept`)."""
 
-    def __init__(self, node: int, out: Any = None) -> None:
+    def __init__(self, node: int, out: _Sink) -> None:
         self.node = node
         self.cur: dict[str, Bar | None] = {"dev": None, "host": None}
-        self.out: Any = out if out is not None else []   # anything with append: a list, a Kept
+        self.out = out
 
     def _start(self, kind: str, ev: Event) -> None:
         b = self.cur[kind]
@@ -187,7 +196,7 @@ class Holds:
 
 def holds(events: Iterable[Event], node: int) -> list[Bar]:
     """The device and host holds (:class:`Holds`) of ``node`` in one rank's records of one epoch."""
-    h = Holds(node)
+    h: Holds[list[Bar]] = Holds(node, [])
     for ev in events:
         h.add(ev)
     return h.out

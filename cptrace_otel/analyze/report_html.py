@@ -35,7 +35,7 @@ _KNOWN_TAGS = frozenset(("config", "reset", "rid_map", "insert", "split", "prepa
                          "free", "reload", "compose", "store", "fwd_hash"))
 
 
-def _e(s: Any) -> str:
+def _e(s: object) -> str:
     return html.escape(str(s), quote=True)
 
 
@@ -43,7 +43,7 @@ def _asset(name: str) -> str:
     return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
 
 
-def _json_block(obj: Any) -> str:
+def _json_block(obj: object) -> str:
     # inside <script>, no value may end the element ("</script"), open a comment that swallows it ("<!--") or
     # start one ("<script" inside "<!--"): "<", ">" and "&" are written as JSON escapes, which parse to the same
     # strings and leave the element's text without any of them

@@ -31,11 +31,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..model.events import Event
 from ..model.l3 import ACK as L3_ACK
 from .report_bars import Bar, Hist, Holds, Kept, Stages, density, holds, nodes_of, rec_ts, stage_bars
+
+if TYPE_CHECKING:
+    from ..checks.findings import Finding
 
 FULL_LIMIT = 5000        # a run with at most this many records is drawn whole
 TOP_NODES = 12           # node panels in a summarised run
@@ -457,7 +460,7 @@ class Builder:
                      "by findings and activity); draw one node with --node N [--epoch E]")
         return panels
 
-    def _place(self, f: Any, ix: _Index | _NodeIndex) -> PlacedFinding:
+    def _place(self, f: Finding, ix: _Index | _NodeIndex) -> PlacedFinding:
         evs = [ix.evidence[(f.rank, s)] for s in f.evidence if (f.rank, s) in ix.evidence]
         last = ix.evidence.get((f.rank, f.evidence[-1])) if f.evidence else None
         tid, url = self._trace(f.epoch, f.node_id)

@@ -13,10 +13,16 @@ those runs only.
 from __future__ import annotations
 
 import json
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from ..checks import Finding, Unchecked
 from ..model.exits import EXIT_FINDINGS, EXIT_INCOMPLETE, EXIT_OK
+
+if TYPE_CHECKING:
+    import argparse
+
+    from .engine import Result
+    from .sources.logs import LogStats
 
 
 def node_trace_id(run_id: str, epoch: int, node_id: int) -> str:
@@ -49,14 +55,14 @@ def finding_dict(f: Finding, run_id: str | None = None, jaeger_url: str | None =
     return d
 
 
-def link_run(result: Any, f: Finding, run_id: str | None) -> str | None:
+def link_run(result: Result, f: Finding, run_id: str | None) -> str | None:
     """The run id the trace id of ``f``'s node is made of: its run's (``result.links`` maps a run named otherwise,
     e.g. a folder of log files, to it, ``""`` for none), else ``run_id`` (``--run-id``, or the only run of the
     files)."""
     return getattr(result, "links", {}).get(f.run, f.run) or run_id
 
 
-def to_json(result: Any, run_id: str | None = None, jaeger_url: str | None = None) -> str:
+def to_json(result: Result, run_id: str | None = None, jaeger_url: str | None = None) -> str:
     def one(f: Finding) -> dict[str, Any]:
         d = finding_dict(f, link_run(result, f, run_id), jaeger_url)
         d["run"] = f.run
@@ -81,7 +87,7 @@ def _unchecked_line(u: Unchecked) -> str:
     return f"  SKIPPED   {u.rule:<22} {who}: {u.count}x ({u.reason}){ex}"
 
 
-def to_text(result: Any, run_id: str | None = None, jaeger_url: str | None = None) -> str:
+def to_text(result: Result, run_id: str | None = None, jaeger_url: str | None = None) -> str:
     """A table grouped by (run, epoch, node), groups ordered by their most severe finding; of several runs, the
     findings of the first :data:`RUNS_SHOWN` runs with findings (the others are counted, see --json)."""
     out: list[str] = []
@@ -188,7 +194,8 @@ def _short(path: str) -> str:
     return path.rsplit("/", 1)[-1]
 
 
-def print_report(args: Any, res: Any, run_id: str | None, jaeger: str | None, sources: dict[str, Any], stats: Any,
+def print_report(args: argparse.Namespace, res: Result, run_id: str | None, jaeger: str | None,
+                 sources: dict[str, Any], stats: LogStats,
                  doc_malformed: int, out: TextIO, err: TextIO) -> int:
     """Finish the stats, warn about disordered logs, print the report; the exit code (0 clean, 1 findings, 4 no
     finding but the cross-rank rules were not run: streams with an unknown rank)."""

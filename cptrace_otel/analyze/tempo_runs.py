@@ -10,13 +10,16 @@ costs that trace only: the others are checked and reported, it is named, and the
 
 from __future__ import annotations
 
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from ..model.exits import EXIT_UNREADABLE, EXIT_USAGE
 from .result_output import CHECK_PREFIX as _PFX, print_report
 
+if TYPE_CHECKING:
+    import argparse
 
-def run_tempo(args: Any, level: int | None, out: TextIO, err: TextIO) -> int:
+
+def run_tempo(args: argparse.Namespace, level: int | None, out: TextIO, err: TextIO) -> int:
     from ..model.config import mask_url
     from .engine import analyze_traces
     from .sources.jaeger import JaegerError, JaegerUnreachable

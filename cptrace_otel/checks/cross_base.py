@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 from .fence import StoreFence
 from .findings import ERROR, Finding
@@ -61,7 +60,7 @@ class CrossRuleBase:
         st = self._c1.get(epoch)
         return st is not None and st.diverged is not None and index > st.diverged
 
-    def _add(self, code: str, rule: str, rank: int, epoch: int, nid: Any, op: Any, seqs: list, msg: str,
+    def _add(self, code: str, rule: str, rank: int, epoch: int, nid: int | None, op: int | None, seqs: list, msg: str,
              facts: dict) -> None:
         """An exact finding at the record described by ``facts`` (its ``src`` and ``line``)."""
         f = Finding(code, rule, rank, epoch, nid, op, "exact", sorted(seqs), msg, ERROR, facts.get("src", ""),

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 from ..model.events import Event
 from .findings import ERROR, Finding
@@ -70,7 +69,7 @@ class _Window:
     __slots__ = ("epoch", "node", "op", "dev", "ts", "seq", "line", "src", "done", "buckets", "idx", "fi", "ends",
                  "live", "since")
 
-    def __init__(self, ev: Event, node: int, op: Any, dev: Slots, idx: int) -> None:
+    def __init__(self, ev: Event, node: int, op: int | None, dev: Slots, idx: int) -> None:
         self.epoch, self.node, self.op, self.dev, self.ts = ev.epoch, node, op, dev, _ts(ev)
         self.seq, self.line, self.src = ev.seq, ev.line_no, ev.src
         self.done = False
@@ -175,7 +174,7 @@ class StoreFence:
                     if overlap(w.dev, d) is not None:
                         self._end(w, r, ts)
 
-    def _follower_backup(self, epoch: int, nid: Any, r: int, ts: int) -> None:
+    def _follower_backup(self, epoch: int, nid: object, r: int, ts: int) -> None:
         """Rank ``r`` (not the IO rank) logged its backup record of node ``nid``: the copy began there."""
         if type(nid) is not int:
             return

@@ -59,7 +59,7 @@ class Unchecked:
     reason: str
     kind: str = "level"
     count: int = 1
-    examples: list[int] = dataclasses.field(default_factory=list)  # a few node ids (skips)
+    examples: list[int | None] = dataclasses.field(default_factory=list)  # a few node ids (None: not known)
     runs: int = 1                      # runs it applies to (the same entry of several runs is listed once)
 
     def to_dict(self) -> dict[str, Any]:

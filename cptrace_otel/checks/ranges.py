@@ -13,14 +13,12 @@ known, or what the summaries prove: a shared member, or more slots in the hulls'
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..model.logline import Rng
 
 EXACT, INTERVAL = "exact", "interval"
 
 
-def parse_runs(v: Any) -> tuple[tuple[int, int], ...] | None:
+def parse_runs(v: object) -> tuple[tuple[int, int], ...] | None:
     """``a-b:c-d:e`` (inclusive) -> ((a,b),(c,d),(e,e)); a bare int is one slot; None when malformed."""
     if type(v) is int:
         return ((v, v),)
@@ -67,7 +65,7 @@ _MEMO: dict[tuple, Slots | None] = {}
 _MEMO_MAX = 8192
 
 
-def slots_of(v: Any, x: Any = None) -> Slots | None:
+def slots_of(v: object, x: object = None) -> Slots | None:
     """A :class:`Slots` from a field value (an :class:`Rng`) and an optional exact-set field; None for ``(none)``,
     ``(err:...)`` and anything that is not a summary. ``(0)`` is the empty set.
 
@@ -87,7 +85,7 @@ def slots_of(v: Any, x: Any = None) -> Slots | None:
     return _slots_of(v, x)
 
 
-def _slots_of(v: Any, x: Any) -> Slots | None:
+def _slots_of(v: object, x: object) -> Slots | None:
     if type(v) is Rng:
         cnt, lo, hi, first, last = v
         if not (type(cnt) is int and type(lo) is int and type(hi) is int and type(first) is int
@@ -108,7 +106,7 @@ def _slots_of(v: Any, x: Any) -> Slots | None:
     return None
 
 
-def is_none_range(v: Any) -> bool:
+def is_none_range(v: object) -> bool:
     """True for the ``(none)`` sentinel: the tensor was None (e.g. a node that is not backuped)."""
     return v == "(none)"
 

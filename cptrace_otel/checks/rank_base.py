@@ -23,7 +23,7 @@ class RankRuleBase:
     st: EpochState
     _skips: dict[Any, Unchecked]
 
-    def _finding(self, code: str, rule: str, node_id: Any, op: Any, cert: str, refs: list, msg: str,
+    def _finding(self, code: str, rule: str, node_id: int | None, op: int | None, cert: str, refs: list, msg: str,
                  ev: Event | None = None, severity: str = ERROR) -> Finding:
         """A finding of this rank and epoch; ``refs`` are the (seq, line_no) of its evidence (None entries are
         dropped), reported in seq order; ``ev`` is the record that completed it. Non-exact findings are WARNs."""
@@ -35,7 +35,7 @@ class RankRuleBase:
             f.src, f.line_no = ev.src, ev.line_no
         return f
 
-    def _skip(self, rule: str, code: str, node_id: Any, reason: str, kind: str = "skip", level: int = 1) -> None:
+    def _skip(self, rule: str, code: str, node_id: int | None, reason: str, kind: str = "skip", level: int = 1) -> None:
         """Count one instance of ``rule`` that could not be decided (an ``Unchecked`` of kind "skip", or of
         ``kind`` "undecidable": a slot overlap the ``rng`` summaries can neither prove nor rule out)."""
         key = rule if kind == "skip" else (kind, rule)
@@ -47,7 +47,7 @@ class RankRuleBase:
             if len(u.examples) < 5 and node_id not in u.examples:
                 u.examples.append(node_id)
 
-    def _undecidable(self, rule: str, code: str, node_id: Any, what: str) -> None:
+    def _undecidable(self, rule: str, code: str, node_id: int | None, what: str) -> None:
         """One instance of ``rule`` whose only breach is an interval overlap of ``rng`` summaries (``what``): not a
         finding (the real allocator scatters slots, so unrelated ranges' hulls overlap), counted and reported."""
         self._skip(rule, code, node_id, f"interval overlap the rng summaries cannot decide ({what}); exact sets "

@@ -23,7 +23,7 @@ from ..model.logline import Rng
 from .epochs import EPOCH_TAGS, EpochTracker
 from .findings import Finding, Unchecked
 from .ranges import Slots, is_none_range, overlap, slice_slots, slots_of
-from .registry import LEVEL_RECORDS, RANK, unchecked_at
+from .registry import LEVEL_RECORDS, RANK, Rule, unchecked_at
 from .rules_canary import CanaryOwner
 from .rules_content import HashCompare, ZeroFlag
 from .rules_h1 import H1Split
@@ -93,7 +93,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         ignored). Through the per-tag table the hot path looks up anyway, so records of other tags pay nothing."""
         lv, rule, moves, keyed = self._tab.get(tag, (LEVEL_OF_TAG.get(tag, 1), None, tag in EPOCH_TAGS, False))
 
-        def observed(ev: Event, f: dict, nid: Any, ref: tuple) -> list[Finding] | None:
+        def observed(ev: Event, f: dict, nid: object, ref: tuple) -> list[Finding] | None:
             fn(ev)
             if rule is None or (keyed and type(nid) is not int):
                 return None
@@ -161,7 +161,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
             self._count_unhashed(ld)
         return out
 
-    def _stream_had(self, r: Any) -> bool:
+    def _stream_had(self, r: Rule) -> bool:
         """Whether this stream had the tier, pool or records that rule ``r`` needs (its ``only_with``)."""
         if r.code == "SIDE":
             return bool(self.sidecars) and (self._l3_seen or "l3_ack" not in r.tags)
@@ -181,7 +181,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         return out
 
     # -- handlers: one per tag, in the order the rules must see the record -----------------------------------------
-    def _config(self, ev: Event, f: dict, nid: Any, ref: tuple) -> None:
+    def _config(self, ev: Event, f: dict, nid: object, ref: tuple) -> None:
         lv = int_field(f.get("level"))
         if lv is not None:
             self.config_level = lv
@@ -400,18 +400,18 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
             out.extend(self._side_hash(ev, f, nid, ref, ld))
         return out
 
-    def _l3_backup_all(self, ev: Event, f: dict, nid: Any, ref: tuple) -> None:
+    def _l3_backup_all(self, ev: Event, f: dict, nid: object, ref: tuple) -> None:
         """``l3_backup``: L3a/L3b's state, then the sidecar pages' (SIDE-l3)."""
         self._l3_backup(ev, f, nid, ref)
         if self.sidecars:
             self._side_l3_backup(f, ref)
 
-    def _ld_read(self, ev: Event, f: dict, nid: Any, ref: tuple) -> list[Finding] | None:
+    def _ld_read(self, ev: Event, f: dict, nid: object, ref: tuple) -> list[Finding] | None:
         """``ld_read``: LOAD-early."""
         fnd = self._load_early(ev, f, nid, ref)
         return [fnd] if fnd is not None else None
 
-    def _l3_ack_all(self, ev: Event, f: dict, nid: Any, ref: tuple) -> list[Finding] | None:
+    def _l3_ack_all(self, ev: Event, f: dict, nid: object, ref: tuple) -> list[Finding] | None:
         """``l3_ack``: L3a/L3b, then SIDE-l3 at a prefetch's ack."""
         out = self._l3_ack(ev, f, nid, ref)
         if self.sidecars and f.get("dir") == "prefetch":
@@ -461,7 +461,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
             st.delete(nid, ref, "evict tier=host")
         return None
 
-    def _free(self, ev: Event, f: dict, nid: Any, ref: tuple) -> None:
+    def _free(self, ev: Event, f: dict, nid: object, ref: tuple) -> None:
         st = self.st
         s = slots_of(f.get("idx"), f.get("idx_x"))
         if s is None:

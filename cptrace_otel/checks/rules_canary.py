@@ -27,8 +27,6 @@ slot fails its next verify whatever its KV (measured on SGLang's own canary code
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..model.canary import full_pool
 from ..model.events import Event
 from .findings import Finding
@@ -67,7 +65,7 @@ class CanaryOwner(RankRuleBase):
                 unknown += 1
         return owner, possible, unknown
 
-    def _canary(self, ev: Event, f: dict, nid: Any, ref: tuple) -> list[Finding] | None:
+    def _canary(self, ev: Event, f: dict, nid: object, ref: tuple) -> list[Finding] | None:
         slot = f.get("slot_idx")
         what = _describe(f)
         if type(slot) is not int:

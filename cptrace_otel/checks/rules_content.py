@@ -11,8 +11,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..model.events import Event
 from .findings import Finding
 from .ranges import EXACT, Slots
@@ -21,7 +19,7 @@ from .state import Backup, PendingLoad, PendingWrite
 
 
 class ZeroFlag(RankRuleBase):
-    def _zero_backup(self, ev: Event, ref: tuple, nid: int, op: Any, nz: int, d: Slots | None,
+    def _zero_backup(self, ev: Event, ref: tuple, nid: int, op: int | None, nz: int, d: Slots | None,
                      w: PendingWrite | None) -> Finding | None:
         """ZERO@backup: ``nz=0`` on a backup of ``d`` (else the write's) slots; named by the write's prepare op (a
         merged op carries a new id), as the ack-time rules name it."""
@@ -53,7 +51,7 @@ class ZeroFlag(RankRuleBase):
 
 
 class HashCompare(RankRuleBase):
-    def _hash_reload(self, ev: Event, ref: tuple, nid: int, ld: PendingLoad, hr: Any, hp_r: Any,
+    def _hash_reload(self, ev: Event, ref: tuple, nid: int, ld: PendingLoad, hr: object, hp_r: object,
                      out: list[Finding]) -> None:
         """HASH at a ``reload sync=1`` carrying ``h``/``hp`` over the whole chain (appended to ``out``)."""
         chain = ld.chain
@@ -75,7 +73,7 @@ class HashCompare(RankRuleBase):
             self._skip("HASH-skipped(chain)", "HASH", nid,
                        "a multi-node reload hash without per-page hp is not comparable")
 
-    def _hash_ack(self, ev: Event, ref: tuple, nid: int, ld: PendingLoad, hr: Any, hp_r: Any) -> Finding | None:
+    def _hash_ack(self, ev: Event, ref: tuple, nid: int, ld: PendingLoad, hr: object, hp_r: object) -> Finding | None:
         """HASH at an ``ack dir=h2d`` of node ``nid`` (of load ``ld``) not hashed yet."""
         if nid in ld.snap:
             bk = ld.snap[nid]
@@ -85,7 +83,7 @@ class HashCompare(RankRuleBase):
         ld.hashed.add(nid)
         return self._hash_cmp(nid, ld.op, bk, hr, hp_r, [ld.ref, ref], ev)
 
-    def _hash_cmp(self, nid: int, op: Any, bk: Backup | None, hr: Any, hp_r: Any, refs: list,
+    def _hash_cmp(self, nid: int, op: int | None, bk: Backup | None, hr: object, hp_r: object, refs: list,
                   ev: Event) -> Finding | None:
         """HASH: the node's reload hash against its latest backup hash (per page across a split)."""
         if bk is None:

@@ -9,8 +9,6 @@ the suffix; bookkeeping still keyed by the old id acts on the wrong range.
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..model.events import Event, int_field
 from .findings import Finding
 from .ranges import EXACT, Slots, is_none_range
@@ -20,7 +18,7 @@ from .state import Node, PendingWrite
 
 class H1Split(RankRuleBase):
     def _h1a(self, ev: Event, ref: tuple, pre: Node, c: int, p: int, L: int, s: int, dp: Slots | None,
-             dc: Slots | None, hp: Slots | None, hc: Slots | None, hp_raw: Any, hc_raw: Any) -> Finding | None:
+             dc: Slots | None, hp: Slots | None, hc: Slots | None, hp_raw: object, hc_raw: object) -> Finding | None:
         """H1a for ``split(node=c, new=p, pre_len=L, split_len=s)`` against ``pre``, node c before the split: counts
         s + (L-s), the prefix starts where c's slots started, the suffix ends where they ended (c's latest dev: its
         insert, reload or split; a node evicted from the device splits into fragments without dev slots); a
@@ -55,7 +53,7 @@ class H1Split(RankRuleBase):
         return self._finding("H1", "H1a", c, int_field(ev.fields.get("pend")), EXACT, [ref],
                              f"split of node {c} into {p}+{c} (split_len={s}): " + "; ".join(bad), ev)
 
-    def _h1b(self, ev: Event, ref: tuple, w: PendingWrite, op: Any, wop: int | None) -> Finding | None:
+    def _h1b(self, ev: Event, ref: tuple, w: PendingWrite, op: int | None, wop: int | None) -> Finding | None:
         """H1b at the d2h ack (for op ``op``) of write ``w``, split since its prepare: ``blen`` is the enqueued length
         L and ``pub`` lists the lineage fragments covering L once each (without ``pub``: ``clen`` not short)."""
         f = ev.fields

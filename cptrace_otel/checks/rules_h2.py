@@ -13,8 +13,6 @@ acknowledged backup.
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..model.events import Event
 from .findings import Finding
 from .ranges import EXACT, Slots, concat, overlap
@@ -23,7 +21,8 @@ from .state import UNKNOWN, PendingLoad
 
 
 class H2Reload(RankRuleBase):
-    def _h2a(self, ev: Event, ref: tuple, nid: int, chain: list[int], H: Slots | None, op: Any) -> Finding | None:
+    def _h2a(self, ev: Event, ref: tuple, nid: int, chain: list[int], H: Slots | None,
+             op: int | None) -> Finding | None:
         """H2a (and H1c) for ``reload(node=nid, chain, host=H)``, before the reload changes any state."""
         st = self.st
         bad: list[str] = []
@@ -70,7 +69,7 @@ class H2Reload(RankRuleBase):
         return self._finding("H2", "H2a", nid, op, EXACT, evid,
                              f"reload of node {nid} chain={chain}{tag}: " + "; ".join(bad), ev)
 
-    def _h2b(self, ev: Event, ref: tuple, chain: list[int], op: Any, out: list[Finding]) -> None:
+    def _h2b(self, ev: Event, ref: tuple, chain: list[int], op: int | None, out: list[Finding]) -> None:
         """H2b: one finding per chain node whose backup is still pending at the reload (appended to ``out``)."""
         nodes = self.st.nodes
         for cid in chain:

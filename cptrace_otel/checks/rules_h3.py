@@ -9,6 +9,7 @@ reported, when that free overlaps the source as an interval of ``rng`` summaries
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any
 
 from ..model.events import Event
@@ -19,7 +20,7 @@ from .state import UNKNOWN, Fill, Node
 
 
 class H3Compose(RankRuleBase):
-    def _h3_fill(self, ev: Event, ref: tuple, key: Any, chain: list[int]) -> None:
+    def _h3_fill(self, ev: Event, ref: tuple, key: Hashable, chain: list[int]) -> None:
         """A fill (``hit=0``) of ``key``: remember the generation of every chain node."""
         st = self.st
         nodes = st.nodes
@@ -42,7 +43,7 @@ class H3Compose(RankRuleBase):
             else:
                 keys.add(key)
 
-    def _h3(self, ev: Event, ref: tuple, key: Any, nid: int, chain: list[int]) -> list[Finding] | None:
+    def _h3(self, ev: Event, ref: tuple, key: Hashable, nid: int, chain: list[int]) -> list[Finding] | None:
         """H3 at a hit (``hit=1``) of ``key``; a fill is reported once."""
         st = self.st
         fl = st.fills.get(key)

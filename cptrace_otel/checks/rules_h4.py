@@ -13,8 +13,6 @@ overlaps were such is counted as undecidable for H4a/H4b at its ack (or at the e
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..model.events import Event
 from .findings import WARN, Finding
 from .ranges import EXACT, Slots, overlap
@@ -23,7 +21,7 @@ from .state import PendingWrite
 
 
 class H4Recycle(RankRuleBase):
-    def _h4(self, ev: Event, ref: tuple, w: PendingWrite, op: Any, wop: int | None, out: list[Finding]) -> None:
+    def _h4(self, ev: Event, ref: tuple, w: PendingWrite, op: int | None, wop: int | None, out: list[Finding]) -> None:
         """H4a/H4b at the d2h ack (for op ``op``) of write ``w``, which has a breach (appended to ``out``) or an
         undecidable overlap (counted)."""
         for rule, v, u in (("H4a", w.viol_a, w.undec_a), ("H4b", w.viol_b, w.undec_b)):

@@ -18,14 +18,13 @@ are judged; a join whose records lie past what C1 has compared waits for it.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
 
 from ..model.events import Event, int_field
 from .cross_base import REPLICA_MODES, CrossRuleBase
-from .ranges import slots_of
+from .ranges import Slots, slots_of
 
 
-def _summary(s: Any) -> tuple | None:
+def _summary(s: Slots | None) -> tuple | None:
     return s.summary() if s is not None else None
 
 

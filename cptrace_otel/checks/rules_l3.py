@@ -33,6 +33,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..model.events import Event, int_field
@@ -56,14 +57,14 @@ class L3Prior:
     def __init__(self, cap: int = KEYS_KEPT * 4) -> None:
         self.keys = Bounded(cap)   # key -> ([fingerprint, ...], identity, run)
 
-    def absorb(self, run: str, checkers: Any) -> None:
+    def absorb(self, run: str, checkers: Iterable[L3Rules]) -> None:
         """A finished run's per-rank checkers: their key maps, with their ranks' identities."""
         for chk in checkers:
             ident = dict(chk._l3_ident)
             for k, lst in chk._l3_keys.items():
                 self.keys.put(k, ([x[0] for x in lst], ident, run))
 
-    def get(self, k: Any) -> tuple[list[int], dict, str] | None:
+    def get(self, k: Hashable) -> tuple[list[int], dict, str] | None:
         return self.keys.get(k)
 
 
@@ -102,7 +103,7 @@ class L3Rules(RankRuleBase):
         """``config``: the rank's storage identity (FOREIGN)."""
         self._l3_ident = {k: str(f[k]) for k in IDENT_FIELDS if f.get(k) not in (None, "", "?")}
 
-    def _l3_backup(self, ev: Event, f: dict, nid: Any, ref: tuple) -> None:
+    def _l3_backup(self, ev: Event, f: dict, nid: object, ref: tuple) -> None:
         self._l3_seen = True
         st = self.st
         op = int_field(f.get("op"))
@@ -129,7 +130,7 @@ class L3Rules(RankRuleBase):
         st.l3[(DIR_BACKUP, op)] = t
         return None
 
-    def _l3_prefetch(self, ev: Event, f: dict, nid: Any, ref: tuple) -> None:
+    def _l3_prefetch(self, ev: Event, f: dict, nid: object, ref: tuple) -> None:
         self._l3_seen = True
         st = self.st
         op = int_field(f.get("op"))
@@ -146,7 +147,7 @@ class L3Rules(RankRuleBase):
         st.l3[(DIR_PREFETCH, op)] = L3Transfer(DIR_PREFETCH, op, nid, h, ref)
         return None
 
-    def _l3_ack(self, ev: Event, f: dict, nid: Any, ref: tuple) -> list[Finding] | None:
+    def _l3_ack(self, ev: Event, f: dict, nid: object, ref: tuple) -> list[Finding] | None:
         self._l3_seen = True
         d = f.get("dir")
         if d != DIR_BACKUP and d != DIR_PREFETCH:
@@ -194,7 +195,7 @@ class L3Rules(RankRuleBase):
         return self._l3_compare(ev, f, nid, ref, f"l3_hit of node {nid}") or None
 
     # -- L3a ---------------------------------------------------------------------------------------------------------
-    def _l3_compare(self, ev: Event, f: dict, nid: Any, ref: tuple, where: str) -> list[Finding]:
+    def _l3_compare(self, ev: Event, f: dict, nid: object, ref: tuple, where: str) -> list[Finding]:
         """L3a (and FOREIGN, for keys this trace never saw written) on a record carrying the fingerprints a
         prefetch brought back."""
         pairs = _pages(f)
@@ -242,7 +243,7 @@ class L3Rules(RankRuleBase):
                                      "changed between backup and prefetch", ev))
         return out
 
-    def _l3_claim(self, f: dict, i: int, k: Any) -> tuple[list[int], dict, str] | None:
+    def _l3_claim(self, f: dict, i: int, k: Hashable) -> tuple[list[int], dict, str] | None:
         """What the writer of page ``i`` (key ``k``, never written in this trace) left: ``(fingerprints, storage
         identity, where that was read)`` from the record's ``wfp``/``wid`` (the metadata beside the object), else
         from an earlier run's backups; None when neither names it."""

@@ -18,8 +18,6 @@ A stream without ``ld_*`` records (below level 2, or no layer-wise load-back) gi
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..model.events import Event
 from .findings import Finding
 from .ranges import EXACT
@@ -42,7 +40,7 @@ class LoadStep:
         self.running = True                # until an ack dir=h2d of one of its ops
 
 
-def _int(v: Any) -> int | None:
+def _int(v: object) -> int | None:
     return v if type(v) is int else None
 
 
@@ -51,7 +49,7 @@ class LoadRules(RankRuleBase):
     _ld_by_op: Bounded       # queued (reload) op -> its step
     _ld_seen: bool           # any ld_* record: the rule applies to this stream
 
-    def _ld_start(self, ev: Event, f: dict, nid: Any, ref: tuple) -> None:
+    def _ld_start(self, ev: Event, f: dict, nid: object, ref: tuple) -> None:
         self._ld_seen = True
         op = _int(f.get("op"))
         if op is None:
@@ -63,20 +61,20 @@ class LoadRules(RankRuleBase):
         for o in ops:
             self._ld_by_op.put(o, step)
 
-    def _ld_layer(self, ev: Event, f: dict, nid: Any, ref: tuple) -> None:
+    def _ld_layer(self, ev: Event, f: dict, nid: object, ref: tuple) -> None:
         self._ld_seen = True
         step = self._ld_steps.get(f.get("op"))
         layer = _int(f.get("layer"))
         if step is not None and layer is not None and layer not in step.done:
             step.done[layer] = ref
 
-    def _ld_closed(self, op: Any) -> None:
+    def _ld_closed(self, op: object) -> None:
         """An ``ack dir=h2d`` of queued op ``op``: its step finished loading (every layer of it)."""
         step = self._ld_by_op.get(op)
         if step is not None:
             step.running = False
 
-    def _load_early(self, ev: Event, f: dict, nid: Any, ref: tuple) -> Finding | None:
+    def _load_early(self, ev: Event, f: dict, nid: object, ref: tuple) -> Finding | None:
         """LOAD-early at an ``ld_read``."""
         self._ld_seen = True
         op, layer, waited = _int(f.get("op")), _int(f.get("layer")), _int(f.get("waited"))

@@ -71,7 +71,7 @@ class SideRules(RankRuleBase):
                     del lst[0]
                 lst.append((fp, ref))
 
-    def _side_l3(self, ev: Event, f: dict, nid: Any, ref: tuple) -> Finding | None:
+    def _side_l3(self, ev: Event, f: dict, nid: object, ref: tuple) -> Finding | None:
         """SIDE-l3 at an ``l3_ack dir=prefetch``: each fetched sidecar page is one its key was written with."""
         pairs = self._side_l3_pages(f)
         if not pairs:

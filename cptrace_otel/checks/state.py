@@ -8,6 +8,7 @@ and "recently deleted" memories are fixed-size.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Hashable
 from typing import Any
 
 from .ranges import Slots
@@ -24,12 +25,12 @@ class Backup:
 
     __slots__ = ("h", "hp", "hs", "ref", "op", "whole", "length", "side")
 
-    def __init__(self, h: Any, hp: Any, hs: Any, ref: Ref, op: Any, whole: bool, length: int,
+    def __init__(self, h: int | None, hp: object, hs: object, ref: Ref, op: int | None, whole: bool, length: int,
                  side: dict | None = None) -> None:
         self.h, self.hp, self.hs, self.ref, self.op, self.whole, self.length = h, hp, hs, ref, op, whole, length
         self.side = side   # sidecar pool -> (h, hp) of the same backup (rules_side)
 
-    def _pages(self, hp: Any, start: int, n: int) -> Any:
+    def _pages(self, hp: object, start: int, n: int) -> list | None:
         if isinstance(hp, list) and hp and self.length > 0 and self.length % len(hp) == 0:
             tpp = self.length // len(hp)  # tokens per page
             if start % tpp == 0 and n % tpp == 0:
@@ -49,7 +50,7 @@ class Node:
     __slots__ = ("id", "len", "dev", "host", "host_freed", "gen", "gen_ref", "bk", "bk_state", "from_split",
                  "dev_loaded")
 
-    def __init__(self, nid: int, length: int, dev: Any, host: Any, ref: Ref) -> None:
+    def __init__(self, nid: int, length: int, dev: Slots | str | None, host: Slots | str | None, ref: Ref) -> None:
         self.id = nid
         self.len = length
         self.dev: Slots | str | None = dev      # None: evicted from device; UNKNOWN: present, slots not known
@@ -80,7 +81,8 @@ class PendingWrite:
     __slots__ = ("ops", "origin", "L", "dev", "host", "p_ref", "b_ref", "frags", "splits", "viol_a", "viol_b",
                  "undec_a", "undec_b")
 
-    def __init__(self, op: Any, origin: int, length: int, dev: Any, host: Any, p_ref: Ref) -> None:
+    def __init__(self, op: int | None, origin: int, length: int, dev: Slots | None, host: Slots | None,
+                 p_ref: Ref) -> None:
         self.ops = {op}
         self.origin = origin
         self.L = length
@@ -110,7 +112,7 @@ class PendingLoad:
     __slots__ = ("op", "node_id", "chain", "host", "dev", "ref", "snap", "viol", "undec", "hashed", "zeroed",
                  "zeroed_all")
 
-    def __init__(self, op: Any, node_id: int, chain: list[int], host: Any, dev: Any, ref: Ref,
+    def __init__(self, op: int | None, node_id: int, chain: list[int], host: Slots | None, dev: Slots | None, ref: Ref,
                  snap: dict[int, Backup | None]) -> None:
         self.op, self.node_id, self.chain, self.host, self.dev, self.ref = op, node_id, chain, host, dev, ref
         self.snap = snap            # each chain node's backup witness at issue time (survives its host eviction)
@@ -127,7 +129,7 @@ class L3Transfer:
 
     __slots__ = ("kind", "op", "node_id", "host", "ref", "viol", "undecided", "added")
 
-    def __init__(self, kind: str, op: Any, node_id: Any, host: Any, ref: Ref) -> None:
+    def __init__(self, kind: str, op: int | None, node_id: object, host: Slots | None, ref: Ref) -> None:
         self.kind, self.op, self.node_id, self.host, self.ref = kind, op, node_id, host, ref
         self.viol: tuple | None = None          # (ref, certainty, what) of the first exact breach of its host pages
         self.undecided = False                  # a breach range summaries could not decide
@@ -139,7 +141,7 @@ class Fill:
 
     __slots__ = ("ref", "src", "gens", "invalid", "reported")
 
-    def __init__(self, ref: Ref, src: Any, gens: dict[int, int | None]) -> None:
+    def __init__(self, ref: Ref, src: Slots | None, gens: dict[int, int | None]) -> None:
         self.ref, self.src, self.gens = ref, src, gens
         self.invalid: tuple | None = None   # (ref, certainty) of a free pool=dev that hit ``src``
         self.reported = False
@@ -152,7 +154,7 @@ class Bounded(OrderedDict):
         super().__init__()
         self.cap = cap
 
-    def put(self, k: Any, v: Any) -> None:
+    def put(self, k: Hashable, v: object) -> None:
         self[k] = v
         if len(self) > self.cap:
             self.popitem(last=False)
@@ -220,7 +222,7 @@ class EpochState:
                 if not lst:
                     del wbn[nid]
 
-    def find_write(self, nid: int, op: Any, need_unbacked: bool = False) -> PendingWrite | None:
+    def find_write(self, nid: int, op: int | None, need_unbacked: bool = False) -> PendingWrite | None:
         """The open write of node ``nid`` for ``op`` (``need_unbacked``: not yet seen by a backup record), else the
         node's first such write (a merged op carries a new op id)."""
         lst = self.writes_by_node.get(nid)

@@ -30,16 +30,24 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, NamedTuple, TextIO
+from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
 
 from ..analyze.result_output import CHECK_PREFIX as _PFX
 from ..model.exits import EXIT_UNREADABLE, EXIT_USAGE, CptraceError
 from . import add_progress_flags, fewer_collections
 
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from ..analyze.sources.detect import Plan
+    from ..analyze.sources.logs import Malformed
+    from ..analyze.sources.tracedocs import TraceDocs
+    from ..model.events import Event
+
 NO_RUN_ID = "(no run id)"   # the start of the name of a run whose records carry no run id (log files)
 
 
-def add_parser(sub: Any) -> argparse.ArgumentParser:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """The ``check`` subcommand's parser, added to ``sub`` (the ``cli`` subparsers)."""
     c = sub.add_parser("check", help="check invariants over log files, OTLP files, Jaeger JSON exports or a Jaeger",
                        description="Every rule judges one run. A trace record's run is its resource's cptrace.run_id "
@@ -75,7 +83,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return c
 
 
-def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
+def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
     from ..analyze.links import bad_link_base
@@ -118,7 +126,7 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
         return _run(args, paths, level, out, err)
 
 
-def _run(args: Any, paths: list[str], level: int | None, out: TextIO, err: TextIO) -> int:
+def _run(args: argparse.Namespace, paths: list[str], level: int | None, out: TextIO, err: TextIO) -> int:
     try:
         a = analyze_sources(args, paths, level, err)
     except SourceError as e:
@@ -151,7 +159,7 @@ class Analyzed(NamedTuple):
     doc_malformed: int
 
 
-def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO, keep: bool = False,
+def analyze_sources(args: argparse.Namespace, paths: list[str], level: int | None, err: TextIO, keep: bool = False,
                     pfx: str = _PFX) -> Analyzed:
     """Read ``paths`` as ``check`` does and analyze them (every rule, per-rank and cross-rank).
 
@@ -207,7 +215,7 @@ def analyze_sources(args: Any, paths: list[str], level: int | None, err: TextIO,
         if logs:
             bar = _progress_bar(args, err, logs)
 
-            def on_bad(m: Any) -> None:
+            def on_bad(m: Malformed) -> None:
                 if stats.malformed <= 20:
                     if bar is not None:
                         bar.clear()
@@ -276,7 +284,7 @@ class _Kept:
     """``events`` passed through unchanged while each one is appended to ``into`` (keeps the ``ranks`` hint of the
     log reader, which the cross-rank rules read before the first event)."""
 
-    def __init__(self, events: Any, into: list) -> None:
+    def __init__(self, events: Iterable[Event], into: list) -> None:
         self.ranks = getattr(events, "ranks", None)
         self._events, self._into = events, into
 
@@ -287,7 +295,8 @@ class _Kept:
             yield ev
 
 
-def _log_runs(logs: list[str], docs: Any, doc_files: list[str], pfx: str, err: TextIO) -> list[tuple[str, list[str]]]:
+def _log_runs(logs: list[str], docs: TraceDocs, doc_files: list[str], pfx: str,
+              err: TextIO) -> list[tuple[str, list[str]]]:
     """The runs of the log files: ``(run, files)`` (upstream log lines carry no run id: see
     :func:`.sources.overlap.log_runs`). Each run's logs are compared with the trace files of the same folders (with
     every trace file when those folders hold none; run by run when they hold several, the logs read once) by
@@ -332,7 +341,7 @@ def _log_runs(logs: list[str], docs: Any, doc_files: list[str], pfx: str, err: T
     return out
 
 
-def _select_run(run_id: str, docs: Any, log_groups: list, pfx: str, err: TextIO) -> list:
+def _select_run(run_id: str, docs: TraceDocs, log_groups: list, pfx: str, err: TextIO) -> list:
     """``--run-id`` on files: keep the trace records of that run and the log files of it (log files of no known run
     are named by it, as their lines hold none); say so when it matches no record (:class:`SourceError`, exit 3,
     naming the runs the sources hold)."""
@@ -355,7 +364,7 @@ def _name(path: str) -> str:
     return "standard input" if path == "-" else path
 
 
-def _skipped_list(plan: Any, folder: str) -> str:
+def _skipped_list(plan: Plan, folder: str) -> str:
     import os
 
     inside = [s for s in plan.skipped if os.path.commonpath([os.path.abspath(s.path), os.path.abspath(folder)])
@@ -366,7 +375,7 @@ def _skipped_list(plan: Any, folder: str) -> str:
     return f" ({len(inside)} files: {shown}{'; ...' if len(inside) > 5 else ''})"
 
 
-def _notes(plan: Any, err: TextIO) -> None:
+def _notes(plan: Plan, err: TextIO) -> None:
     """What the folders held besides cptrace input, and files reached twice (stderr, one line each)."""
     if plan.skipped:
         shown = "; ".join(f"{s.path}: {s.what}" for s in plan.skipped[:5])
@@ -377,7 +386,7 @@ def _notes(plan: Any, err: TextIO) -> None:
         print(f"check: given more than once, read once: {', '.join(plan.twice)}", file=err)
 
 
-def _dup_notes(docs: Any, err: TextIO) -> None:
+def _dup_notes(docs: TraceDocs, err: TextIO) -> None:
     for (a, b), n in sorted(docs.duplicates.items()):
         both = f"{a} holds {n} record(s) twice" if a == b else f"{a} and {b} hold the same {n} record(s)"
         print(f"check: {both}: counted once", file=err)
@@ -413,7 +422,7 @@ class _Bar:
         self._bar.close()
 
 
-def _progress_bar(args: Any, err: TextIO, paths: list[str]) -> _Bar | None:
+def _progress_bar(args: argparse.Namespace, err: TextIO, paths: list[str]) -> _Bar | None:
     """The bar when ``--progress`` asks for it, or by default when ``err`` is a terminal; None for ``--no-progress``
     and when standard input is read (its length is not known)."""
     if "-" in paths:

@@ -54,7 +54,7 @@ def _reachable(endpoint: str, protocol: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
-def _validate(args: Any) -> tuple[str, int, list, str | None]:
+def _validate(args: argparse.Namespace) -> tuple[str, int, list, str | None]:
     """(mode, ranks, plans, error message)."""
     from ..sim.faults import FAULTS, MODES, POLICIES, parse_faults
 
@@ -93,7 +93,7 @@ def _clean_out(out: str) -> None:
             os.remove(p)   # the sinks append: start from empty files
 
 
-def add_parser(sub: Any) -> argparse.ArgumentParser:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """The ``demo`` subcommand's parser, added to ``sub`` (the ``cli`` subparsers)."""
     d = sub.add_parser("demo", help="simulate HiCache with injected faults through the real pipeline, then check")
     d.add_argument("--ranks", type=int, default=2, help="CP ranks (one process each)")
@@ -110,7 +110,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return d
 
 
-def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
+def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
     from ..analyze.links import bad_link_base

@@ -28,9 +28,15 @@ import hashlib
 import os
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..model import semconv as sc
+
+if TYPE_CHECKING:
+    from ..analyze.sources.logs import LogStats, Malformed
+    from ..model.config import Config
+    from ..model.events import Event
+    from ..model.spans import SpanBuilder
 
 EXIT_OK, EXIT_UNREACHABLE = 0, 3
 EXPORT_EVERY_EVENTS = 20_000
@@ -123,14 +129,14 @@ class _Clock:
     def __init__(self) -> None:
         self.offsets: dict[str, int] = {}
 
-    def wall(self, ev: Any) -> int:
+    def wall(self, ev: Event) -> int:
         off = self.offsets.get(ev.src)
         if off is None:
             off = self._anchor(ev)
             self.offsets[ev.src] = off
         return ev.ts + off
 
-    def _anchor(self, ev: Any) -> int:
+    def _anchor(self, ev: Event) -> int:
         if ev.ts >= WALL_LIKE_NS:
             return 0
         f = ev.fields
@@ -147,7 +153,7 @@ class _Clock:
         return anchor - ev.ts
 
 
-def _target(args: Any, cfg: Any, run_id: str) -> tuple[str | None, str, str | None]:
+def _target(args: argparse.Namespace, cfg: Config, run_id: str) -> tuple[str | None, str, str | None]:
     """``(endpoint, protocol, out_file)``: the command line's endpoint or file, else the environment's endpoint,
     else the default file. An HTTP endpoint without a path gets the OTLP traces path."""
     from ..model.config import traces_url
@@ -160,7 +166,7 @@ def _target(args: Any, cfg: Any, run_id: str) -> tuple[str | None, str, str | No
     return None, protocol, args.file or os.path.join("cptrace-out", run_id, "ingest.otlp.jsonl")
 
 
-def _open_sinks(cfg: Any, endpoint: str | None, protocol: str, out_file: str | None, run_id: str) -> Any:
+def _open_sinks(cfg: Config, endpoint: str | None, protocol: str, out_file: str | None, run_id: str) -> Any:
     """The sinks (:func:`~cptrace_otel.export.stack.open_sinks`, the backend probed first), or None when they
     cannot be set up (reported)."""
     from ..export.stack import SinkError, open_sinks
@@ -183,8 +189,8 @@ def _open_sinks(cfg: Any, endpoint: str | None, protocol: str, out_file: str | N
         return None
 
 
-def _summary(n: int, logs: list[str], builders: dict[int, Any], stats: Any, malformed: list[str], run_id: str,
-             target: str) -> None:
+def _summary(n: int, logs: list[str], builders: dict[int, SpanBuilder], stats: LogStats, malformed: list[str],
+             run_id: str, target: str) -> None:
     spans = sum(b.spans for b in builders.values())
     traces = len(set().union(*(b.traces for b in builders.values()))) if builders else 0
     findings = sum(b.findings for b in builders.values())
@@ -198,7 +204,7 @@ def _summary(n: int, logs: list[str], builders: dict[int, Any], stats: Any, malf
             print(f"  ... and {stats.malformed - len(malformed)} more")
 
 
-def add_parser(sub: Any) -> argparse.ArgumentParser:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """The ``ingest`` subcommand's parser, added to ``sub`` (the ``cli`` subparsers)."""
     g = sub.add_parser("ingest", help="replay upstream log files (all ranks) as OTLP")
     g.add_argument("logs", nargs="+", metavar="LOG",
@@ -213,14 +219,14 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return g
 
 
-def run(args: Any) -> int:
+def run(args: argparse.Namespace) -> int:
     from . import fewer_collections
 
     with fewer_collections():
         return _run(args)
 
 
-def _run(args: Any) -> int:
+def _run(args: argparse.Namespace) -> int:
     from ..analyze.sources.logs import LogReadError, LogStats, Malformed, read_log_events
     from ..analyze.sources.overlap import log_runs
     from ..checks.rank_checker import checker_factory
@@ -254,7 +260,7 @@ def _run(args: Any) -> int:
     stats = LogStats()
     malformed: list[str] = []
 
-    def on_malformed(m: Any) -> None:
+    def on_malformed(m: Malformed) -> None:
         if len(malformed) < 20:
             malformed.append(f"{m.path}:{m.line_no}: {m.reason}")
 

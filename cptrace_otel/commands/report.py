@@ -21,15 +21,18 @@ import os
 import shlex
 import sys
 import time
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from ..model.exits import EXIT_FINDINGS, EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE
 from . import add_progress_flags, fewer_collections
 
+if TYPE_CHECKING:
+    from ..analyze.engine import Result
+
 DEFAULT_OUT = os.path.join("cptrace-out", "report.html")
 
 
-def add_parser(sub: Any) -> argparse.ArgumentParser:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """The ``report`` subcommand's parser, added to ``sub`` (the ``cli`` subparsers)."""
     r = sub.add_parser("report", help="write one self-contained HTML report (a swimlane per rank, stages, findings) "
                                       "of a run or of one node, from the sources check reads")
@@ -48,7 +51,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return r
 
 
-def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
+def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
     from ..analyze.links import bad_link_base
@@ -111,7 +114,7 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
     return EXIT_FINDINGS if res.findings else EXIT_OK
 
 
-def build_page(res: Any, run_id: str | None, groups: list, paths: list[str], node: int | None = None,
+def build_page(res: Result, run_id: str | None, groups: list, paths: list[str], node: int | None = None,
                epoch: int | None = None, jaeger_url: str | None = None, full_limit: int | None = None,
                top: int | None = None) -> tuple[str, list]:
     """``(html, models)`` for the analyzed ``groups`` of :func:`.check.analyze_sources` (one model each)."""

@@ -31,9 +31,12 @@ import argparse
 import signal
 import sys
 import time
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from ..model.exits import EXIT_FINDINGS, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
+
+if TYPE_CHECKING:
+    from ..checks.findings import Finding
 
 _PFX = "cptrace-otel watch"
 PAGE_STEP = 200   # traces between two feeds within one poll
@@ -55,14 +58,14 @@ def _max_runs() -> int:
 MAX_RUNS = _max_runs()   # runs watched at once: memory does not grow with the number of runs
 
 
-def finding_line(run_id: str, f: Any, link: str) -> str:
+def finding_line(run_id: str, f: Finding, link: str) -> str:
     seq = f.evidence[-1] if f.evidence else "?"
     node = f"node {f.node_id}" if f.node_id is not None else "(no node)"
     return (f"{f.severity} {f.code} {f.rule} run {run_id} rank {f.rank} {node} (epoch {f.epoch}) seq {seq}: "
             f"{f.message}  {link}")
 
 
-def add_parser(sub: Any) -> argparse.ArgumentParser:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """The ``watch`` subcommand's parser, added to ``sub`` (the ``cli`` subparsers)."""
     w = sub.add_parser("watch", help="check a Jaeger's new traces continuously: findings printed once, written back "
                                      "into their traces and posted to Alertmanager")
@@ -89,7 +92,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return w
 
 
-def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
+def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     from ..analyze import links
     from ..analyze.finding_sinks import Alerts, WriteBack, finding_trace
     from ..analyze.incremental import RunWatch
@@ -147,7 +150,7 @@ def run(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
     unchecked = [0]   # windows given up and traces that could not be read, over the whole watch
     stop = [False]
 
-    def on_term(*_a: Any) -> None:
+    def on_term(*_a: object) -> None:
         stop[0] = True
 
     old = signal.signal(signal.SIGTERM, on_term) if not args.once else None

@@ -34,11 +34,14 @@ import ssl
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 
 from ...model.config import mask, mask_url, secrets_of
 from ...model.exits import CptraceError
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer, WriteableBuffer
 
 MAX_REDIRECTS = 5
 AUTH_STATUS = frozenset({401, 403})   # an authentication failure (BackendError says so)
@@ -73,7 +76,7 @@ class Limits:
     max_small_bytes: int = 1 << 20
 
 
-def limits_from_env(**over: Any) -> Limits:
+def limits_from_env(**over: float | None) -> Limits:
     """:class:`Limits` from ``CPTRACE_QUERY_DEADLINE_S``, ``CPTRACE_QUERY_READ_TIMEOUT_S``,
     ``CPTRACE_QUERY_MAX_BYTES``, ``CPTRACE_QUERY_MAX_TRACE_BYTES`` (unset, unparsable or <= 0: the defaults), then
     ``over`` (keyword arguments of the fields)."""
@@ -157,7 +160,7 @@ class _DeadlineRaw(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, b: Any) -> int:
+    def readinto(self, b: WriteableBuffer) -> int:
         o = self._owner
         o.bound()
         return o._sock.recv_into(b)
@@ -183,11 +186,11 @@ class _DeadlineSocket:
             raise TimeoutError(self._what)
         self._sock.settimeout(min(left, self._per_read))
 
-    def makefile(self, mode: str = "rb", *a: Any, **k: Any) -> io.BufferedReader:
+    def makefile(self, mode: str = "rb", *a: object, **k: object) -> io.BufferedReader:
         self._refs += 1
         return io.BufferedReader(_DeadlineRaw(self))
 
-    def sendall(self, data: Any) -> None:
+    def sendall(self, data: ReadableBuffer) -> None:
         self.bound()
         self._sock.sendall(data)
 
@@ -261,7 +264,7 @@ class Answer:
     def __enter__(self) -> Answer:
         return self
 
-    def __exit__(self, *a: Any) -> None:
+    def __exit__(self, *a: object) -> None:
         self.close()
 
 
@@ -360,7 +363,7 @@ def _send(method: str, url: str, hdrs: dict[str, str], body: bytes | None, deadl
     return conn, resp
 
 
-def _read_some(resp: Any, deadline: float, n: int = 4096) -> bytes:
+def _read_some(resp: http.client.HTTPResponse, deadline: float, n: int = 4096) -> bytes:
     """Up to ``n`` bytes of an error body (for the message), within the deadline; what could not be read is b""."""
     try:
         if time.monotonic() >= deadline:
@@ -370,7 +373,7 @@ def _read_some(resp: Any, deadline: float, n: int = 4096) -> bytes:
         return b""
 
 
-def _drain_close(conn: Any, resp: Any) -> None:
+def _drain_close(conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) -> None:
     try:
         resp.close()
     finally:

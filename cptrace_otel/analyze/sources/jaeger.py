@@ -265,7 +265,7 @@ def run_events(client: JaegerClient, run_id: str, service: str = sc.DEFAULT_SERV
     return out
 
 
-def _tag_str(v: Any) -> str:
+def _tag_str(v: object) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     return str(v)

@@ -26,17 +26,28 @@ import json
 import re
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ...model import semconv as sc
 from ...model.exits import CptraceError
 from .httpio import excerpt
 from .jaeger import JaegerClient, JaegerError, Unread
 
+if TYPE_CHECKING:
+    import argparse
+
 DEFAULT_SINCE_S = 7 * 86400
 DEFAULT_LIMIT = 1000
 _DUR = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)", re.IGNORECASE)
 _UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+_Client = TypeVar("_Client", covariant=True)
+
+
+class ClientClass(Protocol[_Client]):
+    """How :func:`open_query` makes a query client (``JaegerClient``, ``TempoClient``): the base URL, a timeout."""
+
+    def __call__(self, url: str, /, *, timeout_s: float) -> _Client: ...
 
 
 def parse_duration(text: str) -> float:
@@ -75,7 +86,7 @@ def parse_time(text: str) -> int:
     return int(t.timestamp() * 1e6)
 
 
-def open_query(client_cls: Any, url: str, args: Any) -> tuple[Any, int, int]:
+def open_query(client_cls: ClientClass[_Client], url: str, args: argparse.Namespace) -> tuple[_Client, int, int]:
     """The query client of ``url`` (``JaegerClient``, ``TempoClient``) and the search window in µs from ``args``
     (``--since`` / ``--start`` / ``--end``), as ``check --jaeger`` and ``check --tempo`` both take them. Raises
     ValueError for a bad URL or window (a usage error)."""
@@ -238,7 +249,7 @@ class Search:
         return [(a, m), (m, b)]
 
 
-def _starts(trace: Any) -> list[int] | None:
+def _starts(trace: object) -> list[int] | None:
     """The span start times (µs) of a Jaeger-model trace; None when it is not of that shape (not an object, spans not
     a list of objects, a ``startTime`` that is not an integer, a ``traceID`` that is not a string)."""
     if not isinstance(trace, dict) or not isinstance(trace.get("traceID", ""), str):

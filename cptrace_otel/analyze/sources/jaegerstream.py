@@ -27,7 +27,7 @@ class Unread(NamedTuple):
     starts: list
 
 
-def data_list(out: Any, url: str) -> list[dict[str, Any]]:
+def data_list(out: object, url: str) -> list[dict[str, Any]]:
     """The ``data`` list of a Jaeger ``/api`` answer; :class:`JaegerError` for its ``errors`` or another shape."""
     if not isinstance(out, dict):
         raise JaegerError(url, 200, f"not a Jaeger answer (an object with \"data\"): {excerpt(json.dumps(out))}")
@@ -276,7 +276,7 @@ def _unread(head: str, size: int, max_item: int, starts: list) -> Unread:
                   "it)", starts)
 
 
-def _starts_of(item: Any) -> list:
+def _starts_of(item: object) -> list:
     """A sample of the span start times of a parsed trace, whatever its shape."""
     spans = item.get("spans") if isinstance(item, dict) else None
     out = [sp.get("startTime") for sp in spans or () if isinstance(sp, dict)] if isinstance(spans, list) else []

@@ -31,7 +31,7 @@ from .inputs import MAX_JSON_LINE, STDIN, open_text, stdin_head, truncated
 from .logs import LogReadError
 
 
-def _g(d: dict, camel: str, snake: str, default: Any = None) -> Any:
+def _g(d: dict, camel: str, snake: str, default: object = None) -> Any:
     v = d.get(camel)
     return d.get(snake, default) if v is None else v
 
@@ -152,7 +152,7 @@ def json_lines(fh, path: str, info: OtlpInfo) -> Iterator[tuple[int, Any]]:
             info.malformed.append((path, line_no, f"not JSON: {e}"))
 
 
-def collect_guarded(req: Any, path: str, line_no: int, info: OtlpInfo, per_rank: dict) -> None:
+def collect_guarded(req: object, path: str, line_no: int, info: OtlpInfo, per_rank: dict) -> None:
     """:func:`collect` of one request; when it is not shaped like one, it is recorded as malformed at ``line_no``
     and adds no event (they are collected aside, then added)."""
     staged: dict = {}

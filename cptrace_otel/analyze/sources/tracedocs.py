@@ -35,13 +35,14 @@ parsed whole) and adds nothing; the other traces of the document are read.
 from __future__ import annotations
 
 import heapq
+import io
 import itertools
 import json
 import pickle
 import tempfile
 from collections import Counter
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import IO, Any, TypeVar
 
 from ...model import semconv as sc
 from ...model.events import Event
@@ -53,6 +54,7 @@ _JS_SAFE = 1 << 53
 SPILL_AT = 20_000   # records held in memory before they are sorted to disk (about 1.5 KiB each while held)
 CHUNK = 256         # records per pickled chunk of a sorted run: what each run's reader holds while merging
 _FINGERPRINTS = ("hicache.h", "hicache.pfp")   # random 63-bit values: a round one is a rounded one
+_Doc = TypeVar("_Doc")  # a parsed JSON document, as add_guarded's ``add`` takes it
 
 
 class TraceDocs:
@@ -207,7 +209,7 @@ class TraceDocs:
             self.add_guarded(obj, path)
         return self._counted(path, n0)
 
-    def add_guarded(self, obj: Any, src: str, add: Any = None) -> None:
+    def add_guarded(self, obj: _Doc, src: str, add: Callable[[_Doc, str], None] | None = None) -> None:
         """``add(obj, src)`` (default :meth:`add_object`), except that a value of the wrong shape is recorded as
         malformed and adds no event."""
         main = self.per_rank
@@ -222,7 +224,7 @@ class TraceDocs:
         for rank, lst in staged.items():
             main.setdefault(rank, []).extend(lst)
 
-    def add_object(self, obj: Any, src: str) -> None:
+    def add_object(self, obj: object, src: str) -> None:
         """One parsed JSON value: an api_v2 response or trace, an api_v3 response, an OTLP TracesData, or a list."""
         if isinstance(obj, list):
             for x in obj:
@@ -419,7 +421,7 @@ class TraceDocs:
         return []
 
 
-def _dump(chunk: list[tuple], fh: Any) -> None:
+def _dump(chunk: list[tuple], fh: IO[bytes]) -> None:
     """``(epoch, seq, ts, Event)`` records -> one pickled chunk of the events' values (plain tuples pickle several
     times faster than dataclass instances; the sort key is the event's own epoch, seq, ts)."""
     pickle.dump([(e.tag, e.rank, e.seq, e.ts, e.epoch, e.fields, e.level, e.src, e.line_no) for *_k, e in chunk],
@@ -459,7 +461,7 @@ class _pieces:
     """The text of an open document in 1 MiB pieces, after its ``head``; stops past ``limit`` characters (``why``
     then says so)."""
 
-    def __init__(self, head: str, fh: Any, limit: int) -> None:
+    def __init__(self, head: str, fh: io.TextIOBase, limit: int) -> None:
         self.head, self.fh, self.limit, self.why, self.n = head, fh, limit, "", 0
 
     def __iter__(self) -> Iterator[str]:
