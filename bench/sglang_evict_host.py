@@ -5,30 +5,26 @@ alternately; prints the median seconds of the ``evict_host`` call itself and the
 The instrumentation finds the node each ``cache_controller.evict_host(x.host_value)`` evicts in an index built once
 per ``evict_host`` call (it used to scan every evictable host leaf per evicted node: quadratic).
 
-    python3 bench/sglang_evict_host.py [--leaves 20000] [--runs 3]
+    python3 -m bench.sglang_evict_host [--leaves 20000] [--runs 3]     (from the repository root)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests", "sglang_real"))
-
-import runtime  # noqa: E402  (tests/sglang_real/runtime.py: where deploy/sglang/install put the wheels)
+from tests.sglang_real import runtime  # (where deploy/sglang/install put the wheels)
 
 SIDES = {"stock": [], "level 0": ["--instrument", "--level", "0"], "level 2": ["--instrument", "--level", "2"]}
 
 
 def one(leaves: int, extra: list[str]) -> float:
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "sglang_real", "oddcalls.py"), "--version",
-                        "0.5.20", "--evict-host", str(leaves), "--no-count", *extra],
-                       env=runtime.sglang_env("0.5.20"), capture_output=True, text=True, timeout=1800)
+    p = subprocess.run(runtime.module_cmd("oddcalls", "--version", "0.5.20", "--evict-host", str(leaves), "--no-count",
+                                          *extra),
+                       env=runtime.sglang_env("0.5.20"), cwd=runtime.ROOT, capture_output=True, text=True, timeout=1800)
     if p.returncode != 0:
         raise SystemExit(p.stderr[-3000:])
     res = json.loads(p.stdout.strip().splitlines()[-1])

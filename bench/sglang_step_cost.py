@@ -1,10 +1,12 @@
 """What the SGLang instrumentation costs per scheduler step: the real-SGLang driver (tests/sglang_real/driver.py)
 with the instrumentation off and on, in one process, same request stream, printing the ratio.
 
-    python3 bench/sglang_step_cost.py [--version 0.5.20|0.5.23] [--reps 3] [--requests 150] [--policy write_through]
+    python3 -m bench.sglang_step_cost [--version 0.5.20|0.5.23] [--reps 3] [--requests 150] [--policy write_through]
         [--exporter thread|process] [--no-ring] [--layerwise] [--cpu] [--audit-mbps 100]
-    python3 bench/sglang_step_cost.py --tree-core rust|python [--reps 5] [--cpu] ...
-    python3 bench/sglang_step_cost.py --reads [--n 20000] [--reps 7]
+    python3 -m bench.sglang_step_cost --tree-core rust|python [--reps 5] [--cpu] ...
+    python3 -m bench.sglang_step_cost --reads [--n 20000] [--reps 7]
+
+(from the repository root; the process runs again with the version's SGLang folder on ``PYTHONPATH``)
 
 Modes, alternated ``--reps`` times (median per mode):
 
@@ -55,11 +57,7 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests", "sglang_real"))
-sys.path.insert(0, ROOT)
-
-import runtime  # noqa: E402
+from tests.sglang_real import runtime
 
 CORE_CLASS = {"rust": "RustUnifiedTreeCore", "python": "UnifiedTreeCore"}   # what SGLang builds for each name
 
@@ -91,9 +89,9 @@ def main(argv: list[str] | None = None) -> int:
             print(why, file=sys.stderr)
             return 2
         if runtime.rust_torch_dir() not in sys.path:   # this interpreter's torch: SGLang would fall back to Python
-            return subprocess.call([sys.executable, os.path.abspath(__file__), *(sys.argv[1:] if argv is None
-                                                                                  else argv)],
-                                   env=runtime.sglang_env(a.version, rust=True))
+            return subprocess.call([sys.executable, "-m", "bench.sglang_step_cost",
+                                    *(sys.argv[1:] if argv is None else argv)],
+                                   env=runtime.sglang_env(a.version, rust=True), cwd=runtime.ROOT)
     if a.reads:
         a.version = "0.5.23"
     if a.layerwise and a.version != "0.5.23":
@@ -102,17 +100,16 @@ def main(argv: list[str] | None = None) -> int:
     if why:
         print(why, file=sys.stderr)
         return 2
-    runtime.on_path(a.version)
+    runtime.use_sglang(a.version)
     if a.reads:
         return read_cost(a)
-    import driver
-
     from cptrace_otel.traced.sglang import SGLangInstrumentor
+    from tests.sglang_real import driver
 
     inst = SGLangInstrumentor()
     pool: dict = dict(policy=a.policy, page_size=a.page_size, dev_tokens=256)
     if a.layerwise:
-        import dsa_driver
+        from tests.sglang_real import dsa_driver
 
         pool = dict(policy=a.policy, page_size=dsa_driver.PAGE, dev_tokens=dsa_driver.PAGE * 16,
                     builder=dsa_driver.build_dsa, stream=dsa_driver.dsa_stream,
@@ -182,11 +179,9 @@ def read_cost(a: argparse.Namespace) -> int:
     """``--reads``: one layer's reads of the DSA pool, per mode (see the module doc)."""
     import timeit
 
-    import driver
-    import dsa_driver
-
     import cptrace_otel
     from cptrace_otel.traced.sglang import SGLangInstrumentor
+    from tests.sglang_real import driver, dsa_driver
 
     cp, tp = driver._init_group(1, 0, tempfile.mktemp(prefix="cptrace-gloo-"))
     inst = SGLangInstrumentor()

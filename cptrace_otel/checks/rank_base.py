@@ -1,9 +1,9 @@
 """What the per-rank rule classes (``rules_*.py``) share with :class:`~.rank.RankChecker`, which mixes them in: the
 checker's state and the two ways a rule reports (a :class:`Finding`, or a counted skip).
 
-A rule method reads the lineage state (``self.st``, :mod:`.state`) as the per-tag handler of :class:`~.rank.RankChecker`
-leaves it when it calls the rule, and returns its finding (or appends its findings to the handler's list); it never
-dispatches records itself.
+A rule method reads the lineage state (``self.st``, :mod:`.lineage`) as the per-tag handler of
+:class:`~.rank.RankChecker` leaves it when it calls the rule, and returns its finding (or appends its findings to the
+handler's list); it never dispatches records itself.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 
 from ..model.events import Event
 from .findings import ERROR, UNDECIDABLE, WARN, Finding, Unchecked
+from .lineage import EpochState
 from .ranges import EXACT
-from .state import EpochState
 
 
 class RankRuleBase:

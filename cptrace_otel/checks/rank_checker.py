@@ -1,6 +1,6 @@
 """Per-rank streaming rules: H1-H4, ZERO and HASH over one rank's events in seq order (docs/domain.md §3.4, §4).
 
-:class:`RankChecker` keeps the lineage state of :mod:`.state` for the current epoch and returns each finding at the
+:class:`RankChecker` keeps the lineage state of :mod:`.lineage` for the current epoch and returns each finding at the
 record that completes its evidence (H1b at the d2h ack, H2c at the h2d ack, H4 at the d2h ack, H3 at the stale
 hit, H1a at the split, H2a/H2b at the reload, ZERO/HASH at the hashed record).
 
@@ -22,6 +22,7 @@ from ..model.events import LEVEL_OF_TAG, Event, int_field
 from ..model.logline import Rng
 from .epochs import EPOCH_TAGS, EpochTracker
 from .findings import Finding, Unchecked
+from .lineage import UNKNOWN, Backup, Bounded, EpochState, Node, PendingLoad, PendingWrite
 from .ranges import Slots, is_none_range, overlap, slice_slots, slots_of
 from .registry import LEVEL_RECORDS, RANK, Rule, unchecked_at
 from .rules_canary import CanaryOwner
@@ -34,7 +35,6 @@ from .rules_l3 import KEYS_KEPT, L3Rules
 from .rules_load import STEPS_KEPT, LoadRules
 from .rules_rest import RestRules
 from .rules_side import SideRules, side_witness
-from .state import UNKNOWN, Backup, Bounded, EpochState, Node, PendingLoad, PendingWrite
 
 # handler(ev, ev.fields, node_id, (seq, line_no)); node_id is an int for the keyed tags (the rest get the raw value)
 Handler = Callable[[Event, dict, Any, tuple], "list[Finding] | None"]

@@ -3,7 +3,7 @@ node that held the slot.
 
 SGLang's canary checks a hash chain per KV slot on the GPU and reports a broken one with the slot's pool index
 (``slot_idx``); it does not know which radix-tree node the slot belonged to. The trace does: every ``insert``,
-``reload`` and ``split`` records the device slots a node holds from then on (the lineage state of :mod:`.state`),
+``reload`` and ``split`` records the device slots a node holds from then on (the lineage state of :mod:`.lineage`),
 ``evict tier=dev`` takes them away. So at the ``kv_canary`` record the owner of ``slot_idx`` is the node whose
 current device slots contain it:
 
@@ -30,9 +30,9 @@ from __future__ import annotations
 from ..model.canary import full_pool
 from ..model.events import Event
 from .findings import Finding
+from .lineage import UNKNOWN, Node
 from .ranges import EXACT, INTERVAL, Slots, overlap
 from .rank_base import RankRuleBase
-from .state import UNKNOWN, Node
 
 
 def _describe(f: dict) -> str:

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from ..model.events import Event
 from .findings import Finding
+from .lineage import Backup, PendingLoad, PendingWrite
 from .ranges import EXACT, Slots
 from .rank_base import RankRuleBase
-from .state import Backup, PendingLoad, PendingWrite
 
 
 class ZeroFlag(RankRuleBase):

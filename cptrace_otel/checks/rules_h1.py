@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from ..model.events import Event, int_field
 from .findings import Finding
+from .lineage import Node, PendingWrite
 from .ranges import EXACT, Slots, is_none_range
 from .rank_base import RankRuleBase
-from .state import Node, PendingWrite
 
 
 class H1Split(RankRuleBase):

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from ..model.events import Event
 from .findings import Finding
+from .lineage import UNKNOWN, PendingLoad
 from .ranges import EXACT, Slots, concat, overlap
 from .rank_base import RankRuleBase
-from .state import UNKNOWN, PendingLoad
 
 
 class H2Reload(RankRuleBase):

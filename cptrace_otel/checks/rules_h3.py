@@ -14,9 +14,9 @@ from typing import Any
 
 from ..model.events import Event
 from .findings import Finding
+from .lineage import UNKNOWN, Fill, Node
 from .ranges import EXACT, Slots, overlap, slots_of
 from .rank_base import RankRuleBase
-from .state import UNKNOWN, Fill, Node
 
 
 class H3Compose(RankRuleBase):

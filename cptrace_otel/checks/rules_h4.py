@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from ..model.events import Event
 from .findings import WARN, Finding
+from .lineage import PendingWrite
 from .ranges import EXACT, Slots, overlap
 from .rank_base import RankRuleBase
-from .state import PendingWrite
 
 
 class H4Recycle(RankRuleBase):

@@ -39,9 +39,9 @@ from typing import TYPE_CHECKING, Any
 from ..model.events import Event, int_field
 from ..model.l3 import DIR_BACKUP, DIR_PREFETCH, IDENT_FIELDS, WFP, WID, ident_diff, ident_parse
 from .findings import WARN, Finding
+from .lineage import Bounded, L3Transfer, Node
 from .ranges import EXACT, Slots, overlap, slots_of
 from .rank_base import RankRuleBase
-from .state import Bounded, L3Transfer, Node
 
 KEYS_KEPT = 1 << 15      # keys whose backup fingerprints a rank remembers (oldest forgotten first: a later
 #                          fetch of a forgotten key counts as L3a-skipped(no backup), never as a finding)

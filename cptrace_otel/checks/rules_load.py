@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from ..model.events import Event
 from .findings import Finding
+from .lineage import Bounded
 from .ranges import EXACT
 from .rank_base import RankRuleBase
-from .state import Bounded
 
 STEPS_KEPT = 4096   # load-back steps remembered (each closes at its ack; the oldest are forgotten beyond this)
 

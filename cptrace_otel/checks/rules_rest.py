@@ -19,9 +19,9 @@ from typing import Any
 
 from ..model.events import Event
 from .findings import Finding
+from .lineage import Bounded
 from .ranges import EXACT, Slots, slots_of
 from .rank_base import RankRuleBase
-from .state import Bounded
 
 
 class RestRules(RankRuleBase):

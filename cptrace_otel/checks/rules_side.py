@@ -24,10 +24,10 @@ from typing import Any
 from ..model import semconv as sc
 from ..model.events import Event
 from .findings import Finding
+from .lineage import Backup, Bounded, PendingLoad
 from .ranges import EXACT
 from .rank_base import RankRuleBase
 from .rules_l3 import FPS_PER_KEY
-from .state import Backup, Bounded, PendingLoad
 
 
 def side_witness(f: dict, pools: tuple[str, ...]) -> dict[str, tuple[Any, Any]] | None:

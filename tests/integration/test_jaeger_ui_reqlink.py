@@ -16,20 +16,16 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import uuid
 
 import pytest
 
-from tests.helpers.browser import ROOT, chromium_page, screenshot
+from tests.helpers.browser import chromium_page, screenshot
 from tests.helpers.integration import wait_for
 from tests.integration.test_jaeger_ui_node import COLLAPSER, _require_ui
-
-sys.path.insert(0, str(ROOT / "tests" / "sglang_real"))
-import runtime  # noqa: E402
+from tests.sglang_real import runtime
 
 pytestmark = pytest.mark.sglang
-MAIN = str(ROOT / "tests" / "sglang_real" / "reqlink_main.py")
 
 
 def _tag(span: dict, key: str):
@@ -42,8 +38,8 @@ def test_from_a_node_to_sglang_requests_and_back_in_the_jaeger_ui(jaeger):
     run_id = f"reqlink-ui-{uuid.uuid4().hex[:8]}"
     env = runtime.sglang_env("0.5.20")
     env = {k: v for k, v in env.items() if not k.startswith(("CPTRACE_", "OTEL_"))} | {"PYTHONPATH": env["PYTHONPATH"]}
-    p = subprocess.run([sys.executable, MAIN, "0.5.20", jaeger.otlp_http + "/v1/traces", "cache", run_id], env=env,
-                       capture_output=True, text=True, timeout=300, cwd=runtime.ROOT)
+    p = subprocess.run(runtime.module_cmd("reqlink_main", "0.5.20", jaeger.otlp_http + "/v1/traces", "cache", run_id),
+                       env=env, capture_output=True, text=True, timeout=300, cwd=runtime.ROOT)
     assert p.returncode == 0, p.stderr[-4000:]
     rids = json.loads(p.stdout.strip().splitlines()[-1])["rids"]
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import driver
+from tests.sglang_real import driver
 
 RING = 1 << 16
 
@@ -143,6 +143,6 @@ def run_canary(version: str, out: str, l3_store: str | None = None, **kw: Any) -
 
 
 if __name__ == "__main__":
-    import l3_driver
+    from tests.sglang_real import l3_driver
 
     sys.exit(l3_driver.main(run=run_canary, versions=("0.5.23",), doc=__doc__))

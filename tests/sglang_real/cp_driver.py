@@ -25,9 +25,9 @@ Options of :func:`run_cp` (one matrix entry each):
   ``nth`` request on this rank leaves one position's first-layer KV different from the other ranks' (what a CP
   all-gather that took a stale part would leave); the copies are no longer equal.
 
-CLI: ``python tests/sglang_real/cp_driver.py --version 0.5.23 --out DIR --matrix JSON --world N --rank R --store S``
-(a list of :func:`run_cp` keyword sets; one JSON summary list on stdout), as ``driver.run_ranks(script=...)`` starts
-it.
+CLI, from the repository root: ``python -m tests.sglang_real.cp_driver --version 0.5.23 --out DIR --matrix JSON
+--world N --rank R --store S`` (a list of :func:`run_cp` keyword sets; one JSON summary list on stdout), as
+``driver.run_ranks(module="cp_driver")`` starts it.
 """
 
 from __future__ import annotations
@@ -40,13 +40,7 @@ import shutil
 import sys
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
-
-import driver  # noqa: E402  (tests/sglang_real/driver.py)
-import dsa_driver  # noqa: E402
-import l3_driver  # noqa: E402
+from tests.sglang_real import driver, dsa_driver, l3_driver
 
 CP_FAULTS = ("cp_unequal",)
 WRITERS = ("attn_tp", "global_tp")

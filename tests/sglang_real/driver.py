@@ -16,7 +16,8 @@ The KV of token ``p`` of a prompt depends on the whole prefix ``tokens[:p+1]`` (
 back from any tier can be compared with what must be there. :func:`run` returns these observations
 (``corruption``), what the injected fault did, and where the records went.
 
-CLI (one JSON summary on stdout): ``python tests/sglang_real/driver.py --version 0.5.20 --out DIR [options]``;
+CLI (one JSON summary on stdout), from the repository root:
+``python -m tests.sglang_real.driver --version 0.5.20 --out DIR [options]``;
 ``--world N`` runs N CP ranks (gloo, ``file://`` store) as N processes.
 """
 
@@ -32,11 +33,7 @@ import tempfile
 import time
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
-
-import runtime  # noqa: E402  (tests/sglang_real/runtime.py)
+from tests.sglang_real import runtime
 
 LAYERS, HEADS, DIM = 2, 1, 4
 # Another configuration for the next caches built (l3_driver.py's runs of another model or KV dtype): ``model_path``
@@ -575,20 +572,21 @@ def run(version: str, out: str, policy: str = "write_through", page_size: int = 
 
 
 def run_ranks(version: str, out: str, world: int = 4, fault_rank: int | None = None,
-              matrix: list[dict] | None = None, script: str | None = None, **kw: Any) -> Any:
+              matrix: list[dict] | None = None, module: str | None = None, **kw: Any) -> Any:
     """``world`` rank processes (gloo on a ``file://`` store), the same request stream; ``kw['fault']`` on
     ``fault_rank`` only. One summary per rank.
 
     With ``matrix`` (a list of :func:`run` keyword sets, each over ``kw``), every rank process runs them one after the
     other in the same gloo group (one SGLang import and one group per rank for all of them), each in its own folder
     ``out/<i>``; an entry's ``fault`` too applies on ``fault_rank`` only. Returns one list of per-rank summaries per
-    entry. ``script``: the rank processes' program (default this one; another takes the options passed here)."""
+    entry. ``module``: the rank processes' driver, the name of a module of this package, started with ``python -m``
+    (default ``"driver"``, this one; another takes the options passed here)."""
     store = tempfile.mktemp(prefix="cptrace-gloo-")
     procs = []
     fault = kw.pop("fault", None)
     for r in range(world):
-        args = [sys.executable, script or os.path.abspath(__file__), "--version", version, "--out", out,
-                "--world", str(world), "--rank", str(r), "--store", store]
+        args = runtime.module_cmd(module or "driver", "--version", version, "--out", out,
+                                  "--world", str(world), "--rank", str(r), "--store", store)
         for k, v in kw.items():
             if isinstance(v, bool):   # the CLI's switches: --exact, --no-reset, --no-instrument
                 if k in ("reset", "instrument"):
@@ -603,7 +601,7 @@ def run_ranks(version: str, out: str, world: int = 4, fault_rank: int | None = N
         if matrix is not None:
             mine = [{k: v for k, v in m.items() if k != "fault" or r == fault_rank} for m in matrix]
             args += ["--matrix", json.dumps(mine)]
-        procs.append(subprocess.Popen(args, env=runtime.sglang_env(version), stdout=subprocess.PIPE,
+        procs.append(subprocess.Popen(args, env=runtime.sglang_env(version), cwd=runtime.ROOT, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
     outs = []
     for p in procs:
@@ -646,7 +644,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--matrix", help="JSON list of run() keyword sets, run one after the other in this process "
                                     "(each in its own folder under --out): one SGLang import for many runs")
     a = vars(p.parse_args(argv))
-    runtime.on_path(a["version"])
+    runtime.use_sglang(a["version"])
     matrix = a.pop("matrix")
     if matrix:
         base, out = dict(a), a["out"]

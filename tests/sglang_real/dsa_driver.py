@@ -34,12 +34,7 @@ import shutil
 import sys
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
-
-import driver  # noqa: E402  (tests/sglang_real/driver.py)
-import l3_driver  # noqa: E402
+from tests.sglang_real import driver, l3_driver
 
 PAGE = 64
 RANK, ROPE, IDX_DIM = 16, 8, 128
@@ -416,7 +411,7 @@ each layer while the load-back completes, the one ``dsa_idx_no_wait`` needs); it
 if __name__ == "__main__":
     import json
 
-    import runtime
+    from tests.sglang_real import runtime
 
-    runtime.on_path("0.5.23")
+    runtime.use_sglang("0.5.23")
     print(json.dumps(run_dsa(sys.argv[1], fault=(sys.argv[2] if len(sys.argv) > 2 else None))))

@@ -23,9 +23,9 @@ ack is processed and lets another writer reuse them, ``l3_skip`` makes this rank
 (``backup_skip``, the switch SGLang sets on MLA ranks other than 0; 0.5.23 derives it from the storage config, which
 the fault makes that of an MLA replica that is not its shard's writer: here a CP rank that never writes its shard).
 
-CLI: ``python tests/sglang_real/l3_driver.py --version 0.5.20|0.5.23 --out DIR --matrix JSON [--world N --rank R --store
-S]`` (a list of :func:`run_l3` keyword sets; one JSON summary list on stdout), as ``driver.run_ranks(script=...)``
-starts it.
+CLI, from the repository root: ``python -m tests.sglang_real.l3_driver --version 0.5.20|0.5.23 --out DIR --matrix
+JSON [--world N --rank R --store S]`` (a list of :func:`run_l3` keyword sets; one JSON summary list on stdout), as
+``driver.run_ranks(module="l3_driver")`` starts it.
 """
 
 from __future__ import annotations
@@ -39,12 +39,7 @@ import sys
 import time
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
-
-import driver  # noqa: E402  (tests/sglang_real/driver.py)
-import runtime  # noqa: E402
+from tests.sglang_real import driver, runtime
 
 L3_FAULTS = ("l3_flip", "l3_free", "l3_skip")
 QUIET_S = 120.0   # the storage threads answer within milliseconds; past this they are stuck (a clear error)
@@ -331,7 +326,7 @@ def main(argv: list[str] | None = None, run: Any = None, versions: tuple = runti
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--store")
     a = p.parse_args(argv)
-    runtime.on_path(a.version)
+    runtime.use_sglang(a.version)
     res = []
     for i, kw in enumerate(json.loads(a.matrix)):
         out = os.path.join(a.out, str(i))

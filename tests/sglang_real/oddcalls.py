@@ -10,8 +10,9 @@ afterwards. The test runs this once with ``--instrument`` and once without, and 
 Also ``--evict-host N``: N host leaves, then ``evict_host`` of all of them, counting how many tree nodes the
 instrumentation's wrappers visit (each ``host_value`` read of a node): O(evicted), never O(leaves) per evicted node.
 
-CLI: ``python tests/sglang_real/oddcalls.py --version V [--instrument] [--evict-host N [--level L] [--no-count]]``;
-one JSON line out. ``bench/sglang_evict_host.py`` times the ``--evict-host`` mode side by side.
+CLI, from the repository root: ``python -m tests.sglang_real.oddcalls --version V [--instrument] [--evict-host N
+[--level L] [--no-count]]``; one JSON line out. ``bench/sglang_evict_host.py`` times the ``--evict-host`` mode side by
+side.
 """
 
 from __future__ import annotations
@@ -24,12 +25,7 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
-
-import driver  # noqa: E402  (tests/sglang_real/driver.py)
-import runtime  # noqa: E402
+from tests.sglang_real import driver, runtime
 
 
 class _CpuOnly:
@@ -304,7 +300,7 @@ def main() -> int:
     ap.add_argument("--late", action="store_true", help="a cache built before instrument(), used after it")
     ap.add_argument("--no-count", action="store_true", help="time evict_host without counting host_value reads")
     a = ap.parse_args()
-    runtime.on_path(a.version)
+    runtime.use_sglang(a.version)
     if a.late:
         res = late_instrument(a.version)
     elif a.evict_host:

@@ -1,7 +1,7 @@
 """SGLang's own request tracing and the instrumented HiCache in one process (run by test_reqlink_real.py with
 ``.sglang/<version>`` on PYTHONPATH):
 
-    python tests/sglang_real/reqlink_main.py VERSION OTLP_URL MODE [RUN_ID]
+    python -m tests.sglang_real.reqlink_main VERSION OTLP_URL MODE [RUN_ID]   (from the repository root)
 
 SGLang's tracing is set up by SGLang's ``process_tracing_init`` (opentelemetry-sdk, its ``BatchSpanProcessor`` and
 OTLP/HTTP exporter, ``--trace-modules request``), and cptrace-otel exports to the same OTLP receiver. Each request
@@ -26,8 +26,7 @@ import pickle
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+from tests.sglang_real import runtime
 
 RUN_ID = "reqlink-real"
 PROMPTS = [[11, 12, 13, 14, 15, 16, 17, 18], [11, 12, 13, 14, 21, 22], [11, 12, 13, 14, 15, 16, 17, 18, 31, 32],
@@ -35,6 +34,7 @@ PROMPTS = [[11, 12, 13, 14, 15, 16, 17, 18], [11, 12, 13, 14, 21, 22], [11, 12, 
 
 
 def main(version: str, url: str, mode: str, run_id: str = RUN_ID) -> None:
+    runtime.use_sglang(version)
     os.environ["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "http/protobuf"
     from array import array
 
@@ -73,10 +73,8 @@ def main(version: str, url: str, mode: str, run_id: str = RUN_ID) -> None:
 
     rids = [f"req{i}" for i in range(len(PROMPTS))]
     if mode == "cache":
-        import driver
-        import runtime
-
         from cptrace_otel.traced.sglang import SGLangInstrumentor
+        from tests.sglang_real import driver
 
         SGLangInstrumentor().instrument()
         cp, tp = driver._init_group(1, 0, tempfile.mktemp(prefix="cptrace-gloo-"))

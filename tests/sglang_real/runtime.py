@@ -1,6 +1,6 @@
 """Real SGLang HiCache on CPU, for tests: the three runtime answers, copies that complete steps later, and faults.
 
-Runs inside a process whose ``sys.path`` has ``.sglang/<version>/`` (see :func:`sglang_env`). Patches are narrow
+Runs inside a process whose ``PYTHONPATH`` has ``.sglang/<version>/`` (see :func:`sglang_env`). Patches are narrow
 and test-only (never shipped), and the same three serve 0.5.20 and 0.5.23 (0.5.23's host pool takes ``pin_memory``
 at the same position, its controller and ``l2_transfer`` take ``device_module`` the same way, and its direct IO
 copies through the same ``transfer_kv_direct``); 0.5.23 needs no other:
@@ -495,7 +495,25 @@ class Faults:
         cache._replace_pending_write_through_node = replace
 
 
-def on_path(version: str) -> None:
-    d = sglang_dir(version)
-    if d not in sys.path:
-        sys.path.insert(0, d)
+def use_sglang(version: str) -> None:
+    """Make this process one that imports SGLang ``version`` from its folder, with no ``sys.path`` edit: a process
+    started under :func:`sglang_env` (every driver the tests start) returns at once; a driver started by hand
+    (``python -m tests.sglang_real.driver --version ...``) is executed again, the same module and arguments, under
+    ``sglang_env(version)``. Call it first in a driver's ``main`` (the process image is replaced: nothing may have
+    started yet). Raises ``SystemExit`` with how to start it where it cannot: not started with ``-m``, or the folder
+    still missing from ``sys.path`` after that."""
+    want = os.path.realpath(sglang_dir(version))
+    if any(os.path.realpath(p or os.curdir) == want for p in sys.path):
+        return
+    env = sglang_env(version)
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    if spec is None or os.environ.get("PYTHONPATH") == env["PYTHONPATH"]:   # (the second: do not exec in a loop)
+        raise SystemExit(f"SGLang {version} is not on sys.path: start a driver as `python -m {__package__}.MODULE` "
+                         f"from {ROOT}, or with PYTHONPATH={env['PYTHONPATH']}")
+    os.execve(sys.executable, [sys.executable, "-m", spec.name, *sys.argv[1:]], env)
+
+
+def module_cmd(module: str, *args: str) -> list[str]:
+    """The command line that starts ``module`` of this package (``"driver"``, ``"l3_driver"``, ...) as
+    ``python -m tests.sglang_real.<module>``; run it with ``cwd=ROOT`` and the environment of :func:`sglang_env`."""
+    return [sys.executable, "-m", f"{__package__}.{module}", *args]

@@ -14,16 +14,11 @@ the CANARY rule counts those on a reloaded node's slots as ``CANARY-skipped(relo
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-import runtime  # noqa: E402
+from tests.sglang_real import runtime
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -37,8 +32,8 @@ MATRIX = [
 def runs(tmp_path_factory) -> list[dict]:
     runtime.need("0.5.23")
     out = tmp_path_factory.mktemp("canary")
-    p = subprocess.run([sys.executable, os.path.join(HERE, "canary_driver.py"), "--version", "0.5.23", "--out",
-                        str(out), "--matrix", json.dumps(MATRIX)], env=runtime.sglang_env("0.5.23"),
+    p = subprocess.run(runtime.module_cmd("canary_driver", "--version", "0.5.23", "--out", str(out), "--matrix",
+                                          json.dumps(MATRIX)), env=runtime.sglang_env("0.5.23"), cwd=runtime.ROOT,
                        capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])

@@ -21,16 +21,12 @@ Without the SGLang folder the tests skip, unless ``CPTRACE_REQUIRE_SGLANG=1`` (`
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-import runtime  # noqa: E402  (tests/sglang_real/runtime.py)
+from tests.sglang_real import runtime
 
 VERSION = "0.5.23"
 WORLD, FAULT_RANK = 3, 1
@@ -51,12 +47,11 @@ CROSS = ("C1", "C2", "C3", "C4", "C5", "L3")
 def runs(tmp_path_factory) -> list[list[dict]]:
     """``runs[i][r]``: rank ``r``'s summary of MATRIX entry ``i``."""
     runtime.need(VERSION)
-    import cp_driver
-    import driver
+    from tests.sglang_real import driver
 
     out = tmp_path_factory.mktemp("cpmode")
     return driver.run_ranks(VERSION, str(out), world=WORLD, fault_rank=FAULT_RANK, matrix=MATRIX,
-                            script=cp_driver.__file__)
+                            module="cp_driver")
 
 
 def _configs(events) -> dict[int, dict]:

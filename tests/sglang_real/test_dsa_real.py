@@ -6,28 +6,21 @@ before its DSA index buffers were backed up to host (the indexer dropped from th
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from typing import Any
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
-
-import runtime  # noqa: E402
-from test_sglang_real import _check_json as _check, _records  # noqa: E402  (the same readers)
-
-from cptrace_otel.model import semconv as sc  # noqa: E402
+from cptrace_otel.model import semconv as sc
+from tests.sglang_real import runtime
+from tests.sglang_real.test_sglang_real import _check_json as _check, _records  # (the same readers)
 
 pytestmark = pytest.mark.sglang
 VERSION = "0.5.23"
 RUN = """
-import json, sys
-sys.path.insert(0, {here!r})
-import dsa_driver
+import json
+from tests.sglang_real import dsa_driver
 out = []
 for fault in (None, "dsa_no_idx_backup"):
     r = dsa_driver.run_dsa({out!r} + "/" + str(fault), fault=fault, batch=3, checks=True, exact=True)
@@ -54,7 +47,7 @@ def _both(tmp_path_factory: Any, script: str, name: str) -> list[dict]:
     """``script`` (:data:`RUN`'s shape) in a process with SGLang 0.5.23: the healthy run's and the fault's summary."""
     runtime.need(VERSION)
     out = str(tmp_path_factory.mktemp(name))
-    p = subprocess.run([sys.executable, "-c", script.format(here=HERE, out=out)], env=runtime.sglang_env(VERSION),
+    p = subprocess.run([sys.executable, "-c", script.format(out=out)], env=runtime.sglang_env(VERSION),
                        capture_output=True, text=True, timeout=600, cwd=runtime.ROOT)
     assert p.returncode == 0, p.stderr[-4000:]
     runs = json.loads(p.stdout.strip().splitlines()[-1])

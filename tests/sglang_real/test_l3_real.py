@@ -31,10 +31,7 @@ from collections import Counter
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-import runtime  # noqa: E402  (tests/sglang_real/runtime.py)
+from tests.sglang_real import runtime
 
 VERSIONS = ("0.5.20", "0.5.23")
 pytestmark = [pytest.mark.sglang, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -77,9 +74,9 @@ def version(request) -> str:
 @pytest.fixture(scope="module")
 def single(version, tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("l3")
-    p = subprocess.run([sys.executable, os.path.join(HERE, "l3_driver.py"), "--version", version, "--out", str(out),
-                        "--matrix", json.dumps(SINGLE)], env=runtime.sglang_env(version), capture_output=True,
-                       text=True, timeout=900)
+    p = subprocess.run(runtime.module_cmd("l3_driver", "--version", version, "--out", str(out), "--matrix",
+                                          json.dumps(SINGLE)), env=runtime.sglang_env(version), cwd=runtime.ROOT,
+                       capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 
@@ -89,21 +86,20 @@ def persisted(version, tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("l3persist")
     a_store = os.path.join(str(out), "0", "l3store")
     matrix = [PERSISTED[0]] + [{**kw, "l3_from": a_store} for kw in PERSISTED[1:]]
-    p = subprocess.run([sys.executable, os.path.join(HERE, "l3_driver.py"), "--version", version, "--out", str(out),
-                        "--matrix", json.dumps(matrix)], env=runtime.sglang_env(version), capture_output=True,
-                       text=True, timeout=900)
+    p = subprocess.run(runtime.module_cmd("l3_driver", "--version", version, "--out", str(out), "--matrix",
+                                          json.dumps(matrix)), env=runtime.sglang_env(version), cwd=runtime.ROOT,
+                       capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
 def cp(version, tmp_path_factory) -> list[list[dict]]:
-    import driver
-    import l3_driver
+    from tests.sglang_real import driver
 
     out = tmp_path_factory.mktemp("l3cp")
     return driver.run_ranks(version, str(out), world=CP_WORLD, fault_rank=CP_FAULT_RANK, matrix=CP,
-                            script=l3_driver.__file__)
+                            module="l3_driver")
 
 
 _check, _events, _fmt = runtime.check_json, runtime.log_events, runtime.fmt_findings
@@ -277,14 +273,13 @@ def test_0_5_23_cache_given_another_backend_at_run_time_stops_being_traced(tmp_p
         "    def __init__(self, storage_config, kwargs):\n"
         f"        super().__init__(storage_config, file_path={str(tmp_path / 'store')!r})\n")
     code = f"""
-import json, logging, sys
-sys.path[:0] = [{HERE!r}, {str(tmp_path)!r}]
+import json, logging
 msgs = []
 class H(logging.Handler):
     def emit(self, rec): msgs.append(rec.getMessage())
 logging.getLogger("cptrace_otel.sglang").addHandler(H())
-import cptrace_otel, driver, l3_driver, runtime
-runtime.on_path("0.5.23")
+import cptrace_otel
+from tests.sglang_real import driver, l3_driver, runtime
 log = {str(tmp_path / "rank-0.log")!r}
 cptrace_otel.configure(level=2, log_file=log, file=log + ".otlp.jsonl", exporter="thread", checks=False)
 from cptrace_otel.traced.sglang import SGLangInstrumentor
@@ -301,8 +296,10 @@ cptrace_otel.flush(30)
 cptrace_otel.shutdown(30)
 print(json.dumps({{"msgs": msgs, "traced": out}}))
 """
-    p = subprocess.run([sys.executable, "-c", code], env=runtime.sglang_env("0.5.23"), capture_output=True, text=True,
-                       timeout=300, cwd=runtime.ROOT)
+    env = runtime.sglang_env("0.5.23")
+    env["PYTHONPATH"] += os.pathsep + str(tmp_path)   # (where the dynamic backend imports its module from)
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
+                       cwd=runtime.ROOT)
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads(p.stdout.strip().splitlines()[-1])
     assert r["traced"] == {"file": [True] * 5, "dynamic": [False] * 5}, r

@@ -8,18 +8,12 @@ indexer read that skips the per-layer wait (the GLM-5 + L2 HiCache report, SGLan
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import Any
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
-
-from test_dsa_real import RUN, _both, _online  # noqa: E402  (the same runner and readers)
-from test_sglang_real import _check_json as _check, _records  # noqa: E402
+from tests.sglang_real.test_dsa_real import RUN, _both, _online  # (the same runner and readers)
+from tests.sglang_real.test_sglang_real import _check_json as _check, _records
 
 pytestmark = pytest.mark.sglang
 RUN_LW = RUN.replace('(None, "dsa_no_idx_backup")', '(None, "dsa_idx_no_wait")').replace(

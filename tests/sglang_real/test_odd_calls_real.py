@@ -13,25 +13,19 @@ on SGLang's real HiCache code (0.5.20 and 0.5.23, CPU), through tests/sglang_rea
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-import runtime  # noqa: E402
+from tests.sglang_real import runtime
 
 pytestmark = pytest.mark.sglang
-ODD = os.path.join(HERE, "oddcalls.py")
 
 
 def _odd(version: str, *flags: str) -> dict:
     runtime.need(version)
-    p = subprocess.run([sys.executable, ODD, "--version", version, *flags], env=runtime.sglang_env(version),
-                       capture_output=True, text=True, timeout=900)
+    p = subprocess.run(runtime.module_cmd("oddcalls", "--version", version, *flags), env=runtime.sglang_env(version),
+                       cwd=runtime.ROOT, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-4000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 

@@ -17,17 +17,12 @@ rank for the five runs). Without the SGLang folder the tests skip, unless ``CPTR
 
 from __future__ import annotations
 
-import os
 import re
-import sys
 from collections import Counter
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-import runtime  # noqa: E402  (tests/sglang_real/runtime.py)
+from tests.sglang_real import runtime
 
 VERSIONS = runtime.VERSIONS
 WORLD, FAULT_RANK = 4, 2
@@ -52,7 +47,7 @@ CROSS = ("C1", "C2", "C3", "C4", "C5")
 def runs(request, tmp_path_factory) -> list[list[dict]]:
     """``runs[i][r]``: rank ``r``'s driver summary of MATRIX entry ``i``, for each SGLang version."""
     runtime.need(request.param)
-    import driver
+    from tests.sglang_real import driver
 
     out = tmp_path_factory.mktemp("ranks")
     matrix = [{**BASE, **m, **({"nth": FLIP_NTH[request.param]} if m.get("fault") == "flip" else {})}

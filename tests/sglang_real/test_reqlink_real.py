@@ -16,28 +16,21 @@ request objects, are tested too (its tracing module, without a cache).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-import runtime  # noqa: E402
-
-from cptrace_otel.model import semconv as sc  # noqa: E402
-from tests.helpers.otlp_receiver import HttpReceiver  # noqa: E402
+from cptrace_otel.model import semconv as sc
+from tests.helpers.otlp_receiver import HttpReceiver
+from tests.sglang_real import runtime
 
 pytestmark = pytest.mark.sglang
-MAIN = os.path.join(HERE, "reqlink_main.py")
 
 
 def _run(version: str, mode: str) -> tuple[dict, list]:
     runtime.need(version)
     with HttpReceiver() as rx:
-        p = subprocess.run([sys.executable, MAIN, version, rx.url, mode], env=runtime.sglang_env(version),
+        p = subprocess.run(runtime.module_cmd("reqlink_main", version, rx.url, mode), env=runtime.sglang_env(version),
                            capture_output=True, text=True, timeout=300, cwd=runtime.ROOT)
         assert p.returncode == 0, p.stderr[-4000:]
         return json.loads(p.stdout.strip().splitlines()[-1]), rx.spans()

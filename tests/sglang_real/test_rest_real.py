@@ -16,15 +16,9 @@ One driver process per version runs its four runs (``--matrix``); without SGLang
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-from test_rules_real import _fmt, _lineage, drive_matrix  # noqa: E402
+from tests.sglang_real.test_rules_real import _fmt, _lineage, drive_matrix
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow, pytest.mark.timeout(900)]
 

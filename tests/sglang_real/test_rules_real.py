@@ -15,16 +15,11 @@ folder the tests skip, unless ``CPTRACE_REQUIRE_SGLANG=1`` (``.ci/run``), where 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-import runtime  # noqa: E402  (tests/sglang_real/runtime.py)
+from tests.sglang_real import runtime
 
 VERSION = "0.5.20"
 pytestmark = [pytest.mark.sglang, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -40,13 +35,14 @@ def drive(out: str, **kw) -> tuple[dict, object, list]:
     from cptrace_otel.analyze.sources.logs import read_log_events
 
     _need()
-    args = [sys.executable, os.path.join(HERE, "driver.py"), "--version", VERSION, "--out", out]
+    args = runtime.module_cmd("driver", "--version", VERSION, "--out", out)
     for k, v in kw.items():
         if v is True:
             args.append("--" + k.replace("_", "-"))
         elif v is not None and v is not False:
             args += ["--" + k.replace("_", "-"), str(v)]
-    p = subprocess.run(args, env=runtime.sglang_env(VERSION), capture_output=True, text=True, timeout=600)
+    p = subprocess.run(args, env=runtime.sglang_env(VERSION), cwd=runtime.ROOT, capture_output=True, text=True,
+                       timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     summary = json.loads(p.stdout.strip().splitlines()[-1])
     events = list(read_log_events([summary["log"]]))
@@ -238,9 +234,9 @@ def drive_matrix(out: str, version: str, matrix: list[dict]) -> list:
     from cptrace_otel.analyze.sources.logs import read_log_events
 
     runtime.need(version)
-    args = [sys.executable, os.path.join(HERE, "driver.py"), "--version", version, "--out", out,
-            "--matrix", json.dumps(matrix)]
-    p = subprocess.run(args, env=runtime.sglang_env(version), capture_output=True, text=True, timeout=900)
+    args = runtime.module_cmd("driver", "--version", version, "--out", out, "--matrix", json.dumps(matrix))
+    p = subprocess.run(args, env=runtime.sglang_env(version), cwd=runtime.ROOT, capture_output=True, text=True,
+                       timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     out_runs = []
     for summary in json.loads(p.stdout.strip().splitlines()[-1]):

@@ -21,12 +21,8 @@ import textwrap
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-import runtime  # noqa: E402
-
-from cptrace_otel.model.logline import parse_line  # noqa: E402
+from cptrace_otel.model.logline import parse_line
+from tests.sglang_real import runtime
 
 pytestmark = pytest.mark.sglang
 VERSION = "0.5.20"   # HiRadixCache (the version-independent tests); 0.5.23: UnifiedRadixCache
@@ -34,7 +30,6 @@ VERSIONS = runtime.VERSIONS
 # per version: a module and a method the instrumentation wraps, and the cache module a build's call sites live in
 TARGETS = {"0.5.20": ("sglang.srt.mem_cache.hiradix_cache", "HiRadixCache", "insert"),
            "0.5.23": ("sglang.srt.mem_cache.unified_radix_cache", "UnifiedRadixCache", "_track_write_through_node")}
-DRIVER = os.path.join(HERE, "driver.py")
 
 
 def _need(version: str = VERSION) -> None:
@@ -50,8 +45,9 @@ def _py(code: str, version: str = VERSION, timeout: int = 300, **env: str) -> di
 
 
 def _drive(out: str, matrix: list[dict], version: str = VERSION, timeout: int = 600) -> list[dict]:
-    p = subprocess.run([sys.executable, DRIVER, "--version", version, "--out", out, "--matrix", json.dumps(matrix)],
-                       env=runtime.sglang_env(version), capture_output=True, text=True, timeout=timeout)
+    p = subprocess.run(runtime.module_cmd("driver", "--version", version, "--out", out, "--matrix", json.dumps(matrix)),
+                       env=runtime.sglang_env(version), cwd=runtime.ROOT, capture_output=True, text=True,
+                       timeout=timeout)
     assert p.returncode == 0, p.stderr[-4000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 
@@ -191,8 +187,7 @@ def test_0_5_23_with_another_tree_core_is_not_traced_at_all(tmp_path):
     register (``register_tree_core_backend``): a delegating wrapper of the Python core, which is not one."""
     _need("0.5.23")
     r = _py(f"""
-import json, logging, os, sys
-sys.path.insert(0, {HERE!r})
+import json, logging, os
 msgs = []
 class H(logging.Handler):
     def emit(self, rec): msgs.append(rec.getMessage())
@@ -204,7 +199,7 @@ class Other:
     def __getattr__(self, k): return getattr(self._inner, k)
     def __setattr__(self, k, v): setattr(self._inner, k, v)
 reg.register_tree_core_backend("other", lambda p, c: Other(UnifiedTreeCore(p, c)))
-import driver
+from tests.sglang_real import driver
 r = driver.run("0.5.23", {str(tmp_path)!r}, requests=40)
 n = 0
 if os.path.exists(r["log"]):
@@ -416,8 +411,7 @@ def test_fault_found_by_check(faulty, i, code):
 @pytest.mark.parametrize("version", ["0.5.20"])
 def test_four_ranks_one_faulty(tmp_path, version):
     _need(version)
-    sys.path.insert(0, HERE)
-    import driver
+    from tests.sglang_real import driver
 
     outs = driver.run_ranks(version, str(tmp_path), world=4, fault_rank=2, fault="early_release", requests=60,
                             dev_tokens=256, exact=True, reset=False)
