@@ -1,7 +1,7 @@
 """Which of 0.5.23's records the present sites would write, and write right, over the Rust tree core: an experiment,
 never the shipped behaviour (the instrumentation refuses a Rust-core cache: one warning, no record).
 
-    python3 bench/sglang_rust_records.py [--requests 150] [--seed 3] [--policy write_back] [--dev-tokens 256]
+    python3 -m bench.sglang_rust_records [--requests 150] [--seed 3] [--policy write_back] [--dev-tokens 256]
         [--host-ratio 1.5]
 
 Runs tests/sglang_real/rust_driver.py twice, the same request stream at level 2 with exact sets: on the Python core
@@ -25,17 +25,12 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests", "sglang_real"))
-sys.path.insert(0, ROOT)
-
-import runtime  # noqa: E402
+from tests.sglang_real import runtime
 
 IDS = ("node_id", "nodes", "new_id", "chain", "pub", "parent")   # fields that name nodes (numbered per core)
 ONE_CORE = """
-import json, sys
-sys.path.insert(0, {here!r})
-import rust_driver
+import json
+from tests.sglang_real import rust_driver
 from cptrace_otel.traced.sglang import _sites23, _state
 shipped = _sites23.untraceable
 def lifted(cache):   # the experiment: a Rust-core cache is traced by the present sites
@@ -50,8 +45,9 @@ print(json.dumps({{"core": r["stats"]["tree_core"], "corruption": len(r["corrupt
 
 def one_core(core: str, out: str, kw: dict) -> dict:
     env = runtime.sglang_env("0.5.23", rust=True, SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=core)
-    code = ONE_CORE.format(here=os.path.join(ROOT, "tests", "sglang_real"), out=out, kw=json.dumps(kw))
-    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+    code = ONE_CORE.format(out=out, kw=json.dumps(kw))
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900,
+                       cwd=runtime.ROOT)
     if p.returncode != 0:
         raise RuntimeError(f"the {core} core's run failed: {p.stderr[-3000:]}")
     return dict(json.loads(p.stdout.strip().splitlines()[-1]))

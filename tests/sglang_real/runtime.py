@@ -495,17 +495,17 @@ class Faults:
         cache._replace_pending_write_through_node = replace
 
 
-def use_sglang(version: str) -> None:
+def use_sglang(version: str, rust: bool = False) -> None:
     """Make this process one that imports SGLang ``version`` from its folder, with no ``sys.path`` edit: a process
     started under :func:`sglang_env` (every driver the tests start) returns at once; a driver started by hand
     (``python -m tests.sglang_real.driver --version ...``) is executed again, the same module and arguments, under
     ``sglang_env(version)``. Call it first in a driver's ``main`` (the process image is replaced: nothing may have
     started yet). Raises ``SystemExit`` with how to start it where it cannot: not started with ``-m``, or the folder
     still missing from ``sys.path`` after that."""
-    want = os.path.realpath(sglang_dir(version))
-    if any(os.path.realpath(p or os.curdir) == want for p in sys.path):
+    want = {os.path.realpath(sglang_dir(version)), *([os.path.realpath(rust_torch_dir())] if rust else [])}
+    if want <= {os.path.realpath(p or os.curdir) for p in sys.path}:
         return
-    env = sglang_env(version)
+    env = sglang_env(version, rust)
     spec = getattr(sys.modules["__main__"], "__spec__", None)
     if spec is None or os.environ.get("PYTHONPATH") == env["PYTHONPATH"]:   # (the second: do not exec in a loop)
         raise SystemExit(f"SGLang {version} is not on sys.path: start a driver as `python -m {__package__}.MODULE` "

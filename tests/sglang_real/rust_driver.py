@@ -18,17 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from array import array
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
-
-import driver  # noqa: E402  (tests/sglang_real/driver.py)
-import runtime  # noqa: E402
+from tests.sglang_real import driver, runtime
 
 
 def request_stream(seed: int, n: int, page_size: int) -> list[array]:
@@ -123,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sglang-selects", action="store_true",
                    help="the tree core SGLang selects (else driver.py's default, the Python core)")
     a = vars(p.parse_args(argv))
-    runtime.on_path("0.5.23")
+    runtime.use_sglang("0.5.23", rust=True)
     print(json.dumps(run(**a)))
     return 0
 

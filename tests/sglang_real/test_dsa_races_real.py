@@ -12,26 +12,18 @@ each checked offline (``check``) and online (the exporter's checks):
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
-
-from test_dsa_real import _both, _online  # noqa: E402  (the same runner and readers)
-from test_sglang_real import _check_json as _check, _records  # noqa: E402
+from tests.sglang_real.test_dsa_real import _both, _online  # (the same runner and readers)
+from tests.sglang_real.test_sglang_real import _check_json as _check, _records
 
 pytestmark = pytest.mark.sglang
 
 RUN_L3 = """
-import json, os, sys
-sys.path.insert(0, {here!r})
+import json, os
 # the file backend under a size cap: SGLang's LRUFileEvictor tracks every object (the cap is never reached)
 os.environ["SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE"] = "1G"
-import dsa_driver
+from tests.sglang_real import dsa_driver
 out = []
 for fault in (None, "dsa_l3_idx_evicted", "dsa_l3_idx_evicted_unclamped"):
     out.append(dsa_driver.run_dsa({out!r} + "/" + str(fault), fault=fault, batch=3, checks=True, exact=True,
@@ -40,9 +32,8 @@ print(json.dumps(out))
 """
 
 RUN_PIN = """
-import json, sys
-sys.path.insert(0, {here!r})
-import dsa_driver
+import json
+from tests.sglang_real import dsa_driver
 out = []
 for fault in ("dsa_early_release", "dsa_early_release_idx"):
     out.append(dsa_driver.run_dsa({out!r} + "/" + str(fault), fault=fault, batch=3, checks=True, exact=True))

@@ -6,6 +6,7 @@ before its DSA index buffers were backed up to host (the indexer dropped from th
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from typing import Any

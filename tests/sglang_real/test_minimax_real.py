@@ -8,28 +8,19 @@ never as passed. What the copy ops move is still judged: a backup that leaves th
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
-
-from test_dsa_real import _both, _online  # noqa: E402  (the same runner and readers)
-from test_sglang_real import _check_json as _check, _records  # noqa: E402
-
-from cptrace_otel.model import semconv as sc  # noqa: E402
+from cptrace_otel.model import semconv as sc
+from tests.sglang_real.test_dsa_real import _both, _online  # (the same runner and readers)
+from tests.sglang_real.test_sglang_real import _check_json as _check, _records
 
 pytestmark = pytest.mark.sglang
 
 RUN = """
-import functools, json, sys
-sys.path.insert(0, {here!r})
-import runtime
+import functools, json
+from tests.sglang_real import runtime
 runtime.apply_cpu_answers()
-import driver, dsa_driver
+from tests.sglang_real import driver, dsa_driver
 import sglang.srt.mem_cache.pool_host.mha as mha
 runtime._unpinned(mha.MHATokenToKOnlyPoolHost, 4)   # (its pin_memory is its 4th argument)
 

@@ -11,37 +11,32 @@ it is unset, so an instrumented cache runs the Python core where SGLang would ha
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-import runtime  # noqa: E402
+from tests.sglang_real import runtime
 
 pytestmark = pytest.mark.sglang
 VAR = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"
-PRELUDE = f"""
-import json, logging, os, sys
-sys.path.insert(0, {HERE!r})
+PRELUDE = """
+import json, logging, os
 msgs = []
 class H(logging.Handler):
     def emit(self, rec): msgs.append(rec.getMessage())
 logging.getLogger("cptrace_otel.sglang").addHandler(H())
-import rust_driver
+from tests.sglang_real import rust_driver
 def records(r):
     if not os.path.exists(r["log"]):
         return 0
     with open(r["log"]) as f:
         return sum("[CPTRACE" in line for line in f)
 def summary(r):
-    return {{"core": r["stats"]["tree_core"], "corruption": r["corruption"][:5], "records": records(r),
+    return {"core": r["stats"]["tree_core"], "corruption": r["corruption"][:5], "records": records(r),
             "admitted": r["stats"]["admitted"], "loads": r["stats"]["loads"],
-            "audited": r["stats"]["host_audited"], "hits": r["fault_hits"]}}
+            "audited": r["stats"]["host_audited"], "hits": r["fault_hits"]}
 """
 
 
