@@ -3,46 +3,82 @@
 #ifndef CPTRACE_GRAMMAR_H
 #define CPTRACE_GRAMMAR_H
 
-#define CPTRACE_LINE_MARKER "[CPTRACE"           /* what starts a record in a log line; a space, the tag and ']' follow */
-#define CPTRACE_LINE_MARKER_LEN 8                /* bytes of CPTRACE_LINE_MARKER */
-#define CPTRACE_LINE_RANK_PREFIX "ATTN_CP"       /* SGLang's logger prefix names the rank as this text and its digits */
-#define CPTRACE_LINE_RANK_PREFIX_LEN 7           /* bytes of CPTRACE_LINE_RANK_PREFIX */
-#define CPTRACE_LINE_TS_FIELD "ts"               /* the field whose int value is the record's timestamp (else the line number) */
-#define CPTRACE_LINE_TS_FIELD_LEN 2              /* bytes of CPTRACE_LINE_TS_FIELD */
-#define CPTRACE_LINE_RANK_FIELD "rank"           /* the field whose int value >= 0 is the record's rank */
-#define CPTRACE_LINE_RANK_FIELD_LEN 4            /* bytes of CPTRACE_LINE_RANK_FIELD */
-#define CPTRACE_LINE_MAX_OTHER_MARKERS 4         /* other line markers (read by Python) the C reader can be told of */
-#define CPTRACE_VALUE_TRUE_TEXT "True"           /* a bool True as a value's text */
-#define CPTRACE_VALUE_TRUE_TEXT_LEN 4            /* bytes of CPTRACE_VALUE_TRUE_TEXT */
-#define CPTRACE_VALUE_FALSE_TEXT "False"         /* a bool False as a value's text */
-#define CPTRACE_VALUE_FALSE_TEXT_LEN 5           /* bytes of CPTRACE_VALUE_FALSE_TEXT */
-#define CPTRACE_VALUE_RNG_PARTS 5                /* the parts of an rng summary (cnt, min, max, first, last) */
-#define CPTRACE_VALUE_MAX_INT_DIGITS 4000        /* the C readers leave longer digit runs to Python (int() refuses over 4300) */
-#define CPTRACE_VALUE_MAX_VALUE_CHARS 65536      /* longer rendered values are cut, with a ...(cut:N) marker */
-#define CPTRACE_SIDE_BASE 200                    /* bytes counted for every record */
-#define CPTRACE_SIDE_PER_FIELD 64                /* bytes counted for every field */
-#define CPTRACE_SIDE_PER_ITEM 16                 /* bytes counted for every item of a list or tuple value */
-#define CPTRACE_RING_MAGIC 0x32474e4952545043ULL /* the first u64 of a ring buffer: "CPTRING2" read little-endian */
-#define CPTRACE_RING_HEADER_BYTES 256            /* bytes before the records: magic and cap, the producer's line, the consumer's line */
-#define CPTRACE_RING_PRODUCER_LINE 64            /* offset of the producer's cache line (write_pos, dropped, side_next, written) */
-#define CPTRACE_RING_CONSUMER_LINE 128           /* offset of the consumer's cache line (read_pos, consumed, free_pos, reader) */
-#define CPTRACE_RING_MIN_CAP 64                  /* the smallest data capacity (bytes, a power of two) */
-#define CPTRACE_RING_MIN_BYTES 4096              /* the smallest ring the traced process makes (CPTRACE_RING_BYTES' floor) */
-#define CPTRACE_RING_ALIGN 8                     /* every record starts at a multiple of this */
-#define CPTRACE_RING_RECORD_HEADER 8             /* u32 size, u16 kind, u16 nfields */
-#define CPTRACE_RING_PLACEHOLDER_BYTES 16        /* a PH record: its header and the u64 side id */
-#define CPTRACE_RING_KIND_REC 1                  /* record kind: an encoded record */
-#define CPTRACE_RING_KIND_PH 2                   /* record kind: a placeholder of a side record */
-#define CPTRACE_RING_KIND_PAD 3                  /* record kind: padding to the end of the buffer */
-#define CPTRACE_RING_MAX_FIELDS 64               /* records with more fields take the side path */
-#define CPTRACE_RING_MAX_LIST 64                 /* lists or tuples of ints with more items take the side path */
-#define CPTRACE_RING_MAX_RECORD 65536            /* larger records take the side path ... */
-#define CPTRACE_RING_MAX_RECORD_SHARE 8          /* ... as do records larger than the ring's capacity divided by this */
-#define CPTRACE_RING_V_INT 'i'                   /* value kind: i64 */
-#define CPTRACE_RING_V_FLOAT 'f'                 /* value kind: f64 */
-#define CPTRACE_RING_V_STR 's'                   /* value kind: varint length and UTF-8 */
-#define CPTRACE_RING_V_TRUE 'T'                  /* value kind: True (read back as the true text) */
-#define CPTRACE_RING_V_FALSE 'F'                 /* value kind: False (read back as the false text) */
-#define CPTRACE_EVENT_FIELDS_COUNT 9             /* Event's constructor arguments: tag, rank, seq, ts, epoch, fields, level, src, line_no */
+#define CPTRACE_LINE_MARKER "[CPTRACE"               /* what starts a record in a log line; a space, the tag and ']' follow */
+#define CPTRACE_LINE_MARKER_LEN 8                    /* bytes of CPTRACE_LINE_MARKER */
+#define CPTRACE_LINE_RANK_PREFIX "ATTN_CP"           /* SGLang's logger prefix names the rank as this text and its digits */
+#define CPTRACE_LINE_RANK_PREFIX_LEN 7               /* bytes of CPTRACE_LINE_RANK_PREFIX */
+#define CPTRACE_LINE_TS_FIELD "ts"                   /* the field whose int value is the record's timestamp (else the line number) */
+#define CPTRACE_LINE_TS_FIELD_LEN 2                  /* bytes of CPTRACE_LINE_TS_FIELD */
+#define CPTRACE_LINE_RANK_FIELD "rank"               /* the field whose int value >= 0 is the record's rank */
+#define CPTRACE_LINE_RANK_FIELD_LEN 4                /* bytes of CPTRACE_LINE_RANK_FIELD */
+#define CPTRACE_LINE_MAX_OTHER_MARKERS 4             /* other line markers (read by Python) the C reader can be told of */
+#define CPTRACE_VALUE_TRUE_TEXT "True"               /* a bool True as a value's text */
+#define CPTRACE_VALUE_TRUE_TEXT_LEN 4                /* bytes of CPTRACE_VALUE_TRUE_TEXT */
+#define CPTRACE_VALUE_FALSE_TEXT "False"             /* a bool False as a value's text */
+#define CPTRACE_VALUE_FALSE_TEXT_LEN 5               /* bytes of CPTRACE_VALUE_FALSE_TEXT */
+#define CPTRACE_VALUE_RNG_PARTS 5                    /* the parts of an rng summary (cnt, min, max, first, last) */
+#define CPTRACE_VALUE_MAX_INT_DIGITS 4000            /* the C readers leave longer digit runs to Python (int() refuses over 4300) */
+#define CPTRACE_VALUE_MAX_VALUE_CHARS 65536          /* longer rendered values are cut, with a ...(cut:N) marker */
+#define CPTRACE_SIDE_BASE 200                        /* bytes counted for every record */
+#define CPTRACE_SIDE_PER_FIELD 64                    /* bytes counted for every field */
+#define CPTRACE_SIDE_PER_ITEM 16                     /* bytes counted for every item of a list or tuple value */
+#define CPTRACE_RING_MAGIC 0x32474e4952545043ULL     /* the first u64 of a ring buffer: "CPTRING2" read little-endian */
+#define CPTRACE_RING_HEADER_BYTES 256                /* bytes before the records: magic and cap, the producer's line, the consumer's line */
+#define CPTRACE_RING_PRODUCER_LINE 64                /* offset of the producer's cache line (write_pos, dropped, side_next, written) */
+#define CPTRACE_RING_CONSUMER_LINE 128               /* offset of the consumer's cache line (read_pos, consumed, free_pos, reader) */
+#define CPTRACE_RING_MIN_CAP 64                      /* the smallest data capacity (bytes, a power of two) */
+#define CPTRACE_RING_MIN_BYTES 4096                  /* the smallest ring the traced process makes (CPTRACE_RING_BYTES' floor) */
+#define CPTRACE_RING_ALIGN 8                         /* every record starts at a multiple of this */
+#define CPTRACE_RING_RECORD_HEADER 8                 /* u32 size, u16 kind, u16 nfields */
+#define CPTRACE_RING_PLACEHOLDER_BYTES 16            /* a PH record: its header and the u64 side id */
+#define CPTRACE_RING_KIND_REC 1                      /* record kind: an encoded record */
+#define CPTRACE_RING_KIND_PH 2                       /* record kind: a placeholder of a side record */
+#define CPTRACE_RING_KIND_PAD 3                      /* record kind: padding to the end of the buffer */
+#define CPTRACE_RING_MAX_FIELDS 64                   /* records with more fields take the side path */
+#define CPTRACE_RING_MAX_LIST 64                     /* lists or tuples of ints with more items take the side path */
+#define CPTRACE_RING_MAX_RECORD 65536                /* larger records take the side path ... */
+#define CPTRACE_RING_MAX_RECORD_SHARE 8              /* ... as do records larger than the ring's capacity divided by this */
+#define CPTRACE_RING_V_INT 'i'                       /* value kind: i64 */
+#define CPTRACE_RING_V_FLOAT 'f'                     /* value kind: f64 */
+#define CPTRACE_RING_V_STR 's'                       /* value kind: varint length and UTF-8 */
+#define CPTRACE_RING_V_TRUE 'T'                      /* value kind: True (read back as the true text) */
+#define CPTRACE_RING_V_FALSE 'F'                     /* value kind: False (read back as the false text) */
+#define CPTRACE_EVENT_FIELDS_COUNT 9                 /* Event's constructor arguments: tag, rank, seq, ts, epoch, fields, level, src, line_no */
+#define CPTRACE_OTLP_KV_KEY 0x0a                     /* common.v1.KeyValue.key */
+#define CPTRACE_OTLP_KV_VALUE 0x12                   /* common.v1.KeyValue.value */
+#define CPTRACE_OTLP_ANY_STRING 0x0a                 /* common.v1.AnyValue.string_value */
+#define CPTRACE_OTLP_ANY_BOOL 0x10                   /* common.v1.AnyValue.bool_value */
+#define CPTRACE_OTLP_ANY_INT 0x18                    /* common.v1.AnyValue.int_value */
+#define CPTRACE_OTLP_ANY_DOUBLE 0x21                 /* common.v1.AnyValue.double_value */
+#define CPTRACE_OTLP_SPAN_TRACE_ID 0x0a              /* trace.v1.Span.trace_id */
+#define CPTRACE_OTLP_SPAN_SPAN_ID 0x12               /* trace.v1.Span.span_id */
+#define CPTRACE_OTLP_SPAN_PARENT 0x22                /* trace.v1.Span.parent_span_id */
+#define CPTRACE_OTLP_SPAN_NAME 0x2a                  /* trace.v1.Span.name */
+#define CPTRACE_OTLP_SPAN_KIND 0x30                  /* trace.v1.Span.kind */
+#define CPTRACE_OTLP_SPAN_START 0x39                 /* trace.v1.Span.start_time_unix_nano */
+#define CPTRACE_OTLP_SPAN_END 0x41                   /* trace.v1.Span.end_time_unix_nano */
+#define CPTRACE_OTLP_SPAN_ATTRIBUTES 0x4a            /* trace.v1.Span.attributes */
+#define CPTRACE_OTLP_SPAN_EVENTS 0x5a                /* trace.v1.Span.events */
+#define CPTRACE_OTLP_SPAN_LINKS 0x6a                 /* trace.v1.Span.links */
+#define CPTRACE_OTLP_SPAN_STATUS 0x7a                /* trace.v1.Span.status */
+#define CPTRACE_OTLP_EVENT_TIME 0x09                 /* trace.v1.Span.Event.time_unix_nano */
+#define CPTRACE_OTLP_EVENT_NAME 0x12                 /* trace.v1.Span.Event.name */
+#define CPTRACE_OTLP_EVENT_ATTRIBUTES 0x1a           /* trace.v1.Span.Event.attributes */
+#define CPTRACE_OTLP_LINK_TRACE_ID 0x0a              /* trace.v1.Span.Link.trace_id */
+#define CPTRACE_OTLP_LINK_SPAN_ID 0x12               /* trace.v1.Span.Link.span_id */
+#define CPTRACE_OTLP_LINK_ATTRIBUTES 0x22            /* trace.v1.Span.Link.attributes */
+#define CPTRACE_OTLP_STATUS_MESSAGE 0x12             /* trace.v1.Status.message */
+#define CPTRACE_OTLP_STATUS_CODE 0x18                /* trace.v1.Status.code */
+#define CPTRACE_OTLP_REQUEST_RESOURCE_SPANS 0x0a     /* collector.trace.v1.ExportTraceServiceRequest.resource_spans */
+#define CPTRACE_OTLP_RESOURCE_SPANS_RESOURCE 0x0a    /* trace.v1.ResourceSpans.resource */
+#define CPTRACE_OTLP_RESOURCE_SPANS_SCOPE_SPANS 0x12 /* trace.v1.ResourceSpans.scope_spans */
+#define CPTRACE_OTLP_RESOURCE_ATTRIBUTES 0x0a        /* resource.v1.Resource.attributes */
+#define CPTRACE_OTLP_SCOPE_SPANS_SCOPE 0x0a          /* trace.v1.ScopeSpans.scope */
+#define CPTRACE_OTLP_SCOPE_SPANS_SPANS 0x12          /* trace.v1.ScopeSpans.spans */
+#define CPTRACE_OTLP_SCOPE_NAME 0x0a                 /* common.v1.InstrumentationScope.name */
+#define CPTRACE_OTLP_SCOPE_VERSION 0x12              /* common.v1.InstrumentationScope.version */
+#define CPTRACE_OTLP_TRACE_ID_BYTES 16               /* bytes of a trace id */
+#define CPTRACE_OTLP_SPAN_ID_BYTES 8                 /* bytes of a span id */
+#define CPTRACE_OTLP_KIND_INTERNAL 1                 /* Span.kind of every span written: SPAN_KIND_INTERNAL */
 
 #endif

@@ -38,8 +38,10 @@ PRIVATE_DEFINES = {
 }
 # The Python twins of the C modules, and the other Python readers and writers of the record.
 TWINS = ("traced/ring.py", "export/ringread.py", "model/records.py", "model/logline.py", "traced/rendering.py",
-         "analyze/sources/logs.py", "model/config.py", "_speedups/logreader.py", "_speedups/intake.py",
-         "_speedups/hot.py", "_speedups/event.py", "_speedups/otlp.py")
+         "analyze/sources/logs.py", "analyze/sources/detect.py", "export/file_sinks.py", "model/config.py",
+         "_speedups/logreader.py", "_speedups/intake.py", "_speedups/hot.py", "_speedups/event.py",
+         "_speedups/otlp.py")
+WIRE_TWIN = "export/otlp_proto.py"   # the C OTLP encoder's twin: its bytes literals are the OTLP section's
 
 
 def _distinctive_ints() -> set[int]:
@@ -77,6 +79,10 @@ def _c_violations(name: str, text: str) -> list[str]:
                        "private with why)")
     nums = _distinctive_ints()
     bad += [f"{name}: the number {n}" for n in _NUMBER.findall(code) if int(n, 0) in nums]
+    if name == "otlp.c":   # a hex number there is a protobuf tag, but for the varint and byte masks
+        bad += [f"{name}: the tag {n}" for n in _NUMBER.findall(code)
+                if n.lower().startswith("0x") and int(n, 16) not in (0x7F, 0x80, 0xFF)]
+        bad += [f"{name}: the bytes {s!r}" for s in lits if "\\x" in s]
     if name == "ring.c":   # its value kinds are chars
         kinds = {f"'{getattr(RING, f.name)}'" for f in dataclasses.fields(RING) if f.metadata["char"]}
         bad += [f"{name}: the char {c}" for c in _TOKEN.findall(text) if c in kinds]
@@ -130,6 +136,8 @@ def test_scanner_sees_what_it_must() -> None:
     assert any("the char 'i'" in b for b in got) and not any("','" in b for b in got)
     assert _c_violations("value.c", "#define VC_SIZE 4096\nint a = 0x32474e4952545043ULL;") == \
         ["value.c: the number 0x32474e4952545043"]
+    assert _c_violations("otlp.c", 'p[n++] = 0x5a; v & 0x7F; put(b, "\\x0a\\x10", 2);') == \
+        ["otlp.c: the tag 0x5a", "otlp.c: the bytes '\\\\x0a\\\\x10'"]
 
 
 def test_c_sources_take_the_grammar_from_the_header() -> None:
@@ -140,7 +148,9 @@ def test_c_sources_take_the_grammar_from_the_header() -> None:
     assert {"ring.c", "logreader.c", "value.c", "event.h", "intake.c"} <= set(users)
 
 
-def _py_violations(rel: str, text: str | None = None) -> list[str]:
+def _py_violations(rel: str, text: str | None = None, wire: bool = False) -> list[str]:
+    """Literals of the spec in a Python module: markers, short names and distinctive numbers; with ``wire``, any
+    bytes literal but the empty one (the protobuf tags and what follows them)."""
     tree = ast.parse((PKG / rel).read_text(encoding="utf-8") if text is None else text)
     docs = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
     shifted = {id(n.left) for n in ast.walk(tree) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.LShift)}
@@ -151,7 +161,10 @@ def _py_violations(rel: str, text: str | None = None) -> list[str]:
         if not isinstance(n, ast.Constant) or id(n) in docs:
             continue
         v = n.value
-        if isinstance(v, str) and (v in equal - {LINE.rank_field, LINE.ts_field} or any(t in v for t in contain)):
+        if wire:
+            if isinstance(v, bytes) and v:
+                bad.append(f"{rel}:{n.lineno}: {v!r}")
+        elif isinstance(v, str) and (v in equal - {LINE.rank_field, LINE.ts_field} or any(t in v for t in contain)):
             bad.append(f"{rel}:{n.lineno}: {v!r}")
         elif type(v) is int and v in nums and id(n) not in shifted:   # (256 << 10 is a size in KiB, not the header)
             bad.append(f"{rel}:{n.lineno}: {v}")
@@ -160,15 +173,17 @@ def _py_violations(rel: str, text: str | None = None) -> list[str]:
 
 def test_python_twins_take_the_grammar_from_the_spec() -> None:
     # (the fields "ts" and "rank" are read by name across the checks; here only their markers and numbers count)
-    bad = [b for rel in TWINS for b in _py_violations(rel)]
+    bad = [b for rel in TWINS for b in _py_violations(rel)] + _py_violations(WIRE_TWIN, wire=True)
     assert not bad, "literals the record grammar declares (import them from cptrace_otel.model.grammar):\n  " + \
         "\n  ".join(bad)
 
 
 def test_python_scanner_sees_what_it_must() -> None:
-    src = '"""doc [CPTRACE"""\nA = "[CPTRACE x]"\nB = 65536\nC = 256 << 10\nD = "True"\nE = "rank"\nF = x[256]\n'
+    src = ('"""doc [CPTRACE"""\nA = "[CPTRACE x]"\nB = 65536\nC = 256 << 10\nD = "True"\nE = "rank"\nF = x[256]\n'
+           'G = b""\nH = b"\\x5a"\n')
     assert _py_violations("p.py", src) == ["p.py:2: '[CPTRACE x]'", "p.py:3: 65536", "p.py:5: 'True'",
                                            "p.py:7: 256"]
+    assert _py_violations("p.py", src, wire=True) == ["p.py:9: b'Z'"]
 
 
 def test_event_layout_is_events() -> None:
@@ -315,3 +330,32 @@ def test_log_reader_takes_ts_and_rank_where_the_spec_says(tmp_path: Path) -> Non
                  f"{LINE.ts_field}=8\n[x] {LINE.opening}evict] node_id=3\n", encoding="utf-8")
     assert sorted((e.rank, e.ts) for e in logs.read_log_events([str(p)])) == sorted(
         [(3, 7), (9, 8), (logs.default_rank(str(p), 0), 3)])
+
+
+def _wire_type(fd: Any) -> int:
+    """The protobuf wire type of a (non-packed) field: length-delimited, 64-bit, 32-bit or varint."""
+    from google.protobuf.descriptor import FieldDescriptor as F
+
+    if fd.type in (F.TYPE_STRING, F.TYPE_BYTES, F.TYPE_MESSAGE):
+        return 2
+    return {F.TYPE_FIXED64: 1, F.TYPE_DOUBLE: 1, F.TYPE_SFIXED64: 1, F.TYPE_FIXED32: 5, F.TYPE_FLOAT: 5}.get(fd.type, 0)
+
+
+def test_otlp_tags_are_opentelemetry_proto_s() -> None:
+    from google.protobuf import descriptor_pool
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2  # noqa: F401 - registers the messages
+    from opentelemetry.proto.trace.v1 import trace_pb2
+
+    pool = descriptor_pool.Default()
+    checked = 0
+    for f in dataclasses.fields(grammar.OTLP):
+        if "proto" not in f.metadata:
+            continue
+        message, name = f.metadata["proto"]
+        fd = pool.FindMessageTypeByName("opentelemetry.proto." + message).fields_by_name[name]
+        assert getattr(grammar.OTLP, f.name) == fd.number << 3 | _wire_type(fd), (message, name)
+        checked += 1
+    assert checked >= 30
+    assert grammar.OTLP.kind_internal == trace_pb2.Span.SPAN_KIND_INTERNAL
+    span = trace_pb2.Span(trace_id=b"t" * grammar.OTLP.trace_id_bytes, span_id=b"s" * grammar.OTLP.span_id_bytes)
+    assert span.SerializeToString().startswith(bytes((grammar.OTLP.span_trace_id, grammar.OTLP.trace_id_bytes)))

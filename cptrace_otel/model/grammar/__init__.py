@@ -4,16 +4,17 @@ A record is one ``cptrace(level, tag, **fields)`` call. It is written and read i
 builder (:mod:`cptrace_otel.model.records`), the C ring encoder and its reader (``_speedups/ring.c``, the traced
 process's :mod:`cptrace_otel.traced.ring`, the worker's :mod:`cptrace_otel.export.ringread`), the upstream log line
 (:mod:`cptrace_otel.model.logline`, the C reader ``_speedups/logreader.c`` and ``value.c``, the Python reader
-:mod:`cptrace_otel.analyze.sources.logs`) and the C Event builder (``_speedups/event.c``). Each of them takes its
-constants from here:
+:mod:`cptrace_otel.analyze.sources.logs`), the C Event builder (``_speedups/event.c``) and the OTLP protobuf encoders
+(:mod:`cptrace_otel.export.otlp_proto` and its C twin ``_speedups/otlp.c``: the field tags, checked against
+opentelemetry-proto's schema by the tests). Each of them takes its constants from here:
 
-* Python modules import the section objects below (``RING.header_bytes``, ``LINE.marker``, ...) and declare no
-  second literal of them.
+* Python modules import the section objects below (``RING.header_bytes``, ``LINE.marker``, ``OTLP.span_events``,
+  ...) and declare no second literal of them.
 * The C sources include ``_speedups/grammar.h``, generated from these tables by
   ``python3 -m cptrace_otel.model.grammar --header`` and committed; every constant is there as
   ``CPTRACE_<SECTION>_<FIELD>`` (a str as a C string literal, a one-character value marked ``char`` as a C char
-  literal, an int as a number; a tuple as its length, ``..._COUNT``). setup.py makes the extensions depend on it,
-  so a changed header rebuilds them.
+  literal, an int as a number, a protobuf tag in hex; a tuple as its length, ``..._COUNT``). setup.py makes the
+  extensions depend on it, so a changed header rebuilds them.
 * ``tests/unit/test_grammar.py`` fails when the committed header is not what these tables generate, when a C
   source holds a literal that should have come from the header, or when a Python twin disagrees with the spec.
 
@@ -38,6 +39,12 @@ from typing import Any
 def _c(doc: str, default: Any, char: bool = False) -> Any:
     """A grammar constant: its value, what it means (the header's comment) and whether C reads it as a char."""
     return field(default=default, metadata={"doc": doc, "char": char})
+
+
+def _tag(message: str, name: str, tag: int) -> Any:
+    """A protobuf field tag, ``field number << 3 | wire type``: the OTLP message (its full name under
+    ``opentelemetry.proto.``) and field it belongs to, which the tests look up in opentelemetry-proto's schema."""
+    return field(default=tag, metadata={"doc": f"{message}.{name}", "char": False, "proto": (message, name)})
 
 
 @dataclass(frozen=True)
@@ -113,13 +120,57 @@ class EventLayout:
                                                                     "level", "src", "line_no"))
 
 
+@dataclass(frozen=True)
+class OtlpWire:
+    """The protobuf tags (one byte each) of the OTLP fields the encoders write (``export/otlp_proto.py`` and its C
+    twin ``otlp.c``), and the fixed sizes and values they write with them."""
+
+    kv_key: int = _tag("common.v1.KeyValue", "key", 0x0A)
+    kv_value: int = _tag("common.v1.KeyValue", "value", 0x12)
+    any_string: int = _tag("common.v1.AnyValue", "string_value", 0x0A)
+    any_bool: int = _tag("common.v1.AnyValue", "bool_value", 0x10)
+    any_int: int = _tag("common.v1.AnyValue", "int_value", 0x18)
+    any_double: int = _tag("common.v1.AnyValue", "double_value", 0x21)
+    span_trace_id: int = _tag("trace.v1.Span", "trace_id", 0x0A)
+    span_span_id: int = _tag("trace.v1.Span", "span_id", 0x12)
+    span_parent: int = _tag("trace.v1.Span", "parent_span_id", 0x22)
+    span_name: int = _tag("trace.v1.Span", "name", 0x2A)
+    span_kind: int = _tag("trace.v1.Span", "kind", 0x30)
+    span_start: int = _tag("trace.v1.Span", "start_time_unix_nano", 0x39)
+    span_end: int = _tag("trace.v1.Span", "end_time_unix_nano", 0x41)
+    span_attributes: int = _tag("trace.v1.Span", "attributes", 0x4A)
+    span_events: int = _tag("trace.v1.Span", "events", 0x5A)
+    span_links: int = _tag("trace.v1.Span", "links", 0x6A)
+    span_status: int = _tag("trace.v1.Span", "status", 0x7A)
+    event_time: int = _tag("trace.v1.Span.Event", "time_unix_nano", 0x09)
+    event_name: int = _tag("trace.v1.Span.Event", "name", 0x12)
+    event_attributes: int = _tag("trace.v1.Span.Event", "attributes", 0x1A)
+    link_trace_id: int = _tag("trace.v1.Span.Link", "trace_id", 0x0A)
+    link_span_id: int = _tag("trace.v1.Span.Link", "span_id", 0x12)
+    link_attributes: int = _tag("trace.v1.Span.Link", "attributes", 0x22)
+    status_message: int = _tag("trace.v1.Status", "message", 0x12)
+    status_code: int = _tag("trace.v1.Status", "code", 0x18)
+    request_resource_spans: int = _tag("collector.trace.v1.ExportTraceServiceRequest", "resource_spans", 0x0A)
+    resource_spans_resource: int = _tag("trace.v1.ResourceSpans", "resource", 0x0A)
+    resource_spans_scope_spans: int = _tag("trace.v1.ResourceSpans", "scope_spans", 0x12)
+    resource_attributes: int = _tag("resource.v1.Resource", "attributes", 0x0A)
+    scope_spans_scope: int = _tag("trace.v1.ScopeSpans", "scope", 0x0A)
+    scope_spans_spans: int = _tag("trace.v1.ScopeSpans", "spans", 0x12)
+    scope_name: int = _tag("common.v1.InstrumentationScope", "name", 0x0A)
+    scope_version: int = _tag("common.v1.InstrumentationScope", "version", 0x12)
+    trace_id_bytes: int = _c("bytes of a trace id", 16)
+    span_id_bytes: int = _c("bytes of a span id", 8)
+    kind_internal: int = _c("Span.kind of every span written: SPAN_KIND_INTERNAL", 1)
+
+
 LINE = LineGrammar()
 VALUE = ValueGrammar()
 SIDE = SideEstimate()
 RING = RingLayout()
 EVENT = EventLayout()
+OTLP = OtlpWire()
 
-SECTIONS: dict[str, Any] = {"LINE": LINE, "VALUE": VALUE, "SIDE": SIDE, "RING": RING, "EVENT": EVENT}
+SECTIONS: dict[str, Any] = {"LINE": LINE, "VALUE": VALUE, "SIDE": SIDE, "RING": RING, "EVENT": EVENT, "OTLP": OTLP}
 """Every section, by the name its constants take in C (``CPTRACE_<SECTION>_<FIELD>``)."""
 
 HEADER_PATH = Path(__file__).resolve().parent.parent.parent / "_speedups" / "grammar.h"
@@ -138,6 +189,8 @@ def c_constants() -> list[tuple[str, str, str]]:
         for f in dataclasses.fields(obj):
             v, doc = getattr(obj, f.name), f.metadata["doc"]
             name = f"CPTRACE_{sec}_{f.name.upper()}"
+            if "*/" in doc:
+                raise ValueError(f"grammar: the doc of {name} would end the header's comment")
             if isinstance(v, tuple):
                 out.append((name + "_COUNT", str(len(v)), doc + ": " + ", ".join(v)))
             elif isinstance(v, str):
@@ -148,6 +201,8 @@ def c_constants() -> list[tuple[str, str, str]]:
                 else:
                     out.append((name, f'"{_c_str(v)}"', doc))
                     out.append((name + "_LEN", str(len(v.encode())), f"bytes of {name}"))
+            elif type(v) is int and "proto" in f.metadata:
+                out.append((name, f"{v:#04x}", doc))
             elif type(v) is int:
                 out.append((name, f"{v:#x}ULL" if v > 0x7FFFFFFF else str(v), doc))
             else:
