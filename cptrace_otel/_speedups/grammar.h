@@ -3,31 +3,40 @@
 #ifndef CPTRACE_GRAMMAR_H
 #define CPTRACE_GRAMMAR_H
 
-#define CPTRACE_LINE_MARKER "[CPTRACE"               /* what starts a record in a log line; a space, the tag and ']' follow */
+/* what starts a record in a log line; a space, the tag and ']' follow */
+#define CPTRACE_LINE_MARKER "[CPTRACE"
 #define CPTRACE_LINE_MARKER_LEN 8                    /* bytes of CPTRACE_LINE_MARKER */
-#define CPTRACE_LINE_RANK_PREFIX "ATTN_CP"           /* SGLang's logger prefix names the rank as this text and its digits */
+/* SGLang's logger prefix names the rank as this text and its digits */
+#define CPTRACE_LINE_RANK_PREFIX "ATTN_CP"
 #define CPTRACE_LINE_RANK_PREFIX_LEN 7               /* bytes of CPTRACE_LINE_RANK_PREFIX */
-#define CPTRACE_LINE_TS_FIELD "ts"                   /* the field whose int value is the record's timestamp (else the line number) */
+/* the field whose int value is the record's timestamp (else the line number) */
+#define CPTRACE_LINE_TS_FIELD "ts"
 #define CPTRACE_LINE_TS_FIELD_LEN 2                  /* bytes of CPTRACE_LINE_TS_FIELD */
 #define CPTRACE_LINE_RANK_FIELD "rank"               /* the field whose int value >= 0 is the record's rank */
 #define CPTRACE_LINE_RANK_FIELD_LEN 4                /* bytes of CPTRACE_LINE_RANK_FIELD */
-#define CPTRACE_LINE_MAX_OTHER_MARKERS 4             /* other line markers (read by Python) the C reader can be told of */
+/* other line markers (read by Python) the C reader can be told of */
+#define CPTRACE_LINE_MAX_OTHER_MARKERS 4
 #define CPTRACE_VALUE_TRUE_TEXT "True"               /* a bool True as a value's text */
 #define CPTRACE_VALUE_TRUE_TEXT_LEN 4                /* bytes of CPTRACE_VALUE_TRUE_TEXT */
 #define CPTRACE_VALUE_FALSE_TEXT "False"             /* a bool False as a value's text */
 #define CPTRACE_VALUE_FALSE_TEXT_LEN 5               /* bytes of CPTRACE_VALUE_FALSE_TEXT */
 #define CPTRACE_VALUE_RNG_PARTS 5                    /* the parts of an rng summary (cnt, min, max, first, last) */
-#define CPTRACE_VALUE_MAX_INT_DIGITS 4000            /* the C readers leave longer digit runs to Python (int() refuses over 4300) */
+/* the C readers leave longer digit runs to Python (int() refuses over 4300) */
+#define CPTRACE_VALUE_MAX_INT_DIGITS 4000
 #define CPTRACE_VALUE_MAX_VALUE_CHARS 65536          /* longer rendered values are cut, with a ...(cut:N) marker */
 #define CPTRACE_SIDE_BASE 200                        /* bytes counted for every record */
 #define CPTRACE_SIDE_PER_FIELD 64                    /* bytes counted for every field */
 #define CPTRACE_SIDE_PER_ITEM 16                     /* bytes counted for every item of a list or tuple value */
 #define CPTRACE_RING_MAGIC 0x32474e4952545043ULL     /* the first u64 of a ring buffer: "CPTRING2" read little-endian */
-#define CPTRACE_RING_HEADER_BYTES 256                /* bytes before the records: magic and cap, the producer's line, the consumer's line */
-#define CPTRACE_RING_PRODUCER_LINE 64                /* offset of the producer's cache line (write_pos, dropped, side_next, written) */
-#define CPTRACE_RING_CONSUMER_LINE 128               /* offset of the consumer's cache line (read_pos, consumed, free_pos, reader) */
+/* bytes before the records: magic and cap, the producer's line, the consumer's line */
+#define CPTRACE_RING_HEADER_BYTES 256
+/* offset of the producer's cache line (write_pos, dropped, side_next, written) */
+#define CPTRACE_RING_PRODUCER_LINE 64
+/* offset of the consumer's cache line (read_pos, consumed, free_pos, reader) */
+#define CPTRACE_RING_CONSUMER_LINE 128
 #define CPTRACE_RING_MIN_CAP 64                      /* the smallest data capacity (bytes, a power of two) */
-#define CPTRACE_RING_MIN_BYTES 4096                  /* the smallest ring the traced process makes (CPTRACE_RING_BYTES' floor) */
+/* the smallest ring the traced process makes (CPTRACE_RING_BYTES' floor) */
+#define CPTRACE_RING_MIN_BYTES 4096
 #define CPTRACE_RING_ALIGN 8                         /* every record starts at a multiple of this */
 #define CPTRACE_RING_RECORD_HEADER 8                 /* u32 size, u16 kind, u16 nfields */
 #define CPTRACE_RING_PLACEHOLDER_BYTES 16            /* a PH record: its header and the u64 side id */
@@ -37,13 +46,15 @@
 #define CPTRACE_RING_MAX_FIELDS 64                   /* records with more fields take the side path */
 #define CPTRACE_RING_MAX_LIST 64                     /* lists or tuples of ints with more items take the side path */
 #define CPTRACE_RING_MAX_RECORD 65536                /* larger records take the side path ... */
-#define CPTRACE_RING_MAX_RECORD_SHARE 8              /* ... as do records larger than the ring's capacity divided by this */
+/* ... as do records larger than the ring's capacity divided by this */
+#define CPTRACE_RING_MAX_RECORD_SHARE 8
 #define CPTRACE_RING_V_INT 'i'                       /* value kind: i64 */
 #define CPTRACE_RING_V_FLOAT 'f'                     /* value kind: f64 */
 #define CPTRACE_RING_V_STR 's'                       /* value kind: varint length and UTF-8 */
 #define CPTRACE_RING_V_TRUE 'T'                      /* value kind: True (read back as the true text) */
 #define CPTRACE_RING_V_FALSE 'F'                     /* value kind: False (read back as the false text) */
-#define CPTRACE_EVENT_FIELDS_COUNT 9                 /* Event's constructor arguments: tag, rank, seq, ts, epoch, fields, level, src, line_no */
+/* Event's constructor arguments: tag, rank, seq, ts, epoch, fields, level, src, line_no */
+#define CPTRACE_EVENT_FIELDS_COUNT 9
 #define CPTRACE_OTLP_KV_KEY 0x0a                     /* common.v1.KeyValue.key */
 #define CPTRACE_OTLP_KV_VALUE 0x12                   /* common.v1.KeyValue.value */
 #define CPTRACE_OTLP_ANY_STRING 0x0a                 /* common.v1.AnyValue.string_value */

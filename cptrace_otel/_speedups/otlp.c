@@ -376,7 +376,8 @@ static int put_span(Buf *out, PyObject *sp, PyObject *event_fallback, Buf *body,
     rc = 0;
     /* the common shape: ids of the right sizes, a str name, int times, a dict of attributes, no links, no status */
     if (!PyBytes_CheckExact(tid) || PyBytes_GET_SIZE(tid) != TRACE_ID_BYTES || !PyBytes_CheckExact(sid) ||
-        PyBytes_GET_SIZE(sid) != SPAN_ID_BYTES || !PyUnicode_CheckExact(name) || !PyLong_Check(start) || !PyLong_Check(end) ||
+        PyBytes_GET_SIZE(sid) != SPAN_ID_BYTES || !PyUnicode_CheckExact(name) || !PyLong_Check(start) ||
+        !PyLong_Check(end) ||
         !PyDict_CheckExact(at) || !PyList_CheckExact(links) || PyList_GET_SIZE(links) != 0 ||
         !PyLong_CheckExact(status) || PyObject_IsTrue(status) != 0)
         goto done;

@@ -51,7 +51,7 @@
 #include <time.h>
 #include <unistd.h>
 
-/* the layout's constants: cptrace_otel/model/grammar.py (RingLayout), generated into grammar.h */
+/* the layout's constants: cptrace_otel/model/grammar (RingLayout), generated into grammar.h */
 #define MAGIC CPTRACE_RING_MAGIC
 #define HDR CPTRACE_RING_HEADER_BYTES
 #define MAXF CPTRACE_RING_MAX_FIELDS
@@ -80,6 +80,9 @@ typedef struct {
 _Static_assert(offsetof(ring_hdr, write_pos) == CPTRACE_RING_PRODUCER_LINE, "the producer's line");
 _Static_assert(offsetof(ring_hdr, read_pos) == CPTRACE_RING_CONSUMER_LINE, "the consumer's line");
 _Static_assert(sizeof(ring_hdr) <= HDR, "the header");
+_Static_assert(REC_HDR == sizeof(uint32_t) + 2 * sizeof(uint16_t), "a record header: u32 size, u16 kind, u16 nf");
+_Static_assert(PH_BYTES == REC_HDR + sizeof(uint64_t), "a placeholder: its header and the u64 side id");
+_Static_assert(ALIGN >= REC_HDR && (ALIGN & (ALIGN - 1)) == 0, "records are aligned to a power of two");
 
 PyObject *ring_put_fn = NULL;
 
@@ -191,7 +194,8 @@ static uint64_t side_estimate(PyObject *fields) {
     while (PyDict_Next(fields, &pos, &k, &v)) {
         if (PyUnicode_CheckExact(v)) n += (uint64_t)PyUnicode_GET_LENGTH(v);
         else if (PyBytes_CheckExact(v)) n += (uint64_t)PyBytes_GET_SIZE(v);
-        else if (PyList_CheckExact(v) || PyTuple_CheckExact(v)) n += CPTRACE_SIDE_PER_ITEM * (uint64_t)PySequence_Fast_GET_SIZE(v);
+        else if (PyList_CheckExact(v) || PyTuple_CheckExact(v))
+            n += CPTRACE_SIDE_PER_ITEM * (uint64_t)PySequence_Fast_GET_SIZE(v);
     }
     return n;
 }

@@ -221,6 +221,7 @@ def render_header() -> str:
     ]
     width = max(len(n) + len(v) for n, v, _ in c_constants()) + 9
     for name, value, doc in c_constants():
-        lines.append(f"#define {name} {value}".ljust(width) + f" /* {doc} */")
+        line = f"#define {name} {value}".ljust(width) + f" /* {doc} */"
+        lines += [line] if len(line) <= 120 else [f"/* {doc} */", f"#define {name} {value}"]
     lines += ["", "#endif", ""]
     return "\n".join(lines)
