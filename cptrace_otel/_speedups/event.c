@@ -16,7 +16,8 @@ static int configure_event_slots(PyObject *type, PyObject *names)
     if (names == NULL || names == Py_None)
         return 0;
     if (!PyType_Check(type) || !PyTuple_Check(names) || PyTuple_GET_SIZE(names) != EVENT_NFIELDS) {
-        PyErr_SetString(PyExc_TypeError, "configure: event_slots must be a tuple of the 9 Event field names");
+        PyErr_Format(PyExc_TypeError, "configure: event_slots must be a tuple of the %d Event field names",
+                     EVENT_NFIELDS);
         return -1;
     }
     PyTypeObject *tp = (PyTypeObject *)type;

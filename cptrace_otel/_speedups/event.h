@@ -9,8 +9,9 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "grammar.h"
 
-#define EVENT_NFIELDS 9   /* Event(tag, rank, seq, ts, epoch, fields, level, src, line_no) */
+#define EVENT_NFIELDS CPTRACE_EVENT_FIELDS_COUNT   /* Event(tag, rank, seq, ts, epoch, fields, level, src, line_no) */
 
 /* event_configure(Event, EpochTracker, epoch_tags, event_slots): event_slots (None or Event's 9 field names in
  * constructor order, when Event is a plain slots class whose __init__ only assigns them: a dataclass(slots=True)

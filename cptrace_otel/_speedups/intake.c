@@ -10,6 +10,7 @@
  */
 #include "event.h"
 #include "value.h"
+#include "grammar.h"
 
 static PyObject *key_rank, *src_obj, *zero;
 
@@ -188,7 +189,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_intake", "C fast pa
 
 PyMODINIT_FUNC PyInit__intake(void)
 {
-    key_rank = PyUnicode_InternFromString("rank");
+    key_rank = PyUnicode_InternFromString(CPTRACE_LINE_RANK_FIELD);
     zero = PyLong_FromLong(0);
     if (key_rank == NULL || zero == NULL)
         return NULL;

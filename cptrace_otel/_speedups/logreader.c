@@ -22,6 +22,7 @@
  */
 #include "event.h"
 #include "value.h"
+#include "grammar.h"
 
 #include <string.h>
 
@@ -29,7 +30,7 @@ static PyObject *key_ts, *key_rank, *one;
 static PyObject *marker_obj;   /* "[CPTRACE" */
 
 /* other_markers of configure(): lines holding one (and no "[CPTRACE") are Python's */
-#define MAX_OTHER 4
+#define MAX_OTHER CPTRACE_LINE_MAX_OTHER_MARKERS
 static char *other_marker[MAX_OTHER];
 static Py_ssize_t other_len[MAX_OTHER];
 static int other_count;
@@ -135,13 +136,13 @@ static PyObject *new_dict(Py_ssize_t hint)
  * marker's place), *tag, *fields. */
 static int parse_ascii(const char *s, Py_ssize_t n, Py_ssize_t *idx, PyObject **tag, PyObject **fields)
 {
-    Py_ssize_t m = find(s, n, "[CPTRACE ", 9);
+    Py_ssize_t m = find(s, n, CPTRACE_LINE_MARKER " ", CPTRACE_LINE_MARKER_LEN + 1);
     if (m < 0)
-        return find(s, n, "[CPTRACE", 8) >= 0 ? FALLBACK : SKIP;
+        return find(s, n, CPTRACE_LINE_MARKER, CPTRACE_LINE_MARKER_LEN) >= 0 ? FALLBACK : SKIP;
     Py_ssize_t end = n;
     while (end > 0 && (s[end - 1] == '\r' || s[end - 1] == '\n'))
         end--;
-    Py_ssize_t p = m + 9, q = p;
+    Py_ssize_t p = m + CPTRACE_LINE_MARKER_LEN + 1, q = p;
     while (q < end && is_word((unsigned char)s[q]))
         q++;
     if (q == p || q >= end || s[q] != ']')
@@ -198,10 +199,10 @@ static int parse_one(PyObject *line, Py_ssize_t *idx, PyObject **tag, PyObject *
 static int prefix_rank(const char *s, Py_ssize_t idx, PyObject **out)
 {
     *out = NULL;
-    Py_ssize_t a = find(s, idx, "ATTN_CP", 7);
+    Py_ssize_t a = find(s, idx, CPTRACE_LINE_RANK_PREFIX, CPTRACE_LINE_RANK_PREFIX_LEN);
     if (a < 0)
         return OK;
-    Py_ssize_t j = a + 7, k = j;
+    Py_ssize_t j = a + CPTRACE_LINE_RANK_PREFIX_LEN, k = j;
     while (k < idx && is_digit(s[k]))
         k++;
     if (k == j)
@@ -215,7 +216,7 @@ static int set_other_markers(PyObject *markers)
     if (markers == NULL || markers == Py_None)
         return 0;
     if (!PyTuple_Check(markers) || PyTuple_GET_SIZE(markers) > MAX_OTHER) {
-        PyErr_SetString(PyExc_TypeError, "configure: other_markers must be a tuple of at most 4 str");
+        PyErr_Format(PyExc_TypeError, "configure: other_markers must be a tuple of at most %d str", MAX_OTHER);
         return -1;
     }
     for (int i = 0; i < other_count; i++)
@@ -449,7 +450,7 @@ static PyObject *py_fill_chunk(PyObject *self, PyObject *args)
         if (all_ascii(s, len))
             st = parse_ascii(s, len, &idx, &tag, &fields);
         else   /* the marker is ASCII: in the decoded text iff in the bytes */
-            st = find(s, len, "[CPTRACE", 8) >= 0 ? FALLBACK : SKIP;
+            st = find(s, len, CPTRACE_LINE_MARKER, CPTRACE_LINE_MARKER_LEN) >= 0 ? FALLBACK : SKIP;
         if (st == SKIP && other_count > 0)
             st = other_line(s, len);   /* (also ASCII markers: found in the bytes iff in the text) */
         if (st == SKIP)
@@ -518,9 +519,9 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_logreader", "C fast
 
 PyMODINIT_FUNC PyInit__logreader(void)
 {
-    key_ts = PyUnicode_InternFromString("ts");
-    key_rank = PyUnicode_InternFromString("rank");
-    marker_obj = PyUnicode_FromString("[CPTRACE");
+    key_ts = PyUnicode_InternFromString(CPTRACE_LINE_TS_FIELD);
+    key_rank = PyUnicode_InternFromString(CPTRACE_LINE_RANK_FIELD);
+    marker_obj = PyUnicode_FromString(CPTRACE_LINE_MARKER);
     one = PyLong_FromLong(1);
     if (key_ts == NULL || key_rank == NULL || marker_obj == NULL || one == NULL)
         return NULL;

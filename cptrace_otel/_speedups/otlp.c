@@ -33,6 +33,11 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "grammar.h"   /* the protobuf tags and id sizes: cptrace_otel/model/grammar (OtlpWire) */
+
+#define TRACE_ID_BYTES CPTRACE_OTLP_TRACE_ID_BYTES
+#define SPAN_ID_BYTES CPTRACE_OTLP_SPAN_ID_BYTES
+
 static PyObject *EventAttrs_type = NULL; /* spans.EventAttrs */
 static PyObject *Rng_type = NULL;        /* logline.Rng */
 static PyObject *s_fields, *s_seq, *s_epoch, *s_level, *s_dirty;
@@ -94,25 +99,25 @@ static int put_kv_tag(Buf *out, char tag, const char *a, Py_ssize_t an, const ch
     if (buf_reserve(out, 1 + 10 + kv_len) < 0) return -1;
     out->p[out->n++] = tag;
     put_varint(out, (uint64_t)kv_len);
-    out->p[out->n++] = 0x0a; /* KeyValue.key */
+    out->p[out->n++] = CPTRACE_OTLP_KV_KEY;
     put_varint(out, (uint64_t)key_len);
     put_bytes(out, a, an);
     put_bytes(out, k, kn);
     put_bytes(out, c, cn);
-    out->p[out->n++] = 0x12; /* KeyValue.value */
+    out->p[out->n++] = CPTRACE_OTLP_KV_VALUE;
     put_varint(out, (uint64_t)av_len);
     if (is_int) {
-        out->p[out->n++] = 0x18; /* AnyValue.int_value */
+        out->p[out->n++] = CPTRACE_OTLP_ANY_INT;
         put_varint(out, iv);
     } else {
-        out->p[out->n++] = 0x0a; /* AnyValue.string_value */
+        out->p[out->n++] = CPTRACE_OTLP_ANY_STRING;
         put_varint(out, (uint64_t)sn);
         put_bytes(out, sv, sn);
     }
     return 0;
 }
 
-#define put_kv(out, ...) put_kv_tag(out, 0x1a, __VA_ARGS__)
+#define put_kv(out, ...) put_kv_tag(out, CPTRACE_OTLP_EVENT_ATTRIBUTES, __VA_ARGS__)
 
 /* An exact int within int64 -> 1 and *v (two's complement as uint64, i.e. ``v & (2**64 - 1)``); else 0. */
 static int int64_of(PyObject *o, uint64_t *v) {
@@ -253,11 +258,11 @@ static int put_events(Buf *out, PyObject *events, PyObject *fallback, Buf *attrs
             if (t == (uint64_t)-1 && PyErr_Occurred()) goto fail;
             Py_ssize_t ev_len = 9 + 1 + varint_len((uint64_t)nn) + nn + attrs->n;
             if (buf_reserve(out, 1 + 10 + ev_len) < 0) goto fail;
-            out->p[out->n++] = 0x5a; /* Span.events */
+            out->p[out->n++] = CPTRACE_OTLP_SPAN_EVENTS;
             put_varint(out, (uint64_t)ev_len);
-            out->p[out->n++] = 0x09; /* Event.time_unix_nano, fixed64 little-endian */
+            out->p[out->n++] = CPTRACE_OTLP_EVENT_TIME; /* fixed64 little-endian */
             for (int b = 0; b < 8; b++) out->p[out->n++] = (char)((t >> (8 * b)) & 0xFF);
-            out->p[out->n++] = 0x12; /* Event.name */
+            out->p[out->n++] = CPTRACE_OTLP_EVENT_NAME;
             put_varint(out, (uint64_t)nn);
             put_bytes(out, ns, nn);
             put_bytes(out, attrs->p, attrs->n);
@@ -346,7 +351,7 @@ static int put_span_attrs(Buf *out, PyObject *attrs) {
         } else {
             return 0;
         }
-        if (put_kv_tag(out, 0x4a, "", 0, ks, kn, "", 0, is_int, iv, s, sn) < 0) return -1;
+        if (put_kv_tag(out, CPTRACE_OTLP_SPAN_ATTRIBUTES, "", 0, ks, kn, "", 0, is_int, iv, s, sn) < 0) return -1;
     }
     return 1;
 }
@@ -370,14 +375,15 @@ static int put_span(Buf *out, PyObject *sp, PyObject *event_fallback, Buf *body,
     }
     rc = 0;
     /* the common shape: ids of the right sizes, a str name, int times, a dict of attributes, no links, no status */
-    if (!PyBytes_CheckExact(tid) || PyBytes_GET_SIZE(tid) != 16 || !PyBytes_CheckExact(sid) ||
-        PyBytes_GET_SIZE(sid) != 8 || !PyUnicode_CheckExact(name) || !PyLong_Check(start) || !PyLong_Check(end) ||
+    if (!PyBytes_CheckExact(tid) || PyBytes_GET_SIZE(tid) != TRACE_ID_BYTES || !PyBytes_CheckExact(sid) ||
+        PyBytes_GET_SIZE(sid) != SPAN_ID_BYTES || !PyUnicode_CheckExact(name) || !PyLong_Check(start) ||
+        !PyLong_Check(end) ||
         !PyDict_CheckExact(at) || !PyList_CheckExact(links) || PyList_GET_SIZE(links) != 0 ||
         !PyLong_CheckExact(status) || PyObject_IsTrue(status) != 0)
         goto done;
     int has_parent = 0;
     if (parent && PyObject_IsTrue(parent)) {
-        if (!PyBytes_CheckExact(parent) || PyBytes_GET_SIZE(parent) != 8) goto done;
+        if (!PyBytes_CheckExact(parent) || PyBytes_GET_SIZE(parent) != SPAN_ID_BYTES) goto done;
         has_parent = 1;
     }
     Py_ssize_t nn;
@@ -396,21 +402,25 @@ static int put_span(Buf *out, PyObject *sp, PyObject *event_fallback, Buf *body,
         rc = -1;
         goto done;
     }
-    put_bytes(body, "\x0a\x10", 2);
-    put_bytes(body, PyBytes_AS_STRING(tid), 16);
-    put_bytes(body, "\x12\x08", 2);
-    put_bytes(body, PyBytes_AS_STRING(sid), 8);
+    body->p[body->n++] = CPTRACE_OTLP_SPAN_TRACE_ID;
+    body->p[body->n++] = TRACE_ID_BYTES;
+    put_bytes(body, PyBytes_AS_STRING(tid), TRACE_ID_BYTES);
+    body->p[body->n++] = CPTRACE_OTLP_SPAN_SPAN_ID;
+    body->p[body->n++] = SPAN_ID_BYTES;
+    put_bytes(body, PyBytes_AS_STRING(sid), SPAN_ID_BYTES);
     if (has_parent) {
-        put_bytes(body, "\x22\x08", 2);
-        put_bytes(body, PyBytes_AS_STRING(parent), 8);
+        body->p[body->n++] = CPTRACE_OTLP_SPAN_PARENT;
+        body->p[body->n++] = SPAN_ID_BYTES;
+        put_bytes(body, PyBytes_AS_STRING(parent), SPAN_ID_BYTES);
     }
-    body->p[body->n++] = 0x2a; /* Span.name */
+    body->p[body->n++] = CPTRACE_OTLP_SPAN_NAME;
     put_varint(body, (uint64_t)nn);
     put_bytes(body, ns, nn);
-    put_bytes(body, "\x30\x01", 2); /* kind INTERNAL */
-    body->p[body->n++] = 0x39;
+    body->p[body->n++] = CPTRACE_OTLP_SPAN_KIND;
+    body->p[body->n++] = CPTRACE_OTLP_KIND_INTERNAL;
+    body->p[body->n++] = CPTRACE_OTLP_SPAN_START;
     put_fixed64(body, t0);
-    body->p[body->n++] = 0x41;
+    body->p[body->n++] = CPTRACE_OTLP_SPAN_END;
     put_fixed64(body, t1);
     int arc = put_span_attrs(body, at);
     if (arc <= 0) {
@@ -425,7 +435,7 @@ static int put_span(Buf *out, PyObject *sp, PyObject *event_fallback, Buf *body,
         rc = -1;
         goto done;
     }
-    out->p[out->n++] = 0x12;
+    out->p[out->n++] = CPTRACE_OTLP_SCOPE_SPANS_SPANS;
     put_varint(out, (uint64_t)body->n);
     put_bytes(out, body->p, body->n);
     rc = 1;

@@ -43,25 +43,46 @@
  * record over max_rec) cannot grow it without bound.
  */
 #include "ring.h"
+#include "grammar.h"
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
-#define MAGIC 0x32474e4952545043ULL /* "CPTRING2" */
-#define HDR 256
-#define MAXF 64
-#define MAXLIST 64
-#define K_REC 1
-#define K_PH 2
-#define K_PAD 3
+/* the layout's constants: cptrace_otel/model/grammar (RingLayout), generated into grammar.h */
+#define MAGIC CPTRACE_RING_MAGIC
+#define HDR CPTRACE_RING_HEADER_BYTES
+#define MAXF CPTRACE_RING_MAX_FIELDS
+#define MAXLIST CPTRACE_RING_MAX_LIST
+#define K_REC CPTRACE_RING_KIND_REC
+#define K_PH CPTRACE_RING_KIND_PH
+#define K_PAD CPTRACE_RING_KIND_PAD
+#define ALIGN CPTRACE_RING_ALIGN
+#define MIN_CAP CPTRACE_RING_MIN_CAP
+#define PH_BYTES CPTRACE_RING_PLACEHOLDER_BYTES
+#define REC_HDR CPTRACE_RING_RECORD_HEADER
+#define REC_FIXED (REC_HDR + 16) /* the record header, i64 ts_ns, i64 level */
+#define MAX_REC CPTRACE_RING_MAX_RECORD
+#define MAX_SHARE CPTRACE_RING_MAX_RECORD_SHARE
+#define V_INT CPTRACE_RING_V_INT
+#define V_FLOAT CPTRACE_RING_V_FLOAT
+#define V_STR CPTRACE_RING_V_STR
+#define V_TRUE CPTRACE_RING_V_TRUE
+#define V_FALSE CPTRACE_RING_V_FALSE
 
 typedef struct {
     uint64_t magic, cap, pad0[6];
     uint64_t write_pos, dropped, side_next, written, pad1[4];
     uint64_t read_pos, consumed, free_pos, reader, pad2[4];
 } ring_hdr;
+_Static_assert(offsetof(ring_hdr, write_pos) == CPTRACE_RING_PRODUCER_LINE, "the producer's line");
+_Static_assert(offsetof(ring_hdr, read_pos) == CPTRACE_RING_CONSUMER_LINE, "the consumer's line");
+_Static_assert(sizeof(ring_hdr) <= HDR, "the header");
+_Static_assert(REC_HDR == sizeof(uint32_t) + 2 * sizeof(uint16_t), "a record header: u32 size, u16 kind, u16 nf");
+_Static_assert(PH_BYTES == REC_HDR + sizeof(uint64_t), "a placeholder: its header and the u64 side id");
+_Static_assert(ALIGN >= REC_HDR && (ALIGN & (ALIGN - 1)) == 0, "records are aligned to a power of two");
 
 PyObject *ring_put_fn = NULL;
 
@@ -105,17 +126,17 @@ static int classify(PyObject *v, fv_t *o, char **scr, char *scr_end) {
         int ovf;
         long long x = PyLong_AsLongLongAndOverflow(v, &ovf);
         if (ovf || (x == -1 && PyErr_Occurred())) { PyErr_Clear(); return 0; }
-        o->k = 'i'; o->i = x;
+        o->k = V_INT; o->i = x;
         return 1;
     }
     if (PyUnicode_CheckExact(v)) {
         o->p = PyUnicode_AsUTF8AndSize(v, &o->n);
         if (o->p == NULL) { PyErr_Clear(); return 0; } /* lone surrogates */
-        o->k = 's';
+        o->k = V_STR;
         return 1;
     }
-    if (v == Py_True || v == Py_False) { o->k = v == Py_True ? 'T' : 'F'; return 1; }
-    if (PyFloat_CheckExact(v)) { o->k = 'f'; o->f = PyFloat_AS_DOUBLE(v); return 1; }
+    if (v == Py_True || v == Py_False) { o->k = v == Py_True ? V_TRUE : V_FALSE; return 1; }
+    if (PyFloat_CheckExact(v)) { o->k = V_FLOAT; o->f = PyFloat_AS_DOUBLE(v); return 1; }
     if (PyList_CheckExact(v) || PyTuple_CheckExact(v)) {
         Py_ssize_t n = PySequence_Fast_GET_SIZE(v);
         if (n > MAXLIST || scr_end - *scr < 2 + 21 * (n ? n : 1)) return 0;
@@ -133,7 +154,7 @@ static int classify(PyObject *v, fv_t *o, char **scr, char *scr_end) {
         }
         *p++ = ']';
         o->n = p - o->p;
-        o->k = 's';
+        o->k = V_STR;
         *scr = p;
         return 1;
     }
@@ -150,7 +171,7 @@ static int64_t reserve(uint64_t size, uint64_t *next) {
     if (w - r + need > R.cap) return -1;
     if (size > tail) {
         uint32_t hd[2] = {(uint32_t)tail, K_PAD};
-        memcpy(R.data + off, hd, 8);
+        memcpy(R.data + off, hd, REC_HDR);
         off = 0;
     }
     *next = w + need;
@@ -167,13 +188,14 @@ static void write_hdr(unsigned char *p, uint64_t size, uint16_t kind, uint16_t n
 /* Rough bytes one side record holds (traced/rendering.py's estimate): a constant per record and field plus its
  * strings' and lists' lengths. Runs no Python code. */
 static uint64_t side_estimate(PyObject *fields) {
-    uint64_t n = 200 + 64 * (uint64_t)PyDict_GET_SIZE(fields);
+    uint64_t n = CPTRACE_SIDE_BASE + CPTRACE_SIDE_PER_FIELD * (uint64_t)PyDict_GET_SIZE(fields);
     Py_ssize_t pos = 0;
     PyObject *k, *v;
     while (PyDict_Next(fields, &pos, &k, &v)) {
         if (PyUnicode_CheckExact(v)) n += (uint64_t)PyUnicode_GET_LENGTH(v);
         else if (PyBytes_CheckExact(v)) n += (uint64_t)PyBytes_GET_SIZE(v);
-        else if (PyList_CheckExact(v) || PyTuple_CheckExact(v)) n += 16 * (uint64_t)PySequence_Fast_GET_SIZE(v);
+        else if (PyList_CheckExact(v) || PyTuple_CheckExact(v))
+            n += CPTRACE_SIDE_PER_ITEM * (uint64_t)PySequence_Fast_GET_SIZE(v);
     }
     return n;
 }
@@ -196,14 +218,14 @@ static int side_put(PyObject *level, PyObject *tag, PyObject *fields, int64_t ts
         R.qn = (uint64_t)n;
     }
     uint64_t est = side_estimate(fields);
-    if (n >= R.qcap || R.qbytes + est > R.qbytes_max || (off = reserve(16, &next)) < 0) {
+    if (n >= R.qcap || R.qbytes + est > R.qbytes_max || (off = reserve(PH_BYTES, &next)) < 0) {
         R.h->dropped++;
         Py_DECREF(item);
         return 0;
     }
-    write_hdr(R.data + off, 16, K_PH, 0);
+    write_hdr(R.data + off, PH_BYTES, K_PH, 0);
     uint64_t id = R.h->side_next;
-    memcpy(R.data + off + 8, &id, 8);
+    memcpy(R.data + off + REC_HDR, &id, 8);
     PyObject *r = PyObject_CallOneArg(R.append, item); /* deque.append: C, allocates no Python object */
     Py_DECREF(item);
     if (r == NULL) { R.h->dropped++; return -1; }
@@ -235,24 +257,24 @@ static int put(PyObject *level, PyObject *tag, PyObject *const *keys, PyObject *
     if (ovf || nf > MAXF || !PyUnicode_CheckExact(tag) || (tp = PyUnicode_AsUTF8AndSize(tag, &tn)) == NULL ||
         (tn == R.st_n && memcmp(tp, R.st_p, tn) == 0))
         goto side;
-    uint64_t size = 24 + vlen((uint64_t)tn) + (uint64_t)tn;
+    uint64_t size = REC_FIXED + vlen((uint64_t)tn) + (uint64_t)tn;
     for (Py_ssize_t i = 0; i < nf; i++) {
         if (!PyUnicode_CheckExact(keys[i]) || (kv[i].p = PyUnicode_AsUTF8AndSize(keys[i], &kv[i].n)) == NULL ||
             !classify(vals[i], &fv[i], &scr, scratch + sizeof scratch))
             goto side;
         size += vlen((uint64_t)kv[i].n) + (uint64_t)kv[i].n + 1;
         char k = fv[i].k;
-        size += (k == 'i' || k == 'f') ? 8 : k == 's' ? vlen((uint64_t)fv[i].n) + (uint64_t)fv[i].n : 0;
+        size += (k == V_INT || k == V_FLOAT) ? 8 : k == V_STR ? vlen((uint64_t)fv[i].n) + (uint64_t)fv[i].n : 0;
         if (size > R.max_rec) goto side;
     }
-    size = (size + 7) & ~(uint64_t)7;
+    size = (size + ALIGN - 1) & ~(uint64_t)(ALIGN - 1);
     uint64_t next;
     int64_t off = reserve(size, &next);
     if (off < 0) {
         R.h->dropped++;
         return 0;
     }
-    unsigned char *p0 = R.data + off, *p = p0 + 8;
+    unsigned char *p0 = R.data + off, *p = p0 + REC_HDR;
     int64_t lv64 = lv;
     memcpy(p, &ts, 8);
     memcpy(p + 8, &lv64, 8);
@@ -264,9 +286,9 @@ static int put(PyObject *level, PyObject *tag, PyObject *const *keys, PyObject *
         memcpy(p, kv[i].p, kv[i].n);
         p += kv[i].n;
         *p++ = (unsigned char)fv[i].k;
-        if (fv[i].k == 'i') { memcpy(p, &fv[i].i, 8); p += 8; }
-        else if (fv[i].k == 'f') { memcpy(p, &fv[i].f, 8); p += 8; }
-        else if (fv[i].k == 's') { p = put_v(p, (uint64_t)fv[i].n); memcpy(p, fv[i].p, fv[i].n); p += fv[i].n; }
+        if (fv[i].k == V_INT) { memcpy(p, &fv[i].i, 8); p += 8; }
+        else if (fv[i].k == V_FLOAT) { memcpy(p, &fv[i].f, 8); p += 8; }
+        else if (fv[i].k == V_STR) { p = put_v(p, (uint64_t)fv[i].n); memcpy(p, fv[i].p, fv[i].n); p += fv[i].n; }
     }
     write_hdr(p0, size, K_REC, (uint16_t)nf);
     R.h->written++;
@@ -316,7 +338,7 @@ static PyObject *py_put(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 static ring_hdr *hdr_of(Py_buffer *b) {
     if (b->len < HDR) { PyErr_SetString(PyExc_ValueError, "ring: buffer too small"); return NULL; }
     ring_hdr *h = (ring_hdr *)b->buf;
-    if (h->magic != MAGIC || h->cap < 64 || (h->cap & (h->cap - 1)) || (uint64_t)b->len < HDR + h->cap) {
+    if (h->magic != MAGIC || h->cap < MIN_CAP || (h->cap & (h->cap - 1)) || (uint64_t)b->len < HDR + h->cap) {
         PyErr_SetString(PyExc_ValueError, "ring: not a ring buffer");
         return NULL;
     }
@@ -327,9 +349,9 @@ static ring_hdr *hdr_of(Py_buffer *b) {
 static PyObject *py_init(PyObject *self, PyObject *arg) {
     Py_buffer b;
     if (PyObject_GetBuffer(arg, &b, PyBUF_WRITABLE) < 0) return NULL;
-    uint64_t cap = 64;
+    uint64_t cap = MIN_CAP;
     while (b.len >= HDR && cap * 2 <= (uint64_t)(b.len - HDR)) cap *= 2;
-    if (b.len < HDR + 64) {
+    if (b.len < HDR + MIN_CAP) {
         PyBuffer_Release(&b);
         PyErr_SetString(PyExc_ValueError, "ring: buffer too small");
         return NULL;
@@ -372,7 +394,7 @@ static PyObject *py_attach(PyObject *self, PyObject *args) {
     R.view = b;
     R.data = (unsigned char *)b.buf + HDR;
     R.cap = h->cap;
-    R.max_rec = h->cap / 8 < 65536 ? h->cap / 8 : 65536;
+    R.max_rec = h->cap / MAX_SHARE < MAX_REC ? h->cap / MAX_SHARE : MAX_REC;
     R.deque = Py_NewRef(dq);
     R.append = app;
     R.qcap = qcap;
@@ -452,14 +474,14 @@ static PyObject *decode(const unsigned char *p, const unsigned char *end, unsign
     for (unsigned i = 0; i < nf; i++) {
         if ((k = get_s(&p, end, 1)) == NULL || p >= end) goto bad;
         char kind = (char)*p++;
-        if (kind == 'i' || kind == 'f') {
+        if (kind == V_INT || kind == V_FLOAT) {
             if (end - p < 8) goto bad;
-            if (kind == 'i') { int64_t x; memcpy(&x, p, 8); v = PyLong_FromLongLong(x); }
+            if (kind == V_INT) { int64_t x; memcpy(&x, p, 8); v = PyLong_FromLongLong(x); }
             else { double x; memcpy(&x, p, 8); v = PyFloat_FromDouble(x); }
             p += 8;
-        } else if (kind == 's') v = get_s(&p, end, 0);
-        else if (kind == 'T') v = Py_NewRef(s_true);
-        else if (kind == 'F') v = Py_NewRef(s_false);
+        } else if (kind == V_STR) v = get_s(&p, end, 0);
+        else if (kind == V_TRUE) v = Py_NewRef(s_true);
+        else if (kind == V_FALSE) v = Py_NewRef(s_false);
         if (v == NULL || PyDict_SetItem(f, k, v) < 0) goto bad;
         Py_CLEAR(k);
         Py_CLEAR(v);
@@ -541,22 +563,22 @@ static PyObject *py_read(PyObject *self, PyObject *args) {
         uint64_t off = r & (cap - 1);
         uint32_t size;
         uint16_t kind, nf;
-        if (cap - off < 8) { bad = "record header past the end"; break; }
+        if (cap - off < REC_HDR) { bad = "record header past the end"; break; }
         memcpy(&size, data + off, 4);
         memcpy(&kind, data + off + 4, 2);
         memcpy(&nf, data + off + 6, 2);
-        if (size < 8 || (size & 7) || size > cap - off || size > w - r) { bad = "bad record size"; break; }
+        if (size < REC_HDR || (size & (ALIGN - 1)) || size > cap - off || size > w - r) { bad = "bad record size"; break; }
         PyObject *e = NULL;
         if (kind == K_PAD) {
             r += size;
             continue;
-        } else if (kind == K_PH && size == 16) {
+        } else if (kind == K_PH && size == PH_BYTES) {
             uint64_t id;
-            memcpy(&id, data + off + 8, 8);
+            memcpy(&id, data + off + REC_HDR, 8);
             if (id >= avail) break;
             e = PyLong_FromUnsignedLongLong(id);
         } else if (kind == K_REC) {
-            e = decode(data + off + 8, data + off + size, nf);
+            e = decode(data + off + REC_HDR, data + off + size, nf);
             if (e == NULL && PyErr_ExceptionMatches(PyExc_ValueError)) { PyErr_Clear(); bad = "malformed record"; break; }
             recs++;
         } else {
@@ -606,8 +628,8 @@ PyMethodDef ring_methods[] = {
 };
 
 int ring_module_init(PyObject *m) {
-    s_true = PyUnicode_InternFromString("True");
-    s_false = PyUnicode_InternFromString("False");
+    s_true = PyUnicode_InternFromString(CPTRACE_VALUE_TRUE_TEXT);
+    s_false = PyUnicode_InternFromString(CPTRACE_VALUE_FALSE_TEXT);
     ring_put_fn = PyObject_GetAttrString(m, "ring_put");
     return (s_true && s_false && ring_put_fn) ? 0 : -1;
 }

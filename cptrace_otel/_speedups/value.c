@@ -2,11 +2,13 @@
  * cptrace_otel.model.logline.parse_value of the same text; tests/unit/test_logc.py and test_export_fast_paths.py hold
  * them equal. */
 #include "value.h"
+#include "grammar.h"
 
 #include <string.h>
 
 /* int(s) raises for more digits than sys.get_int_max_str_digits() (4300 by default): leave those to Python. */
-#define MAX_DIGITS 4000
+#define MAX_DIGITS CPTRACE_VALUE_MAX_INT_DIGITS
+#define NPARTS CPTRACE_VALUE_RNG_PARTS   /* cnt, min, max, first, last */
 
 const unsigned char ws_tab[256] = {
     [9] = 1, [10] = 1, [11] = 1, [12] = 1, [13] = 1, [0x1c] = 1, [0x1d] = 1, [0x1e] = 1, [0x1f] = 1, [' '] = 1,
@@ -18,8 +20,8 @@ static PyObject *empty_str;
 
 /* "(" + field + "=" for the first part, "," + field + "=" for the others: the rendering of logline.Rng */
 #define RNG_LABEL_MAX 32
-static char rng_label[5][RNG_LABEL_MAX];
-static Py_ssize_t rng_label_len[5];
+static char rng_label[NPARTS][RNG_LABEL_MAX];
+static Py_ssize_t rng_label_len[NPARTS];
 
 /* -- value cache: value text -> immutable parsed value (str or Rng), direct-mapped, replaced on collision -- */
 
@@ -52,8 +54,8 @@ int value_configure(PyObject *rng)
     PyObject *names = PyObject_GetAttrString(rng, "_fields");
     if (names == NULL)
         return -1;
-    int ok = PyTuple_Check(names) && PyTuple_GET_SIZE(names) == 5;
-    for (int i = 0; ok && i < 5; i++) {
+    int ok = PyTuple_Check(names) && PyTuple_GET_SIZE(names) == NPARTS;
+    for (int i = 0; ok && i < NPARTS; i++) {
         PyObject *f = PyTuple_GET_ITEM(names, i);
         Py_ssize_t n;
         const char *s = PyUnicode_Check(f) && PyUnicode_IS_ASCII(f) ? PyUnicode_AsUTF8AndSize(f, &n) : NULL;
@@ -174,10 +176,10 @@ static PyObject *new_rng(PyObject **parts)
 {
     if (rng_is_tuple) {   /* what Rng.__new__ does: tuple.__new__(Rng, parts) */
         PyTypeObject *t = (PyTypeObject *)rng_type;
-        PyObject *r = t->tp_alloc(t, 5);
+        PyObject *r = t->tp_alloc(t, NPARTS);
         if (r == NULL)
             return NULL;
-        for (int i = 0; i < 5; i++) {
+        for (int i = 0; i < NPARTS; i++) {
             Py_INCREF(parts[i]);
             PyTuple_SET_ITEM(r, i, parts[i]);
         }
@@ -200,8 +202,8 @@ static int make_rng(const char *p, Py_ssize_t n, PyObject **out)
             return OK;
         }
     }
-    Py_ssize_t pos = 0, start[5], len[5];
-    for (int i = 0; i < 5; i++) {
+    Py_ssize_t pos = 0, start[NPARTS], len[NPARTS];
+    for (int i = 0; i < NPARTS; i++) {
         Py_ssize_t l = rng_label_len[i];
         if (n - pos < l || memcmp(p + pos, rng_label[i], (size_t)l) != 0)
             return FALLBACK;
@@ -215,15 +217,15 @@ static int make_rng(const char *p, Py_ssize_t n, PyObject **out)
     }
     if (pos != n - 1 || p[pos] != ')')
         return FALLBACK;
-    PyObject *parts[5] = {NULL, NULL, NULL, NULL, NULL};
+    PyObject *parts[NPARTS] = {NULL};
     int st = OK;
-    for (int i = 0; i < 5 && st == OK; i++)
+    for (int i = 0; i < NPARTS && st == OK; i++)
         st = value_int(p + start[i], len[i], &parts[i]);
     if (st == OK) {
         *out = new_rng(parts);
         st = *out ? OK : ERR;
     }
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i < NPARTS; i++)
         Py_XDECREF(parts[i]);
     if (st == OK && slot != NULL)
         vc_store(slot, p, n, *out);

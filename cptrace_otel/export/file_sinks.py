@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from ..model.grammar import LINE
 from ..model.logline import render_line
 from .otlp_json import request_json
 
@@ -237,7 +238,7 @@ def log_prefix(ts_ns: int, cp_rank: int, tp_rank: int) -> str:
     t = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts_ns / 1e9))
     cp = cp_rank if cp_rank >= 0 else 0
     tp = tp_rank if tp_rank >= 0 else cp
-    return f"[{t} ATTN_CP{cp} TP{tp}] "
+    return f"[{t} {LINE.rank_prefix}{cp} TP{tp}] "
 
 
 _BREAKS = re.compile("[\r\n]")

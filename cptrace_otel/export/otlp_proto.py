@@ -22,6 +22,7 @@ from .._speedups.otlp import load as _load_c_encoders
 from .._version import __version__
 from ..model import semconv as sc
 from ..model.attrs import EventAttrs, approx_bytes, attribute_key, fields_to_attributes, range_keys
+from ..model.grammar import OTLP as _W
 from ..model.logline import Rng
 
 if TYPE_CHECKING:
@@ -32,6 +33,29 @@ MAX_REQUEST_BYTES = int(3.5 * 1024 * 1024)
 _pack_q = struct.Struct("<Q").pack
 _pack_d = struct.Struct("<d").pack
 _MASK64 = (1 << 64) - 1
+
+# The protobuf tags and fixed parts of the fields written below (cptrace_otel.model.grammar: the C encoder's too)
+_T_KEY, _T_VALUE = bytes((_W.kv_key,)), bytes((_W.kv_value,))
+_T_STR, _T_INT, _T_DOUBLE = bytes((_W.any_string,)), bytes((_W.any_int,)), bytes((_W.any_double,))
+_TRUE, _FALSE = bytes((_W.any_bool, 1)), bytes((_W.any_bool, 0))
+_SPAN_TRACE_ID = bytes((_W.span_trace_id, _W.trace_id_bytes))
+_SPAN_SPAN_ID = bytes((_W.span_span_id, _W.span_id_bytes))
+_SPAN_PARENT = bytes((_W.span_parent, _W.span_id_bytes))
+_SPAN_NAME, _SPAN_KIND = bytes((_W.span_name,)), bytes((_W.span_kind, _W.kind_internal))
+_SPAN_START, _SPAN_END = bytes((_W.span_start,)), bytes((_W.span_end,))
+_SPAN_ATTRS, _SPAN_EVENTS = bytes((_W.span_attributes,)), bytes((_W.span_events,))
+_SPAN_LINKS, _SPAN_STATUS = bytes((_W.span_links,)), bytes((_W.span_status,))
+_EV_TIME, _EV_NAME = bytes((_W.event_time,)), bytes((_W.event_name,))
+_LINK_TRACE_ID = bytes((_W.link_trace_id, _W.trace_id_bytes))
+_LINK_SPAN_ID = bytes((_W.link_span_id, _W.span_id_bytes))
+_LINK_ATTRS = bytes((_W.link_attributes,))
+_STATUS_MESSAGE, _STATUS_CODE = bytes((_W.status_message,)), bytes((_W.status_code,))
+_REQUEST_RESOURCE_SPANS = bytes((_W.request_resource_spans,))
+_RESOURCE_SPANS_RESOURCE = bytes((_W.resource_spans_resource,))
+_RESOURCE_SPANS_SCOPE_SPANS = bytes((_W.resource_spans_scope_spans,))
+_RESOURCE_ATTRIBUTES = bytes((_W.resource_attributes,))
+_SCOPE_SPANS_SCOPE, _SCOPE_SPANS_SPANS = bytes((_W.scope_spans_scope,)), bytes((_W.scope_spans_spans,))
+_SCOPE_NAME, _SCOPE_VERSION = bytes((_W.scope_name,)), bytes((_W.scope_version,))
 
 
 def _varint_slow(n: int) -> bytes:
@@ -89,15 +113,15 @@ def any_value(v: Any) -> bytes:
     t = type(v)
     if t is int:
         if -(1 << 63) <= v < (1 << 63):
-            return b"\x18" + varint(v & _MASK64)
-        return _ld(b"\x0a", _utf8(str(v)))
+            return _T_INT + varint(v & _MASK64)
+        return _ld(_T_STR, _utf8(str(v)))
     if t is str:
-        return _ld(b"\x0a", _utf8(v))
+        return _ld(_T_STR, _utf8(v))
     if t is float:
-        return b"\x21" + _pack_d(v)
+        return _T_DOUBLE + _pack_d(v)
     if t is bool:
-        return b"\x10\x01" if v else b"\x10\x00"
-    return _ld(b"\x0a", _utf8(str(v)))
+        return _TRUE if v else _FALSE
+    return _ld(_T_STR, _utf8(str(v)))
 
 
 def _keyp(k: str) -> bytes:
@@ -105,12 +129,12 @@ def _keyp(k: str) -> bytes:
     if b is None:
         if len(_key_prefix) > 50_000:  # field names are few; a caller inventing names must not grow this forever
             _key_prefix.clear()
-        b = _key_prefix[k] = _ld(b"\x0a", _utf8(k))
+        b = _key_prefix[k] = _ld(_T_KEY, _utf8(k))
     return b
 
 
 def _field(tag: bytes, k: str, v: object) -> bytes:
-    return _ld(tag, _keyp(k) + _ld(b"\x12", any_value(v)))
+    return _ld(tag, _keyp(k) + _ld(_T_VALUE, any_value(v)))
 
 
 # Per field tag: key -> prefixes. ``ints[n]`` is everything before an int value whose varint is n bytes (n = 1..10),
@@ -120,9 +144,9 @@ class _KeyEnc:
 
     def __init__(self, tag: bytes, k: str) -> None:
         kp = _keyp(k)
-        self.ints = [b""] + [tag + varint(len(kp) + 3 + n) + kp + b"\x12" + bytes([1 + n]) + b"\x18"
+        self.ints = [b""] + [tag + varint(len(kp) + 3 + n) + kp + _T_VALUE + bytes([1 + n]) + _T_INT
                              for n in range(1, 11)]
-        self.sp = kp + b"\x12"
+        self.sp = kp + _T_VALUE
 
 
 _key_enc: dict[bytes, dict[str, _KeyEnc]] = {}
@@ -152,7 +176,7 @@ def _attrs(tag: bytes, attrs: Mapping[str, Any]) -> bytes:
                 e = encs[k] = _KeyEnc(tag, k)
             sb = v.encode() if v.isascii() else v.encode("utf-8", "replace")
             n = len(sb)
-            av = b"\x0a" + (small[n] if n < 16384 else varint(n)) + sb
+            av = _T_STR + (small[n] if n < 16384 else varint(n)) + sb
             kv = e.sp + (small[len(av)] if len(av) < 16384 else varint(len(av))) + av
             append(tag)
             append(small[len(kv)] if len(kv) < 16384 else varint(len(kv)))
@@ -163,10 +187,10 @@ def _attrs(tag: bytes, attrs: Mapping[str, Any]) -> bytes:
 
 
 # -- span event attributes straight from typed fields ------------------------------------------------------------------
-# ``attrs.EventAttrs`` keeps an event's typed fields; this writes exactly the bytes ``_attrs(b"\x1a", attrs.as_dict())``
+# ``attrs.EventAttrs`` keeps an event's typed fields; this writes exactly the bytes ``_attrs(_EV_TAG, attrs.as_dict())``
 # would (a test holds them equal) without building that dict: one pass over the fields, a per-field-name encoder
 # holding the ``hicache.<k>`` key prefixes, and whole KeyValue fields cached for small repeated values.
-_EV_TAG = b"\x1a"
+_EV_TAG = bytes((_W.event_attributes,))
 _VAL_CACHE_INT = 16384     # ints below this have their whole KeyValue field cached per key
 _VAL_CACHE_STR = 64        # so do strings up to this length
 _VAL_CACHE_PER_KEY = 4096  # bounded: a key with many distinct values stops caching new ones
@@ -196,7 +220,7 @@ class _FieldEnc:
     def str_field(self, v: str) -> bytes:
         sb = v.encode() if v.isascii() else _utf8(v)
         n = len(sb)
-        av = b"\x0a" + (_SMALL[n] if n < 16384 else varint(n)) + sb
+        av = _T_STR + (_SMALL[n] if n < 16384 else varint(n)) + sb
         kv = self.sp + (_SMALL[len(av)] if len(av) < 16384 else varint(len(av))) + av
         return _EV_TAG + (_SMALL[len(kv)] if len(kv) < 16384 else varint(len(kv))) + kv
 
@@ -373,20 +397,20 @@ _ev_names: dict[str, bytes] = {}  # event name -> its encoded name field
 
 
 def _span_attrs(attrs: dict[str, Any]) -> bytes:
-    """``_attrs(b"\x4a", attrs)``, cached for the few small int/str attribute sets stage spans repeat (rank, node id,
-    closed_by). Only int and str values are cached: ``True == 1`` would otherwise share an entry."""
+    """``_attrs(_SPAN_ATTRS, attrs)``, cached for the few small int/str attribute sets stage spans repeat (rank, node
+    id, closed_by). Only int and str values are cached: ``True == 1`` would otherwise share an entry."""
     if len(attrs) > 6:
-        return _attrs(b"\x4a", attrs)
+        return _attrs(_SPAN_ATTRS, attrs)
     for v in attrs.values():
         t = type(v)
         if (t is not int and t is not str) or (t is str and len(v) > 64):
-            return _attrs(b"\x4a", attrs)
+            return _attrs(_SPAN_ATTRS, attrs)
     key = tuple(attrs.items())
     b = _span_attr_cache.get(key)
     if b is None:
         if len(_span_attr_cache) >= 100_000:
             _span_attr_cache.clear()
-        b = _span_attr_cache[key] = _attrs(b"\x4a", attrs)
+        b = _span_attr_cache[key] = _attrs(_SPAN_ATTRS, attrs)
     return b
 
 
@@ -394,13 +418,13 @@ def _event_field(ts: int, name: str, attrs: EventAttrs | dict[str, Any]) -> byte
     """One ``Span.events`` field (tag 0x5a): the Python encoder, and the C encoder's fallback for odd events."""
     nb = _ev_names.get(name)
     if nb is None:
-        nb = _name(b"\x12", name)
+        nb = _name(_EV_NAME, name)
         if len(_ev_names) < 10_000:
             _ev_names[name] = nb
-    ev = b"\x09" + _pack_q(ts & _MASK64) + nb + (
-        _event_attrs(attrs) if type(attrs) is EventAttrs else _attrs(b"\x1a", attrs))
+    ev = _EV_TIME + _pack_q(ts & _MASK64) + nb + (
+        _event_attrs(attrs) if type(attrs) is EventAttrs else _attrs(_EV_TAG, attrs))
     n = len(ev)
-    return b"\x5a" + (_SMALL[n] if n < 16384 else varint(n)) + ev
+    return _SPAN_EVENTS + (_SMALL[n] if n < 16384 else varint(n)) + ev
 
 
 # The C encoders (cptrace_otel._speedups.otlp) when they were built: span events (the bytes of _event_field) and
@@ -412,11 +436,11 @@ _span_events, _span_fields, sizer = _load_c_encoders() or (None, None, approx_by
 def encode_span(sp: Span) -> bytes:
     """Encoded ``Span`` message body (kind INTERNAL; ``parent_span_id`` when the span has a parent: a stage span's
     lane)."""
-    parts = [b"\x0a\x10", sp.trace_id, b"\x12\x08", sp.span_id, _name(b"\x2a", sp.name), b"\x30\x01",
-             b"\x39", _pack_q(sp.start & _MASK64), b"\x41", _pack_q(sp.end & _MASK64)]
+    parts = [_SPAN_TRACE_ID, sp.trace_id, _SPAN_SPAN_ID, sp.span_id, _name(_SPAN_NAME, sp.name), _SPAN_KIND,
+             _SPAN_START, _pack_q(sp.start & _MASK64), _SPAN_END, _pack_q(sp.end & _MASK64)]
     parent = getattr(sp, "parent", b"")
     if parent:
-        parts[4:4] = [b"\x22\x08", parent]
+        parts[4:4] = [_SPAN_PARENT, parent]
     if sp.attrs:
         parts.append(_span_attrs(sp.attrs))
     append = parts.append
@@ -425,19 +449,19 @@ def encode_span(sp: Span) -> bytes:
     else:
         append(b"".join([_event_field(ts, name, attrs) for ts, name, attrs in sp.events]))
     for tid, sid, attrs in sp.links:
-        append(_ld(b"\x6a", b"\x0a\x10" + tid + b"\x12\x08" + sid + _attrs(b"\x22", attrs)))
+        append(_ld(_SPAN_LINKS, _LINK_TRACE_ID + tid + _LINK_SPAN_ID + sid + _attrs(_LINK_ATTRS, attrs)))
     if sp.status_code:
         st = b""
         if sp.status_message:
-            st += _ld(b"\x12", _utf8(sp.status_message))
-        st += b"\x18" + varint(sp.status_code)
-        append(_ld(b"\x7a", st))
+            st += _ld(_STATUS_MESSAGE, _utf8(sp.status_message))
+        st += _STATUS_CODE + varint(sp.status_code)
+        append(_ld(_SPAN_STATUS, st))
     return b"".join(parts)
 
 
 def _span_field(sp: Span) -> bytes:
     """One ``ScopeSpans.spans`` field (tag 0x12) of ``sp``: the Python encoder, and the C encoder's fallback."""
-    return _ld(b"\x12", encode_span(sp))
+    return _ld(_SCOPE_SPANS_SPANS, encode_span(sp))
 
 
 def span_fields(spans: Sequence[Any]) -> list[bytes]:
@@ -449,11 +473,11 @@ def span_fields(spans: Sequence[Any]) -> list[bytes]:
 
 def _resource_header(resource: dict[str, Any]) -> bytes:
     """``ResourceSpans.resource`` field plus the opening of its one ``ScopeSpans`` (without the spans)."""
-    return _ld(b"\x0a", _attrs(b"\x0a", resource))
+    return _ld(_RESOURCE_SPANS_RESOURCE, _attrs(_RESOURCE_ATTRIBUTES, resource))
 
 
 def _scope() -> bytes:
-    return _ld(b"\x0a", _ld(b"\x0a", sc.SCOPE_NAME.encode()) + _ld(b"\x12", __version__.encode()))
+    return _ld(_SCOPE_SPANS_SCOPE, _ld(_SCOPE_NAME, sc.SCOPE_NAME.encode()) + _ld(_SCOPE_VERSION, __version__.encode()))
 
 
 def encode_requests(groups: Iterable[tuple[dict[str, Any], Sequence[Any]]],
@@ -498,5 +522,5 @@ def encode_requests(groups: Iterable[tuple[dict[str, Any], Sequence[Any]]],
 
 
 def _resource_spans(head: bytes, scope: bytes, span_fields: list[bytes]) -> bytes:
-    ss = _ld(b"\x12", scope + b"".join(span_fields))
-    return _ld(b"\x0a", head + ss)
+    ss = _ld(_RESOURCE_SPANS_SCOPE_SPANS, scope + b"".join(span_fields))
+    return _ld(_REQUEST_RESOURCE_SPANS, head + ss)

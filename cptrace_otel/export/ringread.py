@@ -25,6 +25,8 @@ import os
 import sys
 from typing import Any
 
+from ..model.grammar import RING
+
 BATCH = 4096            # records per read
 PUNCH_BYTES = 1 << 20   # consumed bytes given back to the system at a time (at most an eighth of the ring)
 PUNCH_FROM = 256 << 10  # smaller rings keep their pages (they are small, and the span held back would cost room)
@@ -53,7 +55,7 @@ class RingIntake:
         self.mm = mmap.mmap(int(info["fd"]), int(info["size"]))
         self.token = (os.getpid() << 20) + next(_intakes)   # never 0 (an unclaimed ring's reader)
         _claim()(self.mm, self.token)
-        cap = int(info["size"]) - 256
+        cap = int(info["size"]) - RING.header_bytes
         # (a span is held back until it is whole pages; in a ring under PUNCH_FROM that would cost too much room)
         self.punch = min(PUNCH_BYTES, cap // 8) if cap >= PUNCH_FROM else 0
         self.superseded = False       # another worker claimed the ring: this one reads nothing more

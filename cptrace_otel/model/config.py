@@ -56,6 +56,7 @@ from typing import Any
 from urllib.parse import quote, quote_plus, unquote, urlsplit
 
 from .exits import EXIT_USAGE, CptraceError
+from .grammar import RING
 
 DEFAULT_FILE = "cptrace-out/{run_id}/rank-{rank}-{pid}.otlp.jsonl"
 TRACES_PATH = "/v1/traces"  # the OTLP/HTTP signal path for traces
@@ -548,7 +549,7 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: object) -> Confi
         queue_size=_int(env, "CPTRACE_QUEUE_SIZE", 262144, lo=1),
         queue_bytes=_bounded("CPTRACE_QUEUE_BYTES", _int(env, "CPTRACE_QUEUE_BYTES", 64 << 20, lo=1)),
         ring=_switch(env, "CPTRACE_RING", default=True),
-        ring_bytes=_bounded("CPTRACE_RING_BYTES", _int(env, "CPTRACE_RING_BYTES", 64 << 20, lo=4096), True),
+        ring_bytes=_bounded("CPTRACE_RING_BYTES", _int(env, "CPTRACE_RING_BYTES", 64 << 20, lo=RING.min_bytes), True),
         certificate=_otel(env, "CERTIFICATE"),
         client_certificate=_otel(env, "CLIENT_CERTIFICATE"),
         client_key=_otel(env, "CLIENT_KEY"),

@@ -18,7 +18,9 @@ from __future__ import annotations
 import re
 from typing import Any, NamedTuple
 
-_LINE_RE = re.compile(r"\[CPTRACE (?P<tag>\w+)\](?: (?P<body>.*))?$")
+from .grammar import LINE
+
+_LINE_RE = re.compile(re.escape(LINE.opening) + r"(?P<tag>\w+)\](?: (?P<body>.*))?$")
 _RNG_RE = re.compile(r"\(cnt=(-?\d+),min=([^,()]+),max=([^,()]+),first=([^,()]+),last=([^,()]+)\)$")
 _INT_RE = re.compile(r"-?\d+$")
 
@@ -169,7 +171,7 @@ class ParsedLine(NamedTuple):
 
 def parse_line(line: str) -> ParsedLine | None:
     """Parse one log line; None when it holds no ``[CPTRACE tag]`` marker (not a trace line)."""
-    idx = line.find("[CPTRACE ")
+    idx = line.find(LINE.opening)
     if idx < 0:
         return None
     m = _LINE_RE.match(line.rstrip("\r\n"), idx)
@@ -190,11 +192,11 @@ def parse_line(line: str) -> ParsedLine | None:
 def render_line(tag: str, fields: dict[str, Any]) -> str:
     """``[CPTRACE tag] k=v ...`` exactly as the upstream ``cptrace`` formats it (without the logger prefix)."""
     parts = " ".join(f"{k}={render_value(v)}" for k, v in fields.items())
-    return f"[CPTRACE {tag}] {parts}"
+    return f"{LINE.opening}{tag}] {parts}"
 
 
 # SGLang's logger prefix, e.g. "[2026-07-18 03:03:06 ATTN_CP5 TP5] " (the format of sgl-project/sglang#31600).
-_PREFIX_RANK = re.compile(r"ATTN_CP(\d+)")
+_PREFIX_RANK = re.compile(re.escape(LINE.rank_prefix) + r"(\d+)")
 _PREFIX_TP = re.compile(r"\bTP(\d+)")
 _PREFIX_DP = re.compile(r"\bDP(\d+)")
 _PREFIX_TIME = re.compile(r"(\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?)")

@@ -22,9 +22,10 @@ from collections.abc import Callable
 from math import isfinite as _isfinite
 from typing import Any
 
+from .grammar import VALUE
 from .logline import render_value  # light (re only); imported here, not per value
 
-MAX_VALUE_CHARS = 65536   # longer rendered values are cut (with a marker): keeps a span and a request bounded
+MAX_VALUE_CHARS = VALUE.max_value_chars   # longer values are cut (with a marker): keeps a span and a request bounded
 RESOLVE_TIMEOUT_S = 30.0  # longest wait for one deferred fingerprint
 
 _PRIM = frozenset((int, str, float))
@@ -52,7 +53,7 @@ def render_other(v: Any, is_deferred: Callable[[object], bool] | None,
             return r if type(r) is int else render_other(r, None, None)
         t = type(v)
         if t is bool:
-            return "True" if v else "False"
+            return VALUE.true_text if v else VALUE.false_text
         if t is float:
             # A finite float is what its log-line text parses back to. NaN, inf and -inf are all the strings
             # "nan", "inf", "-inf" (one form for the three; logline.parse_value keeps that text a string too), so

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..model.grammar import SIDE
+
 
 def load_deferred() -> tuple[Any, Any]:
     """``(is_deferred, resolve)`` of the fingerprint package, or ``(None, None)`` when it cannot be imported."""
@@ -26,12 +28,13 @@ def import_drainer_needs() -> None:
 
 def estimate(fields: dict) -> int:
     """Rough bytes one buffered record holds: a constant per record and field plus its strings' and lists' lengths
-    (one pass over the values; only called once the buffer is long, see ``pipeline.UNMEASURED``)."""
-    n = 200 + 64 * len(fields)
+    (one pass over the values; only called once the buffer is long, see ``pipeline.UNMEASURED``). The constants
+    are :data:`cptrace_otel.model.grammar.SIDE`'s, which the ring's side deque (``ring.c``) counts with too."""
+    n = SIDE.base + SIDE.per_field * len(fields)
     for v in fields.values():
         t = type(v)
         if t is str or t is bytes:
             n += len(v)
         elif t is list or t is tuple:
-            n += 16 * len(v)
+            n += SIDE.per_item * len(v)
     return n

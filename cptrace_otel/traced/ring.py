@@ -36,7 +36,9 @@ if TYPE_CHECKING:
 
     from ..model.config import Config
 
-HEADER = 256        # ring.c's header bytes
+from ..model.grammar import RING
+
+HEADER = RING.header_bytes   # ring.c's header bytes
 _said_failure = False   # the ring's set-up failure was named on stderr
 CONFIG_TAG = "config"   # records of this tag take the side path: the drainer's RankHold reads the rank there
 
@@ -86,7 +88,7 @@ class Ring:
         from .._speedups import _hot  # type: ignore[attr-defined]
 
         self._hot = _hot
-        data = 1 << (max(4096, nbytes).bit_length() - 1)
+        data = 1 << (max(RING.min_bytes, nbytes).bit_length() - 1)
         fd = os.memfd_create("cptrace-ring", os.MFD_CLOEXEC)
         try:
             os.ftruncate(fd, HEADER + data)

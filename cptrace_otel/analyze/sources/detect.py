@@ -31,9 +31,10 @@ import re
 import zlib
 
 from ...model.canary import MARKER as CANARY_MARKER
+from ...model.grammar import LINE
 from .inputs import GZIP_MAGIC, STDIN, open_text, stdin_head, truncated
 
-MARKER = b"[CPTRACE"
+MARKER = LINE.marker.encode()
 CANARY = CANARY_MARKER.encode("ascii")
 HEAD = 1 << 16          # bytes looked at to classify
 _BLOCK = 1 << 22        # read size when scanning a whole text file for the marker
@@ -91,10 +92,10 @@ def _classify(path: str, head: bytes, fh) -> Sniff:
             return Sniff(path, "log")
         lines += more
     elif len(head) >= HEAD:   # standard input: only its start can be looked at; the reader decides
-        return Sniff(path, "log", "text with no [CPTRACE marker in its first 64 KiB")
+        return Sniff(path, "log", f"text with no {LINE.marker} marker in its first 64 KiB")
     first = body.split(b"\n", 1)[0][:60].decode("utf-8", "replace").rstrip()
     lines += last != b"\n"
-    return Sniff(path, None, f"plain text with no [CPTRACE record ({lines} line{'s' if lines != 1 else ''}, the "
+    return Sniff(path, None, f"plain text with no {LINE.marker} record ({lines} line{'s' if lines != 1 else ''}, the "
                             f"first: {first!r})")
 
 

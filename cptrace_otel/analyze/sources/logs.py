@@ -40,11 +40,17 @@ from ...checks.epochs import EPOCH_TAGS, EpochTracker
 from ...model.canary import MARKER as CANARY_MARK, TAG as CANARY_TAG, parse_canary_line
 from ...model.events import Event
 from ...model.exits import CptraceError
+from ...model.grammar import LINE
 from ...model.logline import fast_value
 from . import inputs as files
 from .inputs import consumed, open_text, truncated
 
-MARKER = "[CPTRACE"
+MARKER = LINE.marker
+_OPEN = LINE.opening                # where a well-formed record's tag starts ...
+_TAG_AT = len(_OPEN)                # ... this many characters after the marker's place
+_TS, _RANK = LINE.ts_field, LINE.rank_field
+_TS_TOKEN = f" {_TS}="              # the ts field as a token of its own (the usual last one)
+_RANK_PREFIX = LINE.rank_prefix
 _TAG_RE = re.compile(r"\w+")
 _GOOD_TAGS: set[str] = set()   # tags already validated against _TAG_RE
 _FILE_RANK = re.compile(r"(?:rank|cp)[_-]?(\d+)", re.IGNORECASE)
@@ -140,13 +146,13 @@ def parse_trace_line(line: str) -> tuple[str, str, dict[str, Any], list[str]] | 
         p = _logc.parse_line(line)   # None: not a shape the C parser knows, the code below decides
         if p is not None:
             return p
-    idx = line.find("[CPTRACE ")
+    idx = line.find(_OPEN)
     if idx < 0:
         return None
-    end = line.find("]", idx + 9)
+    end = line.find("]", idx + _TAG_AT)
     if end < 0:
         return None
-    tag = line[idx + 9:end]
+    tag = line[idx + _TAG_AT:end]
     if tag not in _GOOD_TAGS:
         if not tag or not _TAG_RE.fullmatch(tag):
             return None
@@ -157,17 +163,17 @@ def parse_trace_line(line: str) -> tuple[str, str, dict[str, Any], list[str]] | 
         return None
     if "\n" in rest or "\r" in rest:  # "." of the line regex does not cross a newline
         return None
-    j = rest.rfind(" ts=")
+    j = rest.rfind(_TS_TOKEN)
     if j >= 0 and rest.find(" ", j + 1) < 0:
         # the usual shape: ``ts=`` is the last token and unique per line; keep it out of the token cache
-        tsv = rest[j + 4:]
+        tsv = rest[j + len(_TS_TOKEN):]
         if tsv.isdigit() and tsv.isascii() and (tsv[0] != "0" or len(tsv) == 1):
             try:
                 fields = dict(map(_pair, rest[:j].split()))
             except _BadToken:
                 pass
             else:
-                fields["ts"] = int(tsv)   # an earlier duplicate keeps its position, the last value wins: as logline
+                fields[_TS] = int(tsv)   # an earlier duplicate keeps its position, the last value wins: as logline
                 return line[:idx], tag, fields, []
     try:
         return line[:idx], tag, dict(map(_pair, rest.split())), []
@@ -186,10 +192,10 @@ def parse_trace_line(line: str) -> tuple[str, str, dict[str, Any], list[str]] | 
 
 
 def _prefix_rank(prefix: str) -> int | None:
-    i = prefix.find("ATTN_CP")
+    i = prefix.find(_RANK_PREFIX)
     if i < 0:
         return None
-    j = i + 7
+    j = i + len(_RANK_PREFIX)
     k = j
     while k < len(prefix) and prefix[k].isdigit():
         k += 1
@@ -290,15 +296,15 @@ def _slow_line(line: str, path: str, line_no: int, drank: int, on_bad: Callable[
         on_bad(Malformed(path, line_no, why, line.rstrip("\r\n")[:200]))
         return None
     if p is None:
-        on_bad(Malformed(path, line_no, "broken [CPTRACE tag] marker", line.rstrip("\r\n")))
+        on_bad(Malformed(path, line_no, f"broken {_OPEN}tag] marker", line.rstrip("\r\n")))
         return None
     prefix, tag, fields, bad = p
     if bad:
         on_bad(Malformed(path, line_no, f"tokens without '=': {' '.join(bad)}", line.rstrip("\r\n")))
-    ts = fields.get("ts")
+    ts = fields.get(_TS)
     if type(ts) is not int:
         ts = line_no
-    r = fields.get("rank")
+    r = fields.get(_RANK)
     if type(r) is not int or r < 0:
         r = _prefix_rank(prefix) if prefix else None
         if r is None:
@@ -397,32 +403,32 @@ def _file_chunks_py(fh, path: str, drank: int, on_bad: Callable[[Malformed], Non
             # Fast path, the same result as parse_trace_line for the usual shape: a known tag, " k=v" tokens that
             # all carry "=", ``ts=`` last and canonical. _open reads with newline="", so a line holds no "\r"/"\n"
             # before its ending (the check parse_trace_line makes). Anything else takes the full parser.
-            idx = line.find("[CPTRACE ")
+            idx = line.find(_OPEN)
             if idx < 0:
                 if MARKER not in line and CANARY_MARK not in line:
                     continue
                 fields = None
             else:
-                end = line.find("]", idx + 9)
-                tag = line[idx + 9:end] if end >= 0 else ""
-                j = line.rfind(" ts=")
+                end = line.find("]", idx + _TAG_AT)
+                tag = line[idx + _TAG_AT:end] if end >= 0 else ""
+                j = line.rfind(_TS_TOKEN)
                 fields = None
                 if j > end >= 0 and tag in good_tags and line[end + 1] == " ":
-                    tsv = line[j + 4:].rstrip("\r\n")
+                    tsv = line[j + len(_TS_TOKEN):].rstrip("\r\n")
                     if tsv.isdigit() and tsv.isascii() and (tsv[0] != "0" or len(tsv) == 1):
                         try:
                             fields = dict(map(pair, line[end + 1:j].split()))
                         except (bad_token, ValueError):   # ValueError: an int over the int-string limit
                             fields = None
                         else:
-                            fields["ts"] = ts = int(tsv)
+                            fields[_TS] = ts = int(tsv)
             if fields is None:
                 slow = _slow_line(line, path, line_no, drank, on_bad, chunk[-1] if chunk else prev)
                 if slow is None:
                     continue
                 tag, fields, ts, r = slow
             else:
-                r = fields.get("rank")  # type: ignore[assignment]
+                r = fields.get(_RANK)  # type: ignore[assignment]
                 if type(r) is not int or r < 0:
                     r = _prefix_rank(line[:idx]) if idx > 0 else None  # type: ignore[assignment]
                     if r is None:
