@@ -210,14 +210,16 @@ class LoadAck(Protocol):
 
 
 class StorageOperation(Protocol):
-    """``managers.cache_controller.StorageOperation``: an L3 backup (its ack)."""
+    """``managers.cache_controller.StorageOperation`` (0.5.23: ``hybrid_cache.hybrid_cache_controller.
+    StorageOperation``): an L3 backup (its ack)."""
 
     id: int
     completed_tokens: int
 
 
 class PrefetchOperation(Protocol):
-    """``managers.cache_controller.PrefetchOperation``: an L3 query and prefetch."""
+    """``managers.cache_controller.PrefetchOperation`` (0.5.23: ``hybrid_cache.hybrid_cache_controller.
+    PrefetchOperation``): an L3 query and prefetch."""
 
     id: int
     request_id: str
@@ -226,7 +228,7 @@ class PrefetchOperation(Protocol):
     hash_value: list[str]
     host_indices: Tensor | None
     completed_tokens: int
-    handle: object   # 0.5.23: the key of ongoing_prefetch
+    handle: object   # 0.5.23 (HybridCacheController's PrefetchOperation): the key of ongoing_prefetch
 
 
 class CacheController(Traced, Protocol):
@@ -268,14 +270,14 @@ class RadixCache(Traced, Protocol):
     ``mem_cache.unified_radix_cache.UnifiedRadixCache``."""
 
     page_size: int
-    is_eagle: bool
     cache_controller: CacheController
-    root_node: TreeNode   # 0.5.20 (0.5.23's is the tree core's)
+    root_node: TreeNode   # (0.5.23's sites read the tree core's)
     attn_cp_group: object
     # pending host writes by ack id: 0.5.20 ``(lock node, backup length, publish nodes)``, 0.5.23 an
     # ``_OngoingWriteThrough`` (node_id, publish_node_ids): each version's State reads its own
     ongoing_write_through: Mapping[int, Any]
     # 0.5.20
+    is_eagle: bool
     kv_cache: KVPool
     token_to_kv_pool_host: HostKVCache   # (absent without a host pool: read with getattr)
     evictable_host_leaves: set[TreeNode]
