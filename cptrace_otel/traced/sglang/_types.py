@@ -1,4 +1,4 @@
-"""The SGLang surface we touch: one :class:`typing.Protocol` per SGLang object the instrumentation reads, with
+"""The SGLang surface we touch: one ``typing.Protocol`` per SGLang object the instrumentation reads, with
 exactly the attributes and methods it reads (or sets: ``_cptrace_sg``, the cache's state), each naming the SGLang
 0.5.20 / 0.5.23 class it stands for.
 
