@@ -83,7 +83,7 @@ class SGLangInstrumentor(BaseInstrumentor):
     def instrumentation_dependencies(self) -> Collection[str]:
         return (SUPPORTED,)
 
-    def instrument(self, **kwargs: Any) -> Any:
+    def instrument(self, **kwargs: object) -> Any:
         """Wrap SGLang's HiCache (see the module doc); None, with one warning, where this SGLang is not supported.
 
         The version is read from the imported ``sglang`` package itself (a vendored copy has no dist metadata),
@@ -101,7 +101,7 @@ class SGLangInstrumentor(BaseInstrumentor):
         kwargs["skip_dep_check"] = True
         return super().instrument(**kwargs)
 
-    def _instrument(self, **kwargs: Any) -> None:
+    def _instrument(self, **kwargs: Any) -> None:   # (Any: the caller's options, each checked at run time)
         from ...model import config as _config
 
         exact = kwargs.get("exact")
@@ -129,7 +129,7 @@ class SGLangInstrumentor(BaseInstrumentor):
                 _unwrap(module, attr)
             raise
 
-    def _uninstrument(self, **kwargs: Any) -> None:
+    def _uninstrument(self, **kwargs: object) -> None:
         _audit.stop()
         for module, attr, _ in getattr(self, "_cptrace_sites", None) or sites():
             _unwrap(module, attr)

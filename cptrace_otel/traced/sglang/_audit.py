@@ -38,7 +38,10 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from torch import Tensor
+
     from ._state import State
+    from ._types import HostKVCache
 
 logger = logging.getLogger("cptrace_otel.sglang")
 
@@ -49,7 +52,7 @@ STATS: dict[str, float] = {"audited": 0, "bytes": 0, "raced": 0, "refused": 0, "
 _KNOWN = {"MHATokenToKVPoolHost", "MLATokenToKVPoolHost"}   # exact classes: their subclasses lay pages out otherwise
 
 
-def rate_setting(value: Any = None) -> float:
+def rate_setting(value: Any = None) -> float:   # (Any: a caller's value, checked here)
     """The audit rate in MB/s: ``value`` when given (``instrument(audit_mbps=)``), else ``CPTRACE_AUDIT_MBPS``;
     0 (off) when unset, not a number or not positive (a bad value is named once in a warning)."""
     raw = value if value is not None else os.environ.get(ENV, "")
@@ -63,7 +66,7 @@ def rate_setting(value: Any = None) -> float:
     return v if v > 0 and v == v else 0.0
 
 
-def host_rows(pool: Any, idx: Any) -> Any:
+def host_rows(pool: HostKVCache, idx: Tensor) -> Tensor | None:
     """``[tokens, rows, ...]``: the host KV of host slots ``idx`` in the row order of
     :func:`._state._kv_rows` over the device pool (token order; MHA: every layer's K, then every layer's V; MLA:
     every layer's latent KV), or None for a pool or layout this does not know. SGLang's host buffers

@@ -59,21 +59,21 @@ def server_args() -> Any:
         return None
 
 
-def is_mla(pool: Any) -> int:
+def is_mla(pool: object) -> int:
     """1 when ``pool`` (the device KV pool) is one SGLang treats as rank-replicated MLA, 0 when not, -1 unknown."""
     if pool is None:
         return -1
     return int(any(c.__name__ in MLA_POOLS for c in type(pool).__mro__))
 
 
-def _num(sa: Any, name: str) -> int:
+def _num(sa: object, name: str) -> int:
     try:
         return int(getattr(sa, name, 1) or 1)
     except Exception:   # (a derived width SGLang cannot compute yet raises on read)
         return 1
 
 
-def derive(sa: Any, cp_size: int, mla: int) -> tuple[str, list[str]]:
+def derive(sa: object, cp_size: int, mla: int) -> tuple[str, list[str]]:
     """``(mode, tokens)`` from server arguments ``sa`` (None: ``("", ...)``) for an attention CP group of
     ``cp_size`` ranks; ``mode`` is ``""`` where the arguments do not explain the group."""
     why = [f"cp_group:{cp_size}", f"mla:{mla}"]
@@ -101,7 +101,7 @@ def _warn(key: str, msg: str) -> None:
     logger.warning(msg)
 
 
-def resolve(explicit: str, explicit_src: str, cp_size: int, pool: Any, sa: Any = None,
+def resolve(explicit: str, explicit_src: str, cp_size: int, pool: object, sa: object = None,
             warn_once: Callable[[str, str], None] = _warn) -> CpMode:
     """The mode of a cache whose attention CP group has ``cp_size`` ranks and whose device pool is ``pool``;
     ``explicit`` a mode someone set (``""`` none) and ``explicit_src`` who; ``sa`` the server arguments (default

@@ -54,7 +54,7 @@ def identity(st: CacheState) -> dict[str, Any]:
     return out
 
 
-def folder(backend: Any) -> str | None:
+def folder(backend: object) -> str | None:
     """The folder a file-storing backend keeps its ``<key>.bin`` objects in; None for any other backend."""
     p = getattr(backend, "file_path", None)
     return p if type(p) is str and hasattr(backend, "_get_suffixed_key") else None

@@ -35,14 +35,22 @@ read; the records are the same.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...model import l3 as l3m, semconv as sc
 from ..api import cptrace, khash, rng
 from . import _l3_meta
 from ._state import State, arg, safe, state_of
 
+if TYPE_CHECKING:
+    import queue
+
+    from torch import Tensor
+
+    from ._types import CacheController, PrefetchOperation, RadixCache, RadixKey, TreeCore, TreeNode
+
+_T = TypeVar("_T")
 CONTROLLER = "sglang.srt.managers.cache_controller"
 HIRADIX = "sglang.srt.mem_cache.hiradix_cache"
 
@@ -53,9 +61,9 @@ class L3State:
     __slots__ = ("backup_node", "prefetch_op", "drain", "meta")
 
     def __init__(self) -> None:
-        self.backup_node: Any = None   # during write_backup_storage: its node (0.5.23: its node id)
-        self.prefetch_op: Any = None   # during _handle_prefetch_result: its operation
-        self.drain: Any = None         # during a drain: (reads, its queues' view) until its hit records are out
+        self.backup_node: TreeNode | int | None = None   # during write_backup_storage: its node (0.5.23: its id)
+        self.prefetch_op: PrefetchOperation | None = None   # during _handle_prefetch_result: its operation
+        self.drain: tuple | None = None       # during a drain: (reads, its queues' view) until its hit records are out
         # file backend: op id -> (folder, keys, fingerprints, start ns) of a backup whose metadata its ack writes
         self.meta: OrderedDict = OrderedDict()
 
@@ -68,14 +76,14 @@ def _l3(st: State) -> L3State:
     return s
 
 
-def _keys(cc: Any, hashes: Any) -> list[str]:
+def _keys(cc: CacheController, hashes: Iterable[str] | None) -> list[str]:
     """The backend's object keys of page hashes (the hash itself for a backend without a suffix)."""
     suffixed = getattr(cc.storage_backend, "_get_suffixed_key", None)
     hs = list(hashes or ())
     return [str(suffixed(h)) for h in hs] if suffixed is not None else [str(h) for h in hs]
 
 
-def _page_fps(cc: Any, host_indices: Any, pages: int) -> list[int]:
+def _page_fps(cc: CacheController, host_indices: Tensor, pages: int) -> list[int]:
     """One fingerprint per page of the host pool: of the data page the storage backend reads or fills
     (``get_data_page``), see :func:`page_fp`."""
     pool = cc.storage_host_pool
@@ -83,7 +91,7 @@ def _page_fps(cc: Any, host_indices: Any, pages: int) -> list[int]:
     return [page_fp(pool.get_data_page(int(host_indices[i * ps]), flat=False)) for i in range(pages)]
 
 
-def _side_fps(st: State | None, cc: Any, host_indices: Any, pages: int) -> dict[str, list[int]]:
+def _side_fps(st: State | None, cc: CacheController, host_indices: Tensor, pages: int) -> dict[str, list[int]]:
     """``shp_<pool>``: per sidecar pool of the cache (the DSA indexer), one :func:`page_fp` per page of its host pool
     at the KV's host slots (a sidecar's slots are the KV's); nothing for a cache without sidecars."""
     side_host = getattr(st, "side_host", None)
@@ -94,7 +102,7 @@ def _side_fps(st: State | None, cc: Any, host_indices: Any, pages: int) -> dict[
                                                for i in range(pages)] for name, pool in side_host.items()}
 
 
-def page_fp(page: Any) -> int:
+def page_fp(page: Tensor) -> int:
     """``khash`` of a contiguous page; of a strided one (a page of a ``layer_first`` host pool is one block per layer
     and K/V), ``khash`` of its blocks' ``khash`` values in order: equal bytes give equal values and a changed byte
     changes its block's value, without the copy that flattening a strided page makes (10x the hash's own time)."""
@@ -111,7 +119,7 @@ def page_fp(page: Any) -> int:
     return int(khash(torch.tensor(blocks, dtype=torch.int64)))
 
 
-def _queue_items(q: Any) -> list:
+def _queue_items(q: queue.Queue[_T] | None) -> list[_T]:
     if q is None:
         return []
     with q.mutex:   # the storage threads append while we look
@@ -123,12 +131,12 @@ class Reads:
     subclass in :mod:`._l3_sites23`). The records and their grammar are the same for every version."""
 
     @staticmethod
-    def node_id(st: State, node: Any) -> int:
+    def node_id(st: State, node: Any) -> int:   # (Any: a TreeNode here, Reads23's a node id)
         """The id of the node a storage method was called with (0.5.20: the node itself)."""
         return int(node.id)
 
     @staticmethod
-    def prefetch(cache: Any, op: Any) -> tuple[int, Any] | None:
+    def prefetch(cache: RadixCache, op: PrefetchOperation) -> tuple[int, Tensor | None] | None:
         """``(node id, host slots)`` of a prefetch that is still ``op``'s (its ``ongoing_prefetch`` entry), None
         when it is gone; host slots None while its pages are not allocated."""
         info = cache.ongoing_prefetch.get(op.request_id)
@@ -137,18 +145,18 @@ class Reads:
         return int(info[0].id), op.host_indices
 
     @staticmethod
-    def backup_node_id(entry: Any) -> int:
+    def backup_node_id(entry: Any) -> int:   # (Any: a TreeNode here, Reads23's a tuple)
         """The node id of an ``ongoing_backup`` value."""
         return int(entry.id)
 
     @staticmethod
-    def usable_pages(cache: Any, op: Any) -> int:
+    def usable_pages(cache: RadixCache, op: PrefetchOperation) -> int:
         """The pages of a finished prefetch that enter the tree."""
         return int(cache._clamp_prefetch_result(op)) // int(cache.page_size)
 
 
 # -- backup -------------------------------------------------------------------------------------------------------
-def write_backup_storage_site(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def write_backup_storage_site(wrapped: Callable[..., Any], instance: RadixCache, args: tuple, kwargs: dict) -> Any:
     """``write_backup_storage(node)`` (0.5.23: ``(node_id)``): the node :func:`write_storage_site` records."""
     st = state_of(instance)
     if st is None:
@@ -165,7 +173,7 @@ def write_backup_storage_site(wrapped: Any, instance: Any, args: tuple, kwargs: 
 
 def write_storage_site(reads: type[Reads]) -> Any:
     """The ``write_storage`` wrapper: ``l3_backup`` of the node ``write_backup_storage`` is backing up."""
-    def _write_storage(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    def _write_storage(wrapped: Callable[..., Any], instance: CacheController, args: tuple, kwargs: dict) -> Any:
         st = state_of(instance)
         node = getattr(getattr(st, "l3", None), "backup_node", None)
         if st is None or node is None:
@@ -193,7 +201,7 @@ def drain_site(reads: type[Reads]) -> Any:
     records are written after the first step: at the drain's first prefetch ack (:func:`prefetch_result_site`
     flushes them; a prefetch allocated and read within one drain is acknowledged in it) or when the drain returns;
     the backup acks when it returns."""
-    def _drain(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    def _drain(wrapped: Callable[..., Any], instance: RadixCache, args: tuple, kwargs: dict) -> Any:
         st = state_of(instance)
         if st is None:
             return wrapped(*args, **kwargs)
@@ -210,7 +218,7 @@ def drain_site(reads: type[Reads]) -> Any:
     return _drain
 
 
-def _drain_pre(cache: Any, n_hit: Any) -> tuple:
+def _drain_pre(cache: RadixCache, n_hit: int | None) -> tuple:
     cc = cache.cache_controller
     hits = _queue_items(cc.prefetch_hit_queue)
     if n_hit is not None:
@@ -221,7 +229,7 @@ def _drain_pre(cache: Any, n_hit: Any) -> tuple:
     return queried, dict(cache.ongoing_backup), acks
 
 
-def _meta_pending(st: State, cc: Any, op: int, keys: list[str], hp: list[int], t0: int) -> None:
+def _meta_pending(st: State, cc: CacheController, op: int, keys: list[str], hp: list[int], t0: int) -> None:
     """A file backend's backup: its ack writes the metadata files (:func:`_l3_meta.write`)."""
     root = _l3_meta.folder(cc.storage_backend)
     if root is None:
@@ -232,13 +240,14 @@ def _meta_pending(st: State, cc: Any, op: int, keys: list[str], hp: list[int], t
         pending.popitem(last=False)
 
 
-def _backup_pre(reads: Any, st: State, node: Any, controller: Any, host: Any, hash_value: Any) -> tuple:
+def _backup_pre(reads: type[Reads], st: State, node: TreeNode | int, controller: CacheController, host: Tensor,
+                hash_value: Iterable[str] | None) -> tuple:
     hashes = list(hash_value or ())
     return (reads.node_id(st, node), _keys(controller, hashes), _page_fps(controller, host, len(hashes)),
             _side_fps(st, controller, host, len(hashes)))
 
 
-def flush_hits(st: State, cache: Any) -> None:
+def flush_hits(st: State, cache: RadixCache) -> None:
     """The pending ``l3_query``/``l3_prefetch`` records of the running drain, once."""
     l3 = _l3(st)
     pending, l3.drain = l3.drain, None
@@ -246,7 +255,8 @@ def flush_hits(st: State, cache: Any) -> None:
         safe(_hit_records, pending[0], st, cache, pending[1][0])
 
 
-def _hit_records(reads: type[Reads], st: State, cache: Any, queried: list) -> None:
+def _hit_records(reads: type[Reads], st: State, cache: RadixCache,
+                 queried: list[tuple[PrefetchOperation, int, list[str]]]) -> None:
     cc = cache.cache_controller
     ps = int(cache.page_size)
     for op, hit, hashes in queried:
@@ -260,7 +270,7 @@ def _hit_records(reads: type[Reads], st: State, cache: Any, queried: list) -> No
                 host=rng(host), **st.xs("hostx", host))
 
 
-def _backup_acks(reads: type[Reads], st: State, cache: Any, pre: tuple) -> None:
+def _backup_acks(reads: type[Reads], st: State, cache: RadixCache, pre: tuple) -> None:
     _, backups, acks = pre
     ps = int(cache.page_size)
     pending = _l3(st).meta
@@ -289,7 +299,7 @@ def st_identity(st: State) -> dict:
 def prefetch_result_site(reads: type[Reads]) -> Any:
     """The ``_handle_prefetch_result`` wrapper: ``l3_ack dir=prefetch`` before the pages enter the tree; the
     storage hits of the call below it are that prefetch's."""
-    def _prefetch_result(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    def _prefetch_result(wrapped: Callable[..., Any], instance: RadixCache, args: tuple, kwargs: dict) -> Any:
         st = state_of(instance)
         if st is None:
             return wrapped(*args, **kwargs)
@@ -305,7 +315,7 @@ def prefetch_result_site(reads: type[Reads]) -> Any:
     return _prefetch_result
 
 
-def _prefetch_ack(reads: type[Reads], cache: Any, op: Any) -> None:
+def _prefetch_ack(reads: type[Reads], cache: RadixCache, op: PrefetchOperation) -> None:
     cur = reads.prefetch(cache, op)
     if cur is None:
         return
@@ -315,23 +325,25 @@ def _prefetch_ack(reads: type[Reads], cache: Any, op: Any) -> None:
     root = _l3_meta.folder(cc.storage_backend)
     got = safe(_l3_meta.read, root, keys) if root is not None and keys else None
     wrote = {l3m.WFP: got[0], l3m.WID: got[1]} if got is not None else {}
+    # (type: ignore: a prefetch that is acknowledged had its host pages allocated at its storage hit)
     cptrace(2, "l3_ack", dir="prefetch", op=op.id, node_id=cur[0], done=pages,
-            keys=keys, hp=_page_fps(cc, op.host_indices, pages),
-            **_side_fps(state_of(cache), cc, op.host_indices, pages), **wrote)
+            keys=keys, hp=_page_fps(cc, op.host_indices, pages),  # type: ignore[arg-type]
+            **_side_fps(state_of(cache), cc, op.host_indices, pages), **wrote)  # type: ignore[arg-type]
 
 
-def hit_record(st: State, cache: Any, op: Any, node: Any, hashes: Any) -> None:
+def hit_record(st: State, cache: RadixCache, op: PrefetchOperation, node: TreeNode,
+               hashes: Iterable[str] | None) -> None:
     """``l3_hit``: ``node`` now holds fetched pages of ``op`` (its host slots, its page hashes)."""
     host = st.host(node)
     cptrace(1, "l3_hit", node_id=node.id, parent=node.parent.id, op=op.id, keys=_keys(cache.cache_controller,
             hashes), host=rng(host), **st.xs("hostx", host))
 
 
-def prefetch_insert_site(before: Any, after: Any) -> Any:
+def prefetch_insert_site(before: Callable[[tuple, dict], tuple], after: Callable[..., None]) -> Any:
     """A wrapper of the tree method ``_handle_prefetch_result`` inserts the fetched pages with: outside that call it
     only calls through; inside, ``before(args, kwargs)`` reads the call, ``after(st, instance, op, pre, result)``
     writes the ``l3_hit`` records."""
-    def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    def wrapper(wrapped: Callable[..., Any], instance: RadixCache | TreeCore, args: tuple, kwargs: dict) -> Any:
         st = state_of(instance)
         op = getattr(getattr(st, "l3", None), "prefetch_op", None)
         if st is None or op is None:
@@ -344,7 +356,7 @@ def prefetch_insert_site(before: Any, after: Any) -> Any:
     return wrapper
 
 
-def tree_path(node: Any, key: Any, ps: int) -> Iterator[tuple[Any, bool]]:
+def tree_path(node: TreeNode, key: RadixKey, ps: int) -> Iterator[tuple[TreeNode, bool]]:
     """The nodes an insert walk from ``node`` along ``key`` passes (read-only, after the insert), each with True
     where the walk ends at it (the key consumed, or matched only in part); a walk that ends because no child
     matches ends on False."""
@@ -361,7 +373,7 @@ def tree_path(node: Any, key: Any, ps: int) -> Iterator[tuple[Any, bool]]:
             return
 
 
-def _on_hit(st: State, cache: Any, op: Any, pre: tuple, matched: int) -> None:
+def _on_hit(st: State, cache: RadixCache, op: PrefetchOperation, pre: tuple, matched: int) -> None:
     """``_insert_helper_host(node, key, ...)`` returned ``matched``: the node it created past it takes the pages."""
     start, key = pre
     if matched >= len(key):

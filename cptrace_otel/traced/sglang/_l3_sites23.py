@@ -20,7 +20,7 @@ Where each record is written in 0.5.23 (every site on the scheduler thread; the 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._l3_sites import (
     Reads,
@@ -33,6 +33,11 @@ from ._l3_sites import (
     write_storage_site,
 )
 from ._state import State, arg
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from ._types import PrefetchOperation, RadixCache, TreeCore
 
 URC = "sglang.srt.mem_cache.unified_radix_cache"
 UTC = "sglang.srt.mem_cache.unified_cache.unified_tree_core"
@@ -48,7 +53,7 @@ class Reads23(Reads):
         return int(node)   # write_backup_storage(node_id)
 
     @staticmethod
-    def prefetch(cache: Any, op: Any) -> tuple[int, Any] | None:
+    def prefetch(cache: RadixCache, op: PrefetchOperation) -> tuple[int, Tensor | None] | None:
         info = cache.ongoing_prefetch.get(op.handle)
         if info is None or info.operation is not op:
             return None
@@ -59,7 +64,7 @@ class Reads23(Reads):
         return int(entry[0])
 
     @staticmethod
-    def usable_pages(cache: Any, op: Any) -> int:
+    def usable_pages(cache: RadixCache, op: PrefetchOperation) -> int:
         return int(op.completed_tokens) // int(cache.page_size)
 
 
@@ -69,7 +74,7 @@ def _insert_host_call(args: tuple, kwargs: dict) -> tuple:
     return arg(args, kwargs, 0, "node_id"), arg(args, kwargs, 1, "key"), {int(x) for x in host.tolist()}
 
 
-def _on_hits(st: State, tree: Any, op: Any, pre: tuple, _res: Any) -> None:
+def _on_hits(st: State, tree: TreeCore, op: PrefetchOperation, pre: tuple, _res: object) -> None:
     """Walk the path ``insert_host`` took (read-only, after it): every node whose host slots are fetched ones took
     pages of this prefetch. Fetched slots were free when the drain allocated them, so no node held them before
     (a split's new parent keeps slots of the node it split, never fetched ones)."""

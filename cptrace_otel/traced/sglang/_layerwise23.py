@@ -33,10 +33,14 @@ A step is in flight from ``start_loading`` until its ``ack dir=h2d`` (``loading_
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ..api import cptrace, trace_level
 from ._state import State, arg, safe, state_of
+
+if TYPE_CHECKING:
+    from ._types import CacheController, KVPool, LayerDoneCounter, LayerLoadingEvent
 
 CC = "sglang.srt.managers.cache_controller"
 
@@ -50,7 +54,7 @@ class Live:
 
     __slots__ = ("event", "key", "nodes", "op", "read", "waited")
 
-    def __init__(self, key: tuple[int, int], op: int, nodes: list[int], event: Any) -> None:
+    def __init__(self, key: tuple[int, int], op: int, nodes: list[int], event: LayerLoadingEvent) -> None:
         self.key, self.op, self.nodes, self.event = key, op, nodes, event
         self.waited = -1
         self.read: set[tuple[int, str]] = set()
@@ -59,10 +63,11 @@ class Live:
 # (id(LayerDoneCounter), slot) -> the step in flight in that slot
 LIVE: dict[tuple[int, int], Live] = {}
 # id(LayerDoneCounter) -> the hooks set on its pool and counter while a step of it is in flight
-_HOOKS: dict[int, list[tuple[Any, str, bool, Any]]] = {}
+_HOOKS: dict[int, list[tuple[object, str, bool, object]]] = {}
 
 
-def _hook(obj: Any, name: str, make: Any) -> tuple[Any, str, bool, Any]:
+def _hook(obj: object, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]
+          ) -> tuple[object, str, bool, object]:
     """Set ``obj.name`` to ``make(what obj.name resolves to now)``; returns how to undo it (:func:`_unhook`)."""
     own = vars(obj)
     had, prev = name in own, own.get(name)
@@ -70,7 +75,7 @@ def _hook(obj: Any, name: str, make: Any) -> tuple[Any, str, bool, Any]:
     return obj, name, had, prev
 
 
-def _unhook(hooks: list[tuple[Any, str, bool, Any]]) -> None:
+def _unhook(hooks: list[tuple[object, str, bool, object]]) -> None:
     for obj, name, had, prev in reversed(hooks):
         if had:
             setattr(obj, name, prev)
@@ -88,7 +93,7 @@ def end(node_ids: list) -> None:
             _drop(key, live)
 
 
-def drop_counter(counter: Any) -> None:
+def drop_counter(counter: LayerDoneCounter) -> None:
     """Forget every step of ``counter`` (a cache reset aborts them)."""
     for key, live in list(LIVE.items()):
         if key[0] == id(counter):
@@ -114,7 +119,7 @@ def _drop(key: tuple[int, int], live: Live) -> None:
         _unhook(_HOOKS.pop(key[0], []))
 
 
-def _start(st: State, cc: Any) -> Live | None:
+def _start(st: State, cc: CacheController) -> Live | None:
     """``ld_start`` of the step ``start_loading`` is about to submit; registers it under the slot it will take
     (``LayerDoneCounter.update_producer``: the next one, modulo the slots) and hooks the per-layer sites."""
     q = cc.load_queue
@@ -139,7 +144,7 @@ def _start(st: State, cc: Any) -> Live | None:
     return live
 
 
-def _hooks(counter: Any, pool: Any) -> list[tuple[Any, str, bool, Any]]:
+def _hooks(counter: LayerDoneCounter, pool: KVPool) -> list[tuple[object, str, bool, object]]:
     """The forward's wait and read sites of ``counter``'s pool, hooked."""
     out = [_hook(counter, "wait_until", lambda orig: _waiter(counter, orig))]
     for name in KV_GETTERS:
@@ -154,7 +159,7 @@ def _hooks(counter: Any, pool: Any) -> list[tuple[Any, str, bool, Any]]:
     return out
 
 
-def _start_loading(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def _start_loading(wrapped: Callable[..., Any], instance: CacheController, args: tuple, kwargs: dict) -> Any:
     if trace_level() < 2:
         return wrapped(*args, **kwargs)
     st = state_of(instance)
@@ -169,8 +174,8 @@ def _start_loading(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> An
         raise
 
 
-def _completer(live: Live, orig: Any) -> Any:
-    def complete(*args: Any, **kwargs: Any) -> Any:
+def _completer(live: Live, orig: Callable[..., Any]) -> Any:
+    def complete(*args: object, **kwargs: object) -> Any:
         out = orig(*args, **kwargs)
         safe(lambda: cptrace(2, "ld_layer", op=live.op, layer=int(arg(args, kwargs, 0, "layer_index"))))
         return out
@@ -179,8 +184,8 @@ def _completer(live: Live, orig: Any) -> Any:
     return complete
 
 
-def _waiter(counter: Any, orig: Any) -> Any:
-    def wait_until(*args: Any, **kwargs: Any) -> Any:
+def _waiter(counter: LayerDoneCounter, orig: Callable[..., Any]) -> Any:
+    def wait_until(*args: object, **kwargs: object) -> Any:
         out = orig(*args, **kwargs)
         live = LIVE.get((id(counter), counter.consumer_index))
         if live is not None:
@@ -192,8 +197,8 @@ def _waiter(counter: Any, orig: Any) -> Any:
     return wait_until
 
 
-def _reader(pool: Any, reader: str, orig: Any) -> Any:
-    def read(*args: Any, **kwargs: Any) -> Any:
+def _reader(pool: KVPool, reader: str, orig: Callable[..., Any]) -> Any:
+    def read(*args: object, **kwargs: object) -> Any:
         out = orig(*args, **kwargs)
         safe(_read, pool, reader, arg(args, kwargs, 0, "layer_id"))
         return out
@@ -201,7 +206,7 @@ def _reader(pool: Any, reader: str, orig: Any) -> Any:
     return read
 
 
-def _read(pool: Any, reader: str, layer_id: Any) -> None:
+def _read(pool: KVPool, reader: str, layer_id: int) -> None:
     counter = pool.layer_transfer_counter
     if counter is None:
         return

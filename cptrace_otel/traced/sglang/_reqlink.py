@@ -32,7 +32,7 @@ EVENT = "cptrace.node"
 EVENT_LEVEL = 1
 
 
-def _trace_ctx(req: Any) -> Any:
+def _trace_ctx(req: object) -> Any:
     """The request's SGLang tracing context when SGLang traces it, else None."""
     tc = getattr(getattr(req, "time_stats", None), "trace_ctx", None)
     # (a TraceNullContext answers every attribute with itself: tracing_enable is its only real field)
@@ -41,7 +41,7 @@ def _trace_ctx(req: Any) -> Any:
     return tc
 
 
-def request_fields(req: Any) -> dict[str, str]:
+def request_fields(req: object) -> dict[str, str]:
     """``{"req_span": ...}`` naming the root span of ``req``'s SGLang request trace, or ``{}``. Never raises."""
     try:
         tc = _trace_ctx(req)
@@ -62,7 +62,7 @@ def request_fields(req: Any) -> dict[str, str]:
         return {}
 
 
-def note_node(req: Any, node_id: Any, hit: Any) -> None:
+def note_node(req: object, node_id: object, hit: object) -> None:
     """Add the ``cptrace.node`` event to ``req``'s SGLang request span (see the module doc); call it after the
     ``rid_map`` record (the run id is settled at a process's first record). Never raises."""
     try:

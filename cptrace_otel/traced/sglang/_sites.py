@@ -7,13 +7,28 @@ one attribute lookup and one int compare.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ..api import cptrace, rng, trace_level
 from ._audit import enroll
 from ._l3_sites import L3_SITES
 from ._reqlink import note_node, request_fields
 from ._state import HIRADIX, Load, State, aligned_key, arg, safe, state_of, tree_path
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from ._types import (
+        Allocator,
+        CacheController,
+        CacheParams,
+        HostKVCache,
+        LoadAck,
+        MatchResult,
+        RadixCache,
+        TreeNode,
+    )
 
 CONTROLLER = "sglang.srt.managers.cache_controller"
 TOKEN_ALLOC = "sglang.srt.mem_cache.allocator.token"
@@ -22,14 +37,14 @@ HOST_POOL = "sglang.srt.mem_cache.pool_host.base"
 
 
 # -- wrappers -----------------------------------------------------------------------------------------------------
-def _cache_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def _cache_init(wrapped: Callable[..., Any], instance: RadixCache, args: tuple, kwargs: dict) -> Any:
     safe(setattr, instance, "_cptrace_sg", None)   # built after instrument(): no warning while __init__ runs
     out = wrapped(*args, **kwargs)
     safe(_attach, instance)
     return out
 
 
-def _attach(cache: Any) -> None:
+def _attach(cache: RadixCache) -> None:
     st = State(cache)
     cache._cptrace_sg = st
     cc = cache.cache_controller
@@ -42,7 +57,7 @@ def _attach(cache: Any) -> None:
     enroll(st)
 
 
-def reset_site(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def reset_site(wrapped: Callable[..., Any], instance: RadixCache, args: tuple, kwargs: dict) -> Any:
     st = state_of(instance)
     if st is not None:
         safe(lambda: cptrace(1, "reset", reason="flush"))
@@ -50,7 +65,7 @@ def reset_site(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     return wrapped(*args, **kwargs)
 
 
-def _match_prefix(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def _match_prefix(wrapped: Callable[..., Any], instance: RadixCache, args: tuple, kwargs: dict) -> Any:
     res = wrapped(*args, **kwargs)
     st = state_of(instance)
     if st is not None:
@@ -58,7 +73,7 @@ def _match_prefix(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any
     return res
 
 
-def _rid_map_match(cache: Any, params: Any, res: Any) -> None:
+def _rid_map_match(cache: RadixCache, params: CacheParams, res: MatchResult) -> None:
     req = getattr(params, "req", None)
     rid = getattr(req, "rid", None)
     if rid is None or res.host_hit_length > 0:
@@ -68,7 +83,7 @@ def _rid_map_match(cache: Any, params: Any, res: Any) -> None:
     rid_map(req, rid, node_id, hit, len(params.key), dlen=dlen, hlen=0)
 
 
-def _init_load_back(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def _init_load_back(wrapped: Callable[..., Any], instance: RadixCache, args: tuple, kwargs: dict) -> Any:
     st = state_of(instance)
     if st is None:
         return wrapped(*args, **kwargs)
@@ -78,7 +93,7 @@ def _init_load_back(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> A
     return res
 
 
-def _rid_map_load(st: State, params: Any, res: Any) -> None:
+def _rid_map_load(st: State, params: CacheParams, res: tuple[Tensor, TreeNode]) -> None:
     req = getattr(params, "req", None)
     rid = getattr(req, "rid", None)
     if rid is None:
@@ -91,7 +106,7 @@ def _rid_map_load(st: State, params: Any, res: Any) -> None:
     rid_map(req, rid, node.id, hit, plen, hlen=hlen)
 
 
-def rid_map(req: Any, rid: Any, node_id: int, hit: str, plen: int, **lens: int) -> None:
+def rid_map(req: object, rid: object, node_id: int, hit: str, plen: int, **lens: int) -> None:
     """The ``rid_map`` record of request ``rid`` on ``node_id`` (fields ``dlen``/``hlen`` as the site knows them,
     then ``plen``; SGLang's request span where it traces ``req``), and the node noted back on that span. Both
     versions' match and load-back sites write it here."""
@@ -99,7 +114,7 @@ def rid_map(req: Any, rid: Any, node_id: int, hit: str, plen: int, **lens: int) 
     note_node(req, node_id, hit)
 
 
-def _split_node(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def _split_node(wrapped: Callable[..., Any], instance: RadixCache, args: tuple, kwargs: dict) -> Any:
     st = state_of(instance)
     if st is None:
         return wrapped(*args, **kwargs)
@@ -112,7 +127,7 @@ def _split_node(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     return new
 
 
-def on_split(st: State, child: Any, new: Any, split_len: int, pre: tuple) -> None:
+def on_split(st: State, child: TreeNode, new: TreeNode, split_len: int, pre: tuple) -> None:
     pre_len, parent_id, pend, lock = pre
     cptrace(1, "split", node_id=child.id, new_id=new.id, parent=parent_id, pre_len=pre_len, split_len=split_len,
             dev_p=rng(st.dev(new)), dev_c=rng(st.dev(child)), host_p=rng(st.host(new)), host_c=rng(st.host(child)),
@@ -129,7 +144,7 @@ def on_split(st: State, child: Any, new: Any, split_len: int, pre: tuple) -> Non
         st.rest[new.id] = new
 
 
-def _insert(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def _insert(wrapped: Callable[..., Any], instance: RadixCache, args: tuple, kwargs: dict) -> Any:
     st = state_of(instance)
     if st is None or st.insert_ctx is not None:
         return wrapped(*args, **kwargs)
@@ -144,7 +159,7 @@ def _insert(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     return res
 
 
-def _insert_ctx(cache: Any, st: State, params: Any) -> dict:
+def _insert_ctx(cache: RadixCache, st: State, params: CacheParams) -> dict:
     key = aligned_key(cache, params)
     from sglang.srt.mem_cache.radix_cache import TreeNode
 
@@ -152,7 +167,7 @@ def _insert_ctx(cache: Any, st: State, params: Any) -> dict:
             "evicted": {n.id for n in tree_path(cache, key, st.page_size) if n.value is None}}
 
 
-def _write_backup(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def _write_backup(wrapped: Callable[..., Any], instance: RadixCache, args: tuple, kwargs: dict) -> Any:
     st = state_of(instance)
     if st is None:
         return wrapped(*args, **kwargs)
@@ -164,28 +179,28 @@ def _write_backup(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any
         st.writing.pop()
 
 
-def _start_writing(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def _start_writing(wrapped: Callable[..., Any], instance: CacheController, args: tuple, kwargs: dict) -> Any:
     st = state_of(instance)
     if st is not None:
         safe(_prepare_queued, st, instance)
     return wrapped(*args, **kwargs)
 
 
-def _prepare_queued(st: State, controller: Any) -> None:
+def _prepare_queued(st: State, controller: CacheController) -> None:
     if controller.write_queue:
         ops = list(controller.write_queue)
         merged = ops[0].id if len(ops) == 1 else type(ops[0]).counter   # merge_ops takes the next op id
         st.prepare_backup(ops, merged)
 
 
-def _finish_write_ack(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def _finish_write_ack(wrapped: Callable[..., Any], instance: RadixCache, args: tuple, kwargs: dict) -> Any:
     st = state_of(instance)
     if st is not None:
         safe(st.ack_d2h, arg(args, kwargs, 0, "ack_id"))
     return wrapped(*args, **kwargs)
 
 
-def _load_back(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def _load_back(wrapped: Callable[..., Any], instance: RadixCache, args: tuple, kwargs: dict) -> Any:
     st = state_of(instance)
     if st is None:
         return wrapped(*args, **kwargs)
@@ -197,26 +212,27 @@ def _load_back(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     return res
 
 
-def _evicted_chain(node: Any) -> list:
-    chain: list = []
+def _evicted_chain(node: TreeNode) -> list[TreeNode]:
+    chain: list[TreeNode] = []
     while node.evicted:
         chain.insert(0, node)
         node = node.parent
     return chain
 
 
-def _on_reload(st: State, last: Any, chain: list, dev: Any) -> None:
+def _on_reload(st: State, last: TreeNode, chain: list[TreeNode], dev: Tensor) -> None:
     import torch
 
     op = st.cache.cache_controller.load_queue[-1]
-    host = torch.cat([n.host_value for n in chain]) if chain else None
+    # (type: ignore: a node load_back reloads has its host copy; the checker cannot know it is not None)
+    host = torch.cat([n.host_value for n in chain]) if chain else None  # type: ignore[misc]
     cptrace(1, "reload", node_id=last.id, chain=[n.id for n in chain], op=op.id, host=rng(host), dev=rng(dev),
             **st.xs("hostx", host), **st.xs("devx", dev))
     st.loads.setdefault(last.id, []).append(Load(op.id, list(chain)))
     st.loaded = last
 
 
-def loading_check_site(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def loading_check_site(wrapped: Callable[..., Any], instance: RadixCache, args: tuple, kwargs: dict) -> Any:
     st = state_of(instance)
     if st is None:
         return wrapped(*args, **kwargs)
@@ -227,13 +243,13 @@ def loading_check_site(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -
     return res
 
 
-def _acks_h2d(st: State, cache: Any, before: list) -> None:
+def _acks_h2d(st: State, cache: RadixCache, before: list[LoadAck]) -> None:
     n_done = len(before) - len(cache.cache_controller.ack_load_queue)
     for ack in before[:max(n_done, 0)]:
         safe(st.ack_h2d, list(ack.node_ids))
 
 
-def _evict_backuped(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def _evict_backuped(wrapped: Callable[..., Any], instance: RadixCache, args: tuple, kwargs: dict) -> Any:
     st = state_of(instance)
     if st is None:
         return wrapped(*args, **kwargs)
@@ -246,7 +262,7 @@ def _evict_backuped(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> A
         st.in_evict_backuped -= 1
 
 
-def _detach_backuped(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def _detach_backuped(wrapped: Callable[..., Any], instance: RadixCache, args: tuple, kwargs: dict) -> Any:
     st = state_of(instance)
     if st is not None and not st.in_evict_backuped:
         # write_back staging: detached now, its device pages freed by the flush's evict_device (after the acks)
@@ -254,13 +270,13 @@ def _detach_backuped(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> 
     return wrapped(*args, **kwargs)
 
 
-def _stage(st: State, node: Any) -> None:
+def _stage(st: State, node: TreeNode) -> None:
     v = node.value
     if v is not None:
         st.staged[id(v)] = (v, node, node.lock_ref, node.host_ref_counter)
 
 
-def _evict_device(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def _evict_device(wrapped: Callable[..., Any], instance: CacheController, args: tuple, kwargs: dict) -> Any:
     st = state_of(instance)
     if st is not None:
         t = arg(args, kwargs, 0, "device_indices")
@@ -271,13 +287,13 @@ def _evict_device(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any
     return wrapped(*args, **kwargs)
 
 
-def _evict_staged(st: State, node: Any, t: Any, lock: int, href: int) -> None:
+def _evict_staged(st: State, node: TreeNode, t: Tensor, lock: int, href: int) -> None:
     cptrace(1, "evict", tier="dev", node_id=node.id, kind="backuped", dev=rng(t), lock=lock, href=href,
             **st.xs("devx", t))
     st.expect_free[id(t)] = (t, node.id)
 
 
-def _evict_regular(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def _evict_regular(wrapped: Callable[..., Any], instance: RadixCache, args: tuple, kwargs: dict) -> Any:
     st = state_of(instance)
     if st is not None:
         node = arg(args, kwargs, 0, "node")
@@ -285,14 +301,14 @@ def _evict_regular(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> An
     return wrapped(*args, **kwargs)
 
 
-def _drop_subtree(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def _drop_subtree(wrapped: Callable[..., Any], instance: RadixCache, args: tuple, kwargs: dict) -> Any:
     st = state_of(instance)
     if st is not None:
         safe(_on_drop, st, arg(args, kwargs, 0, "root"))
     return wrapped(*args, **kwargs)
 
 
-def _on_drop(st: State, root: Any) -> None:
+def _on_drop(st: State, root: TreeNode) -> None:
     nodes, stack = [], [root]
     while stack:
         n = stack.pop()
@@ -307,7 +323,7 @@ def _on_drop(st: State, root: Any) -> None:
             st.evict("dev", n, "drop", n.value)
 
 
-def _evict_host_tree(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def _evict_host_tree(wrapped: Callable[..., Any], instance: RadixCache, args: tuple, kwargs: dict) -> Any:
     """``HiRadixCache.evict_host``: which node each ``cache_controller.evict_host(x.host_value)`` evicts is found in
     an index built once per call (host value -> node, over the leaves SGLang itself lists and heapifies here), and
     each evicted node's parent joins it (SGLang pushes the parent once it became a leaf): O(1) per evicted node."""
@@ -322,14 +338,14 @@ def _evict_host_tree(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> 
         st.host_owner = outer
 
 
-def _controller_evict_host(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def _controller_evict_host(wrapped: Callable[..., Any], instance: CacheController, args: tuple, kwargs: dict) -> Any:
     st = state_of(instance)
     if st is not None and st.host_owner is not None:
         safe(_on_evict_host, st, arg(args, kwargs, 0, "host_indices"))
     return wrapped(*args, **kwargs)
 
 
-def _on_evict_host(st: State, t: Any) -> None:
+def _on_evict_host(st: State, t: Tensor) -> None:
     owner = st.host_owner
     node = owner.pop(id(t), None) if owner is not None else None
     if node is None or node.host_value is not t:
@@ -340,19 +356,19 @@ def _on_evict_host(st: State, t: Any) -> None:
         owner[id(parent.host_value)] = parent
 
 
-def dev_free(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def dev_free(wrapped: Callable[..., Any], instance: Allocator, args: tuple, kwargs: dict) -> Any:
     st = state_of(instance)
     if st is not None and not st.in_free:
         safe(free_nonempty, st, "dev", arg(args, kwargs, 0, "free_index"))
     return wrapped(*args, **kwargs)
 
 
-def free_nonempty(st: State, pool: str, t: Any) -> None:
+def free_nonempty(st: State, pool: str, t: Tensor | None) -> None:
     if t is not None and t.numel() > 0:
         st.free(pool, t)
 
 
-def host_free(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def host_free(wrapped: Callable[..., Any], instance: HostKVCache, args: tuple, kwargs: dict) -> Any:
     st = state_of(instance)
     if st is not None:
         safe(free_nonempty, st, "host", arg(args, kwargs, 0, "indices"))

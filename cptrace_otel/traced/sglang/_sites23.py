@@ -38,7 +38,8 @@ mode and the external cache linker.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from ..api import cptrace, rng, trace_level
 from ._audit import enroll
@@ -58,6 +59,24 @@ from ._sites import (
 )
 from ._state import Load, State, arg, safe, state_of, warn_once
 
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from ._types import (
+        Allocator,
+        CacheParams,
+        EvictComponent,
+        HostKVCache,
+        KVPool,
+        MatchResult23,
+        PoolTransfer,
+        RadixCache,
+        SidecarPool,
+        Traced,
+        TreeCore,
+        TreeNode,
+    )
+
 URC = "sglang.srt.mem_cache.unified_radix_cache"
 UTC = "sglang.srt.mem_cache.unified_cache.unified_tree_core"
 BASE_ALLOC = "sglang.srt.mem_cache.allocator.base"
@@ -67,7 +86,7 @@ FULL = 0   # ComponentType.FULL (an IntEnum, 0 in 0.5.23)
 class State23(State):
     """:class:`State` over 0.5.23's nodes: the full-attention component's data, node ids resolved by the tree core."""
 
-    def __init__(self, cache: Any) -> None:
+    def __init__(self, cache: RadixCache) -> None:
         super().__init__(cache)
         self.write_len: dict[int, tuple[int, int]] = {}   # ack id (node id) -> (op id, backup length)
         self.side = sidecars(cache)
@@ -75,28 +94,28 @@ class State23(State):
         self.side_host = {name: group.get_pool(pool_name) for name, pool_name in sidecar_names(cache)}
 
     @staticmethod
-    def dev(n: Any) -> Any:
+    def dev(n: TreeNode) -> Tensor | None:
         return n.component_data[FULL].value
 
     @staticmethod
-    def host(n: Any) -> Any:
+    def host(n: TreeNode) -> Tensor | None:
         return n.component_data[FULL].host_value
 
     @staticmethod
-    def lock(n: Any) -> int:
+    def lock(n: TreeNode) -> int:
         return int(n.component_data[FULL].lock_ref)
 
     @staticmethod
-    def href(n: Any) -> int:
+    def href(n: TreeNode) -> int:
         return int(n.component_data[FULL].host_lock_ref)
 
-    def kv_pool(self) -> Any:
+    def kv_pool(self) -> KVPool:
         return self.cache.token_to_kv_pool_allocator.get_kvcache()
 
-    def node(self, nid: Any) -> Any:
+    def node(self, nid: int) -> TreeNode:
         return self.cache.tree_core.node_by_id(nid)
 
-    def host_pool(self) -> Any:
+    def host_pool(self) -> HostKVCache:
         return self.cache.cache_controller.mem_pool_host.anchor_entry.host_pool
 
     def clear(self) -> None:
@@ -137,7 +156,7 @@ class State23(State):
                 pub=[int(x) for x in pending.publish_node_ids])
         self.at_rest([self.node(x) for x in pending.publish_node_ids])
 
-    def reload23(self, node_id: int, device_indices: Any, kv_xfer: Any) -> None:
+    def reload23(self, node_id: int, device_indices: Tensor, kv_xfer: PoolTransfer) -> None:
         cc = self.cache.cache_controller
         op = cc.load_queue[-1]
         chain = [self.node(nid) for nid in (kv_xfer.nodes_to_load or ())]
@@ -149,7 +168,7 @@ class State23(State):
         self.loaded = last
 
 
-def sidecar_names(cache: Any) -> list[tuple[str, Any]]:
+def sidecar_names(cache: RadixCache) -> list[tuple[str, object]]:
     """The cache's sidecar pools whose slots are the KV's (``sidecar_pool_specs`` with ``indices_from_pool=KV``:
     the DSA/NSA indexer of DeepSeek-V3.2 and GLM-5.x) that its host pool group holds, as ``(name, PoolName)``;
     their pages travel in the same copy ops as the node's KV (``HybridCacheController.write``/``load``
@@ -160,26 +179,26 @@ def sidecar_names(cache: Any) -> list[tuple[str, Any]]:
             if getattr(spec.indices_from_pool, "value", None) == "kv" and spec.pool_name in entries]
 
 
-def sidecars(cache: Any) -> list[tuple[str, Any]]:
+def sidecars(cache: RadixCache) -> list[tuple[str, SidecarPool]]:
     """:func:`sidecar_names` as ``(name, device pool)``."""
     entries = cache.cache_controller.mem_pool_host.entry_map
     return [(name, entries[pn].device_pool) for name, pn in sidecar_names(cache)]
 
 
-def _st(obj: Any) -> State23 | None:
+def _st(obj: object) -> State23 | None:
     st = state_of(obj)
     return st if isinstance(st, State23) else None
 
 
 # -- wrappers -----------------------------------------------------------------------------------------------------
-def _init_hicache(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def _init_hicache(wrapped: Callable[..., Any], instance: RadixCache, args: tuple, kwargs: dict) -> Any:
     safe(setattr, instance, "_cptrace_sg", None)   # HiCache set up after instrument(): no warning meanwhile
     out = wrapped(*args, **kwargs)
     safe(_attach, instance)
     return out
 
 
-def untraceable(cache: Any) -> str | None:
+def untraceable(cache: RadixCache) -> str | None:
     """Why this 0.5.23 cache is left untraced (None when it is traced). Its records would be partial, and partial
     records give false findings: a tree core whose nodes are not Python objects (the Rust one) fires none of the
     tree sites; other components (SWA, Mamba, C128) free and load through other allocators and pools; an L3 storage
@@ -202,13 +221,13 @@ def untraceable(cache: Any) -> str | None:
     return None
 
 
-def _traced_objects(cache: Any) -> tuple:
+def _traced_objects(cache: RadixCache) -> tuple[Traced, ...]:
     """The objects whose wrapped methods find the cache's state (attribute ``_cptrace_sg``)."""
     cc = cache.cache_controller
     return (cache, cache.tree_core, cc, cache.token_to_kv_pool_allocator, cc.mem_pool_host.anchor_entry.host_pool)
 
 
-def _attach(cache: Any) -> None:
+def _attach(cache: RadixCache) -> None:
     why = untraceable(cache)
     if why is not None:
         warn_once("untraceable:" + why, f"cptrace-otel: this sglang UnifiedRadixCache is not traced: {why}")
@@ -221,7 +240,7 @@ def _attach(cache: Any) -> None:
     enroll(st)
 
 
-def detach(cache: Any, why: str) -> None:
+def detach(cache: RadixCache, why: str) -> None:
     """Stop tracing ``cache`` from now on (one warning): it became untraceable at run time (a storage backend
     attached that the sites do not cover). Its records so far stay; none follow."""
     warn_once("untraceable:" + why, f"cptrace-otel: this sglang UnifiedRadixCache is no longer traced: {why}")
@@ -230,7 +249,7 @@ def detach(cache: Any, why: str) -> None:
             obj._cptrace_sg = None
 
 
-def _attach_storage_backend(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def _attach_storage_backend(wrapped: Callable[..., Any], instance: RadixCache, args: tuple, kwargs: dict) -> Any:
     """A backend attached at run time: a traced cache whose new backend is not one of :data:`L3_BACKENDS` is no
     longer traced from here on (one warning), as such a cache is refused at ``init_hicache``."""
     res = wrapped(*args, **kwargs)
@@ -238,7 +257,7 @@ def _attach_storage_backend(wrapped: Any, instance: Any, args: tuple, kwargs: di
     return res
 
 
-def _after_attach(cache: Any) -> None:
+def _after_attach(cache: RadixCache) -> None:
     if getattr(cache, "_cptrace_sg", None) is None:
         return   # not traced
     why = untraceable(cache)
@@ -246,7 +265,7 @@ def _after_attach(cache: Any) -> None:
         detach(cache, why)
 
 
-def _match_prefix(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def _match_prefix(wrapped: Callable[..., Any], instance: RadixCache, args: tuple, kwargs: dict) -> Any:
     res = wrapped(*args, **kwargs)
     st = _st(instance)
     if st is not None:
@@ -254,7 +273,7 @@ def _match_prefix(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any
     return res
 
 
-def _rid_map_match(params: Any, res: Any) -> None:
+def _rid_map_match(params: CacheParams, res: MatchResult23) -> None:
     req = getattr(params, "req", None)
     rid = getattr(req, "rid", None)
     if rid is None or res.host_hit_length > 0:
@@ -264,7 +283,7 @@ def _rid_map_match(params: Any, res: Any) -> None:
     rid_map(req, rid, node_id, hit, len(params.key), dlen=dlen, hlen=0)
 
 
-def _init_load_back(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def _init_load_back(wrapped: Callable[..., Any], instance: RadixCache, args: tuple, kwargs: dict) -> Any:
     st = _st(instance)
     if st is None:
         return wrapped(*args, **kwargs)
@@ -274,7 +293,7 @@ def _init_load_back(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> A
     return res
 
 
-def _rid_map_load(st: State23, params: Any, res: Any) -> None:
+def _rid_map_load(st: State23, params: CacheParams, res: tuple[int, int] | None) -> None:
     req = getattr(params, "req", None)
     rid = getattr(req, "rid", None)
     if rid is None or res is None:
@@ -286,7 +305,7 @@ def _rid_map_load(st: State23, params: Any, res: Any) -> None:
     rid_map(req, rid, int(node_id), hit, plen, hlen=int(n))
 
 
-def _add_new_node(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def _add_new_node(wrapped: Callable[..., Any], instance: TreeCore, args: tuple, kwargs: dict) -> Any:
     new = wrapped(*args, **kwargs)
     st = _st(instance)
     if st is not None:
@@ -294,7 +313,7 @@ def _add_new_node(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any
     return new
 
 
-def _unevict(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def _unevict(wrapped: Callable[..., Any], instance: TreeCore, args: tuple, kwargs: dict) -> Any:
     out = wrapped(*args, **kwargs)
     st = _st(instance)
     if st is not None:
@@ -302,7 +321,7 @@ def _unevict(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     return out
 
 
-def _split_node(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def _split_node(wrapped: Callable[..., Any], instance: TreeCore, args: tuple, kwargs: dict) -> Any:
     st = _st(instance)
     if st is None:
         return wrapped(*args, **kwargs)
@@ -315,21 +334,21 @@ def _split_node(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     return out
 
 
-def _track_write(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def _track_write(wrapped: Callable[..., Any], instance: RadixCache, args: tuple, kwargs: dict) -> Any:
     st = _st(instance)
     if st is not None:
         safe(st.prepare23, arg(args, kwargs, 0, "node_id"))
     return wrapped(*args, **kwargs)
 
 
-def _finish_write_ack(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def _finish_write_ack(wrapped: Callable[..., Any], instance: RadixCache, args: tuple, kwargs: dict) -> Any:
     st = _st(instance)
     if st is not None:
         safe(st.ack_d2h23, arg(args, kwargs, 0, "ack_id"))
     return wrapped(*args, **kwargs)
 
 
-def _commit_load_back(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def _commit_load_back(wrapped: Callable[..., Any], instance: TreeCore, args: tuple, kwargs: dict) -> Any:
     st = _st(instance)
     if st is not None:
         safe(st.reload23, arg(args, kwargs, 0, "node_id"), arg(args, kwargs, 1, "device_indices"),
@@ -337,7 +356,7 @@ def _commit_load_back(wrapped: Any, instance: Any, args: tuple, kwargs: dict) ->
     return wrapped(*args, **kwargs)
 
 
-def _evict_component(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def _evict_component(wrapped: Callable[..., Any], instance: TreeCore, args: tuple, kwargs: dict) -> Any:
     """``_evict_component_and_detach_lru(node, comp, device_frees, host_frees, cache_actions, target, tracker)``."""
     st = _st(instance)
     if st is None:
@@ -350,7 +369,8 @@ def _evict_component(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> 
     return out
 
 
-def _pre_evict(st: State23, node: Any, comp: Any, dfrees: Any) -> Any:
+def _pre_evict(st: State23, node: TreeNode, comp: EvictComponent,
+               dfrees: Mapping[int, list[Tensor]]) -> tuple | None:
     """The FULL component's eviction of ``node``, before the call: its device and host values, the frees list the
     call appends to and that list's length. The call's own frees are those past it: O(1) per evicted node, never a
     scan of everything the running eviction freed before (that was quadratic in the nodes one eviction takes)."""
@@ -360,7 +380,7 @@ def _pre_evict(st: State23, node: Any, comp: Any, dfrees: Any) -> Any:
     return st.dev(node), st.host(node), dfrees, (len(lst) if lst is not None else 0)
 
 
-def _on_evict(st: State23, node: Any, pre: tuple) -> None:
+def _on_evict(st: State23, node: TreeNode, pre: tuple) -> None:
     dev, host, dfrees, n_before = pre
     kind = st.evict_kind
     if dev is not None and any(t is dev for t in dfrees.get(FULL, ())[n_before:]):
@@ -373,7 +393,7 @@ def _on_evict(st: State23, node: Any, pre: tuple) -> None:
 
 
 def _kind(kind: str) -> Any:
-    def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    def wrapper(wrapped: Callable[..., Any], instance: TreeCore, args: tuple, kwargs: dict) -> Any:
         st = _st(instance)
         if st is None:
             return wrapped(*args, **kwargs)
@@ -385,7 +405,7 @@ def _kind(kind: str) -> Any:
     return wrapper
 
 
-def _dev_free_segment(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def _dev_free_segment(wrapped: Callable[..., Any], instance: Allocator, args: tuple, kwargs: dict) -> Any:
     st = _st(instance)
     if st is None:
         return wrapped(*args, **kwargs)

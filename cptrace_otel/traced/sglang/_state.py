@@ -11,12 +11,19 @@ from __future__ import annotations
 import importlib.util
 import logging
 import threading
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, SupportsInt, TypeVar
 
 from ...model import semconv as sc
 from ..api import cptrace, khash, knz, rng, trace_level
 
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from ._types import CacheOperation, CacheParams, HostKVCache, KVPool, RadixCache, RadixKey, SidecarPool, TreeNode
+
 logger = logging.getLogger("cptrace_otel.sglang")
+_T = TypeVar("_T")
 
 MIN_VERSION = (0, 5, 20)
 MAX_VERSION = (0, 5, 23)
@@ -92,7 +99,7 @@ def warn_once(key: str, msg: str) -> None:
 failures: dict[str, int] = {}   # wrapper-side failures so far, by the function that failed
 
 
-def safe(fn: Any, *args: Any) -> Any:
+def safe(fn: Callable[..., _T], *args: object) -> _T | None:
     """``fn(*args)``, or None where it raises: every read a wrapper makes of SGLang's arguments and objects runs
     here, so the wrapped call runs exactly as uninstrumented whatever SGLang passes. A failure costs that record
     only; it is counted in :data:`failures` and named once per function (one warning, then debug lines)."""
@@ -109,7 +116,7 @@ def safe(fn: Any, *args: Any) -> Any:
         return None
 
 
-def arg(args: tuple, kwargs: dict, i: int, name: str, default: Any = None) -> Any:
+def arg(args: tuple, kwargs: dict, i: int, name: str, default: object = None) -> Any:
     if name in kwargs:
         return kwargs[name]
     return args[i] if len(args) > i else default
@@ -119,7 +126,7 @@ CACHE_CLASSES: list[type] = []   # the cache classes the instrumentor wrapped (H
 _MISSING = object()
 
 
-def state_of(obj: Any) -> State | None:
+def state_of(obj: object) -> State | None:
     """The state of ``obj`` when tracing is on and ``obj`` belongs to an instrumented cache.
 
     A cache built before ``instrument()`` has no state (it is attached when the cache is built): it is left
@@ -140,7 +147,7 @@ def state_of(obj: Any) -> State | None:
     return st
 
 
-def _runs(t: Any) -> str:
+def _runs(t: Tensor) -> str:
     """Exact set (domain 3.1): inclusive runs ``a-b:c-d`` of ``t``'s values in their order; ``(0)`` when empty."""
     xs = t.tolist() if hasattr(t, "tolist") else list(t)
     if not xs:
@@ -169,22 +176,23 @@ class Load:
 class State:
     """What the records of one ``HiRadixCache`` need beyond SGLang's own state."""
 
-    def __init__(self, cache: Any) -> None:
+    def __init__(self, cache: RadixCache) -> None:
         self.cache = cache
         self.page_size = int(cache.page_size)
         self.writing: list = []             # write_backup's node (innermost last)
         self.write_op: dict[int, int] = {}  # pending write ack id (node id) -> op id of its backup
         self.loads: dict[int, list[Load]] = {}  # load ack id (the load's last node id) -> its loads, FIFO
         self.expect_free: dict[int, tuple] = {}   # id(tensor) -> (tensor, owner node id[, why])
-        self.staged: dict[int, tuple[Any, int, int, int]] = {}  # write_back: id(value) -> (value, node, lock, href)
+        # write_back: id(value) -> (value, node, lock, href)
+        self.staged: dict[int, tuple[Tensor, TreeNode, int, int]] = {}
         self.in_evict_backuped = 0
         self.host_owner: dict | None = None   # inside HiRadixCache.evict_host: id(host value) -> node
         self.in_free = 0                     # inside an allocator free that calls another (0.5.23 free_segment)
         self.evict_kind: str | None = None   # 0.5.23: the kind the tree core's running eviction gets (drop, dup)
         self.insert_ctx: dict | None = None  # during insert: params, pre-evicted ids, counter, nodes announced
         self.loaded: Any = None              # during init_load_back: the last node of the load it issued
-        self.side: list[tuple[str, Any]] = []  # sidecar pools riding on the KV's slots: (name, device pool)
-        self.side_host: dict[str, Any] = {}    # the same pools' host pools, by name
+        self.side: list[tuple[str, SidecarPool]] = []  # sidecar pools riding on the KV's slots: (name, device pool)
+        self.side_host: dict[str, HostKVCache] = {}  # the same pools' host pools, by name
         # the host-copy audit (._audit): node id -> node whose host copy is complete (published by its d2h ack), and
         # the count of host frees so far (the audit thread drops a sample read while it moved)
         self.rest: dict[int, Any] = {}
@@ -203,49 +211,50 @@ class State:
 
     # -- node fields (0.5.20's TreeNode; State23 reads 0.5.23's per-component data) -------------------------------
     @staticmethod
-    def dev(n: Any) -> Any:
+    def dev(n: TreeNode) -> Tensor | None:
         return n.value
 
     @staticmethod
-    def host(n: Any) -> Any:
+    def host(n: TreeNode) -> Tensor | None:
         return n.host_value
 
     @staticmethod
-    def lock(n: Any) -> int:
+    def lock(n: TreeNode) -> int:
         return int(n.lock_ref)
 
     @staticmethod
-    def href(n: Any) -> int:
+    def href(n: TreeNode) -> int:
         return int(n.host_ref_counter)
 
-    def kv_pool(self) -> Any:
+    def kv_pool(self) -> KVPool:
         return self.cache.kv_cache
 
-    def host_pool(self) -> Any:
+    def host_pool(self) -> HostKVCache | None:
         return getattr(self.cache, "token_to_kv_pool_host", None)
 
     # -- fields ------------------------------------------------------------------------------------------------
-    def xs(self, key: str, t: Any) -> dict[str, str]:
+    def xs(self, key: str, t: Tensor | None) -> dict[str, str]:
         if not Recorder.exact or t is None:
             return {}
         return {key: _runs(t)}
 
-    def fp(self, idx: Any) -> dict[str, Any]:
+    def fp(self, idx: Tensor | None) -> dict[str, Any]:
         """``h``, ``nz``, ``hp``: the device KV of slots ``idx`` in token order, every layer's K then V; then, per
         sidecar pool (:attr:`side`), the same three of its pages holding those slots (``sh_<pool>``, ...)."""
         empty = idx is None or len(idx) == 0
-        out = {"h": 0, "nz": 0, "hp": []} if empty else _fp(_kv_rows(self.kv_pool(), idx), self.page_size)
+        # (type: ignore: idx is not None where not empty; the checker does not follow the flag)
+        out = {"h": 0, "nz": 0, "hp": []} if empty else _fp(_kv_rows(self.kv_pool(), idx), self.page_size)  # type: ignore[arg-type]
         for name, pool in self.side:
-            f = {"h": 0, "nz": 0, "hp": []} if empty else _fp(_side_rows(pool, idx, self.page_size), 1)
+            f = {"h": 0, "nz": 0, "hp": []} if empty else _fp(_side_rows(pool, idx, self.page_size), 1)  # type: ignore[arg-type]
             out.update({sc.side_field(k, name): f[key] for k, key in ((sc.SIDE_H, "h"), (sc.SIDE_NZ, "nz"),
                                                                      (sc.SIDE_HP, "hp")) if key in f})
         return out
 
-    def fp_rows(self, rows: Any) -> dict[str, Any]:
+    def fp_rows(self, rows: Tensor | None) -> dict[str, Any]:
         """``h``, ``nz``, ``hp`` of KV ``rows`` already gathered in :meth:`fp`'s layout (the host-copy audit's)."""
         return _fp(rows, self.page_size)
 
-    def moved(self, op: Any) -> dict[str, str]:
+    def moved(self, op: CacheOperation) -> dict[str, str]:
         """``sp``: the sidecar pools (of :attr:`side`) that copy op ``op`` moves with its KV (``-``: none); nothing
         for a cache without sidecars."""
         if not self.side:
@@ -280,7 +289,7 @@ class State:
                 io_backend=getattr(cc, "io_backend", "?"), layout=getattr(host, "layout", "?"), **ident,
                 **({sc.SIDECARS: "+".join(n for n, _ in self.side)} if self.side else {}))
 
-    def node_record(self, n: Any, kind: str) -> None:
+    def node_record(self, n: TreeNode, kind: str) -> None:
         v = self.dev(n)
         cptrace(1, "insert", node_id=n.id, parent=n.parent.id, len=len(n.key), dev=rng(v), kind=kind,
                 **self.xs("devx", v))
@@ -302,7 +311,7 @@ class State:
                 ctx["done"].add(n)
                 self.node_record(n, "revive")
 
-    def prepare_backup(self, ops: list, merged_id: int) -> None:
+    def prepare_backup(self, ops: list[CacheOperation], merged_id: int) -> None:
         node = self.writing[-1] if self.writing else None
         for op in ops:
             nid = op.node_ids[0] if op.node_ids else -1
@@ -331,7 +340,7 @@ class State:
                 clen=len(lock_node.key), pub=[n.id for n in publish])
         self.at_rest(publish)
 
-    def at_rest(self, nodes: Any) -> None:
+    def at_rest(self, nodes: Iterable[TreeNode | None]) -> None:
         """Nodes whose host copy an ack just completed join the audit set (only while the audit is on)."""
         if Recorder.audit_mbps > 0:
             for n in nodes:
@@ -349,7 +358,7 @@ class State:
             for n in ld.chain:
                 cptrace(2, "ack", dir="h2d", op=ld.op, node_id=n.id, **self.fp(self.dev(n)))
 
-    def evict(self, tier: str, n: Any, kind: str, t: Any) -> None:
+    def evict(self, tier: str, n: TreeNode, kind: str, t: Tensor | None) -> None:
         """``evict`` of node ``n`` on ``tier`` (the slots ``t`` it frees); the following ``free`` of ``t`` is
         attributed to ``n``."""
         if tier == "dev":
@@ -363,7 +372,7 @@ class State:
         if tier != "dev":
             self.rest.pop(n.id, None)
 
-    def free(self, pool: str, t: Any) -> None:
+    def free(self, pool: str, t: Tensor) -> None:
         owner = self.expect_free.pop(id(t), None)
         nid, why = (owner[1], owner[2] if len(owner) > 2 else "evict") if owner is not None else (-1, "finish")
         if pool == "host":   # (before SGLang's free runs: an audit reading these slots now drops its sample)
@@ -388,11 +397,11 @@ class Recorder:
         cls.cp_mode_src = cp_mode_src
 
 
-def _int(x: Any) -> Any:
+def _int(x: SupportsInt) -> int:
     return x if type(x) is int else int(x)
 
 
-def _fp(rows: Any, per_page: int) -> dict[str, Any]:
+def _fp(rows: Tensor | None, per_page: int) -> dict[str, Any]:
     """``h``, ``nz`` of ``rows`` and ``hp``, one ``khash`` per ``per_page`` rows; the -2 sentinels for None (a pool
     layout the instrumentation does not know)."""
     if rows is None:
@@ -401,7 +410,7 @@ def _fp(rows: Any, per_page: int) -> dict[str, Any]:
     return {"h": _int(khash(rows)), "nz": _int(knz(rows)), "hp": [_int(x) for x in hp]}
 
 
-def _side_rows(pool: Any, idx: Any, page_size: int) -> Any:
+def _side_rows(pool: SidecarPool, idx: Tensor, page_size: int) -> Tensor | None:
     """``[pages, layers, page bytes]``: the sidecar pages holding KV slots ``idx`` (page-aligned, token order), one
     row per page with every layer's index keys then scales as the page holds them (DSA's
     ``index_k_with_scale_buffer``, one page row per KV page; layers without an indexer, 0-row placeholders, are
@@ -418,7 +427,7 @@ def _side_rows(pool: Any, idx: Any, page_size: int) -> Any:
     return torch.stack([b[pages] for b in bufs], dim=1).contiguous()
 
 
-def _kv_rows(pool: Any, idx: Any) -> Any:
+def _kv_rows(pool: KVPool, idx: Tensor) -> Tensor | None:
     """``[tokens, 2*layers, ...]``: the KV of slots ``idx`` in token order (K of every layer, then V); None for a
     pool layout this does not know (the record then carries the -2 sentinel)."""
     import torch
@@ -434,7 +443,7 @@ def _kv_rows(pool: Any, idx: Any) -> Any:
     return torch.stack([b[idx] for b in bufs], dim=1).contiguous()
 
 
-def tree_path(cache: Any, key: Any, page_size: int) -> list:
+def tree_path(cache: RadixCache, key: RadixKey, page_size: int) -> list[TreeNode]:
     """The nodes an insert of ``key`` walks (stops where the key diverges from the tree)."""
     out = []
     node = cache.root_node
@@ -454,7 +463,7 @@ def tree_path(cache: Any, key: Any, page_size: int) -> list:
     return out
 
 
-def aligned_key(cache: Any, params: Any) -> Any:
+def aligned_key(cache: RadixCache, params: CacheParams) -> RadixKey:
     key = params.key
     key, _ = key.maybe_to_bigram_view(cache.is_eagle)
     return key.page_aligned(cache.page_size)
