@@ -1,7 +1,7 @@
 """Export side of the pipeline (runs in the exporter worker, never on the traced thread).
 
 * :mod:`.protocol`: the traced process <-> worker messages and their framing (the one module both sides import).
-* :mod:`.worker`: the worker loop (subprocess ``python -m cptrace_otel.export.worker`` or a thread): compact items
+* :mod:`.worker`: the worker loop (in its own process, :mod:`.worker_process`, or a thread): compact items
   -> events -> spans (:mod:`cptrace_otel.model.spans`) -> sinks.
 * :mod:`.sinks`: the sink and transport protocols, a transport's :class:`~.sinks.SendResult`, the network sink;
   :mod:`.stack`: :func:`~.stack.open_sinks`, the one builder of the sinks (worker and ``ingest``).

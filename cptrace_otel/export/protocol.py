@@ -1,6 +1,6 @@
 """The traced process <-> exporter worker protocol: message types and their framing, for both sides of the pipe.
 
-In process mode (``python -m cptrace_otel.export.worker``) every message is one frame, ``<u32 little-endian
+In process mode (``python -m cptrace_otel.export.worker_process``) every message is one frame, ``<u32 little-endian
 length><pickle>``: the traced process writes them to the worker's stdin, the worker writes its acks to its stdout. In
 thread mode the same message tuples go through a ``queue.Queue`` unframed. Messages, traced process -> worker:
 

@@ -97,7 +97,7 @@ class ProcessChannel(Books):
         pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cptrace_otel.export.worker"],
+            [sys.executable, "-m", "cptrace_otel.export.worker_process"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, close_fds=True, env=env, bufsize=0,
             pass_fds=(ring.fd,) if ring is not None else (),   # the ring's memfd: the worker maps it
         )
