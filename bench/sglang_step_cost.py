@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     modes: dict[str, dict] = {"off": dict(instrument=False)}
     core: dict[str, str | None] = {}   # the tree core of each mode's cache (None: the driver's default)
     if a.tree_core:
-        import rust_driver
+        from tests.sglang_real import rust_driver
 
         other = "python" if a.tree_core == "rust" else "rust"
         modes["off-" + other] = dict(instrument=False)

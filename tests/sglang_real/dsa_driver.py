@@ -208,8 +208,9 @@ def _early_release(cache: Any, hits: list[dict], kv: bool) -> None:
     pages too) and reused by another writer before the load's copy reads them. The writer overwrites the
     indexer's host pages; ``kv``: its KV pages too (``runtime.Faults._free_and_reuse``), else the KV half of its
     write has not landed when the copy reads (the KV comes back right, the indexer does not)."""
-    import runtime
     import torch
+
+    from tests.sglang_real import runtime
 
     faults = runtime.Faults(None)
     idx_host = cache.cache_controller.mem_pool_host.get_pool(_indexer_name())

@@ -45,6 +45,24 @@ def test_no_sys_path_edits_in_the_drivers_tests_and_benchmarks_that_run_them():
     assert edits == [], "\n".join(edits)
 
 
+def test_the_drivers_are_imported_by_their_package_path_only():
+    """A bare ``import runtime`` (or ``from driver import ...``) works only where a path edit put this folder first:
+    without one it fails at run time, in whatever branch reaches it (a fault's set-up, a benchmark mode)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    mods = sorted(f[:-3] for f in os.listdir(here) if f.endswith(".py") and not f.startswith(("test_", "__")))
+    bare = re.compile(rf"^\s*(import|from)\s+({'|'.join(mods)})\b")
+    files = [os.path.join(here, f) for f in os.listdir(here) if f.endswith(".py")]
+    bench = os.path.join(runtime.ROOT, "bench")
+    files += [os.path.join(bench, f) for f in os.listdir(bench) if f.endswith(".py")]
+    found = []
+    for path in files:
+        with open(path, encoding="utf-8") as f:
+            found += [f"{os.path.relpath(path, runtime.ROOT)}:{i}: {line.strip()}"
+                      for i, line in enumerate(f, 1) if bare.search(line)]
+    assert {"runtime", "driver", "dsa_driver"} <= set(mods)
+    assert found == [], "\n".join(found)
+
+
 def test_the_edit_pattern_sees_the_forms_of_an_edit():
     """(the check above is only as good as this pattern)"""
     for line in ("sys.path.insert(0, HERE)", "sys.path.append(str(ROOT))", "sys.path[:0] = [a, b]", "sys.path = []",
