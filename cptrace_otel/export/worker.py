@@ -429,9 +429,13 @@ def run_loop(get: Callable[[float], Any], ack: Callable[[tuple], None],
             print(f"cptrace_otel: exporter could not start ({e!r}); its records wait, trying again in "
                   f"{init_next - time.monotonic():.1f}s", file=sys.stderr, flush=True)
 
-    def feed(items: list, d: int) -> None:
+    def retry_due() -> None:
+        """Try the held INIT again when a failed start's wait is over (from the feed and from the idle poll)."""
         if exp is None and pre is not None and init_tries and time.monotonic() >= init_next:
             start(pre)
+
+    def feed(items: list, d: int) -> None:
+        retry_due()
         if exp is not None:
             exp.add_items(items, d)
             exp.tick()
@@ -478,8 +482,7 @@ def run_loop(get: Callable[[float], Any], ack: Callable[[tuple], None],
             except Exception:
                 pass
         if msg == ():
-            if exp is None and pre is not None and init_tries and time.monotonic() >= init_next:
-                start(pre)
+            retry_due()
             poll_s = RING_POLL_S if pull() else min(poll_s * 2, RING_POLL_MAX_S)
             if exp is not None:
                 exp.tick()
