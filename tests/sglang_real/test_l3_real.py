@@ -152,7 +152,8 @@ def test_healthy_run_at_the_storage_threads_own_pace_has_no_finding(single):
 
 def test_l3_records_become_stage_spans_of_the_nodes(single):
     """The exporter's OTLP file of a healthy run: ``rank 0 · l3-backup`` and ``rank 0 · l3-prefetch`` stage spans,
-    one per backup and per prefetch, and every storage hit's span links to the prefetch span that fetched it."""
+    one per backup and per prefetch (not counting continuations of a span cut by the span timeout), and every
+    storage hit's span links to the prefetch span that fetched it."""
     run = single[0]
     names: Counter = Counter()
     links = 0
@@ -161,7 +162,10 @@ def test_l3_records_become_stage_spans_of_the_nodes(single):
             for rs in json.loads(line).get("resourceSpans", []):
                 for ss in rs.get("scopeSpans", []):
                     for sp in ss.get("spans", []):
-                        names[sp["name"]] += 1
+                        # a stage span cut by span_timeout_s (a loaded machine) goes on in a continuation span: the
+                        # stage is still one backup or prefetch, so continuations are not counted as stages
+                        if not any(a["key"] == "cptrace.span.continues" for a in sp.get("attributes", [])):
+                            names[sp["name"]] += 1
                         links += sum(a["key"] == "cptrace.link.kind" and a["value"].get("stringValue") == "l3-prefetch"
                                      for ln in sp.get("links") or [] for a in ln.get("attributes", []))
     c = _tags(_events([run["log"]]))
