@@ -40,7 +40,17 @@ TRACE_RULES = frozenset(("H1a", "H1b", "H2c", "H4a", "H4b", "H4-open", "ZERO@bac
 # a split (the backup hash is the parent's), H2a/H2b/H3 over a chain or a compose of several nodes (their state is
 # in the other nodes' traces: a node not seen is unknown to the rule, which then does not judge it)
 PARTIAL_RULES = frozenset(("HASH", "H2a", "H2b", "H3"))
+# the registry's rule ids (cptrace_otel.checks.registry) whose findings a replica reports, exact or partial
+REPORTED_IDS = frozenset(("H1a", "H1b", "H2c", "H4", "ZERO", "HASH", "H2a", "H2b", "H3"))
 MAX_DONE = 200_000   # finalised trace ids remembered per run (a late span of one is counted, not checked again)
+
+
+def unchecked_rules() -> list[str]:
+    """The registry's rule ids a replica does not check (they need a rank's whole stream or the run's config):
+    stated at start and in the summary, so a run with a fault only they find is never read as clean."""
+    from ..checks.registry import RULES
+
+    return [r.id for r in RULES if r.id not in REPORTED_IDS]
 
 
 class TraceState:

@@ -154,7 +154,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     from ..analyze import links
     from ..analyze.finding_sinks import Alerts, WriteBack, finding_trace
     from ..analyze.otlp_intake import Intake, Undecodable, decode
-    from ..analyze.serve_state import ServeState, TraceState
+    from ..analyze.serve_state import ServeState, TraceState, unchecked_rules
     from ..analyze.sources.jaegerquery import parse_duration
     from ..model.config import mask_url, traces_url
     from .watch import finding_line
@@ -359,7 +359,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     web.start()
     bound_host, bound_port = server.server_address[:2]
     note(f"listening on http://{bound_host!s}:{bound_port}{TRACES_PATH} (OTLP/HTTP protobuf), /metrics, /healthz, "
-         f"/readyz; a trace is checked after {args.idle} without new records")
+         f"/readyz; a trace is checked after {args.idle} without new records; not checked by a replica (they need "
+         f"a rank's whole stream: run check or watch for them): {', '.join(unchecked_rules())}")
     if gserver is not None:
         note(f"OTLP/gRPC on {gserver[1]}")
 
@@ -390,11 +391,12 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
                 note("some finding spans could not be delivered to the OTLP endpoint")
             wb.close(1.0)
     st = state.stats()
-    unchecked = ", ".join(f"{r} ({n})" for r, n in sorted(state.suppressed.items())) or "none"
+    suppressed = ", ".join(f"{r} ({n})" for r, n in sorted(state.suppressed.items())) or "none"
     note(f"stopped: {counters.spans_received} spans received, {counters.spans_rejected} not readable, "
          f"{counters.spans_dropped} turned away with 503, {st['events_checked']} records checked, {total[0]} "
          f"finding(s), {st['late_records']} late record(s) not checked, {st['finalised_early']} trace(s) checked "
-         f"early; findings of rules not decidable on one trace (unchecked here): {unchecked}")
+         f"early; UNCHECKED here (a rank's whole stream needed): {', '.join(unchecked_rules())}; their findings on "
+         f"one trace, not trusted and not reported: {suppressed}")
     return EXIT_FINDINGS if total[0] else EXIT_OK
 
 
