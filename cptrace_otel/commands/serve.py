@@ -308,12 +308,15 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             else:
                 self._send(200, _response(intake), PROTOBUF)
 
+    class Server(ThreadingHTTPServer):
+        request_queue_size = 128   # connections waiting to be accepted: a collector opens several at once
+        daemon_threads = True
+
     try:
-        server = ThreadingHTTPServer((host, port), Handler)
+        server = Server((host, port), Handler)
     except OSError as e:
         print(f"{_PFX}: cannot listen on {host}:{port}: {e.strerror or e}", file=err)
         return EXIT_UNREACHABLE
-    server.daemon_threads = True
     gserver = None
     if grpc_at is not None:
         try:

@@ -144,3 +144,112 @@ def test_a_full_queue_answers_503_and_counts_what_it_turned_away(tmp_path, demo_
         assert m["cptrace_serve_spans_received_total"] == spans * codes.count(200)
     finally:
         s.stop()
+
+
+def _unstamped(body: bytes) -> bytes:
+    """``body`` without the online checks' violation marks (a span already carrying a code is not written again)."""
+    req = ExportTraceServiceRequest.FromString(body)
+    for rs in req.resource_spans:
+        for ss in rs.scope_spans:
+            for sp in ss.spans:
+                keep = [kv for kv in sp.attributes if not kv.key.startswith("cptrace.violation")]
+                del sp.attributes[:]
+                sp.attributes.extend(keep)
+    return req.SerializeToString()
+
+
+def test_findings_are_written_back_into_their_trace_and_alerted(tmp_path, demo_bodies):
+    """--endpoint: one cptrace.finding span per finding, in the trace the printed line links to, linking the
+    evidence spans; --alertmanager: the finding posted as an alert with its run id and trace link (an in-test
+    Alertmanager endpoint: the real one is in the integration tests of watch, which shares finding_sinks)."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from tests.helpers.otlp_receiver import HttpReceiver
+
+    posted: list = []
+
+    class AM(BaseHTTPRequestHandler):
+        def log_message(self, *a) -> None:
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802
+            posted.append((self.path, json.loads(self.rfile.read(int(self.headers["Content-Length"])))))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    am = ThreadingHTTPServer(("127.0.0.1", 0), AM)
+    threading.Thread(target=am.serve_forever, daemon=True).start()
+    with HttpReceiver() as rx:
+        s = Serve(tmp_path, "--idle", "0.5", "--endpoint", rx.url, "--alertmanager",
+                  f"http://127.0.0.1:{am.server_address[1]}", "--alert-interval", "0.5")
+        try:
+            for b in demo_bodies:   # as an exporter without online checks sends them: nothing stamped yet
+                assert s.post(_unstamped(b))[0] == 200
+            deadline = time.monotonic() + 30
+            while not (posted and s.out.read_text()):
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        finally:
+            rc = s.stop()
+        am.shutdown()
+        lines = s.out.read_text().splitlines()
+        assert rc == 1 and lines
+        spans = [sp for sp in rx.spans() if sp.name == "cptrace.finding"]
+    assert len(spans) == len(lines)
+    linked = {ln.rsplit("/trace/", 1)[1] for ln in lines}
+    assert {sp.trace_id for sp in spans} == linked
+    assert all(sp.resource["cptrace.run_id"] in lines[0] and sp.links for sp in spans)
+    alerts = [a for path, body in posted if path == "/api/v2/alerts" for a in body]
+    assert alerts and {a["labels"]["code"] for a in alerts} <= {ln.split()[1] for ln in lines}
+    assert all(a["annotations"]["jaeger"].rsplit("/trace/", 1)[1] in linked for a in alerts)
+
+
+def _state_with(demo_bodies, **kw):
+    from cptrace_otel.analyze.serve_state import ServeState
+
+    got: list = []
+    st = ServeState(lambda tr, found: got.append((tr.trace_id, found)), **kw)
+    return st, got, [sp for b in demo_bodies for sp in decode(b).spans]
+
+
+def test_state_bounds_finalise_early_and_count_it(demo_bodies):
+    st, got, spans = _state_with(demo_bodies, idle_s=3600, max_nodes=3)
+    st.add(spans, now=0.0)
+    traces = {sp.trace_id for sp in spans}
+    assert len(st.traces) == 3 and st.early == len(traces) - 3   # the held set never exceeds the bound
+    st.finish_all()
+    assert len(got) == len(traces) and len({t for t, _ in got}) == len(traces)   # each trace checked once
+    # spans of a trace finalised early that come later are counted as late, not checked on their own
+    assert st.events_checked + st.late == sum(len(sp.events) for sp in spans) and st.late > 0
+    assert not st.traces and not st.runs
+
+
+def test_state_idle_window_and_late_records(demo_bodies):
+    st, got, spans = _state_with(demo_bodies, idle_s=10, run_idle_s=100)
+    half = len(spans) // 2
+    st.add(spans[:half], now=0.0)
+    assert st.sweep(now=5.0) == 0 and not got          # not idle yet
+    n = st.sweep(now=11.0)
+    assert n == len(got) > 0 and not st.traces          # idle: checked and freed
+    seen = {t for t, _ in got}
+    late = [sp for sp in spans[half:] if sp.trace_id in seen]
+    st.add(spans[half:], now=12.0)
+    assert st.late == sum(len(sp.events) for sp in late)   # a checked trace is not checked again
+    st.sweep(now=30.0)
+    assert len({t for t, _ in got}) == len(got)            # no trace reported twice
+    assert st.runs and not st.traces
+    st.sweep(now=200.0)                                    # the run idle past run_idle_s: finished, forgotten
+    assert not st.runs
+
+
+def test_state_max_runs_finishes_the_least_recently_changed(demo_bodies):
+    from cptrace_otel.analyze.otlp_intake import SpanRecords
+
+    st, got, spans = _state_with(demo_bodies, idle_s=3600, max_runs=1)
+    sp = spans[0]
+    st.add([sp], now=0.0)
+    st.add([SpanRecords("other-run", sp.trace_id, sp.ref, sp.level, sp.events)], now=1.0)
+    assert list(st.runs) == ["other-run"] and st.early == 1 and len(got) == 1
