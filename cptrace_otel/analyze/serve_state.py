@@ -8,7 +8,8 @@ So the unit of checking is the trace, not the rank's stream:
   record (for the write-back's evidence links).
 * :meth:`ServeState.sweep` finalises every trace idle for ``idle_s`` (no new record): its records, each rank's in
   (epoch, seq) order, the ranks merged by ``ts``, go through a fresh :class:`~.engine.Analysis` (the rules ``check``
-  runs: a :class:`RankChecker` per rank and :class:`CrossRank`), end of stream included, and its state is freed.
+  runs: a :class:`~cptrace_otel.checks.RankChecker` per rank and
+  :class:`~cptrace_otel.checks.crossrank.CrossRank`), end of stream included, and its state is freed.
 * Only the rules that a trace's records decide by themselves are reported (:data:`TRACE_RULES`, exact: the same
   findings as ``check`` over the whole run; :data:`PARTIAL_RULES`, whose findings are real but which can miss one
   whose evidence sits in another trace, a split's parent). The others need a rank's whole stream or the run's

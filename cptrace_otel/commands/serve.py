@@ -23,9 +23,10 @@ HTTP:
 The checking thread owns a :class:`~cptrace_otel.analyze.serve_state.ServeState`: records held by trace, each trace
 checked when idle for ``--idle`` (default 30s), memory bounded by ``--max-nodes`` and ``--max-runs`` (past them the
 least recently changed is finalised early and counted). Each finding is printed once on stdout (the line ``watch``
-prints), written back into its node's trace as a span (``--endpoint``, :class:`~.finding_sinks.WriteBack`) and
-posted to Alertmanager (``--alertmanager``, :class:`~.finding_sinks.Alerts`, re-posted every ``--alert-interval``
-by its own thread, so a slow Alertmanager never holds the checking back).
+prints), written back into its node's trace as a span (``--endpoint``,
+:class:`~cptrace_otel.analyze.finding_sinks.WriteBack`) and posted to Alertmanager (``--alertmanager``,
+:class:`~cptrace_otel.analyze.finding_sinks.Alerts`, re-posted every ``--alert-interval`` by its own thread, so a
+slow Alertmanager never holds the checking back).
 
 Why the standard library's ``ThreadingHTTPServer`` and not a web framework: four routes, protobuf bodies and no
 templates; it adds no dependency to the package, and the work that costs (decoding, checking) is bounded by the
