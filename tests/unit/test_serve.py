@@ -253,3 +253,31 @@ def test_state_max_runs_finishes_the_least_recently_changed(demo_bodies):
     st.add([sp], now=0.0)
     st.add([SpanRecords("other-run", sp.trace_id, sp.ref, sp.level, sp.events)], now=1.0)
     assert list(st.runs) == ["other-run"] and st.early == 1 and len(got) == 1
+
+
+def test_grpc_receiver_accepts_and_counts(tmp_path, demo_bodies):
+    """--grpc: the OTLP TraceService the collector's loadbalancing exporter calls; the records are checked as over
+    HTTP (the same queue), a request of spans without a run id gets partial_success."""
+    import grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+
+    from tests.helpers import free_port
+
+    port = free_port()
+    s = Serve(tmp_path, "--grpc", f"127.0.0.1:{port}", "--idle", "1h")
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = trace_service_pb2_grpc.TraceServiceStub(ch)
+            for b in demo_bodies:
+                resp = stub.Export(ExportTraceServiceRequest.FromString(b), timeout=30)
+                assert not resp.HasField("partial_success")
+            req = ExportTraceServiceRequest.FromString(demo_bodies[0])
+            rs = req.resource_spans[0]
+            keep = [kv for kv in rs.resource.attributes if kv.key != "cptrace.run_id"]
+            del rs.resource.attributes[:]
+            rs.resource.attributes.extend(keep)
+            assert stub.Export(req, timeout=30).partial_success.rejected_spans > 0
+        m = s.metrics()
+        assert m["cptrace_serve_records_held"] == sum(decode(b).records for b in demo_bodies)
+    finally:
+        assert s.stop() == 1
