@@ -15,6 +15,8 @@ So the unit of checking is the trace, not the rank's stream:
   whose evidence sits in another trace, a split's parent). The others need a rank's whole stream or the run's
   config record (which sits in the rank trace): their findings on a trace in isolation are not trusted, so they
   are dropped and counted in :attr:`ServeState.suppressed` (rule -> findings), never passed silently.
+* A trace whose check raises (a bug, or an input no rule foresaw) is reported on stderr as NOT checked and counted
+  in :attr:`ServeState.errors`; the replica goes on with the others.
 * Records of a trace that arrive after it was finalised (a span later than ``idle_s``) are not checked again (no
   finding doubled): they are counted in :attr:`ServeState.late`. The finalised trace ids of a run are kept (at most
   :data:`MAX_DONE` per run) until the run is finished.
@@ -104,6 +106,7 @@ class ServeState:
         self.late = 0        # records of a trace that arrived after it was finalised (not checked)
         self.early = 0       # traces finalised before their idle window (a memory bound was hit)
         self.newest_ts = 0   # the newest record time seen (ns), for the lag
+        self.errors = 0      # traces whose check raised (reported on stderr, counted: never a silent pass)
 
     @property
     def records_held(self) -> int:
@@ -183,7 +186,14 @@ class ServeState:
         if early:
             self.early += 1
         streams = [sorted(evs, key=lambda e: (e.epoch, e.seq)) for _, evs in sorted(tr.ranks.items())]
-        res = Analysis(rank_levels=tr.levels).run(merge_streams(streams))
+        try:
+            res = Analysis(rank_levels=tr.levels).run(merge_streams(streams))
+        except Exception as e:   # a bug or an input no rule foresaw: this trace is unchecked, the replica goes on
+            self.errors += 1
+            self.note(f"run {tr.run_id} trace {tr.trace_id}: NOT checked ({tr.records} records): "
+                      f"{type(e).__name__}: {str(e)[:200]}")
+            tr.ranks.clear()
+            return
         kept = []
         for f in res.findings:
             if f.rule in TRACE_RULES or f.rule in PARTIAL_RULES:
@@ -200,5 +210,5 @@ class ServeState:
 
     def stats(self) -> dict[str, Any]:
         return {"events_checked": self.events_checked, "traces_held": len(self.traces), "runs": len(self.runs),
-                "late_records": self.late, "finalised_early": self.early,
+                "late_records": self.late, "finalised_early": self.early, "check_errors": self.errors,
                 "findings": sum(self.findings.values()), "suppressed": dict(self.suppressed)}

@@ -134,6 +134,8 @@ def metrics_text(state: ServeState, c: Counters, queued: int, now_ns: int) -> st
            [("", state.late)])
     metric("cptrace_serve_finalised_early_total", "counter", "traces checked before their idle window (a bound)",
            [("", state.early)])
+    metric("cptrace_serve_check_errors_total", "counter", "traces whose check failed (NOT checked; see stderr)",
+           [("", state.errors)])
     metric("cptrace_serve_traces_held", "gauge", "traces held (state size)", [("", len(state.traces))])
     metric("cptrace_serve_records_held", "gauge", "records held", [("", state.records_held)])
     metric("cptrace_serve_runs_held", "gauge", "runs held", [("", len(state.runs))])
@@ -399,7 +401,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     note(f"stopped: {counters.spans_received} spans received, {counters.spans_rejected} not readable, "
          f"{counters.spans_dropped} turned away with 503, {st['events_checked']} records checked, {total[0]} "
          f"finding(s), {st['late_records']} late record(s) not checked, {st['finalised_early']} trace(s) checked "
-         f"early; UNCHECKED here (a rank's whole stream needed): {', '.join(unchecked_rules())}; their findings on "
+         f"early, {st['check_errors']} trace(s) NOT checked (an error, said above); UNCHECKED here (a rank's "
+         f"whole stream needed): {', '.join(unchecked_rules())}; their findings on "
          f"one trace, not trusted and not reported: {suppressed}")
     return EXIT_FINDINGS if total[0] else EXIT_OK
 

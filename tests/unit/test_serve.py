@@ -281,3 +281,17 @@ def test_grpc_receiver_accepts_and_counts(tmp_path, demo_bodies):
         assert m["cptrace_serve_records_held"] == sum(decode(b).records for b in demo_bodies)
     finally:
         assert s.stop() == 1
+
+
+def test_state_a_trace_whose_check_raises_is_reported_not_checked(demo_bodies, monkeypatch):
+    from cptrace_otel.analyze import engine
+
+    notes: list[str] = []
+    st, got, spans = _state_with(demo_bodies, idle_s=3600)
+    st.note = notes.append
+    monkeypatch.setattr(engine.Analysis, "run", lambda self, evs: (_ for _ in ()).throw(KeyError("boom")))
+    st.add(spans, now=0.0)
+    n = len(st.traces)
+    st.finish_all()
+    assert st.errors == n and not got and not st.traces
+    assert sum("NOT checked" in x and "KeyError" in x for x in notes) == n
