@@ -339,10 +339,15 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
                 got, item = False, None
             if got and item is None:   # the end mark, queued after everything else
                 return
-            with lock:
-                if item is not None:
-                    state.add(item.spans)
-                state.sweep()
+            try:
+                with lock:
+                    if item is not None:
+                        state.add(item.spans)
+                    state.sweep()
+            except Exception as e:   # a bug: said and counted, the thread goes on (a dead one would stall intake)
+                state.errors += 1
+                note(f"internal error while checking (some records NOT checked): {type(e).__name__}: "
+                     f"{str(e)[:200]}")
 
     def alert_loop() -> None:
         while not stopping.wait(alert_every):
