@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "demo": "demo",
     "watch": "watch",
     "ingest": "ingest",
+    "serve": "serve",
 }
 
 

@@ -162,13 +162,15 @@ class Alerts:
             })
         return out
 
-    def post(self, now: float | None = None) -> bool:
-        """Post :meth:`payload`; True when Alertmanager took it (2xx). Never raises: a failure is one line through
-        ``note`` when Alertmanager goes from reachable to not (and one when it is back)."""
+    def post(self, now: float | None = None, body: list[dict[str, Any]] | None = None) -> bool:
+        """Post :meth:`payload` (or ``body``, a payload taken earlier: a caller that shares the alerts between threads
+        takes it under its lock and posts outside it); True when Alertmanager took it (2xx). Never raises: a failure
+        is one line through ``note`` when Alertmanager goes from reachable to not (and one when it is back)."""
         from ..model.config import mask_url
         from .sources import httpio
 
-        body = self.payload(now)
+        if body is None:
+            body = self.payload(now)
         if not body:
             return True
         lim = httpio.limits_from_env(deadline_s=min(30.0, httpio.limits_from_env().deadline_s), read_timeout_s=10.0)

@@ -104,7 +104,7 @@ def _collector_bin() -> Path:
     return Path(os.environ.get("COLLECTOR_BIN") or COLLECTOR_DIR / "bin" / "otelcol-cptrace")
 
 
-@pytest.mark.parametrize("config", ["config-loopback.yaml", "config.yaml", "config-tempo.yaml"])
+@pytest.mark.parametrize("config", ["config-loopback.yaml", "config.yaml", "config-tempo.yaml", "config-checkers.yaml"])
 def test_built_collector_accepts_every_config(config):
     """The binary built from builder.yaml has every component the compose, Tempo and loopback configs use
     (``otelcol validate`` resolves the config and builds each component's config, starting nothing)."""

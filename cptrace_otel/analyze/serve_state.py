@@ -1,0 +1,214 @@
+"""The state of one ``cptrace-otel serve`` replica: records held by node trace, checked when the trace goes idle.
+
+Behind the collector's ``loadbalancing`` exporter (routing key ``traceID``) a replica receives whole traces: every
+rank's spans of a node trace (``blake2b(run|epoch|node)``), and whole rank traces, but only some of a run's nodes.
+So the unit of checking is the trace, not the rank's stream:
+
+* :meth:`ServeState.add` holds the records of each (run id, trace id) as they arrive, by rank, with the span of each
+  record (for the write-back's evidence links).
+* :meth:`ServeState.sweep` finalises every trace idle for ``idle_s`` (no new record): its records, each rank's in
+  (epoch, seq) order, the ranks merged by ``ts``, go through a fresh :class:`~.engine.Analysis` (the rules ``check``
+  runs: a :class:`~cptrace_otel.checks.RankChecker` per rank and
+  :class:`~cptrace_otel.checks.crossrank.CrossRank`), end of stream included, and its state is freed.
+* Only the rules that a trace's records decide by themselves are reported (:data:`TRACE_RULES`, exact: the same
+  findings as ``check`` over the whole run; :data:`PARTIAL_RULES`, whose findings are real but which can miss one
+  whose evidence sits in another trace, a split's parent). The others need a rank's whole stream or the run's
+  config record (which sits in the rank trace): their findings on a trace in isolation are not trusted, so they
+  are dropped and counted in :attr:`ServeState.suppressed` (rule -> findings), never passed silently.
+* A trace whose check raises (a bug, or an input no rule foresaw) is reported on stderr as NOT checked and counted
+  in :attr:`ServeState.errors`; the replica goes on with the others.
+* Records of a trace that arrive after it was finalised (a span later than ``idle_s``) are not checked again (no
+  finding doubled): they are counted in :attr:`ServeState.late`. The finalised trace ids of a run are kept (at most
+  :data:`MAX_DONE` per run) until the run is finished.
+* Memory: at most ``max_nodes`` traces held (past it, the least recently changed is finalised early, counted in
+  :attr:`ServeState.early`) and ``max_runs`` runs (past it, the least recently changed run is finished: its traces
+  finalised early). A run with no held trace and nothing new for ``run_idle_s`` is finished and forgotten.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from ..checks import Finding
+from ..model.events import Event
+from .incremental import SpanRef
+from .otlp_intake import SpanRecords
+
+# rules whose findings on one trace are exactly those of ``check`` over the whole run (per rank, about one node)
+TRACE_RULES = frozenset(("H1a", "H1b", "H2c", "H4a", "H4b", "H4-open", "ZERO@backup", "ZERO@reload"))
+# rules whose findings on one trace are real, but which may miss one whose evidence is in another trace: HASH across
+# a split (the backup hash is the parent's), H2a/H2b/H3 over a chain or a compose of several nodes (their state is
+# in the other nodes' traces: a node not seen is unknown to the rule, which then does not judge it)
+PARTIAL_RULES = frozenset(("HASH", "H2a", "H2b", "H3"))
+# the registry's rule ids (cptrace_otel.checks.registry) whose findings a replica reports, exact or partial
+REPORTED_IDS = frozenset(("H1a", "H1b", "H2c", "H4", "ZERO", "HASH", "H2a", "H2b", "H3"))
+MAX_DONE = 200_000   # finalised trace ids remembered per run (a late span of one is counted, not checked again)
+
+
+def unchecked_rules() -> list[str]:
+    """The registry's rule ids a replica does not check (they need a rank's whole stream or the run's config):
+    stated at start and in the summary, so a run with a fault only they find is never read as clean."""
+    from ..checks.registry import RULES
+
+    return [r.id for r in RULES if r.id not in REPORTED_IDS]
+
+
+class TraceState:
+    """The held records of one trace: rank -> events, (rank, seq) -> span, levels, last change."""
+
+    __slots__ = ("run_id", "trace_id", "ranks", "refs", "levels", "changed", "records")
+
+    def __init__(self, run_id: str, trace_id: str, now: float) -> None:
+        self.run_id, self.trace_id = run_id, trace_id
+        self.ranks: dict[int, list[Event]] = {}
+        self.refs: dict[tuple[int, int], SpanRef] = {}
+        self.levels: dict[int, int] = {}
+        self.changed = now
+        self.records = 0
+
+    def span_of(self, rank: int, seq: int) -> SpanRef | None:
+        """The span holding record ``seq`` of ``rank`` (what :class:`~.finding_sinks.WriteBack` links to)."""
+        return self.refs.get((rank, seq))
+
+
+class RunState:
+    __slots__ = ("run_id", "done", "changed", "traces", "findings", "events")
+
+    def __init__(self, run_id: str, now: float) -> None:
+        self.run_id = run_id
+        self.done: OrderedDict[str, None] = OrderedDict()   # finalised trace ids (late spans are not re-checked)
+        self.changed = now
+        self.traces = 0      # traces held now
+        self.findings = 0
+        self.events = 0
+
+
+Report = Callable[[TraceState, list[Finding]], None]
+
+
+class ServeState:
+    """See the module doc. ``report(trace, findings)`` receives each finalised trace's findings (possibly none)
+    and ``note(text)`` the lines for stderr. Not thread-safe: one checking thread owns it."""
+
+    def __init__(self, report: Report, idle_s: float = 30.0, max_nodes: int = 100_000, max_runs: int = 256,
+                 run_idle_s: float | None = None, note: Callable[[str], None] = lambda s: None) -> None:
+        self.report, self.note = report, note
+        self.idle_s, self.max_nodes, self.max_runs = idle_s, max(1, max_nodes), max(1, max_runs)
+        self.run_idle_s = max(idle_s, 60.0) if run_idle_s is None else run_idle_s
+        self.traces: OrderedDict[tuple[str, str], TraceState] = OrderedDict()   # least recently changed first
+        self.runs: dict[str, RunState] = {}
+        self.events_checked = 0
+        self.findings = Counter[tuple[str, str]]()   # (run id, code) -> findings reported
+        self.suppressed = Counter[str]()             # rule -> findings not trusted on one trace (not reported)
+        self.late = 0        # records of a trace that arrived after it was finalised (not checked)
+        self.early = 0       # traces finalised before their idle window (a memory bound was hit)
+        self.newest_ts = 0   # the newest record time seen (ns), for the lag
+        self.errors = 0      # traces whose check raised (reported on stderr, counted: never a silent pass)
+
+    @property
+    def records_held(self) -> int:
+        return sum(t.records for t in self.traces.values())
+
+    def add(self, spans: list[SpanRecords], now: float | None = None) -> None:
+        """Hold the records of ``spans`` (one decoded request)."""
+        now = time.monotonic() if now is None else now
+        for s in spans:
+            run = self.runs.get(s.run_id)
+            if run is None:
+                if len(self.runs) >= self.max_runs:
+                    oldest = min(self.runs.values(), key=lambda r: r.changed)
+                    self._finish_run(oldest, f"more than {self.max_runs} runs at once (--max-runs): the least "
+                                             "recently changed is finished early")
+                run = self.runs[s.run_id] = RunState(s.run_id, now)
+            run.changed = now
+            if s.trace_id in run.done:
+                self.late += len(s.events)
+                continue
+            key = (s.run_id, s.trace_id)
+            tr = self.traces.get(key)
+            if tr is None:
+                if len(self.traces) >= self.max_nodes:
+                    self._finalise(next(iter(self.traces.values())), early=True)
+                tr = self.traces[key] = TraceState(s.run_id, s.trace_id, now)
+                run.traces += 1
+            else:
+                self.traces.move_to_end(key)
+                tr.changed = now
+            for ev in s.events:
+                tr.ranks.setdefault(ev.rank, []).append(ev)
+                tr.refs[(ev.rank, ev.seq)] = s.ref
+                if s.level is not None:
+                    tr.levels[ev.rank] = s.level
+                if ev.ts > self.newest_ts:
+                    self.newest_ts = ev.ts
+            tr.records += len(s.events)
+
+    def sweep(self, now: float | None = None) -> int:
+        """Finalise the traces idle past ``idle_s`` and finish the runs idle past ``run_idle_s``; traces
+        finalised."""
+        now = time.monotonic() if now is None else now
+        n = 0
+        while self.traces:
+            tr = next(iter(self.traces.values()))
+            if now - tr.changed < self.idle_s:
+                break
+            self._finalise(tr)
+            n += 1
+        for run in [r for r in self.runs.values() if not r.traces and now - r.changed >= self.run_idle_s]:
+            self._finish_run(run, "")
+        return n
+
+    def finish_all(self) -> None:
+        """Finalise every held trace and finish every run (shutdown)."""
+        for run in list(self.runs.values()):
+            self._finish_run(run, "")
+
+    def _finish_run(self, run: RunState, why: str) -> None:
+        for key in [k for k in self.traces if k[0] == run.run_id]:
+            self._finalise(self.traces[key], early=bool(why))
+        self.runs.pop(run.run_id, None)
+        self.note(f"run {run.run_id}: {run.events} records checked, {run.findings} finding(s)"
+                  f"{'; ' + why if why else ''}: finished")
+
+    def _finalise(self, tr: TraceState, early: bool = False) -> None:
+        from .engine import Analysis
+        from .sources.otlpfile import merge_streams
+
+        del self.traces[(tr.run_id, tr.trace_id)]
+        run = self.runs[tr.run_id]
+        run.traces -= 1
+        run.done[tr.trace_id] = None
+        if len(run.done) > MAX_DONE:
+            run.done.popitem(last=False)
+        if early:
+            self.early += 1
+        streams = [sorted(evs, key=lambda e: (e.epoch, e.seq)) for _, evs in sorted(tr.ranks.items())]
+        try:
+            res = Analysis(rank_levels=tr.levels).run(merge_streams(streams))
+        except Exception as e:   # a bug or an input no rule foresaw: this trace is unchecked, the replica goes on
+            self.errors += 1
+            self.note(f"run {tr.run_id} trace {tr.trace_id}: NOT checked ({tr.records} records): "
+                      f"{type(e).__name__}: {str(e)[:200]}")
+            tr.ranks.clear()
+            return
+        kept = []
+        for f in res.findings:
+            if f.rule in TRACE_RULES or f.rule in PARTIAL_RULES:
+                kept.append(f)
+            else:
+                self.suppressed[f.rule] += 1
+        self.events_checked += tr.records
+        run.events += tr.records
+        run.findings += len(kept)
+        for f in kept:
+            self.findings[(tr.run_id, f.code)] += 1
+        tr.ranks.clear()
+        self.report(tr, kept)
+
+    def stats(self) -> dict[str, Any]:
+        return {"events_checked": self.events_checked, "traces_held": len(self.traces), "runs": len(self.runs),
+                "late_records": self.late, "finalised_early": self.early, "check_errors": self.errors,
+                "findings": sum(self.findings.values()), "suppressed": dict(self.suppressed)}

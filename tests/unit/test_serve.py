@@ -1,0 +1,297 @@
+"""``cptrace-otel serve`` as a process: real OTLP protobuf bytes (the project's encoder, checked by
+opentelemetry-proto) over HTTP; answers 200 (with partial_success), 400, 413, 415 and 503; /metrics; SIGTERM
+finalises every held trace and prints its findings once. Plus the intake decoder on its own."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import gzip
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+from cptrace_otel.analyze.otlp_intake import Undecodable, decode
+from tests.helpers.integration import ROOT
+from tests.helpers.otlp_receiver import parse_json_line
+
+
+@pytest.fixture(scope="module")
+def demo_bodies(tmp_path_factory) -> list[bytes]:
+    """The OTLP requests of a 2-rank simulator run with a HASH fault (protobuf bytes, one per file line)."""
+    out = tmp_path_factory.mktemp("demo")
+    p = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "demo", "--ranks", "2", "--faults", "HASH_flip",
+                        "--out", str(out), "--json"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode in (0, 1), p.stderr[-2000:]
+    bodies = []
+    for f in sorted(out.glob("*.otlp.jsonl")):
+        bodies += [parse_json_line(ln).SerializeToString() for ln in f.read_text().splitlines() if ln.strip()]
+    return bodies
+
+
+class Serve:
+    def __init__(self, tmp: Path, *extra: str) -> None:
+        self.out, self.err = tmp / "serve.out", tmp / "serve.err"
+        self.p = subprocess.Popen([sys.executable, "-m", "cptrace_otel.cli", "serve", "--listen", "127.0.0.1:0",
+                                   *extra], stdout=open(self.out, "w"), stderr=open(self.err, "w"), cwd=ROOT)
+        deadline = time.monotonic() + 30
+        while not (m := re.search(r"http://127\.0\.0\.1:(\d+)/", self.err.read_text())):
+            assert self.p.poll() is None and time.monotonic() < deadline, self.err.read_text()
+            time.sleep(0.1)
+        self.url = f"http://127.0.0.1:{m[1]}"
+
+    def post(self, body: bytes, ctype: str = "application/x-protobuf", **headers: str) -> tuple[int, bytes, dict]:
+        req = urllib.request.Request(self.url + "/v1/traces", data=body, method="POST",
+                                     headers={"Content-Type": ctype, **headers})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, r.read(), dict(r.headers)
+        except urllib.error.HTTPError as e:
+            return e.code, e.read(), dict(e.headers)
+
+    def metrics(self) -> dict[str, float]:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
+            return {ln.rsplit(" ", 1)[0]: float(ln.rsplit(" ", 1)[1]) for ln in r.read().decode().splitlines()
+                    if ln and not ln.startswith("#")}
+
+    def stop(self) -> int:
+        self.p.send_signal(signal.SIGTERM)
+        return self.p.wait(timeout=60)
+
+
+def test_decode_reads_every_record_and_rejects_garbage(demo_bodies):
+    n = sum(decode(b).records for b in demo_bodies)
+    assert n > 100
+    with pytest.raises(Undecodable):
+        decode(b"\xff\xff\xff not protobuf")
+
+
+def test_accepts_checks_at_shutdown_and_prints_each_finding_once(tmp_path, demo_bodies):
+    s = Serve(tmp_path, "--idle", "1h")
+    try:
+        for b in demo_bodies[:len(demo_bodies) // 2]:
+            code, body, _ = s.post(b)
+            assert code == 200
+            assert not ExportTraceServiceResponse.FromString(body).HasField("partial_success")
+        for b in demo_bodies[len(demo_bodies) // 2:]:   # gzip, as the collector's otlphttp exporter sends
+            assert s.post(gzip.compress(b), **{"Content-Encoding": "gzip"})[0] == 200
+        time.sleep(1.0)
+        m = s.metrics()
+        assert m["cptrace_serve_traces_held"] > 0 and m["cptrace_serve_events_checked_total"] == 0
+        assert m["cptrace_serve_spans_received_total"] == sum(
+            len(sp.spans) for b in demo_bodies for rs in ExportTraceServiceRequest.FromString(b).resource_spans
+            for sp in rs.scope_spans)
+    finally:
+        rc = s.stop()
+    lines = s.out.read_text().splitlines()
+    assert rc == 1 and lines and all(" HASH " in ln or " ZERO " in ln or " H" in ln for ln in lines)
+    assert any(ln.startswith("ERROR HASH HASH run ") for ln in lines)
+    assert len(lines) == len(set(lines))
+    assert "UNCHECKED here" in s.err.read_text().splitlines()[-1]
+
+
+def test_bad_requests_are_refused_with_the_reason(tmp_path, demo_bodies):
+    s = Serve(tmp_path, "--max-body", "100000")
+    try:
+        assert s.post(b"\x0a\x05garbage")[0] == 400
+        assert s.post(b"{}", "application/json")[0] == 415
+        big = b"".join(demo_bodies)   # one valid request (protobuf messages concatenate), over the limit
+        assert len(big) > 100_000
+        assert s.post(big)[0] == 413
+        assert s.post(gzip.compress(b"\x00" * 200_000), **{"Content-Encoding": "gzip"})[0] == 413
+        # a span with records but no run id: rejected, the rest accepted (partial_success)
+        req = ExportTraceServiceRequest.FromString(demo_bodies[0])
+        rs = req.resource_spans[0]
+        keep = [kv for kv in rs.resource.attributes if kv.key != "cptrace.run_id"]
+        del rs.resource.attributes[:]
+        rs.resource.attributes.extend(keep)
+        small = ExportTraceServiceRequest()
+        small.resource_spans.add().CopyFrom(rs)
+        del small.resource_spans[0].scope_spans[0].spans[1:]
+        code, body, _ = s.post(small.SerializeToString())
+        assert code == 200
+        ps = ExportTraceServiceResponse.FromString(body).partial_success
+        assert ps.rejected_spans == 1 and "cptrace.run_id" in ps.error_message
+        m = s.metrics()
+        assert m["cptrace_serve_requests_bad_total"] == 4 and m["cptrace_serve_spans_rejected_total"] == 1
+    finally:
+        assert s.stop() == 0
+
+
+def test_a_full_queue_answers_503_and_counts_what_it_turned_away(tmp_path, demo_bodies):
+    s = Serve(tmp_path, "--queue", "1", "--idle", "0.001")
+    body = b"".join(demo_bodies)   # one request with every span (the messages concatenate)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(16) as ex:
+            answers = list(ex.map(lambda _i: s.post(body), range(64)))
+        codes = [a[0] for a in answers]
+        assert set(codes) <= {200, 503} and 503 in codes, codes
+        assert all(a[2].get("Retry-After") == "1" for a in answers if a[0] == 503)
+        spans = sum(len(sp.spans) for rs in ExportTraceServiceRequest.FromString(body).resource_spans
+                    for sp in rs.scope_spans)
+        m = s.metrics()
+        assert m["cptrace_serve_spans_dropped_total"] == spans * codes.count(503)
+        assert m["cptrace_serve_spans_received_total"] == spans * codes.count(200)
+    finally:
+        s.stop()
+
+
+def _unstamped(body: bytes) -> bytes:
+    """``body`` without the online checks' violation marks (a span already carrying a code is not written again)."""
+    req = ExportTraceServiceRequest.FromString(body)
+    for rs in req.resource_spans:
+        for ss in rs.scope_spans:
+            for sp in ss.spans:
+                keep = [kv for kv in sp.attributes if not kv.key.startswith("cptrace.violation")]
+                del sp.attributes[:]
+                sp.attributes.extend(keep)
+    return req.SerializeToString()
+
+
+def test_findings_are_written_back_into_their_trace_and_alerted(tmp_path, demo_bodies):
+    """--endpoint: one cptrace.finding span per finding, in the trace the printed line links to, linking the
+    evidence spans; --alertmanager: the finding posted as an alert with its run id and trace link (an in-test
+    Alertmanager endpoint: the real one is in the integration tests of watch, which shares finding_sinks)."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from tests.helpers.otlp_receiver import HttpReceiver
+
+    posted: list = []
+
+    class AM(BaseHTTPRequestHandler):
+        def log_message(self, *a) -> None:
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802
+            posted.append((self.path, json.loads(self.rfile.read(int(self.headers["Content-Length"])))))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    am = ThreadingHTTPServer(("127.0.0.1", 0), AM)
+    threading.Thread(target=am.serve_forever, daemon=True).start()
+    with HttpReceiver() as rx:
+        s = Serve(tmp_path, "--idle", "0.5", "--endpoint", rx.url, "--alertmanager",
+                  f"http://127.0.0.1:{am.server_address[1]}", "--alert-interval", "0.5")
+        try:
+            for b in demo_bodies:   # as an exporter without online checks sends them: nothing stamped yet
+                assert s.post(_unstamped(b))[0] == 200
+            deadline = time.monotonic() + 30
+            while not (posted and s.out.read_text()):
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        finally:
+            rc = s.stop()
+        am.shutdown()
+        lines = s.out.read_text().splitlines()
+        assert rc == 1 and lines
+        spans = [sp for sp in rx.spans() if sp.name == "cptrace.finding"]
+    assert len(spans) == len(lines)
+    linked = {ln.rsplit("/trace/", 1)[1] for ln in lines}
+    assert {sp.trace_id for sp in spans} == linked
+    assert all(sp.resource["cptrace.run_id"] in lines[0] and sp.links for sp in spans)
+    alerts = [a for path, body in posted if path == "/api/v2/alerts" for a in body]
+    assert alerts and {a["labels"]["code"] for a in alerts} <= {ln.split()[1] for ln in lines}
+    assert all(a["annotations"]["jaeger"].rsplit("/trace/", 1)[1] in linked for a in alerts)
+
+
+def _state_with(demo_bodies, **kw):
+    from cptrace_otel.analyze.serve_state import ServeState
+
+    got: list = []
+    st = ServeState(lambda tr, found: got.append((tr.trace_id, found)), **kw)
+    return st, got, [sp for b in demo_bodies for sp in decode(b).spans]
+
+
+def test_state_bounds_finalise_early_and_count_it(demo_bodies):
+    st, got, spans = _state_with(demo_bodies, idle_s=3600, max_nodes=3)
+    st.add(spans, now=0.0)
+    traces = {sp.trace_id for sp in spans}
+    assert len(st.traces) == 3 and st.early == len(traces) - 3   # the held set never exceeds the bound
+    st.finish_all()
+    assert len(got) == len(traces) and len({t for t, _ in got}) == len(traces)   # each trace checked once
+    # spans of a trace finalised early that come later are counted as late, not checked on their own
+    assert st.events_checked + st.late == sum(len(sp.events) for sp in spans) and st.late > 0
+    assert not st.traces and not st.runs
+
+
+def test_state_idle_window_and_late_records(demo_bodies):
+    st, got, spans = _state_with(demo_bodies, idle_s=10, run_idle_s=100)
+    half = len(spans) // 2
+    st.add(spans[:half], now=0.0)
+    assert st.sweep(now=5.0) == 0 and not got          # not idle yet
+    n = st.sweep(now=11.0)
+    assert n == len(got) > 0 and not st.traces          # idle: checked and freed
+    seen = {t for t, _ in got}
+    late = [sp for sp in spans[half:] if sp.trace_id in seen]
+    st.add(spans[half:], now=12.0)
+    assert st.late == sum(len(sp.events) for sp in late)   # a checked trace is not checked again
+    st.sweep(now=30.0)
+    assert len({t for t, _ in got}) == len(got)            # no trace reported twice
+    assert st.runs and not st.traces
+    st.sweep(now=200.0)                                    # the run idle past run_idle_s: finished, forgotten
+    assert not st.runs
+
+
+def test_state_max_runs_finishes_the_least_recently_changed(demo_bodies):
+    from cptrace_otel.analyze.otlp_intake import SpanRecords
+
+    st, got, spans = _state_with(demo_bodies, idle_s=3600, max_runs=1)
+    sp = spans[0]
+    st.add([sp], now=0.0)
+    st.add([SpanRecords("other-run", sp.trace_id, sp.ref, sp.level, sp.events)], now=1.0)
+    assert list(st.runs) == ["other-run"] and st.early == 1 and len(got) == 1
+
+
+def test_grpc_receiver_accepts_and_counts(tmp_path, demo_bodies):
+    """--grpc: the OTLP TraceService the collector's loadbalancing exporter calls; the records are checked as over
+    HTTP (the same queue), a request of spans without a run id gets partial_success."""
+    import grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+
+    from tests.helpers import free_port
+
+    port = free_port()
+    s = Serve(tmp_path, "--grpc", f"127.0.0.1:{port}", "--idle", "1h")
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = trace_service_pb2_grpc.TraceServiceStub(ch)
+            for b in demo_bodies:
+                resp = stub.Export(ExportTraceServiceRequest.FromString(b), timeout=30)
+                assert not resp.HasField("partial_success")
+            req = ExportTraceServiceRequest.FromString(demo_bodies[0])
+            rs = req.resource_spans[0]
+            keep = [kv for kv in rs.resource.attributes if kv.key != "cptrace.run_id"]
+            del rs.resource.attributes[:]
+            rs.resource.attributes.extend(keep)
+            assert stub.Export(req, timeout=30).partial_success.rejected_spans > 0
+        m = s.metrics()
+        assert m["cptrace_serve_records_held"] == sum(decode(b).records for b in demo_bodies)
+    finally:
+        assert s.stop() == 1
+
+
+def test_state_a_trace_whose_check_raises_is_reported_not_checked(demo_bodies, monkeypatch):
+    from cptrace_otel.analyze import engine
+
+    notes: list[str] = []
+    st, got, spans = _state_with(demo_bodies, idle_s=3600)
+    st.note = notes.append
+    monkeypatch.setattr(engine.Analysis, "run", lambda self, evs: (_ for _ in ()).throw(KeyError("boom")))
+    st.add(spans, now=0.0)
+    n = len(st.traces)
+    st.finish_all()
+    assert st.errors == n and not got and not st.traces
+    assert sum("NOT checked" in x and "KeyError" in x for x in notes) == n
