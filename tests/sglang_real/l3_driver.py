@@ -37,6 +37,7 @@ import os
 import shutil
 import sys
 import time
+import uuid
 from typing import Any
 
 from tests.sglang_real import driver, runtime
@@ -86,13 +87,19 @@ class L3Faults:
 
     def _flip(self, cc: Any, op: Any) -> None:
         backend = cc.storage_backend
-        path = os.path.join(backend.file_path, backend._get_suffixed_key(op.hash_value[0]) + ".bin")
-        with open(path, "r+b") as f:
-            b = f.read(1)
-            f.seek(0)
-            f.write(bytes([b[0] ^ 0x10]))
-        self.hits.append({"kind": "l3_flip", "op": op.id, "rid": str(op.request_id),
-                          "key": backend._get_suffixed_key(op.hash_value[0])})
+        if hasattr(backend, "_object_key"):   # seaweedfs: the object rewritten through S3, one byte flipped
+            key = backend._object_key(op.hash_value[0])
+            s3, bucket = backend._s3, backend.config.bucket
+            body = bytearray(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+            body[0] ^= 0x10
+            s3.put_object(Bucket=bucket, Key=key, Body=bytes(body))
+        else:
+            key = backend._get_suffixed_key(op.hash_value[0])
+            with open(os.path.join(backend.file_path, key + ".bin"), "r+b") as f:
+                b = f.read(1)
+                f.seek(0)
+                f.write(bytes([b[0] ^ 0x10]))
+        self.hits.append({"kind": "l3_flip", "op": op.id, "rid": str(op.request_id), "key": key})
 
     def after_drain(self, cache: Any) -> None:
         """``l3_free``: after a drain handed a prefetch its host pages (its ``l3_prefetch``), before the ack."""
@@ -138,13 +145,14 @@ class _Storage:
     stats: dict
 
     def __init__(self, cache: Any, kv: Any, alloc: Any, copies: runtime.Copies, seed: int, page_size: int,
-                 faults: L3Faults, sync_storage: bool = True, parallel: dict | None = None) -> None:
+                 faults: L3Faults, sync_storage: bool = True, parallel: dict | None = None,
+                 backend: str = "file", extra: dict | None = None) -> None:
         super().__init__(cache, kv, alloc, copies, seed, page_size)
         self.faults = faults
         self.sync_storage = sync_storage
         self.arrived: set[str] = set()
         self.stats.update({"l3_prefetches": 0, "l3_loaded_tokens": 0, "l3_waits": 0})
-        attach_file_storage(cache, parallel=parallel)
+        attach_file_storage(cache, backend, extra, parallel=parallel)
         faults.install(cache)
         orig = cache.check_hicache_events   # (the instrumented method, bound)
 
@@ -279,14 +287,24 @@ def attach_file_storage(cache: Any, backend: str = "file", extra: dict | None = 
 def run_l3(version: str, out: str, fault: str | None = None, nth: int = 1, l3_store: str | None = None,
            requests: int = 60, dev_tokens: int = 160, host_ratio: float = 1.5, sync_storage: bool = True,
            l3_from: str | None = None, drop_meta: bool = False, model_path: str | None = None,
-           kv_dtype: str | None = None, **kw: Any) -> dict:
+           kv_dtype: str | None = None, l3_backend: str = "file", l3_extra: dict | None = None, **kw: Any) -> dict:
     """One run of :func:`driver.run` with storage on (a fresh ``file`` store under ``out/l3store``, or ``l3_store``:
     the one folder the ranks of a CP group share); ``kw`` are :func:`driver.run`'s. ``sync_storage=False``: the
     steps do not wait for the storage threads (their timing decides which step sees an ack, so the records differ
     from run to run). ``l3_from``: the fresh store starts as a copy of that one (an earlier run's: persisted
     storage), without the instrumentation's metadata files where ``drop_meta``; ``model_path``/``kv_dtype``: this
-    run's model and KV dtype (:data:`driver.POOL`). The summary adds ``l3_fault_hits``, ``l3_files`` and
-    ``l3_store``."""
+    run's model and KV dtype (:data:`driver.POOL`). ``l3_backend``/``l3_extra``: another backend and its extra
+    config (``seaweedfs`` with its ``endpoint``: the run's objects go under a ``prefix`` of its own, or ``l3_store``'s
+    where given). The summary adds ``l3_fault_hits``, ``l3_files`` (the objects stored) and ``l3_store``."""
+    driver.POOL.clear()
+    driver.POOL.update({k: v for k, v in (("model_path", model_path), ("kv_dtype", kv_dtype)) if v})
+    if l3_backend != "file":
+        if l3_from is not None:
+            raise ValueError("l3_from (a copy of an earlier store) is for the file backend only")
+        l3_extra = {**(l3_extra or {})}
+        l3_extra["prefix"] = l3_store or l3_extra.get("prefix") or f"cptrace-{uuid.uuid4().hex[:12]}"
+        return _run(version, out, fault, nth, sync_storage, l3_backend, l3_extra, requests=requests,
+                    dev_tokens=dev_tokens, host_ratio=host_ratio, **kw)
     root = l3_store or os.path.join(out, "l3store")
     if l3_store is None:
         shutil.rmtree(root, ignore_errors=True)
@@ -297,19 +315,55 @@ def run_l3(version: str, out: str, fault: str | None = None, nth: int = 1, l3_st
                 if f.endswith(".cptrace"):
                     os.remove(os.path.join(root, f))
     os.makedirs(root, exist_ok=True)
-    driver.POOL.clear()
-    driver.POOL.update({k: v for k, v in (("model_path", model_path), ("kv_dtype", kv_dtype)) if v})
     os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = root
-    faults = L3Faults(fault, nth)
-    make = functools.partial(StorageDriver23 if version == "0.5.23" else StorageDriver, faults=faults,
-                             sync_storage=sync_storage)
-    res = driver.run(version, out, requests=requests, dev_tokens=dev_tokens, host_ratio=host_ratio,
-                     make_driver=make, **kw)
-    driver.POOL.clear()
-    res["l3_fault_hits"] = faults.hits
+    res = _run(version, out, fault, nth, sync_storage, "file", None, requests=requests, dev_tokens=dev_tokens,
+               host_ratio=host_ratio, **kw)
     res["l3_files"] = len([f for f in os.listdir(root) if f.endswith(".bin")])
     res["l3_store"] = root
     return res
+
+
+def _run(version: str, out: str, fault: str | None, nth: int, sync_storage: bool, backend: str, extra: dict | None,
+         **kw: Any) -> dict:
+    """:func:`driver.run` with the storage driver over ``backend``; a ``seaweedfs`` run's summary counts the objects
+    under its prefix. :data:`driver.POOL` (set by the caller) is cleared after."""
+    faults = L3Faults(fault, nth)
+    make = functools.partial(StorageDriver23 if version == "0.5.23" else StorageDriver, faults=faults,
+                             sync_storage=sync_storage, backend=backend, extra=extra)
+    try:
+        res = driver.run(version, out, make_driver=make, **kw)
+    finally:
+        driver.POOL.clear()
+    res["l3_fault_hits"] = faults.hits
+    if extra is not None:
+        res["l3_files"] = len(s3_objects(extra))
+        res["l3_store"] = f"s3://{extra.get('bucket', 'sglang-hicache')}/{extra['prefix']}"
+    return res
+
+
+def s3_objects(extra: dict) -> list[str]:
+    """The keys of the objects under ``extra``'s prefix in its bucket (the S3 gateway at its ``endpoint``)."""
+    import boto3
+    from botocore.config import Config
+
+    s3 = boto3.client("s3", endpoint_url=extra["endpoint"], region_name="us-east-1", aws_access_key_id="cptrace",
+                      aws_secret_access_key="cptrace", config=Config(s3={"addressing_style": "path"}))
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=extra.get("bucket", "sglang-hicache"),
+                                                          Prefix=extra["prefix"] + "/")
+    return [o["Key"] for page in pages for o in page.get("Contents", [])]
+
+
+def run_matrix(version: str, out: str, matrix: list[dict], *args: str, timeout: float = 900) -> list[dict]:
+    """This module's CLI in a subprocess (one rank), as a test runs it: the summaries of ``matrix`` over SGLang
+    ``version`` into ``out``; ``args``: more of its options (``--backend``, ...)."""
+    import subprocess
+
+    p = subprocess.run(runtime.module_cmd("l3_driver", "--version", version, "--out", out, "--matrix",
+                                          json.dumps(matrix), *args), env=runtime.sglang_env(version),
+                       cwd=runtime.ROOT, capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        raise RuntimeError(f"l3_driver exited with {p.returncode}: {p.stderr[-3000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 def main(argv: list[str] | None = None, run: Any = None, versions: tuple = runtime.VERSIONS,
@@ -325,14 +379,20 @@ def main(argv: list[str] | None = None, run: Any = None, versions: tuple = runti
     p.add_argument("--world", type=int, default=1)
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--store")
+    p.add_argument("--backend", default="file", choices=("file", "seaweedfs"),
+                   help="SGLang's L3 backend (seaweedfs: give its endpoint in --backend-config)")
+    p.add_argument("--backend-config", default="{}", help='the backend\'s extra config, JSON: {"endpoint": URL}')
     a = p.parse_args(argv)
+    backend = {} if a.backend == "file" else {"l3_backend": a.backend, "l3_extra": json.loads(a.backend_config)}
     runtime.use_sglang(a.version)
     res = []
     for i, kw in enumerate(json.loads(a.matrix)):
         out = os.path.join(a.out, str(i))
         # the ranks of a CP group share one store (their keys carry the rank suffix), one per matrix entry
-        l3_store = os.path.join(a.out, f"l3store-{i}") if a.world > 1 else None
-        res.append(run(a.version, out, world=a.world, rank=a.rank, store=a.store, l3_store=l3_store, **kw))
+        l3_store = None
+        if a.world > 1:
+            l3_store = os.path.join(a.out, f"l3store-{i}") if not backend else f"cptrace-{os.path.basename(a.out)}-{i}"
+        res.append(run(a.version, out, world=a.world, rank=a.rank, store=a.store, l3_store=l3_store, **backend, **kw))
     print(json.dumps(res))
     return 0
 
