@@ -21,7 +21,9 @@ Faults (:data:`L3_FAULTS`, one per run): ``l3_flip`` flips a byte of the stored 
 first (before the read), ``l3_free`` frees the host pages of the n-th prefetch after the storage read and before its
 ack is processed and lets another writer reuse them, ``l3_skip`` makes this rank skip its storage writes
 (``backup_skip``, the switch SGLang sets on MLA ranks other than 0; 0.5.23 derives it from the storage config, which
-the fault makes that of an MLA replica that is not its shard's writer: here a CP rank that never writes its shard).
+the fault makes that of an MLA replica that is not its shard's writer: here a CP rank that never writes its shard),
+``l3_drop`` deletes the stored object of the middle page of the n-th prefetch of two pages or more (before the read:
+a store that lost an object, not a fault of the cache: the pages before it are a hit, those after it are not).
 
 CLI, from the repository root: ``python -m tests.sglang_real.l3_driver --version 0.5.20|0.5.23 --out DIR --matrix
 JSON [--world N --rank R --store S]`` (a list of :func:`run_l3` keyword sets; one JSON summary list on stdout), as
@@ -42,7 +44,7 @@ from typing import Any
 
 from tests.sglang_real import driver, runtime
 
-L3_FAULTS = ("l3_flip", "l3_free", "l3_skip")
+L3_FAULTS = ("l3_flip", "l3_free", "l3_skip", "l3_drop")
 QUIET_S = 120.0   # the storage threads answer within milliseconds; past this they are stuck (a clear error)
 
 
@@ -75,12 +77,13 @@ class L3Faults:
                 cc.backup_skip = True
             assert cc.backup_skip
             self.hits.append({"kind": "l3_skip"})
-        elif self.kind == "l3_flip":
+        elif self.kind in ("l3_flip", "l3_drop"):
             orig = cc._page_transfer
+            least = 1 if self.kind == "l3_flip" else 2
 
             def page_transfer(op: Any) -> int:   # (the I/O thread, before it reads the op's pages)
-                if op.hash_value and self._take():
-                    self._flip(cc, op)
+                if len(op.hash_value or ()) >= least and self._take():
+                    (self._flip if self.kind == "l3_flip" else self._drop)(cc, op)
                 return orig(op)
 
             cc._page_transfer = page_transfer
@@ -100,6 +103,18 @@ class L3Faults:
                 f.seek(0)
                 f.write(bytes([b[0] ^ 0x10]))
         self.hits.append({"kind": "l3_flip", "op": op.id, "rid": str(op.request_id), "key": key})
+
+    def _drop(self, cc: Any, op: Any) -> None:
+        backend = cc.storage_backend
+        page = len(op.hash_value) // 2
+        if hasattr(backend, "_object_key"):   # seaweedfs: the object deleted through S3
+            key = backend._object_key(op.hash_value[page])
+            backend._s3.delete_object(Bucket=backend.config.bucket, Key=key)
+        else:
+            key = backend._get_suffixed_key(op.hash_value[page])
+            os.remove(os.path.join(backend.file_path, key + ".bin"))
+        self.hits.append({"kind": "l3_drop", "op": op.id, "rid": str(op.request_id), "key": key, "page": page,
+                          "pages": len(op.hash_value)})
 
     def after_drain(self, cache: Any) -> None:
         """``l3_free``: after a drain handed a prefetch its host pages (its ``l3_prefetch``), before the ack."""

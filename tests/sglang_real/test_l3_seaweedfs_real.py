@@ -6,7 +6,8 @@ real SeaweedFS server on loopback, under ``l3_driver.py``'s scheduler steps on C
 * Healthy runs (write_through pages of 1, write_back pages of 4): no corruption, no finding of any severity; backups,
   queries, prefetches and storage hits recorded, prefixes loaded back from the store, objects in the bucket.
 * An object overwritten through S3 with a flipped byte before a prefetch reads it is L3a, naming the object key;
-  host pages freed and reused mid-prefetch are L3b.
+  host pages freed and reused mid-prefetch are L3b; an object the store lost ends that prefetch at the hole (the
+  leading run is ``done``), with no finding.
 * CP (2 gloo ranks, sharded): a healthy run has no finding and each rank's keys carry its ``cp<r>of<w>`` scope; a
   rank that never writes its shard is L3c.
 
@@ -43,6 +44,7 @@ SINGLE = [
     {"seed": 1, "policy": "write_back", "page_size": 4, "exact": True},    # 1: write_back, pages of 4
     {"seed": 0, "exact": True, "fault": "l3_flip"},                        # 2: a byte of a stored object
     {"seed": 0, "exact": True, "fault": "l3_free"},                        # 3: pages freed mid-prefetch
+    {"seed": 0, "exact": True, "fault": "l3_drop"},                        # 4: an object lost by the store
 ]
 HEALTHY = [0, 1]
 CP_WORLD, CP_FAULT_RANK = test_l3_real.CP_WORLD, test_l3_real.CP_FAULT_RANK
@@ -199,6 +201,22 @@ def test_object_overwritten_with_a_flipped_byte_is_l3a(single):
 
 def test_host_pages_freed_during_a_seaweedfs_prefetch_are_l3b(single):
     test_l3_real.assert_l3b(single[3])
+
+
+def test_object_lost_by_the_store_ends_the_prefetch_there_without_finding(single):
+    """The object of a prefetch's middle page is deleted before the read: ``batch_get_v1`` still reads every page
+    into the host pool, the controller counts the leading run that came back, and that run alone is ``done`` with
+    fingerprints; the pages past the hole never enter the tree. Not a fault of the cache: no finding, no corruption."""
+    run = single[4]
+    (hit,) = run["l3_fault_hits"]
+    assert run["corruption"] == [], run["corruption"][:3]
+    d = _check([run["log"]])
+    assert d["findings"] == [], _fmt(d)
+    evs = _events([run["log"]])
+    (ack,) = [e for e in evs if e.tag == "l3_ack" and e.fields.get("dir") == "prefetch" and e.fields["op"] == hit["op"]]
+    assert ack.fields["done"] == hit["page"] and len(ack.fields["hp"]) == hit["page"], (ack.fields, hit)
+    (pf,) = [e for e in evs if e.tag == "l3_prefetch" and e.fields["op"] == hit["op"]]
+    assert len(pf.fields["keys"]) == hit["pages"] and pf.fields["keys"][hit["page"]] == hit["key"], (pf.fields, hit)
 
 
 def test_healthy_seaweedfs_cp_run_has_no_finding_and_rank_scoped_keys(cp):
