@@ -226,3 +226,13 @@ def test_healthy_seaweedfs_cp_run_has_no_finding_and_rank_scoped_keys(cp):
 
 def test_seaweedfs_cp_rank_that_never_writes_its_shard_is_l3c(cp):
     test_l3_real.assert_l3c(cp[1])
+
+
+@pytest.mark.parametrize("version", ["0.5.20", "0.5.23"])
+def test_only_0_5_23_ships_the_seaweedfs_backend(version):
+    """docs/deploy.md says 0.5.20 has no seaweedfs backend: its wheel has neither the module nor a factory entry."""
+    runtime.need(version)
+    storage = Path(runtime.sglang_dir(version)) / "sglang" / "srt" / "mem_cache" / "storage"
+    factory = (storage / "backend_factory.py").read_text(encoding="utf-8")
+    has = (storage / "seaweedfs" / "seaweedfs_store.py").is_file() and '"seaweedfs"' in factory
+    assert has == (version == "0.5.23")
