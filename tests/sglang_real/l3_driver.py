@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
 import json
 import os
 import shutil
@@ -403,10 +404,12 @@ def main(argv: list[str] | None = None, run: Any = None, versions: tuple = runti
     res = []
     for i, kw in enumerate(json.loads(a.matrix)):
         out = os.path.join(a.out, str(i))
-        # the ranks of a CP group share one store (their keys carry the rank suffix), one per matrix entry
+        # the ranks of a CP group share one store (their keys carry the rank suffix), one per matrix entry: a
+        # folder, or a key prefix of this launch alone (its folder and gloo store: a server outlives a test run)
         l3_store = None
         if a.world > 1:
-            l3_store = os.path.join(a.out, f"l3store-{i}") if not backend else f"cptrace-{os.path.basename(a.out)}-{i}"
+            launch = hashlib.sha256(f"{os.path.abspath(a.out)}|{a.store}".encode()).hexdigest()[:12]
+            l3_store = os.path.join(a.out, f"l3store-{i}") if not backend else f"cptrace-{launch}-{i}"
         res.append(run(a.version, out, world=a.world, rank=a.rank, store=a.store, l3_store=l3_store, **backend, **kw))
     print(json.dumps(res))
     return 0
