@@ -26,8 +26,11 @@ the fault makes that of an MLA replica that is not its shard's writer: here a CP
 a store that lost an object, not a fault of the cache: the pages before it are a hit, those after it are not).
 
 CLI, from the repository root: ``python -m tests.sglang_real.l3_driver --version 0.5.20|0.5.23 --out DIR --matrix
-JSON [--world N --rank R --store S]`` (a list of :func:`run_l3` keyword sets; one JSON summary list on stdout), as
-``driver.run_ranks(module="l3_driver")`` starts it.
+JSON [--world N --rank R --store S] [--backend seaweedfs --backend-config JSON]`` (a list of :func:`run_l3` keyword
+sets; one JSON summary list on stdout), as ``driver.run_ranks(module="l3_driver")`` starts it. ``--backend
+seaweedfs``: SGLang 0.5.23's ``SeaweedFSStore`` instead of the ``file`` backend, its extra config (``endpoint``, and
+``access_key``/``secret_key`` or the AWS credential chain) in ``--backend-config``; the faults are the same, through
+S3.
 """
 
 from __future__ import annotations
@@ -362,8 +365,9 @@ def s3_objects(extra: dict) -> list[str]:
     import boto3
     from botocore.config import Config
 
-    s3 = boto3.client("s3", endpoint_url=extra["endpoint"], region_name="us-east-1", aws_access_key_id="cptrace",
-                      aws_secret_access_key="cptrace", config=Config(s3={"addressing_style": "path"}))
+    s3 = boto3.client("s3", endpoint_url=extra["endpoint"], region_name=extra.get("region", "us-east-1"),
+                      aws_access_key_id=extra.get("access_key"), aws_secret_access_key=extra.get("secret_key"),
+                      config=Config(s3={"addressing_style": "path"}))
     pages = s3.get_paginator("list_objects_v2").paginate(Bucket=extra.get("bucket", "sglang-hicache"),
                                                           Prefix=extra["prefix"] + "/")
     return [o["Key"] for page in pages for o in page.get("Contents", [])]
