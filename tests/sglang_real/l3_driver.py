@@ -21,27 +21,34 @@ Faults (:data:`L3_FAULTS`, one per run): ``l3_flip`` flips a byte of the stored 
 first (before the read), ``l3_free`` frees the host pages of the n-th prefetch after the storage read and before its
 ack is processed and lets another writer reuse them, ``l3_skip`` makes this rank skip its storage writes
 (``backup_skip``, the switch SGLang sets on MLA ranks other than 0; 0.5.23 derives it from the storage config, which
-the fault makes that of an MLA replica that is not its shard's writer: here a CP rank that never writes its shard).
+the fault makes that of an MLA replica that is not its shard's writer: here a CP rank that never writes its shard),
+``l3_drop`` deletes the stored object of the middle page of the n-th prefetch of two pages or more (before the read:
+a store that lost an object, not a fault of the cache: the pages before it are a hit, those after it are not).
 
 CLI, from the repository root: ``python -m tests.sglang_real.l3_driver --version 0.5.20|0.5.23 --out DIR --matrix
-JSON [--world N --rank R --store S]`` (a list of :func:`run_l3` keyword sets; one JSON summary list on stdout), as
-``driver.run_ranks(module="l3_driver")`` starts it.
+JSON [--world N --rank R --store S] [--backend seaweedfs --backend-config JSON]`` (a list of :func:`run_l3` keyword
+sets; one JSON summary list on stdout), as ``driver.run_ranks(module="l3_driver")`` starts it. ``--backend
+seaweedfs``: SGLang 0.5.23's ``SeaweedFSStore`` instead of the ``file`` backend, its extra config (``endpoint``, and
+``access_key``/``secret_key`` or the AWS credential chain) in ``--backend-config``; the faults are the same, through
+S3.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
 import json
 import os
 import shutil
 import sys
 import time
+import uuid
 from typing import Any
 
 from tests.sglang_real import driver, runtime
 
-L3_FAULTS = ("l3_flip", "l3_free", "l3_skip")
+L3_FAULTS = ("l3_flip", "l3_free", "l3_skip", "l3_drop")
 QUIET_S = 120.0   # the storage threads answer within milliseconds; past this they are stuck (a clear error)
 
 
@@ -74,25 +81,44 @@ class L3Faults:
                 cc.backup_skip = True
             assert cc.backup_skip
             self.hits.append({"kind": "l3_skip"})
-        elif self.kind == "l3_flip":
+        elif self.kind in ("l3_flip", "l3_drop"):
             orig = cc._page_transfer
+            least = 1 if self.kind == "l3_flip" else 2
 
             def page_transfer(op: Any) -> int:   # (the I/O thread, before it reads the op's pages)
-                if op.hash_value and self._take():
-                    self._flip(cc, op)
+                if len(op.hash_value or ()) >= least and self._take():
+                    (self._flip if self.kind == "l3_flip" else self._drop)(cc, op)
                 return orig(op)
 
             cc._page_transfer = page_transfer
 
     def _flip(self, cc: Any, op: Any) -> None:
         backend = cc.storage_backend
-        path = os.path.join(backend.file_path, backend._get_suffixed_key(op.hash_value[0]) + ".bin")
-        with open(path, "r+b") as f:
-            b = f.read(1)
-            f.seek(0)
-            f.write(bytes([b[0] ^ 0x10]))
-        self.hits.append({"kind": "l3_flip", "op": op.id, "rid": str(op.request_id),
-                          "key": backend._get_suffixed_key(op.hash_value[0])})
+        if hasattr(backend, "_object_key"):   # seaweedfs: the object rewritten through S3, one byte flipped
+            key = backend._object_key(op.hash_value[0])
+            s3, bucket = backend._s3, backend.config.bucket
+            body = bytearray(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+            body[0] ^= 0x10
+            s3.put_object(Bucket=bucket, Key=key, Body=bytes(body))
+        else:
+            key = backend._get_suffixed_key(op.hash_value[0])
+            with open(os.path.join(backend.file_path, key + ".bin"), "r+b") as f:
+                b = f.read(1)
+                f.seek(0)
+                f.write(bytes([b[0] ^ 0x10]))
+        self.hits.append({"kind": "l3_flip", "op": op.id, "rid": str(op.request_id), "key": key})
+
+    def _drop(self, cc: Any, op: Any) -> None:
+        backend = cc.storage_backend
+        page = len(op.hash_value) // 2
+        if hasattr(backend, "_object_key"):   # seaweedfs: the object deleted through S3
+            key = backend._object_key(op.hash_value[page])
+            backend._s3.delete_object(Bucket=backend.config.bucket, Key=key)
+        else:
+            key = backend._get_suffixed_key(op.hash_value[page])
+            os.remove(os.path.join(backend.file_path, key + ".bin"))
+        self.hits.append({"kind": "l3_drop", "op": op.id, "rid": str(op.request_id), "key": key, "page": page,
+                          "pages": len(op.hash_value)})
 
     def after_drain(self, cache: Any) -> None:
         """``l3_free``: after a drain handed a prefetch its host pages (its ``l3_prefetch``), before the ack."""
@@ -138,13 +164,14 @@ class _Storage:
     stats: dict
 
     def __init__(self, cache: Any, kv: Any, alloc: Any, copies: runtime.Copies, seed: int, page_size: int,
-                 faults: L3Faults, sync_storage: bool = True, parallel: dict | None = None) -> None:
+                 faults: L3Faults, sync_storage: bool = True, parallel: dict | None = None,
+                 backend: str = "file", extra: dict | None = None) -> None:
         super().__init__(cache, kv, alloc, copies, seed, page_size)
         self.faults = faults
         self.sync_storage = sync_storage
         self.arrived: set[str] = set()
         self.stats.update({"l3_prefetches": 0, "l3_loaded_tokens": 0, "l3_waits": 0})
-        attach_file_storage(cache, parallel=parallel)
+        attach_file_storage(cache, backend, extra, parallel=parallel)
         faults.install(cache)
         orig = cache.check_hicache_events   # (the instrumented method, bound)
 
@@ -279,14 +306,24 @@ def attach_file_storage(cache: Any, backend: str = "file", extra: dict | None = 
 def run_l3(version: str, out: str, fault: str | None = None, nth: int = 1, l3_store: str | None = None,
            requests: int = 60, dev_tokens: int = 160, host_ratio: float = 1.5, sync_storage: bool = True,
            l3_from: str | None = None, drop_meta: bool = False, model_path: str | None = None,
-           kv_dtype: str | None = None, **kw: Any) -> dict:
+           kv_dtype: str | None = None, l3_backend: str = "file", l3_extra: dict | None = None, **kw: Any) -> dict:
     """One run of :func:`driver.run` with storage on (a fresh ``file`` store under ``out/l3store``, or ``l3_store``:
     the one folder the ranks of a CP group share); ``kw`` are :func:`driver.run`'s. ``sync_storage=False``: the
     steps do not wait for the storage threads (their timing decides which step sees an ack, so the records differ
     from run to run). ``l3_from``: the fresh store starts as a copy of that one (an earlier run's: persisted
     storage), without the instrumentation's metadata files where ``drop_meta``; ``model_path``/``kv_dtype``: this
-    run's model and KV dtype (:data:`driver.POOL`). The summary adds ``l3_fault_hits``, ``l3_files`` and
-    ``l3_store``."""
+    run's model and KV dtype (:data:`driver.POOL`). ``l3_backend``/``l3_extra``: another backend and its extra
+    config (``seaweedfs`` with its ``endpoint``: the run's objects go under a ``prefix`` of its own, or ``l3_store``'s
+    where given). The summary adds ``l3_fault_hits``, ``l3_files`` (the objects stored) and ``l3_store``."""
+    driver.POOL.clear()
+    driver.POOL.update({k: v for k, v in (("model_path", model_path), ("kv_dtype", kv_dtype)) if v})
+    if l3_backend != "file":
+        if l3_from is not None:
+            raise ValueError("l3_from (a copy of an earlier store) is for the file backend only")
+        l3_extra = {**(l3_extra or {})}
+        l3_extra["prefix"] = l3_store or l3_extra.get("prefix") or f"cptrace-{uuid.uuid4().hex[:12]}"
+        return _run(version, out, fault, nth, sync_storage, l3_backend, l3_extra, requests=requests,
+                    dev_tokens=dev_tokens, host_ratio=host_ratio, **kw)
     root = l3_store or os.path.join(out, "l3store")
     if l3_store is None:
         shutil.rmtree(root, ignore_errors=True)
@@ -297,19 +334,56 @@ def run_l3(version: str, out: str, fault: str | None = None, nth: int = 1, l3_st
                 if f.endswith(".cptrace"):
                     os.remove(os.path.join(root, f))
     os.makedirs(root, exist_ok=True)
-    driver.POOL.clear()
-    driver.POOL.update({k: v for k, v in (("model_path", model_path), ("kv_dtype", kv_dtype)) if v})
     os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = root
-    faults = L3Faults(fault, nth)
-    make = functools.partial(StorageDriver23 if version == "0.5.23" else StorageDriver, faults=faults,
-                             sync_storage=sync_storage)
-    res = driver.run(version, out, requests=requests, dev_tokens=dev_tokens, host_ratio=host_ratio,
-                     make_driver=make, **kw)
-    driver.POOL.clear()
-    res["l3_fault_hits"] = faults.hits
+    res = _run(version, out, fault, nth, sync_storage, "file", None, requests=requests, dev_tokens=dev_tokens,
+               host_ratio=host_ratio, **kw)
     res["l3_files"] = len([f for f in os.listdir(root) if f.endswith(".bin")])
     res["l3_store"] = root
     return res
+
+
+def _run(version: str, out: str, fault: str | None, nth: int, sync_storage: bool, backend: str, extra: dict | None,
+         **kw: Any) -> dict:
+    """:func:`driver.run` with the storage driver over ``backend``; a ``seaweedfs`` run's summary counts the objects
+    under its prefix. :data:`driver.POOL` (set by the caller) is cleared after."""
+    faults = L3Faults(fault, nth)
+    make = functools.partial(StorageDriver23 if version == "0.5.23" else StorageDriver, faults=faults,
+                             sync_storage=sync_storage, backend=backend, extra=extra)
+    try:
+        res = driver.run(version, out, make_driver=make, **kw)
+    finally:
+        driver.POOL.clear()
+    res["l3_fault_hits"] = faults.hits
+    if extra is not None:
+        res["l3_files"] = len(s3_objects(extra))
+        res["l3_store"] = f"s3://{extra.get('bucket', 'sglang-hicache')}/{extra['prefix']}"
+    return res
+
+
+def s3_objects(extra: dict) -> list[str]:
+    """The keys of the objects under ``extra``'s prefix in its bucket (the S3 gateway at its ``endpoint``)."""
+    import boto3
+    from botocore.config import Config
+
+    s3 = boto3.client("s3", endpoint_url=extra["endpoint"], region_name=extra.get("region", "us-east-1"),
+                      aws_access_key_id=extra.get("access_key"), aws_secret_access_key=extra.get("secret_key"),
+                      config=Config(s3={"addressing_style": "path"}))
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=extra.get("bucket", "sglang-hicache"),
+                                                          Prefix=extra["prefix"] + "/")
+    return [o["Key"] for page in pages for o in page.get("Contents", [])]
+
+
+def run_matrix(version: str, out: str, matrix: list[dict], *args: str, timeout: float = 900) -> list[dict]:
+    """This module's CLI in a subprocess (one rank), as a test runs it: the summaries of ``matrix`` over SGLang
+    ``version`` into ``out``; ``args``: more of its options (``--backend``, ...)."""
+    import subprocess
+
+    p = subprocess.run(runtime.module_cmd("l3_driver", "--version", version, "--out", out, "--matrix",
+                                          json.dumps(matrix), *args), env=runtime.sglang_env(version),
+                       cwd=runtime.ROOT, capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        raise RuntimeError(f"l3_driver exited with {p.returncode}: {p.stderr[-3000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 def main(argv: list[str] | None = None, run: Any = None, versions: tuple = runtime.VERSIONS,
@@ -325,14 +399,22 @@ def main(argv: list[str] | None = None, run: Any = None, versions: tuple = runti
     p.add_argument("--world", type=int, default=1)
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--store")
+    p.add_argument("--backend", default="file", choices=("file", "seaweedfs"),
+                   help="SGLang's L3 backend (seaweedfs: give its endpoint in --backend-config)")
+    p.add_argument("--backend-config", default="{}", help='the backend\'s extra config, JSON: {"endpoint": URL}')
     a = p.parse_args(argv)
+    backend = {} if a.backend == "file" else {"l3_backend": a.backend, "l3_extra": json.loads(a.backend_config)}
     runtime.use_sglang(a.version)
     res = []
     for i, kw in enumerate(json.loads(a.matrix)):
         out = os.path.join(a.out, str(i))
-        # the ranks of a CP group share one store (their keys carry the rank suffix), one per matrix entry
-        l3_store = os.path.join(a.out, f"l3store-{i}") if a.world > 1 else None
-        res.append(run(a.version, out, world=a.world, rank=a.rank, store=a.store, l3_store=l3_store, **kw))
+        # the ranks of a CP group share one store (their keys carry the rank suffix), one per matrix entry: a
+        # folder, or a key prefix of this launch alone (its folder and gloo store: a server outlives a test run)
+        l3_store = None
+        if a.world > 1:
+            launch = hashlib.sha256(f"{os.path.abspath(a.out)}|{a.store}".encode()).hexdigest()[:12]
+            l3_store = os.path.join(a.out, f"l3store-{i}") if not backend else f"cptrace-{launch}-{i}"
+        res.append(run(a.version, out, world=a.world, rank=a.rank, store=a.store, l3_store=l3_store, **backend, **kw))
     print(json.dumps(res))
     return 0
 

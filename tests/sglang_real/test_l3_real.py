@@ -31,7 +31,7 @@ from collections import Counter
 
 import pytest
 
-from tests.sglang_real import runtime
+from tests.sglang_real import l3_driver, runtime
 
 VERSIONS = ("0.5.20", "0.5.23")
 pytestmark = [pytest.mark.sglang, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -74,11 +74,7 @@ def version(request) -> str:
 @pytest.fixture(scope="module")
 def single(version, tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("l3")
-    p = subprocess.run(runtime.module_cmd("l3_driver", "--version", version, "--out", str(out), "--matrix",
-                                          json.dumps(SINGLE)), env=runtime.sglang_env(version), cwd=runtime.ROOT,
-                       capture_output=True, text=True, timeout=900)
-    assert p.returncode == 0, p.stderr[-3000:]
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    return l3_driver.run_matrix(version, str(out), SINGLE)
 
 
 @pytest.fixture(scope="module")
@@ -86,11 +82,7 @@ def persisted(version, tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("l3persist")
     a_store = os.path.join(str(out), "0", "l3store")
     matrix = [PERSISTED[0]] + [{**kw, "l3_from": a_store} for kw in PERSISTED[1:]]
-    p = subprocess.run(runtime.module_cmd("l3_driver", "--version", version, "--out", str(out), "--matrix",
-                                          json.dumps(matrix)), env=runtime.sglang_env(version), cwd=runtime.ROOT,
-                       capture_output=True, text=True, timeout=900)
-    assert p.returncode == 0, p.stderr[-3000:]
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    return l3_driver.run_matrix(version, str(out), matrix)
 
 
 @pytest.fixture(scope="module")
@@ -216,7 +208,11 @@ def test_host_pages_freed_during_their_prefetch_are_l3b(single):
     """The first host page of a prefetch is freed (and taken by another writer, which overwrites it) after the
     storage read was issued and before the scheduler processed its ack: L3b, exact, on that prefetch's op and node.
     The overwritten page then enters the tree with the writer's bytes: L3a at the same ack, and the driver saw it."""
-    run = single[4]
+    assert_l3b(single[4])
+
+
+def assert_l3b(run: dict) -> None:
+    """The ``l3_free`` fault's run: L3b, exact, on the freed prefetch alone (L3a besides), its bytes on the device."""
     hit = run["l3_fault_hits"][0]
     d = _check([run["log"]])
     l3b = [f for f in d["findings"] if f["rule"] == "L3b"]
@@ -229,15 +225,9 @@ def test_host_pages_freed_during_their_prefetch_are_l3b(single):
 
 def test_healthy_cp_run_has_no_finding_and_ranks_write_keys_of_their_own(cp, tmp_path):
     ranks = cp[0]
-    assert [r["corruption"] for r in ranks] == [[]] * CP_WORLD
-    assert all(r["stats"]["l3_loaded_tokens"] > 0 for r in ranks)
     logs = [r["log"] for r in ranks]
-    d = _check(logs)
-    assert d["findings"] == [], _fmt(d)
-    events = _events(logs)
-    for r in range(CP_WORLD):
-        keys = [k for e in events if e.rank == r and e.tag == "l3_backup" for k in e.fields["keys"]]
-        assert keys and all(k.endswith(f"_cp{r}_{CP_WORLD}") for k in keys), (r, keys[:2])
+    for r, keys in enumerate(assert_healthy_cp(ranks)):
+        assert all(k.endswith(f"_cp{r}_{CP_WORLD}") for k in keys), (r, keys[:2])
     # the cross-rank L3 rules judge these logs: rank 1 writing under rank 0's keys is L3d
     altered = str(tmp_path / "rank-1.log")
     with open(logs[1], encoding="utf-8") as f, open(altered, "w", encoding="utf-8") as g:
@@ -246,10 +236,27 @@ def test_healthy_cp_run_has_no_finding_and_ranks_write_keys_of_their_own(cp, tmp
     assert "L3d" in {f["rule"] for f in d2["findings"]}, _fmt(d2)
 
 
+def assert_healthy_cp(ranks: list[dict]) -> list[list[str]]:
+    """A healthy CP run: no corruption, prefixes loaded back on every rank, no finding; each rank's backup keys."""
+    assert [r["corruption"] for r in ranks] == [[]] * CP_WORLD
+    assert all(r["stats"]["l3_loaded_tokens"] > 0 for r in ranks)
+    logs = [r["log"] for r in ranks]
+    d = _check(logs)
+    assert d["findings"] == [], _fmt(d)
+    events = _events(logs)
+    keys = [[k for e in events if e.rank == r and e.tag == "l3_backup" for k in e.fields["keys"]]
+            for r in range(CP_WORLD)]
+    assert all(keys), [len(k) for k in keys]
+    return keys
+
+
 def test_cp_rank_that_never_writes_its_shard_is_l3c(cp):
+    assert_l3c(cp[1])
+
+
+def assert_l3c(ranks: list[dict]) -> None:
     """Rank 1 skips every storage write (``backup_skip``; its acks still come): L3c on rank 1 for every node rank 0
     wrote, nothing else; with rank 1's shard missing, no prefix ever hits in storage on both ranks."""
-    ranks = cp[1]
     assert [bool(r["l3_fault_hits"]) for r in ranks] == [r == CP_FAULT_RANK for r in range(CP_WORLD)]
     logs = [r["log"] for r in ranks]
     d = _check(logs)

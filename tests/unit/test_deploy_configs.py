@@ -427,7 +427,7 @@ def test_tempo_and_grafana_point_at_compose_services():
 
 # -- scripts and the Go module --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("script", ["jaeger/up", "jaeger/down", "prometheus/up", "prometheus/down",
-                                    "alertmanager/up", "alertmanager/down"])
+                                    "alertmanager/up", "alertmanager/down", "seaweedfs/up", "seaweedfs/down"])
 def test_scripts_are_executable_bash(script):
     p = DEPLOY / script
     assert os.access(p, os.X_OK), f"{script} is not executable"
@@ -443,6 +443,19 @@ def test_go_module_pins_jaeger_as_a_tool():
     assert "github.com/jaegertracing/jaeger v1.76.0 h1:" in gosum
     ignored = (ROOT / ".gitignore").read_text()
     assert "/deploy/jaeger/bin/" in ignored and "/deploy/jaeger/.run/" in ignored
+
+
+def test_go_module_pins_seaweedfs_and_its_scripts_leave_nothing_running(tmp_path):
+    """deploy/seaweedfs: the weed module's version pinned in go.mod/go.sum, its outputs git-ignored; ``down`` with
+    nothing started (an empty run folder) exits 0 and says so."""
+    gomod = (DEPLOY / "seaweedfs" / "go.mod").read_text()
+    pin = re.search(r"^\tgithub\.com/seaweedfs/seaweedfs (v\S+)", gomod, re.M)
+    assert pin and f"github.com/seaweedfs/seaweedfs {pin.group(1)} h1:" in (DEPLOY / "seaweedfs" / "go.sum").read_text()
+    ignored = (ROOT / ".gitignore").read_text()
+    assert "/deploy/seaweedfs/bin/" in ignored and "/deploy/seaweedfs/.run/" in ignored
+    r = subprocess.run(["bash", str(DEPLOY / "seaweedfs" / "down")], capture_output=True, text=True, timeout=30,
+                       env={**os.environ, "SEAWEEDFS_RUN_DIR": str(tmp_path)})
+    assert r.returncode == 0 and "not running" in r.stdout, (r.stdout, r.stderr)
 
 
 def test_jaeger_down_is_idempotent_without_a_running_server(tmp_path):

@@ -34,9 +34,9 @@ Readings of SGLang that decide where a record goes (the README's "Use it with SG
   calls do; where SGLang traces that request it carries SGLang's request span (``req_span``) and SGLang's request
   gets a ``cptrace.node`` event back (:mod:`._reqlink`, docs/traces.md).
 * The L3 storage tier (a storage backend on): :mod:`._l3_sites` (0.5.20) and :mod:`._l3_sites23` (0.5.23, the
-  ``file`` backend; another backend leaves the cache untraced) write ``l3_backup``, ``l3_ack``, ``l3_query``,
-  ``l3_prefetch``, ``l3_hit`` on the scheduler thread, with the same wrappers; SGLang's storage threads are never
-  wrapped.
+  ``file`` and ``seaweedfs`` backends; another backend leaves the cache untraced) write ``l3_backup``, ``l3_ack``,
+  ``l3_query``, ``l3_prefetch``, ``l3_hit`` on the scheduler thread, with the same wrappers; SGLang's storage threads
+  are never wrapped.
 """
 
 from __future__ import annotations

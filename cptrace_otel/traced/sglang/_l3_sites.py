@@ -77,10 +77,13 @@ def _l3(st: State) -> L3State:
 
 
 def _keys(cc: CacheController, hashes: Iterable[str] | None) -> list[str]:
-    """The backend's object keys of page hashes (the hash itself for a backend without a suffix)."""
-    suffixed = getattr(cc.storage_backend, "_get_suffixed_key", None)
+    """The backend's object keys of page hashes: the name the page is stored under, which carries the rank scope
+    (the ``file`` backend's ``_get_suffixed_key``, the hash plus its rank suffix; ``seaweedfs``'s ``_object_key``,
+    ``<prefix>/<model>/<rank scope>/<hash>``); the hash itself for a backend with neither."""
+    backend = cc.storage_backend
+    name = getattr(backend, "_get_suffixed_key", None) or getattr(backend, "_object_key", None)
     hs = list(hashes or ())
-    return [str(suffixed(h)) for h in hs] if suffixed is not None else [str(h) for h in hs]
+    return [str(name(h)) for h in hs] if name is not None else [str(h) for h in hs]
 
 
 def _page_fps(cc: CacheController, host_indices: Tensor, pages: int) -> list[int]:

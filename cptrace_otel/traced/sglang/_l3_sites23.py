@@ -16,6 +16,14 @@ Where each record is written in 0.5.23 (every site on the scheduler thread; the 
 * ``l3_hit``: ``UnifiedTreeCore.insert_host`` under that call, once per node that now holds fetched host slots:
   the node it creates past the tree's path and, under write-through, every node on the path whose host copy had
   been evicted (a host tombstone) and is refilled with the fetched pages (0.5.20 has no refill).
+
+The backends whose flow these records were checked against (:data:`L3_BACKENDS`; another one leaves the cache
+untraced): ``file`` (``HiCacheFile``: flat pages through ``batch_get``/``batch_set``, one file per page) and
+``seaweedfs`` (``SeaweedFSStore``: one S3 object per page, through the zero-copy ``batch_get_v1``/``batch_set_v1``
+into the host pool's own buffers; ``batch_exists`` the leading run of present objects; a read counts the leading run
+of pages that came back, and only those are ``done``). The records are the same; ``keys`` are each backend's object
+names (``_get_suffixed_key``, ``_object_key``), which carry the rank scope. Only ``file`` keeps the metadata
+beside its objects (``wfp``/``wid``, :mod:`._l3_meta`).
 """
 
 from __future__ import annotations
@@ -42,7 +50,7 @@ if TYPE_CHECKING:
 URC = "sglang.srt.mem_cache.unified_radix_cache"
 UTC = "sglang.srt.mem_cache.unified_cache.unified_tree_core"
 HCC = "sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller"
-L3_BACKENDS = ("file",)   # the storage backends whose flow the real tests run (see untraceable in _sites23)
+L3_BACKENDS = ("file", "seaweedfs")   # the storage backends whose flow the real tests run (untraceable, _sites23)
 
 
 class Reads23(Reads):
