@@ -21,7 +21,9 @@ Faults (:data:`L3_FAULTS`, one per run): ``l3_flip`` flips a byte of the stored 
 first (before the read), ``l3_free`` frees the host pages of the n-th prefetch after the storage read and before its
 ack is processed and lets another writer reuse them, ``l3_skip`` makes this rank skip its storage writes
 (``backup_skip``, the switch SGLang sets on MLA ranks other than 0; 0.5.23 derives it from the storage config, which
-the fault makes that of an MLA replica that is not its shard's writer: here a CP rank that never writes its shard).
+the fault makes that of an MLA replica that is not its shard's writer: here a CP rank that never writes its shard),
+``l3_rot`` flips a byte of one stored page file after the last step (an object corrupted at rest that no request
+reads again: the stream has ended; for the audit of L3 copies, ``audit_mbps``).
 
 CLI, from the repository root: ``python -m tests.sglang_real.l3_driver --version 0.5.20|0.5.23 --out DIR --matrix
 JSON [--world N --rank R --store S]`` (a list of :func:`run_l3` keyword sets; one JSON summary list on stdout), as
@@ -41,7 +43,7 @@ from typing import Any
 
 from tests.sglang_real import driver, runtime
 
-L3_FAULTS = ("l3_flip", "l3_free", "l3_skip")
+L3_FAULTS = ("l3_flip", "l3_free", "l3_skip", "l3_rot")
 QUIET_S = 120.0   # the storage threads answer within milliseconds; past this they are stuck (a clear error)
 
 
@@ -223,6 +225,22 @@ class _Storage:
             ready.append(req)
         return super().admit(ready) if ready else []  # type: ignore[misc]
 
+    def rot(self) -> dict:
+        """``l3_rot``: one byte of the stored object with the smallest key flipped in its file (after the last step;
+        its write acknowledged); otherwise the host copy :meth:`driver.Driver.rot` corrupts."""
+        if self.faults.kind != "l3_rot":
+            return super().rot()  # type: ignore[misc]
+        self.settle()
+        root = self.cache.cache_controller.storage_backend.file_path
+        names = sorted(f for f in os.listdir(root) if f.endswith(".bin"))
+        if not names:
+            raise RuntimeError("no stored object to corrupt")
+        with open(os.path.join(root, names[0]), "r+b") as f:
+            b = f.read(1)
+            f.seek(0)
+            f.write(bytes([b[0] ^ 0x10]))
+        return {"kind": "l3_rot", "key": names[0][:-len(".bin")]}
+
     def requeue(self, queue: list[driver.Req], take: int, admitted: list[driver.Req]) -> list[driver.Req]:
         """The scheduler's waiting queue keeps its order: a request waiting for its prefetch stays at the head."""
         return [r for r in queue[:take] if r not in admitted] + queue[take:]
@@ -303,6 +321,8 @@ def run_l3(version: str, out: str, fault: str | None = None, nth: int = 1, l3_st
     faults = L3Faults(fault, nth)
     make = functools.partial(StorageDriver23 if version == "0.5.23" else StorageDriver, faults=faults,
                              sync_storage=sync_storage)
+    if fault == "l3_rot":
+        kw["rot"] = True   # (driver.run calls the driver's rot() after the last step, before the audit's passes)
     res = driver.run(version, out, requests=requests, dev_tokens=dev_tokens, host_ratio=host_ratio,
                      make_driver=make, **kw)
     driver.POOL.clear()
