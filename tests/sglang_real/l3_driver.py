@@ -23,7 +23,7 @@ ack is processed and lets another writer reuse them, ``l3_skip`` makes this rank
 (``backup_skip``, the switch SGLang sets on MLA ranks other than 0; 0.5.23 derives it from the storage config, which
 the fault makes that of an MLA replica that is not its shard's writer: here a CP rank that never writes its shard),
 ``l3_rot`` flips a byte of one stored page file after the last step (an object corrupted at rest that no request
-reads again: the stream has ended; for the audit of L3 copies, ``audit_mbps``).
+reads again: the stream has ended; for the audit of L3 copies, ``audit_mbps``), ``l3_gone`` removes that file instead.
 
 CLI, from the repository root: ``python -m tests.sglang_real.l3_driver --version 0.5.20|0.5.23 --out DIR --matrix
 JSON [--world N --rank R --store S]`` (a list of :func:`run_l3` keyword sets; one JSON summary list on stdout), as
@@ -43,7 +43,7 @@ from typing import Any
 
 from tests.sglang_real import driver, runtime
 
-L3_FAULTS = ("l3_flip", "l3_free", "l3_skip", "l3_rot")
+L3_FAULTS = ("l3_flip", "l3_free", "l3_skip", "l3_rot", "l3_gone")
 QUIET_S = 120.0   # the storage threads answer within milliseconds; past this they are stuck (a clear error)
 
 
@@ -227,19 +227,25 @@ class _Storage:
 
     def rot(self) -> dict:
         """``l3_rot``: one byte of the stored object with the smallest key flipped in its file (after the last step;
-        its write acknowledged); otherwise the host copy :meth:`driver.Driver.rot` corrupts."""
-        if self.faults.kind != "l3_rot":
+        its write acknowledged); ``l3_gone``: that file removed; otherwise the host copy :meth:`driver.Driver.rot`
+        corrupts."""
+        kind = self.faults.kind
+        if kind not in ("l3_rot", "l3_gone"):
             return super().rot()  # type: ignore[misc]
         self.settle()
         root = self.cache.cache_controller.storage_backend.file_path
         names = sorted(f for f in os.listdir(root) if f.endswith(".bin"))
         if not names:
             raise RuntimeError("no stored object to corrupt")
-        with open(os.path.join(root, names[0]), "r+b") as f:
-            b = f.read(1)
-            f.seek(0)
-            f.write(bytes([b[0] ^ 0x10]))
-        return {"kind": "l3_rot", "key": names[0][:-len(".bin")]}
+        path = os.path.join(root, names[0])
+        if kind == "l3_gone":
+            os.remove(path)
+        else:
+            with open(path, "r+b") as f:
+                b = f.read(1)
+                f.seek(0)
+                f.write(bytes([b[0] ^ 0x10]))
+        return {"kind": kind, "key": names[0][:-len(".bin")]}
 
     def requeue(self, queue: list[driver.Req], take: int, admitted: list[driver.Req]) -> list[driver.Req]:
         """The scheduler's waiting queue keeps its order: a request waiting for its prefetch stays at the head."""
@@ -297,13 +303,14 @@ def attach_file_storage(cache: Any, backend: str = "file", extra: dict | None = 
 def run_l3(version: str, out: str, fault: str | None = None, nth: int = 1, l3_store: str | None = None,
            requests: int = 60, dev_tokens: int = 160, host_ratio: float = 1.5, sync_storage: bool = True,
            l3_from: str | None = None, drop_meta: bool = False, model_path: str | None = None,
-           kv_dtype: str | None = None, **kw: Any) -> dict:
+           kv_dtype: str | None = None, l3_max_size: str | None = None, **kw: Any) -> dict:
     """One run of :func:`driver.run` with storage on (a fresh ``file`` store under ``out/l3store``, or ``l3_store``:
     the one folder the ranks of a CP group share); ``kw`` are :func:`driver.run`'s. ``sync_storage=False``: the
     steps do not wait for the storage threads (their timing decides which step sees an ack, so the records differ
     from run to run). ``l3_from``: the fresh store starts as a copy of that one (an earlier run's: persisted
     storage), without the instrumentation's metadata files where ``drop_meta``; ``model_path``/``kv_dtype``: this
-    run's model and KV dtype (:data:`driver.POOL`). The summary adds ``l3_fault_hits``, ``l3_files`` and
+    run's model and KV dtype (:data:`driver.POOL`); ``l3_max_size``: the file backend's size cap (its LRU eviction
+    on, ``SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE``). The summary adds ``l3_fault_hits``, ``l3_files`` and
     ``l3_store``."""
     root = l3_store or os.path.join(out, "l3store")
     if l3_store is None:
@@ -321,10 +328,16 @@ def run_l3(version: str, out: str, fault: str | None = None, nth: int = 1, l3_st
     faults = L3Faults(fault, nth)
     make = functools.partial(StorageDriver23 if version == "0.5.23" else StorageDriver, faults=faults,
                              sync_storage=sync_storage)
-    if fault == "l3_rot":
+    if fault in ("l3_rot", "l3_gone"):
         kw["rot"] = True   # (driver.run calls the driver's rot() after the last step, before the audit's passes)
-    res = driver.run(version, out, requests=requests, dev_tokens=dev_tokens, host_ratio=host_ratio,
-                     make_driver=make, **kw)
+    cap = "SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE"
+    if l3_max_size is not None:
+        os.environ[cap] = l3_max_size
+    try:
+        res = driver.run(version, out, requests=requests, dev_tokens=dev_tokens, host_ratio=host_ratio,
+                         make_driver=make, **kw)
+    finally:
+        os.environ.pop(cap, None)
     driver.POOL.clear()
     res["l3_fault_hits"] = faults.hits
     res["l3_files"] = len([f for f in os.listdir(root) if f.endswith(".bin")])

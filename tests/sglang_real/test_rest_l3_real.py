@@ -10,8 +10,11 @@ it.
 * A byte of one stored object flipped in its file after the last step (``l3_rot``: no request reads it again, so
   L3a, which judges a prefetch, cannot see it): REST-l3 on the node whose ``l3_backup`` wrote that key, and nothing
   else; the exporter's online checks put it on the node's span (``cptrace.violation.REST``).
+* A stored object removed after the last step: recorded as gone, counted (``REST-skipped(l3 gone)``), no finding.
+* The ``file`` backend with its LRU eviction on (a size cap): its ``get`` would refresh what the audit reads, so its
+  L3 copies are not audited (``l3_refused``, no ``tier=l3`` record); the host copies still are; no finding.
 
-One driver process per version runs the three runs; without SGLang the tests skip, unless
+One driver process per version runs the five runs; without SGLang the tests skip, unless
 ``CPTRACE_REQUIRE_SGLANG=1``, where they fail.
 """
 
@@ -29,7 +32,9 @@ pytestmark = [pytest.mark.sglang, pytest.mark.slow, pytest.mark.timeout(900)]
 MBPS = 200
 RUNS = [{"seed": 0, "exact": True},                                     # 0: write_through, pages of 1
         {"seed": 1, "policy": "write_back", "page_size": 4, "exact": True},   # 1: write_back, pages of 4
-        {"seed": 0, "exact": True, "fault": "l3_rot", "checks": True}]        # 2: a stored object rots at rest
+        {"seed": 0, "exact": True, "fault": "l3_rot", "checks": True},        # 2: a stored object rots at rest
+        {"seed": 0, "exact": True, "fault": "l3_gone"},                       # 3: a stored object removed
+        {"seed": 0, "exact": True, "l3_max_size": "1G"}]                      # 4: the file backend's LRU eviction on
 
 
 @pytest.fixture(scope="module", params=["0.5.20", "0.5.23"])
@@ -90,3 +95,27 @@ def test_a_stored_object_corrupted_at_rest_and_never_read_is_rest_l3_on_its_node
     with open(run["otlp"], encoding="utf-8") as f:
         otlp = f.read()
     assert '"key":"cptrace.violation.REST","value":{"boolValue":true}' in otlp.replace(" ", "")
+
+
+def test_a_stored_object_gone_is_counted_never_judged(runs):
+    version, out = runs
+    run = out[3]
+    hit = next(h for h in run["fault_hits"] if h["kind"] == "l3_gone")
+    assert run["audit"]["l3_gone"] >= 1 and run["audit"]["errors"] == 0, run["audit"]
+    gone = [e for e in _l3_audits(runtime.log_events([run["log"]])) if -1 in e.fields["hp"]]
+    assert [e.fields["keys"][e.fields["hp"].index(-1)] for e in gone] == [hit["key"]], version   # recorded once
+    d = runtime.check_json([run["log"]])
+    assert d["findings"] == [], (version, runtime.fmt_findings(d))
+    assert [(u["rule"], u["count"]) for u in d["unchecked"] if u["rule"].startswith("REST-skipped(l3")] == \
+        [("REST-skipped(l3 gone)", 1)], d["unchecked"]
+
+
+def test_the_file_backend_with_its_lru_eviction_on_is_not_audited(runs):
+    version, out = runs
+    run = out[4]
+    st = run["audit"]
+    assert st["l3_refused"] == 1 and st["l3_audited"] == 0 and st["audited"] > 0, st
+    events = runtime.log_events([run["log"]])
+    assert not _l3_audits(events) and [e for e in events if e.tag == "l3_backup"], version
+    d = runtime.check_json([run["log"]])
+    assert d["findings"] == [], (version, runtime.fmt_findings(d))

@@ -135,3 +135,21 @@ def test_a_backend_whose_read_has_a_side_effect_is_refused_once(monkeypatch, evi
     assert _pass(monkeypatch, ra) == [] and calls == []
     assert ra.refused and not ra.rest and _audit.STATS["l3_refused"] == before + 1
     assert _audit_l3.refusal(ra) is not None
+
+
+def test_each_page_is_charged_the_floor_at_least(monkeypatch):
+    """The rate bound counts a page's fixed cost (an object to open, read and hash): a backup of 3 tiny pages is
+    charged 3 x FLOOR, so at R MB/s at most R / FLOOR pages a second are read."""
+    pool, be = _Pool(), _backend()
+    ra = _audit_l3.L3Rest()
+    cc = SimpleNamespace(storage_backend=be, storage_host_pool=pool)
+    for h, idx in (("a", 0), ("b", 4), ("c", 8)):
+        be.objs[h] = pool.get_data_page(idx, flat=True).clone()
+    _audit_l3.on_backup(ra, cc, 5, 7, ["a", "b", "c"], ["a_s", "b_s", "c_s"])
+    _audit_l3.on_ack(ra, 5, None)
+    page_bytes = pool.get_data_page(0, flat=True).numel() * 4
+    assert page_bytes < _audit.FLOOR
+    from cptrace_otel.traced import api
+
+    monkeypatch.setattr(api, "cptrace", lambda *a, **k: None)
+    assert _audit.Auditor.audit_l3(_St(ra), 5) == 3 * _audit.FLOOR

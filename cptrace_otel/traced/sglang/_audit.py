@@ -191,20 +191,22 @@ class Auditor:
 
     @staticmethod
     def audit_l3(st: State, op: int) -> int | None:
-        """Audit the stored objects of backup ``op`` of ``st``'s cache (:func:`._audit_l3.audit_op`): the bytes read;
-        None when its backend cannot be audited (the cache's L3 copies leave the audit, one warning)."""
+        """Audit the stored objects of backup ``op`` of ``st``'s cache (:func:`._audit_l3.audit_op`): the bytes it is
+        charged (those read, and :data:`FLOOR` per page at least: each page is an object of its own to open, read
+        and hash, a fixed cost that tiny pages would otherwise let run far past the rate); None when its backend
+        cannot be audited (the cache's L3 copies leave the audit, one warning)."""
         from . import _audit_l3
 
         ra = l3_rest(st)
         if ra is None:
             return 0
         try:
-            n = _audit_l3.audit_op(st, ra, op, STATS)
+            got = _audit_l3.audit_op(ra, op, STATS)
         except Exception as e:  # a backend or pool that changed under the read: this sample only
             STATS["errors"] += 1
             logger.debug("cptrace-otel: L3 audit of op %s failed (%s: %s)", op, type(e).__name__, e)
             return 0
-        if n is None:
+        if got is None:
             ra.refused = True
             ra.rest.clear()
             ra.pending.clear()
@@ -212,8 +214,8 @@ class Auditor:
             logger.warning("cptrace-otel: the L3 audit cannot read this cache's storage without a side effect (%s); "
                            "its L3 copies are not audited", _audit_l3.refusal(ra))
             return None
-        STATS["bytes"] += n
-        return n
+        STATS["bytes"] += got[0]
+        return max(got[0], got[1] * FLOOR)
 
     def wait_passes(self, n: int, timeout: float) -> bool:
         """Block until ``n`` more passes completed (tests, benches); False on timeout."""

@@ -22,6 +22,8 @@ Contract:
 * The fingerprint: the bytes the backend returns are the flat data page the backup stored
   (``get_data_page(flat=True)``, a C-order view of the non-flat page); :func:`._pagefp.page_fp` of them in the
   block structure of the host pool's own page gives the value ``l3_backup``'s ``hp`` carries for the same bytes.
+* The rate: the audit thread's (``CPTRACE_AUDIT_MBPS``), shared with the host copies; a backup is charged its
+  bytes and :data:`._audit.FLOOR` per page at least (each page is an object to open, read and hash).
 * Errors: a read that raises costs that page (``hp`` :data:`~cptrace_otel.model.l3.AUDIT_UNREADABLE`,
   ``STATS['l3_unreadable']``), never the record or the traced process; ``get`` returning None (not found) is
   :data:`~cptrace_otel.model.l3.AUDIT_GONE`.
@@ -38,7 +40,6 @@ from ...model.l3 import AUDIT_GONE, AUDIT_UNREADABLE, TIER_L3
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from ._state import State
     from ._types import CacheController
 
 logger = logging.getLogger("cptrace_otel.sglang")
@@ -97,9 +98,10 @@ def refusal(ra: L3Rest) -> str | None:
     return None
 
 
-def audit_op(st: State, ra: L3Rest, op: int, stats: dict) -> int | None:
-    """Read back and re-fingerprint the objects of backup ``op`` and record them (``audit tier=l3``); the bytes read
-    (0 when it left the set), None when this cache's L3 copies cannot be audited (:func:`refusal`)."""
+def audit_op(ra: L3Rest, op: int, stats: dict) -> tuple[int, int] | None:
+    """Read back and re-fingerprint the objects of backup ``op`` and record them (``audit tier=l3``); ``(bytes
+    read, pages read)`` (zeros when it left the set), None when this cache's L3 copies cannot be audited
+    (:func:`refusal`)."""
     import torch
 
     from ..api import cptrace
@@ -107,7 +109,7 @@ def audit_op(st: State, ra: L3Rest, op: int, stats: dict) -> int | None:
 
     entry = ra.rest.get(op)
     if entry is None:
-        return 0
+        return 0, 0
     if refusal(ra) is not None:
         return None
     form, scratch = ra.form, ra.scratch
@@ -131,4 +133,4 @@ def audit_op(st: State, ra: L3Rest, op: int, stats: dict) -> int | None:
         stats["l3_gone"] += hp.count(AUDIT_GONE)
     cptrace(2, "audit", tier=TIER_L3, node_id=nid, op=op, keys=keys, hp=hp)
     stats["l3_audited"] += 1
-    return len(hashes) * scratch.numel() * scratch.element_size()
+    return len(hashes) * scratch.numel() * scratch.element_size(), len(hashes)
