@@ -2,7 +2,7 @@
 with the instrumentation off and on, in one process, same request stream, printing the ratio.
 
     python3 -m bench.sglang_step_cost [--version 0.5.20|0.5.23] [--reps 3] [--requests 150] [--policy write_through]
-        [--exporter thread|process] [--no-ring] [--layerwise] [--cpu] [--audit-mbps 100]
+        [--exporter thread|process] [--no-ring] [--layerwise] [--cpu] [--audit-mbps 100] [--l3]
     python3 -m bench.sglang_step_cost --tree-core rust|python [--reps 5] [--cpu] ...
     python3 -m bench.sglang_step_cost --reads [--n 20000] [--reps 7]
 
@@ -16,7 +16,9 @@ Modes, alternated ``--reps`` times (median per mode):
   every loaded node);
 * ``exact``: level 2 plus the exact sets (``CPTRACE_SGLANG_EXACT=1``);
 * ``audit`` (with ``--audit-mbps`` > 0): ``on`` plus the audit of host copies at rest at that rate (its thread
-  competes with the scheduler's for the GIL; the time it takes after the last step is not counted).
+  competes with the scheduler's for the GIL; the time it takes after the last step is not counted). With ``--l3``
+  the cache has the ``file`` storage tier on (tests/sglang_real/l3_driver.py: a fresh store per run, the
+  scheduler's storage calls) in every mode, and the audit reads its stored objects back too (``audit tier=l3``).
 
 A step is the driver's scheduler step (copies polled, acks checked, a batch matched, loaded, stored, finished,
 eviction under pressure). It includes the driver's own per-request content check of the matched prefix (the same
@@ -78,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=20000, help="with --reads: reads per timing")
     p.add_argument("--audit-mbps", type=float, default=0.0, help="add the mode `audit`: `on` with the audit of host "
                    "copies at rest at this rate (MB/s)")
+    p.add_argument("--l3", action="store_true", help="every mode with the file storage tier on (l3_driver.py); "
+                   "the audit also reads the stored objects back")
     p.add_argument("--tree-core", choices=("rust", "python"),
                    help="0.5.23: the tree core the cache is built on, with stock SGLang on the other one beside it "
                         "(runs under the torch the Rust core loads with)")
@@ -108,6 +112,11 @@ def main(argv: list[str] | None = None) -> int:
 
     inst = SGLangInstrumentor()
     pool: dict = dict(policy=a.policy, page_size=a.page_size, dev_tokens=256)
+    run = driver.run
+    if a.l3:
+        from tests.sglang_real import l3_driver
+
+        run = l3_driver.run_l3
     if a.layerwise:
         from tests.sglang_real import dsa_driver
 
@@ -140,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                     os.environ["SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"] = core[m]
                 if m in ("exact", "audit") and inst.is_instrumented_by_opentelemetry:
                     inst.uninstrument()   # exact and audit_mbps are instrument() options
-                r = driver.run(a.version, os.path.join(out, f"{m}-{rep}"), seed=5, requests=a.requests,
+                r = run(a.version, os.path.join(out, f"{m}-{rep}"), seed=5, requests=a.requests,
                                audit_every=0, reset=False, exporter=a.exporter, ring=not a.no_ring, **pool, **kw)
                 steps = r["stats"]["steps"]
                 built = r["stats"].get("tree_core")
@@ -163,9 +172,12 @@ def main(argv: list[str] | None = None) -> int:
     if stock:
         print(f"  stock python core / stock rust core: x{stock['python'] / stock['rust']:.2f}")
     if audit:
-        print(f"  audit at {a.audit_mbps:g} MB/s (last run, loop and final passes): {audit['audited']:.0f} samples, "
+        n = audit["audited"] + audit["l3_audited"]   # host copies and L3 backups read back
+        print(f"  audit at {a.audit_mbps:g} MB/s (last run, loop and final passes): {n:.0f} samples, "
               f"{audit['bytes'] / 1e6:.2f} MB, {audit['busy_s'] * 1e3:.0f} ms busy "
-              f"({audit['busy_s'] * 1e6 / max(audit['audited'], 1):.0f} us a sample), {audit['raced']:.0f} raced")
+              f"({audit['busy_s'] * 1e6 / max(n, 1):.0f} us a sample), {audit['raced']:.0f} raced"
+              + (f"; of them {audit['l3_audited']:.0f} L3 backups ({audit['l3_gone']:.0f} objects gone)"
+                 if a.l3 else ""))
     return 0
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from ..model import semconv as sc
 from ..model.events import LEVEL_OF_TAG, Event, int_field
+from ..model.l3 import TIER_L3
 from ..model.logline import Rng
 from .epochs import EPOCH_TAGS, EpochTracker
 from .findings import Finding, Unchecked
@@ -421,9 +422,9 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         return out
 
     def _audit(self, ev: Event, f: dict, nid: int, ref: tuple) -> list[Finding] | None:
-        """``audit``: a host copy at rest re-fingerprinted (REST-hash)."""
+        """``audit``: a host copy at rest re-fingerprinted (REST-hash), or with ``tier=l3`` stored objects (REST-l3)."""
         self._audit_seen = True
-        fnd = self._rest_hash(ev, f, nid, ref)
+        fnd = self._rest_l3(ev, f, nid, ref) if f.get("tier") == TIER_L3 else self._rest_hash(ev, f, nid, ref)
         return [fnd] if fnd is not None else None
 
     def _evict(self, ev: Event, f: dict, nid: int, ref: tuple) -> None:

@@ -24,6 +24,10 @@ tag             level   fields
                         ``host`` (+``hostx``) the host slots the pages are read into
 ``l3_hit``      1       ``node_id`` (the node that now holds the fetched pages: the storage hit enters the tree),
                         ``op``, ``keys=[..]``, ``host`` (+``hostx``), optional ``hp=[..]``
+``audit``       2       with ``tier=l3`` (opt-in, off the scheduler's thread): the stored objects of one acked
+                        ``l3_backup`` read back through the backend and re-fingerprinted: ``node_id``, ``op`` (the
+                        backup's), ``keys=[..]``, ``hp=[..]`` in the backup's layout (:data:`AUDIT_GONE` where the
+                        object is not in storage any more, :data:`AUDIT_UNREADABLE` where reading it failed)
 ==============  ======  ========================================================================================
 
 What a page's writer was (``FOREIGN``): the ``config`` record names the run's storage identity, the fields of
@@ -37,7 +41,8 @@ and ``wid=[..]`` (per page, the writer's identity, :func:`ident_str`; ``""`` non
 Rules (:mod:`cptrace_otel.checks.rules_l3`, :mod:`cptrace_otel.checks.rules_l3x`; code ``L3``): ``L3a`` content
 survives the round trip (per key, the fingerprint after a prefetch is one the key was backed up with), ``L3b`` the
 host pages of an L3 transfer are not freed, evicted or given to another copy before its ``l3_ack``, ``L3c``/``L3d``
-under context parallelism every rank that owns a shard writes it, under keys of its own.
+under context parallelism every rank that owns a shard writes it, under keys of its own; ``REST-l3``
+(:mod:`cptrace_otel.checks.rules_rest`, code ``REST``) an object at rest is one its key was written with.
 
 Spans (:mod:`cptrace_otel.model.spans`): ``rank R · l3-backup`` (``l3_backup`` .. ``l3_ack dir=backup``) and
 ``rank R · l3-prefetch`` (``l3_prefetch`` .. ``l3_ack dir=prefetch``) are stage spans of the node's lane, like d2h
@@ -53,6 +58,8 @@ PREFETCH = "l3_prefetch"
 HIT = "l3_hit"
 TAGS = (BACKUP, ACK, QUERY, PREFETCH, HIT)
 DIR_BACKUP, DIR_PREFETCH = "backup", "prefetch"
+TIER_L3 = "l3"   # the ``tier`` of an ``audit`` of stored objects (an audit without ``tier`` reads a host copy)
+AUDIT_GONE, AUDIT_UNREADABLE = -1, -2   # an audit's ``hp`` of an object not found / one whose read failed
 
 WFP, WID = "wfp", "wid"
 META_EXT = ".cptrace"   # the metadata file beside a stored object: "<object key>.cptrace"

@@ -23,14 +23,16 @@ ack is processed and lets another writer reuse them, ``l3_skip`` makes this rank
 (``backup_skip``, the switch SGLang sets on MLA ranks other than 0; 0.5.23 derives it from the storage config, which
 the fault makes that of an MLA replica that is not its shard's writer: here a CP rank that never writes its shard),
 ``l3_drop`` deletes the stored object of the middle page of the n-th prefetch of two pages or more (before the read:
-a store that lost an object, not a fault of the cache: the pages before it are a hit, those after it are not).
+a store that lost an object, not a fault of the cache: the pages before it are a hit, those after it are not),
+``l3_rot`` flips a byte of one stored page file after the last step (an object corrupted at rest that no request
+reads again: the stream has ended; for the audit of L3 copies, ``audit_mbps``), ``l3_gone`` removes that file instead.
 
 CLI, from the repository root: ``python -m tests.sglang_real.l3_driver --version 0.5.20|0.5.23 --out DIR --matrix
 JSON [--world N --rank R --store S] [--backend seaweedfs --backend-config JSON]`` (a list of :func:`run_l3` keyword
 sets; one JSON summary list on stdout), as ``driver.run_ranks(module="l3_driver")`` starts it. ``--backend
 seaweedfs``: SGLang 0.5.23's ``SeaweedFSStore`` instead of the ``file`` backend, its extra config (``endpoint``, and
 ``access_key``/``secret_key`` or the AWS credential chain) in ``--backend-config``; the faults are the same, through
-S3.
+S3 (``l3_rot``/``l3_gone``: the file backend only).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from typing import Any
 
 from tests.sglang_real import driver, runtime
 
-L3_FAULTS = ("l3_flip", "l3_free", "l3_skip", "l3_drop")
+L3_FAULTS = ("l3_flip", "l3_free", "l3_skip", "l3_drop", "l3_rot", "l3_gone")
 QUIET_S = 120.0   # the storage threads answer within milliseconds; past this they are stuck (a clear error)
 
 
@@ -250,6 +252,28 @@ class _Storage:
             ready.append(req)
         return super().admit(ready) if ready else []  # type: ignore[misc]
 
+    def rot(self) -> dict:
+        """``l3_rot``: one byte of the stored object with the smallest key flipped in its file (after the last step;
+        its write acknowledged); ``l3_gone``: that file removed; otherwise the host copy :meth:`driver.Driver.rot`
+        corrupts."""
+        kind = self.faults.kind
+        if kind not in ("l3_rot", "l3_gone"):
+            return super().rot()  # type: ignore[misc]
+        self.settle()
+        root = self.cache.cache_controller.storage_backend.file_path
+        names = sorted(f for f in os.listdir(root) if f.endswith(".bin"))
+        if not names:
+            raise RuntimeError("no stored object to corrupt")
+        path = os.path.join(root, names[0])
+        if kind == "l3_gone":
+            os.remove(path)
+        else:
+            with open(path, "r+b") as f:
+                b = f.read(1)
+                f.seek(0)
+                f.write(bytes([b[0] ^ 0x10]))
+        return {"kind": kind, "key": names[0][:-len(".bin")]}
+
     def requeue(self, queue: list[driver.Req], take: int, admitted: list[driver.Req]) -> list[driver.Req]:
         """The scheduler's waiting queue keeps its order: a request waiting for its prefetch stays at the head."""
         return [r for r in queue[:take] if r not in admitted] + queue[take:]
@@ -306,13 +330,15 @@ def attach_file_storage(cache: Any, backend: str = "file", extra: dict | None = 
 def run_l3(version: str, out: str, fault: str | None = None, nth: int = 1, l3_store: str | None = None,
            requests: int = 60, dev_tokens: int = 160, host_ratio: float = 1.5, sync_storage: bool = True,
            l3_from: str | None = None, drop_meta: bool = False, model_path: str | None = None,
-           kv_dtype: str | None = None, l3_backend: str = "file", l3_extra: dict | None = None, **kw: Any) -> dict:
+           kv_dtype: str | None = None,
+           l3_max_size: str | None = None, l3_backend: str = "file", l3_extra: dict | None = None, **kw: Any) -> dict:
     """One run of :func:`driver.run` with storage on (a fresh ``file`` store under ``out/l3store``, or ``l3_store``:
     the one folder the ranks of a CP group share); ``kw`` are :func:`driver.run`'s. ``sync_storage=False``: the
     steps do not wait for the storage threads (their timing decides which step sees an ack, so the records differ
     from run to run). ``l3_from``: the fresh store starts as a copy of that one (an earlier run's: persisted
     storage), without the instrumentation's metadata files where ``drop_meta``; ``model_path``/``kv_dtype``: this
-    run's model and KV dtype (:data:`driver.POOL`). ``l3_backend``/``l3_extra``: another backend and its extra
+    run's model and KV dtype (:data:`driver.POOL`). ``l3_max_size``: the file backend's size cap (its LRU eviction on,
+    ``SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE``). ``l3_backend``/``l3_extra``: another backend and its extra
     config (``seaweedfs`` with its ``endpoint``: the run's objects go under a ``prefix`` of its own, or ``l3_store``'s
     where given). The summary adds ``l3_fault_hits``, ``l3_files`` (the objects stored) and ``l3_store``."""
     driver.POOL.clear()
@@ -335,8 +361,14 @@ def run_l3(version: str, out: str, fault: str | None = None, nth: int = 1, l3_st
                     os.remove(os.path.join(root, f))
     os.makedirs(root, exist_ok=True)
     os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = root
-    res = _run(version, out, fault, nth, sync_storage, "file", None, requests=requests, dev_tokens=dev_tokens,
-               host_ratio=host_ratio, **kw)
+    cap = "SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE"
+    if l3_max_size is not None:
+        os.environ[cap] = l3_max_size
+    try:
+        res = _run(version, out, fault, nth, sync_storage, "file", None, requests=requests, dev_tokens=dev_tokens,
+                   host_ratio=host_ratio, **kw)
+    finally:
+        os.environ.pop(cap, None)
     res["l3_files"] = len([f for f in os.listdir(root) if f.endswith(".bin")])
     res["l3_store"] = root
     return res
@@ -349,6 +381,8 @@ def _run(version: str, out: str, fault: str | None, nth: int, sync_storage: bool
     faults = L3Faults(fault, nth)
     make = functools.partial(StorageDriver23 if version == "0.5.23" else StorageDriver, faults=faults,
                              sync_storage=sync_storage, backend=backend, extra=extra)
+    if fault in ("l3_rot", "l3_gone"):
+        kw["rot"] = True   # (driver.run calls the driver's rot() after the last step, before the audit's passes)
     try:
         res = driver.run(version, out, make_driver=make, **kw)
     finally:

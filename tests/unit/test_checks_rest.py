@@ -61,3 +61,43 @@ def test_a_copy_not_at_rest_or_not_comparable_is_counted_never_judged(tmp_path, 
     res = check_lines(tmp_path, _stream(*lines, acked=acked))
     assert res.findings == []
     assert [u.rule for u in res.unchecked if u.code == "REST"] == [skip]
+
+
+# REST-l3: an audit tier=l3 of the stored objects of an acked l3_backup
+_L3B = ("[CPTRACE l3_backup] node_id=6 op=3 keys=[ka,kb] hp=[21,22] host=" + R(64, 95) + " io=1 rank=0 ts=6",
+        "[CPTRACE l3_ack] dir=backup op=3 node_id=6 done=2 rank=0 ts=7")
+
+
+def _l3_audit(hp: str, keys: str = "[ka,kb]", nid: int = 6) -> str:
+    return f"[CPTRACE audit] tier=l3 node_id={nid} op=3 keys={keys} hp={hp} rank=0 ts=9"
+
+
+def test_an_intact_l3_object_at_rest_is_clean_and_a_changed_one_is_rest_l3_on_its_node(tmp_path):
+    ok = check_lines(tmp_path, _stream(*_L3B, _l3_audit("[21,22]")))
+    assert ok.findings == [] and not [u for u in ok.unchecked if u.code == "REST"]
+    bad = check_lines(tmp_path, _stream(*_L3B, _l3_audit("[21,99]"), _l3_audit("[21,99]")))
+    assert rules(bad) == {"REST-l3"} and len(bad.findings) == 1   # one finding per changed object, not per audit
+    f = bad.findings[0]
+    assert (f.code, f.node_id, f.op, f.severity) == ("REST", 6, 3, "ERROR") and "kb" in f.message
+    # a second write of the same key with other bytes (the backend may keep either): both are the key's
+    rewrite = ("[CPTRACE l3_backup] node_id=9 op=4 keys=[kb] hp=[99] host=" + R(96, 111) + " io=1 rank=0 ts=8",)
+    assert check_lines(tmp_path, _stream(*_L3B, *rewrite, _l3_audit("[21,99]"))).findings == []
+
+
+@pytest.mark.parametrize("audit,skip", [
+    (_l3_audit("[21,-1]"), "REST-skipped(l3 gone)"),
+    (_l3_audit("[-2,22]"), "REST-skipped(l3 unreadable)"),
+    (_l3_audit("[21,22]", "[ka,kz]"), "REST-skipped(l3 never written)"),
+    (_l3_audit("x"), "REST-skipped(no hash)"),
+])
+def test_an_l3_object_not_comparable_is_counted_never_judged(tmp_path, audit, skip):
+    res = check_lines(tmp_path, _stream(*_L3B, audit))
+    assert res.findings == []
+    assert [u.rule for u in res.unchecked if u.code == "REST"] == [skip]
+
+
+def test_a_backup_that_wrote_fewer_pages_leaves_the_rest_never_written(tmp_path):
+    short = (_L3B[0], "[CPTRACE l3_ack] dir=backup op=3 node_id=6 done=1 rank=0 ts=7")
+    res = check_lines(tmp_path, _stream(*short, _l3_audit("[21,99]")))
+    assert res.findings == []
+    assert [u.rule for u in res.unchecked if u.code == "REST"] == ["REST-skipped(l3 never written)"]

@@ -45,3 +45,18 @@ def test_blocks_swapped_change_the_value():
     b = kv.clone()
     b[0, [0, 1]] = b[0, [1, 0]]   # two layers' K blocks of every slot swapped: the same bytes, other order
     assert page_fp(a) != page_fp(b[:, :, 8:12])
+
+
+def test_a_page_read_back_flat_has_the_fingerprint_of_the_pool_page_it_was_stored_from():
+    """The L3 audit's read-back: the flat bytes the backend stored (``get_data_page(flat=True)``), viewed in the
+    pool page's shape, fingerprinted in the pool page's block structure (``like``), give the backup's value."""
+    kv = _layer_first()
+    page = kv[:, :, 8:12]
+    flat = page.flatten().clone()           # what the file backend writes and reads back
+    back = flat.view(page.shape)
+    assert back.is_contiguous() and page_fp(back) != page_fp(page)   # its own (contiguous) structure differs
+    assert page_fp(back, like=page) == page_fp(page)
+    flat.view(torch.uint8)[5] ^= 1
+    assert page_fp(back, like=page) != page_fp(page)
+    pf = kv.permute(2, 0, 1, 3, 4).contiguous()[8:12]   # a contiguous pool page: the plain khash either way
+    assert page_fp(pf.flatten().clone().view(pf.shape), like=pf) == page_fp(pf)

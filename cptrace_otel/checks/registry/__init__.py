@@ -109,6 +109,13 @@ RULES: tuple[Rule, ...] = (
        "rules_rest:RestRules._rest_hash",
        skips=("REST-skipped(no backup)", "REST-skipped(not at rest)", "REST-skipped(moved)", "REST-skipped(no hash)"),
        only_with="audit"),
+    _r("REST-l3", "REST", 2, RANK, "l3_backup l3_ack audit",
+       "an L3 object at rest (audit tier=l3: the audit thread's read-back of an acked l3_backup's objects through "
+       "the storage backend) has a fingerprint its key was written with (l3_backup hp)",
+       "rules_rest:RestRules._rest_l3",
+       skips=("REST-skipped(l3 gone)", "REST-skipped(l3 unreadable)", "REST-skipped(l3 never written)",
+              "REST-skipped(no hash)"),
+       only_with="audit"),
     _r("C1", "C1", 1, CROSS, "insert split prepare evict reload reset",
        "lockstep tree: every rank's structural tuples are identical; the first divergence is reported",
        "rules_c1:C1Lockstep._c1_compare"),

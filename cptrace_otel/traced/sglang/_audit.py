@@ -48,7 +48,10 @@ logger = logging.getLogger("cptrace_otel.sglang")
 ENV = "CPTRACE_AUDIT_MBPS"
 FLOOR = 256 << 10   # bytes a sample is charged at least: a small node's fixed (Python) cost bounds the samples/s too
 # what the audit did in this process (busy_s: seconds spent reading and hashing, the waits left out)
-STATS: dict[str, float] = {"audited": 0, "bytes": 0, "raced": 0, "refused": 0, "errors": 0, "passes": 0, "busy_s": 0.0}
+STATS: dict[str, float] = {"audited": 0, "bytes": 0, "raced": 0, "refused": 0, "errors": 0, "passes": 0, "busy_s": 0.0,
+                           # the L3 objects' audit (._audit_l3): records written, objects gone, reads failed, caches
+                           # whose backend it cannot read
+                           "l3_audited": 0, "l3_gone": 0, "l3_unreadable": 0, "l3_refused": 0}
 _KNOWN = {"MHATokenToKVPoolHost", "MLATokenToKVPoolHost"}   # exact classes: their subclasses lay pages out otherwise
 
 
@@ -118,21 +121,28 @@ class Auditor:
                 self.stop_evt.wait(0.05)
 
     def one_pass(self) -> bool:
-        """Audit each node present in an audit set when the pass begins, in a random order; True when any was."""
+        """Audit each node (host copy) and each L3 backup present in an audit set when the pass begins, in a random
+        order; True when any was."""
         from ..api import trace_level
 
         if trace_level() < 2:
             return False   # the records would be dropped at the gate: no work
-        work = [(st, nid) for st in list(self.states) for nid in list(st.rest)]
+        work: list[tuple[State, int, bool]] = [(st, nid, False) for st in list(self.states) for nid in list(st.rest)]
+        for st in list(self.states):
+            ra = l3_rest(st)
+            if ra is not None and not ra.refused:
+                work.extend((st, op, True) for op in list(ra.rest))
         random.shuffle(work)
-        for st, nid in work:
+        for st, key, l3 in work:
             if self.stop_evt.is_set():
                 break
             if st not in self.states:
                 continue   # refused earlier in this pass
             t0 = time.perf_counter()
-            n = self.audit_one(st, nid)
+            n = self.audit_l3(st, key) if l3 else self.audit_one(st, key)
             STATS["busy_s"] += time.perf_counter() - t0
+            if n is None and l3:   # a backend this cannot read without a side effect: its L3 copies leave the audit
+                continue
             if n is None:   # a host pool this does not know: its cache leaves the audit (one warning)
                 self.states.discard(st)
                 STATS["refused"] += 1
@@ -179,6 +189,34 @@ class Auditor:
         STATS["bytes"] += n
         return n
 
+    @staticmethod
+    def audit_l3(st: State, op: int) -> int | None:
+        """Audit the stored objects of backup ``op`` of ``st``'s cache (:func:`._audit_l3.audit_op`): the bytes it is
+        charged (those read, and :data:`FLOOR` per page at least: each page is an object of its own to open, read
+        and hash, a fixed cost that tiny pages would otherwise let run far past the rate); None when its backend
+        cannot be audited (the cache's L3 copies leave the audit, one warning)."""
+        from . import _audit_l3
+
+        ra = l3_rest(st)
+        if ra is None:
+            return 0
+        try:
+            got = _audit_l3.audit_op(ra, op, STATS)
+        except Exception as e:  # a backend or pool that changed under the read: this sample only
+            STATS["errors"] += 1
+            logger.debug("cptrace-otel: L3 audit of op %s failed (%s: %s)", op, type(e).__name__, e)
+            return 0
+        if got is None:
+            ra.refused = True
+            ra.rest.clear()
+            ra.pending.clear()
+            STATS["l3_refused"] += 1
+            logger.warning("cptrace-otel: the L3 audit cannot read this cache's storage without a side effect (%s); "
+                           "its L3 copies are not audited", _audit_l3.refusal(ra))
+            return None
+        STATS["bytes"] += got[0]
+        return max(got[0], got[1] * FLOOR)
+
     def wait_passes(self, n: int, timeout: float) -> bool:
         """Block until ``n`` more passes completed (tests, benches); False on timeout."""
         with self.pass_done:
@@ -194,6 +232,17 @@ _lock = threading.Lock()
 def auditor() -> Auditor | None:
     """The running audit thread, None when the audit is off."""
     return _AUDITOR
+
+
+def enrolled(st: State) -> bool:
+    """Whether ``st``'s cache is under audit (the L3 sites keep their audit set only then)."""
+    a = _AUDITOR
+    return a is not None and st in a.states
+
+
+def l3_rest(st: State) -> Any:
+    """The L3 audit set of ``st``'s cache (:class:`._audit_l3.L3Rest`), None when it has none."""
+    return getattr(getattr(st, "l3", None), "audit", None)
 
 
 def enroll(st: State) -> None:

@@ -39,8 +39,9 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...model import l3 as l3m, semconv as sc
-from ..api import cptrace, khash, rng
-from . import _l3_meta
+from ..api import cptrace, rng
+from . import _audit, _audit_l3, _l3_meta
+from ._pagefp import page_fp
 from ._state import State, arg, safe, state_of
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ HIRADIX = "sglang.srt.mem_cache.hiradix_cache"
 class L3State:
     """The L3 side of one cache's :class:`~._state.State` (attribute ``l3``)."""
 
-    __slots__ = ("backup_node", "prefetch_op", "drain", "meta")
+    __slots__ = ("backup_node", "prefetch_op", "drain", "meta", "audit")
 
     def __init__(self) -> None:
         self.backup_node: TreeNode | int | None = None   # during write_backup_storage: its node (0.5.23: its id)
@@ -66,6 +67,7 @@ class L3State:
         self.drain: tuple | None = None       # during a drain: (reads, its queues' view) until its hit records are out
         # file backend: op id -> (folder, keys, fingerprints, start ns) of a backup whose metadata its ack writes
         self.meta: OrderedDict = OrderedDict()
+        self.audit: _audit_l3.L3Rest | None = None   # the audit of the stored objects, for a cache under audit
 
 
 def _l3(st: State) -> L3State:
@@ -103,23 +105,6 @@ def _side_fps(st: State | None, cc: CacheController, host_indices: Tensor, pages
     ps = int(cc.page_size)
     return {sc.side_field(sc.SIDE_HP, name): [page_fp(pool.get_data_page(int(host_indices[i * ps]), flat=False))
                                                for i in range(pages)] for name, pool in side_host.items()}
-
-
-def page_fp(page: Tensor) -> int:
-    """``khash`` of a contiguous page; of a strided one (a page of a ``layer_first`` host pool is one block per layer
-    and K/V), ``khash`` of its blocks' ``khash`` values in order: equal bytes give equal values and a changed byte
-    changes its block's value, without the copy that flattening a strided page makes (10x the hash's own time)."""
-    if page.is_contiguous():
-        return int(khash(page))
-    import itertools
-
-    import torch
-
-    lead = 1
-    while lead < page.dim() and not page[(0,) * lead].is_contiguous():
-        lead += 1
-    blocks = [int(khash(page[ix])) for ix in itertools.product(*(range(n) for n in page.shape[:lead]))]
-    return int(khash(torch.tensor(blocks, dtype=torch.int64)))
 
 
 def _queue_items(q: queue.Queue[_T] | None) -> list[_T]:
@@ -193,6 +178,8 @@ def write_storage_site(reads: type[Reads]) -> Any:
                                  io=io, **side, **st.xs("hostx", host)))
             if io:
                 safe(_meta_pending, st, instance, int(op), keys, hp, t0)
+                if _audit.enrolled(st):
+                    safe(_audit_pending, st, instance, int(op), nid, arg(args, kwargs, 2, "hash_value"), keys)
         return op
     return _write_storage
 
@@ -243,6 +230,15 @@ def _meta_pending(st: State, cc: CacheController, op: int, keys: list[str], hp: 
         pending.popitem(last=False)
 
 
+def _audit_pending(st: State, cc: CacheController, op: int, nid: int, hashes: Iterable[str] | None,
+                   keys: list[str]) -> None:
+    """A backup of a cache under audit: its objects join the L3 audit set at its ack (:mod:`._audit_l3`)."""
+    l3 = _l3(st)
+    if l3.audit is None:
+        l3.audit = _audit_l3.L3Rest()
+    _audit_l3.on_backup(l3.audit, cc, op, nid, [str(h) for h in hashes or ()], keys)
+
+
 def _backup_pre(reads: type[Reads], st: State, node: TreeNode | int, controller: CacheController, host: Tensor,
                 hash_value: Iterable[str] | None) -> tuple:
     hashes = list(hash_value or ())
@@ -276,13 +272,16 @@ def _hit_records(reads: type[Reads], st: State, cache: RadixCache,
 def _backup_acks(reads: type[Reads], st: State, cache: RadixCache, pre: tuple) -> None:
     _, backups, acks = pre
     ps = int(cache.page_size)
-    pending = _l3(st).meta
+    l3 = _l3(st)
+    pending = l3.meta
     for op_id, entry in backups.items():
         if op_id in cache.ongoing_backup:
             continue
         op = acks.get(op_id)
         done = {"done": int(op.completed_tokens) // ps} if op is not None else {}
         cptrace(2, "l3_ack", dir="backup", op=op_id, node_id=reads.backup_node_id(entry), **done)
+        if l3.audit is not None:
+            safe(_audit_l3.on_ack, l3.audit, op_id, done.get("done"))
         meta = pending.pop(op_id, None)
         if meta is not None:
             root, keys, hp, t0 = meta
