@@ -99,6 +99,7 @@ class Req:
         self.mamba_host_hit_length = 0
         self.lock: Any = None
         self.kv = _ReqKv()
+        self.kv_rotation_base: int | None = None   # (0.5.23 KV sharding: the chain's first page owner)
 
 
 def request_stream(seed: int, n: int, page_size: int, families: int = 6) -> list[list[int]]:
@@ -119,10 +120,12 @@ def request_stream(seed: int, n: int, page_size: int, families: int = 6) -> list
 
 
 def _pools(policy: str, page_size: int, dev_tokens: int, host_ratio: float, cp_group: Any,
-           tp_group: Any, make_kv: Any = None, server_args: dict | None = None) -> tuple[Any, Any, Any, Any]:
+           tp_group: Any, make_kv: Any = None, server_args: dict | None = None,
+           make_alloc: Any = None) -> tuple[Any, Any, Any, Any]:
     """What both versions' caches are built from: the server args (set in SGLang's runtime context, the CPU answers
     applied; ``server_args``: more of ``ServerArgs``'s fields, e.g. the CP ones), the device KV pool
-    (``make_kv(dev_tokens, page_size)`` where given, else an MHA pool), its allocator and the cache's init params.
+    (``make_kv(dev_tokens, page_size)`` where given, else an MHA pool), its allocator (``make_alloc(dev_tokens,
+    page_size, kv)`` where given, else SGLang's token or paged one) and the cache's init params.
     ``(server args, kv, alloc, params)``."""
     import torch
     from sglang.srt import runtime_context as rc
@@ -141,7 +144,9 @@ def _pools(policy: str, page_size: int, dev_tokens: int, host_ratio: float, cp_g
     kv = (make_kv(dev_tokens, page_size) if make_kv is not None else
           MHATokenToKVPool(size=dev_tokens, page_size=page_size, dtype=kv_dtype, head_num=HEADS, head_dim=DIM,
                            layer_num=LAYERS, device="cpu", enable_memory_saver=False))
-    if page_size == 1:
+    if make_alloc is not None:
+        alloc = make_alloc(dev_tokens, page_size, kv)
+    elif page_size == 1:
         alloc = TokenToKVPoolAllocator(dev_tokens, torch.float32, "cpu", kv, need_sort=False)
     else:
         alloc = PagedTokenToKVPoolAllocator(dev_tokens, page_size, torch.float32, "cpu", kv, need_sort=False)
@@ -160,13 +165,14 @@ def build(version: str, policy: str, page_size: int, dev_tokens: int, host_ratio
 
 
 def build23(policy: str, page_size: int, dev_tokens: int, host_ratio: float, cp_group: Any,
-            tp_group: Any, make_kv: Any = None, server_args: dict | None = None) -> tuple[Any, Any, Any]:
+            tp_group: Any, make_kv: Any = None, server_args: dict | None = None,
+            make_alloc: Any = None) -> tuple[Any, Any, Any]:
     """sglang 0.5.23: ``UnifiedRadixCache`` with the full-attention component only (what the scheduler builds for a
     plain MHA model, ``registry.create_unified_radix_cache``; ``make_kv``: another device pool, see :func:`_pools`),
     then ``init_hicache`` (``HybridCacheController``, its host pools chosen by SGLang's strategy for the pool);
-    ``server_args``: :func:`_pools`'s."""
+    ``server_args``, ``make_alloc``: :func:`_pools`'s."""
     sa, kv, alloc, params = _pools(policy, page_size, dev_tokens, host_ratio, cp_group, tp_group, make_kv,
-                                   server_args)
+                                   server_args, make_alloc)
     from sglang.srt.mem_cache.unified_cache.components import ComponentType
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
@@ -211,11 +217,15 @@ class Driver:
         n = len(req.prefix_idx)
         if n == 0:
             return
-        got = read_rows(self.kv, req.prefix_idx)
+        at, rows = self.owned(req.prefix_idx)
+        got = read_rows(self.kv, rows)
         want = expected_rows(req.tokens[:n])
+        if at is not None:
+            want = want[at]
         bad = (got != want).flatten(1).any(dim=1)
         if bool(bad.any()):
-            pos = torch.nonzero(bad).flatten().tolist()
+            pos = torch.nonzero(bad).flatten()
+            pos = (pos if at is None else at[pos]).tolist()
             nodes = sorted({nid for nid, s, e in self._nodes_of(req.tokens, n) if any(s <= p < e for p in pos)})
             self.corruption.append({"step": self.copies.step, "where": "device", "rid": req.rid,
                                     "positions": len(pos), "nodes": nodes})
@@ -268,8 +278,20 @@ class Driver:
         write_rows(self.kv, idx, expected_rows(tokens)[start:])
 
     def host_ok(self, hp: Any, hv: Any, tokens: list[int], start: int) -> bool:
-        """Whether host slots ``hv`` of the KV host pool ``hp`` hold the KV of ``tokens[start:]``."""
-        return bool((read_rows(hp, hv) == expected_rows(tokens)[start:]).all())
+        """Whether host slots ``hv`` of the KV host pool ``hp`` hold the KV of ``tokens[start:]`` (the slots
+        :meth:`owned` keeps)."""
+        at, rows = self.owned(hv)
+        want = expected_rows(tokens)[start:]
+        return bool((read_rows(hp, rows) == (want if at is None else want[at])).all())
+
+    def owned(self, idx: Any) -> tuple[Any, Any]:
+        """``(positions, rows)``: which of the cache's slots ``idx`` this rank's pools hold (None: all of them) and
+        their rows in those pools (here the slots themselves; shard_driver.py's KV sharding keeps a stripe)."""
+        return None, idx
+
+    def alloc_new(self, req: Req, need: int) -> Any:
+        """The forward's ``need`` new slots for ``req`` (None: no room), as the scheduler allocates them."""
+        return self.alloc.alloc(need)
 
     # -- the scheduler's calls -----------------------------------------------------------------------------------
     def admit(self, reqs: list[Req]) -> list[Req]:
@@ -453,10 +475,10 @@ class Driver23(Driver):
         for req in reqs:
             self.check_prefix(req)
             need = len(req.tokens) - len(req.prefix_idx)
-            new = self.alloc.alloc(need) if need else torch.empty((0,), dtype=torch.int64)
+            new = self.alloc_new(req, need) if need else torch.empty((0,), dtype=torch.int64)
             if new is None:
                 c.evict(EvictParams(num_tokens=need))
-                new = self.alloc.alloc(need)
+                new = self.alloc_new(req, need)
             if new is None:
                 c.dec_lock_ref(req.last_node, req.lock)
                 self.stats["deferred"] += 1
@@ -473,7 +495,8 @@ class Driver23(Driver):
         from sglang.srt.mem_cache.radix_cache import RadixKey
 
         c = self.cache
-        c.insert(InsertParams(key=RadixKey(req.tokens), value=req.all_idx, prev_prefix_len=len(req.prefix_idx)))
+        c.insert(InsertParams(key=RadixKey(req.tokens), value=req.all_idx, prev_prefix_len=len(req.prefix_idx),
+                              rotation_base=req.kv_rotation_base))
         c.dec_lock_ref(req.last_node, req.lock)
 
 

@@ -45,6 +45,7 @@ from ..api import cptrace, rng, trace_level
 from ._audit import enroll
 from ._l3_sites23 import L3_BACKENDS, L3_SITES23
 from ._layerwise23 import LAYERWISE_SITES23, drop_counter, end as end_layerwise
+from ._shard import stripe_fp
 from ._sites import (
     HOST_POOL,
     PAGED_ALLOC,
@@ -57,7 +58,7 @@ from ._sites import (
     reset_site,
     rid_map,
 )
-from ._state import Load, State, arg, safe, state_of, warn_once
+from ._state import Load, State, _kv_rows, arg, safe, state_of, warn_once
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -92,6 +93,7 @@ class State23(State):
         self.side = sidecars(cache)
         group = cache.cache_controller.mem_pool_host
         self.side_host = {name: group.get_pool(pool_name) for name, pool_name in sidecar_names(cache)}
+        self.sharded = getattr(self.kv_pool(), "placement", None) is not None   # (KV sharding: a stripe per rank)
 
     @staticmethod
     def dev(n: TreeNode) -> Tensor | None:
@@ -117,6 +119,14 @@ class State23(State):
 
     def host_pool(self) -> HostKVCache:
         return self.cache.cache_controller.mem_pool_host.anchor_entry.host_pool
+
+    def fp(self, idx: Tensor | None) -> dict[str, Any]:
+        """:meth:`State.fp`; under KV sharding the fingerprint of this rank's stripe (:mod:`._shard`)."""
+        if self.sharded and idx is not None and len(idx):
+            out = stripe_fp(self.kv_pool(), idx, self.page_size, _kv_rows)
+            if out is not None:
+                return out
+        return super().fp(idx)
 
     def clear(self) -> None:
         super().clear()
