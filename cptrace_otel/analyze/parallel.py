@@ -19,7 +19,7 @@ process (the warnings of the parallel attempt are held until it succeeds, so not
 
 Processes: each worker is a fresh interpreter (``python -c``, :func:`serve`) that reads its task from its
 standard input and writes one pickle per message to its standard output. Not ``fork``: the parent may run threads
-(tqdm's monitor) and hold open files and a tuned collector. Not :mod:`multiprocessing`'s ``spawn`` or
+(tqdm's monitor) and hold open files and a tuned collector. Not ``multiprocessing``'s ``spawn`` or
 ``forkserver`` either: both run the caller's ``__main__`` again in each worker, so a script without the
 ``if __name__ == "__main__"`` guard, or code read from standard input, fails there; a ``python -c`` child imports
 only this package and starts clean whoever calls ``check``. A worker blocks when its pipe is full
