@@ -300,3 +300,31 @@ def test_skip_counts_towards_the_single_rank_switch_off():
     one.append(Event("insert", 0, len(one), len(one), 0, {"node_id": 3}, 1, "x", 0))
     full, skipped = _cross_both_ways(one)
     assert full[3] is True and skipped == full
+
+
+def test_an_earlier_runs_l3_backups_reach_the_workers_of_a_later_run(tmp_path, monkeypatch):
+    """Two runs of two rank files each (two folders): the first run's L3 backups, absorbed from its workers, judge
+    the second run's fetch in the second run's workers (FOREIGN), as in one process."""
+    from tests.helpers.checks_util import R
+
+    spy = _spy(monkeypatch)
+    keys = "[a1f0_m_0_1,b2e1_m_0_1]"
+    cfg = ("[CPTRACE config] cp_size=2 cp_rank={r} page_size=4 level=2 layout=layer_first model=org/m "
+           "kv_dtype={dt} rank={r} ts=0")
+    backup = [cfg.format(dt="float32", r="{r}"),
+              f"[CPTRACE l3_backup] node_id=1 op=3 keys={keys} hp=[701,702] host={R(64, 71)} io=1 rank={{r}} ts=5",
+              "[CPTRACE l3_ack] dir=backup op=3 node_id=1 done=2 rank={r} ts=6"]
+    fetch = [cfg.format(dt="bfloat16", r="{r}"),
+             f"[CPTRACE l3_prefetch] op=9 rid=req7 node_id=0 keys={keys} host={R(32, 39)} rank={{r}} ts=2",
+             f"[CPTRACE l3_ack] dir=prefetch op=9 node_id=0 done=2 keys={keys} hp=[701,702] rank={{r}} ts=3",
+             f"[CPTRACE l3_hit] node_id=5 op=9 keys={keys} host={R(32, 39)} rank={{r}} ts=4"]
+    paths = []
+    for folder, lines in (("a", backup), ("b", fetch)):
+        (tmp_path / folder).mkdir()
+        for r in (0, 1):
+            p = tmp_path / folder / f"rank-{r}.log"
+            p.write_text("".join(x.format(r=r) + "\n" for x in lines))
+            paths.append(str(p))
+    rc, out, _err = _same(paths, jobs=(2,))
+    assert rc == 1 and "FOREIGN" in out and "kv_dtype float32" in out, out
+    assert spy == [2, 2]   # both runs by workers
