@@ -328,3 +328,22 @@ def test_an_earlier_runs_l3_backups_reach_the_workers_of_a_later_run(tmp_path, m
     rc, out, _err = _same(paths, jobs=(2,))
     assert rc == 1 and "FOREIGN" in out and "kv_dtype float32" in out, out
     assert spy == [2, 2]   # both runs by workers
+
+
+def test_gzip_rank_files_and_a_cut_off_stream(tmp_path, monkeypatch):
+    """gzip-compressed rank files, one of them cut off mid-stream (reported where it broke): the same output."""
+    import gzip
+
+    spy = _spy(monkeypatch)
+    paths = run_fault("C2_round", "replicated", ranks=3).emitter.write(str(tmp_path))
+    gz = []
+    for p in paths:
+        with open(p, "rb") as fh:
+            data = gzip.compress(fh.read())
+        with open(p + ".gz", "wb") as fh:
+            fh.write(data[:len(data) * 2 // 3] if p == paths[1] else data)
+        os.remove(p)
+        gz.append(p + ".gz")
+    rc, _out, err = _same(gz, jobs=(2,))
+    assert rc == 1
+    assert "ends early" in err and spy
