@@ -216,7 +216,9 @@ def _measure(kind: str, paths: list[str]) -> dict:
 
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)   # the workers of -j (none otherwise)
     cpu = time.process_time() - c0 + kids.ru_utime + kids.ru_stime
-    return {"kind": kind, "events": n, "seconds": dt, "cpu_s": cpu, "events_per_s": n / dt if dt else 0.0,
+    return {"kind": kind, "events": n, "seconds": dt, "cpu_s": cpu,
+            "worker_rss_mib": kids.ru_maxrss / 1024.0,   # the largest child's peak (a -j worker)
+            "events_per_s": n / dt if dt else 0.0,
             "cpu_events_per_s": n / cpu if cpu else 0.0, "peak_rss_mib": _peak_rss_mib(), "findings": findings}
 
 
@@ -303,7 +305,9 @@ def main(argv: list[str] | None = None) -> int:
                 one, par = res["ours-j1"], res[f"ours-j{a.jobs}"]
                 print(f"  -j {a.jobs} / -j 1 on {a.jobs} cores: {par['events_per_s'] / one['events_per_s']:.2f}x "
                       f"wall ({one['seconds']:.2f}s -> {par['seconds']:.2f}s), CPU time "
-                      f"{one['cpu_s']:.2f}s -> {par['cpu_s']:.2f}s; "
+                      f"{one['cpu_s']:.2f}s -> {par['cpu_s']:.2f}s; peak RSS {one['peak_rss_mib']:.1f} MiB -> "
+                      f"{par['peak_rss_mib']:.1f} MiB (check's process), largest worker "
+                      f"{par['worker_rss_mib']:.1f} MiB; "
                       f"load average {os.getloadavg()[0]:.1f}", flush=True)
             if a.instructions:
                 if not shutil.which("valgrind"):
