@@ -17,6 +17,11 @@ baseline's does.
     python bench/check_throughput.py                 # 0.5M and 2M lines
     python bench/check_throughput.py --lines 200000 400000 --keep /tmp/bench-logs
     python bench/check_throughput.py --lines 20000 --no-naive --instructions   # + valgrind instruction counts
+    python bench/check_throughput.py --lines 400000 --no-naive --jobs 2   # check -j 1 vs -j 2 on 2 cores, ratio
+
+``--jobs N`` (default 2) adds ``ours-j1`` and ``ours-jN``: ``check -j 1`` and ``check -j N`` each pinned to the same
+N cores, and prints their ratio (wall) with the CPU time of each (workers included) and the load average: on a
+shared machine the ratio says little unless the load is below the number of cores.
 
 Wall-clock figures on a shared VM swing by +-20% between runs; ``--instructions`` also runs raw and ours once more
 under ``valgrind --tool=cachegrind`` (when installed) and prints CPU instructions per event, net of interpreter
@@ -194,20 +199,26 @@ def _measure(kind: str, paths: list[str]) -> dict:
         n = len(events)
         res = Analysis().run(events)
         findings = len(res.findings)
-    else:
+    else:   # ours: one process; ours-jN: ``check -j N`` (N worker processes, their CPU time counted too)
         import io
         from types import SimpleNamespace
 
         from cptrace_otel.commands import check as check_cmd
+        jobs = int(kind.rsplit("-j", 1)[1]) if "-j" in kind else 1
         buf = io.StringIO()
-        rc = check_cmd.run(SimpleNamespace(paths=paths, json=True, level=None, jaeger_url=None, run_id=None),
-                           buf, io.StringIO())
+        rc = check_cmd.run(SimpleNamespace(paths=paths, json=True, level=None, jaeger_url=None, run_id=None,
+                                           jobs=jobs), buf, io.StringIO())
         obj = json.loads(buf.getvalue())
         n = obj["stats"]["events"]
         findings = len(obj["findings"]) if rc in (0, 1) else f"rc={rc}"
     dt = time.perf_counter() - t0
-    cpu = time.process_time() - c0
-    return {"kind": kind, "events": n, "seconds": dt, "events_per_s": n / dt if dt else 0.0,
+    import resource
+
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)   # the workers of -j (none otherwise)
+    cpu = time.process_time() - c0 + kids.ru_utime + kids.ru_stime
+    return {"kind": kind, "events": n, "seconds": dt, "cpu_s": cpu,
+            "worker_rss_mib": kids.ru_maxrss / 1024.0,   # the largest child's peak (a -j worker)
+            "events_per_s": n / dt if dt else 0.0,
             "cpu_events_per_s": n / cpu if cpu else 0.0, "peak_rss_mib": _peak_rss_mib(), "findings": findings}
 
 
@@ -218,10 +229,12 @@ def calibrate() -> float:
     return min(timeit.repeat("sum(range(1000))", number=2000, repeat=5)) / 2000 * 1e6
 
 
-def _run_child(kind: str, paths: list[str]) -> dict:
+def _run_child(kind: str, paths: list[str], cores: int = 1) -> dict:
+    """``kind`` measured in a fresh process pinned to ``cores`` CPUs (the first ones this process may use)."""
     cmd = [sys.executable, __file__, "--child", kind, *paths]
     if shutil.which("taskset"):
-        cmd = ["taskset", "-c", "0", *cmd]
+        mine = sorted(os.sched_getaffinity(0))[:cores]
+        cmd = ["taskset", "-c", ",".join(map(str, mine)), *cmd]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -248,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-naive", action="store_true", help="skip the load-everything baseline (slow, memory-hungry)")
     ap.add_argument("--instructions", action="store_true",
                     help="also count CPU instructions per event of raw and ours under valgrind (slow; small files)")
+    ap.add_argument("--jobs", type=int, default=2,
+                    help="also run check -j 1 and -j N side by side, pinned to N cores (1: skip; default 2)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("paths", nargs="*", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -273,6 +288,10 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
             kinds = ["raw", "parse", "ours"] + ([] if a.no_naive else ["naive"])
             res = {k: _run_child(k, paths) for k in kinds}
+            if a.jobs > 1:   # -j 1 and -j N side by side, each pinned to the same N cores
+                for k in ("ours-j1", f"ours-j{a.jobs}"):
+                    res[k] = _run_child(k, paths, a.jobs)
+                    kinds.append(k)
             for k in kinds:
                 r = res[k]
                 print(f"  {k:<6} {r['events']:>9} events  {r['seconds']:7.2f}s  {r['events_per_s']:>10,.0f} ev/s "
@@ -282,6 +301,14 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  ours / naive: {res['ours']['events_per_s'] / res['naive']['events_per_s']:.2f}x speed, "
                       f"{res['naive']['peak_rss_mib'] / res['ours']['peak_rss_mib']:.2f}x less peak memory")
             print(f"  ours / raw line read: {res['ours']['events_per_s'] / res['raw']['events_per_s']:.3f}x")
+            if a.jobs > 1:
+                one, par = res["ours-j1"], res[f"ours-j{a.jobs}"]
+                print(f"  -j {a.jobs} / -j 1 on {a.jobs} cores: {par['events_per_s'] / one['events_per_s']:.2f}x "
+                      f"wall ({one['seconds']:.2f}s -> {par['seconds']:.2f}s), CPU time "
+                      f"{one['cpu_s']:.2f}s -> {par['cpu_s']:.2f}s; peak RSS {one['peak_rss_mib']:.1f} MiB -> "
+                      f"{par['peak_rss_mib']:.1f} MiB (check's process), largest worker "
+                      f"{par['worker_rss_mib']:.1f} MiB; "
+                      f"load average {os.getloadavg()[0]:.1f}", flush=True)
             if a.instructions:
                 if not shutil.which("valgrind"):
                     print("  (--instructions: valgrind not found, skipped)")

@@ -40,6 +40,9 @@ from .rules_l3x import L3Cross
 # where SGLang's server arguments do not explain the CP group)
 _NO_MODE = "CP mode unknown (no config record, or one without mode)"
 
+# the tags whose records :meth:`CrossRank.feed` does more with than the bookkeeping :meth:`CrossRank.skip` repeats
+READS: frozenset[str] = STRUCTURAL | FENCE_TAGS | frozenset(("config", "ack", "backup", "l3_backup"))
+
 
 class CrossRank(C1Lockstep, C2AckRounds, JoinRules, L3Cross):
     """Streaming C1-C5. ``feed(ev)`` for every event of every rank, then ``finish()`` and ``unchecked()``."""
@@ -93,11 +96,7 @@ class CrossRank(C1Lockstep, C2AckRounds, JoinRules, L3Cross):
             return
         r = ev.rank
         if r not in self.ranks:
-            self.ranks.add(r)
-            self._ranks_sorted = sorted(self.ranks)
-            self._is_ready = False   # recomputed: a new rank can only make the group more complete
-            if len(self.ranks) >= 2:
-                self._counting = False   # the single-rank switch-off below can no longer happen
+            self._new_rank(r)
         if self._counting:
             self._n = n = self._n + 1
             if n >= self.SINGLE_RANK_AFTER:
@@ -130,6 +129,36 @@ class CrossRank(C1Lockstep, C2AckRounds, JoinRules, L3Cross):
         h = self._on_tag.get(tag)   # structural records and backup; None for tags no other rule reads
         if h is not None:
             h(ev)
+
+    def _new_rank(self, r: int) -> None:
+        self.ranks.add(r)
+        self._ranks_sorted = sorted(self.ranks)
+        self._is_ready = False   # recomputed: a new rank can only make the group more complete
+        if len(self.ranks) >= 2:
+            self._counting = False   # the single-rank switch-off of feed can no longer happen
+
+    def skip(self, r: int, n: int, level: int) -> None:
+        """The same as :meth:`feed` of ``n`` consecutive records of rank ``r`` whose tags are not in :data:`READS`
+        (their highest ``level`` given): the bookkeeping only (the rank, the record count of the single-rank
+        switch-off, the level seen, the end of the rank's open ack round). For streams without sampled ranks (log
+        files): the sampled-node test of :meth:`feed` needs each record. Lets a parallel ``check`` send the cross-rank
+        stage only the records it reads."""
+        if self.disabled or n <= 0:
+            return
+        if r not in self.ranks:
+            self._new_rank(r)
+        if self._counting:
+            n0 = self._n
+            self._n = min(n0 + n, self.SINGLE_RANK_AFTER)
+            if self._n >= self.SINGLE_RANK_AFTER:
+                self._counting = False   # at one record of this run, as feed decides it
+                if len(self.ranks) < 2 and len(self.expected) < 2 and self.cp_size < 2:
+                    self._disable()
+                    return
+        if level > self.seen_level:
+            self.seen_level = level
+        if r in self._cur_round:   # a record that is no ack ends the rank's ack round
+            self._round_close(r)
 
     def _kept_everywhere(self, ev: Event) -> bool:
         """Sampled runs (``self.sampled``: rank -> (run id, fraction), from the resources): whether the node of

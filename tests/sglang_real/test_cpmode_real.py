@@ -21,6 +21,7 @@ Without the SGLang folder the tests skip, unless ``CPTRACE_REQUIRE_SGLANG=1`` (`
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -197,3 +198,24 @@ print(json.dumps({"mode": [Recorder.cp_mode, Recorder.cp_mode_src], "warned": [s
     r = json.loads(p.stdout.strip().splitlines()[-1])
     assert tuple(r["mode"]) == want
     assert len(r["warned"]) == (0 if want[0] else 1), r["warned"]
+
+
+# -- check -j --------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("i", [0, 1, 2, 3], ids=["gqa", "mla-dsa", "37149", "cp-unequal"])
+def test_check_with_workers_prints_what_one_process_prints(runs, i):
+    """``check -j 3`` and ``-j 2`` over the real prefill-CP logs (healthy, L3c, C5): the same stdout, stderr and exit
+    code as ``-j 1``, text and JSON, as a user runs it."""
+    logs = [r["log"] for r in runs[i]]
+
+    def check(*flags: str) -> tuple[int, str, str]:
+        p = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "check", "--no-progress", *flags, *logs],
+                           capture_output=True, text=True, timeout=300, cwd=runtime.ROOT,
+                           env={**os.environ, "PYTHONPATH": runtime.ROOT})
+        return p.returncode, p.stdout, p.stderr
+
+    for flags in ((), ("--json",)):
+        one = check("-j", "1", *flags)
+        assert one[0] in (0, 1), one[2][-2000:]
+        for j in ("2", "3"):
+            assert check("-j", j, *flags) == one, (j, flags)

@@ -504,10 +504,9 @@ def read_log_events(paths: Iterable[str], on_malformed: Callable[[Malformed], No
         if on_malformed is not None:
             on_malformed(m)
 
-    handles = [_open(p) for p in paths]
     state: dict[int, list] = {}
-    streams = [_file_chunks(fh, p, default_rank(p, i), bad, st, state)
-               for i, (fh, p) in enumerate(zip(handles, paths, strict=False))]
+    opened = [file_chunks(p, i, bad, st, state) for i, p in enumerate(paths)]   # all opened before any is read
+    handles, streams = [fh for fh, _c in opened], [c for _fh, c in opened]
     firsts = [next(s, None) or [] for s in streams]  # type: ignore[arg-type]
     per_file = [{ev.rank for ev in c} for c in firsts]
     ranks = set().union(*per_file) if per_file else set()
@@ -521,6 +520,17 @@ def read_log_events(paths: Iterable[str], on_malformed: Callable[[Malformed], No
     if sum(len(x) for x in per_file) == len(ranks) and all(len(x) <= 1 for x in per_file):
         return LogEvents(itertools.chain.from_iterable(merged), ranks, per_file)
     return LogEvents(_renumber(merged, st), ranks, per_file)
+
+
+def file_chunks(path: str, position: int, on_malformed: Callable[[Malformed], None], stats: LogStats,
+                state: dict[int, list]) -> tuple[Any, Iterator[list[Event]]]:
+    """One file of :func:`read_log_events` (``position``: its place among the paths given), opened and read in the
+    same chunks: ``(its handle, for .inputs.consumed; its chunks)``, the rank, seq and epoch numbers set as
+    :func:`read_log_events` sets them when every rank lives in one file (``state`` shared by the files read
+    together). Raises :class:`LogReadError` when it cannot be opened. For ``check -j``, whose workers read the
+    files apart and replay the merge."""
+    fh = _open(path)
+    return fh, _file_chunks(fh, path, default_rank(path, position), on_malformed, stats, state)
 
 
 def _reporting(chunks: Iterator[list[Event]], handles: list, paths: list[str],
