@@ -36,6 +36,21 @@ wall-time difference of two runs carries the noise of the whole loop's work (at 
     python bench/scheduler_cost.py [--rates 1000,10000,50000] [--fields 1,16] [--seconds 1.5] [--min-records 6000]
                                    [--repeat 3] [--no-ring] [--call-form literal|dict]
                                    [--floor]
+
+``--shape step`` is a scheduler's step instead: ~50 µs (``--step-us``, calibrated; ``0``: the records back to back)
+of the caller's own Python work that walks a working set larger than the caches (20,000 small request objects,
+strided, with small allocations), then 4 records of 8 fields (5 ints, 3 short strings) built as a dict and passed
+as ``**fields``. Every mode (off, upstream, ``ours`` = the buffer path, ring, floor, and ``--variant LABEL:K=V,...``:
+the ring with other settings, e.g. ``CPTRACE_RING_RESIDENT=0``, or ``BENCH_PAUSE_EXPORTER=1``, the exporter process
+stopped while the loop runs) runs in a fresh process, after ``--warm-steps`` of the same shape, flushed (the steady
+state of a long-running scheduler). The loop alternates blocks of 50 steps with and without the calls; the cost is
+the median difference of the loop thread's CPU between neighbouring blocks (``paired``: what the calls cost the
+thread, in them and in the caller's own work after them), plus the other threads' CPU over off; the exporter
+process's CPU is printed beside it and summed with it (``total``), and the whole process's CPU over off as a cross
+check. Minor page faults per record over off show what the ring's pages cost.
+
+    python bench/scheduler_cost.py --shape step [--step-us 50,0] [--steps 20000] [--warm-steps 20000] [--repeat 3]
+                                   [--modes upstream,ours,ring,floor] [--variant LABEL:K=V,...]
 """
 
 from __future__ import annotations
@@ -44,6 +59,7 @@ import argparse
 import json
 import os
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -130,9 +146,9 @@ def _worker_pid() -> int | None:
     return getattr(proc, "pid", None)
 
 
-def child(mode: str, records: int, iters: int, nfields: int, tmp: str, form: str = "literal") -> dict:
-    """One run in this (fresh) process; returns its figures."""
-    emit = None
+def _emitter(mode: str, tmp: str) -> tuple[Any, Any]:
+    """This (fresh) process's ``cptrace`` for ``mode`` (None for off) and the upstream mode's log handler."""
+    emit, handler = None, None
     if mode == "upstream":
         sys.path.insert(0, str(REPO / "bench"))
         os.environ["SGLANG_CP_HICACHE_KV_TRACE"] = "1"
@@ -151,6 +167,12 @@ def child(mode: str, records: int, iters: int, nfields: int, tmp: str, form: str
         ct.cptrace(1, "config", cp_size=1)  # starts the drainer and the exporter process
         ct.flush(60)
         emit = ct.cptrace
+    return emit, handler
+
+
+def child(mode: str, records: int, iters: int, nfields: int, tmp: str, form: str = "literal") -> dict:
+    """One run in this (fresh) process; returns its figures."""
+    emit, handler = _emitter(mode, tmp)
     # literal: each record's values as a tuple, unpacked into locals in the loop (outside the timed call)
     args = [(TAGS[(i // 500) % 4], _fields(i, nfields) if form == "dict" else tuple(_fields(i, nfields).values()))
             for i in range(records)]
@@ -167,6 +189,7 @@ def child(mode: str, records: int, iters: int, nfields: int, tmp: str, form: str
     out = {"wall": wall, "ok": True, "dropped": 0, "in_calls": max(0.0, (in_calls - timer * records) / 1e9)}
     w1 = None
     if mode in ("ours", "ring"):
+        import cptrace_otel as ct
         from cptrace_otel.traced import pipeline
 
         out["ok"] = ct.flush(300)
@@ -174,10 +197,7 @@ def child(mode: str, records: int, iters: int, nfields: int, tmp: str, form: str
         w1 = _proc.cpu_s(wpid) if wpid else None
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     main_cpu = time.thread_time() - m0
-    if mode in ("ours", "ring"):
-        ct.shutdown(60)
-    elif mode == "upstream":
-        handler.close()
+    _close(mode, handler)
     rc = resource.getrusage(resource.RUSAGE_CHILDREN)
     out["cpu"] = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     out["main_cpu"] = main_cpu
@@ -187,17 +207,220 @@ def child(mode: str, records: int, iters: int, nfields: int, tmp: str, form: str
     return out
 
 
+def _close(mode: str, handler: Any) -> None:
+    if mode in ("ours", "ring"):
+        import cptrace_otel as ct
+
+        ct.shutdown(60)
+    elif mode == "upstream":
+        handler.close()
+
+
 def _run(mode: str, records: int, iters: int, nfields: int, form: str) -> dict:
+    return _spawn(mode, ["--child", mode, str(records), str(iters), str(nfields), "{tmp}", form])
+
+
+def _spawn(mode: str, child_args: list[str], env_extra: dict[str, str] | None = None) -> dict:
+    """Run this script as ``child_args`` (``{tmp}`` replaced by a fresh directory) in a fresh process, the
+    environment cleared of tracing settings but for ``mode``'s path and ``env_extra``; its figures."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CPTRACE_", "OTEL_", "SGLANG_CP_HICACHE"))}
     env["PYTHONPATH"] = str(REPO)
     env["CPTRACE_RING"] = "1" if mode == "ring" else "0"   # ours: the deque and drainer path
+    env.update(env_extra or {})
     with tempfile.TemporaryDirectory() as tmp:
         env["CPTRACE_SPOOL_DIR"] = tmp
-        cmd = [sys.executable, __file__, "--child", mode, str(records), str(iters), str(nfields), tmp, form]
+        cmd = [sys.executable, __file__, *(a.replace("{tmp}", tmp) for a in child_args)]
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     if out.returncode != 0:
         raise SystemExit(f"benchmark child ({mode}) failed:\n{out.stderr}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# -- the scheduler-step shape (--shape step) ----------------------------------------------------------------------
+STEP_RECORDS = 4   # records per step
+STEP_MODES = ("off", "upstream", "ours", "ring", "floor")
+PAUSE_EXPORTER = "BENCH_PAUSE_EXPORTER"   # a --variant setting: the exporter process stopped while the loop runs
+
+
+class _Req:
+    """A request as a scheduler keeps it: the working set a step walks."""
+
+    __slots__ = ("toks", "out", "age")
+
+    def __init__(self, i: int) -> None:
+        self.toks = list(range(i, i + 16))
+        self.out: list[int] = []
+        self.age = 0
+
+
+def step_work(reqs: list[_Req], j: int, k: int) -> int:
+    """One step's own work: ``k`` requests read and updated, strided over a working set larger than the caches (as
+    a scheduler walks its queues), with small allocations; returns where the next step starts."""
+    n = len(reqs)
+    acc = 0
+    for _ in range(k):
+        r = reqs[j]
+        r.age += 1
+        acc += r.toks[r.age & 15]
+        out = r.out
+        out.append(acc & 0xFF)
+        if len(out) > 8:
+            r.out = []
+        j = (j + 7919) % n
+    return j
+
+
+STEP_BLOCK = 50   # steps per block of the paired measurement
+
+
+def step_loop(emit: Any, reqs: list[_Req], steps: int, k: int, start: int = 0) -> None:
+    """``steps`` steps of :func:`step_work`, each followed by :data:`STEP_RECORDS` records of 8 fields (5 ints, 3
+    short strings) built as a dict and passed as ``**fields``; with ``emit`` None the dicts are built and not
+    passed (off: the caller's own work is the same in every mode)."""
+    rids = [f"req-{i:04x}" for i in range(64)]
+    for s in range(start, start + steps):
+        j = step_work(reqs, s, k) if k else s
+        for t in range(STEP_RECORDS):
+            f = {"op": s, "node_id": (j + t) % 500, "dev": 1234 + t, "host": 5678 + t, "h": 8765432101234567 + s,
+                 "rid": rids[s & 63], "dir": "d2h", "stage": "attn_kv"}
+            if emit is not None:
+                emit(1, TAGS[t], **f)
+
+
+def step_blocks(emit: Any, reqs: list[_Req], steps: int, k: int) -> list[int]:
+    """``steps`` steps in blocks of :data:`STEP_BLOCK`, alternately with ``emit`` and without (ABBA, so that neither
+    kind always follows the other); per pair, the loop thread's CPU ns of the traced block minus the untraced one's.
+    Both blocks of a pair run within a few ms of each other, so a change of the machine's load hits both: the median
+    is the tracing calls' cost to the thread (in the calls, and in the caller's own work after them) where the
+    difference of two processes' totals carries the noise of all their work."""
+    tt = time.thread_time_ns
+    out = []
+    for i, b in enumerate(range(0, steps - 2 * STEP_BLOCK + 1, 2 * STEP_BLOCK)):
+        order = (emit, None) if i % 2 == 0 else (None, emit)
+        c0 = tt()
+        step_loop(order[0], reqs, STEP_BLOCK, k, b)
+        c1 = tt()
+        step_loop(order[1], reqs, STEP_BLOCK, k, b + STEP_BLOCK)
+        c2 = tt()
+        out.append((c1 - c0) - (c2 - c1) if i % 2 == 0 else (c2 - c1) - (c1 - c0))
+    return out
+
+
+def step_calibrate(reqs: list[_Req]) -> float:
+    """Seconds per request of :func:`step_work` on this machine (best of a few tries)."""
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        step_work(reqs, 0, 20000)
+        best = min(best, time.perf_counter() - t0)
+    return best / 20000
+
+
+def _reqs() -> list[_Req]:
+    return [_Req(i) for i in range(20000)]   # ~14 MB of small objects
+
+
+def step_child(mode: str, steps: int, k: int, tmp: str, warm: int = 0) -> dict:
+    """One step-shape run in this (fresh) process: the whole process's CPU (every thread) from the first step to the
+    flush, the loop thread's, the exporter process's (from /proc, its start-up excluded) and minor faults; after
+    ``warm`` steps of the same shape, flushed (a long-running scheduler's steady state: the ring has been written
+    before, as it has after its first few seconds)."""
+    emit, handler = _emitter(mode, tmp)
+    reqs = _reqs()
+    if warm:
+        step_loop(emit, reqs, warm, k)
+        if mode in ("ours", "ring"):
+            import cptrace_otel as ct
+
+            ct.flush(300)
+    wpid = _worker_pid() if mode in ("ours", "ring") else None
+    w0 = _proc.cpu_s(wpid) if wpid else None
+    pause = bool(wpid) and os.environ.get(PAUSE_EXPORTER) == "1"
+    if pause:   # (the A/B of the exporter process's concurrent work: it reads the ring after the loop)
+        os.kill(wpid, signal.SIGSTOP)
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    m0 = time.thread_time()
+    t0 = time.perf_counter()
+    pairs = step_blocks(emit, reqs, steps, k)
+    wall = time.perf_counter() - t0
+    main_cpu = time.thread_time() - m0
+    if pause:
+        os.kill(wpid, signal.SIGCONT)
+    out: dict[str, Any] = {"ok": True, "dropped": 0, "exporter_cpu": 0.0,
+                           "paired": statistics.median(pairs) / (STEP_BLOCK * STEP_RECORDS) / 1e9 if pairs else 0.0}
+    if mode in ("ours", "ring"):
+        import cptrace_otel as ct
+        from cptrace_otel.traced import pipeline
+
+        out["ok"] = ct.flush(300)
+        out["dropped"] = pipeline.stats()["dropped"]
+        w1 = _proc.cpu_s(wpid) if wpid else None
+        out["exporter_cpu"] = w1 - w0 if w0 is not None and w1 is not None else float("nan")
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    _close(mode, handler)
+    out.update(wall=wall, main_cpu=main_cpu, cpu=(r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime),
+               minflt=r1.ru_minflt - r0.ru_minflt, nivcsw=r1.ru_nivcsw - r0.ru_nivcsw)
+    return out
+
+
+def step_main(args: argparse.Namespace) -> int:
+    """The step shape's table: per record, each mode's cost over off, medians of ``--repeat`` interleaved runs."""
+    per_req = step_calibrate(_reqs())
+    variants = [(m, m, {}) for m in STEP_MODES if m == "off" or m in args.modes.split(",")]
+    for v in args.variant:   # label:K=V,K=V -> the ring with these settings
+        label, _, kvs = v.partition(":")
+        variants.append((label, "ring", dict(kv.split("=", 1) for kv in kvs.split(",") if kv)))
+    print(f"scheduler steps: {STEP_RECORDS} records of 8 fields (3 short strings) as **fields after each step of "
+          f"the caller's own work; per record, µs, medians of {args.repeat} (min-max); load average "
+          f"{os.getloadavg()[0]:.2f} at start; {args.warm_steps} steps run and flushed before each measured run")
+    print("  paired = the loop thread's CPU in blocks of steps with records minus in the blocks between them without "
+          "(step_blocks, median);\n  others = the CPU of the traced process's other threads (drainer) over off; "
+          "traced = paired + others: the traced process's cost;\n  exporter = our exporter process's CPU; total = "
+          "traced + exporter; whole = the traced process's whole CPU over off (a cross-check,\n  noisy: the "
+          "difference of two processes' totals); faults = minor page faults over off; wall = the loop's wall time "
+          "over off;\n  ratio = upstream's traced / this mode's")
+    ok = True
+    for us in [float(x) for x in args.step_us.split(",")]:
+        k = int(us * 1e-6 / per_req) if us > 0 else 0
+        runs: dict[str, list[dict]] = {label: [] for label, _m, _e in variants}
+        for _ in range(args.repeat):
+            for label, mode, env in variants:   # interleaved, so a load change hits every mode alike
+                runs[label].append(_spawn(mode, ["--step-child", mode, str(args.steps), str(k), "{tmp}",
+                                                 str(args.warm_steps)], env))
+        n = args.steps // 2 * STEP_RECORDS   # (half the steps are traced: step_blocks)
+        for rs in runs.values():
+            for r in rs:
+                r["others"] = r["cpu"] - r["main_cpu"]
+
+        def over(label: str, key: str, runs: dict = runs, n: int = n) -> list[float]:
+            base = statistics.median(r[key] for r in runs["off"])
+            return [(r[key] - base) / n for r in runs[label]]
+
+        def traced(label: str, runs: dict = runs) -> float:
+            return statistics.median(r["paired"] for r in runs[label]) + statistics.median(over(label, "others"))
+
+        def fig(xs: list[float], scale: float = 1e6) -> str:
+            return f"{statistics.median(xs) * scale:5.2f} ({min(xs) * scale:.2f}-{max(xs) * scale:.2f})"
+
+        up = traced("upstream") if "upstream" in runs else float("nan")
+        print(f"\nstep of {us:g} µs of own work ({k} requests), {args.steps} steps ({n} records) a run; "
+              f"load average {os.getloadavg()[0]:.2f}")
+        print(f"{'mode':>10} | {'paired':>18} | {'others':>6} | {'traced':>6} | {'exporter':>8} | {'total':>6} | "
+              f"{'whole':>18} | {'faults':>6} | {'wall':>6} | {'ratio':>6} | notes")
+        for label, _mode, _env in variants:
+            if label == "off":
+                continue
+            t = traced(label)
+            exp = statistics.median(r["exporter_cpu"] for r in runs[label]) / n * 1e6
+            dropped = max(r["dropped"] for r in runs[label])
+            flushed = all(r["ok"] for r in runs[label])
+            ok &= flushed and dropped == 0
+            faults, wall = statistics.median(over(label, "minflt")), statistics.median(over(label, "wall")) * 1e6
+            print(f"{label:>10} | {fig([r['paired'] for r in runs[label]]):>18} | "
+                  f"{statistics.median(over(label, 'others')) * 1e6:6.2f} | {t * 1e6:6.2f} | {exp:8.2f} | "
+                  f"{t * 1e6 + exp:6.2f} | {fig(over(label, 'cpu')):>18} | {faults:6.3f} | {wall:6.2f} | "
+                  f"{up / t if t > 0 else float('nan'):5.1f}x | flushed={flushed} dropped={dropped}")
+    return 0 if ok else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -212,8 +435,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--floor", action="store_true", help="also time the same calls below the level (the floor)")
     ap.add_argument("--call-form", choices=("literal", "dict"), default="literal",
                     help="literal: call-site-shaped keyword arguments (default); dict: emit(1, tag, **fields)")
+    ap.add_argument("--shape", choices=("flat", "step"), default="flat",
+                    help="flat: one record per slice of calibrated work (the table above); step: a scheduler's "
+                         "steps, 4 records of 8 fields as **fields after each (its own table)")
+    ap.add_argument("--step-us", default="50,0", help="step: µs of the caller's own work per step (0: back to back)")
+    ap.add_argument("--steps", type=int, default=20000, help="step: steps per run")
+    ap.add_argument("--modes", default=",".join(STEP_MODES[1:]), help="step: the modes compared with off")
+    ap.add_argument("--variant", action="append", default=[], metavar="LABEL:K=V,...",
+                    help="step: also the ring with these environment settings (an A/B toggle), as row LABEL")
     ap.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
+    ap.add_argument("--warm-steps", type=int, default=20000,
+                    help="step: steps of the same shape run and flushed before the measured ones (steady state)")
+    ap.add_argument("--step-child", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.step_child:
+        mode, steps, k, tmp, warm = args.step_child
+        print(json.dumps(step_child(mode, int(steps), int(k), tmp, int(warm))))
+        return 0
+    if args.shape == "step":
+        return step_main(args)
     if args.child:
         mode, records, iters, nfields, tmp, form = args.child
         print(json.dumps(child(mode, int(records), int(iters), int(nfields), tmp, form)))
