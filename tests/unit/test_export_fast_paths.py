@@ -1,7 +1,8 @@
 """The exporter worker's fast paths give exactly what the general paths give: its intake of compact items
-(``Exporter.add_items``, the C intake and the Python one) against the reference path (``render_record``, each string
-value parsed by ``logline.parse_value``, every record stepped through its rank's ``EpochTracker``), leaving the
-items it was given unchanged; and the canonical-range parser against ``logline.parse_value``."""
+(``Exporter.add_items``, the C intake and the Python one, ``Exporter._item_event`` per item) against the reference
+path (``render_record``, each string value parsed by ``logline.parse_value``, every record stepped through its rank's
+``EpochTracker``), leaving the items it was given unchanged; and the canonical-range parser against
+``logline.parse_value``."""
 
 from __future__ import annotations
 

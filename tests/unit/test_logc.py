@@ -1,6 +1,7 @@
 """The C log-line parser ``_speedups._logreader`` gives exactly what :func:`cptrace_otel.model.logline.parse_line` gives
 (tag, fields in line order, value types) on every line it accepts, and leaves every other line to the Python parser;
-the log reader produces the same events, malformed reports and counts with and without it.
+the log reader produces the same events, malformed reports and counts with and without it (``fill_chunk`` against
+the Python loop, ``logs._file_chunks_py``).
 
 Skipped when the extension was not built, unless ``CPTRACE_REQUIRE_SPEEDUPS=1`` (then missing it fails)."""
 
