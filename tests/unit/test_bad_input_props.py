@@ -81,8 +81,7 @@ def test_check_reads_any_log_bytes(data):
 @settings(max_examples=50, **SETTINGS)
 @given(_log)
 def test_the_python_log_reader_reads_any_log_bytes(data):
-    with pytest.MonkeyPatch.context() as mp, _file("rank0.log", data) as p:
-        mp.setattr(logs, "_logc", None)
+    with logs.python_reader(), _file("rank0.log", data) as p:
         rc, out, err = check("--json", str(p))
         assert rc in (0, 1), err
         assert json.loads(out)["stats"]["events"] >= 1

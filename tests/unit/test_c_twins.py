@@ -104,7 +104,7 @@ from hypothesis import example, given, settings, strategies as st  # noqa: E402
 from cptrace_otel.analyze.sources import logs  # noqa: E402
 from cptrace_otel.model.logline import Rng, parse_value  # noqa: E402
 
-_C = logs._logc
+_C = logs.c_reader()
 
 _INT = st.one_of(st.integers(-10**6, 10**6), st.integers(), st.sampled_from(["0", "-0", "007", "+1", "1_0", "\u0661"]))
 _ATOM = st.one_of(_INT.map(str), st.floats(allow_nan=True).map(repr), st.sampled_from(["True", "False", "None", "wt",

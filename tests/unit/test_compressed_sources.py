@@ -74,11 +74,11 @@ def test_compressed_files_give_the_same_check(run_files, kind):
 
 
 @pytest.mark.parametrize("use_c", [False, True])
-def test_broken_stream_keeps_the_events_before_it_and_reports_the_line(run_files, tmp_path, monkeypatch, use_c):
-    if use_c and logs._logc is None:
+def test_broken_stream_keeps_the_events_before_it_and_reports_the_line(run_files, tmp_path, request, use_c):
+    if use_c and logs.c_reader() is None:
         pytest.skip("_logc not built")
     if not use_c:
-        monkeypatch.setattr(logs, "_logc", None)
+        request.getfixturevalue("python_log_reader")
     plain, packed = run_files
     whole = list(read_log_events([plain["log"][0]]))
     data = open(packed["log"][0], "rb").read()

@@ -7,6 +7,7 @@ Skipped when the extension was not built, unless ``CPTRACE_REQUIRE_SPEEDUPS=1`` 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import random
@@ -17,7 +18,7 @@ from test_logs_fastpath import LINES
 from cptrace_otel.analyze.sources import logs
 from cptrace_otel.model.logline import Rng, parse_line
 
-_logc = logs._logc
+_logc = logs.c_reader()
 _REQUIRED = os.environ.get("CPTRACE_REQUIRE_SPEEDUPS") == "1"
 needs_logc = pytest.mark.skipif(_logc is None and not _REQUIRED, reason="_logc not built")
 
@@ -281,8 +282,7 @@ def _ev(e) -> tuple:
 def _read(paths: list[str], monkeypatch, use_c: bool, block: int):
     """What the reader gives: the merged events, and each file's raw chunks (seq and epoch before any
     renumbering, chunk boundaries) with the shared rank state; malformed reports and counts of both."""
-    with monkeypatch.context() as m:
-        m.setattr(logs, "_logc", _logc if use_c else None)
+    with monkeypatch.context() as m, contextlib.nullcontext() if use_c else logs.python_reader():
         m.setattr(logs, "_BLOCK", block)
         bad: list = []
         st = logs.LogStats()

@@ -27,6 +27,7 @@ floats, odd shapes, malformed lines) take the Python parser above.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import os
@@ -230,6 +231,23 @@ _BLOCK = 1 << 18  # bytes handed to the C parser at a time
 # The C line reader (cptrace_otel._speedups.logreader: the same events as this module's Python reader) when it was
 # built, else None.
 _logc = _load_logreader()
+
+
+def c_reader() -> Any:
+    """The C line reader this module reads with, or None (not built, or off: :func:`python_reader`)."""
+    return _logc
+
+
+@contextlib.contextmanager
+def python_reader() -> Iterator[None]:
+    """Inside the block this module reads with the Python reader alone, the C reader's twin (tests read one input
+    with each). It switches the module, not one call: not for readers running at the same time."""
+    global _logc
+    saved, _logc = _logc, None
+    try:
+        yield
+    finally:
+        _logc = saved
 
 
 def _file_chunks(fh, path: str, drank: int, on_bad: Callable[[Malformed], None], stats: LogStats,
