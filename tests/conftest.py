@@ -28,6 +28,15 @@ def python_log_reader() -> Iterator[None]:
 
 
 @pytest.fixture
+def python_worker_intake() -> Iterator[None]:
+    """The exporter worker takes items in with its Python intake alone for the test (the C intake switched off)."""
+    from cptrace_otel.export import worker
+
+    with worker.python_intake():
+        yield
+
+
+@pytest.fixture
 def fresh_pipeline() -> Iterator[None]:
     """No pipeline running when the test starts, none left behind after it, and the settings read again from the
     (cleaned) environment. Modules that trace use it for every test: ``pytestmark = usefixtures("fresh_pipeline")``."""

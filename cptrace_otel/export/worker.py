@@ -11,11 +11,12 @@ outlives its traced process by more than that. Its sinks come from :func:`cptrac
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..checks.epochs import EPOCH_TAGS, EpochTracker
@@ -69,6 +70,23 @@ def _value(v: str) -> Any:
 
 
 _intake = _load_intake()
+
+
+def c_intake() -> Any:
+    """The C intake the worker takes items in with, or None (not built, or off: :func:`python_intake`)."""
+    return _intake
+
+
+@contextlib.contextmanager
+def python_intake() -> Iterator[None]:
+    """Inside the block the worker takes items in with its Python intake alone (:meth:`Exporter._item_event`, the C
+    intake's twin; tests run one input through each). It switches the module, not one exporter."""
+    global _intake
+    saved, _intake = _intake, None
+    try:
+        yield
+    finally:
+        _intake = saved
 
 
 class Exporter:
