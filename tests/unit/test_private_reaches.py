@@ -13,8 +13,8 @@ private module (``from cptrace_otel.traced.sglang._state import ...``). Each is 
   SGLang row names (the drivers inject faults at the SGLang method where the fault lives). They are one row of the
   same table; a new one must be named there, a named one that is no longer reached fails, and (where the SGLang
   wheels are installed) each one must be defined in SGLang's source.
-* ``tests`` (a test module's helper reached by another) and ``foreign`` (``os._exit``, ``torch.cuda._sleep``) are
-  counted, not listed.
+* ``helpers`` (a test module's helper reached by another, a benchmark's by another) and ``foreign`` (``os._exit``,
+  ``torch.cuda._sleep``, the OTel SDK's) are counted, not listed.
 
 ``python3 -m tests.unit.test_private_reaches`` prints the counts and every reach, grouped.
 """
@@ -30,7 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ("tests", "bench")
-OURS = ("cptrace_otel", "bench")
+OURS = ("cptrace_otel", "bench")   # bench: reached from tests, its helpers are ours
 DOC = ROOT / "docs" / "testing.md"
 SGLANG_ROW = "SGLang's private methods"
 # where tests drive SGLang's own code: an object's private name there that is not ours is SGLang's
@@ -50,7 +50,17 @@ class Reach:
     owner: str   # ours | sglang | tests | foreign
 
 
-def _bindings(tree: ast.Module, module: str) -> dict[str, str]:
+def _absolute(module: str, level: int, pkg: str, siblings: set[str]) -> str:
+    """The dotted path of an imported module: a relative one from ``pkg``; a bare one naming a file beside the
+    importing script (a script's folder is on ``sys.path``) under that folder."""
+    if level:
+        up = pkg.split(".")
+        up = up[:len(up) - (level - 1)] if level > 1 else up
+        return ".".join([*up, module] if module else up)
+    return f"{pkg}.{module}" if module.split(".")[0] in siblings else module
+
+
+def _bindings(tree: ast.Module, module: str, siblings: set[str]) -> dict[str, str]:
     """Local name -> the dotted path an import binds it to (``from a import b as c``: c -> a.b)."""
     out: dict[str, str] = {}
     pkg = module.rsplit(".", 1)[0] if "." in module else ""
@@ -58,16 +68,12 @@ def _bindings(tree: ast.Module, module: str) -> dict[str, str]:
         if isinstance(n, ast.Import):
             for a in n.names:
                 if a.asname:
-                    out[a.asname] = a.name
+                    out[a.asname] = _absolute(a.name, 0, pkg, siblings)
                 else:
                     root = a.name.split(".")[0]
-                    out[root] = root
+                    out[root] = _absolute(root, 0, pkg, siblings)
         elif isinstance(n, ast.ImportFrom):
-            base = n.module or ""
-            if n.level:
-                up = pkg.split(".")
-                up = up[:len(up) - (n.level - 1)] if n.level > 1 else up
-                base = ".".join([*up, base] if base else up)
+            base = _absolute(n.module or "", n.level, pkg, siblings)
             for a in n.names:
                 out[a.asname or a.name] = f"{base}.{a.name}"
         elif isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name) \
@@ -78,9 +84,13 @@ def _bindings(tree: ast.Module, module: str) -> dict[str, str]:
     return out
 
 
-def _owner_of_path(dotted: str) -> str:
-    top = dotted.split(".")[0]
-    return "ours" if top in OURS else "tests" if top == "tests" else "foreign"
+def _owner_of_path(dotted: str, rel: str) -> str:
+    """ours (the package, or bench reached from tests), helpers (tests reaching tests, bench reaching bench or tests)
+    or foreign."""
+    top, own = dotted.split(".")[0], rel.split("/")[0]
+    if top in OURS and not (top == own == "bench"):
+        return "ours"
+    return "helpers" if top in SCANNED else "foreign"
 
 
 def _key(dotted: str) -> str:
@@ -127,7 +137,8 @@ def reaches(ours_defined: set[str], sglang_named: set[str], tests_defined: set[s
     file of the scanned folders; see the module docstring)."""
     for path, rel in files if files is not None else _scanned_files():
         tree = ast.parse(path.read_text())
-        bound = _bindings(tree, rel.removesuffix(".py").replace("/", "."))
+        module = rel.removesuffix(".py").replace("/", ".")
+        bound = _bindings(tree, module, {p.stem for p in path.parent.glob("*.py")})
 
         def on_object(line: int, base: ast.expr, name: str, rel: str = rel,
                       bound: dict[str, str] = bound) -> Reach | None:
@@ -136,11 +147,11 @@ def reaches(ours_defined: set[str], sglang_named: set[str], tests_defined: set[s
                 return None
             if isinstance(root, ast.Name) and root.id in bound:
                 path_ = ".".join([bound[root.id], *names, name])
-                return Reach(rel, line, _key(path_), _owner_of_path(path_))
+                return Reach(rel, line, _key(path_), _owner_of_path(path_, rel))
             # an object: whose it is, by the name (the SGLang row first where the drivers run SGLang)
             near_sglang = rel.startswith(SGLANG_DIRS)
             owner = ("sglang" if near_sglang and name in sglang_named else "ours" if name in ours_defined
-                     else "tests" if name in (tests_defined or ()) else "sglang" if near_sglang else "foreign")
+                     else "helpers" if name in (tests_defined or ()) else "sglang" if near_sglang else "foreign")
             return Reach(rel, line, "." + name, owner)
 
         for n in ast.walk(tree):
@@ -153,14 +164,14 @@ def reaches(ours_defined: set[str], sglang_named: set[str], tests_defined: set[s
                 fname = fn.id if isinstance(fn, ast.Name) else fn.attr if isinstance(fn, ast.Attribute) else ""
                 if fname in ATTR_CALLS:
                     hit = on_object(n.lineno, n.args[0], n.args[1].value)
-            elif isinstance(n, ast.ImportFrom) and n.module and n.module.split(".")[0] in OURS and not n.level:
+            elif isinstance(n, (ast.Import, ast.ImportFrom)):
                 for a in n.names:   # through a private module, or a private name
-                    if any(_private(part) for part in f"{n.module}.{a.name}".split(".")):
-                        yield Reach(rel, n.lineno, f"{n.module}.{a.name}".removeprefix("cptrace_otel."), "ours")
-            elif isinstance(n, ast.Import):
-                for a in n.names:
-                    if a.name.split(".")[0] in OURS and any(_private(part) for part in a.name.split(".")):
-                        yield Reach(rel, n.lineno, a.name.removeprefix("cptrace_otel."), "ours")
+                    full = a.name if isinstance(n, ast.Import) else f"{bound[a.asname or a.name]}"
+                    if isinstance(n, ast.Import):
+                        full = _absolute(full, 0, module.rsplit(".", 1)[0], set())
+                    owner = _owner_of_path(full, rel)
+                    if owner != "foreign" and any(_private(part) for part in full.split(".")):
+                        yield Reach(rel, n.lineno, full.removeprefix("cptrace_otel."), owner)
             if hit is not None:
                 yield hit
 
@@ -253,7 +264,7 @@ if __name__ == "__main__":
     by_owner = Counter(r.owner for r in all_found)
     pairs = Counter(r.owner for r in {(r.file, r.key, r.owner): r for r in all_found}.values())
     print("occurrences:", dict(by_owner), " distinct (file, name):", dict(pairs))
-    for owner in ("ours", "sglang", "tests", "foreign"):
+    for owner in ("ours", "sglang", "helpers", "foreign"):
         print(f"\n[{owner}]")
         per: dict[str, Counter[str]] = {}
         for r in all_found:
