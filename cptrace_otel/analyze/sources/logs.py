@@ -27,15 +27,16 @@ floats, odd shapes, malformed lines) take the Python parser above.
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import itertools
 import os
 import re
 import sys
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any, NamedTuple
 
+from ..._speedups import twin_off
 from ..._speedups.logreader import load as _load_logreader
 from ...checks.epochs import EPOCH_TAGS, EpochTracker
 from ...model.canary import MARKER as CANARY_MARK, TAG as CANARY_TAG, parse_canary_line
@@ -238,16 +239,10 @@ def c_reader() -> Any:
     return _logc
 
 
-@contextlib.contextmanager
-def python_reader() -> Iterator[None]:
-    """Inside the block this module reads with the Python reader alone, the C reader's twin (tests read one input
-    with each). It switches the module, not one call: not for readers running at the same time."""
-    global _logc
-    saved, _logc = _logc, None
-    try:
-        yield
-    finally:
-        _logc = saved
+def python_reader() -> AbstractContextManager[None]:
+    """A block in which this module reads with the Python reader alone, the C reader's twin (tests read one input
+    with each; :func:`cptrace_otel._speedups.twin_off`)."""
+    return twin_off(globals(), "_logc")
 
 
 def _file_chunks(fh, path: str, drank: int, on_bad: Callable[[Malformed], None], stats: LogStats,
