@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
           f"scale factor ~{cal / 7:.1f}x); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     from cptrace_otel.analyze.sources import logs
 
-    print("log parser: " + ("C (_speedups._logreader)" if logs._logc is not None
+    print("log parser: " + ("C (_speedups._logreader)" if logs.c_reader() is not None
                             else "pure Python (C speedups not built)"))
     base = a.keep or tempfile.mkdtemp(prefix="cptrace-bench-")
     os.makedirs(base, exist_ok=True)

@@ -174,7 +174,7 @@ def main() -> int:
     from cptrace_otel.export import otlp_proto as otlp, worker
     from tests.helpers.otlp_receiver import GrpcReceiver, HttpReceiver
 
-    print("exporter: " + ("C span-event encoder and intake" if otlp._span_events and worker._intake
+    print("exporter: " + ("C span-event encoder and intake" if otlp.c_encoders_built() and worker.c_intake()
                           else "pure-Python parts (C speedups not fully built)"))
 
     results = {}

@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     out: dict = {"events_per_path": n, "cpus": os.cpu_count()}
     from cptrace_otel.export import otlp_proto as otlp, worker
 
-    enc = ("C span-event encoder and intake" if otlp._span_events is not None and worker._intake is not None
+    enc = ("C span-event encoder and intake" if otlp.c_encoders_built() and worker.c_intake() is not None
            else "pure-Python parts (C speedups not fully built)")
     print(f"jaeger_export: {n:,} events per path ({EVENTS_PER_NODE}/node), Jaeger {args.query}, {os.cpu_count()} CPUs, "
           f"{enc}")

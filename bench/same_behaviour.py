@@ -183,7 +183,7 @@ def _pb_fields(b: bytes) -> Any:
         i = j
 
 
-def _pb_parts(body: bytes) -> Any:
+def pb_parts(body: bytes) -> Any:
     """ExportTraceServiceRequest -> ``(name, bytes)``: resource_spans(1) { resource(1), scope_spans(2) { scope(1),
     spans(2) } }; any other field is kept under its number."""
     for f, v in _pb_fields(body):
@@ -207,8 +207,8 @@ def _json_end(s: str, i: int) -> int:
     return _JSON_DECODER.raw_decode(s, i)[1]
 
 
-def _json_parts(s: str) -> list[tuple[str, str]]:
-    """One OTLP/JSON request line -> ``(name, text)`` like :func:`_pb_parts`, each part's text exactly as written.
+def json_parts(s: str) -> list[tuple[str, str]]:
+    """One OTLP/JSON request line -> ``(name, text)`` like :func:`pb_parts`, each part's text exactly as written.
     Containers are walked by index; only the parts themselves are scanned (once each)."""
     out: list[tuple[str, str]] = []
 
@@ -260,7 +260,7 @@ def _json_parts(s: str) -> list[tuple[str, str]]:
     return out
 
 
-def _without_cuts(parts: Any, show: Callable[[Any], bytes]) -> bytes:
+def without_cuts(parts: Any, show: Callable[[Any], bytes]) -> bytes:
     out: list[bytes] = []
     last: dict[str, Any] = {}
     for name, v in parts:
@@ -275,7 +275,7 @@ def _without_cuts(parts: Any, show: Callable[[Any], bytes]) -> bytes:
     return b"".join(out)
 
 
-def _show_bytes(v: bytes) -> bytes:
+def show_bytes(v: bytes) -> bytes:
     return f"({len(v)} bytes)\n".encode() + _hexdump(v)
 
 
@@ -378,7 +378,7 @@ def run_one(sc: Scenario, tree: str, work: str, rx: RawReceiver) -> dict[str, by
             arts[f"http request {i}"] = f"{head} bytes={len(body)}\n".encode() + _hexdump(body)
     elif reqs:
         arts["http requests (spans in order, request cuts removed)"] = "\n".join(sorted(set(heads))).encode() + \
-            b"\n" + _without_cuts((p for *_, body in reqs for p in _pb_parts(body)), _show_bytes)
+            b"\n" + without_cuts((p for *_, body in reqs for p in pb_parts(body)), show_bytes)
     for dp, _, files in sorted(os.walk(run)):
         for f in sorted(files):
             p = os.path.join(dp, f)
@@ -387,7 +387,7 @@ def run_one(sc: Scenario, tree: str, work: str, rx: RawReceiver) -> dict[str, by
                 data = fh.read()
             if not sc.cuts and f.endswith(".otlp.jsonl"):
                 lines = data.decode("utf-8").splitlines()
-                data = _without_cuts((p for ln in lines for p in _json_parts(ln)), _show_text)
+                data = without_cuts((p for ln in lines for p in json_parts(ln)), _show_text)
                 name += " (spans in order, line cuts removed)"
             arts[name] = data
     arts["_seconds"] = f"{time.monotonic() - t0:.2f}".encode()

@@ -43,6 +43,12 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """``argv`` (without the program name) parsed as ``main`` parses it, for a caller that runs a command's ``run``
+    itself (tests, a wrapper): argparse's usage error exits 2 as on the command line."""
+    return _parser().parse_args(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = _parser()
     try:

@@ -19,6 +19,24 @@ def _clean_environ(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
+def python_log_reader() -> Iterator[None]:
+    """The upstream log reader reads with its Python reader alone for the test (the C reader switched off)."""
+    from cptrace_otel.analyze.sources import logs
+
+    with logs.python_reader():
+        yield
+
+
+@pytest.fixture
+def python_worker_intake() -> Iterator[None]:
+    """The exporter worker takes items in with its Python intake alone for the test (the C intake switched off)."""
+    from cptrace_otel.export import worker
+
+    with worker.python_intake():
+        yield
+
+
+@pytest.fixture
 def fresh_pipeline() -> Iterator[None]:
     """No pipeline running when the test starts, none left behind after it, and the settings read again from the
     (cleaned) environment. Modules that trace use it for every test: ``pytestmark = usefixtures("fresh_pipeline")``."""

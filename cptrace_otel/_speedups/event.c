@@ -1,4 +1,8 @@
-/* Event construction and epoch numbering shared by the C line reader and the C exporter intake (see event.h). */
+/* Event construction and epoch numbering shared by the C line reader and the C exporter intake (see event.h).
+ *
+ * Twin: cptrace_otel.model.events.Event
+ * Held equal by: tests/unit/test_logc.py
+ */
 #include "event.h"
 
 #include <structmember.h>   /* T_OBJECT_EX: the member type of a __slots__ entry */

@@ -27,6 +27,11 @@
  *                               (int64, int32, int16, int8, uint8): what upstream's rng text shows (Python writes
  *                               the text, whose keys are declared there)
  *   kernel() -> "avx2" or "portable": the kernel sums() uses by default on this machine
+ *
+ * Twin: cptrace_otel.fingerprint.reference.khash
+ * Twin: cptrace_otel.fingerprint.reference.knz
+ * Twin: cptrace_otel.fingerprint.formula.finish
+ * Held equal by: tests/unit/test_fingerprint_c.py
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -20,6 +20,10 @@
  * signal handler's SystemExit or KeyboardInterrupt raised inside submit propagates, as it does from slow).
  * While submit is ring_put (the record ring is on, ring.c) and nothing is sampled out, a record that goes on is
  * put into the ring from the argument arrays: no dict, no Python call.
+ *
+ * Twin: cptrace_otel.traced.api._cptrace_py
+ * Twin: cptrace_otel.traced.api._trace_enabled_py
+ * Held equal by: tests/unit/test_hot_gate.py
  */
 #include "idset.h"
 #include "ring.h"

@@ -7,6 +7,9 @@
  *
  * The Events equal the worker's Python intake's (tests/unit/test_export_fast_paths.py holds them equal); values go
  * through the shared value grammar (value.c), any other value through the worker's Python conversion.
+ *
+ * Twin: cptrace_otel.export.worker.Exporter._item_event
+ * Held equal by: tests/unit/test_export_fast_paths.py
  */
 #include "event.h"
 #include "value.h"

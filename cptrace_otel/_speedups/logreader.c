@@ -19,6 +19,10 @@
  *       epoch from state[rank] = [next seq, EpochTracker]) appended to chunk until it holds limit of them. Lines
  *       without "[CPTRACE" (and without any of other_markers) are skipped; a line the C parser leaves to Python
  *       goes to slow(line, line_no), which returns (tag, fields, ts, rank) or None.
+ *
+ * Twin: cptrace_otel.model.logline.parse_line
+ * Twin: cptrace_otel.analyze.sources.logs._file_chunks_py
+ * Held equal by: tests/unit/test_logc.py
  */
 #include "event.h"
 #include "value.h"

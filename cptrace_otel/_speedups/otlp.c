@@ -27,6 +27,11 @@
  * bytes object per attribute, dict and tuple lookups); here an event is a few hundred bytes of memcpy. Whole spans
  * too: the per-span Python (ids, name, times, attributes, joins) cost ~1.2 us per event of a stream of short stage
  * spans (bench/jaeger_export.py: 3.3 events per span).
+ *
+ * Twin: cptrace_otel.export.otlp_proto._event_field
+ * Twin: cptrace_otel.export.otlp_proto._span_field
+ * Twin: cptrace_otel.model.attrs.approx_bytes
+ * Held equal by: tests/unit/test_otlpc.py
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

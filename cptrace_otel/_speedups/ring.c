@@ -50,6 +50,9 @@
  * the deque path's estimate, traced/rendering.py's, made for every side record; as the drainer takes items from the
  * front, the sum is scaled to those left, as the deque path does), so large values that take the side path (a str
  * record over max_rec) cannot grow it without bound.
+ *
+ * Twin: cptrace_otel.model.records.compact_item
+ * Held equal by: tests/unit/test_ring.py
  */
 #include "ring.h"
 #include "grammar.h"

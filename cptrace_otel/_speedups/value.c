@@ -1,6 +1,10 @@
 /* The value grammar shared by the C line reader and the C exporter intake (see value.h). Every result equals
  * cptrace_otel.model.logline.parse_value of the same text; tests/unit/test_logc.py and test_export_fast_paths.py hold
- * them equal. */
+ * them equal.
+ *
+ * Twin: cptrace_otel.model.logline.parse_value
+ * Held equal by: tests/unit/test_logc.py, tests/unit/test_c_twins.py, tests/unit/test_export_fast_paths.py
+ */
 #include "value.h"
 #include "grammar.h"
 

@@ -92,6 +92,12 @@ class Localizer:
         self._dropped_entries = 0
         self._dropped_prompts = 0
 
+    @property
+    def held(self) -> tuple[int, int]:
+        """What it holds now: forwards in progress (at most one per rank) and prompts with a baseline (at most
+        ``max_prompts``)."""
+        return len(self._open), len(self._bases)
+
     # -- feeding ------------------------------------------------------------------------------------------------
     def feed(self, ev: Event) -> None:
         """One record; returns None so it can sit in a rule dispatch table (it never produces findings)."""

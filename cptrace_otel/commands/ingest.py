@@ -100,7 +100,7 @@ def _wall_to_ns(wall: str) -> int | None:
 _MARKER = b"[CPTRACE "
 
 
-def _count_trace_lines(paths: list[str]) -> int | None:
+def count_trace_lines(paths: list[str]) -> int | None:
     """The progress bar's total: ``[CPTRACE`` markers in the files (decompressed when gzip); None (unknown) when
     standard input is among them: it can be read only once."""
     from ..analyze.sources.inputs import STDIN, open_text
@@ -280,7 +280,7 @@ def _run(args: argparse.Namespace) -> int:
     if not args.no_progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=_count_trace_lines(logs), unit="ev", file=sys.stderr, desc="ingest", mininterval=0.5)
+        bar = tqdm(total=count_trace_lines(logs), unit="ev", file=sys.stderr, desc="ingest", mininterval=0.5)
     clock = _Clock()
     n = 0
     try:

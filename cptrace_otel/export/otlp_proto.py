@@ -433,6 +433,11 @@ def _event_field(ts: int, name: str, attrs: EventAttrs | dict[str, Any]) -> byte
 _span_events, _span_fields, sizer = _load_c_encoders() or (None, None, approx_bytes)
 
 
+def c_encoders_built() -> bool:
+    """Whether spans and their events are encoded by the C encoders (``_speedups/otlp.c``), else all in Python."""
+    return _span_events is not None
+
+
 def encode_span(sp: Span) -> bytes:
     """Encoded ``Span`` message body (kind INTERNAL; ``parent_span_id`` when the span has a parent: a stage span's
     lane)."""

@@ -16,8 +16,10 @@ import queue
 import sys
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
+from .._speedups import twin_off
 from ..checks.epochs import EPOCH_TAGS, EpochTracker
 from ..checks.rank_checker import checker_factory
 from ..model import semconv as sc
@@ -69,6 +71,17 @@ def _value(v: str) -> Any:
 
 
 _intake = _load_intake()
+
+
+def c_intake() -> Any:
+    """The C intake the worker takes items in with, or None (not built, or off: :func:`python_intake`)."""
+    return _intake
+
+
+def python_intake() -> AbstractContextManager[None]:
+    """A block in which the worker takes items in with its Python intake alone (:meth:`Exporter._item_event`, the C
+    intake's twin; tests run one input through each; :func:`cptrace_otel._speedups.twin_off`)."""
+    return twin_off(globals(), "_intake")
 
 
 class Exporter:

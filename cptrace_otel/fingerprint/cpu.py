@@ -13,8 +13,10 @@ or that is a lazily-resolved view goes to :mod:`.reference`, so the same value o
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
+from .._speedups import twin_off
 from .._speedups.fingerprint import load as _load_c
 from . import formula
 
@@ -61,6 +63,12 @@ def numpy_sums(a: npt.NDArray[np.uint8], start: int = 0) -> tuple[int, int]:
         s1 += (origin + full + 1) * ts0 + tw
         s0 += ts0
     return s0 & formula.MASK64, s1 & formula.MASK64
+
+
+def numpy_fallback() -> AbstractContextManager[None]:
+    """A block in which the CPU fingerprints run the numpy path, the C kernel's twin (a benchmark measures both;
+    :func:`cptrace_otel._speedups.twin_off`)."""
+    return twin_off(globals(), "_c")
 
 
 def backend() -> str:

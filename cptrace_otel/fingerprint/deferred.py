@@ -24,7 +24,7 @@ _lock = threading.Lock()
 
 # Poll interval bounds for timed waits (event.query() is cheap; sleeping releases the GIL to the traced threads).
 _POLL_MIN_S = 20e-6
-_POLL_MAX_S = 1e-3
+POLL_MAX_S = 1e-3
 
 
 class Pending:
@@ -74,7 +74,7 @@ class Pending:
             if left <= 0:
                 return False
             time.sleep(min(pause, left))
-            pause = min(pause * 2, _POLL_MAX_S)
+            pause = min(pause * 2, POLL_MAX_S)
         self._collect()
         return True
 

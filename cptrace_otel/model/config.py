@@ -219,6 +219,11 @@ def cp_mode_setting(value: str | None, what: str) -> str:
     return ""
 
 
+def forget_warnings() -> None:
+    """Forget which configuration warnings were given, so each is given again once (a test that expects one)."""
+    _warned.clear()
+
+
 def _warn_once(key: str, msg: str) -> None:
     if key not in _warned:
         _warned.add(key)

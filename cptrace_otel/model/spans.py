@@ -558,6 +558,11 @@ class SpanBuilder:
         return len(self._open)
 
     @property
+    def held_records(self) -> int:
+        """Records held now, in open spans and in closed children parked in open lanes (at most ``MAX_HELD``)."""
+        return self._held
+
+    @property
     def finished_spans(self) -> int:
         """Spans finished and not yet taken (:meth:`take`)."""
         return len(self._done)

@@ -10,7 +10,7 @@ import shutil
 import subprocess
 import sys
 
-from cptrace_otel.cli import _parser
+from cptrace_otel.cli import parse_args
 from cptrace_otel.commands import check as check_cmd
 
 FAULTS = "C1_div,C3_writer,HASH_flip"
@@ -39,7 +39,7 @@ def run_demo(out, ranks: int = 4, faults: str = FAULTS, seed: int = 1) -> dict:
 
 def check(*argv: str) -> tuple[int, str, str]:
     """``cptrace-otel check ARGV`` in-process: (exit code, stdout, stderr)."""
-    args = _parser().parse_args(["check", *argv])
+    args = parse_args(["check", *argv])
     out, err = io.StringIO(), io.StringIO()
     rc = check_cmd.run(args, out, err)
     return rc, out.getvalue(), err.getvalue()

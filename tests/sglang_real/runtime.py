@@ -203,17 +203,17 @@ class Copies:
         import sglang.srt.mem_cache.l2_transfer as l2
 
         eng = l2.L2TransferEngine
-        if getattr(eng, "_deferred", None) is not None:
-            eng._deferred = self
+        if getattr(eng, "cptrace_deferred", None) is not None:
+            eng.cptrace_deferred = self
             return
-        eng._deferred = self
+        eng.cptrace_deferred = self
         orig_d2h, orig_h2d = eng.submit_device_to_host, eng.submit_host_to_device
 
         def d2h(self_: Any, transfers: list) -> Any:
-            return eng._deferred.submit("d2h", functools.partial(orig_d2h, self_, transfers), transfers)
+            return eng.cptrace_deferred.submit("d2h", functools.partial(orig_d2h, self_, transfers), transfers)
 
         def h2d(self_: Any, transfers: list, **kw: Any) -> Any:
-            return eng._deferred.submit("h2d", functools.partial(orig_h2d, self_, transfers, **kw), transfers)
+            return eng.cptrace_deferred.submit("h2d", functools.partial(orig_h2d, self_, transfers, **kw), transfers)
 
         eng.submit_device_to_host = d2h
         eng.submit_host_to_device = h2d

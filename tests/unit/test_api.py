@@ -50,7 +50,7 @@ def test_gate_is_read_once_until_reload(monkeypatch: pytest.MonkeyPatch) -> None
 
 @pytest.mark.parametrize("bad", ["abc", "1.5", "-1", "0x2"])
 def test_bad_gate_value_warns_once_and_means_off(monkeypatch: pytest.MonkeyPatch, bad: str) -> None:
-    config._warned.clear()
+    config.forget_warnings()
     monkeypatch.setenv("SGLANG_CP_HICACHE_KV_TRACE", bad)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")

@@ -59,8 +59,7 @@ def test_an_int_over_the_str_limit_is_a_malformed_line(tmp_path, line):
     assert events(out) == 1 and json.loads(out)["stats"]["malformed"] == 1
 
 
-def test_the_python_reader_skips_a_huge_int_too(tmp_path, monkeypatch):
-    monkeypatch.setattr(logs, "_logc", None)
+def test_the_python_reader_skips_a_huge_int_too(tmp_path, python_log_reader):
     p = tmp_path / "rank0.log"
     p.write_text(f"[CPTRACE prepare] rank=0 node_id={BIG} op=1 ts=5\n" + GOOD)
     bad: list = []
@@ -171,8 +170,7 @@ def test_a_line_longer_than_the_cap_is_reported_not_held(tmp_path):
     assert rss < 200, rss
 
 
-def test_the_python_reader_caps_the_line_length(tmp_path, monkeypatch):
-    monkeypatch.setattr(logs, "_logc", None)
+def test_the_python_reader_caps_the_line_length(tmp_path, monkeypatch, python_log_reader):
     monkeypatch.setattr(files, "MAX_LINE", 1000)
     p = tmp_path / "rank0.log"
     p.write_text("[CPTRACE prepare] rank=0 a=" + "a" * 5000 + "\n" + GOOD)

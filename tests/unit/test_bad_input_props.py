@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, example, given, settings, strategies as st  
 from test_bad_input import GOOD, otlp_line  # noqa: E402
 
 from cptrace_otel.analyze.sources import logs  # noqa: E402
-from cptrace_otel.cli import _parser  # noqa: E402
+from cptrace_otel.cli import parse_args  # noqa: E402
 from cptrace_otel.commands import ingest  # noqa: E402
 from tests.helpers.demo_run import check  # noqa: E402
 
@@ -81,8 +81,7 @@ def test_check_reads_any_log_bytes(data):
 @settings(max_examples=50, **SETTINGS)
 @given(_log)
 def test_the_python_log_reader_reads_any_log_bytes(data):
-    with pytest.MonkeyPatch.context() as mp, _file("rank0.log", data) as p:
-        mp.setattr(logs, "_logc", None)
+    with logs.python_reader(), _file("rank0.log", data) as p:
         rc, out, err = check("--json", str(p))
         assert rc in (0, 1), err
         assert json.loads(out)["stats"]["events"] >= 1
@@ -94,7 +93,7 @@ def test_the_python_log_reader_reads_any_log_bytes(data):
 def test_ingest_replays_any_log_bytes(data):
     with _file("rank0.log", data) as p:
         out = p.parent / "o.jsonl"
-        args = _parser().parse_args(["ingest", "--no-progress", "--file", str(out), str(p)])
+        args = parse_args(["ingest", "--no-progress", "--file", str(out), str(p)])
         assert ingest.run(args) == 0
         assert '"hicache.node_id","value":{"intValue":"7"}' in out.read_text()   # the good record was sent
 

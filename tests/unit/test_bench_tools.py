@@ -52,7 +52,7 @@ def test_pb_parts_are_the_exact_bytes_of_each_part() -> None:
     from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
     body = _request([["a", "b"], ["c"]])
-    parts = list(sb._pb_parts(body))
+    parts = list(sb.pb_parts(body))
     req = trace_service_pb2.ExportTraceServiceRequest.FromString(body)
     spans = [s.SerializeToString() for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans]
     assert [v for k, v in parts if k == "span"] == spans
@@ -61,12 +61,12 @@ def test_pb_parts_are_the_exact_bytes_of_each_part() -> None:
 
 
 def test_cuts_do_not_matter_but_bytes_do() -> None:
-    one = list(sb._pb_parts(_request([["a", "b", "c"]])))
+    one = list(sb.pb_parts(_request([["a", "b", "c"]])))
     # the same spans cut into two requests (each carrying the same resource r=0 and scope)
-    two = [*sb._pb_parts(_request([["a"]])), *sb._pb_parts(_request([["b", "c"]]))]
-    assert sb._without_cuts(iter(one), sb._show_bytes) == sb._without_cuts(iter(two), sb._show_bytes)
-    other = list(sb._pb_parts(_request([["a", "b", "d"]])))
-    assert sb._without_cuts(iter(one), sb._show_bytes) != sb._without_cuts(iter(other), sb._show_bytes)
+    two = [*sb.pb_parts(_request([["a"]])), *sb.pb_parts(_request([["b", "c"]]))]
+    assert sb.without_cuts(iter(one), sb.show_bytes) == sb.without_cuts(iter(two), sb.show_bytes)
+    other = list(sb.pb_parts(_request([["a", "b", "d"]])))
+    assert sb.without_cuts(iter(one), sb.show_bytes) != sb.without_cuts(iter(other), sb.show_bytes)
 
 
 def test_json_parts_keep_the_text_as_written() -> None:
@@ -75,7 +75,7 @@ def test_json_parts_keep_the_text_as_written() -> None:
     line = ('{"resourceSpans":[{"resource":{"attributes":[]},"scopeSpans":[{"scope":{"name":"s"},'
             f'"spans":[{span1}, {span2}]}}]}}]}}')
     json.loads(line)
-    assert sb._json_parts(line) == [("resourceSpans.resource", '{"attributes":[]}'),
+    assert sb.json_parts(line) == [("resourceSpans.resource", '{"attributes":[]}'),
                                     ("scopeSpans.scope", '{"name":"s"}'), ("span", span1), ("span", span2)]
 
 

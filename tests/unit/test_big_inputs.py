@@ -108,7 +108,7 @@ def test_span_builder_closes_the_oldest_spans_at_its_bound_and_loses_no_record(m
                        ("reload", {"node_id": node, "op": node, "chain": [node]})):
             b.add(Event(tag, 0, n, 1_000 + n, 0, dict(f)))   # 1 ns apart: no timeout ever
             n += 1
-            most_open, most_held = max(most_open, b.open_spans), max(most_held, b._held)
+            most_open, most_held = max(most_open, b.open_spans), max(most_held, b.held_records)
             out += b.take()
     b.finish()
     out += b.take()

@@ -9,6 +9,7 @@ line is the frozen ``kv_canary violation:`` summary, then a human-readable block
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -73,17 +74,12 @@ def _log(tmp_path: Path, lines: list[str], name: str = "rank0.log") -> str:
 
 def _events(paths: list[str], c_reader: bool) -> tuple[list, LogStats]:
     st = LogStats()
-    saved = logs._logc
-    if not c_reader:
-        logs._logc = None
-    elif saved is None:
+    if c_reader and logs.c_reader() is None:
         if os.environ.get("CPTRACE_REQUIRE_SPEEDUPS") == "1":
             pytest.fail("the C log reader was not built")
         pytest.skip("the C log reader was not built")
-    try:
+    with contextlib.nullcontext() if c_reader else logs.python_reader():
         return list(read_log_events(paths, stats=st)), st
-    finally:
-        logs._logc = saved
 
 
 def _mixed_log(n: int) -> list[str]:

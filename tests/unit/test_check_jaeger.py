@@ -187,7 +187,7 @@ def test_search_answer_in_pieces_parses_across_every_cut():
     from cptrace_otel.analyze.sources.jaeger import iter_data
 
     tr = [{"traceID": f"t{i}", "spans": [{"startTime": i, "n": "é€" * (i * 37)}]} for i in range(40)]
-    tr.append({"traceID": "big", "spans": [{"x": "y" * (jaeger._AHEAD * 3)}]})
+    tr.append({"traceID": "big", "spans": [{"x": "y" * (jaeger.AHEAD * 3)}]})
     text = json.dumps({"data": tr, "total": 0, "errors": None}, ensure_ascii=False)
     for n in (1, 7, 500, 4096, len(text) // 3, len(text)):
         parts = [text[i:i + n] for i in range(0, len(text), n)]
@@ -238,7 +238,7 @@ def test_a_trace_past_the_bound_is_skipped_across_every_cut(monkeypatch):
             n = rnd.choice([1, 2, 3, 5, 17, 500, 5000, 70000])
             parts.append(doc[i:i + n])
             i += n
-        monkeypatch.setattr(jaeger, "_AHEAD", rnd.choice([64, 1000, 1 << 18]))
+        monkeypatch.setattr(jaeger, "AHEAD", rnd.choice([64, 1000, 1 << 18]))
         bound = rnd.choice([5000, 20000, 10**9])
         out = list(iter_data(parts, "u", max_item=bound))
         assert [o.trace_id if isinstance(o, Unread) else o["traceID"] for o in out] == [t["traceID"] for t in traces]

@@ -74,11 +74,11 @@ def test_compressed_files_give_the_same_check(run_files, kind):
 
 
 @pytest.mark.parametrize("use_c", [False, True])
-def test_broken_stream_keeps_the_events_before_it_and_reports_the_line(run_files, tmp_path, monkeypatch, use_c):
-    if use_c and logs._logc is None:
+def test_broken_stream_keeps_the_events_before_it_and_reports_the_line(run_files, tmp_path, request, use_c):
+    if use_c and logs.c_reader() is None:
         pytest.skip("_logc not built")
     if not use_c:
-        monkeypatch.setattr(logs, "_logc", None)
+        request.getfixturevalue("python_log_reader")
     plain, packed = run_files
     whole = list(read_log_events([plain["log"][0]]))
     data = open(packed["log"][0], "rb").read()
@@ -113,10 +113,10 @@ def test_broken_otlp_stream_is_a_malformed_line_not_an_error(run_files, tmp_path
 
 
 def test_ingest_progress_counts_records_of_compressed_logs(run_files):
-    from cptrace_otel.commands.ingest import _count_trace_lines
+    from cptrace_otel.commands.ingest import count_trace_lines
     plain, packed = run_files
-    n = _count_trace_lines(plain["log"])
-    assert n > 100 and _count_trace_lines(packed["log"]) == n
+    n = count_trace_lines(plain["log"])
+    assert n > 100 and count_trace_lines(packed["log"]) == n
 
 
 def _cli(*args: str, stdin: bytes) -> subprocess.CompletedProcess:
@@ -168,12 +168,12 @@ def test_ingest_reads_standard_input(run_files, tmp_path):
 
 
 def test_ingest_progress_counts_a_marker_split_between_read_blocks(tmp_path):
-    from cptrace_otel.commands.ingest import _count_trace_lines
+    from cptrace_otel.commands.ingest import count_trace_lines
     block = 1 << 22   # the counter's read size
     data = b"x" * (block - 4) + b"[CPTRACE a] x=1\n" + b"y" * (block - 30) + b"[CPTRACE b] y=2\n[CPTRACE c]\n"
     p = tmp_path / "rank0.log"
     p.write_bytes(data)
-    assert _count_trace_lines([str(p)]) == data.count(b"[CPTRACE ") == 3
+    assert count_trace_lines([str(p)]) == data.count(b"[CPTRACE ") == 3
 
 
 def test_concatenated_ranks_in_one_stream_are_flagged_interleaved_ones_are_not(run_files, tmp_path):

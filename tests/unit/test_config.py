@@ -14,8 +14,8 @@ from cptrace_otel.model.config import DEFAULT_FILE, from_env, traces_url
 
 
 @pytest.fixture(autouse=True)
-def _fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(config, "_warned", set())  # each test sees every warning once
+def _fresh_warnings() -> None:
+    config.forget_warnings()  # each test sees every warning once
 
 
 def _warns(env: dict[str, str], **overrides):

@@ -1,7 +1,8 @@
 """The exporter worker's fast paths give exactly what the general paths give: its intake of compact items
-(``Exporter.add_items``, the C intake and the Python one) against the reference path (``render_record``, each string
-value parsed by ``logline.parse_value``, every record stepped through its rank's ``EpochTracker``), leaving the
-items it was given unchanged; and the canonical-range parser against ``logline.parse_value``."""
+(``Exporter.add_items``, the C intake and the Python one, ``Exporter._item_event`` per item) against the reference
+path (``render_record``, each string value parsed by ``logline.parse_value``, every record stepped through its rank's
+``EpochTracker``), leaving the items it was given unchanged; and the canonical-range parser against
+``logline.parse_value``."""
 
 from __future__ import annotations
 
@@ -62,11 +63,11 @@ def _dump(ex: worker.Exporter) -> list:
 
 
 @pytest.mark.parametrize("intake", ["c", "python"])
-def test_add_items_fast_path_equals_render_record_path(intake: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_add_items_fast_path_equals_render_record_path(intake: str, request: pytest.FixtureRequest) -> None:
     """Both intakes (the C one when it was built, and the Python one) against the general path."""
     if intake == "python":
-        monkeypatch.setattr(worker, "_intake", None)
-    elif worker._intake is None:
+        request.getfixturevalue("python_worker_intake")
+    elif worker.c_intake() is None:
         if os.environ.get("CPTRACE_REQUIRE_SPEEDUPS") == "1":
             pytest.fail("the C intake (_speedups._intake) was not built (CPTRACE_REQUIRE_SPEEDUPS=1)")
         pytest.skip("the C intake (_speedups._intake) was not built")
@@ -107,10 +108,10 @@ def test_fast_range_parse_equals_parse_value() -> None:
 
 
 @pytest.mark.parametrize("intake", ["c", "python"])
-def test_bad_items_are_dropped_and_reported_the_rest_kept(intake: str, monkeypatch: pytest.MonkeyPatch,
+def test_bad_items_are_dropped_and_reported_the_rest_kept(intake: str, request: pytest.FixtureRequest,
                                                           capsys: pytest.CaptureFixture) -> None:
-    if intake == "python" or worker._intake is None:
-        monkeypatch.setattr(worker, "_intake", None)
+    if intake == "python" or worker.c_intake() is None:
+        request.getfixturevalue("python_worker_intake")
     ex = _exporter()
     good = (10**18, 1, "insert", {"node_id": 1, "len": 64, "kind": "new"})
     ex.add_items([good, ("not", "an item"), (10**18 + 1, 1, "evict", {"node_id": 1, "tier": "dev"})], 0)

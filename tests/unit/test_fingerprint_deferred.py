@@ -106,7 +106,7 @@ def test_wait_without_timeout_syncs() -> None:
 
 
 def test_poll_bounds_are_small() -> None:
-    assert deferred._POLL_MAX_S <= 0.01
+    assert deferred.POLL_MAX_S <= 0.01
 
 
 def test_dropping_unread_returns_the_slot_flagged() -> None:

@@ -21,7 +21,7 @@ import pytest
 
 from cptrace_otel.analyze.finding_sinks import Alerts
 from cptrace_otel.analyze.sources.jaeger import JaegerClient, JaegerError, Unread
-from cptrace_otel.cli import _parser
+from cptrace_otel.cli import parse_args
 from cptrace_otel.commands import watch as watch_cmd
 from tests.helpers.demo_run import check, run_demo
 from tests.helpers.hostile import HostileServer, drip, services_ok
@@ -38,7 +38,7 @@ def demo(tmp_path_factory):
 
 
 def watch_once(url: str, *more: str) -> tuple[int, str, str]:
-    args = _parser().parse_args(["watch", "--jaeger", url, "--once", *(() if "--since" in more else ("--since", "1h")),
+    args = parse_args(["watch", "--jaeger", url, "--once", *(() if "--since" in more else ("--since", "1h")),
                                  *more])
     out, err = io.StringIO(), io.StringIO()
     rc = watch_cmd.run(args, out, err)
@@ -207,7 +207,7 @@ def test_no_url_shape_prints_the_password(shape):
     url = shape.format(pw=PASSWORD, hp="127.0.0.1:1")
     rc, out, err = check("--jaeger", url, "--run-id", "r")
     assert rc in (2, 3) and PASSWORD not in out + err and PASSWORD[3:] not in out + err, err
-    args = _parser().parse_args(["watch", "--jaeger", url, "--once", "--alertmanager", url])
+    args = parse_args(["watch", "--jaeger", url, "--once", "--alertmanager", url])
     e = io.StringIO()
     assert watch_cmd.run(args, io.StringIO(), e) in (2, 3) and PASSWORD not in e.getvalue()
 

@@ -184,7 +184,8 @@ def test_memory_stays_bounded_and_overflow_is_counted():
         s.forward(0, f"h{i}", "host", pfp=i, layers=2)
     for ev in s.events:
         loc.feed(ev)
-        assert len(loc._open) <= 1 and len(loc._bases) <= 4
+        forwards, prompts = loc.held
+        assert forwards <= 1 and prompts <= 4
     entries = loc.report()
     assert len(by_verdict(entries, "match")) == 4        # 3 closed + the one still open
     [t] = by_verdict(entries, "truncated")

@@ -1,11 +1,13 @@
 """The C log-line parser ``_speedups._logreader`` gives exactly what :func:`cptrace_otel.model.logline.parse_line` gives
 (tag, fields in line order, value types) on every line it accepts, and leaves every other line to the Python parser;
-the log reader produces the same events, malformed reports and counts with and without it.
+the log reader produces the same events, malformed reports and counts with and without it (``fill_chunk`` against
+the Python loop, ``logs._file_chunks_py``).
 
 Skipped when the extension was not built, unless ``CPTRACE_REQUIRE_SPEEDUPS=1`` (then missing it fails)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import random
@@ -16,7 +18,7 @@ from test_logs_fastpath import LINES
 from cptrace_otel.analyze.sources import logs
 from cptrace_otel.model.logline import Rng, parse_line
 
-_logc = logs._logc
+_logc = logs.c_reader()
 _REQUIRED = os.environ.get("CPTRACE_REQUIRE_SPEEDUPS") == "1"
 needs_logc = pytest.mark.skipif(_logc is None and not _REQUIRED, reason="_logc not built")
 
@@ -280,8 +282,7 @@ def _ev(e) -> tuple:
 def _read(paths: list[str], monkeypatch, use_c: bool, block: int):
     """What the reader gives: the merged events, and each file's raw chunks (seq and epoch before any
     renumbering, chunk boundaries) with the shared rank state; malformed reports and counts of both."""
-    with monkeypatch.context() as m:
-        m.setattr(logs, "_logc", _logc if use_c else None)
+    with monkeypatch.context() as m, contextlib.nullcontext() if use_c else logs.python_reader():
         m.setattr(logs, "_BLOCK", block)
         bad: list = []
         st = logs.LogStats()

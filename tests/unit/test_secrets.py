@@ -62,7 +62,7 @@ def test_stats_of_the_pipeline_mask_the_password(tmp_path: Path) -> None:
 
 
 def test_malformed_header_entry_warning_hides_the_value() -> None:
-    config._warned.clear()
+    config.forget_warnings()
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         cfg = config.from_env({"OTEL_EXPORTER_OTLP_HEADERS": f"authorization:Bearer {TOKEN},x-ok=1"})

@@ -14,7 +14,7 @@ import pytest
 
 from cptrace_otel.analyze.finding_sinks import ALERTNAME, Alerts, already_stamped, finding_span, finding_trace
 from cptrace_otel.analyze.incremental import GAP_POLLS, WATCH_SERVICE, RunWatch
-from cptrace_otel.cli import _parser
+from cptrace_otel.cli import parse_args
 from cptrace_otel.commands import watch as watch_cmd
 from cptrace_otel.model import semconv as sc
 from cptrace_otel.model.trace_ids import node_trace_id
@@ -120,7 +120,7 @@ def test_alerts_one_per_code_rank_run_reposted_with_the_same_labels():
 
 def test_watch_once_against_a_fake_jaeger(demo):
     with FakeJaeger(demo["traces"]) as fj:
-        args = _parser().parse_args(["watch", "--jaeger", fj.url, "--run-id", demo["run_id"], "--once",
+        args = parse_args(["watch", "--jaeger", fj.url, "--run-id", demo["run_id"], "--once",
                                      "--since", "3650d"])
         out, err = io.StringIO(), io.StringIO()
         rc = watch_cmd.run(args, out, err)
@@ -133,6 +133,6 @@ def test_watch_once_against_a_fake_jaeger(demo):
 
 
 def test_watch_unreachable_at_start(capsys):
-    args = _parser().parse_args(["watch", "--jaeger", "http://127.0.0.1:9", "--once"])
+    args = parse_args(["watch", "--jaeger", "http://127.0.0.1:9", "--once"])
     err = io.StringIO()
     assert watch_cmd.run(args, io.StringIO(), err) == 3 and "127.0.0.1:9" in err.getvalue()

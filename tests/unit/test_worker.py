@@ -22,11 +22,11 @@ T0 = time.time_ns()  # spans open now, so that a tick's expiry (now - span_timeo
 
 
 @pytest.fixture(autouse=True, params=["c", "python"])
-def intake(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+def intake(request: pytest.FixtureRequest) -> str:
     """Every test with both intakes: the C one (when it was built) and the Python one."""
     if request.param == "python":
-        monkeypatch.setattr(worker, "_intake", None)
-    elif worker._intake is None:
+        request.getfixturevalue("python_worker_intake")
+    elif worker.c_intake() is None:
         if os.environ.get("CPTRACE_REQUIRE_SPEEDUPS") == "1":
             pytest.fail("the C intake (_logc) was not built (CPTRACE_REQUIRE_SPEEDUPS=1)")
         pytest.skip("the C intake (_logc) was not built")

@@ -46,7 +46,7 @@ def data_list(out: object, url: str) -> list[dict[str, Any]]:
 
 DATA_HEAD = re.compile(r'\s*\{\s*"data"\s*:\s*\[\s*')
 _SEP = re.compile(r"\s*(,|\])\s*")
-_AHEAD = 1 << 18   # characters kept ahead of the parse position: most traces parse at the first try
+AHEAD = 1 << 18   # characters kept ahead of the parse position: most traces parse at the first try
 _TRACE_ID = re.compile(r'"traceID"\s*:\s*"([^"\\]{0,64})"')
 _START = re.compile(r'"startTime"\s*:\s*(\d{1,20})')
 _START_SAMPLE = 4096
@@ -193,7 +193,7 @@ def iter_data(parts: str | Iterable[str], url: str, with_text: bool = False,
         pos += 1
     else:
         while True:
-            ahead(_AHEAD)
+            ahead(AHEAD)
             try:
                 item, end = dec.raw_decode(buf, pos)
             except RecursionError:

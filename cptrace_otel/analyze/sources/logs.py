@@ -33,8 +33,10 @@ import os
 import re
 import sys
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any, NamedTuple
 
+from ..._speedups import twin_off
 from ..._speedups.logreader import load as _load_logreader
 from ...checks.epochs import EPOCH_TAGS, EpochTracker
 from ...model.canary import MARKER as CANARY_MARK, TAG as CANARY_TAG, parse_canary_line
@@ -230,6 +232,17 @@ _BLOCK = 1 << 18  # bytes handed to the C parser at a time
 # The C line reader (cptrace_otel._speedups.logreader: the same events as this module's Python reader) when it was
 # built, else None.
 _logc = _load_logreader()
+
+
+def c_reader() -> Any:
+    """The C line reader this module reads with, or None (not built, or off: :func:`python_reader`)."""
+    return _logc
+
+
+def python_reader() -> AbstractContextManager[None]:
+    """A block in which this module reads with the Python reader alone, the C reader's twin (tests read one input
+    with each; :func:`cptrace_otel._speedups.twin_off`)."""
+    return twin_off(globals(), "_logc")
 
 
 def _file_chunks(fh, path: str, drank: int, on_bad: Callable[[Malformed], None], stats: LogStats,
