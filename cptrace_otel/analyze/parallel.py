@@ -60,13 +60,15 @@ def default_jobs() -> int:
 
 
 def jobs_for(args: Any, paths: list[str]) -> int:
-    """How many workers ``check`` uses for the log files ``paths`` of one run: ``args.jobs`` (None: the CPUs
-    available, and 1 below :data:`MIN_BYTES` of input; a namespace without ``jobs``: 1), at most one per file; 1
+    """How many workers ``check`` uses for the log files ``paths`` of one run: ``args.jobs`` (None or a namespace
+    without ``jobs``: 1; 0: the CPUs available, and 1 below :data:`MIN_BYTES` of input), at most one per file; 1
     for standard input."""
     if "-" in paths or len(paths) < 2:
         return 1
     j = getattr(args, "jobs", 1)
-    if j is None:
+    if j is None:   # opt-in: the transfer to the cross-rank stage costs more than a worker saves (performance.md)
+        return 1
+    if j == 0:
         try:
             if sum(os.path.getsize(p) for p in paths) < MIN_BYTES:
                 return 1

@@ -80,7 +80,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     j.add_argument("--limit", type=int, default=None,
                    help="traces per search (the memory store's search depth, at most its max_traces; default 1000)")
     c.add_argument("-j", "--jobs", type=int, default=None, metavar="N",
-                   help="worker processes for log files (default: the CPUs available; runs under 8 MiB in one). "
+                   help="worker processes for log files (default 1: -j 2 measured 0.52-1.15x of -j 1 on a busy "
+                        "2-core machine; 0: the CPUs available, runs under 8 MiB in one). "
                         "Each worker reads some rank files and runs their per-rank rules; this process runs the "
                         "cross-rank rules over what they send: the same output as -j 1. One file, standard input, "
                         "a file of several ranks, OTLP files, Jaeger and Tempo input: one process")
@@ -122,8 +123,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         print(f"{_PFX}: standard input (-) can be given once", file=err)
         return EXIT_USAGE
     jobs = getattr(args, "jobs", None)
-    if jobs is not None and jobs < 1:
-        print(f"{_PFX}: -j must be at least 1, not {jobs}", file=err)
+    if jobs is not None and jobs < 0:
+        print(f"{_PFX}: -j must be 1 or more, or 0 (the CPUs available), not {jobs}", file=err)
         return EXIT_USAGE
     if level is not None and level not in (1, 2, 3):
         print(f"{_PFX}: --level must be 1, 2 or 3, not {level}", file=err)

@@ -11,14 +11,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from cptrace_otel.analyze import parallel
-from cptrace_otel.cli import _parser
+from cptrace_otel.cli import parse_args
 from cptrace_otel.commands import check as check_cmd
 from cptrace_otel.sim.faults import FAULTS
 from cptrace_otel.sim.workload import random_workload, run_fault
 
 
 def _check(paths: list[str], jobs: int, *flags: str) -> tuple[int, str, str]:
-    args = _parser().parse_args(["check", "-j", str(jobs), "--no-progress", *flags, *paths])
+    args = parse_args(["check", "-j", str(jobs), "--no-progress", *flags, *paths])
     out, err = io.StringIO(), io.StringIO()
     rc = check_cmd.run(args, out, err)
     return rc, out.getvalue(), err.getvalue()
@@ -196,15 +196,18 @@ class _Keys(dict):
 
 
 def test_jobs_default_and_single_file():
-    ns = _parser().parse_args(["check", "a", "b"])
+    ns = parse_args(["check", "a", "b"])
     assert ns.jobs is None
+    assert parallel.jobs_for(ns, ["a", "b"]) == 1       # opt-in: one process unless -j says otherwise
     assert parallel.default_jobs() == len(os.sched_getaffinity(0))
-    one = _parser().parse_args(["check", "-j", "4", "a"])
+    auto = parse_args(["check", "-j", "0", "a", "b"])
+    assert parallel.jobs_for(auto, [__file__, __file__]) == 1   # -j 0: the CPUs, but a small run stays in one
+    one = parse_args(["check", "-j", "4", "a"])
     assert parallel.jobs_for(one, ["a"]) == 1            # one file: nothing to split
     assert parallel.jobs_for(one, ["-", "b"]) == 1       # standard input: one process
-    two = _parser().parse_args(["check", "-j", "4", "a", "b"])
+    two = parse_args(["check", "-j", "4", "a", "b"])
     assert parallel.jobs_for(two, ["a", "b"]) == 2       # at most one worker per file
-    rc = check_cmd.run(_parser().parse_args(["check", "-j", "0", "a"]), io.StringIO(), io.StringIO())
+    rc = check_cmd.run(parse_args(["check", "-j", "-1", "a"]), io.StringIO(), io.StringIO())
     assert rc == 2
 
 

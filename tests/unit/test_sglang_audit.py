@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from cptrace_otel.traced.sglang import _audit  # noqa: E402
-from cptrace_otel.traced.sglang._state import Recorder, _kv_rows  # noqa: E402
+from cptrace_otel.traced.sglang._state import Recorder, kv_rows  # noqa: E402
 
 LAYERS, SIZE, HEADS, DIM = 3, 16, 2, 4
 
@@ -44,14 +44,14 @@ def test_host_rows_equal_the_device_rows_in_both_layouts():
     kv = torch.randn(2, LAYERS, SIZE, HEADS, DIM)   # layer_first: [2, layers, size, heads, dim]
     dev = _Dev(list(kv[0]), list(kv[1]))             # the device pool: one [size, heads, dim] buffer per layer
     idx = torch.tensor([5, 2, 9, 3])
-    want = _kv_rows(dev, idx)
+    want = kv_rows(dev, idx)
     for layout in ("layer_first", "page_first"):
         got = _audit.host_rows(_mha(layout, kv), idx)
         assert torch.equal(got.contiguous(), want), layout
     lat = torch.randn(LAYERS, SIZE, 1, DIM)
     mla_dev = type("D", (), {"kv_buffer": list(lat)})()
     for layout in ("layer_first", "page_first"):
-        assert torch.equal(_audit.host_rows(_mla(layout, lat), idx).contiguous(), _kv_rows(mla_dev, idx)), layout
+        assert torch.equal(_audit.host_rows(_mla(layout, lat), idx).contiguous(), kv_rows(mla_dev, idx)), layout
 
 
 def test_layouts_and_pools_it_does_not_know_are_refused():
@@ -167,6 +167,6 @@ def test_the_rate_bounds_the_samples_and_every_sample_is_recorded_with_its_backu
         a.stop_evt.set()
         a.thread.join(5)
     assert 2 <= len(recs) <= 6, len(recs)   # 1e6 / 262144 = 3.8 a second
-    want = {i: _fp(_kv_rows(_Dev(list(kv[0]), list(kv[1])), t), 1)["h"] for i, t in nodes.items()}
+    want = {i: _fp(kv_rows(_Dev(list(kv[0]), list(kv[1])), t), 1)["h"] for i, t in nodes.items()}
     for lv, tag, f in recs:
         assert (lv, tag) == (2, "audit") and f["h"] == want[f["node_id"]]

@@ -82,9 +82,7 @@ class LogStats:
     KEEP = 100
 
     def __init__(self) -> None:
-        self.lines = 0
-        self.events = 0
-        self.malformed = 0
+        self.lines = self.events = self.malformed = 0
         self.examples: list[Malformed] = []
         # records of a file holding several ranks that come after a record with a later ts (see _renumber), and
         # those files: many means the ranks are concatenated, not interleaved in time
@@ -229,9 +227,7 @@ def _report_truncation(fh, path: str, line_no: int, on_bad: Callable[[Malformed]
 _CHUNK = 512  # events pulled from one file at a time: the merge works on chunks, not events
 _BLOCK = 1 << 18  # bytes handed to the C parser at a time
 
-# The C line reader (cptrace_otel._speedups.logreader: the same events as this module's Python reader) when it was
-# built, else None.
-_logc = _load_logreader()
+_logc = _load_logreader()   # the C line reader (_speedups.logreader: this module's Python reader's events), or None
 
 
 def c_reader() -> Any:

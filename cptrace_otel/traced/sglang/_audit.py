@@ -71,7 +71,7 @@ def rate_setting(value: Any = None) -> float:   # (Any: a caller's value, checke
 
 def host_rows(pool: HostKVCache, idx: Tensor) -> Tensor | None:
     """``[tokens, rows, ...]``: the host KV of host slots ``idx`` in the row order of
-    :func:`._state._kv_rows` over the device pool (token order; MHA: every layer's K, then every layer's V; MLA:
+    :func:`._state.kv_rows` over the device pool (token order; MHA: every layer's K, then every layer's V; MLA:
     every layer's latent KV), or None for a pool or layout this does not know. SGLang's host buffers
     (``init_kv_buffer``): MHA ``layer_first`` ``[2, layers, size, heads, dim]``, ``page_first`` ``[2, size, layers,
     heads, dim]`` (``k_buffer``/``v_buffer`` are index 0/1); MLA ``layer_first`` ``[layers, size, 1, dim]``,

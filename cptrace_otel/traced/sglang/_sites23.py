@@ -58,7 +58,7 @@ from ._sites import (
     reset_site,
     rid_map,
 )
-from ._state import Load, State, _kv_rows, arg, safe, state_of, warn_once
+from ._state import Load, State, arg, kv_rows, safe, state_of, warn_once
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -123,7 +123,7 @@ class State23(State):
     def fp(self, idx: Tensor | None) -> dict[str, Any]:
         """:meth:`State.fp`; under KV sharding the fingerprint of this rank's stripe (:mod:`._shard`)."""
         if self.sharded and idx is not None and len(idx):
-            out = stripe_fp(self.kv_pool(), idx, self.page_size, _kv_rows)
+            out = stripe_fp(self.kv_pool(), idx, self.page_size, kv_rows)
             if out is not None:
                 return out
         return super().fp(idx)

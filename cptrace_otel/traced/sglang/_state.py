@@ -243,7 +243,7 @@ class State:
         sidecar pool (:attr:`side`), the same three of its pages holding those slots (``sh_<pool>``, ...)."""
         empty = idx is None or len(idx) == 0
         # (type: ignore: idx is not None where not empty; the checker does not follow the flag)
-        out = {"h": 0, "nz": 0, "hp": []} if empty else _fp(_kv_rows(self.kv_pool(), idx), self.page_size)  # type: ignore[arg-type]
+        out = {"h": 0, "nz": 0, "hp": []} if empty else _fp(kv_rows(self.kv_pool(), idx), self.page_size)  # type: ignore[arg-type]
         for name, pool in self.side:
             f = {"h": 0, "nz": 0, "hp": []} if empty else _fp(_side_rows(pool, idx, self.page_size), 1)  # type: ignore[arg-type]
             out.update({sc.side_field(k, name): f[key] for k, key in ((sc.SIDE_H, "h"), (sc.SIDE_NZ, "nz"),
@@ -427,7 +427,7 @@ def _side_rows(pool: SidecarPool, idx: Tensor, page_size: int) -> Tensor | None:
     return torch.stack([b[pages] for b in bufs], dim=1).contiguous()
 
 
-def _kv_rows(pool: KVPool, idx: Tensor) -> Tensor | None:
+def kv_rows(pool: KVPool, idx: Tensor) -> Tensor | None:
     """``[tokens, 2*layers, ...]``: the KV of slots ``idx`` in token order (K of every layer, then V); None for a
     pool layout this does not know (the record then carries the -2 sentinel)."""
     import torch
