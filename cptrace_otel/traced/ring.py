@@ -20,9 +20,10 @@ Contract:
   before it starts the next one, and each worker claims the ring (a token in its header), so one that lingers reads
   nothing more. The worker gives the pages it has consumed back (``_speedups/ring.c``), so a ring that has wrapped
   does not keep ``CPTRACE_RING_BYTES`` of shared memory resident, except the first ``CPTRACE_RING_RESIDENT`` bytes
-  (off by default: with 8 MiB a burst drops records, docs/performance.md): the producer comes back to them whenever the exporter has read their start, so while the exporter keeps
-  up it writes pages that are already mapped (a page given back is faulted in anew, 7-8 µs on a VM, about 0.3 µs a
-  record), and only a burst the exporter falls behind on reaches the rest of the ring.
+  (off by default: with 8 MiB a burst drops records, docs/performance.md): the producer comes back to them whenever
+  the exporter has read their start, so while the exporter keeps up it writes pages that are already mapped (a page
+  given back is faulted in anew, 7-8 µs on a VM, about 0.3 µs a record), and only a burst the exporter falls behind
+  on reaches the rest of the ring.
 * A forked child forgets the parent's ring (:meth:`close_in_child`); its pipeline makes its own on its next record.
 """
 
