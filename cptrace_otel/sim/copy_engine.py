@@ -136,7 +136,7 @@ class CopyEngine:
         n.bk_op = t.id
         n.bk_split = False
         n.bk_idx = self.rec.n_struct
-        fp = kv.fingerprint(b, cfg.page_size, self.mem.stripe(min(f.start for f in [n, *op.frags]), op.dev.size))
+        fp = kv.fingerprint(b, cfg.page_size)
         self.hooks.expect_backup_bytes(op, fp)
         if cfg.mode == "shared":
             # every rank reads the node through the shared view after the post-copy fence, so the hash each rank's
@@ -243,9 +243,7 @@ class CopyEngine:
         """The host->device copy, executed when it completes: it reads the host pages *now*."""
         data = self.host.data[op.host].copy()
         if op.flip:
-            own = [m for m in (self.mem.stripe(n.start, len(n)) for n in op.chain) if m is not None]
-            whole = own and sum(m.size for m in own) == len(data)   # (sharded: the chain's stripe, token order)
-            flip_one_byte(data, np.concatenate(own) if whole else self.mem.owned(op.dev))
+            flip_one_byte(data, self.mem.owned(op.dev))
         self.mem.write_dev(op.dev, data)
         op.done = True
 
@@ -277,9 +275,8 @@ class CopyEngine:
             for n in [last, *op.chain[:-1]]:
                 if n is last or cfg.ack_chain:
                     b = self.mem.gather(n.dev_slots())
-                    own = self.mem.stripe(n.start, len(n))
-                    fp = kv.fingerprint(b, cfg.page_size, own)
-                    self.hooks.expect_reload_bytes(n, op, b if own is None else b[own], fp, own)
+                    fp = kv.fingerprint(b, cfg.page_size)
+                    self.hooks.expect_reload_bytes(n, op, b, fp)
                     self.rec.ack_h2d(op, n, fp)
                 n.loading = False
                 n.gen += 1

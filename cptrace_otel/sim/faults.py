@@ -428,14 +428,12 @@ class FaultHooks:
         if fp["nz"] == 0 and op.dev.size:
             self.oracle.expect("ZERO", "ZERO@backup", self.r, op.target().id, op.id, self.names(), "ZERO@backup")
 
-    def expect_reload_bytes(self, n: Node, op: Op, b: np.ndarray, fp: dict, own: np.ndarray | None = None) -> None:
+    def expect_reload_bytes(self, n: Node, op: Op, b: np.ndarray, fp: dict) -> None:
         """Load ``op`` landed the bytes ``b`` of chain node ``n`` (hashes ``fp``): all zero, or not the bytes its
-        backup record hashed (in mode shared also the cross-rank C5 relation, while the ranks are judged); ``own``
-        (mode sharded): ``b`` is this rank's stripe, these rows of the node."""
+        backup record hashed (in mode shared also the cross-rank C5 relation, while the ranks are judged)."""
         if fp["nz"] == 0 and b.size:
             self.oracle.expect("ZERO", "ZERO@reload", self.r, n.id, op.id, self.names(), "ZERO@reload")
-        bk = n.bk if n.bk is None or own is None or len(own) != len(n.bk) else n.bk[own]
-        if bk is not None and not np.array_equal(b, bk):
+        if n.bk is not None and not np.array_equal(b, n.bk):
             self.oracle.expect("HASH", "HASH", self.r, n.id, op.id, self.names())
             if self.cfg.mode == "shared" and not n.bk_split and self.ctx.epoch.judged(self.rec.n_struct):
                 # the same relation across ranks: the IO rank's hs[r] against this rank's reload hash

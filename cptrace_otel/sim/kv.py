@@ -23,18 +23,9 @@ def page_hashes(b: np.ndarray, page_size: int) -> list[int]:
     return [khash_bytes(b[i:i + page_size]) for i in range(0, b.shape[0], page_size)]
 
 
-def fingerprint(b: np.ndarray, page_size: int, own: np.ndarray | None = None) -> dict[str, Any]:
-    """The ``h``/``nz``/``hp`` fields of a record that hashes the token-ordered slice ``b``.
-
-    ``own`` (mode sharded, SGLang's KV sharding): the mask of the rows this rank holds, whole pages (its stripe).
-    ``h``/``nz`` then cover those rows only, ``hp`` has 0 for a page another rank holds, and a slice of which this
-    rank holds nothing is ``h=0, nz=-1`` (what the SGLang instrumentation records of a rank's stripe)."""
-    if own is None or bool(own.all()):
-        return {"h": khash_bytes(b), "nz": knz(b), "hp": page_hashes(b, page_size)}
-    if not bool(own.any()):
-        return {"h": 0, "nz": -1, "hp": [0] * -(-b.shape[0] // page_size)}
-    hp = [khash_bytes(b[i:i + page_size]) if own[i] else 0 for i in range(0, b.shape[0], page_size)]
-    return {"h": khash_bytes(b[own]), "nz": knz(b[own]), "hp": hp}
+def fingerprint(b: np.ndarray, page_size: int) -> dict[str, Any]:
+    """The ``h``/``nz``/``hp`` fields of a record that hashes the token-ordered slice ``b``."""
+    return {"h": khash_bytes(b), "nz": knz(b), "hp": page_hashes(b, page_size)}
 
 
 def content(tokens: np.ndarray, positions: np.ndarray, layers: np.ndarray, width: int, shard: int) -> np.ndarray:

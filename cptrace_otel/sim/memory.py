@@ -54,16 +54,6 @@ class Memory:
             return np.ones(slots.size, dtype=bool)
         return (slots // cfg.page_size) % cfg.ranks == self.r
 
-    def stripe(self, start: int, count: int) -> np.ndarray | None:
-        """Mode sharded: the mask of the ``count`` tokens from prompt position ``start`` whose page this rank holds,
-        the rows its fingerprints cover. SGLang's KV sharding places page ``P`` of a chain on rank ``(b+P) % R``
-        and keeps those owners through backups and reloads (host slots and reloaded device pages are drawn from the
-        same owner class); here every chain's base ``b`` is 0. None in the other modes (every row)."""
-        cfg = self.cfg
-        if cfg.mode != "sharded":
-            return None
-        return ((start + np.arange(count)) // cfg.page_size) % cfg.ranks == self.r
-
     def gather(self, slots: np.ndarray, post_store: bool = False) -> np.ndarray:
         """The node's device KV in token order as this rank's kernels see it (mode shared: through the view).
 
