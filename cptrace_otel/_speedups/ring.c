@@ -642,7 +642,7 @@ PyMethodDef ring_methods[] = {
     {"ring_put", (PyCFunction)(void (*)(void))py_put, METH_FASTCALL,
      "ring_put(level, tag, fields): put one record into the attached ring (the submit function while it is on)."},
     {"ring_init", py_init, METH_VARARGS,
-     "ring_init(buf, hot=0) -> cap: make buf a fresh, empty ring whose first hot bytes stay resident."},
+     "ring_init(buf, hot=0) -> cap: make buf a fresh, empty ring with a resident window of hot bytes at its start."},
     {"ring_attach", py_attach, METH_VARARGS,
      "ring_attach(buf, side_deque, qcap, side_tag, qbytes, wake=None): produce into buf."},
     {"ring_detach", (PyCFunction)(void (*)(void))py_detach, METH_FASTCALL,

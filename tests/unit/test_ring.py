@@ -476,10 +476,12 @@ def test_while_the_reader_keeps_up_the_producer_stays_in_the_resident_window() -
     memfd holds the window plus the span held back before a punch; without one every page written is given back and
     faulted in anew (in both mappings: the producer's and the reader's)."""
     faults, held, records = _faults_over_laps(1 << 20)
-    assert faults < 64, faults
     assert held <= (1 << 20) + (512 << 10) + 4 * 4096, held
     faults_without, _held, _ = _faults_over_laps(0)
     assert faults_without > (8 << 20) // 4096, faults_without   # (a fault per page written, and per page read)
+    # the process's own faults count too (the reader's lists and dicts, in a long test session other threads'), so
+    # the window's near-zero is compared with the ring's faults without it, not with a fixed number
+    assert faults < faults_without // 8, (faults, faults_without)
     assert records > 9000
 
 
