@@ -1,15 +1,25 @@
-"""The state of one ``cptrace-otel serve`` replica: records held by node trace, checked when the trace goes idle.
+"""The state of one ``cptrace-otel serve`` replica: records by node trace, checked as they arrive (or, idle-only,
+when the trace goes idle).
 
 Behind the collector's ``loadbalancing`` exporter (routing key ``traceID``) a replica receives whole traces: every
 rank's spans of a node trace (``blake2b(run|epoch|node)``), and whole rank traces, but only some of a run's nodes.
 So the unit of checking is the trace, not the rank's stream:
 
-* :meth:`ServeState.add` holds the records of each (run id, trace id) as they arrive, by rank, with the span of each
-  record (for the write-back's evidence links).
-* :meth:`ServeState.sweep` finalises every trace idle for ``idle_s`` (no new record): its records, each rank's in
-  (epoch, seq) order, the ranks merged by ``ts``, go through a fresh :class:`~.engine.Analysis` (the rules ``check``
-  runs: a :class:`~cptrace_otel.checks.RankChecker` per rank and
-  :class:`~cptrace_otel.checks.crossrank.CrossRank`), end of stream included, and its state is freed.
+* :meth:`ServeState.add` takes the records of each (run id, trace id) as they arrive, by rank, with the span of each
+  record (for the write-back's evidence links). A record whose (rank, seq) the trace already has (a batch the
+  collector sent again) is dropped and counted in :attr:`ServeState.duplicates`.
+* Live (the default, ``live=True``): each held trace has a :class:`~.serve_live.LiveCheck`, a fresh
+  :class:`~.engine.Analysis` (the rules ``check`` runs: a :class:`~cptrace_otel.checks.RankChecker` per rank and
+  :class:`~cptrace_otel.checks.crossrank.CrossRank`) fed each rank's records in (epoch, seq) order through a small
+  reorder window per rank (``window`` records, ``window_s`` seconds; a record behind it is not fed and is counted in
+  :attr:`ServeState.past_window`). A finding is reported as soon as the record that decides it is fed (in
+  :meth:`add`, or in :meth:`sweep` once the window's time is up); only the end-of-stream ones (H4-open) wait for the
+  finalisation. The findings are those of the idle-only path on the same records: the same rules fed each rank's
+  records in the same order (ranks interleave differently, which the cross-rank rules allow).
+* :meth:`ServeState.sweep` finalises every trace idle for ``idle_s`` (no new record): live, what its window still
+  holds is fed and the end of stream is checked; idle-only (``live=False``), its records, each rank's in (epoch,
+  seq) order, the ranks merged by ``ts``, go through a fresh :class:`~.engine.Analysis`, end of stream included.
+  Either way its state is freed.
 * Only the rules that a trace's records decide by themselves are reported (:data:`TRACE_RULES`, exact: the same
   findings as ``check`` over the whole run; :data:`PARTIAL_RULES`, whose findings are real but which can miss one
   whose evidence sits in another trace, a split's parent). The others need a rank's whole stream or the run's
@@ -20,7 +30,8 @@ So the unit of checking is the trace, not the rank's stream:
 * Records of a trace that arrive after it was finalised (a span later than ``idle_s``) are not checked again (no
   finding doubled): they are counted in :attr:`ServeState.late`. The finalised trace ids of a run are kept (at most
   :data:`MAX_DONE` per run) until the run is finished.
-* Memory: at most ``max_nodes`` traces held (past it, the least recently changed is finalised early, counted in
+* Memory: at most ``max_nodes`` traces held (live: the rules' state and the reorder windows; idle-only: every
+  record) (past it, the least recently changed is finalised early, counted in
   :attr:`ServeState.early`) and ``max_runs`` runs (past it, the least recently changed run is finished: its traces
   finalised early). A run with no held trace and nothing new for ``run_idle_s`` is finished and forgotten.
 """
@@ -28,7 +39,7 @@ So the unit of checking is the trace, not the rank's stream:
 from __future__ import annotations
 
 import time
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +47,7 @@ from ..checks import Finding
 from ..model.events import Event
 from .incremental import SpanRef
 from .otlp_intake import SpanRecords
+from .serve_live import WINDOW, WINDOW_S, LiveCheck
 
 # rules whose findings on one trace are exactly those of ``check`` over the whole run (per rank, about one node)
 TRACE_RULES = frozenset(("H1a", "H1b", "H2c", "H4a", "H4b", "H4-open", "ZERO@backup", "ZERO@reload"))
@@ -59,7 +71,7 @@ def unchecked_rules() -> list[str]:
 class TraceState:
     """The held records of one trace: rank -> events, (rank, seq) -> span, levels, last change."""
 
-    __slots__ = ("run_id", "trace_id", "ranks", "refs", "levels", "changed", "records")
+    __slots__ = ("run_id", "trace_id", "ranks", "refs", "levels", "changed", "records", "live", "broken")
 
     def __init__(self, run_id: str, trace_id: str, now: float) -> None:
         self.run_id, self.trace_id = run_id, trace_id
@@ -68,6 +80,8 @@ class TraceState:
         self.levels: dict[int, int] = {}
         self.changed = now
         self.records = 0
+        self.live: LiveCheck | None = None   # the live check (live mode), None idle-only
+        self.broken = False                  # its check raised: NOT checked from then on (said on stderr)
 
     def span_of(self, rank: int, seq: int) -> SpanRef | None:
         """The span holding record ``seq`` of ``rank`` (what :class:`~.finding_sinks.WriteBack` links to)."""
@@ -91,10 +105,13 @@ Report = Callable[[TraceState, list[Finding]], None]
 
 class ServeState:
     """See the module doc. ``report(trace, findings)`` receives each finalised trace's findings (possibly none)
-    and ``note(text)`` the lines for stderr. Not thread-safe: one checking thread owns it."""
+    and ``note(text)`` the lines for stderr. Live, ``report`` is called whenever findings become known (several
+    times per trace, each finding once) and once at finalisation with the end-of-stream ones (possibly none).
+    Not thread-safe: one checking thread owns it."""
 
     def __init__(self, report: Report, idle_s: float = 30.0, max_nodes: int = 100_000, max_runs: int = 256,
-                 run_idle_s: float | None = None, note: Callable[[str], None] = lambda s: None) -> None:
+                 run_idle_s: float | None = None, note: Callable[[str], None] = lambda s: None,
+                 live: bool = True, window: int = WINDOW, window_s: float = WINDOW_S) -> None:
         self.report, self.note = report, note
         self.idle_s, self.max_nodes, self.max_runs = idle_s, max(1, max_nodes), max(1, max_runs)
         self.run_idle_s = max(idle_s, 60.0) if run_idle_s is None else run_idle_s
@@ -107,14 +124,20 @@ class ServeState:
         self.early = 0       # traces finalised before their idle window (a memory bound was hit)
         self.newest_ts = 0   # the newest record time seen (ns), for the lag
         self.errors = 0      # traces whose check raised (reported on stderr, counted: never a silent pass)
+        self.live, self.window, self.window_s = live, window, window_s
+        self.due: deque[tuple[float, tuple[str, str]]] = deque()   # (arrival, trace) of records in a window
+        self.past_window = 0  # records behind their rank's reorder window (not fed: said at finalisation)
+        self.duplicates = 0   # records whose (rank, seq) the trace already had (sent again: dropped)
 
     @property
     def records_held(self) -> int:
-        return sum(t.records for t in self.traces.values())
+        """Records held: live, those in the reorder windows; idle-only, every record of the held traces."""
+        return sum(t.records if t.live is None else t.live.held for t in self.traces.values())
 
     def add(self, spans: list[SpanRecords], now: float | None = None) -> None:
         """Hold the records of ``spans`` (one decoded request)."""
         now = time.monotonic() if now is None else now
+        touched: dict[tuple[str, str], TraceState] = {}
         for s in spans:
             run = self.runs.get(s.run_id)
             if run is None:
@@ -133,23 +156,85 @@ class ServeState:
                 if len(self.traces) >= self.max_nodes:
                     self._finalise(next(iter(self.traces.values())), early=True)
                 tr = self.traces[key] = TraceState(s.run_id, s.trace_id, now)
+                if self.live:
+                    tr.live = LiveCheck(tr.levels, self.window, self.window_s)
                 run.traces += 1
             else:
                 self.traces.move_to_end(key)
                 tr.changed = now
+            live, refs = tr.live, tr.refs
+            n = 0
             for ev in s.events:
-                tr.ranks.setdefault(ev.rank, []).append(ev)
-                tr.refs[(ev.rank, ev.seq)] = s.ref
+                rk = (ev.rank, ev.seq)
+                if rk in refs:   # the same record again (a batch the collector resent): fed once
+                    self.duplicates += 1
+                    continue
+                refs[rk] = s.ref
+                n += 1
                 if s.level is not None:
                     tr.levels[ev.rank] = s.level
                 if ev.ts > self.newest_ts:
                     self.newest_ts = ev.ts
-            tr.records += len(s.events)
+                if live is not None:
+                    if not live.push(ev, now):
+                        self.past_window += 1
+                elif not tr.broken:
+                    tr.ranks.setdefault(ev.rank, []).append(ev)
+            tr.records += n
+            if live is not None:
+                touched[key] = tr
+        for key, tr in touched.items():
+            self.due.append((now, key))
+            self._feed(tr, now)
+
+    def _feed(self, tr: TraceState, now: float, final: bool = False) -> None:
+        """Live: feed what ``tr``'s reorder windows let go (``final``: all, and the end of stream); report the
+        findings decided. A check that raises leaves the trace NOT checked from there on (said, counted)."""
+        live = tr.live
+        if live is None:
+            return
+        before = live.fed
+        try:
+            found = live.finish(now) if final else live.release(now)
+        except Exception as e:   # a bug or an input no rule foresaw: this trace is unchecked, the replica goes on
+            self._broken(tr, e)
+            return
+        self._counted(tr, live.fed - before, found, final)
+
+    def _broken(self, tr: TraceState, e: Exception) -> None:
+        self.errors += 1
+        self.note(f"run {tr.run_id} trace {tr.trace_id}: NOT checked ({tr.records} records"
+                  f"{', some checked before' if tr.live is not None and tr.live.fed else ''}): "
+                  f"{type(e).__name__}: {str(e)[:200]}")
+        tr.ranks.clear()
+        tr.live, tr.broken = None, True
+
+    def _counted(self, tr: TraceState, fed: int, found: list[Finding], final: bool = False) -> None:
+        """Count ``fed`` records as checked and report the reported rules' findings (the others: suppressed)."""
+        run = self.runs[tr.run_id]
+        kept = []
+        for f in found:
+            if f.rule in TRACE_RULES or f.rule in PARTIAL_RULES:
+                kept.append(f)
+            else:
+                self.suppressed[f.rule] += 1
+        self.events_checked += fed
+        run.events += fed
+        run.findings += len(kept)
+        for f in kept:
+            self.findings[(tr.run_id, f.code)] += 1
+        if kept or final:
+            self.report(tr, kept)
 
     def sweep(self, now: float | None = None) -> int:
         """Finalise the traces idle past ``idle_s`` and finish the runs idle past ``run_idle_s``; traces
         finalised."""
         now = time.monotonic() if now is None else now
+        due, cut_at = self.due, now - self.window_s
+        while due and due[0][0] <= cut_at:   # live: records whose reorder time is up are fed
+            tr = self.traces.get(due.popleft()[1])
+            if tr is not None:
+                self._feed(tr, now)
         n = 0
         while self.traces:
             tr = next(iter(self.traces.values()))
@@ -185,30 +270,26 @@ class ServeState:
             run.done.popitem(last=False)
         if early:
             self.early += 1
+        if tr.live is not None:
+            live = tr.live
+            self._feed(tr, time.monotonic(), final=True)
+            if live.past_window:
+                self.note(f"run {tr.run_id} trace {tr.trace_id}: {live.past_window} record(s) came behind their "
+                          f"rank's reorder window ({self.window} records, {self.window_s:g}s): NOT checked")
+            return
+        if tr.broken:
+            return
         streams = [sorted(evs, key=lambda e: (e.epoch, e.seq)) for _, evs in sorted(tr.ranks.items())]
         try:
             res = Analysis(rank_levels=tr.levels).run(merge_streams(streams))
         except Exception as e:   # a bug or an input no rule foresaw: this trace is unchecked, the replica goes on
-            self.errors += 1
-            self.note(f"run {tr.run_id} trace {tr.trace_id}: NOT checked ({tr.records} records): "
-                      f"{type(e).__name__}: {str(e)[:200]}")
-            tr.ranks.clear()
+            self._broken(tr, e)
             return
-        kept = []
-        for f in res.findings:
-            if f.rule in TRACE_RULES or f.rule in PARTIAL_RULES:
-                kept.append(f)
-            else:
-                self.suppressed[f.rule] += 1
-        self.events_checked += tr.records
-        run.events += tr.records
-        run.findings += len(kept)
-        for f in kept:
-            self.findings[(tr.run_id, f.code)] += 1
         tr.ranks.clear()
-        self.report(tr, kept)
+        self._counted(tr, tr.records, res.findings, final=True)
 
     def stats(self) -> dict[str, Any]:
         return {"events_checked": self.events_checked, "traces_held": len(self.traces), "runs": len(self.runs),
                 "late_records": self.late, "finalised_early": self.early, "check_errors": self.errors,
-                "findings": sum(self.findings.values()), "suppressed": dict(self.suppressed)}
+                "findings": sum(self.findings.values()), "suppressed": dict(self.suppressed),
+                "past_window": self.past_window, "duplicate_records": self.duplicates}

@@ -20,13 +20,16 @@ HTTP:
 * ``GET /metrics``: Prometheus text (see :func:`metrics_text`); ``GET /healthz``: 200 while the process runs;
   ``GET /readyz``: 200 while it accepts data (not stopping, queue not full), else 503.
 
-The checking thread owns a :class:`~cptrace_otel.analyze.serve_state.ServeState`: records held by trace, each trace
-checked when idle for ``--idle`` (default 30s), memory bounded by ``--max-nodes`` and ``--max-runs`` (past them the
+The checking thread owns a :class:`~cptrace_otel.analyze.serve_state.ServeState`: records by trace, fed to the rules
+as they arrive through a per-rank reorder window (``--reorder``, ``--reorder-records``), so a finding is reported as
+soon as the record that decides it is checked; a trace idle for ``--idle`` (default 30s) is finalised (end-of-stream
+rules) and freed (``--idle-only``: every record held and the trace checked only then), memory bounded by
+``--max-nodes`` and ``--max-runs`` (past them the
 least recently changed is finalised early and counted). Each finding is printed once on stdout (the line ``watch``
 prints), written back into its node's trace as a span (``--endpoint``,
 :class:`~cptrace_otel.analyze.finding_sinks.WriteBack`) and posted to Alertmanager (``--alertmanager``,
-:class:`~cptrace_otel.analyze.finding_sinks.Alerts`, re-posted every ``--alert-interval`` by its own thread, so a
-slow Alertmanager never holds the checking back).
+:class:`~cptrace_otel.analyze.finding_sinks.Alerts`, posted at once by its own thread (at most every 0.25s) and
+re-posted every ``--alert-interval``, so a slow Alertmanager never holds the checking back).
 
 Why the standard library's ``ThreadingHTTPServer`` and not a web framework: four routes, protobuf bodies and no
 templates; it adds no dependency to the package, and the work that costs (decoding, checking) is bounded by the
@@ -50,6 +53,7 @@ if TYPE_CHECKING:
 _PFX = "cptrace-otel serve"
 TRACES_PATH = "/v1/traces"
 PROTOBUF = "application/x-protobuf"
+ALERT_GAP = 0.25   # seconds between two posts of new findings to Alertmanager
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
@@ -61,7 +65,16 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     s.add_argument("--grpc", default=None, metavar="HOST:PORT",
                    help="also receive OTLP/gRPC here (the loadbalancing exporter of collector v0.161.0 speaks gRPC)")
     s.add_argument("--idle", default="30s", metavar="DURATION",
-                   help="a trace without new records this long is checked and freed (default 30s)")
+                   help="a trace without new records this long is finalised (end-of-stream rules) and freed "
+                        "(default 30s)")
+    s.add_argument("--reorder", default="2s", metavar="DURATION",
+                   help="how long a record may wait in its rank's reorder window before it is checked (default 2s: "
+                        "more than the exporter's 1s span timeout)")
+    s.add_argument("--reorder-records", type=int, default=4096, metavar="N",
+                   help="records per rank and trace in the reorder window (default 4096); a record that comes "
+                        "behind it is not checked and is counted")
+    s.add_argument("--idle-only", action="store_true",
+                   help="hold every record and check a trace only when it is idle (the findings come --idle late)")
     s.add_argument("--max-nodes", type=int, default=100_000, metavar="N",
                    help="traces held at once; past it the least recently changed is checked early (default 100000)")
     s.add_argument("--max-runs", type=int, default=256, metavar="N",
@@ -134,6 +147,10 @@ def metrics_text(state: ServeState, c: Counters, queued: int, now_ns: int) -> st
            [("", state.late)])
     metric("cptrace_serve_finalised_early_total", "counter", "traces checked before their idle window (a bound)",
            [("", state.early)])
+    metric("cptrace_serve_past_window_records_total", "counter",
+           "records that came behind their rank's reorder window (NOT checked)", [("", state.past_window)])
+    metric("cptrace_serve_duplicate_records_total", "counter", "records received again (checked once)",
+           [("", state.duplicates)])
     metric("cptrace_serve_check_errors_total", "counter", "traces whose check failed (NOT checked; see stderr)",
            [("", state.errors)])
     metric("cptrace_serve_traces_held", "gauge", "traces held (state size)", [("", len(state.traces))])
@@ -172,6 +189,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         host, port = _host_port(args.listen)
         grpc_at = _host_port(args.grpc) if args.grpc else None
         idle = parse_duration(args.idle)
+        reorder = parse_duration(args.reorder)
         alert_every = parse_duration(args.alert_interval)
         hold = parse_duration(args.alert_hold)
         bad = links.bad_link_base(args)
@@ -179,6 +197,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             raise ValueError(bad)
         if args.queue < 1 or args.max_body < 1 or args.max_nodes < 1 or args.max_runs < 1:
             raise ValueError("--queue, --max-body, --max-nodes and --max-runs must be at least 1")
+        if args.reorder_records < 0:
+            raise ValueError("--reorder-records must be at least 0")
     except ValueError as e:
         print(f"{_PFX}: {e}", file=err)
         return EXIT_USAGE
@@ -191,6 +211,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             return EXIT_UNREACHABLE
     alerts = Alerts(args.alertmanager, alert_every, hold, note) if args.alertmanager else None
     alert_lock = threading.Lock()
+    fresh = threading.Event()   # a finding not posted yet (wakes the alert thread)
     link_base = args.jaeger_url
     total = [0]
 
@@ -201,11 +222,13 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             if alerts is not None:
                 with alert_lock:
                     alerts.found(tr.run_id, f, link)
+                fresh.set()
         total[0] += len(found)
         if wb is not None and found:
             wb.write(tr, found)   # type: ignore[arg-type]  # a TraceState answers run_id and span_of as RunWatch
 
-    state = ServeState(report, idle_s=idle, max_nodes=args.max_nodes, max_runs=args.max_runs, note=note)
+    state = ServeState(report, idle_s=idle, max_nodes=args.max_nodes, max_runs=args.max_runs, note=note,
+                       live=not args.idle_only, window=args.reorder_records, window_s=reorder)
     lock = threading.Lock()        # the state: the checking thread changes it, /metrics reads it
     counters = Counters()
     clock = threading.Lock()       # the counters (HTTP threads)
@@ -330,7 +353,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             return EXIT_UNREACHABLE
 
     def check_loop() -> None:
-        tick = min(1.0, max(0.05, idle / 4))
+        # live, a record waits at most --reorder plus one tick before it is checked
+        tick = min(1.0, max(0.05, idle / 4), 1.0 if args.idle_only else max(0.05, reorder / 2))
         while True:
             got = True
             try:
@@ -350,8 +374,15 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
                      f"{str(e)[:200]}")
 
     def alert_loop() -> None:
-        while not stopping.wait(alert_every):
+        # a new finding is posted at once (at most every ALERT_GAP s: a burst of findings is one post), and every
+        # alert again each --alert-interval (Alertmanager resolves an alert not re-posted)
+        while not stopping.is_set():
+            fresh.wait(alert_every)
+            fresh.clear()
+            if stopping.is_set():
+                return
             _post_alerts()
+            stopping.wait(min(ALERT_GAP, alert_every))
 
     def _post_alerts() -> None:
         if alerts is None:
@@ -369,8 +400,11 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
                            daemon=True)
     web.start()
     bound_host, bound_port = server.server_address[:2]
+    when = (f"a trace is checked after {args.idle} without new records" if args.idle_only else
+            f"records are checked as they arrive (reorder window {args.reorder}), a trace is finalised after "
+            f"{args.idle} without new records")
     note(f"listening on http://{bound_host!s}:{bound_port}{TRACES_PATH} (OTLP/HTTP protobuf), /metrics, /healthz, "
-         f"/readyz; a trace is checked after {args.idle} without new records; not checked by a replica (they need "
+         f"/readyz; {when}; not checked by a replica (they need "
          f"a rank's whole stream: run check or watch for them): {', '.join(unchecked_rules())}")
     if gserver is not None:
         note(f"OTLP/gRPC on {gserver[1]}")
@@ -386,6 +420,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             pass
     finally:
         stopping.set()
+        fresh.set()             # the alert thread ends (the last post is made below)
         server.shutdown()       # no new request; those in flight finish (their answer: 503 while stopping)
         if gserver is not None:
             gserver[0].stop(grace=5.0).wait(10.0)
@@ -405,8 +440,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     suppressed = ", ".join(f"{r} ({n})" for r, n in sorted(state.suppressed.items())) or "none"
     note(f"stopped: {counters.spans_received} spans received, {counters.spans_rejected} not readable, "
          f"{counters.spans_dropped} turned away with 503, {st['events_checked']} records checked, {total[0]} "
-         f"finding(s), {st['late_records']} late record(s) not checked, {st['finalised_early']} trace(s) checked "
-         f"early, {st['check_errors']} trace(s) NOT checked (an error, said above); UNCHECKED here (a rank's "
+         f"finding(s), {st['late_records']} late record(s) not checked, {st['past_window']} behind the reorder "
+         f"window not checked, {st['finalised_early']} trace(s) checked early, "
+         f"{st['check_errors']} trace(s) NOT checked (an error, said above); UNCHECKED here (a rank's "
          f"whole stream needed): {', '.join(unchecked_rules())}; their findings on "
          f"one trace, not trusted and not reported: {suppressed}")
     return EXIT_FINDINGS if total[0] else EXIT_OK

@@ -77,7 +77,7 @@ def test_decode_reads_every_record_and_rejects_garbage(demo_bodies):
 
 
 def test_accepts_checks_at_shutdown_and_prints_each_finding_once(tmp_path, demo_bodies):
-    s = Serve(tmp_path, "--idle", "1h")
+    s = Serve(tmp_path, "--idle", "1h", "--idle-only")
     try:
         for b in demo_bodies[:len(demo_bodies) // 2]:
             code, body, _ = s.post(b)
@@ -277,8 +277,9 @@ def test_grpc_receiver_accepts_and_counts(tmp_path, demo_bodies):
             del rs.resource.attributes[:]
             rs.resource.attributes.extend(keep)
             assert stub.Export(req, timeout=30).partial_success.rejected_spans > 0
-        m = s.metrics()
-        assert m["cptrace_serve_records_held"] == sum(decode(b).records for b in demo_bodies)
+        m = s.metrics()   # each record is held (in a reorder window) or checked
+        assert m["cptrace_serve_records_held"] + m["cptrace_serve_events_checked_total"] == sum(
+            decode(b).records for b in demo_bodies)
     finally:
         assert s.stop() == 1
 
@@ -287,7 +288,7 @@ def test_state_a_trace_whose_check_raises_is_reported_not_checked(demo_bodies, m
     from cptrace_otel.analyze import engine
 
     notes: list[str] = []
-    st, got, spans = _state_with(demo_bodies, idle_s=3600)
+    st, got, spans = _state_with(demo_bodies, idle_s=3600, live=False)   # live: tests/unit/test_serve_live.py
     st.note = notes.append
     monkeypatch.setattr(engine.Analysis, "run", lambda self, evs: (_ for _ in ()).throw(KeyError("boom")))
     st.add(spans, now=0.0)

@@ -1,0 +1,121 @@
+"""The live check of one held trace in a ``cptrace-otel serve`` replica: records fed to the rules as they arrive.
+
+Contract (:class:`LiveCheck`):
+
+* :meth:`LiveCheck.push` takes one record of the trace with the time it arrived. Each rank's records must reach the
+  rules in (epoch, seq) order, but they come in batches, and a collector that retries a batch may deliver it after
+  later ones. So each rank holds a small **reorder window**: a heap by (epoch, seq), from which the smallest record
+  is fed once the rank holds more than ``window`` records, and every record is fed at most ``window_s`` seconds
+  after it arrived (each arrival batch remembers its largest key; once the batch is ``window_s`` old, every record
+  up to that key is fed). A record that arrives behind the window (its key is below one its rank already fed) cannot
+  be fed in order: it is **not fed** (feeding it would let the rules judge a history that did not happen), counted
+  in :attr:`LiveCheck.past_window`, and its trace is said to be partly unchecked when it is finalised.
+* :meth:`LiveCheck.release` feeds what the window lets go at ``now`` (``final``: everything) and returns the
+  findings the fed records decided, at once: the same :class:`~.engine.Analysis` (a
+  :class:`~cptrace_otel.checks.RankChecker` per rank and :class:`~cptrace_otel.checks.crossrank.CrossRank`) that the
+  idle-only path runs over the whole trace, so a finding is decided by the same record it would be there.
+* :meth:`LiveCheck.finish` feeds what is still held and returns the end-of-stream findings (H4-open, the rules'
+  ``finish``). Every finding is returned once: the ones handed out are dropped from the analysis.
+
+Memory: the rules' own state (what is in flight, by their contracts) and at most ``window`` records per rank, plus
+one (time, key) entry per arrival batch not yet ``window_s`` old.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+
+from ..checks import Finding
+from ..model.events import Event
+
+WINDOW = 4096      # records per rank held for reordering (default)
+# seconds a record may be held for reordering (default): an exporter sends a span's records when the span ends (its
+# closing record, or its 1 s timeout), so a rank's records of one trace can arrive that much out of order, plus the
+# collector's batching
+WINDOW_S = 2.0
+
+
+class _RankBuf:
+    __slots__ = ("heap", "batches", "last")
+
+    def __init__(self) -> None:
+        self.heap: list[tuple[int, int, Event]] = []              # (epoch, seq, record) not fed yet
+        self.batches: deque[tuple[float, tuple[int, int]]] = deque()   # (arrival, largest key of the batch)
+        self.last: tuple[int, int] | None = None                   # the key of the last record fed
+
+
+class LiveCheck:
+    """See the module doc. ``levels`` is the trace's rank -> trace level map (read when a rank's first record is
+    fed, as the idle-only path reads it)."""
+
+    __slots__ = ("analysis", "bufs", "window", "window_s", "held", "past_window", "fed")
+
+    def __init__(self, levels: dict[int, int], window: int = WINDOW, window_s: float = WINDOW_S) -> None:
+        from .engine import Analysis
+
+        self.analysis = Analysis(rank_levels=levels)
+        self.bufs: dict[int, _RankBuf] = {}
+        self.window, self.window_s = max(0, window), max(0.0, window_s)
+        self.held = 0          # records in the reorder windows
+        self.past_window = 0   # records that came behind their rank's window (not fed)
+        self.fed = 0           # records fed to the rules
+
+    def push(self, ev: Event, now: float) -> bool:
+        """Hold ``ev`` (arrived at ``now``) in its rank's window; False when it came behind the window (not fed,
+        counted in :attr:`past_window`)."""
+        b = self.bufs.get(ev.rank)
+        if b is None:
+            b = self.bufs[ev.rank] = _RankBuf()
+        key = (ev.epoch, ev.seq)
+        if b.last is not None and key <= b.last:
+            self.past_window += 1
+            return False
+        heapq.heappush(b.heap, (ev.epoch, ev.seq, ev))
+        self.held += 1
+        bt = b.batches
+        if bt and bt[-1][0] == now:   # the same arrival batch: remember its largest key
+            if key > bt[-1][1]:
+                bt[-1] = (now, key)
+        else:
+            bt.append((now, key))
+        return True
+
+    def release(self, now: float, final: bool = False) -> list[Finding]:
+        """Feed what the windows let go at ``now`` (``final``: all of it); the findings that became known."""
+        out: list[Finding] = []
+        an = self.analysis
+        cut_at = now - self.window_s
+        for b in self.bufs.values():
+            heap, bt = b.heap, b.batches
+            cut: tuple[int, int] | None = None
+            while bt and (final or bt[0][0] <= cut_at):
+                k = bt.popleft()[1]
+                if cut is None or k > cut:
+                    cut = k
+            while heap and (len(heap) > self.window or (cut is not None and heap[0][:2] <= cut)):
+                epoch, seq, ev = heapq.heappop(heap)
+                b.last = (epoch, seq)
+                self.held -= 1
+                self.fed += 1
+                found = an.feed(ev)
+                if found:
+                    out.extend(found)
+        if an.findings:   # Analysis.feed keeps what it returns: handed out here, so dropped (never reported twice)
+            del an.findings[:]
+        out.extend(_take(an.cross.findings))
+        return out
+
+    def finish(self, now: float) -> list[Finding]:
+        """Feed everything held, then the end of stream: the findings only the end reveals (the state is spent)."""
+        out = self.release(now, final=True)
+        out.extend(self.analysis.result().findings)
+        return out
+
+
+def _take(lst: list[Finding]) -> list[Finding]:
+    """The findings in ``lst``, which is emptied (a rule's list read again only at its end)."""
+    new = lst[:]
+    del lst[:]
+    return new
+

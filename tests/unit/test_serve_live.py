@@ -1,0 +1,192 @@
+"""The live path of a ``serve`` replica (records fed to the rules as they arrive) against its idle-only path, over
+the simulator's faulted runs (real OTLP protobuf bytes from ``cptrace-otel demo``, decoded by the replica's own
+intake): the same findings (codes, nodes, evidence, messages; none twice), every finding but the end-of-stream ones
+reported before its trace is finalised, the same findings under any record order the reorder window absorbs
+(Hypothesis), and what happens past the window, to duplicates and to a check that raises. Plus the ``serve``
+process: a finding is printed while its trace is still held."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from cptrace_otel.analyze.otlp_intake import SpanRecords, decode
+from cptrace_otel.analyze.serve_state import ServeState
+from tests.helpers.integration import ROOT
+from tests.helpers.otlp_receiver import parse_json_line
+from tests.unit.test_serve import Serve, demo_bodies  # noqa: F401  (the fixture, shared)
+
+# per-rank faults with findings of the reported rules, and a cross-rank one (its findings are suppressed alike)
+RUNS = [("HASH_flip,ZERO_nostore,H1_ack,H4_nolock", "replicated", "wt", 2),
+        ("H2_release,H3_noinval,H1_swap", "none", "wt", 1),
+        ("H2_stale,ZERO_race,C1_div", "replicated", "wt", 3),
+        ("H4_wb_noflush", "none", "wb", 1)]
+END_RULES = {"H4-open"}   # decided by the end of the stream (a copy whose ack never came)
+
+
+def _key(run: str, trace: str, f) -> tuple:
+    return (run, trace, f.code, f.rule, f.rank, f.epoch, f.node_id, f.op, f.certainty, tuple(f.evidence),
+            f.message, f.severity)
+
+
+@pytest.fixture(scope="module")
+def faulted_spans(tmp_path_factory) -> list[list[SpanRecords]]:
+    """Per simulator run: its spans as the replica decodes them, in the order the exporters sent them."""
+    runs = []
+    for i, (faults, mode, policy, ranks) in enumerate(RUNS):
+        out = tmp_path_factory.mktemp(f"run{i}")
+        p = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "demo", "--ranks", str(ranks), "--faults",
+                            faults, "--mode", mode, "--policy", policy, "--seed", str(7 + i), "--out", str(out),
+                            "--json"],
+                           capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert p.returncode in (0, 1), p.stderr[-2000:]
+        spans = []
+        for f in sorted(out.glob("*.otlp.jsonl")):
+            for ln in f.read_text().splitlines():
+                if ln.strip():
+                    spans += decode(parse_json_line(ln).SerializeToString()).spans
+        runs.append(spans)
+    return runs
+
+
+class Got:
+    """What a state reported: finding keys in order, and which were reported before any finalisation."""
+
+    def __init__(self) -> None:
+        self.keys: list[tuple] = []
+
+    def __call__(self, tr, found) -> None:
+        self.keys += [_key(tr.run_id, tr.trace_id, f) for f in found]
+
+
+def _run(spans: list[SpanRecords], live: bool, batch: int = 50, **kw) -> tuple[Got, ServeState, list[tuple]]:
+    got = Got()
+    st = ServeState(got, idle_s=3600, live=live, **kw)
+    for i in range(0, len(spans), batch):
+        st.add(spans[i:i + batch], now=float(i))
+    st.sweep(now=float(len(spans)) + 10.0)   # every reorder window's time is up; nothing idle yet
+    before = list(got.keys)
+    st.finish_all()
+    return got, st, before
+
+
+def test_live_findings_equal_the_idle_path_on_the_simulators_faulted_runs(faulted_spans):
+    codes: set[str] = set()
+    for spans in faulted_spans:
+        idle, ist, _ = _run(spans, live=False)
+        live, lst, before = _run(spans, live=True, window=64, window_s=5.0)
+        assert idle.keys, "a faulted run without findings proves nothing"
+        assert Counter(live.keys) == Counter(idle.keys)          # same findings, none doubled
+        assert len(set(live.keys)) == len(live.keys)
+        assert lst.events_checked == ist.events_checked == sum(len(s.events) for s in spans)
+        assert lst.past_window == lst.duplicates == lst.errors == 0
+        # everything but the end-of-stream findings was reported while the traces were still held
+        assert Counter(before) == Counter(k for k in idle.keys if k[3] not in END_RULES)
+        codes |= {k[2] for k in idle.keys}
+    assert {"HASH", "ZERO", "H1", "H2", "H3", "H4"} <= codes
+
+
+def test_records_are_fed_as_they_come_not_held(faulted_spans):
+    """Live, a trace holds only its reorder windows: the records behind them are already checked."""
+    spans = faulted_spans[0]
+    st = ServeState(lambda tr, f: None, idle_s=3600, window=8, window_s=1.0)
+    st.add(spans, now=0.0)
+    held = st.records_held
+    assert st.events_checked > 0 and st.events_checked + held == sum(len(s.events) for s in spans)
+    assert held <= 8 * sum(len(t.live.bufs) for t in st.traces.values())
+    st.sweep(now=1.0)
+    assert st.records_held == 0 and st.traces
+
+
+def _one_record_spans(spans: list[SpanRecords]) -> list[SpanRecords]:
+    """One span per record, each rank's in (epoch, seq) order (an exporter sends a span when it ends, so records
+    of spans open longer come later: the displacement the test adds is then the only one)."""
+    one = [SpanRecords(s.run_id, s.trace_id, s.ref, s.level, [ev]) for s in spans for ev in s.events]
+    return sorted(one, key=lambda s: (s.events[0].rank, s.events[0].epoch, s.events[0].seq))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                  HealthCheck.data_too_large])
+@given(data=st.data())
+def test_any_order_within_the_window_gives_the_same_findings(faulted_spans, data):
+    """Records moved at most W places (a collector retry, batches racing) with a window of W records: each rank
+    still reaches the rules in (epoch, seq) order, so the findings are the in-order ones."""
+    spans = _one_record_spans(faulted_spans[data.draw(st.integers(0, len(faulted_spans) - 1), label="run")])
+    w = data.draw(st.integers(1, 40), label="window")
+    shift = data.draw(st.lists(st.integers(0, w - 1), min_size=len(spans), max_size=len(spans)), label="shift")
+    moved = [s for _, s in sorted(zip((i + d for i, d in enumerate(shift)), spans, strict=True),
+                                  key=lambda p: p[0])]
+    idle, _, _ = _run(spans, live=False)
+    live, lst, _ = _run(moved, live=True, batch=7, window=w, window_s=3600.0)
+    assert lst.past_window == 0
+    assert Counter(live.keys) == Counter(idle.keys)
+
+
+def test_a_record_behind_the_window_is_not_fed_and_is_said(faulted_spans):
+    spans = _one_record_spans(faulted_spans[0])
+    notes: list[str] = []
+    st = ServeState(lambda tr, f: None, idle_s=3600, window=0, window_s=0.0, note=notes.append)
+    # the first record of some trace held back until its rank fed later ones: it cannot be fed in order
+    first = next(i for i, s in enumerate(spans)
+                 if sum(1 for t in spans if t.trace_id == s.trace_id and t.events[0].rank == s.events[0].rank) > 1)
+    late = spans[first]
+    st.add(spans[:first] + spans[first + 1:], now=0.0)
+    st.add([late], now=1.0)
+    assert st.past_window == 1 and st.events_checked == len(spans) - 1
+    st.finish_all()
+    assert sum("came behind their rank's reorder window" in n and late.trace_id in n for n in notes) == 1
+    assert st.stats()["past_window"] == 1
+
+
+def test_a_resent_batch_is_checked_once(faulted_spans):
+    spans = faulted_spans[0]
+    once, _, _ = _run(spans, live=True)
+    twice, st, _ = _run(spans[:200] + spans, live=True)
+    assert Counter(twice.keys) == Counter(once.keys)
+    assert st.duplicates == sum(len(s.events) for s in spans[:200])
+
+
+def test_a_live_check_that_raises_leaves_the_trace_not_checked(faulted_spans, monkeypatch):
+    from cptrace_otel.analyze import engine
+
+    notes: list[str] = []
+    got: list = []
+    st = ServeState(lambda tr, f: got.append(f), idle_s=3600, window=0, note=notes.append)
+    monkeypatch.setattr(engine.Analysis, "feed", lambda self, ev: (_ for _ in ()).throw(KeyError("boom")))
+    st.add(faulted_spans[0], now=0.0)
+    n = len(st.traces)
+    st.add(faulted_spans[0][:5], now=1.0)   # more records of a broken trace: not fed, no second error
+    st.finish_all()
+    assert st.errors == n and not got and not st.traces and st.events_checked == 0
+    assert sum("NOT checked" in x and "KeyError" in x for x in notes) == n
+
+
+def test_serve_prints_a_finding_while_its_trace_is_held(tmp_path, demo_bodies):  # noqa: F811
+    """The process: with --idle 1h a trace is not finalised during the test, yet its HASH finding is printed
+    (live); with --idle-only nothing is printed before the shutdown."""
+    s = Serve(tmp_path, "--idle", "1h", "--reorder", "0.2s")
+    try:
+        for b in demo_bodies:
+            assert s.post(b)[0] == 200
+        deadline = time.monotonic() + 30
+        while " HASH " not in s.out.read_text():
+            assert time.monotonic() < deadline, s.err.read_text()[-2000:]
+            time.sleep(0.2)
+        assert s.metrics()["cptrace_serve_traces_held"] > 0
+    finally:
+        s.stop()
+    (tmp_path / "idle").mkdir()
+    s = Serve(tmp_path / "idle", "--idle", "1h", "--idle-only")
+    try:
+        for b in demo_bodies:
+            assert s.post(b)[0] == 200
+        time.sleep(2.0)
+        assert s.out.read_text() == ""
+    finally:
+        s.stop()
+    assert " HASH " in s.out.read_text()
