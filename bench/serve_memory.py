@@ -1,0 +1,109 @@
+"""Memory of one ``serve`` replica's state over a long stream of nodes that end: RSS sampled as records flow.
+
+In-process (the HTTP server left out: its memory is its bounded queue): the requests of a clean replicated-mode run
+of 2 ranks (bench/check_throughput.py's generator, replayed into OTLP by ``cptrace-otel ingest``, 200 spans per
+request) are decoded by the replica's intake (``otlp_intake.decode``, fresh records each time) and given to a
+``ServeState`` with the replica's defaults (``--idle 30s``, ``--max-nodes 100000``, live unless ``--idle-only``),
+again and again, each replay under a new run id, so nodes keep starting and ending (finalised when idle, runs
+finished when idle). The clock the state sees is the stream's own: ``--rate`` records per second, so a trace
+idle for ``--idle`` of stream time is finalised whatever this machine's speed. Printed every ``--every`` records:
+records so far, RSS (``/proc/self/status`` VmRSS), traces and runs held, records held, traces finalised early.
+
+    python bench/serve_memory.py --seconds 240               # live, stream at 20,000 records/s
+    python bench/serve_memory.py --seconds 240 --idle-only
+
+Runs until ``--events`` records or ``--seconds`` of wall time, whichever first; prints the RSS range after the
+state filled (``--idle`` of stream time in), the records per wall second, and the held traces' size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+
+
+def rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rate", type=float, default=20000, help="stream records per second (default 20000)")
+    ap.add_argument("--idle", type=float, default=30.0, help="seconds of stream time (default 30, serve's default)")
+    ap.add_argument("--max-nodes", type=int, default=100_000)
+    ap.add_argument("--idle-only", action="store_true")
+    ap.add_argument("--events", type=int, default=10_000_000)
+    ap.add_argument("--seconds", type=float, default=300.0, help="wall-time budget (default 300)")
+    ap.add_argument("--lines", type=int, default=20_000, help="log lines per rank of the replayed run")
+    ap.add_argument("--every", type=int, default=200_000)
+    args = ap.parse_args(argv)
+
+    from bench.check_throughput import generate
+    from bench.serve_throughput import _bodies
+    from cptrace_otel.analyze.otlp_intake import SpanRecords, decode
+    from cptrace_otel.analyze.serve_state import ServeState
+
+    tmp = Path(tempfile.mkdtemp(prefix="serve-memory-"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CPTRACE_", "OTEL_"))}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    logs = generate(str(tmp / "rank{rank}.log"), args.lines, 2)
+    otlp = tmp / "run.otlp.jsonl"
+    subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "ingest", "--no-progress", "--file", str(otlp), *logs],
+                   check=True, env=env, cwd=ROOT, capture_output=True)
+    bodies = _bodies(otlp)
+    st = ServeState(lambda tr, found: None, idle_s=args.idle, max_nodes=args.max_nodes, live=not args.idle_only)
+    gc.collect()
+    base = rss_mib()
+    print(f"{'live' if not args.idle_only else 'idle-only'}: replaying {len(bodies)} requests under a new run id each "
+          f"time; stream {args.rate:,.0f} records/s, --idle {args.idle:g}s, --max-nodes {args.max_nodes}; RSS with "
+          f"the workload loaded {base:.0f} MiB")
+    print(f"{'records':>10} {'stream s':>9} {'RSS MiB':>8} {'traces':>7} {'runs':>5} {'held rec':>9} {'early':>6}")
+    n = copy = 0
+    nxt = args.every
+    t0 = time.monotonic()
+    samples: list[tuple[int, float, float]] = []
+    while n < args.events and time.monotonic() - t0 < args.seconds:
+        run = f"mem-{copy}"
+        copy += 1
+        for b in bodies:
+            if time.monotonic() - t0 >= args.seconds:
+                break
+            spans = [SpanRecords(run, s.trace_id, s.ref, s.level, s.events) for s in decode(b).spans]
+            now = n / args.rate
+            st.add(spans, now=now)
+            st.sweep(now=now)
+            n += sum(len(s.events) for s in spans)
+            if n >= nxt:
+                nxt += args.every
+                r = rss_mib()
+                samples.append((n, now, r))
+                print(f"{n:>10} {now:>9.1f} {r:>8.0f} {len(st.traces):>7} {len(st.runs):>5} {st.records_held:>9} "
+                      f"{st.early:>6}", flush=True)
+    wall = time.monotonic() - t0
+    filled = [r for _n, t, r in samples if t >= args.idle]
+    print(f"{n} records in {wall:.0f} s wall ({n / wall:,.0f} records/s, {copy} runs); findings "
+          f"{sum(st.findings.values())}, early {st.early}, late {st.late}, past window {st.past_window}")
+    if filled:
+        print(f"RSS once the state filled (stream time >= {args.idle:g}s, {len(filled)} samples): "
+              f"{min(filled):.0f}-{max(filled):.0f} MiB; {len(st.traces)} traces held at the end")
+    else:
+        print("the run ended before the state filled (stream time < --idle): no steady-state figure")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
