@@ -119,7 +119,7 @@ def _collector_config(http_port: int, health: int, metrics: int, live: int, idle
 
 
 def _metrics(port: int) -> dict[str, float]:
-    text = (_get(f"http://127.0.0.1:{port}/metrics") or b"").decode()
+    text = (_get(f"http://127.0.0.1:{port}/metrics", timeout=30.0) or b"").decode()   # a busy replica answers late
     return {ln.rsplit(" ", 1)[0]: float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
             if ln and not ln.startswith("#")}
 
