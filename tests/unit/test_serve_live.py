@@ -3,7 +3,7 @@ the simulator's faulted runs (real OTLP protobuf bytes from ``cptrace-otel demo`
 intake): the same findings (codes, nodes, evidence, messages; none twice), every finding but the end-of-stream ones
 reported before its trace is finalised, the same findings under any record order the reorder window absorbs
 (Hypothesis), and what happens past the window, to duplicates and to a check that raises. Plus the ``serve``
-process: a finding is printed while its trace is still held."""
+process: a finding is printed while its trace is still held, and posted to Alertmanager at once."""
 
 from __future__ import annotations
 
@@ -190,3 +190,39 @@ def test_serve_prints_a_finding_while_its_trace_is_held(tmp_path, demo_bodies): 
     finally:
         s.stop()
     assert " HASH " in s.out.read_text()
+
+
+def test_a_new_finding_is_posted_to_alertmanager_at_once(tmp_path, demo_bodies):  # noqa: F811
+    """--alert-interval 1h: the re-post would come an hour later, yet the live finding's alert arrives within
+    seconds (the alert thread is woken by it). An in-test endpoint of Alertmanager's API: the real Alertmanager is
+    in bench/serve_latency.py."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    posted: list = []
+
+    class AM(BaseHTTPRequestHandler):
+        def log_message(self, *a) -> None:
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802
+            posted.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    am = ThreadingHTTPServer(("127.0.0.1", 0), AM)
+    threading.Thread(target=am.serve_forever, daemon=True).start()
+    s = Serve(tmp_path, "--idle", "1h", "--reorder", "0.2s", "--alertmanager",
+              f"http://127.0.0.1:{am.server_address[1]}", "--alert-interval", "1h")
+    try:
+        for b in demo_bodies:
+            assert s.post(b)[0] == 200
+        t0 = time.monotonic()
+        while not any(a["labels"]["code"] == "HASH" for body in posted for a in body):
+            assert time.monotonic() - t0 < 30, s.err.read_text()[-2000:]
+            time.sleep(0.1)
+    finally:
+        s.stop()
+        am.shutdown()
