@@ -184,8 +184,9 @@ class ServeState:
             if live is not None:
                 touched[key] = tr
         for key, tr in touched.items():
-            self.due.append((now, key))
-            self._feed(tr, now)
+            if self.traces.get(key) is tr:   # not finalised early by a later span of this request (a bound)
+                self.due.append((now, key))
+                self._feed(tr, now)
 
     def _feed(self, tr: TraceState, now: float, final: bool = False) -> None:
         """Live: feed what ``tr``'s reorder windows let go (``final``: all, and the end of stream); report the
@@ -273,6 +274,7 @@ class ServeState:
         if tr.live is not None:
             live = tr.live
             self._feed(tr, time.monotonic(), final=True)
+            tr.live = None   # spent: its state freed now
             if live.past_window:
                 self.note(f"run {tr.run_id} trace {tr.trace_id}: {live.past_window} record(s) came behind their "
                           f"rank's reorder window ({self.window} records, {self.window_s:g}s): NOT checked")

@@ -226,3 +226,27 @@ def test_a_new_finding_is_posted_to_alertmanager_at_once(tmp_path, demo_bodies):
     finally:
         s.stop()
         am.shutdown()
+
+
+def test_traces_finalised_early_by_the_bound_match_the_idle_path(faulted_spans):
+    """--max-nodes hit inside one request: a trace finalised early is checked once, as the idle-only path checks it
+    (nothing of it fed or reported again by the request that evicted it)."""
+    for spans in faulted_spans:
+        idle, ist, _ = _run(spans, live=False, batch=len(spans), max_nodes=3)
+        live, lst, _ = _run(spans, live=True, batch=len(spans), max_nodes=3, window=0, window_s=0.0)
+        assert lst.early == ist.early > 0
+        assert Counter(live.keys) == Counter(idle.keys)
+        assert lst.events_checked == ist.events_checked and lst.errors == 0
+
+
+def test_a_run_finished_by_the_bound_inside_one_request_is_not_fed_again(faulted_spans):
+    """--max-runs hit inside one request: the first run's trace is finalised (its run finished) by the second run's
+    span of the same request, and the request's end does not touch it again."""
+    sp = faulted_spans[0][0]
+    other = SpanRecords("other-run", sp.trace_id, sp.ref, sp.level, sp.events)
+    got: list = []
+    st = ServeState(lambda tr, found: got.append(tr.run_id), idle_s=3600, max_runs=1, window=0, window_s=0.0)
+    st.add([sp, other], now=0.0)
+    assert list(st.runs) == ["other-run"] and st.early == 1 and got == [sp.run_id]
+    st.finish_all()
+    assert got == [sp.run_id, "other-run"] and st.errors == 0
