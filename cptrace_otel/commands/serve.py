@@ -155,12 +155,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     from ..analyze import links
-    from ..analyze.finding_sinks import Alerts, WriteBack, finding_trace
+    from ..analyze.finding_sinks import FindingSinks, SinkSetupError
     from ..analyze.otlp_intake import Intake, Undecodable, decode
     from ..analyze.serve_state import ServeState, TraceState, unchecked_rules
     from ..analyze.sources.jaegerquery import parse_duration
-    from ..model.config import mask_url, traces_url
-    from .watch import finding_line
 
     out = out or sys.stdout
     err = err or sys.stderr
@@ -173,7 +171,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         grpc_at = _host_port(args.grpc) if args.grpc else None
         idle = parse_duration(args.idle)
         alert_every = parse_duration(args.alert_interval)
-        hold = parse_duration(args.alert_hold)
+        parse_duration(args.alert_hold)   # said here, before listening (the sinks read it again)
         bad = links.bad_link_base(args)
         if bad:
             raise ValueError(bad)
@@ -182,28 +180,14 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     except ValueError as e:
         print(f"{_PFX}: {e}", file=err)
         return EXIT_USAGE
-    wb = None
-    if args.endpoint:
-        try:
-            wb = WriteBack(traces_url(args.endpoint, args.protocol), args.protocol)
-        except Exception as e:
-            print(f"{_PFX}: cannot use OTLP endpoint {mask_url(str(args.endpoint))}: {mask_url(str(e))}", file=err)
-            return EXIT_UNREACHABLE
-    alerts = Alerts(args.alertmanager, alert_every, hold, note) if args.alertmanager else None
-    alert_lock = threading.Lock()
-    link_base = args.jaeger_url
-    total = [0]
+    try:
+        sinks = FindingSinks(args, alert_every, args.jaeger_url, out, note)
+    except SinkSetupError as e:
+        print(f"{_PFX}: {e}", file=err)
+        return EXIT_UNREACHABLE
 
     def report(tr: TraceState, found: list) -> None:   # the checking thread, under `lock`
-        for f in found:
-            link = links.trace_url(link_base, finding_trace(tr.run_id, f))
-            print(finding_line(tr.run_id, f, link), file=out, flush=True)
-            if alerts is not None:
-                with alert_lock:
-                    alerts.found(tr.run_id, f, link)
-        total[0] += len(found)
-        if wb is not None and found:
-            wb.write(tr, found)   # type: ignore[arg-type]  # a TraceState answers run_id and span_of as RunWatch
+        sinks.report(tr.run_id, tr, found)
 
     state = ServeState(report, idle_s=idle, max_nodes=args.max_nodes, max_runs=args.max_runs, note=note)
     lock = threading.Lock()        # the state: the checking thread changes it, /metrics reads it
@@ -351,19 +335,12 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
 
     def alert_loop() -> None:
         while not stopping.wait(alert_every):
-            _post_alerts()
-
-    def _post_alerts() -> None:
-        if alerts is None:
-            return
-        with alert_lock:
-            body = alerts.payload()
-        alerts.post(body=body)
+            sinks.post_alerts()
 
     checker = threading.Thread(target=check_loop, name="cptrace-serve-check", daemon=True)
     checker.start()
     poster = threading.Thread(target=alert_loop, name="cptrace-serve-alerts", daemon=True)
-    if alerts is not None:
+    if sinks.alerts is not None:
         poster.start()
     web = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="cptrace-serve-http",
                            daemon=True)
@@ -394,22 +371,19 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         checker.join()
         with lock:
             state.finish_all()
-        _post_alerts()
+        sinks.post_alerts()
         for sig, h in old.items():
             signal.signal(sig, h)
-        if wb is not None:
-            if not wb.flush(30.0):
-                note("some finding spans could not be delivered to the OTLP endpoint")
-            wb.close(1.0)
+        sinks.close()
     st = state.stats()
     suppressed = ", ".join(f"{r} ({n})" for r, n in sorted(state.suppressed.items())) or "none"
     note(f"stopped: {counters.spans_received} spans received, {counters.spans_rejected} not readable, "
-         f"{counters.spans_dropped} turned away with 503, {st['events_checked']} records checked, {total[0]} "
+         f"{counters.spans_dropped} turned away with 503, {st['events_checked']} records checked, {sinks.total} "
          f"finding(s), {st['late_records']} late record(s) not checked, {st['finalised_early']} trace(s) checked "
          f"early, {st['check_errors']} trace(s) NOT checked (an error, said above); UNCHECKED here (a rank's "
          f"whole stream needed): {', '.join(unchecked_rules())}; their findings on "
          f"one trace, not trusted and not reported: {suppressed}")
-    return EXIT_FINDINGS if total[0] else EXIT_OK
+    return EXIT_FINDINGS if sinks.total else EXIT_OK
 
 
 def _response(intake: Any) -> bytes:
