@@ -20,6 +20,11 @@ HTTP:
 * ``GET /metrics``: Prometheus text (see :func:`metrics_text`); ``GET /healthz``: 200 while the process runs;
   ``GET /readyz``: 200 while it accepts data (not stopping, queue not full), else 503.
 
+TLS and authentication (:mod:`~cptrace_otel.analyze.serve_guard`): ``--tls-cert``/``--tls-key`` put both receivers
+on TLS, ``--tls-client-ca`` requires client certificates (mutual TLS), ``--auth-token-file``/``--auth-token-env``
+require the ``--auth-header`` value on OTLP requests and ``/metrics`` (401 / ``UNAUTHENTICATED``, counted;
+``/healthz`` and ``/readyz`` stay open): the server side of the exporter's ``OTEL_EXPORTER_OTLP_*`` settings.
+
 The checking thread owns a :class:`~cptrace_otel.analyze.serve_state.ServeState`: records held by trace, each trace
 checked when idle for ``--idle`` (default 30s), memory bounded by ``--max-nodes`` and ``--max-runs`` (past them the
 least recently changed is finalised early and counted). Each finding is printed once on stdout (the line ``watch``
