@@ -5,8 +5,10 @@ The exporter (``OTEL_EXPORTER_OTLP_[TRACES_]CERTIFICATE``, ``CLIENT_CERTIFICATE`
 verifies the receiver with a CA, may present a client certificate, and sends headers. Here the receiver's half:
 
 * ``--tls-cert``/``--tls-key`` (PEM): both receivers speak TLS (HTTPS; gRPC with server credentials).
-* ``--tls-client-ca`` (PEM): mutual TLS, a client must present a certificate this CA signed (else the handshake
-  fails: no request is read).
+* ``--tls-client-ca`` (PEM): mutual TLS, a client must present a certificate this CA signed. gRPC: else the
+  handshake fails. HTTP: a certificate that does not verify fails the handshake; none at all is let through the
+  handshake so that ``/healthz`` and ``/readyz`` answer probes that carry none (a kubelet's), and every other
+  request of that connection is answered 401 (:meth:`Guard.allows_peer`).
 * ``--auth-token-file PATH`` or ``--auth-token-env VAR``: every OTLP request and ``/metrics`` must carry the header
   ``--auth-header`` (default ``Authorization``) with exactly this value (e.g. ``Bearer <token>``; the file's
   trailing newline is not part of it). Compared in constant time (:func:`hmac.compare_digest`); a request without it,
@@ -82,8 +84,18 @@ class Guard:
         ctx.load_cert_chain(self.cert, self.key)   # type: ignore[arg-type]
         if self.client_ca:
             ctx.load_verify_locations(self.client_ca)
-            ctx.verify_mode = ssl.CERT_REQUIRED
+            # OPTIONAL, not REQUIRED: a certificate sent is verified all the same; none lets the probes through,
+            # and allows_peer() refuses everything else on such a connection
+            ctx.verify_mode = ssl.CERT_OPTIONAL
         return ctx
+
+    def allows_peer(self, conn: Any) -> bool:
+        """True unless mutual TLS is asked for and the TLS connection ``conn`` presented no client certificate (one
+        that did not verify never got this far: the handshake failed)."""
+        if not self.client_ca:
+            return True
+        getpeercert = getattr(conn, "getpeercert", None)
+        return bool(getpeercert and getpeercert())
 
     def grpc_credentials(self) -> Any:
         """gRPC server credentials, or None without TLS (an insecure port)."""

@@ -257,14 +257,18 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             self._send(code, (why + "\n").encode(), headers={"Connection": "close"} if close else None)
 
         def _authorized(self) -> bool:
-            """False (and answered 401) without the auth header. Called once the body is read: closing a TLS
-            connection with a body unread resets it, and the client would see no answer but a reset (retried)."""
-            if guard.allows(self.headers.get(guard.header)):
+            """False (and answered 401) without the auth header, or, with mutual TLS, without a client certificate.
+            Called once the body is read: closing a TLS connection with a body unread resets it, and the client
+            would see no answer but a reset (retried)."""
+            if not guard.allows_peer(self.connection):
+                why = "a client certificate is required (mutual TLS)"
+            elif not guard.allows(self.headers.get(guard.header)):
+                why = f"missing or wrong {guard.header!r} header"
+            else:
                 return True
             with clock:
                 counters.unauthorized += 1
-            self._send(401, f"missing or wrong {guard.header!r} header\n".encode(),
-                       headers={"WWW-Authenticate": "Bearer"})
+            self._send(401, f"{why}\n".encode(), headers={"WWW-Authenticate": "Bearer"})
             return False
 
         def do_GET(self) -> None:

@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from cptrace_otel.export.sinks import Outcome, is_auth_failure
 from cptrace_otel.export.stack import open_transport
@@ -150,7 +151,18 @@ def test_mutual_tls_needs_the_client_certificate(tmp_path: Path, pki: dict[str, 
         assert _send(s, protocol, _cfg(protocol, pki["ca"], header=False, client=client), bodies[0]) == (Outcome.OK, "")
         results = [_send(s, protocol, _cfg(protocol, pki["ca"], header=False), bodies[0]) for _ in range(3)]
         assert all(o != Outcome.OK for o, _ in results), results
+        if protocol == "http/protobuf":   # the handshake let it through (for the probes); the request is refused
+            assert all(is_auth_failure(d) for _, d in results), results
         assert s.metrics()["cptrace_serve_spans_received_total"] == _spans(bodies[0])
+        # a probe without a client certificate (a kubelet's) still reads /healthz and /readyz, nothing else
+        bare = ssl.create_default_context(cafile=pki["ca"])
+        for path, want in (("/healthz", 200), ("/readyz", 200), ("/metrics", 401)):
+            try:
+                with urllib.request.urlopen(s.url + path, timeout=10, context=bare) as r:
+                    got = r.status
+            except urllib.error.HTTPError as e:
+                got = e.code
+            assert got == want, (path, got)
     finally:
         s.stop()
 
@@ -208,3 +220,20 @@ def test_bad_settings_are_usage_errors_naming_no_secret(tmp_path: Path, pki: dic
                        env=env)
     assert p.returncode == 2, p.stderr
     assert says in p.stderr and TOKEN not in p.stderr + p.stdout
+
+
+@settings(max_examples=300, deadline=None)
+@given(token=st.binary(min_size=1, max_size=64).filter(lambda b: b"\n" not in b and b"\r" not in b),
+       other=st.binary(max_size=64))
+def test_guard_allows_exactly_the_token(token: bytes, other: bytes) -> None:
+    """The comparison: the token itself passes (as str or bytes), any other value or none is refused; the token
+    does not appear in the guard's repr or description."""
+    from cptrace_otel.analyze.serve_guard import Guard
+
+    g = Guard(header="X-Token", token=token)
+    assert g.allows(token) and g.allows(token.decode("utf-8", "surrogateescape"))
+    assert g.allows(other) == (other == token)
+    assert not g.allows(None)
+    assert Guard().allows(None) and Guard().allows(other)   # no token asked for: everything passes
+    shown = Guard(token=b"Bearer zz-unique-99")
+    assert "zz-unique-99" not in repr(shown) + shown.describe()
