@@ -237,3 +237,35 @@ def test_guard_allows_exactly_the_token(token: bytes, other: bytes) -> None:
     assert Guard().allows(None) and Guard().allows(other)   # no token asked for: everything passes
     shown = Guard(token=b"Bearer zz-unique-99")
     assert "zz-unique-99" not in repr(shown) + shown.describe()
+
+
+def test_deploy_checker_up_starts_a_tls_replica(tmp_path: Path, pki: dict[str, str]) -> None:
+    """deploy/checker/up with CHECKER_TLS_* and CHECKER_TOKEN_FILE: the replica serves https with mutual TLS and the
+    token, its readiness checked over https with the given CA; down stops it."""
+    import socket
+
+    for port in (4331, 4341):   # the script's fixed loopback ports
+        with socket.socket() as sk:
+            if sk.connect_ex(("127.0.0.1", port)) == 0:
+                pytest.skip(f"127.0.0.1:{port} is in use (a replica of deploy/checker/up is running)")
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    env = {**os.environ, "CHECKER_REPLICAS": "1", "CHECKER_RUN_DIR": str(tmp_path / "run"),
+           "CHECKER_TLS_CERT": pki["server_cert"], "CHECKER_TLS_KEY": pki["server_key"], "CHECKER_TLS_CA": pki["ca"],
+           "CHECKER_TLS_CLIENT_CA": pki["ca"], "CHECKER_TOKEN_FILE": str(tmp_path / "token"), "PYTHON": sys.executable}
+    deploy = ROOT / "deploy" / "checker"
+    up = subprocess.run(["bash", str(deploy / "up")], capture_output=True, text=True, timeout=90, env=env, cwd=ROOT)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "https://127.0.0.1:4341/readyz" in up.stdout
+        ctx = ssl.create_default_context(cafile=pki["ca"])
+        ctx.load_cert_chain(pki["client_cert"], pki["client_key"])
+        req = urllib.request.Request("https://127.0.0.1:4341/metrics", headers={"Authorization": TOKEN})
+        with urllib.request.urlopen(req, timeout=10, context=ctx) as r:
+            assert "cptrace_serve_requests_unauthorized_total 0" in r.read().decode()
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen("https://127.0.0.1:4341/metrics", timeout=10, context=ctx)
+        assert e.value.code == 401
+    finally:
+        down = subprocess.run(["bash", str(deploy / "down")], capture_output=True, text=True, timeout=60, env=env)
+    assert down.returncode == 0 and "stopped" in down.stdout, down.stdout + down.stderr
+    assert TOKEN not in up.stdout + up.stderr + (tmp_path / "run" / "checker-a.log").read_text()
