@@ -61,7 +61,7 @@ class Guard:
             return True
         if value is None:
             return False
-        got = value.encode("utf-8", "surrogateescape") if isinstance(value, str) else value
+        got = value if isinstance(value, bytes) else _raw(value)
         return hmac.compare_digest(got, self._token)
 
     def describe(self) -> str:
@@ -133,6 +133,14 @@ class Guard:
                 return continuation(details) if guard.allows(value) else denied
 
         return [Interceptor()]
+
+
+def _raw(value: str) -> bytes:
+    """A header value's bytes as sent: ``http.server`` decodes them as Latin-1 (gRPC metadata is ASCII)."""
+    try:
+        return value.encode("latin-1")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "surrogateescape")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
