@@ -20,6 +20,11 @@ HTTP:
 * ``GET /metrics``: Prometheus text (see :func:`metrics_text`); ``GET /healthz``: 200 while the process runs;
   ``GET /readyz``: 200 while it accepts data (not stopping, queue not full), else 503.
 
+TLS and authentication (:mod:`~cptrace_otel.analyze.serve_guard`): ``--tls-cert``/``--tls-key`` put both receivers
+on TLS, ``--tls-client-ca`` requires client certificates (mutual TLS), ``--auth-token-file``/``--auth-token-env``
+require the ``--auth-header`` value on OTLP requests and ``/metrics`` (401 / ``UNAUTHENTICATED``, counted;
+``/healthz`` and ``/readyz`` stay open): the server side of the exporter's ``OTEL_EXPORTER_OTLP_*`` settings.
+
 The checking thread owns a :class:`~cptrace_otel.analyze.serve_state.ServeState`: records held by trace, each trace
 checked when idle for ``--idle`` (default 30s), memory bounded by ``--max-nodes`` and ``--max-runs`` (past them the
 least recently changed is finalised early and counted). Each finding is printed once on stdout (the line ``watch``
@@ -79,6 +84,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     s.add_argument("--alert-hold", default="1h", metavar="DURATION",
                    help="keep re-posting an alert this long after its last finding (default 1h)")
     s.add_argument("--jaeger-url", default="http://127.0.0.1:16686", help="Jaeger base URL for the links")
+    from ..analyze import serve_guard
+
+    serve_guard.add_arguments(s)
     return s
 
 
@@ -99,6 +107,7 @@ class Counters:
         self.spans_dropped = 0     # in requests answered 503 (the collector sends them again)
         self.requests_dropped = 0
         self.bad_requests = 0      # 400/411/413/415
+        self.unauthorized = 0      # 401 / UNAUTHENTICATED: the auth header missing or wrong
 
 
 def metrics_text(state: ServeState, c: Counters, queued: int, now_ns: int) -> str:
@@ -124,6 +133,8 @@ def metrics_text(state: ServeState, c: Counters, queued: int, now_ns: int) -> st
            [("", c.spans_dropped)])
     metric("cptrace_serve_requests_bad_total", "counter", "requests answered 400, 411, 413 or 415",
            [("", c.bad_requests)])
+    metric("cptrace_serve_requests_unauthorized_total", "counter",
+           "requests refused for a missing or wrong auth header (401 / UNAUTHENTICATED)", [("", c.unauthorized)])
     metric("cptrace_serve_events_checked_total", "counter", "records checked", [("", state.events_checked)])
     metric("cptrace_serve_violations_total", "counter", "findings reported, by run and code",
            [(f'{{run_id="{esc(r)}",code="{esc(code)}"}}', n) for (r, code), n in sorted(state.findings.items())])
@@ -154,13 +165,11 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     import zlib
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from ..analyze import links
-    from ..analyze.finding_sinks import Alerts, WriteBack, finding_trace
+    from ..analyze import links, serve_guard
+    from ..analyze.finding_sinks import FindingSinks, SinkSetupError
     from ..analyze.otlp_intake import Intake, Undecodable, decode
     from ..analyze.serve_state import ServeState, TraceState, unchecked_rules
     from ..analyze.sources.jaegerquery import parse_duration
-    from ..model.config import mask_url, traces_url
-    from .watch import finding_line
 
     out = out or sys.stdout
     err = err or sys.stderr
@@ -173,37 +182,28 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         grpc_at = _host_port(args.grpc) if args.grpc else None
         idle = parse_duration(args.idle)
         alert_every = parse_duration(args.alert_interval)
-        hold = parse_duration(args.alert_hold)
+        parse_duration(args.alert_hold)   # said here, before listening (the sinks read it again)
         bad = links.bad_link_base(args)
         if bad:
             raise ValueError(bad)
         if args.queue < 1 or args.max_body < 1 or args.max_nodes < 1 or args.max_runs < 1:
             raise ValueError("--queue, --max-body, --max-nodes and --max-runs must be at least 1")
+        guard = serve_guard.from_args(args)
+        try:
+            tls_ctx = guard.ssl_context()
+        except OSError as e:   # ssl.SSLError included: a PEM that does not parse, a key that does not match
+            raise ValueError(f"--tls-cert/--tls-key/--tls-client-ca: {getattr(e, 'reason', None) or e}") from None
     except ValueError as e:
         print(f"{_PFX}: {e}", file=err)
         return EXIT_USAGE
-    wb = None
-    if args.endpoint:
-        try:
-            wb = WriteBack(traces_url(args.endpoint, args.protocol), args.protocol)
-        except Exception as e:
-            print(f"{_PFX}: cannot use OTLP endpoint {mask_url(str(args.endpoint))}: {mask_url(str(e))}", file=err)
-            return EXIT_UNREACHABLE
-    alerts = Alerts(args.alertmanager, alert_every, hold, note) if args.alertmanager else None
-    alert_lock = threading.Lock()
-    link_base = args.jaeger_url
-    total = [0]
+    try:
+        sinks = FindingSinks(args, alert_every, args.jaeger_url, out, note)
+    except SinkSetupError as e:
+        print(f"{_PFX}: {e}", file=err)
+        return EXIT_UNREACHABLE
 
     def report(tr: TraceState, found: list) -> None:   # the checking thread, under `lock`
-        for f in found:
-            link = links.trace_url(link_base, finding_trace(tr.run_id, f))
-            print(finding_line(tr.run_id, f, link), file=out, flush=True)
-            if alerts is not None:
-                with alert_lock:
-                    alerts.found(tr.run_id, f, link)
-        total[0] += len(found)
-        if wb is not None and found:
-            wb.write(tr, found)   # type: ignore[arg-type]  # a TraceState answers run_id and span_of as RunWatch
+        sinks.report(tr.run_id, tr, found)
 
     state = ServeState(report, idle_s=idle, max_nodes=args.max_nodes, max_runs=args.max_runs, note=note)
     lock = threading.Lock()        # the state: the checking thread changes it, /metrics reads it
@@ -256,9 +256,26 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
                 self.close_connection = True
             self._send(code, (why + "\n").encode(), headers={"Connection": "close"} if close else None)
 
+        def _authorized(self) -> bool:
+            """False (and answered 401) without the auth header, or, with mutual TLS, without a client certificate.
+            Called once the body is read: closing a TLS connection with a body unread resets it, and the client
+            would see no answer but a reset (retried)."""
+            if not guard.allows_peer(self.connection):
+                why = "a client certificate is required (mutual TLS)"
+            elif not guard.allows(self.headers.get(guard.header)):
+                why = f"missing or wrong {guard.header!r} header"
+            else:
+                return True
+            with clock:
+                counters.unauthorized += 1
+            self._send(401, f"{why}\n".encode(), headers={"WWW-Authenticate": "Bearer"})
+            return False
+
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
+                if not self._authorized():
+                    return
                 with lock:
                     text = metrics_text(state, counters, work.qsize(), time.time_ns())
                 self._send(200, text.encode(), "text/plain; version=0.0.4; charset=utf-8")
@@ -288,6 +305,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             body = self.rfile.read(n)
             if len(body) < n:
                 return self._refuse(400, "body cut short", close=True)
+            if not self._authorized():   # before it is inflated or decoded
+                return
             enc = (self.headers.get("Content-Encoding") or "identity").strip().lower()
             if enc == "gzip":
                 try:
@@ -315,15 +334,34 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         request_queue_size = 128   # connections waiting to be accepted: a collector opens several at once
         daemon_threads = True
 
+        def finish_request(self, request: Any, client_address: Any) -> None:
+            if tls_ctx is None:
+                return super().finish_request(request, client_address)
+            request.settimeout(30.0)   # the handshake in the connection's thread: a slow client holds no other
+            conn = tls_ctx.wrap_socket(request, server_side=True)   # takes the socket over (closed on failure)
+            try:
+                conn.settimeout(None)
+                super().finish_request(conn, client_address)
+            finally:
+                conn.close()
+
+        def handle_error(self, request: Any, client_address: Any) -> None:
+            pass   # a failed handshake or a client gone: its connection only, no traceback on stderr
+
     try:
         server = Server((host, port), Handler)
     except OSError as e:
         print(f"{_PFX}: cannot listen on {host}:{port}: {e.strerror or e}", file=err)
         return EXIT_UNREACHABLE
     gserver = None
+
+    def count_unauthorized() -> None:
+        with clock:
+            counters.unauthorized += 1
+
     if grpc_at is not None:
         try:
-            gserver = _grpc_server(grpc_at, max_body, accept)
+            gserver = _grpc_server(grpc_at, max_body, accept, guard, count_unauthorized)
         except Exception as e:   # the port is taken, or grpcio is missing
             server.server_close()
             print(f"{_PFX}: cannot serve OTLP/gRPC on {args.grpc}: {type(e).__name__}: {e}", file=err)
@@ -351,29 +389,26 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
 
     def alert_loop() -> None:
         while not stopping.wait(alert_every):
-            _post_alerts()
-
-    def _post_alerts() -> None:
-        if alerts is None:
-            return
-        with alert_lock:
-            body = alerts.payload()
-        alerts.post(body=body)
+            sinks.post_alerts()
 
     checker = threading.Thread(target=check_loop, name="cptrace-serve-check", daemon=True)
     checker.start()
     poster = threading.Thread(target=alert_loop, name="cptrace-serve-alerts", daemon=True)
-    if alerts is not None:
+    if sinks.alerts is not None:
         poster.start()
     web = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="cptrace-serve-http",
                            daemon=True)
     web.start()
     bound_host, bound_port = server.server_address[:2]
-    note(f"listening on http://{bound_host!s}:{bound_port}{TRACES_PATH} (OTLP/HTTP protobuf), /metrics, /healthz, "
+    scheme = "https" if guard.tls else "http"
+    note(f"listening on {scheme}://{bound_host!s}:{bound_port}{TRACES_PATH} (OTLP/HTTP protobuf), /metrics, /healthz, "
          f"/readyz; a trace is checked after {args.idle} without new records; not checked by a replica (they need "
          f"a rank's whole stream: run check or watch for them): {', '.join(unchecked_rules())}")
     if gserver is not None:
         note(f"OTLP/gRPC on {gserver[1]}")
+    note(f"receivers: {guard.describe()}")
+    if guard.needs_token and not guard.tls:
+        note("an auth token without TLS: anyone on the network path can read it (add --tls-cert/--tls-key)")
 
     done = threading.Event()
 
@@ -394,22 +429,19 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         checker.join()
         with lock:
             state.finish_all()
-        _post_alerts()
+        sinks.post_alerts()
         for sig, h in old.items():
             signal.signal(sig, h)
-        if wb is not None:
-            if not wb.flush(30.0):
-                note("some finding spans could not be delivered to the OTLP endpoint")
-            wb.close(1.0)
+        sinks.close()
     st = state.stats()
     suppressed = ", ".join(f"{r} ({n})" for r, n in sorted(state.suppressed.items())) or "none"
     note(f"stopped: {counters.spans_received} spans received, {counters.spans_rejected} not readable, "
-         f"{counters.spans_dropped} turned away with 503, {st['events_checked']} records checked, {total[0]} "
+         f"{counters.spans_dropped} turned away with 503, {st['events_checked']} records checked, {sinks.total} "
          f"finding(s), {st['late_records']} late record(s) not checked, {st['finalised_early']} trace(s) checked "
          f"early, {st['check_errors']} trace(s) NOT checked (an error, said above); UNCHECKED here (a rank's "
          f"whole stream needed): {', '.join(unchecked_rules())}; their findings on "
          f"one trace, not trusted and not reported: {suppressed}")
-    return EXIT_FINDINGS if total[0] else EXIT_OK
+    return EXIT_FINDINGS if sinks.total else EXIT_OK
 
 
 def _response(intake: Any) -> bytes:
@@ -423,8 +455,10 @@ def _response(intake: Any) -> bytes:
     return resp.SerializeToString()
 
 
-def _grpc_server(at: tuple[str, int], max_body: int, accept: Any) -> tuple[Any, str]:
-    """An OTLP/gRPC ``TraceService`` on ``at`` feeding ``accept`` (started); (server, "host:port" bound)."""
+def _grpc_server(at: tuple[str, int], max_body: int, accept: Any, guard: Any,
+                 on_refused: Any) -> tuple[Any, str]:
+    """An OTLP/gRPC ``TraceService`` on ``at`` feeding ``accept`` (started), with ``guard``'s TLS and auth
+    (a :class:`~cptrace_otel.analyze.serve_guard.Guard`); (server, "host:port" bound)."""
     from concurrent import futures
 
     import grpc
@@ -443,9 +477,11 @@ def _grpc_server(at: tuple[str, int], max_body: int, accept: Any) -> tuple[Any, 
 
     opts = [("grpc.max_receive_message_length", max_body)]
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="cptrace-serve-grpc"),
-                         options=opts)
+                         options=opts, interceptors=guard.grpc_interceptors(on_refused))
     trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Servicer(), server)
-    port = server.add_insecure_port(f"{at[0]}:{at[1]}")
+    creds = guard.grpc_credentials()
+    port = (server.add_secure_port(f"{at[0]}:{at[1]}", creds) if creds is not None
+            else server.add_insecure_port(f"{at[0]}:{at[1]}"))
     if not port:
         raise OSError(f"cannot bind {at[0]}:{at[1]}")
     server.start()

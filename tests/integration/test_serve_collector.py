@@ -128,13 +128,7 @@ def test_two_replicas_behind_the_collector_find_what_check_finds(tmp_path):
             p.send_signal(signal.SIGTERM)
         codes = {name: p.wait(timeout=60) for name, (p, _port) in replicas.items()}
     finally:
-        for p in reversed(procs):
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+        _stop_all(procs)
 
     checked = {name: m["cptrace_serve_events_checked_total"] for name, m in ms.items()}
     assert all(v > 0 for v in checked.values()), f"both replicas get traffic: {checked}"
@@ -172,9 +166,111 @@ def test_two_replicas_behind_the_collector_find_what_check_finds(tmp_path):
         assert re.search(r"UNCHECKED here [^;]*\bC3\b", last), last
 
 
+def _stop_all(procs: list[subprocess.Popen]) -> None:
+    """Stop the processes a test started, the last started first (the collector before its replicas)."""
+    for p in reversed(procs):
+        if p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
 def up_url(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as r:
             return r.status == 200
     except OSError:
         return False
+
+
+def test_the_collector_reaches_a_replica_over_mutual_tls_with_a_token(tmp_path):
+    """The real collector's loadbalancing exporter with ``protocol.otlp.tls`` (CA, client certificate and key) and
+    ``headers`` sends to a replica run with ``--tls-cert/--tls-key/--tls-client-ca`` and ``--auth-token-file``:
+    every record is checked. The same collector with another token gets every request refused
+    (UNAUTHENTICATED, counted by the replica): nothing of that run is checked."""
+    import ssl
+
+    from tests.helpers.otlp_receiver import make_pki
+
+    pytest.importorskip("cryptography")
+    b = _collector_bin()
+    if not b.is_file():
+        if REQUIRE:
+            pytest.fail(f"no collector binary at {b} (CPTRACE_REQUIRE_COLLECTOR is set)", pytrace=False)
+        pytest.skip(f"no collector binary at {b}; build it with deploy/collector/up (or set COLLECTOR_BIN)")
+    (tmp_path / "pki").mkdir()
+    pki = make_pki(str(tmp_path / "pki"))
+    token = "Bearer collector-to-checker-t0ken"
+    (tmp_path / "token").write_text(token + "\n")
+    col_http, col_grpc, health, metrics, r_http, r_grpc = (free_port() for _ in range(6))
+    ctx = ssl.create_default_context(cafile=pki["ca"])
+    ctx.load_cert_chain(pki["client_cert"], pki["client_key"])
+
+    def replica_metrics() -> dict[str, float]:
+        req = urllib.request.Request(f"https://127.0.0.1:{r_http}/metrics", headers={"Authorization": token})
+        with urllib.request.urlopen(req, timeout=10, context=ctx) as r:
+            return {ln.rsplit(" ", 1)[0]: float(ln.rsplit(" ", 1)[1]) for ln in r.read().decode().splitlines()
+                    if ln and not ln.startswith("#")}
+
+    def ready() -> bool:
+        try:
+            with urllib.request.urlopen(f"https://127.0.0.1:{r_http}/readyz", timeout=2, context=ctx) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def collector(name: str, header: str) -> subprocess.Popen:
+        cfg = _config(col_http, col_grpc, health, metrics, [r_grpc])
+        otlp = cfg["exporters"]["load_balancing/checkers"]["protocol"]["otlp"]
+        otlp["tls"] = {"insecure": False, "ca_file": pki["ca"], "cert_file": pki["client_cert"],
+                       "key_file": pki["client_key"]}
+        otlp["headers"] = {"authorization": header}
+        otlp["retry_on_failure"]["max_elapsed_time"] = "10s"
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(cfg))
+        p = subprocess.Popen([str(b), f"--config={tmp_path / f'{name}.yaml'}"],
+                             stdout=open(tmp_path / f"{name}.log", "w"), stderr=subprocess.STDOUT)
+        procs.append(p)
+        wait_for(lambda: up_url(f"http://127.0.0.1:{health}/"), 60, "collector healthy")
+        return p
+
+    def demo(name: str) -> int:
+        d = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "demo", "--ranks", "2", "--faults", "HASH_flip",
+                            "--endpoint", f"http://127.0.0.1:{col_http}/v1/traces", "--out", str(tmp_path / name),
+                            "--json"], capture_output=True, text=True, timeout=300, env=_env(), cwd=ROOT)
+        assert d.returncode in (0, 1), d.stderr[-2000:]
+        return json.loads(d.stdout)["events"]["simulated"]
+
+    procs: list[subprocess.Popen] = []
+    try:
+        serve = subprocess.Popen(
+            [sys.executable, "-m", "cptrace_otel.cli", "serve", "--listen", f"127.0.0.1:{r_http}", "--grpc",
+             f"127.0.0.1:{r_grpc}", "--idle", "2s", "--tls-cert", pki["server_cert"], "--tls-key", pki["server_key"],
+             "--tls-client-ca", pki["ca"], "--auth-token-file", str(tmp_path / "token")],
+            stdout=open(tmp_path / "serve.out", "w"), stderr=open(tmp_path / "serve.err", "w"), env=_env(), cwd=ROOT)
+        procs.append(serve)
+        wait_for(ready, 60, "TLS replica ready")
+        col = collector("col", token)
+        n = demo("good")
+        wait_for(lambda: replica_metrics()["cptrace_serve_events_checked_total"] >= n
+                 and replica_metrics()["cptrace_serve_traces_held"] == 0, 120, f"{n} records checked over TLS",
+                 interval_s=1.0)
+        col.terminate()
+        col.wait(timeout=30)
+        col = collector("wrong", "Bearer not-the-token")
+        demo("refused")
+        wait_for(lambda: replica_metrics()["cptrace_serve_requests_unauthorized_total"] > 0, 60,
+                 "the wrong token refused")
+        col.terminate()
+        col.wait(timeout=30)
+        m = replica_metrics()
+        serve.send_signal(signal.SIGTERM)
+        code = serve.wait(timeout=60)
+    finally:
+        _stop_all(procs)
+    assert m["cptrace_serve_events_checked_total"] == n, "the refused run was not checked, the accepted one whole"
+    assert m["cptrace_serve_spans_dropped_total"] == 0
+    printed = (tmp_path / "serve.out").read_text() + (tmp_path / "serve.err").read_text()
+    assert code == 1 and "HASH" in printed, printed[-2000:]
+    assert token.split()[1] not in printed
