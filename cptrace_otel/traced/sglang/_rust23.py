@@ -113,21 +113,23 @@ class RustState(State23):
             nid, start = int(info.node_id), int(info.path_start)
             if nid not in self.span:   # a new id: the prefix fragment of a booked node that started here?
                 for old in list(self.by_start.get((int(info.parent_id), start), ())):
-                    if old in self.span and self.span[old][2] > int(info.path_end) and self._fragments_of(old):
-                        break
+                    if old in self.span and self.span[old][2] > int(info.path_end):
+                        self._fragments_of(old)   # (a sibling's own fragments are written too: its path has them)
+                        if nid in self.span:
+                            break
             elif start > self.span[nid][1]:   # it lost a prefix: the new ids above it are the fragments
                 self._fragments(nid, path[:k + 1])
             self.book(nid, int(info.parent_id), start, int(info.path_end))
 
-    def _fragments_of(self, old: int) -> bool:
-        """:meth:`_fragments` of booked ``old`` on its path now; False when it left the tree."""
+    def _fragments_of(self, old: int) -> None:
+        """:meth:`_fragments` of booked ``old`` on its path now (forgotten when it left the tree)."""
         try:
             (p,) = self.cache.tree_core.collect_path_info([old])
         except KeyError:   # old left the tree
             bp, bstart, _ = self.span.pop(old)
             self.by_start.get((bp, bstart), set()).discard(old)
-            return False
-        return self._fragments(old, p)
+            return
+        self._fragments(old, p)
 
     def _fragments(self, nid: int, path: tuple) -> bool:
         """The splits of booked ``nid`` (``path`` ends at it): each new id on the path between its booked start and
