@@ -21,6 +21,8 @@ them through it (``collect_path_info``, ``get_component_device_value``, ``is_bac
   slots: those may have moved since); ``evict tier=host``: ``drive_host_eviction`` returns host slots without
   nodes, so each freed host run is attributed to the node whose booked host copy starts at its first slot (kind
   ``host``, or a ``free why=dup`` where the node keeps its device copy);
+* not traced over the Rust core: a cache with an L3 storage backend (``l3_hit`` walks Python nodes; one warning, no
+  record) and the audit of host copies at rest (it would call into the core off the scheduler's thread);
 * missing: ``insert`` (new and revive: no boundary call names the nodes an insert makes; the checker books a node
   at its first ``prepare``), the ``lock``/``href`` fields of ``evict`` (no lock count crosses the boundary), a
   split the records never come back to, and the ``free`` attribution of a host run whose node's copy was booked
@@ -82,6 +84,10 @@ class RustState(State23):
 
     def refs(self, n: Any, lock: bool) -> dict[str, int]:
         return {}   # no lock count crosses the boundary
+
+    def at_rest(self, nodes: Any) -> None:
+        """No audit of host copies at rest over the Rust core: its thread would call into the core off the
+        scheduler's thread."""
 
     def path(self, nid: int) -> tuple:
         (p,) = self.cache.tree_core.collect_path_info([nid])

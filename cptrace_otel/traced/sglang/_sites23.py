@@ -30,7 +30,8 @@ Where each record is made in 0.5.23 (the README's "Use it with SGLang" lists the
 Not covered (:func:`untraceable`: such a cache gets one warning and no record, never partial records): the Rust
 tree core (``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=rust``, 0.5.23's default wherever its extension loads: its nodes
 are not Python objects; the instrumentor sets ``=python`` where the variable is unset, so only an explicit choice is
-left), trees with other components than the full-attention KV (SWA, Mamba, C128: hybrid models), an L3 storage
+left; with ``CPTRACE_SGLANG_TREE_CORE=rust`` it is traced at its boundary instead, :mod:`._rust23`), trees with
+other components than the full-attention KV (SWA, Mamba, C128: hybrid models), an L3 storage
 backend other than ``file`` (the L3 sites, :mod:`._l3_sites23`, are verified against the ``file`` backend's flow; a
 cache that gets another backend attached at run time stops being traced then, with a warning), the buffer-only host
 mode and the external cache linker.
@@ -235,6 +236,8 @@ def untraceable(cache: RadixCache) -> str | None:
     if [int(c) for c in cache.tree_components] != [FULL]:
         return f"its tree has components {[c.name for c in cache.tree_components]}: only FULL alone is traced"
     backend = getattr(cache.cache_controller, "storage_backend_type", None)
+    if cache.enable_storage and is_rust_core(cache):
+        return f"it has the L3 storage backend {backend!r} over the Rust tree core (the L3 sites walk Python nodes)"
     if cache.enable_storage and backend not in L3_BACKENDS:
         return (f"it has the L3 storage backend {backend!r} (the L3 sites are verified with "
                 f"{', '.join(L3_BACKENDS)} only)")
