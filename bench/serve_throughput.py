@@ -3,19 +3,26 @@ records, in one run.
 
 The records: the clean replicated-mode log of bench/check_throughput.py (``--lines`` per rank, ``--ranks`` ranks),
 replayed into OTLP by ``cptrace-otel ingest --file`` (the exporter's span model: node traces, lanes, stage spans),
-then encoded as protobuf requests. Two measurements, each a fresh process whose CPU time (user + system, from
+then encoded as protobuf requests. Each measurement is a fresh process (or N) whose CPU time (user + system, from
 ``wait4``) is what is reported, so the figure is per core of that process's own CPU whatever else the machine runs:
 
-* ``serve``: a replica receives every request over OTLP/HTTP from this process, then SIGTERM (everything held is
+* ``serve x1``: a replica receives every request over OTLP/HTTP from this process, then SIGTERM (everything held is
   checked); records / its CPU seconds. ``--idle`` defaults to 1h here, so every record is checked once: with a
   short window, a node trace whose spans arrive further apart than it (a node reloaded long after its backup, or
   this loaded machine slowing the sender) is checked in parts and its later records are counted as late, not checked
-  (the replica's summary says how many; this benchmark prints it). It includes
-  HTTP, protobuf decoding, holding by trace and the rules (Python rule core).
+  (the replica's summary says how many; this benchmark prints it). It includes HTTP, protobuf decoding (the C reader
+  of ``_speedups/otlpin.c``), holding by trace and the rules (Python rule core).
+* ``serve x1, Python intake``: the same with the intake's C reader off (the replica started through a one-line
+  wrapper that sets ``analyze.otlp_intake._C`` to None): every request read through opentelemetry-proto, as before
+  the C reader.
+* ``serve xN`` (``--replicas``, default 2): N replicas fed at once, one sender thread each, every request cut by
+  trace id as the collector's ``loadbalancing`` exporter routes it (a trace always to the same replica); each
+  replica's records per CPU second, and the wall ratio x1 / xN (from the first request to the last replica's exit).
+  The sender threads run in this process, on the same cores.
 * ``check``: ``cptrace-otel check`` over the same OTLP JSON-lines file; records / its CPU seconds.
 
     python bench/serve_throughput.py                   # 50k lines per rank, 2 ranks
-    python bench/serve_throughput.py --lines 200000
+    python bench/serve_throughput.py --lines 100000 --no-check
 
 The ratio serve/check says what the intake (HTTP + protobuf + per-trace holding) costs over check's file reading.
 """
