@@ -13,10 +13,18 @@ are accepted and ignored (the collector fans every trace out to the checkers), a
 write-back spans (service :data:`~.incremental.WATCH_SERVICE`): its output is never read as input. A span with
 records but no run id, or whose record values do not convert, is rejected whole (the other spans of the request are
 kept).
+
+Two twins read the bytes: the C reader (``_speedups/otlpin.c``, when built) reads a request straight from its bytes
+and answers for every body it reads with certainty; any other body (an unknown field, a malformed or truncated one,
+a value it leaves to Python) and a build without the extension go through opentelemetry-proto's objects
+(:func:`from_request`, the reference twin). Both give the same records, rejects and reasons
+(tests/unit/test_otlp_intake_c.py); :func:`~cptrace_otel._speedups.twin_off` on this module's ``_C`` switches the C
+reader off.
 """
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 from ..model import semconv as sc
@@ -25,6 +33,7 @@ from ..model.events import Event
 from .incremental import WATCH_SERVICE, SpanRef
 
 MAX_REASONS = 5   # reasons kept per request for the partial_success message
+SRC = "otlp"      # Event.src of the records read here
 
 
 class Undecodable(ValueError):
@@ -79,6 +88,28 @@ def value(v: Any) -> Any:
 def decode(body: bytes) -> Intake:
     """The records of one ``ExportTraceServiceRequest`` body (see the module doc); :class:`Undecodable` when the
     bytes are not one."""
+    global _C
+    c = _C
+    if c is _UNLOADED:   # loaded at the first request: importing this module stays light
+        c = _C = _load_c()
+    got = None
+    if c is not None:
+        # Every object the C reader builds is kept (no cycle among them), yet each few hundred allocations start a
+        # collection that walks the young ones: with it on, half the reader's CPU went to the collector. The C call
+        # runs under the GIL (a text left to parse_value aside), and the collector is put back as it was.
+        was = gc.isenabled()
+        gc.disable()
+        try:
+            got = c(body)
+        finally:
+            if was:
+                gc.enable()
+    if got is not None:   # the C reader read it all
+        out = Intake()
+        out.spans_seen = got[0]
+        for run_id, level, trace_hex, span_hex, start_us, codes, evs in got[1]:
+            _emit(out, run_id, level, trace_hex, span_hex, start_us, codes, evs)
+        return out
     from google.protobuf.message import DecodeError
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
@@ -112,15 +143,19 @@ def from_request(req: Any) -> Intake:
                     out.reject(f"span {sp.span_id.hex()}: a record value of the wrong type "
                                f"({type(e).__name__}: {str(e)[:120]})")
                     continue
-                if not evs:
-                    continue
-                if not isinstance(run_id, str) or not run_id:
-                    out.reject(f"span {sp.span_id.hex()}: {len(evs)} cptrace record(s) but no {sc.RUN_ID} on the "
-                               "resource")
-                    continue
-                ref = SpanRef(sp.trace_id.hex(), sp.span_id.hex(), sp.start_time_unix_nano // 1000, codes)
-                out.spans.append(SpanRecords(run_id, sp.trace_id.hex(), ref, level, evs))
+                if evs:
+                    _emit(out, run_id, level, sp.trace_id.hex(), sp.span_id.hex(), sp.start_time_unix_nano // 1000,
+                          codes, evs)
     return out
+
+
+def _emit(out: Intake, run_id: Any, level: int | None, trace_hex: str, span_hex: str, start_us: int,
+          codes: frozenset, evs: list[Event]) -> None:
+    """The records of one span into ``out``: kept, or rejected when the resource has no run id."""
+    if not isinstance(run_id, str) or not run_id:
+        out.reject(f"span {span_hex}: {len(evs)} cptrace record(s) but no {sc.RUN_ID} on the resource")
+        return
+    out.spans.append(SpanRecords(run_id, trace_hex, SpanRef(trace_hex, span_hex, start_us, codes), level, evs))
 
 
 def _records(sp: Any, rrank: Any, prefix: str) -> tuple[list[Event], frozenset]:
@@ -152,5 +187,15 @@ def _records(sp: Any, rrank: Any, prefix: str) -> tuple[list[Event], frozenset]:
         epoch = meta.get(sc.EPOCH, 0)
         level = meta.get(sc.LEVEL, 1)
         evs.append(Event(name, rank, seq, e.time_unix_nano, epoch if type(epoch) is int else 0,
-                         attributes_to_fields(fattrs), level if type(level) is int else 1, "otlp", 0))
+                         attributes_to_fields(fattrs), level if type(level) is int else 1, SRC, 0))
     return evs, codes
+
+
+def _load_c() -> Any:
+    from .._speedups.otlpin import load
+
+    return load(SRC, WATCH_SERVICE)
+
+
+_UNLOADED: Any = object()
+_C: Any = _UNLOADED   # the C reader (otlpin.c) once loaded, None when not built or switched off
