@@ -8,7 +8,8 @@ cptrace records, and the spans that could not be read (counted, with the first r
 What is read, as the other OTLP readers read it (:func:`.sources.otlpfile.collect`): every span event with an int
 ``cptrace.seq`` is one record (name = tag, time = ts, ``hicache.*`` attributes = its fields, rank = the span's
 ``sglang.cp.rank``, else the resource's); ``hicache.violation`` events (findings) are skipped; the run is the
-resource's ``cptrace.run_id`` and the trace level its ``cptrace.level``. Spans of other services without records
+resource's ``cptrace.run_id``, the trace level its ``cptrace.level`` and the rank's config record its stamp
+(:mod:`~cptrace_otel.model.config_stamp`). Spans of other services without records
 are accepted and ignored (the collector fans every trace out to the checkers), and so are the checker's own
 write-back spans (service :data:`~.incremental.WATCH_SERVICE`): its output is never read as input. A span with
 records but no run id, or whose record values do not convert, is rejected whole (the other spans of the request are
@@ -21,6 +22,7 @@ from typing import Any
 
 from ..model import semconv as sc
 from ..model.attrs import attributes_to_fields
+from ..model.config_stamp import record as config_record
 from ..model.events import Event
 from .incremental import WATCH_SERVICE, SpanRef
 
@@ -33,12 +35,15 @@ class Undecodable(ValueError):
 
 class SpanRecords:
     """The records of one span: run id, trace id (hex), the span's :class:`SpanRef` (for evidence links), the
-    resource's trace level, and the records as :class:`Event` objects."""
+    resource's trace level, the records as :class:`Event` objects, and the rank's ``config`` record stamped on the
+    resource (:mod:`~cptrace_otel.model.config_stamp`; None without a stamp)."""
 
-    __slots__ = ("run_id", "trace_id", "ref", "level", "events")
+    __slots__ = ("run_id", "trace_id", "ref", "level", "events", "config")
 
-    def __init__(self, run_id: str, trace_id: str, ref: SpanRef, level: int | None, events: list[Event]) -> None:
+    def __init__(self, run_id: str, trace_id: str, ref: SpanRef, level: int | None, events: list[Event],
+                 config: Event | None = None) -> None:
         self.run_id, self.trace_id, self.ref, self.level, self.events = run_id, trace_id, ref, level, events
+        self.config = config
 
 
 class Intake:
@@ -101,6 +106,7 @@ def from_request(req: Any) -> Intake:
         rrank = res.get(sc.CP_RANK)
         lvl = res.get(sc.TRACE_LEVEL)
         level = lvl if type(lvl) is int else None
+        config = config_record(res, rrank if type(rrank) is int else 0)
         for ss in rs.scope_spans:
             for sp in ss.spans:
                 out.spans_seen += 1
@@ -119,7 +125,7 @@ def from_request(req: Any) -> Intake:
                                "resource")
                     continue
                 ref = SpanRef(sp.trace_id.hex(), sp.span_id.hex(), sp.start_time_unix_nano // 1000, codes)
-                out.spans.append(SpanRecords(run_id, sp.trace_id.hex(), ref, level, evs))
+                out.spans.append(SpanRecords(run_id, sp.trace_id.hex(), ref, level, evs, config))
     return out
 
 
