@@ -371,7 +371,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     bound_host, bound_port = server.server_address[:2]
     note(f"listening on http://{bound_host!s}:{bound_port}{TRACES_PATH} (OTLP/HTTP protobuf), /metrics, /healthz, "
          f"/readyz; a trace is checked after {args.idle} without new records; not checked by a replica (they need "
-         f"a rank's whole stream: run check or watch for them): {', '.join(unchecked_rules())}")
+         f"a rank's whole stream or the run's order: run check or watch for them): {', '.join(unchecked_rules())}")
     if gserver is not None:
         note(f"OTLP/gRPC on {gserver[1]}")
 
@@ -407,7 +407,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
          f"{counters.spans_dropped} turned away with 503, {st['events_checked']} records checked, {total[0]} "
          f"finding(s), {st['late_records']} late record(s) not checked, {st['finalised_early']} trace(s) checked "
          f"early, {st['check_errors']} trace(s) NOT checked (an error, said above); UNCHECKED here (a rank's "
-         f"whole stream needed): {', '.join(unchecked_rules())}; their findings on "
+         f"whole stream or the run's order needed): {', '.join(unchecked_rules())}; their findings on "
          f"one trace, not trusted and not reported: {suppressed}")
     return EXIT_FINDINGS if total[0] else EXIT_OK
 
