@@ -25,13 +25,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import semconv as sc
 from .attrs import attributes_to_fields, fields_to_attributes
 from .events import Event
 
-PREFIX = "cptrace.config."      # + "hicache.<field>" (fields_to_attributes' keys)
-SEQ = "cptrace.config_seq"      # (not under PREFIX: the fields stay exactly the record's)
-EPOCH = "cptrace.config_epoch"
-LEVEL = "cptrace.config_level"
+PREFIX, SEQ, EPOCH, LEVEL = sc.CONFIG_PREFIX, sc.CONFIG_SEQ, sc.CONFIG_EPOCH, sc.CONFIG_LEVEL
 
 
 def stamp(ev: Event) -> dict[str, Any]:
