@@ -427,6 +427,6 @@ def test_ingested_logs_carry_the_config_stamp_too(cross_demo, tmp_path):
                         *sorted(str(x) for x in CROSS_OUT[rule].glob("rank*.log"))], capture_output=True, text=True,
                        timeout=300, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-2000:]
-    st, got = _replica([parse_json_line(ln).SerializeToString() for ln in out.read_text().splitlines() if ln.strip()])
+    _st, got = _replica([parse_json_line(ln).SerializeToString() for ln in out.read_text().splitlines() if ln.strip()])
     # (ingest numbers the records itself: compared without the evidence's seq)
     assert {f[:4] for f in got if f[0] in ("C3", "C5")} == {f[:4] for f in want if f[0] in ("C3", "C5")} != set()
