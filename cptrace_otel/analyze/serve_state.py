@@ -50,14 +50,14 @@ TRACE_RULES = frozenset(("H1a", "H1b", "H2c", "H4a", "H4b", "H4-open", "ZERO@bac
 # a split (the backup hash is the parent's), H2a/H2b/H3 over a chain or a compose of several nodes (their state is
 # in the other nodes' traces: a node not seen is unknown to the rule, which then does not judge it)
 PARTIAL_RULES = frozenset(("HASH", "H2a", "H2b", "H3"))
-# cross-rank joins over one node's records on every rank (C3 backup participation, C5 content relations), with the
-# group size, mode and IO rank from each rank's config stamp (cptrace_otel.model.config_stamp): exact while the run's
-# ranks stay in lockstep. After a C1 divergence, which ``check`` reports and a replica cannot see (it is in the
-# order of the whole stream), ``check`` stops judging later nodes (their ids may no longer line up) while a replica
-# judges each node trace apart: it may then report C3/C5 on a node ``check`` no longer judges, never fewer
-LOCKSTEP_RULES = frozenset(("C3", "C5"))
+# cross-rank joins over one node's records on every rank (C3 backup participation, C4 count relations, C5 content
+# relations), with the group size, mode and IO rank from each rank's config stamp (cptrace_otel.model.config_stamp):
+# exact while the run's ranks stay in lockstep. After a C1 divergence, which ``check`` reports and a replica cannot
+# see (it is in the order of the whole stream), ``check`` stops judging later nodes (their ids may no longer line
+# up) while a replica judges each node trace apart: it may then report C3-C5 on a node ``check`` no longer judges
+LOCKSTEP_RULES = frozenset(("C3", "C4", "C5"))
 # the registry's rule ids (cptrace_otel.checks.registry) whose findings a replica reports, exact or partial
-REPORTED_IDS = frozenset(("H1a", "H1b", "H2c", "H4", "ZERO", "HASH", "H2a", "H2b", "H3", "C3", "C5"))
+REPORTED_IDS = frozenset(("H1a", "H1b", "H2c", "H4", "ZERO", "HASH", "H2a", "H2b", "H3", "C3", "C4", "C5"))
 MAX_DONE = 200_000   # finalised trace ids remembered per run (a late span of one is counted, not checked again)
 
 
@@ -224,7 +224,7 @@ class ServeState:
             tr.ranks.clear()
             return
         kept = []
-        # C3/C5 need every rank's group size and mode: a rank without a config stamp (an older exporter) leaves them
+        # C3-C5 need every rank's group size and mode: a rank without a config stamp (an older exporter) leaves them
         # to guess the group from the ranks seen, so then they are not trusted
         stamped = all(r in tr.configs for r in tr.ranks)
         for f in res.findings:

@@ -430,3 +430,36 @@ def test_ingested_logs_carry_the_config_stamp_too(cross_demo, tmp_path):
     _st, got = _replica([parse_json_line(ln).SerializeToString() for ln in out.read_text().splitlines() if ln.strip()])
     # (ingest numbers the records itself: compared without the evidence's seq)
     assert {f[:4] for f in got if f[0] in ("C3", "C5")} == {f[:4] for f in want if f[0] in ("C3", "C5")} != set()
+
+
+def test_c4_on_node_traces_equals_checks(cross_demo, tmp_path):
+    """No simulator fault breaks C4, so the run's OTLP requests are changed as a rank that logs another page count
+    would send them: rank 1's first two prepare/reload dev or host counts plus one. ``check`` over the changed OTLP
+    file and a replica over the same requests give the same C4 findings (none before the change)."""
+    import json
+
+    from google.protobuf.json_format import MessageToDict
+
+    _rule, bodies, want = cross_demo
+    assert not {f for f in want if f[0] == "C4"}
+    reqs = [ExportTraceServiceRequest.FromString(b) for b in bodies]
+    bumped = 0
+    for req in reqs:
+        for rs in req.resource_spans:
+            if not any(kv.key == "sglang.cp.rank" and kv.value.int_value == 1 for kv in rs.resource.attributes):
+                continue
+            for ev in (e for ss in rs.scope_spans for sp in ss.spans for e in sp.events):
+                for kv in ev.attributes:
+                    if bumped < 2 and ev.name in ("prepare", "reload") and kv.key in ("hicache.dev.cnt",
+                                                                                      "hicache.host.cnt"):
+                        kv.value.int_value += 1
+                        bumped += 1
+    assert bumped == 2
+    changed = tmp_path / "changed.otlp.jsonl"
+    changed.write_text("".join(json.dumps(MessageToDict(r)) + "\n" for r in reqs))
+    c = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "check", "--json", str(changed)],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    want_c4 = {(f["rule"], f["rank"], f["node_id"], f["epoch"], f["evidence"][-1])
+               for f in json.loads(c.stdout)["findings"] if f["rule"] == "C4"}
+    _st, got = _replica([r.SerializeToString() for r in reqs])
+    assert want_c4 and {f for f in got if f[0] == "C4"} == want_c4
