@@ -37,12 +37,15 @@ import dataclasses
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..checks import Finding
 from ..model.events import Event
 from .incremental import SpanRef
 from .otlp_intake import SpanRecords
+
+if TYPE_CHECKING:
+    from .engine import Result
 
 # rules whose findings on one trace are exactly those of ``check`` over the whole run (per rank, about one node)
 TRACE_RULES = frozenset(("H1a", "H1b", "H2c", "H4a", "H4b", "H4-open", "ZERO@backup", "ZERO@reload"))
@@ -98,6 +101,17 @@ def with_config(tr: TraceState, rank: int, stream: list[Event]) -> list[Event]:
     if cfg.rank != rank:   # a process that records for several ranks: one stamp, its rank
         cfg = dataclasses.replace(cfg, rank=rank)
     return [cfg, *stream]
+
+
+def check_trace(tr: TraceState) -> Result:
+    """``check``'s analysis over ``tr``'s records alone: each rank's in (epoch, seq) order led by its config record
+    (:func:`with_config`), the ranks merged by ``ts``; every rule's findings, unfiltered (:meth:`ServeState.sweep`
+    reports only the rules one trace decides)."""
+    from .engine import Analysis
+    from .sources.otlpfile import merge_streams
+
+    streams = [with_config(tr, r, sorted(evs, key=lambda e: (e.epoch, e.seq))) for r, evs in sorted(tr.ranks.items())]
+    return Analysis(rank_levels=tr.levels).run(merge_streams(streams))
 
 
 class RunState:
@@ -202,9 +216,6 @@ class ServeState:
                   f"{'; ' + why if why else ''}: finished")
 
     def _finalise(self, tr: TraceState, early: bool = False) -> None:
-        from .engine import Analysis
-        from .sources.otlpfile import merge_streams
-
         del self.traces[(tr.run_id, tr.trace_id)]
         run = self.runs[tr.run_id]
         run.traces -= 1
@@ -213,10 +224,8 @@ class ServeState:
             run.done.popitem(last=False)
         if early:
             self.early += 1
-        streams = [with_config(tr, r, sorted(evs, key=lambda e: (e.epoch, e.seq)))
-                   for r, evs in sorted(tr.ranks.items())]
         try:
-            res = Analysis(rank_levels=tr.levels).run(merge_streams(streams))
+            res = check_trace(tr)
         except Exception as e:   # a bug or an input no rule foresaw: this trace is unchecked, the replica goes on
             self.errors += 1
             self.note(f"run {tr.run_id} trace {tr.trace_id}: NOT checked ({tr.records} records): "

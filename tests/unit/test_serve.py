@@ -463,3 +463,32 @@ def test_c4_on_node_traces_equals_checks(cross_demo, tmp_path):
                for f in json.loads(c.stdout)["findings"] if f["rule"] == "C4"}
     _st, got = _replica([r.SerializeToString() for r in reqs])
     assert want_c4 and {f for f in got if f[0] == "C4"} == want_c4
+
+
+def test_after_a_c1_divergence_a_replica_reports_c3_check_reports_and_c1_never(tmp_path):
+    """C1_div (a rank skips one backup, and so every later one while its pool stays full): ``check`` reports C1 and
+    the first C3, then stops judging later nodes; a replica cannot see the run's order, so C1 is not reported (its
+    per-trace findings are counted as suppressed) and C3 is judged per node: ``check``'s C3 is among the replica's,
+    the extra ones are on later nodes of the diverged rank (docs/deploy.md states it)."""
+    import json
+
+    out = tmp_path / "div"
+    p = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "demo", "--ranks", "4", "--mode", "sharded",
+                        "--faults", "C1_div", "--out", str(out), "--json"], capture_output=True, text=True,
+                       timeout=300, cwd=ROOT)
+    assert p.returncode in (0, 1), p.stderr[-2000:]
+    c = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "check", "--json",
+                        *sorted(str(x) for x in out.glob("rank*.log"))], capture_output=True, text=True, timeout=300,
+                       cwd=ROOT)
+    want = json.loads(c.stdout)["findings"]
+    c1 = [f for f in want if f["rule"] == "C1"]
+    c3 = {(f["rule"], f["rank"], f["node_id"], f["epoch"], f["evidence"][-1]) for f in want if f["rule"] == "C3"}
+    assert c1 and c3
+    bodies = []
+    for f in sorted(out.glob("*.otlp.jsonl")):
+        bodies += [parse_json_line(ln).SerializeToString() for ln in f.read_text().splitlines() if ln.strip()]
+    st, got = _replica(bodies)
+    assert not {f for f in got if f[0] == "C1"} and st.suppressed["C1"] > 0
+    mine = {f for f in got if f[0] == "C3"}
+    assert c3 <= mine
+    assert all(f[1] == c1[0]["rank"] and f[2] > c1[0]["node_id"] for f in mine - c3)
