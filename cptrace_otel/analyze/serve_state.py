@@ -47,12 +47,15 @@ from .otlp_intake import SpanRecords
 if TYPE_CHECKING:
     from .engine import Result
 
-# rules whose findings on one trace are exactly those of ``check`` over the whole run (per rank, about one node)
-TRACE_RULES = frozenset(("H1a", "H1b", "H2c", "H4a", "H4b", "H4-open", "ZERO@backup", "ZERO@reload"))
+# rules whose findings on one trace are exactly those of ``check`` over the whole run (per rank, about one node).
+# Not H1a, H1b nor H2a: on real SGLang (4 sharded ranks) a node split more than once has its lineage in the other
+# fragments' traces, and one trace alone gave false findings (healthy run: 4 H1b, 4 H2a; with a flipped stripe: 4
+# H1a), which bench/serve_trace_rules.py's simulator runs, never splitting a node twice, do not show
+TRACE_RULES = frozenset(("H2c", "H4a", "H4b", "H4-open", "ZERO@backup", "ZERO@reload"))
 # rules whose findings on one trace are real, but which may miss one whose evidence is in another trace: HASH across
-# a split (the backup hash is the parent's), H2a/H2b/H3 over a chain or a compose of several nodes (their state is
-# in the other nodes' traces: a node not seen is unknown to the rule, which then does not judge it)
-PARTIAL_RULES = frozenset(("HASH", "H2a", "H2b", "H3"))
+# a split (the backup hash is the parent's), H2b/H3 over a chain or a compose of several nodes (their state is in
+# the other nodes' traces: a node not seen is unknown to the rule, which then does not judge it)
+PARTIAL_RULES = frozenset(("HASH", "H2b", "H3"))
 # cross-rank joins over one node's records on every rank (C3 backup participation, C4 count relations, C5 content
 # relations), with the group size, mode and IO rank from each rank's config stamp (cptrace_otel.model.config_stamp):
 # exact while the run's ranks stay in lockstep. After a C1 divergence, which ``check`` reports and a replica cannot
@@ -60,7 +63,7 @@ PARTIAL_RULES = frozenset(("HASH", "H2a", "H2b", "H3"))
 # up) while a replica judges each node trace apart: it may then report C3-C5 on a node ``check`` no longer judges
 LOCKSTEP_RULES = frozenset(("C3", "C4", "C5"))
 # the registry's rule ids (cptrace_otel.checks.registry) whose findings a replica reports, exact or partial
-REPORTED_IDS = frozenset(("H1a", "H1b", "H2c", "H4", "ZERO", "HASH", "H2a", "H2b", "H3", "C3", "C4", "C5"))
+REPORTED_IDS = frozenset(("H2c", "H4", "ZERO", "HASH", "H2b", "H3", "C3", "C4", "C5"))
 MAX_DONE = 200_000   # finalised trace ids remembered per run (a late span of one is counted, not checked again)
 
 
