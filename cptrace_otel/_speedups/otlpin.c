@@ -6,8 +6,11 @@
  *       attribute keys and names it reads (keys: a dict given by otlpin.py from model.semconv / model.attrs) and
  *       logline.parse_value (a record text the shared value grammar leaves to Python)
  *   decode(body) -> (spans_seen, spans) | None
- *       spans: one (run_id|None, level|None, trace_hex, span_hex, start_us, codes, events) per span that holds
- *       records, in request order; otlp_intake turns them into SpanRecords or rejects exactly as from_request does.
+ *       spans: one (run_id|None, level|None, trace_hex, span_hex, start_us, codes, events, stamp|None) per span
+ *       that holds records, in request order; otlp_intake turns them into SpanRecords or rejects exactly as
+ *       from_request does. stamp: the bytes of the span's Resource message when one of its keys starts with the
+ *       config stamp's prefix (keys["config"]): otlp_intake reads the stamp from them with the Python twin's own
+ *       code, once per resource (a few attributes a request, not a record's).
  *
  * None means "let Python decide": the C reader answers only for bodies it reads with certainty, i.e. every field it
  * meets is one of the schema's fields with its wire type, each singular field at most once, every string valid
@@ -39,7 +42,7 @@ typedef struct {
 /* the keys and names read (configure) */
 static PyObject *parse_value_fn, *src_obj, *zero_obj, *one_obj;
 static PyObject *k_prefix, *k_seq, *k_epoch, *k_level, *k_rank, *k_violation, *k_ev_violation;
-static PyObject *k_run_id, *k_cp_rank, *k_trace_level, *k_service, *watch_service;
+static PyObject *k_run_id, *k_cp_rank, *k_trace_level, *k_service, *k_config, *watch_service;
 static PyObject *rng_suffix[5], *rng_type;
 
 /* -- the wire format ------------------------------------------------------------------------------------------ */
@@ -217,6 +220,12 @@ static inline int key_is(Rd k, PyObject *bytes)
 {
     Py_ssize_t n = PyBytes_GET_SIZE(bytes);
     return k.end - k.p == n && memcmp(k.p, PyBytes_AS_STRING(bytes), (size_t)n) == 0;
+}
+
+static inline int key_starts(Rd k, PyObject *bytes)
+{
+    Py_ssize_t n = PyBytes_GET_SIZE(bytes);
+    return k.end - k.p >= n && memcmp(k.p, PyBytes_AS_STRING(bytes), (size_t)n) == 0;
 }
 
 /* otlp_intake.value of a checked AnyValue: a new reference (Py_None when unset) or NULL with an exception */
@@ -429,6 +438,7 @@ static int read_event(Rd r, PyObject *rank, int convert, PyObject **out)
 
 typedef struct {
     PyObject *run_id, *level, *rank;   /* the resource's run id (str) and trace level (int), else None; rank */
+    PyObject *stamp;                   /* the Resource message's bytes when it carries a config stamp, else None */
     int own;                           /* the checker's own write-back spans */
     Py_ssize_t seen;
     PyObject *out;
@@ -537,7 +547,7 @@ static int read_span(Rd r, Res *res)
         codes = PyFrozenSet_New(NULL);
     PyObject *th = codes ? hex_of(tid) : NULL, *sh = th ? hex_of(sid) : NULL;
     PyObject *us = sh ? PyLong_FromUnsignedLongLong(start / 1000) : NULL;
-    PyObject *item = us ? PyTuple_Pack(7, res->run_id, res->level, th, sh, us, codes, evs) : NULL;
+    PyObject *item = us ? PyTuple_Pack(8, res->run_id, res->level, th, sh, us, codes, evs, res->stamp) : NULL;
     if (item == NULL || PyList_Append(res->out, item) < 0)
         st = ERR;
     Py_XDECREF(item);
@@ -549,8 +559,9 @@ static int read_span(Rd r, Res *res)
     return st;
 }
 
-/* the resource's attributes that matter (service, run id, rank, level; the last of each key, as a dict keeps it) */
-static int read_resource(Rd r, PyObject **vals)
+/* the resource's attributes that matter (service, run id, rank, level; the last of each key, as a dict keeps it);
+ * *stamped set when a key starts with the config stamp's prefix (model/config_stamp.py: Python reads that stamp) */
+static int read_resource(Rd r, PyObject **vals, int *stamped)
 {
     uint32_t f, seen = 0;
     int wt;
@@ -568,6 +579,8 @@ static int read_resource(Rd r, PyObject **vals)
         if (check_msg(sub, M_KV, 0) != OK)
             return FALLBACK;
         rd_kv(sub, &key, &val);
+        if (key_starts(key, k_config))
+            *stamped = 1;
         PyObject *keys[4] = {k_service, k_run_id, k_cp_rank, k_trace_level};
         for (int i = 0; i < 4; i++)
             if (key_is(key, keys[i])) {
@@ -586,20 +599,23 @@ static int read_resource_spans(Rd r, Py_ssize_t *seen, PyObject *out)
     int wt;
     uint64_t v;
     Rd sub;
-    PyObject *vals[4] = {0};
-    int st = OK;
+    PyObject *vals[4] = {0}, *stamp = NULL;
+    int st = OK, stamped = 0;
     for (Rd q = r; st == OK && q.p < q.end;) {   /* the resource first, wherever it is */
         if (rd_tag(&q, &f, &wt) != OK || f > 3 || wt != 2 || rd_value(&q, wt, &v, &sub) != OK)
             st = FALLBACK;
         else if (f != 2 && (once & (1u << f)))
             st = FALLBACK;
-        else if (f == 1)
-            st = read_resource(sub, vals);
+        else if (f == 1) {
+            st = read_resource(sub, vals, &stamped);
+            if (st == OK && stamped && (stamp = PyBytes_FromStringAndSize((const char *)sub.p, sub.end - sub.p)) == NULL)
+                st = ERR;
+        }
         else if (f == 3 && !utf8_ok(sub.p, sub.end - sub.p))
             st = FALLBACK;
         once |= 1u << f;
     }
-    Res res = {Py_None, Py_None, vals[2] ? vals[2] : Py_None, 0, 0, out};
+    Res res = {Py_None, Py_None, vals[2] ? vals[2] : Py_None, stamp ? stamp : Py_None, 0, 0, out};
     if (st == OK && vals[0] && PyUnicode_Check(vals[0]) && (res.own = PyObject_RichCompareBool(vals[0], watch_service, Py_EQ)) < 0)
         st = ERR;
     if (vals[1] && PyUnicode_Check(vals[1]))
@@ -628,6 +644,7 @@ static int read_resource_spans(Rd r, Py_ssize_t *seen, PyObject *out)
     *seen += res.seen;
     for (int i = 0; i < 4; i++)
         Py_XDECREF(vals[i]);
+    Py_XDECREF(stamp);
     return st;
 }
 
@@ -682,10 +699,10 @@ static PyObject *py_configure(PyObject *self, PyObject *args)
     if (event_configure(ev, tracker, tags, slots) < 0 || value_configure(rng) < 0)
         return NULL;
     static const char *names_[] = {"prefix", "seq", "epoch", "level", "rank", "violation", "event_violation",
-                                   "run_id", "cp_rank", "trace_level", "service"};
+                                   "run_id", "cp_rank", "trace_level", "service", "config"};
     PyObject **slots_[] = {&k_prefix, &k_seq, &k_epoch, &k_level, &k_rank, &k_violation, &k_ev_violation,
-                           &k_run_id, &k_cp_rank, &k_trace_level, &k_service};
-    for (int i = 0; i < 11; i++)
+                           &k_run_id, &k_cp_rank, &k_trace_level, &k_service, &k_config};
+    for (int i = 0; i < 12; i++)
         if (key_bytes(keys, names_[i], slots_[i]) < 0)
             return NULL;
     PyObject *suf = PyDict_GetItemString(keys, "rng_suffixes"), *ws = PyDict_GetItemString(keys, "watch_service");

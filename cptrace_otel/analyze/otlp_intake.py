@@ -8,7 +8,8 @@ cptrace records, and the spans that could not be read (counted, with the first r
 What is read, as the other OTLP readers read it (:func:`.sources.otlpfile.collect`): every span event with an int
 ``cptrace.seq`` is one record (name = tag, time = ts, ``hicache.*`` attributes = its fields, rank = the span's
 ``sglang.cp.rank``, else the resource's); ``hicache.violation`` events (findings) are skipped; the run is the
-resource's ``cptrace.run_id`` and the trace level its ``cptrace.level``. Spans of other services without records
+resource's ``cptrace.run_id``, the trace level its ``cptrace.level`` and the rank's config record its stamp
+(:mod:`~cptrace_otel.model.config_stamp`). Spans of other services without records
 are accepted and ignored (the collector fans every trace out to the checkers), and so are the checker's own
 write-back spans (service :data:`~.incremental.WATCH_SERVICE`): its output is never read as input. A span with
 records but no run id, or whose record values do not convert, is rejected whole (the other spans of the request are
@@ -29,6 +30,7 @@ from typing import Any
 
 from ..model import semconv as sc
 from ..model.attrs import attributes_to_fields
+from ..model.config_stamp import record as config_record
 from ..model.events import Event
 from .incremental import WATCH_SERVICE, SpanRef
 
@@ -42,12 +44,15 @@ class Undecodable(ValueError):
 
 class SpanRecords:
     """The records of one span: run id, trace id (hex), the span's :class:`SpanRef` (for evidence links), the
-    resource's trace level, and the records as :class:`Event` objects."""
+    resource's trace level, the records as :class:`Event` objects, and the rank's ``config`` record stamped on the
+    resource (:mod:`~cptrace_otel.model.config_stamp`; None without a stamp)."""
 
-    __slots__ = ("run_id", "trace_id", "ref", "level", "events")
+    __slots__ = ("run_id", "trace_id", "ref", "level", "events", "config")
 
-    def __init__(self, run_id: str, trace_id: str, ref: SpanRef, level: int | None, events: list[Event]) -> None:
+    def __init__(self, run_id: str, trace_id: str, ref: SpanRef, level: int | None, events: list[Event],
+                 config: Event | None = None) -> None:
         self.run_id, self.trace_id, self.ref, self.level, self.events = run_id, trace_id, ref, level, events
+        self.config = config
 
 
 class Intake:
@@ -107,8 +112,12 @@ def decode(body: bytes) -> Intake:
     if got is not None:   # the C reader read it all
         out = Intake()
         out.spans_seen = got[0]
-        for run_id, level, trace_hex, span_hex, start_us, codes, evs in got[1]:
-            _emit(out, run_id, level, trace_hex, span_hex, start_us, codes, evs)
+        stamps: dict[bytes, Event | None] = {}   # one Resource's stamp read once, not per span
+        for run_id, level, trace_hex, span_hex, start_us, codes, evs, stamp in got[1]:
+            config = None
+            if stamp is not None:
+                config = stamps[stamp] if stamp in stamps else stamps.setdefault(stamp, _stamped_config(stamp))
+            _emit(out, run_id, level, trace_hex, span_hex, start_us, codes, evs, config)
         return out
     from google.protobuf.message import DecodeError
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -132,6 +141,7 @@ def from_request(req: Any) -> Intake:
         rrank = res.get(sc.CP_RANK)
         lvl = res.get(sc.TRACE_LEVEL)
         level = lvl if type(lvl) is int else None
+        config = config_record(res, rrank if type(rrank) is int else 0)
         for ss in rs.scope_spans:
             for sp in ss.spans:
                 out.spans_seen += 1
@@ -145,17 +155,28 @@ def from_request(req: Any) -> Intake:
                     continue
                 if evs:
                     _emit(out, run_id, level, sp.trace_id.hex(), sp.span_id.hex(), sp.start_time_unix_nano // 1000,
-                          codes, evs)
+                          codes, evs, config)
     return out
 
 
 def _emit(out: Intake, run_id: Any, level: int | None, trace_hex: str, span_hex: str, start_us: int,
-          codes: frozenset, evs: list[Event]) -> None:
+          codes: frozenset, evs: list[Event], config: Event | None) -> None:
     """The records of one span into ``out``: kept, or rejected when the resource has no run id."""
     if not isinstance(run_id, str) or not run_id:
         out.reject(f"span {span_hex}: {len(evs)} cptrace record(s) but no {sc.RUN_ID} on the resource")
         return
-    out.spans.append(SpanRecords(run_id, trace_hex, SpanRef(trace_hex, span_hex, start_us, codes), level, evs))
+    out.spans.append(SpanRecords(run_id, trace_hex, SpanRef(trace_hex, span_hex, start_us, codes), level, evs,
+                                 config))
+
+
+def _stamped_config(resource: bytes) -> Event | None:
+    """The config record stamped on a Resource message (its bytes, as the C reader hands them over), read as
+    :func:`from_request` reads it."""
+    from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+
+    res = {kv.key: value(kv.value) for kv in Resource.FromString(resource).attributes}
+    rrank = res.get(sc.CP_RANK)
+    return config_record(res, rrank if type(rrank) is int else 0)
 
 
 def _records(sp: Any, rrank: Any, prefix: str) -> tuple[list[Event], frozenset]:

@@ -10,11 +10,17 @@ So the unit of checking is the trace, not the rank's stream:
   (epoch, seq) order, the ranks merged by ``ts``, go through a fresh :class:`~.engine.Analysis` (the rules ``check``
   runs: a :class:`~cptrace_otel.checks.RankChecker` per rank and
   :class:`~cptrace_otel.checks.crossrank.CrossRank`), end of stream included, and its state is freed.
+* Each rank's ``config`` record sits in its rank trace (usually on another replica), so the exporter stamps it on
+  the resource of every request (:mod:`~cptrace_otel.model.config_stamp`); the intake hands it over with each span
+  and a trace's check starts each rank's records with it (:func:`with_config`): the cross-rank rules know the CP
+  group size, mode and IO rank. Without it C1 compared the ranks seen so far as the whole group and reported the
+  later ones as diverged (52 false C1 findings on a clean 4-rank sharded simulator run, 0 with it).
 * Only the rules that a trace's records decide by themselves are reported (:data:`TRACE_RULES`, exact: the same
-  findings as ``check`` over the whole run; :data:`PARTIAL_RULES`, whose findings are real but which can miss one
-  whose evidence sits in another trace, a split's parent). The others need a rank's whole stream or the run's
-  config record (which sits in the rank trace): their findings on a trace in isolation are not trusted, so they
-  are dropped and counted in :attr:`ServeState.suppressed` (rule -> findings), never passed silently.
+  findings as ``check`` over the whole run; :data:`LOCKSTEP_RULES`, exact while the run's ranks stay in lockstep,
+  and only on a trace whose every rank came with a config stamp; :data:`PARTIAL_RULES`, whose findings are real but
+  which can miss one whose evidence sits in another trace, a split's parent). The others need a rank's whole stream
+  or the order of the whole run: their findings on a trace in isolation are not trusted, so they are dropped and
+  counted in :attr:`ServeState.suppressed` (rule -> findings), never passed silently.
 * A trace whose check raises (a bug, or an input no rule foresaw) is reported on stderr as NOT checked and counted
   in :attr:`ServeState.errors`; the replica goes on with the others.
 * Records of a trace that arrive after it was finalised (a span later than ``idle_s``) are not checked again (no
@@ -27,29 +33,42 @@ So the unit of checking is the trace, not the rank's stream:
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..checks import Finding
 from ..model.events import Event
 from .incremental import SpanRef
 from .otlp_intake import SpanRecords
 
-# rules whose findings on one trace are exactly those of ``check`` over the whole run (per rank, about one node)
-TRACE_RULES = frozenset(("H1a", "H1b", "H2c", "H4a", "H4b", "H4-open", "ZERO@backup", "ZERO@reload"))
+if TYPE_CHECKING:
+    from .engine import Result
+
+# rules whose findings on one trace are exactly those of ``check`` over the whole run (per rank, about one node).
+# Not H1a, H1b nor H2a: on real SGLang (4 sharded ranks) a node split more than once has its lineage in the other
+# fragments' traces, and one trace alone gave false findings (healthy run: 4 H1b, 4 H2a; with a flipped stripe: 4
+# H1a), which bench/serve_trace_rules.py's simulator runs, never splitting a node twice, do not show
+TRACE_RULES = frozenset(("H2c", "H4a", "H4b", "H4-open", "ZERO@backup", "ZERO@reload"))
 # rules whose findings on one trace are real, but which may miss one whose evidence is in another trace: HASH across
-# a split (the backup hash is the parent's), H2a/H2b/H3 over a chain or a compose of several nodes (their state is
-# in the other nodes' traces: a node not seen is unknown to the rule, which then does not judge it)
-PARTIAL_RULES = frozenset(("HASH", "H2a", "H2b", "H3"))
+# a split (the backup hash is the parent's), H2b/H3 over a chain or a compose of several nodes (their state is in
+# the other nodes' traces: a node not seen is unknown to the rule, which then does not judge it)
+PARTIAL_RULES = frozenset(("HASH", "H2b", "H3"))
+# cross-rank joins over one node's records on every rank (C3 backup participation, C4 count relations, C5 content
+# relations), with the group size, mode and IO rank from each rank's config stamp (cptrace_otel.model.config_stamp):
+# exact while the run's ranks stay in lockstep. After a C1 divergence, which ``check`` reports and a replica cannot
+# see (it is in the order of the whole stream), ``check`` stops judging later nodes (their ids may no longer line
+# up) while a replica judges each node trace apart: it may then report C3-C5 on a node ``check`` no longer judges
+LOCKSTEP_RULES = frozenset(("C3", "C4", "C5"))
 # the registry's rule ids (cptrace_otel.checks.registry) whose findings a replica reports, exact or partial
-REPORTED_IDS = frozenset(("H1a", "H1b", "H2c", "H4", "ZERO", "HASH", "H2a", "H2b", "H3"))
+REPORTED_IDS = frozenset(("H2c", "H4", "ZERO", "HASH", "H2b", "H3", "C3", "C4", "C5"))
 MAX_DONE = 200_000   # finalised trace ids remembered per run (a late span of one is counted, not checked again)
 
 
 def unchecked_rules() -> list[str]:
-    """The registry's rule ids a replica does not check (they need a rank's whole stream or the run's config):
+    """The registry's rule ids a replica does not check (they need a rank's whole stream or the whole run's order):
     stated at start and in the summary, so a run with a fault only they find is never read as clean."""
     from ..checks.registry import RULES
 
@@ -59,7 +78,7 @@ def unchecked_rules() -> list[str]:
 class TraceState:
     """The held records of one trace: rank -> events, (rank, seq) -> span, levels, last change."""
 
-    __slots__ = ("run_id", "trace_id", "ranks", "refs", "levels", "changed", "records")
+    __slots__ = ("run_id", "trace_id", "ranks", "refs", "levels", "changed", "records", "configs")
 
     def __init__(self, run_id: str, trace_id: str, now: float) -> None:
         self.run_id, self.trace_id = run_id, trace_id
@@ -68,10 +87,34 @@ class TraceState:
         self.levels: dict[int, int] = {}
         self.changed = now
         self.records = 0
+        self.configs: dict[int, Event] = {}   # rank -> its config record, stamped on the resource
 
     def span_of(self, rank: int, seq: int) -> SpanRef | None:
         """The span holding record ``seq`` of ``rank`` (what :class:`~.finding_sinks.WriteBack` links to)."""
         return self.refs.get((rank, seq))
+
+
+def with_config(tr: TraceState, rank: int, stream: list[Event]) -> list[Event]:
+    """``rank``'s records of ``tr`` led by its config record (from the resource stamp, for the rules that read the
+    CP group, mode, IO rank, sidecars or storage identity), unless the trace holds that record itself (a rank
+    trace) or no stamp came with it."""
+    cfg = tr.configs.get(rank)
+    if cfg is None or (rank, cfg.seq) in tr.refs:
+        return stream
+    if cfg.rank != rank:   # a process that records for several ranks: one stamp, its rank
+        cfg = dataclasses.replace(cfg, rank=rank)
+    return [cfg, *stream]
+
+
+def check_trace(tr: TraceState) -> Result:
+    """``check``'s analysis over ``tr``'s records alone: each rank's in (epoch, seq) order led by its config record
+    (:func:`with_config`), the ranks merged by ``ts``; every rule's findings, unfiltered (:meth:`ServeState.sweep`
+    reports only the rules one trace decides)."""
+    from .engine import Analysis
+    from .sources.otlpfile import merge_streams
+
+    streams = [with_config(tr, r, sorted(evs, key=lambda e: (e.epoch, e.seq))) for r, evs in sorted(tr.ranks.items())]
+    return Analysis(rank_levels=tr.levels).run(merge_streams(streams))
 
 
 class RunState:
@@ -142,6 +185,8 @@ class ServeState:
                 tr.refs[(ev.rank, ev.seq)] = s.ref
                 if s.level is not None:
                     tr.levels[ev.rank] = s.level
+                if s.config is not None:
+                    tr.configs[ev.rank] = s.config
                 if ev.ts > self.newest_ts:
                     self.newest_ts = ev.ts
             tr.records += len(s.events)
@@ -174,9 +219,6 @@ class ServeState:
                   f"{'; ' + why if why else ''}: finished")
 
     def _finalise(self, tr: TraceState, early: bool = False) -> None:
-        from .engine import Analysis
-        from .sources.otlpfile import merge_streams
-
         del self.traces[(tr.run_id, tr.trace_id)]
         run = self.runs[tr.run_id]
         run.traces -= 1
@@ -185,9 +227,8 @@ class ServeState:
             run.done.popitem(last=False)
         if early:
             self.early += 1
-        streams = [sorted(evs, key=lambda e: (e.epoch, e.seq)) for _, evs in sorted(tr.ranks.items())]
         try:
-            res = Analysis(rank_levels=tr.levels).run(merge_streams(streams))
+            res = check_trace(tr)
         except Exception as e:   # a bug or an input no rule foresaw: this trace is unchecked, the replica goes on
             self.errors += 1
             self.note(f"run {tr.run_id} trace {tr.trace_id}: NOT checked ({tr.records} records): "
@@ -195,8 +236,11 @@ class ServeState:
             tr.ranks.clear()
             return
         kept = []
+        # C3-C5 need every rank's group size and mode: a rank without a config stamp (an older exporter) leaves them
+        # to guess the group from the ranks seen, so then they are not trusted
+        stamped = all(r in tr.configs for r in tr.ranks)
         for f in res.findings:
-            if f.rule in TRACE_RULES or f.rule in PARTIAL_RULES:
+            if f.rule in TRACE_RULES or f.rule in PARTIAL_RULES or (stamped and f.rule in LOCKSTEP_RULES):
                 kept.append(f)
             else:
                 self.suppressed[f.rule] += 1

@@ -403,7 +403,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     scheme = "https" if guard.tls else "http"
     note(f"listening on {scheme}://{bound_host!s}:{bound_port}{TRACES_PATH} (OTLP/HTTP protobuf), /metrics, /healthz, "
          f"/readyz; a trace is checked after {args.idle} without new records; not checked by a replica (they need "
-         f"a rank's whole stream: run check or watch for them): {', '.join(unchecked_rules())}")
+         f"a rank's whole stream or the run's order: run check or watch for them): {', '.join(unchecked_rules())}")
     if gserver is not None:
         note(f"OTLP/gRPC on {gserver[1]}")
     note(f"receivers: {guard.describe()}")
@@ -439,7 +439,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
          f"{counters.spans_dropped} turned away with 503, {st['events_checked']} records checked, {sinks.total} "
          f"finding(s), {st['late_records']} late record(s) not checked, {st['finalised_early']} trace(s) checked "
          f"early, {st['check_errors']} trace(s) NOT checked (an error, said above); UNCHECKED here (a rank's "
-         f"whole stream needed): {', '.join(unchecked_rules())}; their findings on "
+         f"whole stream or the run's order needed): {', '.join(unchecked_rules())}; their findings on "
          f"one trace, not trusted and not reported: {suppressed}")
     return EXIT_FINDINGS if sinks.total else EXIT_OK
 

@@ -1,13 +1,15 @@
-"""``cptrace-otel serve`` behind the real OTel Collector: a 4-rank simulator run with injected faults -> the
+"""``cptrace-otel serve`` behind the real OTel Collector: simulator runs with injected faults (4 ranks sharded and
+shared, 16 ranks sharded; each with a cross-rank fault: C3 or C5) -> the
 collector built from deploy/collector/builder.yaml, configured from deploy/collector/config-checkers.yaml (ports
 replaced by free ones; its Jaeger exporter left out: this test is about the checker path) -> its
 ``load_balancing/checkers`` exporter (routing key traceID, OTLP/gRPC) -> two ``serve`` replicas.
 
 Proves: both replicas get traffic, every record reaches exactly one replica (the records checked add up to the
 run's), no finding is printed twice, and the union of both replicas' findings equals what ``check`` finds on the
-same records (the demo's log files) for every rule one trace decides (``TRACE_RULES``), is contained in it for the
-rules that may miss evidence in another trace (``PARTIAL_RULES``), and holds no finding of any other rule (those
-are reported as suppressed in the summary, never passed).
+same records (the demo's log files) for every rule one trace decides (``TRACE_RULES``) and for the cross-rank
+joins that each rank's config stamp lets one trace decide while the ranks are in lockstep (``LOCKSTEP_RULES``: C3,
+C5), is contained in it for the rules that may miss evidence in another trace (``PARTIAL_RULES``), and holds no
+finding of any other rule (those are reported as suppressed in the summary, never passed).
 
 Without the collector binary the test skips, unless ``CPTRACE_REQUIRE_COLLECTOR`` is set: then it fails.
 """
@@ -25,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from cptrace_otel.analyze.serve_state import PARTIAL_RULES, TRACE_RULES
+from cptrace_otel.analyze.serve_state import LOCKSTEP_RULES, PARTIAL_RULES, TRACE_RULES
 from tests.helpers import free_port
 from tests.helpers.integration import _BASE_ENV, DEPLOY, ROOT, wait_for
 
@@ -35,7 +37,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 REQUIRE = bool(os.environ.get("CPTRACE_REQUIRE_COLLECTOR", "").strip())
 COLLECTOR_DIR = DEPLOY / "collector"
-FAULTS = "HASH_flip,ZERO_nostore,H1_ack,H4_nolock,C3_writer"
+# (ranks, mode, faults, the cross-rank rule the faults make check find)
+RUNS = {"4-sharded": (4, "sharded", "HASH_flip,ZERO_nostore,H1_ack,H4_nolock,C3_writer", "C3"),
+        "4-shared": (4, "shared", "H4_nolock,HASH_flip", "C5"),
+        "16-sharded": (16, "sharded", "C3_writer,HASH_flip", "C3")}
 LINE = re.compile(r"^(\w+) (\S+) (\S+) run (\S+) rank (-?\d+) (?:node (-?\d+)|\(no node\)) \(epoch (\d+)\) seq (\S+):")
 
 
@@ -81,7 +86,9 @@ def _start_serve(tmp: Path, name: str, http: int, grpc: int) -> subprocess.Popen
         stdout=open(tmp / f"{name}.out", "w"), stderr=open(tmp / f"{name}.err", "w"), env=_env(), cwd=ROOT)
 
 
-def test_two_replicas_behind_the_collector_find_what_check_finds(tmp_path):
+@pytest.mark.parametrize("run", sorted(RUNS))
+def test_two_replicas_behind_the_collector_find_what_check_finds(tmp_path, run):
+    ranks, mode, faults, cross = RUNS[run]
     b = _collector_bin()
     if not b.is_file():
         if REQUIRE:
@@ -111,8 +118,8 @@ def test_two_replicas_behind_the_collector_find_what_check_finds(tmp_path):
         wait_for(lambda: up_url(f"http://127.0.0.1:{health}/"), 60, "collector healthy")
 
         out = tmp_path / "demo"
-        d = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "demo", "--ranks", "4", "--mode", "sharded",
-                            "--faults", FAULTS, "--endpoint", f"http://127.0.0.1:{col_http}/v1/traces", "--out",
+        d = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "demo", "--ranks", str(ranks), "--mode", mode,
+                            "--faults", faults, "--endpoint", f"http://127.0.0.1:{col_http}/v1/traces", "--out",
                             str(out), "--json"], capture_output=True, text=True, timeout=300, env=_env(), cwd=ROOT)
         assert d.returncode in (0, 1), d.stderr[-2000:]
         n = json.loads(d.stdout)["events"]["simulated"]
@@ -155,15 +162,16 @@ def test_two_replicas_behind_the_collector_find_what_check_finds(tmp_path):
     want = {(f["code"], f["rule"], f["rank"], f["node_id"], f["epoch"], str(f["evidence"][-1]))
             for f in json.loads(c.stdout)["findings"]}
     have = set(got)
-    exact = {f for f in want if f[1] in TRACE_RULES}
+    exact = {f for f in want if f[1] in TRACE_RULES | LOCKSTEP_RULES}
     assert exact, "the faults give findings of rules one trace decides"
-    assert {f for f in have if f[1] in TRACE_RULES} == exact
+    assert {f for f in have if f[1] in TRACE_RULES | LOCKSTEP_RULES} == exact
     assert {f for f in have if f[1] in PARTIAL_RULES} <= {f for f in want if f[1] in PARTIAL_RULES}
-    assert {f[1] for f in have} <= TRACE_RULES | PARTIAL_RULES
-    assert {f[1] for f in want if f[1] == "C3"}, "the C-rule fault is found by check"
+    assert {f[1] for f in have} <= TRACE_RULES | LOCKSTEP_RULES | PARTIAL_RULES
+    assert {f for f in have if f[1] == cross}, f"the {cross} fault is found by the replicas"
     for name in replicas:   # a rule one trace cannot decide is reported as unchecked, never passed
         last = (tmp_path / f"{name}.err").read_text().strip().splitlines()[-1]
-        assert re.search(r"UNCHECKED here [^;]*\bC3\b", last), last
+        assert re.search(r"UNCHECKED here [^;]*\bC1\b", last), last
+        assert not re.search(rf"UNCHECKED here [^;]*(?<![\w-]){cross}(?![\w-])", last), last
 
 
 def _stop_all(procs: list[subprocess.Popen]) -> None:

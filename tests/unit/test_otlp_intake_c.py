@@ -59,9 +59,12 @@ def snapshot(body: bytes) -> Any:
         got = decode(body)
     except Undecodable as e:
         return ("undecodable", str(e))
+    def ev(e: Any) -> Any:
+        return (e.tag, typed(e.rank), typed(e.seq), typed(e.ts), typed(e.epoch), typed(e.level), e.src, e.line_no,
+                typed(e.fields))
+
     spans = [(s.run_id, s.trace_id, s.level, s.ref.trace_id, s.ref.span_id, s.ref.start_us, sorted(s.ref.codes),
-              [(e.tag, typed(e.rank), typed(e.seq), typed(e.ts), typed(e.epoch), typed(e.level), e.src, e.line_no,
-                typed(e.fields)) for e in s.events]) for s in got.spans]
+              None if s.config is None else ev(s.config), [ev(e) for e in s.events]) for s in got.spans]
     return (got.spans_seen, got.rejected, got.reasons, spans)
 
 
@@ -131,6 +134,9 @@ def read_in_c_alike(bodies: list[bytes], who: str) -> int:
 @needs_c
 def test_our_exporters_bytes_read_in_c_equal_the_python_twin(our_bodies):
     assert read_in_c_alike(our_bodies, "our own exporter's") > 100
+    # the exporter stamps each rank's config record on its resource (model/config_stamp.py): both read it alike
+    stamped = [s for body in our_bodies for s in decode(body).spans if s.config is not None]
+    assert stamped and {s.config.tag for s in stamped} == {"config"}
 
 
 @needs_c
