@@ -26,6 +26,7 @@ import argparse
 import itertools
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -73,6 +74,41 @@ def _bodies(otlp_file: Path, spans_per_request: int = 1000) -> list[bytes]:
     return [b for group in itertools.zip_longest(*per.values()) for b in group if b is not None]
 
 
+def _serve(bodies: list[bytes], tmp: Path, env: dict[str, str], idle: str,
+           state: str) -> tuple[int, float, float, int, int]:
+    """One replica (``--state-dir state``) fed every request over HTTP, then SIGTERM: (exit, CPU s, wall s,
+    records checked, late records)."""
+    err = tmp / "serve.err"
+    p = subprocess.Popen([sys.executable, "-m", "cptrace_otel.cli", "serve", "--listen", "127.0.0.1:0", "--idle",
+                          idle, "--queue", "256", "--state-dir", state], stdout=subprocess.DEVNULL,
+                         stderr=open(err, "w"), env=env, cwd=ROOT)
+    deadline = time.monotonic() + 60
+    while not (m := re.search(r"http://127\.0\.0\.1:(\d+)/", err.read_text())):
+        if p.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"serve did not start: {err.read_text()}")
+        time.sleep(0.1)
+    url = f"http://127.0.0.1:{m[1]}/v1/traces"
+    t0 = time.monotonic()
+    for b in bodies:
+        while True:
+            req = urllib.request.Request(url, data=b, headers={"Content-Type": "application/x-protobuf"})
+            try:
+                with urllib.request.urlopen(req, timeout=60) as r:
+                    r.read()
+                break
+            except urllib.error.HTTPError as e:
+                if e.code != 503:
+                    raise
+                time.sleep(0.05)   # queue full: back off as the collector would
+    p.send_signal(signal.SIGTERM)
+    rc, serve_cpu = _cpu_of(p)
+    serve_wall = time.monotonic() - t0
+    summary = err.read_text().strip().splitlines()[-1]
+    checked = int(re.search(r"(\d+) records checked", summary)[1])  # type: ignore[index]
+    late = int(re.search(r"(\d+) late record", summary)[1])  # type: ignore[index]
+    return rc, serve_cpu, serve_wall, checked, late
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lines", type=int, default=50_000, help="log lines per rank (default 50000)")
@@ -98,35 +134,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{records} records in {len(bodies)} requests ({sum(map(len, bodies)) / 1e6:.1f} MB protobuf), "
           f"{args.ranks} ranks")
 
-    # serve
-    err = tmp / "serve.err"
-    p = subprocess.Popen([sys.executable, "-m", "cptrace_otel.cli", "serve", "--listen", "127.0.0.1:0", "--idle",
-                          args.idle, "--queue", "256"], stdout=subprocess.DEVNULL, stderr=open(err, "w"), env=env,
-                         cwd=ROOT)
-    deadline = time.monotonic() + 60
-    while not (m := re.search(r"http://127\.0\.0\.1:(\d+)/", err.read_text())):
-        if p.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"serve did not start: {err.read_text()}")
-        time.sleep(0.1)
-    url = f"http://127.0.0.1:{m[1]}/v1/traces"
-    t0 = time.monotonic()
-    for b in bodies:
-        while True:
-            req = urllib.request.Request(url, data=b, headers={"Content-Type": "application/x-protobuf"})
-            try:
-                with urllib.request.urlopen(req, timeout=60) as r:
-                    r.read()
-                break
-            except urllib.error.HTTPError as e:
-                if e.code != 503:
-                    raise
-                time.sleep(0.05)   # queue full: back off as the collector would
-    p.send_signal(signal.SIGTERM)
-    rc, serve_cpu = _cpu_of(p)
-    serve_wall = time.monotonic() - t0
-    summary = err.read_text().strip().splitlines()[-1]
-    checked = int(re.search(r"(\d+) records checked", summary)[1])  # type: ignore[index]
-    late = int(re.search(r"(\d+) late record", summary)[1])  # type: ignore[index]
+    runs = {}
+    for label, state in (("serve (no journal)", "off"), ("serve (journal)", str(tmp / "state"))):
+        shutil.rmtree(tmp / "state", ignore_errors=True)
+        runs[label] = _serve(bodies, tmp, env, args.idle, state)
+        rc, serve_cpu, serve_wall, checked, late = runs[label]
+        print(f"{label}: {checked} records checked, {late} late (exit {rc}), {serve_cpu:.2f} CPU s "
+              f"({serve_wall:.1f} s wall): {checked / serve_cpu:,.0f} records per CPU second")
+    (rc, serve_cpu, serve_wall, checked, late), off = runs["serve (journal)"], runs["serve (no journal)"]
+    print(f"journal cost: {(serve_cpu - off[1]) / len(bodies) * 1e3:+.2f} CPU ms per request of "
+          f"{records // len(bodies)} records ({(serve_cpu - off[1]) / off[1] * 100:+.1f}% of the replica's CPU)")
     # check
     t0 = time.monotonic()
     c = subprocess.Popen([sys.executable, "-m", "cptrace_otel.cli", "check", str(otlp)], stdout=subprocess.DEVNULL,
@@ -135,8 +152,6 @@ def main(argv: list[str] | None = None) -> int:
     check_wall = time.monotonic() - t0
 
     s_rate, c_rate = checked / serve_cpu, records / check_cpu
-    print(f"serve: {checked} records checked, {late} late (exit {rc}), {serve_cpu:.2f} CPU s "
-          f"({serve_wall:.1f} s wall): {s_rate:,.0f} records per CPU second")
     print(f"check: {records} records (exit {crc}), {check_cpu:.2f} CPU s ({check_wall:.1f} s wall): "
           f"{c_rate:,.0f} records per CPU second")
     print(f"ratio serve/check: {s_rate / c_rate:.2f}")

@@ -77,19 +77,38 @@ def _config(http: int, grpc: int, health: int, metrics: int, checkers: list[int]
 def _start_serve(tmp: Path, name: str, http: int, grpc: int) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "cptrace_otel.cli", "serve", "--listen", f"127.0.0.1:{http}", "--grpc",
-         f"127.0.0.1:{grpc}", "--idle", "2s"],
+         f"127.0.0.1:{grpc}", "--idle", "2s", "--state-dir", str(tmp / f"state-{name}")],
         stdout=open(tmp / f"{name}.out", "w"), stderr=open(tmp / f"{name}.err", "w"), env=_env(), cwd=ROOT)
 
 
-def test_two_replicas_behind_the_collector_find_what_check_finds(tmp_path):
+def collector_setup(tmp_path: Path) -> tuple[Path, list[int]]:
+    """The collector binary (else skip, or fail under ``CPTRACE_REQUIRE_COLLECTOR``) and eight free ports: the
+    collector's HTTP, gRPC, health and metrics, then replica a's HTTP and gRPC, then b's; its config written to
+    ``tmp_path/col.yaml``."""
     b = _collector_bin()
     if not b.is_file():
         if REQUIRE:
             pytest.fail(f"no collector binary at {b} (CPTRACE_REQUIRE_COLLECTOR is set)", pytrace=False)
         pytest.skip(f"no collector binary at {b}; build it with deploy/collector/up (or set COLLECTOR_BIN)")
     ports = [free_port() for _ in range(8)]
-    col_http, col_grpc, health, metrics, a_http, a_grpc, b_http, b_grpc = ports
-    (tmp_path / "col.yaml").write_text(yaml.safe_dump(_config(col_http, col_grpc, health, metrics, [a_grpc, b_grpc])))
+    (tmp_path / "col.yaml").write_text(yaml.safe_dump(_config(*ports[:4], [ports[5], ports[7]])))
+    return b, ports
+
+
+def stop_all(procs: list[subprocess.Popen]) -> None:
+    """Stop what is still running, last started first (SIGTERM, then SIGKILL after 20 s)."""
+    for p in reversed(procs):
+        if p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def test_two_replicas_behind_the_collector_find_what_check_finds(tmp_path):
+    b, ports = collector_setup(tmp_path)
+    col_http, health, a_http, a_grpc, b_http, b_grpc = ports[0], ports[2], *ports[4:]
     procs: list[subprocess.Popen] = []
     try:
         replicas = {"a": (_start_serve(tmp_path, "a", a_http, a_grpc), a_http),
@@ -128,13 +147,7 @@ def test_two_replicas_behind_the_collector_find_what_check_finds(tmp_path):
             p.send_signal(signal.SIGTERM)
         codes = {name: p.wait(timeout=60) for name, (p, _port) in replicas.items()}
     finally:
-        for p in reversed(procs):
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+        stop_all(procs)
 
     checked = {name: m["cptrace_serve_events_checked_total"] for name, m in ms.items()}
     assert all(v > 0 for v in checked.values()), f"both replicas get traffic: {checked}"
