@@ -112,6 +112,9 @@ class WriteBack:
         return all([s.close(timeout_s) for s in self.sinks])
 
 
+UNCHECKED = "UNCHECKED"   # the code of the alert ``serve`` posts for traces whose state died with a replica
+
+
 def _iso(t: float) -> str:
     return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -154,7 +157,9 @@ class Alerts:
             out.append({
                 "labels": {"alertname": ALERTNAME, "severity": "page", "code": code, "rank": str(rank),
                            "run_id": run_id},
-                "annotations": {"summary": f"HiCache KV invariant {code} violated on CP rank {rank} in run {run_id}",
+                "annotations": {"summary": f"HiCache KV traces NOT checked in run {run_id} (a checker's state was lost)"
+                                if code == UNCHECKED else
+                                f"HiCache KV invariant {code} violated on CP rank {rank} in run {run_id}",
                                 "message": f"{a['rule']} node {a['node']}: {a['message']}{more}",
                                 "jaeger": a["link"]},
                 "startsAt": _iso(a["starts"]), "endsAt": _iso(now + self.ends_after),

@@ -33,7 +33,8 @@ templates; it adds no dependency to the package, and the work that costs (decodi
 queue, not by the server.
 
 SIGTERM or SIGINT: stop accepting, check everything queued, finalise every held trace, flush the write-back, print
-a summary on stderr; exit 0 when no finding was reported, 1 when some was.
+a summary on stderr; exit 0 when no finding was reported, 1 when some was, 4 when none was but traces held by a
+killed earlier process were reported UNCHECKED (``--state-dir``: :mod:`~cptrace_otel.analyze.serve_journal`).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
-from ..model.exits import EXIT_FINDINGS, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
+from ..model.exits import EXIT_FINDINGS, EXIT_INCOMPLETE, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 
 if TYPE_CHECKING:
     from ..analyze.serve_state import ServeState
@@ -172,7 +173,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     from ..analyze import links
-    from ..analyze.finding_sinks import Alerts, WriteBack, finding_trace
+    from ..analyze.finding_sinks import UNCHECKED, Alerts, WriteBack, finding_trace
     from ..analyze.otlp_intake import Intake, Undecodable, decode
     from ..analyze.serve_journal import Journal, JournalError, default_dir
     from ..analyze.serve_state import ServeState, TraceState, unchecked_rules
@@ -230,7 +231,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
               flush=True)
         if alerts is not None:
             with alert_lock:
-                alerts.found(run_id, Finding("UNCHECKED", "serve-state-lost", -1, 0, None, None, "exact", [],
+                alerts.found(run_id, Finding(UNCHECKED, "serve-state-lost", -1, 0, None, None, "exact", [],
                                              f"trace {trace_id} NOT checked: {why}"), link)
 
     journal = None
@@ -462,7 +463,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
          f"UNCHECKED (state lost at a kill) and {st['lost_records']} later record(s) of them; UNCHECKED here (a rank's "
          f"whole stream needed): {', '.join(unchecked_rules())}; their findings on "
          f"one trace, not trusted and not reported: {suppressed}")
-    return EXIT_FINDINGS if total[0] else EXIT_OK
+    # no finding but traces whose state was lost: not a clean run (as check's 4 when rules could not run)
+    return EXIT_FINDINGS if total[0] else EXIT_INCOMPLETE if st["unchecked"] else EXIT_OK
 
 
 def _records_by_trace(spans: Any) -> list[tuple[str, str, int]]:

@@ -158,9 +158,9 @@ def _post(port: int, body: bytes) -> None:
         assert r.status == 200
 
 
-def _serve(tmp_path, name: str, port: int) -> subprocess.Popen:
+def _serve(tmp_path, name: str, port: int, *extra: str) -> subprocess.Popen:
     p = subprocess.Popen([sys.executable, "-m", "cptrace_otel.cli", "serve", "--listen", f"127.0.0.1:{port}",
-                          "--idle", "1h", "--state-dir", str(tmp_path / "state")],
+                          "--idle", "1h", "--state-dir", str(tmp_path / "state"), *extra],
                          stdout=open(tmp_path / f"{name}.out", "w"), stderr=open(tmp_path / f"{name}.err", "w"),
                          cwd=ROOT)
     deadline = time.monotonic() + 30
@@ -176,7 +176,25 @@ def _serve(tmp_path, name: str, port: int) -> subprocess.Popen:
 def test_sigkilled_replica_restarted_reports_every_lost_trace(tmp_path, demo):
     """Real processes: half the requests, SIGKILL, a new process on the same port and folder, the rest. Every
     finding ``check`` gives (of the rules a replica reports) is printed or its trace is reported UNCHECKED; none is
-    printed twice; /metrics counts the unchecked traces by run."""
+    printed twice; /metrics counts the unchecked traces by run; Alertmanager (an in-test endpoint, as in
+    test_serve.py) gets an UNCHECKED alert with the run id."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    posted: list = []
+
+    class AM(BaseHTTPRequestHandler):
+        def log_message(self, *a) -> None:
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802
+            posted.extend(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    am = ThreadingHTTPServer(("127.0.0.1", 0), AM)
+    threading.Thread(target=am.serve_forever, daemon=True).start()
     bodies, logs = demo
     port = free_port()
     a = _serve(tmp_path, "a", port)
@@ -186,7 +204,8 @@ def test_sigkilled_replica_restarted_reports_every_lost_trace(tmp_path, demo):
             _post(port, b)
         a.send_signal(signal.SIGKILL)
         a.wait(timeout=30)
-        b_ = _serve(tmp_path, "b", port)
+        b_ = _serve(tmp_path, "b", port, "--alertmanager", f"http://127.0.0.1:{am.server_address[1]}",
+                    "--alert-interval", "0.5")
         held = {sp.trace_id for b in bodies[:half] for sp in decode(b).spans}
         held_records = sum(decode(b).records for b in bodies[:half])
         m = _metrics(port)
@@ -197,8 +216,9 @@ def test_sigkilled_replica_restarted_reports_every_lost_trace(tmp_path, demo):
         for b in bodies[half:]:
             _post(port, b)
         b_.send_signal(signal.SIGTERM)
-        b_.wait(timeout=60)
+        rc = b_.wait(timeout=60)
     finally:
+        am.shutdown()
         for p in (a, locals().get("b_")):
             if p is not None and p.poll() is None:
                 p.kill()
@@ -222,6 +242,11 @@ def test_sigkilled_replica_restarted_reports_every_lost_trace(tmp_path, demo):
         tid = finding_trace(run_id, Finding(**{k: f[k] for k in ("code", "rule", "rank", "epoch", "node_id", "op",
                                                                   "certainty", "evidence", "message")})).hex()
         assert key in set(found) or tid in lost, f"finding {key} neither reported nor its trace reported lost"
+    unchecked_alerts = [a for a in posted if a["labels"]["code"] == "UNCHECKED"]
+    assert unchecked_alerts and all(a["labels"]["run_id"] == run_id for a in unchecked_alerts)
+    assert f"{len(held)} findings" in unchecked_alerts[-1]["annotations"]["message"]   # one alert, the count
+    assert "NOT checked" in unchecked_alerts[-1]["annotations"]["summary"]
+    assert rc == (1 if found else 4)   # a run with traces lost is never a clean exit
     err = (tmp_path / "b.err").read_text()
     assert f"{len(held)} trace(s) held when the previous process died, reported UNCHECKED" in err
     assert re.search(r"[1-9]\d* later record\(s\) of them", err.strip().splitlines()[-1])
