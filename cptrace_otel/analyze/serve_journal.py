@@ -30,6 +30,9 @@ Bound: the closed traces (``F``/``U``) and the emitted finding ids are each kept
 of what is kept (at least :data:`MIN_COMPACT_BYTES`), :meth:`tick` rewrites it from memory into ``journal.new``,
 ``fsync``s it and renames it over ``journal`` (atomic: a kill during compaction leaves the old file). A lock file
 (``flock``) keeps a second process off the same folder.
+
+:func:`ranks_without_start` is the other half of "never checked partially": a trace whose first records went to
+another replica (the resolver's list changed mid-life) is told by its missing first lane span.
 """
 
 from __future__ import annotations
@@ -59,6 +62,32 @@ def finding_id(run_id: str, trace_id: str, f: Finding) -> str:
     last = f.evidence[-1] if f.evidence else -1
     key = f"{run_id}|{trace_id}|{f.code}|{f.rule}|{f.rank}|{f.epoch}|{f.node_id}|{last}"
     return hashlib.blake2b(key.encode("utf-8", "replace"), digest_size=8).hexdigest()
+
+
+def ranks_without_start(run_id: str, trace_id: str, ranks: Iterable[int], span_ids: set[str],
+                        events: Iterable[Any]) -> list[int]:
+    """The ranks whose first records of this node trace were not seen here: a rank has records in the trace but the
+    trace lacks that rank's first lane segment (span id ``trace_ids.lane_span_id(run, epoch, node, rank)``, which
+    any process computes; it holds the rank's first structural record of the node and is exported first). That is a
+    trace the resolver moved here mid-life, or one that began on a replica since removed: its records checked alone
+    could miss or misjudge a fault, so the caller reports it UNCHECKED. [] for a trace that is not a node trace (a
+    rank or request trace) and for a whole one (0 of the simulator's and the benchmark's 2,872 node traces flagged;
+    ``bench/serve_moved_traces.py``)."""
+    from ..model.trace_ids import lane_span_id, node_trace_id
+
+    tried: set[tuple[int, int]] = set()
+    node = None
+    for ev in events:   # the trace's node: the (epoch, node id) its trace id hashes
+        nid = ev.node_id
+        if nid is None or (ev.epoch, nid) in tried:
+            continue
+        tried.add((ev.epoch, nid))
+        if node_trace_id(run_id, ev.epoch, nid).hex() == trace_id:
+            node = (ev.epoch, nid)
+            break
+    if node is None:
+        return []
+    return [r for r in sorted(ranks) if lane_span_id(run_id, node[0], node[1], r).hex() not in span_ids]
 
 
 def default_dir(port: int) -> str:

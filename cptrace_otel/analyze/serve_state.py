@@ -24,6 +24,8 @@ So the unit of checking is the trace, not the rank's stream:
   survives the process: a trace checked before a restart stays late, one whose state died is reported through
   :meth:`ServeState.lost` (UNCHECKED, counted in :attr:`ServeState.unchecked`) and its later records are counted,
   not checked; a finding emitted before is not emitted again.
+* A node trace lacking a rank's first records (:func:`~.serve_journal.ranks_without_start`: the resolver moved
+  it here mid-life) is not checked: reported through :meth:`ServeState.lost` with reason :data:`CUT`.
 * Memory: at most ``max_nodes`` traces held (past it, the least recently changed is finalised early, counted in
   :attr:`ServeState.early`) and ``max_runs`` runs (past it, the least recently changed run is finished: its traces
   finalised early). A run with no held trace and nothing new for ``run_idle_s`` is finished and forgotten.
@@ -40,7 +42,7 @@ from ..checks import Finding
 from ..model.events import Event
 from .incremental import SpanRef
 from .otlp_intake import SpanRecords
-from .serve_journal import Journal
+from .serve_journal import Journal, ranks_without_start
 
 # rules whose findings on one trace are exactly those of ``check`` over the whole run (per rank, about one node)
 TRACE_RULES = frozenset(("H1a", "H1b", "H2c", "H4a", "H4b", "H4-open", "ZERO@backup", "ZERO@reload"))
@@ -50,6 +52,8 @@ TRACE_RULES = frozenset(("H1a", "H1b", "H2c", "H4a", "H4b", "H4-open", "ZERO@bac
 PARTIAL_RULES = frozenset(("HASH", "H2a", "H2b", "H3"))
 # the registry's rule ids (cptrace_otel.checks.registry) whose findings a replica reports, exact or partial
 REPORTED_IDS = frozenset(("H1a", "H1b", "H2c", "H4", "ZERO", "HASH", "H2a", "H2b", "H3"))
+CUT = ("first records not seen here (moved here mid-life by a resolver change, or begun on a replica since "
+       "removed): not checked alone")
 MAX_DONE = 200_000   # finalised trace ids remembered per run (a late span of one is counted, not checked again)
 
 
@@ -203,6 +207,13 @@ class ServeState:
             run.done.popitem(last=False)
         if early:
             self.early += 1
+        if tr.ranks and ranks_without_start(tr.run_id, tr.trace_id, tr.ranks, {r.span_id for r in tr.refs.values()},
+                                            (ev for evs in tr.ranks.values() for ev in evs)):
+            tr.ranks.clear()   # a tail alone: reported, not checked
+            self.lost(tr.run_id, tr.trace_id, CUT, tr.records)
+            if self.journal is not None:
+                self.journal.finalised(tr.run_id, tr.trace_id)
+            return
         streams = [sorted(evs, key=lambda e: (e.epoch, e.seq)) for _, evs in sorted(tr.ranks.items())]
         try:
             res = Analysis(rank_levels=tr.levels).run(merge_streams(streams))

@@ -118,17 +118,15 @@ def test_a_replica_killed_mid_run_and_restarted_loses_nothing_silently(tmp_path)
     assert len(runs) == 1, runs
     run_id = runs.pop()
     missing = []
-    checked = 0
-    for f in json.loads(c.stdout)["findings"]:
-        if f["rule"] not in TRACE_RULES:
-            continue
+    want = [f for f in json.loads(c.stdout)["findings"] if f["rule"] in TRACE_RULES]
+    assert want, "the faults give findings of the rules a replica decides exactly"
+    for f in want:
         key = (f["code"], f["rule"], f["rank"], f["node_id"], f["epoch"], str(f["evidence"][-1]))
         fin = Finding(**{k: f[k] for k in ("code", "rule", "rank", "epoch", "node_id", "op", "certainty",
                                            "evidence", "message")})
-        if key in have:
-            checked += 1
-        elif finding_trace(run_id, fin).hex() not in lost:
+        if key not in have and finding_trace(run_id, fin).hex() not in lost:
             missing.append(key)
     assert not missing, f"findings of check neither reported nor in an UNCHECKED trace: {missing}"
-    assert checked, "the replicas still report findings"
+    # (how many findings fall in b's lost traces depends on the kill's moment: all of them may, never silently)
+    assert ma["cptrace_serve_events_checked_total"] > 0, "replica a, never killed, checks its share"
     assert {f[1] for f in have} <= TRACE_RULES | PARTIAL_RULES

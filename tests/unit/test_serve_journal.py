@@ -250,3 +250,37 @@ def test_sigkilled_replica_restarted_reports_every_lost_trace(tmp_path, demo):
     err = (tmp_path / "b.err").read_text()
     assert f"{len(held)} trace(s) held when the previous process died, reported UNCHECKED" in err
     assert re.search(r"[1-9]\d* later record\(s\) of them", err.strip().splitlines()[-1])
+
+
+def test_a_trace_whose_first_records_went_elsewhere_is_reported_not_checked(demo):
+    """The resolver moved traces mid-life: each trace's spans cut at a random point, the tails sent to a replica
+    alone. A tail without a rank's first lane span is reported UNCHECKED (reason CUT) and none of its records is
+    checked; the tails that are checked give no finding the whole traces do not; no whole trace is reported."""
+    import random
+
+    from cptrace_otel.analyze.serve_state import CUT
+
+    spans = [sp for b in demo[0] for sp in decode(b).spans]
+
+    def replica(part):
+        got, unchecked = set(), []
+        st = ServeState(lambda tr, found: got.update((tr.trace_id, f.code, f.rule, f.rank, f.node_id, f.epoch,
+                                                      f.evidence[-1]) for f in found),
+                        idle_s=3600, unchecked=lambda r, t, why, n: unchecked.append((t, why, n)))
+        st.add(part, now=0.0)
+        st.finish_all()
+        return st, got, unchecked
+
+    _, whole, none = replica(spans)
+    assert whole and not none
+    by: dict = {}
+    for sp in spans:
+        by.setdefault(sp.trace_id, []).append(sp)
+    rnd = random.Random(7)
+    tails = [sp for sps in by.values() for sp in sps[rnd.randrange(1, len(sps) + 1):]]
+    st, got, unchecked = replica(tails)
+    assert unchecked and {why for _, why, _ in unchecked} == {CUT}
+    cut = {t for t, _, _ in unchecked}
+    assert st.events_checked == sum(len(sp.events) for sp in tails if sp.trace_id not in cut)
+    assert sum(n for _, _, n in unchecked) == sum(len(sp.events) for sp in tails if sp.trace_id in cut)
+    assert got <= whole and not {f for f in got if f[0] in cut}
