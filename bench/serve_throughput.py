@@ -138,7 +138,8 @@ def serve_run(shares: list[list[bytes]], tmp: Path, env: dict[str, str], idle: s
     for i in range(len(shares)):
         err = tmp / f"serve{i}.err"
         errs.append(err)
-        procs.append(subprocess.Popen([*head, "serve", "--listen", "127.0.0.1:0", "--idle", idle, "--queue", "256"],
+        procs.append(subprocess.Popen([*head, "serve", "--listen", "127.0.0.1:0", "--idle", idle, "--queue", "256",
+                                       "--state-dir", str(tmp / f"state{i}")],   # the journal on, as by default
                                       stdout=subprocess.DEVNULL, stderr=open(err, "w"), env=env, cwd=ROOT))
     deadline = time.monotonic() + 60
     for p, err in zip(procs, errs, strict=True):

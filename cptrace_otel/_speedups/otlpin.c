@@ -9,7 +9,7 @@
  *       spans: one (run_id|None, level|None, trace_hex, span_hex, start_us, codes, events, stamp|None) per span
  *       that holds records, in request order; otlp_intake turns them into SpanRecords or rejects exactly as
  *       from_request does. stamp: the bytes of the span's Resource message when one of its keys starts with the
- *       config stamp's prefix (keys["config"]): otlp_intake reads the stamp from them with the Python twin's own
+ *       config stamp's prefix (keys["stamp_prefix"]): otlp_intake reads the stamp from them with the Python twin's own
  *       code, once per resource (a few attributes a request, not a record's).
  *
  * None means "let Python decide": the C reader answers only for bodies it reads with certainty, i.e. every field it
@@ -699,7 +699,7 @@ static PyObject *py_configure(PyObject *self, PyObject *args)
     if (event_configure(ev, tracker, tags, slots) < 0 || value_configure(rng) < 0)
         return NULL;
     static const char *names_[] = {"prefix", "seq", "epoch", "level", "rank", "violation", "event_violation",
-                                   "run_id", "cp_rank", "trace_level", "service", "config"};
+                                   "run_id", "cp_rank", "trace_level", "service", "stamp_prefix"};
     PyObject **slots_[] = {&k_prefix, &k_seq, &k_epoch, &k_level, &k_rank, &k_violation, &k_ev_violation,
                            &k_run_id, &k_cp_rank, &k_trace_level, &k_service, &k_config};
     for (int i = 0; i < 12; i++)

@@ -147,6 +147,21 @@ class FindingSinks:
         if self.wb is not None and found:
             self.wb.write(state, found)
 
+    def unchecked(self, run_id: str, trace_id: str, why: str, records: int) -> None:
+        """A trace NOT checked (``serve``: its state died with an earlier process, or its first records were not
+        seen here): an ``UNCHECKED run ... trace ...`` line, and an :data:`UNCHECKED` alert for the run. Never a
+        silent pass."""
+        from ..checks.findings import Finding
+        from . import links
+
+        link = links.trace_url(self.link_base, trace_id)
+        print(f"UNCHECKED run {run_id} trace {trace_id}: {why} ({records} record(s))  {link}", file=self.out,
+              flush=True)
+        if self.alerts is not None:
+            with self.lock:
+                self.alerts.found(run_id, Finding(UNCHECKED, "serve-state-lost", -1, 0, None, None, "exact", [],
+                                                  f"trace {trace_id} NOT checked: {why}"), link)
+
     def post_alerts(self) -> None:
         """(Re-)post the alerts (nothing without ``--alertmanager``); never raises (see :meth:`Alerts.post`)."""
         if self.alerts is None:
@@ -192,6 +207,9 @@ class WriteBack:
         return all([s.close(timeout_s) for s in self.sinks])
 
 
+UNCHECKED = "UNCHECKED"   # the code of the alert ``serve`` posts for traces whose state died with a replica
+
+
 def _iso(t: float) -> str:
     return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -234,7 +252,9 @@ class Alerts:
             out.append({
                 "labels": {"alertname": ALERTNAME, "severity": "page", "code": code, "rank": str(rank),
                            "run_id": run_id},
-                "annotations": {"summary": f"HiCache KV invariant {code} violated on CP rank {rank} in run {run_id}",
+                "annotations": {"summary": f"HiCache KV traces NOT checked in run {run_id} (a checker's state was lost)"
+                                if code == UNCHECKED else
+                                f"HiCache KV invariant {code} violated on CP rank {rank} in run {run_id}",
                                 "message": f"{a['rule']} node {a['node']}: {a['message']}{more}",
                                 "jaeger": a["link"]},
                 "startsAt": _iso(a["starts"]), "endsAt": _iso(now + self.ends_after),

@@ -26,6 +26,12 @@ So the unit of checking is the trace, not the rank's stream:
 * Records of a trace that arrive after it was finalised (a span later than ``idle_s``) are not checked again (no
   finding doubled): they are counted in :attr:`ServeState.late`. The finalised trace ids of a run are kept (at most
   :data:`MAX_DONE` per run) until the run is finished.
+* With a :class:`~.serve_journal.Journal` (``--state-dir``), which traces were held, checked and emitted
+  survives the process: a trace checked before a restart stays late, one whose state died is reported through
+  :meth:`ServeState.lost` (UNCHECKED, counted in :attr:`ServeState.unchecked`) and its later records are counted,
+  not checked; a finding emitted before is not emitted again.
+* A node trace lacking a rank's first records (:func:`~.serve_journal.ranks_without_start`: the resolver moved
+  it here mid-life) is not checked: reported through :meth:`ServeState.lost` with reason :data:`CUT`.
 * Memory: at most ``max_nodes`` traces held (past it, the least recently changed is finalised early, counted in
   :attr:`ServeState.early`) and ``max_runs`` runs (past it, the least recently changed run is finished: its traces
   finalised early). A run with no held trace and nothing new for ``run_idle_s`` is finished and forgotten.
@@ -43,6 +49,7 @@ from ..checks import Finding
 from ..model.events import Event
 from .incremental import SpanRef
 from .otlp_intake import SpanRecords
+from .serve_journal import Journal, ranks_without_start
 
 if TYPE_CHECKING:
     from .engine import Result
@@ -64,6 +71,8 @@ PARTIAL_RULES = frozenset(("HASH", "H2b", "H3"))
 LOCKSTEP_RULES = frozenset(("C3", "C4", "C5"))
 # the registry's rule ids (cptrace_otel.checks.registry) whose findings a replica reports, exact or partial
 REPORTED_IDS = frozenset(("H2c", "H4", "ZERO", "HASH", "H2b", "H3", "C3", "C4", "C5"))
+CUT = ("first records not seen here (moved here mid-life by a resolver change, or begun on a replica since "
+       "removed): not checked alone")
 MAX_DONE = 200_000   # finalised trace ids remembered per run (a late span of one is counted, not checked again)
 
 
@@ -130,6 +139,7 @@ class RunState:
 
 
 Report = Callable[[TraceState, list[Finding]], None]
+Unchecked = Callable[[str, str, str, int], None]   # (run id, trace id, why, records) of a trace NOT checked
 
 
 class ServeState:
@@ -137,8 +147,13 @@ class ServeState:
     and ``note(text)`` the lines for stderr. Not thread-safe: one checking thread owns it."""
 
     def __init__(self, report: Report, idle_s: float = 30.0, max_nodes: int = 100_000, max_runs: int = 256,
-                 run_idle_s: float | None = None, note: Callable[[str], None] = lambda s: None) -> None:
+                 run_idle_s: float | None = None, note: Callable[[str], None] = lambda s: None,
+                 journal: Journal | None = None, unchecked: Unchecked | None = None) -> None:
         self.report, self.note = report, note
+        self.journal = journal                       # serve_journal: restart-safe late/lost and finding ids
+        self.on_unchecked = unchecked or (lambda run_id, trace_id, why, n: None)
+        self.unchecked = Counter[tuple[str, str]]()  # (run id, why) -> traces reported UNCHECKED
+        self.unchecked_records = 0                   # the records those traces held (they died unchecked)
         self.idle_s, self.max_nodes, self.max_runs = idle_s, max(1, max_nodes), max(1, max_runs)
         self.run_idle_s = max(idle_s, 60.0) if run_idle_s is None else run_idle_s
         self.traces: OrderedDict[tuple[str, str], TraceState] = OrderedDict()   # least recently changed first
@@ -173,6 +188,13 @@ class ServeState:
             key = (s.run_id, s.trace_id)
             tr = self.traces.get(key)
             if tr is None:
+                why = self.journal.state_of(s.run_id, s.trace_id) if self.journal is not None else None
+                if why is not None:   # checked before a restart (late), or its state died with the process (lost)
+                    if why == "late":
+                        self.late += len(s.events)
+                    else:
+                        self.journal.lost_records += len(s.events)   # type: ignore[union-attr]
+                    continue
                 if len(self.traces) >= self.max_nodes:
                     self._finalise(next(iter(self.traces.values())), early=True)
                 tr = self.traces[key] = TraceState(s.run_id, s.trace_id, now)
@@ -227,6 +249,13 @@ class ServeState:
             run.done.popitem(last=False)
         if early:
             self.early += 1
+        if tr.ranks and ranks_without_start(tr.run_id, tr.trace_id, tr.ranks, {r.span_id for r in tr.refs.values()},
+                                            (ev for evs in tr.ranks.values() for ev in evs)):
+            tr.ranks.clear()   # a tail alone: reported, not checked
+            self.lost(tr.run_id, tr.trace_id, CUT, tr.records)
+            if self.journal is not None:
+                self.journal.finalised(tr.run_id, tr.trace_id)
+            return
         try:
             res = check_trace(tr)
         except Exception as e:   # a bug or an input no rule foresaw: this trace is unchecked, the replica goes on
@@ -234,6 +263,8 @@ class ServeState:
             self.note(f"run {tr.run_id} trace {tr.trace_id}: NOT checked ({tr.records} records): "
                       f"{type(e).__name__}: {str(e)[:200]}")
             tr.ranks.clear()
+            if self.journal is not None:
+                self.journal.finalised(tr.run_id, tr.trace_id)
             return
         kept = []
         # C3-C5 need every rank's group size and mode: a rank without a config stamp (an older exporter) leaves them
@@ -244,6 +275,8 @@ class ServeState:
                 kept.append(f)
             else:
                 self.suppressed[f.rule] += 1
+        if self.journal is not None:   # journaled before they are emitted; none emitted twice across restarts
+            kept = self.journal.fresh(tr.run_id, tr.trace_id, kept)
         self.events_checked += tr.records
         run.events += tr.records
         run.findings += len(kept)
@@ -251,8 +284,19 @@ class ServeState:
             self.findings[(tr.run_id, f.code)] += 1
         tr.ranks.clear()
         self.report(tr, kept)
+        if self.journal is not None:
+            self.journal.finalised(tr.run_id, tr.trace_id)
+
+    def lost(self, run_id: str, trace_id: str, why: str, records: int = 0) -> None:
+        """Report a trace NOT checked (its state died with a previous process): counted by run and reason,
+        passed to ``unchecked``."""
+        self.unchecked[(run_id, why)] += 1
+        self.unchecked_records += records
+        self.on_unchecked(run_id, trace_id, why, records)
 
     def stats(self) -> dict[str, Any]:
         return {"events_checked": self.events_checked, "traces_held": len(self.traces), "runs": len(self.runs),
                 "late_records": self.late, "finalised_early": self.early, "check_errors": self.errors,
-                "findings": sum(self.findings.values()), "suppressed": dict(self.suppressed)}
+                "findings": sum(self.findings.values()), "suppressed": dict(self.suppressed),
+                "unchecked": sum(self.unchecked.values()),
+                "lost_records": self.journal.lost_records if self.journal is not None else 0}

@@ -38,7 +38,8 @@ templates; it adds no dependency to the package, and the work that costs (decodi
 queue, not by the server.
 
 SIGTERM or SIGINT: stop accepting, check everything queued, finalise every held trace, flush the write-back, print
-a summary on stderr; exit 0 when no finding was reported, 1 when some was.
+a summary on stderr; exit 0 when no finding was reported, 1 when some was, 4 when none was but traces held by a
+killed earlier process were reported UNCHECKED (``--state-dir``: :mod:`~cptrace_otel.analyze.serve_journal`).
 """
 
 from __future__ import annotations
@@ -47,12 +48,13 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
-from ..model.exits import EXIT_FINDINGS, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
+from ..model.exits import EXIT_FINDINGS, EXIT_INCOMPLETE, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 
 if TYPE_CHECKING:
     from ..analyze.serve_state import ServeState
 
 _PFX = "cptrace-otel serve"
+LOST = "state lost: held when a previous process of this replica died, its records were not checked"
 TRACES_PATH = "/v1/traces"
 PROTOBUF = "application/x-protobuf"
 
@@ -84,6 +86,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     s.add_argument("--alert-hold", default="1h", metavar="DURATION",
                    help="keep re-posting an alert this long after its last finding (default 1h)")
     s.add_argument("--jaeger-url", default="http://127.0.0.1:16686", help="Jaeger base URL for the links")
+    s.add_argument("--state-dir", default=None, metavar="DIR",
+                   help="the replica's journal (traces held, checked, findings emitted), read at start so a kill "
+                        "loses nothing silently; 'off' for none (default: $XDG_STATE_HOME/cptrace-otel/serve-PORT, "
+                        "off for an ephemeral --listen port 0)")
     from ..analyze import serve_guard
 
     serve_guard.add_arguments(s)
@@ -147,6 +153,18 @@ def metrics_text(state: ServeState, c: Counters, queued: int, now_ns: int) -> st
            [("", state.early)])
     metric("cptrace_serve_check_errors_total", "counter", "traces whose check failed (NOT checked; see stderr)",
            [("", state.errors)])
+    metric("cptrace_serve_unchecked_traces_total", "counter",
+           "traces NOT checked (their state died with a previous process of this replica), by run and reason",
+           [(f'{{run_id="{esc(r)}",reason="{esc(why)}"}}', n) for (r, why), n in sorted(state.unchecked.items())])
+    j = state.journal
+    metric("cptrace_serve_unchecked_records_total", "counter",
+           "records taken by a previous process of this replica in the traces reported UNCHECKED (died with it)",
+           [("", state.unchecked_records)])
+    metric("cptrace_serve_lost_records_total", "counter",
+           "records of an UNCHECKED trace that arrived after the restart (not checked)",
+           [("", j.lost_records if j is not None else 0)])
+    metric("cptrace_serve_journal_errors_total", "counter", "journal writes that failed (see stderr)",
+           [("", j.errors if j is not None else 0)])
     metric("cptrace_serve_traces_held", "gauge", "traces held (state size)", [("", len(state.traces))])
     metric("cptrace_serve_records_held", "gauge", "records held", [("", state.records_held)])
     metric("cptrace_serve_runs_held", "gauge", "runs held", [("", len(state.runs))])
@@ -168,6 +186,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     from ..analyze import links, serve_guard
     from ..analyze.finding_sinks import FindingSinks, SinkSetupError
     from ..analyze.otlp_intake import Intake, Undecodable, decode
+    from ..analyze.serve_journal import Journal, JournalError, default_dir
     from ..analyze.serve_state import ServeState, TraceState, unchecked_rules
     from ..analyze.sources.jaegerquery import parse_duration
 
@@ -205,7 +224,24 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     def report(tr: TraceState, found: list) -> None:   # the checking thread, under `lock`
         sinks.report(tr.run_id, tr, found)
 
-    state = ServeState(report, idle_s=idle, max_nodes=args.max_nodes, max_runs=args.max_runs, note=note)
+    journal = None
+    state_dir = args.state_dir or (default_dir(port) if port else "off")
+    if state_dir != "off":
+        journal = Journal(state_dir, note=note)
+        try:
+            lost = journal.open()
+        except JournalError as e:
+            print(f"{_PFX}: {e}", file=err)
+            return EXIT_USAGE
+    state = ServeState(report, idle_s=idle, max_nodes=args.max_nodes, max_runs=args.max_runs, note=note,
+                       journal=journal, unchecked=sinks.unchecked)
+    if journal is not None:
+        note(f"journal in {state_dir}: {len(lost)} trace(s) held when the previous process died, reported "
+             f"UNCHECKED{f'; {journal.skipped} unreadable line(s) skipped' if journal.skipped else ''}")
+        for run_id, trace_id, records in lost:
+            state.lost(run_id, trace_id, LOST, records)
+    else:
+        note("no journal (--state-dir off, or an ephemeral port): after a kill what was held is lost silently")
     lock = threading.Lock()        # the state: the checking thread changes it, /metrics reads it
     counters = Counters()
     clock = threading.Lock()       # the counters (HTTP threads)
@@ -222,6 +258,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
                 work.put_nowait(intake)
             except queue.Full:
                 why = "queue full"
+            else:   # before the 200: once answered, the collector forgets these spans
+                if journal is not None:
+                    journal.opened(_records_by_trace(intake.spans))
         with clock:
             if why:
                 counters.requests_dropped += 1
@@ -382,6 +421,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
                     if item is not None:
                         state.add(item.spans)
                     state.sweep()
+                if journal is not None:
+                    journal.tick()
             except Exception as e:   # a bug: said and counted, the thread goes on (a dead one would stall intake)
                 state.errors += 1
                 note(f"internal error while checking (some records NOT checked): {type(e).__name__}: "
@@ -429,6 +470,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         checker.join()
         with lock:
             state.finish_all()
+        if journal is not None:
+            journal.close()
         sinks.post_alerts()
         for sig, h in old.items():
             signal.signal(sig, h)
@@ -438,10 +481,22 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     note(f"stopped: {counters.spans_received} spans received, {counters.spans_rejected} not readable, "
          f"{counters.spans_dropped} turned away with 503, {st['events_checked']} records checked, {sinks.total} "
          f"finding(s), {st['late_records']} late record(s) not checked, {st['finalised_early']} trace(s) checked "
-         f"early, {st['check_errors']} trace(s) NOT checked (an error, said above); UNCHECKED here (a rank's "
+         f"early, {st['check_errors']} trace(s) NOT checked (an error, said above), {st['unchecked']} trace(s) "
+         f"UNCHECKED (state lost at a kill) and {st['lost_records']} later record(s) of them; UNCHECKED here (a rank's "
          f"whole stream or the run's order needed): {', '.join(unchecked_rules())}; their findings on "
          f"one trace, not trusted and not reported: {suppressed}")
-    return EXIT_FINDINGS if sinks.total else EXIT_OK
+    # no finding but traces whose state was lost: not a clean run (as check's 4 when rules could not run)
+    return EXIT_FINDINGS if sinks.total else EXIT_INCOMPLETE if st["unchecked"] else EXIT_OK
+
+
+def _records_by_trace(spans: Any) -> list[tuple[str, str, int]]:
+    """(run id, trace id, records) of each trace in a decoded request, what the journal writes for it."""
+    from collections import Counter
+
+    n: Counter[tuple[str, str]] = Counter()
+    for sp in spans:
+        n[(sp.run_id, sp.trace_id)] += len(sp.events)
+    return [(r, t, k) for (r, t), k in n.items()]
 
 
 def _response(intake: Any) -> bytes:

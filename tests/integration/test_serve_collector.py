@@ -38,7 +38,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 REQUIRE = bool(os.environ.get("CPTRACE_REQUIRE_COLLECTOR", "").strip())
 COLLECTOR_DIR = DEPLOY / "collector"
 # (ranks, mode, faults, the cross-rank rule the faults make check find)
-RUNS = {"4-sharded": (4, "sharded", "HASH_flip,ZERO_nostore,H1_ack,H4_nolock,C3_writer", "C3"),
+FAULTS = "HASH_flip,ZERO_nostore,H1_ack,H4_nolock,C3_writer"
+RUNS = {"4-sharded": (4, "sharded", FAULTS, "C3"),
         "4-shared": (4, "shared", "H4_nolock,HASH_flip", "C5"),
         "16-sharded": (16, "sharded", "C3_writer,HASH_flip", "C3")}
 LINE = re.compile(r"^(\w+) (\S+) (\S+) run (\S+) rank (-?\d+) (?:node (-?\d+)|\(no node\)) \(epoch (\d+)\) seq (\S+):")
@@ -82,21 +83,29 @@ def _config(http: int, grpc: int, health: int, metrics: int, checkers: list[int]
 def _start_serve(tmp: Path, name: str, http: int, grpc: int) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "cptrace_otel.cli", "serve", "--listen", f"127.0.0.1:{http}", "--grpc",
-         f"127.0.0.1:{grpc}", "--idle", "2s"],
+         f"127.0.0.1:{grpc}", "--idle", "2s", "--state-dir", str(tmp / f"state-{name}")],
         stdout=open(tmp / f"{name}.out", "w"), stderr=open(tmp / f"{name}.err", "w"), env=_env(), cwd=ROOT)
 
 
-@pytest.mark.parametrize("run", sorted(RUNS))
-def test_two_replicas_behind_the_collector_find_what_check_finds(tmp_path, run):
-    ranks, mode, faults, cross = RUNS[run]
+def collector_setup(tmp_path: Path) -> tuple[Path, list[int]]:
+    """The collector binary (else skip, or fail under ``CPTRACE_REQUIRE_COLLECTOR``) and eight free ports: the
+    collector's HTTP, gRPC, health and metrics, then replica a's HTTP and gRPC, then b's; its config written to
+    ``tmp_path/col.yaml``."""
     b = _collector_bin()
     if not b.is_file():
         if REQUIRE:
             pytest.fail(f"no collector binary at {b} (CPTRACE_REQUIRE_COLLECTOR is set)", pytrace=False)
         pytest.skip(f"no collector binary at {b}; build it with deploy/collector/up (or set COLLECTOR_BIN)")
     ports = [free_port() for _ in range(8)]
-    col_http, col_grpc, health, metrics, a_http, a_grpc, b_http, b_grpc = ports
-    (tmp_path / "col.yaml").write_text(yaml.safe_dump(_config(col_http, col_grpc, health, metrics, [a_grpc, b_grpc])))
+    (tmp_path / "col.yaml").write_text(yaml.safe_dump(_config(*ports[:4], [ports[5], ports[7]])))
+    return b, ports
+
+
+@pytest.mark.parametrize("run", sorted(RUNS))
+def test_two_replicas_behind_the_collector_find_what_check_finds(tmp_path, run):
+    ranks, mode, faults, cross = RUNS[run]
+    b, ports = collector_setup(tmp_path)
+    col_http, health, a_http, a_grpc, b_http, b_grpc = ports[0], ports[2], *ports[4:]
     procs: list[subprocess.Popen] = []
     try:
         replicas = {"a": (_start_serve(tmp_path, "a", a_http, a_grpc), a_http),
@@ -135,7 +144,7 @@ def test_two_replicas_behind_the_collector_find_what_check_finds(tmp_path, run):
             p.send_signal(signal.SIGTERM)
         codes = {name: p.wait(timeout=60) for name, (p, _port) in replicas.items()}
     finally:
-        _stop_all(procs)
+        stop_all(procs)
 
     checked = {name: m["cptrace_serve_events_checked_total"] for name, m in ms.items()}
     assert all(v > 0 for v in checked.values()), f"both replicas get traffic: {checked}"
@@ -174,7 +183,7 @@ def test_two_replicas_behind_the_collector_find_what_check_finds(tmp_path, run):
         assert not re.search(rf"UNCHECKED here [^;]*(?<![\w-]){cross}(?![\w-])", last), last
 
 
-def _stop_all(procs: list[subprocess.Popen]) -> None:
+def stop_all(procs: list[subprocess.Popen]) -> None:
     """Stop the processes a test started, the last started first (the collector before its replicas)."""
     for p in reversed(procs):
         if p.poll() is None:
@@ -255,7 +264,8 @@ def test_the_collector_reaches_a_replica_over_mutual_tls_with_a_token(tmp_path):
         serve = subprocess.Popen(
             [sys.executable, "-m", "cptrace_otel.cli", "serve", "--listen", f"127.0.0.1:{r_http}", "--grpc",
              f"127.0.0.1:{r_grpc}", "--idle", "2s", "--tls-cert", pki["server_cert"], "--tls-key", pki["server_key"],
-             "--tls-client-ca", pki["ca"], "--auth-token-file", str(tmp_path / "token")],
+             "--tls-client-ca", pki["ca"], "--auth-token-file", str(tmp_path / "token"), "--state-dir",
+             str(tmp_path / "state")],
             stdout=open(tmp_path / "serve.out", "w"), stderr=open(tmp_path / "serve.err", "w"), env=_env(), cwd=ROOT)
         procs.append(serve)
         wait_for(ready, 60, "TLS replica ready")
@@ -276,7 +286,7 @@ def test_the_collector_reaches_a_replica_over_mutual_tls_with_a_token(tmp_path):
         serve.send_signal(signal.SIGTERM)
         code = serve.wait(timeout=60)
     finally:
-        _stop_all(procs)
+        stop_all(procs)
     assert m["cptrace_serve_events_checked_total"] == n, "the refused run was not checked, the accepted one whole"
     assert m["cptrace_serve_spans_dropped_total"] == 0
     printed = (tmp_path / "serve.out").read_text() + (tmp_path / "serve.err").read_text()
