@@ -5,6 +5,7 @@ They all live in ``cptrace_otel/_speedups/``, each C module next to the Python l
 * ``cptrace_otel._speedups._otlp``: OTLP protobuf encoding of span events (the exporter worker's largest cost).
 * ``cptrace_otel._speedups._logreader``: the upstream log-line reader used by ``cptrace-otel check``.
 * ``cptrace_otel._speedups._intake``: the exporter worker's intake of live records.
+* ``cptrace_otel._speedups._otlpin``: ``cptrace-otel serve``'s reading of OTLP protobuf requests into records.
 * ``cptrace_otel._speedups._hot``: the gate of ``cptrace`` (level compare, sampled-out lookup) before any dict, and
   the record ring (``ring.c``: records encoded on the caller's thread into memory the exporter process reads).
 * ``cptrace_otel._speedups._fingerprint``: exact CPU ``khash``/``knz``/``rng`` at memory speed (AVX2 where the CPU
@@ -39,7 +40,7 @@ class _BuildPyWithPth(build_py):
     def get_outputs(self, include_bytecode: bool = True) -> list:
         return super().get_outputs(include_bytecode) + [os.path.join(self.build_lib, _PTH)]
 
-# -fvisibility=hidden: value.c and event.c are linked into two modules; only PyInit_* is exported.
+# -fvisibility=hidden: value.c and event.c are linked into several modules; only PyInit_* is exported.
 _FLAGS = ["-O2", "-std=c11", "-Wall", "-Wno-unused-function", "-fvisibility=hidden"]
 _DIR = "cptrace_otel/_speedups/"
 _SHARED = [_DIR + "value.c", _DIR + "event.c"]   # the value grammar and the Event builder of both readers
@@ -58,6 +59,7 @@ setup(
         _ext("_otlp", [_DIR + "otlp.c"]),
         _ext("_logreader", [_DIR + "logreader.c"] + _SHARED),
         _ext("_intake", [_DIR + "intake.c"] + _SHARED),
+        _ext("_otlpin", [_DIR + "otlpin.c"] + _SHARED),
         _ext("_hot", [_DIR + "hot.c", _DIR + "ring.c", _DIR + "idset.c"]),
         # -O3: the portable kernel's row loops and the rng min/max loops are left to the auto-vectorizer
         _ext("_fingerprint", [_DIR + "fingerprint.c"], ("-O3",)),

@@ -41,7 +41,7 @@ wall-time difference of two runs carries the noise of the whole loop's work (at 
 of the caller's own Python work that walks a working set larger than the caches (20,000 small request objects,
 strided, with small allocations), then 4 records of 8 fields (5 ints, 3 short strings) built as a dict and passed
 as ``**fields``. Every mode (off, upstream, ``ours`` = the buffer path, ring, floor, and ``--variant LABEL:K=V,...``:
-the ring with other settings, e.g. ``CPTRACE_RING_RESIDENT=0``, or ``BENCH_PAUSE_EXPORTER=1``, the exporter process
+the ring with other settings, e.g. ``CPTRACE_RING_BYTES=8388608``, or ``BENCH_PAUSE_EXPORTER=1``, the exporter process
 stopped while the loop runs) runs in a fresh process, after ``--warm-steps`` of the same shape, flushed (the steady
 state of a long-running scheduler). The loop alternates blocks of 50 steps with and without the calls; the cost is
 the median difference of the loop thread's CPU between neighbouring blocks (``paired``: what the calls cost the

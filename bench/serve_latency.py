@@ -1,10 +1,10 @@
 """From a violating record entering the OTel Collector to its alert in Alertmanager: a ``serve`` replica that checks
-records as they arrive beside one that checks a trace only when it is idle (``--idle-only``), in one run.
+records as they arrive (``--live``) beside one that checks a trace only when it is idle (the default), in one run.
 
 The path: this process sends OTLP/HTTP protobuf to the real collector (built from deploy/collector/builder.yaml,
 configured from deploy/collector/config-checkers.yaml with free ports, its Jaeger exporter left out), whose pipeline
 fans every span out through two ``load_balancing`` exporters (routing key traceID, OTLP/gRPC), one per replica:
-``live`` (the default) and ``idle-only``. Each replica posts to its own real Alertmanager (Debian's
+``live`` (``--live``) and ``idle-only`` (the default). Each replica posts to its own real Alertmanager (Debian's
 ``prometheus-alertmanager``, deploy/alertmanager/alertmanager.yml, on a free port); this process polls each
 Alertmanager's ``GET /api/v2/alerts`` every 50 ms.
 
@@ -92,7 +92,7 @@ def _decider(bodies: list[bytes]) -> tuple[int, str, int]:
     from cptrace_otel.analyze.serve_state import ServeState
 
     found: list = []
-    st = ServeState(lambda tr, fs: found.extend(fs), idle_s=3600, window=0, window_s=0.0)
+    st = ServeState(lambda tr, fs: found.extend(fs), idle_s=3600, live=True, window=0, window_s=0.0)
     for i, b in enumerate(bodies):
         st.add(decode(b).spans, now=float(i))
         if found:
@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             p = subprocess.Popen(
                 [sys.executable, "-m", "cptrace_otel.cli", "serve", "--listen", f"127.0.0.1:{ports[n][0]}",
                  "--grpc", f"127.0.0.1:{ports[n][1]}", "--idle", args.idle, "--queue", "256",
-                 "--alertmanager", f"http://127.0.0.1:{ports[n][2]}", *(["--idle-only"] if n == "idle-only" else [])],
+                 "--alertmanager", f"http://127.0.0.1:{ports[n][2]}", *(["--live"] if n == "live" else [])],
                 stdout=open(tmp / f"{n}.out", "w"), stderr=open(tmp / f"{n}.err", "w"), env=env, cwd=ROOT)
             procs.append(p)
             replicas[n] = p

@@ -3,7 +3,8 @@
 In-process (the HTTP server left out: its memory is its bounded queue): the requests of a clean replicated-mode run
 of 2 ranks (bench/check_throughput.py's generator, replayed into OTLP by ``cptrace-otel ingest``, 200 spans per
 request) are decoded by the replica's intake (``otlp_intake.decode``, fresh records each time) and given to a
-``ServeState`` with the replica's defaults (``--idle 30s``, ``--max-nodes 100000``, live unless ``--idle-only``),
+``ServeState`` with the replica's defaults (``--idle 30s``, ``--max-nodes 100000``; live as ``serve --live``,
+unless ``--idle-only``),
 again and again, each replay under a new run id, so nodes keep starting and ending (finalised when idle, runs
 finished when idle). The clock the state sees is the stream's own: ``--rate`` records per second, so a trace
 idle for ``--idle`` of stream time is finalised whatever this machine's speed. Printed every ``--every`` records:

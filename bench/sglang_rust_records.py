@@ -1,18 +1,18 @@
-"""Which of 0.5.23's records the present sites would write, and write right, over the Rust tree core: an experiment,
-never the shipped behaviour (the instrumentation refuses a Rust-core cache: one warning, no record).
+"""Which of 0.5.23's records the sites write, and write right, over the Rust tree core
+(``CPTRACE_SGLANG_TREE_CORE=rust``: the records written at the core's Python boundary, ``traced/sglang/_rust23``),
+against the Python core's.
 
     python3 -m bench.sglang_rust_records [--requests 150] [--seed 3] [--policy write_back] [--dev-tokens 256]
         [--host-ratio 1.5]
 
 Runs tests/sglang_real/rust_driver.py twice, the same request stream at level 2 with exact sets: on the Python core
-(the reference: every record), and on the Rust core with the refusal lifted in that process only (``_sites23``'s
-``untraceable`` answers None for the tree-core reason; everything else as shipped). Both under the torch the Rust
+(the reference: every record), and on the Rust core traced at its boundary. Both under the torch the Rust
 core loads with (``.sglang/torch-2.14``). The two cores make the same cache decisions here (the driver checks the
 same loads and host copies), but number their nodes differently, so per record tag (and tier, direction, kind or
 pool) the table gives the count on each core and how many of the Rust core's records equal the Python core's (in
 order, or per request where records name one) once node ids are left out; a record whose fields differ otherwise is
-written wrong. The records whose sites raised are counted per site (``skipped``), and ``cptrace-otel check`` of the
-Rust run says how many nodes it could check. Needs deploy/sglang/install.
+written wrong. The records whose sites raised are counted per site (``skipped``), and ``cptrace-otel check`` of
+each run says its findings, how many nodes it checked and what it could not check. Needs deploy/sglang/install.
 """
 
 from __future__ import annotations
@@ -31,12 +31,7 @@ IDS = ("node_id", "nodes", "new_id", "chain", "pub", "parent")   # fields that n
 ONE_CORE = """
 import json
 from tests.sglang_real import rust_driver
-from cptrace_otel.traced.sglang import _sites23, _state
-shipped = _sites23.untraceable
-def lifted(cache):   # the experiment: a Rust-core cache is traced by the present sites
-    why = shipped(cache)
-    return None if why and "tree core" in why else why
-_sites23.untraceable = lifted
+from cptrace_otel.traced.sglang import _state
 r = rust_driver.run({out!r}, exact=True, **json.loads({kw!r}))
 print(json.dumps({{"core": r["stats"]["tree_core"], "corruption": len(r["corruption"]), "log": r["log"],
                   "skipped": dict(_state.failures)}}))
@@ -44,7 +39,8 @@ print(json.dumps({{"core": r["stats"]["tree_core"], "corruption": len(r["corrupt
 
 
 def one_core(core: str, out: str, kw: dict) -> dict:
-    env = runtime.sglang_env("0.5.23", rust=True, SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=core)
+    env = runtime.sglang_env("0.5.23", rust=True, SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=core,
+                             CPTRACE_SGLANG_TREE_CORE=core)
     code = ONE_CORE.format(out=out, kw=json.dumps(kw))
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900,
                        cwd=runtime.ROOT)
@@ -84,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="sglang-rust-records-") as out:
         runs = {c: one_core(c, os.path.join(out, c), kw) for c in ("python", "rust")}
         recs = {c: records(r["log"]) for c, r in runs.items()}
-        chk = runtime.check_json([runs["rust"]["log"]])
+        chk = {c: runtime.check_json([r["log"]]) for c, r in runs.items()}
     print(f"sglang 0.5.23, {a.policy}, {a.requests} requests, seed {a.seed}: "
           + ", ".join(f"{c} core {r['core']} (driver's corruption {r['corruption']})" for c, r in runs.items()))
     print(f"  {'record':20s} {'python':>7s} {'rust':>7s} {'equal':>7s}  (in order or per rid, ids left out)")
@@ -97,7 +93,10 @@ def main(argv: list[str] | None = None) -> int:
             equal = sum(x == y for x, y in zip(py, ru, strict=False))
         print(f"  {k:20s} {len(py):7d} {len(ru):7d} {equal:7d}")
     print(f"  skipped on the rust core (the site raised): {runs['rust']['skipped']}")
-    print(f"  check of the rust run: {len(chk['findings'])} findings, {chk['stats']['nodes']} nodes checked")
+    for c, res in chk.items():
+        skipped = {u["rule"]: u["count"] for u in res["unchecked"]}
+        print(f"  check of the {c} run: {len(res['findings'])} findings, {res['stats']['nodes']} nodes checked, "
+              f"not checked: {skipped}")
     return 0
 
 

@@ -2,7 +2,7 @@
  * that no thread of the traced process renders or pickles them (docs/performance.md, "the native record path").
  *
  * Layout of the shared buffer (a memfd mapped by both processes; little-endian, the machine's own):
- *   0    u64 magic, u64 cap (data bytes, a power of two), u64 hot (the resident window's bytes, 0: none)
+ *   0    u64 magic, u64 cap (data bytes, a power of two)
  *   64   producer line: u64 write_pos, u64 dropped, u64 side_next, u64 written      (written by the traced process)
  *   128  consumer line: u64 read_pos, u64 consumed, u64 free_pos, u64 reader       (written by the exporter)
  *   256  cap bytes of records
@@ -29,13 +29,10 @@
  * producer next writes it: on this project's VM a fresh shared page costs 7-8 µs to fault in, 0.25-0.3 µs a record
  * of ~140 bytes.
  *
- * The resident window: the first `hot` bytes of the data are never given back, and the producer keeps to them
- * while the reader keeps up: a record that would end past the window, at a time when the reader has freed the
- * window's start (the padding to the end of the ring and the record fit below free_pos + cap), is put at offset 0
- * behind a PAD record instead. So in steady state the producer writes pages that are already mapped (no fault),
- * the ring holds `hot` bytes resident, and only a burst that the reader falls behind on goes on into the rest of
- * the ring (whose pages are faulted in and given back as before). A PAD record may span most of the ring: the
- * reader skips it by its size.
+ * No resident window: a producer that went back to the ring's start early (behind a PAD to the end) to stay on
+ * pages already mapped would leave a burst only the bytes before the PAD until the reader skipped it (measured:
+ * 19-71% of 600k records lost in bursts with an 8 MiB window, against a saving of ~0.1 µs a record), so a record
+ * goes back to offset 0 only when it does not fit before the end.
  *
  * One reader: `reader` is the token of the worker that claimed the ring last (ring_claim); ring_read by any other
  * token reads nothing (returns None), so a worker that outlives its replacement cannot take records from it. (The
@@ -85,7 +82,7 @@
 #define V_FALSE CPTRACE_RING_V_FALSE
 
 typedef struct {
-    uint64_t magic, cap, hot, pad0[5];
+    uint64_t magic, cap, pad0[6];
     uint64_t write_pos, dropped, side_next, written, pad1[4];
     uint64_t read_pos, consumed, free_pos, reader, pad2[4];
 } ring_hdr;
@@ -102,7 +99,7 @@ static struct {
     Py_buffer view;
     ring_hdr *h; /* NULL: not attached */
     unsigned char *data;
-    uint64_t cap, max_rec, hot; /* hot: the resident window (0: none) */
+    uint64_t cap, max_rec;
     PyObject *deque, *append; /* the side deque and its bound append */
     PyObject *wake; /* called after an append to the empty side deque (the drainer's wake-up; C, may be NULL) */
     Py_ssize_t qcap;
@@ -173,14 +170,13 @@ static int classify(PyObject *v, fv_t *o, char **scr, char *scr_end) {
     return 0;
 }
 
-/* Reserve size bytes (a multiple of 8) at the write position, padding the end when it does not fit there, or when
- * it would end past the resident window and the padding fits (back to the window's start: see the top of this
- * file); the record's offset, or -1 when the ring is full. Nothing is published. *next gets the new write position. */
+/* Reserve size bytes (a multiple of 8) at the write position, padding the end when it does not fit there; the
+ * record's offset, or -1 when the ring is full. Nothing is published. *next gets the new write position. */
 static int64_t reserve(uint64_t size, uint64_t *next) {
     ring_hdr *h = R.h;
     uint64_t w = h->write_pos, r = load_acq(&h->free_pos);
     uint64_t off = w & (R.cap - 1), tail = R.cap - off, need = size;
-    int wrap = size > tail || (R.hot != 0 && off != 0 && off + size > R.hot && w - r + tail + size <= R.cap);
+    int wrap = size > tail;
     if (wrap) need = tail + size;
     if (w - r + need > R.cap) return -1;
     if (wrap) {
@@ -352,20 +348,15 @@ static PyObject *py_put(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 static ring_hdr *hdr_of(Py_buffer *b) {
     if (b->len < HDR) { PyErr_SetString(PyExc_ValueError, "ring: buffer too small"); return NULL; }
     ring_hdr *h = (ring_hdr *)b->buf;
-    if (h->magic != MAGIC || h->cap < MIN_CAP || (h->cap & (h->cap - 1)) || (uint64_t)b->len < HDR + h->cap ||
-        h->hot > h->cap / 2) {
+    if (h->magic != MAGIC || h->cap < MIN_CAP || (h->cap & (h->cap - 1)) || (uint64_t)b->len < HDR + h->cap) {
         PyErr_SetString(PyExc_ValueError, "ring: not a ring buffer");
         return NULL;
     }
     return h;
 }
 
-/* ring_init(buf, hot=0): a fresh ring over the whole writable buffer (its data part: the largest power of two)
- * whose first hot bytes are its resident window (rounded down to ALIGN; at most half the data, else none). */
-static PyObject *py_init(PyObject *self, PyObject *args) {
-    PyObject *arg;
-    unsigned long long hot = 0;
-    if (!PyArg_ParseTuple(args, "O|K:ring_init", &arg, &hot)) return NULL;
+/* ring_init(buf): a fresh ring over the whole writable buffer (its data part: the largest power of two). */
+static PyObject *py_init(PyObject *self, PyObject *arg) {
     Py_buffer b;
     if (PyObject_GetBuffer(arg, &b, PyBUF_WRITABLE) < 0) return NULL;
     uint64_t cap = MIN_CAP;
@@ -378,7 +369,6 @@ static PyObject *py_init(PyObject *self, PyObject *args) {
     memset(b.buf, 0, HDR);
     ring_hdr *h = (ring_hdr *)b.buf;
     h->cap = cap;
-    h->hot = hot <= cap / 2 ? hot & ~(uint64_t)(ALIGN - 1) : 0;
     __atomic_store_n(&h->magic, MAGIC, __ATOMIC_RELEASE);
     PyBuffer_Release(&b);
     return PyLong_FromUnsignedLongLong(cap);
@@ -415,7 +405,6 @@ static PyObject *py_attach(PyObject *self, PyObject *args) {
     R.data = (unsigned char *)b.buf + HDR;
     R.cap = h->cap;
     R.max_rec = h->cap / MAX_SHARE < MAX_REC ? h->cap / MAX_SHARE : MAX_REC;
-    R.hot = h->hot;
     R.deque = Py_NewRef(dq);
     R.append = app;
     R.qcap = qcap;
@@ -523,26 +512,20 @@ bad:
     return NULL;
 }
 
-/* Give back the whole pages of the data span [from, to) past the resident window (positions; at most a lap, and
- * not writable by the producer meanwhile: below free_pos + cap it is not). Returns the position up to which the span
- * was handled: to when to lies in the window (whose pages are kept), else the start of to's page (its rest is not
- * consumed yet). */
-static uint64_t punch_span(unsigned char *data, uint64_t cap, uint64_t hot, uint64_t from, uint64_t to) {
+/* Give back the whole pages of the data span [from, to) (positions; at most a lap, and not writable by the
+ * producer meanwhile: below free_pos + cap it is not). Returns the position up to which the span was handled: the
+ * start of to's page (its rest is not consumed yet). */
+static uint64_t punch_span(unsigned char *data, uint64_t cap, uint64_t from, uint64_t to) {
     uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
-    uint64_t upto = to;
-    if ((to & (cap - 1)) >= hot) {
-        uint64_t into = (uint64_t)(((uintptr_t)data + (to & (cap - 1))) & (pg - 1)); /* bytes of to's page before to */
-        if (into >= to - from) return from;
-        upto = to - into;
-    }
+    uint64_t into = (uint64_t)(((uintptr_t)data + (to & (cap - 1))) & (pg - 1)); /* bytes of to's page before to */
+    if (into >= to - from) return from;
+    uint64_t upto = to - into;
     uint64_t s = from;
     while (s < upto) { /* at most two pieces: the span may wrap */
         uint64_t off = s & (cap - 1), n = upto - s;
         if (n > cap - off) n = cap - off;
-        uint64_t lo = off < hot ? hot : off; /* (the window keeps its pages) */
         s += n;
-        if (off + n <= lo) continue;
-        uintptr_t a = ((uintptr_t)data + lo + pg - 1) & ~(pg - 1), e = ((uintptr_t)data + off + n) & ~(pg - 1);
+        uintptr_t a = ((uintptr_t)data + off + pg - 1) & ~(pg - 1), e = ((uintptr_t)data + off + n) & ~(pg - 1);
         if (e > a) (void)madvise((void *)a, e - a, MADV_REMOVE); /* a failure leaves the pages resident, no more */
     }
     return upto;
@@ -624,10 +607,9 @@ static PyObject *py_read(PyObject *self, PyObject *args) {
     if (bad) r = w;
     h->consumed += recs;
     store_rel(&h->read_pos, r);
-    uint64_t fp = h->free_pos, hot = h->hot;
+    uint64_t fp = h->free_pos;
     if (punch == 0 || r - fp > cap) fp = r; /* (more than a lap behind: a ring read before without punching) */
-    /* in the window at once, so that the producer may come back to its start as soon as it is read */
-    else if (r - fp >= punch || (r & (cap - 1)) < hot) fp = punch_span((unsigned char *)data, cap, hot, fp, r);
+    else if (r - fp >= punch) fp = punch_span((unsigned char *)data, cap, fp, r);
     store_rel(&h->free_pos, fp);
     PyBuffer_Release(&b);
     if (bad) {
@@ -641,8 +623,7 @@ static PyObject *py_read(PyObject *self, PyObject *args) {
 PyMethodDef ring_methods[] = {
     {"ring_put", (PyCFunction)(void (*)(void))py_put, METH_FASTCALL,
      "ring_put(level, tag, fields): put one record into the attached ring (the submit function while it is on)."},
-    {"ring_init", py_init, METH_VARARGS,
-     "ring_init(buf, hot=0) -> cap: make buf a fresh, empty ring with a resident window of hot bytes at its start."},
+    {"ring_init", py_init, METH_O, "ring_init(buf) -> cap: make buf a fresh, empty ring."},
     {"ring_attach", py_attach, METH_VARARGS,
      "ring_attach(buf, side_deque, qcap, side_tag, qbytes, wake=None): produce into buf."},
     {"ring_detach", (PyCFunction)(void (*)(void))py_detach, METH_FASTCALL,

@@ -1,4 +1,9 @@
-"""Where ``cptrace-otel watch`` sends a finding besides stdout: back into its trace, and to Alertmanager.
+"""Where ``cptrace-otel watch`` and ``serve`` send a finding: one line on stdout, back into its trace, and to
+Alertmanager.
+
+* :class:`FindingSinks`: the three built from the commands' shared flags (``--endpoint``/``--protocol``,
+  ``--alertmanager``/``--alert-hold``, the Jaeger link base) and fed one finding list at a time
+  (:meth:`FindingSinks.report`); one place, so both commands print, write back and alert the same way.
 
 * :class:`WriteBack`: one span per finding, named :data:`SPAN_FINDING`, in the finding's node trace
   (``spans.node_trace_id(run_id, epoch, node_id)``; a finding without a node goes to its rank trace), stamped by
@@ -83,6 +88,96 @@ def finding_span(state: RunWatch, f: Finding, now_ns: int) -> Span:
     return sp
 
 
+def finding_line(run_id: str, f: Finding, link: str) -> str:
+    """The one stdout line of a finding (``watch`` and ``serve`` print the same; tests parse it)."""
+    seq = f.evidence[-1] if f.evidence else "?"
+    node = f"node {f.node_id}" if f.node_id is not None else "(no node)"
+    return (f"{f.severity} {f.code} {f.rule} run {run_id} rank {f.rank} {node} (epoch {f.epoch}) seq {seq}: "
+            f"{f.message}  {link}")
+
+
+class SinkSetupError(Exception):
+    """The write-back's OTLP endpoint cannot be used (its message names the endpoint masked: no secret in it)."""
+
+
+class FindingSinks:
+    """stdout, the write-back (``args.endpoint``) and the alerts (``args.alertmanager``) of one command run.
+
+    ``args`` carries ``endpoint``, ``protocol``, ``alertmanager`` and ``alert_hold`` (the flags both commands
+    declare); ``alert_interval_s`` is how often the alerts are re-posted (it sets their ``endsAt``), ``link_base``
+    the Jaeger base URL of the links. Raises :class:`SinkSetupError` when the endpoint cannot be used and
+    ``ValueError`` for a bad ``--alert-hold`` (read only with ``--alertmanager``). :meth:`report` may be called from
+    one thread while :meth:`post_alerts` runs in another: the alerts are read and changed under :attr:`lock`,
+    posted outside it (a slow Alertmanager never holds the reporting back)."""
+
+    def __init__(self, args: Any, alert_interval_s: float, link_base: str, out: Any,
+                 note: Callable[[str], None] = lambda s: None) -> None:
+        import threading
+
+        from ..model.config import mask_url, traces_url
+        from .sources.jaegerquery import parse_duration
+
+        hold = parse_duration(args.alert_hold) if args.alertmanager else 0.0
+        self.wb: WriteBack | None = None
+        if args.endpoint:
+            try:
+                self.wb = WriteBack(traces_url(args.endpoint, args.protocol), args.protocol)
+            except Exception as e:
+                raise SinkSetupError(f"cannot use OTLP endpoint {mask_url(str(args.endpoint))}: "
+                                     f"{mask_url(str(e))}") from None
+        self.alerts = Alerts(args.alertmanager, alert_interval_s, hold, note) if args.alertmanager else None
+        self.link_base = link_base
+        self.out = out
+        self.note = note
+        self.lock = threading.Lock()
+        self.total = 0   # findings reported
+
+    def report(self, run_id: str, state: Any, found: list[Finding]) -> None:
+        """Print each finding, add it to the alerts, and write those not already stamped back into their traces
+        (``state`` answers ``run_id`` and ``span_of``: a :class:`~.incremental.RunWatch` or a trace's state)."""
+        from . import links
+
+        for f in found:
+            link = links.trace_url(self.link_base, finding_trace(run_id, f))
+            print(finding_line(run_id, f, link), file=self.out, flush=True)
+            if self.alerts is not None:
+                with self.lock:
+                    self.alerts.found(run_id, f, link)
+        self.total += len(found)
+        if self.wb is not None and found:
+            self.wb.write(state, found)
+
+    def unchecked(self, run_id: str, trace_id: str, why: str, records: int) -> None:
+        """A trace NOT checked (``serve``: its state died with an earlier process, or its first records were not
+        seen here): an ``UNCHECKED run ... trace ...`` line, and an :data:`UNCHECKED` alert for the run. Never a
+        silent pass."""
+        from ..checks.findings import Finding
+        from . import links
+
+        link = links.trace_url(self.link_base, trace_id)
+        print(f"UNCHECKED run {run_id} trace {trace_id}: {why} ({records} record(s))  {link}", file=self.out,
+              flush=True)
+        if self.alerts is not None:
+            with self.lock:
+                self.alerts.found(run_id, Finding(UNCHECKED, "serve-state-lost", -1, 0, None, None, "exact", [],
+                                                  f"trace {trace_id} NOT checked: {why}"), link)
+
+    def post_alerts(self) -> None:
+        """(Re-)post the alerts (nothing without ``--alertmanager``); never raises (see :meth:`Alerts.post`)."""
+        if self.alerts is None:
+            return
+        with self.lock:
+            body = self.alerts.payload()
+        self.alerts.post(body=body)
+
+    def close(self) -> None:
+        """Flush and close the write-back; a line through ``note`` when some finding span was not delivered."""
+        if self.wb is not None:
+            if not self.wb.flush(30.0):
+                self.note("some finding spans could not be delivered to the OTLP endpoint")
+            self.wb.close(1.0)
+
+
 class WriteBack:
     """Finding spans to an OTLP endpoint through the export stack (see the module doc)."""
 
@@ -110,6 +205,9 @@ class WriteBack:
 
     def close(self, timeout_s: float = 30.0) -> bool:
         return all([s.close(timeout_s) for s in self.sinks])
+
+
+UNCHECKED = "UNCHECKED"   # the code of the alert ``serve`` posts for traces whose state died with a replica
 
 
 def _iso(t: float) -> str:
@@ -154,7 +252,9 @@ class Alerts:
             out.append({
                 "labels": {"alertname": ALERTNAME, "severity": "page", "code": code, "rank": str(rank),
                            "run_id": run_id},
-                "annotations": {"summary": f"HiCache KV invariant {code} violated on CP rank {rank} in run {run_id}",
+                "annotations": {"summary": f"HiCache KV traces NOT checked in run {run_id} (a checker's state was lost)"
+                                if code == UNCHECKED else
+                                f"HiCache KV invariant {code} violated on CP rank {rank} in run {run_id}",
                                 "message": f"{a['rule']} node {a['node']}: {a['message']}{more}",
                                 "jaeger": a["link"]},
                 "startsAt": _iso(a["starts"]), "endsAt": _iso(now + self.ends_after),

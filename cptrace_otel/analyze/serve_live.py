@@ -49,7 +49,7 @@ class LiveCheck:
     """See the module doc. ``levels`` is the trace's rank -> trace level map (read when a rank's first record is
     fed, as the idle-only path reads it)."""
 
-    __slots__ = ("analysis", "bufs", "window", "window_s", "held", "past_window", "fed")
+    __slots__ = ("analysis", "bufs", "window", "window_s", "held", "past_window", "fed", "pending")
 
     def __init__(self, levels: dict[int, int], window: int = WINDOW, window_s: float = WINDOW_S) -> None:
         from .engine import Analysis
@@ -60,6 +60,7 @@ class LiveCheck:
         self.held = 0          # records in the reorder windows
         self.past_window = 0   # records that came behind their rank's window (not fed)
         self.fed = 0           # records fed to the rules
+        self.pending: list[Finding] = []   # findings of lead records, handed out by the next release
 
     def push(self, ev: Event, now: float) -> bool:
         """Hold ``ev`` (arrived at ``now``) in its rank's window; False when it came behind the window (not fed,
@@ -81,9 +82,17 @@ class LiveCheck:
             bt.append((now, key))
         return True
 
+    def lead(self, ev: Event) -> None:
+        """Feed ``ev`` at once, before any record of its rank: the rank's config record from the resource stamp
+        (serve_state.with_config), which leads the rank's records here as it does on the idle path. Not a record of
+        the trace, so not counted in :attr:`fed`."""
+        found = self.analysis.feed(ev)
+        if found:
+            self.pending.extend(found)
+
     def release(self, now: float, final: bool = False) -> list[Finding]:
         """Feed what the windows let go at ``now`` (``final``: all of it); the findings that became known."""
-        out: list[Finding] = []
+        out, self.pending = self.pending, []
         an = self.analysis
         cut_at = now - self.window_s
         for b in self.bufs.values():

@@ -1,77 +1,106 @@
-"""The state of one ``cptrace-otel serve`` replica: records by node trace, checked as they arrive (or, idle-only,
-when the trace goes idle).
+"""The state of one ``cptrace-otel serve`` replica: records held by node trace, checked when the trace goes idle.
 
 Behind the collector's ``loadbalancing`` exporter (routing key ``traceID``) a replica receives whole traces: every
 rank's spans of a node trace (``blake2b(run|epoch|node)``), and whole rank traces, but only some of a run's nodes.
 So the unit of checking is the trace, not the rank's stream:
 
-* :meth:`ServeState.add` takes the records of each (run id, trace id) as they arrive, by rank, with the span of each
-  record (for the write-back's evidence links). A record whose (rank, seq) the trace already has (a batch the
-  collector sent again) is dropped and counted in :attr:`ServeState.duplicates`.
-* Live (the default, ``live=True``): each held trace has a :class:`~.serve_live.LiveCheck`, a fresh
-  :class:`~.engine.Analysis` (the rules ``check`` runs: a :class:`~cptrace_otel.checks.RankChecker` per rank and
-  :class:`~cptrace_otel.checks.crossrank.CrossRank`) fed each rank's records in (epoch, seq) order through a small
-  reorder window per rank (``window`` records, ``window_s`` seconds; a record behind it is not fed and is counted in
-  :attr:`ServeState.past_window`). A finding is reported as soon as the record that decides it is fed (in
-  :meth:`add`, or in :meth:`sweep` once the window's time is up); only the end-of-stream ones (H4-open) wait for the
-  finalisation. The findings are those of the idle-only path on the same records: the same rules fed each rank's
-  records in the same order (ranks interleave differently, which the cross-rank rules allow).
-* :meth:`ServeState.sweep` finalises every trace idle for ``idle_s`` (no new record): live, what its window still
-  holds is fed and the end of stream is checked; idle-only (``live=False``), its records, each rank's in (epoch,
-  seq) order, the ranks merged by ``ts``, go through a fresh :class:`~.engine.Analysis`, end of stream included.
-  Either way its state is freed.
+* :meth:`ServeState.add` holds the records of each (run id, trace id) as they arrive, by rank, with the span of each
+  record (for the write-back's evidence links).
+* :meth:`ServeState.sweep` finalises every trace idle for ``idle_s`` (no new record): its records, each rank's in
+  (epoch, seq) order, the ranks merged by ``ts``, go through a fresh :class:`~.engine.Analysis` (the rules ``check``
+  runs: a :class:`~cptrace_otel.checks.RankChecker` per rank and
+  :class:`~cptrace_otel.checks.crossrank.CrossRank`), end of stream included, and its state is freed.
+* Each rank's ``config`` record sits in its rank trace (usually on another replica), so the exporter stamps it on
+  the resource of every request (:mod:`~cptrace_otel.model.config_stamp`); the intake hands it over with each span
+  and a trace's check starts each rank's records with it (:func:`with_config`): the cross-rank rules know the CP
+  group size, mode and IO rank. Without it C1 compared the ranks seen so far as the whole group and reported the
+  later ones as diverged (52 false C1 findings on a clean 4-rank sharded simulator run, 0 with it).
+* Live (``live=True``, ``serve --live``): each held trace has a :class:`~.serve_live.LiveCheck`, a fresh
+  :class:`~.engine.Analysis` fed each rank's records (led by its config record) in (epoch, seq) order through a
+  small reorder window per rank (``window`` records, ``window_s`` seconds; a record behind it is not fed and is
+  counted in :attr:`ServeState.past_window`). A finding of :data:`TRACE_RULES` or :data:`PARTIAL_RULES` is reported
+  as soon as the record that decides it is fed; the end-of-stream ones (H4-open) at the finalisation. The ranks are
+  fed in arrival order, not merged by ``ts``, so :data:`LOCKSTEP_RULES` are not reported live (measured: C3 gave 24
+  findings live against 2 merged on one faulted run): :func:`unchecked_rules` names them. Only each rank's first
+  record is held (for the moved-trace test at the finalisation: a tail found then is reported UNCHECKED, though
+  findings of it may have been reported already). A record whose (rank, seq) the trace already has (a batch sent
+  again) is dropped and counted in :attr:`ServeState.duplicates`.
 * Only the rules that a trace's records decide by themselves are reported (:data:`TRACE_RULES`, exact: the same
-  findings as ``check`` over the whole run; :data:`PARTIAL_RULES`, whose findings are real but which can miss one
-  whose evidence sits in another trace, a split's parent). The others need a rank's whole stream or the run's
-  config record (which sits in the rank trace): their findings on a trace in isolation are not trusted, so they
-  are dropped and counted in :attr:`ServeState.suppressed` (rule -> findings), never passed silently.
+  findings as ``check`` over the whole run; :data:`LOCKSTEP_RULES`, exact while the run's ranks stay in lockstep,
+  and only on a trace whose every rank came with a config stamp; :data:`PARTIAL_RULES`, whose findings are real but
+  which can miss one whose evidence sits in another trace, a split's parent). The others need a rank's whole stream
+  or the order of the whole run: their findings on a trace in isolation are not trusted, so they are dropped and
+  counted in :attr:`ServeState.suppressed` (rule -> findings), never passed silently.
 * A trace whose check raises (a bug, or an input no rule foresaw) is reported on stderr as NOT checked and counted
   in :attr:`ServeState.errors`; the replica goes on with the others.
 * Records of a trace that arrive after it was finalised (a span later than ``idle_s``) are not checked again (no
   finding doubled): they are counted in :attr:`ServeState.late`. The finalised trace ids of a run are kept (at most
   :data:`MAX_DONE` per run) until the run is finished.
-* Memory: at most ``max_nodes`` traces held (live: the rules' state and the reorder windows; idle-only: every
-  record) (past it, the least recently changed is finalised early, counted in
+* With a :class:`~.serve_journal.Journal` (``--state-dir``), which traces were held, checked and emitted
+  survives the process: a trace checked before a restart stays late, one whose state died is reported through
+  :meth:`ServeState.lost` (UNCHECKED, counted in :attr:`ServeState.unchecked`) and its later records are counted,
+  not checked; a finding emitted before is not emitted again.
+* A node trace lacking a rank's first records (:func:`~.serve_journal.ranks_without_start`: the resolver moved
+  it here mid-life) is not checked: reported through :meth:`ServeState.lost` with reason :data:`CUT`.
+* Memory: at most ``max_nodes`` traces held (past it, the least recently changed is finalised early, counted in
   :attr:`ServeState.early`) and ``max_runs`` runs (past it, the least recently changed run is finished: its traces
   finalised early). A run with no held trace and nothing new for ``run_idle_s`` is finished and forgotten.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..checks import Finding
 from ..model.events import Event
 from .incremental import SpanRef
 from .otlp_intake import SpanRecords
+from .serve_journal import Journal, ranks_without_start
 from .serve_live import WINDOW, WINDOW_S, LiveCheck
 
-# rules whose findings on one trace are exactly those of ``check`` over the whole run (per rank, about one node)
-TRACE_RULES = frozenset(("H1a", "H1b", "H2c", "H4a", "H4b", "H4-open", "ZERO@backup", "ZERO@reload"))
+if TYPE_CHECKING:
+    from .engine import Result
+
+# rules whose findings on one trace are exactly those of ``check`` over the whole run (per rank, about one node).
+# Not H1a, H1b nor H2a: on real SGLang (4 sharded ranks) a node split more than once has its lineage in the other
+# fragments' traces, and one trace alone gave false findings (healthy run: 4 H1b, 4 H2a; with a flipped stripe: 4
+# H1a), which bench/serve_trace_rules.py's simulator runs, never splitting a node twice, do not show
+TRACE_RULES = frozenset(("H2c", "H4a", "H4b", "H4-open", "ZERO@backup", "ZERO@reload"))
 # rules whose findings on one trace are real, but which may miss one whose evidence is in another trace: HASH across
-# a split (the backup hash is the parent's), H2a/H2b/H3 over a chain or a compose of several nodes (their state is
-# in the other nodes' traces: a node not seen is unknown to the rule, which then does not judge it)
-PARTIAL_RULES = frozenset(("HASH", "H2a", "H2b", "H3"))
+# a split (the backup hash is the parent's), H2b/H3 over a chain or a compose of several nodes (their state is in
+# the other nodes' traces: a node not seen is unknown to the rule, which then does not judge it)
+PARTIAL_RULES = frozenset(("HASH", "H2b", "H3"))
+# cross-rank joins over one node's records on every rank (C3 backup participation, C4 count relations, C5 content
+# relations), with the group size, mode and IO rank from each rank's config stamp (cptrace_otel.model.config_stamp):
+# exact while the run's ranks stay in lockstep. After a C1 divergence, which ``check`` reports and a replica cannot
+# see (it is in the order of the whole stream), ``check`` stops judging later nodes (their ids may no longer line
+# up) while a replica judges each node trace apart: it may then report C3-C5 on a node ``check`` no longer judges
+LOCKSTEP_RULES = frozenset(("C3", "C4", "C5"))
 # the registry's rule ids (cptrace_otel.checks.registry) whose findings a replica reports, exact or partial
-REPORTED_IDS = frozenset(("H1a", "H1b", "H2c", "H4", "ZERO", "HASH", "H2a", "H2b", "H3"))
+REPORTED_IDS = frozenset(("H2c", "H4", "ZERO", "HASH", "H2b", "H3", "C3", "C4", "C5"))
+CUT = ("first records not seen here (moved here mid-life by a resolver change, or begun on a replica since "
+       "removed): not checked alone")
 MAX_DONE = 200_000   # finalised trace ids remembered per run (a late span of one is counted, not checked again)
 
 
-def unchecked_rules() -> list[str]:
-    """The registry's rule ids a replica does not check (they need a rank's whole stream or the run's config):
+def unchecked_rules(live: bool = False) -> list[str]:
+    """The registry's rule ids a replica does not check (they need a rank's whole stream or the whole run's order):
     stated at start and in the summary, so a run with a fault only they find is never read as clean."""
     from ..checks.registry import RULES
 
-    return [r.id for r in RULES if r.id not in REPORTED_IDS]
+    reported = REPORTED_IDS - LOCKSTEP_RULES if live else REPORTED_IDS
+    return [r.id for r in RULES if r.id not in reported]
 
 
 class TraceState:
     """The held records of one trace: rank -> events, (rank, seq) -> span, levels, last change."""
 
-    __slots__ = ("run_id", "trace_id", "ranks", "refs", "levels", "changed", "records", "live", "broken")
+    __slots__ = ("run_id", "trace_id", "ranks", "refs", "levels", "changed", "records", "configs", "live",
+                 "broken")
 
     def __init__(self, run_id: str, trace_id: str, now: float) -> None:
         self.run_id, self.trace_id = run_id, trace_id
@@ -80,12 +109,36 @@ class TraceState:
         self.levels: dict[int, int] = {}
         self.changed = now
         self.records = 0
-        self.live: LiveCheck | None = None   # the live check (live mode), None idle-only
-        self.broken = False                  # its check raised: NOT checked from then on (said on stderr)
+        self.configs: dict[int, Event] = {}   # rank -> its config record, stamped on the resource
+        self.live: LiveCheck | None = None    # the live check (live mode), None idle-only
+        self.broken = False                   # its check raised: NOT checked from then on (said on stderr)
 
     def span_of(self, rank: int, seq: int) -> SpanRef | None:
         """The span holding record ``seq`` of ``rank`` (what :class:`~.finding_sinks.WriteBack` links to)."""
         return self.refs.get((rank, seq))
+
+
+def with_config(tr: TraceState, rank: int, stream: list[Event]) -> list[Event]:
+    """``rank``'s records of ``tr`` led by its config record (from the resource stamp, for the rules that read the
+    CP group, mode, IO rank, sidecars or storage identity), unless the trace holds that record itself (a rank
+    trace) or no stamp came with it."""
+    cfg = tr.configs.get(rank)
+    if cfg is None or (rank, cfg.seq) in tr.refs:
+        return stream
+    if cfg.rank != rank:   # a process that records for several ranks: one stamp, its rank
+        cfg = dataclasses.replace(cfg, rank=rank)
+    return [cfg, *stream]
+
+
+def check_trace(tr: TraceState) -> Result:
+    """``check``'s analysis over ``tr``'s records alone: each rank's in (epoch, seq) order led by its config record
+    (:func:`with_config`), the ranks merged by ``ts``; every rule's findings, unfiltered (:meth:`ServeState.sweep`
+    reports only the rules one trace decides)."""
+    from .engine import Analysis
+    from .sources.otlpfile import merge_streams
+
+    streams = [with_config(tr, r, sorted(evs, key=lambda e: (e.epoch, e.seq))) for r, evs in sorted(tr.ranks.items())]
+    return Analysis(rank_levels=tr.levels).run(merge_streams(streams))
 
 
 class RunState:
@@ -101,18 +154,22 @@ class RunState:
 
 
 Report = Callable[[TraceState, list[Finding]], None]
+Unchecked = Callable[[str, str, str, int], None]   # (run id, trace id, why, records) of a trace NOT checked
 
 
 class ServeState:
     """See the module doc. ``report(trace, findings)`` receives each finalised trace's findings (possibly none)
-    and ``note(text)`` the lines for stderr. Live, ``report`` is called whenever findings become known (several
-    times per trace, each finding once) and once at finalisation with the end-of-stream ones (possibly none).
-    Not thread-safe: one checking thread owns it."""
+    and ``note(text)`` the lines for stderr. Not thread-safe: one checking thread owns it."""
 
     def __init__(self, report: Report, idle_s: float = 30.0, max_nodes: int = 100_000, max_runs: int = 256,
                  run_idle_s: float | None = None, note: Callable[[str], None] = lambda s: None,
-                 live: bool = True, window: int = WINDOW, window_s: float = WINDOW_S) -> None:
+                 journal: Journal | None = None, unchecked: Unchecked | None = None, live: bool = False,
+                 window: int = WINDOW, window_s: float = WINDOW_S) -> None:
         self.report, self.note = report, note
+        self.journal = journal                       # serve_journal: restart-safe late/lost and finding ids
+        self.on_unchecked = unchecked or (lambda run_id, trace_id, why, n: None)
+        self.unchecked = Counter[tuple[str, str]]()  # (run id, why) -> traces reported UNCHECKED
+        self.unchecked_records = 0                   # the records those traces held (they died unchecked)
         self.idle_s, self.max_nodes, self.max_runs = idle_s, max(1, max_nodes), max(1, max_runs)
         self.run_idle_s = max(idle_s, 60.0) if run_idle_s is None else run_idle_s
         self.traces: OrderedDict[tuple[str, str], TraceState] = OrderedDict()   # least recently changed first
@@ -153,6 +210,13 @@ class ServeState:
             key = (s.run_id, s.trace_id)
             tr = self.traces.get(key)
             if tr is None:
+                why = self.journal.state_of(s.run_id, s.trace_id) if self.journal is not None else None
+                if why is not None:   # checked before a restart (late), or its state died with the process (lost)
+                    if why == "late":
+                        self.late += len(s.events)
+                    else:
+                        self.journal.lost_records += len(s.events)   # type: ignore[union-attr]
+                    continue
                 if len(self.traces) >= self.max_nodes:
                     self._finalise(next(iter(self.traces.values())), early=True)
                 tr = self.traces[key] = TraceState(s.run_id, s.trace_id, now)
@@ -166,20 +230,35 @@ class ServeState:
             n = 0
             for ev in s.events:
                 rk = (ev.rank, ev.seq)
-                if rk in refs:   # the same record again (a batch the collector resent): fed once
+                if rk in refs:   # the same record again (a batch the collector resent): checked once
                     self.duplicates += 1
                     continue
-                refs[rk] = s.ref
-                n += 1
                 if s.level is not None:
                     tr.levels[ev.rank] = s.level
+                if s.config is not None:
+                    tr.configs[ev.rank] = s.config
                 if ev.ts > self.newest_ts:
                     self.newest_ts = ev.ts
-                if live is not None:
-                    if not live.push(ev, now):
-                        self.past_window += 1
-                elif not tr.broken:
-                    tr.ranks.setdefault(ev.rank, []).append(ev)
+                n += 1
+                if live is None:
+                    refs[rk] = s.ref
+                    if not tr.broken:
+                        tr.ranks.setdefault(ev.rank, []).append(ev)
+                    continue
+                refs[rk] = s.ref
+                if ev.rank not in tr.ranks:   # the rank's first record here: led by its config record
+                    tr.ranks[ev.rank] = [ev]   # (kept for the moved-trace test at the finalisation)
+                    for cfg in with_config(tr, ev.rank, [])[:1]:
+                        if (cfg.epoch, cfg.seq) != (ev.epoch, ev.seq):   # (not the config record itself)
+                            try:
+                                live.lead(cfg)
+                            except Exception as e:   # as in _feed: this trace is NOT checked from here on
+                                self._broken(tr, e)
+                    if tr.live is None:
+                        live = None
+                        continue
+                if not live.push(ev, now):
+                    self.past_window += 1
             tr.records += n
             if live is not None:
                 touched[key] = tr
@@ -210,15 +289,19 @@ class ServeState:
         tr.ranks.clear()
         tr.live, tr.broken = None, True
 
-    def _counted(self, tr: TraceState, fed: int, found: list[Finding], final: bool = False) -> None:
-        """Count ``fed`` records as checked and report the reported rules' findings (the others: suppressed)."""
+    def _counted(self, tr: TraceState, fed: int, found: list[Finding], final: bool = False,
+                 lockstep: bool = False) -> None:
+        """Count ``fed`` records as checked and report the reported rules' findings (the others: suppressed);
+        ``lockstep``: :data:`LOCKSTEP_RULES` are reported too (idle-only, every rank stamped)."""
         run = self.runs[tr.run_id]
         kept = []
         for f in found:
-            if f.rule in TRACE_RULES or f.rule in PARTIAL_RULES:
+            if f.rule in TRACE_RULES or f.rule in PARTIAL_RULES or (lockstep and f.rule in LOCKSTEP_RULES):
                 kept.append(f)
             else:
                 self.suppressed[f.rule] += 1
+        if self.journal is not None:   # journaled before they are emitted; none emitted twice across restarts
+            kept = self.journal.fresh(tr.run_id, tr.trace_id, kept)
         self.events_checked += fed
         run.events += fed
         run.findings += len(kept)
@@ -260,9 +343,6 @@ class ServeState:
                   f"{'; ' + why if why else ''}: finished")
 
     def _finalise(self, tr: TraceState, early: bool = False) -> None:
-        from .engine import Analysis
-        from .sources.otlpfile import merge_streams
-
         del self.traces[(tr.run_id, tr.trace_id)]
         run = self.runs[tr.run_id]
         run.traces -= 1
@@ -271,27 +351,47 @@ class ServeState:
             run.done.popitem(last=False)
         if early:
             self.early += 1
+        if tr.ranks and ranks_without_start(tr.run_id, tr.trace_id, tr.ranks, {r.span_id for r in tr.refs.values()},
+                                            (ev for evs in tr.ranks.values() for ev in evs)):
+            tr.ranks.clear()   # a tail alone: reported, not checked (live: what was reported of it stands)
+            tr.live = None
+            self.lost(tr.run_id, tr.trace_id, CUT, tr.records)
+            if self.journal is not None:
+                self.journal.finalised(tr.run_id, tr.trace_id)
+            return
         if tr.live is not None:
             live = tr.live
             self._feed(tr, time.monotonic(), final=True)
             tr.live = None   # spent: its state freed now
+            tr.ranks.clear()
             if live.past_window:
                 self.note(f"run {tr.run_id} trace {tr.trace_id}: {live.past_window} record(s) came behind their "
                           f"rank's reorder window ({self.window} records, {self.window_s:g}s): NOT checked")
-            return
-        if tr.broken:
-            return
-        streams = [sorted(evs, key=lambda e: (e.epoch, e.seq)) for _, evs in sorted(tr.ranks.items())]
-        try:
-            res = Analysis(rank_levels=tr.levels).run(merge_streams(streams))
-        except Exception as e:   # a bug or an input no rule foresaw: this trace is unchecked, the replica goes on
-            self._broken(tr, e)
-            return
-        tr.ranks.clear()
-        self._counted(tr, tr.records, res.findings, final=True)
+        elif not tr.broken:
+            try:
+                res = check_trace(tr)
+            except Exception as e:   # a bug or an input no rule foresaw: this trace is unchecked, the replica goes on
+                self._broken(tr, e)
+            else:
+                # C3-C5 need every rank's group size and mode: a rank without a config stamp (an older exporter)
+                # leaves them to guess the group from the ranks seen, so then they are not trusted
+                stamped = all(r in tr.configs for r in tr.ranks)
+                tr.ranks.clear()
+                self._counted(tr, tr.records, res.findings, final=True, lockstep=stamped)
+        if self.journal is not None:
+            self.journal.finalised(tr.run_id, tr.trace_id)
+
+    def lost(self, run_id: str, trace_id: str, why: str, records: int = 0) -> None:
+        """Report a trace NOT checked (its state died with a previous process): counted by run and reason,
+        passed to ``unchecked``."""
+        self.unchecked[(run_id, why)] += 1
+        self.unchecked_records += records
+        self.on_unchecked(run_id, trace_id, why, records)
 
     def stats(self) -> dict[str, Any]:
         return {"events_checked": self.events_checked, "traces_held": len(self.traces), "runs": len(self.runs),
                 "late_records": self.late, "finalised_early": self.early, "check_errors": self.errors,
                 "findings": sum(self.findings.values()), "suppressed": dict(self.suppressed),
-                "past_window": self.past_window, "duplicate_records": self.duplicates}
+                "past_window": self.past_window, "duplicate_records": self.duplicates,
+                "unchecked": sum(self.unchecked.values()),
+                "lost_records": self.journal.lost_records if self.journal is not None else 0}

@@ -68,8 +68,12 @@ class EpochTracker:
 
 
 def created_id(tag: str, fields: dict[str, Any]) -> int | None:
-    """The id a record creates (``split new_id``, ``insert kind=new``), which must grow within an epoch."""
+    """The id a record creates (``split new_id``, ``insert kind=new``), which must grow within an epoch. A split
+    inferred after the fact (``inf=1``: the Rust tree core splits inside Rust, and the instrumentation finds the new
+    id only when a record next names the node) creates none: its order says nothing about the ids."""
     if tag == "split":
+        if fields.get("inf") == 1:
+            return None
         v = fields.get("new_id")
     elif tag == "insert" and fields.get("kind") == "new":
         v = fields.get("node_id")

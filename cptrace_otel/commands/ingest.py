@@ -230,7 +230,7 @@ def _run(args: argparse.Namespace) -> int:
     from ..analyze.sources.logs import LogReadError, LogStats, Malformed, read_log_events
     from ..analyze.sources.overlap import log_runs
     from ..checks.rank_checker import checker_factory
-    from ..model import config as _config
+    from ..model import config as _config, config_stamp
     from ..model.spans import SpanBuilder
 
     env_cfg = _config.from_env()
@@ -264,9 +264,14 @@ def _run(args: argparse.Namespace) -> int:
         if len(malformed) < 20:
             malformed.append(f"{m.path}:{m.line_no}: {m.reason}")
 
+    stamps: dict[int, dict[str, Any]] = {}   # rank -> its config record's stamp (model.config_stamp), as the exporter
+
     def resource(rank: int) -> dict[str, Any]:
         return {sc.SERVICE_NAME: env_cfg.service_name, sc.SERVICE_INSTANCE_ID: f"ingest:{run_id}:{rank}",
-                sc.CP_RANK: rank, sc.RUN_ID: run_id, **dict(env_cfg.resource_attributes)}
+                sc.CP_RANK: rank, sc.RUN_ID: run_id, **dict(env_cfg.resource_attributes), **stamps.get(rank, {})}
+
+    def on_config(ev: Event) -> None:
+        stamps[ev.rank] = config_stamp.stamp(ev)
 
     def export() -> None:
         groups = [(resource(r), b.take()) for r, b in sorted(builders.items())]
@@ -288,6 +293,7 @@ def _run(args: argparse.Namespace) -> int:
             b = builders.get(ev.rank)
             if b is None:
                 b = builders[ev.rank] = SpanBuilder(run_id, f"ingest:{ev.rank}", env_cfg.span_timeout_s, checkers)
+                b.on_config = on_config
             ev.ts = clock.wall(ev)
             try:
                 b.add(ev)

@@ -20,10 +20,16 @@ HTTP:
 * ``GET /metrics``: Prometheus text (see :func:`metrics_text`); ``GET /healthz``: 200 while the process runs;
   ``GET /readyz``: 200 while it accepts data (not stopping, queue not full), else 503.
 
-The checking thread owns a :class:`~cptrace_otel.analyze.serve_state.ServeState`: records by trace, fed to the rules
-as they arrive through a per-rank reorder window (``--reorder``, ``--reorder-records``), so a finding is reported as
-soon as the record that decides it is checked; a trace idle for ``--idle`` (default 30s) is finalised (end-of-stream
-rules) and freed (``--idle-only``: every record held and the trace checked only then), memory bounded by
+TLS and authentication (:mod:`~cptrace_otel.analyze.serve_guard`): ``--tls-cert``/``--tls-key`` put both receivers
+on TLS, ``--tls-client-ca`` requires client certificates (mutual TLS), ``--auth-token-file``/``--auth-token-env``
+require the ``--auth-header`` value on OTLP requests and ``/metrics`` (401 / ``UNAUTHENTICATED``, counted;
+``/healthz`` and ``/readyz`` stay open): the server side of the exporter's ``OTEL_EXPORTER_OTLP_*`` settings.
+
+The checking thread owns a :class:`~cptrace_otel.analyze.serve_state.ServeState`: records held by trace, each trace
+checked when idle for ``--idle`` (default 30s); with ``--live``, records are fed to the per-rank rules as they arrive
+through a per-rank reorder window (``--reorder``, ``--reorder-records``), so such a finding is reported as soon as the
+record that decides it is checked (the cross-rank C3-C5 are then not reported: the ranks are fed in arrival order);
+memory bounded by
 ``--max-nodes`` and ``--max-runs`` (past them the
 least recently changed is finalised early and counted). Each finding is printed once on stdout (the line ``watch``
 prints), written back into its node's trace as a span (``--endpoint``,
@@ -36,7 +42,8 @@ templates; it adds no dependency to the package, and the work that costs (decodi
 queue, not by the server.
 
 SIGTERM or SIGINT: stop accepting, check everything queued, finalise every held trace, flush the write-back, print
-a summary on stderr; exit 0 when no finding was reported, 1 when some was.
+a summary on stderr; exit 0 when no finding was reported, 1 when some was, 4 when none was but traces held by a
+killed earlier process were reported UNCHECKED (``--state-dir``: :mod:`~cptrace_otel.analyze.serve_journal`).
 """
 
 from __future__ import annotations
@@ -45,12 +52,13 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
-from ..model.exits import EXIT_FINDINGS, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
+from ..model.exits import EXIT_FINDINGS, EXIT_INCOMPLETE, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 
 if TYPE_CHECKING:
     from ..analyze.serve_state import ServeState
 
 _PFX = "cptrace-otel serve"
+LOST = "state lost: held when a previous process of this replica died, its records were not checked"
 TRACES_PATH = "/v1/traces"
 PROTOBUF = "application/x-protobuf"
 ALERT_GAP = 0.25   # seconds between two posts of new findings to Alertmanager
@@ -73,8 +81,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     s.add_argument("--reorder-records", type=int, default=4096, metavar="N",
                    help="records per rank and trace in the reorder window (default 4096); a record that comes "
                         "behind it is not checked and is counted")
-    s.add_argument("--idle-only", action="store_true",
-                   help="hold every record and check a trace only when it is idle (the findings come --idle late)")
+    s.add_argument("--live", action="store_true",
+                   help="check each record as it arrives (through the reorder window): a finding of the per-rank "
+                        "rules is reported within --reorder, not --idle, late; the cross-rank C3-C5 are then not "
+                        "reported (the ranks are fed in arrival order)")
     s.add_argument("--max-nodes", type=int, default=100_000, metavar="N",
                    help="traces held at once; past it the least recently changed is checked early (default 100000)")
     s.add_argument("--max-runs", type=int, default=256, metavar="N",
@@ -92,6 +102,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     s.add_argument("--alert-hold", default="1h", metavar="DURATION",
                    help="keep re-posting an alert this long after its last finding (default 1h)")
     s.add_argument("--jaeger-url", default="http://127.0.0.1:16686", help="Jaeger base URL for the links")
+    s.add_argument("--state-dir", default=None, metavar="DIR",
+                   help="the replica's journal (traces held, checked, findings emitted), read at start so a kill "
+                        "loses nothing silently; 'off' for none (default: $XDG_STATE_HOME/cptrace-otel/serve-PORT, "
+                        "off for an ephemeral --listen port 0)")
+    from ..analyze import serve_guard
+
+    serve_guard.add_arguments(s)
     return s
 
 
@@ -112,6 +129,7 @@ class Counters:
         self.spans_dropped = 0     # in requests answered 503 (the collector sends them again)
         self.requests_dropped = 0
         self.bad_requests = 0      # 400/411/413/415
+        self.unauthorized = 0      # 401 / UNAUTHENTICATED: the auth header missing or wrong
 
 
 def metrics_text(state: ServeState, c: Counters, queued: int, now_ns: int) -> str:
@@ -137,6 +155,8 @@ def metrics_text(state: ServeState, c: Counters, queued: int, now_ns: int) -> st
            [("", c.spans_dropped)])
     metric("cptrace_serve_requests_bad_total", "counter", "requests answered 400, 411, 413 or 415",
            [("", c.bad_requests)])
+    metric("cptrace_serve_requests_unauthorized_total", "counter",
+           "requests refused for a missing or wrong auth header (401 / UNAUTHENTICATED)", [("", c.unauthorized)])
     metric("cptrace_serve_events_checked_total", "counter", "records checked", [("", state.events_checked)])
     metric("cptrace_serve_violations_total", "counter", "findings reported, by run and code",
            [(f'{{run_id="{esc(r)}",code="{esc(code)}"}}', n) for (r, code), n in sorted(state.findings.items())])
@@ -153,6 +173,18 @@ def metrics_text(state: ServeState, c: Counters, queued: int, now_ns: int) -> st
            [("", state.duplicates)])
     metric("cptrace_serve_check_errors_total", "counter", "traces whose check failed (NOT checked; see stderr)",
            [("", state.errors)])
+    metric("cptrace_serve_unchecked_traces_total", "counter",
+           "traces NOT checked (their state died with a previous process of this replica), by run and reason",
+           [(f'{{run_id="{esc(r)}",reason="{esc(why)}"}}', n) for (r, why), n in sorted(state.unchecked.items())])
+    j = state.journal
+    metric("cptrace_serve_unchecked_records_total", "counter",
+           "records taken by a previous process of this replica in the traces reported UNCHECKED (died with it)",
+           [("", state.unchecked_records)])
+    metric("cptrace_serve_lost_records_total", "counter",
+           "records of an UNCHECKED trace that arrived after the restart (not checked)",
+           [("", j.lost_records if j is not None else 0)])
+    metric("cptrace_serve_journal_errors_total", "counter", "journal writes that failed (see stderr)",
+           [("", j.errors if j is not None else 0)])
     metric("cptrace_serve_traces_held", "gauge", "traces held (state size)", [("", len(state.traces))])
     metric("cptrace_serve_records_held", "gauge", "records held", [("", state.records_held)])
     metric("cptrace_serve_runs_held", "gauge", "runs held", [("", len(state.runs))])
@@ -171,13 +203,12 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     import zlib
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from ..analyze import links
-    from ..analyze.finding_sinks import Alerts, WriteBack, finding_trace
+    from ..analyze import links, serve_guard
+    from ..analyze.finding_sinks import FindingSinks, SinkSetupError
     from ..analyze.otlp_intake import Intake, Undecodable, decode
+    from ..analyze.serve_journal import Journal, JournalError, default_dir
     from ..analyze.serve_state import ServeState, TraceState, unchecked_rules
     from ..analyze.sources.jaegerquery import parse_duration
-    from ..model.config import mask_url, traces_url
-    from .watch import finding_line
 
     out = out or sys.stdout
     err = err or sys.stderr
@@ -191,44 +222,54 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         idle = parse_duration(args.idle)
         reorder = parse_duration(args.reorder)
         alert_every = parse_duration(args.alert_interval)
-        hold = parse_duration(args.alert_hold)
+        parse_duration(args.alert_hold)   # said here, before listening (the sinks read it again)
         bad = links.bad_link_base(args)
         if bad:
             raise ValueError(bad)
         if args.queue < 1 or args.max_body < 1 or args.max_nodes < 1 or args.max_runs < 1:
             raise ValueError("--queue, --max-body, --max-nodes and --max-runs must be at least 1")
+        guard = serve_guard.from_args(args)
+        try:
+            tls_ctx = guard.ssl_context()
+        except OSError as e:   # ssl.SSLError included: a PEM that does not parse, a key that does not match
+            raise ValueError(f"--tls-cert/--tls-key/--tls-client-ca: {getattr(e, 'reason', None) or e}") from None
         if args.reorder_records < 0:
             raise ValueError("--reorder-records must be at least 0")
     except ValueError as e:
         print(f"{_PFX}: {e}", file=err)
         return EXIT_USAGE
-    wb = None
-    if args.endpoint:
-        try:
-            wb = WriteBack(traces_url(args.endpoint, args.protocol), args.protocol)
-        except Exception as e:
-            print(f"{_PFX}: cannot use OTLP endpoint {mask_url(str(args.endpoint))}: {mask_url(str(e))}", file=err)
-            return EXIT_UNREACHABLE
-    alerts = Alerts(args.alertmanager, alert_every, hold, note) if args.alertmanager else None
-    alert_lock = threading.Lock()
+    try:
+        sinks = FindingSinks(args, alert_every, args.jaeger_url, out, note)
+    except SinkSetupError as e:
+        print(f"{_PFX}: {e}", file=err)
+        return EXIT_UNREACHABLE
+
     fresh = threading.Event()   # a finding not posted yet (wakes the alert thread)
-    link_base = args.jaeger_url
-    total = [0]
 
     def report(tr: TraceState, found: list) -> None:   # the checking thread, under `lock`
-        for f in found:
-            link = links.trace_url(link_base, finding_trace(tr.run_id, f))
-            print(finding_line(tr.run_id, f, link), file=out, flush=True)
-            if alerts is not None:
-                with alert_lock:
-                    alerts.found(tr.run_id, f, link)
-                fresh.set()
-        total[0] += len(found)
-        if wb is not None and found:
-            wb.write(tr, found)   # type: ignore[arg-type]  # a TraceState answers run_id and span_of as RunWatch
+        sinks.report(tr.run_id, tr, found)
+        if found and sinks.alerts is not None:
+            fresh.set()
 
+    journal = None
+    state_dir = args.state_dir or (default_dir(port) if port else "off")
+    if state_dir != "off":
+        journal = Journal(state_dir, note=note)
+        try:
+            lost = journal.open()
+        except JournalError as e:
+            print(f"{_PFX}: {e}", file=err)
+            return EXIT_USAGE
     state = ServeState(report, idle_s=idle, max_nodes=args.max_nodes, max_runs=args.max_runs, note=note,
-                       live=not args.idle_only, window=args.reorder_records, window_s=reorder)
+                       journal=journal, unchecked=sinks.unchecked, live=args.live, window=args.reorder_records,
+                       window_s=reorder)
+    if journal is not None:
+        note(f"journal in {state_dir}: {len(lost)} trace(s) held when the previous process died, reported "
+             f"UNCHECKED{f'; {journal.skipped} unreadable line(s) skipped' if journal.skipped else ''}")
+        for run_id, trace_id, records in lost:
+            state.lost(run_id, trace_id, LOST, records)
+    else:
+        note("no journal (--state-dir off, or an ephemeral port): after a kill what was held is lost silently")
     lock = threading.Lock()        # the state: the checking thread changes it, /metrics reads it
     counters = Counters()
     clock = threading.Lock()       # the counters (HTTP threads)
@@ -245,6 +286,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
                 work.put_nowait(intake)
             except queue.Full:
                 why = "queue full"
+            else:   # before the 200: once answered, the collector forgets these spans
+                if journal is not None:
+                    journal.opened(_records_by_trace(intake.spans))
         with clock:
             if why:
                 counters.requests_dropped += 1
@@ -279,9 +323,26 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
                 self.close_connection = True
             self._send(code, (why + "\n").encode(), headers={"Connection": "close"} if close else None)
 
+        def _authorized(self) -> bool:
+            """False (and answered 401) without the auth header, or, with mutual TLS, without a client certificate.
+            Called once the body is read: closing a TLS connection with a body unread resets it, and the client
+            would see no answer but a reset (retried)."""
+            if not guard.allows_peer(self.connection):
+                why = "a client certificate is required (mutual TLS)"
+            elif not guard.allows(self.headers.get(guard.header)):
+                why = f"missing or wrong {guard.header!r} header"
+            else:
+                return True
+            with clock:
+                counters.unauthorized += 1
+            self._send(401, f"{why}\n".encode(), headers={"WWW-Authenticate": "Bearer"})
+            return False
+
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
+                if not self._authorized():
+                    return
                 with lock:
                     text = metrics_text(state, counters, work.qsize(), time.time_ns())
                 self._send(200, text.encode(), "text/plain; version=0.0.4; charset=utf-8")
@@ -311,6 +372,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             body = self.rfile.read(n)
             if len(body) < n:
                 return self._refuse(400, "body cut short", close=True)
+            if not self._authorized():   # before it is inflated or decoded
+                return
             enc = (self.headers.get("Content-Encoding") or "identity").strip().lower()
             if enc == "gzip":
                 try:
@@ -338,15 +401,34 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         request_queue_size = 128   # connections waiting to be accepted: a collector opens several at once
         daemon_threads = True
 
+        def finish_request(self, request: Any, client_address: Any) -> None:
+            if tls_ctx is None:
+                return super().finish_request(request, client_address)
+            request.settimeout(30.0)   # the handshake in the connection's thread: a slow client holds no other
+            conn = tls_ctx.wrap_socket(request, server_side=True)   # takes the socket over (closed on failure)
+            try:
+                conn.settimeout(None)
+                super().finish_request(conn, client_address)
+            finally:
+                conn.close()
+
+        def handle_error(self, request: Any, client_address: Any) -> None:
+            pass   # a failed handshake or a client gone: its connection only, no traceback on stderr
+
     try:
         server = Server((host, port), Handler)
     except OSError as e:
         print(f"{_PFX}: cannot listen on {host}:{port}: {e.strerror or e}", file=err)
         return EXIT_UNREACHABLE
     gserver = None
+
+    def count_unauthorized() -> None:
+        with clock:
+            counters.unauthorized += 1
+
     if grpc_at is not None:
         try:
-            gserver = _grpc_server(grpc_at, max_body, accept)
+            gserver = _grpc_server(grpc_at, max_body, accept, guard, count_unauthorized)
         except Exception as e:   # the port is taken, or grpcio is missing
             server.server_close()
             print(f"{_PFX}: cannot serve OTLP/gRPC on {args.grpc}: {type(e).__name__}: {e}", file=err)
@@ -354,7 +436,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
 
     def check_loop() -> None:
         # live, a record waits at most --reorder plus one tick before it is checked
-        tick = min(1.0, max(0.05, idle / 4), 1.0 if args.idle_only else max(0.05, reorder / 2))
+        tick = min(1.0, max(0.05, idle / 4), max(0.05, reorder / 2) if args.live else 1.0)
         while True:
             got = True
             try:
@@ -368,6 +450,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
                     if item is not None:
                         state.add(item.spans)
                     state.sweep()
+                if journal is not None:
+                    journal.tick()
             except Exception as e:   # a bug: said and counted, the thread goes on (a dead one would stall intake)
                 state.errors += 1
                 note(f"internal error while checking (some records NOT checked): {type(e).__name__}: "
@@ -381,33 +465,31 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             fresh.clear()
             if stopping.is_set():
                 return
-            _post_alerts()
+            sinks.post_alerts()
             stopping.wait(min(ALERT_GAP, alert_every))
-
-    def _post_alerts() -> None:
-        if alerts is None:
-            return
-        with alert_lock:
-            body = alerts.payload()
-        alerts.post(body=body)
 
     checker = threading.Thread(target=check_loop, name="cptrace-serve-check", daemon=True)
     checker.start()
     poster = threading.Thread(target=alert_loop, name="cptrace-serve-alerts", daemon=True)
-    if alerts is not None:
+    if sinks.alerts is not None:
         poster.start()
     web = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="cptrace-serve-http",
                            daemon=True)
     web.start()
     bound_host, bound_port = server.server_address[:2]
-    when = (f"a trace is checked after {args.idle} without new records" if args.idle_only else
+    scheme = "https" if guard.tls else "http"
+    when = (f"a trace is checked after {args.idle} without new records" if not args.live else
             f"records are checked as they arrive (reorder window {args.reorder}), a trace is finalised after "
             f"{args.idle} without new records")
-    note(f"listening on http://{bound_host!s}:{bound_port}{TRACES_PATH} (OTLP/HTTP protobuf), /metrics, /healthz, "
+    note(f"listening on {scheme}://{bound_host!s}:{bound_port}{TRACES_PATH} (OTLP/HTTP protobuf), /metrics, /healthz, "
          f"/readyz; {when}; not checked by a replica (they need "
-         f"a rank's whole stream: run check or watch for them): {', '.join(unchecked_rules())}")
+         f"a rank's whole stream or the run's order: run check or watch for them): "
+         f"{', '.join(unchecked_rules(args.live))}")
     if gserver is not None:
         note(f"OTLP/gRPC on {gserver[1]}")
+    note(f"receivers: {guard.describe()}")
+    if guard.needs_token and not guard.tls:
+        note("an auth token without TLS: anyone on the network path can read it (add --tls-cert/--tls-key)")
 
     done = threading.Event()
 
@@ -429,23 +511,34 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         checker.join()
         with lock:
             state.finish_all()
-        _post_alerts()
+        if journal is not None:
+            journal.close()
+        sinks.post_alerts()
         for sig, h in old.items():
             signal.signal(sig, h)
-        if wb is not None:
-            if not wb.flush(30.0):
-                note("some finding spans could not be delivered to the OTLP endpoint")
-            wb.close(1.0)
+        sinks.close()
     st = state.stats()
     suppressed = ", ".join(f"{r} ({n})" for r, n in sorted(state.suppressed.items())) or "none"
     note(f"stopped: {counters.spans_received} spans received, {counters.spans_rejected} not readable, "
-         f"{counters.spans_dropped} turned away with 503, {st['events_checked']} records checked, {total[0]} "
+         f"{counters.spans_dropped} turned away with 503, {st['events_checked']} records checked, {sinks.total} "
          f"finding(s), {st['late_records']} late record(s) not checked, {st['past_window']} behind the reorder "
-         f"window not checked, {st['finalised_early']} trace(s) checked early, "
-         f"{st['check_errors']} trace(s) NOT checked (an error, said above); UNCHECKED here (a rank's "
-         f"whole stream needed): {', '.join(unchecked_rules())}; their findings on "
+         f"window not checked, {st['finalised_early']} trace(s) checked early, {st['check_errors']} trace(s) NOT "
+         f"checked (an error, said above), {st['unchecked']} trace(s) UNCHECKED (state lost at a kill, or moved) and "
+         f"{st['lost_records']} later record(s) of them; UNCHECKED here (a rank's whole stream or the run's "
+         f"order needed): {', '.join(unchecked_rules(args.live))}; their findings on "
          f"one trace, not trusted and not reported: {suppressed}")
-    return EXIT_FINDINGS if total[0] else EXIT_OK
+    # no finding but traces whose state was lost: not a clean run (as check's 4 when rules could not run)
+    return EXIT_FINDINGS if sinks.total else EXIT_INCOMPLETE if st["unchecked"] else EXIT_OK
+
+
+def _records_by_trace(spans: Any) -> list[tuple[str, str, int]]:
+    """(run id, trace id, records) of each trace in a decoded request, what the journal writes for it."""
+    from collections import Counter
+
+    n: Counter[tuple[str, str]] = Counter()
+    for sp in spans:
+        n[(sp.run_id, sp.trace_id)] += len(sp.events)
+    return [(r, t, k) for (r, t), k in n.items()]
 
 
 def _response(intake: Any) -> bytes:
@@ -459,29 +552,37 @@ def _response(intake: Any) -> bytes:
     return resp.SerializeToString()
 
 
-def _grpc_server(at: tuple[str, int], max_body: int, accept: Any) -> tuple[Any, str]:
-    """An OTLP/gRPC ``TraceService`` on ``at`` feeding ``accept`` (started); (server, "host:port" bound)."""
+def _grpc_server(at: tuple[str, int], max_body: int, accept: Any, guard: Any,
+                 on_refused: Any) -> tuple[Any, str]:
+    """An OTLP/gRPC ``TraceService`` on ``at`` feeding ``accept`` (started), with ``guard``'s TLS and auth
+    (a :class:`~cptrace_otel.analyze.serve_guard.Guard`); (server, "host:port" bound)."""
     from concurrent import futures
 
     import grpc
-    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-    from ..analyze.otlp_intake import from_request
+    from ..analyze.otlp_intake import Undecodable, decode
 
-    class Servicer(trace_service_pb2_grpc.TraceServiceServicer):
-        def Export(self, request: Any, context: Any) -> Any:   # noqa: N802 (the generated name)
-            intake = from_request(request)   # gRPC parsed it (a body it could not parse never gets here)
-            busy = accept(intake)
-            if busy:   # retryable: the collector keeps it in its sending queue and sends it again
-                context.abort(grpc.StatusCode.UNAVAILABLE, f"busy ({busy}): retry")
-            return ExportTraceServiceResponse.FromString(_response(intake))
+    # The request's bytes, not a parsed message (no deserializer): decode() reads them with the C reader where it is
+    # built, as the HTTP receiver does; grpcio has already undone any gRPC compression.
+    def export(body: bytes, context: Any) -> bytes:
+        try:
+            intake = decode(body)
+        except Undecodable as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        busy = accept(intake)
+        if busy:   # retryable: the collector keeps it in its sending queue and sends it again
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"busy ({busy}): retry")
+        return _response(intake)
 
     opts = [("grpc.max_receive_message_length", max_body)]
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="cptrace-serve-grpc"),
-                         options=opts)
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Servicer(), server)
-    port = server.add_insecure_port(f"{at[0]}:{at[1]}")
+                         options=opts, interceptors=guard.grpc_interceptors(on_refused))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "opentelemetry.proto.collector.trace.v1.TraceService",
+        {"Export": grpc.unary_unary_rpc_method_handler(export)}),))
+    creds = guard.grpc_credentials()
+    port = (server.add_secure_port(f"{at[0]}:{at[1]}", creds) if creds is not None
+            else server.add_insecure_port(f"{at[0]}:{at[1]}"))
     if not port:
         raise OSError(f"cannot bind {at[0]}:{at[1]}")
     server.start()

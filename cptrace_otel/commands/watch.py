@@ -31,12 +31,9 @@ import argparse
 import signal
 import sys
 import time
-from typing import TYPE_CHECKING, TextIO
+from typing import TextIO
 
 from ..model.exits import EXIT_FINDINGS, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
-
-if TYPE_CHECKING:
-    from ..checks.findings import Finding
 
 _PFX = "cptrace-otel watch"
 PAGE_STEP = 200   # traces between two feeds within one poll
@@ -56,13 +53,6 @@ def _max_runs() -> int:
 
 
 MAX_RUNS = _max_runs()   # runs watched at once: memory does not grow with the number of runs
-
-
-def finding_line(run_id: str, f: Finding, link: str) -> str:
-    seq = f.evidence[-1] if f.evidence else "?"
-    node = f"node {f.node_id}" if f.node_id is not None else "(no node)"
-    return (f"{f.severity} {f.code} {f.rule} run {run_id} rank {f.rank} {node} (epoch {f.epoch}) seq {seq}: "
-            f"{f.message}  {link}")
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
@@ -93,15 +83,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    from ..analyze import links
-    from ..analyze.finding_sinks import Alerts, WriteBack, finding_trace
+    from ..analyze.finding_sinks import FindingSinks, SinkSetupError
     from ..analyze.incremental import RunWatch
     from ..analyze.links import bad_link_base
     from ..analyze.sources.jaeger import JaegerClient, JaegerError, JaegerUnreachable
     from ..analyze.sources.jaegerquery import DEFAULT_LIMIT, PageTooSmall, Search, iso_us, parse_duration, run_ids_of
     from ..analyze.sources.otlpfile import BAD_SHAPE, bad_shape
     from ..model import semconv as sc
-    from ..model.config import mask_url, traces_url
+    from ..model.config import mask_url
 
     out = out or sys.stdout
     err = err or sys.stderr
@@ -133,20 +122,19 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     except JaegerError as e:   # it answered: an error status (a 401/403 says "authentication failed")
         print(f"{_PFX}: Jaeger at {given}: {e}", file=err)
         return EXIT_UNREACHABLE
-    wb = None
-    if args.endpoint:
-        try:
-            wb = WriteBack(traces_url(args.endpoint, args.protocol), args.protocol)
-        except Exception as e:
-            print(f"{_PFX}: cannot use OTLP endpoint {mask_url(str(args.endpoint))}: {mask_url(str(e))}", file=err)
-            return EXIT_UNREACHABLE
-    alerts = Alerts(args.alertmanager, interval, parse_duration(args.alert_hold), note) if args.alertmanager else None
+    try:
+        sinks = FindingSinks(args, interval, link_base, out, note)
+    except SinkSetupError as e:
+        print(f"{_PFX}: {e}", file=err)
+        return EXIT_UNREACHABLE
+    except ValueError as e:   # --alert-hold
+        print(f"{_PFX}: {e}", file=err)
+        return EXIT_USAGE
     limit = args.limit or DEFAULT_LIMIT
     search = Search(client, service, limit)
     states: dict[str, RunWatch] = {}
     changed_at: dict[str, float] = {}
     retired: dict[str, dict[int, int]] = {}
-    total = [0]
     unchecked = [0]   # windows given up and traces that could not be read, over the whole watch
     stop = [False]
 
@@ -155,19 +143,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
 
     old = signal.signal(signal.SIGTERM, on_term) if not args.once else None
 
-    def handle(rid: str, st: RunWatch, found: list) -> None:
-        for f in found:
-            link = links.trace_url(link_base, finding_trace(rid, f))
-            print(finding_line(rid, f, link), file=out, flush=True)
-            if alerts is not None:
-                alerts.found(rid, f, link)
-        total[0] += len(found)
-        if wb is not None and found:
-            wb.write(st, found)
-
     def finish(rid: str, why: str) -> None:
         st = states.pop(rid)
-        handle(rid, st, st.finish())
+        sinks.report(rid, st, st.finish())
         retired[rid] = st.watermarks()
         changed_at.pop(rid, None)
         if len(retired) > MAX_RETIRED:
@@ -207,7 +185,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
                 if read % PAGE_STEP == 0:   # feed as it arrives: memory holds a page, not a poll
                     for rid, st in touched.items():
                         if states.get(rid) is st:
-                            handle(rid, st, st.step(end_of_poll=False))
+                            sinks.report(rid, st, st.step(end_of_poll=False))
         finally:
             bad.update(search.unread)
             search.unread.clear()
@@ -216,7 +194,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
                     continue
                 if st.new_records:
                     changed_at[rid] = time.monotonic()
-                handle(rid, st, st.step())
+                sinks.report(rid, st, st.step())
                 if args.verbose:
                     note(f"run {rid}: {st.events} records checked, {st.pending()} waiting for earlier ones")
         return read, bad
@@ -283,8 +261,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             for rid in [r for r, t in changed_at.items() if (args.once and last) or now - t > idle]:
                 if rid in states:
                     finish(rid, "" if args.once else f"; its traces did not change for {args.idle or 'a while'}")
-            if alerts is not None:
-                alerts.post()
+            sinks.post_alerts()
             behind = failed is None and poll_end < now_us
             if (args.once and not behind) or stop[0]:
                 break
@@ -300,10 +277,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             unchecked[0] += 1
         if old is not None:
             signal.signal(signal.SIGTERM, old)
-        if wb is not None:
-            if not wb.flush(30.0):
-                note("some finding spans could not be delivered to the OTLP endpoint")
-            wb.close(1.0)
+        sinks.close()
     if unchecked[0]:
         print(f"{_PFX}: {unchecked[0]} window(s) or trace(s) of {base} (service {service}) could not be read: "
               "not everything was checked", file=err)
@@ -311,4 +285,4 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     if args.once and not states and not retired and args.run_id:
         print(f"{_PFX}: no trace of run {args.run_id} in {base} (service {service})", file=err)
         return EXIT_UNREACHABLE
-    return EXIT_FINDINGS if total[0] else EXIT_OK
+    return EXIT_FINDINGS if sinks.total else EXIT_OK

@@ -100,6 +100,7 @@ class Exporter:
         self.rank = cfg.cp_rank
         self.builder = SpanBuilder(cfg.run_id, info.get("instance", ""), cfg.span_timeout_s,
                                    checker_factory(cfg.checks, cfg.level), track_traces=False, sizer=sizer)
+        self.builder.on_config = self._stamp_config
         self.epochs: dict[int, EpochTracker] = {}
         self.records = 0
         # monotonic time of the last ITEMS batch: the tick expires spans by wall clock only once the stream has been
@@ -133,6 +134,14 @@ class Exporter:
             self.epochs[rank] = EpochTracker.from_state(state)
         self.builder.annotate_rank(self.rank, {sc.EXPORTER_RESTARTS: int(resume.get("restarts", 1)),
                                                sc.CHECKS_RESTARTED: True}, time.time_ns())
+
+    def _stamp_config(self, ev: Event) -> None:
+        """A config record: carried from now on by the resource of every request (every span of this rank, on
+        whichever ``serve`` replica its trace lands: :mod:`~cptrace_otel.model.config_stamp`). The spans finished
+        and not yet exported go with it too; a new dict, as the sinks may hold the old one."""
+        from ..model.config_stamp import restamp
+
+        self.resource = restamp(self.resource, ev)
 
     def epoch_state(self) -> dict[int, tuple[int, bool, int]]:
         """Each rank's epoch tracker state (for a replacement worker's ``resume``)."""

@@ -34,10 +34,6 @@ Variables (README.md's configuration table lists the same):
                                     ``0``: every record takes the buffer and the drainer thread (as thread mode does)
 ``CPTRACE_RING_BYTES``              the ring's size in bytes (default 64 MiB, as CPTRACE_QUEUE_BYTES; a power of two);
                                     both at most 1/8 of physical memory or the cgroup limit (:func:`memory_limit`)
-``CPTRACE_RING_RESIDENT``           bytes at the ring's start kept resident, where the producer stays while the
-                                    exporter keeps up, so it writes pages already mapped (at most half the ring;
-                                    default ``0``, off: with 8 MiB, bench/ring_memory.py lost 19-71% of its records,
-                                    see docs/performance.md; every page is given back once read)
 ``OTEL_EXPORTER_OTLP_[TRACES_]*``   ENDPOINT, PROTOCOL (http/protobuf, grpc), HEADERS, TIMEOUT, COMPRESSION,
                                     CERTIFICATE, CLIENT_CERTIFICATE, CLIENT_KEY (PEM files), INSECURE (gRPC)
 ``OTEL_SERVICE_NAME``               resource service.name (default ``sglang-hicache``)
@@ -259,7 +255,6 @@ class Config:
     queue_bytes: int = 64 << 20          # estimated bytes of buffered records before drops
     ring: bool = True                    # CPTRACE_RING: the shared-memory record ring (cptrace_otel.traced.ring)
     ring_bytes: int = 64 << 20
-    ring_resident: int = 0               # CPTRACE_RING_RESIDENT: the ring's resident window (traced/ring.py; off)
     certificate: str | None = None       # PEM CA bundle that verifies the backend (https / secure gRPC)
     client_certificate: str | None = None  # PEM client certificate (mTLS), with client_key
     client_key: str | None = None
@@ -560,7 +555,6 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: object) -> Confi
         queue_bytes=_bounded("CPTRACE_QUEUE_BYTES", _int(env, "CPTRACE_QUEUE_BYTES", 64 << 20, lo=1)),
         ring=_switch(env, "CPTRACE_RING", default=True),
         ring_bytes=_bounded("CPTRACE_RING_BYTES", _int(env, "CPTRACE_RING_BYTES", 64 << 20, lo=RING.min_bytes), True),
-        ring_resident=_int(env, "CPTRACE_RING_RESIDENT", 0, lo=0),
         certificate=_otel(env, "CERTIFICATE"),
         client_certificate=_otel(env, "CLIENT_CERTIFICATE"),
         client_key=_otel(env, "CLIENT_KEY"),

@@ -28,6 +28,11 @@ RUN_ID: Final = "cptrace.run_id"
 TRACE_LEVEL: Final = "cptrace.level"
 RANK_SOURCE: Final = "cptrace.rank.source"   # where a discovered rank came from (cptrace_otel.traced.ranks)
 SAMPLE: Final = "cptrace.sample"             # fraction of node lineages kept, on sampled streams only
+# the rank's config record on the resource (cptrace_otel.model.config_stamp): its fields, seq, epoch and level
+CONFIG_PREFIX: Final = "cptrace.config."      # + "hicache.<field>"
+CONFIG_SEQ: Final = "cptrace.config_seq"      # (not under CONFIG_PREFIX: the fields stay exactly the record's)
+CONFIG_EPOCH: Final = "cptrace.config_epoch"
+CONFIG_LEVEL: Final = "cptrace.config_level"
 SCOPE_NAME: Final = "cptrace_otel"
 
 # -- span names (low cardinality; one per stage) --------------------------------------------------------------

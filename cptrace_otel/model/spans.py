@@ -173,6 +173,7 @@ class SpanBuilder:
         self._last_open_ts = 0
         self._unordered = False
         self._held = 0   # records in open spans and in the closed children parked in open lanes (MAX_HELD)
+        self.on_config: Callable[[Event], None] | None = None   # called with each config record (the exporter)
 
     # -- span bookkeeping ----------------------------------------------------------------------------------------
     def _node_trace(self, epoch: int, node: int) -> bytes:
@@ -363,6 +364,8 @@ class SpanBuilder:
             sp = opened.get(key)
             if sp is None:
                 sp = self._open_span(key, rank_trace_id(self.run_id, rank), sc.SPAN_RANK, ev, {})
+            if tag == "config" and self.on_config is not None:
+                self.on_config(ev)
 
         sp.events.append((ts, tag, EventAttrs(f, ev.seq, epoch, ev.level)))
         sp.nbytes += self._sizer(f)

@@ -19,11 +19,9 @@ Contract:
   as in flight by the channel's books (:meth:`consumed`). One reader at a time: the channel kills and reaps a worker
   before it starts the next one, and each worker claims the ring (a token in its header), so one that lingers reads
   nothing more. The worker gives the pages it has consumed back (``_speedups/ring.c``), so a ring that has wrapped
-  does not keep ``CPTRACE_RING_BYTES`` of shared memory resident, except the first ``CPTRACE_RING_RESIDENT`` bytes
-  (off by default: with 8 MiB a burst drops records, docs/performance.md): the producer comes back to them whenever
-  the exporter has read their start, so while the exporter keeps up it writes pages that are already mapped (a page
-  given back is faulted in anew, 7-8 µs on a VM, about 0.3 µs a record), and only a burst the exporter falls behind
-  on reaches the rest of the ring.
+  does not keep ``CPTRACE_RING_BYTES`` of shared memory resident (a page given back is faulted in anew when the
+  producer next writes it: 7-8 µs on a VM, about 0.3 µs a record; keeping a window of pages mapped was tried and
+  dropped, docs/performance.md).
 * A forked child forgets the parent's ring (:meth:`close_in_child`); its pipeline makes its own on its next record.
 """
 
@@ -64,7 +62,7 @@ def create(cfg: Config) -> Ring | None:
         return None
     global _said_failure
     try:
-        return Ring(int(cfg.ring_bytes), int(getattr(cfg, "ring_resident", 0)))
+        return Ring(int(cfg.ring_bytes))
     except Exception as e:
         if not _said_failure:   # once a process: a pipeline whose start is retried must not say it again each time
             _said_failure = True
@@ -88,9 +86,8 @@ def close(ring: Ring | None) -> None:
 class Ring:
     """One shared-memory ring (a memfd) and this process's counters of it."""
 
-    def __init__(self, nbytes: int, resident: int = 0) -> None:
-        """A ring of the largest power of two of data bytes within ``nbytes`` (at least the grammar's minimum),
-        whose first ``resident`` bytes (at most half the data; 0: none) are its resident window (``ring.c``)."""
+    def __init__(self, nbytes: int) -> None:
+        """A ring of the largest power of two of data bytes within ``nbytes`` (at least the grammar's minimum)."""
         from .._speedups import _hot  # type: ignore[attr-defined]
 
         self._hot = _hot
@@ -105,7 +102,7 @@ class Ring:
         self.fd = fd
         self._final = (0, 0, 0, 0, 0, 0, 0)   # the counters at close()
         self.size = HEADER + data
-        self.cap = _hot.ring_init(self.mm, min(max(0, resident), data // 2))
+        self.cap = _hot.ring_init(self.mm)
         self.side_shipped = 0   # SIDE items shipped to any worker (a replacement worker is told where they go on)
 
     def submit(self, side: collections.deque, cap: int, max_bytes: int,

@@ -1,13 +1,15 @@
-"""``cptrace-otel serve`` behind the real OTel Collector: a 4-rank simulator run with injected faults -> the
+"""``cptrace-otel serve`` behind the real OTel Collector: simulator runs with injected faults (4 ranks sharded and
+shared, 16 ranks sharded; each with a cross-rank fault: C3 or C5) -> the
 collector built from deploy/collector/builder.yaml, configured from deploy/collector/config-checkers.yaml (ports
 replaced by free ones; its Jaeger exporter left out: this test is about the checker path) -> its
 ``load_balancing/checkers`` exporter (routing key traceID, OTLP/gRPC) -> two ``serve`` replicas.
 
 Proves: both replicas get traffic, every record reaches exactly one replica (the records checked add up to the
 run's), no finding is printed twice, and the union of both replicas' findings equals what ``check`` finds on the
-same records (the demo's log files) for every rule one trace decides (``TRACE_RULES``), is contained in it for the
-rules that may miss evidence in another trace (``PARTIAL_RULES``), and holds no finding of any other rule (those
-are reported as suppressed in the summary, never passed).
+same records (the demo's log files) for every rule one trace decides (``TRACE_RULES``) and for the cross-rank
+joins that each rank's config stamp lets one trace decide while the ranks are in lockstep (``LOCKSTEP_RULES``: C3,
+C5), is contained in it for the rules that may miss evidence in another trace (``PARTIAL_RULES``), and holds no
+finding of any other rule (those are reported as suppressed in the summary, never passed).
 
 Without the collector binary the test skips, unless ``CPTRACE_REQUIRE_COLLECTOR`` is set: then it fails.
 """
@@ -25,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from cptrace_otel.analyze.serve_state import PARTIAL_RULES, TRACE_RULES
+from cptrace_otel.analyze.serve_state import LOCKSTEP_RULES, PARTIAL_RULES, TRACE_RULES
 from tests.helpers import free_port
 from tests.helpers.integration import _BASE_ENV, DEPLOY, ROOT, wait_for
 
@@ -35,7 +37,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 REQUIRE = bool(os.environ.get("CPTRACE_REQUIRE_COLLECTOR", "").strip())
 COLLECTOR_DIR = DEPLOY / "collector"
+# (ranks, mode, faults, the cross-rank rule the faults make check find)
 FAULTS = "HASH_flip,ZERO_nostore,H1_ack,H4_nolock,C3_writer"
+RUNS = {"4-sharded": (4, "sharded", FAULTS, "C3"),
+        "4-shared": (4, "shared", "H4_nolock,HASH_flip", "C5"),
+        "16-sharded": (16, "sharded", "C3_writer,HASH_flip", "C3")}
 LINE = re.compile(r"^(\w+) (\S+) (\S+) run (\S+) rank (-?\d+) (?:node (-?\d+)|\(no node\)) \(epoch (\d+)\) seq (\S+):")
 
 
@@ -77,19 +83,29 @@ def _config(http: int, grpc: int, health: int, metrics: int, checkers: list[int]
 def _start_serve(tmp: Path, name: str, http: int, grpc: int) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "cptrace_otel.cli", "serve", "--listen", f"127.0.0.1:{http}", "--grpc",
-         f"127.0.0.1:{grpc}", "--idle", "2s"],
+         f"127.0.0.1:{grpc}", "--idle", "2s", "--state-dir", str(tmp / f"state-{name}")],
         stdout=open(tmp / f"{name}.out", "w"), stderr=open(tmp / f"{name}.err", "w"), env=_env(), cwd=ROOT)
 
 
-def test_two_replicas_behind_the_collector_find_what_check_finds(tmp_path):
+def collector_setup(tmp_path: Path) -> tuple[Path, list[int]]:
+    """The collector binary (else skip, or fail under ``CPTRACE_REQUIRE_COLLECTOR``) and eight free ports: the
+    collector's HTTP, gRPC, health and metrics, then replica a's HTTP and gRPC, then b's; its config written to
+    ``tmp_path/col.yaml``."""
     b = _collector_bin()
     if not b.is_file():
         if REQUIRE:
             pytest.fail(f"no collector binary at {b} (CPTRACE_REQUIRE_COLLECTOR is set)", pytrace=False)
         pytest.skip(f"no collector binary at {b}; build it with deploy/collector/up (or set COLLECTOR_BIN)")
     ports = [free_port() for _ in range(8)]
-    col_http, col_grpc, health, metrics, a_http, a_grpc, b_http, b_grpc = ports
-    (tmp_path / "col.yaml").write_text(yaml.safe_dump(_config(col_http, col_grpc, health, metrics, [a_grpc, b_grpc])))
+    (tmp_path / "col.yaml").write_text(yaml.safe_dump(_config(*ports[:4], [ports[5], ports[7]])))
+    return b, ports
+
+
+@pytest.mark.parametrize("run", sorted(RUNS))
+def test_two_replicas_behind_the_collector_find_what_check_finds(tmp_path, run):
+    ranks, mode, faults, cross = RUNS[run]
+    b, ports = collector_setup(tmp_path)
+    col_http, health, a_http, a_grpc, b_http, b_grpc = ports[0], ports[2], *ports[4:]
     procs: list[subprocess.Popen] = []
     try:
         replicas = {"a": (_start_serve(tmp_path, "a", a_http, a_grpc), a_http),
@@ -111,8 +127,8 @@ def test_two_replicas_behind_the_collector_find_what_check_finds(tmp_path):
         wait_for(lambda: up_url(f"http://127.0.0.1:{health}/"), 60, "collector healthy")
 
         out = tmp_path / "demo"
-        d = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "demo", "--ranks", "4", "--mode", "sharded",
-                            "--faults", FAULTS, "--endpoint", f"http://127.0.0.1:{col_http}/v1/traces", "--out",
+        d = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "demo", "--ranks", str(ranks), "--mode", mode,
+                            "--faults", faults, "--endpoint", f"http://127.0.0.1:{col_http}/v1/traces", "--out",
                             str(out), "--json"], capture_output=True, text=True, timeout=300, env=_env(), cwd=ROOT)
         assert d.returncode in (0, 1), d.stderr[-2000:]
         n = json.loads(d.stdout)["events"]["simulated"]
@@ -128,13 +144,7 @@ def test_two_replicas_behind_the_collector_find_what_check_finds(tmp_path):
             p.send_signal(signal.SIGTERM)
         codes = {name: p.wait(timeout=60) for name, (p, _port) in replicas.items()}
     finally:
-        for p in reversed(procs):
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+        stop_all(procs)
 
     checked = {name: m["cptrace_serve_events_checked_total"] for name, m in ms.items()}
     assert all(v > 0 for v in checked.values()), f"both replicas get traffic: {checked}"
@@ -161,15 +171,27 @@ def test_two_replicas_behind_the_collector_find_what_check_finds(tmp_path):
     want = {(f["code"], f["rule"], f["rank"], f["node_id"], f["epoch"], str(f["evidence"][-1]))
             for f in json.loads(c.stdout)["findings"]}
     have = set(got)
-    exact = {f for f in want if f[1] in TRACE_RULES}
+    exact = {f for f in want if f[1] in TRACE_RULES | LOCKSTEP_RULES}
     assert exact, "the faults give findings of rules one trace decides"
-    assert {f for f in have if f[1] in TRACE_RULES} == exact
+    assert {f for f in have if f[1] in TRACE_RULES | LOCKSTEP_RULES} == exact
     assert {f for f in have if f[1] in PARTIAL_RULES} <= {f for f in want if f[1] in PARTIAL_RULES}
-    assert {f[1] for f in have} <= TRACE_RULES | PARTIAL_RULES
-    assert {f[1] for f in want if f[1] == "C3"}, "the C-rule fault is found by check"
+    assert {f[1] for f in have} <= TRACE_RULES | LOCKSTEP_RULES | PARTIAL_RULES
+    assert {f for f in have if f[1] == cross}, f"the {cross} fault is found by the replicas"
     for name in replicas:   # a rule one trace cannot decide is reported as unchecked, never passed
         last = (tmp_path / f"{name}.err").read_text().strip().splitlines()[-1]
-        assert re.search(r"UNCHECKED here [^;]*\bC3\b", last), last
+        assert re.search(r"UNCHECKED here [^;]*\bC1\b", last), last
+        assert not re.search(rf"UNCHECKED here [^;]*(?<![\w-]){cross}(?![\w-])", last), last
+
+
+def stop_all(procs: list[subprocess.Popen]) -> None:
+    """Stop the processes a test started, the last started first (the collector before its replicas)."""
+    for p in reversed(procs):
+        if p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
 
 
 def up_url(url: str) -> bool:
@@ -178,3 +200,95 @@ def up_url(url: str) -> bool:
             return r.status == 200
     except OSError:
         return False
+
+
+def test_the_collector_reaches_a_replica_over_mutual_tls_with_a_token(tmp_path):
+    """The real collector's loadbalancing exporter with ``protocol.otlp.tls`` (CA, client certificate and key) and
+    ``headers`` sends to a replica run with ``--tls-cert/--tls-key/--tls-client-ca`` and ``--auth-token-file``:
+    every record is checked. The same collector with another token gets every request refused
+    (UNAUTHENTICATED, counted by the replica): nothing of that run is checked."""
+    import ssl
+
+    from tests.helpers.otlp_receiver import make_pki
+
+    pytest.importorskip("cryptography")
+    b = _collector_bin()
+    if not b.is_file():
+        if REQUIRE:
+            pytest.fail(f"no collector binary at {b} (CPTRACE_REQUIRE_COLLECTOR is set)", pytrace=False)
+        pytest.skip(f"no collector binary at {b}; build it with deploy/collector/up (or set COLLECTOR_BIN)")
+    (tmp_path / "pki").mkdir()
+    pki = make_pki(str(tmp_path / "pki"))
+    token = "Bearer collector-to-checker-t0ken"
+    (tmp_path / "token").write_text(token + "\n")
+    col_http, col_grpc, health, metrics, r_http, r_grpc = (free_port() for _ in range(6))
+    ctx = ssl.create_default_context(cafile=pki["ca"])
+    ctx.load_cert_chain(pki["client_cert"], pki["client_key"])
+
+    def replica_metrics() -> dict[str, float]:
+        req = urllib.request.Request(f"https://127.0.0.1:{r_http}/metrics", headers={"Authorization": token})
+        with urllib.request.urlopen(req, timeout=10, context=ctx) as r:
+            return {ln.rsplit(" ", 1)[0]: float(ln.rsplit(" ", 1)[1]) for ln in r.read().decode().splitlines()
+                    if ln and not ln.startswith("#")}
+
+    def ready() -> bool:
+        try:
+            with urllib.request.urlopen(f"https://127.0.0.1:{r_http}/readyz", timeout=2, context=ctx) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def collector(name: str, header: str) -> subprocess.Popen:
+        cfg = _config(col_http, col_grpc, health, metrics, [r_grpc])
+        otlp = cfg["exporters"]["load_balancing/checkers"]["protocol"]["otlp"]
+        otlp["tls"] = {"insecure": False, "ca_file": pki["ca"], "cert_file": pki["client_cert"],
+                       "key_file": pki["client_key"]}
+        otlp["headers"] = {"authorization": header}
+        otlp["retry_on_failure"]["max_elapsed_time"] = "10s"
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(cfg))
+        p = subprocess.Popen([str(b), f"--config={tmp_path / f'{name}.yaml'}"],
+                             stdout=open(tmp_path / f"{name}.log", "w"), stderr=subprocess.STDOUT)
+        procs.append(p)
+        wait_for(lambda: up_url(f"http://127.0.0.1:{health}/"), 60, "collector healthy")
+        return p
+
+    def demo(name: str) -> int:
+        d = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "demo", "--ranks", "2", "--faults", "HASH_flip",
+                            "--endpoint", f"http://127.0.0.1:{col_http}/v1/traces", "--out", str(tmp_path / name),
+                            "--json"], capture_output=True, text=True, timeout=300, env=_env(), cwd=ROOT)
+        assert d.returncode in (0, 1), d.stderr[-2000:]
+        return json.loads(d.stdout)["events"]["simulated"]
+
+    procs: list[subprocess.Popen] = []
+    try:
+        serve = subprocess.Popen(
+            [sys.executable, "-m", "cptrace_otel.cli", "serve", "--listen", f"127.0.0.1:{r_http}", "--grpc",
+             f"127.0.0.1:{r_grpc}", "--idle", "2s", "--tls-cert", pki["server_cert"], "--tls-key", pki["server_key"],
+             "--tls-client-ca", pki["ca"], "--auth-token-file", str(tmp_path / "token"), "--state-dir",
+             str(tmp_path / "state")],
+            stdout=open(tmp_path / "serve.out", "w"), stderr=open(tmp_path / "serve.err", "w"), env=_env(), cwd=ROOT)
+        procs.append(serve)
+        wait_for(ready, 60, "TLS replica ready")
+        col = collector("col", token)
+        n = demo("good")
+        wait_for(lambda: replica_metrics()["cptrace_serve_events_checked_total"] >= n
+                 and replica_metrics()["cptrace_serve_traces_held"] == 0, 120, f"{n} records checked over TLS",
+                 interval_s=1.0)
+        col.terminate()
+        col.wait(timeout=30)
+        col = collector("wrong", "Bearer not-the-token")
+        demo("refused")
+        wait_for(lambda: replica_metrics()["cptrace_serve_requests_unauthorized_total"] > 0, 60,
+                 "the wrong token refused")
+        col.terminate()
+        col.wait(timeout=30)
+        m = replica_metrics()
+        serve.send_signal(signal.SIGTERM)
+        code = serve.wait(timeout=60)
+    finally:
+        stop_all(procs)
+    assert m["cptrace_serve_events_checked_total"] == n, "the refused run was not checked, the accepted one whole"
+    assert m["cptrace_serve_spans_dropped_total"] == 0
+    printed = (tmp_path / "serve.out").read_text() + (tmp_path / "serve.err").read_text()
+    assert code == 1 and "HASH" in printed, printed[-2000:]
+    assert token.split()[1] not in printed

@@ -26,6 +26,7 @@ import os
 import random
 import subprocess
 import sys
+import types
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -428,7 +429,7 @@ class Faults:
 
         def backup(action: Any, write_back: bool = False) -> int:
             tc = cache.tree_core
-            todo = [nid for nid in action.node_ids if not tc.node_by_id(nid).backuped]
+            todo = [nid for nid in action.node_ids if not tc.is_backuped(nid)]
             if write_back or not todo or not self._take():
                 return orig(action, write_back)
             cache.inc_lock_ref = lambda *a, **k: _NoLock()   # this action only
@@ -443,14 +444,19 @@ class Faults:
         cache._execute_and_commit_kv_backup = backup
 
     def _wrap_load_back23(self, cache: Any, hook: Any) -> None:
+        """``hook(cache, chain, None)`` before a load-back and ``(cache, chain, True)`` after one that was issued;
+        ``chain``: the nodes it loads, parent first, each ``(id, host)`` read through the tree core's boundary (the
+        Rust core's nodes are not Python objects): the trailing nodes of the path without device KV."""
         orig = cache.load_back
 
         def load_back(node_id: Any, mem_quota: Any = None, req: Any = None) -> Any:
-            chain = []
-            n = cache.tree_core.node_by_id(node_id)
-            while n.evicted:
-                chain.insert(0, n)
-                n = n.parent
+            tc = cache.tree_core
+            chain: list = []
+            for info in reversed(tc.collect_path_info([node_id])[0]):
+                if info.full_value_len is not None:
+                    break
+                host = tc.build_storage_backup_spec(info.node_id, False).host_value
+                chain.insert(0, types.SimpleNamespace(id=info.node_id, host=host))
             hook(cache, chain, None)
             ok = orig(node_id, mem_quota, req=req)
             if ok:
@@ -464,7 +470,7 @@ class Faults:
             if res is not None or len(chain) < 3 or not self._take():
                 return
             mid = chain[len(chain) // 2]
-            self._corrupt_host(cache, full(mid).host_value)
+            self._corrupt_host(cache, mid.host)
             self.hits.append({"kind": "midchain", "node_id": mid.id, "chain": [n.id for n in chain]})
 
         self._wrap_load_back23(cache, hook)
@@ -476,7 +482,7 @@ class Faults:
             if res is None or not chain or not self._take():
                 return
             n = chain[0]
-            self._free_and_reuse(cache, full(n).host_value)
+            self._free_and_reuse(cache, n.host)
             self.hits.append({"kind": "early_release", "node_id": n.id, "chain": [c.id for c in chain]})
 
         self._wrap_load_back23(cache, hook)

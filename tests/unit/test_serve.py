@@ -77,7 +77,7 @@ def test_decode_reads_every_record_and_rejects_garbage(demo_bodies):
 
 
 def test_accepts_checks_at_shutdown_and_prints_each_finding_once(tmp_path, demo_bodies):
-    s = Serve(tmp_path, "--idle", "1h", "--idle-only")
+    s = Serve(tmp_path, "--idle", "1h")
     try:
         for b in demo_bodies[:len(demo_bodies) // 2]:
             code, body, _ = s.post(b)
@@ -296,3 +296,200 @@ def test_state_a_trace_whose_check_raises_is_reported_not_checked(demo_bodies, m
     st.finish_all()
     assert st.errors == n and not got and not st.traces
     assert sum("NOT checked" in x and "KeyError" in x for x in notes) == n
+
+
+# -- the cross-rank rules on node traces: each rank's config record, stamped on the resource --------------------------
+
+CROSS_RUNS = {"C3": ("sharded", "C3_writer"), "C5": ("shared", "H4_nolock,HASH_flip")}
+CROSS_OUT: dict = {}   # rule -> the run's folder (its log files)
+
+
+@pytest.fixture(scope="module", params=sorted(CROSS_RUNS))
+def cross_demo(request, tmp_path_factory) -> tuple[str, list[bytes], set]:
+    """A 4-rank simulator run whose faults give a cross-rank finding: C3 (sharded: another rank's backup carries
+    io=0) or C5 (shared: a node evicted while its backup is in flight, a flipped byte; the ranks' hashes differ from
+    the IO rank's). The rule, its OTLP requests (protobuf bytes) and ``check``'s findings over its log files."""
+    import json
+
+    mode, faults = CROSS_RUNS[request.param]
+    out = tmp_path_factory.mktemp("cross")
+    p = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "demo", "--ranks", "4", "--mode", mode,
+                        "--faults", faults, "--out", str(out), "--json"], capture_output=True,
+                       text=True, timeout=300, cwd=ROOT)
+    assert p.returncode in (0, 1), p.stderr[-2000:]
+    bodies = []
+    for f in sorted(out.glob("*.otlp.jsonl")):
+        bodies += [parse_json_line(ln).SerializeToString() for ln in f.read_text().splitlines() if ln.strip()]
+    c = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "check", "--json",
+                        *sorted(str(x) for x in out.glob("rank*.log"))], capture_output=True, text=True,
+                       timeout=300, cwd=ROOT)
+    want = {(f["rule"], f["rank"], f["node_id"], f["epoch"], f["evidence"][-1])
+            for f in json.loads(c.stdout)["findings"]}
+    CROSS_OUT[request.param] = out
+    return request.param, bodies, want
+
+
+def _replica(bodies: list[bytes]):
+    """Every trace of ``bodies`` checked by one ServeState: (state, the reported findings as check's tuples)."""
+    from cptrace_otel.analyze.serve_state import ServeState
+
+    got: set = set()
+    st = ServeState(lambda tr, found: got.update((f.rule, f.rank, f.node_id, f.epoch, f.evidence[-1]) for f in found),
+                    idle_s=0)
+    for b in bodies:
+        st.add(decode(b).spans, now=0.0)
+    st.finish_all()
+    return st, got
+
+
+def _without_config_stamp(body: bytes, rank: int) -> bytes:
+    """``body`` as it would be if ``rank``'s exporter stamped no config (an older one)."""
+    from cptrace_otel.model import config_stamp
+
+    req = ExportTraceServiceRequest.FromString(body)
+    for rs in req.resource_spans:
+        if not any(kv.key == "sglang.cp.rank" and kv.value.int_value == rank for kv in rs.resource.attributes):
+            continue
+        stamp = (config_stamp.SEQ, config_stamp.EPOCH, config_stamp.LEVEL)
+        keep = [kv for kv in rs.resource.attributes
+                if not kv.key.startswith(config_stamp.PREFIX) and kv.key not in stamp]
+        del rs.resource.attributes[:]
+        rs.resource.attributes.extend(keep)
+    return req.SerializeToString()
+
+
+def test_node_traces_give_checks_cross_rank_findings(cross_demo):
+    """C3 and C5 on node traces, each checked alone (as replicas behind the collector check them), equal ``check``'s
+    over the whole run; C1 gives no false finding on the in-lockstep run (it is still not reported: see
+    serve_state), because each rank's config record comes with every request."""
+    from cptrace_otel.analyze.serve_state import LOCKSTEP_RULES, PARTIAL_RULES, TRACE_RULES
+
+    rule, bodies, want = cross_demo
+    st, got = _replica(bodies)
+    assert {f for f in want if f[0] == rule}, want
+    for rules in (TRACE_RULES, LOCKSTEP_RULES):
+        assert {f for f in got if f[0] in rules} == {f for f in want if f[0] in rules}
+    assert {f for f in got if f[0] in PARTIAL_RULES} <= want
+    assert st.suppressed.get("C1", 0) == 0, st.suppressed   # without the stamp: the later ranks "diverge"
+
+
+def test_a_rank_without_the_config_stamp_leaves_c3_c5_unreported(cross_demo):
+    """One rank's exporter stamps no config (an older one): its node traces' C3/C5 findings are not trusted, so not
+    reported, and counted as suppressed (never passed silently)."""
+    rule, bodies, want = cross_demo
+    st, got = _replica([_without_config_stamp(b, 3) for b in bodies])
+    assert {f for f in want if f[0] == rule}
+    assert not {f for f in got if f[0] in ("C3", "C5")}
+    assert st.suppressed[rule] > 0, st.suppressed
+
+
+def _field_dicts():
+    from hypothesis import strategies as st
+
+    names = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=12)
+    values = st.one_of(st.integers(-(2 ** 63), 2 ** 63 - 1), st.text(alphabet="abcdwz_/", min_size=1,
+                                                                     max_size=20))
+    # (strings as the exporter renders them: a numeric-looking one is read back as the number, as every reader does)
+    return st.dictionaries(names, values, max_size=8)
+
+
+def test_config_stamp_round_trips_and_a_new_record_replaces_it():
+    """stamp -> resource -> record gives the config record back (tag, rank, seq, epoch, level, fields); a second
+    config record replaces the whole stamp (no field of the first survives), the other resource attributes stay."""
+    from hypothesis import given, settings, strategies as st
+
+    from cptrace_otel.model import config_stamp
+    from cptrace_otel.model.events import Event
+
+    @settings(max_examples=150, deadline=None)
+    @given(_field_dicts(), _field_dicts(), st.integers(0, 2 ** 40), st.integers(0, 9), st.integers(1, 3))
+    def prop(first, second, seq, epoch, level):
+        base = {"service.name": "x", "cptrace.run_id": "r"}
+        a = Event("config", 2, seq, 5, epoch, first, level, "live", 0)
+        b = Event("config", 2, seq + 1, 6, epoch, second, level, "live", 0)
+        res = config_stamp.restamp(base, a)
+        got = config_stamp.record(res, 2)
+        assert got is not None and (got.tag, got.rank, got.seq, got.epoch, got.level) == ("config", 2, seq, epoch,
+                                                                                          level)
+        assert got.fields == first
+        res2 = config_stamp.restamp(res, b)
+        assert config_stamp.record(res2, 2).fields == second and res2["cptrace.run_id"] == "r"
+        assert config_stamp.record(base, 2) is None and base == {"service.name": "x", "cptrace.run_id": "r"}
+
+    prop()
+
+
+def test_ingested_logs_carry_the_config_stamp_too(cross_demo, tmp_path):
+    """``ingest`` replays log files with the exporter's span model: its requests carry each rank's config stamp, so
+    a replica finds the same C3/C5 on the replayed records as ``check`` on the logs."""
+    rule, _bodies, want = cross_demo
+    out = tmp_path / "ingest.jsonl"
+    p = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "ingest", "--no-progress", "--file", str(out),
+                        *sorted(str(x) for x in CROSS_OUT[rule].glob("rank*.log"))], capture_output=True, text=True,
+                       timeout=300, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-2000:]
+    _st, got = _replica([parse_json_line(ln).SerializeToString() for ln in out.read_text().splitlines() if ln.strip()])
+    # (ingest numbers the records itself: compared without the evidence's seq)
+    assert {f[:4] for f in got if f[0] in ("C3", "C5")} == {f[:4] for f in want if f[0] in ("C3", "C5")} != set()
+
+
+def test_c4_on_node_traces_equals_checks(cross_demo, tmp_path):
+    """No simulator fault breaks C4, so the run's OTLP requests are changed as a rank that logs another page count
+    would send them: rank 1's first two prepare/reload dev or host counts plus one. ``check`` over the changed OTLP
+    file and a replica over the same requests give the same C4 findings (none before the change)."""
+    import json
+
+    from google.protobuf.json_format import MessageToDict
+
+    _rule, bodies, want = cross_demo
+    assert not {f for f in want if f[0] == "C4"}
+    reqs = [ExportTraceServiceRequest.FromString(b) for b in bodies]
+    bumped = 0
+    for req in reqs:
+        for rs in req.resource_spans:
+            if not any(kv.key == "sglang.cp.rank" and kv.value.int_value == 1 for kv in rs.resource.attributes):
+                continue
+            for ev in (e for ss in rs.scope_spans for sp in ss.spans for e in sp.events):
+                for kv in ev.attributes:
+                    if bumped < 2 and ev.name in ("prepare", "reload") and kv.key in ("hicache.dev.cnt",
+                                                                                      "hicache.host.cnt"):
+                        kv.value.int_value += 1
+                        bumped += 1
+    assert bumped == 2
+    changed = tmp_path / "changed.otlp.jsonl"
+    changed.write_text("".join(json.dumps(MessageToDict(r)) + "\n" for r in reqs))
+    c = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "check", "--json", str(changed)],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    want_c4 = {(f["rule"], f["rank"], f["node_id"], f["epoch"], f["evidence"][-1])
+               for f in json.loads(c.stdout)["findings"] if f["rule"] == "C4"}
+    _st, got = _replica([r.SerializeToString() for r in reqs])
+    assert want_c4 and {f for f in got if f[0] == "C4"} == want_c4
+
+
+def test_after_a_c1_divergence_a_replica_reports_c3_check_reports_and_c1_never(tmp_path):
+    """C1_div (a rank skips one backup, and so every later one while its pool stays full): ``check`` reports C1 and
+    the first C3, then stops judging later nodes; a replica cannot see the run's order, so C1 is not reported (its
+    per-trace findings are counted as suppressed) and C3 is judged per node: ``check``'s C3 is among the replica's,
+    the extra ones are on later nodes of the diverged rank (docs/deploy.md states it)."""
+    import json
+
+    out = tmp_path / "div"
+    p = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "demo", "--ranks", "4", "--mode", "sharded",
+                        "--faults", "C1_div", "--out", str(out), "--json"], capture_output=True, text=True,
+                       timeout=300, cwd=ROOT)
+    assert p.returncode in (0, 1), p.stderr[-2000:]
+    c = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "check", "--json",
+                        *sorted(str(x) for x in out.glob("rank*.log"))], capture_output=True, text=True, timeout=300,
+                       cwd=ROOT)
+    want = json.loads(c.stdout)["findings"]
+    c1 = [f for f in want if f["rule"] == "C1"]
+    c3 = {(f["rule"], f["rank"], f["node_id"], f["epoch"], f["evidence"][-1]) for f in want if f["rule"] == "C3"}
+    assert c1 and c3
+    bodies = []
+    for f in sorted(out.glob("*.otlp.jsonl")):
+        bodies += [parse_json_line(ln).SerializeToString() for ln in f.read_text().splitlines() if ln.strip()]
+    st, got = _replica(bodies)
+    assert not {f for f in got if f[0] == "C1"} and st.suppressed["C1"] > 0
+    mine = {f for f in got if f[0] == "C3"}
+    assert c3 <= mine
+    assert all(f[1] == c1[0]["rank"] and f[2] > c1[0]["node_id"] for f in mine - c3)

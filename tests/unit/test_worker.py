@@ -15,7 +15,7 @@ import pytest
 from cptrace_otel.export import stack, worker
 from cptrace_otel.export.protocol import ACK, FLUSH, INIT, ITEMS, PROGRESS
 from cptrace_otel.export.sinks import Outcome, SendResult
-from cptrace_otel.model import config, semconv as sc
+from cptrace_otel.model import config, config_stamp, semconv as sc
 
 S = 1_000_000_000
 T0 = time.time_ns()  # spans open now, so that a tick's expiry (now - span_timeout_s) leaves them open
@@ -123,7 +123,11 @@ def test_items_in_spans_out_with_seq_epoch_and_typed_fields(mem) -> None:
     rank = by_name[sc.SPAN_RANK]
     assert [name for _, name, _ in rank.events] == ["config"] and rank.attrs[sc.DROPPED] == 0
     assert all(a[sc.EPOCH] == 0 for sp in sink.spans for _, _, a in sp.events)
-    assert sink.groups[0][0] == {sc.SERVICE_NAME: "t", sc.CP_RANK: 0}
+    # the resource: the process's, plus its config record's stamp (read back whole by serve's intake)
+    res = sink.groups[0][0]
+    assert {k: v for k, v in res.items() if not k.startswith("cptrace.config")} == {sc.SERVICE_NAME: "t", sc.CP_RANK: 0}
+    cfg = config_stamp.record(res, 0)
+    assert cfg is not None and (cfg.seq, cfg.fields) == (0, {"level": 2, "policy": "wt"})
     st = ex.stats()
     # spans: the d2h span, its lane (node 1), node 2's lane, the rank span
     assert st == {"records": 5, "events": 5, "spans": 4, "findings": 0, "dropped_upstream": 0, "errors": [],

@@ -152,9 +152,9 @@ def json_lines(fh, path: str, info: OtlpInfo) -> Iterator[tuple[int, Any]]:
             info.malformed.append((path, line_no, f"not JSON: {e}"))
 
 
-def collect_guarded(req: object, path: str, line_no: int, info: OtlpInfo, per_rank: dict) -> None:
-    """:func:`collect` of one request; when it is not shaped like one, it is recorded as malformed at ``line_no``
-    and adds no event (they are collected aside, then added)."""
+def collect_guarded(req: object, path: str, line_no: int, info: OtlpInfo, per_rank: dict) -> int:
+    """:func:`collect` of one request; returns the events it added. When it is not shaped like one, it is recorded
+    as malformed at ``line_no`` and adds no event (they are collected aside, then added)."""
     staged: dict = {}
     try:
         if not isinstance(req, dict):
@@ -162,15 +162,19 @@ def collect_guarded(req: object, path: str, line_no: int, info: OtlpInfo, per_ra
         collect(req, path, info, staged, line_no)
     except BAD_SHAPE as e:
         info.malformed.append((path, line_no, bad_shape(e)))
-        return
+        return 0
+    n = 0
     for rank, lst in staged.items():
         per_rank.setdefault(rank, []).extend(lst)
+        n += len(lst)
+    return n
 
 
-def collect_file(path: str, info: OtlpInfo, per_rank: dict, after_line: Callable[[], None] | None = None) -> None:
+def collect_file(path: str, info: OtlpInfo, per_rank: dict, after_line: Callable[[int], None] | None = None) -> None:
     """Add the events of one OTLP JSON-lines file to ``per_rank`` (rank -> ``[(epoch, seq, ts, Event)]``, unsorted).
-    ``after_line`` is called after each line's events were added (the caller may move them out of ``per_rank``, in
-    place, to bound its memory). Raises :class:`LogReadError` when the file cannot be opened or read."""
+    ``after_line(n)`` is called after each line's ``n`` events were added (the caller may move them out of
+    ``per_rank``, in place, to bound its memory; ``n`` lets it count what it holds without walking ``per_rank``,
+    whose keys grow with the runs). Raises :class:`LogReadError` when the file cannot be opened or read."""
     try:
         fh = open_text(path)
     except OSError as e:
@@ -179,9 +183,9 @@ def collect_file(path: str, info: OtlpInfo, per_rank: dict, after_line: Callable
     with fh:
         try:
             for line_no, req in json_lines(fh, path, info):
-                collect_guarded(req, path, line_no, info, per_rank)
+                n = collect_guarded(req, path, line_no, info, per_rank)
                 if after_line is not None:
-                    after_line()
+                    after_line(n)
         except OSError as e:
             raise LogReadError(path, e.strerror or str(e)) from None
         why = truncated(fh)

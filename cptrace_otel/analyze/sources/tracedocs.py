@@ -73,7 +73,7 @@ class TraceDocs:
         self._line = 1                             # the line of the JSON value being read, for malformed records
         self._disk: Any = None                     # the temporary file of the sorted runs, once there is one
         self._runs: dict[tuple[str, int], list[tuple[int, int]]] = {}   # key -> sorted runs on disk: (offset, n)
-        self._held = 0                             # records in per_rank when they were last counted
+        self._held = 0                             # records added to per_rank since the last spill
         self._srcs: dict[tuple[str, int], set[str]] = {}   # key -> sources of its records on disk
         self._only: set[str] | None = None         # a view's sources (:meth:`only`): records on disk filtered on read
         self._filtered_n: dict[tuple[str, int], int] = {}   # a view's records on disk per key, counted once
@@ -99,9 +99,11 @@ class TraceDocs:
         """Records of ``rank``, all runs."""
         return sum(self._n(k) for k in self._keys() if k[1] == rank)
 
-    def _maybe_spill(self) -> None:
-        held = sum(len(v) for v in self.per_rank.values())
-        if held >= SPILL_AT:
+    def _maybe_spill(self, added: int) -> None:
+        """After a line added ``added`` records: spill once :data:`SPILL_AT` are held. Counted, not summed over
+        ``per_rank`` per line: its keys are (run, rank), so a file of many runs made that quadratic."""
+        self._held += added
+        if self._held >= SPILL_AT:
             self._spill()
 
     def _spill(self) -> None:
@@ -120,6 +122,7 @@ class TraceDocs:
                 _dump(lst[i:i + CHUNK], fh)
             self._runs.setdefault(rank, []).append((off, len(lst)))
             lst.clear()   # in place: collect_file holds this list's dict
+        self._held = 0
 
     def _read_run(self, off: int, n: int) -> Iterator[tuple]:
         """The records of one sorted run, a chunk at a time (the file is shared: each read seeks to its place)."""
@@ -148,6 +151,7 @@ class TraceDocs:
     def add_otlp_lines(self, path: str) -> int:
         """An OTLP JSON-lines file; returns the cptrace events it gave."""
         n0 = self.total()
+        self._held = sum(len(v) for v in self.per_rank.values())   # (documents read before add to it)
         collect_file(path, self.info, self.per_rank, self._maybe_spill)
         self.formats[path] = "OTLP JSON lines"
         n = self._counted(path, n0)

@@ -11,7 +11,9 @@ Contract:
 
 * Supported: sglang ``>= 0.5.20, <= 0.5.23``: 0.5.20 (``HiRadixCache``, its last release; :data:`SITES`) and
   0.5.23 (``UnifiedRadixCache`` + ``HybridCacheController`` over the Python ``UnifiedTreeCore``, the full-attention
-  KV component; :data:`SITES23`, whose module doc says what is not covered). :func:`sites` picks the table of the
+  KV component; :data:`SITES23`, whose module doc says what is not covered); with ``CPTRACE_SGLANG_TREE_CORE=rust``
+  also over its Rust tree core, at the core's Python boundary (:mod:`._rust23`, whose doc lists what is inferred
+  and what is missing there). :func:`sites` picks the table of the
   importable SGLang; both share one record grammar and its code. Another version, or a build with neither cache:
   one warning, nothing wrapped, never an exception. A build that ships its own ``cp_hicache_trace`` call sites is
   never instrumented (one info line).
@@ -49,9 +51,10 @@ from typing import Any
 from opentelemetry.instrumentation import instrumentor as _otel_instrumentor
 
 from . import _audit
+from ._rust23 import RUST_SITES23
 from ._sites import SITES
 from ._sites23 import SITES23
-from ._state import Recorder, cache_flavour, version_verdict, warn_once as _warn_once
+from ._state import Recorder, cache_flavour, rust_opted_in, version_verdict, warn_once as _warn_once
 
 # Any: the package's type information differs between its versions (the subclass is checked at run time by it)
 # (getattr: mypy sees the attribute as absent in some of those versions)
@@ -65,8 +68,11 @@ SUPPORTED = "sglang >= 0.5.20, <= 0.5.23"
 
 def sites() -> list[tuple[str, str, Any]]:
     """The site table of the importable SGLang: :data:`SITES` (0.5.20's ``HiRadixCache``) or :data:`SITES23`
-    (0.5.23's ``UnifiedRadixCache``); one grammar, the record code shared."""
-    return SITES23 if cache_flavour() == "unified" else SITES
+    (0.5.23's ``UnifiedRadixCache``, with the Rust tree core's boundary sites :data:`._rust23.RUST_SITES23` where
+    ``CPTRACE_SGLANG_TREE_CORE=rust``); one grammar, the record code shared."""
+    if cache_flavour() != "unified":
+        return SITES
+    return SITES23 + RUST_SITES23 if rust_opted_in() else SITES23
 
 
 class SGLangInstrumentor(BaseInstrumentor):
@@ -161,8 +167,10 @@ def python_tree_core() -> bool:
     Why: 0.5.23's default tree core is the Rust one wherever its extension loads, and its nodes, splits and evictions
     never pass through Python, where the sites are: such a cache can only be left untraced. SGLang reads the variable
     when a cache is built, and its own KV-sharding hook defaults it to ``python`` the same way (only when unset). An
-    explicit choice is kept: a Rust cache then gets one warning and no records (``_sites23.untraceable``)."""
-    if os.environ.get(TREE_CORE_ENV) is not None:
+    explicit choice is kept: a Rust cache then gets one warning and no records (``_sites23.untraceable``).
+    ``CPTRACE_SGLANG_TREE_CORE=rust`` keeps SGLang's own choice and traces a Rust core at its Python boundary
+    (:mod:`._rust23`): nothing is set then."""
+    if os.environ.get(TREE_CORE_ENV) is not None or rust_opted_in():
         return False
     os.environ[TREE_CORE_ENV] = "python"
     logger.info("cptrace-otel: %s=python (the Rust tree core cannot be traced; set the variable to choose)",

@@ -132,16 +132,21 @@ def on_split(st: State, child: TreeNode, new: TreeNode, split_len: int, pre: tup
     cptrace(1, "split", node_id=child.id, new_id=new.id, parent=parent_id, pre_len=pre_len, split_len=split_len,
             dev_p=rng(st.dev(new)), dev_c=rng(st.dev(child)), host_p=rng(st.host(new)), host_c=rng(st.host(child)),
             pend=(pend if pend is not None else -1), lock=lock)
-    for q in st.loads.values():   # a split of a node whose load is in flight: the load now covers both fragments
-        for ld in q:
-            for i, n in enumerate(ld.chain):
-                if n is child:
-                    ld.chain.insert(i, new)
-                    break
+    split_loads(st, child, new)
     if st.insert_ctx is not None:
         st.insert_ctx["split_new"][new] = st.dev(new) is None
     if child.id in st.rest:   # the prefix keeps its part of the audited host copy
         st.rest[new.id] = new
+
+
+def split_loads(st: State, child: TreeNode, new: TreeNode) -> None:
+    """A split of ``child`` (``new`` its prefix) while a load of it is in flight: the load now covers both."""
+    for q in st.loads.values():
+        for ld in q:
+            for i, n in enumerate(ld.chain):
+                if n.id == child.id:
+                    ld.chain.insert(i, new)
+                    break
 
 
 def _insert(wrapped: Callable[..., Any], instance: RadixCache, args: tuple, kwargs: dict) -> Any:

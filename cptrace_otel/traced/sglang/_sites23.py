@@ -30,7 +30,8 @@ Where each record is made in 0.5.23 (the README's "Use it with SGLang" lists the
 Not covered (:func:`untraceable`: such a cache gets one warning and no record, never partial records): the Rust
 tree core (``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=rust``, 0.5.23's default wherever its extension loads: its nodes
 are not Python objects; the instrumentor sets ``=python`` where the variable is unset, so only an explicit choice is
-left), trees with other components than the full-attention KV (SWA, Mamba, C128: hybrid models), an L3 storage
+left; with ``CPTRACE_SGLANG_TREE_CORE=rust`` it is traced at its boundary instead, :mod:`._rust23`), trees with
+other components than the full-attention KV (SWA, Mamba, C128: hybrid models), an L3 storage
 backend other than ``file`` (the L3 sites, :mod:`._l3_sites23`, are verified against the ``file`` backend's flow; a
 cache that gets another backend attached at run time stops being traced then, with a warning), the buffer-only host
 mode and the external cache linker.
@@ -58,7 +59,7 @@ from ._sites import (
     reset_site,
     rid_map,
 )
-from ._state import Load, State, arg, kv_rows, safe, state_of, warn_once
+from ._state import Load, State, arg, is_rust_core, kv_rows, rust_opted_in, safe, state_of, warn_once
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -138,19 +139,27 @@ class State23(State):
         super().ack_h2d(ack_node_ids)
         end_layerwise(ack_node_ids)   # the load-back step is done: its reads are no longer recorded
 
+    def parent_pbk(self, node_id: int) -> tuple[int, int]:
+        """The parent's id of node ``node_id`` (-1: none) and whether the parent's KV is backed up (the root is)."""
+        parent = self.node(node_id).parent
+        root = self.cache.tree_core.root_node
+        return (parent.id if parent is not None else -1,
+                int(parent is root or (parent is not None and self.host(parent) is not None)))
+
+    def key_len(self, node_id: int) -> int:
+        """How many tokens node ``node_id`` holds now."""
+        return len(self.node(node_id).key)
+
     # -- records that differ from 0.5.20 --------------------------------------------------------------------------
     def prepare23(self, node_id: int) -> None:
         from ._state import POLICY
 
         cc = self.cache.cache_controller
         op = cc.write_queue[-1]
-        n = self.node(node_id)
-        parent = n.parent
-        root = self.cache.tree_core.root_node
-        pbk = int(parent is root or (parent is not None and self.host(parent) is not None))
+        parent, pbk = self.parent_pbk(node_id)
         dev, host = op.device_indices, op.host_indices
         cptrace(1, "prepare", node_id=node_id, op=op.id, len=len(dev), dev=rng(dev), host=rng(host),
-                policy=POLICY.get(cc.write_policy, "?"), parent=(parent.id if parent is not None else -1), pbk=pbk,
+                policy=POLICY.get(cc.write_policy, "?"), parent=parent, pbk=pbk,
                 **self.xs("hostx", host), **self.xs("devx", dev))
         cptrace(1, "backup", op=op.id, node_id=node_id, dev=rng(dev), host=rng(host), io=1, **self.fp(dev),
                 **self.moved(op), **self.xs("devx", dev), **self.xs("hostx", host))
@@ -161,8 +170,7 @@ class State23(State):
         if pending is None:
             return
         op, blen = self.write_len.pop(ack_id, (-1, -1))
-        lock_node = self.node(pending.node_id)
-        cptrace(2, "ack", dir="d2h", op=op, node_id=ack_id, blen=int(blen), clen=len(lock_node.key),
+        cptrace(2, "ack", dir="d2h", op=op, node_id=ack_id, blen=int(blen), clen=self.key_len(pending.node_id),
                 pub=[int(x) for x in pending.publish_node_ids])
         self.at_rest([self.node(x) for x in pending.publish_node_ids])
 
@@ -176,6 +184,11 @@ class State23(State):
                 dev=rng(device_indices), **self.moved(op), **self.xs("hostx", host), **self.xs("devx", device_indices))
         self.loads.setdefault(last.id, []).append(Load(op.id, chain))
         self.loaded = last
+
+
+# the State of a cache whose tree core is another class than the Python one, by that class's name (._rust23 adds
+# the Rust core's): a module that needs State23 cannot be imported from here
+STATE_FOR_CORE: dict[str, type[State23]] = {}
 
 
 def sidecar_names(cache: RadixCache) -> list[tuple[str, object]]:
@@ -217,12 +230,14 @@ def untraceable(cache: RadixCache) -> str | None:
 
     if cache.cache_controller is None:
         return "no HiCache controller"
-    if not isinstance(cache.tree_core, UnifiedTreeCore):
+    if not isinstance(cache.tree_core, UnifiedTreeCore) and not (is_rust_core(cache) and rust_opted_in()):
         return (f"its tree core is {type(cache.tree_core).__name__}, not the Python UnifiedTreeCore (set "
-                "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python to trace it)")
+                "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python, or CPTRACE_SGLANG_TREE_CORE=rust, to trace it)")
     if [int(c) for c in cache.tree_components] != [FULL]:
         return f"its tree has components {[c.name for c in cache.tree_components]}: only FULL alone is traced"
     backend = getattr(cache.cache_controller, "storage_backend_type", None)
+    if cache.enable_storage and is_rust_core(cache):
+        return f"it has the L3 storage backend {backend!r} over the Rust tree core (the L3 sites walk Python nodes)"
     if cache.enable_storage and backend not in L3_BACKENDS:
         return (f"it has the L3 storage backend {backend!r} (the L3 sites are verified with "
                 f"{', '.join(L3_BACKENDS)} only)")
@@ -242,7 +257,7 @@ def _attach(cache: RadixCache) -> None:
     if why is not None:
         warn_once("untraceable:" + why, f"cptrace-otel: this sglang UnifiedRadixCache is not traced: {why}")
         return
-    st = State23(cache)
+    st = STATE_FOR_CORE.get(type(cache.tree_core).__name__, State23)(cache)
     for obj in _traced_objects(cache):
         obj._cptrace_sg = st
     if trace_level() >= 1:
@@ -309,7 +324,7 @@ def _rid_map_load(st: State23, params: CacheParams, res: tuple[int, int] | None)
     if rid is None or res is None:
         return
     n, node_id = res
-    root = st.cache.tree_core.root_node.id
+    root = st.cache.tree_core.root_node_handle()
     hit = "host" if st.loaded is not None and n else ("dev" if node_id != root else "miss")
     plen = len(getattr(req, "origin_input_ids", ()) or ())
     rid_map(req, rid, int(node_id), hit, plen, hlen=int(n))
@@ -358,7 +373,8 @@ def _finish_write_ack(wrapped: Callable[..., Any], instance: RadixCache, args: t
     return wrapped(*args, **kwargs)
 
 
-def _commit_load_back(wrapped: Callable[..., Any], instance: TreeCore, args: tuple, kwargs: dict) -> Any:
+def commit_load_back_site(wrapped: Callable[..., Any], instance: TreeCore, args: tuple, kwargs: dict) -> Any:
+    """``reload`` at the tree core's ``commit_load_back(node_id, device_indices, kv_xfer, ...)`` (either core's)."""
     st = _st(instance)
     if st is not None:
         safe(st.reload23, arg(args, kwargs, 0, "node_id"), arg(args, kwargs, 1, "device_indices"),
@@ -440,7 +456,7 @@ SITES23: list[tuple[str, str, Any]] = [
     (UTC, "UnifiedTreeCore._add_new_node", _add_new_node),
     (UTC, "UnifiedTreeCore._unevict_node_on_insert", _unevict),
     (UTC, "UnifiedTreeCore._split_node", _split_node),
-    (UTC, "UnifiedTreeCore.commit_load_back", _commit_load_back),
+    (UTC, "UnifiedTreeCore.commit_load_back", commit_load_back_site),
     (UTC, "UnifiedTreeCore._evict_component_and_detach_lru", _evict_component),
     (UTC, "UnifiedTreeCore.drop_subtree_no_host", _kind("drop")),
     (UTC, "UnifiedTreeCore._release_full_host_duplicate", _kind("dup")),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, SupportsInt, TypeVar
@@ -126,6 +127,19 @@ CACHE_CLASSES: list[type] = []   # the cache classes the instrumentor wrapped (H
 _MISSING = object()
 
 
+TREE_CORE_OPT = "CPTRACE_SGLANG_TREE_CORE"
+
+
+def rust_opted_in() -> bool:
+    """True when the user asked to trace the Rust tree core where SGLang builds it (``CPTRACE_SGLANG_TREE_CORE``)."""
+    return os.environ.get(TREE_CORE_OPT, "").strip().lower() == "rust"
+
+
+def is_rust_core(cache: Any) -> bool:
+    """True when ``cache``'s tree core is 0.5.23's Rust one (``RustUnifiedTreeCore``, :mod:`._rust23`)."""
+    return type(cache.tree_core).__name__ == "RustUnifiedTreeCore"
+
+
 def state_of(obj: object) -> State | None:
     """The state of ``obj`` when tracing is on and ``obj`` belongs to an instrumented cache.
 
@@ -226,6 +240,10 @@ class State:
     def href(n: TreeNode) -> int:
         return int(n.host_ref_counter)
 
+    def refs(self, n: TreeNode, lock: bool) -> dict[str, int]:
+        """An ``evict`` record's reference counts of ``n``: ``lock`` (when ``lock``) and ``href``."""
+        return {"lock": self.lock(n), "href": self.href(n)} if lock else {"href": self.href(n)}
+
     def kv_pool(self) -> KVPool:
         return self.cache.kv_cache
 
@@ -290,9 +308,11 @@ class State:
                 **({sc.SIDECARS: "+".join(n for n, _ in self.side)} if self.side else {}))
 
     def node_record(self, n: TreeNode, kind: str) -> None:
-        v = self.dev(n)
-        cptrace(1, "insert", node_id=n.id, parent=n.parent.id, len=len(n.key), dev=rng(v), kind=kind,
-                **self.xs("devx", v))
+        self.insert_record(n.id, n.parent.id, len(n.key), self.dev(n), kind)
+
+    def insert_record(self, nid: int, parent: int, length: int, v: Tensor | None, kind: str) -> None:
+        """``insert`` of node ``nid`` (``kind`` new or revive) under ``parent``: ``length`` tokens in slots ``v``."""
+        cptrace(1, "insert", node_id=nid, parent=parent, len=length, dev=rng(v), kind=kind, **self.xs("devx", v))
 
     def announce_inserted(self) -> None:
         """The ``insert`` records of the nodes the running insert created or revived so far (each once): walks
@@ -362,10 +382,10 @@ class State:
         """``evict`` of node ``n`` on ``tier`` (the slots ``t`` it frees); the following ``free`` of ``t`` is
         attributed to ``n``."""
         if tier == "dev":
-            cptrace(1, "evict", tier="dev", node_id=n.id, kind=kind, dev=rng(t), lock=self.lock(n),
-                    href=self.href(n), **self.xs("devx", t))
+            cptrace(1, "evict", tier="dev", node_id=n.id, kind=kind, dev=rng(t), **self.refs(n, True),
+                    **self.xs("devx", t))
         else:
-            cptrace(1, "evict", tier="host", node_id=n.id, kind=kind, host=rng(t), href=self.href(n),
+            cptrace(1, "evict", tier="host", node_id=n.id, kind=kind, host=rng(t), **self.refs(n, False),
                     **self.xs("hostx", t))
         if t is not None:
             self.expect_free[id(t)] = (t, n.id)

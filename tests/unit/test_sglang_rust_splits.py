@@ -1,0 +1,88 @@
+"""The splits the Rust tree core makes inside Rust, inferred from the paths its boundary returns (unit level: a
+stand-in core answering ``collect_path_info`` from a table; tests/sglang_real/test_rust_boundary_real.py runs SGLang's
+own Rust core)."""
+
+from __future__ import annotations
+
+import types
+from collections import namedtuple
+
+import pytest
+
+from cptrace_otel.traced.sglang import _rust23
+
+Info = namedtuple("Info", "node_id parent_id path_start path_end full_value_len num_children")
+
+
+class Core:
+    """``parents``: node id -> (parent id, path start, path end); the root is 0."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[int, tuple[int, int, int]] = {}
+
+    def collect_path_info(self, ids):
+        out = []
+        for nid in ids:
+            if nid not in self.nodes:
+                raise KeyError(nid)
+            path = []
+            while nid != 0:
+                p, s, e = self.nodes[nid]
+                path.insert(0, Info(nid, p, s, e, e - s, 0))
+                nid = p
+            out.append(tuple(path))
+        return tuple(out)
+
+    def build_storage_backup_spec(self, nid, with_hash):
+        return None
+
+
+@pytest.fixture
+def st(monkeypatch):
+    recs: list[dict] = []
+    monkeypatch.setattr(_rust23, "cptrace", lambda lv, tag, **f: recs.append({"tag": tag, **f}))
+    s = _rust23.RustState.__new__(_rust23.RustState)
+    s.cache = types.SimpleNamespace(tree_core=Core())
+    s.span, s.by_start, s.host_first, s.loads = {}, {}, {}, {}
+    s.recs = recs
+    return s
+
+
+def splits(st) -> list[tuple[int, int, int, int]]:
+    return [(r["node_id"], r["new_id"], r["pre_len"], r["split_len"]) for r in st.recs if r["tag"] == "split"]
+
+
+def test_a_node_cut_twice_before_a_record_names_it_gives_both_fragments(st):
+    core = st.cache.tree_core
+    core.nodes[1] = (0, 0, 10)
+    st.path(1)
+    # Rust: 1 -> 2 [0,6) + 1 [6,10); then 2 -> 3 [0,3) + 2 [3,6)
+    core.nodes.update({3: (0, 0, 3), 2: (3, 3, 6), 1: (2, 6, 10)})
+    st.path(1)
+    assert splits(st) == [(1, 3, 10, 3), (1, 2, 7, 3)]
+    assert all(r.get("inf") == 1 for r in st.recs)
+    assert st.span[1] == (2, 6, 10) and st.span[2] == (3, 3, 6) and st.span[3] == (0, 0, 3)
+    st.path(1)
+    assert len(splits(st)) == 2   # nothing new: written once
+
+
+def test_a_prefix_seen_first_on_another_path_is_found_past_a_sibling_with_its_own_fragment(st):
+    core = st.cache.tree_core
+    core.nodes.update({5: (0, 0, 10), 1: (0, 0, 4)})   # siblings under the root, both starting at 0 (1 tried first)
+    st.path(5)
+    st.path(1)
+    # Rust: 1 -> 8 [0,1) + 1; 5 -> 6 [0,2) + 5; a new leaf 7 under 6
+    core.nodes.update({8: (0, 0, 1), 1: (8, 1, 4), 6: (0, 0, 2), 5: (6, 2, 10), 7: (6, 2, 5)})
+    st.path(7)
+    assert splits(st) == [(1, 8, 4, 1), (5, 6, 10, 2)], splits(st)
+    assert st.span[7] == (6, 2, 5) and st.span[5] == (6, 2, 10) and st.span[1] == (8, 1, 4)
+
+
+def test_a_node_that_left_the_tree_is_forgotten_not_split(st):
+    core = st.cache.tree_core
+    core.nodes[1] = (0, 0, 10)
+    st.path(1)
+    del core.nodes[1]
+    core.nodes[4] = (0, 0, 5)   # a new node where the evicted one started
+    st.path(4)
+    assert splits(st) == [] and 1 not in st.span
