@@ -59,6 +59,7 @@ from ._sites import (
     rid_map,
 )
 from ._state import Load, State, arg, kv_rows, safe, state_of, warn_once
+from ._swa23 import SWA, SWA_SITES23, SwaBook, full_pool
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -81,6 +82,7 @@ if TYPE_CHECKING:
 URC = "sglang.srt.mem_cache.unified_radix_cache"
 UTC = "sglang.srt.mem_cache.unified_cache.unified_tree_core"
 BASE_ALLOC = "sglang.srt.mem_cache.allocator.base"
+SWA_ALLOC = "sglang.srt.mem_cache.allocator.swa"
 FULL = 0   # ComponentType.FULL (an IntEnum, 0 in 0.5.23)
 
 
@@ -94,6 +96,8 @@ class State23(State):
         group = cache.cache_controller.mem_pool_host
         self.side_host = {name: group.get_pool(pool_name) for name, pool_name in sidecar_names(cache)}
         self.sharded = getattr(self.kv_pool(), "placement", None) is not None   # (KV sharding: a stripe per rank)
+        # a hybrid full + sliding-window tree: its SWA component's round trips (._swa23)
+        self.swa = SwaBook(cache) if SWA in [int(c) for c in cache.tree_components] else None
 
     @staticmethod
     def dev(n: TreeNode) -> Tensor | None:
@@ -112,7 +116,8 @@ class State23(State):
         return int(n.component_data[FULL].host_lock_ref)
 
     def kv_pool(self) -> KVPool:
-        return self.cache.token_to_kv_pool_allocator.get_kvcache()
+        """The full-attention KV pool (of a hybrid tree's ``SWAKVPool``, its full-attention layers' pool)."""
+        return full_pool(self.cache.token_to_kv_pool_allocator.get_kvcache())
 
     def node(self, nid: int) -> TreeNode:
         return self.cache.tree_core.node_by_id(nid)
@@ -133,9 +138,13 @@ class State23(State):
         self.write_len.clear()
         self.evict_kind = None
         drop_counter(self.cache.cache_controller.layer_done_counter)   # a reset aborts the load-backs in flight
+        if self.swa is not None:
+            self.swa.clear()
 
     def ack_h2d(self, ack_node_ids: list) -> None:
         super().ack_h2d(ack_node_ids)
+        if self.swa is not None:
+            self.swa.ack_h2d(self, ack_node_ids)
         end_layerwise(ack_node_ids)   # the load-back step is done: its reads are no longer recorded
 
     # -- records that differ from 0.5.20 --------------------------------------------------------------------------
@@ -172,10 +181,12 @@ class State23(State):
         chain = [self.node(nid) for nid in (kv_xfer.nodes_to_load or ())]
         host = kv_xfer.host_indices
         last = self.node(node_id)
+        self.loaded = last
+        if not chain:   # a hybrid tree's load of other components only (SWA: ._swa23): no full-attention KV moves
+            return
         cptrace(1, "reload", node_id=last.id, chain=[n.id for n in chain], op=op.id, host=rng(host),
                 dev=rng(device_indices), **self.moved(op), **self.xs("hostx", host), **self.xs("devx", device_indices))
         self.loads.setdefault(last.id, []).append(Load(op.id, chain))
-        self.loaded = last
 
 
 def sidecar_names(cache: RadixCache) -> list[tuple[str, object]]:
@@ -220,8 +231,9 @@ def untraceable(cache: RadixCache) -> str | None:
     if not isinstance(cache.tree_core, UnifiedTreeCore):
         return (f"its tree core is {type(cache.tree_core).__name__}, not the Python UnifiedTreeCore (set "
                 "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python to trace it)")
-    if [int(c) for c in cache.tree_components] != [FULL]:
-        return f"its tree has components {[c.name for c in cache.tree_components]}: only FULL alone is traced"
+    if [int(c) for c in cache.tree_components] not in ([FULL], [FULL, SWA]):
+        return (f"its tree has components {[c.name for c in cache.tree_components]}: only FULL alone and FULL with "
+                "SWA are traced")
     backend = getattr(cache.cache_controller, "storage_backend_type", None)
     if cache.enable_storage and backend not in L3_BACKENDS:
         return (f"it has the L3 storage backend {backend!r} (the L3 sites are verified with "
@@ -448,8 +460,15 @@ SITES23: list[tuple[str, str, Any]] = [
     (PAGED_ALLOC, "PagedTokenToKVPoolAllocator.free_segment", _dev_free_segment),
     (TOKEN_ALLOC, "TokenToKVPoolAllocator.free", dev_free),
     (PAGED_ALLOC, "PagedTokenToKVPoolAllocator.free", dev_free),
+    # a hybrid SWA tree's allocator: its free/free_segment release full slots with their SWA peers, free_full*
+    # the full slots alone (the free pool=dev records); its SWA-only frees (free_swa*) are the SWA pool's
+    (SWA_ALLOC, "SWATokenToKVPoolAllocator.free", _dev_free_segment),
+    (SWA_ALLOC, "SWATokenToKVPoolAllocator.free_full", _dev_free_segment),
+    (SWA_ALLOC, "SWATokenToKVPoolAllocator.free_segment", _dev_free_segment),
+    (SWA_ALLOC, "SWATokenToKVPoolAllocator.free_full_segment", _dev_free_segment),
     (HOST_POOL, "HostKVCache.free", host_free),
     *L3_SITES23,
     (URC, "UnifiedRadixCache.attach_storage_backend", _attach_storage_backend),
     *LAYERWISE_SITES23,
+    *SWA_SITES23,
 ]
