@@ -30,7 +30,8 @@ Where each record is made in 0.5.23 (the README's "Use it with SGLang" lists the
 Not covered (:func:`untraceable`: such a cache gets one warning and no record, never partial records): the Rust
 tree core (``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=rust``, 0.5.23's default wherever its extension loads: its nodes
 are not Python objects; the instrumentor sets ``=python`` where the variable is unset, so only an explicit choice is
-left), trees with other components than the full-attention KV (SWA, Mamba, C128: hybrid models), an L3 storage
+left), trees with other components than the full-attention KV and the sliding-window one (Mamba, C128: hybrid
+models; FULL + SWA is traced, :mod:`._swa23`, but not with L3 storage), an L3 storage
 backend other than ``file`` (the L3 sites, :mod:`._l3_sites23`, are verified against the ``file`` backend's flow; a
 cache that gets another backend attached at run time stops being traced then, with a warning), the buffer-only host
 mode and the external cache linker.
@@ -222,8 +223,10 @@ def _init_hicache(wrapped: Callable[..., Any], instance: RadixCache, args: tuple
 def untraceable(cache: RadixCache) -> str | None:
     """Why this 0.5.23 cache is left untraced (None when it is traced). Its records would be partial, and partial
     records give false findings: a tree core whose nodes are not Python objects (the Rust one) fires none of the
-    tree sites; other components (SWA, Mamba, C128) free and load through other allocators and pools; an L3 storage
-    backend, the buffer-only host mode and the external cache linker move KV on paths these sites do not see."""
+    tree sites; other components (Mamba, C128) free and load through other allocators and pools; an L3 storage
+    backend, the buffer-only host mode and the external cache linker move KV on paths these sites do not see. A hybrid
+    tree of FULL and SWA is traced (:mod:`._swa23`), without L3 storage: its SWA pages go to storage by their own
+    trailing-page keys, which no record follows."""
     from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore
 
     if cache.cache_controller is None:
@@ -234,6 +237,13 @@ def untraceable(cache: RadixCache) -> str | None:
     if [int(c) for c in cache.tree_components] not in ([FULL], [FULL, SWA]):
         return (f"its tree has components {[c.name for c in cache.tree_components]}: only FULL alone and FULL with "
                 "SWA are traced")
+    if SWA in [int(c) for c in cache.tree_components]:
+        pool = cache.token_to_kv_pool_allocator.get_kvcache()
+        if getattr(pool, "full_kv_pool", None) is None or getattr(pool, "swa_kv_pool", None) is None:
+            return (f"it is a hybrid SWA tree over a {type(pool).__name__}, not an SWAKVPool (its full and SWA "
+                    "pools are not where the fingerprints read them)")
+        if cache.enable_storage:
+            return "it is a hybrid SWA tree with an L3 storage backend (the SWA pages' L3 round trip is not recorded)"
     backend = getattr(cache.cache_controller, "storage_backend_type", None)
     if cache.enable_storage and backend not in L3_BACKENDS:
         return (f"it has the L3 storage backend {backend!r} (the L3 sites are verified with "
