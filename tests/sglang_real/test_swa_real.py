@@ -18,8 +18,9 @@ RUN = """
 import json
 from tests.sglang_real import swa_driver
 out = []
-for fault in (None, "swa_flip"):
-    out.append(swa_driver.run({out!r} + "/" + str(fault), fault=fault, checks=True, exact=True))
+for policy, fault in (("write_through", None), ("write_through", "swa_flip"), ("write_back", None)):
+    out.append(swa_driver.run({out!r} + "/" + policy + str(fault), fault=fault, policy=policy, checks=True,
+                              exact=True))
 print(json.dumps(out))
 """
 
@@ -30,7 +31,7 @@ def runs(tmp_path_factory: Any) -> list[dict]:
 
 
 def test_the_hybrid_tree_is_traced_with_its_swa_round_trips(runs: list[dict]) -> None:
-    healthy, _ = runs
+    healthy = runs[0]
     st = healthy["stats"]
     # the run exercised what the SWA component does: loads, tombstones, the window's reads checked
     assert healthy["corruption"] == [] and st["loads"] > 0 and st["swa_tombstones"] > 0 and st["swa_checked"] > 0
@@ -47,17 +48,20 @@ def test_the_hybrid_tree_is_traced_with_its_swa_round_trips(runs: list[dict]) ->
     assert all(f["h"] > 0 for t, f in recs if t == "backup")
 
 
-def test_a_healthy_hybrid_run_has_no_finding_of_any_severity(runs: list[dict]) -> None:
-    healthy, _ = runs
+@pytest.mark.parametrize("i", [0, 2], ids=["write_through", "write_back"])
+def test_a_healthy_hybrid_run_has_no_finding_of_any_severity(runs: list[dict], i: int) -> None:
+    healthy = runs[i]
+    assert healthy["corruption"] == [] and healthy["stats"]["loads"] > 0
     rep = _check(healthy["log"])
     assert rep["findings"] == [] and rep["unchecked"] == [], (rep["findings"][:3], rep["unchecked"])
     assert _online(healthy["otlp"]) == []
+    assert {f["dir"] for t, f in _records(healthy["log"]) if t == "swa"} == {"d2h", "h2d"}
 
 
 def test_a_flipped_swa_host_copy_is_found(runs: list[dict]) -> None:
     """One byte of the SWA host copy flipped before a load-back reads it: the model's window reads it wrong (the
     driver sees it in the SWA pool only), and SWA-hash names that load, offline and online; nothing else."""
-    _, fault = runs
+    fault = runs[1]
     hits = fault["swa_fault_hits"]
     assert len(hits) == 1
     assert {c["where"] for c in fault["corruption"]} == {"device-swa"}, fault["corruption"]
