@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from tests.sglang_real.test_dsa_real import _both, _online   # (the same run harness and online-finding reader)
-from tests.sglang_real.test_sglang_real import _check_json as _check, _records
+from tests.sglang_real import runtime
+from tests.sglang_real.test_dsa_real import _both, _online  # (the same run harness and online-finding reader)
+from tests.sglang_real.test_sglang_real import _check_json as _check, _py, _records
 
 pytestmark = pytest.mark.sglang
 RUN = """
@@ -71,3 +72,34 @@ def test_a_flipped_swa_host_copy_is_found(runs: list[dict]) -> None:
     assert f["severity"] == "ERROR" and f["certainty"] == "exact"
     assert f"host slot {hits[0]['host_slot']}" in f["message"], f["message"]
     assert set(_online(fault["otlp"])) == {"SWA-hash"}
+
+
+def test_a_hybrid_tree_that_gets_l3_storage_stops_being_traced(tmp_path: Any) -> None:
+    """A hybrid SWA tree is traced from its build (its ``config`` record); SGLang's runtime attach of the ``file``
+    storage backend ends that with one warning naming why (SWA stores its trailing pages under keys no record
+    follows)."""
+    runtime.need("0.5.23")
+    r = _py(f"""
+import json, logging, os
+msgs = []
+class H(logging.Handler):
+    def emit(self, rec): msgs.append(rec.getMessage())
+logging.getLogger("cptrace_otel.sglang").addHandler(H())
+import cptrace_otel
+cptrace_otel.configure(level=2, file={str(tmp_path / "o.jsonl")!r}, log_file={str(tmp_path / "r.log")!r},
+                       exporter="thread")
+from cptrace_otel.traced.sglang import SGLangInstrumentor
+SGLangInstrumentor().instrument()
+from tests.sglang_real import l3_driver, swa_driver
+cache, kv, alloc = swa_driver.build_swa("write_through", 1, 160, 3.0, None, None)
+built = list(msgs)
+os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = {str(tmp_path / "store")!r}
+os.makedirs(os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"])
+l3_driver.attach_file_storage(cache)
+assert cptrace_otel.flush(30)
+with open({str(tmp_path / "r.log")!r}) as f:
+    tags = [line.split("[CPTRACE ")[1].split("]")[0] for line in f if "[CPTRACE " in line]
+print(json.dumps({{"built": built, "msgs": msgs, "tags": tags}}))
+""", version="0.5.23")
+    assert r["built"] == [] and r["tags"] == ["config"], r
+    assert len(r["msgs"]) == 1 and "hybrid SWA tree with an L3 storage backend" in r["msgs"][0], r
