@@ -9,6 +9,8 @@ The scheduler steps are ``driver.Driver23``'s; this adds the SWA layers' content
 token's SWA KV at its SWA slot (the allocator's full -> SWA mapping) as it writes its full KV, a prefix check reads
 the full layers over the whole prefix and the SWA layers over its last window (all a model reads), and the host
 audit checks both host pools of every complete host copy. Page size 1 (the SWA allocator's ``alloc`` asserts it).
+Requests finish after their prefill (no decode), so the scheduler's ``free_out_of_window_slots`` of a running
+request is not called: the tombstones here come from SWA's own eviction (its pool is half the full one).
 
 Faults (:data:`SWA_FAULTS`): ``swa_flip`` flips one byte of the SWA host copy of a load-back's last SWA token
 before the copy reads it (the SWA pages of a round trip corrupted on the host; the full KV stays right).
@@ -26,8 +28,8 @@ SWA_FAULTS = ("swa_flip",)
 
 
 def make_swa_pool(dev_tokens: int, page_size: int) -> Any:
-    """An ``SWAKVPool``: full-attention layers 1 and 3, SWA layers 0 and 2 (``driver.LAYERS`` each), SWA slots as
-    many as full ones (as ``--swa-full-tokens-ratio 1``)."""
+    """An ``SWAKVPool``: full-attention layers 1 and 3, SWA layers 0 and 2 (``driver.LAYERS`` each), half as many
+    SWA slots as full ones (as ``--swa-full-tokens-ratio 0.5``), so SWA evicts on its own and leaves tombstones."""
     import torch
     from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 
@@ -37,6 +39,7 @@ def make_swa_pool(dev_tokens: int, page_size: int) -> Any:
 
 
 def make_swa_alloc(dev_tokens: int, page_size: int, kv: Any) -> Any:
+    """SGLang's ``SWATokenToKVPoolAllocator`` over :func:`make_swa_pool`'s pool (the same slot counts)."""
     import torch
     from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
 

@@ -53,18 +53,18 @@ class SwaBook:
         self.pool = pool.swa_kv_pool
         self.loads: dict[int, list[tuple[int, list[int], Tensor, Tensor]]] = {}   # load ack id -> SWA loads, FIFO
 
-    def fields(self, st: State, op: int, node_id: int, xfer: PoolTransfer, dev: Tensor) -> dict[str, Any]:
-        host = xfer.host_indices
-        return {"op": op, "node_id": node_id, "nodes": [int(x) for x in (xfer.nodes_to_load or ())],
-                "hostx": exact_runs(host), "devx": exact_runs(dev), "page": st.page_size,
-                **st.fp_rows(kv_rows(self.pool, dev))}
+    def record(self, st: State, dir: str, op: int, node_id: int, nodes: Any, host: Tensor, dev: Tensor) -> None:
+        """One ``swa`` record: the SWA rows at device slots ``dev`` as they are now, copied from or to ``host``."""
+        cptrace(2, "swa", dir=dir, op=op, node_id=int(node_id), nodes=[int(x) for x in (nodes or ())],
+                hostx=exact_runs(host), devx=exact_runs(dev), page=st.page_size,
+                **st.fp_rows(kv_rows(self.pool, dev)))
 
     def backup(self, st: State, node: TreeNode, xfer: PoolTransfer) -> None:
         """A backup's SWA transfer committed (the copy queued, not run: the rows hashed are the ones it reads)."""
         if xfer.host_indices is None or xfer.device_indices is None or not len(xfer.host_indices):
             return
         op = self.cache.cache_controller.write_queue[-1]
-        cptrace(2, "swa", dir="d2h", **self.fields(st, op.id, node.id, xfer, xfer.device_indices))
+        self.record(st, "d2h", op.id, node.id, xfer.nodes_to_load, xfer.host_indices, xfer.device_indices)
 
     def load(self, node: TreeNode, xfer: PoolTransfer) -> None:
         """A load-back's SWA transfer committed: remembered until the load's ack (its rows are not there yet)."""
@@ -83,9 +83,7 @@ class SwaBook:
             op, nodes, host, dev = q.pop(0)
             if not q:
                 del self.loads[nid]
-            cptrace(2, "swa", dir="h2d", op=op, node_id=int(nid), nodes=[int(x) for x in nodes],
-                    hostx=exact_runs(host), devx=exact_runs(dev), page=st.page_size,
-                    **st.fp_rows(kv_rows(self.pool, dev)))
+            self.record(st, "h2d", op, nid, nodes, host, dev)
 
     def clear(self) -> None:
         self.loads.clear()
@@ -95,7 +93,7 @@ def _commit_transfer(wrapped: Callable[..., Any], instance: Any, args: tuple, kw
     """``SWAComponent.commit_hicache_transfer(node, phase, transfers, ...)``: a backup's or load-back's SWA
     transfer committed onto the tree (after the controller queued its copy)."""
     out = wrapped(*args, **kwargs)
-    st = state_of(instance.cache)
+    st = state_of(getattr(instance, "cache", None))
     book = getattr(st, "swa", None)
     if book is None or trace_level() < 2:
         return out
