@@ -36,6 +36,7 @@ from .rules_l3 import KEYS_KEPT, L3Rules
 from .rules_load import STEPS_KEPT, LoadRules
 from .rules_rest import RestRules
 from .rules_side import SideRules, side_witness
+from .rules_swa import PAGES_KEPT, SwaRules
 
 # handler(ev, ev.fields, node_id, (seq, line_no)); node_id is an int for the keyed tags (the rest get the raw value)
 Handler = Callable[[Event, dict, Any, tuple], "list[Finding] | None"]
@@ -44,7 +45,7 @@ _UNKEYED = frozenset(("config", "free", "kv_canary", "l3_prefetch", "l3_ack", "l
 
 
 class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare, CanaryOwner, L3Rules,
-                  SideRules, LoadRules, RestRules):
+                  SideRules, LoadRules, RestRules, SwaRules):
     """Streaming checker of one rank. See the package docstring for the contract."""
 
     def __init__(self, rank: int, level: int | None = None) -> None:
@@ -63,6 +64,8 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         self._skips: dict[str, Unchecked] = {}
         self._l3_keys = Bounded(KEYS_KEPT)   # L3a: page key -> its backup fingerprints (outlives epochs, as storage)
         self._side_l3_keys = Bounded(KEYS_KEPT)   # SIDE-l3: the same for sidecar pages ("<key>.<pool>")
+        self._swa_pages = Bounded(PAGES_KEPT)   # SWA-hash: SWA host page -> its latest backup (outlives epochs)
+        self._swa_seen = False                  # any swa record: SWA applies to this stream
         self._l3_acked = Bounded(4096)       # L3a: prefetch ops compared at their ack
         self._l3_seen = False                # any L3 record: the L3 rules apply to this stream
         self._ld_steps = Bounded(STEPS_KEPT)   # LOAD: layer-wise load-back steps (outlive epochs, as op ids do)
@@ -78,7 +81,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
             "reload": self._reload, "compose": self._compose, "kv_canary": self._canary,
             "l3_backup": self._l3_backup_all, "l3_prefetch": self._l3_prefetch, "l3_ack": self._l3_ack_all,
             "l3_hit": self._l3_hit, "audit": self._audit,
-            "ld_start": self._ld_start, "ld_layer": self._ld_layer, "ld_read": self._ld_read,
+            "ld_start": self._ld_start, "ld_layer": self._ld_layer, "ld_read": self._ld_read, "swa": self._swa,
         }
         # tag -> (level of the tag, handler, whether the record can move the epoch tracker, whether the handler
         # needs an int node_id): one lookup per record on the hot path
@@ -166,7 +169,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         """Whether this stream had the tier, pool or records that rule ``r`` needs (its ``only_with``)."""
         if r.code == "SIDE":
             return bool(self.sidecars) and (self._l3_seen or "l3_ack" not in r.tags)
-        return {"LOAD": self._ld_seen, "REST": self._audit_seen}.get(r.code, self._l3_seen)
+        return {"LOAD": self._ld_seen, "REST": self._audit_seen, "SWA": self._swa_seen}.get(r.code, self._l3_seen)
 
     def unchecked(self) -> list[Unchecked]:
         """Rules that could not run at this stream's level (:func:`.registry.unchecked_at`), then per-instance skips

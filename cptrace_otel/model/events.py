@@ -48,6 +48,8 @@ LEVEL_OF_TAG: dict[str, int] = {
     "l3_backup": 1, "l3_query": 1, "l3_prefetch": 1, "l3_hit": 1, "l3_ack": 2,
     # a layer-wise load-back step, its layers' completions and the first read of each (checks.rules_load)
     "ld_start": 2, "ld_layer": 2, "ld_read": 2,
+    # a hybrid tree's sliding-window (SWA) pages moved by a backup or a load-back (checks.rules_swa)
+    "swa": 2,
     # the opt-in audit of host copies at rest (cptrace_otel.traced.sglang._audit): written off the scheduler's thread
     "audit": 2,
 }

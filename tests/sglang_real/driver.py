@@ -166,11 +166,12 @@ def build(version: str, policy: str, page_size: int, dev_tokens: int, host_ratio
 
 def build23(policy: str, page_size: int, dev_tokens: int, host_ratio: float, cp_group: Any,
             tp_group: Any, make_kv: Any = None, server_args: dict | None = None,
-            make_alloc: Any = None) -> tuple[Any, Any, Any]:
+            make_alloc: Any = None, params_hook: Any = None) -> tuple[Any, Any, Any]:
     """sglang 0.5.23: ``UnifiedRadixCache`` with the full-attention component only (what the scheduler builds for a
     plain MHA model, ``registry.create_unified_radix_cache``; ``make_kv``: another device pool, see :func:`_pools`),
     then ``init_hicache`` (``HybridCacheController``, its host pools chosen by SGLang's strategy for the pool);
-    ``server_args``, ``make_alloc``: :func:`_pools`'s."""
+    ``server_args``, ``make_alloc``: :func:`_pools`'s; ``params_hook(params)``: edits the init params before the
+    cache is built (swa_driver.py's hybrid tree: its components and window)."""
     sa, kv, alloc, params = _pools(policy, page_size, dev_tokens, host_ratio, cp_group, tp_group, make_kv,
                                    server_args, make_alloc)
     from sglang.srt.mem_cache.unified_cache.components import ComponentType
@@ -182,6 +183,8 @@ def build23(policy: str, page_size: int, dev_tokens: int, host_ratio: float, cp_
     # POOL["tree_core"] = "": SGLang's own selection, as the scheduler leaves it (None: the variable, else its default)
     params.tree_core_backend = os.environ.get("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND",
                                               POOL.get("tree_core", "python")) or None
+    if params_hook is not None:
+        params_hook(params)
     cache = UnifiedRadixCache(params)
     cache.init_hicache(sa, params)
     return cache, kv, alloc

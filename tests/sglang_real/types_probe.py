@@ -48,6 +48,7 @@ CLASSES = {
         "ComponentData": ["mem_cache.unified_cache.components.base:ComponentData"],
         "TreeCore": ["mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore"],
         "SidecarPool": ["mem_cache.memory_pool:DSATokenToKVPool"],
+        "SwaKVPool": ["mem_cache.swa_memory_pool:SWAKVPool"],
         "PoolName": ["mem_cache.hicache_storage:PoolName"],
         "PoolEntry": ["mem_cache.pool_host.group:PoolEntry"],
         "HostPoolGroup": ["mem_cache.pool_host.group:HostPoolGroup"],

@@ -116,6 +116,11 @@ RULES: tuple[Rule, ...] = (
        skips=("REST-skipped(l3 gone)", "REST-skipped(l3 unreadable)", "REST-skipped(l3 never written)",
               "REST-skipped(no hash)"),
        only_with="audit"),
+    _r("SWA-hash", "SWA", 2, RANK, "swa",
+       "a hybrid tree's sliding-window KV survives its host round trip: per SWA host page, the fingerprint after a "
+       "load-back (swa dir=h2d) equals the one its latest backup wrote (swa dir=d2h); tokens the window dropped are "
+       "never loaded, never compared",
+       "rules_swa:SwaRules._swa", skips=("SWA-skipped(no backup)", "SWA-skipped(no hash)"), only_with="swa"),
     _r("C1", "C1", 1, CROSS, "insert split prepare evict reload reset",
        "lockstep tree: every rank's structural tuples are identical; the first divergence is reported",
        "rules_c1:C1Lockstep._c1_compare"),

@@ -31,7 +31,8 @@ Not covered (:func:`untraceable`: such a cache gets one warning and no record, n
 tree core (``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=rust``, 0.5.23's default wherever its extension loads: its nodes
 are not Python objects; the instrumentor sets ``=python`` where the variable is unset, so only an explicit choice is
 left; with ``CPTRACE_SGLANG_TREE_CORE=rust`` it is traced at its boundary instead, :mod:`._rust23`), trees with
-other components than the full-attention KV (SWA, Mamba, C128: hybrid models), an L3 storage
+other components than the full-attention KV and the sliding-window one (Mamba, C128: hybrid models; FULL + SWA is
+traced, :mod:`._swa23`, but not with L3 storage nor on the Rust core), an L3 storage
 backend other than ``file`` (the L3 sites, :mod:`._l3_sites23`, are verified against the ``file`` backend's flow; a
 cache that gets another backend attached at run time stops being traced then, with a warning), the buffer-only host
 mode and the external cache linker.
@@ -60,6 +61,7 @@ from ._sites import (
     rid_map,
 )
 from ._state import Load, State, arg, is_rust_core, kv_rows, rust_opted_in, safe, state_of, warn_once
+from ._swa23 import SWA, SWA_SITES23, SwaBook, full_pool
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -82,6 +84,7 @@ if TYPE_CHECKING:
 URC = "sglang.srt.mem_cache.unified_radix_cache"
 UTC = "sglang.srt.mem_cache.unified_cache.unified_tree_core"
 BASE_ALLOC = "sglang.srt.mem_cache.allocator.base"
+SWA_ALLOC = "sglang.srt.mem_cache.allocator.swa"
 FULL = 0   # ComponentType.FULL (an IntEnum, 0 in 0.5.23)
 
 
@@ -95,6 +98,8 @@ class State23(State):
         group = cache.cache_controller.mem_pool_host
         self.side_host = {name: group.get_pool(pool_name) for name, pool_name in sidecar_names(cache)}
         self.sharded = getattr(self.kv_pool(), "placement", None) is not None   # (KV sharding: a stripe per rank)
+        # a hybrid full + sliding-window tree: its SWA component's round trips (._swa23)
+        self.swa = SwaBook(cache) if SWA in [int(c) for c in cache.tree_components] else None
 
     @staticmethod
     def dev(n: TreeNode) -> Tensor | None:
@@ -113,7 +118,8 @@ class State23(State):
         return int(n.component_data[FULL].host_lock_ref)
 
     def kv_pool(self) -> KVPool:
-        return self.cache.token_to_kv_pool_allocator.get_kvcache()
+        """The full-attention KV pool (of a hybrid tree's ``SWAKVPool``, its full-attention layers' pool)."""
+        return full_pool(self.cache.token_to_kv_pool_allocator.get_kvcache())
 
     def node(self, nid: int) -> TreeNode:
         return self.cache.tree_core.node_by_id(nid)
@@ -134,9 +140,13 @@ class State23(State):
         self.write_len.clear()
         self.evict_kind = None
         drop_counter(self.cache.cache_controller.layer_done_counter)   # a reset aborts the load-backs in flight
+        if self.swa is not None:
+            self.swa.clear()
 
     def ack_h2d(self, ack_node_ids: list) -> None:
         super().ack_h2d(ack_node_ids)
+        if self.swa is not None:
+            self.swa.ack_h2d(self, ack_node_ids)
         end_layerwise(ack_node_ids)   # the load-back step is done: its reads are no longer recorded
 
     def parent_pbk(self, node_id: int) -> tuple[int, int]:
@@ -180,10 +190,12 @@ class State23(State):
         chain = [self.node(nid) for nid in (kv_xfer.nodes_to_load or ())]
         host = kv_xfer.host_indices
         last = self.node(node_id)
+        self.loaded = last
+        if not chain:   # a hybrid tree's load of other components only (SWA: ._swa23): no full-attention KV moves
+            return
         cptrace(1, "reload", node_id=last.id, chain=[n.id for n in chain], op=op.id, host=rng(host),
                 dev=rng(device_indices), **self.moved(op), **self.xs("hostx", host), **self.xs("devx", device_indices))
         self.loads.setdefault(last.id, []).append(Load(op.id, chain))
-        self.loaded = last
 
 
 # the State of a cache whose tree core is another class than the Python one, by that class's name (._rust23 adds
@@ -224,8 +236,10 @@ def _init_hicache(wrapped: Callable[..., Any], instance: RadixCache, args: tuple
 def untraceable(cache: RadixCache) -> str | None:
     """Why this 0.5.23 cache is left untraced (None when it is traced). Its records would be partial, and partial
     records give false findings: a tree core whose nodes are not Python objects (the Rust one) fires none of the
-    tree sites; other components (SWA, Mamba, C128) free and load through other allocators and pools; an L3 storage
-    backend, the buffer-only host mode and the external cache linker move KV on paths these sites do not see."""
+    tree sites; other components (Mamba, C128) free and load through other allocators and pools; an L3 storage
+    backend, the buffer-only host mode and the external cache linker move KV on paths these sites do not see. A hybrid
+    tree of FULL and SWA is traced (:mod:`._swa23`), without L3 storage: its SWA pages go to storage by their own
+    trailing-page keys, which no record follows."""
     from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore
 
     if cache.cache_controller is None:
@@ -233,8 +247,18 @@ def untraceable(cache: RadixCache) -> str | None:
     if not isinstance(cache.tree_core, UnifiedTreeCore) and not (is_rust_core(cache) and rust_opted_in()):
         return (f"its tree core is {type(cache.tree_core).__name__}, not the Python UnifiedTreeCore (set "
                 "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python, or CPTRACE_SGLANG_TREE_CORE=rust, to trace it)")
-    if [int(c) for c in cache.tree_components] != [FULL]:
-        return f"its tree has components {[c.name for c in cache.tree_components]}: only FULL alone is traced"
+    if [int(c) for c in cache.tree_components] not in ([FULL], [FULL, SWA]):
+        return (f"its tree has components {[c.name for c in cache.tree_components]}: only FULL alone and FULL with "
+                "SWA are traced")
+    if SWA in [int(c) for c in cache.tree_components]:
+        if not isinstance(cache.tree_core, UnifiedTreeCore):
+            return "it is a hybrid SWA tree on the Rust tree core (its SWA records read Python nodes)"
+        pool = cache.token_to_kv_pool_allocator.get_kvcache()
+        if getattr(pool, "full_kv_pool", None) is None or getattr(pool, "swa_kv_pool", None) is None:
+            return (f"it is a hybrid SWA tree over a {type(pool).__name__}, not an SWAKVPool (its full and SWA "
+                    "pools are not where the fingerprints read them)")
+        if cache.enable_storage:
+            return "it is a hybrid SWA tree with an L3 storage backend (the SWA pages' L3 round trip is not recorded)"
     backend = getattr(cache.cache_controller, "storage_backend_type", None)
     if cache.enable_storage and is_rust_core(cache):
         return f"it has the L3 storage backend {backend!r} over the Rust tree core (the L3 sites walk Python nodes)"
@@ -464,8 +488,15 @@ SITES23: list[tuple[str, str, Any]] = [
     (PAGED_ALLOC, "PagedTokenToKVPoolAllocator.free_segment", _dev_free_segment),
     (TOKEN_ALLOC, "TokenToKVPoolAllocator.free", dev_free),
     (PAGED_ALLOC, "PagedTokenToKVPoolAllocator.free", dev_free),
+    # a hybrid SWA tree's allocator: its free/free_segment release full slots with their SWA peers, free_full*
+    # the full slots alone (the free pool=dev records); its SWA-only frees (free_swa*) are the SWA pool's
+    (SWA_ALLOC, "SWATokenToKVPoolAllocator.free", _dev_free_segment),
+    (SWA_ALLOC, "SWATokenToKVPoolAllocator.free_full", _dev_free_segment),
+    (SWA_ALLOC, "SWATokenToKVPoolAllocator.free_segment", _dev_free_segment),
+    (SWA_ALLOC, "SWATokenToKVPoolAllocator.free_full_segment", _dev_free_segment),
     (HOST_POOL, "HostKVCache.free", host_free),
     *L3_SITES23,
     (URC, "UnifiedRadixCache.attach_storage_backend", _attach_storage_backend),
     *LAYERWISE_SITES23,
+    *SWA_SITES23,
 ]

@@ -161,7 +161,7 @@ def state_of(obj: object) -> State | None:
     return st
 
 
-def _runs(t: Tensor) -> str:
+def exact_runs(t: Tensor) -> str:
     """Exact set (domain 3.1): inclusive runs ``a-b:c-d`` of ``t``'s values in their order; ``(0)`` when empty."""
     xs = t.tolist() if hasattr(t, "tolist") else list(t)
     if not xs:
@@ -254,7 +254,7 @@ class State:
     def xs(self, key: str, t: Tensor | None) -> dict[str, str]:
         if not Recorder.exact or t is None:
             return {}
-        return {key: _runs(t)}
+        return {key: exact_runs(t)}
 
     def fp(self, idx: Tensor | None) -> dict[str, Any]:
         """``h``, ``nz``, ``hp``: the device KV of slots ``idx`` in token order, every layer's K then V; then, per

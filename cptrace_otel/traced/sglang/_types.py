@@ -140,6 +140,14 @@ class KVPool(Protocol):
     index_key_cache: IndexKeyCache | None
 
 
+class SwaKVPool(Protocol):
+    """0.5.23's ``swa_memory_pool.SWAKVPool`` (a hybrid full + sliding-window model's device pool): the pools of its
+    full-attention and its sliding-window layers."""
+
+    full_kv_pool: KVPool
+    swa_kv_pool: KVPool
+
+
 class SidecarPool(Protocol):
     """A sidecar device pool on the KV's slots (0.5.23: the DSA indexer's, ``index_k_with_scale_buffer``)."""
 
@@ -202,6 +210,7 @@ class PoolTransfer(Protocol):
     name: object   # a PoolName
     nodes_to_load: Sequence[int] | None
     host_indices: Tensor
+    device_indices: Tensor | None   # (a component's transfer: its own pool's slots)
 
 
 class CacheOperation(Protocol):
