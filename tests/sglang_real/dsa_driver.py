@@ -218,7 +218,7 @@ def _early_release(cache: Any, hits: list[dict], kv: bool) -> None:
     def hook(cache: Any, chain: list, res: Any) -> None:
         if res is None or not chain or hits:
             return
-        host = runtime.full(chain[0]).host_value
+        host = chain[0].host   # (read through the tree core's boundary: runtime.Faults._wrap_load_back23)
         if kv:
             faults._free_and_reuse(cache, host)
         else:   # freed and taken at once as _free_and_reuse does, the KV rows left as they are
