@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from cptrace_otel.analyze.finding_sinks import finding_trace
-from cptrace_otel.analyze.serve_state import PARTIAL_RULES, TRACE_RULES
+from cptrace_otel.analyze.serve_state import LOCKSTEP_RULES, PARTIAL_RULES, TRACE_RULES
 from cptrace_otel.checks import Finding
 from tests.helpers.integration import ROOT, wait_for
 from tests.integration.test_serve_collector import FAULTS, LINE, _env, _metrics, collector_setup, stop_all, up_url
@@ -129,4 +129,4 @@ def test_a_replica_killed_mid_run_and_restarted_loses_nothing_silently(tmp_path)
     assert not missing, f"findings of check neither reported nor in an UNCHECKED trace: {missing}"
     # (how many findings fall in b's lost traces depends on the kill's moment: all of them may, never silently)
     assert ma["cptrace_serve_events_checked_total"] > 0, "replica a, never killed, checks its share"
-    assert {f[1] for f in have} <= TRACE_RULES | PARTIAL_RULES
+    assert {f[1] for f in have} <= TRACE_RULES | PARTIAL_RULES | LOCKSTEP_RULES   # (C3_writer's C3 where a's)
