@@ -47,6 +47,17 @@ def unavailable(reason: str) -> None:
     pytest.skip(f"{reason}; start it with deploy/jaeger/up (set CPTRACE_REQUIRE_JAEGER=1 to fail instead)")
 
 
+def collector_binary() -> Path:
+    """The OTel Collector built by deploy/collector/up (``COLLECTOR_BIN`` overrides the path); skip when it is
+    missing, fail instead when ``CPTRACE_REQUIRE_COLLECTOR`` is set (CI)."""
+    b = Path(os.environ.get("COLLECTOR_BIN") or DEPLOY / "collector" / "bin" / "otelcol-cptrace")
+    if not b.is_file():
+        if os.environ.get("CPTRACE_REQUIRE_COLLECTOR", "").strip():
+            pytest.fail(f"no collector binary at {b} (CPTRACE_REQUIRE_COLLECTOR is set)", pytrace=False)
+        pytest.skip(f"no collector binary at {b}; build it with deploy/collector/up (or set COLLECTOR_BIN)")
+    return b
+
+
 def _port_open(url: str) -> bool:
     hostport = url.split("://", 1)[-1].split("/", 1)[0]
     host, _, port = hostport.rpartition(":")

@@ -17,7 +17,6 @@ import sys
 import threading
 import urllib.request
 from concurrent import futures
-from pathlib import Path
 
 import pytest
 
@@ -25,7 +24,7 @@ from cptrace_otel._speedups.otlpin import load
 from cptrace_otel.analyze import otlp_intake
 from cptrace_otel.analyze.incremental import WATCH_SERVICE
 from tests.helpers import free_port
-from tests.helpers.integration import DEPLOY, ROOT, wait_for
+from tests.helpers.integration import ROOT, collector_binary, wait_for
 from tests.unit.test_otlp_intake_c import read_in_c_alike
 
 grpc = pytest.importorskip("grpc")
@@ -33,12 +32,8 @@ yaml = pytest.importorskip("yaml")
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-REQUIRE = bool(os.environ.get("CPTRACE_REQUIRE_COLLECTOR", "").strip())
 SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 
-
-def _collector_bin() -> Path:
-    return Path(os.environ.get("COLLECTOR_BIN") or DEPLOY / "collector" / "bin" / "otelcol-cptrace")
 
 
 def _config(http: int, sink: int, health: int, metrics: int) -> dict:
@@ -59,11 +54,7 @@ def test_collector_reencoded_requests_read_in_c_equal_the_python_twin(tmp_path):
         if os.environ.get("CPTRACE_REQUIRE_SPEEDUPS"):
             pytest.fail("the C speedups are not built (CPTRACE_REQUIRE_SPEEDUPS is set)")
         pytest.skip("the C speedups are not built")
-    b = _collector_bin()
-    if not b.is_file():
-        if REQUIRE:
-            pytest.fail(f"no collector binary at {b} (CPTRACE_REQUIRE_COLLECTOR is set)", pytrace=False)
-        pytest.skip(f"no collector binary at {b}; build it with deploy/collector/up (or set COLLECTOR_BIN)")
+    b = collector_binary()
 
     got: list[bytes] = []
     lock = threading.Lock()

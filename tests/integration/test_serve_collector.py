@@ -29,13 +29,12 @@ import pytest
 
 from cptrace_otel.analyze.serve_state import LOCKSTEP_RULES, PARTIAL_RULES, TRACE_RULES
 from tests.helpers import free_port
-from tests.helpers.integration import _BASE_ENV, DEPLOY, ROOT, wait_for
+from tests.helpers.integration import _BASE_ENV, DEPLOY, ROOT, collector_binary, wait_for
 
 yaml = pytest.importorskip("yaml")
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-REQUIRE = bool(os.environ.get("CPTRACE_REQUIRE_COLLECTOR", "").strip())
 COLLECTOR_DIR = DEPLOY / "collector"
 # (ranks, mode, faults, the cross-rank rule the faults make check find)
 FAULTS = "HASH_flip,ZERO_nostore,H1_ack,H4_nolock,C3_writer"
@@ -48,9 +47,6 @@ LINE = re.compile(r"^(\w+) (\S+) (\S+) run (\S+) rank (-?\d+) (?:node (-?\d+)|\(
 def _env() -> dict[str, str]:
     return dict(_BASE_ENV, PYTHONPATH=str(ROOT) + os.pathsep + _BASE_ENV.get("PYTHONPATH", ""))
 
-
-def _collector_bin() -> Path:
-    return Path(os.environ.get("COLLECTOR_BIN") or COLLECTOR_DIR / "bin" / "otelcol-cptrace")
 
 
 def _metrics(port: int) -> dict[str, float]:
@@ -91,11 +87,7 @@ def collector_setup(tmp_path: Path) -> tuple[Path, list[int]]:
     """The collector binary (else skip, or fail under ``CPTRACE_REQUIRE_COLLECTOR``) and eight free ports: the
     collector's HTTP, gRPC, health and metrics, then replica a's HTTP and gRPC, then b's; its config written to
     ``tmp_path/col.yaml``."""
-    b = _collector_bin()
-    if not b.is_file():
-        if REQUIRE:
-            pytest.fail(f"no collector binary at {b} (CPTRACE_REQUIRE_COLLECTOR is set)", pytrace=False)
-        pytest.skip(f"no collector binary at {b}; build it with deploy/collector/up (or set COLLECTOR_BIN)")
+    b = collector_binary()
     ports = [free_port() for _ in range(8)]
     (tmp_path / "col.yaml").write_text(yaml.safe_dump(_config(*ports[:4], [ports[5], ports[7]])))
     return b, ports
@@ -212,11 +204,7 @@ def test_the_collector_reaches_a_replica_over_mutual_tls_with_a_token(tmp_path):
     from tests.helpers.otlp_receiver import make_pki
 
     pytest.importorskip("cryptography")
-    b = _collector_bin()
-    if not b.is_file():
-        if REQUIRE:
-            pytest.fail(f"no collector binary at {b} (CPTRACE_REQUIRE_COLLECTOR is set)", pytrace=False)
-        pytest.skip(f"no collector binary at {b}; build it with deploy/collector/up (or set COLLECTOR_BIN)")
+    b = collector_binary()
     (tmp_path / "pki").mkdir()
     pki = make_pki(str(tmp_path / "pki"))
     token = "Bearer collector-to-checker-t0ken"
