@@ -455,3 +455,36 @@ def read_jsonl(paths: Iterable[str], validate_lines: int = 1) -> list[RxSpan]:
                          for s in spans], f"{p}:{i + 1}: JSON differs from its json_format reading"
                 out.extend(spans)
     return out
+
+
+class AlertSink:
+    """An in-test endpoint of Alertmanager's API: every POST answered 200, its (path, JSON body) kept in
+    :attr:`posted`; :meth:`alerts` the alerts of every ``/api/v2/alerts`` post, in order. (The real Alertmanager is
+    driven by the integration tests and bench/serve_latency.py.)"""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        posted: list[tuple[str, Any]] = []
+        self.posted = posted
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a: Any) -> None:  # quiet
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802
+                posted.append((self.path, json.loads(self.rfile.read(int(self.headers["Content-Length"])))))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def alerts(self) -> list[Any]:
+        return [a for path, body in list(self.posted) if path == "/api/v2/alerts" for a in body]
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

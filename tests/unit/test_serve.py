@@ -162,39 +162,22 @@ def test_findings_are_written_back_into_their_trace_and_alerted(tmp_path, demo_b
     """--endpoint: one cptrace.finding span per finding, in the trace the printed line links to, linking the
     evidence spans; --alertmanager: the finding posted as an alert with its run id and trace link (an in-test
     Alertmanager endpoint: the real one is in the integration tests of watch, which shares finding_sinks)."""
-    import json
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from tests.helpers.otlp_receiver import AlertSink, HttpReceiver
 
-    from tests.helpers.otlp_receiver import HttpReceiver
-
-    posted: list = []
-
-    class AM(BaseHTTPRequestHandler):
-        def log_message(self, *a) -> None:
-            pass
-
-        def do_POST(self) -> None:  # noqa: N802
-            posted.append((self.path, json.loads(self.rfile.read(int(self.headers["Content-Length"])))))
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-    am = ThreadingHTTPServer(("127.0.0.1", 0), AM)
-    threading.Thread(target=am.serve_forever, daemon=True).start()
+    am = AlertSink()
     with HttpReceiver() as rx:
         s = Serve(tmp_path, "--idle", "0.5", "--endpoint", rx.url, "--alertmanager",
-                  f"http://127.0.0.1:{am.server_address[1]}", "--alert-interval", "0.5")
+                  am.url, "--alert-interval", "0.5")
         try:
             for b in demo_bodies:   # as an exporter without online checks sends them: nothing stamped yet
                 assert s.post(_unstamped(b))[0] == 200
             deadline = time.monotonic() + 30
-            while not (posted and s.out.read_text()):
+            while not (am.posted and s.out.read_text()):
                 assert time.monotonic() < deadline
                 time.sleep(0.2)
         finally:
             rc = s.stop()
-        am.shutdown()
+        am.close()
         lines = s.out.read_text().splitlines()
         assert rc == 1 and lines
         spans = [sp for sp in rx.spans() if sp.name == "cptrace.finding"]
@@ -202,7 +185,7 @@ def test_findings_are_written_back_into_their_trace_and_alerted(tmp_path, demo_b
     linked = {ln.rsplit("/trace/", 1)[1] for ln in lines}
     assert {sp.trace_id for sp in spans} == linked
     assert all(sp.resource["cptrace.run_id"] in lines[0] and sp.links for sp in spans)
-    alerts = [a for path, body in posted if path == "/api/v2/alerts" for a in body]
+    alerts = am.alerts()
     assert alerts and {a["labels"]["code"] for a in alerts} <= {ln.split()[1] for ln in lines}
     assert all(a["annotations"]["jaeger"].rsplit("/trace/", 1)[1] in linked for a in alerts)
 

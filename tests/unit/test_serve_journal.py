@@ -178,23 +178,10 @@ def test_sigkilled_replica_restarted_reports_every_lost_trace(tmp_path, demo):
     finding ``check`` gives (of the rules a replica reports) is printed or its trace is reported UNCHECKED; none is
     printed twice; /metrics counts the unchecked traces by run; Alertmanager (an in-test endpoint, as in
     test_serve.py) gets an UNCHECKED alert with the run id."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    posted: list = []
+    from tests.helpers.otlp_receiver import AlertSink
 
-    class AM(BaseHTTPRequestHandler):
-        def log_message(self, *a) -> None:
-            pass
-
-        def do_POST(self) -> None:  # noqa: N802
-            posted.extend(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-    am = ThreadingHTTPServer(("127.0.0.1", 0), AM)
-    threading.Thread(target=am.serve_forever, daemon=True).start()
+    am = AlertSink()
     bodies, logs = demo
     port = free_port()
     a = _serve(tmp_path, "a", port)
@@ -204,7 +191,7 @@ def test_sigkilled_replica_restarted_reports_every_lost_trace(tmp_path, demo):
             _post(port, b)
         a.send_signal(signal.SIGKILL)
         a.wait(timeout=30)
-        b_ = _serve(tmp_path, "b", port, "--alertmanager", f"http://127.0.0.1:{am.server_address[1]}",
+        b_ = _serve(tmp_path, "b", port, "--alertmanager", am.url,
                     "--alert-interval", "0.5")
         held = {sp.trace_id for b in bodies[:half] for sp in decode(b).spans}
         held_records = sum(decode(b).records for b in bodies[:half])
@@ -218,7 +205,7 @@ def test_sigkilled_replica_restarted_reports_every_lost_trace(tmp_path, demo):
         b_.send_signal(signal.SIGTERM)
         rc = b_.wait(timeout=60)
     finally:
-        am.shutdown()
+        am.close()
         for p in (a, locals().get("b_")):
             if p is not None and p.poll() is None:
                 p.kill()
@@ -242,7 +229,7 @@ def test_sigkilled_replica_restarted_reports_every_lost_trace(tmp_path, demo):
         tid = finding_trace(run_id, Finding(**{k: f[k] for k in ("code", "rule", "rank", "epoch", "node_id", "op",
                                                                   "certainty", "evidence", "message")})).hex()
         assert key in set(found) or tid in lost, f"finding {key} neither reported nor its trace reported lost"
-    unchecked_alerts = [a for a in posted if a["labels"]["code"] == "UNCHECKED"]
+    unchecked_alerts = [a for a in am.alerts() if a["labels"]["code"] == "UNCHECKED"]
     assert unchecked_alerts and all(a["labels"]["run_id"] == run_id for a in unchecked_alerts)
     assert f"{len(held)} findings" in unchecked_alerts[-1]["annotations"]["message"]   # one alert, the count
     assert "NOT checked" in unchecked_alerts[-1]["annotations"]["summary"]

@@ -197,36 +197,21 @@ def test_a_new_finding_is_posted_to_alertmanager_at_once(tmp_path, demo_bodies):
     """--alert-interval 1h: the re-post would come an hour later, yet the live finding's alert arrives within
     seconds (the alert thread is woken by it). An in-test endpoint of Alertmanager's API: the real Alertmanager is
     in bench/serve_latency.py."""
-    import json
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from tests.helpers.otlp_receiver import AlertSink
 
-    posted: list = []
-
-    class AM(BaseHTTPRequestHandler):
-        def log_message(self, *a) -> None:
-            pass
-
-        def do_POST(self) -> None:  # noqa: N802
-            posted.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-    am = ThreadingHTTPServer(("127.0.0.1", 0), AM)
-    threading.Thread(target=am.serve_forever, daemon=True).start()
+    am = AlertSink()
     s = Serve(tmp_path, "--idle", "1h", "--live", "--reorder", "0.2s", "--alertmanager",
-              f"http://127.0.0.1:{am.server_address[1]}", "--alert-interval", "1h")
+              am.url, "--alert-interval", "1h")
     try:
         for b in demo_bodies:
             assert s.post(b)[0] == 200
         t0 = time.monotonic()
-        while not any(a["labels"]["code"] == "HASH" for body in posted for a in body):
+        while not any(a["labels"]["code"] == "HASH" for a in am.alerts()):
             assert time.monotonic() - t0 < 30, s.err.read_text()[-2000:]
             time.sleep(0.1)
     finally:
         s.stop()
-        am.shutdown()
+        am.close()
 
 
 def test_traces_finalised_early_by_the_bound_match_the_idle_path(faulted_spans):
