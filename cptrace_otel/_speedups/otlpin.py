@@ -25,17 +25,9 @@ def load(src: str, watch_service: str) -> Callable[[bytes], Any] | None:
     keys = {"prefix": sc.FIELD_PREFIX, "seq": sc.SEQ, "epoch": sc.EPOCH, "level": sc.LEVEL, "rank": sc.RANK,
             "violation": sc.VIOLATION, "event_violation": sc.EVENT_VIOLATION, "run_id": sc.RUN_ID,
             "cp_rank": sc.CP_RANK, "trace_level": sc.TRACE_LEVEL, "service": sc.SERVICE_NAME,
-            "stamp_prefix": _common_prefix(sc.CONFIG_PREFIX, sc.CONFIG_SEQ, sc.CONFIG_EPOCH, sc.CONFIG_LEVEL)}
+            "stamp_prefix": sc.CONFIG_STAMP}
     conf: dict[str, Any] = {k: v.encode() for k, v in keys.items()}
     conf.update(rng_suffixes=tuple(s.encode() for s in RNG_SUFFIXES), watch_service=watch_service, src=src)
     _otlpin.configure(Rng, Event, EpochTracker, EPOCH_TAGS, event_slots(), conf, parse_value)
     return _otlpin.decode
 
-
-def _common_prefix(*keys: str) -> str:
-    """The longest prefix of all ``keys`` (the config stamp's attribute names: any key with it marks a stamp)."""
-    p = keys[0]
-    for k in keys[1:]:
-        while not k.startswith(p):
-            p = p[:-1]
-    return p

@@ -28,11 +28,13 @@ RUN_ID: Final = "cptrace.run_id"
 TRACE_LEVEL: Final = "cptrace.level"
 RANK_SOURCE: Final = "cptrace.rank.source"   # where a discovered rank came from (cptrace_otel.traced.ranks)
 SAMPLE: Final = "cptrace.sample"             # fraction of node lineages kept, on sampled streams only
-# the rank's config record on the resource (cptrace_otel.model.config_stamp): its fields, seq, epoch and level
-CONFIG_PREFIX: Final = "cptrace.config."      # + "hicache.<field>"
-CONFIG_SEQ: Final = "cptrace.config_seq"      # (not under CONFIG_PREFIX: the fields stay exactly the record's)
-CONFIG_EPOCH: Final = "cptrace.config_epoch"
-CONFIG_LEVEL: Final = "cptrace.config_level"
+# the rank's config record on the resource (cptrace_otel.model.config_stamp): its fields, seq, epoch and level;
+# every key of the stamp starts with CONFIG_STAMP, so a reader finds a stamp by that one prefix
+CONFIG_STAMP: Final = "cptrace.config"
+CONFIG_PREFIX: Final = CONFIG_STAMP + "."         # + "hicache.<field>"
+CONFIG_SEQ: Final = CONFIG_STAMP + "_seq"         # (not under CONFIG_PREFIX: the fields stay exactly the record's)
+CONFIG_EPOCH: Final = CONFIG_STAMP + "_epoch"
+CONFIG_LEVEL: Final = CONFIG_STAMP + "_level"
 SCOPE_NAME: Final = "cptrace_otel"
 
 # -- span names (low cardinality; one per stage) --------------------------------------------------------------

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from cptrace_otel.analyze.sources.jaeger import JaegerClient, JaegerUnreachable, events_from_otlp
-from tests.helpers.integration import _BASE_ENV, DEPLOY, rank_env, start_rank, wait_for
+from tests.helpers.integration import _BASE_ENV, DEPLOY, collector_binary, rank_env, start_rank, wait_for
 
 yaml = pytest.importorskip("yaml")
 
@@ -100,17 +100,11 @@ def test_loopback_config_routes_by_trace_id_to_both_shards():
         assert "0.0.0.0" not in text, "loopback only"
 
 
-def _collector_bin() -> Path:
-    return Path(os.environ.get("COLLECTOR_BIN") or COLLECTOR_DIR / "bin" / "otelcol-cptrace")
-
-
 @pytest.mark.parametrize("config", ["config-loopback.yaml", "config.yaml", "config-tempo.yaml", "config-checkers.yaml"])
 def test_built_collector_accepts_every_config(config):
     """The binary built from builder.yaml has every component the compose, Tempo and loopback configs use
     (``otelcol validate`` resolves the config and builds each component's config, starting nothing)."""
-    b = _collector_bin()
-    if not b.is_file():
-        _unavailable(f"no collector binary at {b}")
+    b = collector_binary()
     r = subprocess.run([str(b), "validate", f"--config={COLLECTOR_DIR / config}"], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -122,10 +116,8 @@ def tier():
     if t.healthy():
         yield t
         return
-    col_bin = _collector_bin()
+    collector_binary()   # skips (or fails under CPTRACE_REQUIRE_COLLECTOR) when the binary up starts is missing
     jaeger_bin = Path(os.environ.get("JAEGER_BIN") or DEPLOY / "jaeger" / "bin" / "jaeger")
-    if not col_bin.is_file():
-        _unavailable(f"the scale-out tier is not running and there is no collector binary at {col_bin}")
     if not jaeger_bin.is_file():
         _unavailable(f"the scale-out tier is not running and there is no Jaeger binary for its shards at {jaeger_bin}")
     env = dict(_BASE_ENV)
