@@ -161,4 +161,6 @@ def test_real_sglang_streams_through_the_collector_find_what_check_finds(streams
             assert rule not in exact or rule in {f[1] for f in have}, f"{rid}: the replicas find the fault's {rule}"
         counts[rid] = {"records": d["stats"]["events"], "check": collections.Counter(f[1] for f in want),
                        "replicas": collections.Counter(f[1] for f in have)}
-    print(json.dumps({"runs": counts, "suppressed": sorted(suppressed)}, default=dict))
+    per_rule = collections.Counter({k.split('"')[1]: int(v) for m in ms.values() for k, v in m.items()
+                                    if k.startswith("cptrace_serve_suppressed_total{")})
+    print(json.dumps({"runs": counts, "suppressed": per_rule, "unchecked": sorted(unchecked)}, default=dict))
