@@ -17,8 +17,8 @@ HTTP:
   the queue (``--queue`` requests) is full or the server is stopping: the collector's ``retry_on_failure`` and
   ``sending_queue`` keep the data and send it again, so a slow replica slows the collector instead of losing
   spans; what this replica turned away is counted (``cptrace_serve_spans_dropped_total``).
-* ``GET /metrics``: Prometheus text (see :func:`metrics_text`); ``GET /healthz``: 200 while the process runs;
-  ``GET /readyz``: 200 while it accepts data (not stopping, queue not full), else 503.
+* ``GET /metrics``: Prometheus text (see :func:`metrics_text`); ``GET /healthz``:
+  200 while the process runs; ``GET /readyz``: 200 while it accepts data (not stopping, queue not full), else 503.
 
 TLS and authentication (:mod:`~cptrace_otel.analyze.serve_guard`): ``--tls-cert``/``--tls-key`` put both receivers
 on TLS, ``--tls-client-ca`` requires client certificates (mutual TLS), ``--auth-token-file``/``--auth-token-env``
@@ -37,6 +37,11 @@ prints), written back into its node's trace as a span (``--endpoint``,
 :class:`~cptrace_otel.analyze.finding_sinks.Alerts`, posted at once by its own thread (at most every 0.25s) and
 re-posted every ``--alert-interval``, so a slow Alertmanager never holds the checking back).
 
+Where it lives: this module parses and checks the arguments, starts both halves and stops them at the signal; the
+receivers (HTTP and gRPC intake, TLS and auth, the counters) are :mod:`~cptrace_otel.analyze.serve_receivers`, the
+checking loop (queue, state, journal, sinks, live mode) :mod:`~cptrace_otel.analyze.serve_loop`; the
+exposition of both on ``/metrics`` is here (:func:`metrics_text`).
+
 Why the standard library's ``ThreadingHTTPServer`` and not a web framework: four routes, protobuf bodies and no
 templates; it adds no dependency to the package, and the work that costs (decoding, checking) is bounded by the
 queue, not by the server.
@@ -50,18 +55,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from ..model.exits import EXIT_FINDINGS, EXIT_INCOMPLETE, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
+from ..model.exits import EXIT_UNREACHABLE, EXIT_USAGE
 
 if TYPE_CHECKING:
+    from ..analyze.serve_receivers import Counters
     from ..analyze.serve_state import ServeState
 
 _PFX = "cptrace-otel serve"
-LOST = "state lost: held when a previous process of this replica died, its records were not checked"
-TRACES_PATH = "/v1/traces"
-PROTOBUF = "application/x-protobuf"
-ALERT_GAP = 0.25   # seconds between two posts of new findings to Alertmanager
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
@@ -117,19 +119,6 @@ def _host_port(text: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
         raise ValueError(f"--listen {text!r}: expected HOST:PORT")
     return host.strip("[]") or "127.0.0.1", int(port)
-
-
-class Counters:
-    """What the HTTP threads count (under the server's lock)."""
-
-    def __init__(self) -> None:
-        self.requests = 0
-        self.spans_received = 0
-        self.spans_rejected = 0
-        self.spans_dropped = 0     # in requests answered 503 (the collector sends them again)
-        self.requests_dropped = 0
-        self.bad_requests = 0      # 400/411/413/415
-        self.unauthorized = 0      # 401 / UNAUTHENTICATED: the auth header missing or wrong
 
 
 def metrics_text(state: ServeState, c: Counters, queued: int, now_ns: int) -> str:
@@ -195,19 +184,18 @@ def metrics_text(state: ServeState, c: Counters, queued: int, now_ns: int) -> st
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    import gzip
-    import queue
+    """Serve until SIGTERM or SIGINT (see the module doc): the arguments checked before anything listens, the
+    checking side (:class:`~cptrace_otel.analyze.serve_loop.Checker`) and the receivers
+    (:class:`~cptrace_otel.analyze.serve_receivers.Receivers`) started, and at the signal stopped in that order
+    (receivers first, so what they took is checked); returns the exit code."""
     import signal
     import threading
     import time
-    import zlib
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     from ..analyze import links, serve_guard
-    from ..analyze.finding_sinks import FindingSinks, SinkSetupError
-    from ..analyze.otlp_intake import Intake, Undecodable, decode
-    from ..analyze.serve_journal import Journal, JournalError, default_dir
-    from ..analyze.serve_state import ServeState, TraceState, unchecked_rules
+    from ..analyze.serve_loop import Checker, SetupError
+    from ..analyze.serve_receivers import TRACES_PATH, Receivers
+    from ..analyze.serve_state import unchecked_rules
     from ..analyze.sources.jaegerquery import parse_duration
 
     out = out or sys.stdout
@@ -235,244 +223,28 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             raise ValueError(f"--tls-cert/--tls-key/--tls-client-ca: {getattr(e, 'reason', None) or e}") from None
         if args.reorder_records < 0:
             raise ValueError("--reorder-records must be at least 0")
-    except ValueError as e:
+        checker = Checker(args, idle, reorder, alert_every, port, out, note)
+    except (ValueError, SetupError) as e:
         print(f"{_PFX}: {e}", file=err)
-        return EXIT_USAGE
+        return e.code if isinstance(e, SetupError) else EXIT_USAGE
+
+    rx = Receivers(guard, tls_ctx, args.max_body, checker.offer, checker.ready,
+                   lambda: checker.read(lambda state, queued: metrics_text(state, rx.counters, queued, time.time_ns())))
     try:
-        sinks = FindingSinks(args, alert_every, args.jaeger_url, out, note)
-    except SinkSetupError as e:
-        print(f"{_PFX}: {e}", file=err)
-        return EXIT_UNREACHABLE
-
-    fresh = threading.Event()   # a finding not posted yet (wakes the alert thread)
-
-    def report(tr: TraceState, found: list) -> None:   # the checking thread, under `lock`
-        sinks.report(tr.run_id, tr, found)
-        if found and sinks.alerts is not None:
-            fresh.set()
-
-    journal = None
-    state_dir = args.state_dir or (default_dir(port) if port else "off")
-    if state_dir != "off":
-        journal = Journal(state_dir, note=note)
-        try:
-            lost = journal.open()
-        except JournalError as e:
-            print(f"{_PFX}: {e}", file=err)
-            return EXIT_USAGE
-    state = ServeState(report, idle_s=idle, max_nodes=args.max_nodes, max_runs=args.max_runs, note=note,
-                       journal=journal, unchecked=sinks.unchecked, live=args.live, window=args.reorder_records,
-                       window_s=reorder)
-    if journal is not None:
-        note(f"journal in {state_dir}: {len(lost)} trace(s) held when the previous process died, reported "
-             f"UNCHECKED{f'; {journal.skipped} unreadable line(s) skipped' if journal.skipped else ''}")
-        for run_id, trace_id, records in lost:
-            state.lost(run_id, trace_id, LOST, records)
-    else:
-        note("no journal (--state-dir off, or an ephemeral port): after a kill what was held is lost silently")
-    lock = threading.Lock()        # the state: the checking thread changes it, /metrics reads it
-    counters = Counters()
-    clock = threading.Lock()       # the counters (HTTP threads)
-    work: queue.Queue[Intake | None] = queue.Queue(maxsize=args.queue)
-    stopping = threading.Event()
-    max_body = args.max_body
-
-    def accept(intake: Intake) -> str | None:
-        """Queue a decoded request for the checking thread; None when queued, else why not (the answer is then
-        503 / UNAVAILABLE, so the collector keeps and resends the data) and the spans are counted as dropped."""
-        why = "stopping" if stopping.is_set() else None
-        if why is None:
-            try:
-                work.put_nowait(intake)
-            except queue.Full:
-                why = "queue full"
-            else:   # before the 200: once answered, the collector forgets these spans
-                if journal is not None:
-                    journal.opened(_records_by_trace(intake.spans))
-        with clock:
-            if why:
-                counters.requests_dropped += 1
-                counters.spans_dropped += intake.spans_seen
-            else:
-                counters.requests += 1
-                counters.spans_received += intake.spans_seen
-                counters.spans_rejected += intake.rejected
-        return why
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        server_version = "cptrace-otel-serve"
-
-        def log_message(self, format: str, *a: Any) -> None:   # no line per request on stderr
-            pass
-
-        def _send(self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8",
-                  headers: dict[str, str] | None = None) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            for k, v in (headers or {}).items():
-                self.send_header(k, v)
-            self.end_headers()
-            self.wfile.write(body)
-
-        def _refuse(self, code: int, why: str, close: bool = False) -> None:
-            with clock:
-                counters.bad_requests += 1
-            if close:   # the body was not read: the connection cannot carry another request
-                self.close_connection = True
-            self._send(code, (why + "\n").encode(), headers={"Connection": "close"} if close else None)
-
-        def _authorized(self) -> bool:
-            """False (and answered 401) without the auth header, or, with mutual TLS, without a client certificate.
-            Called once the body is read: closing a TLS connection with a body unread resets it, and the client
-            would see no answer but a reset (retried)."""
-            if not guard.allows_peer(self.connection):
-                why = "a client certificate is required (mutual TLS)"
-            elif not guard.allows(self.headers.get(guard.header)):
-                why = f"missing or wrong {guard.header!r} header"
-            else:
-                return True
-            with clock:
-                counters.unauthorized += 1
-            self._send(401, f"{why}\n".encode(), headers={"WWW-Authenticate": "Bearer"})
-            return False
-
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                if not self._authorized():
-                    return
-                with lock:
-                    text = metrics_text(state, counters, work.qsize(), time.time_ns())
-                self._send(200, text.encode(), "text/plain; version=0.0.4; charset=utf-8")
-            elif path == "/healthz":
-                self._send(200, b"ok\n")
-            elif path == "/readyz":
-                if stopping.is_set() or work.full():
-                    self._send(503, b"not ready: stopping or queue full\n")
-                else:
-                    self._send(200, b"ready\n")
-            else:
-                self._send(404, b"not found\n")
-
-        def do_POST(self) -> None:
-            if self.path.split("?", 1)[0] != TRACES_PATH:
-                return self._refuse(404, f"not found: POST {TRACES_PATH}", close=True)
-            ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
-            if ctype != PROTOBUF:
-                return self._refuse(415, f"unsupported content type {ctype[:60]!r}: send {PROTOBUF}", close=True)
-            size = self.headers.get("Content-Length")
-            if size is None or not size.strip().isdigit():
-                return self._refuse(411, "Content-Length required", close=True)
-            n = int(size)
-            if n > max_body:
-                return self._refuse(413, f"body of {n} bytes is over the limit of {max_body} (--max-body)",
-                                    close=True)
-            body = self.rfile.read(n)
-            if len(body) < n:
-                return self._refuse(400, "body cut short", close=True)
-            if not self._authorized():   # before it is inflated or decoded
-                return
-            enc = (self.headers.get("Content-Encoding") or "identity").strip().lower()
-            if enc == "gzip":
-                try:
-                    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-                    body = d.decompress(body, max_body + 1)
-                    if len(body) > max_body:
-                        return self._refuse(413, f"body inflates past the limit of {max_body} bytes (--max-body)")
-                    if not d.eof:
-                        raise zlib.error("incomplete gzip stream")
-                except (zlib.error, gzip.BadGzipFile) as e:
-                    return self._refuse(400, f"gzip body does not inflate: {e}")
-            elif enc != "identity":
-                return self._refuse(415, f"unsupported Content-Encoding {enc[:40]!r}")
-            try:
-                intake = decode(body)
-            except Undecodable as e:
-                return self._refuse(400, str(e))
-            busy = accept(intake)
-            if busy:
-                self._send(503, f"busy ({busy}): retry\n".encode(), headers={"Retry-After": "1"})
-            else:
-                self._send(200, _response(intake), PROTOBUF)
-
-    class Server(ThreadingHTTPServer):
-        request_queue_size = 128   # connections waiting to be accepted: a collector opens several at once
-        daemon_threads = True
-
-        def finish_request(self, request: Any, client_address: Any) -> None:
-            if tls_ctx is None:
-                return super().finish_request(request, client_address)
-            request.settimeout(30.0)   # the handshake in the connection's thread: a slow client holds no other
-            conn = tls_ctx.wrap_socket(request, server_side=True)   # takes the socket over (closed on failure)
-            try:
-                conn.settimeout(None)
-                super().finish_request(conn, client_address)
-            finally:
-                conn.close()
-
-        def handle_error(self, request: Any, client_address: Any) -> None:
-            pass   # a failed handshake or a client gone: its connection only, no traceback on stderr
-
-    try:
-        server = Server((host, port), Handler)
+        server = rx.http_server(host, port)
     except OSError as e:
         print(f"{_PFX}: cannot listen on {host}:{port}: {e.strerror or e}", file=err)
         return EXIT_UNREACHABLE
     gserver = None
-
-    def count_unauthorized() -> None:
-        with clock:
-            counters.unauthorized += 1
-
     if grpc_at is not None:
         try:
-            gserver = _grpc_server(grpc_at, max_body, accept, guard, count_unauthorized)
+            gserver = rx.grpc_server(grpc_at)
         except Exception as e:   # the port is taken, or grpcio is missing
             server.server_close()
             print(f"{_PFX}: cannot serve OTLP/gRPC on {args.grpc}: {type(e).__name__}: {e}", file=err)
             return EXIT_UNREACHABLE
 
-    def check_loop() -> None:
-        # live, a record waits at most --reorder plus one tick before it is checked
-        tick = min(1.0, max(0.05, idle / 4), max(0.05, reorder / 2) if args.live else 1.0)
-        while True:
-            got = True
-            try:
-                item = work.get(timeout=tick)
-            except queue.Empty:
-                got, item = False, None
-            if got and item is None:   # the end mark, queued after everything else
-                return
-            try:
-                with lock:
-                    if item is not None:
-                        state.add(item.spans)
-                    state.sweep()
-                if journal is not None:
-                    journal.tick()
-            except Exception as e:   # a bug: said and counted, the thread goes on (a dead one would stall intake)
-                state.errors += 1
-                note(f"internal error while checking (some records NOT checked): {type(e).__name__}: "
-                     f"{str(e)[:200]}")
-
-    def alert_loop() -> None:
-        # a new finding is posted at once (at most every ALERT_GAP s: a burst of findings is one post), and every
-        # alert again each --alert-interval (Alertmanager resolves an alert not re-posted)
-        while not stopping.is_set():
-            fresh.wait(alert_every)
-            fresh.clear()
-            if stopping.is_set():
-                return
-            sinks.post_alerts()
-            stopping.wait(min(ALERT_GAP, alert_every))
-
-    checker = threading.Thread(target=check_loop, name="cptrace-serve-check", daemon=True)
     checker.start()
-    poster = threading.Thread(target=alert_loop, name="cptrace-serve-alerts", daemon=True)
-    if sinks.alerts is not None:
-        poster.start()
     web = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="cptrace-serve-http",
                            daemon=True)
     web.start()
@@ -501,89 +273,16 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         while not done.wait(0.5):
             pass
     finally:
-        stopping.set()
-        fresh.set()             # the alert thread ends (the last post is made below)
+        checker.begin_stop()
         server.shutdown()       # no new request; those in flight finish (their answer: 503 while stopping)
         if gserver is not None:
             gserver[0].stop(grace=5.0).wait(10.0)
         server.server_close()
-        work.put(None)          # after everything queued
-        checker.join()
-        with lock:
-            state.finish_all()
-        if journal is not None:
-            journal.close()
-        sinks.post_alerts()
+        checker.stop()
         for sig, h in old.items():
             signal.signal(sig, h)
-        sinks.close()
-    st = state.stats()
-    suppressed = ", ".join(f"{r} ({n})" for r, n in sorted(state.suppressed.items())) or "none"
-    note(f"stopped: {counters.spans_received} spans received, {counters.spans_rejected} not readable, "
-         f"{counters.spans_dropped} turned away with 503, {st['events_checked']} records checked, {sinks.total} "
-         f"finding(s), {st['late_records']} late record(s) not checked, {st['past_window']} behind the reorder "
-         f"window not checked, {st['finalised_early']} trace(s) checked early, {st['check_errors']} trace(s) NOT "
-         f"checked (an error, said above), {st['unchecked']} trace(s) UNCHECKED (state lost at a kill, or moved) and "
-         f"{st['lost_records']} later record(s) of them; UNCHECKED here (a rank's whole stream or the run's "
-         f"order needed): {', '.join(unchecked_rules(args.live))}; their findings on "
-         f"one trace, not trusted and not reported: {suppressed}")
-    # no finding but traces whose state was lost: not a clean run (as check's 4 when rules could not run)
-    return EXIT_FINDINGS if sinks.total else EXIT_INCOMPLETE if st["unchecked"] else EXIT_OK
-
-
-def _records_by_trace(spans: Any) -> list[tuple[str, str, int]]:
-    """(run id, trace id, records) of each trace in a decoded request, what the journal writes for it."""
-    from collections import Counter
-
-    n: Counter[tuple[str, str]] = Counter()
-    for sp in spans:
-        n[(sp.run_id, sp.trace_id)] += len(sp.events)
-    return [(r, t, k) for (r, t), k in n.items()]
-
-
-def _response(intake: Any) -> bytes:
-    """The ``ExportTraceServiceResponse`` for one accepted request (``partial_success`` when spans were rejected)."""
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
-
-    resp = ExportTraceServiceResponse()
-    if intake.rejected:
-        resp.partial_success.rejected_spans = intake.rejected
-        resp.partial_success.error_message = "; ".join(intake.reasons)[:1000]
-    return resp.SerializeToString()
-
-
-def _grpc_server(at: tuple[str, int], max_body: int, accept: Any, guard: Any,
-                 on_refused: Any) -> tuple[Any, str]:
-    """An OTLP/gRPC ``TraceService`` on ``at`` feeding ``accept`` (started), with ``guard``'s TLS and auth
-    (a :class:`~cptrace_otel.analyze.serve_guard.Guard`); (server, "host:port" bound)."""
-    from concurrent import futures
-
-    import grpc
-
-    from ..analyze.otlp_intake import Undecodable, decode
-
-    # The request's bytes, not a parsed message (no deserializer): decode() reads them with the C reader where it is
-    # built, as the HTTP receiver does; grpcio has already undone any gRPC compression.
-    def export(body: bytes, context: Any) -> bytes:
-        try:
-            intake = decode(body)
-        except Undecodable as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        busy = accept(intake)
-        if busy:   # retryable: the collector keeps it in its sending queue and sends it again
-            context.abort(grpc.StatusCode.UNAVAILABLE, f"busy ({busy}): retry")
-        return _response(intake)
-
-    opts = [("grpc.max_receive_message_length", max_body)]
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="cptrace-serve-grpc"),
-                         options=opts, interceptors=guard.grpc_interceptors(on_refused))
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-        "opentelemetry.proto.collector.trace.v1.TraceService",
-        {"Export": grpc.unary_unary_rpc_method_handler(export)}),))
-    creds = guard.grpc_credentials()
-    port = (server.add_secure_port(f"{at[0]}:{at[1]}", creds) if creds is not None
-            else server.add_insecure_port(f"{at[0]}:{at[1]}"))
-    if not port:
-        raise OSError(f"cannot bind {at[0]}:{at[1]}")
-    server.start()
-    return server, f"{at[0]}:{port}"
+    c = rx.counters
+    line, code = checker.summary()
+    note(f"stopped: {c.spans_received} spans received, {c.spans_rejected} not readable, {c.spans_dropped} turned "
+         f"away with 503, {line}")
+    return code

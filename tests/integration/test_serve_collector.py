@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -93,9 +94,13 @@ def collector_setup(tmp_path: Path) -> tuple[Path, list[int]]:
     return b, ports
 
 
-@pytest.mark.parametrize("run", sorted(RUNS))
-def test_two_replicas_behind_the_collector_find_what_check_finds(tmp_path, run):
-    ranks, mode, faults, cross = RUNS[run]
+def two_replicas(tmp_path: Path, send: Callable[[str], int],
+                 wait_s: float = 120) -> tuple[dict[str, dict[str, float]], dict[str, int], int]:
+    """Two ``serve`` replicas (``a``, ``b``: stdout and stderr in ``tmp_path/<name>.out``/``.err``) behind the
+    collector (:func:`collector_setup`'s config); ``send(url)`` sends a run to the collector's OTLP/HTTP traces URL
+    and returns how many records it holds. Once the replicas together have checked that many and hold no trace:
+    each replica's /metrics then, its exit code after SIGTERM, and that count; every process started here is
+    stopped."""
     b, ports = collector_setup(tmp_path)
     col_http, health, a_http, a_grpc, b_http, b_grpc = ports[0], ports[2], *ports[4:]
     procs: list[subprocess.Popen] = []
@@ -103,40 +108,43 @@ def test_two_replicas_behind_the_collector_find_what_check_finds(tmp_path, run):
         replicas = {"a": (_start_serve(tmp_path, "a", a_http, a_grpc), a_http),
                     "b": (_start_serve(tmp_path, "b", b_http, b_grpc), b_http)}
         procs += [p for p, _ in replicas.values()]
-
-        def up(port: int) -> bool:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
-                    return r.status == 200
-            except OSError:
-                return False
-
         for name, (_p, port) in replicas.items():
-            wait_for(lambda port=port: up(port), 60, f"replica {name} ready")
+            wait_for(lambda port=port: up_url(f"http://127.0.0.1:{port}/readyz"), 60, f"replica {name} ready")
         col = subprocess.Popen([str(b), f"--config={tmp_path / 'col.yaml'}"], stdout=open(tmp_path / "col.log", "w"),
                                stderr=subprocess.STDOUT)
         procs.append(col)
         wait_for(lambda: up_url(f"http://127.0.0.1:{health}/"), 60, "collector healthy")
-
-        out = tmp_path / "demo"
-        d = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "demo", "--ranks", str(ranks), "--mode", mode,
-                            "--faults", faults, "--endpoint", f"http://127.0.0.1:{col_http}/v1/traces", "--out",
-                            str(out), "--json"], capture_output=True, text=True, timeout=300, env=_env(), cwd=ROOT)
-        assert d.returncode in (0, 1), d.stderr[-2000:]
-        n = json.loads(d.stdout)["events"]["simulated"]
+        n = send(f"http://127.0.0.1:{col_http}/v1/traces")
 
         def all_checked() -> bool:
             ms = [_metrics(port) for _p, port in replicas.values()]
             return (sum(m["cptrace_serve_events_checked_total"] for m in ms) >= n
                     and all(m["cptrace_serve_traces_held"] == 0 for m in ms))
 
-        wait_for(all_checked, 120, f"all {n} records checked by the replicas", interval_s=1.0)
+        wait_for(all_checked, wait_s, f"all {n} records checked by the replicas", interval_s=1.0)
         ms = {name: _metrics(port) for name, (_p, port) in replicas.items()}
         for p, _port in replicas.values():
             p.send_signal(signal.SIGTERM)
         codes = {name: p.wait(timeout=60) for name, (p, _port) in replicas.items()}
     finally:
         stop_all(procs)
+    return ms, codes, n
+
+
+@pytest.mark.parametrize("run", sorted(RUNS))
+def test_two_replicas_behind_the_collector_find_what_check_finds(tmp_path, run):
+    ranks, mode, faults, cross = RUNS[run]
+    out = tmp_path / "demo"
+
+    def demo(url: str) -> int:
+        d = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "demo", "--ranks", str(ranks), "--mode", mode,
+                            "--faults", faults, "--endpoint", url, "--out", str(out), "--json"],
+                           capture_output=True, text=True, timeout=300, env=_env(), cwd=ROOT)
+        assert d.returncode in (0, 1), d.stderr[-2000:]
+        return json.loads(d.stdout)["events"]["simulated"]
+
+    ms, codes, n = two_replicas(tmp_path, demo)
+    replicas = ("a", "b")
 
     checked = {name: m["cptrace_serve_events_checked_total"] for name, m in ms.items()}
     assert all(v > 0 for v in checked.values()), f"both replicas get traffic: {checked}"
