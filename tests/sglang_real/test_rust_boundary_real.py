@@ -1,4 +1,4 @@
-"""The records written at the Python boundary of 0.5.23's Rust tree core (``CPTRACE_SGLANG_TREE_CORE=rust``,
+"""The records written at the Python boundary of 0.5.23's Rust tree core (the default,
 ``cptrace_otel.traced.sglang._rust23``), on real SGLang code on CPU: SGLang builds its default ``RustUnifiedTreeCore``
 (asserted), the instrumentation keeps it and traces it, and ``check`` reads the records back as a user runs it.
 
@@ -51,8 +51,9 @@ def runs(tmp_path_factory):
     runtime.need("0.5.23", rust=True)
     matrix = HEALTHY + [{"policy": "write_through", "seed": 1, "requests": 200, "exact": True, "fault": f, **kw}
                         for f, kw in FAULTS]
-    env = runtime.sglang_env("0.5.23", rust=True, CPTRACE_SGLANG_TREE_CORE="rust")
-    env.pop("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", None)   # SGLang's own selection: the Rust core
+    env = runtime.sglang_env("0.5.23", rust=True)
+    for var in ("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", "CPTRACE_SGLANG_TREE_CORE"):
+        env.pop(var, None)   # SGLang's own selection (the Rust core), traced by default
     p = subprocess.run([sys.executable, "-c", RUNS, str(tmp_path_factory.mktemp("rust")), json.dumps(matrix)],
                        env=env, capture_output=True, text=True, timeout=1100, cwd=runtime.ROOT)
     assert p.returncode == 0, p.stderr[-4000:]

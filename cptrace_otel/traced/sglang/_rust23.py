@@ -1,8 +1,10 @@
-"""The sites of sglang 0.5.23 over its Rust tree core (``RustUnifiedTreeCore``): records written at the core's
-Python boundary, so the user's cache is never switched. Opt-in: ``CPTRACE_SGLANG_TREE_CORE=rust`` (the
-instrumentation then leaves ``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND`` alone and traces a Rust-core cache with
-:class:`RustState` and :data:`RUST_SITES23`, on top of :data:`._sites23.SITES23`'s cache, controller and allocator
-sites, which are Python whatever the core).
+"""The sites of sglang 0.5.23 over its Rust tree core (``RustUnifiedTreeCore``, the one SGLang selects by default
+wherever its extension loads): records written at the core's Python boundary, so the user's cache is never
+switched. The default: the instrumentation leaves ``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND`` alone, wraps
+:data:`RUST_SITES23` when SGLang imports the core's adapter (it never imports it itself: that loads the extension)
+and traces a Rust-core cache with :class:`RustState`, on top of :data:`._sites23.SITES23`'s cache, controller and
+allocator sites, which are Python whatever the core. ``CPTRACE_SGLANG_TREE_CORE=python`` is the option that switches
+to the Python core instead, where the variable is unset (it traces what the list below says is not traced here).
 
 The Rust core's nodes are not Python objects: the records name nodes by the ids that cross the boundary and read
 them through it (``collect_path_info``, ``get_component_device_value``, ``is_backuped``,
@@ -291,7 +293,7 @@ def _host_evict(wrapped: Callable[..., Any], instance: TreeCore, args: tuple, kw
     return res
 
 
-# (module, "Class.method", wrapper): the Rust core's boundary, added to SITES23 when opted in.
+# (module, "Class.method", wrapper): the Rust core's boundary, wrapped when SGLang imports the adapter.
 RUST_SITES23: list[tuple[str, str, Any]] = [
     (ADAPTER, "RustUnifiedTreeCore.begin_insert", _insert_step),
     (ADAPTER, "RustUnifiedTreeCore.resume_insert", _insert_step),
