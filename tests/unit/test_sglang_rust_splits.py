@@ -117,3 +117,19 @@ def test_an_insert_names_its_new_leaf_and_the_evicted_nodes_it_walked(st):
     assert 2 in st.gone and 3 not in st.gone
     st.inserted(types.SimpleNamespace(last_device_node=3, prefix_len=14))   # fully matched: no new node
     assert len(inserts(st)) == 2
+
+
+@pytest.mark.parametrize(("value", "python", "warned"), [(None, False, False), ("rust", False, False),
+                                                         (" Python ", True, False), ("pyhton", False, True)])
+def test_the_tree_core_option_reads_python_or_the_default(monkeypatch, caplog, value, python, warned):
+    """``CPTRACE_SGLANG_TREE_CORE``: ``python`` is the option; unset or ``rust`` the default (the Rust core kept);
+    another value is named in one warning and the default is used."""
+    monkeypatch.delenv(_state.TREE_CORE_OPT, raising=False)
+    if value is not None:
+        monkeypatch.setenv(_state.TREE_CORE_OPT, value)
+    with caplog.at_level("WARNING", logger="cptrace_otel.sglang"):
+        assert _state.python_core_option() is python
+    assert [r.getMessage() for r in caplog.records if "CPTRACE_SGLANG_TREE_CORE" in r.getMessage()] == \
+        ([f"cptrace-otel: CPTRACE_SGLANG_TREE_CORE={value.strip().lower()!r} is neither 'rust' (the default: "
+          "SGLang's tree core kept, the Rust one traced at its boundary) nor 'python' (switch to the Python core "
+          "where SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND is unset); using the default"] if warned else [])

@@ -183,7 +183,7 @@ def python_tree_core() -> bool:
     storage backend, a hybrid SWA tree, the audit of host copies at rest) gets one warning naming this option, which
     traces it on the Python core. SGLang reads the variable when a cache is built, and its own KV-sharding hook
     defaults it to ``python`` the same way (only when unset)."""
-    if os.environ.get(TREE_CORE_ENV) is not None or not python_core_option():
+    if not python_core_option() or os.environ.get(TREE_CORE_ENV) is not None:   # (a bad value warned about first)
         return False
     os.environ[TREE_CORE_ENV] = "python"
     logger.info("cptrace-otel: %s=python (CPTRACE_SGLANG_TREE_CORE=python: the Python tree core)", TREE_CORE_ENV)
