@@ -18,8 +18,6 @@ One subprocess runs every case (one SGLang import), with the torch the Rust core
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -51,16 +49,12 @@ def runs(tmp_path_factory):
     runtime.need("0.5.23", rust=True)
     matrix = HEALTHY + [{"policy": "write_through", "seed": 1, "requests": 200, "exact": True, "fault": f, **kw}
                         for f, kw in FAULTS]
-    env = runtime.sglang_env("0.5.23", rust=True)
-    for var in ("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", "CPTRACE_SGLANG_TREE_CORE"):
-        env.pop(var, None)   # SGLang's own selection (the Rust core), traced by default
-    p = subprocess.run([sys.executable, "-c", RUNS, str(tmp_path_factory.mktemp("rust")), json.dumps(matrix)],
-                       env=env, capture_output=True, text=True, timeout=1100, cwd=runtime.ROOT)
-    assert p.returncode == 0, p.stderr[-4000:]
+    summaries = runtime.run_json(RUNS, str(tmp_path_factory.mktemp("rust")), json.dumps(matrix),
+                                 env=runtime.rust_default_env(), timeout=1100)
     from cptrace_otel.analyze.engine import Analysis
 
     out = []
-    for s in json.loads(p.stdout.strip().splitlines()[-1]):
+    for s in summaries:
         events = runtime.log_events([s["log"]])
         out.append((s, Analysis(None).run(events), events))
     return out

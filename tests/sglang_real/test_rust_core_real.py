@@ -87,28 +87,26 @@ print(json.dumps({{"traced": summary(traced), "after": os.environ.get({VAR!r}), 
 
 
 def test_what_the_rust_boundary_cannot_trace_warns_with_the_python_option(tmp_path):
-    """On the Rust core, an L3 storage backend attached at run time stops the cache's records from then on with one
-    warning naming ``CPTRACE_SGLANG_TREE_CORE=python`` (no partial records: no false finding), and the audit of host
-    copies at rest is not run, with one warning naming the same option, while every other record is written."""
-    l3 = _rust_py(f"""
+    """On the Rust core, a hybrid SWA tree gets one warning naming ``CPTRACE_SGLANG_TREE_CORE=python`` and no record
+    (no partial records: no false finding), and the audit of host copies at rest is not run, with one warning naming
+    the same option, while every other record is written."""
+    swa = _rust_py(f"""
 import cptrace_otel
-from tests.sglang_real import driver, l3_driver
+from tests.sglang_real import driver, swa_driver
 from cptrace_otel.traced.sglang import SGLangInstrumentor
-cptrace_otel.configure(level=2, log_file={str(tmp_path / "l3.log")!r}, file={str(tmp_path / "l3.otlp.jsonl")!r},
+cptrace_otel.configure(level=2, log_file={str(tmp_path / "swa.log")!r}, file={str(tmp_path / "swa.otlp.jsonl")!r},
                        exporter="thread", checks=False)
 SGLangInstrumentor().instrument()
 cp, tp = driver._init_group(1, 0, {str(tmp_path / "gloo")!r})
 driver.POOL["tree_core"] = ""   # SGLang's own selection
-cache, kv, alloc = driver.build23("write_through", 1, 64, 2.0, cp, tp)
-before = [getattr(cache, "_cptrace_sg", None) is not None, list(msgs)]
-os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = {str(tmp_path / "store")!r}
-l3_driver.attach_file_storage(cache)
-print(json.dumps({{"core": type(cache.tree_core).__name__, "before": before,
-                  "after": getattr(cache, "_cptrace_sg", None) is not None, "msgs": msgs}}))
+cache, kv, alloc = swa_driver.build_swa("write_through", 1, 64, 2.0, cp, tp)
+print(json.dumps({{"core": type(cache.tree_core).__name__, "traced": getattr(cache, "_cptrace_sg", None) is not None,
+                  "msgs": msgs}}))
 """)
-    assert l3["core"] == "RustUnifiedTreeCore" and l3["before"] == [True, []] and not l3["after"], l3
-    assert len(l3["msgs"]) == 1 and "no longer traced" in l3["msgs"][0], l3["msgs"]
-    assert "over the Rust tree core" in l3["msgs"][0] and "CPTRACE_SGLANG_TREE_CORE=python" in l3["msgs"][0], l3
+    assert swa["core"] == "RustUnifiedTreeCore" and not swa["traced"], swa
+    assert len(swa["msgs"]) == 1 and "is not traced" in swa["msgs"][0], swa["msgs"]
+    assert "hybrid SWA tree on the Rust tree core" in swa["msgs"][0], swa["msgs"]
+    assert "CPTRACE_SGLANG_TREE_CORE=python" in swa["msgs"][0], swa["msgs"]
     au = _rust_py(f"""
 r = rust_driver.run({str(tmp_path / "audit")!r}, sglang_selects=True, requests=60, audit_mbps=50.0)
 print(json.dumps({{"run": summary(r), "msgs": msgs}}))

@@ -50,9 +50,7 @@ def runs(tmp_path_factory) -> list[list[dict]]:
     """``runs[i][r]``: rank ``r``'s summary of MATRIX entry ``i``."""
     runtime.need("0.5.23", rust=True)
     out = tmp_path_factory.mktemp("rust-ranks")
-    env = runtime.sglang_env("0.5.23", rust=True)
-    for var in ("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", "CPTRACE_SGLANG_TREE_CORE"):
-        env.pop(var, None)   # SGLang's own selection (the Rust core), traced by default
+    env = runtime.rust_default_env()
     store = tempfile.mktemp(prefix="cptrace-gloo-", dir=str(out))
     procs = []
     for r in range(WORLD):

@@ -27,10 +27,12 @@ them through it (``collect_path_info``, ``get_component_device_value``, ``is_bac
   ``dev_*``/``host_*`` slots: those may have moved since); ``evict tier=host``: ``drive_host_eviction`` returns host
   slots without nodes, so each freed host run is attributed to the node whose booked host copy starts at its first
   slot (kind ``host``, or a ``free why=dup`` where the node keeps its device copy);
+* the L3 storage tier: the sites of :mod:`._l3_sites23` (they read the cache and controller, not nodes), with
+  ``l3_hit`` at the adapter's ``insert_host`` (:func:`_on_hits`: the node it added, ``inserted_host_node``, and the
+  refilled nodes of its path, read with ``collect_path_info``, ``build_storage_backup_spec``, ``get_hash_values``);
 * not traced over the Rust core (one warning each, naming ``CPTRACE_SGLANG_TREE_CORE=python``, the option that
-  traces them): a cache with an L3 storage backend (``l3_hit`` walks Python nodes; the cache gets no record), a
-  hybrid SWA tree (its SWA records read Python nodes; no record), and the audit of host copies at rest (it would
-  call into the core off the scheduler's thread; the other records are written);
+  traces them): a hybrid SWA tree (its SWA records read Python nodes; no record), and the audit of host copies at
+  rest and of L3 objects (it would call into the core off the scheduler's thread; the other records are written);
 * missing: the ``lock``/``href`` fields of ``evict`` (no lock count crosses the boundary), the slots of an inferred
   split, a split the records never come back to, and the ``free`` attribution of a host run whose node's copy was
   booked under another first slot.
@@ -39,9 +41,12 @@ them through it (``collect_path_info``, ``get_component_device_value``, ``is_bac
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from ..api import cptrace
+from ._l3_sites import hit_record, prefetch_insert_site
+from ._l3_sites23 import insert_host_call
 from ._sites23 import FULL, STATE_FOR_CORE, State23, commit_load_back_site
 from ._state import arg, safe, state_of
 
@@ -285,6 +290,30 @@ def _insert_step(wrapped: Callable[..., Any], instance: TreeCore, args: tuple, k
     return step
 
 
+def _on_hits(st: RustState, tree: TreeCore, op: Any, pre: tuple, res: Any) -> None:
+    """``insert_host(node_id, key, ...)`` over the Rust core returned ``res``: the node it added past the tree's path
+    (``inserted_host_node``) and the nodes of its path below ``node_id`` whose host copies now start at a fetched
+    slot (refilled host tombstones) took pages of this prefetch: one ``l3_hit`` each, with the node's page hashes
+    (``get_hash_values``), as on the Python core (which writes no ``insert`` for such a node either). Each is booked
+    as the Rust state books a backup (its host copy's first slot, for ``drive_host_eviction``) and, without device
+    copy, as evicted (an insert over it later is its revive)."""
+    start, _key, fetched = pre
+    end = res.inserted_host_node if res.inserted_host_node is not None else res.last_device_node
+    if end is None:
+        return
+    path = st.path(int(end))
+    below = next((k + 1 for k, info in enumerate(path) if int(info.node_id) == int(start)), 0)
+    for info in path[below:]:
+        nid = int(info.node_id)
+        host = st.host(RNode(nid))
+        if host is not None and len(host) and int(host[0]) in fetched:
+            node = SimpleNamespace(id=nid, parent=SimpleNamespace(id=int(info.parent_id)))
+            hit_record(st, st.cache, op, node, tree.get_hash_values(nid))   # type: ignore[attr-defined]
+            st.host_first[int(host[0])] = nid
+            if info.full_value_len is None:
+                st.gone.add(nid)
+
+
 def _host_evict(wrapped: Callable[..., Any], instance: TreeCore, args: tuple, kwargs: dict) -> Any:
     res = wrapped(*args, **kwargs)
     st = _rs(instance)
@@ -302,4 +331,5 @@ RUST_SITES23: list[tuple[str, str, Any]] = [
     (ADAPTER, "RustUnifiedTreeCore.demote", _dev_evict("backuped")),
     (ADAPTER, "RustUnifiedTreeCore.drop_subtree_no_host", _dev_evict("drop")),
     (ADAPTER, "RustUnifiedTreeCore.drive_host_eviction", _host_evict),
+    (ADAPTER, "RustUnifiedTreeCore.insert_host", prefetch_insert_site(insert_host_call, _on_hits)),
 ]

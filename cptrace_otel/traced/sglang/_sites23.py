@@ -274,9 +274,6 @@ def untraceable(cache: RadixCache) -> str | None:
         if cache.enable_storage:
             return "it is a hybrid SWA tree with an L3 storage backend (the SWA pages' L3 round trip is not recorded)"
     backend = getattr(cache.cache_controller, "storage_backend_type", None)
-    if cache.enable_storage and is_rust_core(cache):
-        return (f"it has the L3 storage backend {backend!r} over the Rust tree core (the L3 sites walk Python nodes; "
-                f"{ON_PYTHON})")
     if cache.enable_storage and backend not in L3_BACKENDS:
         return (f"it has the L3 storage backend {backend!r} (the L3 sites are verified with "
                 f"{', '.join(L3_BACKENDS)} only)")
