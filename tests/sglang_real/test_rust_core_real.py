@@ -114,3 +114,31 @@ print(json.dumps({{"run": summary(r), "msgs": msgs}}))
     assert au["run"]["core"] == "RustUnifiedTreeCore" and au["run"]["records"] > 0, au
     warned = [m for m in au["msgs"] if "audit of host copies at rest" in m]
     assert len(warned) == 1 and "CPTRACE_SGLANG_TREE_CORE=python" in warned[0], au["msgs"]
+
+
+def test_the_rust_boundary_is_wrapped_when_sglang_imports_it_and_unwrapped_with_the_rest():
+    """``instrument()`` never imports the Rust core's adapter (that loads its extension): its sites are wrapped
+    when SGLang imports it, at once where it already has, and ``uninstrument()`` removes them with the rest."""
+    r = _rust_py("""
+import sys
+from cptrace_otel.traced.sglang import SGLangInstrumentor
+from cptrace_otel.traced.sglang._rust23 import ADAPTER, RUST_SITES23
+def wrapped():
+    cls = sys.modules[ADAPTER].RustUnifiedTreeCore
+    return [hasattr(getattr(cls, attr.split(".")[1]), "__wrapped__") for _, attr, _ in RUST_SITES23]
+inst = SGLangInstrumentor()
+inst.instrument()
+imported_by_instrument = ADAPTER in sys.modules
+import sglang.srt.mem_cache.rust_tree_core.adapter
+after_import = wrapped()
+inst.uninstrument()
+after_un = wrapped()
+inst.instrument()
+again = wrapped()
+print(json.dumps({"by_instrument": imported_by_instrument, "import": after_import, "un": after_un, "again": again,
+                  "msgs": msgs}))
+""")
+    assert r["by_instrument"] is False, r
+    assert r["import"] and all(r["import"]) and r["again"] == r["import"], r
+    assert not any(r["un"]), r
+    assert r["msgs"] == [], r["msgs"]
