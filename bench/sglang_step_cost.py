@@ -39,8 +39,7 @@ compared in one run (the last line prints their ratio). The Rust core loads only
 re-runs itself with the torch deploy/sglang/install puts in ``.sglang/torch-2.14`` first on ``PYTHONPATH``, and both
 cores then run on that torch. Prompts are ``array('q')`` (the scheduler's input ids; the Rust core asserts the type)
 and the driver reads the tree through the core's interface only (tests/sglang_real/rust_driver.py), for both cores.
-With ``rust`` the instrumented modes trace the Rust core at its Python boundary (``CPTRACE_SGLANG_TREE_CORE=rust``
-set for the whole run).
+With ``rust`` the instrumented modes trace the Rust core at its Python boundary (the instrumentation's default).
 
 ``--reads`` (0.5.23): what a layer's reads cost with no load-back in flight (the use-before-load sites hook them only
 while one is): SGLang's DSA pool built by the driver, one layer's reads as a DSA forward makes them (the indexer's
@@ -130,8 +129,6 @@ def main(argv: list[str] | None = None) -> int:
         from tests.sglang_real import rust_driver
 
         other = "python" if a.tree_core == "rust" else "rust"
-        if a.tree_core == "rust":
-            os.environ["CPTRACE_SGLANG_TREE_CORE"] = "rust"   # (read when instrument() picks the sites)
         modes["off-" + other] = dict(instrument=False)
         core["off-" + other] = other
         pool.update(stream=rust_driver.request_stream, make_driver=rust_driver.BoundaryDriver23)

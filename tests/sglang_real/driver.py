@@ -178,9 +178,11 @@ def build23(policy: str, page_size: int, dev_tokens: int, host_ratio: float, cp_
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
     params.tree_components = (ComponentType.FULL,)
-    # the Python tree core, the one the instrumentation traces (SGLang's default, the Rust one, is taken where its
-    # extension supports this torch; SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND still picks another, as in SGLang);
-    # POOL["tree_core"] = "": SGLang's own selection, as the scheduler leaves it (None: the variable, else its default)
+    # the core pinned per cache: the Python one unless the variable or POOL says otherwise, so every driver built
+    # here (L3, SWA, DSA, layer-wise, CP, the audit) runs the Python core on purpose, whatever the torch (SGLang's
+    # default, the Rust core, is taken where its extension supports the torch; the instrumentation keeps it and
+    # traces it at its boundary: rust_driver.py); POOL["tree_core"] = "": SGLang's own selection, as the scheduler
+    # leaves it (None: the variable, else its default)
     params.tree_core_backend = os.environ.get("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND",
                                               POOL.get("tree_core", "python")) or None
     if params_hook is not None:
@@ -629,16 +631,23 @@ def run_ranks(version: str, out: str, world: int = 4, fault_rank: int | None = N
             args += ["--matrix", json.dumps(mine)]
         procs.append(subprocess.Popen(args, env=runtime.sglang_env(version), cwd=runtime.ROOT, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
+    outs = rank_summaries(procs)
+    if matrix is not None:
+        return [[outs[r][i] for r in range(world)] for i in range(len(matrix))]
+    return outs
+
+
+def rank_summaries(procs: list[subprocess.Popen], timeout: float = 900) -> list:
+    """The last stdout line of each rank process, as JSON, in rank order; every rank is killed and the failed one's
+    stderr raised when one fails."""
     outs = []
     for p in procs:
-        so, se = p.communicate(timeout=900)
+        so, se = p.communicate(timeout=timeout)
         if p.returncode != 0:
             for q in procs:
                 q.kill()
             raise RuntimeError(f"rank process failed ({p.returncode}): {se[-3000:]}")
         outs.append(json.loads(so.strip().splitlines()[-1]))
-    if matrix is not None:
-        return [[outs[r][i] for r in range(world)] for i in range(len(matrix))]
     return outs
 
 

@@ -48,7 +48,7 @@ import time
 import uuid
 from typing import Any
 
-from tests.sglang_real import driver, runtime
+from tests.sglang_real import driver, runtime, rust_driver
 
 L3_FAULTS = ("l3_flip", "l3_free", "l3_skip", "l3_drop", "l3_rot", "l3_gone")
 QUIET_S = 120.0   # the storage threads answer within milliseconds; past this they are stuck (a clear error)
@@ -299,6 +299,11 @@ class StorageDriver23(_Storage, driver.Driver23):
     """0.5.23 (``UnifiedRadixCache``)."""
 
 
+class BoundaryStorageDriver23(_Storage, rust_driver.BoundaryDriver23):
+    """0.5.23 over the tree core SGLang selects, its Rust one included (``run_l3(..., boundary=True)``): the tree read
+    through the core's interface only (rust_driver.py)."""
+
+
 def _items(q: Any) -> list:
     with q.mutex:
         return list(q.queue)
@@ -331,7 +336,8 @@ def run_l3(version: str, out: str, fault: str | None = None, nth: int = 1, l3_st
            requests: int = 60, dev_tokens: int = 160, host_ratio: float = 1.5, sync_storage: bool = True,
            l3_from: str | None = None, drop_meta: bool = False, model_path: str | None = None,
            kv_dtype: str | None = None,
-           l3_max_size: str | None = None, l3_backend: str = "file", l3_extra: dict | None = None, **kw: Any) -> dict:
+           l3_max_size: str | None = None, l3_backend: str = "file", l3_extra: dict | None = None,
+           boundary: bool = False, **kw: Any) -> dict:
     """One run of :func:`driver.run` with storage on (a fresh ``file`` store under ``out/l3store``, or ``l3_store``:
     the one folder the ranks of a CP group share); ``kw`` are :func:`driver.run`'s. ``sync_storage=False``: the
     steps do not wait for the storage threads (their timing decides which step sees an ack, so the records differ
@@ -340,9 +346,14 @@ def run_l3(version: str, out: str, fault: str | None = None, nth: int = 1, l3_st
     run's model and KV dtype (:data:`driver.POOL`). ``l3_max_size``: the file backend's size cap (its LRU eviction on,
     ``SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE``). ``l3_backend``/``l3_extra``: another backend and its extra
     config (``seaweedfs`` with its ``endpoint``: the run's objects go under a ``prefix`` of its own, or ``l3_store``'s
-    where given). The summary adds ``l3_fault_hits``, ``l3_files`` (the objects stored) and ``l3_store``."""
+    where given). ``boundary`` (0.5.23): the tree core SGLang selects (its Rust one, under the torch it loads with),
+    the driver reading the tree through the core's interface (:class:`BoundaryStorageDriver23`). The summary adds
+    ``l3_fault_hits``, ``l3_files`` (the objects stored) and ``l3_store``."""
     driver.POOL.clear()
     driver.POOL.update({k: v for k, v in (("model_path", model_path), ("kv_dtype", kv_dtype)) if v})
+    if boundary:   # SGLang's own tree core (the Rust one with its torch), driven through its interface
+        driver.POOL["tree_core"] = ""
+        kw.update(stream=rust_driver.request_stream, boundary=True)
     if l3_backend != "file":
         if l3_from is not None:
             raise ValueError("l3_from (a copy of an earlier store) is for the file backend only")
@@ -379,8 +390,9 @@ def _run(version: str, out: str, fault: str | None, nth: int, sync_storage: bool
     """:func:`driver.run` with the storage driver over ``backend``; a ``seaweedfs`` run's summary counts the objects
     under its prefix. :data:`driver.POOL` (set by the caller) is cleared after."""
     faults = L3Faults(fault, nth)
-    make = functools.partial(StorageDriver23 if version == "0.5.23" else StorageDriver, faults=faults,
-                             sync_storage=sync_storage, backend=backend, extra=extra)
+    cls = BoundaryStorageDriver23 if kw.pop("boundary", False) else StorageDriver23 if version == "0.5.23" else \
+        StorageDriver
+    make = functools.partial(cls, faults=faults, sync_storage=sync_storage, backend=backend, extra=extra)
     if fault in ("l3_rot", "l3_gone"):
         kw["rot"] = True   # (driver.run calls the driver's rot() after the last step, before the audit's passes)
     try:

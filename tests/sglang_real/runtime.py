@@ -80,6 +80,25 @@ def sglang_env(version: str, rust: bool = False, **extra: str) -> dict[str, str]
     return env
 
 
+def rust_default_env(version: str = "0.5.23") -> dict[str, str]:
+    """:func:`sglang_env` with the Rust core's torch, SGLang's own selection of the tree core (the Rust one) and the
+    instrumentation's default (neither ``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND`` nor ``CPTRACE_SGLANG_TREE_CORE``
+    set, whatever the caller's environment says)."""
+    env = sglang_env(version, rust=True)
+    for var in ("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", "CPTRACE_SGLANG_TREE_CORE"):
+        env.pop(var, None)
+    return env
+
+
+def run_json(code: str, *args: str, env: dict[str, str], timeout: float) -> Any:
+    """``python -c code args`` from the repository root under ``env``; its last stdout line, as JSON (its stderr's
+    tail in the assertion when it fails)."""
+    p = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=timeout,
+                       cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-4000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
 # -- reading the runs back ---------------------------------------------------------------------------------------
 def check_json(paths: list[str]) -> dict:
     """``cptrace-otel check --json`` over the given logs, as a user runs it (this checkout's package)."""

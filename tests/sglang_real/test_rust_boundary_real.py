@@ -1,10 +1,13 @@
-"""The records written at the Python boundary of 0.5.23's Rust tree core (``CPTRACE_SGLANG_TREE_CORE=rust``,
+"""The records written at the Python boundary of 0.5.23's Rust tree core (the default,
 ``cptrace_otel.traced.sglang._rust23``), on real SGLang code on CPU: SGLang builds its default ``RustUnifiedTreeCore``
 (asserted), the instrumentation keeps it and traces it, and ``check`` reads the records back as a user runs it.
 
 * Healthy runs (write_through and write_back, pages of 1 and 4, a reset mid-run, copies that complete steps later):
   the driver's KV content checks see no corruption, the checker reports no finding, and it checked the nodes the
-  records name (backups, reloads and splits inferred from the paths all present).
+  records name (backups, reloads and splits inferred from the paths all present). ``insert`` is written (new: one
+  per insert that added a leaf; revive: a walked node the records left without device copy): the checker books
+  every node at its insert, with its device slots, so the rules that read it (H1a's latest slots, H4a's reuse of a
+  copy's source, C1's structural tuples, CANARY's owner) read the Rust core's nodes as the Python core's.
 * The injected faults of tests/sglang_real (``runtime.Faults``, injected at 0.5.23's sites through the tree core's
   boundary) found with the code the Python core's runs give, on the node the fault hit or the fragments split from
   it.
@@ -15,8 +18,6 @@ One subprocess runs every case (one SGLang import), with the torch the Rust core
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -48,15 +49,12 @@ def runs(tmp_path_factory):
     runtime.need("0.5.23", rust=True)
     matrix = HEALTHY + [{"policy": "write_through", "seed": 1, "requests": 200, "exact": True, "fault": f, **kw}
                         for f, kw in FAULTS]
-    env = runtime.sglang_env("0.5.23", rust=True, CPTRACE_SGLANG_TREE_CORE="rust")
-    env.pop("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", None)   # SGLang's own selection: the Rust core
-    p = subprocess.run([sys.executable, "-c", RUNS, str(tmp_path_factory.mktemp("rust")), json.dumps(matrix)],
-                       env=env, capture_output=True, text=True, timeout=1100, cwd=runtime.ROOT)
-    assert p.returncode == 0, p.stderr[-4000:]
+    summaries = runtime.run_json(RUNS, str(tmp_path_factory.mktemp("rust")), json.dumps(matrix),
+                                 env=runtime.rust_default_env(), timeout=1100)
     from cptrace_otel.analyze.engine import Analysis
 
     out = []
-    for s in json.loads(p.stdout.strip().splitlines()[-1]):
+    for s in summaries:
         events = runtime.log_events([s["log"]])
         out.append((s, Analysis(None).run(events), events))
     return out
@@ -81,6 +79,41 @@ def test_healthy_rust_core_run_has_no_finding(runs, i):
     evicted = {e.fields["node_id"] for e in events if e.tag == "evict" and e.fields.get("tier") == "dev"}
     freed = {e.fields["node_id"] for e in events if e.tag == "free" and e.fields.get("why") == "evict"}
     assert evicted and evicted <= freed, sorted(evicted - freed)[:5]
+
+
+@pytest.mark.parametrize("i", range(len(HEALTHY)), ids=[f"{h['policy']}-p{h.get('page_size', 1)}" for h in HEALTHY])
+def test_inserts_are_written_at_the_boundary(runs, i):
+    """Every node a record names was booked by its ``insert`` (new) or cut from one (``split``) before, with the
+    device slots the insert gave it; walked evicted nodes get their ``insert kind=revive`` before their next
+    eviction, and a revive names a node whose device copy an ``evict tier=dev kind=backuped`` took."""
+    events = runs[i][2]
+    new = [e for e in events if e.tag == "insert" and e.fields.get("kind") == "new"]
+    revive = [e for e in events if e.tag == "insert" and e.fields.get("kind") == "revive"]
+    assert new and revive, (len(new), len(revive))
+    assert all(e.fields["dev"].cnt == e.fields["len"] for e in new + revive)
+    known: set = set()
+    gone: set = set()
+    for e in events:
+        f = e.fields
+        if e.tag == "insert":
+            assert f["kind"] == "new" or f["node_id"] in gone, f
+            known.add(f["node_id"])
+            gone.discard(f["node_id"])
+        elif e.tag == "split":
+            assert f["node_id"] in known, f
+            known.add(f["new_id"])
+            if f["node_id"] in gone:
+                gone.add(f["new_id"])
+        elif e.tag == "reset":
+            known.clear()
+            gone.clear()
+        elif e.tag in ("prepare", "evict", "reload"):
+            assert f["node_id"] in known, (e.tag, f)
+            if e.tag == "evict" and f.get("tier") == "dev":
+                gone.add(f["node_id"])
+            elif e.tag == "reload":
+                gone.difference_update(f.get("chain") or ())
+                gone.discard(f["node_id"])
 
 
 def test_splits_inside_rust_are_inferred(runs):

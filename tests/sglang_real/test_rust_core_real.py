@@ -3,9 +3,10 @@
 The Rust core loads only with torch 2.11-2.14; with another torch SGLang falls back to its Python core without a
 word, so these tests run SGLang with the torch deploy/sglang/install puts in ``.sglang/torch-2.14``
 (``runtime.sglang_env(..., rust=True)``) and assert which core SGLang really built. What they pin down is what
-docs/deploy.md ("Versions") states: the instrumentation sets ``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python`` where
-it is unset, so an instrumented cache runs the Python core where SGLang would have taken the Rust one; an explicit
-``=rust`` is kept, runs as without tracing, and gets one warning and no record (so no false finding).
+docs/deploy.md ("Versions") states: the instrumentation keeps the tree core SGLang selects (the variable stays unset),
+so an instrumented cache runs the Rust core as without tracing and is traced at its Python boundary; the option
+``CPTRACE_SGLANG_TREE_CORE=python`` sets ``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python`` where it is unset; what the
+boundary cannot trace gets one warning naming that option, and never partial records (so no false finding).
 """
 
 from __future__ import annotations
@@ -53,43 +54,91 @@ def _rust_py(code: str, timeout: int = 600, **env: str) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def test_unset_sglang_takes_the_rust_core_and_instrument_gives_the_python_one(tmp_path):
-    """With the variable unset SGLang's own selection builds the Rust core here (so this machine can tell the two
-    apart); after ``instrument()`` the same selection builds the Python core and the run is traced. Both runs of the
-    same request stream are clean by the driver's KV content checks and make the same cache decisions."""
+def test_default_keeps_the_rust_core_and_traces_it_at_its_boundary(tmp_path):
+    """With the variable unset SGLang's own selection builds the Rust core here, with and without ``instrument()``:
+    the traced run is the stock run (same loads, same host copies, both clean by the driver's KV content checks)
+    plus records, ``insert`` among them, that ``check`` finds clean; the variable stays unset and no warning says
+    the cache is not traced. The option ``CPTRACE_SGLANG_TREE_CORE=python`` (a second process: SGLang reads the
+    variable per cache) builds the Python core instead, for the same run."""
     r = _rust_py(f"""
 stock = rust_driver.run({str(tmp_path / "stock")!r}, sglang_selects=True, instrument=False, requests=80)
-before = os.environ.get({VAR!r})
 traced = rust_driver.run({str(tmp_path / "traced")!r}, sglang_selects=True, requests=80)
-print(json.dumps({{"stock": summary(stock), "traced": summary(traced), "before": before,
+print(json.dumps({{"stock": summary(stock), "traced": summary(traced), "log": traced["log"],
                   "after": os.environ.get({VAR!r}), "msgs": msgs}}))
 """)
+    py = _rust_py(f"""
+traced = rust_driver.run({str(tmp_path / "python")!r}, sglang_selects=True, requests=80)
+print(json.dumps({{"traced": summary(traced), "after": os.environ.get({VAR!r}), "msgs": msgs}}))
+""", CPTRACE_SGLANG_TREE_CORE="python")
     stock, traced = r["stock"], r["traced"]
-    assert r["before"] is None and r["after"] == "python", r
-    assert stock["core"] == "RustUnifiedTreeCore", stock
-    assert traced["core"] == "UnifiedTreeCore", traced
-    for s in (stock, traced):
+    assert r["after"] is None, r
+    assert stock["core"] == traced["core"] == "RustUnifiedTreeCore", r
+    for s in (stock, traced, py["traced"]):
         assert s["corruption"] == [] and s["admitted"] == 80 and s["audited"] > 0, s
     assert (stock["loads"], stock["audited"]) == (traced["loads"], traced["audited"]), r
     assert stock["records"] == 0 and traced["records"] > 0, r
-    assert not any("tree core" in m and "not the Python" in m for m in r["msgs"]), r["msgs"]
+    assert not any("not traced" in m for m in r["msgs"]), r["msgs"]
+    d = runtime.check_json([r["log"]])
+    assert d["findings"] == [] and d["stats"]["nodes"] > 0, runtime.fmt_findings(d)
+    with open(r["log"]) as f:
+        assert sum("[CPTRACE insert]" in line for line in f) > 0
+    assert py["after"] == "python" and py["traced"]["core"] == "UnifiedTreeCore", py
+    assert (py["traced"]["loads"], py["traced"]["records"] > 0) == (stock["loads"], True), py
 
 
-def test_explicit_rust_core_runs_untraced_with_one_warning_and_no_record(tmp_path):
-    """``=rust`` chosen by the user is kept: SGLang builds the Rust core, the request stream runs clean by the
-    driver's KV content checks (device prefixes after every match and load-back, host copies at rest through the
-    core's boundary), and the instrumentation writes one warning and no record at all. The same driver on the same
-    core sees a host copy corrupted after its write (the ``flip`` fault), so its clean answer means something."""
-    r = _rust_py(f"""
-ok = rust_driver.run({str(tmp_path / "ok")!r}, requests=80)
-first = list(msgs)
-bad = rust_driver.run({str(tmp_path / "flip")!r}, requests=80, instrument=False, fault="flip")
-print(json.dumps({{"ok": summary(ok), "bad": summary(bad), "msgs": first}}))
-""", **{VAR: "rust"})
-    ok, bad = r["ok"], r["bad"]
-    assert ok["core"] == bad["core"] == "RustUnifiedTreeCore", r
-    assert ok["corruption"] == [] and ok["admitted"] == 80 and ok["loads"] > 0 and ok["audited"] > 0, ok
-    assert len(r["msgs"]) == 1 and "its tree core is RustUnifiedTreeCore, not the Python UnifiedTreeCore" in \
-        r["msgs"][0], r["msgs"]
-    assert ok["records"] == 0, ok
-    assert bad["hits"] and bad["corruption"], bad
+def test_what_the_rust_boundary_cannot_trace_warns_with_the_python_option(tmp_path):
+    """On the Rust core, a hybrid SWA tree gets one warning naming ``CPTRACE_SGLANG_TREE_CORE=python`` and no record
+    (no partial records: no false finding), and the audit of host copies at rest is not run, with one warning naming
+    the same option, while every other record is written."""
+    swa = _rust_py(f"""
+import cptrace_otel
+from tests.sglang_real import driver, swa_driver
+from cptrace_otel.traced.sglang import SGLangInstrumentor
+cptrace_otel.configure(level=2, log_file={str(tmp_path / "swa.log")!r}, file={str(tmp_path / "swa.otlp.jsonl")!r},
+                       exporter="thread", checks=False)
+SGLangInstrumentor().instrument()
+cp, tp = driver._init_group(1, 0, {str(tmp_path / "gloo")!r})
+driver.POOL["tree_core"] = ""   # SGLang's own selection
+cache, kv, alloc = swa_driver.build_swa("write_through", 1, 64, 2.0, cp, tp)
+print(json.dumps({{"core": type(cache.tree_core).__name__, "traced": getattr(cache, "_cptrace_sg", None) is not None,
+                  "msgs": msgs}}))
+""")
+    assert swa["core"] == "RustUnifiedTreeCore" and not swa["traced"], swa
+    assert len(swa["msgs"]) == 1 and "is not traced" in swa["msgs"][0], swa["msgs"]
+    assert "hybrid SWA tree on the Rust tree core" in swa["msgs"][0], swa["msgs"]
+    assert "CPTRACE_SGLANG_TREE_CORE=python" in swa["msgs"][0], swa["msgs"]
+    au = _rust_py(f"""
+r = rust_driver.run({str(tmp_path / "audit")!r}, sglang_selects=True, requests=60, audit_mbps=50.0)
+print(json.dumps({{"run": summary(r), "msgs": msgs}}))
+""")
+    assert au["run"]["core"] == "RustUnifiedTreeCore" and au["run"]["records"] > 0, au
+    warned = [m for m in au["msgs"] if "audit of host copies at rest" in m]
+    assert len(warned) == 1 and "CPTRACE_SGLANG_TREE_CORE=python" in warned[0], au["msgs"]
+
+
+def test_the_rust_boundary_is_wrapped_when_sglang_imports_it_and_unwrapped_with_the_rest():
+    """``instrument()`` never imports the Rust core's adapter (that loads its extension): its sites are wrapped
+    when SGLang imports it, at once where it already has, and ``uninstrument()`` removes them with the rest."""
+    r = _rust_py("""
+import sys
+from cptrace_otel.traced.sglang import SGLangInstrumentor
+from cptrace_otel.traced.sglang._rust23 import ADAPTER, RUST_SITES23
+def wrapped():
+    cls = sys.modules[ADAPTER].RustUnifiedTreeCore
+    return [hasattr(getattr(cls, attr.split(".")[1]), "__wrapped__") for _, attr, _ in RUST_SITES23]
+inst = SGLangInstrumentor()
+inst.instrument()
+imported_by_instrument = ADAPTER in sys.modules
+import sglang.srt.mem_cache.rust_tree_core.adapter
+after_import = wrapped()
+inst.uninstrument()
+after_un = wrapped()
+inst.instrument()
+again = wrapped()
+print(json.dumps({"by_instrument": imported_by_instrument, "import": after_import, "un": after_un, "again": again,
+                  "msgs": msgs}))
+""")
+    assert r["by_instrument"] is False, r
+    assert r["import"] and all(r["import"]) and r["again"] == r["import"], r
+    assert not any(r["un"]), r
+    assert r["msgs"] == [], r["msgs"]

@@ -181,8 +181,9 @@ print(json.dumps({{"pre": pre, "wrapped": wrapped(), "msgs": msgs}}))
 
 def test_0_5_23_with_another_tree_core_is_not_traced_at_all(tmp_path):
     """0.5.23 picks its tree core at run time (``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND``; the Rust one is the
-    default where its extension loads). A tree core that is not the Python ``UnifiedTreeCore`` fires none of the
-    tree sites, so the cache gets one warning and no record at all (partial records would give false findings);
+    default where its extension loads, traced at its boundary). A tree core that is neither the Python
+    ``UnifiedTreeCore`` nor the Rust one fires none of the tree sites, so the cache gets one warning and no record
+    at all (partial records would give false findings);
     SGLang runs as without tracing. The other core here is one registered the way SGLang lets external backends
     register (``register_tree_core_backend``): a delegating wrapper of the Python core, which is not one."""
     _need("0.5.23")
@@ -207,28 +208,33 @@ if os.path.exists(r["log"]):
         n = sum("[CPTRACE" in line for line in f)
 print(json.dumps({{"msgs": msgs, "records": n, "corruption": r["corruption"], "admitted": r["stats"]["admitted"]}}))
 """, version="0.5.23", SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND="other")
-    assert len(r["msgs"]) == 1 and "its tree core is Other, not the Python UnifiedTreeCore" in r["msgs"][0], r
+    assert len(r["msgs"]) == 1, r
+    assert "its tree core is Other, neither the Python UnifiedTreeCore nor the Rust one" in r["msgs"][0], r
     assert r["records"] == 0 and r["corruption"] == [] and r["admitted"] == 40, r
 
 
-@pytest.mark.parametrize("chosen", [None, "rust"])
-def test_0_5_23_gets_the_python_tree_core_unless_the_user_chose_one(chosen):
-    """0.5.23's default tree core is the Rust one (untraceable: its nodes never pass through Python). Instrumenting
-    sets ``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python`` where it is unset, so SGLang's own selection
-    (``tree_core_registry.select_tree_core_backend`` with no per-cache override) gives the Python core; an explicit
-    choice is kept."""
+@pytest.mark.parametrize(("chosen", "option", "after"), [(None, None, "rust"), (None, "rust", "rust"),
+                                                         (None, "python", "python"), ("rust", "python", "rust")])
+def test_0_5_23_keeps_the_users_tree_core_unless_the_python_option_asks(chosen, option, after):
+    """0.5.23's default tree core is the Rust one. Instrumenting leaves ``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND``
+    alone by default (SGLang's own selection stays ``rust``: its Rust core is traced at its boundary); the option
+    ``CPTRACE_SGLANG_TREE_CORE=python`` sets it to ``python`` where it is unset, and an explicit choice is kept."""
     _need("0.5.23")
     env = {} if chosen is None else {"SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND": chosen}
+    if option is not None:
+        env["CPTRACE_SGLANG_TREE_CORE"] = option
     r = _py("""
 import json, os
 from cptrace_otel.traced.sglang import SGLangInstrumentor
 from sglang.srt.environ import envs
 before = os.environ.get("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND")
 SGLangInstrumentor().instrument()
-print(json.dumps({"before": before, "after": envs.SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND.get()}))
+print(json.dumps({"before": before, "after": envs.SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND.get(),
+                  "set": os.environ.get("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND")}))
 """, version="0.5.23", **env)
     assert r["before"] == chosen
-    assert r["after"] == (chosen or "python")
+    assert r["after"] == after
+    assert r["set"] == (chosen or ("python" if option == "python" else None)), r
 
 
 HEALTHY = [

@@ -1,6 +1,6 @@
-"""The splits the Rust tree core makes inside Rust, inferred from the paths its boundary returns (unit level: a
-stand-in core answering ``collect_path_info`` from a table; tests/sglang_real/test_rust_boundary_real.py runs SGLang's
-own Rust core)."""
+"""The splits the Rust tree core makes inside Rust, inferred from the paths its boundary returns, and the ``insert``
+records read from an insert's result and its path (unit level: a stand-in core answering ``collect_path_info`` from a
+table; tests/sglang_real/test_rust_boundary_real.py runs SGLang's own Rust core)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections import namedtuple
 
 import pytest
 
-from cptrace_otel.traced.sglang import _rust23
+from cptrace_otel.traced.sglang import _rust23, _state
 
 Info = namedtuple("Info", "node_id parent_id path_start path_end full_value_len num_children")
 
@@ -19,6 +19,7 @@ class Core:
 
     def __init__(self) -> None:
         self.nodes: dict[int, tuple[int, int, int]] = {}
+        self.gone: set[int] = set()   # nodes without device value
 
     def collect_path_info(self, ids):
         out = []
@@ -28,7 +29,7 @@ class Core:
             path = []
             while nid != 0:
                 p, s, e = self.nodes[nid]
-                path.insert(0, Info(nid, p, s, e, e - s, 0))
+                path.insert(0, Info(nid, p, s, e, None if nid in self.gone else e - s, 0))
                 nid = p
             out.append(tuple(path))
         return tuple(out)
@@ -36,14 +37,21 @@ class Core:
     def build_storage_backup_spec(self, nid, with_hash):
         return None
 
+    def get_component_device_value(self, nid, component):
+        import torch
+
+        _, s, e = self.nodes[nid]
+        return None if nid in self.gone else torch.arange(100 + s, 100 + e)
+
 
 @pytest.fixture
 def st(monkeypatch):
     recs: list[dict] = []
-    monkeypatch.setattr(_rust23, "cptrace", lambda lv, tag, **f: recs.append({"tag": tag, **f}))
+    for mod in (_rust23, _state):   # (split records are _rust23's, insert records the shared State's)
+        monkeypatch.setattr(mod, "cptrace", lambda lv, tag, **f: recs.append({"tag": tag, **f}))
     s = _rust23.RustState.__new__(_rust23.RustState)
     s.cache = types.SimpleNamespace(tree_core=Core())
-    s.span, s.by_start, s.host_first, s.loads = {}, {}, {}, {}
+    s.span, s.by_start, s.host_first, s.loads, s.gone = {}, {}, {}, {}, set()
     s.recs = recs
     return s
 
@@ -86,3 +94,42 @@ def test_a_node_that_left_the_tree_is_forgotten_not_split(st):
     core.nodes[4] = (0, 0, 5)   # a new node where the evicted one started
     st.path(4)
     assert splits(st) == [] and 1 not in st.span
+
+
+def inserts(st) -> list[tuple[str, int, int, int, int]]:
+    return [(r["kind"], r["node_id"], r["parent"], r["len"], r["dev"]) for r in st.recs if r["tag"] == "insert"]
+
+
+def test_an_insert_names_its_new_leaf_and_the_evicted_nodes_it_walked(st):
+    """The leaf starting at the result's ``prefix_len`` is new; a walked node an eviction left without device copy
+    that has one again is revived (once), and so is the fragment split from it in the same insert."""
+    core = st.cache.tree_core
+    core.nodes.update({1: (0, 0, 10), 2: (1, 10, 16)})
+    st.path(2)
+    st.dev_evicted(2, "backuped", types.SimpleNamespace(device_frees={}))
+    core.gone.add(2)
+    # the insert walks 1, revives 2's first 4 tokens (Rust splits 2 -> 3 [10,14) + 2 [14,16)), adds leaf 4
+    core.nodes.update({3: (1, 10, 14), 2: (3, 14, 16), 4: (3, 14, 20)})
+    st.inserted(types.SimpleNamespace(last_device_node=4, prefix_len=14))
+    assert splits(st) == [(2, 3, 6, 4)]
+    assert inserts(st) == [("revive", 3, 1, 4, "(cnt=4,min=110,max=113,first=110,last=113)"),
+                            ("new", 4, 3, 6, "(cnt=6,min=114,max=119,first=114,last=119)")], inserts(st)
+    assert 2 in st.gone and 3 not in st.gone
+    st.inserted(types.SimpleNamespace(last_device_node=3, prefix_len=14))   # fully matched: no new node
+    assert len(inserts(st)) == 2
+
+
+@pytest.mark.parametrize(("value", "python", "warned"), [(None, False, False), ("rust", False, False),
+                                                         (" Python ", True, False), ("pyhton", False, True)])
+def test_the_tree_core_option_reads_python_or_the_default(monkeypatch, caplog, value, python, warned):
+    """``CPTRACE_SGLANG_TREE_CORE``: ``python`` is the option; unset or ``rust`` the default (the Rust core kept);
+    another value is named in one warning and the default is used."""
+    monkeypatch.delenv(_state.TREE_CORE_OPT, raising=False)
+    if value is not None:
+        monkeypatch.setenv(_state.TREE_CORE_OPT, value)
+    with caplog.at_level("WARNING", logger="cptrace_otel.sglang"):
+        assert _state.python_core_option() is python
+    assert [r.getMessage() for r in caplog.records if "CPTRACE_SGLANG_TREE_CORE" in r.getMessage()] == \
+        ([f"cptrace-otel: CPTRACE_SGLANG_TREE_CORE={value.strip().lower()!r} is neither 'rust' (the default: "
+          "SGLang's tree core kept, the Rust one traced at its boundary) nor 'python' (switch to the Python core "
+          "where SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND is unset); using the default"] if warned else [])

@@ -11,9 +11,11 @@ Contract:
 
 * Supported: sglang ``>= 0.5.20, <= 0.5.23``: 0.5.20 (``HiRadixCache``, its last release; :data:`SITES`) and
   0.5.23 (``UnifiedRadixCache`` + ``HybridCacheController`` over the Python ``UnifiedTreeCore``, the full-attention
-  KV component; :data:`SITES23`, whose module doc says what is not covered); with ``CPTRACE_SGLANG_TREE_CORE=rust``
-  also over its Rust tree core, at the core's Python boundary (:mod:`._rust23`, whose doc lists what is inferred
-  and what is missing there). :func:`sites` picks the table of the
+  KV component; :data:`SITES23`, whose module doc says what is not covered) and over its Rust tree core, the one
+  SGLang selects by default, at the core's Python boundary (:data:`._rust23.RUST_SITES23`, wrapped when SGLang
+  imports the core's adapter; the module doc lists what is inferred there, what is not traced and what is missing).
+  The user's tree core is kept; ``CPTRACE_SGLANG_TREE_CORE=python`` is the option that switches to the Python core
+  where SGLang's variable is unset (:func:`python_tree_core`). :func:`sites` picks the table of the
   importable SGLang; both share one record grammar and its code. Another version, or a build with neither cache:
   one warning, nothing wrapped, never an exception. A build that ships its own ``cp_hicache_trace`` call sites is
   never instrumented (one info line).
@@ -51,10 +53,17 @@ from typing import Any
 from opentelemetry.instrumentation import instrumentor as _otel_instrumentor
 
 from . import _audit
-from ._rust23 import RUST_SITES23
+from ._rust23 import ADAPTER, RUST_SITES23
 from ._sites import SITES
 from ._sites23 import SITES23
-from ._state import Recorder, cache_flavour, rust_opted_in, version_verdict, warn_once as _warn_once
+from ._state import (
+    RUST_WRAPPED as _RUST_WRAPPED,
+    Recorder,
+    cache_flavour,
+    python_core_option,
+    version_verdict,
+    warn_once as _warn_once,
+)
 
 # Any: the package's type information differs between its versions (the subclass is checked at run time by it)
 # (getattr: mypy sees the attribute as absent in some of those versions)
@@ -68,11 +77,11 @@ SUPPORTED = "sglang >= 0.5.20, <= 0.5.23"
 
 def sites() -> list[tuple[str, str, Any]]:
     """The site table of the importable SGLang: :data:`SITES` (0.5.20's ``HiRadixCache``) or :data:`SITES23`
-    (0.5.23's ``UnifiedRadixCache``, with the Rust tree core's boundary sites :data:`._rust23.RUST_SITES23` where
-    ``CPTRACE_SGLANG_TREE_CORE=rust``); one grammar, the record code shared."""
+    (0.5.23's ``UnifiedRadixCache``; the Rust tree core's boundary sites, :data:`._rust23.RUST_SITES23`, are wrapped
+    apart, when SGLang imports their module); one grammar, the record code shared."""
     if cache_flavour() != "unified":
         return SITES
-    return SITES23 + RUST_SITES23 if rust_opted_in() else SITES23
+    return SITES23
 
 
 class SGLangInstrumentor(BaseInstrumentor):
@@ -118,7 +127,8 @@ class SGLangInstrumentor(BaseInstrumentor):
         Recorder.configure(exact=bool(exact), cp_mode=mode or env.cp_mode,
                            cp_mode_src="instrument" if mode else "CPTRACE_CP_MODE" if env.cp_mode else "",
                            audit_mbps=_audit.rate_setting(kwargs.get("audit_mbps")))
-        if cache_flavour() == "unified":
+        unified = cache_flavour() == "unified"
+        if unified:
             python_tree_core()
         import wrapt
 
@@ -134,9 +144,12 @@ class SGLangInstrumentor(BaseInstrumentor):
             for module, attr in done:  # all or nothing: a half-instrumented SGLang would give false findings
                 _unwrap(module, attr)
             raise
+        if unified:
+            _wrap_rust_when_imported()
 
     def _uninstrument(self, **kwargs: object) -> None:
         _audit.stop()
+        _unwrap_rust()
         for module, attr, _ in getattr(self, "_cptrace_sites", None) or sites():
             _unwrap(module, attr)
         from ._layerwise23 import drop_all
@@ -161,21 +174,63 @@ TREE_CORE_ENV = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"
 
 
 def python_tree_core() -> bool:
-    """Choose 0.5.23's Python ``UnifiedTreeCore`` for the caches this process builds, unless the user chose a tree
-    core (``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND`` set). True when it chose.
+    """The option ``CPTRACE_SGLANG_TREE_CORE=python``: choose 0.5.23's Python ``UnifiedTreeCore`` for the caches
+    this process builds, unless the user chose a tree core (``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND`` set). True
+    when it chose.
 
-    Why: 0.5.23's default tree core is the Rust one wherever its extension loads, and its nodes, splits and evictions
-    never pass through Python, where the sites are: such a cache can only be left untraced. SGLang reads the variable
-    when a cache is built, and its own KV-sharding hook defaults it to ``python`` the same way (only when unset). An
-    explicit choice is kept: a Rust cache then gets one warning and no records (``_sites23.untraceable``).
-    ``CPTRACE_SGLANG_TREE_CORE=rust`` keeps SGLang's own choice and traces a Rust core at its Python boundary
-    (:mod:`._rust23`): nothing is set then."""
-    if os.environ.get(TREE_CORE_ENV) is not None or rust_opted_in():
+    By default nothing is set: the cache is the one SGLang selects (its Rust core wherever its extension loads),
+    and a Rust core is traced at its Python boundary (:mod:`._rust23`). What that boundary cannot trace (a hybrid
+    SWA tree, the audit of copies at rest) gets one warning naming this option, which
+    traces it on the Python core. SGLang reads the variable when a cache is built, and its own KV-sharding hook
+    defaults it to ``python`` the same way (only when unset)."""
+    if not python_core_option() or os.environ.get(TREE_CORE_ENV) is not None:   # (a bad value warned about first)
         return False
     os.environ[TREE_CORE_ENV] = "python"
-    logger.info("cptrace-otel: %s=python (the Rust tree core cannot be traced; set the variable to choose)",
-                TREE_CORE_ENV)
+    logger.info("cptrace-otel: %s=python (CPTRACE_SGLANG_TREE_CORE=python: the Python tree core)", TREE_CORE_ENV)
     return True
+
+
+_rust: dict[str, bool] = {"on": False}
+
+
+def _wrap_rust_when_imported() -> None:
+    """Wrap :data:`RUST_SITES23` when SGLang imports the Rust core's adapter (at once where it has). SGLang imports
+    it only to build a Rust core, and importing it loads (or builds) the Rust extension: the instrumentation never
+    imports it itself."""
+    import wrapt
+
+    _rust["on"] = True
+    # (calls it now where the module is imported; a hook left from an earlier instrument() finds the sites wrapped)
+    wrapt.register_post_import_hook(_wrap_rust, ADAPTER)
+
+
+def _wrap_rust(module: object) -> None:
+    """All of :data:`RUST_SITES23` or none (one warning: a Rust-core cache is then left untraced,
+    ``_sites23.untraceable``); never raises into SGLang's import."""
+    if not _rust["on"] or _RUST_WRAPPED:
+        return
+    import wrapt
+
+    done: list[tuple[str, str]] = []
+    try:
+        for mod, attr, wrapper in RUST_SITES23:
+            wrapt.wrap_function_wrapper(mod, attr, wrapper)
+            done.append((mod, attr))
+    except Exception as e:  # the traced process is never crashed by tracing
+        for mod, attr in done:
+            _unwrap(mod, attr)
+        _warn_once("rust-sites", f"cptrace-otel: the Rust tree core's boundary could not be wrapped "
+                   f"({type(e).__name__}: {e}); a Rust-core cache is not traced (CPTRACE_SGLANG_TREE_CORE=python "
+                   "traces the Python core)")
+        return
+    _RUST_WRAPPED.extend(done)
+
+
+def _unwrap_rust() -> None:
+    _rust["on"] = False
+    for mod, attr in _RUST_WRAPPED:
+        _unwrap(mod, attr)
+    _RUST_WRAPPED.clear()
 
 
 def _unwrap(module: str, attr: str) -> None:

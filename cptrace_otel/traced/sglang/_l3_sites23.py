@@ -76,7 +76,7 @@ class Reads23(Reads):
         return int(op.completed_tokens) // int(cache.page_size)
 
 
-def _insert_host_call(args: tuple, kwargs: dict) -> tuple:
+def insert_host_call(args: tuple, kwargs: dict) -> tuple:
     """``insert_host(node_id, key, host_value, hash_value)``: its start, key and the fetched host slots."""
     host = arg(args, kwargs, 2, "host_value")
     return arg(args, kwargs, 0, "node_id"), arg(args, kwargs, 1, "key"), {int(x) for x in host.tolist()}
@@ -99,5 +99,5 @@ L3_SITES23: list[tuple[str, str, Any]] = [
     (HCC, "HybridCacheController.write_storage", write_storage_site(Reads23)),
     (URC, "UnifiedRadixCache._drain_storage_control_queues_impl", drain_site(Reads23)),
     (URC, "UnifiedRadixCache._handle_prefetch_result", prefetch_result_site(Reads23)),
-    (UTC, "UnifiedTreeCore.insert_host", prefetch_insert_site(_insert_host_call, _on_hits)),
+    (UTC, "UnifiedTreeCore.insert_host", prefetch_insert_site(insert_host_call, _on_hits)),
 ]

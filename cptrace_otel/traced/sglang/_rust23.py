@@ -1,40 +1,52 @@
-"""The sites of sglang 0.5.23 over its Rust tree core (``RustUnifiedTreeCore``): records written at the core's
-Python boundary, so the user's cache is never switched. Opt-in: ``CPTRACE_SGLANG_TREE_CORE=rust`` (the
-instrumentation then leaves ``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND`` alone and traces a Rust-core cache with
-:class:`RustState` and :data:`RUST_SITES23`, on top of :data:`._sites23.SITES23`'s cache, controller and allocator
-sites, which are Python whatever the core).
+"""The sites of sglang 0.5.23 over its Rust tree core (``RustUnifiedTreeCore``, the one SGLang selects by default
+wherever its extension loads): records written at the core's Python boundary, so the user's cache is never
+switched. The default: the instrumentation leaves ``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND`` alone, wraps
+:data:`RUST_SITES23` when SGLang imports the core's adapter (it never imports it itself: that loads the extension)
+and traces a Rust-core cache with :class:`RustState`, on top of :data:`._sites23.SITES23`'s cache, controller and
+allocator sites, which are Python whatever the core. ``CPTRACE_SGLANG_TREE_CORE=python`` is the option that switches
+to the Python core instead, where the variable is unset (it traces what the list below says is not traced here).
 
 The Rust core's nodes are not Python objects: the records name nodes by the ids that cross the boundary and read
 them through it (``collect_path_info``, ``get_component_device_value``, ``is_backuped``,
 ``build_storage_backup_spec``, ``root_node_handle``):
 
-* written as on the Python core: ``prepare`` + ``backup`` (``_track_write_through_node``: the controller's queued op;
+* written as on the Python core: ``insert`` (``begin_insert`` / ``resume_insert``, at the final step, before the
+  cache applies its actions: the path of the result's ``last_device_node`` holds every node the insert walked; new:
+  the last node when it starts at the result's ``prefix_len``; revive: a node on it that an ``evict tier=dev`` left
+  without device copy and that has one again, ``full_value_len`` set; ``dev`` from ``get_component_device_value``),
+  ``prepare`` + ``backup`` (``_track_write_through_node``: the controller's queued op;
   parent and ``pbk`` from ``collect_path_info`` and ``is_backuped``), ``ack dir=d2h`` (``clen`` from the path),
   ``reload`` (``commit_load_back``: the load-back spec's ``nodes_to_load``), ``ack dir=h2d`` (each chain node's
   device slots from ``get_component_device_value``), ``evict tier=dev`` (``evict_device_leaf`` / ``demote`` /
   ``drop_subtree_no_host`` return the frees; the node id is the argument; kind from ``is_backuped`` before the
   call), the ``free`` records (allocator and host pool sites) with ``why=evict`` and the node, ``rid_map``;
 * inferred: ``split`` (splits happen inside Rust; a split is written, with ``inf=1``, when a node named by a record
-  is seen with a later ``path_start`` than it was booked with, or when a new id on a path starts where a booked node
-  started under the same parent and that node now lies below it: the new id is the prefix fragment, as
-  ``UnifiedTreeCore._split_node`` makes it). An inferred split carries the lengths only (no ``dev_*``/``host_*``
-  slots: those may have moved since); ``evict tier=host``: ``drive_host_eviction`` returns host slots without
-  nodes, so each freed host run is attributed to the node whose booked host copy starts at its first slot (kind
-  ``host``, or a ``free why=dup`` where the node keeps its device copy);
-* not traced over the Rust core: a cache with an L3 storage backend (``l3_hit`` walks Python nodes; one warning, no
-  record) and the audit of host copies at rest (it would call into the core off the scheduler's thread);
-* missing: ``insert`` (new and revive: no boundary call names the nodes an insert makes; the checker books a node
-  at its first ``prepare``), the ``lock``/``href`` fields of ``evict`` (no lock count crosses the boundary), a
-  split the records never come back to, and the ``free`` attribution of a host run whose node's copy was booked
-  under another first slot.
+  (an insert's path included) is seen with a later ``path_start`` than it was booked with, or when a new id on a
+  path starts where a booked node started under the same parent and that node now lies below it: the new id is the
+  prefix fragment, as ``UnifiedTreeCore._split_node`` makes it). An inferred split carries the lengths only (no
+  ``dev_*``/``host_*`` slots: those may have moved since); ``evict tier=host``: ``drive_host_eviction`` returns host
+  slots without nodes, so each freed host run is attributed to the node whose booked host copy starts at its first
+  slot (kind ``host``, or a ``free why=dup`` where the node keeps its device copy);
+* the L3 storage tier: the sites of :mod:`._l3_sites23` (they read the cache and controller, not nodes), with
+  ``l3_hit`` at the adapter's ``insert_host`` (:func:`_on_hits`: the node it added, ``inserted_host_node``, and the
+  refilled nodes of its path, read with ``collect_path_info``, ``build_storage_backup_spec``, ``get_hash_values``);
+* not traced over the Rust core (one warning each, naming ``CPTRACE_SGLANG_TREE_CORE=python``, the option that
+  traces them): a hybrid SWA tree (its SWA records read Python nodes; no record), and the audit of host copies at
+  rest and of L3 objects (it would call into the core off the scheduler's thread; the other records are written);
+* missing: the ``lock``/``href`` fields of ``evict`` (no lock count crosses the boundary), the slots of an inferred
+  split, a split the records never come back to, and the ``free`` attribution of a host run whose node's copy was
+  booked under another first slot.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from ..api import cptrace
+from ._l3_sites import hit_record, prefetch_insert_site
+from ._l3_sites23 import insert_host_call
 from ._sites23 import FULL, STATE_FOR_CORE, State23, commit_load_back_site
 from ._state import arg, safe, state_of
 
@@ -64,12 +76,14 @@ class RustState(State23):
         # (parent id, path start) -> the booked nodes starting there (siblings share it)
         self.by_start: dict[tuple[int, int], set[int]] = {}
         self.host_first: dict[int, int] = {}             # first host slot of a booked host copy -> its node id
+        self.gone: set[int] = set()   # nodes whose device copy an `evict tier=dev kind=backuped` took (no reload yet)
 
     def clear(self) -> None:
         super().clear()
         self.span.clear()
         self.by_start.clear()
         self.host_first.clear()
+        self.gone.clear()
 
     # -- node fields through the boundary -------------------------------------------------------------------------
     def node(self, nid: int) -> Any:
@@ -152,6 +166,8 @@ class RustState(State23):
                 self.split_loads(nid, aid)
                 self.book(aid, int(a.parent_id), astart, aend)
                 self.book(nid, aid, aend, bend)
+                if nid in self.gone:   # the prefix of a node without device copy has none either
+                    self.gone.add(aid)
                 self.rebook_host(aid)
                 done = True
         if done:
@@ -170,6 +186,29 @@ class RustState(State23):
         split_loads(self, RNode(child), RNode(new))   # type: ignore[arg-type]
 
     # -- records --------------------------------------------------------------------------------------------------
+    def inserted(self, res: Any) -> None:
+        """The ``insert`` records of the insert whose final step returned ``res`` (an ``InsertResult``): the path of
+        its ``last_device_node`` (splits inside Rust written first, :meth:`sync`) holds every node it walked. A node
+        on it that an ``evict tier=dev`` left without device copy and that has one again is revived (an insert gives
+        a walked evicted node the request's slots; a reload would have named it); the last node is new when it
+        starts at ``prefix_len`` (the insert's walked length: the tail it added as a leaf)."""
+        if res.last_device_node is None:
+            return
+        path = self.path(int(res.last_device_node))
+        for info in path:
+            nid = int(info.node_id)
+            if nid in self.gone and info.full_value_len is not None:
+                self.gone.discard(nid)
+                self._insert_of(info, "revive")
+        last = path[-1]
+        if int(last.path_start) >= int(res.prefix_len) and int(last.path_end) > int(last.path_start):
+            self._insert_of(last, "new")
+
+    def _insert_of(self, info: Any, kind: str) -> None:
+        nid = int(info.node_id)
+        self.insert_record(nid, int(info.parent_id), int(info.path_end) - int(info.path_start),
+                           self.dev(RNode(nid)), kind)
+
     def prepare23(self, node_id: int) -> None:
         super().prepare23(node_id)
         host = self.cache.cache_controller.write_queue[-1].host_indices
@@ -179,6 +218,7 @@ class RustState(State23):
     def reload23(self, node_id: int, device_indices: Tensor, kv_xfer: Any) -> None:
         for nid in (*(kv_xfer.nodes_to_load or ()), node_id):
             self.path(int(nid))
+            self.gone.discard(int(nid))
         super().reload23(node_id, device_indices, kv_xfer)
 
     def ack_h2d(self, ack_node_ids: list) -> None:
@@ -192,6 +232,8 @@ class RustState(State23):
         for t in result.device_frees.get(FULL, ()):
             if t is not None and len(t):
                 self.evict("dev", RNode(node_id), kind, t)   # type: ignore[arg-type]  # (a node by id)
+        if kind == "backuped":
+            self.gone.add(node_id)
 
     def host_evicted(self, result: Any) -> None:
         """``drive_host_eviction``'s host runs: each attributed to the node whose booked copy starts there."""
@@ -237,6 +279,41 @@ def _dev_evict(kind: str | None) -> Callable[..., Any]:
     return wrapper
 
 
+def _insert_step(wrapped: Callable[..., Any], instance: TreeCore, args: tuple, kwargs: dict) -> Any:
+    """``begin_insert`` / ``resume_insert``: the final step (its ``result`` set) gets the insert's records before
+    the cache applies its actions (the new leaf's backup among them), as the Python core writes them in the walk."""
+    step = wrapped(*args, **kwargs)
+    if step.result is not None:
+        st = _rs(instance)
+        if st is not None:
+            safe(st.inserted, step.result)
+    return step
+
+
+def _on_hits(st: RustState, tree: TreeCore, op: Any, pre: tuple, res: Any) -> None:
+    """``insert_host(node_id, key, ...)`` over the Rust core returned ``res``: the node it added past the tree's path
+    (``inserted_host_node``) and the nodes of its path below ``node_id`` whose host copies now start at a fetched
+    slot (refilled host tombstones) took pages of this prefetch: one ``l3_hit`` each, with the node's page hashes
+    (``get_hash_values``), as on the Python core (which writes no ``insert`` for such a node either). Each is booked
+    as the Rust state books a backup (its host copy's first slot, for ``drive_host_eviction``) and, without device
+    copy, as evicted (an insert over it later is its revive)."""
+    start, _key, fetched = pre
+    end = res.inserted_host_node if res.inserted_host_node is not None else res.last_device_node
+    if end is None:
+        return
+    path = st.path(int(end))
+    below = next((k + 1 for k, info in enumerate(path) if int(info.node_id) == int(start)), 0)
+    for info in path[below:]:
+        nid = int(info.node_id)
+        host = st.host(RNode(nid))
+        if host is not None and len(host) and int(host[0]) in fetched:
+            node = SimpleNamespace(id=nid, parent=SimpleNamespace(id=int(info.parent_id)))
+            hit_record(st, st.cache, op, node, tree.get_hash_values(nid))   # type: ignore[attr-defined]
+            st.host_first[int(host[0])] = nid
+            if info.full_value_len is None:
+                st.gone.add(nid)
+
+
 def _host_evict(wrapped: Callable[..., Any], instance: TreeCore, args: tuple, kwargs: dict) -> Any:
     res = wrapped(*args, **kwargs)
     st = _rs(instance)
@@ -245,11 +322,14 @@ def _host_evict(wrapped: Callable[..., Any], instance: TreeCore, args: tuple, kw
     return res
 
 
-# (module, "Class.method", wrapper): the Rust core's boundary, added to SITES23 when opted in.
+# (module, "Class.method", wrapper): the Rust core's boundary, wrapped when SGLang imports the adapter.
 RUST_SITES23: list[tuple[str, str, Any]] = [
+    (ADAPTER, "RustUnifiedTreeCore.begin_insert", _insert_step),
+    (ADAPTER, "RustUnifiedTreeCore.resume_insert", _insert_step),
     (ADAPTER, "RustUnifiedTreeCore.commit_load_back", commit_load_back_site),
     (ADAPTER, "RustUnifiedTreeCore.evict_device_leaf", _dev_evict(None)),
     (ADAPTER, "RustUnifiedTreeCore.demote", _dev_evict("backuped")),
     (ADAPTER, "RustUnifiedTreeCore.drop_subtree_no_host", _dev_evict("drop")),
     (ADAPTER, "RustUnifiedTreeCore.drive_host_eviction", _host_evict),
+    (ADAPTER, "RustUnifiedTreeCore.insert_host", prefetch_insert_site(insert_host_call, _on_hits)),
 ]

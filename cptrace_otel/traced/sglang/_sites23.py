@@ -27,10 +27,10 @@ Where each record is made in 0.5.23 (the README's "Use it with SGLang" lists the
   ``HiCacheController.start_loading`` and the per-layer sites it hooks while a step is in flight
   (:mod:`._layerwise23`); a step ends at its ``ack h2d``.
 
-Not covered (:func:`untraceable`: such a cache gets one warning and no record, never partial records): the Rust
-tree core (``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=rust``, 0.5.23's default wherever its extension loads: its nodes
-are not Python objects; the instrumentor sets ``=python`` where the variable is unset, so only an explicit choice is
-left; with ``CPTRACE_SGLANG_TREE_CORE=rust`` it is traced at its boundary instead, :mod:`._rust23`), trees with
+Not covered (:func:`untraceable`: such a cache gets one warning and no record, never partial records): a tree core
+neither Python nor Rust (0.5.23's default, ``RustUnifiedTreeCore``, is traced at its Python boundary, :mod:`._rust23`,
+whose doc lists what it cannot trace; ``CPTRACE_SGLANG_TREE_CORE=python`` is the option that switches to the Python
+core where ``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND`` is unset), trees with
 other components than the full-attention KV and the sliding-window one (Mamba, C128: hybrid models; FULL + SWA is
 traced, :mod:`._swa23`, but not with L3 storage nor on the Rust core), an L3 storage
 backend other than ``file`` (the L3 sites, :mod:`._l3_sites23`, are verified against the ``file`` backend's flow; a
@@ -60,7 +60,18 @@ from ._sites import (
     reset_site,
     rid_map,
 )
-from ._state import Load, State, arg, is_rust_core, kv_rows, rust_opted_in, safe, state_of, warn_once
+from ._state import (
+    Load,
+    Recorder,
+    State,
+    arg,
+    is_rust_core,
+    kv_rows,
+    rust_boundary_wrapped,
+    safe,
+    state_of,
+    warn_once,
+)
 from ._swa23 import SWA, SWA_SITES23, SwaBook, full_pool
 
 if TYPE_CHECKING:
@@ -235,24 +246,27 @@ def _init_hicache(wrapped: Callable[..., Any], instance: RadixCache, args: tuple
 
 def untraceable(cache: RadixCache) -> str | None:
     """Why this 0.5.23 cache is left untraced (None when it is traced). Its records would be partial, and partial
-    records give false findings: a tree core whose nodes are not Python objects (the Rust one) fires none of the
-    tree sites; other components (Mamba, C128) free and load through other allocators and pools; an L3 storage
-    backend, the buffer-only host mode and the external cache linker move KV on paths these sites do not see. A hybrid
-    tree of FULL and SWA is traced (:mod:`._swa23`), without L3 storage: its SWA pages go to storage by their own
-    trailing-page keys, which no record follows."""
+    records give false findings: a tree core neither Python nor Rust fires none of the tree sites (the Rust one is
+    traced at its boundary, :mod:`._rust23`, where its sites are wrapped); other components (Mamba, C128) free and
+    load through other allocators and pools; an L3 storage backend, the buffer-only host mode and the external
+    cache linker move KV on paths these sites do not see. A hybrid tree of FULL and SWA is traced (:mod:`._swa23`),
+    without L3 storage: its SWA pages go to storage by their own trailing-page keys, which no record follows.
+    What the Rust core's boundary cannot trace names the option that traces it (:data:`ON_PYTHON`)."""
     from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore
 
     if cache.cache_controller is None:
         return "no HiCache controller"
-    if not isinstance(cache.tree_core, UnifiedTreeCore) and not (is_rust_core(cache) and rust_opted_in()):
-        return (f"its tree core is {type(cache.tree_core).__name__}, not the Python UnifiedTreeCore (set "
-                "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python, or CPTRACE_SGLANG_TREE_CORE=rust, to trace it)")
+    if is_rust_core(cache) and not rust_boundary_wrapped():
+        return f"its Rust tree core's boundary is not wrapped ({ON_PYTHON})"
+    if not isinstance(cache.tree_core, UnifiedTreeCore) and not is_rust_core(cache):
+        return (f"its tree core is {type(cache.tree_core).__name__}, neither the Python UnifiedTreeCore nor the "
+                f"Rust one (set SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python, or {ON_PYTHON})")
     if [int(c) for c in cache.tree_components] not in ([FULL], [FULL, SWA]):
         return (f"its tree has components {[c.name for c in cache.tree_components]}: only FULL alone and FULL with "
                 "SWA are traced")
     if SWA in [int(c) for c in cache.tree_components]:
         if not isinstance(cache.tree_core, UnifiedTreeCore):
-            return "it is a hybrid SWA tree on the Rust tree core (its SWA records read Python nodes)"
+            return f"it is a hybrid SWA tree on the Rust tree core (its SWA records read Python nodes; {ON_PYTHON})"
         pool = cache.token_to_kv_pool_allocator.get_kvcache()
         if getattr(pool, "full_kv_pool", None) is None or getattr(pool, "swa_kv_pool", None) is None:
             return (f"it is a hybrid SWA tree over a {type(pool).__name__}, not an SWAKVPool (its full and SWA "
@@ -260,14 +274,16 @@ def untraceable(cache: RadixCache) -> str | None:
         if cache.enable_storage:
             return "it is a hybrid SWA tree with an L3 storage backend (the SWA pages' L3 round trip is not recorded)"
     backend = getattr(cache.cache_controller, "storage_backend_type", None)
-    if cache.enable_storage and is_rust_core(cache):
-        return f"it has the L3 storage backend {backend!r} over the Rust tree core (the L3 sites walk Python nodes)"
     if cache.enable_storage and backend not in L3_BACKENDS:
         return (f"it has the L3 storage backend {backend!r} (the L3 sites are verified with "
                 f"{', '.join(L3_BACKENDS)} only)")
     if cache.buffer_pipeline is not None or cache.linker is not None:
         return "it runs the buffer-only host mode or an external cache linker"
     return None
+
+
+ON_PYTHON = ("CPTRACE_SGLANG_TREE_CORE=python traces it on the Python tree core where "
+             "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND is unset")
 
 
 def _traced_objects(cache: RadixCache) -> tuple[Traced, ...]:
@@ -284,6 +300,9 @@ def _attach(cache: RadixCache) -> None:
     st = STATE_FOR_CORE.get(type(cache.tree_core).__name__, State23)(cache)
     for obj in _traced_objects(cache):
         obj._cptrace_sg = st
+    if Recorder.audit_mbps > 0 and is_rust_core(cache):
+        warn_once("rust-audit", "cptrace-otel: the audit of host copies at rest (CPTRACE_AUDIT_MBPS) does not run "
+                  f"over the Rust tree core; its other records are written ({ON_PYTHON})")
     if trace_level() >= 1:
         st.config()
     enroll(st)

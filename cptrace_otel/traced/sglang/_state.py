@@ -130,9 +130,26 @@ _MISSING = object()
 TREE_CORE_OPT = "CPTRACE_SGLANG_TREE_CORE"
 
 
-def rust_opted_in() -> bool:
-    """True when the user asked to trace the Rust tree core where SGLang builds it (``CPTRACE_SGLANG_TREE_CORE``)."""
-    return os.environ.get(TREE_CORE_OPT, "").strip().lower() == "rust"
+def python_core_option() -> bool:
+    """True when the user asked for 0.5.23's Python tree core (``CPTRACE_SGLANG_TREE_CORE=python``: the
+    instrumentation sets ``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python`` where it is unset). Unset or ``rust``
+    (the default): SGLang's own choice is kept and a Rust core is traced at its boundary. Another value: one
+    warning naming the two, and the default."""
+    v = os.environ.get(TREE_CORE_OPT, "").strip().lower()
+    if v not in ("", "rust", "python"):
+        warn_once("tree-core-opt", f"cptrace-otel: {TREE_CORE_OPT}={v!r} is neither 'rust' (the default: SGLang's "
+                  "tree core kept, the Rust one traced at its boundary) nor 'python' (switch to the Python core "
+                  "where SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND is unset); using the default")
+    return v == "python"
+
+
+RUST_WRAPPED: list[tuple[str, str]] = []   # the Rust core's boundary sites wrapped now (all or none)
+
+
+def rust_boundary_wrapped() -> bool:
+    """True when the Rust tree core's boundary sites (``_rust23.RUST_SITES23``) are wrapped: a Rust-core cache can be
+    traced."""
+    return bool(RUST_WRAPPED)
 
 
 def is_rust_core(cache: Any) -> bool:
