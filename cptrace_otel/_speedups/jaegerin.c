@@ -395,12 +395,47 @@ typedef struct {
     int esc, is_int;  /* the string holds an escape; the number is an integer token */
 } Tag;
 
-/* one {"key": .., "type": .., "value": ..} (any key order, each once) */
+/* a tag's value at r, of its type tv (read as far as its token): OK, or FALLBACK (another type, another JSON kind) */
+static int tag_value(Rd *r, Str tv, Tag *t)
+{
+    ws(r);
+    if (r->p >= r->end)
+        return FALLBACK;
+    if (str_is(tv, "string")) {
+        t->type = 's';
+        return str_tok(r, &t->val, &t->esc);
+    }
+    if (str_is(tv, "int64") || str_is(tv, "float64")) {
+        t->type = tv.p[0] == 'i' ? 'i' : 'f';
+        if (t->type == 'i' && *r->p == '"') {
+            /* Jaeger writes an int64 past 2^53 as a decimal string (JavaScript's doubles): int() of it */
+            if (str_tok(r, &t->val, &t->esc) != OK || t->esc || t->val.n == 0)
+                return FALLBACK;
+            for (Py_ssize_t i = t->val.p[0] == '-'; i < t->val.n; i++)
+                if (!is_digit(t->val.p[i]))
+                    return FALLBACK;
+            t->is_int = 1;
+            return t->val.n > (t->val.p[0] == '-') ? OK : FALLBACK;
+        }
+        if (num_tok(r, &t->val, &t->is_int) != OK || (t->type == 'i' && !t->is_int))
+            return FALLBACK;
+        return OK;
+    }
+    if (str_is(tv, "bool")) {
+        t->type = 'b';
+        t->is_int = *r->p == 't';
+        return word(r, t->is_int ? "true" : "false");
+    }
+    return FALLBACK;
+}
+
+/* one {"key": .., "type": .., "value": ..} (any key order, each once; the value read in place when its type came
+ * first, as Jaeger writes them) */
 static int read_tag(Rd *r, Tag *t)
 {
     if (!lit(r, '{'))
         return FALLBACK;
-    int seen = 0;
+    int seen = 0, done = 0;
     Str tv = {0, 0};
     const char *vstart = NULL;
     if (lit(r, '}'))
@@ -421,10 +456,16 @@ static int read_tag(Rd *r, Tag *t)
             if (seen & 4)
                 return FALLBACK;
             seen |= 4;
-            ws(r);
-            vstart = r->p;
-            if (skip(r, 4) != OK)
-                return FALLBACK;
+            if (seen & 2) {
+                if (tag_value(r, tv, t) != OK)
+                    return FALLBACK;
+                done = 1;
+            } else {
+                ws(r);
+                vstart = r->p;
+                if (skip(r, 4) != OK)
+                    return FALLBACK;
+            }
         } else {
             return FALLBACK;
         }
@@ -432,34 +473,7 @@ static int read_tag(Rd *r, Tag *t)
     if (!lit(r, '}') || seen != 7 || !utf8_ok(t->key.p, t->key.n))
         return FALLBACK;
     Rd v = {vstart, r->p};
-    if (str_is(tv, "string")) {
-        t->type = 's';
-        return str_tok(&v, &t->val, &t->esc);
-    }
-    if (str_is(tv, "int64") || str_is(tv, "float64")) {
-        t->type = tv.p[0] == 'i' ? 'i' : 'f';
-        ws(&v);
-        if (t->type == 'i' && *v.p == '"') {
-            /* Jaeger writes an int64 past 2^53 as a decimal string (JavaScript's doubles): int() of it */
-            if (str_tok(&v, &t->val, &t->esc) != OK || t->esc || t->val.n == 0)
-                return FALLBACK;
-            for (Py_ssize_t i = t->val.p[0] == '-'; i < t->val.n; i++)
-                if (!is_digit(t->val.p[i]))
-                    return FALLBACK;
-            t->is_int = 1;
-            return t->val.n > (t->val.p[0] == '-') ? OK : FALLBACK;
-        }
-        if (num_tok(&v, &t->val, &t->is_int) != OK || (t->type == 'i' && !t->is_int))
-            return FALLBACK;
-        return OK;
-    }
-    if (str_is(tv, "bool")) {
-        t->type = 'b';
-        ws(&v);
-        t->is_int = *v.p == 't';
-        return *v.p == 't' || *v.p == 'f' ? OK : FALLBACK;
-    }
-    return FALLBACK;
+    return done ? OK : tag_value(&v, tv, t);
 }
 
 /* the Python value of a tag as sources.otlpfile.any_value reads tracedocs._value's AnyValue */
@@ -583,80 +597,74 @@ static int read_log(Rd *r, PyObject *rank, PyObject *seqs, PyObject *events)
 {
     if (!lit(r, '{'))
         return FALLBACK;
-    Str ts = {0, 0}, fstart = {0, 0};
-    int seen = 0, is_int;
-    if (!lit(r, '}')) {
-        do {
-            Str k;
-            if (plain_str(r, &k) != OK || !lit(r, ':'))
-                return FALLBACK;
-            if (str_is(k, "timestamp")) {
-                if (seen & 1 || num_tok(r, &ts, &is_int) != OK || !is_int)
-                    return FALLBACK;
-                seen |= 1;
-            } else if (str_is(k, "fields")) {
-                if (seen & 2)
-                    return FALLBACK;
-                seen |= 2;
-                ws(r);
-                fstart.p = r->p;
-                if (skip(r, 4) != OK)
-                    return FALLBACK;
-                fstart.n = r->p - fstart.p;
-            } else if (skip(r, 4) != OK) {
-                return FALLBACK;
-            }
-        } while (lit(r, ','));
-        if (!lit(r, '}'))
-            return FALLBACK;
-    }
-    /* the fields: the event name, the record's fields (range parts joined), seq / epoch / level */
+    /* the fields, read where they are: the event name, the record's fields (range parts joined), seq / epoch /
+     * level; the timestamp wherever it is */
     PyObject *fields = PyDict_New(), *seq = NULL, *epoch = NULL, *level = NULL, *first_seq = NULL, *name = NULL;
     ValueFields vf = {0};
     if (fields == NULL)
         return ERR;
-    int st = OK;
+    Str ts = {0, 0};
+    int seen = 0, is_int, st = OK;
     Py_ssize_t plen = PyBytes_GET_SIZE(k_prefix);
-    Rd f = {fstart.p, fstart.p + fstart.n};
-    if (fstart.p != NULL && !lit(&f, '['))
-        st = FALLBACK;   /* (not a list: the twin decides) */
-    if (st == OK && fstart.p != NULL && !lit(&f, ']')) {
+    if (!lit(r, '}')) {
         do {
-            Tag t;
-            if ((st = read_tag(&f, &t)) != OK)
-                break;
-            if ((name == NULL || PyUnicode_GET_LENGTH(name) == 0) && str_is(t.key, "event")) {
-                PyObject *x = NULL;   /* the event name: the first "event" field that is not empty */
-                if (t.type != 's')
-                    st = FALLBACK;   /* str() of another type: the twin decides */
-                else if ((st = tag_py(&t, &x)) == OK)
-                    Py_XSETREF(name, x);
-                continue;
-            }
-            if (t.key.n < plen || memcmp(t.key.p, PyBytes_AS_STRING(k_prefix), (size_t)plen) != 0) {
-                int is_seq = str_is_key(t.key, k_seq);
-                PyObject **slot = is_seq ? &seq : str_is_key(t.key, k_epoch) ? &epoch : str_is_key(t.key, k_level)
-                                  ? &level : NULL;
-                if (slot) {
-                    PyObject *x;
-                    if ((st = tag_py(&t, &x)) != OK)
-                        break;
-                    if (is_seq && first_seq == NULL)
-                        first_seq = t.type == 'i' ? Py_NewRef(x) : NULL;
-                    if (is_seq && first_seq == NULL && t.type != 'i') {
-                        Py_DECREF(x);
-                        st = FALLBACK;   /* _as_int of a str seq: the twin decides */
-                        break;
-                    }
-                    Py_XSETREF(*slot, x);
+            Str k;
+            if (plain_str(r, &k) != OK || !lit(r, ':')) {
+                st = FALLBACK;
+            } else if (str_is(k, "timestamp")) {
+                if (seen & 1 || num_tok(r, &ts, &is_int) != OK || !is_int)
+                    st = FALLBACK;
+                seen |= 1;
+            } else if (str_is(k, "fields")) {
+                if (seen & 2 || !lit(r, '[')) {
+                    st = FALLBACK;   /* (twice, or not a list: the twin decides) */
+                    break;
                 }
-                continue;
+                seen |= 2;
+                if (lit(r, ']'))
+                    continue;
+                do {
+                    Tag t;
+                    if ((st = read_tag(r, &t)) != OK)
+                        break;
+                    if ((name == NULL || PyUnicode_GET_LENGTH(name) == 0) && str_is(t.key, "event")) {
+                        PyObject *x = NULL;   /* the event name: the first "event" field that is not empty */
+                        if (t.type != 's')
+                            st = FALLBACK;   /* str() of another type: the twin decides */
+                        else if ((st = tag_py(&t, &x)) == OK)
+                            Py_XSETREF(name, x);
+                        continue;
+                    }
+                    if (t.key.n < plen || memcmp(t.key.p, PyBytes_AS_STRING(k_prefix), (size_t)plen) != 0) {
+                        int is_seq = str_is_key(t.key, k_seq);
+                        PyObject **slot = is_seq ? &seq : str_is_key(t.key, k_epoch) ? &epoch
+                                          : str_is_key(t.key, k_level) ? &level : NULL;
+                        if (slot) {
+                            PyObject *x;
+                            if ((st = tag_py(&t, &x)) != OK)
+                                break;
+                            if (is_seq && first_seq == NULL)
+                                first_seq = t.type == 'i' ? Py_NewRef(x) : NULL;
+                            if (is_seq && first_seq == NULL && t.type != 'i') {
+                                Py_DECREF(x);
+                                st = FALLBACK;   /* _as_int of a str seq: the twin decides */
+                                break;
+                            }
+                            Py_XSETREF(*slot, x);
+                        }
+                        continue;
+                    }
+                    PyObject *x;
+                    if ((st = field_value(&t, &x)) == OK)
+                        st = value_field_add(&vf, fields, t.key.p + plen, t.key.n - plen, rng_suffix, x);
+                } while (st == OK && lit(r, ','));
+                if (st == OK && !lit(r, ']'))
+                    st = FALLBACK;
+            } else {
+                st = skip(r, 4);
             }
-            PyObject *x;
-            if ((st = field_value(&t, &x)) == OK)
-                st = value_field_add(&vf, fields, t.key.p + plen, t.key.n - plen, rng_suffix, x);
-        } while (st == OK && lit(&f, ','));
-        if (st == OK && !lit(&f, ']'))
+        } while (st == OK && lit(r, ','));
+        if (st == OK && !lit(r, '}'))
             st = FALLBACK;
     }
     st = value_fields_end(&vf, st);
@@ -702,13 +710,27 @@ static int read_log(Rd *r, PyObject *rank, PyObject *seqs, PyObject *events)
     return st;
 }
 
+/* a span's "logs" list: each log's first seq appended to seqs, its record to events */
+static int read_logs(Rd *r, PyObject *rank, PyObject *seqs, PyObject *events)
+{
+    if (!lit(r, '['))
+        return FALLBACK;
+    if (lit(r, ']'))
+        return OK;
+    int st;
+    do
+        st = read_log(r, rank, seqs, events);
+    while (st == OK && lit(r, ','));
+    return st == OK && !lit(r, ']') ? FALLBACK : st;
+}
+
 /* one span: (service, rank, codes, trace_id, span_id, start_us, level, seqs, events) appended to out */
 static int read_span(Rd *r, const Proc *procs, int np, PyObject *out)
 {
     if (!lit(r, '{'))
         return FALLBACK;
     Str tid = {0, 0}, sid = {0, 0}, pid = {0, 0}, logs = {0, 0}, start = {0, 0};
-    PyObject *rank = NULL, *codes = NULL;
+    PyObject *rank = NULL, *codes = NULL, *seqs = NULL, *events = NULL;
     int seen = 0, st = OK, is_int;
     if (!lit(r, '}')) {
         do {
@@ -731,8 +753,17 @@ static int read_span(Rd *r, const Proc *procs, int np, PyObject *out)
                 seen |= 16;
                 ws(r);
                 logs.p = r->p;
-                if (st == OK && (st = skip(r, 3)) == OK)
+                if (st == OK && rank != NULL && (seen & 32)) {
+                    /* the rank is known (the span's rank tag, read before): the records are read here, in one
+                     * pass; else after the span, when its process is known */
+                    if ((seqs = PyList_New(0)) == NULL || (events = PyList_New(0)) == NULL)
+                        st = ERR;
+                    else
+                        st = read_logs(r, rank, seqs, events);
+                    logs.p = NULL;
+                } else if (st == OK && (st = skip(r, 3)) == OK) {
                     logs.n = r->p - logs.p;
+                }
             } else if (str_is(k, "tags")) {
                 if (seen & 32 || !lit(r, '[')) {
                     st = FALLBACK;
@@ -777,24 +808,12 @@ static int read_span(Rd *r, const Proc *procs, int np, PyObject *out)
         st = FALLBACK;   /* no process, or one the answer does not list: the twin decides */
     if (st == OK && rank == NULL)
         rank = Py_NewRef(proc->rank ? proc->rank : zero_obj);
-    PyObject *seqs = NULL, *events = NULL, *row = NULL, *svc = NULL, *t = NULL, *s = NULL, *t0 = NULL;
-    if (st == OK) {
-        seqs = PyList_New(0);
-        events = PyList_New(0);
-        if (seqs == NULL || events == NULL)
-            st = ERR;
-    }
+    PyObject *row = NULL, *svc = NULL, *t = NULL, *s = NULL, *t0 = NULL;
+    if (st == OK && seqs == NULL && ((seqs = PyList_New(0)) == NULL || (events = PyList_New(0)) == NULL))
+        st = ERR;
     if (st == OK && logs.p) {
         Rd l = {logs.p, logs.p + logs.n};
-        if (!lit(&l, '['))
-            st = FALLBACK;
-        else if (!lit(&l, ']')) {
-            do
-                st = read_log(&l, rank, seqs, events);
-            while (st == OK && lit(&l, ','));
-            if (st == OK && !lit(&l, ']'))
-                st = FALLBACK;
-        }
+        st = read_logs(&l, rank, seqs, events);
     }
     if (st == OK) {
         svc = str_py(proc->service);

@@ -161,6 +161,8 @@ int value_text(const char *p, Py_ssize_t n, PyObject *parse_value_fn, PyObject *
     return FALLBACK;
 }
 
+static PyObject *new_rng(PyObject **parts);
+
 int value_field_add(ValueFields *vf, PyObject *fields, const char *k, Py_ssize_t kn, PyObject *const *suffixes,
                     PyObject *x)
 {
@@ -184,7 +186,10 @@ int value_field_add(ValueFields *vf, PyObject *fields, const char *k, Py_ssize_t
         if (vf->pend < 5)
             return OK;
         vf->pend = 0;
-        x = PyObject_Vectorcall(rng_type, vf->parts, 5, NULL);
+        int ints = 1;   /* five ints (the exporter's summaries): built as Rng.__new__ builds them, without the call */
+        for (int i = 0; i < 5; i++)
+            ints &= PyLong_CheckExact(vf->parts[i]);
+        x = ints ? new_rng(vf->parts) : PyObject_Vectorcall(rng_type, vf->parts, 5, NULL);
         for (int i = 0; i < 5; i++)
             Py_CLEAR(vf->parts[i]);
         if (x == NULL)
