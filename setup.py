@@ -60,6 +60,7 @@ setup(
         _ext("_logreader", [_DIR + "logreader.c"] + _SHARED),
         _ext("_intake", [_DIR + "intake.c"] + _SHARED),
         _ext("_otlpin", [_DIR + "otlpin.c"] + _SHARED),
+        _ext("_jaegerin", [_DIR + "jaegerin.c"] + _SHARED),
         _ext("_hot", [_DIR + "hot.c", _DIR + "ring.c", _DIR + "idset.c"]),
         # -O3: the portable kernel's row loops and the rng min/max loops are left to the auto-vectorizer
         _ext("_fingerprint", [_DIR + "fingerprint.c"], ("-O3",)),

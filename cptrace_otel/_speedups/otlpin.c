@@ -281,44 +281,7 @@ static int field_value(Rd val, PyObject **out)
     }
     if (f != 1)
         return (*out = any_to_py(val)) ? OK : ERR;
-    const char *p = (const char *)s.p;
-    Py_ssize_t n = s.end - s.p;
-    int plain = 1;
-    for (Py_ssize_t i = 0; i < n && plain; i++)
-        plain = !((unsigned char)p[i] & 0x80) && !ws_tab[(unsigned char)p[i]];
-    if (plain) {
-        int st = value_parse(p, n, out);
-        if (st != FALLBACK)
-            return st;
-    }
-    PyObject *str = PyUnicode_DecodeUTF8(p, n, "strict");
-    if (str == NULL)
-        return ERR;
-    *out = PyObject_CallOneArg(parse_value_fn, str);
-    Py_DECREF(str);
-    if (*out)
-        return OK;
-    PyErr_Clear();
-    return FALLBACK;   /* parse_value raised: the Python decoder rejects the span with its reason */
-}
-
-/* -- interned names ----------------------------------------------------------------------------------------- */
-
-#define NAMES 1024
-static PyObject *names[NAMES];
-
-static PyObject *name_of(const uint8_t *p, Py_ssize_t n)
-{
-    size_t i = hash_bytes((const char *)p, n) & (NAMES - 1);
-    PyObject *o = names[i];
-    if (o && PyUnicode_GET_LENGTH(o) == n && PyUnicode_IS_ASCII(o) && memcmp(PyUnicode_1BYTE_DATA(o), p, (size_t)n) == 0)
-        return Py_NewRef(o);
-    o = PyUnicode_DecodeUTF8((const char *)p, n, "strict");
-    if (o && PyUnicode_IS_ASCII(o)) {
-        PyUnicode_InternInPlace(&o);
-        Py_XSETREF(names[i], Py_NewRef(o));
-    }
-    return o;
+    return value_text((const char *)s.p, s.end - s.p, parse_value_fn, out);   /* FALLBACK: the span is rejected */
 }
 
 /* -- records ------------------------------------------------------------------------------------------------ */
@@ -355,9 +318,8 @@ static int read_event(Rd r, PyObject *rank, int convert, PyObject **out)
         return ERR;
     int st = OK;
     Py_ssize_t plen = PyBytes_GET_SIZE(k_prefix);
-    Rd q = {attrs, r.end}, key, val, pend_base = {0, 0};
-    int pend = 0;   /* range parts read of the summary in pend_base */
-    PyObject *parts[5] = {0};
+    Rd q = {attrs, r.end}, key, val;
+    ValueFields vf = {0};
     while (st == OK && q.p < q.end) {
         rd_next(&q, &f, &v, &sub);
         if (f != 3)
@@ -374,50 +336,13 @@ static int read_event(Rd r, PyObject *rank, int convert, PyObject **out)
             }
             continue;
         }
-        /* a range part: the key ends with one of the five suffixes */
-        int part = -1;
-        for (int i = 0; i < 5 && part < 0; i++) {
-            Py_ssize_t sn = PyBytes_GET_SIZE(rng_suffix[i]);
-            if (kn - plen >= sn && memcmp(key.end - sn, PyBytes_AS_STRING(rng_suffix[i]), (size_t)sn) == 0)
-                part = i;
-        }
-        Rd base = {key.p + plen, part >= 0 ? key.end - PyBytes_GET_SIZE(rng_suffix[part]) : key.end};
-        int in_run = pend > 0 && part == pend && base.end - base.p == pend_base.end - pend_base.p &&
-                     memcmp(base.p, pend_base.p, (size_t)(base.end - base.p)) == 0;
-        if ((pend > 0 && !in_run) || (part > 0 && !in_run)) {
-            st = FALLBACK;   /* parts out of the exporter's order: attributes_to_fields decides */
-            break;
-        }
         PyObject *x;
-        if ((st = field_value(val, &x)) != OK)
-            break;
-        if (part >= 0) {
-            parts[part] = x;
-            pend_base = base;
-            pend = part + 1;
-            if (pend < 5)
-                continue;
-            pend = 0;
-            x = PyObject_Vectorcall(rng_type, parts, 5, NULL);
-            for (int i = 0; i < 5; i++)
-                Py_CLEAR(parts[i]);
-            if (x == NULL) {
-                st = ERR;
-                break;
-            }
-        }
-        PyObject *k = name_of(base.p, base.end - base.p);
-        if (k == NULL || PyDict_SetItem(fields, k, x) < 0)
-            st = ERR;
-        Py_XDECREF(k);
-        Py_DECREF(x);
+        if ((st = field_value(val, &x)) == OK)
+            st = value_field_add(&vf, fields, (const char *)key.p + plen, kn - plen, rng_suffix, x);
     }
-    if (st == OK && pend)
-        st = FALLBACK;   /* an incomplete summary */
-    for (int i = 0; i < 5; i++)
-        Py_XDECREF(parts[i]);
+    st = value_fields_end(&vf, st);
     if (st == OK && seq && PyLong_CheckExact(seq)) {
-        PyObject *nm = name_of(name.p, name.end - name.p), *t = PyLong_FromUnsignedLongLong(ts);
+        PyObject *nm = value_name((const char *)name.p, name.end - name.p), *t = PyLong_FromUnsignedLongLong(ts);
         PyObject *argv[EVENT_NFIELDS] = {nm, rank, seq, t, epoch && PyLong_CheckExact(epoch) ? epoch : zero_obj,
                                          fields, level && PyLong_CheckExact(level) ? level : one_obj, src_obj,
                                          zero_obj};
@@ -679,17 +604,6 @@ static PyObject *py_decode(PyObject *self, PyObject *arg)
     return res;
 }
 
-static int key_bytes(PyObject *keys, const char *name, PyObject **slot)
-{
-    PyObject *v = PyDict_GetItemString(keys, name);   /* borrowed */
-    if (v == NULL || !PyBytes_Check(v)) {
-        PyErr_Format(PyExc_TypeError, "configure: keys[%s] must be bytes", name);
-        return -1;
-    }
-    Py_XSETREF(*slot, Py_NewRef(v));
-    return 0;
-}
-
 static PyObject *py_configure(PyObject *self, PyObject *args)
 {
     PyObject *rng, *ev, *tracker, *tags, *slots, *keys, *pv;
@@ -698,25 +612,16 @@ static PyObject *py_configure(PyObject *self, PyObject *args)
         return NULL;
     if (event_configure(ev, tracker, tags, slots) < 0 || value_configure(rng) < 0)
         return NULL;
-    static const char *names_[] = {"prefix", "seq", "epoch", "level", "rank", "violation", "event_violation",
-                                   "run_id", "cp_rank", "trace_level", "service", "stamp_prefix"};
-    PyObject **slots_[] = {&k_prefix, &k_seq, &k_epoch, &k_level, &k_rank, &k_violation, &k_ev_violation,
-                           &k_run_id, &k_cp_rank, &k_trace_level, &k_service, &k_config};
-    for (int i = 0; i < 12; i++)
-        if (key_bytes(keys, names_[i], slots_[i]) < 0)
-            return NULL;
-    PyObject *suf = PyDict_GetItemString(keys, "rng_suffixes"), *ws = PyDict_GetItemString(keys, "watch_service");
-    PyObject *src = PyDict_GetItemString(keys, "src");
-    if (suf == NULL || !PyTuple_Check(suf) || PyTuple_GET_SIZE(suf) != 5 || ws == NULL || !PyUnicode_Check(ws) ||
-        src == NULL || !PyUnicode_Check(src)) {
-        PyErr_SetString(PyExc_TypeError, "configure: keys need rng_suffixes (5 bytes), watch_service and src (str)");
+    static const char *const names_[] = {"prefix", "seq", "epoch", "level", "rank", "violation", "event_violation",
+                                         "run_id", "cp_rank", "trace_level", "service", "stamp_prefix"};
+    PyObject **const slots_[] = {&k_prefix, &k_seq, &k_epoch, &k_level, &k_rank, &k_violation, &k_ev_violation,
+                                 &k_run_id, &k_cp_rank, &k_trace_level, &k_service, &k_config};
+    if (value_configure_keys(keys, names_, slots_, 12, rng_suffix) < 0)
         return NULL;
-    }
-    for (int i = 0; i < 5; i++) {
-        PyObject *x = PyTuple_GET_ITEM(suf, i);
-        if (!PyBytes_Check(x) || PyBytes_GET_SIZE(x) == 0)
-            return PyErr_Format(PyExc_TypeError, "configure: rng_suffixes must be non-empty bytes");
-        Py_XSETREF(rng_suffix[i], Py_NewRef(x));
+    PyObject *ws = PyDict_GetItemString(keys, "watch_service"), *src = PyDict_GetItemString(keys, "src");
+    if (ws == NULL || !PyUnicode_Check(ws) || src == NULL || !PyUnicode_Check(src)) {
+        PyErr_SetString(PyExc_TypeError, "configure: keys need watch_service and src (str)");
+        return NULL;
     }
     Py_XSETREF(watch_service, Py_NewRef(ws));
     Py_XSETREF(src_obj, Py_NewRef(src));
@@ -724,8 +629,6 @@ static PyObject *py_configure(PyObject *self, PyObject *args)
     Py_XSETREF(parse_value_fn, Py_NewRef(pv));
     if (zero_obj == NULL && ((zero_obj = PyLong_FromLong(0)) == NULL || (one_obj = PyLong_FromLong(1)) == NULL))
         return NULL;
-    for (int i = 0; i < NAMES; i++)
-        Py_CLEAR(names[i]);
     Py_RETURN_NONE;
 }
 

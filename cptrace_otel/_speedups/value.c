@@ -53,8 +53,13 @@ static void vc_store(vc_slot *s, const char *p, Py_ssize_t n, PyObject *obj)
     memcpy(s->text, p, (size_t)n);
 }
 
+#define NAMES 1024
+static PyObject *names[NAMES];   /* value_name's cache */
+
 int value_configure(PyObject *rng)
 {
+    for (int i = 0; i < NAMES; i++)
+        Py_CLEAR(names[i]);
     PyObject *names = PyObject_GetAttrString(rng, "_fields");
     if (names == NULL)
         return -1;
@@ -86,6 +91,124 @@ int value_configure(PyObject *rng)
     for (int i = 0; i < VC_SIZE; i++)
         Py_CLEAR(vcache[i].obj);
     return 0;
+}
+
+PyObject *value_name(const char *p, Py_ssize_t n)
+{
+    size_t i = hash_bytes(p, n) & (NAMES - 1);
+    PyObject *o = names[i];
+    if (o && PyUnicode_GET_LENGTH(o) == n && PyUnicode_IS_ASCII(o) && memcmp(PyUnicode_1BYTE_DATA(o), p, (size_t)n) == 0)
+        return Py_NewRef(o);
+    o = PyUnicode_DecodeUTF8(p, n, "strict");
+    if (o && PyUnicode_IS_ASCII(o)) {
+        PyUnicode_InternInPlace(&o);
+        Py_XSETREF(names[i], Py_NewRef(o));
+    }
+    return o;
+}
+
+int value_key_bytes(PyObject *keys, const char *name, PyObject **slot)
+{
+    PyObject *v = PyDict_GetItemString(keys, name);   /* borrowed */
+    if (v == NULL || !PyBytes_Check(v)) {
+        PyErr_Format(PyExc_TypeError, "configure: keys[%s] must be bytes", name);
+        return -1;
+    }
+    Py_XSETREF(*slot, Py_NewRef(v));
+    return 0;
+}
+
+int value_configure_keys(PyObject *keys, const char *const *names, PyObject **const *slots, int n,
+                         PyObject **suffixes)
+{
+    for (int i = 0; i < n; i++)
+        if (value_key_bytes(keys, names[i], slots[i]) < 0)
+            return -1;
+    PyObject *suf = PyDict_GetItemString(keys, "rng_suffixes");   /* borrowed */
+    if (suf == NULL || !PyTuple_Check(suf) || PyTuple_GET_SIZE(suf) != 5) {
+        PyErr_SetString(PyExc_TypeError, "configure: keys need rng_suffixes (5 bytes)");
+        return -1;
+    }
+    for (int i = 0; i < 5; i++) {
+        PyObject *x = PyTuple_GET_ITEM(suf, i);
+        if (!PyBytes_Check(x) || PyBytes_GET_SIZE(x) == 0) {
+            PyErr_SetString(PyExc_TypeError, "configure: rng_suffixes must be non-empty bytes");
+            return -1;
+        }
+        Py_XSETREF(suffixes[i], Py_NewRef(x));
+    }
+    return 0;
+}
+
+int value_text(const char *p, Py_ssize_t n, PyObject *parse_value_fn, PyObject **out)
+{
+    int plain = 1;
+    for (Py_ssize_t i = 0; i < n && plain; i++)
+        plain = !((unsigned char)p[i] & 0x80) && !ws_tab[(unsigned char)p[i]];
+    if (plain) {
+        int st = value_parse(p, n, out);
+        if (st != FALLBACK)
+            return st;
+    }
+    PyObject *str = PyUnicode_DecodeUTF8(p, n, "strict");
+    if (str != NULL) {
+        *out = PyObject_CallOneArg(parse_value_fn, str);
+        Py_DECREF(str);
+        if (*out)
+            return OK;
+    }
+    PyErr_Clear();
+    return FALLBACK;
+}
+
+static PyObject *new_rng(PyObject **parts);
+
+int value_field_add(ValueFields *vf, PyObject *fields, const char *k, Py_ssize_t kn, PyObject *const *suffixes,
+                    PyObject *x)
+{
+    int part = -1;   /* a range part: the name ends with one of the five suffixes */
+    for (int i = 0; i < 5 && part < 0; i++) {
+        Py_ssize_t sn = PyBytes_GET_SIZE(suffixes[i]);
+        if (kn >= sn && memcmp(k + kn - sn, PyBytes_AS_STRING(suffixes[i]), (size_t)sn) == 0)
+            part = i;
+    }
+    Py_ssize_t bn = part >= 0 ? kn - PyBytes_GET_SIZE(suffixes[part]) : kn;
+    int in_run = vf->pend > 0 && part == vf->pend && bn == vf->n && memcmp(k, vf->base, (size_t)bn) == 0;
+    if ((vf->pend > 0 && !in_run) || (part > 0 && !in_run)) {
+        Py_DECREF(x);
+        return FALLBACK;   /* parts out of the exporter's order: attributes_to_fields decides */
+    }
+    if (part >= 0) {
+        vf->parts[part] = x;
+        vf->base = k;
+        vf->n = bn;
+        vf->pend = part + 1;
+        if (vf->pend < 5)
+            return OK;
+        vf->pend = 0;
+        int ints = 1;   /* five ints (the exporter's summaries): built as Rng.__new__ builds them, without the call */
+        for (int i = 0; i < 5; i++)
+            ints &= PyLong_CheckExact(vf->parts[i]);
+        x = ints ? new_rng(vf->parts) : PyObject_Vectorcall(rng_type, vf->parts, 5, NULL);
+        for (int i = 0; i < 5; i++)
+            Py_CLEAR(vf->parts[i]);
+        if (x == NULL)
+            return ERR;
+    }
+    PyObject *name = value_name(k, bn);
+    int st = name != NULL && PyDict_SetItem(fields, name, x) == 0 ? OK : ERR;
+    Py_XDECREF(name);
+    Py_DECREF(x);
+    return st;
+}
+
+int value_fields_end(ValueFields *vf, int st)
+{
+    if (st == OK && vf->pend)
+        st = FALLBACK;   /* an incomplete summary */
+    for (int i = 0; i < 5; i++)
+        Py_CLEAR(vf->parts[i]);
+    return st;
 }
 
 int value_configured(const char *module)

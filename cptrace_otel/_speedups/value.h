@@ -43,4 +43,40 @@ int value_int(const char *p, Py_ssize_t n, PyObject **out);
 /* logline.parse_value of one ASCII token value p[0:n] (no whitespace in it): OK with *out, FALLBACK, or ERR */
 int value_parse(const char *p, Py_ssize_t n, PyObject **out);
 
+/* str of the UTF-8 text p[0:n], through a small cache of interned ASCII names (field names and tags recur in every
+ * record; value_configure empties it): a new reference, or NULL with an exception set */
+PyObject *value_name(const char *p, Py_ssize_t n);
+
+/* keys[name] (keys: a dict) into *slot when it is bytes: 0, or -1 with a TypeError set (configure's key lists) */
+int value_key_bytes(PyObject *keys, const char *name, PyObject **slot);
+
+/* configure's keys (a dict): keys[names[i]] (bytes) into *slots[i] for i < n, and keys["rng_suffixes"] (a tuple of 5
+ * non-empty bytes) into suffixes[0..4]: 0, or -1 with a TypeError set */
+int value_configure_keys(PyObject *keys, const char *const *names, PyObject **const *slots, int n,
+                         PyObject **suffixes);
+
+/* a record text p[0:n] as attrs.attributes_to_fields keeps it, logline.parse_value of it: value_parse for a plain
+ * ASCII token, else parse_value_fn(str): OK with *out, FALLBACK (not UTF-8, or parse_value raised: Python decides,
+ * no exception left set), or ERR */
+int value_text(const char *p, Py_ssize_t n, PyObject *parse_value_fn, PyObject **out);
+
+/* The fields of one record as attrs.attributes_to_fields builds them from its attributes, one attribute at a time
+ * (value_field_add), then value_fields_end. */
+typedef struct {
+    const char *base;    /* the base name of the range summary being joined */
+    Py_ssize_t n;
+    int pend;            /* its parts read so far (0: none open) */
+    PyObject *parts[5];
+} ValueFields;
+
+/* The attribute named k[0:kn] (after the field prefix) with value x (a new reference, taken) into the dict fields:
+ * a range summary's five parts (names ending with suffixes[0..4], bytes, one after another in that order) joined
+ * into one Rng under their base name, any other under its name. OK, FALLBACK (parts out of the exporter's order:
+ * Python decides), or ERR. */
+int value_field_add(ValueFields *vf, PyObject *fields, const char *k, Py_ssize_t kn, PyObject *const *suffixes,
+                    PyObject *x);
+
+/* The end of the record: st, or FALLBACK when st is OK and a summary is incomplete; what vf holds is released. */
+int value_fields_end(ValueFields *vf, int st);
+
 #endif

@@ -28,9 +28,7 @@ from typing import Any
 
 from ..checks import Finding, RankChecker
 from ..checks.crossrank import CrossRank
-from ..model import semconv as sc
 from ..model.events import Event
-from .sources import otlpfile
 
 WATCH_SERVICE = "cptrace-watch"   # service.name of the spans watch writes back (never read as input)
 KEEP = 1 << 16                    # records per rank whose span is remembered, for evidence links
@@ -73,7 +71,7 @@ class RunWatch:
         self.cross = CrossRank(level)
         self._start = dict(start or {})
         self._cross_taken = 0
-        self._info = otlpfile.OtlpInfo()  # what the collector records about the sources (unused here)
+        self._levels: dict[int, int] = {}   # rank -> the highest trace level its resources recorded
         self.events = 0          # records fed so far
         self.new_records = 0     # records that arrived in the current step (the run is still changing)
 
@@ -85,65 +83,56 @@ class RunWatch:
         return st
 
     def add_trace(self, trace: dict[str, Any]) -> None:
-        """One Jaeger-model trace (see the module doc)."""
-        from .sources.otlpfile import collect
-        from .sources.tracedocs import v2_trace_to_otlp
+        """One Jaeger-model trace (see the module doc); raises one of ``otlpfile.BAD_SHAPE`` for a trace of the wrong
+        shape."""
+        from .jaeger_read import records_py
 
-        procs = trace.get("processes") or {}
-        spans = []
-        for sp in trace.get("spans") or ():
-            if not isinstance(sp, dict):
+        self.add_records(records_py(trace)[1])
+
+    def add_records(self, spans: list) -> None:
+        """One trace's span rows as :mod:`.jaeger_read` reads them (the compiled reader or its twin): what
+        :meth:`add_trace` does with the trace they come from."""
+        per_rank: dict[int, list[Event]] = {}
+        levels = self._levels
+        for service, rank, codes, trace_id, span_id, start_us, lvl, seqs, events in spans:
+            if service == WATCH_SERVICE or not self._index_span(rank, codes, trace_id, span_id, start_us, seqs):
                 continue
-            proc = sp.get("process") if isinstance(sp.get("process"), dict) else procs.get(sp.get("processID"), {})
-            if (proc or {}).get("serviceName") == WATCH_SERVICE:
-                continue
-            if self._index_span(sp, proc or {}):
-                spans.append(sp)
-        if not spans:
-            return
-        per_rank: dict[int, list] = {}
-        collect(v2_trace_to_otlp(dict(trace, spans=spans)), "jaeger", self._info, per_rank)
-        for r, lst in per_rank.items():
+            if lvl is not None:
+                r, v = lvl
+                levels[r] = max(levels.get(r, 0), v)
+            for ev in events:
+                lst = per_rank.get(ev.rank)
+                if lst is None:
+                    lst = per_rank[ev.rank] = []
+                lst.append(ev)
+        for r, evs in per_rank.items():
             st = self._rank(r)
-            lvl = self._info.levels.get(r)
+            lvl = levels.get(r)
             if self.level is None and lvl is not None and not st.fed:
                 st.checker.config_level = lvl   # the exporter's recorded level, as check uses it
-            for _epoch, seq, _ts, ev in lst:
-                if seq >= st.next and seq not in st.pending:
-                    st.pending[seq] = ev
+            pending = st.pending
+            for ev in evs:
+                seq = ev.seq
+                if seq >= st.next and seq not in pending:
+                    pending[seq] = ev
                     self.new_records += 1
 
-    def _index_span(self, sp: dict[str, Any], proc: dict[str, Any]) -> bool:
+    def _index_span(self, rank: int, codes: str | None, trace_id: str, span_id: str, start_us: int,
+                    seqs: list) -> bool:
         """Put the span's new records into the evidence index; False when it holds no record to feed."""
-        rank = None
-        codes: frozenset = frozenset()
-        for t in sp.get("tags") or ():
-            k = t.get("key")
-            if k == sc.RANK:
-                rank = _as_int(t.get("value"))
-            elif k == sc.VIOLATION:
-                codes = frozenset(str(t.get("value", "")).split(","))
-        if rank is None:
-            rank = next((_as_int(t.get("value")) for t in proc.get("tags") or () if t.get("key") == sc.CP_RANK), 0)
-        if rank is None:
-            rank = 0
         st = self._rank(rank)
         ref = None
         fresh = False
-        for log in sp.get("logs") or ():
-            for f in log.get("fields") or ():
-                if f.get("key") == sc.SEQ:
-                    seq = _as_int(f.get("value"))
-                    if seq is not None and seq >= st.next:
-                        fresh = True
-                        if ref is None:
-                            ref = SpanRef(str(sp.get("traceID", "")), str(sp.get("spanID", "")),
-                                          int(sp.get("startTime") or 0), codes)
-                        refs = st.refs
-                        refs[seq] = ref
-                        if len(refs) > KEEP:
-                            del refs[next(iter(refs))]
-                    break
+        for seq in seqs:
+            if seq is not None and seq >= st.next:
+                fresh = True
+                if ref is None:
+                    ref = SpanRef(trace_id, span_id, start_us,
+                                  frozenset(codes.split(",")) if codes is not None else frozenset())
+                refs = st.refs
+                refs[seq] = ref
+                if len(refs) > KEEP:
+                    del refs[next(iter(refs))]
         return fresh
 
     def span_of(self, rank: int, seq: int) -> SpanRef | None:
@@ -218,11 +207,3 @@ class RunWatch:
     def pending(self) -> int:
         return sum(len(st.pending) for st in self.ranks.values())
 
-
-def _as_int(v: Any) -> int | None:
-    if type(v) is int:
-        return v
-    try:
-        return int(v)
-    except (TypeError, ValueError):
-        return None

@@ -83,11 +83,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    from ..analyze import jaeger_read
     from ..analyze.finding_sinks import FindingSinks, SinkSetupError
     from ..analyze.incremental import RunWatch
     from ..analyze.links import bad_link_base
     from ..analyze.sources.jaeger import JaegerClient, JaegerError, JaegerUnreachable
-    from ..analyze.sources.jaegerquery import DEFAULT_LIMIT, PageTooSmall, Search, iso_us, parse_duration, run_ids_of
+    from ..analyze.sources.jaegerquery import DEFAULT_LIMIT, PageTooSmall, Search, iso_us, parse_duration
+    from ..analyze.sources.jaegerstream import TraceText
     from ..analyze.sources.otlpfile import BAD_SHAPE, bad_shape
     from ..model import semconv as sc
     from ..model.config import mask_url
@@ -131,7 +133,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         print(f"{_PFX}: {e}", file=err)
         return EXIT_USAGE
     limit = args.limit or DEFAULT_LIMIT
-    search = Search(client, service, limit)
+    # the compiled reader indexes the answers and reads their traces from the bytes (its twin parses them)
+    search = Search(client, service, limit, index=jaeger_read.index if jaeger_read.C_READER is not None else None)
     states: dict[str, RunWatch] = {}
     changed_at: dict[str, float] = {}
     retired: dict[str, dict[int, int]] = {}
@@ -172,16 +175,20 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         try:
             for tr in search.traces(tags, a, b, f"run {args.run_id}" if args.run_id else f"service {service}"):
                 read += 1
-                rids = [args.run_id] if args.run_id else sorted(run_ids_of(tr))
-                for rid in rids:
+                try:
+                    run_ids, spans = jaeger_read.read(tr)
+                except BAD_SHAPE as e:   # this trace only: the others are read
+                    tid = tr.trace_id if isinstance(tr, TraceText) else tr.get("traceID")
+                    bad[str(tid or "(no id)")] = bad_shape(e, "values of the wrong type")
+                    continue
+                rids = [args.run_id] if args.run_id else run_ids
+                for i, rid in enumerate(rids):
                     st = state(rid)
                     if touched.get(rid) is not st:
                         st.new_records = 0
                         touched[rid] = st
-                    try:
-                        st.add_trace(tr)
-                    except BAD_SHAPE as e:   # this trace only: the others are read
-                        bad[str(tr.get("traceID", "(no id)"))] = bad_shape(e, "values of the wrong type")
+                    # each run its own Events (a trace of several runs is read again for the next)
+                    st.add_records(spans if i == 0 else jaeger_read.read(tr)[1])
                 if read % PAGE_STEP == 0:   # feed as it arrives: memory holds a page, not a poll
                     for rid, st in touched.items():
                         if states.get(rid) is st:

@@ -37,9 +37,10 @@ from __future__ import annotations
 
 import base64
 import codecs
+import itertools
 import json
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -50,7 +51,7 @@ from ...model.events import Event
 from ..links import normalize_base, trace_id_hex
 from . import httpio
 from .httpio import BackendError as JaegerError, BackendUnreachable as JaegerUnreachable, Limits, excerpt
-from .jaegerstream import Unread, data_list, iter_data
+from .jaegerstream import TraceText, Unread, data_list, iter_data
 
 __all__ = [
     "JaegerClient",
@@ -140,6 +141,7 @@ class JaegerClient:
         lookback_s: float | None = None,
         raw: bool = False,
         with_text: bool = False,
+        index: Callable[[bytes, int], list | None] | None = None,
     ) -> Iterator[Any]:
         """Traces of ``service`` with a span matching every tag (``GET /api/traces``), newest first.
 
@@ -150,7 +152,11 @@ class JaegerClient:
 
         The request is made (and refused, raising) before this returns; the answer is then parsed as it streams in,
         one trace at a time (:func:`iter_data`; ``with_text``: ``(trace, its JSON text)`` pairs); a trace larger than
-        ``limits.max_trace_bytes`` comes out as :class:`Unread`. The connection is held until the iterator ends."""
+        ``limits.max_trace_bytes`` comes out as :class:`Unread`. The connection is held until the iterator ends.
+
+        ``index`` (``jaeger_read.index``, the compiled reader): an answer within ``limits.max_answer_bytes`` is read
+        whole and handed to it; where it answers, the traces come out as :class:`TraceText` (not parsed), else the
+        answer is parsed as above, from the same bytes."""
         params: list[tuple[str, str]] = [("service", service), ("limit", str(int(limit)))]
         if operation:
             params.append(("operation", operation))
@@ -167,7 +173,31 @@ class JaegerClient:
         url, ans = self._open("/api/traces", params, self.limits.max_answer_bytes * STREAM_FACTOR)
         if ans is None:
             return iter(())
-        return iter_data(_texts(ans.chunks()), url, with_text, self.limits.max_trace_bytes)
+        if index is None:
+            return iter_data(_texts(ans.chunks()), url, with_text, self.limits.max_trace_bytes)
+        return self._indexed(ans, url, with_text, index)
+
+    def _indexed(self, ans: httpio.Answer, url: str, with_text: bool, index: Callable[[bytes, int], list | None]
+                 ) -> Iterator[Any]:
+        """:meth:`search_iter` through the compiled ``index``: TraceText per trace where it answers; the stream
+        parse of the same bytes where it does not (an answer past ``max_answer_bytes`` is streamed on, as before)."""
+        chunks = ans.chunks()
+        got: list[bytes] = []
+        size = 0
+        for c in chunks:
+            got.append(c)
+            size += len(c)
+            if size > self.limits.max_answer_bytes:
+                yield from iter_data(_texts(itertools.chain(got, chunks)), url, with_text, self.limits.max_trace_bytes)
+                return
+        body = b"".join(got)
+        del got
+        rows = index(body, self.limits.max_trace_bytes)
+        if rows is None:
+            yield from iter_data(_texts([body]), url, with_text, self.limits.max_trace_bytes)
+            return
+        for tid, starts, a, b in rows:
+            yield TraceText(tid, starts, body[a:b])
 
     def get_trace(self, trace_id: str | bytes | int) -> dict[str, Any] | None:
         """One trace in Jaeger JSON (``GET /api/traces/{id}``), or ``None`` if Jaeger does not have it."""

@@ -32,6 +32,7 @@ from ...model import semconv as sc
 from ...model.exits import CptraceError
 from .httpio import excerpt
 from .jaeger import JaegerClient, JaegerError, Unread
+from .jaegerstream import TraceText
 
 if TYPE_CHECKING:
     import argparse
@@ -127,11 +128,17 @@ class Search:
     JSON object; spans that are not a list of objects; a ``startTime`` that is not an integer) is recorded in
     :attr:`unread` (trace id -> why) and skipped, and the rest is read; a caller that finds :attr:`unread` non-empty
     has not read everything it was asked for. The text of the traces one search keeps is bounded by the client's
-    ``limits.max_answer_bytes``: a page past it is searched again with half the search depth."""
+    ``limits.max_answer_bytes``: a page past it is searched again with half the search depth.
+
+    ``index`` (``jaeger_read.index``, the compiled reader): the answers are indexed by it where it can, and the
+    traces it cut out are handed out as :class:`.jaegerstream.TraceText` (not parsed; ``jaeger_read.read`` reads
+    them), the others parsed as without it."""
 
     def __init__(self, client: JaegerClient, service: str = sc.DEFAULT_SERVICE_NAME, limit: int = DEFAULT_LIMIT,
-                 progress: Callable[[int, int], None] | None = None) -> None:
+                 progress: Callable[[int, int], None] | None = None,
+                 index: Callable[[bytes, int], list | None] | None = None) -> None:
         self.client, self.service, self.limit = client, service, max(1, int(limit))
+        self.index = index
         self.progress = progress
         self.searches = 0
         self.notes: list[str] = []   # limits lowered, for stderr
@@ -144,8 +151,9 @@ class Search:
         is made, and a refused search depth retried with half of it, before this returns)."""
         while True:
             try:
+                extra: dict[str, Any] = {"index": self.index} if self.index is not None else {}
                 out = self.client.search_iter(self.service, tags, start_us=start_us, end_us=end_us,
-                                              limit=self.limit, raw=True, with_text=True)
+                                              limit=self.limit, raw=True, with_text=True, **extra)
                 self.searches += 1
                 return out
             except JaegerError as e:
@@ -175,22 +183,24 @@ class Search:
         return self.traces({sc.RUN_ID: run_id}, start_us, end_us, f"run {run_id}")
 
     def traces(self, tags: dict[str, Any] | None, start_us: int, end_us: int,
-               what: str = "the service") -> Iterator[dict[str, Any]]:
+               what: str = "the service") -> Iterator[Any]:
         """Every trace matching ``tags`` (None: every trace of the service) with a span starting in
-        [start_us, end_us], each once (Jaeger JSON model), the oldest first (by first span start; a search answers
-        newest first), window after window from the oldest. Traces that cannot be used go to :attr:`unread`.
+        [start_us, end_us], each once (Jaeger JSON model, or TraceText with ``index``), the oldest first (by first
+        span start; a search answers newest first), window after window from the oldest. Traces that cannot be used
+        go to :attr:`unread`.
 
         Memory: one answer's kept text (at most ``page_chars``) and one parsed trace. An answer is parsed once to find
         its traces, their starts (for the split of a full page) and their text; a full page is not handed out (the
         searches of its halves return its traces again), the others are parsed again from their text in start order.
-        So a consumer that needs records in order (``watch``) never holds much more than a page of them."""
+        So a consumer that needs records in order (``watch``) never holds much more than a page of them. (With
+        ``index``, an answer's bytes are held whole while it is indexed, within ``max_answer_bytes``.)"""
         seen: set[str] = set()
         todo = [(start_us, end_us)]
         while todo:
             a, b = todo.pop()
             n = 0
             starts: list[int] = []   # span starts inside the window, for the split of a full page
-            keep: list[tuple[int, str, str]] = []   # (first span start, trace id, JSON text) of the new traces
+            keep: list[tuple[int, str, Any]] = []   # (first span start, trace id, JSON text) of the new traces
             chars = 0
             it = self._search(tags, a, b)
             over = False
@@ -200,17 +210,23 @@ class Search:
                     starts.extend(x for x in got.starts if type(x) is int and a <= x <= b)
                     self.unread.setdefault(got.trace_id or "(no id)", got.reason)
                     continue
-                tr, text = got
-                tid = str(tr.get("traceID", "")) if isinstance(tr, dict) else ""
-                t = _starts(tr)
-                if t is None:
-                    self.unread.setdefault(tid or "(no id)", "not a Jaeger trace of the expected shape: "
-                                           + excerpt(text, 80))
-                    continue
+                t: list[int] | None
+                if isinstance(got, TraceText):   # (indexed by the compiled reader: of the expected shape)
+                    tid, t, text = got.trace_id or "", got.starts, got
+                    size = len(got.text)
+                else:
+                    tr, text = got
+                    tid = str(tr.get("traceID", "")) if isinstance(tr, dict) else ""
+                    t = _starts(tr)
+                    if t is None:
+                        self.unread.setdefault(tid or "(no id)", "not a Jaeger trace of the expected shape: "
+                                               + excerpt(text, 80))
+                        continue
+                    size = len(text)
                 starts.extend(x for x in t if a <= x <= b)
                 if tid not in seen and tid not in self.unread:
                     keep.append((min(t, default=0), tid, text))
-                    chars += len(text)
+                    chars += size
                     if chars > self.page_chars and self.limit > 1:
                         over = True
                         break
@@ -231,7 +247,7 @@ class Search:
                     _t0, tid, text = keep.pop()
                     if tid not in seen:
                         seen.add(tid)
-                        yield json.loads(text)
+                        yield text if isinstance(text, TraceText) else json.loads(text)
             if self.progress is not None:
                 self.progress(len(seen), self.searches)
 

@@ -27,6 +27,15 @@ class Unread(NamedTuple):
     starts: list
 
 
+class TraceText(NamedTuple):
+    """A trace of a search answer cut out by the compiled index (``_speedups/jaegerin.c``), not parsed: its
+    ``trace_id`` (None when it has none), its spans' ``starts`` (µs) and its JSON ``text`` (bytes)."""
+
+    trace_id: str | None
+    starts: list
+    text: bytes
+
+
 def data_list(out: object, url: str) -> list[dict[str, Any]]:
     """The ``data`` list of a Jaeger ``/api`` answer; :class:`JaegerError` for its ``errors`` or another shape."""
     if not isinstance(out, dict):
