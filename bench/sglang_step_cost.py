@@ -11,7 +11,8 @@ with the instrumentation off and on, in one process, same request stream, printi
 Modes, alternated ``--reps`` times (median per mode):
 
 * ``off``: stock SGLang, not instrumented;
-* ``gate0``: instrumented, trace level 0 (the wrappers pass through after one lookup and one compare);
+* ``gate0``: instrumented, trace level 0 (the cache constructors wrapped; the hot sites, wrapped only while tracing
+  is on, are SGLang's own methods);
 * ``on``: level 2, range summaries (every record, the ``h``/``nz``/``hp`` fingerprints of every backup and of
   every loaded node);
 * ``exact``: level 2 plus the exact sets (``CPTRACE_SGLANG_EXACT=1``);

@@ -5,7 +5,8 @@ Contract (what a call site may rely on):
 * Same names, signatures, sentinels and values as upstream (``cptrace``, ``trace_level``, ``trace_enabled``,
   ``rng``, ``khash``, ``knz``, ``fwd_hash``).
 * The gate is read once (``CPTRACE_LEVEL``, else ``SGLANG_CP_HICACHE_KV_TRACE``) into an int; a call below the
-  level costs one compare. :func:`reload_config` (or :func:`configure`) re-reads it.
+  level costs one compare. :func:`reload_config` (or :func:`configure`) re-reads it, and tells the code that is in
+  place only while tracing is on (:func:`watch_switch`: the SGLang instrumentation's wrappers) when it turns on or off.
 * ``level`` may be anything: an int (or float) is compared with the gate; a string is parsed as an int
   (``"2"``); anything else that does not compare with an int (``None``, a non-numeric string) counts as below the
   gate and the record is skipped (not counted as dropped). The gate functions never raise.
@@ -130,8 +131,49 @@ def reload_config(**overrides: Any) -> _config.Config:
     cfg = _config.from_env(**overrides)
     _CONFIG = cfg
     _losses.START.retry_now()   # (a pipeline that could not start is tried at once with the new settings)
-    _STATE.level = cfg.level
+    with _switch_lock:
+        old, new = _STATE.level, cfg.level
+        if old < 1 <= new:
+            _switched(True)
+        _STATE.level = new
+        if new < 1 <= old:
+            _switched(False)
     return cfg
+
+
+_switch_lock = threading.Lock()   # one switch at a time, and a watcher sees each switch once
+_watchers: list[Callable[[bool], None]] = []
+
+
+def watch_switch(fn: Callable[[bool], None]) -> None:
+    """Call ``fn(True)`` each time tracing turns on (the level from 0 to 1 or more), before the new level is in
+    force, and ``fn(False)`` each time it turns off, once level 0 is: what ``fn`` sets up for the records is in place
+    for the first one and taken down after the last. Where tracing is on now, ``fn(True)`` is called at once. ``fn``
+    runs in the thread that changes the level, under a lock held across the switch; it must not change the level."""
+    with _switch_lock:
+        if fn not in _watchers:
+            _watchers.append(fn)
+            if _STATE.level >= 1:
+                _call(fn, True)
+
+
+def unwatch_switch(fn: Callable[[bool], None]) -> None:
+    """Stop calling ``fn`` (see :func:`watch_switch`); what it set up is the caller's to take down."""
+    with _switch_lock:
+        if fn in _watchers:
+            _watchers.remove(fn)
+
+
+def _switched(on: bool) -> None:
+    for fn in list(_watchers):
+        _call(fn, on)
+
+
+def _call(fn: Callable[[bool], None], on: bool) -> None:
+    try:
+        fn(on)
+    except Exception:  # a watcher's failure never fails the level change (the watchers report their own)
+        pass
 
 
 def configure(**overrides: Any) -> _config.Config:

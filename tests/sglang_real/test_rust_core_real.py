@@ -117,15 +117,18 @@ print(json.dumps({{"run": summary(r), "msgs": msgs}}))
 
 
 def test_the_rust_boundary_is_wrapped_when_sglang_imports_it_and_unwrapped_with_the_rest():
-    """``instrument()`` never imports the Rust core's adapter (that loads its extension): its sites are wrapped
-    when SGLang imports it, at once where it already has, and ``uninstrument()`` removes them with the rest."""
+    """``instrument()`` never imports the Rust core's adapter (that loads its extension): its sites are armed when
+    SGLang imports it, at once where it already has, wrapped while tracing is on (at once where it is, else when it
+    turns on; unwrapped when it turns off), and ``uninstrument()`` removes them with the rest."""
     r = _rust_py("""
 import sys
+import cptrace_otel
 from cptrace_otel.traced.sglang import SGLangInstrumentor
 from cptrace_otel.traced.sglang._rust23 import ADAPTER, RUST_SITES23
 def wrapped():
     cls = sys.modules[ADAPTER].RustUnifiedTreeCore
     return [hasattr(getattr(cls, attr.split(".")[1]), "__wrapped__") for _, attr, _ in RUST_SITES23]
+cptrace_otel.reload_config(level=1)
 inst = SGLangInstrumentor()
 inst.instrument()
 imported_by_instrument = ADAPTER in sys.modules
@@ -133,12 +136,61 @@ import sglang.srt.mem_cache.rust_tree_core.adapter
 after_import = wrapped()
 inst.uninstrument()
 after_un = wrapped()
+cptrace_otel.reload_config(level=0)
 inst.instrument()
+at0 = wrapped()
+cptrace_otel.reload_config(level=2)
 again = wrapped()
-print(json.dumps({"by_instrument": imported_by_instrument, "import": after_import, "un": after_un, "again": again,
-                  "msgs": msgs}))
+cptrace_otel.reload_config(level=0)
+off = wrapped()
+print(json.dumps({"by_instrument": imported_by_instrument, "import": after_import, "un": after_un, "at0": at0,
+                  "again": again, "off": off, "msgs": msgs}))
 """)
     assert r["by_instrument"] is False, r
     assert r["import"] and all(r["import"]) and r["again"] == r["import"], r
-    assert not any(r["un"]), r
+    assert not any(r["un"]) and not any(r["at0"]) and not any(r["off"]), r
     assert r["msgs"] == [], r["msgs"]
+
+
+def test_a_cache_built_at_level_0_is_traced_when_tracing_turns_on(tmp_path):
+    """A Rust-core cache built and run while tracing is off (no hot site wrapped: SGLang's own methods) gets records
+    once the level rises mid-run (the sites are wrapped then, the cache's state was attached at its build), as
+    before the hot sites were wrapped lazily: from the middle of its life, so no ``config`` record (written at the
+    build, at level 1 or more) and no warning; level 0 again unwraps them, and the run stays the stock run."""
+    log = str(tmp_path / "rise" / "rank-0.log")
+    r = _rust_py(f"""
+import sys
+import cptrace_otel
+from tests.sglang_real import driver
+from cptrace_otel.traced.sglang._rust23 import ADAPTER, RUST_SITES23
+def wrapped():
+    cls = sys.modules[ADAPTER].RustUnifiedTreeCore
+    return [hasattr(getattr(cls, attr.split(".")[1]), "__wrapped__") for _, attr, _ in RUST_SITES23]
+seen = {{}}
+class Rise(rust_driver.BoundaryDriver23):
+    admits = 0
+    def admit(self, reqs):
+        Rise.admits += 1
+        if Rise.admits == 12:
+            seen["lines_at_0"] = records({{"log": {log!r}}})
+            seen["at0"] = wrapped()
+            cptrace_otel.configure(level=2, file={str(tmp_path / "rise" / "rank-0.otlp.jsonl")!r}, log_file={log!r},
+                                   exporter="thread")
+            seen["on"] = wrapped()
+        return super().admit(reqs)
+driver.POOL["tree_core"] = ""
+r = driver.run("0.5.23", {str(tmp_path / "rise")!r}, level=0, requests=80, stream=rust_driver.request_stream,
+               make_driver=Rise)
+cptrace_otel.reload_config(level=0)
+seen["off"] = wrapped()
+stock = rust_driver.run({str(tmp_path / "stock")!r}, sglang_selects=True, instrument=False, requests=80)
+print(json.dumps({{"run": summary(r), "stock": summary(stock), "seen": seen, "msgs": msgs}}))
+""")
+    run, stock, seen = r["run"], r["stock"], r["seen"]
+    assert run["core"] == "RustUnifiedTreeCore" and run["corruption"] == [], r
+    assert (run["loads"], run["audited"]) == (stock["loads"], stock["audited"]), r
+    assert seen["lines_at_0"] == 0 and not any(seen["at0"]) and all(seen["on"]) and not any(seen["off"]), seen
+    assert run["records"] > 0 and not any("not traced" in m for m in r["msgs"]), r
+    with open(log) as f:
+        lines = f.read()
+    assert "[CPTRACE insert]" in lines and "[CPTRACE config]" not in lines

@@ -73,43 +73,64 @@ def _check_json(path: str) -> dict:
 
 WRAPPED = """
 import json, importlib
-def wrapped():
-    import wrapt
+def owners():
     from cptrace_otel.traced.sglang import sites
     out = []
     for mod, attr, _ in sites():
         obj = importlib.import_module(mod)
-        *owners, name = attr.split(".")
-        for o in owners:
+        *path, name = attr.split(".")
+        for o in path:
             obj = getattr(obj, o)
-        out.append(isinstance(obj.__dict__[name], wrapt.FunctionWrapper))
+        out.append((obj, name))
     return out
+def wrapped():
+    import wrapt
+    return [isinstance(obj.__dict__[name], wrapt.FunctionWrapper) for obj, name in owners()]
+def methods():
+    return [obj.__dict__[name] for obj, name in owners()]
 """
 
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_instrument_then_uninstrument_restores_every_method(version):
+    """At level 0 ``instrument()`` wraps the cache constructor sites only (``ALWAYS``); tracing turned on wraps every
+    other site, once, and turned off unwraps them again (SGLang's own functions back, the same objects), a change
+    between levels that trace changes nothing; ``uninstrument()`` restores every method."""
     _need(version)
     mod, cls, meth = TARGETS[version]
     r = _py(WRAPPED + f"""
+import cptrace_otel
 import {mod} as h
-from cptrace_otel.traced.sglang import SGLangInstrumentor, sites, SITES23
-orig = h.{cls}.__dict__["{meth}"]
+from cptrace_otel.traced.sglang import ALWAYS, SGLangInstrumentor, sites, SITES23
+cptrace_otel.reload_config(level=0)
+orig = methods()
 before = wrapped()
 inst = SGLangInstrumentor()
 inst.instrument()
+at0 = wrapped()
+cptrace_otel.reload_config(level=1)
 during = wrapped()
 inst.instrument()   # a second call changes nothing
+cptrace_otel.reload_config(level=2)
 twice = [type(h.{cls}.__dict__["{meth}"].__wrapped__).__name__]
+still = wrapped()
+cptrace_otel.reload_config(level=0)
+off = wrapped()
+off_same = [m is o for m, o, w in zip(methods(), orig, off) if not w]
+cptrace_otel.reload_config(level=1)
 inst.uninstrument()
 after = wrapped()
-print(json.dumps({{"before": before, "during": during, "after": after, "twice": twice, "n": len(during),
-                  "table23": sites() is SITES23, "same": h.{cls}.__dict__["{meth}"] is orig}}))
+print(json.dumps({{"before": before, "at0": at0, "during": during, "still": still, "off": off, "after": after,
+                  "twice": twice, "n": len(during), "always": [a in ALWAYS for _, a, _ in sites()],
+                  "table23": sites() is SITES23, "same": [m is o for m, o in zip(methods(), orig)],
+                  "off_same": off_same}}))
 """, version=version)
     assert r["n"] > 10 and r["table23"] == (version == "0.5.23")
-    assert not any(r["before"]) and all(r["during"]) and not any(r["after"])
+    assert not any(r["before"]) and all(r["during"]) and all(r["still"]) and not any(r["after"])
+    assert r["at0"] == r["off"] == r["always"] and 1 <= sum(r["always"]) <= 2, r
+    assert all(r["off_same"]) and len(r["off_same"]) == r["n"] - sum(r["always"]), r
     assert r["twice"] == ["function"]   # wrapped once, not a wrapper of a wrapper
-    assert r["same"]
+    assert all(r["same"]), r
 
 
 def test_version_outside_the_range_warns_once_and_wraps_nothing():

@@ -108,3 +108,37 @@ def test_configure_restarts_with_new_settings(tmp_path) -> None:
     assert cfg.level == 2 and api.get_config() is cfg and api.trace_level() == 2
     with pytest.raises(TypeError):
         api.configure(nonsense=1)
+
+
+def test_a_switch_watcher_is_told_when_tracing_turns_on_and_off() -> None:
+    """``watch_switch``: ``fn(True)`` when the level goes from 0 to 1 or more, while the old level is still in force
+    (what it sets up is there for the first record), ``fn(False)`` when it goes back to 0, once level 0 is; changes
+    between levels that trace, or between 0 and 0, call nothing; a watcher added while tracing is on is called at
+    once; one that raises never fails the level change; an unwatched one is not called again."""
+    seen: list[tuple[bool, int]] = []
+
+    def fn(on: bool) -> None:
+        seen.append((on, api.trace_level()))
+
+    def bad(on: bool) -> None:
+        raise RuntimeError("a watcher's own failure")
+
+    api.reload_config(level=0)
+    api.watch_switch(fn)
+    api.watch_switch(bad)
+    try:
+        api.watch_switch(fn)   # (once)
+        for lv in (0, 2, 3, 1, 0, 0, 1):
+            api.reload_config(level=lv)
+        assert seen == [(True, 0), (False, 0), (True, 0)]
+        assert api.trace_level() == 1
+        api.unwatch_switch(fn)
+        api.reload_config(level=0)
+        assert seen == [(True, 0), (False, 0), (True, 0)]
+        api.reload_config(level=2)
+        api.watch_switch(fn)   # tracing on now: told at once
+        assert seen[-1] == (True, 2)
+    finally:
+        api.unwatch_switch(fn)
+        api.unwatch_switch(bad)
+        api.reload_config(level=0)

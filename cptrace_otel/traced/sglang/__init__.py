@@ -12,7 +12,7 @@ Contract:
 * Supported: sglang ``>= 0.5.20, <= 0.5.23``: 0.5.20 (``HiRadixCache``, its last release; :data:`SITES`) and
   0.5.23 (``UnifiedRadixCache`` + ``HybridCacheController`` over the Python ``UnifiedTreeCore``, the full-attention
   KV component; :data:`SITES23`, whose module doc says what is not covered) and over its Rust tree core, the one
-  SGLang selects by default, at the core's Python boundary (:data:`._rust23.RUST_SITES23`, wrapped when SGLang
+  SGLang selects by default, at the core's Python boundary (:data:`._rust23.RUST_SITES23`, armed when SGLang
   imports the core's adapter; the module doc lists what is inferred there, what is not traced and what is missing).
   The user's tree core is kept; ``CPTRACE_SGLANG_TREE_CORE=python`` is the option that switches to the Python core
   where SGLang's variable is unset (:func:`python_tree_core`). :func:`sites` picks the table of the
@@ -23,6 +23,18 @@ Contract:
   ``unified_radix_cache`` (:mod:`cptrace_otel.traced.sglang_shim`).
 * Nothing here ever raises into SGLang or changes what SGLang computes: each wrapper calls the wrapped method
   exactly as called and records around it; a recording error costs that record only.
+* No work while tracing is off (level 0): ``instrument()`` then wraps only the sites that must act at any level
+  (:data:`ALWAYS`: the cache constructors and the storage backend's attach); every other site, a hot one (the
+  allocator's frees, the match, the insert and eviction steps, the backups, the acks, the Rust core's boundary), is
+  wrapped when tracing turns on (``configure``/``reload_config`` to level 1 or more,
+  :func:`cptrace_otel.traced.api.watch_switch`: before the new level is in force) and unwrapped when it turns off
+  (after level 0 is), so a process at level 0 runs SGLang's own methods at every hot site. Each hot wrapper's first
+  act is to find tracing off and pass through, so wrapped or not at level 0, SGLang runs the same: a cache built while
+  tracing is off is traced when it turns on, as before (its state attached at its build; its records begin mid-life,
+  without the ``config`` record written at the build). Why not a cheaper wrapper instead: any wrapper costs a Python
+  call per site call, about 25 a scheduler step (``wrapt``'s dispatch was about 0.8 us of them), and an unwrapped
+  method costs nothing; ``wrapt`` keeps ``uninstrument()`` exact (the same function objects back). Wrapping is all or
+  none at each switch: where a site cannot be wrapped, none stays wrapped (one warning).
 * ``CPTRACE_SGLANG_EXACT=1`` adds the exact run-length sets ``devx``/``hostx``/``idx_x`` (domain 3.1) to the
   records that carry slot ranges.
 
@@ -45,19 +57,22 @@ Readings of SGLang that decide where a record goes (the README's "Use it with SG
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
+import threading
 from collections.abc import Collection
-from typing import Any
+from typing import Any, ClassVar
 
 from opentelemetry.instrumentation import instrumentor as _otel_instrumentor
 
+from ..api import unwatch_switch, watch_switch
 from . import _audit
 from ._rust23 import ADAPTER, RUST_SITES23
 from ._sites import SITES
 from ._sites23 import SITES23
 from ._state import (
-    RUST_WRAPPED as _RUST_WRAPPED,
+    RUST_ARMED as _RUST_ARMED,
     Recorder,
     cache_flavour,
     python_core_option,
@@ -130,37 +145,95 @@ class SGLangInstrumentor(BaseInstrumentor):
         unified = cache_flavour() == "unified"
         if unified:
             python_tree_core()
-        import wrapt
-
         table = sites()
         self._cptrace_sites = table
         _register_cache_class()
-        done: list[tuple[Any, str]] = []
+        _wrap_all([s for s in table if s[1] in ALWAYS])   # (raises, nothing left wrapped, where one fails)
         try:
-            for module, attr, wrapper in table:
-                wrapt.wrap_function_wrapper(module, attr, wrapper)
-                done.append((module, attr))
+            for module, attr, _ in table:   # all or nothing: every site is there before any record
+                _resolve(module, attr)
         except Exception:
-            for module, attr in done:  # all or nothing: a half-instrumented SGLang would give false findings
-                _unwrap(module, attr)
+            self._uninstrument()
             raise
+        with _Hot.lock:
+            _Hot.sites = [s for s in table if s[1] not in ALWAYS]
+            _Hot.armed = True
         if unified:
-            _wrap_rust_when_imported()
+            _arm_rust_when_imported()
+        watch_switch(_switch)   # (wraps the hot sites at once where tracing is on)
 
     def _uninstrument(self, **kwargs: object) -> None:
+        unwatch_switch(_switch)   # (after any switch in progress: none follows)
         _audit.stop()
-        _unwrap_rust()
-        for module, attr, _ in getattr(self, "_cptrace_sites", None) or sites():
-            _unwrap(module, attr)
+        with _Hot.lock:
+            _Hot.armed = False
+            for module, attr, _ in [*(getattr(self, "_cptrace_sites", None) or sites()), *_RUST_ARMED]:
+                _unwrap(module, attr)   # (a site not wrapped now is left as it is)
+            _Hot.sites, _Hot.on = [], False
+            _RUST_ARMED.clear()
         from ._layerwise23 import drop_all
 
         drop_all()   # the per-object hooks of load-backs still in flight
 
 
+# The sites wrapped from instrument() on, whatever the level (the module doc's "No work while tracing is off"): the
+# cache constructors attach the per-cache state (a cache built while tracing is off is traced when it turns on), and a
+# storage backend attached at run time detaches a cache the sites do not cover (attached while off and not detached,
+# the cache would give partial records once tracing turns on).
+ALWAYS = frozenset({"HiRadixCache.__init__", "UnifiedRadixCache.init_hicache",
+                    "UnifiedRadixCache.attach_storage_backend"})
+
+
+class _Hot:
+    """The hot sites (see :data:`ALWAYS`) of the instrumented SGLang: wrapped while tracing is on, all or none."""
+
+    lock = threading.Lock()   # one of instrument's, uninstrument's, a switch's or the Rust import's changes at a time
+    sites: ClassVar[list[tuple[str, str, Any]]] = []   # the table's hot sites (the Rust ones: :data:`_RUST_ARMED`)
+    armed = False   # instrumented (a post-import hook left from an earlier instrument() finds it False)
+    on = False      # the hot sites are wrapped now
+
+
+def _switch(on: bool) -> None:
+    """Tracing turned on (wrap every hot site, the Rust core's among them once armed) or off (unwrap them, and drop
+    the per-object hooks of load-backs in flight, whose acks will not be recorded). Never raises: where a wrap
+    fails, none stays wrapped and the caches are not traced (one warning)."""
+    with _Hot.lock:
+        if not _Hot.armed or on == _Hot.on:
+            return
+        if not on:
+            for module, attr, _ in [*_Hot.sites, *_RUST_ARMED]:
+                _unwrap(module, attr)
+            _Hot.on = False
+            from ._layerwise23 import drop_all
+
+            drop_all()
+            return
+        try:
+            _wrap_all([*_Hot.sites, *_RUST_ARMED])
+        except Exception as e:  # the traced process is never crashed by tracing
+            _warn_once("hot-sites", f"cptrace-otel: SGLang's sites could not be wrapped when tracing turned on "
+                       f"({type(e).__name__}: {e}); its caches are not traced")
+            return
+        _Hot.on = True
+
+
+def _wrap_all(table: list[tuple[str, str, Any]]) -> None:
+    """Wrap every site of ``table``, or (raising the failure) none."""
+    import wrapt
+
+    done: list[tuple[str, str]] = []
+    try:
+        for module, attr, wrapper in table:
+            wrapt.wrap_function_wrapper(module, attr, wrapper)
+            done.append((module, attr))
+    except Exception:
+        for module, attr in done:   # a half-instrumented SGLang would give false findings
+            _unwrap(module, attr)
+        raise
+
+
 def _register_cache_class() -> None:
     """Name the cache class to :func:`._state.state_of`, which warns about a cache built before ``instrument()``."""
-    import importlib
-
     from . import _state
 
     mod, name = (_state.UNIFIED, "UnifiedRadixCache") if cache_flavour() == "unified" else (_state.HIRADIX,
@@ -190,59 +263,49 @@ def python_tree_core() -> bool:
     return True
 
 
-_rust: dict[str, bool] = {"on": False}
-
-
-def _wrap_rust_when_imported() -> None:
-    """Wrap :data:`RUST_SITES23` when SGLang imports the Rust core's adapter (at once where it has). SGLang imports
+def _arm_rust_when_imported() -> None:
+    """Arm :data:`RUST_SITES23` when SGLang imports the Rust core's adapter (at once where it has). SGLang imports
     it only to build a Rust core, and importing it loads (or builds) the Rust extension: the instrumentation never
     imports it itself."""
     import wrapt
 
-    _rust["on"] = True
-    # (calls it now where the module is imported; a hook left from an earlier instrument() finds the sites wrapped)
-    wrapt.register_post_import_hook(_wrap_rust, ADAPTER)
+    # (calls it now where the module is imported; a hook left from an earlier instrument() finds the sites armed)
+    wrapt.register_post_import_hook(_arm_rust, ADAPTER)
 
 
-def _wrap_rust(module: object) -> None:
-    """All of :data:`RUST_SITES23` or none (one warning: a Rust-core cache is then left untraced,
-    ``_sites23.untraceable``); never raises into SGLang's import."""
-    if not _rust["on"] or _RUST_WRAPPED:
-        return
-    import wrapt
-
-    done: list[tuple[str, str]] = []
-    try:
-        for mod, attr, wrapper in RUST_SITES23:
-            wrapt.wrap_function_wrapper(mod, attr, wrapper)
-            done.append((mod, attr))
-    except Exception as e:  # the traced process is never crashed by tracing
-        for mod, attr in done:
-            _unwrap(mod, attr)
-        _warn_once("rust-sites", f"cptrace-otel: the Rust tree core's boundary could not be wrapped "
-                   f"({type(e).__name__}: {e}); a Rust-core cache is not traced (CPTRACE_SGLANG_TREE_CORE=python "
-                   "traces the Python core)")
-        return
-    _RUST_WRAPPED.extend(done)
+def _arm_rust(module: object) -> None:
+    """Arm all of :data:`RUST_SITES23` (each resolved; wrapped now where tracing is on, else at the switch) or none
+    (one warning: a Rust-core cache is then left untraced, ``_sites23.untraceable``); never raises into SGLang's
+    import."""
+    with _Hot.lock:
+        if not _Hot.armed or _RUST_ARMED:
+            return
+        try:
+            for mod, attr, _ in RUST_SITES23:
+                _resolve(mod, attr)
+            if _Hot.on:
+                _wrap_all(RUST_SITES23)
+        except Exception as e:  # the traced process is never crashed by tracing
+            _warn_once("rust-sites", f"cptrace-otel: the Rust tree core's boundary could not be wrapped "
+                       f"({type(e).__name__}: {e}); a Rust-core cache is not traced (CPTRACE_SGLANG_TREE_CORE=python "
+                       "traces the Python core)")
+            return
+        _RUST_ARMED.extend(RUST_SITES23)
 
 
-def _unwrap_rust() -> None:
-    _rust["on"] = False
-    for mod, attr in _RUST_WRAPPED:
-        _unwrap(mod, attr)
-    _RUST_WRAPPED.clear()
+def _resolve(module: str, attr: str) -> Any:
+    """The object ``module``'s dotted ``attr`` names (raises where it is missing)."""
+    obj: Any = importlib.import_module(module)
+    for name in attr.split("."):
+        obj = getattr(obj, name)
+    return obj
 
 
 def _unwrap(module: str, attr: str) -> None:
-    import importlib
-
     from opentelemetry.instrumentation.utils import unwrap
 
-    obj: Any = importlib.import_module(module)
-    *owners, name = attr.split(".")
-    for o in owners:
-        obj = getattr(obj, o)
-    unwrap(obj, name)
+    owner, _, name = attr.rpartition(".")
+    unwrap(_resolve(module, owner) if owner else importlib.import_module(module), name)
 
 
 def instrument_from_env() -> bool:

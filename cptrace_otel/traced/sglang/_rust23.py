@@ -1,9 +1,10 @@
 """The sites of sglang 0.5.23 over its Rust tree core (``RustUnifiedTreeCore``, the one SGLang selects by default
 wherever its extension loads): records written at the core's Python boundary, so the user's cache is never
-switched. The default: the instrumentation leaves ``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND`` alone, wraps
-:data:`RUST_SITES23` when SGLang imports the core's adapter (it never imports it itself: that loads the extension)
-and traces a Rust-core cache with :class:`RustState`, on top of :data:`._sites23.SITES23`'s cache, controller and
-allocator sites, which are Python whatever the core. ``CPTRACE_SGLANG_TREE_CORE=python`` is the option that switches
+switched. The default: the instrumentation leaves ``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND`` alone, arms
+:data:`RUST_SITES23` when SGLang imports the core's adapter (it never imports it itself: that loads the extension;
+armed, they are wrapped while tracing is on, as the other hot sites) and traces a Rust-core cache with
+:class:`RustState`, on top of :data:`._sites23.SITES23`'s cache, controller and allocator sites, which are Python
+whatever the core. ``CPTRACE_SGLANG_TREE_CORE=python`` is the option that switches
 to the Python core instead, where the variable is unset (it traces what the list below says is not traced here).
 
 The Rust core's nodes are not Python objects: the records name nodes by the ids that cross the boundary and read
@@ -322,7 +323,7 @@ def _host_evict(wrapped: Callable[..., Any], instance: TreeCore, args: tuple, kw
     return res
 
 
-# (module, "Class.method", wrapper): the Rust core's boundary, wrapped when SGLang imports the adapter.
+# (module, "Class.method", wrapper): the Rust core's boundary, armed when SGLang imports the adapter.
 RUST_SITES23: list[tuple[str, str, Any]] = [
     (ADAPTER, "RustUnifiedTreeCore.begin_insert", _insert_step),
     (ADAPTER, "RustUnifiedTreeCore.resume_insert", _insert_step),

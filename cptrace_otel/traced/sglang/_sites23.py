@@ -67,7 +67,7 @@ from ._state import (
     arg,
     is_rust_core,
     kv_rows,
-    rust_boundary_wrapped,
+    rust_boundary_armed,
     safe,
     state_of,
     warn_once,
@@ -256,8 +256,8 @@ def untraceable(cache: RadixCache) -> str | None:
 
     if cache.cache_controller is None:
         return "no HiCache controller"
-    if is_rust_core(cache) and not rust_boundary_wrapped():
-        return f"its Rust tree core's boundary is not wrapped ({ON_PYTHON})"
+    if is_rust_core(cache) and not rust_boundary_armed():
+        return f"its Rust tree core's boundary is not armed ({ON_PYTHON})"
     if not isinstance(cache.tree_core, UnifiedTreeCore) and not is_rust_core(cache):
         return (f"its tree core is {type(cache.tree_core).__name__}, neither the Python UnifiedTreeCore nor the "
                 f"Rust one (set SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python, or {ON_PYTHON})")

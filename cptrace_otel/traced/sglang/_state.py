@@ -143,13 +143,15 @@ def python_core_option() -> bool:
     return v == "python"
 
 
-RUST_WRAPPED: list[tuple[str, str]] = []   # the Rust core's boundary sites wrapped now (all or none)
+# the Rust core's boundary sites once armed (all or none): SGLang imported its adapter and each site resolved; they
+# are wrapped whenever tracing is on, as the other hot sites (the instrumentor's ``_switch``)
+RUST_ARMED: list[tuple[str, str, Any]] = []
 
 
-def rust_boundary_wrapped() -> bool:
-    """True when the Rust tree core's boundary sites (``_rust23.RUST_SITES23``) are wrapped: a Rust-core cache can be
+def rust_boundary_armed() -> bool:
+    """True when the Rust tree core's boundary sites (``_rust23.RUST_SITES23``) are armed: a Rust-core cache can be
     traced."""
-    return bool(RUST_WRAPPED)
+    return bool(RUST_ARMED)
 
 
 def is_rust_core(cache: Any) -> bool:
