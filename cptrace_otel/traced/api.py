@@ -348,10 +348,11 @@ def fwd_hash(forward_batch: object, layer_id: object, stage: object, t: object, 
 
 def _after_fork_in_child() -> None:
     # The child inherits a copy of the buffer and a dead drainer thread: start over lazily on the next record.
-    global _lock
+    global _lock, _switch_lock
     _STATE.submit = _submit_unstarted
     _STATE.drop = None
     _lock = threading.Lock()
+    _switch_lock = threading.Lock()   # (a fork during another thread's level change leaves it held)
 
 
 # A forked child forgets the parent's pipeline (lifecycle runs this first, then the pipeline's own callback).
