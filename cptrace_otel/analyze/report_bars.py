@@ -252,10 +252,29 @@ class Hist:
             self.base = t
         i = (t - self.base) // self.width
         while not 0 <= i < FINE:
-            self._widen(left=i < 0)
+            if not self._shift(i):
+                self._widen(left=i < 0)
             i = (t - self.base) // self.width
         self.counts[i] += 1
         self.n += 1
+
+    def _shift(self, i: int) -> bool:
+        """Move the buckets (whole ones: ``base`` by a multiple of the width) so that bucket ``i`` and every
+        non-empty one fit, the span centred; False, nothing moved, where they do not fit at this width. A time
+        before the first one would otherwise double the width however close it is, and the counts stop being
+        exact while the times still span fewer than :data:`FINE` buckets of width 1."""
+        used = [j for j, c in enumerate(self.counts) if c]
+        lo, hi = min(used[0], i), max(used[-1], i)
+        if hi - lo >= FINE:
+            return False
+        off = lo - (FINE - (hi - lo + 1)) // 2   # the old index that becomes index 0
+        new = [0] * FINE
+        for j in used:
+            new[j - off] = self.counts[j]
+        assert self.base is not None
+        self.base += off * self.width
+        self.counts = new
+        return True
 
     def _widen(self, left: bool) -> None:
         """Double the bucket width: to the right of ``base``, or (``left``) with the old range as the upper half."""

@@ -51,6 +51,8 @@ def runs(tmp_path_factory) -> list[list[dict]]:
     runtime.need("0.5.23", rust=True)
     out = tmp_path_factory.mktemp("rust-ranks")
     env = runtime.rust_default_env()
+    # (the ranks' exporter pipeline writes its OTLP file here, not under the repository's cptrace-out/)
+    env["CPTRACE_FILE"] = f"{out}/otlp/rank-{{rank}}-{{pid}}.otlp.jsonl"
     store = tempfile.mktemp(prefix="cptrace-gloo-", dir=str(out))
     procs = []
     for r in range(WORLD):

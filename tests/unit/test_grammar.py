@@ -35,6 +35,7 @@ PRIVATE_DEFINES = {
     "VC_SIZE": "value.c's cache of parsed value texts",
     "VC_MAXLEN": "the longest text value.c caches",
     "RNG_LABEL_MAX": "value.c's buffer of one rng label, checked against the Rng type's names at configure",
+    "NAMES": "value.c's cache of the key and tag name strings the readers intern (a power of two: its hash mask)",
 }
 # The Python twins of the C modules, and the other Python readers and writers of the record.
 TWINS = ("traced/ring.py", "export/ringread.py", "model/records.py", "model/logline.py", "traced/rendering.py",
