@@ -84,6 +84,18 @@ def test_a_due_h2c_whose_reload_node_ack_never_comes_is_reported_with_the_first_
     assert _check(_events(lines)) == [("H2c", 2, 5, len(lines) - 1)]
 
 
+def test_a_due_h2c_is_reported_at_the_record_that_ends_its_epoch():
+    """A reset between the op's first ack and the reload node's: the due H2c comes with the record of the new epoch,
+    named in the load's epoch, with the first ack as its evidence (an epoch's in-flight loads are never dropped)."""
+    lines = _freed_early(f"[CPTRACE free] pool=host idx={R(40, 43)} node_id=-1 why=finish")[:-1]
+    evs = _events(lines + ["[CPTRACE reset] reason=test"])
+    evs[-1].epoch = 1
+    ck = RankChecker(0)
+    found = [(ev.seq, f.rule, f.epoch, f.evidence[-1]) for ev in evs for f in ck.feed(ev)]
+    assert found == [(len(lines), "H2c", 0, len(lines) - 1)], found
+    assert ck.finish() == []
+
+
 def test_h4_of_a_free_by_index_is_found_in_the_copy_trace_alone():
     """A request's finish frees device slots by index (SGLang's ``free`` of a request's KV): one that takes the
     source of an in-flight d2h copy is H4a, one of its host slots H4b, both in the copy's node trace."""
