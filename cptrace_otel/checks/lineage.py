@@ -110,7 +110,7 @@ class PendingLoad:
     """A host->device copy from its ``reload`` to its ``ack dir=h2d``."""
 
     __slots__ = ("op", "node_id", "chain", "host", "dev", "ref", "snap", "viol", "undec", "hashed", "zeroed",
-                 "zeroed_all")
+                 "zeroed_all", "due")
 
     def __init__(self, op: int | None, node_id: int, chain: list[int], host: Slots | None, dev: Slots | None, ref: Ref,
                  snap: dict[int, Backup | None]) -> None:
@@ -121,6 +121,9 @@ class PendingLoad:
         self.hashed: set[int] = set()
         self.zeroed: set[int] = set()   # chain nodes whose ack reported ZERO
         self.zeroed_all = False         # the reload sync=1 reported ZERO (for the whole chain)
+        # (ev, ref) of the first h2d ack, which ended a breached H2c window at another chain node than the reload's:
+        # the finding waits for the reload node's own ack (rules_h2), in the trace that holds the reload
+        self.due: tuple | None = None
 
 
 class L3Transfer:

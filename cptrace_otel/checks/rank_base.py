@@ -22,6 +22,9 @@ class RankRuleBase:
     mode: str
     st: EpochState
     _skips: dict[Any, Unchecked]
+    # after a ``free`` without a node: the node whose in-flight copy it newly breached (the first one), else None;
+    # set by the H2c and H4 breach marks (rules_h2 documents it), reset by the free's handler
+    free_owner: int | None = None
 
     def _finding(self, code: str, rule: str, node_id: int | None, op: int | None, cert: str, refs: list, msg: str,
                  ev: Event | None = None, severity: str = ERROR) -> Finding:

@@ -138,32 +138,41 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         if lv > self.seen_level:
             self.seen_level = lv
         t = self._tracker
+        late = None   # a due H2c of an epoch this record ends: reported with this record's findings
         if moves or t.pending or ev.epoch > t.epoch:
             e = t.step(tag, ev.fields, ev.epoch)
             if e != self.epoch:
-                for ld in self.st.drain_loads():   # (a reset aborts in-flight copies: their nodes go unchecked)
-                    self._count_unhashed(ld)
+                late = self._drain_loads()   # (a reset aborts in-flight copies: their nodes go unchecked)
                 self.epoch = e
                 self.st = EpochState()   # pending state of the old epoch is dropped: a reset aborts in-flight copies
         # (the tracker's epoch moves only in step(), so outside the branch above it equals self.epoch)
         if h is None:
-            return None
+            return late
         # the handlers' common prologue
         f = ev.fields
         nid = f.get("node_id")
         if keyed and type(nid) is not int:
-            return None
-        return h(ev, f, nid, (ev.seq, ev.line_no))
+            return late
+        out = h(ev, f, nid, (ev.seq, ev.line_no))
+        return out if late is None else late + (out or [])
 
     def finish(self) -> list[Finding]:
-        """End of stream: d2h copies whose ack never came after a breach (H4-open, WARN)."""
+        """End of stream: d2h copies whose ack never came after a breach (H4-open, WARN), and an H2c whose reload
+        node's ack never came (with the op's first ack as evidence)."""
         out: list[Finding] = []
         if self.level >= 2:
             self._h4_open(out)
             self._l3_open(out)
-        for ld in self.st.drain_loads():   # every reloaded chain node is compared or listed, never passed
-            self._count_unhashed(ld)
+        out.extend(self._drain_loads() or ())   # every reloaded chain node is compared or listed, never passed
         return out
+
+    def _drain_loads(self) -> list[Finding] | None:
+        """End every load held (stream or epoch end): its due H2c (:meth:`_h2c_late`), its unhashed chain nodes."""
+        late = None
+        for ld in self.st.drain_loads():
+            late = self._h2c_late(ld, late)
+            self._count_unhashed(ld)
+        return late
 
     def _stream_had(self, r: Rule) -> bool:
         """Whether this stream had the tier, pool or records that rule ``r`` needs (its ``only_with``)."""
@@ -376,14 +385,18 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
                 return None   # no reload of this node in the stream (it began mid-run)
             first = False
         out: list[Finding] = []
+        if self.level >= 2:
+            fnd = self._h2c_at_ack(ev, ref, nid, ld, first)
+            if fnd is not None:
+                out.append(fnd)
+            elif first and ld.viol is None and ld.undec is not None:
+                self._undecidable("H2c", "H2", ld.node_id, ld.undec)
         if first:
-            if self.level >= 2:
-                if ld.viol is not None:
-                    out.append(self._h2c(ev, ref, ld))
-                elif ld.undec is not None:
-                    self._undecidable("H2c", "H2", ld.node_id, ld.undec)
             old = st.close_load(ld)
             if old is not None:
+                late = self._h2c_late(old, None)
+                if late:
+                    out.extend(late)
                 self._count_unhashed(old)
             nodes = st.nodes
             for cid in ld.chain:
@@ -467,6 +480,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
 
     def _free(self, ev: Event, f: dict, nid: object, ref: tuple) -> None:
         st = self.st
+        self.free_owner = None   # (the breach marks below name the copy's node: free_owner, rules_h2)
         s = slots_of(f.get("idx"), f.get("idx_x"))
         if s is None:
             return None

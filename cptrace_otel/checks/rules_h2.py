@@ -7,8 +7,15 @@ acknowledged backup.
 * H2b (level 2), at the ``reload``: every chain node's backup was acknowledged (``ack dir=d2h``) before it.
 * H2c (level 2), at the ``ack dir=h2d``: between the reload and its ack no free, host eviction, prepare or other
   reload touched its host slots. The handlers mark each open load's first proven breach
-  (:meth:`H2Reload._h2c_breach`, :meth:`H2Reload._h2c_host_evict`); the ack reports it. An overlap the ``rng``
-  summaries cannot decide is no breach: the ack counts it as undecidable.
+  (:meth:`H2Reload._h2c_breach`, :meth:`H2Reload._h2c_host_evict`); the op's first ack record ends the window and
+  the ack of the reload's own node reports it (:meth:`H2Reload._h2c_at_ack`: the same record in the whole stream
+  and in the node's trace alone, which holds the reload but not another chain node's ack), or, where that ack
+  never comes, the end of the load (:meth:`H2Reload._h2c_late`) with the first ack as its evidence. An overlap the
+  ``rng`` summaries cannot decide is no breach: the ack counts it as undecidable.
+* :attr:`H2Reload.free_owner`: after a ``free`` without a node (SGLang frees some host and device slots by index),
+  the node whose in-flight copy it newly breached (an h2d load's reload node, H2c; a d2h copy's prepare node,
+  H4a/H4b), else None. The exporter puts such a free into that node's trace
+  (:class:`~cptrace_otel.model.spans.SpanBuilder`), so a checker of that trace alone sees the breach.
 """
 
 from __future__ import annotations
@@ -81,10 +88,36 @@ class H2Reload(RankRuleBase):
                                          f"(op {w.op()})", ev))
 
     def _h2c(self, ev: Event, ref: tuple, ld: PendingLoad) -> Finding:
-        """H2c at the first h2d ack of load ``ld``, which has a breach (``ld.viol``, the exact one if any)."""
+        """H2c of load ``ld`` with the h2d ack ``ref`` as its last evidence (``ld.viol``: its breach, the exact one
+        if any)."""
         vref, cert, what = ld.viol  # type: ignore[misc]
         return self._finding("H2", "H2c", ld.node_id, ld.op, cert, [ld.ref, vref, ref],
                              f"{what} before the h2d ack of op {ld.op}: the load read unpinned host pages", ev)
+
+    def _h2c_at_ack(self, ev: Event, ref: tuple, nid: int, ld: PendingLoad, first: bool) -> Finding | None:
+        """At the h2d ack ``ref`` of chain node ``nid`` of load ``ld`` (``first``: the op's first ack record, which
+        ends the window): H2c when the window holds a breach and this is the reload node's ack; a first ack of
+        another chain node (the reload was cut by a split, or a chain of several nodes) leaves it due, unless the
+        reload's node is not in the chain (no ack of it will come)."""
+        if first:
+            if ld.viol is None:
+                return None
+            if nid != ld.node_id and ld.node_id in ld.chain:
+                ld.due = (ev, ref)
+                return None
+        elif ld.due is None or nid != ld.node_id:
+            return None
+        ld.due = None
+        return self._h2c(ev, ref, ld)
+
+    def _h2c_late(self, ld: PendingLoad, out: list[Finding] | None) -> list[Finding] | None:
+        """The end of load ``ld`` (stream, epoch, or forgotten) before its reload node's ack: a due H2c is reported
+        with the first ack as its evidence (appended to ``out``, a new list when None), never dropped."""
+        if ld.due is None:
+            return out
+        ev, ref = ld.due
+        ld.due = None
+        return [*(out or ()), self._h2c(ev, ref, ld)]
 
     def _h2c_breach(self, s: Slots | None, exclude: int | None, ref: tuple, what: str) -> None:
         """Mark H2c on every in-flight h2d copy (of another lineage than ``exclude``) whose host ⊓ ``s``: a proven
@@ -100,6 +133,8 @@ class H2Reload(RankRuleBase):
             if c == EXACT:
                 if ld.viol is None:
                     ld.viol = (ref, c, what)
+                    if self.free_owner is None:
+                        self.free_owner = ld.node_id
             elif ld.undec is None:
                 ld.undec = what
 

@@ -82,8 +82,12 @@ class H4Recycle(RankRuleBase):
             if a_side:
                 if w.viol_a is None:
                     w.viol_a = (ref, c, what)
+                    if self.free_owner is None:
+                        self.free_owner = w.origin
             elif w.viol_b is None:
                 w.viol_b = (ref, c, what)
+                if self.free_owner is None:
+                    self.free_owner = w.origin
 
     def _h4_evicted(self, writes: list[PendingWrite], side: str, ref: tuple, what: str) -> None:
         """An eviction (``side`` "a": device, "b": host) of the node these in-flight writes copy: an exact breach."""

@@ -37,6 +37,8 @@ Contract:
 * SGLang's ``kv_canary`` records (:mod:`cptrace_otel.model.canary`) name a slot, not a node: with online checks on, the
   rank's checker decides the node whose device slots held it (rule ``CANARY``) before the record is placed, and
   the record and its finding go to that node's lane; a violation no node owns stays on the rank span.
+* A ``free`` without a node (SGLang frees some slots by index) breaking an in-flight copy (H2c, H4a/H4b) goes to the
+  lane of the copy's node (checked first: ``free_owner``), fields unchanged; else (or checks off) to the rank span.
 * Online checks: with a ``checker_factory`` (``rank -> RankChecker``), each event is fed to the rank's checker and the
   findings it returns are stamped on the span that holds the event (:func:`violation_attributes`, status ERROR with
   every finding's message, one ``hicache.violation`` event per finding naming its evidence records, and one OTLP link
@@ -91,10 +93,10 @@ _ACK_STAGE: dict[tuple[str, Any], tuple[str, str]] = {
     (L3_ACK, DIR_BACKUP): _OPEN_STAGE[L3_BACKUP], (L3_ACK, DIR_PREFETCH): _OPEN_STAGE[L3_PREFETCH]}
 
 # What add does with a record, by tag (one dict lookup instead of a chain of tag comparisons per record).
-_R_PLAIN, _R_OPEN, _R_BACKUP, _R_ACK, _R_RID_MAP, _R_L3_HIT, _R_FWD_HASH, _R_CANARY, _R_RESET = range(9)
+_R_PLAIN, _R_OPEN, _R_BACKUP, _R_ACK, _R_RID_MAP, _R_L3_HIT, _R_FWD_HASH, _R_CANARY, _R_RESET, _R_FREE = range(10)
 _ROLE: dict[str, int] = {**{t: _R_OPEN for t in _OPEN_STAGE}, "backup": _R_BACKUP, "ack": _R_ACK, L3_ACK: _R_ACK,
                          "rid_map": _R_RID_MAP, L3_HIT: _R_L3_HIT, "fwd_hash": _R_FWD_HASH, CANARY_TAG: _R_CANARY,
-                         "reset": _R_RESET}
+                         "reset": _R_RESET, "free": _R_FREE}
 
 class Span:
     """One finished (or open) span, in the shape the OTLP encoders need. ``parent`` is the parent span id (b"" for
@@ -315,6 +317,13 @@ class SpanBuilder:
                 # A reset ends every open span of this rank: node ids restart, so nothing may join them any more.
                 for sp in [s for s in opened.values() if s.rank == rank and s.lane is None]:
                     self._close(sp, "reset")
+            elif role == _R_FREE:
+                if (type(node) is not int or node < 0) and self._checker_factory is not None:
+                    # (in the copy's node trace a checker of that trace alone, a serve replica, sees the breach)
+                    found, fed = self._feed_now(ev), True
+                    owner = getattr(self._checkers.get(rank), "free_owner", None)
+                    node = owner if type(owner) is int and owner >= 0 else node
+                role = _R_PLAIN
         if role == _R_FWD_HASH:
             rid = render_value(f.get("rid", "?"))
             key = (rank, "req", rid)

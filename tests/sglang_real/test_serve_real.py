@@ -21,9 +21,12 @@ same OTLP files for the rules a replica reports exactly (``TRACE_RULES``, and ``
 whose ranks stay in lockstep), and is contained in it for the rules that may miss evidence in another trace
 (``PARTIAL_RULES``); every rule ``check`` found that a replica does not report is named UNCHECKED in both replicas'
 summaries, and so is every rule whose findings a replica suppressed. The faulted runs give findings of the exact
-rules (H4a, C5), so the comparison is not of two empty sets. ``early_release``'s H2c is a may-miss rule's: SGLang
-frees the load's host slots by index (a ``free`` record without a node, in the rank's trace), so the replica holding
-the load's node trace does not see the breach (measured here: check's one H2c, the replicas' none).
+rules (H2c, H4a, C5), so the comparison is not of two empty sets, and each fault's rule is found by a replica.
+``early_release``'s H2c: SGLang frees the load's host slots by index (a ``free`` record without a node), which the
+exporter puts in the load's node trace, and the load is split while in flight (its first h2d ack is the new
+fragment's, in another trace), so H2c is reported at the reload node's own ack: the replica holding that trace
+gives check's finding (exported with the online checks off, the free stays in the rank trace and no node trace
+gives check's one H2c).
 
 Without SGLang 0.5.23 (``deploy/sglang/install``) or the collector binary (``deploy/collector/up``) the test skips
 with the reason, unless ``CPTRACE_REQUIRE_SGLANG=1`` / ``CPTRACE_REQUIRE_COLLECTOR`` is set (``.ci/run``): then it
@@ -49,7 +52,10 @@ from tests.sglang_real import runtime
 VERSION = "0.5.23"
 pytestmark = [pytest.mark.sglang, pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1500)]
 
-BASE = {"requests": 60, "dev_tokens": 256, "seed": 1, "policy": "write_through", "exact": True, "reset": False}
+# (``checks``: the exporter's online checks, on as deployed (CPTRACE_CHECKS=1): they put a free by index that breaks
+# a copy into the copy's node trace)
+BASE = {"requests": 60, "dev_tokens": 256, "seed": 1, "policy": "write_through", "exact": True, "reset": False,
+        "checks": True}
 # run id -> (the driver's matrix entry, the rule its fault makes check find: the replicas too where it is exact)
 REPLICATED = {"rep-healthy": ({}, None), "rep-early-release": ({"fault": "early_release"}, "H2c")}
 ONE_RANK = {"one-unpinned": ({"fault": "unpinned", "nth": 10, "requests": 120}, "H4a")}
@@ -70,7 +76,7 @@ def streams(tmp_path_factory) -> dict[str, list[str]]:
     for name, world, fault_rank, module, base, runs in (
             ("rep", 4, 2, None, BASE, REPLICATED),
             ("one", 1, 0, None, BASE, ONE_RANK),
-            ("cp", 3, 1, "cp_driver", {"kv": "mha", "exact": True}, PREFILL_CP)):
+            ("cp", 3, 1, "cp_driver", {"kv": "mha", "exact": True, "checks": True}, PREFILL_CP)):
         matrix = [{**base, **entry, "run_id": rid} for rid, (entry, _rule) in runs.items()]
         res = driver.run_ranks(VERSION, str(out / name), world=world, fault_rank=fault_rank, matrix=matrix,
                                module=module)
