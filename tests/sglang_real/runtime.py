@@ -3,10 +3,11 @@
 Runs inside a process whose ``PYTHONPATH`` has ``.sglang/<version>/`` (see :func:`sglang_env`). Patches are narrow
 and test-only (never shipped), and the same three serve 0.5.20 and 0.5.23 (0.5.23's host pool takes ``pin_memory``
 at the same position, its controller and ``l2_transfer`` take ``device_module`` the same way, and its direct IO
-copies through the same ``transfer_kv_direct``); 0.5.23 needs no other:
+copies through the same ``transfer_kv_direct``); 0.5.23's page-first direct IO (the Mamba state host pool's only
+kind) adds two copies to the third:
 
-* the host pools (MHA; 0.5.23's MLA and DSA indexer too) are built with ``pin_memory=False`` (pinning calls
-  ``cudaHostRegister``);
+* the host pools (MHA; 0.5.23's MLA, DSA indexer and Mamba state pools too) are built with ``pin_memory=False``
+  (pinning calls ``cudaHostRegister``);
 * ``device_module`` of ``cache_controller`` and ``l2_transfer`` is ``torch.cpu`` (no-op streams and events; SGLang
   took ``torch.get_device_module()``, ``torch.cuda`` on a CUDA build of torch even without a GPU);
 * ``transfer_kv_direct`` (imported from sgl_kernel only under CUDA, in each host pool module) is a plain indexed copy;
