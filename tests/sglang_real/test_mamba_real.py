@@ -134,3 +134,21 @@ print(json.dumps({{"core": type(cache.tree_core).__name__, "traced": getattr(cac
     assert len(r["msgs"]) == 1 and "is not traced" in r["msgs"][0], r["msgs"]
     assert "hybrid Mamba tree on the Rust tree core" in r["msgs"][0], r["msgs"]
     assert "CPTRACE_SGLANG_TREE_CORE=python" in r["msgs"][0], r["msgs"]
+
+
+def test_a_tree_with_swa_and_mamba_components_is_refused() -> None:
+    """FULL + SWA + MAMBA (``_MambaSwaStrategy``'s trees) is not traced: ``untraceable`` names the component set
+    (read here from a real FULL + Mamba cache whose component list is swapped; the FULL + Mamba one is traced)."""
+    runtime.need("0.5.23")
+    r = _py("""
+import json
+from sglang.srt.mem_cache.unified_cache.components import ComponentType as C
+from cptrace_otel.traced.sglang._sites23 import untraceable
+from tests.sglang_real import mamba_driver
+cache, kv, alloc = mamba_driver.build_mamba("write_through", 1, 160, 3.0, None, None)
+ok = untraceable(cache)
+cache.tree_components = (C.FULL, C.SWA, C.MAMBA)
+print(json.dumps({"ok": ok, "three": untraceable(cache)}))
+""", version="0.5.23")
+    assert r["ok"] is None, r
+    assert "components ['FULL', 'SWA', 'MAMBA']" in r["three"] and "FULL with MAMBA are traced" in r["three"], r
