@@ -34,6 +34,7 @@ from .rules_h3 import H3Compose
 from .rules_h4 import H4Recycle
 from .rules_l3 import KEYS_KEPT, L3Rules
 from .rules_load import STEPS_KEPT, LoadRules
+from .rules_mamba import SLOTS_KEPT, MambaRules
 from .rules_rest import RestRules
 from .rules_side import SideRules, side_witness
 from .rules_swa import PAGES_KEPT, SwaRules
@@ -45,7 +46,7 @@ _UNKEYED = frozenset(("config", "free", "kv_canary", "l3_prefetch", "l3_ack", "l
 
 
 class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare, CanaryOwner, L3Rules,
-                  SideRules, LoadRules, RestRules, SwaRules):
+                  SideRules, LoadRules, RestRules, SwaRules, MambaRules):
     """Streaming checker of one rank. See the package docstring for the contract."""
 
     def __init__(self, rank: int, level: int | None = None) -> None:
@@ -66,6 +67,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         self._side_l3_keys = Bounded(KEYS_KEPT)   # SIDE-l3: the same for sidecar pages ("<key>.<pool>")
         self._swa_pages = Bounded(PAGES_KEPT)   # SWA-hash: SWA host page -> its latest backup (outlives epochs)
         self._swa_seen = False                  # any swa record: SWA applies to this stream
+        self._mamba_slots, self._mamba_seen = Bounded(SLOTS_KEPT), False   # MAMBA-hash: the same per Mamba host slot
         self._l3_acked = Bounded(4096)       # L3a: prefetch ops compared at their ack
         self._l3_seen = False                # any L3 record: the L3 rules apply to this stream
         self._ld_steps = Bounded(STEPS_KEPT)   # LOAD: layer-wise load-back steps (outlive epochs, as op ids do)
@@ -80,17 +82,14 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
             "backup": self._backup, "ack": self._ack, "evict": self._evict, "free": self._free,
             "reload": self._reload, "compose": self._compose, "kv_canary": self._canary,
             "l3_backup": self._l3_backup_all, "l3_prefetch": self._l3_prefetch, "l3_ack": self._l3_ack_all,
-            "l3_hit": self._l3_hit, "audit": self._audit,
-            "ld_start": self._ld_start, "ld_layer": self._ld_layer, "ld_read": self._ld_read, "swa": self._swa,
+            "l3_hit": self._l3_hit, "audit": self._audit, "swa": self._swa, "mamba": self._mamba,
+            "ld_start": self._ld_start, "ld_layer": self._ld_layer, "ld_read": self._ld_read,
         }
         # tag -> (level of the tag, handler, whether the record can move the epoch tracker, whether the handler
         # needs an int node_id): one lookup per record on the hot path
+        levels = {**dict.fromkeys(handlers, 1), **LEVEL_OF_TAG}   # (a handled tag the grammar lacks: level 1)
         self._tab: dict[str, tuple[int, Handler | None, bool, bool]] = {
-            tag: (lv, handlers.get(tag), tag in EPOCH_TAGS, tag not in _UNKEYED)
-            for tag, lv in LEVEL_OF_TAG.items()}
-        for tag, h in handlers.items():
-            if tag not in self._tab:
-                self._tab[tag] = (1, h, tag in EPOCH_TAGS, tag not in _UNKEYED)
+            tag: (lv, handlers.get(tag), tag in EPOCH_TAGS, tag not in _UNKEYED) for tag, lv in levels.items()}
 
     def observe(self, tag: str, fn: Callable[[Event], Any]) -> None:
         """Also pass every record with ``tag`` to ``fn`` (before the tag's rule, if it has one; ``fn``'s result is
@@ -178,7 +177,8 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         """Whether this stream had the tier, pool or records that rule ``r`` needs (its ``only_with``)."""
         if r.code == "SIDE":
             return bool(self.sidecars) and (self._l3_seen or "l3_ack" not in r.tags)
-        return {"LOAD": self._ld_seen, "REST": self._audit_seen, "SWA": self._swa_seen}.get(r.code, self._l3_seen)
+        return {"LOAD": self._ld_seen, "REST": self._audit_seen, "SWA": self._swa_seen,
+                "MAMBA": self._mamba_seen}.get(r.code, self._l3_seen)
 
     def unchecked(self) -> list[Unchecked]:
         """Rules that could not run at this stream's level (:func:`.registry.unchecked_at`), then per-instance skips

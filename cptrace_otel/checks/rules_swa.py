@@ -45,35 +45,44 @@ def page_keys(f: dict) -> list[tuple[int, int]] | None:
     return out
 
 
+def host_round_trip(rule: RankRuleBase, code: str, tag: str, unit: str, book: Bounded, f: dict, nid: int,
+                    ref: tuple) -> list[tuple[int, int, int, tuple]] | None:
+    """A round trip compared per host slot (an SWA page, a Mamba state) for rule ``code``: a ``d2h`` record's
+    ``(first host slot, fingerprint)`` pairs (:func:`page_keys`) remembered in ``book`` with its node and ``ref``, an
+    ``h2d`` record's compared with them. Returns the mismatches ``(index, slot, fingerprint, (backup fingerprint,
+    backup node, backup ref))`` (None for a ``d2h``); slots never backed up and records that do not line up are
+    counted as skipped (``<code>-skipped(no backup)``, ``<code>-skipped(no hash)``), never passed."""
+    pages = page_keys(f)
+    if pages is None:
+        rule._skip(f"{code}-skipped(no hash)", code, nid, f"a {tag} record whose hostx and hp do not line up")
+        return None
+    if f.get("dir") == "d2h":
+        for k, h in pages:
+            book.pop(k, None)   # (a rewritten slot is the newest: the last one forgotten)
+            book.put(k, (h, nid, ref))
+        return None
+    bad = []
+    for i, (k, h) in enumerate(pages):
+        want = book.get(k)
+        if want is None:
+            rule._skip(f"{code}-skipped(no backup)", code, nid, f"a loaded {unit} this trace never saw backed up")
+        elif want[0] != h:
+            bad.append((i, k, h, want))
+    return bad
+
+
 class SwaRules(RankRuleBase):
-    _swa_pages: Bounded   # first SWA host slot of a page -> (fingerprint, ref) of its latest backup (RankChecker)
+    _swa_pages: Bounded   # first SWA host slot of a page -> (fingerprint, node, ref) of its latest backup
     _swa_seen: bool       # any swa record: the rule applies to this stream
 
     def _swa(self, ev: Event, f: dict, nid: int, ref: tuple) -> list[Finding] | None:
         """A ``swa`` record: a backup's pages remembered (``d2h``), a load's compared with them (``h2d``)."""
         self._swa_seen = True
-        pages = page_keys(f)
-        if pages is None:
-            self._skip("SWA-skipped(no hash)", "SWA", nid, "a swa record whose hostx and hp do not line up")
-            return None
-        book = self._swa_pages
-        if f.get("dir") == "d2h":
-            for k, h in pages:
-                book.pop(k, None)   # (a rewritten page is the newest: the last one forgotten)
-                book.put(k, (h, ref))
-            return None
-        bad = []
-        for i, (k, h) in enumerate(pages):
-            want = book.get(k)
-            if want is None:
-                self._skip("SWA-skipped(no backup)", "SWA", nid, "a loaded SWA host page this trace never saw "
-                           "backed up")
-            elif want[0] != h:
-                bad.append((i, k, h, want))
+        bad = host_round_trip(self, "SWA", "swa", "SWA host page", self._swa_pages, f, nid, ref)
         if not bad:
             return None
-        i, k, h, (hb, bref) = bad[0]
+        i, k, h, (hb, _, bref) = bad[0]
         return [self._finding("SWA", "SWA-hash", nid, int_field(f.get("op")), EXACT, [bref, ref],
                               f"node {nid}: SWA page {i} (host slot {k}) loaded with fingerprint {h} but its backup "
-                              f"wrote {hb} ({len(bad)} of {len(pages)} SWA pages differ; nodes {f.get('nodes')})",
-                              ev)]
+                              f"wrote {hb} ({len(bad)} of {len(page_keys(f) or ())} SWA pages differ; nodes "
+                              f"{f.get('nodes')})", ev)]

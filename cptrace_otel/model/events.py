@@ -50,6 +50,8 @@ LEVEL_OF_TAG: dict[str, int] = {
     "ld_start": 2, "ld_layer": 2, "ld_read": 2,
     # a hybrid tree's sliding-window (SWA) pages moved by a backup or a load-back (checks.rules_swa)
     "swa": 2,
+    # a hybrid tree's Mamba state slot moved by a backup or a load-back (checks.rules_mamba)
+    "mamba": 2,
     # the opt-in audit of host copies at rest (cptrace_otel.traced.sglang._audit): written off the scheduler's thread
     "audit": 2,
 }

@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from tests.sglang_real import runtime
@@ -123,7 +124,7 @@ def _pools(policy: str, page_size: int, dev_tokens: int, host_ratio: float, cp_g
            tp_group: Any, make_kv: Any = None, server_args: dict | None = None,
            make_alloc: Any = None) -> tuple[Any, Any, Any, Any]:
     """What both versions' caches are built from: the server args (set in SGLang's runtime context, the CPU answers
-    applied; ``server_args``: more of ``ServerArgs``'s fields, e.g. the CP ones), the device KV pool
+    applied; ``server_args``: more of ``ServerArgs``'s fields or other values, e.g. the CP ones), the device KV pool
     (``make_kv(dev_tokens, page_size)`` where given, else an MHA pool), its allocator (``make_alloc(dev_tokens,
     page_size, kv)`` where given, else SGLang's token or paged one) and the cache's init params.
     ``(server args, kv, alloc, params)``."""
@@ -131,9 +132,10 @@ def _pools(policy: str, page_size: int, dev_tokens: int, host_ratio: float, cp_g
     from sglang.srt import runtime_context as rc
     from sglang.srt.server_args import ServerArgs
 
-    sa = ServerArgs(model_path=POOL.get("model_path", "dummy"), device="cpu", enable_hierarchical_cache=True,
-                    hicache_io_backend="direct", hicache_mem_layout="layer_first", hicache_write_policy=policy,
-                    page_size=page_size, hicache_ratio=host_ratio, **(server_args or {}))
+    sa = ServerArgs(**{"model_path": POOL.get("model_path", "dummy"), "device": "cpu",
+                       "enable_hierarchical_cache": True, "hicache_io_backend": "direct",
+                       "hicache_mem_layout": "layer_first", "hicache_write_policy": policy, "page_size": page_size,
+                       "hicache_ratio": host_ratio, **(server_args or {})})
     rc.get_context().set_server_args(sa)
     runtime.apply_cpu_answers()
     from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
@@ -421,6 +423,16 @@ class Driver23(Driver):
             node = child
         return out
 
+    def walk(self) -> Iterator[tuple[Any, list[int], list[int]]]:
+        """Every node of the tree, parents first: ``(node, the tokens before it, the tokens through it)``."""
+        stack: list[tuple[Any, list[int]]] = [(self.cache.tree_core.root_node, [])]
+        while stack:
+            node, prefix = stack.pop()
+            for child in list(node.children.values()):
+                toks = prefix + list(child.key.token_ids)
+                yield child, prefix, toks
+                stack.append((child, toks))
+
     def pending_ids(self) -> set:
         """The ids of the nodes a write-through in flight covers (their host copies are not complete yet)."""
         ws = self.cache.ongoing_write_through.values()
@@ -457,23 +469,11 @@ class Driver23(Driver):
 
     def admit(self, reqs: list[Req]) -> list[Req]:
         import torch
-        from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InitLoadBackParams, MatchPrefixParams
-        from sglang.srt.mem_cache.radix_cache import RadixKey
+        from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
         c = self.cache
         for req in reqs:
-            m = c.match_prefix(MatchPrefixParams(key=RadixKey(req.tokens), req=req))
-            plen, last = m.device_prefix_len, m.last_device_node
-            req.last_node = last
-            if m.host_hit_length > 0:
-                n, last = c.init_load_back(InitLoadBackParams(best_match_node=m.best_match_node,
-                                                              host_hit_length=m.host_hit_length, req=req))
-                if n:
-                    self.stats["loads"] += 1
-                    plen += n
-            req.prefix_idx = c.path_device_indices(last)[:plen] if plen else torch.empty((0,), dtype=torch.int64)
-            req.last_node = last
-            req.lock = c.inc_lock_ref(last).to_dec_params()
+            self.match(req)
         c.ready_to_load_host_cache()
         self.copies.wait_loads()
         running = []
@@ -484,16 +484,51 @@ class Driver23(Driver):
             if new is None:
                 c.evict(EvictParams(num_tokens=need))
                 new = self.alloc_new(req, need)
-            if new is None:
+            if new is None or not self.own_state(req):
+                if new is not None:
+                    self.alloc.free(new)
                 c.dec_lock_ref(req.last_node, req.lock)
+                self.drop_state(req)
                 self.stats["deferred"] += 1
                 continue
-            self.store(new, req.tokens, len(req.prefix_idx))
+            self.forward(req, new)
             req.all_idx = torch.cat([req.prefix_idx, new])
             req.finish_step = self.copies.step + self.rng.randint(0, 2)
             running.append(req)
             self.stats["admitted"] += 1
         return running
+
+    def match(self, req: Req) -> None:
+        """The request's match, its load-back where the match ends on the host, the lock of its last node."""
+        import torch
+        from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams, MatchPrefixParams
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+
+        c = self.cache
+        m = c.match_prefix(MatchPrefixParams(key=RadixKey(req.tokens), req=req))
+        plen, last = m.device_prefix_len, m.last_device_node
+        req.last_node = last
+        if m.host_hit_length > 0:
+            n, last = c.init_load_back(InitLoadBackParams(best_match_node=m.best_match_node,
+                                                          host_hit_length=m.host_hit_length, req=req))
+            if n:
+                self.stats["loads"] += 1
+                plen += n
+        req.prefix_idx = c.path_device_indices(last)[:plen] if plen else torch.empty((0,), dtype=torch.int64)
+        req.last_node = last
+        req.lock = c.inc_lock_ref(last).to_dec_params()
+
+    def own_state(self, req: Req) -> bool:
+        """Whether the request got the per-request state its forward needs besides its KV slots (mamba_driver.py's
+        Mamba slot; none here)."""
+        return True
+
+    def drop_state(self, req: Req) -> None:
+        """A request sent back to the queue gives up :meth:`own_state`'s state."""
+
+    def forward(self, req: Req, new: Any) -> None:
+        """The forward of ``req`` over its new slots ``new``: their KV stored."""
+        self.store(new, req.tokens, len(req.prefix_idx))
 
     def finish(self, req: Req) -> None:
         from sglang.srt.mem_cache.base_prefix_cache import InsertParams
@@ -597,6 +632,59 @@ def run(version: str, out: str, policy: str = "write_through", page_size: int = 
     cptrace_otel.shutdown(60)
     return {"corruption": drv.corruption, "fault_hits": faults.hits, "stats": drv.stats, "log": log, "otlp": otlp,
             "seconds": round(time.monotonic() - t0, 2), "audit": audit, "flushed": flushed}
+
+
+def run_hybrid(out: str, builder: Any, driver_cls: Any, install_fault: Any, fault: str | None, key: str,
+               **kw: Any) -> dict:
+    """One :func:`run` of 0.5.23 over a hybrid tree (swa_driver.py's, mamba_driver.py's): the cache from ``builder``,
+    the driver ``driver_cls`` (with a ``fault_hits`` list), ``install_fault(cache, hits, fault)`` applied to it; the
+    summary has the fault's hits under ``key``."""
+    box: dict = {}
+
+    def make_driver(cache: Any, *a: Any) -> Any:
+        drv = box["drv"] = driver_cls(cache, *a)
+        install_fault(cache, drv.fault_hits, fault)
+        return drv
+
+    res = run("0.5.23", out, builder=builder, make_driver=make_driver, **kw)
+    res[key] = box["drv"].fault_hits
+    return res
+
+
+def at_first_load(cache: Any, hits: list[dict], kind: str, pool: str, corrupt: Any) -> None:
+    """A hybrid driver's fault: at the first load-back whose op moves host pool ``pool``
+    (``HybridCacheController.load``, SGLang's issue of the load op), ``corrupt(transfer)`` changes that pool's host
+    copy before the copy reads it and returns the host slot it changed; ``hits`` gets what it did."""
+    cc = cache.cache_controller
+    orig = cc.load
+
+    def load(*a: Any, **k: Any) -> Any:
+        extra = k.get("extra_pools") or (a[2] if len(a) > 2 else None) or ()
+        for t in extra:
+            if getattr(t.name, "value", t.name) == pool and t.host_indices is not None and len(t.host_indices) \
+                    and not hits:
+                slot = corrupt(t)
+                hits.append({"kind": kind, "host_slot": slot, "nodes": list(t.nodes_to_load or [])})
+        return orig(*a, **k)
+
+    cc.load = load
+
+
+def hybrid_main(doc: str | None, faults: tuple[str, ...], run_one: Any, argv: list[str] | None = None) -> int:
+    """The CLI of a hybrid tree's driver (``doc``: its module doc; ``run_one``: its ``run``): one run, its summary as
+    JSON on stdout."""
+    p = argparse.ArgumentParser(description=(doc or "").split("\n")[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--fault", choices=faults)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--requests", type=int, default=80)
+    p.add_argument("--policy", default="write_through")
+    p.add_argument("--no-instrument", dest="instrument", action="store_false")
+    p.add_argument("--exact", action="store_true")
+    a = vars(p.parse_args(argv))
+    runtime.use_sglang("0.5.23")
+    print(json.dumps(run_one(**a)))
+    return 0
 
 
 def run_ranks(version: str, out: str, world: int = 4, fault_rank: int | None = None,

@@ -3,13 +3,16 @@
 Runs inside a process whose ``PYTHONPATH`` has ``.sglang/<version>/`` (see :func:`sglang_env`). Patches are narrow
 and test-only (never shipped), and the same three serve 0.5.20 and 0.5.23 (0.5.23's host pool takes ``pin_memory``
 at the same position, its controller and ``l2_transfer`` take ``device_module`` the same way, and its direct IO
-copies through the same ``transfer_kv_direct``); 0.5.23 needs no other:
+copies through the same ``transfer_kv_direct``); 0.5.23's page-first direct IO (the Mamba state host pool's only
+kind) adds two copies to the third:
 
-* the host pools (MHA; 0.5.23's MLA and DSA indexer too) are built with ``pin_memory=False`` (pinning calls
-  ``cudaHostRegister``);
+* the host pools (MHA; 0.5.23's MLA, DSA indexer and Mamba state pools too) are built with ``pin_memory=False``
+  (pinning calls ``cudaHostRegister``);
 * ``device_module`` of ``cache_controller`` and ``l2_transfer`` is ``torch.cpu`` (no-op streams and events; SGLang
   took ``torch.get_device_module()``, ``torch.cuda`` on a CUDA build of torch even without a GPU);
 * ``transfer_kv_direct`` (imported from sgl_kernel only under CUDA, in each host pool module) is a plain indexed copy;
+  so are the page-first direct IO's ``transfer_kv_per_layer_direct_pf_lf`` and ``transfer_kv_all_layer_direct_lf_pf``
+  (0.5.23's Mamba state host pool takes only page-first layouts: mamba_driver.py's caches use them);
 * :class:`Copies`: ``L2TransferEngine.submit_*`` run SGLang's own copy code later: each copy is queued with a
   seeded lag (scheduler steps); its data moves when it completes (due at a step, or forced by a ``synchronize``
   or by the forward's wait on a load) and its ack becomes visible to ``finish_event.query()`` at its due step.
@@ -129,6 +132,27 @@ def _transfer_kv_direct(src_layers: list, dst_layers: list, src_indices: Any, ds
         d[dst_indices.to(d.device)] = s[src_indices.to(s.device)]
 
 
+def _transfer_kv_per_layer_direct_pf_lf(src_ptrs: list, dst_ptrs: list, src_indices: Any, dst_indices: Any,
+                                        layer_id: int, page_size: int = 1) -> None:
+    """sgl_kernel's ``transfer_kv_per_layer_direct_pf_lf`` on CPU: a page-first host buffer
+    ``[page, layer, page_size, ...]``'s layer ``layer_id`` rows into a layer-first device layer, page by page."""
+    for s, d in zip(src_ptrs, dst_ptrs, strict=False):
+        pages = src_indices[::page_size].to(s.device) // page_size
+        d[dst_indices.to(d.device)] = s[pages, layer_id].reshape(len(dst_indices), *d.shape[1:]).to(d.device)
+
+
+def _transfer_kv_all_layer_direct_lf_pf(src_ptrs: list, dst_ptrs: list, src_indices: Any, dst_indices: Any,
+                                        page_size: int = 1) -> None:
+    """sgl_kernel's ``transfer_kv_all_layer_direct_lf_pf`` on CPU: the layer-first device layers ``src_ptrs`` (as
+    many per page-first host buffer of ``dst_ptrs``, in order) into their host pages, every layer."""
+    per = len(src_ptrs) // len(dst_ptrs)
+    for j, d in enumerate(dst_ptrs):
+        pages = dst_indices[::page_size].to(d.device) // page_size
+        for layer in range(per):
+            s = src_ptrs[j * per + layer]
+            d[pages, layer] = s[src_indices.to(s.device)].reshape(len(pages), *d.shape[2:]).to(d.device)
+
+
 def apply_cpu_answers() -> None:
     import sglang.srt.managers.cache_controller as cc
     import sglang.srt.mem_cache.l2_transfer as l2
@@ -138,16 +162,23 @@ def apply_cpu_answers() -> None:
     cc.device_module = torch.cpu
     l2.device_module = torch.cpu
     mods: list[tuple[Any, str, int]] = [(mha, "MHATokenToKVPoolHost", 6)]
-    try:   # 0.5.23's MLA host pool and the DSA indexer's host pool (the DSA sidecar); 0.5.20 has no dsa module
+    try:   # 0.5.23's MLA host pool, the DSA indexer's host pool (the DSA sidecar) and the Mamba state host pool;
+        # 0.5.20 has none of the last two
         import sglang.srt.mem_cache.pool_host.dsa as dsa
+        import sglang.srt.mem_cache.pool_host.mamba as mamba
         import sglang.srt.mem_cache.pool_host.mla as mla
 
-        mods += [(mla, "MLATokenToKVPoolHost", 6), (dsa, "DSAIndexerPoolHost", 1 << 30)]
+        mods += [(mla, "MLATokenToKVPoolHost", 6), (dsa, "DSAIndexerPoolHost", 1 << 30),
+                 (mamba, "MambaPoolHost", 1 << 30)]
     except ImportError:
         pass
+    answers = {"transfer_kv_direct": _transfer_kv_direct,
+               "transfer_kv_per_layer_direct_pf_lf": _transfer_kv_per_layer_direct_pf_lf,
+               "transfer_kv_all_layer_direct_lf_pf": _transfer_kv_all_layer_direct_lf_pf}
     for mod, name, pos in mods:
-        if not hasattr(mod, "transfer_kv_direct"):
-            mod.transfer_kv_direct = _transfer_kv_direct
+        for fn, answer in answers.items():
+            if getattr(mod, fn, None) is None:   # (the Mamba module binds some of them to None off CUDA)
+                setattr(mod, fn, answer)
         _unpinned(getattr(mod, name), pos)
 
 

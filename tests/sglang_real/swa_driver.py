@@ -21,7 +21,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from tests.sglang_real import driver, runtime
+from tests.sglang_real import driver
 
 WINDOW = 8   # the sliding window (tokens): prompts of 8-40 tokens, so windows both cover and drop history
 SWA_FAULTS = ("swa_flip",)
@@ -107,20 +107,15 @@ class SwaDriver(driver.Driver23):
         c = self.cache
         hp = swa_host_pool(c)
         pending = self.pending_ids()
-        stack = [(c.tree_core.root_node, [])]
-        while stack:
-            node, prefix = stack.pop()
-            for child in list(node.children.values()):
-                toks = prefix + list(child.key.token_ids)
-                cd = child.component_data[ComponentType.SWA]
-                if cd.value is None and cd.host_value is None:
-                    self.stats["swa_tombstones"] += 1
-                hv = cd.host_value
-                if hv is not None and child.id not in pending and len(hv):
-                    got = driver.read_rows(hp, hv)
-                    if not bool((got == expected_swa(toks)[len(prefix):]).all()):
-                        self.corruption.append({"step": self.copies.step, "where": "host-swa", "nodes": [child.id]})
-                stack.append((child, toks))
+        for child, prefix, toks in self.walk():
+            cd = child.component_data[ComponentType.SWA]
+            if cd.value is None and cd.host_value is None:
+                self.stats["swa_tombstones"] += 1
+            hv = cd.host_value
+            if hv is not None and child.id not in pending and len(hv):
+                got = driver.read_rows(hp, hv)
+                if not bool((got == expected_swa(toks)[len(prefix):]).all()):
+                    self.corruption.append({"step": self.copies.step, "where": "host-swa", "nodes": [child.id]})
 
 
 def swa_host_pool(cache: Any) -> Any:
@@ -132,59 +127,24 @@ def swa_host_pool(cache: Any) -> Any:
 
 def install_fault(cache: Any, hits: list[dict], kind: str | None) -> None:
     """``swa_flip``: at the first load-back with an SWA transfer, one byte of its last SWA host slot flipped
-    before the copy reads it (``HybridCacheController.load``, SGLang's issue of the load op)."""
+    before the copy reads it (:func:`driver.at_first_load`)."""
     if kind != "swa_flip":
         return
-    cc = cache.cache_controller
-    orig = cc.load
 
-    def load(*a: Any, **k: Any) -> Any:
-        extra = k.get("extra_pools") or (a[2] if len(a) > 2 else None) or ()
-        for t in extra:
-            if getattr(t.name, "value", t.name) == "swa" and t.host_indices is not None and len(t.host_indices) \
-                    and not hits:
-                slot = int(t.host_indices[-1])   # the window's last token: one a model reads
-                hp = swa_host_pool(cache)
-                hp.k_buffer[0][slot].view(-1)[0] += 1.0
-                hits.append({"kind": kind, "host_slot": slot, "nodes": list(t.nodes_to_load or [])})
-        return orig(*a, **k)
+    def corrupt(t: Any) -> int:
+        slot = int(t.host_indices[-1])   # the window's last token: one a model reads
+        swa_host_pool(cache).k_buffer[0][slot].view(-1)[0] += 1.0
+        return slot
 
-    cc.load = load
+    driver.at_first_load(cache, hits, kind, "swa", corrupt)
 
 
 def run(out: str, fault: str | None = None, **kw: Any) -> dict:
     """One run of ``driver.run`` over the hybrid tree (``fault``: one of :data:`SWA_FAULTS`)."""
     kw.setdefault("dev_tokens", 160)
     kw.setdefault("requests", 80)
-    box: dict = {}
-
-    def make_driver(cache: Any, *a: Any) -> SwaDriver:
-        drv = box["drv"] = SwaDriver(cache, *a)
-        install_fault(cache, drv.fault_hits, fault)
-        return drv
-
-    res = driver.run("0.5.23", out, builder=build_swa, make_driver=make_driver, **kw)
-    res["swa_fault_hits"] = box["drv"].fault_hits
-    return res
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-    import json
-
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", required=True)
-    p.add_argument("--fault", choices=SWA_FAULTS)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--requests", type=int, default=80)
-    p.add_argument("--policy", default="write_through")
-    p.add_argument("--no-instrument", dest="instrument", action="store_false")
-    p.add_argument("--exact", action="store_true")
-    a = vars(p.parse_args(argv))
-    runtime.use_sglang("0.5.23")
-    print(json.dumps(run(**a)))
-    return 0
+    return driver.run_hybrid(out, build_swa, SwaDriver, install_fault, fault, "swa_fault_hits", **kw)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(driver.hybrid_main(__doc__, SWA_FAULTS, run))

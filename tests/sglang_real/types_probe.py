@@ -49,6 +49,7 @@ CLASSES = {
         "TreeCore": ["mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore"],
         "SidecarPool": ["mem_cache.memory_pool:DSATokenToKVPool"],
         "SwaKVPool": ["mem_cache.swa_memory_pool:SWAKVPool"],
+        "MambaPoolHost": ["mem_cache.pool_host.mamba:MambaPoolHost"],
         "PoolName": ["mem_cache.hicache_storage:PoolName"],
         "PoolEntry": ["mem_cache.pool_host.group:PoolEntry"],
         "HostPoolGroup": ["mem_cache.pool_host.group:HostPoolGroup"],

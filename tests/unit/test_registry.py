@@ -34,9 +34,10 @@ DOMAIN_LEVEL = {"H1a": 1, "H1b": 2, "H1c": 1, "H2a": 1, "H2b": 2, "H2c": 2, "H3"
 # after a load on the h2d ack (level 2); after an L3 prefetch on its l3_ack (level 2, as L3b). Use before load reads
 # the layer-wise load-back's records (level 2: completions and reads, as the acks). Host copies at rest: the audit
 # records are level 2 (written with the acks they depend on). A hybrid tree's sliding-window pages: their content
-# after a load is read at its h2d ack (level 2, as SIDE-hash).
+# after a load is read at its h2d ack (level 2, as SIDE-hash); so is a Mamba tree's state.
 BEYOND_DOMAIN_LEVEL = {"CANARY": 1, "L3a": 1, "L3b": 2, "L3c": 1, "L3d": 1, "SIDE-missing": 1, "SIDE-hash": 2,
-                       "SIDE-l3": 2, "LOAD-early": 2, "REST-hash": 2, "REST-l3": 2, "SWA-hash": 2, "FOREIGN": 2}
+                       "SIDE-l3": 2, "LOAD-early": 2, "REST-hash": 2, "REST-l3": 2, "SWA-hash": 2, "MAMBA-hash": 2,
+                       "FOREIGN": 2}
 
 
 def _emitted(rule_name: str) -> set[tuple[str, str]]:
@@ -50,19 +51,19 @@ def test_levels_agree_with_the_domain_reference():
 def test_derived_tables_keep_their_values():
     assert checks.RULE_LEVEL == {"H1a": 1, "H1b": 2, "H1c": 1, "H2a": 1, "H2b": 2, "H2c": 2, "H3": 2, "H4": 2,
                                  "ZERO": 1, "HASH": 1, "SIDE-missing": 1, "SIDE-hash": 2, "SIDE-l3": 2,
-                                 "LOAD-early": 2, "REST-hash": 2, "REST-l3": 2, "SWA-hash": 2, "CANARY": 1, "L3a": 1,
-                                 "L3b": 2, "FOREIGN": 2}
+                                 "LOAD-early": 2, "REST-hash": 2, "REST-l3": 2, "SWA-hash": 2, "MAMBA-hash": 2,
+                                 "CANARY": 1, "L3a": 1, "L3b": 2, "FOREIGN": 2}
     assert checks.LEVEL2_RULES == (("H1b", "H1"), ("H2b", "H2"), ("H2c", "H2"), ("H3", "H3"), ("H4", "H4"),
                                    ("SIDE-hash", "SIDE"), ("SIDE-l3", "SIDE"), ("LOAD-early", "LOAD"),
-                                   ("REST-hash", "REST"), ("REST-l3", "REST"), ("SWA-hash", "SWA"), ("L3b", "L3"),
-                                   ("FOREIGN", "FOREIGN"))
-    assert checks.CODES == ("H1", "H2", "H3", "H4", "ZERO", "HASH", "SIDE", "LOAD", "REST", "SWA", "C1", "C2", "C3",
-                            "C4", "C5", "CANARY", "L3", "FOREIGN")
+                                   ("REST-hash", "REST"), ("REST-l3", "REST"), ("SWA-hash", "SWA"),
+                                   ("MAMBA-hash", "MAMBA"), ("L3b", "L3"), ("FOREIGN", "FOREIGN"))
+    assert checks.CODES == ("H1", "H2", "H3", "H4", "ZERO", "HASH", "SIDE", "LOAD", "REST", "SWA", "MAMBA", "C1", "C2",
+                            "C3", "C4", "C5", "CANARY", "L3", "FOREIGN")
     assert {"insert", "split", "prepare", "evict", "reload", "reset"} == checks.STRUCTURAL
     assert {"store", "backup", "evict", "free", "reset"} == registry.FENCE_TAGS
     assert [r.id for r in registry.unchecked_at(1, RANK)] == [
         "H1b", "H2b", "H2c", "H3", "H4", "SIDE-hash", "SIDE-l3", "LOAD-early", "REST-hash", "REST-l3", "SWA-hash",
-        "L3b", "FOREIGN"]
+        "MAMBA-hash", "L3b", "FOREIGN"]
     assert [r.id for r in registry.unchecked_at(1, CROSS)] == ["C2", "C5-fence"]
     assert registry.unchecked_at(2, RANK) == [] and registry.unchecked_at(3, CROSS) == []
 

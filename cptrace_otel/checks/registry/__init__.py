@@ -121,6 +121,12 @@ RULES: tuple[Rule, ...] = (
        "load-back (swa dir=h2d) equals the one its latest backup wrote (swa dir=d2h); tokens the window dropped are "
        "never loaded, never compared",
        "rules_swa:SwaRules._swa", skips=("SWA-skipped(no backup)", "SWA-skipped(no hash)"), only_with="swa"),
+    _r("MAMBA-hash", "MAMBA", 2, RANK, "mamba",
+       "a hybrid tree's Mamba state survives its host round trip: per Mamba host slot, the fingerprint of the node's "
+       "state after a load-back (mamba dir=h2d) equals the one its latest backup wrote (mamba dir=d2h); a split's "
+       "new parent has no state, never compared",
+       "rules_mamba:MambaRules._mamba", skips=("MAMBA-skipped(no backup)", "MAMBA-skipped(no hash)"),
+       only_with="mamba"),
     _r("C1", "C1", 1, CROSS, "insert split prepare evict reload reset",
        "lockstep tree: every rank's structural tuples are identical; the first divergence is reported",
        "rules_c1:C1Lockstep._c1_compare"),

@@ -31,8 +31,9 @@ Not covered (:func:`untraceable`: such a cache gets one warning and no record, n
 neither Python nor Rust (0.5.23's default, ``RustUnifiedTreeCore``, is traced at its Python boundary, :mod:`._rust23`,
 whose doc lists what it cannot trace; ``CPTRACE_SGLANG_TREE_CORE=python`` is the option that switches to the Python
 core where ``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND`` is unset), trees with
-other components than the full-attention KV and the sliding-window one (Mamba, C128: hybrid models; FULL + SWA is
-traced, :mod:`._swa23`, but not with L3 storage nor on the Rust core), an L3 storage
+other components than the full-attention KV with the sliding-window one or the Mamba one (C128, FULL + SWA + Mamba:
+hybrid models; FULL + SWA, :mod:`._swa23`, and FULL + Mamba, :mod:`._mamba23`, are traced, but not with L3 storage
+nor on the Rust core), an L3 storage
 backend other than ``file`` (the L3 sites, :mod:`._l3_sites23`, are verified against the ``file`` backend's flow; a
 cache that gets another backend attached at run time stops being traced then, with a warning), the buffer-only host
 mode and the external cache linker.
@@ -47,6 +48,7 @@ from ..api import cptrace, rng, trace_level
 from ._audit import enroll
 from ._l3_sites23 import L3_BACKENDS, L3_SITES23
 from ._layerwise23 import LAYERWISE_SITES23, drop_counter, end as end_layerwise
+from ._mamba23 import MAMBA, MAMBA_SITES23, MambaBook, mamba_host_pool
 from ._shard import stripe_fp
 from ._sites import (
     HOST_POOL,
@@ -111,6 +113,8 @@ class State23(State):
         self.sharded = getattr(self.kv_pool(), "placement", None) is not None   # (KV sharding: a stripe per rank)
         # a hybrid full + sliding-window tree: its SWA component's round trips (._swa23)
         self.swa = SwaBook(cache) if SWA in [int(c) for c in cache.tree_components] else None
+        # a hybrid full + Mamba tree: its Mamba component's round trips (._mamba23)
+        self.mamba = MambaBook(cache) if MAMBA in [int(c) for c in cache.tree_components] else None
 
     @staticmethod
     def dev(n: TreeNode) -> Tensor | None:
@@ -129,7 +133,8 @@ class State23(State):
         return int(n.component_data[FULL].host_lock_ref)
 
     def kv_pool(self) -> KVPool:
-        """The full-attention KV pool (of a hybrid tree's ``SWAKVPool``, its full-attention layers' pool)."""
+        """The full-attention KV pool (of a hybrid tree's ``SWAKVPool`` or ``HybridLinearKVPool``, its
+        full-attention layers' pool)."""
         return full_pool(self.cache.token_to_kv_pool_allocator.get_kvcache())
 
     def node(self, nid: int) -> TreeNode:
@@ -151,13 +156,15 @@ class State23(State):
         self.write_len.clear()
         self.evict_kind = None
         drop_counter(self.cache.cache_controller.layer_done_counter)   # a reset aborts the load-backs in flight
-        if self.swa is not None:
-            self.swa.clear()
+        for book in (self.swa, self.mamba):
+            if book is not None:
+                book.clear()
 
     def ack_h2d(self, ack_node_ids: list) -> None:
         super().ack_h2d(ack_node_ids)
-        if self.swa is not None:
-            self.swa.ack_h2d(self, ack_node_ids)
+        for book in (self.swa, self.mamba):
+            if book is not None:
+                book.ack_h2d(self, ack_node_ids)
         end_layerwise(ack_node_ids)   # the load-back step is done: its reads are no longer recorded
 
     def parent_pbk(self, node_id: int) -> tuple[int, int]:
@@ -202,7 +209,7 @@ class State23(State):
         host = kv_xfer.host_indices
         last = self.node(node_id)
         self.loaded = last
-        if not chain:   # a hybrid tree's load of other components only (SWA: ._swa23): no full-attention KV moves
+        if not chain:   # a hybrid tree's load of other components only (._swa23, ._mamba23): no full-attention KV moves
             return
         cptrace(1, "reload", node_id=last.id, chain=[n.id for n in chain], op=op.id, host=rng(host),
                 dev=rng(device_indices), **self.moved(op), **self.xs("hostx", host), **self.xs("devx", device_indices))
@@ -247,10 +254,11 @@ def _init_hicache(wrapped: Callable[..., Any], instance: RadixCache, args: tuple
 def untraceable(cache: RadixCache) -> str | None:
     """Why this 0.5.23 cache is left untraced (None when it is traced). Its records would be partial, and partial
     records give false findings: a tree core neither Python nor Rust fires none of the tree sites (the Rust one is
-    traced at its boundary, :mod:`._rust23`, where its sites are wrapped); other components (Mamba, C128) free and
-    load through other allocators and pools; an L3 storage backend, the buffer-only host mode and the external
-    cache linker move KV on paths these sites do not see. A hybrid tree of FULL and SWA is traced (:mod:`._swa23`),
-    without L3 storage: its SWA pages go to storage by their own trailing-page keys, which no record follows.
+    traced at its boundary, :mod:`._rust23`, where its sites are wrapped); other component sets (C128, SWA with
+    Mamba) free and load through other allocators and pools; an L3 storage backend, the buffer-only host mode and
+    the external cache linker move KV on paths these sites do not see. A hybrid tree of FULL and SWA
+    (:mod:`._swa23`) or of FULL and Mamba (:mod:`._mamba23`) is traced on the Python core, without L3 storage: its
+    SWA pages and Mamba states go to storage by their own trailing-page keys, which no record follows.
     What the Rust core's boundary cannot trace names the option that traces it (:data:`ON_PYTHON`)."""
     from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore
 
@@ -261,9 +269,9 @@ def untraceable(cache: RadixCache) -> str | None:
     if not isinstance(cache.tree_core, UnifiedTreeCore) and not is_rust_core(cache):
         return (f"its tree core is {type(cache.tree_core).__name__}, neither the Python UnifiedTreeCore nor the "
                 f"Rust one (set SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python, or {ON_PYTHON})")
-    if [int(c) for c in cache.tree_components] not in ([FULL], [FULL, SWA]):
-        return (f"its tree has components {[c.name for c in cache.tree_components]}: only FULL alone and FULL with "
-                "SWA are traced")
+    if [int(c) for c in cache.tree_components] not in ([FULL], [FULL, SWA], [FULL, MAMBA]):
+        return (f"its tree has components {[c.name for c in cache.tree_components]}: only FULL alone, FULL with "
+                "SWA and FULL with MAMBA are traced")
     if SWA in [int(c) for c in cache.tree_components]:
         if not isinstance(cache.tree_core, UnifiedTreeCore):
             return f"it is a hybrid SWA tree on the Rust tree core (its SWA records read Python nodes; {ON_PYTHON})"
@@ -273,6 +281,15 @@ def untraceable(cache: RadixCache) -> str | None:
                     "pools are not where the fingerprints read them)")
         if cache.enable_storage:
             return "it is a hybrid SWA tree with an L3 storage backend (the SWA pages' L3 round trip is not recorded)"
+    if MAMBA in [int(c) for c in cache.tree_components]:
+        if not isinstance(cache.tree_core, UnifiedTreeCore):
+            return (f"it is a hybrid Mamba tree on the Rust tree core (its Mamba records read Python nodes; "
+                    f"{ON_PYTHON})")
+        if mamba_host_pool(cache) is None:
+            return "it is a hybrid Mamba tree without a MambaPoolHost in its host pool group"
+        if cache.enable_storage:
+            return ("it is a hybrid Mamba tree with an L3 storage backend (the Mamba states' L3 round trip is not "
+                    "recorded)")
     backend = getattr(cache.cache_controller, "storage_backend_type", None)
     if cache.enable_storage and backend not in L3_BACKENDS:
         return (f"it has the L3 storage backend {backend!r} (the L3 sites are verified with "
@@ -518,4 +535,5 @@ SITES23: list[tuple[str, str, Any]] = [
     (URC, "UnifiedRadixCache.attach_storage_backend", _attach_storage_backend),
     *LAYERWISE_SITES23,
     *SWA_SITES23,
+    *MAMBA_SITES23,
 ]

@@ -44,14 +44,47 @@ def full_pool(pool: KVPool) -> KVPool:
     return getattr(pool, "full_kv_pool", None) or pool
 
 
-class SwaBook:
-    """The SWA side of one traced hybrid cache: its device pool and the SWA loads waiting for their ack."""
+class ComponentBook:
+    """What the book of a hybrid tree's component (:class:`SwaBook`, ``_mamba23.MambaBook``) does at its commit site
+    (:func:`commit_site`): ``backup`` records a backup's transfers as they are committed, ``load`` remembers a
+    load-back's until its ack, whose record ``acked`` writes (their data is not there before)."""
 
     def __init__(self, cache: RadixCache) -> None:
         self.cache = cache
+        self.loads: dict[int, list[tuple]] = {}   # load ack id (node id) -> what each load's record needs, FIFO
+
+    def backup(self, st: State, node: TreeNode, xfers: list[PoolTransfer]) -> None:
+        raise NotImplementedError
+
+    def load(self, node: TreeNode, xfers: list[PoolTransfer]) -> None:
+        raise NotImplementedError
+
+    def acked(self, st: State, node_id: int, load: tuple) -> None:
+        raise NotImplementedError
+
+    def ack_h2d(self, st: State, ack_node_ids: list) -> None:
+        """The loads acked now: their records."""
+        for nid in ack_node_ids:
+            q = self.loads.get(nid)
+            if not q:
+                continue
+            load = q.pop(0)
+            if not q:
+                del self.loads[nid]
+            self.acked(st, nid, load)
+
+    def clear(self) -> None:
+        self.loads.clear()
+
+
+class SwaBook(ComponentBook):
+    """The SWA side of one traced hybrid cache: its device pool and the SWA loads waiting for their ack
+    (``(op, nodes, host slots, device slots)``)."""
+
+    def __init__(self, cache: RadixCache) -> None:
+        super().__init__(cache)
         pool = cast("SwaKVPool", cache.token_to_kv_pool_allocator.get_kvcache())
         self.pool = pool.swa_kv_pool
-        self.loads: dict[int, list[tuple[int, list[int], Tensor, Tensor]]] = {}   # load ack id -> SWA loads, FIFO
 
     def record(self, st: State, dir: str, op: int, node_id: int, nodes: Any, host: Tensor, dev: Tensor) -> None:
         """One ``swa`` record: the SWA rows at device slots ``dev`` as they are now, copied from or to ``host``."""
@@ -59,55 +92,53 @@ class SwaBook:
                 hostx=exact_runs(host), devx=exact_runs(dev), page=st.page_size,
                 **st.fp_rows(kv_rows(self.pool, dev)))
 
-    def backup(self, st: State, node: TreeNode, xfer: PoolTransfer) -> None:
+    def backup(self, st: State, node: TreeNode, xfers: list[PoolTransfer]) -> None:
         """A backup's SWA transfer committed (the copy queued, not run: the rows hashed are the ones it reads)."""
+        xfer = xfers[0]
         if xfer.host_indices is None or xfer.device_indices is None or not len(xfer.host_indices):
             return
         op = self.cache.cache_controller.write_queue[-1]
         self.record(st, "d2h", op.id, node.id, xfer.nodes_to_load, xfer.host_indices, xfer.device_indices)
 
-    def load(self, node: TreeNode, xfer: PoolTransfer) -> None:
+    def load(self, node: TreeNode, xfers: list[PoolTransfer]) -> None:
         """A load-back's SWA transfer committed: remembered until the load's ack (its rows are not there yet)."""
+        xfer = xfers[0]
         if xfer.host_indices is None or xfer.device_indices is None or not len(xfer.host_indices):
             return
         op = self.cache.cache_controller.load_queue[-1]
         self.loads.setdefault(node.id, []).append((op.id, list(xfer.nodes_to_load or ()), xfer.host_indices,
                                                    xfer.device_indices))
 
-    def ack_h2d(self, st: State, ack_node_ids: list) -> None:
-        """The loads acked now: the SWA rows they brought back."""
-        for nid in ack_node_ids:
-            q = self.loads.get(nid)
-            if not q:
-                continue
-            op, nodes, host, dev = q.pop(0)
-            if not q:
-                del self.loads[nid]
-            self.record(st, "h2d", op, nid, nodes, host, dev)
-
-    def clear(self) -> None:
-        self.loads.clear()
+    def acked(self, st: State, node_id: int, load: tuple) -> None:
+        op, nodes, host, dev = load
+        self.record(st, "h2d", op, node_id, nodes, host, dev)
 
 
-def _commit_transfer(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
-    """``SWAComponent.commit_hicache_transfer(node, phase, transfers, ...)``: a backup's or load-back's SWA
-    transfer committed onto the tree (after the controller queued its copy)."""
-    out = wrapped(*args, **kwargs)
-    st = state_of(getattr(instance, "cache", None))
-    book = getattr(st, "swa", None)
-    if book is None or trace_level() < 2:
+def commit_site(book: str) -> Callable[..., Any]:
+    """The wrapper of a component's ``commit_hicache_transfer(node, phase, transfers, ...)`` whose cache State keeps
+    the component's :class:`ComponentBook` in attribute ``book``: a backup's or load-back's transfers committed onto
+    the tree (after the controller queued their copy)."""
+
+    def _commit_transfer(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        out = wrapped(*args, **kwargs)
+        st = state_of(getattr(instance, "cache", None))
+        b = getattr(st, book, None)
+        if b is None or trace_level() < 2:
+            return out
+        node, phase = arg(args, kwargs, 0, "node"), arg(args, kwargs, 1, "phase")
+        xfers = arg(args, kwargs, 2, "transfers")
+        if xfers:
+            ph = getattr(phase, "value", phase)
+            if ph == BACKUP_HOST:
+                safe(b.backup, st, node, list(xfers))
+            elif ph == LOAD_BACK:
+                safe(b.load, node, list(xfers))
         return out
-    node, phase, xfers = arg(args, kwargs, 0, "node"), arg(args, kwargs, 1, "phase"), arg(args, kwargs, 2, "transfers")
-    if xfers:
-        ph = getattr(phase, "value", phase)
-        if ph == BACKUP_HOST:
-            safe(book.backup, st, node, xfers[0])
-        elif ph == LOAD_BACK:
-            safe(book.load, node, xfers[0])
-    return out
+
+    return _commit_transfer
 
 
 # (module, "Class.method", wrapper): the SWA component's sites (the SWA allocator's frees are in SITES23).
 SWA_SITES23: list[tuple[str, str, Any]] = [
-    (SWA_COMP, "SWAComponent.commit_hicache_transfer", _commit_transfer),
+    (SWA_COMP, "SWAComponent.commit_hicache_transfer", commit_site("swa")),
 ]

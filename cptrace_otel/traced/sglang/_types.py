@@ -148,6 +148,16 @@ class SwaKVPool(Protocol):
     swa_kv_pool: KVPool
 
 
+class MambaPoolHost(Protocol):
+    """0.5.23's ``pool_host.mamba.MambaPoolHost`` (a hybrid full + Mamba model's host state pool): the device state
+    tensors it copies per slot (per layer: the temporal (SSM) state, each conv state) and the side states that ride
+    along."""
+
+    temporal_device_layers: Sequence[Tensor]
+    conv_device_layers: Sequence[Sequence[Tensor]]
+    slot_state_device_tensors: Sequence[Tensor]
+
+
 class SidecarPool(Protocol):
     """A sidecar device pool on the KV's slots (0.5.23: the DSA indexer's, ``index_k_with_scale_buffer``)."""
 
