@@ -88,6 +88,10 @@ int value_fields_end(ValueFields *vf, int st);
 
 /* -- the readers' shared state: what configure() sets --------------------------------------------------------- */
 
+/* Hidden like their definitions (every module links its own value.c; setup.py's -fvisibility=hidden covers only
+ * definitions): the readers then load these directly, not through the GOT. */
+#pragma GCC visibility push(hidden)
+
 /* Set by reader_configure: the records' Event.src (intake.c and the span readers set it), the small ints. */
 extern PyObject *src_obj, *zero_obj, *one_obj;
 
@@ -96,6 +100,8 @@ extern PyObject *src_obj, *zero_obj, *one_obj;
 extern PyObject *k_prefix, *k_seq, *k_epoch, *k_level, *k_rank, *k_violation, *k_ev_violation;
 extern PyObject *k_run_id, *k_cp_rank, *k_trace_level;
 extern PyObject *rng_suffix[5], *parse_value_fn;
+
+#pragma GCC visibility pop
 
 /* configure's common part, every reader: event_configure(Event, EpochTracker, epoch_tags, event_slots), then
  * value_configure(Rng), then the small ints; the module is configured (reader_configured) once it returns 0.
