@@ -440,47 +440,47 @@ int reader_configure(PyObject *rng, PyObject *ev, PyObject *tracker, PyObject *t
     return 0;
 }
 
-#define SHARED_KEYS 10
-#define MAX_KEYS 8   /* a span reader's own str keys, at most */
+/* the attribute keys every span reader reads: the names of their entries in configure's keys */
+static const ReaderKey shared_keys[] = {
+    {"prefix", &k_prefix}, {"seq", &k_seq}, {"epoch", &k_epoch}, {"level", &k_level}, {"rank", &k_rank},
+    {"violation", &k_violation}, {"event_violation", &k_ev_violation}, {"run_id", &k_run_id},
+    {"cp_rank", &k_cp_rank}, {"trace_level", &k_trace_level},
+};
 
 int reader_configure_spans(PyObject *args, const ReaderKey *bytes_keys, int n_bytes, const ReaderKey *str_keys,
                            int n_str)
 {
-    static const ReaderKey shared[SHARED_KEYS] = {
-        {"prefix", &k_prefix}, {"seq", &k_seq}, {"epoch", &k_epoch}, {"level", &k_level}, {"rank", &k_rank},
-        {"violation", &k_violation}, {"event_violation", &k_ev_violation}, {"run_id", &k_run_id},
-        {"cp_rank", &k_cp_rank}, {"trace_level", &k_trace_level},
-    };
+    const int n_shared = (int)(sizeof(shared_keys) / sizeof(shared_keys[0]));
     PyObject *rng, *ev, *tracker, *tags, *slots, *keys, *pv;
     if (!PyArg_ParseTuple(args, "OOOO!OO!O:configure", &rng, &ev, &tracker, &PyFrozenSet_Type, &tags, &slots,
                           &PyDict_Type, &keys, &pv))
         return -1;
     if (configure_common(rng, ev, tracker, tags, slots) < 0)
         return -1;
-    for (int i = 0; i < SHARED_KEYS + n_bytes; i++) {
-        const ReaderKey *k = i < SHARED_KEYS ? &shared[i] : &bytes_keys[i - SHARED_KEYS];
+    for (int i = 0; i < n_shared + n_bytes; i++) {
+        const ReaderKey *k = i < n_shared ? &shared_keys[i] : &bytes_keys[i - n_shared];
         if (key_bytes(keys, k->name, k->slot) < 0)
             return -1;
     }
     if (key_suffixes(keys, rng_suffix) < 0)
         return -1;
-    /* the str keys, src last: each checked before any is kept, and one message names them all */
-    PyObject *strs[MAX_KEYS + 1];
-    int ok = n_str <= MAX_KEYS;
+    /* the str keys, src last: all checked before any is kept, and one message names them all */
+    int ok = 1;
     for (int i = 0; ok && i <= n_str; i++) {
-        strs[i] = PyDict_GetItemString(keys, i < n_str ? str_keys[i].name : "src");   /* borrowed */
-        ok = strs[i] != NULL && PyUnicode_Check(strs[i]);
+        PyObject *v = PyDict_GetItemString(keys, i < n_str ? str_keys[i].name : "src");   /* borrowed */
+        ok = v != NULL && PyUnicode_Check(v);
     }
     if (!ok) {
         char need[256] = "";
-        for (int i = 0, used = 0; i < n_str && i < MAX_KEYS && used < (int)sizeof(need); i++)
+        for (int i = 0, used = 0; i < n_str && used < (int)sizeof(need); i++)
             used += snprintf(need + used, sizeof(need) - (size_t)used, "%s and ", str_keys[i].name);
         PyErr_Format(PyExc_TypeError, "configure: keys need %ssrc (str)", need);
         return -1;
     }
-    for (int i = 0; i < n_str; i++)
-        Py_XSETREF(*str_keys[i].slot, Py_NewRef(strs[i]));
-    Py_XSETREF(src_obj, Py_NewRef(strs[n_str]));
+    for (int i = 0; i <= n_str; i++) {
+        PyObject **slot = i < n_str ? str_keys[i].slot : &src_obj;
+        Py_XSETREF(*slot, Py_NewRef(PyDict_GetItemString(keys, i < n_str ? str_keys[i].name : "src")));
+    }
     Py_XSETREF(parse_value_fn, Py_NewRef(pv));
     configured = 1;
     return 0;

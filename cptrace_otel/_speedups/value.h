@@ -92,7 +92,8 @@ int value_fields_end(ValueFields *vf, int st);
  * definitions): the readers then load these directly, not through the GOT. */
 #pragma GCC visibility push(hidden)
 
-/* Set by reader_configure: the records' Event.src (intake.c and the span readers set it), the small ints. */
+/* src_obj: the records' Event.src (set by intake.c's configure and by reader_configure_spans); zero_obj, one_obj:
+ * the small ints, set by reader_configure. */
 extern PyObject *src_obj, *zero_obj, *one_obj;
 
 /* Set by reader_configure_spans (the span readers, otlpin.c and jaegerin.c): the attribute keys of configure's keys
@@ -116,8 +117,9 @@ typedef struct {
 
 /* configure(Rng, Event, EpochTracker, epoch_tags, event_slots, keys, parse_value) of a span reader (args: the
  * call's arguments): reader_configure's part, then from keys (a dict) the shared attribute keys and the module's
- * bytes_keys (bytes), rng_suffixes (5 non-empty bytes), the module's str_keys and src (str), and parse_value. The
- * module is configured once it returns 0. 0, or -1 with an exception set (a TypeError for a wrong key). */
+ * bytes_keys (bytes), rng_suffixes (5 non-empty bytes), the module's str_keys and src (str), and
+ * parse_value. The module is configured once it returns 0. 0, or -1 with an exception set (a TypeError for a wrong
+ * key). */
 int reader_configure_spans(PyObject *args, const ReaderKey *bytes_keys, int n_bytes, const ReaderKey *str_keys,
                            int n_str);
 #define READER_SPANS_CONFIGURE_DOC "configure(Rng, Event, EpochTracker, epoch_tags, event_slots, keys, parse_value)"
