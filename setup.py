@@ -43,7 +43,8 @@ class _BuildPyWithPth(build_py):
 # -fvisibility=hidden: value.c and event.c are linked into several modules; only PyInit_* is exported.
 _FLAGS = ["-O2", "-std=c11", "-Wall", "-Wno-unused-function", "-fvisibility=hidden"]
 _DIR = "cptrace_otel/_speedups/"
-_SHARED = [_DIR + "value.c", _DIR + "event.c"]   # the value grammar and the Event builder of both readers
+# every reader's: the value grammar and the readers' configured state (value.c), the Event builder (event.c)
+_SHARED = [_DIR + "value.c", _DIR + "event.c"]
 # grammar.h: the record grammar's constants, generated from cptrace_otel/model/grammar.py (a changed one rebuilds all)
 _HEADERS = [_DIR + "value.h", _DIR + "event.h", _DIR + "ring.h", _DIR + "idset.h", _DIR + "grammar.h"]
 

@@ -10,8 +10,9 @@ loader (Python)        C module (built by setup)   mirrors (the same results, he
 :mod:`.fingerprint`    ``_fingerprint``            CPU ``khash``/``knz``/``rng`` (``fingerprint.cpu``'s numpy path)
 =====================  ==========================  ===============================================================
 
-``value.c`` (the common shapes of :func:`cptrace_otel.model.logline.fast_value`) and ``event.c`` (building Events, epoch
-numbering) are compiled into both ``_logreader`` and ``_intake``.
+``value.c`` (the common shapes of :func:`cptrace_otel.model.logline.fast_value`, and the readers' shared configured
+state) and ``event.c`` (building Events, epoch numbering) are compiled into each of ``_logreader``, ``_intake``,
+``_otlpin`` and ``_jaegerin``.
 
 Each loader's ``load()`` imports its C module, hands it what it must not declare itself (the Python types it
 builds, the attribute keys and key layout of :mod:`cptrace_otel.model.attrs` / :mod:`cptrace_otel.model.semconv`, the

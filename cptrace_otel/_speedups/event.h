@@ -1,5 +1,5 @@
 /* Building cptrace_otel.model.events.Event objects and numbering their epochs (checks.epochs.EpochTracker), shared by the
- * C line reader (logreader.c) and the C exporter intake (intake.c); compiled into both modules (event.c).
+ * C readers (logreader.c, intake.c, otlpin.c, jaegerin.c); compiled into each of their modules (event.c).
  *
  * The types and the set of tags that can move a tracker (checks.epochs.EPOCH_TAGS) come from Python at load time
  * (event_configure); nothing here names a record tag.

@@ -15,17 +15,16 @@
 #include "value.h"
 #include "grammar.h"
 
-static PyObject *key_rank, *src_obj, *zero;
+static PyObject *key_rank;
 
 static PyObject *py_configure(PyObject *self, PyObject *args)
 {
     PyObject *rng, *ev, *tracker, *tags, *slots, *src;
     if (!PyArg_ParseTuple(args, "OOOO!OU:configure", &rng, &ev, &tracker, &PyFrozenSet_Type, &tags, &slots, &src))
         return NULL;
-    if (event_configure(ev, tracker, tags, slots) < 0 || value_configure(rng) < 0)
+    if (reader_configure(rng, ev, tracker, tags, slots) < 0)
         return NULL;
-    Py_INCREF(src);
-    Py_XSETREF(src_obj, src);
+    Py_XSETREF(src_obj, Py_NewRef(src));
     Py_RETURN_NONE;
 }
 
@@ -83,7 +82,7 @@ static PyObject *py_intake(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "O!nOO!nOO:intake", &PyList_Type, &items, &seq0, &drank, &PyDict_Type, &epochs,
                           &max_chars, &value_fn, &slow))
         return NULL;
-    if (!value_configured("_intake"))
+    if (!reader_configured("_intake"))
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(items);
     PyObject *out = PyList_New(0);
@@ -153,7 +152,7 @@ static PyObject *py_intake(PyObject *self, PyObject *args)
         PyObject *ep = event_epoch(t, tag, f);
         if (ep == NULL)
             goto fail_g;
-        PyObject *argv[EVENT_NFIELDS] = {tag, rank, seq, ts, ep, f, level, src_obj, zero};
+        PyObject *argv[EVENT_NFIELDS] = {tag, rank, seq, ts, ep, f, level, src_obj, zero_obj};
         ev = event_new(argv);
         Py_DECREF(ep);
         Py_XDECREF(g);
@@ -193,8 +192,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_intake", "C fast pa
 PyMODINIT_FUNC PyInit__intake(void)
 {
     key_rank = PyUnicode_InternFromString(CPTRACE_LINE_RANK_FIELD);
-    zero = PyLong_FromLong(0);
-    if (key_rank == NULL || zero == NULL)
+    if (key_rank == NULL)
         return NULL;
     return PyModule_Create(&module);
 }

@@ -14,10 +14,7 @@ def load(src: str) -> Callable[..., Any] | None:
         from . import _intake  # type: ignore[attr-defined]
     except ImportError:
         return None
-    from ..checks.epochs import EPOCH_TAGS, EpochTracker
-    from ..model.events import Event
-    from ..model.logline import Rng
-    from .event import event_slots
+    from .event import reader_types
 
-    _intake.configure(Rng, Event, EpochTracker, EPOCH_TAGS, event_slots(), src)
+    _intake.configure(*reader_types(), src)
     return _intake.intake

@@ -38,10 +38,7 @@
 #define MAX_DEPTH 64
 #define MAX_PROCS 256
 
-static PyObject *parse_value_fn, *src_obj, *zero_obj, *one_obj, *thousand_obj;
-static PyObject *k_prefix, *k_seq, *k_epoch, *k_level, *k_rank, *k_violation, *k_ev_violation;
-static PyObject *k_run_id, *k_cp_rank, *k_trace_level;
-static PyObject *rng_suffix[5], *rng_type;
+static PyObject *thousand_obj;   /* the rest of what configure sets is the readers' shared state (value.h) */
 
 typedef struct {
     const char *p, *end;
@@ -219,21 +216,6 @@ static inline int str_is_key(Str s, PyObject *k)
     return s.n == PyBytes_GET_SIZE(k) && memcmp(s.p, PyBytes_AS_STRING(k), (size_t)s.n) == 0;
 }
 
-static int utf8_ok(const char *p, Py_ssize_t n)
-{
-    for (Py_ssize_t i = 0; i < n; i++)
-        if ((unsigned char)p[i] & 0x80) {
-            PyObject *o = PyUnicode_DecodeUTF8(p, n, "strict");
-            if (o == NULL) {
-                PyErr_Clear();
-                return 0;
-            }
-            Py_DECREF(o);
-            return 1;
-        }
-    return 1;
-}
-
 static PyObject *str_py(Str s)
 {
     PyObject *o = PyUnicode_DecodeUTF8(s.p, s.n, "strict");
@@ -339,9 +321,8 @@ static PyObject *py_index(PyObject *self, PyObject *args)
     Py_ssize_t max_item;
     if (!PyArg_ParseTuple(args, "y*n:index", &b, &max_item))
         return NULL;
-    if (zero_obj == NULL) {
+    if (!reader_configured("_jaegerin")) {
         PyBuffer_Release(&b);
-        PyErr_SetString(PyExc_RuntimeError, "_jaegerin.configure() was not called");
         return NULL;
     }
     Rd r = {b.buf, (const char *)b.buf + b.len};
@@ -377,13 +358,7 @@ static PyObject *py_index(PyObject *self, PyObject *args)
     if (st == OK && r.p != r.end)
         st = FALLBACK;
     PyBuffer_Release(&b);
-    if (st != OK) {
-        Py_XDECREF(out);
-        if (st == ERR)
-            return NULL;
-        Py_RETURN_NONE;
-    }
-    return out;
+    return st == OK ? out : reader_decline(st, out);
 }
 
 /* -- records ------------------------------------------------------------------------------------------------------ */
@@ -852,10 +827,8 @@ static int read_span(Rd *r, const Proc *procs, int np, PyObject *out)
 
 static PyObject *py_records(PyObject *self, PyObject *arg)
 {
-    if (parse_value_fn == NULL || !value_configured("_jaegerin"))
-        return PyErr_Occurred() ? NULL : (PyErr_SetString(PyExc_RuntimeError, "_jaegerin.configure() was not called"), NULL);
     Py_buffer b;
-    if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0)
+    if (reader_open("_jaegerin", arg, &b) < 0)
         return NULL;
     Rd r = {b.buf, (const char *)b.buf + b.len}, spans = {0, 0};
     Proc procs[MAX_PROCS];
@@ -908,47 +881,23 @@ static PyObject *py_records(PyObject *self, PyObject *arg)
         Py_XDECREF(procs[i].level);
     }
     PyBuffer_Release(&b);
-    if (st != OK) {
-        Py_XDECREF(run_ids);
-        Py_XDECREF(out);
-        if (st == ERR)
-            return NULL;
-        Py_RETURN_NONE;
-    }
-    return Py_BuildValue("(NN)", run_ids, out);
+    if (st == OK)
+        return Py_BuildValue("(NN)", run_ids, out);
+    Py_XDECREF(run_ids);
+    return reader_decline(st, out);
 }
 
 static PyObject *py_configure(PyObject *self, PyObject *args)
 {
-    PyObject *rng, *ev, *tracker, *tags, *slots, *keys, *pv;
-    if (!PyArg_ParseTuple(args, "OOOO!OO!O:configure", &rng, &ev, &tracker, &PyFrozenSet_Type, &tags, &slots,
-                          &PyDict_Type, &keys, &pv))
+    if (thousand_obj == NULL && (thousand_obj = PyLong_FromLong(1000)) == NULL)
         return NULL;
-    if (event_configure(ev, tracker, tags, slots) < 0 || value_configure(rng) < 0)
-        return NULL;
-    static const char *const names_[] = {"prefix", "seq", "epoch", "level", "rank", "violation", "event_violation",
-                                         "run_id", "cp_rank", "trace_level"};
-    PyObject **const slots_[] = {&k_prefix, &k_seq, &k_epoch, &k_level, &k_rank, &k_violation, &k_ev_violation,
-                                 &k_run_id, &k_cp_rank, &k_trace_level};
-    if (value_configure_keys(keys, names_, slots_, 10, rng_suffix) < 0)
-        return NULL;
-    PyObject *src = PyDict_GetItemString(keys, "src");
-    if (src == NULL || !PyUnicode_Check(src)) {
-        PyErr_SetString(PyExc_TypeError, "configure: keys need src (str)");
-        return NULL;
-    }
-    Py_XSETREF(src_obj, Py_NewRef(src));
-    Py_XSETREF(rng_type, Py_NewRef(rng));
-    Py_XSETREF(parse_value_fn, Py_NewRef(pv));
-    if (zero_obj == NULL && ((zero_obj = PyLong_FromLong(0)) == NULL || (one_obj = PyLong_FromLong(1)) == NULL ||
-                             (thousand_obj = PyLong_FromLong(1000)) == NULL))
+    if (reader_configure_spans(args, NULL, 0, NULL, 0) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {
-    {"configure", py_configure, METH_VARARGS, "configure(Rng, Event, EpochTracker, epoch_tags, event_slots, keys, "
-                                              "parse_value)"},
+    {"configure", py_configure, METH_VARARGS, READER_SPANS_CONFIGURE_DOC},
     {"index", py_index, METH_VARARGS, "index(body, max_item) -> [(trace_id, starts, off, end)] | None"},
     {"records", py_records, METH_O, "records(trace_text) -> (run_ids, spans) | None (None: let Python decide)"},
     {NULL, NULL, 0, NULL},

@@ -30,7 +30,7 @@
 
 #include <string.h>
 
-static PyObject *key_ts, *key_rank, *one;
+static PyObject *key_ts, *key_rank;
 static PyObject *marker_obj;   /* "[CPTRACE" */
 
 /* other_markers of configure(): lines holding one (and no "[CPTRACE") are Python's */
@@ -261,14 +261,14 @@ static PyObject *py_configure(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOOO!|OO:configure", &rng, &ev, &tracker, &PyFrozenSet_Type, &tags, &slots,
                           &markers))
         return NULL;
-    if (event_configure(ev, tracker, tags, slots) < 0 || value_configure(rng) < 0 || set_other_markers(markers) < 0)
+    if (reader_configure(rng, ev, tracker, tags, slots) < 0 || set_other_markers(markers) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
 
 static PyObject *py_parse_line(PyObject *self, PyObject *line)
 {
-    if (!value_configured("_logreader"))
+    if (!reader_configured("_logreader"))
         return NULL;
     Py_ssize_t idx;
     PyObject *tag, *fields;
@@ -362,7 +362,7 @@ static int add_event(PyObject *chunk, PyObject *state, PyObject *path, PyObject 
     }
     PyObject *seq = PyList_GET_ITEM(rs, 0);
     Py_INCREF(seq);
-    PyObject *next = PyNumber_Add(seq, one);   /* rs[0] = seq + 1 */
+    PyObject *next = PyNumber_Add(seq, one_obj);   /* rs[0] = seq + 1 */
     if (next == NULL) {
         Py_DECREF(seq);
         return -1;
@@ -373,7 +373,7 @@ static int add_event(PyObject *chunk, PyObject *state, PyObject *path, PyObject 
         Py_DECREF(seq);
         return -1;
     }
-    PyObject *argv[EVENT_NFIELDS] = {tag, rank, seq, ts, ep, fields, one, path, ln};
+    PyObject *argv[EVENT_NFIELDS] = {tag, rank, seq, ts, ep, fields, one_obj, path, ln};
     PyObject *ev = event_new(argv);
     Py_DECREF(seq);
     Py_DECREF(ep);
@@ -433,7 +433,7 @@ static PyObject *py_fill_chunk(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "O!ny*npnOO!OO:fill_chunk", &PyList_Type, &chunk, &limit, &buf, &pos, &final,
                           &line_no, &drank, &PyDict_Type, &state, &path, &slow))
         return NULL;
-    if (!value_configured("_logreader") || pos < 0 || pos > buf.len) {
+    if (!reader_configured("_logreader") || pos < 0 || pos > buf.len) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_ValueError, "fill_chunk: pos out of range");
         PyBuffer_Release(&buf);
@@ -526,8 +526,7 @@ PyMODINIT_FUNC PyInit__logreader(void)
     key_ts = PyUnicode_InternFromString(CPTRACE_LINE_TS_FIELD);
     key_rank = PyUnicode_InternFromString(CPTRACE_LINE_RANK_FIELD);
     marker_obj = PyUnicode_FromString(CPTRACE_LINE_MARKER);
-    one = PyLong_FromLong(1);
-    if (key_ts == NULL || key_rank == NULL || marker_obj == NULL || one == NULL)
+    if (key_ts == NULL || key_rank == NULL || marker_obj == NULL)
         return NULL;
     return PyModule_Create(&module);
 }

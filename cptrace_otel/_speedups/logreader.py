@@ -12,12 +12,9 @@ def load() -> ModuleType | None:
         from . import _logreader  # type: ignore[attr-defined]
     except ImportError:
         return None
-    from ..checks.epochs import EPOCH_TAGS, EpochTracker
     from ..model.canary import MARKER as CANARY_MARKER
-    from ..model.events import Event
-    from ..model.logline import Rng
-    from .event import event_slots
+    from .event import reader_types
 
     # lines holding SGLang's kv-canary marker (and no [CPTRACE) go to the Python reader, which reads them
-    _logreader.configure(Rng, Event, EpochTracker, EPOCH_TAGS, event_slots(), (CANARY_MARKER,))
+    _logreader.configure(*reader_types(), (CANARY_MARKER,))
     return _logreader

@@ -39,11 +39,8 @@ typedef struct {
     const uint8_t *p, *end;
 } Rd;
 
-/* the keys and names read (configure) */
-static PyObject *parse_value_fn, *src_obj, *zero_obj, *one_obj;
-static PyObject *k_prefix, *k_seq, *k_epoch, *k_level, *k_rank, *k_violation, *k_ev_violation;
-static PyObject *k_run_id, *k_cp_rank, *k_trace_level, *k_service, *k_config, *watch_service;
-static PyObject *rng_suffix[5], *rng_type;
+/* the keys and names read beyond the readers' shared state (value.h), set by configure */
+static PyObject *k_service, *k_config, *watch_service;
 
 /* -- the wire format ------------------------------------------------------------------------------------------ */
 
@@ -110,21 +107,6 @@ static inline void rd_next(Rd *r, uint32_t *f, uint64_t *v, Rd *sub)
     int wt;
     rd_tag(r, f, &wt);
     rd_value(r, wt, v, sub);
-}
-
-static int utf8_ok(const uint8_t *p, Py_ssize_t n)
-{
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (p[i] & 0x80) {
-            PyObject *s = PyUnicode_DecodeUTF8((const char *)p, n, "strict");
-            if (s == NULL) {
-                PyErr_Clear();
-                return 0;
-            }
-            Py_DECREF(s);
-            return 1;
-        }
-    return 1;
 }
 
 /* -- checking what is not read: the schema of the messages the intake skips -------------------------------- */
@@ -575,10 +557,8 @@ static int read_resource_spans(Rd r, Py_ssize_t *seen, PyObject *out)
 
 static PyObject *py_decode(PyObject *self, PyObject *arg)
 {
-    if (parse_value_fn == NULL || !value_configured("_otlpin"))
-        return PyErr_Occurred() ? NULL : (PyErr_SetString(PyExc_RuntimeError, "_otlpin.configure() was not called"), NULL);
     Py_buffer b;
-    if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0)
+    if (reader_open("_otlpin", arg, &b) < 0)
         return NULL;
     PyObject *out = PyList_New(0);
     Py_ssize_t seen = 0;
@@ -594,47 +574,20 @@ static PyObject *py_decode(PyObject *self, PyObject *arg)
             st = read_resource_spans(sub, &seen, out);
     }
     PyBuffer_Release(&b);
-    if (st != OK) {
-        Py_XDECREF(out);
-        if (st == ERR)
-            return NULL;
-        Py_RETURN_NONE;
-    }
-    PyObject *res = Py_BuildValue("(nN)", seen, out);
-    return res;
+    return st == OK ? Py_BuildValue("(nN)", seen, out) : reader_decline(st, out);
 }
 
 static PyObject *py_configure(PyObject *self, PyObject *args)
 {
-    PyObject *rng, *ev, *tracker, *tags, *slots, *keys, *pv;
-    if (!PyArg_ParseTuple(args, "OOOO!OO!O:configure", &rng, &ev, &tracker, &PyFrozenSet_Type, &tags, &slots,
-                          &PyDict_Type, &keys, &pv))
-        return NULL;
-    if (event_configure(ev, tracker, tags, slots) < 0 || value_configure(rng) < 0)
-        return NULL;
-    static const char *const names_[] = {"prefix", "seq", "epoch", "level", "rank", "violation", "event_violation",
-                                         "run_id", "cp_rank", "trace_level", "service", "stamp_prefix"};
-    PyObject **const slots_[] = {&k_prefix, &k_seq, &k_epoch, &k_level, &k_rank, &k_violation, &k_ev_violation,
-                                 &k_run_id, &k_cp_rank, &k_trace_level, &k_service, &k_config};
-    if (value_configure_keys(keys, names_, slots_, 12, rng_suffix) < 0)
-        return NULL;
-    PyObject *ws = PyDict_GetItemString(keys, "watch_service"), *src = PyDict_GetItemString(keys, "src");
-    if (ws == NULL || !PyUnicode_Check(ws) || src == NULL || !PyUnicode_Check(src)) {
-        PyErr_SetString(PyExc_TypeError, "configure: keys need watch_service and src (str)");
-        return NULL;
-    }
-    Py_XSETREF(watch_service, Py_NewRef(ws));
-    Py_XSETREF(src_obj, Py_NewRef(src));
-    Py_XSETREF(rng_type, Py_NewRef(rng));
-    Py_XSETREF(parse_value_fn, Py_NewRef(pv));
-    if (zero_obj == NULL && ((zero_obj = PyLong_FromLong(0)) == NULL || (one_obj = PyLong_FromLong(1)) == NULL))
+    static const ReaderKey bytes_keys[] = {{"service", &k_service}, {"stamp_prefix", &k_config}};
+    static const ReaderKey str_keys[] = {{"watch_service", &watch_service}};
+    if (reader_configure_spans(args, bytes_keys, 2, str_keys, 1) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {
-    {"configure", py_configure, METH_VARARGS, "configure(Rng, Event, EpochTracker, epoch_tags, event_slots, keys, "
-                                              "parse_value)"},
+    {"configure", py_configure, METH_VARARGS, READER_SPANS_CONFIGURE_DOC},
     {"decode", py_decode, METH_O, "decode(body) -> (spans_seen, spans) | None (None: let Python decide)"},
     {NULL, NULL, 0, NULL},
 };

@@ -1,4 +1,4 @@
-/* The value grammar shared by the C line reader and the C exporter intake (see value.h). Every result equals
+/* The value grammar and the readers' shared state (see value.h). Every result of the grammar equals
  * cptrace_otel.model.logline.parse_value of the same text; tests/unit/test_logc.py and test_export_fast_paths.py hold
  * them equal.
  *
@@ -6,8 +6,10 @@
  * Held equal by: tests/unit/test_logc.py, tests/unit/test_c_twins.py, tests/unit/test_export_fast_paths.py
  */
 #include "value.h"
+#include "event.h"
 #include "grammar.h"
 
+#include <stdio.h>
 #include <string.h>
 
 /* int(s) raises for more digits than sys.get_int_max_str_digits() (4300 by default): leave those to Python. */
@@ -107,39 +109,6 @@ PyObject *value_name(const char *p, Py_ssize_t n)
     return o;
 }
 
-int value_key_bytes(PyObject *keys, const char *name, PyObject **slot)
-{
-    PyObject *v = PyDict_GetItemString(keys, name);   /* borrowed */
-    if (v == NULL || !PyBytes_Check(v)) {
-        PyErr_Format(PyExc_TypeError, "configure: keys[%s] must be bytes", name);
-        return -1;
-    }
-    Py_XSETREF(*slot, Py_NewRef(v));
-    return 0;
-}
-
-int value_configure_keys(PyObject *keys, const char *const *names, PyObject **const *slots, int n,
-                         PyObject **suffixes)
-{
-    for (int i = 0; i < n; i++)
-        if (value_key_bytes(keys, names[i], slots[i]) < 0)
-            return -1;
-    PyObject *suf = PyDict_GetItemString(keys, "rng_suffixes");   /* borrowed */
-    if (suf == NULL || !PyTuple_Check(suf) || PyTuple_GET_SIZE(suf) != 5) {
-        PyErr_SetString(PyExc_TypeError, "configure: keys need rng_suffixes (5 bytes)");
-        return -1;
-    }
-    for (int i = 0; i < 5; i++) {
-        PyObject *x = PyTuple_GET_ITEM(suf, i);
-        if (!PyBytes_Check(x) || PyBytes_GET_SIZE(x) == 0) {
-            PyErr_SetString(PyExc_TypeError, "configure: rng_suffixes must be non-empty bytes");
-            return -1;
-        }
-        Py_XSETREF(suffixes[i], Py_NewRef(x));
-    }
-    return 0;
-}
-
 int value_text(const char *p, Py_ssize_t n, PyObject *parse_value_fn, PyObject **out)
 {
     int plain = 1;
@@ -209,14 +178,6 @@ int value_fields_end(ValueFields *vf, int st)
     for (int i = 0; i < 5; i++)
         Py_CLEAR(vf->parts[i]);
     return st;
-}
-
-int value_configured(const char *module)
-{
-    if (rng_type != NULL && rng_label_len[0] > 0)
-        return 1;
-    PyErr_Format(PyExc_RuntimeError, "%s.configure() was not called", module);
-    return 0;
 }
 
 /* How logline._scalar sees p[0:n] with respect to ints: 0 = not "-?\d+", 1 = canonical (str(int(s)) == s),
@@ -419,4 +380,129 @@ int value_parse(const char *p, Py_ssize_t n, PyObject **out)
     if (c == '[' && p[n - 1] == ']')
         return make_list(p, n, out);
     return make_str(p, n, out);           /* a bare word ("[" without "]" included) */
+}
+
+/* -- the readers' shared state ------------------------------------------------------------------------------------ */
+
+PyObject *src_obj, *zero_obj, *one_obj;
+PyObject *k_prefix, *k_seq, *k_epoch, *k_level, *k_rank, *k_violation, *k_ev_violation;
+PyObject *k_run_id, *k_cp_rank, *k_trace_level;
+PyObject *rng_suffix[5], *parse_value_fn;
+static int configured;   /* a configure() succeeded */
+
+/* keys[name] (keys: a dict) into *slot when it is bytes: 0, or -1 with a TypeError set */
+static int key_bytes(PyObject *keys, const char *name, PyObject **slot)
+{
+    PyObject *v = PyDict_GetItemString(keys, name);   /* borrowed */
+    if (v == NULL || !PyBytes_Check(v)) {
+        PyErr_Format(PyExc_TypeError, "configure: keys[%s] must be bytes", name);
+        return -1;
+    }
+    Py_XSETREF(*slot, Py_NewRef(v));
+    return 0;
+}
+
+/* keys["rng_suffixes"] (a tuple of 5 non-empty bytes) into suffixes[0..4]: 0, or -1 with a TypeError set */
+static int key_suffixes(PyObject *keys, PyObject **suffixes)
+{
+    PyObject *suf = PyDict_GetItemString(keys, "rng_suffixes");   /* borrowed */
+    if (suf == NULL || !PyTuple_Check(suf) || PyTuple_GET_SIZE(suf) != 5) {
+        PyErr_SetString(PyExc_TypeError, "configure: keys need rng_suffixes (5 bytes)");
+        return -1;
+    }
+    for (int i = 0; i < 5; i++) {
+        PyObject *x = PyTuple_GET_ITEM(suf, i);
+        if (!PyBytes_Check(x) || PyBytes_GET_SIZE(x) == 0) {
+            PyErr_SetString(PyExc_TypeError, "configure: rng_suffixes must be non-empty bytes");
+            return -1;
+        }
+        Py_XSETREF(suffixes[i], Py_NewRef(x));
+    }
+    return 0;
+}
+
+/* reader_configure's work, without marking the module configured */
+static int configure_common(PyObject *rng, PyObject *ev, PyObject *tracker, PyObject *tags, PyObject *slots)
+{
+    if (event_configure(ev, tracker, tags, slots) < 0 || value_configure(rng) < 0)
+        return -1;
+    if ((zero_obj == NULL && (zero_obj = PyLong_FromLong(0)) == NULL) ||
+        (one_obj == NULL && (one_obj = PyLong_FromLong(1)) == NULL))
+        return -1;
+    return 0;
+}
+
+int reader_configure(PyObject *rng, PyObject *ev, PyObject *tracker, PyObject *tags, PyObject *slots)
+{
+    if (configure_common(rng, ev, tracker, tags, slots) < 0)
+        return -1;
+    configured = 1;
+    return 0;
+}
+
+/* the attribute keys every span reader reads: the names of their entries in configure's keys */
+static const ReaderKey shared_keys[] = {
+    {"prefix", &k_prefix}, {"seq", &k_seq}, {"epoch", &k_epoch}, {"level", &k_level}, {"rank", &k_rank},
+    {"violation", &k_violation}, {"event_violation", &k_ev_violation}, {"run_id", &k_run_id},
+    {"cp_rank", &k_cp_rank}, {"trace_level", &k_trace_level},
+};
+
+int reader_configure_spans(PyObject *args, const ReaderKey *bytes_keys, int n_bytes, const ReaderKey *str_keys,
+                           int n_str)
+{
+    const int n_shared = (int)(sizeof(shared_keys) / sizeof(shared_keys[0]));
+    PyObject *rng, *ev, *tracker, *tags, *slots, *keys, *pv;
+    if (!PyArg_ParseTuple(args, "OOOO!OO!O:configure", &rng, &ev, &tracker, &PyFrozenSet_Type, &tags, &slots,
+                          &PyDict_Type, &keys, &pv))
+        return -1;
+    if (configure_common(rng, ev, tracker, tags, slots) < 0)
+        return -1;
+    for (int i = 0; i < n_shared + n_bytes; i++) {
+        const ReaderKey *k = i < n_shared ? &shared_keys[i] : &bytes_keys[i - n_shared];
+        if (key_bytes(keys, k->name, k->slot) < 0)
+            return -1;
+    }
+    if (key_suffixes(keys, rng_suffix) < 0)
+        return -1;
+    /* the str keys, src last: all checked before any is kept, and one message names them all */
+    int ok = 1;
+    for (int i = 0; ok && i <= n_str; i++) {
+        PyObject *v = PyDict_GetItemString(keys, i < n_str ? str_keys[i].name : "src");   /* borrowed */
+        ok = v != NULL && PyUnicode_Check(v);
+    }
+    if (!ok) {
+        char need[256] = "";
+        for (int i = 0, used = 0; i < n_str && used < (int)sizeof(need); i++)
+            used += snprintf(need + used, sizeof(need) - (size_t)used, "%s and ", str_keys[i].name);
+        PyErr_Format(PyExc_TypeError, "configure: keys need %ssrc (str)", need);
+        return -1;
+    }
+    for (int i = 0; i <= n_str; i++) {
+        PyObject **slot = i < n_str ? str_keys[i].slot : &src_obj;
+        Py_XSETREF(*slot, Py_NewRef(PyDict_GetItemString(keys, i < n_str ? str_keys[i].name : "src")));
+    }
+    Py_XSETREF(parse_value_fn, Py_NewRef(pv));
+    configured = 1;
+    return 0;
+}
+
+int reader_configured(const char *module)
+{
+    if (configured && rng_type != NULL && rng_label_len[0] > 0)
+        return 1;
+    PyErr_Format(PyExc_RuntimeError, "%s.configure() was not called", module);
+    return 0;
+}
+
+int reader_open(const char *module, PyObject *arg, Py_buffer *b)
+{
+    return reader_configured(module) ? PyObject_GetBuffer(arg, b, PyBUF_SIMPLE) : -1;
+}
+
+PyObject *reader_decline(int st, PyObject *out)
+{
+    Py_XDECREF(out);
+    if (st == ERR)
+        return NULL;
+    Py_RETURN_NONE;
 }
