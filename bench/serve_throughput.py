@@ -135,11 +135,14 @@ def serve_run(shares: list[list[bytes]], tmp: Path, env: dict[str, str], idle: s
     first request to the last replica's exit."""
     head = [sys.executable, "-c", _PY_INTAKE] if python_intake else [sys.executable, "-m", "cptrace_otel.cli"]
     procs, errs, urls = [], [], []
+    # A journal of its own for every run: a replica started on another run's journal counts that run's traces
+    # as finalised, so every record of the same stream would be "late" (a restarted replica's contract).
+    run_dir = Path(tempfile.mkdtemp(dir=tmp, prefix="run"))
     for i in range(len(shares)):
-        err = tmp / f"serve{i}.err"
+        err = run_dir / f"serve{i}.err"
         errs.append(err)
         procs.append(subprocess.Popen([*head, "serve", "--listen", "127.0.0.1:0", "--idle", idle, "--queue", "256",
-                                       "--state-dir", str(tmp / f"state{i}")],   # the journal on, as by default
+                                       "--state-dir", str(run_dir / f"state{i}")],   # the journal on, as by default
                                       stdout=subprocess.DEVNULL, stderr=open(err, "w"), env=env, cwd=ROOT))
     deadline = time.monotonic() + 60
     for p, err in zip(procs, errs, strict=True):
@@ -173,6 +176,8 @@ def _show(what: str, reps: list[tuple[int, int, int, float]], wall: float) -> fl
         print(f"{name}: {checked} records checked, {late} late (exit {rc}), {cpu:.2f} CPU s: "
               f"{checked / cpu:,.0f} records per CPU second")
     checked, cpu = sum(r[1] for r in reps), sum(r[3] for r in reps)
+    if not checked:
+        raise SystemExit(f"{what}: no record checked (see the replicas' summaries above)")
     print(f"{what}: {checked} records in {wall:.1f} s wall ({checked / wall:,.0f} records per wall second)")
     return checked / cpu
 
