@@ -269,8 +269,9 @@ def _recycle(sim: Simulation, t: Tokens) -> None:
 
 def _store_reload(sim: Simulation, t: Tokens) -> None:
     """Store, backup, evict, reload of one node (ZERO_nostore, ZERO_race, HASH_flip); then a free right after the
-    ack (eviction) and a second reload."""
-    a = t(3)
+    ack (eviction) and a second reload. The node has 3 pages; in mode sharded a page on every rank (up to the
+    device pool), so a one-rank content fault has a site on rows the faulted rank holds."""
+    a = t(max(3, min(sim.ranks, sim.ranks_[0].dev.n_pages)) if sim.mode == "sharded" else 3)
     sim.request(a)
     _steps(sim, 3)
     sim.evict_all()
