@@ -16,7 +16,6 @@ from collections import deque
 
 import numpy as np
 
-from . import kv
 from .compose import ComposeCache
 from .emit import Recorder
 from .evict import Evictor
@@ -69,7 +68,7 @@ class CopyEngine:
             return None   # C1_div: this rank's host pool keeps refusing the node while it is on the device
         if self.hooks.c1_div(n):
             return None
-        host = self.evictor.alloc_host(len(n), n.id)
+        host = self.evictor.alloc_host(len(n), n.id, tree.first_class(n))   # its pages' owners (mode sharded)
         if host is None:
             return None
         op = self._new_op("d2h", n.dev_slots().copy(), host, self.cfg.d_w)
@@ -136,7 +135,7 @@ class CopyEngine:
         n.bk_op = t.id
         n.bk_split = False
         n.bk_idx = self.rec.n_struct
-        fp = kv.fingerprint(b, cfg.page_size)
+        fp = self.mem.fingerprint(op.dev, b)
         self.hooks.expect_backup_bytes(op, fp)
         if cfg.mode == "shared":
             # every rank reads the node through the shared view after the post-copy fence, so the hash each rank's
@@ -204,7 +203,7 @@ class CopyEngine:
         tree.inc_lock(ancestor)
         for n in chain:
             n.host_ref += 1
-        dev = self.evictor.alloc_dev(total)
+        dev = self.evictor.alloc_dev(total, start=tree.first_class(chain[0]))   # the host copies' owners
         tree.dec_lock(ancestor)
         if dev is None:
             for n in chain:
@@ -228,7 +227,7 @@ class CopyEngine:
         self.rec.reload(op)
         self.load_q.append(op)
         self.load_new.append(op)
-        self.hooks.hash_flip(last, op)
+        self.hooks.hash_flip(last, op, bool(self.mem.owned(dev).any()))
         if self.hooks.h2_release(last, op):
             # the fault: the host pin goes at issue; the pages are freed now and reused by the next backup
             for n in chain:
@@ -275,7 +274,7 @@ class CopyEngine:
             for n in [last, *op.chain[:-1]]:
                 if n is last or cfg.ack_chain:
                     b = self.mem.gather(n.dev_slots())
-                    fp = kv.fingerprint(b, cfg.page_size)
+                    fp = self.mem.fingerprint(n.dev_slots(), b)
                     self.hooks.expect_reload_bytes(n, op, b, fp)
                     self.rec.ack_h2d(op, n, fp)
                 n.loading = False

@@ -54,20 +54,34 @@ class Evictor:
         """Give the evictor the rank's copy engine (built after the evictor, which it uses)."""
         self.writer = writer
 
-    def alloc_dev(self, n: int, owner: int = -1) -> np.ndarray | None:
-        return self._alloc(self.dev, self.evict_dev, n, owner)
+    def alloc_dev(self, n: int, owner: int = -1, start: int | None = 0) -> np.ndarray | None:
+        """``n`` device slots for node ``owner``, their pages' owner classes from ``start`` (None: a new chain's,
+        the least-full class after any eviction; see :class:`~cptrace_otel.sim.pool.PagedPool`)."""
+        return self._alloc(self.dev, self.evict_dev, n, owner, start)
 
-    def alloc_host(self, n: int, owner: int = -1) -> np.ndarray | None:
-        return self._alloc(self.host, self.evict_host, n, owner)
+    def alloc_host(self, n: int, owner: int = -1, start: int = 0) -> np.ndarray | None:
+        return self._alloc(self.host, self.evict_host, n, owner, start)
 
     @staticmethod
-    def _alloc(pool: PagedPool, evict: Callable[[int], None], n: int, owner: int) -> np.ndarray | None:
+    def _alloc(pool: PagedPool, evict: Callable[[int], None], n: int, owner: int,
+               start: int | None) -> np.ndarray | None:
         """``n`` slots of ``pool`` for node ``owner``; when they do not fit, evict the missing pages and retry once
-        (None when they still do not fit)."""
-        idx = pool.alloc(n, owner)
+        (None when they still do not fit); with owner classes, evict on while a class the run needs is short and
+        eviction frees pages (SGLang admits on the tightest class)."""
+
+        def take() -> np.ndarray | None:
+            return pool.alloc(n, owner, pool.least_full_class() if start is None else start)
+
+        idx = take()
         if idx is None:
             evict(n // pool.page_size - pool.free_pages)
-            idx = pool.alloc(n, owner)
+            idx = take()
+        while idx is None and pool.classes > 1:
+            before = pool.free_pages
+            evict(1)
+            if pool.free_pages == before:
+                return None
+            idx = take()
         return idx
 
     def _dev_leaves(self) -> list[Node]:

@@ -331,18 +331,20 @@ class FaultHooks:
         self.oracle.inject("ZERO_nostore", self.r, n.id, None)
         return True
 
-    def zero_race(self, n: Node) -> bool:
+    def zero_race(self, n: Node, owns: bool) -> bool:
         """The forward's store to ``n``: True when the fault makes it land after the backup copy of its pages
-        completed (the engine writes zeros now and the bytes later)."""
-        if not self.hit("ZERO_race"):
+        completed (the engine writes zeros now and the bytes later). Eligible only where this rank stores rows of
+        ``n`` (``owns``; modes shared and sharded: it owns one of its pages), so the fault delays a store."""
+        if not (owns and self.hit("ZERO_race")):
             return False
         self.oracle.inject("ZERO_race", self.r, n.id, None)
         return True
 
-    def hash_flip(self, last: Node, op: Op) -> None:
+    def hash_flip(self, last: Node, op: Op, owns: bool) -> None:
         """Reload ``op`` issued: the fault marks it (``op.flip``) so that its copy flips one byte
-        (:func:`flip_one_byte`)."""
-        if self.hit("HASH_flip"):
+        (:func:`flip_one_byte`). Eligible only where this rank loads rows (``owns``; modes shared and sharded: it
+        owns one of the load's pages), so the flip lands on a row it holds."""
+        if owns and self.hit("HASH_flip"):
             op.flip = True
             self.oracle.inject("HASH_flip", self.r, last.id, op.id)
 

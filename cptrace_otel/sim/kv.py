@@ -28,6 +28,17 @@ def fingerprint(b: np.ndarray, page_size: int) -> dict[str, Any]:
     return {"h": khash_bytes(b), "nz": knz(b), "hp": page_hashes(b, page_size)}
 
 
+def stripe_fingerprint(b: np.ndarray, owned: np.ndarray, page_size: int) -> dict[str, Any]:
+    """The ``h``/``nz``/``hp`` of a rank's stripe of the token-ordered slice ``b`` (``owned``: mask of its rows),
+    as ``traced/sglang/_shard.py`` writes them: ``h``/``nz`` of the owned rows in token order (``h=0``, ``nz=-1``
+    where it owns none), ``hp`` one entry per page, 0 for a page another rank owns."""
+    if not owned.any():
+        return {"h": 0, "nz": -1, "hp": [0] * (-(-b.shape[0] // page_size))}
+    mine = b[owned]
+    hp = [khash_bytes(b[i:i + page_size]) if owned[i] else 0 for i in range(0, b.shape[0], page_size)]
+    return {"h": khash_bytes(mine), "nz": knz(mine), "hp": hp}
+
+
 def content(tokens: np.ndarray, positions: np.ndarray, layers: np.ndarray, width: int, shard: int) -> np.ndarray:
     """The KV a forward stores: ``uint8[len(tokens), len(layers), width]``, never zero, deterministic.
 

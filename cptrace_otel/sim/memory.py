@@ -1,14 +1,18 @@
 """One rank's KV bytes: what a forward computes and stores, and the device pages as the rank's kernels read them.
 
-By CP mode (docs/domain.md §5): replicated ranks hold identical KV; sharded and layersplit ranks their own shard
-(layersplit:
-only the rank's layers); a dcp rank stores only its token stripe; in mode shared page ``p`` is owned by rank
-``p % R``, whose device pool holds its bytes, and a rank reads every page through the shared view. A store may be
-late (fault ZERO_race): it is then pending until its due round, and a hash ordered after it (the backup's start
-event on the compute stream) sees it already.
+By CP mode (docs/domain.md §5): replicated ranks hold identical KV; layersplit ranks their own shard (only the
+rank's layers); a dcp rank stores only its token stripe; in mode shared page ``p`` is owned by rank ``p % R``, whose
+device pool holds its bytes, and a rank reads every page through the shared view; in mode sharded (SGLang 0.5.23's
+page interleave) the KV is the replicated one, page ``p`` of either pool is stored only on rank ``p % R`` (the rows
+of other ranks' pages are never written on this one), and a forward reads the KV assembled from the owners.
+
+A store may be late (fault ZERO_race): it is then pending until its due round, and a hash ordered after it (the
+backup's start event on the compute stream) sees it already.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 
@@ -41,18 +45,36 @@ class Memory:
         """The KV this rank's forward computes for ``tokens`` at prompt positions ``start...``."""
         cfg = self.cfg
         pos = np.arange(start, start + tokens.size)
-        shard = self.r if cfg.mode in ("sharded", "dcp", "layersplit") else 0
+        shard = self.r if cfg.mode in ("dcp", "layersplit") else 0
         data = kv.content(tokens, pos, self.layer_ids, cfg.width, shard)
         if cfg.mode == "dcp":
             data[(pos % cfg.ranks) != self.r] = 0   # this rank stores only its token stripe
         return data
 
     def owned(self, slots: np.ndarray) -> np.ndarray:
-        """Mask of the slots whose page this rank owns (mode shared); all slots otherwise."""
+        """Mask of the slots whose page this rank owns (modes shared and sharded); all slots otherwise."""
         cfg = self.cfg
-        if cfg.mode != "shared":
+        if cfg.mode not in ("shared", "sharded"):
             return np.ones(slots.size, dtype=bool)
         return (slots // cfg.page_size) % cfg.ranks == self.r
+
+    def fingerprint(self, slots: np.ndarray, b: np.ndarray) -> dict[str, Any]:
+        """The ``h``/``nz``/``hp`` a record of the bytes ``b`` this rank read at ``slots`` carries: in mode sharded
+        those of the rank's stripe (``traced/sglang/_shard.py``'s contract), else of all of ``b``."""
+        if self.cfg.mode != "sharded":
+            return kv.fingerprint(b, self.cfg.page_size)
+        return kv.stripe_fingerprint(b, self.owned(slots), self.cfg.page_size)
+
+    def _view(self, slots: np.ndarray) -> np.ndarray:
+        """The device KV at ``slots`` read from each page's owner (shared mode's view; mode sharded: the KV a
+        forward assembles from the ranks)."""
+        cfg = self.cfg
+        out = np.empty((slots.size, *self.dev.data.shape[1:]), dtype=np.uint8)
+        owner = (slots // cfg.page_size) % cfg.ranks
+        for other in self.peers:
+            m = owner == other.r
+            out[m] = other.dev.data[slots[m]]
+        return out
 
     def gather(self, slots: np.ndarray, post_store: bool = False) -> np.ndarray:
         """The node's device KV in token order as this rank's kernels see it (mode shared: through the view).
@@ -62,11 +84,7 @@ class Memory:
         cfg = self.cfg
         sources: list[Memory]
         if cfg.mode == "shared":
-            out = np.empty((slots.size, *self.dev.data.shape[1:]), dtype=np.uint8)
-            owner = (slots // cfg.page_size) % cfg.ranks
-            for other in self.peers:
-                m = owner == other.r
-                out[m] = other.dev.data[slots[m]]
+            out = self._view(slots)
             sources = self.peers
         else:
             out = self.dev.data[slots]
@@ -95,7 +113,7 @@ class Memory:
         if self.hooks.zero_nostore(n):
             self.write_dev(slots, np.zeros_like(data))   # the fault: the store never runs (pages hold zeros)
             return
-        if self.hooks.zero_race(n):
+        if self.hooks.zero_race(n, bool(self.owned(slots).any())):
             # the fault: the store lands after the backup copy of these pages has completed
             self.write_dev(slots, np.zeros_like(data))
             self.pending_stores.append((self.ctx.clock.tick + self.cfg.d_w + 1, slots.copy(), data, rid, n.id))
@@ -123,7 +141,8 @@ class Memory:
         data = self.kv_for(tokens, 0)
         if loaded is not None:
             start, chain = loaded
-            rows = np.concatenate([self.gather(n.dev_slots()) for n in chain]) if chain else data[:0]
+            read = self._view if self.cfg.mode == "sharded" else self.gather
+            rows = np.concatenate([read(n.dev_slots()) for n in chain]) if chain else data[:0]
             data[start:start + len(rows)] = rows
         cprank = self.r if self.cfg.mode == "shared" else -1
         for li, layer in enumerate(self.layer_ids.tolist()):

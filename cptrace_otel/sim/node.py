@@ -15,7 +15,7 @@ class Node:
 
     __slots__ = ("id", "key", "parent", "children", "value", "host_value", "lock_ref", "host_ref", "hit_count",
                  "gen", "last_access", "start", "bk", "bk_op", "bk_split", "bk_idx", "pend_ops", "loading",
-                 "prev_host", "old_host", "noinval", "host_refused", "evicted_dev", "stale_dev")
+                 "prev_host", "old_host", "noinval", "host_refused", "evicted_dev", "stale_dev", "base")
 
     def __init__(self, nid: int, key: np.ndarray, parent: Node | None, start: int) -> None:
         self.id = nid
@@ -42,6 +42,9 @@ class Node:
         self.host_refused = False                 # C1_div: this rank's host pool refused the node (no retry)
         self.evicted_dev: np.ndarray | None = None  # device slots the node had when it was last evicted
         self.stale_dev: tuple | None = None   # since a reload: (those pre-eviction slots, reloaded alone), H1_stale_dev
+        # mode sharded: the rotation base of the node's chain (SGLang's TreeNode.rotation_base): position-page P of
+        # the prompt is owned by rank (base + P) % R; the same along every path from the root's child down
+        self.base = 0
 
     def __len__(self) -> int:
         return int(self.key.size)

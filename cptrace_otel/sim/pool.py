@@ -10,6 +10,11 @@ asserts on ``slot_used``. Three free-list disciplines (``policy``):
   node gets scattered pages;
 * ``"fifo"``: SGLang's host pool: freed slots are appended behind the free list when it runs short (unsorted), so a
   freed page comes back only after every page freed before it.
+
+Owner classes (``classes`` R > 1, mode sharded): SGLang 0.5.23's ``PageInterleavePoolAllocator``. Page ``p`` belongs to
+rank ``p % R``; an allocation of a chain's pages takes position-page ``j`` from class ``(start + j) % R``, each class
+in the pool's discipline (the first free page of that class); a new chain's ``start`` is the least-full class (the
+most free pages, the lowest class on a tie: ``least_full_class``).
 """
 
 from __future__ import annotations
@@ -27,15 +32,17 @@ class PagedPool:
     """``n_pages`` pages of ``page_size`` slots; ``data`` is ``uint8[n_slots, layers, width]``.
 
     ``alloc(n)`` returns ``n`` slot indices (``n`` a multiple of the page size) or None when not enough pages are
-    free; ``free(idx)`` returns whole pages. ``owner[page]`` is the node id the page was allocated for (-1 free).
+    free (with owner classes: not enough of one class the run needs); ``free(idx)`` returns whole pages.
+    ``owner[page]`` is the node id the page was allocated for (-1 free).
     """
 
     def __init__(self, n_pages: int, page_size: int, layers: int, width: int, name: str = "pool",
-                 policy: str = "lifo") -> None:
+                 policy: str = "lifo", classes: int = 1) -> None:
         if policy not in ("lifo", "sorted", "fifo"):
             raise ValueError(f"unknown free-list policy {policy!r}")
         self.name = name
         self.policy = policy
+        self.classes = classes
         self._staged: list[int] = []   # freed pages not yet merged into the free list (sorted, fifo)
         self.n_pages = n_pages
         self.page_size = page_size
@@ -48,23 +55,47 @@ class PagedPool:
     def free_pages(self) -> int:
         return len(self._free) + len(self._staged)
 
-    def alloc(self, n_tokens: int, owner: int = -1) -> np.ndarray | None:
+    def alloc(self, n_tokens: int, owner: int = -1, start: int = 0) -> np.ndarray | None:
+        """``n_tokens`` slots for node ``owner``; with owner classes, position-page ``j`` of class
+        ``(start + j) % classes``."""
         if n_tokens % self.page_size:
             raise PoolError(f"{self.name}: alloc of {n_tokens} tokens is not page-aligned")
         need = n_tokens // self.page_size
-        if need > len(self._free) and self._staged:   # merge the staged frees (sorted: the whole list sorted)
+        want = [(start + j) % self.classes for j in range(need)]
+        if not self._fits(want) and self._staged:   # merge the staged frees (sorted: the whole list sorted)
             merged = list(self._free) + self._staged
             self._staged = []
             self._free = deque(sorted(merged) if self.policy == "sorted" else merged)
-        if need > len(self._free):
+        if not self._fits(want):
             return None
-        pages = [self._free.popleft() for _ in range(need)]
+        if self.classes == 1:
+            pages = [self._free.popleft() for _ in range(need)]
+        else:
+            pages = []
+            for c in want:   # the first free page of the class (the pool's discipline within each class)
+                p = next(x for x in self._free if x % self.classes == c)
+                self._free.remove(p)
+                pages.append(p)
         for p in pages:
             if self.used[p]:
                 raise PoolError(f"{self.name}: double alloc of page {p}")
             self.used[p] = True
             self.owner[p] = owner
         return self.slots_of(pages)
+
+    def _fits(self, want: list[int]) -> bool:
+        """Whether the free list (staged frees not counted) holds the pages of classes ``want``."""
+        if self.classes == 1:
+            return len(want) <= len(self._free)
+        have = np.bincount(np.asarray(list(self._free), dtype=np.int64) % self.classes, minlength=self.classes)
+        return bool((np.bincount(np.asarray(want, dtype=np.int64), minlength=self.classes) <= have).all())
+
+    def least_full_class(self) -> int:
+        """The owner class a new chain starts at: the one with the most free pages (staged frees included), the
+        lowest on a tie (SGLang's ``least_full_class``)."""
+        pages = np.asarray(list(self._free) + self._staged, dtype=np.int64)
+        counts = np.bincount(pages % self.classes, minlength=self.classes)
+        return int(np.argmax(counts))   # (argmax takes the first of the maxima)
 
     def slots_of(self, pages: list[int]) -> np.ndarray:
         ps = self.page_size

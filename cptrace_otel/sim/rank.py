@@ -60,8 +60,14 @@ class RankSim:
             self.layer_ids = np.arange(cfg.layers)
         nl = self.layer_ids.size
         real = cfg.alloc == "sglang"
-        self.dev = PagedPool(cfg.dev_pages, cfg.page_size, nl, cfg.width, f"dev{rank}", "sorted" if real else "lifo")
-        self.host = PagedPool(cfg.host_pages, cfg.page_size, nl, cfg.width, f"host{rank}", "fifo" if real else "lifo")
+        # mode sharded: SGLang's page interleave, page p of either pool on rank p % R (identical books on every
+        # rank); the pools' logical pages are R times one rank's, so the sizes round up to a multiple of R
+        classes = cfg.ranks if cfg.mode == "sharded" else 1
+        dev_pages, host_pages = (-(-n // classes) * classes for n in (cfg.dev_pages, cfg.host_pages))
+        self.dev = PagedPool(dev_pages, cfg.page_size, nl, cfg.width, f"dev{rank}", "sorted" if real else "lifo",
+                             classes)
+        self.host = PagedPool(host_pages, cfg.page_size, nl, cfg.width, f"host{rank}", "fifo" if real else "lifo",
+                              classes)
         if host_data is not None:
             self.host.data = host_data            # shared L2: one buffer, identical shadow allocators
         self.rec = Recorder(ctx, emitter)
@@ -108,6 +114,7 @@ class RankSim:
     # -- a request ---------------------------------------------------------------------------------------------
     def begin_request(self, rid: str, tokens: np.ndarray) -> None:
         cfg, clock, tree, rec = self.cfg, self.ctx.clock, self.tree, self.rec
+        ps = cfg.page_size
         path, pos = tree.match(tokens)
         ndev = 0
         while ndev < len(path) and path[ndev].value is not None:
@@ -123,9 +130,12 @@ class RankSim:
         rec.rid_map(rid, last, hit, dlen, hlen, int(tokens.size), pfp)
         cur = ancestor if op is None else chain[-1]
         if op is None:
-            for n in chain:   # recompute: revive the evicted nodes with the request's new slots
+            # recompute: revive the evicted nodes with the request's new slots. Mode sharded: at the chain's owners
+            # (SGLang draws a new base where the whole path was evicted and declines the insert where it differs;
+            # the simulator models no declined insert)
+            for n in chain:
                 tree.inc_lock(cur)
-                slots = self.evictor.alloc_dev(len(n), n.id)
+                slots = self.evictor.alloc_dev(len(n), n.id, tree.first_class(n))
                 tree.dec_lock(cur)
                 if slots is None:
                     break
@@ -138,13 +148,17 @@ class RankSim:
         if cur is (chain[-1] if chain else ancestor) and pos < tokens.size:
             rest = tokens[pos:].copy()
             tree.inc_lock(cur)
-            slots = self.evictor.alloc_dev(rest.size)
+            # mode sharded: the prompt continues its chain's rotation; a new chain (under the root) starts at the
+            # least-full class, which becomes its base
+            start = None if cur is tree.root else (cur.base + pos // ps) % cfg.ranks
+            slots = self.evictor.alloc_dev(rest.size, start=start if cfg.mode == "sharded" else 0)
             tree.dec_lock(cur)
             if slots is not None and tree.edge(rest) in cur.children:
                 self.dev.free(slots)   # a node that is loading right now holds this prefix: do not cache it twice
                 slots = None
             if slots is not None:
                 n = tree.new_node(rest, cur, pos)
+                n.base = int(slots[0] // ps) % cfg.ranks if cur is tree.root and cfg.mode == "sharded" else cur.base
                 cur.children[tree.edge(rest)] = n
                 n.value = slots
                 n.gen = 1

@@ -67,6 +67,15 @@ class Tree:
         """The children key of a node whose key starts with ``key``: its first page of tokens."""
         return tuple(key[:self.page_size].tolist())
 
+    def first_class(self, n: Node) -> int:
+        """The owner class of node ``n``'s first page (mode sharded: its chain's rotation base plus its first
+        position-page, SGLang's ``rotation_phase_of``; 0 in the other modes, whose pools have one class): where
+        its device and host pages start, on every device or host allocation for it."""
+        cfg = self.ctx.cfg
+        if cfg.mode != "sharded":
+            return 0
+        return (n.base + n.start // cfg.page_size) % cfg.ranks
+
     def path_of(self, n: Node) -> list[Node]:
         """The nodes from below the root down to ``n``."""
         out = []
@@ -144,6 +153,7 @@ class Tree:
             p.bk, c.bk = c.bk[:s].copy(), c.bk[s:].copy()
             p.bk_op, p.bk_split, c.bk_split = c.bk_op, True, True
         p.lock_ref, p.hit_count, p.host_ref = c.lock_ref, c.hit_count, c.host_ref
+        p.base = c.base   # the chain's rotation: both fragments keep their pages' owners
         if c.loading:   # SGLang splits a node whose load is in flight: the prefix is part of the load from now on
             p.loading = True
             for op in copy.load_q:

@@ -182,6 +182,26 @@ def _rebackup_reload(sim: Simulation, t: Tokens) -> None:
     _steps(sim, 2)
 
 
+def _split_twice(sim: Simulation, t: Tokens) -> None:
+    """Nodes split more than once while their device->host write is pending: the old id keeps the suffix at two
+    splits, and the prefix one of them made is split again, so the node's lineage spans four fragments, each split
+    in another fragment's records, and the ack publishes all four; everything is evicted and the whole prompt
+    reloads the four as one chain; then the first three reload under a new suffix."""
+    a = t(6)
+    sim.request(a)
+    sim.step()
+    sim.request(a[:2 * P] + t(1))      # splits a's node at 8 tokens (a new id takes the prefix)
+    sim.request(a[:4 * P] + t(1))      # splits what a's id kept at 8 more (another new id takes the middle)
+    sim.request(a[:P] + t(1))          # splits the first prefix at 4 (a third new id takes its first page)
+    _steps(sim, 3)
+    sim.evict_all()
+    sim.request(a)                      # host hit on the four fragments: one reload of the chain
+    _steps(sim, 2)
+    sim.evict_all()
+    sim.request(a[:4 * P] + t(2))       # host hit on the first three, a new leaf below
+    _steps(sim, 2)
+
+
 def _reload_reuse(sim: Simulation, t: Tokens) -> None:
     """A reload, and new backups that allocate host pages while it is in flight (freed pages come first, so
     H2_release turns into a reuse of the loading pages); then host eviction right after the h2d ack."""
@@ -269,8 +289,9 @@ def _recycle(sim: Simulation, t: Tokens) -> None:
 
 def _store_reload(sim: Simulation, t: Tokens) -> None:
     """Store, backup, evict, reload of one node (ZERO_nostore, ZERO_race, HASH_flip); then a free right after the
-    ack (eviction) and a second reload."""
-    a = t(3)
+    ack (eviction) and a second reload. The node has 3 pages; in mode sharded a page on every rank (up to the
+    device pool), so a one-rank content fault has a site on rows the faulted rank holds."""
+    a = t(max(3, min(sim.ranks, sim.ranks_[0].dev.n_pages)) if sim.mode == "sharded" else 3)
     sim.request(a)
     _steps(sim, 3)
     sim.evict_all()
@@ -294,6 +315,7 @@ def _backup_only(sim: Simulation, t: Tokens) -> None:
 SCENARIOS: dict[str, tuple[dict[str, Any], Callable[[Simulation, Tokens], None]]] = {
     "split_pending": ({"d_w": 2}, _split_pending),
     "split_reload": ({}, _split_reload),
+    "split_twice": ({"d_w": 2, "dev_pages": 16}, _split_twice),
     "reload_split": ({}, _reload_split),
     "two_writes_one_round": ({"merge": False}, _two_writes_one_round),
     "split_while_loading": ({"dev_pages": 16, "d_l": 2}, _split_while_loading),
@@ -346,6 +368,7 @@ NEAR_MISSES: dict[str, tuple[str, str]] = {
     "free right after the ack": ("store_reload", "wt"),
     "host eviction right after the h2d ack": ("reload_reuse", "wt"),
     "split with correct fragment publication": ("split_pending", "wt"),
+    "nodes split more than once while their write is pending, then reloaded": ("split_twice", "wt"),
     "compose refill after a reload": ("compose_reload", "wt"),
     "write_back flush before the free": ("recycle", "wb"),
     "reload of a split-created node using host_p": ("split_reload", "wt"),

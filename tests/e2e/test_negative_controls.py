@@ -184,6 +184,9 @@ VOLUME_RECORDS = 10_000
 VOLUME_CASES = [(m, p) for m, _ in MODES for p in ("wt", "wts", "wb")]
 LEVEL1_RECORDS = 5_000   # level 1 without exact sets (rng summaries only): 4 ranks, one run per mode
 LEVEL1_CASES = [m for m, _ in MODES]
+# seed 100 + the mode's index, but: sharded's 102 stream, striped, reloads too rarely to split a reloaded node (0 of
+# them; 6 before the stripe), which is what the case is for
+LEVEL1_SEED = {"sharded": 106}
 REAL_RECORDS = 5_000   # what real SGLang runs do (volume_workload(real=True)): 4 ranks, exact sets and range-only
 REAL_CASES = [(m, p, x) for m in ("none", "replicated", "sharded", "shared") for p in ("wt", "wts", "wb")
               for x in (True, False)]
@@ -208,7 +211,7 @@ def _volume_jobs(items) -> dict[tuple, tuple]:
                                                    exact, True)
         elif item.originalname == "test_level_1_volume_run_without_exact_sets_is_clean":
             mode = cs.params["mode"]
-            seed = 100 + LEVEL1_CASES.index(mode)
+            seed = LEVEL1_SEED.get(mode, 100 + LEVEL1_CASES.index(mode))
             jobs[(mode, "wt", 1)] = (seed, mode, 1 if mode == "none" else 4, "wt", LEVEL1_RECORDS, 1, False)
     return jobs
 

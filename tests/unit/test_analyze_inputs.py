@@ -60,7 +60,7 @@ def test_a_jaeger_document_is_read_trace_by_trace_in_bounded_memory(demo, tmp_pa
         tracemalloc.stop()
     assert rc == 1, err
     rep = json.loads(out)
-    assert rep["stats"]["events"] == 808 and rep["stats"]["malformed"] == 1
+    assert rep["stats"]["events"] == 832 and rep["stats"]["malformed"] == 1
     assert f"trace {'b' * 32}: trace too large to check" in err
     assert peak < 120 << 20, peak   # the run's own events and 4 MiB of trace text, not the 60 MB trace
 

@@ -120,7 +120,7 @@ def test_jaeger_exports_give_the_findings_of_the_otlp_files(tmp_path, demo, base
         rc, out, err = check("--json", str(p))
         assert rc == 1 and core(out) == baseline, (name, err)
         st = json.loads(out)["stats"]
-        assert st["events"] == 808 and st["ranks"] == [0, 1, 2, 3]
+        assert st["events"] == 832 and st["ranks"] == [0, 1, 2, 3]
         # (an unwrapped result on one line is an OTLP JSON line: read as such)
         assert st["sources"].get("jaeger", []) + st["sources"]["otlp"] == [str(p)]
         rc, text, _ = check(str(p))
@@ -164,7 +164,7 @@ def test_a_run_folder_is_checked_once_not_twice(demo, baseline):
     assert "hold the same records for ranks 0-3" in err and "counted once, from the log files" in err
     assert "rank3.log = rank3.otlp.jsonl" in err and "not read: rank0.otlp.jsonl" in err
     st = json.loads(out)["stats"]
-    assert st["events"] == 808 and st["sources"]["otlp"] == [] and len(st["sources"]["logs"]) == 4
+    assert st["events"] == 832 and st["sources"]["otlp"] == [] and len(st["sources"]["logs"]) == 4
     # the run id comes from the OTLP files, so the log findings link to their traces
     assert all(f.get("trace_id") for f in json.loads(out)["findings"])
     # the files named one by one: the same
@@ -223,7 +223,7 @@ def test_trace_files_holding_the_same_records_count_once(tmp_path, demo, baselin
     v3.write_text(json.dumps(to_v3(read_requests(demo["otlp"]))))
     rc, out, err = check("--json", *demo["otlp"], str(v3))
     assert rc == 1 and core(out) == baseline
-    assert json.loads(out)["stats"]["events"] == 808
+    assert json.loads(out)["stats"]["events"] == 832
     assert "rank0.otlp.jsonl and " + str(v3) + " hold the same" in err and "counted once" in err
     rc, out, err = check("--json", demo["otlp"][0], demo["otlp"][0])   # one file named twice
-    assert "given more than once, read once" in err and json.loads(out)["stats"]["events"] < 808
+    assert "given more than once, read once" in err and json.loads(out)["stats"]["events"] < 832

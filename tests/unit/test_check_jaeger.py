@@ -44,9 +44,9 @@ def test_check_from_jaeger_reports_what_the_files_report(demo):
         rc, out, err = check("--json", "--jaeger", fj.url, "--run-id", demo["run_id"], "--no-progress")
         assert rc == rc0 == 1 and core(out) == core(out0), err
         got = json.loads(out)
-        assert got["stats"]["events"] == 808 and got["stats"]["sources"]["jaeger"] == [fj.url]
+        assert got["stats"]["events"] == 832 and got["stats"]["sources"]["jaeger"] == [fj.url]
         assert all(f["src"].startswith(fj.url + "/trace/") for f in got["findings"])
-        assert f"read {len(demo['traces'])} traces (808 records) of run {demo['run_id']}" in err
+        assert f"read {len(demo['traces'])} traces (832 records) of run {demo['run_id']}" in err
         q = fj.queries[0]
         assert q["raw"] == ["true"] and json.loads(q["tags"][0]) == {"cptrace.run_id": demo["run_id"]}
         assert q["service"] == ["sglang-hicache"]
@@ -61,7 +61,7 @@ def test_pagination_past_the_search_depth_finds_every_trace(demo):
     with FakeJaeger(demo["traces"]) as fj:
         rc, out, err = check("--json", "--jaeger", fj.url, "--run-id", demo["run_id"], "--limit", "7", "--progress")
         assert rc == 1, err
-        assert json.loads(out)["stats"]["events"] == 808 and f"read {n} traces" in err
+        assert json.loads(out)["stats"]["events"] == 832 and f"read {n} traces" in err
         assert len(fj.queries) > n // 7 and "check: jaeger:" in err       # split windows, progress lines
         starts = [int(q["start"][0]) for q in fj.queries]
         ends = [int(q["end"][0]) for q in fj.queries]
@@ -73,7 +73,7 @@ def test_pagination_past_the_search_depth_finds_every_trace(demo):
 def test_a_search_depth_above_max_traces_is_lowered(demo):
     with FakeJaeger(demo["traces"], max_traces=40) as fj:
         rc, out, err = check("--json", "--jaeger", fj.url, "--run-id", demo["run_id"], "--limit", "500")
-        assert rc == 1 and json.loads(out)["stats"]["events"] == 808, err
+        assert rc == 1 and json.loads(out)["stats"]["events"] == 832, err
         assert "Jaeger refused the search depth; searching 31 traces at a time" in err
 
 
@@ -85,7 +85,7 @@ def test_run_id_found_when_alone_and_asked_for_when_not(demo):
         rc, out, err = check("--jaeger", fj.url)
         assert rc == 2 and out == "" and f"several runs (run-b, {demo['run_id']}; newest first)" in err
         rc, out, err = check("--json", "--jaeger", fj.url, "--run-id", demo["run_id"])
-        assert rc == 1 and json.loads(out)["stats"]["events"] == 808   # the other run's records are not read
+        assert rc == 1 and json.loads(out)["stats"]["events"] == 832   # the other run's records are not read
 
 
 def test_nothing_to_check_in_jaeger_is_exit_3(demo):

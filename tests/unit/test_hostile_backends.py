@@ -365,7 +365,7 @@ def test_a_page_past_the_answer_bound_is_searched_again_with_half_the_depth(demo
         limits = sorted({int(q["limit"][0]) for q in fj.queries})
     assert rc == 1, err
     assert "searching" in err and limits[0] < 1000
-    assert json.loads(out)["stats"]["events"] == 808
+    assert json.loads(out)["stats"]["events"] == 832
 
 
 def test_watch_once_requests_do_not_grow_with_the_number_of_runs(demo):

@@ -355,3 +355,77 @@ def test_c2_round_fault_holds_one_ack_back_for_one_round_on_its_rank_only():
                if any(f"[CPTRACE {t}]" in x for t in ("insert", "split", "prepare", "evict", "reload"))]
               for r in (0, 1)]
     assert struct[0] == struct[1]
+
+
+def test_sharded_mode_stripes_pages_as_sglang_page_interleave():
+    """Mode sharded (SGLang 0.5.23's --enable-kv-cache-sharding): page p of either pool is stored on rank p % R;
+    position-page P of a chain is owned by rank (base + P) % R, a new chain's base being the least-full class, an
+    extension continuing its chain's and host copies keeping the owners; a rank's backup and reload hashes cover its
+    stripe only (hp 0 for other ranks' pages, nz=-1 where it owns none), and the stripes together are the node."""
+    R = 4
+    sim, t = mk(mode="sharded", ranks=R, dev_pages=16, host_pages=32), Tokens()
+    a, b = t(3), t(2)
+    sim.request(a)
+    sim.request(a + t(2))      # extends a's chain: its pages continue the rotation
+    sim.request(b)             # a new chain: the least-full class (a took classes 0-2, then 3-0)
+    sim.finish()
+    sim.evict_all()
+    sim.request(a)             # reload: the device pages keep the host copies' owners
+    sim.finish()
+    nodes = sim.ranks_[0].nodes
+    assert nodes[2].base == nodes[1].base == 0 and nodes[3].base == 1
+    for rk in sim.ranks_:
+        assert all(n.base == nodes[n.id].base for n in rk.nodes.values())
+    for tag in ("backup", "ack"):
+        by_node: dict[int, list[dict]] = {}
+        for r in range(R):
+            for f in recs(sim, tag, r):
+                if "hp" in f:
+                    by_node.setdefault(f["node_id"], []).append(f)
+        assert by_node
+        for nid, fs in by_node.items():
+            n = nodes[nid]
+            owners = [(n.base + n.start // P + j) % R for j in range(len(n) // P)]
+            assert len(fs) == R
+            for f in fs:
+                mine = [o == f["rank"] for o in owners]
+                assert [h != 0 for h in f["hp"]] == mine
+                assert (f["nz"] == -1) == (not any(mine)) and (f["h"] == 0) == (not any(mine))
+    for rk in sim.ranks_:   # the device and host pages of every node are owner-matched on every rank
+        for n in rk.nodes.values():
+            for slots in (n.value, n.host_value):
+                if slots is not None:
+                    assert ((slots[::P] // P) % R).tolist() == [(n.base + n.start // P + j) % R
+                                                                 for j in range(len(n) // P)]
+
+
+def test_sharded_one_rank_faults_land_on_rows_that_rank_owns():
+    """With 4 ranks the last rank owns no page of many nodes: a one-rank content fault counts only the sites where
+    that rank holds rows, so it corrupts something, found on that rank alone. Scripted: a first chain of 3 pages
+    (classes 0-2) leaves rank 3 no row, so ZERO_race lands on the second chain, whose base is class 3."""
+    from cptrace_otel.sim.workload import analyze, expected_set, found_set, random_workload
+
+    t = Tokens()
+    sim = mk(mode="sharded", ranks=4, faults=[FaultPlan("ZERO_race", rank=3)])
+    a, b = t(3), t(2)
+    sim.request(a)
+    sim.request(b)
+    for _ in range(3):
+        sim.step()
+    sim.evict_all()
+    sim.request(b)
+    sim.finish()
+    res = analyze(sim)
+    got = found_set(res)
+    [(_, rank, nid, _)] = sim.oracle.injected
+    assert (rank, sim.ranks_[3].nodes[nid].base) == (3, 3)
+    assert got == expected_set(sim, 3, res) and {g[0] for g in got} == {"ZERO", "HASH"} and {g[1] for g in got} == {3}
+    found = 0
+    for seed in range(4):
+        sim = random_workload(seed, "sharded", 4, "wt", level=3, faults=[FaultPlan("HASH_flip", rank=3)])
+        res = analyze(sim)
+        got = found_set(res)
+        assert got == expected_set(sim, 3, res), (seed, [f.message for f in res.findings])
+        assert bool(got) == bool(sim.oracle.injected) and {g[1] for g in got} <= {3}
+        found += bool(got)
+    assert found
