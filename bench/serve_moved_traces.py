@@ -90,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"({len(ft)} false, {len(tu)} of {len({sp.trace_id for sp in tails})} traces UNCHECKED), "
                   f"{len(missed)} missed ({len(silent)} silently)"
                   f"{'; false ones: ' + ', '.join(rules) if rules else ''}")
+            for x in sorted(silent, key=str):
+                print(f"    missed silently: {x[1:]}")
     print(f"all: {total['whole_unchecked']} of {total['whole_traces']} whole traces reported UNCHECKED; "
           f"{total['cuts']} cuts: false findings in heads {total['head_false']} ({total['cuts_head_false']} cuts), "
           f"in tails {total['tail_false']} ({total['cuts_tail_false']} cuts); tails reported UNCHECKED "

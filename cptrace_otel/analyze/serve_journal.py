@@ -73,21 +73,28 @@ def ranks_without_start(run_id: str, trace_id: str, ranks: Iterable[int], span_i
     could miss or misjudge a fault, so the caller reports it UNCHECKED. [] for a trace that is not a node trace (a
     rank or request trace) and for a whole one (0 of the simulator's and the benchmark's 2,872 node traces flagged;
     ``bench/serve_moved_traces.py``)."""
-    from ..model.trace_ids import lane_span_id, node_trace_id
+    from ..model.trace_ids import lane_span_id
+
+    node = trace_node(run_id, trace_id, events)
+    if node is None:
+        return []
+    return [r for r in sorted(ranks) if lane_span_id(run_id, node[0], node[1], r).hex() not in span_ids]
+
+
+def trace_node(run_id: str, trace_id: str, events: Iterable[Any]) -> tuple[int, int] | None:
+    """The ``(epoch, node id)`` whose node trace ``trace_id`` is (the one among ``events``' nodes its id hashes);
+    None for a trace that is not a node trace (a rank or request trace)."""
+    from ..model.trace_ids import node_trace_id
 
     tried: set[tuple[int, int]] = set()
-    node = None
-    for ev in events:   # the trace's node: the (epoch, node id) its trace id hashes
+    for ev in events:
         nid = ev.node_id
         if nid is None or (ev.epoch, nid) in tried:
             continue
         tried.add((ev.epoch, nid))
         if node_trace_id(run_id, ev.epoch, nid).hex() == trace_id:
-            node = (ev.epoch, nid)
-            break
-    if node is None:
-        return []
-    return [r for r in sorted(ranks) if lane_span_id(run_id, node[0], node[1], r).hex() not in span_ids]
+            return (ev.epoch, nid)
+    return None
 
 
 def default_dir(port: int) -> str:

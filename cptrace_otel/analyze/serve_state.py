@@ -41,7 +41,9 @@ So the unit of checking is the trace, not the rank's stream:
   :meth:`ServeState.lost` (UNCHECKED, counted in :attr:`ServeState.unchecked`) and its later records are counted,
   not checked; a finding emitted before is not emitted again.
 * A node trace lacking a rank's first records (:func:`~.serve_journal.ranks_without_start`: the resolver moved
-  it here mid-life) is not checked: reported through :meth:`ServeState.lost` with reason :data:`CUT`.
+  it here mid-life) is not checked: reported through :meth:`ServeState.lost` with reason :data:`CUT`. One holding
+  records of fewer ranks than its CP group (``cp_size`` of the stamps) is checked without :data:`LOCKSTEP_RULES`
+  and reported through :meth:`ServeState.lost` with reason :data:`GROUP_SHORT` (no record counted lost).
 * Memory: at most ``max_nodes`` traces held (past it, the least recently changed is finalised early, counted in
   :attr:`ServeState.early`) and ``max_runs`` runs (past it, the least recently changed run is finished: its traces
   finalised early). A run with no held trace and nothing new for ``run_idle_s`` is finished and forgotten.
@@ -56,10 +58,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..checks import Finding
-from ..model.events import Event
+from ..model.events import Event, int_field
 from .incremental import SpanRef
 from .otlp_intake import SpanRecords
-from .serve_journal import Journal, ranks_without_start
+from .serve_journal import Journal, ranks_without_start, trace_node
 from .serve_live import WINDOW, WINDOW_S, LiveCheck
 
 if TYPE_CHECKING:
@@ -68,7 +70,8 @@ if TYPE_CHECKING:
 # rules whose findings on one trace are exactly those of ``check`` over the whole run (per rank, about one node).
 # Not H1a, H1b nor H2a: on real SGLang (4 sharded ranks) a node split more than once has its lineage in the other
 # fragments' traces, and one trace alone gave false findings (healthy run: 4 H1b, 4 H2a; with a flipped stripe: 4
-# H1a), which bench/serve_trace_rules.py's simulator runs, never splitting a node twice, do not show
+# H1a); the simulator's runs show it since its near-miss segment splits a node twice while its write is pending
+# (bench/serve_trace_rules.py: 12 one-trace H1b on the 20 runs, one per rank of each clean 4-rank run)
 # H2c and H4: a free SGLang makes by index (``free node_id=-1``) that breaks the copy is put in the copy's node trace
 # by the exporter (cptrace_otel.model.spans), and H2c is reported at the reload node's own ack, which that trace holds
 TRACE_RULES = frozenset(("H2c", "H4a", "H4b", "H4-open", "ZERO@backup", "ZERO@reload"))
@@ -86,6 +89,8 @@ LOCKSTEP_RULES = frozenset(("C3", "C4", "C5"))
 REPORTED_IDS = frozenset(("H2c", "H4", "ZERO", "HASH", "H2b", "H3", "C3", "C4", "C5"))
 CUT = ("first records not seen here (moved here mid-life by a resolver change, or begun on a replica since "
        "removed): not checked alone")
+GROUP_SHORT = ("records of fewer ranks than the CP group has (the others' went to another replica, or came before "
+               "this one): its cross-rank joins C3-C5 not checked here")
 MAX_DONE = 200_000   # finalised trace ids remembered per run (a late span of one is counted, not checked again)
 
 
@@ -378,10 +383,26 @@ class ServeState:
                 # C3-C5 need every rank's group size and mode: a rank without a config stamp (an older exporter)
                 # leaves them to guess the group from the ranks seen, so then they are not trusted
                 stamped = all(r in tr.configs for r in tr.ranks)
+                # ... and every rank of the group: a node trace that lacks a whole rank (the rest of it went to
+                # another replica when the resolver changed, or came before this replica) would judge a join
+                # without that rank's side: a false C3 where it holds the others, a C3 missed where it holds that
+                # rank alone. Its C3-C5 are not reported and the trace is named UNCHECKED for them.
+                short = stamped and self._group_short(tr)
                 tr.ranks.clear()
-                self._counted(tr, tr.records, res.findings, final=True, lockstep=stamped)
+                self._counted(tr, tr.records, res.findings, final=True, lockstep=stamped and not short)
+                if short:
+                    self.lost(tr.run_id, tr.trace_id, GROUP_SHORT)
         if self.journal is not None:
             self.journal.finalised(tr.run_id, tr.trace_id)
+
+    @staticmethod
+    def _group_short(tr: TraceState) -> bool:
+        """A node trace with records of fewer ranks than its CP group has (``cp_size`` of the ranks' config
+        stamps); False for a rank or request trace (one rank's by nature) and outside CP."""
+        size = max((int_field(c.fields.get("cp_size")) or 0 for c in tr.configs.values()), default=0)
+        if size < 2 or len(tr.ranks) >= size:
+            return False
+        return trace_node(tr.run_id, tr.trace_id, (ev for evs in tr.ranks.values() for ev in evs)) is not None
 
     def lost(self, run_id: str, trace_id: str, why: str, records: int = 0) -> None:
         """Report a trace NOT checked (its state died with a previous process): counted by run and reason,

@@ -245,7 +245,7 @@ def test_a_trace_whose_first_records_went_elsewhere_is_reported_not_checked(demo
     checked; the tails that are checked give no finding the whole traces do not; no whole trace is reported."""
     import random
 
-    from cptrace_otel.analyze.serve_state import CUT
+    from cptrace_otel.analyze.serve_state import CUT, GROUP_SHORT
 
     spans = [sp for b in demo[0] for sp in decode(b).spans]
 
@@ -266,8 +266,43 @@ def test_a_trace_whose_first_records_went_elsewhere_is_reported_not_checked(demo
     rnd = random.Random(7)
     tails = [sp for sps in by.values() for sp in sps[rnd.randrange(1, len(sps) + 1):]]
     st, got, unchecked = replica(tails)
-    assert unchecked and {why for _, why, _ in unchecked} == {CUT}
-    cut = {t for t, _, _ in unchecked}
+    # a tail may also hold one rank alone: checked, its cross-rank joins named UNCHECKED (GROUP_SHORT, no record)
+    assert unchecked and CUT in {why for _, why, _ in unchecked} <= {CUT, GROUP_SHORT}
+    assert all(n == 0 for _, why, n in unchecked if why == GROUP_SHORT)
+    cut = {t for t, why, _ in unchecked if why == CUT}
     assert st.events_checked == sum(len(sp.events) for sp in tails if sp.trace_id not in cut)
     assert sum(n for _, _, n in unchecked) == sum(len(sp.events) for sp in tails if sp.trace_id in cut)
     assert got <= whole and not {f for f in got if f[0] in cut}
+
+
+def test_a_node_trace_without_a_rank_of_its_group_is_not_joined(tmp_path):
+    """C3-C5 join a node's records of every rank of the CP group: a node trace a replica holds without some rank's
+    spans (the resolver sent them elsewhere) is checked for the other rules, gives no C3-C5 (a head holding the
+    other ranks gave a false C3; a part holding the faulted rank alone missed it silently) and is named UNCHECKED
+    for them; the whole traces give C3 as ``check`` does, none named."""
+    from cptrace_otel.analyze.serve_state import GROUP_SHORT, LOCKSTEP_RULES
+
+    out = tmp_path / "run"
+    p = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "demo", "--ranks", "4", "--mode", "sharded",
+                        "--faults", "C3_writer", "--out", str(out), "--json"], capture_output=True, text=True,
+                       timeout=300, cwd=ROOT)
+    assert p.returncode in (0, 1), p.stderr[-2000:]
+    by_rank = [[sp for ln in f.read_text().splitlines() if ln.strip()
+                for sp in decode(parse_json_line(ln).SerializeToString()).spans]
+               for f in sorted(out.glob("*.otlp.jsonl"))]
+    assert len(by_rank) == 4
+
+    def replica(spans):
+        got, unchecked = [], []
+        st = ServeState(lambda tr, found: got.extend(f for f in found), idle_s=3600,
+                        unchecked=lambda r, t, why, n: unchecked.append((t, why, n)))
+        st.add(spans, now=0.0)
+        st.finish_all()
+        return got, unchecked
+
+    whole, none = replica([sp for spans in by_rank for sp in spans])
+    assert not none and any(f.rule == "C3" for f in whole)
+    for part in ([sp for spans in by_rank[:3] for sp in spans], by_rank[3]):   # three ranks; the fourth alone
+        got, unchecked = replica(part)
+        assert not [f for f in got if f.rule in LOCKSTEP_RULES]
+        assert unchecked and {why for _, why, _ in unchecked} == {GROUP_SHORT}
