@@ -27,8 +27,9 @@ them through it (``collect_path_info``, ``get_component_device_value``, ``is_bac
   call), the ``free`` records (allocator and host pool sites) with ``why=evict`` and the node, ``rid_map``;
 * inferred: ``split`` (splits happen inside Rust; a split is written, with ``inf=1``, when a node named by a record
   (an insert's path included) is seen with a later ``path_start`` than it was booked with, or when a new id on a
-  path starts where a booked node started under the same parent and that node now lies below it: the new id is the
-  prefix fragment, as ``UnifiedTreeCore._split_node`` makes it). An inferred split carries the lengths only (no
+  path starts where a booked node started under the same parent and that node now lies below it, or has left the
+  tree while the new id's host copy starts at its booked first host slot: the new id is the prefix fragment, as
+  ``UnifiedTreeCore._split_node`` makes it). An inferred split carries the lengths only (no
   ``dev_*``/``host_*`` slots: those may have moved since); ``evict tier=host``: ``drive_host_eviction`` returns host
   slots without nodes, so each freed host run is attributed to the node whose booked host copy starts at its first
   slot (kind ``host``, or a ``free why=dup`` where the node keeps its device copy);
@@ -141,20 +142,33 @@ class RustState(State23):
             if nid not in self.span:   # a new id: the prefix fragment of a booked node that started here?
                 for old in list(self.by_start.get((int(info.parent_id), start), ())):
                     if old in self.span and self.span[old][2] > int(info.path_end):
-                        self._fragments_of(old)   # (a sibling's own fragments are written too: its path has them)
-                        if nid in self.span:
+                        self._fragments_of(old, info)   # (a sibling's own fragments are written too: its path has
+                        if nid in self.span:            # them)
                             break
             elif start > self.span[nid][1]:   # it lost a prefix: the new ids above it are the fragments
                 self._fragments(nid, path[:k + 1])
             self.book(nid, int(info.parent_id), start, int(info.path_end))
 
-    def _fragments_of(self, old: int) -> None:
-        """:meth:`_fragments` of booked ``old`` on its path now (forgotten when it left the tree)."""
+    def _fragments_of(self, old: int, new: Any) -> None:
+        """:meth:`_fragments` of booked ``old`` on its path now. Where ``old`` left the tree, new id ``new`` (a path
+        entry starting where ``old`` was booked to start) is still its prefix fragment when its host copy starts at
+        ``old``'s booked first host slot (a slot has one owner while allocated; a fresh node there would not hold
+        it): that split is written, and ``old`` forgotten."""
         try:
             (p,) = self.cache.tree_core.collect_path_info([old])
         except KeyError:   # old left the tree
-            bp, bstart, _ = self.span.pop(old)
+            bp, bstart, bend = self.span.pop(old)
             self.by_start.get((bp, bstart), set()).discard(old)
+            nid, end = int(new.node_id), int(new.path_end)
+            h = self.host(RNode(nid))
+            if h is not None and len(h) and self.host_first.get(int(h[0])) == old:
+                cptrace(1, "split", node_id=old, new_id=nid, parent=bp, pre_len=bend - bstart,
+                        split_len=end - bstart, inf=1)
+                self.split_loads(old, nid)
+                self.book(nid, bp, bstart, end)
+                if old in self.gone:
+                    self.gone.add(nid)
+                self.host_first[int(h[0])] = nid
             return
         self._fragments(old, p)
 
