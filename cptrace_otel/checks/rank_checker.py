@@ -66,7 +66,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         self._l3_keys = Bounded(KEYS_KEPT)   # L3a: page key -> its backup fingerprints (outlives epochs, as storage)
         self._side_l3_keys = Bounded(KEYS_KEPT)   # SIDE-l3: the same for sidecar pages ("<key>.<pool>")
         self._swa_pages = Bounded(PAGES_KEPT)   # SWA-hash: SWA host page -> its latest backup (outlives epochs)
-        self._swa_seen = False                  # any swa record: SWA applies to this stream
+        self._swa_seen, self._swa_ops = False, Bounded(PAGES_KEPT)   # any swa record; ops naming more nodes (H1b)
         self._mamba_slots, self._mamba_seen = Bounded(SLOTS_KEPT), False   # MAMBA-hash: the same per Mamba host slot
         self._l3_acked = Bounded(4096)       # L3a: prefetch ops compared at their ack
         self._l3_seen = False                # any L3 record: the L3 rules apply to this stream

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from ..model.events import Event, int_field
 from .findings import Finding
-from .lineage import Node, PendingWrite
+from .lineage import Bounded, Node, PendingWrite
 from .ranges import EXACT, Slots, is_none_range
 from .rank_base import RankRuleBase
 
 
 class H1Split(RankRuleBase):
+    _swa_ops: Bounded   # the backup ops whose SWA transfer named other nodes (rules_swa)
+
     def _h1a(self, ev: Event, ref: tuple, pre: Node, c: int, p: int, L: int, s: int, dp: Slots | None,
              dc: Slots | None, hp: Slots | None, hc: Slots | None, hp_raw: object, hc_raw: object) -> Finding | None:
         """H1a for ``split(node=c, new=p, pre_len=L, split_len=s)`` against ``pre``, node c before the split: counts
@@ -67,7 +69,10 @@ class H1Split(RankRuleBase):
         if isinstance(pub, list):
             ids = [x for x in pub if type(x) is int]
             total = sum(flen.get(x, 0) for x in ids)
-            stray = [x for x in ids if x not in flen]
+            # a hybrid SWA backup also publishes the nodes its SWA transfer covered (SGLang's
+            # _backup_publish_node_ids), or their split fragments: not strays of the write's lineage
+            comp = any(o in self._swa_ops for o in w.ops)
+            stray = [] if comp else [x for x in ids if x not in flen]
             if total != L or stray or len(set(ids)) != len(ids):
                 bad.append(f"pub={pub} covers {total} of {L} tokens; the lineage fragments are "
                            f"{[fr[0] for fr in w.frags]}")

@@ -74,10 +74,14 @@ def host_round_trip(rule: RankRuleBase, code: str, tag: str, unit: str, book: Bo
 class SwaRules(RankRuleBase):
     _swa_pages: Bounded   # first SWA host slot of a page -> (fingerprint, node, ref) of its latest backup
     _swa_seen: bool       # any swa record: the rule applies to this stream
+    _swa_ops: Bounded     # the backup ops whose SWA transfer named other nodes (H1b: its ack's pub names them)
 
     def _swa(self, ev: Event, f: dict, nid: int, ref: tuple) -> list[Finding] | None:
         """A ``swa`` record: a backup's pages remembered (``d2h``), a load's compared with them (``h2d``)."""
         self._swa_seen = True
+        op, nodes = int_field(f.get("op")), f.get("nodes")
+        if f.get("dir") == "d2h" and op is not None and isinstance(nodes, list) and set(nodes) - {nid}:
+            self._swa_ops.put(op, True)
         bad = host_round_trip(self, "SWA", "swa", "SWA host page", self._swa_pages, f, nid, ref)
         if not bad:
             return None

@@ -681,8 +681,10 @@ def hybrid_main(doc: str | None, faults: tuple[str, ...], run_one: Any, argv: li
     p.add_argument("--policy", default="write_through")
     p.add_argument("--no-instrument", dest="instrument", action="store_false")
     p.add_argument("--exact", action="store_true")
+    p.add_argument("--boundary", action="store_true",
+                   help="the tree core SGLang selects (its Rust one, under the torch it loads with)")
     a = vars(p.parse_args(argv))
-    runtime.use_sglang("0.5.23")
+    runtime.use_sglang("0.5.23", rust=a["boundary"])
     print(json.dumps(run_one(**a)))
     return 0
 

@@ -3,7 +3,8 @@ style): ``UnifiedRadixCache`` with the FULL and MAMBA components (what ``registr
 for a model with linear-attention layers) over a ``HybridLinearKVPool`` (the full-attention layers' MHA pool) and a
 ``HybridReqToTokenPool`` whose ``MambaPool`` holds one conv + SSM state per slot; ``init_hicache`` picks SGLang's own
 strategy (``_MambaStrategy``), which adds a ``MambaPoolHost`` beside the KV anchor in the host pool group. The Python
-tree core (the Rust one is not traced); page size 1 and no extra buffer (what ``MambaComponent`` asserts then); the
+tree core, or with ``boundary`` (``--boundary``) the one SGLang selects, its Rust one (:class:`BoundaryMambaDriver`);
+page size 1 and no extra buffer (what ``MambaComponent`` asserts then); the
 page-first direct host layout (the only layouts ``MambaPoolHost`` takes; runtime.py gives its copies their CPU answer).
 
 The scheduler steps are ``driver.Driver23``'s plus what the scheduler does with a request's Mamba state: the match
@@ -23,9 +24,10 @@ from __future__ import annotations
 
 import math
 import sys
+from array import array
 from typing import Any
 
-from tests.sglang_real import driver
+from tests.sglang_real import driver, rust_driver
 
 FULL_LAYERS, MAMBA_LAYERS = [1, 3], [0, 2]
 MAMBA_SLOTS = 40   # device state slots: fewer than the leaves the stream caches, so states are evicted and reloaded
@@ -218,7 +220,8 @@ class MambaDriver(driver.Driver23):
         for part, want in zip(_device_parts(self.cache), expected_state(self.cache, req.tokens), strict=True):
             part[:, slot] = want
 
-    def finish(self, req: driver.Req) -> None:
+    def finish(self, req: driver.Req) -> Any:
+        """The request's insert, its state donated (the id of the insert's last device node)."""
         from sglang.srt.mem_cache.base_prefix_cache import InsertParams
         from sglang.srt.mem_cache.radix_cache import RadixKey
 
@@ -228,6 +231,7 @@ class MambaDriver(driver.Driver23):
         if res.mamba_exist:   # cache_finished_req: the tree has this state already, the request's slot goes
             self._drop_state(req)
         c.dec_lock_ref(req.last_node, req.lock)
+        return res.last_device_node
 
     def host_ok(self, hp: Any, hv: Any, tokens: list[int], start: int) -> bool:
         """:meth:`driver.Driver.host_ok` over the page-first KV host pool (``[page, layer, 1, heads, dim]``)."""
@@ -274,12 +278,29 @@ def install_fault(cache: Any, hits: list[dict], kind: str | None) -> None:
     driver.at_first_load(cache, hits, kind, "mamba", corrupt)
 
 
-def run(out: str, fault: str | None = None, **kw: Any) -> dict:
-    """One run of ``driver.run`` over the hybrid tree (``fault``: one of :data:`MAMBA_FAULTS`)."""
+class BoundaryMambaDriver(MambaDriver, rust_driver.BoundaryDriver23):
+    """:class:`MambaDriver` over the tree core SGLang selects, its Rust one included: the tree read through the
+    core's interface (rust_driver.py). Its host audit checks the full KV host copies only (it reads no node's Mamba
+    host slot through that interface); the state a load brings back is still checked where the forward starts from
+    it (:meth:`MambaDriver.forward_state`)."""
+
+    def finish(self, req: driver.Req) -> None:
+        self.known[super().finish(req)] = req.tokens   # (rust_driver.py's audit walks the paths of known nodes)
+
+    def audit_host(self) -> None:
+        rust_driver.BoundaryDriver23.audit_host(self)
+
+
+def run(out: str, fault: str | None = None, boundary: bool = False, **kw: Any) -> dict:
+    """One run of ``driver.run`` over the hybrid tree (``fault``: one of :data:`MAMBA_FAULTS`); ``boundary``: over
+    the tree core SGLang selects (the Rust one, in a process with its torch: ``runtime.sglang_env(..., rust=True)``),
+    with :class:`BoundaryMambaDriver` and ``array('q')`` prompts."""
     kw.setdefault("dev_tokens", 320)
     kw.setdefault("requests", 80)
-    return driver.run_hybrid(out, build_mamba, MambaDriver, install_fault, fault, "mamba_fault_hits",
-                             stream=conversation_stream, **kw)
+    stream = (lambda *a: [array("q", t) for t in conversation_stream(*a)]) if boundary else conversation_stream
+    with rust_driver.core_selected_by_sglang(boundary):
+        return driver.run_hybrid(out, build_mamba, BoundaryMambaDriver if boundary else MambaDriver, install_fault,
+                                 fault, "mamba_fault_hits", stream=stream, **kw)
 
 
 if __name__ == "__main__":

@@ -17,9 +17,11 @@ built): ``python tests/sglang_real/rust_driver.py --out DIR [--requests N] [--no
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from array import array
+from collections.abc import Iterator
 from typing import Any
 
 from tests.sglang_real import driver, runtime
@@ -91,19 +93,27 @@ class BoundaryDriver23(driver.Driver23):
                 self.corruption.append({"step": self.copies.step, "where": "host", "nodes": [nid]})
 
 
-def run(out: str, sglang_selects: bool = False, **kw: Any) -> dict:
-    """:func:`driver.run` of 0.5.23 with :class:`BoundaryDriver23`; ``sglang_selects``: the tree core is SGLang's
-    own selection (the cache's parameters name none, as the scheduler's do), else driver.py's (the variable, else
-    the Python core)."""
+@contextlib.contextmanager
+def core_selected_by_sglang(sglang_selects: bool = True) -> Iterator[None]:
+    """driver.py's caches built meanwhile get SGLang's own selection of the tree core (the cache's parameters name
+    none, as the scheduler's do: the Rust core under its torch) where ``sglang_selects``, else driver.py's (the
+    variable, else the Python core)."""
     before = driver.POOL.pop("tree_core", None)
     if sglang_selects:
         driver.POOL["tree_core"] = ""
     try:
-        return driver.run("0.5.23", out, stream=request_stream, make_driver=BoundaryDriver23, **kw)
+        yield
     finally:
         driver.POOL.pop("tree_core", None)
         if before is not None:
             driver.POOL["tree_core"] = before
+
+
+def run(out: str, sglang_selects: bool = False, **kw: Any) -> dict:
+    """:func:`driver.run` of 0.5.23 with :class:`BoundaryDriver23`; ``sglang_selects``: the tree core is SGLang's
+    own selection (:func:`core_selected_by_sglang`)."""
+    with core_selected_by_sglang(sglang_selects):
+        return driver.run("0.5.23", out, stream=request_stream, make_driver=BoundaryDriver23, **kw)
 
 
 def main(argv: list[str] | None = None) -> int:

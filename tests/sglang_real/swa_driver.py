@@ -2,8 +2,8 @@
 MiMo style): ``UnifiedRadixCache`` with the FULL and SWA components (what ``registry.create_unified_radix_cache``
 builds for a model with sliding-window layers) over an ``SWAKVPool`` (one MHA pool for the full-attention layers, one
 for the SWA layers) and its ``SWATokenToKVPoolAllocator``; ``init_hicache`` picks SGLang's own strategy, which adds
-an SWA host pool (``PoolName.SWA``) beside the KV anchor in the host pool group. The Python tree core (the Rust one
-is not traced).
+an SWA host pool (``PoolName.SWA``) beside the KV anchor in the host pool group. The Python tree core, or with
+``boundary`` (``--boundary``) the one SGLang selects, its Rust one (:class:`BoundarySwaDriver`).
 
 The scheduler steps are ``driver.Driver23``'s; this adds the SWA layers' content: the forward writes each new
 token's SWA KV at its SWA slot (the allocator's full -> SWA mapping) as it writes its full KV, a prefix check reads
@@ -21,7 +21,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from tests.sglang_real import driver
+from tests.sglang_real import driver, rust_driver
 
 WINDOW = 8   # the sliding window (tokens): prompts of 8-40 tokens, so windows both cover and drop history
 SWA_FAULTS = ("swa_flip",)
@@ -139,11 +139,24 @@ def install_fault(cache: Any, hits: list[dict], kind: str | None) -> None:
     driver.at_first_load(cache, hits, kind, "swa", corrupt)
 
 
-def run(out: str, fault: str | None = None, **kw: Any) -> dict:
-    """One run of ``driver.run`` over the hybrid tree (``fault``: one of :data:`SWA_FAULTS`)."""
+class BoundarySwaDriver(rust_driver.BoundaryDriver23, SwaDriver):
+    """:class:`SwaDriver` over the tree core SGLang selects, its Rust one included: the tree read through the core's
+    interface (rust_driver.py). Its host audit checks the full KV host copies only (it reads no node's SWA host
+    slots through that interface); the SWA KV a load brings back is still checked where the forward reads it
+    (:meth:`SwaDriver.check_prefix`)."""
+
+
+def run(out: str, fault: str | None = None, boundary: bool = False, **kw: Any) -> dict:
+    """One run of ``driver.run`` over the hybrid tree (``fault``: one of :data:`SWA_FAULTS`); ``boundary``: over
+    the tree core SGLang selects (the Rust one, in a process with its torch: ``runtime.sglang_env(..., rust=True)``),
+    with :class:`BoundarySwaDriver` and ``array('q')`` prompts."""
     kw.setdefault("dev_tokens", 160)
     kw.setdefault("requests", 80)
-    return driver.run_hybrid(out, build_swa, SwaDriver, install_fault, fault, "swa_fault_hits", **kw)
+    if boundary:
+        kw["stream"] = rust_driver.request_stream
+    with rust_driver.core_selected_by_sglang(boundary):
+        return driver.run_hybrid(out, build_swa, BoundarySwaDriver if boundary else SwaDriver, install_fault, fault,
+                                 "swa_fault_hits", **kw)
 
 
 if __name__ == "__main__":

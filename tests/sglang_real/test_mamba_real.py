@@ -2,8 +2,8 @@
 ``HybridLinearKVPool``, a ``MambaPool`` and SGLang's own ``MambaPoolHost``; mamba_driver.py) on CPU: the hybrid cache
 is traced, its Mamba round trips are recorded (``mamba`` records), a healthy run has no finding of any severity,
 offline (``check``) and online (the exporter's checks), and a byte flipped in a Mamba host state before its load-back
-is found by MAMBA-hash (the full-attention KV, and so HASH, are right). On the Rust tree core, and with L3 storage,
-such a tree gets one warning and no record."""
+is found by MAMBA-hash (the full-attention KV, and so HASH, are right). With L3 storage such a tree gets one warning
+and no record (on the Rust tree core it is traced: test_hybrid_rust_real.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import pytest
 
 from tests.sglang_real import runtime
 from tests.sglang_real.test_dsa_real import _both, _online  # (the same run harness and online-finding reader)
-from tests.sglang_real.test_rust_core_real import _rust_py
 from tests.sglang_real.test_sglang_real import _check_json as _check, _py, _records
 
 pytestmark = pytest.mark.sglang
@@ -112,28 +111,6 @@ print(json.dumps({{"built": built, "msgs": msgs, "tags": tags}}))
 """, version="0.5.23")
     assert r["built"] == [] and r["tags"] == ["config"], r
     assert len(r["msgs"]) == 1 and "hybrid Mamba tree with an L3 storage backend" in r["msgs"][0], r
-
-
-def test_a_hybrid_mamba_tree_on_the_rust_core_warns_with_the_python_option(tmp_path: Any) -> None:
-    """On the Rust core (SGLang's own selection), a hybrid Mamba tree gets one warning naming
-    ``CPTRACE_SGLANG_TREE_CORE=python`` and no record."""
-    r = _rust_py(f"""
-import cptrace_otel
-from tests.sglang_real import driver, mamba_driver
-from cptrace_otel.traced.sglang import SGLangInstrumentor
-cptrace_otel.configure(level=2, log_file={str(tmp_path / "m.log")!r}, file={str(tmp_path / "m.otlp.jsonl")!r},
-                       exporter="thread", checks=False)
-SGLangInstrumentor().instrument()
-cp, tp = driver._init_group(1, 0, {str(tmp_path / "gloo")!r})
-driver.POOL["tree_core"] = ""   # SGLang's own selection
-cache, kv, alloc = mamba_driver.build_mamba("write_through", 1, 64, 2.0, cp, tp)
-print(json.dumps({{"core": type(cache.tree_core).__name__, "traced": getattr(cache, "_cptrace_sg", None) is not None,
-                  "msgs": msgs}}))
-""")
-    assert r["core"] == "RustUnifiedTreeCore" and not r["traced"], r
-    assert len(r["msgs"]) == 1 and "is not traced" in r["msgs"][0], r["msgs"]
-    assert "hybrid Mamba tree on the Rust tree core" in r["msgs"][0], r["msgs"]
-    assert "CPTRACE_SGLANG_TREE_CORE=python" in r["msgs"][0], r["msgs"]
 
 
 def test_a_tree_with_swa_and_mamba_components_is_refused() -> None:

@@ -87,26 +87,9 @@ print(json.dumps({{"traced": summary(traced), "after": os.environ.get({VAR!r}), 
 
 
 def test_what_the_rust_boundary_cannot_trace_warns_with_the_python_option(tmp_path):
-    """On the Rust core, a hybrid SWA tree gets one warning naming ``CPTRACE_SGLANG_TREE_CORE=python`` and no record
-    (no partial records: no false finding), and the audit of host copies at rest is not run, with one warning naming
-    the same option, while every other record is written."""
-    swa = _rust_py(f"""
-import cptrace_otel
-from tests.sglang_real import driver, swa_driver
-from cptrace_otel.traced.sglang import SGLangInstrumentor
-cptrace_otel.configure(level=2, log_file={str(tmp_path / "swa.log")!r}, file={str(tmp_path / "swa.otlp.jsonl")!r},
-                       exporter="thread", checks=False)
-SGLangInstrumentor().instrument()
-cp, tp = driver._init_group(1, 0, {str(tmp_path / "gloo")!r})
-driver.POOL["tree_core"] = ""   # SGLang's own selection
-cache, kv, alloc = swa_driver.build_swa("write_through", 1, 64, 2.0, cp, tp)
-print(json.dumps({{"core": type(cache.tree_core).__name__, "traced": getattr(cache, "_cptrace_sg", None) is not None,
-                  "msgs": msgs}}))
-""")
-    assert swa["core"] == "RustUnifiedTreeCore" and not swa["traced"], swa
-    assert len(swa["msgs"]) == 1 and "is not traced" in swa["msgs"][0], swa["msgs"]
-    assert "hybrid SWA tree on the Rust tree core" in swa["msgs"][0], swa["msgs"]
-    assert "CPTRACE_SGLANG_TREE_CORE=python" in swa["msgs"][0], swa["msgs"]
+    """On the Rust core the audit of host copies at rest is not run, with one warning naming
+    ``CPTRACE_SGLANG_TREE_CORE=python``, while every other record is written (the hybrid SWA and Mamba trees are
+    traced: test_hybrid_rust_real.py)."""
     au = _rust_py(f"""
 r = rust_driver.run({str(tmp_path / "audit")!r}, sglang_selects=True, requests=60, audit_mbps=50.0)
 print(json.dumps({{"run": summary(r), "msgs": msgs}}))

@@ -64,3 +64,26 @@ def test_page_keys_key_each_page_by_its_first_host_slot(slots, per, data):
     assert got == [(slots[i * per], hp[i]) for i in range(n_pages)]
     assert page_keys({"hostx": _runs(slots), "hp": hp + [1], "page": per}) is None   # more pages than slots
     assert page_keys({"hostx": _runs(slots), "hp": hp}) is None   # no page size: nothing to line them up with
+
+
+def _split_write(swa_nodes: str | None) -> list[str]:
+    """A write of node 127 split (128 its prefix) before its ack, whose ``pub`` also names node 69; with
+    ``swa_nodes`` the write's SWA transfer named those nodes (a hybrid SWA backup covers its ancestors' windows)."""
+    lines = [
+        *([f"[CPTRACE swa] dir=d2h op=873 node_id=127 nodes={swa_nodes} hostx=100-101 devx=1-2 page=1 h=1 nz=1 "
+           "hp=[5,6]"] if swa_nodes else []),
+        "[CPTRACE prepare] node_id=127 op=873 len=6 dev=(cnt=6,min=10,max=15,first=10,last=15) "
+        "host=(cnt=6,min=20,max=25,first=20,last=25) policy=wt parent=69 pbk=1 hostx=20-25 devx=10-15",
+        "[CPTRACE split] node_id=127 new_id=128 parent=69 pre_len=6 split_len=2 inf=1",
+        "[CPTRACE ack] dir=d2h op=873 node_id=127 blen=6 clen=4 pub=[69,128,127]",
+    ]
+    return [CFG] + [f"{ln} rank=0 ts={i + 2}" for i, ln in enumerate(lines)]
+
+
+def test_a_split_write_whose_swa_transfer_covered_other_nodes_publishes_them_without_h1b(tmp_path):
+    """SGLang's ack publishes the nodes an SWA backup covered beside the write's lineage fragments: H1b still
+    checks that the fragments cover the write (6 of 6 here), and takes node 69 for one of those nodes."""
+    res = check_lines(tmp_path, _split_write("[69,127]"))
+    assert res.findings == [], res.findings
+    stray = check_lines(tmp_path, _split_write(None))   # no SWA transfer named it: a stray of the lineage
+    assert [f.rule for f in stray.findings] == ["H1b"], stray.findings

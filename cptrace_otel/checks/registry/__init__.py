@@ -58,7 +58,8 @@ RULES: tuple[Rule, ...] = (
        "the new id, the suffix kept by the old id; an evicted node splits without dev slots",
        "rules_h1:H1Split._h1a"),
     _r("H1b", "H1", 2, RANK, "prepare split ack",
-       "a d2h ack after a split covers the enqueued length: blen = L and the pub fragments sum to L",
+       "a d2h ack after a split covers the enqueued length: blen = L and the pub fragments sum to L (a hybrid SWA "
+       "backup's pub also names the nodes its SWA transfer covered: no stray check then)",
        "rules_h1:H1Split._h1b"),
     _r("H1c", "H1", 1, RANK, "split reload",
        "a reload of a split-created node uses the host range the split gave it (an H2a finding tagged H1c)",

@@ -252,8 +252,8 @@ def python_tree_core() -> bool:
     when it chose.
 
     By default nothing is set: the cache is the one SGLang selects (its Rust core wherever its extension loads),
-    and a Rust core is traced at its Python boundary (:mod:`._rust23`). What that boundary cannot trace (a hybrid
-    SWA tree, the audit of copies at rest) gets one warning naming this option, which
+    and a Rust core is traced at its Python boundary (:mod:`._rust23`). What that boundary cannot trace (the audit
+    of copies at rest) gets one warning naming this option, which
     traces it on the Python core. SGLang reads the variable when a cache is built, and its own KV-sharding hook
     defaults it to ``python`` the same way (only when unset)."""
     if not python_core_option() or os.environ.get(TREE_CORE_ENV) is not None:   # (a bad value warned about first)

@@ -17,23 +17,28 @@ them through it (``collect_path_info``, ``get_component_device_value``, ``is_bac
   without device copy and that has one again, ``full_value_len`` set; ``dev`` from ``get_component_device_value``),
   ``prepare`` + ``backup`` (``_track_write_through_node``: the controller's queued op;
   parent and ``pbk`` from ``collect_path_info`` and ``is_backuped``), ``ack dir=d2h`` (``clen`` from the path),
+  a hybrid tree's ``swa`` and ``mamba`` records (:mod:`._swa23`, :mod:`._mamba23`: what the Python core's
+  ``commit_hicache_transfer`` of the SWA or Mamba component gets, its node's id and transfers, is what crosses the
+  boundary at ``commit_backup(node_id, host_indices, comp_xfers)`` and ``commit_load_back(..., comp_xfers)``; the
+  records read the transfers' slots and the pools, never a node),
   ``reload`` (``commit_load_back``: the load-back spec's ``nodes_to_load``), ``ack dir=h2d`` (each chain node's
   device slots from ``get_component_device_value``), ``evict tier=dev`` (``evict_device_leaf`` / ``demote`` /
   ``drop_subtree_no_host`` return the frees; the node id is the argument; kind from ``is_backuped`` before the
   call), the ``free`` records (allocator and host pool sites) with ``why=evict`` and the node, ``rid_map``;
 * inferred: ``split`` (splits happen inside Rust; a split is written, with ``inf=1``, when a node named by a record
   (an insert's path included) is seen with a later ``path_start`` than it was booked with, or when a new id on a
-  path starts where a booked node started under the same parent and that node now lies below it: the new id is the
-  prefix fragment, as ``UnifiedTreeCore._split_node`` makes it). An inferred split carries the lengths only (no
+  path starts where a booked node started under the same parent and that node now lies below it, or has left the
+  tree while the new id's host copy starts at its booked first host slot: the new id is the prefix fragment, as
+  ``UnifiedTreeCore._split_node`` makes it). An inferred split carries the lengths only (no
   ``dev_*``/``host_*`` slots: those may have moved since); ``evict tier=host``: ``drive_host_eviction`` returns host
   slots without nodes, so each freed host run is attributed to the node whose booked host copy starts at its first
   slot (kind ``host``, or a ``free why=dup`` where the node keeps its device copy);
 * the L3 storage tier: the sites of :mod:`._l3_sites23` (they read the cache and controller, not nodes), with
   ``l3_hit`` at the adapter's ``insert_host`` (:func:`_on_hits`: the node it added, ``inserted_host_node``, and the
   refilled nodes of its path, read with ``collect_path_info``, ``build_storage_backup_spec``, ``get_hash_values``);
-* not traced over the Rust core (one warning each, naming ``CPTRACE_SGLANG_TREE_CORE=python``, the option that
-  traces them): a hybrid SWA tree (its SWA records read Python nodes; no record), and the audit of host copies at
-  rest and of L3 objects (it would call into the core off the scheduler's thread; the other records are written);
+* not traced over the Rust core (one warning, naming ``CPTRACE_SGLANG_TREE_CORE=python``, the option that traces
+  it): the audit of host copies at rest and of L3 objects (it would call into the core off the scheduler's thread;
+  the other records are written);
 * missing: the ``lock``/``href`` fields of ``evict`` (no lock count crosses the boundary), the slots of an inferred
   split, a split the records never come back to, and the ``free`` attribution of a host run whose node's copy was
   booked under another first slot.
@@ -48,8 +53,10 @@ from typing import TYPE_CHECKING, Any
 from ..api import cptrace
 from ._l3_sites import hit_record, prefetch_insert_site
 from ._l3_sites23 import insert_host_call
+from ._mamba23 import MAMBA
 from ._sites23 import FULL, STATE_FOR_CORE, State23, commit_load_back_site
 from ._state import arg, safe, state_of
+from ._swa23 import BACKUP_HOST, LOAD_BACK, SWA, commit_book
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -135,20 +142,33 @@ class RustState(State23):
             if nid not in self.span:   # a new id: the prefix fragment of a booked node that started here?
                 for old in list(self.by_start.get((int(info.parent_id), start), ())):
                     if old in self.span and self.span[old][2] > int(info.path_end):
-                        self._fragments_of(old)   # (a sibling's own fragments are written too: its path has them)
-                        if nid in self.span:
+                        self._fragments_of(old, info)   # (a sibling's own fragments are written too: its path has
+                        if nid in self.span:            # them)
                             break
             elif start > self.span[nid][1]:   # it lost a prefix: the new ids above it are the fragments
                 self._fragments(nid, path[:k + 1])
             self.book(nid, int(info.parent_id), start, int(info.path_end))
 
-    def _fragments_of(self, old: int) -> None:
-        """:meth:`_fragments` of booked ``old`` on its path now (forgotten when it left the tree)."""
+    def _fragments_of(self, old: int, new: Any) -> None:
+        """:meth:`_fragments` of booked ``old`` on its path now. Where ``old`` left the tree, new id ``new`` (a path
+        entry starting where ``old`` was booked to start) is still its prefix fragment when its host copy starts at
+        ``old``'s booked first host slot (a slot has one owner while allocated; a fresh node there would not hold
+        it): that split is written, and ``old`` forgotten."""
         try:
             (p,) = self.cache.tree_core.collect_path_info([old])
         except KeyError:   # old left the tree
-            bp, bstart, _ = self.span.pop(old)
+            bp, bstart, bend = self.span.pop(old)
             self.by_start.get((bp, bstart), set()).discard(old)
+            nid, end = int(new.node_id), int(new.path_end)
+            h = self.host(RNode(nid))
+            if h is not None and len(h) and self.host_first.get(int(h[0])) == old:
+                cptrace(1, "split", node_id=old, new_id=nid, parent=bp, pre_len=bend - bstart,
+                        split_len=end - bstart, inf=1)
+                self.split_loads(old, nid)
+                self.book(nid, bp, bstart, end)
+                if old in self.gone:
+                    self.gone.add(nid)
+                self.host_first[int(h[0])] = nid
             return
         self._fragments(old, p)
 
@@ -315,6 +335,34 @@ def _on_hits(st: RustState, tree: TreeCore, op: Any, pre: tuple, res: Any) -> No
                 st.gone.add(nid)
 
 
+def _commit_backup(wrapped: Callable[..., Any], instance: TreeCore, args: tuple, kwargs: dict) -> Any:
+    """``commit_backup(node_id, host_indices, comp_xfers)``: a hybrid tree's component transfers of the backup
+    (queued), recorded as the Python core's component commit records them (:func:`._swa23.commit_book`)."""
+    out = wrapped(*args, **kwargs)
+    st = _rs(instance)
+    if st is not None:
+        _commit_books(st, arg(args, kwargs, 0, "node_id"), BACKUP_HOST, arg(args, kwargs, 2, "comp_xfers"))
+    return out
+
+
+def _commit_load_back(wrapped: Callable[..., Any], instance: TreeCore, args: tuple, kwargs: dict) -> Any:
+    """``commit_load_back(node_id, device_indices, kv_xfer, comp_xfers)``: the ``reload`` (either core's site), then
+    a hybrid tree's component transfers of the load (queued; their records wait for its ack)."""
+    out = commit_load_back_site(wrapped, instance, args, kwargs)
+    st = _rs(instance)
+    if st is not None:
+        _commit_books(st, arg(args, kwargs, 0, "node_id"), LOAD_BACK, arg(args, kwargs, 3, "comp_xfers"))
+    return out
+
+
+def _commit_books(st: RustState, node_id: int, phase: str, comp_xfers: Any) -> None:
+    """Each component's transfers in ``comp_xfers`` (``{ComponentType: [PoolTransfer]}``) to its book, if traced."""
+    for ct, xfers in (comp_xfers or {}).items():
+        book = {SWA: st.swa, MAMBA: st.mamba}.get(int(ct))
+        if book is not None:
+            commit_book(st, book, RNode(int(node_id)), phase, xfers)
+
+
 def _host_evict(wrapped: Callable[..., Any], instance: TreeCore, args: tuple, kwargs: dict) -> Any:
     res = wrapped(*args, **kwargs)
     st = _rs(instance)
@@ -327,7 +375,8 @@ def _host_evict(wrapped: Callable[..., Any], instance: TreeCore, args: tuple, kw
 RUST_SITES23: list[tuple[str, str, Any]] = [
     (ADAPTER, "RustUnifiedTreeCore.begin_insert", _insert_step),
     (ADAPTER, "RustUnifiedTreeCore.resume_insert", _insert_step),
-    (ADAPTER, "RustUnifiedTreeCore.commit_load_back", commit_load_back_site),
+    (ADAPTER, "RustUnifiedTreeCore.commit_load_back", _commit_load_back),
+    (ADAPTER, "RustUnifiedTreeCore.commit_backup", _commit_backup),
     (ADAPTER, "RustUnifiedTreeCore.evict_device_leaf", _dev_evict(None)),
     (ADAPTER, "RustUnifiedTreeCore.demote", _dev_evict("backuped")),
     (ADAPTER, "RustUnifiedTreeCore.drop_subtree_no_host", _dev_evict("drop")),

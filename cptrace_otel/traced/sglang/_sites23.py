@@ -32,8 +32,8 @@ neither Python nor Rust (0.5.23's default, ``RustUnifiedTreeCore``, is traced at
 whose doc lists what it cannot trace; ``CPTRACE_SGLANG_TREE_CORE=python`` is the option that switches to the Python
 core where ``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND`` is unset), trees with
 other components than the full-attention KV with the sliding-window one or the Mamba one (C128, FULL + SWA + Mamba:
-hybrid models; FULL + SWA, :mod:`._swa23`, and FULL + Mamba, :mod:`._mamba23`, are traced, but not with L3 storage
-nor on the Rust core), an L3 storage
+hybrid models; FULL + SWA, :mod:`._swa23`, and FULL + Mamba, :mod:`._mamba23`, are traced on either core, but
+not with L3 storage), an L3 storage
 backend other than ``file`` (the L3 sites, :mod:`._l3_sites23`, are verified against the ``file`` backend's flow; a
 cache that gets another backend attached at run time stops being traced then, with a warning), the buffer-only host
 mode and the external cache linker.
@@ -257,7 +257,7 @@ def untraceable(cache: RadixCache) -> str | None:
     traced at its boundary, :mod:`._rust23`, where its sites are wrapped); other component sets (C128, SWA with
     Mamba) free and load through other allocators and pools; an L3 storage backend, the buffer-only host mode and
     the external cache linker move KV on paths these sites do not see. A hybrid tree of FULL and SWA
-    (:mod:`._swa23`) or of FULL and Mamba (:mod:`._mamba23`) is traced on the Python core, without L3 storage: its
+    (:mod:`._swa23`) or of FULL and Mamba (:mod:`._mamba23`) is traced on either core, without L3 storage: its
     SWA pages and Mamba states go to storage by their own trailing-page keys, which no record follows.
     What the Rust core's boundary cannot trace names the option that traces it (:data:`ON_PYTHON`)."""
     from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore
@@ -273,8 +273,6 @@ def untraceable(cache: RadixCache) -> str | None:
         return (f"its tree has components {[c.name for c in cache.tree_components]}: only FULL alone, FULL with "
                 "SWA and FULL with MAMBA are traced")
     if SWA in [int(c) for c in cache.tree_components]:
-        if not isinstance(cache.tree_core, UnifiedTreeCore):
-            return f"it is a hybrid SWA tree on the Rust tree core (its SWA records read Python nodes; {ON_PYTHON})"
         pool = cache.token_to_kv_pool_allocator.get_kvcache()
         if getattr(pool, "full_kv_pool", None) is None or getattr(pool, "swa_kv_pool", None) is None:
             return (f"it is a hybrid SWA tree over a {type(pool).__name__}, not an SWAKVPool (its full and SWA "
@@ -282,9 +280,6 @@ def untraceable(cache: RadixCache) -> str | None:
         if cache.enable_storage:
             return "it is a hybrid SWA tree with an L3 storage backend (the SWA pages' L3 round trip is not recorded)"
     if MAMBA in [int(c) for c in cache.tree_components]:
-        if not isinstance(cache.tree_core, UnifiedTreeCore):
-            return (f"it is a hybrid Mamba tree on the Rust tree core (its Mamba records read Python nodes; "
-                    f"{ON_PYTHON})")
         if mamba_host_pool(cache) is None:
             return "it is a hybrid Mamba tree without a MambaPoolHost in its host pool group"
         if cache.enable_storage:

@@ -123,19 +123,25 @@ def commit_site(book: str) -> Callable[..., Any]:
         out = wrapped(*args, **kwargs)
         st = state_of(getattr(instance, "cache", None))
         b = getattr(st, book, None)
-        if b is None or trace_level() < 2:
-            return out
-        node, phase = arg(args, kwargs, 0, "node"), arg(args, kwargs, 1, "phase")
-        xfers = arg(args, kwargs, 2, "transfers")
-        if xfers:
-            ph = getattr(phase, "value", phase)
-            if ph == BACKUP_HOST:
-                safe(b.backup, st, node, list(xfers))
-            elif ph == LOAD_BACK:
-                safe(b.load, node, list(xfers))
+        if st is not None and b is not None:
+            commit_book(st, b, arg(args, kwargs, 0, "node"), arg(args, kwargs, 1, "phase"),
+                        arg(args, kwargs, 2, "transfers"))
         return out
 
     return _commit_transfer
+
+
+def commit_book(st: State, book: ComponentBook, node: Any, phase: Any, xfers: Any) -> None:
+    """``book``'s record of a backup's or load-back's transfers ``xfers`` of its component committed onto ``node``
+    (phase ``phase``) after the controller queued their copy: :func:`commit_site` on the Python core, the Rust
+    core's ``commit_backup`` / ``commit_load_back`` at its boundary (``._rust23``; ``node`` a node by id)."""
+    if not xfers or trace_level() < 2:
+        return
+    ph = getattr(phase, "value", phase)
+    if ph == BACKUP_HOST:
+        safe(book.backup, st, node, list(xfers))
+    elif ph == LOAD_BACK:
+        safe(book.load, node, list(xfers))
 
 
 # (module, "Class.method", wrapper): the SWA component's sites (the SWA allocator's frees are in SITES23).
