@@ -127,6 +127,8 @@ def _mutated_request(draw) -> str:
 @settings(max_examples=150, **SETTINGS)
 @given(st.lists(_mutated_request(), min_size=1, max_size=3))
 @example(lines=["\x00"])   # a NUL on a later line once made the whole file "binary data" (found by this test)
+@example(lines=['{"resourceSpans": [{"resource": {"attributes": [{"key": "sglang.cp.rank", "value": {"intValue": '
+                'Infinity}}]}, "scopeSpans": []}]}'])   # int(inf): a traceback (found by this test)
 def test_check_reads_any_otlp_json(lines):
     with _file("rank0.otlp.jsonl", (otlp_line(0) + "\n".join(lines) + "\n" + otlp_line(1)).encode()) as p:
         rc, out, err = check("--json", str(p))

@@ -114,8 +114,9 @@ def read_otlp_events(paths: Iterable[str], info: OtlpInfo | None = None) -> Iter
     return merge_ranks(per_rank)
 
 
-# what a JSON value of the wrong shape raises in the collector: such a value is a malformed record
-BAD_SHAPE = (TypeError, ValueError, AttributeError, KeyError, IndexError, RecursionError)
+# what a JSON value of the wrong shape raises in the collector (OverflowError: an intValue of Infinity, which
+# Python's json reads): such a value is a malformed record
+BAD_SHAPE = (TypeError, ValueError, OverflowError, AttributeError, KeyError, IndexError, RecursionError)
 
 
 def bad_shape(e: BaseException, what: str = "not an OTLP request of the expected shape") -> str:

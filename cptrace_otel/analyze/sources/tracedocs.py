@@ -560,7 +560,7 @@ def _value(tag: dict, docs: TraceDocs | None, src: str) -> dict:
     if t in ("int64", "int") or (not t and type(v) is int):
         try:
             v = int(v)  # type: ignore[arg-type]
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):   # (OverflowError: Infinity, which Python's json reads)
             return {"stringValue": str(v)}
         if docs is not None and abs(v) > _JS_SAFE and tag.get("key") in _FINGERPRINTS and _js_rounded(v):
             docs.rounded[src] = docs.rounded.get(src, 0) + 1
