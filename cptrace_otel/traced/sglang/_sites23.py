@@ -34,7 +34,8 @@ core where ``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND`` is unset), trees with
 other components than the full-attention KV with the sliding-window one or the Mamba one (C128, FULL + SWA + Mamba:
 hybrid models; FULL + SWA, :mod:`._swa23`, and FULL + Mamba, :mod:`._mamba23`, are traced on either core, but
 not with L3 storage), an L3 storage
-backend other than ``file`` (the L3 sites, :mod:`._l3_sites23`, are verified against the ``file`` backend's flow; a
+backend other than ``file`` and ``seaweedfs`` (the L3 sites, :mod:`._l3_sites23`, are verified against those
+backends' flows, :data:`._l3_sites23.L3_BACKENDS`; a
 cache that gets another backend attached at run time stops being traced then, with a warning), the buffer-only host
 mode and the external cache linker.
 """
