@@ -324,7 +324,7 @@ class LayerwiseDsaDriver(DsaDriver):
     def check_prefix(self, req: driver.Req) -> None:
         if not self._forward_done:   # the first prefix check of the batch: its forward has run by then
             self._forward_done = True
-            self.forward()
+            self.batch_forward()
         super().check_prefix(req)
 
     def run(self, *a: Any, **k: Any) -> None:
@@ -335,7 +335,9 @@ class LayerwiseDsaDriver(DsaDriver):
         self.stats["hooks_left"] = sorted([n for n in vars(self.kv) if n.startswith("get_")]
                                           + [n for n in vars(counter) if n == "wait_until"])
 
-    def forward(self) -> None:
+    def batch_forward(self) -> None:
+        """The batch's forward under its layer-wise loads: each layer read through SGLang's getters (the indexer
+        first) and checked against the expected content (not :meth:`driver.Driver.forward`, a request's store)."""
         pool = self.kv
         for layer in range(driver.LAYERS):
             self._check_read("indexer", layer, pool.get_index_k_with_scale_buffer(layer_id=layer))
