@@ -14,6 +14,7 @@ import pytest
 from tests.sglang_real import runtime
 from tests.sglang_real.test_dsa_real import _both, _online  # (the same run harness and online-finding reader)
 from tests.sglang_real.test_sglang_real import _check_json as _check, _py, _records
+from tests.sglang_real.test_swa_real import attach_l3_after_build  # (the same L3-attach probe)
 
 pytestmark = pytest.mark.sglang
 RUN = """
@@ -87,28 +88,7 @@ def test_a_hybrid_mamba_tree_that_gets_l3_storage_stops_being_traced(tmp_path: A
     storage backend ends that with one warning naming why (the state goes to storage under its own key, which no
     record follows)."""
     runtime.need("0.5.23")
-    r = _py(f"""
-import json, logging, os
-msgs = []
-class H(logging.Handler):
-    def emit(self, rec): msgs.append(rec.getMessage())
-logging.getLogger("cptrace_otel.sglang").addHandler(H())
-import cptrace_otel
-cptrace_otel.configure(level=2, file={str(tmp_path / "o.jsonl")!r}, log_file={str(tmp_path / "r.log")!r},
-                       exporter="thread")
-from cptrace_otel.traced.sglang import SGLangInstrumentor
-SGLangInstrumentor().instrument()
-from tests.sglang_real import l3_driver, mamba_driver
-cache, kv, alloc = mamba_driver.build_mamba("write_through", 1, 160, 3.0, None, None)
-built = list(msgs)
-os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = {str(tmp_path / "store")!r}
-os.makedirs(os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"])
-l3_driver.attach_file_storage(cache)
-assert cptrace_otel.flush(30)
-with open({str(tmp_path / "r.log")!r}) as f:
-    tags = [line.split("[CPTRACE ")[1].split("]")[0] for line in f if "[CPTRACE " in line]
-print(json.dumps({{"built": built, "msgs": msgs, "tags": tags}}))
-""", version="0.5.23")
+    r = attach_l3_after_build(tmp_path, "mamba_driver", "build_mamba")
     assert r["built"] == [] and r["tags"] == ["config"], r
     assert len(r["msgs"]) == 1 and "hybrid Mamba tree with an L3 storage backend" in r["msgs"][0], r
 

@@ -79,7 +79,16 @@ def test_a_hybrid_tree_that_gets_l3_storage_stops_being_traced(tmp_path: Any) ->
     storage backend ends that with one warning naming why (SWA stores its trailing pages under keys no record
     follows)."""
     runtime.need("0.5.23")
-    r = _py(f"""
+    r = attach_l3_after_build(tmp_path, "swa_driver", "build_swa")
+    assert r["built"] == [] and r["tags"] == ["config"], r
+    assert len(r["msgs"]) == 1 and "hybrid SWA tree with an L3 storage backend" in r["msgs"][0], r
+
+
+def attach_l3_after_build(tmp_path: Any, module: str, builder: str) -> dict:
+    """A hybrid tree built by ``tests.sglang_real.<module>.<builder>`` under the instrumentation (level 2), then
+    SGLang's runtime attach of the ``file`` storage backend, in a child: the instrumentation's warnings at the build
+    (``built``) and in all (``msgs``), and the tags of the records written (``tags``)."""
+    return _py(f"""
 import json, logging, os
 msgs = []
 class H(logging.Handler):
@@ -90,8 +99,8 @@ cptrace_otel.configure(level=2, file={str(tmp_path / "o.jsonl")!r}, log_file={st
                        exporter="thread")
 from cptrace_otel.traced.sglang import SGLangInstrumentor
 SGLangInstrumentor().instrument()
-from tests.sglang_real import l3_driver, swa_driver
-cache, kv, alloc = swa_driver.build_swa("write_through", 1, 160, 3.0, None, None)
+from tests.sglang_real import l3_driver, {module}
+cache, kv, alloc = {module}.{builder}("write_through", 1, 160, 3.0, None, None)
 built = list(msgs)
 os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = {str(tmp_path / "store")!r}
 os.makedirs(os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"])
@@ -101,5 +110,3 @@ with open({str(tmp_path / "r.log")!r}) as f:
     tags = [line.split("[CPTRACE ")[1].split("]")[0] for line in f if "[CPTRACE " in line]
 print(json.dumps({{"built": built, "msgs": msgs, "tags": tags}}))
 """, version="0.5.23")
-    assert r["built"] == [] and r["tags"] == ["config"], r
-    assert len(r["msgs"]) == 1 and "hybrid SWA tree with an L3 storage backend" in r["msgs"][0], r
