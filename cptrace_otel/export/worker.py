@@ -133,7 +133,7 @@ class Exporter:
         for rank, state in (resume.get("epochs") or {}).items():
             self.epochs[rank] = EpochTracker.from_state(state)
         self.builder.annotate_rank(self.rank, {sc.EXPORTER_RESTARTS: int(resume.get("restarts", 1)),
-                                               sc.CHECKS_RESTARTED: True}, time.time_ns())
+                                               sc.CHECKS_RESTARTED: True})
 
     def _stamp_config(self, ev: Event) -> None:
         """A config record: carried from now on by the resource of every request (every span of this rank, on
@@ -332,7 +332,7 @@ class Exporter:
     def _stamp_dropped(self) -> None:
         total = self.dropped_upstream + self.lost()  # the traced process's losses and this worker's
         if total != self._reported_dropped or self.builder.rank_span_open(self.rank):
-            self.builder.annotate_rank(self.rank, {sc.DROPPED: total}, time.time_ns())
+            self.builder.annotate_rank(self.rank, {sc.DROPPED: total})
             self._reported_dropped = total
 
     def _in_flush_order(self) -> list[Any]:

@@ -52,6 +52,7 @@ and tests are deterministic.
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -550,11 +551,17 @@ class SpanBuilder:
         target.findings.append(fd)
         self.findings += 1
 
-    def annotate_rank(self, rank: int, attrs: dict[str, Any], ts: int) -> None:
-        """Set span attributes (e.g. the pipeline's drop counter) on the rank's rank span, opening one if needed."""
+    def annotate_rank(self, rank: int, attrs: dict[str, Any], ts: int | None = None) -> None:
+        """Set span attributes (e.g. the pipeline's drop counter) on the rank's rank span, opening one if needed.
+
+        A span opened here starts at ``ts``, by default the latest record time seen: the records' clock (the traced
+        process's, or a replayed log's), not the exporter's, so the rank span sits among the spans it annotates
+        and the same records give the same span. Before any record, ``ts`` defaults to the wall clock."""
         key = (rank, "rank")
         sp = self._open.get(key)
         if sp is None:
+            if ts is None:
+                ts = self._max_ts or time.time_ns()
             fake = Event("annotate", rank, -1, ts, 0, {})
             sp = self._open_span(key, rank_trace_id(self.run_id, rank), sc.SPAN_RANK, fake, {})
         sp.attrs.update(attrs)

@@ -526,3 +526,29 @@ def test_a_restart_while_the_old_worker_still_runs_leaves_one_reader(tmp_path: A
     assert out["stats"]["restarts"] == 1 and "ring" in out["stats"]
     got = [int(ln.split(" i=")[1].split()[0]) for ln in (tmp_path / "log.txt").read_text().splitlines()]
     assert got == list(range(3000)) and out["ok"] and out["stats"]["dropped"] == 0
+
+
+def test_ring_clock_stamps_ring_and_side_records_and_none_gives_the_real_clock_back() -> None:
+    import time
+
+    ticks = iter(range(10**18, 10**18 + 100))
+    r, side = _ring()
+    rd = RingIntake(r.info())
+    try:
+        _hot.ring_clock(lambda: next(ticks))
+        _hot.ring_put(1, "prepare", {"node_id": 1, "op": 1})
+        _hot.ring_put(1, "ack", {"node_id": 1, "obj": Odd()})           # side path: stamped by the same clock
+        _hot.ring_clock(lambda: 1 / 0)                                    # a failing clock: the real one, no error
+        _hot.ring_put(1, "evict", {"node_id": 1})
+        _hot.ring_clock(None)
+        before = time.time_ns()
+        _hot.ring_put(1, "evict", {"node_id": 2})
+        with pytest.raises(TypeError):
+            _hot.ring_clock(5)
+        rd.add_side([compact_item(it) for it in side])
+        got = rd.take(final=True)
+    finally:
+        _hot.ring_clock(None)
+        r.detach()
+    assert [it[0] for it in got[:2]] == [10**18, 10**18 + 1]
+    assert got[2][0] >= before - 10**9 and got[3][0] >= before

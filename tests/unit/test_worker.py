@@ -151,6 +151,16 @@ def test_seq_runs_on_across_batches_and_the_drop_count_is_stamped(mem) -> None:
     assert ex.stats()["dropped_upstream"] == 9
 
 
+def test_a_rank_span_opened_for_the_drop_count_starts_on_the_records_clock(mem) -> None:
+    sink, _ = mem
+    ex = worker.Exporter(_info(_cfg()))
+    far = 4_000_000_000 * S   # a replayed or test clock far from the exporter's own
+    ex.add_items([(far + 5, 1, "insert", {"node_id": 1, "len": 4}), (far + 9, 1, "evict", {"node_id": 1})], 0)
+    assert ex.flush(5.0, dropped=3) is True
+    rank = [sp for sp in sink.spans if sp.kind == sc.SPAN_RANK]
+    assert len(rank) == 1 and rank[0].attrs[sc.DROPPED] == 3 and rank[0].start == far + 9
+
+
 def test_fields_rank_chooses_the_rank_and_unusual_items_are_completed(mem) -> None:
     sink, _ = mem
     ex = worker.Exporter(_info(_cfg()))
