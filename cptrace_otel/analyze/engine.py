@@ -63,6 +63,14 @@ class Analysis:
         self.l3_prior, self.run_name = l3_prior, run
 
     def feed(self, ev: Event) -> list[Finding]:
+        """One record to its rank's rules and to the cross-rank rules; the per-rank findings it completes."""
+        out = self.feed_rank(ev)
+        self.cross.feed(ev)
+        return out
+
+    def feed_rank(self, ev: Event) -> list[Finding]:
+        """One record to its rank's rules only (the caller feeds :attr:`cross` itself, in its own merge order: a
+        ``serve --live`` replica); the findings it completes, also kept in :attr:`findings`."""
         self.events += 1
         chk = self.checkers.get(ev.rank)
         if chk is None:
@@ -74,7 +82,6 @@ class Analysis:
         out = chk.feed(ev)
         if out:
             self.findings.extend(out)
-        self.cross.feed(ev)
         return out
 
     def run(self, events: Iterable[Event]) -> Result:

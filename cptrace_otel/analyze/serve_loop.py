@@ -186,7 +186,7 @@ class Checker:
                 f"checked, {st['finalised_early']} trace(s) checked early, {st['check_errors']} trace(s) NOT checked "
                 f"(an error, said above), {st['unchecked']} trace(s) UNCHECKED (state lost at a kill, or moved) and "
                 f"{st['lost_records']} later record(s) of them; UNCHECKED here (a rank's whole stream or the run's "
-                f"order needed): {', '.join(unchecked_rules(self.live))}; their findings on one trace, not trusted "
+                f"order needed): {', '.join(unchecked_rules())}; their findings on one trace, not trusted "
                 f"and not reported: {suppressed}")
         # no finding but traces whose state was lost: not a clean run (as check's 4 when rules could not run)
         return line, EXIT_FINDINGS if sinks.total else EXIT_INCOMPLETE if st["unchecked"] else EXIT_OK

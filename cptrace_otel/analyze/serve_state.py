@@ -18,13 +18,13 @@ So the unit of checking is the trace, not the rank's stream:
 * Live (``live=True``, ``serve --live``): each held trace has a :class:`~.serve_live.LiveCheck`, a fresh
   :class:`~.engine.Analysis` fed each rank's records (led by its config record) in (epoch, seq) order through a
   small reorder window per rank (``window`` records, ``window_s`` seconds; a record behind it is not fed and is
-  counted in :attr:`ServeState.past_window`). A finding of :data:`TRACE_RULES` or :data:`PARTIAL_RULES` is reported
-  as soon as the record that decides it is fed; the end-of-stream ones (H4-open) at the finalisation. The ranks are
-  fed in arrival order, not merged by ``ts``, so :data:`LOCKSTEP_RULES` are not reported live (measured: C3 gave 24
-  findings live against 2 merged on one faulted run): :func:`unchecked_rules` names them. Only each rank's first
-  record is held (for the moved-trace test at the finalisation: a tail found then is reported UNCHECKED, though
-  findings of it may have been reported already). A record whose (rank, seq) the trace already has (a batch sent
-  again) is dropped and counted in :attr:`ServeState.duplicates`.
+  counted in :attr:`ServeState.past_window`), and its cross-rank rules the ranks merged by ``ts`` as on the idle
+  path, as far as every rank of the CP group has sent (:meth:`ServeState._merge_facts` tells it the group). A
+  finding is reported as soon as the record that decides it is fed; the end-of-stream ones (H4-open) at the
+  finalisation. Only each rank's first record is held (for the moved-trace test at the finalisation: a tail found
+  then is reported UNCHECKED, though per-rank findings of it may have been reported already; its cross-rank merge
+  never started, as a tail lacks a rank's first lane span). A record whose (rank, seq) the trace already has (a
+  batch sent again) is dropped and counted in :attr:`ServeState.duplicates`.
 * Only the rules that a trace's records decide by themselves are reported (:data:`TRACE_RULES`, exact: the same
   findings as ``check`` over the whole run; :data:`LOCKSTEP_RULES`, exact while the run's ranks stay in lockstep,
   and only on a trace whose every rank came with a config stamp; :data:`PARTIAL_RULES`, whose findings are real but
@@ -62,7 +62,7 @@ from ..model.events import Event, int_field
 from .incremental import SpanRef
 from .otlp_intake import SpanRecords
 from .serve_journal import Journal, ranks_without_start, trace_node
-from .serve_live import WINDOW, WINDOW_S, LiveCheck
+from .serve_live import MERGE_CAP, WINDOW, WINDOW_S, LiveCheck
 
 if TYPE_CHECKING:
     from .engine import Result
@@ -91,23 +91,25 @@ CUT = ("first records not seen here (moved here mid-life by a resolver change, o
        "removed): not checked alone")
 GROUP_SHORT = ("records of fewer ranks than the CP group has (the others' went to another replica, or came before "
                "this one): its cross-rank joins C3-C5 not checked here")
+MERGE_GONE = ("more records waited in the live cross-rank merge for a rank of the group than it holds: its "
+              "cross-rank joins C3-C5 not checked from there on")
 MAX_DONE = 200_000   # finalised trace ids remembered per run (a late span of one is counted, not checked again)
 
 
-def unchecked_rules(live: bool = False) -> list[str]:
-    """The registry's rule ids a replica does not check (they need a rank's whole stream or the whole run's order):
-    stated at start and in the summary, so a run with a fault only they find is never read as clean."""
+def unchecked_rules() -> list[str]:
+    """The registry's rule ids a replica does not check (they need a rank's whole stream or the whole run's order),
+    live or idle-only alike: stated at start and in the summary, so a run with a fault only they find is never read
+    as clean."""
     from ..checks.registry import RULES
 
-    reported = REPORTED_IDS - LOCKSTEP_RULES if live else REPORTED_IDS
-    return [r.id for r in RULES if r.id not in reported]
+    return [r.id for r in RULES if r.id not in REPORTED_IDS]
 
 
 class TraceState:
     """The held records of one trace: rank -> events, (rank, seq) -> span, levels, last change."""
 
     __slots__ = ("run_id", "trace_id", "ranks", "refs", "levels", "changed", "records", "configs", "live",
-                 "broken")
+                 "broken", "node")
 
     def __init__(self, run_id: str, trace_id: str, now: float) -> None:
         self.run_id, self.trace_id = run_id, trace_id
@@ -119,6 +121,7 @@ class TraceState:
         self.configs: dict[int, Event] = {}   # rank -> its config record, stamped on the resource
         self.live: LiveCheck | None = None    # the live check (live mode), None idle-only
         self.broken = False                   # its check raised: NOT checked from then on (said on stderr)
+        self.node: tuple[int, int] | None = None   # (epoch, node id) of a node trace, once known (live)
 
     def span_of(self, rank: int, seq: int) -> SpanRef | None:
         """The span holding record ``seq`` of ``rank`` (what :class:`~.finding_sinks.WriteBack` links to)."""
@@ -171,7 +174,7 @@ class ServeState:
     def __init__(self, report: Report, idle_s: float = 30.0, max_nodes: int = 100_000, max_runs: int = 256,
                  run_idle_s: float | None = None, note: Callable[[str], None] = lambda s: None,
                  journal: Journal | None = None, unchecked: Unchecked | None = None, live: bool = False,
-                 window: int = WINDOW, window_s: float = WINDOW_S) -> None:
+                 window: int = WINDOW, window_s: float = WINDOW_S, merge_cap: int = MERGE_CAP) -> None:
         self.report, self.note = report, note
         self.journal = journal                       # serve_journal: restart-safe late/lost and finding ids
         self.on_unchecked = unchecked or (lambda run_id, trace_id, why, n: None)
@@ -188,15 +191,16 @@ class ServeState:
         self.early = 0       # traces finalised before their idle window (a memory bound was hit)
         self.newest_ts = 0   # the newest record time seen (ns), for the lag
         self.errors = 0      # traces whose check raised (reported on stderr, counted: never a silent pass)
-        self.live, self.window, self.window_s = live, window, window_s
+        self.live, self.window, self.window_s, self.merge_cap = live, window, window_s, merge_cap
         self.due: deque[tuple[float, tuple[str, str]]] = deque()   # (arrival, trace) of records in a window
         self.past_window = 0  # records behind their rank's reorder window (not fed: said at finalisation)
         self.duplicates = 0   # records whose (rank, seq) the trace already had (sent again: dropped)
 
     @property
     def records_held(self) -> int:
-        """Records held: live, those in the reorder windows; idle-only, every record of the held traces."""
-        return sum(t.records if t.live is None else t.live.held for t in self.traces.values())
+        """Records held: live, those in the reorder windows and the cross-rank merges; idle-only, every record of
+        the held traces."""
+        return sum(t.records if t.live is None else t.live.held + t.live.xheld for t in self.traces.values())
 
     def add(self, spans: list[SpanRecords], now: float | None = None) -> None:
         """Hold the records of ``spans`` (one decoded request)."""
@@ -228,12 +232,14 @@ class ServeState:
                     self._finalise(next(iter(self.traces.values())), early=True)
                 tr = self.traces[key] = TraceState(s.run_id, s.trace_id, now)
                 if self.live:
-                    tr.live = LiveCheck(tr.levels, self.window, self.window_s)
+                    tr.live = LiveCheck(tr.levels, self.window, self.window_s, self.merge_cap)
                 run.traces += 1
             else:
                 self.traces.move_to_end(key)
                 tr.changed = now
             live, refs = tr.live, tr.refs
+            if live is not None and s.events:
+                self._merge_facts(tr, live, s)
             n = 0
             for ev in s.events:
                 rk = (ev.rank, ev.seq)
@@ -274,9 +280,45 @@ class ServeState:
                 self.due.append((now, key))
                 self._feed(tr, now)
 
-    def _feed(self, tr: TraceState, now: float, final: bool = False) -> None:
+    def _merge_facts(self, tr: TraceState, live: LiveCheck, s: SpanRecords) -> None:
+        """Live: what ``tr``'s cross-rank merge waits for (:class:`~.serve_live.LiveCheck`), from span ``s``: the
+        trace's kind (a rank trace: its one rank; a node trace: the CP group of the config stamps, once every rank
+        seen has one, as the idle path's C3-C5 need), and the ranks whose first lane span came (a node trace's
+        merge starts only then: a tail moved here by a resolver change is never joined)."""
+        from ..model.trace_ids import lane_span_id, rank_trace_id
+
+        rank = s.events[0].rank
+        if rank not in tr.ranks:   # a new rank (its first record is taken below): the group may be known now
+            if not live.node_trace:
+                tr.node = trace_node(tr.run_id, tr.trace_id, s.events)
+                live.node_trace = tr.node is not None
+            if not live.node_trace and not tr.ranks and rank_trace_id(tr.run_id, rank).hex() == tr.trace_id:
+                live.group = frozenset((rank,)) if (rank in tr.configs or s.config is not None) else None
+            elif live.node_trace:
+                live.group = self._stamped_group(tr, rank, s.config)
+        node = tr.node
+        if (live.node_trace and node is not None and rank not in live.starts
+                and lane_span_id(tr.run_id, node[0], node[1], rank).hex() == s.ref.span_id):
+            live.starts.add(rank)
+
+    @staticmethod
+    def _stamped_group(tr: TraceState, rank: int, cfg: Event | None) -> frozenset[int] | None:
+        """The CP group ``range(cp_size)`` when every rank of ``tr`` (and ``rank``, stamped ``cfg``) has a config
+        stamp with the same ``cp_size``; else None."""
+        stamps = dict(tr.configs)
+        if cfg is not None:
+            stamps[rank] = cfg
+        if any(r not in stamps for r in (*tr.ranks, rank)):
+            return None
+        sizes = {int_field(c.fields.get("cp_size")) for c in stamps.values()}
+        size = sizes.pop() if len(sizes) == 1 else None
+        return frozenset(range(size)) if size is not None and size >= 1 else None
+
+    def _feed(self, tr: TraceState, now: float, final: bool = False, lockstep: bool = True) -> None:
         """Live: feed what ``tr``'s reorder windows let go (``final``: all, and the end of stream); report the
-        findings decided. A check that raises leaves the trace NOT checked from there on (said, counted)."""
+        findings decided. A check that raises leaves the trace NOT checked from there on (said, counted).
+        ``lockstep``: report C3-C5 (before the end, the merge joins only whole, stamped groups; at the end the
+        caller decides as the idle path does)."""
         live = tr.live
         if live is None:
             return
@@ -286,7 +328,7 @@ class ServeState:
         except Exception as e:   # a bug or an input no rule foresaw: this trace is unchecked, the replica goes on
             self._broken(tr, e)
             return
-        self._counted(tr, live.fed - before, found, final)
+        self._counted(tr, live.fed - before, found, final, lockstep=lockstep)
 
     def _broken(self, tr: TraceState, e: Exception) -> None:
         self.errors += 1
@@ -368,12 +410,18 @@ class ServeState:
             return
         if tr.live is not None:
             live = tr.live
-            self._feed(tr, time.monotonic(), final=True)
+            stamped = all(r in tr.configs for r in tr.ranks)   # (as on the idle path, below)
+            short = stamped and self._group_short(tr)
+            self._feed(tr, time.monotonic(), final=True, lockstep=stamped and not short and not live.cross_gone)
             tr.live = None   # spent: its state freed now
             tr.ranks.clear()
             if live.past_window:
                 self.note(f"run {tr.run_id} trace {tr.trace_id}: {live.past_window} record(s) came behind their "
                           f"rank's reorder window ({self.window} records, {self.window_s:g}s): NOT checked")
+            if short:
+                self.lost(tr.run_id, tr.trace_id, GROUP_SHORT)
+            elif live.cross_gone:
+                self.lost(tr.run_id, tr.trace_id, MERGE_GONE)
         elif not tr.broken:
             try:
                 res = check_trace(tr)

@@ -28,8 +28,8 @@ require the ``--auth-header`` value on OTLP requests and ``/metrics`` (401 / ``U
 The checking thread owns a :class:`~cptrace_otel.analyze.serve_state.ServeState`: records held by trace, each trace
 checked when idle for ``--idle`` (default 30s); with ``--live``, records are fed to the per-rank rules as they arrive
 through a per-rank reorder window (``--reorder``, ``--reorder-records``), so such a finding is reported as soon as the
-record that decides it is checked (the cross-rank C3-C5 are then not reported: the ranks are fed in arrival order);
-memory bounded by
+record that decides it is checked (the cross-rank C3-C5 once every rank of the CP group has sent past that record:
+the ranks merged by ``ts`` as on the idle path); memory bounded by
 ``--max-nodes`` and ``--max-runs`` (past them the
 least recently changed is finalised early and counted). Each finding is printed once on stdout (the line ``watch``
 prints), written back into its node's trace as a span (``--endpoint``,
@@ -85,8 +85,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
                         "behind it is not checked and is counted")
     s.add_argument("--live", action="store_true",
                    help="check each record as it arrives (through the reorder window): a finding of the per-rank "
-                        "rules is reported within --reorder, not --idle, late; the cross-rank C3-C5 are then not "
-                        "reported (the ranks are fed in arrival order)")
+                        "rules is reported within --reorder, not --idle, late; one of the cross-rank C3-C5 once "
+                        "every rank of the CP group has sent records past it (or when the trace is finalised)")
     s.add_argument("--max-nodes", type=int, default=100_000, metavar="N",
                    help="traces held at once; past it the least recently changed is checked early (default 100000)")
     s.add_argument("--max-runs", type=int, default=256, metavar="N",
@@ -256,7 +256,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     note(f"listening on {scheme}://{bound_host!s}:{bound_port}{TRACES_PATH} (OTLP/HTTP protobuf), /metrics, /healthz, "
          f"/readyz; {when}; not checked by a replica (they need "
          f"a rank's whole stream or the run's order: run check or watch for them): "
-         f"{', '.join(unchecked_rules(args.live))}")
+         f"{', '.join(unchecked_rules())}")
     if gserver is not None:
         note(f"OTLP/gRPC on {gserver[1]}")
     note(f"receivers: {guard.describe()}")

@@ -541,30 +541,21 @@ class SpanBuilder:
                 if sp.rank == rank and any(a.get(sc.SEQ) == want for _, _, a in sp.events):
                     target = sp
                     break
-        if target is None:
-            key = (rank, "rank")
-            target = self._open.get(key)
-            if target is None:
-                ts = self._max_ts
-                fake = Event("finish", rank, -1, ts, 0, {})
-                target = self._open_span(key, rank_trace_id(self.run_id, rank), sc.SPAN_RANK, fake, {})
-        target.findings.append(fd)
+        (target or self._rank_span(rank, "finish")).findings.append(fd)
         self.findings += 1
 
-    def annotate_rank(self, rank: int, attrs: dict[str, Any], ts: int | None = None) -> None:
-        """Set span attributes (e.g. the pipeline's drop counter) on the rank's rank span, opening one if needed.
+    def annotate_rank(self, rank: int, attrs: dict[str, Any]) -> None:
+        """Set span attributes (e.g. the pipeline's drop counter) on the rank's rank span, opening one if needed."""
+        self._rank_span(rank, "annotate").attrs.update(attrs)
 
-        A span opened here starts at ``ts``, by default the latest record time seen: the records' clock (the traced
-        process's, or a replayed log's), not the exporter's, so the rank span sits among the spans it annotates
-        and the same records give the same span. Before any record, ``ts`` defaults to the wall clock."""
-        key = (rank, "rank")
-        sp = self._open.get(key)
+    def _rank_span(self, rank: int, why: str) -> Span:
+        """The rank's open rank span, else a new one at the latest record time (the records' clock, not the
+        exporter's, so the same records give the same span; the wall clock before any record)."""
+        sp = self._open.get((rank, "rank"))
         if sp is None:
-            if ts is None:
-                ts = self._max_ts or time.time_ns()
-            fake = Event("annotate", rank, -1, ts, 0, {})
-            sp = self._open_span(key, rank_trace_id(self.run_id, rank), sc.SPAN_RANK, fake, {})
-        sp.attrs.update(attrs)
+            fake = Event(why, rank, -1, self._max_ts or time.time_ns(), 0, {})
+            sp = self._open_span((rank, "rank"), rank_trace_id(self.run_id, rank), sc.SPAN_RANK, fake, {})
+        return sp
 
     def take(self) -> list[Span]:
         """Spans finished since the last call (a lane segment is followed by its children)."""

@@ -139,7 +139,7 @@ def test_real_sglang_streams_through_the_collector_find_what_check_finds(streams
         assert codes[name] == (1 if (tmp_path / f"{name}.out").read_text().strip() else 0), codes
     assert set(got) <= set(streams), sorted(got)
 
-    unchecked = set(unchecked_rules(False))
+    unchecked = set(unchecked_rules())
     suppressed = {k.split('"')[1] for m in ms.values() for k, v in m.items()
                   if k.startswith("cptrace_serve_suppressed_total{") and v > 0}
     assert suppressed <= unchecked, "a replica suppresses only the rules it names UNCHECKED"

@@ -25,7 +25,8 @@ from tests.unit.test_serve import Serve, demo_bodies  # noqa: F401  (the fixture
 RUNS = [("HASH_flip,ZERO_nostore,H1_ack,H4_nolock", "replicated", "wt", 2),
         ("H2_release,H3_noinval,H1_swap", "none", "wt", 1),
         ("H2_stale,ZERO_race,C1_div", "replicated", "wt", 3),
-        ("H4_wb_noflush", "none", "wb", 1)]
+        ("H4_wb_noflush", "none", "wb", 1),
+        ("C3_writer", "sharded", "wt", 4)]   # a cross-rank finding the live merge decides before the trace ends
 END_RULES = {"H4-open"}   # decided by the end of the stream (a copy whose ack never came)
 
 
@@ -77,31 +78,46 @@ def _run(spans: list[SpanRecords], live: bool, batch: int = 50, **kw) -> tuple[G
 
 def test_live_findings_equal_the_idle_path_on_the_simulators_faulted_runs(faulted_spans):
     codes: set[str] = set()
+    lockstep: set[str] = set()
     for spans in faulted_spans:
         idle, ist, _ = _run(spans, live=False)
         live, lst, before = _run(spans, live=True, window=64, window_s=5.0)
         assert idle.keys, "a faulted run without findings proves nothing"
-        # same findings, none doubled; the cross-rank C3-C5 only on the idle path (live feeds the ranks as they come)
-        assert Counter(live.keys) == Counter(k for k in idle.keys if k[3] not in LOCKSTEP_RULES)
+        # same findings, none doubled, the cross-rank C3-C5 among them (the live merge orders the ranks as the idle
+        # path's merge does)
+        assert Counter(live.keys) == Counter(idle.keys)
         assert len(set(live.keys)) == len(live.keys)
         assert lst.events_checked == ist.events_checked == sum(len(s.events) for s in spans)
         assert lst.past_window == lst.duplicates == lst.errors == 0
         # everything but the end-of-stream findings was reported while the traces were still held
-        assert Counter(before) == Counter(k for k in idle.keys if k[3] not in END_RULES | LOCKSTEP_RULES)
+        # ... and the cross-rank ones whose trace lacks a rank of the group (C1_div's rank 2 never prepares nodes
+        # 1 and 2): their merge waits for that rank until the trace is finalised, as the idle path's does
+        assert not Counter(before) - Counter(idle.keys)
+        assert {k[3] for k in (Counter(idle.keys) - Counter(before))} <= END_RULES | LOCKSTEP_RULES
         codes |= {k[2] for k in idle.keys}
+        lockstep |= {k[3] for k in before} & LOCKSTEP_RULES
     assert {"HASH", "ZERO", "H2", "H3", "H4"} <= codes   # (H1a/H1b are not reported by a replica)
+    assert lockstep == {"C3"}, "a cross-rank finding decided live, before its trace was finalised"
 
 
 def test_records_are_fed_as_they_come_not_held(faulted_spans):
-    """Live, a trace holds only its reorder windows: the records behind them are already checked."""
+    """Live, a trace holds only its reorder windows: the records behind them are already checked by the per-rank
+    rules, and by the cross-rank ones as far as every rank of the group has sent."""
     spans = faulted_spans[0]
     st = ServeState(lambda tr, f: None, idle_s=3600, live=True, window=8, window_s=1.0)
     st.add(spans, now=0.0)
-    held = st.records_held
-    assert st.events_checked > 0 and st.events_checked + held == sum(len(s.events) for s in spans)
-    assert held <= 8 * sum(len(t.live.bufs) for t in st.traces.values())
+    windows = sum(t.live.held for t in st.traces.values())
+    merging = sum(t.live.xheld for t in st.traces.values())
+    assert st.records_held == windows + merging
+    assert st.events_checked > 0 and st.events_checked + windows == sum(len(s.events) for s in spans)
+    assert windows <= 8 * sum(len(t.live.bufs) for t in st.traces.values())
     st.sweep(now=1.0)
-    assert st.records_held == 0 and st.traces
+    # the windows are empty; what the merges hold is each trace's tail after its slowest rank's last record, which
+    # another record of that rank, or the trace's end, lets go
+    assert sum(t.live.held for t in st.traces.values()) == 0 and st.traces
+    assert all(t.live.xheld <= 8 for t in st.traces.values())
+    st.finish_all()
+    assert st.records_held == 0 and not st.traces
 
 
 def _one_record_spans(spans: list[SpanRecords]) -> list[SpanRecords]:
@@ -158,7 +174,7 @@ def test_a_live_check_that_raises_leaves_the_trace_not_checked(faulted_spans, mo
     notes: list[str] = []
     got: list = []
     st = ServeState(lambda tr, f: got.append(f), idle_s=3600, live=True, window=0, note=notes.append)
-    monkeypatch.setattr(engine.Analysis, "feed", lambda self, ev: (_ for _ in ()).throw(KeyError("boom")))
+    monkeypatch.setattr(engine.Analysis, "feed_rank", lambda self, ev: (_ for _ in ()).throw(KeyError("boom")))
     st.add(faulted_spans[0], now=0.0)
     n = len(st.traces)
     st.add(faulted_spans[0][:5], now=1.0)   # more records of a broken trace: not fed, no second error
@@ -221,7 +237,7 @@ def test_traces_finalised_early_by_the_bound_match_the_idle_path(faulted_spans):
         idle, ist, _ = _run(spans, live=False, batch=len(spans), max_nodes=3)
         live, lst, _ = _run(spans, live=True, batch=len(spans), max_nodes=3, window=0, window_s=0.0)
         assert lst.early == ist.early > 0
-        assert Counter(live.keys) == Counter(k for k in idle.keys if k[3] not in LOCKSTEP_RULES)
+        assert Counter(live.keys) == Counter(idle.keys)
         assert lst.events_checked == ist.events_checked and lst.errors == 0
 
 
@@ -237,3 +253,71 @@ def test_a_run_finished_by_the_bound_inside_one_request_is_not_fed_again(faulted
     assert list(st.runs) == ["other-run"] and st.early == 1 and got == [sp.run_id]
     st.finish_all()
     assert got == [sp.run_id, "other-run"] and st.errors == 0
+
+
+def _lane_starts(spans: list[SpanRecords]) -> set[str]:
+    """The span ids of each rank's first lane span of each node trace in ``spans``."""
+    from cptrace_otel.analyze.serve_journal import trace_node
+    from cptrace_otel.model.trace_ids import lane_span_id
+
+    out = set()
+    for s in spans:
+        node = trace_node(s.run_id, s.trace_id, s.events)
+        if node is not None and s.events:
+            want = lane_span_id(s.run_id, node[0], node[1], s.events[0].rank).hex()
+            if s.ref.span_id == want:
+                out.add(want)
+    return out
+
+
+def test_a_tail_moved_here_never_starts_its_cross_rank_merge(faulted_spans):
+    """Every node trace without its ranks' first lane spans (a resolver change moved them here mid-life): no
+    cross-rank finding is reported, live or at the end, and each such trace is reported UNCHECKED."""
+    from cptrace_otel.analyze.serve_state import CUT
+
+    spans = faulted_spans[-1]   # C3_writer, 4 sharded ranks: its whole run gives a live C3
+    starts = _lane_starts(spans)
+    assert starts
+    tails = [s for s in spans if s.ref.span_id not in starts]
+    got = Got()
+    st = ServeState(got, idle_s=3600, live=True, window=64, window_s=5.0)
+    for i in range(0, len(tails), 50):
+        st.add(tails[i:i + 50], now=float(i))
+    st.sweep(now=float(len(tails)) + 10.0)
+    assert not [k for k in got.keys if k[3] in LOCKSTEP_RULES]
+    assert all(not t.live.starts for t in st.traces.values() if t.live.node_trace)
+    st.finish_all()
+    assert not [k for k in got.keys if k[3] in LOCKSTEP_RULES]
+    assert sum(n for (_, why), n in st.unchecked.items() if why == CUT) > 0
+
+
+def test_a_merge_waiting_past_its_bound_gives_its_cross_rank_rules_up_and_says_so(faulted_spans):
+    """One rank's spans held back until the others' are all in: its traces' merges overflow, so C3 (decided live
+    on the whole run) is not reported, and those traces are named UNCHECKED for C3-C5; nothing else changes."""
+    from cptrace_otel.analyze.serve_state import MERGE_GONE
+
+    spans = faulted_spans[-1]
+    late_rank = [s for s in spans if s.events and s.events[0].rank == 3]
+    order = [s for s in spans if not (s.events and s.events[0].rank == 3)] + late_rank
+    idle, _, _ = _run(spans, live=False)
+    live, lst, _ = _run(order, live=True, window=64, window_s=5.0, merge_cap=4)
+    gone = sum(n for (_, why), n in lst.unchecked.items() if why == MERGE_GONE)
+    assert gone > 0
+    assert Counter(live.keys) == Counter(k for k in idle.keys if k[3] not in LOCKSTEP_RULES)
+    assert any(k[3] in LOCKSTEP_RULES for k in idle.keys)
+
+
+def test_a_rank_without_a_config_stamp_holds_the_merge_to_the_end(faulted_spans):
+    """The CP group is known only from every rank's stamp: without one the merge waits for the trace's end, and
+    the end decides as the idle path does (C3-C5 not reported: the group is not known)."""
+    spans = [SpanRecords(s.run_id, s.trace_id, s.ref, s.level, s.events,
+                         None if s.events and s.events[0].rank == 2 else s.config) for s in faulted_spans[-1]]
+    got = Got()
+    st = ServeState(got, idle_s=3600, live=True, window=64, window_s=5.0)
+    st.add(spans, now=0.0)
+    st.sweep(now=10.0)
+    assert all(t.live.group is None for t in st.traces.values() if t.live.node_trace and 2 in t.ranks)
+    st.finish_all()
+    idle, _, _ = _run(spans, live=False)
+    assert Counter(got.keys) == Counter(idle.keys)
+    assert not [k for k in got.keys if k[3] in LOCKSTEP_RULES]

@@ -208,9 +208,15 @@ def merge_streams(streams: list) -> Iterator[Event]:
     """Per-rank event streams (each in its rank's order) merged by the records' ``ts`` field, lazily."""
     if len(streams) == 1:
         return iter(streams[0])
-    # merge by the records' ts= field (monotonic, one clock for the ranks of a host) when they carry one: the event
-    # time is each process's own call time, which does not order records across ranks
-    return heapq.merge(*streams, key=lambda e: e.fields["ts"] if type(e.fields.get("ts")) is int else e.ts)
+    return heapq.merge(*streams, key=merge_key)
+
+
+def merge_key(e: Event) -> int:
+    """The key the ranks' streams are merged by: the record's ``ts=`` field (monotonic, one clock for the ranks of a
+    host) when it carries one, else its event time (each process's own call time, which does not order records
+    across ranks as well). Ties go to the lower rank (the streams are given in rank order)."""
+    t = e.fields.get("ts")
+    return t if type(t) is int else e.ts
 
 
 def collect(req: dict, path: str, info: OtlpInfo, per_rank: dict, line_no: int = 0) -> None:
