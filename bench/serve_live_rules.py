@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -25,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.serve_trace_rules import FAULTS, ONLY  # noqa: E402
+from bench.serve_trace_rules import FAULTS, demo_runs  # noqa: E402
 
 
 def _spans(out: Path) -> list:
@@ -70,29 +69,21 @@ def main() -> int:
     tot: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     differ = 0
     with tempfile.TemporaryDirectory() as tmp:
-        for mode in a.modes.split(","):
-            for faults in a.faults.split(";"):
-                if mode not in ONLY.get(faults, (mode,)):
-                    continue
-                out = Path(tmp) / f"{mode}-{faults}"
-                d = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "demo", "--ranks", str(a.ranks),
-                                    "--mode", mode, "--faults", faults, "--out", str(out), "--json"],
-                                   capture_output=True, text=True, cwd=ROOT)
-                if d.returncode not in (0, 1):
-                    print(f"demo {mode} {faults} failed: {d.stderr[-500:]}", file=sys.stderr)
-                    return 2
-                spans = _spans(out)
-                idle, _ = _replica(spans, live=False)
-                live, early = _replica(spans, live=True)
-                same = collections.Counter(idle) == collections.Counter(live)
-                differ += not same
-                for rule in {f[1] for f in idle + live}:
-                    t = tot[rule]
-                    t["idle"] += sum(f[1] == rule for f in idle)
-                    t["live"] += sum(f[1] == rule for f in live)
-                    t["early"] += sum(f[1] == rule for f in early)
-                print(f"  {mode:10s} {faults:34s} idle-only {len(idle):3d}, live {len(live):3d} "
-                      f"({len(early)} before the finalisation): {'same' if same else 'DIFFER'}", flush=True)
+        for mode, faults, out in demo_runs(Path(tmp), a.ranks, a.modes, a.faults):
+            if out is None:
+                return 2
+            spans = _spans(out)
+            idle, _ = _replica(spans, live=False)
+            live, early = _replica(spans, live=True)
+            same = collections.Counter(idle) == collections.Counter(live)
+            differ += not same
+            for rule in {f[1] for f in idle + live}:
+                t = tot[rule]
+                t["idle"] += sum(f[1] == rule for f in idle)
+                t["live"] += sum(f[1] == rule for f in live)
+                t["early"] += sum(f[1] == rule for f in early)
+            print(f"  {mode:10s} {faults:34s} idle-only {len(idle):3d}, live {len(live):3d} "
+                  f"({len(early)} before the finalisation): {'same' if same else 'DIFFER'}", flush=True)
     print(f"\n{a.ranks} ranks, modes {a.modes}: findings reported, by rule")
     print(f"{'rule':12s} {'idle-only':>9s} {'live':>6s} {'live early':>10s}")
     for rule, t in sorted(tot.items()):

@@ -26,6 +26,7 @@ import json
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,6 +85,24 @@ def per_trace(out: Path, stamped: bool, bump: int = 0) -> set:
             for f in check_trace(tr).findings}
 
 
+def demo_runs(tmp: Path, ranks: int, modes: str, faults_list: str) -> Iterator[tuple[str, str, Path | None]]:
+    """(mode, faults, output folder) of each simulator run of ``modes`` x ``faults_list`` (``;``-separated) that
+    applies; the folder None (said on stderr) when a demo failed: the caller stops."""
+    for mode in modes.split(","):
+        for faults in faults_list.split(";"):
+            if mode not in ONLY.get(faults, (mode,)):
+                continue
+            out = tmp / f"{mode}-{faults}"
+            d = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "demo", "--ranks", str(ranks), "--mode",
+                                mode, "--faults", faults, "--out", str(out), "--json"],
+                               capture_output=True, text=True, cwd=ROOT)
+            if d.returncode not in (0, 1):
+                print(f"demo {mode} {faults} failed: {d.stderr[-500:]}", file=sys.stderr)
+                yield mode, faults, None
+                return
+            yield mode, faults, out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ranks", type=int, default=4)
@@ -93,49 +112,41 @@ def main() -> int:
     a = ap.parse_args()
     tot: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     with tempfile.TemporaryDirectory() as tmp:
-        for mode in a.modes.split(","):
-            for faults in a.faults.split(";"):
-                if mode not in ONLY.get(faults, (mode,)):
-                    continue
-                out = Path(tmp) / f"{mode}-{faults}"
-                d = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "demo", "--ranks", str(a.ranks),
-                                    "--mode", mode, "--faults", faults, "--out", str(out), "--json"],
-                                   capture_output=True, text=True, cwd=ROOT)
-                if d.returncode not in (0, 1):
-                    print(f"demo {mode} {faults} failed: {d.stderr[-500:]}", file=sys.stderr)
-                    return 2
-                c = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "check", "--json",
-                                    *sorted(str(p) for p in out.glob("rank*.log"))], capture_output=True, text=True,
-                                   cwd=ROOT)
-                want = {_key(f["rule"], f["rank"], f["node_id"], f["epoch"], f["evidence"])
-                        for f in json.loads(c.stdout)["findings"]}
-                got = {True: per_trace(out, True), False: per_trace(out, False)}
-                if faults == "none" and a.bump > 0:
-                    from google.protobuf.json_format import MessageToJson
+        for mode, faults, out in demo_runs(Path(tmp), a.ranks, a.modes, a.faults):
+            if out is None:
+                return 2
+            c = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "check", "--json",
+                                *sorted(str(p) for p in out.glob("rank*.log"))], capture_output=True, text=True,
+                               cwd=ROOT)
+            want = {_key(f["rule"], f["rank"], f["node_id"], f["epoch"], f["evidence"])
+                    for f in json.loads(c.stdout)["findings"]}
+            got = {True: per_trace(out, True), False: per_trace(out, False)}
+            if faults == "none" and a.bump > 0:
+                from google.protobuf.json_format import MessageToJson
 
-                    changed = Path(tmp) / f"{mode}-bumped"
-                    changed.mkdir()
-                    (changed / "run.otlp.jsonl").write_text("".join(
-                        MessageToJson(r, indent=None) + "\n" for r in _requests(out, True, a.bump)))
-                    c = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "check", "--json",
-                                        str(changed / "run.otlp.jsonl")], capture_output=True, text=True, cwd=ROOT)
-                    want |= {_key(f["rule"], f["rank"], f["node_id"], f["epoch"], f["evidence"])
-                             for f in json.loads(c.stdout)["findings"] if f["rule"] == "C4"}
-                    for v in (True, False):
-                        got[v] |= {f for f in per_trace(changed, v) if f[0] == "C4"}
-                for rule in sorted({f[0] for f in want | got[True] | got[False]}):
-                    w = {f for f in want if f[0] == rule}
-                    t = tot[rule]
-                    t["check"] += len(w)
-                    for v, g in got.items():
-                        g = {f for f in g if f[0] == rule}
-                        tag = "stamp" if v else "bare"
-                        t[f"{tag} found"] += len(w & g)
-                        t[f"{tag} missed"] += len(w - g)
-                        t[f"{tag} extra"] += len(g - w)
-                    if w != {f for f in got[True] if f[0] == rule}:
-                        print(f"  {mode:10s} {faults:28s} {rule}: check {len(w)}, traces with the stamp "
-                              f"{len({f for f in got[True] if f[0] == rule})}", flush=True)
+                changed = Path(tmp) / f"{mode}-bumped"
+                changed.mkdir()
+                (changed / "run.otlp.jsonl").write_text("".join(
+                    MessageToJson(r, indent=None) + "\n" for r in _requests(out, True, a.bump)))
+                c = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "check", "--json",
+                                    str(changed / "run.otlp.jsonl")], capture_output=True, text=True, cwd=ROOT)
+                want |= {_key(f["rule"], f["rank"], f["node_id"], f["epoch"], f["evidence"])
+                         for f in json.loads(c.stdout)["findings"] if f["rule"] == "C4"}
+                for v in (True, False):
+                    got[v] |= {f for f in per_trace(changed, v) if f[0] == "C4"}
+            for rule in sorted({f[0] for f in want | got[True] | got[False]}):
+                w = {f for f in want if f[0] == rule}
+                t = tot[rule]
+                t["check"] += len(w)
+                for v, g in got.items():
+                    g = {f for f in g if f[0] == rule}
+                    tag = "stamp" if v else "bare"
+                    t[f"{tag} found"] += len(w & g)
+                    t[f"{tag} missed"] += len(w - g)
+                    t[f"{tag} extra"] += len(g - w)
+                if w != {f for f in got[True] if f[0] == rule}:
+                    print(f"  {mode:10s} {faults:28s} {rule}: check {len(w)}, traces with the stamp "
+                          f"{len({f for f in got[True] if f[0] == rule})}", flush=True)
     print(f"\n{a.ranks} ranks, modes {a.modes}; each trace checked alone, with / without the config stamp")
     print(f"{'rule':12s} {'check':>6s} | {'found':>6s} {'missed':>6s} {'extra':>6s} | {'found':>6s} {'missed':>6s} "
           f"{'extra':>6s}")
