@@ -38,7 +38,7 @@ live stream: the API stamps ``time.time_ns()``, so the child replaces ``time.tim
 with a clock that advances 1 us per call on the main thread (the caller, where records are stamped) and returns the
 current value on every other thread (the exporter's expiry "now", never moving by itself), starting in 2096 so the
 exporter subprocess's real clock never times a span out (the record ring, which stamps in C, is given the same
-clock through ``_hot.ring_clock``); OTLP/HTTP compression is ``none`` where raw bytes are
+clock through ``traced.ring.stamp_clock``); OTLP/HTTP compression is ``none`` where raw bytes are
 compared. The live stream is cut into segments, each ended by ``flush()`` (which closes the open spans at a
 known point of the stream): 400 records each for the replayed lines, then one segment per special case (a span
 closed by its event count, one by its byte size, spans closed by ``timeout`` across a 2 s jump of the clock).
@@ -566,10 +566,10 @@ def child_live(paths: list[str]) -> int:
 
     import cptrace_otel as ct
 
-    try:   # the record ring stamps in C: give it the same clock (a tree before ring_clock stamps the real one)
-        from cptrace_otel._speedups import _hot
-        _hot.ring_clock(_time.time_ns)
-    except (ImportError, AttributeError):
+    try:   # the record ring stamps in C: give it the same clock (a tree before stamp_clock stamps the real one)
+        from cptrace_otel.traced.ring import stamp_clock
+        stamp_clock(_time.time_ns)
+    except ImportError:
         pass
 
     logs = _log_records(paths)

@@ -24,7 +24,7 @@ the cross-rank rules off after 65,536 records.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from ..model.events import Event, int_field
 from .cross_base import REPLICA_MODES, EpochC1
@@ -78,12 +78,6 @@ class CrossRank(C1Lockstep, C2AckRounds, JoinRules, L3Cross):
         self._ranks_sorted: list[int] = []
         self._fence = StoreFence()
         self._c2_qs: dict[int, tuple] = {}                # epoch -> (ranks list it was built for, round queues)
-        # tag -> handler of the records C1/C3-C5 read besides config and ack (see feed): every STRUCTURAL tag feeds
-        # C1, some also a join or a per-node memory; backup completes a prepare's join
-        extra = {"split": self._on_split, "prepare": self._on_join, "reload": self._on_join, "evict": self._on_evict}
-        self._on_tag = {tag: extra.get(tag, self._c1_add) for tag in STRUCTURAL}
-        self._on_tag["backup"] = self._backup
-        self._on_tag["l3_backup"] = self._l3_join      # L3c/L3d (.rules_l3x)
         self._l3_joins: dict[tuple, dict[int, dict]] = {}
         self._l3_occ: dict[tuple, int] = {}
         self._l3_seen = False
@@ -126,9 +120,9 @@ class CrossRank(C1Lockstep, C2AckRounds, JoinRules, L3Cross):
             return
         if r in self._cur_round:   # any other record of this rank ends its ack round
             self._round_close(r)
-        h = self._on_tag.get(tag)   # structural records and backup; None for tags no other rule reads
+        h = _ON_TAG.get(tag)   # structural records and backup; None for tags no other rule reads
         if h is not None:
-            h(ev)
+            h(self, ev)
 
     def _new_rank(self, r: int) -> None:
         self.ranks.add(r)
@@ -307,3 +301,14 @@ class CrossRank(C1Lockstep, C2AckRounds, JoinRules, L3Cross):
                                  f"no store records (level {fence.level}) in mode shared",
                                  "level" if self.level < fence.level else "skip"))
         return out
+
+
+# tag -> handler of the records C1/C3-C5 read besides config and ack (see CrossRank.feed): every STRUCTURAL tag
+# feeds C1, some also a join or a per-node memory; backup completes a prepare's join; l3_backup L3c/L3d
+# (.rules_l3x). Plain functions called with the CrossRank: bound methods kept on it would make each one a reference
+# cycle, freed only by the cyclic collector
+_EXTRA = {"split": CrossRank._on_split, "prepare": CrossRank._on_join, "reload": CrossRank._on_join,
+          "evict": CrossRank._on_evict}
+_ON_TAG: dict[str, Callable[[CrossRank, Event], None]] = {
+    **{tag: _EXTRA.get(tag, CrossRank._c1_add) for tag in STRUCTURAL},
+    "backup": CrossRank._backup, "l3_backup": CrossRank._l3_join}

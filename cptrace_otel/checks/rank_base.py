@@ -8,9 +8,11 @@ handler's list); it never dispatches records itself.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from ..model.events import Event
+from ..model.events import LEVEL_OF_TAG, Event
+from .epochs import EPOCH_TAGS
 from .findings import ERROR, UNDECIDABLE, WARN, Finding, Unchecked
 from .lineage import EpochState
 from .ranges import EXACT
@@ -55,3 +57,31 @@ class RankRuleBase:
         finding (the real allocator scatters slots, so unrelated ranges' hulls overlap), counted and reported."""
         self._skip(rule, code, node_id, f"interval overlap the rng summaries cannot decide ({what}); exact sets "
                    "(devx/hostx/idx_x) would", UNDECIDABLE, 2)
+
+
+# handler(checker, ev, ev.fields, node_id, (seq, line_no)); node_id is an int for the keyed tags (the rest get the
+# raw value)
+Handler = Callable[[Any, Event, dict, Any, tuple], "list[Finding] | None"]
+# tag -> the name of its handler on the checker's class
+HANDLERS = {
+    "config": "_config", "insert": "_insert", "split": "_split", "prepare": "_prepare", "backup": "_backup",
+    "ack": "_ack", "evict": "_evict", "free": "_free", "reload": "_reload", "compose": "_compose",
+    "kv_canary": "_canary", "l3_backup": "_l3_backup_all", "l3_prefetch": "_l3_prefetch", "l3_ack": "_l3_ack_all",
+    "l3_hit": "_l3_hit", "audit": "_audit", "swa": "_swa", "mamba": "_mamba", "ld_start": "_ld_start",
+    "ld_layer": "_ld_layer", "ld_read": "_ld_read",
+}
+# handlers that also run for a record without an int node_id
+_UNKEYED = frozenset(("config", "free", "kv_canary", "l3_prefetch", "l3_ack", "ld_start", "ld_layer", "ld_read"))
+_TABLES: dict[type, dict[str, tuple[int, Handler | None, bool, bool]]] = {}
+
+
+def handler_table(cls: type) -> dict[str, tuple[int, Handler | None, bool, bool]]:
+    """``cls``'s per-tag table, made once per class: tag -> (level of the tag, its handler as a plain function,
+    whether the record can move the epoch tracker, whether the handler needs an int node_id). Shared by every
+    checker of the class; a checker that adds to it (``observe``) copies it first."""
+    tab = _TABLES.get(cls)
+    if tab is None:
+        levels = {**dict.fromkeys(HANDLERS, 1), **LEVEL_OF_TAG}   # (a handled tag the grammar lacks: level 1)
+        tab = _TABLES[cls] = {tag: (lv, getattr(cls, HANDLERS[tag]) if tag in HANDLERS else None, tag in EPOCH_TAGS,
+                                    tag not in _UNKEYED) for tag, lv in levels.items()}
+    return tab

@@ -25,6 +25,7 @@ from .epochs import EPOCH_TAGS, EpochTracker
 from .findings import Finding, Unchecked
 from .lineage import UNKNOWN, Backup, Bounded, EpochState, Node, PendingLoad, PendingWrite
 from .ranges import Slots, is_none_range, overlap, slice_slots, slots_of
+from .rank_base import Handler, handler_table
 from .registry import LEVEL_RECORDS, RANK, Rule, unchecked_at
 from .rules_canary import CanaryOwner
 from .rules_content import HashCompare, ZeroFlag
@@ -38,11 +39,6 @@ from .rules_mamba import SLOTS_KEPT, MambaRules
 from .rules_rest import RestRules
 from .rules_side import SideRules, side_witness
 from .rules_swa import PAGES_KEPT, SwaRules
-
-# handler(ev, ev.fields, node_id, (seq, line_no)); node_id is an int for the keyed tags (the rest get the raw value)
-Handler = Callable[[Event, dict, Any, tuple], "list[Finding] | None"]
-# handlers that also run for a record without an int node_id
-_UNKEYED = frozenset(("config", "free", "kv_canary", "l3_prefetch", "l3_ack", "ld_start", "ld_layer", "ld_read"))
 
 
 class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare, CanaryOwner, L3Rules,
@@ -77,32 +73,24 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         self._rest_reported = Bounded(4096)  # REST-hash: the copies reported (one finding per corrupted copy)
         self._l3_ident: dict = {}            # FOREIGN: this rank's storage identity (its config)
         self.l3_prior = None                 # FOREIGN: earlier runs' L3 backups (set by the analysis)
-        handlers: dict[str, Handler] = {
-            "config": self._config, "insert": self._insert, "split": self._split, "prepare": self._prepare,
-            "backup": self._backup, "ack": self._ack, "evict": self._evict, "free": self._free,
-            "reload": self._reload, "compose": self._compose, "kv_canary": self._canary,
-            "l3_backup": self._l3_backup_all, "l3_prefetch": self._l3_prefetch, "l3_ack": self._l3_ack_all,
-            "l3_hit": self._l3_hit, "audit": self._audit, "swa": self._swa, "mamba": self._mamba,
-            "ld_start": self._ld_start, "ld_layer": self._ld_layer, "ld_read": self._ld_read,
-        }
         # tag -> (level of the tag, handler, whether the record can move the epoch tracker, whether the handler
-        # needs an int node_id): one lookup per record on the hot path
-        levels = {**dict.fromkeys(handlers, 1), **LEVEL_OF_TAG}   # (a handled tag the grammar lacks: level 1)
-        self._tab: dict[str, tuple[int, Handler | None, bool, bool]] = {
-            tag: (lv, handlers.get(tag), tag in EPOCH_TAGS, tag not in _UNKEYED) for tag, lv in levels.items()}
+        # needs an int node_id): one lookup per record on the hot path. One table per class, of plain functions
+        # called with the checker: bound methods here would make every checker a reference cycle, freed only by
+        # the cyclic collector (a serve replica makes one per rank of every trace: 30% of its CPU went there)
+        self._tab: dict[str, tuple[int, Handler | None, bool, bool]] = handler_table(type(self))
 
     def observe(self, tag: str, fn: Callable[[Event], Any]) -> None:
         """Also pass every record with ``tag`` to ``fn`` (before the tag's rule, if it has one; ``fn``'s result is
         ignored). Through the per-tag table the hot path looks up anyway, so records of other tags pay nothing."""
         lv, rule, moves, keyed = self._tab.get(tag, (LEVEL_OF_TAG.get(tag, 1), None, tag in EPOCH_TAGS, False))
 
-        def observed(ev: Event, f: dict, nid: object, ref: tuple) -> list[Finding] | None:
+        def observed(chk: RankChecker, ev: Event, f: dict, nid: object, ref: tuple) -> list[Finding] | None:
             fn(ev)
             if rule is None or (keyed and type(nid) is not int):
                 return None
-            return rule(ev, f, nid, ref)
+            return rule(chk, ev, f, nid, ref)
 
-        self._tab[tag] = (lv, observed, moves, False)
+        self._tab = {**self._tab, tag: (lv, observed, moves, False)}   # (the class's table is shared)
 
     # -- level --------------------------------------------------------------------------------------------------
     @property
@@ -152,7 +140,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         nid = f.get("node_id")
         if keyed and type(nid) is not int:
             return late
-        out = h(ev, f, nid, (ev.seq, ev.line_no))
+        out = h(self, ev, f, nid, (ev.seq, ev.line_no))
         return out if late is None else late + (out or [])
 
     def finish(self) -> list[Finding]:
