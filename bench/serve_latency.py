@@ -17,6 +17,7 @@ the start, the first poll that shows that alert (same run id, code and rank) in 
 
     python bench/serve_latency.py                      # 5,000 records/s for 60 s, faults at 5, 12, 19 s
     python bench/serve_latency.py --rate 50000 --seconds 40
+    python bench/serve_latency.py --rate 20000 --seconds 30 --paths live   # the live replica alone
 
 Printed: for each path, the latency of each injection and min / median / max; the rate the sender reached; each
 replica's records checked, turned away (503), past its reorder window, and its CPU seconds. What is measured is the
@@ -100,7 +101,7 @@ def _decider(bodies: list[bytes]) -> tuple[int, str, int]:
     raise SystemExit("the faulted run gave no finding before its end")
 
 
-def _collector_config(http_port: int, health: int, metrics: int, live: int, idle: int) -> dict:
+def _collector_config(http_port: int, health: int, metrics: int, replicas: dict[str, int]) -> dict:
     import yaml
 
     cfg = yaml.safe_load((ROOT / "deploy" / "collector" / "config-checkers.yaml").read_text())
@@ -110,11 +111,11 @@ def _collector_config(http_port: int, health: int, metrics: int, live: int, idle
     cfg["service"]["telemetry"]["metrics"]["readers"][0]["pull"]["exporter"]["prometheus"]["port"] = metrics
     lb = cfg["exporters"].pop("load_balancing/checkers")
     del cfg["exporters"]["otlp/jaeger"]
-    for name, port in (("live", live), ("idle", idle)):
+    for name, port in replicas.items():
         e = json.loads(json.dumps(lb))
         e["resolver"]["static"]["hostnames"] = [f"127.0.0.1:{port}"]
-        cfg["exporters"][f"load_balancing/{name}"] = e
-    cfg["service"]["pipelines"]["traces"]["exporters"] = ["load_balancing/live", "load_balancing/idle"]
+        cfg["exporters"][f"load_balancing/{name.replace('-', '')}"] = e
+    cfg["service"]["pipelines"]["traces"]["exporters"] = [f"load_balancing/{n.replace('-', '')}" for n in replicas]
     return cfg
 
 
@@ -131,7 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--at", default="5,12,19", help="seconds into the stream of the faulted runs (default 5,12,19)")
     ap.add_argument("--idle", default="30s", help="both replicas' --idle (default 30s, serve's default)")
     ap.add_argument("--keep", default=None, help="folder to keep the generated files and logs in")
+    ap.add_argument("--paths", default="live,idle-only",
+                    help="the replicas to run, of live and idle-only (default both; one alone leaves it the CPU the "
+                         "other would take)")
     args = ap.parse_args(argv)
+    names = tuple(dict.fromkeys(x.strip() for x in args.paths.split(",") if x.strip()))
+    if not names or not set(names) <= {"live", "idle-only"}:
+        ap.error("--paths: a comma-separated list of live and idle-only")
     at = sorted(float(x) for x in args.at.split(","))
     col_bin = Path(os.environ.get("COLLECTOR_BIN") or ROOT / "deploy" / "collector" / "bin" / "otelcol-cptrace")
     am_bin = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
@@ -171,7 +178,6 @@ def main(argv: list[str] | None = None) -> int:
 
     # -- the services -------------------------------------------------------------------------------------------
     procs: list[subprocess.Popen] = []
-    names = ("live", "idle-only")
     ports = {n: (_free_port(), _free_port(), _free_port()) for n in names}   # serve http, serve grpc, alertmanager
     try:
         for n in names:
@@ -197,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
 
         c_http, c_health, c_metrics = _free_port(), _free_port(), _free_port()
         (tmp / "col.yaml").write_text(yaml.safe_dump(_collector_config(c_http, c_health, c_metrics,
-                                                                       ports["live"][1], ports["idle-only"][1])))
+                                                                       {n: ports[n][1] for n in names})))
         procs.append(subprocess.Popen([str(col_bin), f"--config={tmp / 'col.yaml'}"],
                                       stdout=open(tmp / "col.log", "w"), stderr=subprocess.STDOUT))
         _wait(lambda: _get(f"http://127.0.0.1:{c_health}/") is not None, 60, "collector")
