@@ -75,7 +75,8 @@ class Checker:
                 raise SetupError(str(e), EXIT_USAGE) from None
         self.state = ServeState(self._report, idle_s=idle, max_nodes=args.max_nodes, max_runs=args.max_runs,
                                 note=note, journal=self.journal, unchecked=self.sinks.unchecked, live=args.live,
-                                window=args.reorder_records, window_s=reorder)
+                                window=args.reorder_records, window_s=reorder,
+                                max_trace_records=args.max_trace_records)
         if self.journal is not None:
             j = self.journal
             note(f"journal in {state_dir}: {len(lost)} trace(s) held when the previous process died, reported "

@@ -94,6 +94,10 @@ GROUP_SHORT = ("records of fewer ranks than the CP group has (the others' went t
 MERGE_GONE = ("more records waited in the live cross-rank merge for a rank of the group than it holds: its "
               "cross-rank joins C3-C5 not checked from there on")
 MAX_DONE = 200_000   # finalised trace ids remembered per run (a late span of one is counted, not checked again)
+# records one trace holds (idle-only) or remembers the spans of (live) before its records so far are checked as one
+# segment: a rank trace lives as long as its run (SGLang's device frees by index land there, one per finished
+# request), so without it a long run's rank traces would grow without bound
+MAX_TRACE_RECORDS = 200_000
 
 
 def unchecked_rules() -> list[str]:
@@ -109,7 +113,7 @@ class TraceState:
     """The held records of one trace: rank -> events, (rank, seq) -> span, levels, last change."""
 
     __slots__ = ("run_id", "trace_id", "ranks", "refs", "levels", "changed", "records", "configs", "live",
-                 "broken", "node")
+                 "broken", "node", "segmented")
 
     def __init__(self, run_id: str, trace_id: str, now: float) -> None:
         self.run_id, self.trace_id = run_id, trace_id
@@ -122,6 +126,7 @@ class TraceState:
         self.live: LiveCheck | None = None    # the live check (live mode), None idle-only
         self.broken = False                   # its check raised: NOT checked from then on (said on stderr)
         self.node: tuple[int, int] | None = None   # (epoch, node id) of a node trace, once known (live)
+        self.segmented = 0                    # records checked in earlier segments (max_trace_records)
 
     def span_of(self, rank: int, seq: int) -> SpanRef | None:
         """The span holding record ``seq`` of ``rank`` (what :class:`~.finding_sinks.WriteBack` links to)."""
@@ -174,7 +179,8 @@ class ServeState:
     def __init__(self, report: Report, idle_s: float = 30.0, max_nodes: int = 100_000, max_runs: int = 256,
                  run_idle_s: float | None = None, note: Callable[[str], None] = lambda s: None,
                  journal: Journal | None = None, unchecked: Unchecked | None = None, live: bool = False,
-                 window: int = WINDOW, window_s: float = WINDOW_S, merge_cap: int = MERGE_CAP) -> None:
+                 window: int = WINDOW, window_s: float = WINDOW_S, merge_cap: int = MERGE_CAP,
+                 max_trace_records: int = MAX_TRACE_RECORDS) -> None:
         self.report, self.note = report, note
         self.journal = journal                       # serve_journal: restart-safe late/lost and finding ids
         self.on_unchecked = unchecked or (lambda run_id, trace_id, why, n: None)
@@ -192,6 +198,8 @@ class ServeState:
         self.newest_ts = 0   # the newest record time seen (ns), for the lag
         self.errors = 0      # traces whose check raised (reported on stderr, counted: never a silent pass)
         self.live, self.window, self.window_s, self.merge_cap = live, window, window_s, merge_cap
+        self.max_trace_records = max(1, max_trace_records)
+        self.segments = 0     # segments checked of traces that reached max_trace_records
         self.due: deque[tuple[float, tuple[str, str]]] = deque()   # (arrival, trace) of records in a window
         self.past_window = 0  # records behind their rank's reorder window (not fed: said at finalisation)
         self.duplicates = 0   # records whose (rank, seq) the trace already had (sent again: dropped)
@@ -273,6 +281,8 @@ class ServeState:
                 if not live.push(ev, now):
                     self.past_window += 1
             tr.records += n
+            if len(tr.refs) >= self.max_trace_records:
+                self._segment(tr)
             if live is not None:
                 touched[key] = tr
         for key, tr in touched.items():
@@ -437,11 +447,37 @@ class ServeState:
                 # rank alone. Its C3-C5 are not reported and the trace is named UNCHECKED for them.
                 short = stamped and self._group_short(tr)
                 tr.ranks.clear()
-                self._counted(tr, tr.records, res.findings, final=True, lockstep=stamped and not short)
+                self._counted(tr, tr.records - tr.segmented, res.findings, final=True,
+                              lockstep=stamped and not short)
                 if short:
                     self.lost(tr.run_id, tr.trace_id, GROUP_SHORT)
         if self.journal is not None:
             self.journal.finalised(tr.run_id, tr.trace_id)
+
+    def _segment(self, tr: TraceState) -> None:
+        """``tr`` holds :attr:`max_trace_records` records (idle-only) or record refs (live): idle-only, its records
+        so far are checked now as one segment and dropped (the trace stays held: later records make the next);
+        live, where the records are already fed, the refs are dropped (a finding's evidence before them is then
+        written back without its span link). Either way a resent batch of those records is no longer known as a
+        duplicate, and a node trace's later part lacks its ranks' first lane spans, so its end is reported
+        UNCHECKED: a node trace this long is not expected; a rank trace is one (it lives as long as its run)."""
+        self.segments += 1
+        held = sum(len(v) for v in tr.ranks.values())
+        what = "checked as one segment" if tr.live is None else "their span refs dropped"
+        self.note(f"run {tr.run_id} trace {tr.trace_id}: {tr.records} records, --max-trace-records "
+                  f"{self.max_trace_records} reached: {what}; the rest is checked on its own")
+        if tr.live is None and not tr.broken:
+            try:
+                res = check_trace(tr)
+            except Exception as e:   # as in _finalise: this trace is unchecked from here on
+                self._broken(tr, e)
+                return
+            stamped = all(r in tr.configs for r in tr.ranks)
+            short = stamped and self._group_short(tr)
+            tr.ranks.clear()
+            tr.segmented += held
+            self._counted(tr, held, res.findings, lockstep=stamped and not short)
+        tr.refs.clear()
 
     @staticmethod
     def _group_short(tr: TraceState) -> bool:
@@ -461,6 +497,7 @@ class ServeState:
 
     def stats(self) -> dict[str, Any]:
         return {"events_checked": self.events_checked, "traces_held": len(self.traces), "runs": len(self.runs),
+                "trace_segments": self.segments,
                 "late_records": self.late, "finalised_early": self.early, "check_errors": self.errors,
                 "findings": sum(self.findings.values()), "suppressed": dict(self.suppressed),
                 "past_window": self.past_window, "duplicate_records": self.duplicates,

@@ -89,6 +89,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
                         "every rank of the CP group has sent records past it (or when the trace is finalised)")
     s.add_argument("--max-nodes", type=int, default=100_000, metavar="N",
                    help="traces held at once; past it the least recently changed is checked early (default 100000)")
+    s.add_argument("--max-trace-records", type=int, default=200_000, metavar="N",
+                   help="records one trace holds (live: remembers) before those are checked as one segment and "
+                        "dropped; a rank trace lives as long as its run (default 200000)")
     s.add_argument("--max-runs", type=int, default=256, metavar="N",
                    help="runs held at once; past it the least recently changed is finished early (default 256)")
     s.add_argument("--queue", type=int, default=64, metavar="N",
@@ -156,6 +159,8 @@ def metrics_text(state: ServeState, c: Counters, queued: int, now_ns: int) -> st
            [("", state.late)])
     metric("cptrace_serve_finalised_early_total", "counter", "traces checked before their idle window (a bound)",
            [("", state.early)])
+    metric("cptrace_serve_trace_segments_total", "counter",
+           "segments checked of traces that reached --max-trace-records", [("", state.segments)])
     metric("cptrace_serve_past_window_records_total", "counter",
            "records that came behind their rank's reorder window (NOT checked)", [("", state.past_window)])
     metric("cptrace_serve_duplicate_records_total", "counter", "records received again (checked once)",
@@ -214,8 +219,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         bad = links.bad_link_base(args)
         if bad:
             raise ValueError(bad)
-        if args.queue < 1 or args.max_body < 1 or args.max_nodes < 1 or args.max_runs < 1:
-            raise ValueError("--queue, --max-body, --max-nodes and --max-runs must be at least 1")
+        if min(args.queue, args.max_body, args.max_nodes, args.max_runs, args.max_trace_records) < 1:
+            raise ValueError("--queue, --max-body, --max-nodes, --max-trace-records and --max-runs must be at least 1")
         guard = serve_guard.from_args(args)
         try:
             tls_ctx = guard.ssl_context()

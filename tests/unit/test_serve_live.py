@@ -321,3 +321,36 @@ def test_a_rank_without_a_config_stamp_holds_the_merge_to_the_end(faulted_spans)
     idle, _, _ = _run(spans, live=False)
     assert Counter(got.keys) == Counter(idle.keys)
     assert not [k for k in got.keys if k[3] in LOCKSTEP_RULES]
+
+
+def _rank_trace_spans(run: str, n: int, per_span: int = 10) -> list[SpanRecords]:
+    """A rank trace of ``n`` device frees by index (SGLang records one per finished request): it lives as long as
+    its run."""
+    from cptrace_otel.analyze.incremental import SpanRef
+    from cptrace_otel.model.events import Event
+    from cptrace_otel.model.trace_ids import rank_trace_id
+
+    tid = rank_trace_id(run, 0).hex()
+    out = []
+    for i in range(0, n, per_span):
+        evs = [Event("free", 0, s, 1000 + s, 0, {"pool": "dev", "idx": s, "node_id": -1, "why": "finish"}, 2)
+               for s in range(i, min(n, i + per_span))]
+        out.append(SpanRecords(run, tid, SpanRef(tid, f"{i:016x}", 0, frozenset()), 2, evs))
+    return out
+
+
+@pytest.mark.parametrize("live", [False, True])
+def test_a_trace_as_long_as_its_run_is_checked_in_segments_within_its_bound(live):
+    notes: list[str] = []
+    st = ServeState(lambda tr, f: None, idle_s=3600, live=live, max_trace_records=100, note=notes.append)
+    spans = _rank_trace_spans("long", 1000)
+    peak = 0
+    for i in range(0, len(spans), 3):
+        st.add(spans[i:i + 3], now=float(i))
+        st.sweep(now=float(i) + 10.0)
+        tr = next(iter(st.traces.values()))
+        peak = max(peak, len(tr.refs), sum(len(v) for v in tr.ranks.values()))
+    assert peak < 100 + 30 and st.segments >= 9
+    assert sum("--max-trace-records 100 reached" in x for x in notes) == st.segments
+    st.finish_all()
+    assert st.events_checked == 1000 and not st.unchecked and not st.traces
