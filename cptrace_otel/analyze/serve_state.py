@@ -430,7 +430,7 @@ class ServeState:
                           f"rank's reorder window ({self.window} records, {self.window_s:g}s): NOT checked")
             if short:
                 self.lost(tr.run_id, tr.trace_id, GROUP_SHORT)
-            elif live.cross_gone:
+            elif live.cross_gone and live.node_trace:   # (C3-C5 join a node's records: only node traces have any)
                 self.lost(tr.run_id, tr.trace_id, MERGE_GONE)
         elif not tr.broken:
             try:

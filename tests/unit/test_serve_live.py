@@ -354,3 +354,23 @@ def test_a_trace_as_long_as_its_run_is_checked_in_segments_within_its_bound(live
     assert sum("--max-trace-records 100 reached" in x for x in notes) == st.segments
     st.finish_all()
     assert st.events_checked == 1000 and not st.unchecked and not st.traces
+
+
+def test_a_long_request_trace_past_the_merge_bound_is_not_called_unchecked():
+    """A request trace (level 3 ``fwd_hash`` records of every rank) has no node records for C3-C5 to join: its merge
+    waits for the end and may pass the bound, which then says nothing."""
+    from cptrace_otel.analyze.incremental import SpanRef
+    from cptrace_otel.model.events import Event
+    from cptrace_otel.model.trace_ids import request_trace_id
+
+    tid = request_trace_id("req", "r1").hex()
+    spans = []
+    for rank in (0, 1):
+        for i in range(0, 300, 10):
+            evs = [Event("fwd_hash", rank, s, 1000 + s, 0, {"rid": "r1", "layer": s, "h": s, "nz": 1}, 3)
+                   for s in range(i, i + 10)]
+            spans.append(SpanRecords("req", tid, SpanRef(tid, f"{rank}{i:015x}", 0, frozenset()), 3, evs))
+    st = ServeState(lambda tr, f: None, idle_s=3600, live=True, merge_cap=50)
+    st.add(spans, now=0.0)
+    st.finish_all()
+    assert st.events_checked == 600 and not st.unchecked
