@@ -24,21 +24,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.serve_trace_rules import FAULTS, demo_runs  # noqa: E402
+from bench.serve_trace_rules import FAULTS, _requests, demo_runs  # noqa: E402
 
 
 def _spans(out: Path) -> list:
-    from google.protobuf.json_format import Parse
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
+    """The run's spans as the replica's intake decodes them, in the order the exporters sent them."""
     from cptrace_otel.analyze.otlp_intake import decode
 
-    spans = []
-    for f in sorted(out.glob("*.otlp.jsonl")):
-        for ln in f.read_text().splitlines():
-            if ln.strip():
-                spans += decode(Parse(ln, ExportTraceServiceRequest()).SerializeToString()).spans
-    return spans
+    return [s for req in _requests(out, stamped=True) for s in decode(req.SerializeToString()).spans]
 
 
 def _replica(spans: list, live: bool) -> tuple[list[tuple], list[tuple]]:

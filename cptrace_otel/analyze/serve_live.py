@@ -64,7 +64,7 @@ class LiveCheck:
     fed, as the idle-only path reads it)."""
 
     __slots__ = ("analysis", "bufs", "window", "window_s", "held", "past_window", "fed", "pending", "group",
-                 "node_trace", "starts", "xq", "xheld", "merge_cap", "cross_gone")
+                 "node", "starts", "xq", "xheld", "merge_cap", "cross_gone")
 
     def __init__(self, levels: dict[int, int], window: int = WINDOW, window_s: float = WINDOW_S,
                  merge_cap: int = MERGE_CAP) -> None:
@@ -79,7 +79,7 @@ class LiveCheck:
         self.pending: list[Finding] = []   # findings of lead records, handed out by the next release
         # the cross-rank merge (module doc)
         self.group: frozenset[int] | None = None   # the ranks it waits for; None: not known (merged at finish)
-        self.node_trace = False                    # a node trace: merged only once every rank's start was seen
+        self.node: tuple[int, int] | None = None   # a node trace's (epoch, node id): merged once every start came
         self.starts: set[int] = set()              # ranks whose first lane span came here (node traces)
         self.xq: dict[int, deque[Event]] = {}      # rank -> records fed to its rules, not yet to CrossRank
         self.xheld = 0
@@ -163,7 +163,7 @@ class LiveCheck:
             return
         g = self.group
         if not final:
-            if g is None or (self.node_trace and not g <= self.starts):
+            if g is None or (self.node is not None and not g <= self.starts):
                 return
             ranks = sorted(g.union(qs))
         else:

@@ -113,7 +113,7 @@ class TraceState:
     """The held records of one trace: rank -> events, (rank, seq) -> span, levels, last change."""
 
     __slots__ = ("run_id", "trace_id", "ranks", "refs", "levels", "changed", "records", "configs", "live",
-                 "broken", "node", "segmented")
+                 "broken", "segmented")
 
     def __init__(self, run_id: str, trace_id: str, now: float) -> None:
         self.run_id, self.trace_id = run_id, trace_id
@@ -125,12 +125,16 @@ class TraceState:
         self.configs: dict[int, Event] = {}   # rank -> its config record, stamped on the resource
         self.live: LiveCheck | None = None    # the live check (live mode), None idle-only
         self.broken = False                   # its check raised: NOT checked from then on (said on stderr)
-        self.node: tuple[int, int] | None = None   # (epoch, node id) of a node trace, once known (live)
         self.segmented = 0                    # records checked in earlier segments (max_trace_records)
 
     def span_of(self, rank: int, seq: int) -> SpanRef | None:
         """The span holding record ``seq`` of ``rank`` (what :class:`~.finding_sinks.WriteBack` links to)."""
         return self.refs.get((rank, seq))
+
+
+def _cp_size(stamps: dict[int, Event]) -> int:
+    """The CP group size the ranks' config stamps give (the largest ``cp_size``; 0 without one)."""
+    return max((int_field(c.fields.get("cp_size")) or 0 for c in stamps.values()), default=0)
 
 
 def with_config(tr: TraceState, rank: int, stream: list[Event]) -> list[Event]:
@@ -299,30 +303,19 @@ class ServeState:
 
         rank = s.events[0].rank
         if rank not in tr.ranks:   # a new rank (its first record is taken below): the group may be known now
-            if not live.node_trace:
-                tr.node = trace_node(tr.run_id, tr.trace_id, s.events)
-                live.node_trace = tr.node is not None
-            if not live.node_trace and not tr.ranks and rank_trace_id(tr.run_id, rank).hex() == tr.trace_id:
+            if live.node is None:
+                live.node = trace_node(tr.run_id, tr.trace_id, s.events)
+            if live.node is not None:
+                # (the stamps as they will be once this span's records are taken: every rank's, or not known)
+                stamps = tr.configs if s.config is None else {**tr.configs, rank: s.config}
+                size = _cp_size(stamps) if all(r in stamps for r in (*tr.ranks, rank)) else 0
+                live.group = frozenset(range(size)) if size >= 1 else None
+            elif not tr.ranks and rank_trace_id(tr.run_id, rank).hex() == tr.trace_id:
                 live.group = frozenset((rank,)) if (rank in tr.configs or s.config is not None) else None
-            elif live.node_trace:
-                live.group = self._stamped_group(tr, rank, s.config)
-        node = tr.node
-        if (live.node_trace and node is not None and rank not in live.starts
+        node = live.node
+        if (node is not None and rank not in live.starts
                 and lane_span_id(tr.run_id, node[0], node[1], rank).hex() == s.ref.span_id):
             live.starts.add(rank)
-
-    @staticmethod
-    def _stamped_group(tr: TraceState, rank: int, cfg: Event | None) -> frozenset[int] | None:
-        """The CP group ``range(cp_size)`` when every rank of ``tr`` (and ``rank``, stamped ``cfg``) has a config
-        stamp with the same ``cp_size``; else None."""
-        stamps = dict(tr.configs)
-        if cfg is not None:
-            stamps[rank] = cfg
-        if any(r not in stamps for r in (*tr.ranks, rank)):
-            return None
-        sizes = {int_field(c.fields.get("cp_size")) for c in stamps.values()}
-        size = sizes.pop() if len(sizes) == 1 else None
-        return frozenset(range(size)) if size is not None and size >= 1 else None
 
     def _feed(self, tr: TraceState, now: float, final: bool = False, lockstep: bool = True) -> None:
         """Live: feed what ``tr``'s reorder windows let go (``final``: all, and the end of stream); report the
@@ -420,9 +413,8 @@ class ServeState:
             return
         if tr.live is not None:
             live = tr.live
-            stamped = all(r in tr.configs for r in tr.ranks)   # (as on the idle path, below)
-            short = stamped and self._group_short(tr)
-            self._feed(tr, time.monotonic(), final=True, lockstep=stamped and not short and not live.cross_gone)
+            lockstep, short = self._joins_trusted(tr)
+            self._feed(tr, time.monotonic(), final=True, lockstep=lockstep and not live.cross_gone)
             tr.live = None   # spent: its state freed now
             tr.ranks.clear()
             if live.past_window:
@@ -430,7 +422,7 @@ class ServeState:
                           f"rank's reorder window ({self.window} records, {self.window_s:g}s): NOT checked")
             if short:
                 self.lost(tr.run_id, tr.trace_id, GROUP_SHORT)
-            elif live.cross_gone and live.node_trace:   # (C3-C5 join a node's records: only node traces have any)
+            elif live.cross_gone and live.node is not None:   # (C3-C5 join a node's records: node traces only)
                 self.lost(tr.run_id, tr.trace_id, MERGE_GONE)
         elif not tr.broken:
             try:
@@ -438,17 +430,9 @@ class ServeState:
             except Exception as e:   # a bug or an input no rule foresaw: this trace is unchecked, the replica goes on
                 self._broken(tr, e)
             else:
-                # C3-C5 need every rank's group size and mode: a rank without a config stamp (an older exporter)
-                # leaves them to guess the group from the ranks seen, so then they are not trusted
-                stamped = all(r in tr.configs for r in tr.ranks)
-                # ... and every rank of the group: a node trace that lacks a whole rank (the rest of it went to
-                # another replica when the resolver changed, or came before this replica) would judge a join
-                # without that rank's side: a false C3 where it holds the others, a C3 missed where it holds that
-                # rank alone. Its C3-C5 are not reported and the trace is named UNCHECKED for them.
-                short = stamped and self._group_short(tr)
+                lockstep, short = self._joins_trusted(tr)
                 tr.ranks.clear()
-                self._counted(tr, tr.records - tr.segmented, res.findings, final=True,
-                              lockstep=stamped and not short)
+                self._counted(tr, tr.records - tr.segmented, res.findings, final=True, lockstep=lockstep)
                 if short:
                     self.lost(tr.run_id, tr.trace_id, GROUP_SHORT)
         if self.journal is not None:
@@ -472,21 +456,29 @@ class ServeState:
             except Exception as e:   # as in _finalise: this trace is unchecked from here on
                 self._broken(tr, e)
                 return
-            stamped = all(r in tr.configs for r in tr.ranks)
-            short = stamped and self._group_short(tr)
+            lockstep, _short = self._joins_trusted(tr)
             tr.ranks.clear()
             tr.segmented += held
-            self._counted(tr, held, res.findings, lockstep=stamped and not short)
+            self._counted(tr, held, res.findings, lockstep=lockstep)
         tr.refs.clear()
 
     @staticmethod
-    def _group_short(tr: TraceState) -> bool:
-        """A node trace with records of fewer ranks than its CP group has (``cp_size`` of the ranks' config
-        stamps); False for a rank or request trace (one rank's by nature) and outside CP."""
-        size = max((int_field(c.fields.get("cp_size")) or 0 for c in tr.configs.values()), default=0)
-        if size < 2 or len(tr.ranks) >= size:
-            return False
-        return trace_node(tr.run_id, tr.trace_id, (ev for evs in tr.ranks.values() for ev in evs)) is not None
+    def _joins_trusted(tr: TraceState) -> tuple[bool, bool]:
+        """(whether ``tr``'s C3-C5 findings may be reported, whether it is short of a rank of its CP group).
+
+        C3-C5 need every rank's group size and mode: a rank without a config stamp (an older exporter) leaves them
+        to guess the group from the ranks seen, so then they are not trusted. And every rank of the group: a node
+        trace with records of fewer ranks than its CP group has (``cp_size`` of the stamps; the rest went to
+        another replica when the resolver changed, or came before this one) would judge a join without that rank's
+        side: a false C3 where it holds the others, a C3 missed where it holds that rank alone. Such a trace is
+        short (its C3-C5 not reported, the trace named UNCHECKED for them); a rank or request trace (one rank's by
+        nature) and a trace outside CP never are."""
+        if not all(r in tr.configs for r in tr.ranks):
+            return False, False
+        size = _cp_size(tr.configs)
+        short = size >= 2 and len(tr.ranks) < size and trace_node(
+            tr.run_id, tr.trace_id, (ev for evs in tr.ranks.values() for ev in evs)) is not None
+        return not short, short
 
     def lost(self, run_id: str, trace_id: str, why: str, records: int = 0) -> None:
         """Report a trace NOT checked (its state died with a previous process): counted by run and reason,

@@ -285,7 +285,7 @@ def test_a_tail_moved_here_never_starts_its_cross_rank_merge(faulted_spans):
         st.add(tails[i:i + 50], now=float(i))
     st.sweep(now=float(len(tails)) + 10.0)
     assert not [k for k in got.keys if k[3] in LOCKSTEP_RULES]
-    assert all(not t.live.starts for t in st.traces.values() if t.live.node_trace)
+    assert all(not t.live.starts for t in st.traces.values() if t.live.node is not None)
     st.finish_all()
     assert not [k for k in got.keys if k[3] in LOCKSTEP_RULES]
     assert sum(n for (_, why), n in st.unchecked.items() if why == CUT) > 0
@@ -316,7 +316,7 @@ def test_a_rank_without_a_config_stamp_holds_the_merge_to_the_end(faulted_spans)
     st = ServeState(got, idle_s=3600, live=True, window=64, window_s=5.0)
     st.add(spans, now=0.0)
     st.sweep(now=10.0)
-    assert all(t.live.group is None for t in st.traces.values() if t.live.node_trace and 2 in t.ranks)
+    assert all(t.live.group is None for t in st.traces.values() if t.live.node is not None and 2 in t.ranks)
     st.finish_all()
     idle, _, _ = _run(spans, live=False)
     assert Counter(got.keys) == Counter(idle.keys)
