@@ -10,6 +10,11 @@ evidence record) is *false*; one of the whole that neither part gives is *missed
 reports none of its findings). The replica reports a tail that lacks a rank's first records as UNCHECKED
 (``serve_journal.ranks_without_start``); the figures count those too, and check that no whole trace is.
 
+Each head is checked twice, side by side: alone (a replica without ``--confirm-url``) and with a span store that
+holds every span of the run, as the Jaeger the collector also writes to does (``serve --confirm-url``,
+:class:`~cptrace_otel.analyze.serve_confirm.StoreConfirm`; here :func:`whole_store` answers from the decoded
+spans, the lookup a real Jaeger answers is tests/integration/test_serve_confirm.py's).
+
     python bench/serve_moved_traces.py              # seeds 1-3
     python bench/serve_moved_traces.py --seeds 1,2,3,4,5
 """
@@ -29,15 +34,27 @@ sys.path.insert(0, str(ROOT))
 FAULTS = "HASH_flip,ZERO_nostore,H1_ack,H4_nolock,C3_writer"
 
 
-def _findings(spans: list) -> tuple[set[tuple], set[str]]:
-    """The findings a replica reports on ``spans``, and the traces it reports UNCHECKED (first records not seen)."""
+def whole_store(spans: list):
+    """A span store holding every span of ``spans``, as the Jaeger the collector also writes to does."""
+    from cptrace_otel.analyze.serve_confirm import StoreConfirm
+
+    records: dict[str, set[tuple[int, int]]] = defaultdict(set)
+    for sp in spans:
+        records[sp.trace_id].update((ev.rank, ev.seq) for ev in sp.events)
+    return StoreConfirm(lookup=lambda trace_id: records.get(trace_id, set()))
+
+
+def _findings(spans: list, store=None) -> tuple[set[tuple], set[str]]:
+    """The findings a replica reports on ``spans``, and the traces it reports UNCHECKED (first records not seen,
+    or, with ``store``, records in the store that never came)."""
     from cptrace_otel.analyze.serve_state import ServeState
 
     got: set[tuple] = set()
     unchecked: set[str] = set()
     st = ServeState(lambda tr, found: got.update(
         (tr.trace_id, f.code, f.rule, f.rank, f.node_id, f.epoch, f.evidence[-1] if f.evidence else None)
-        for f in found), idle_s=3600, unchecked=lambda run, trace, why, n: unchecked.add(trace))
+        for f in found), idle_s=3600, unchecked=lambda run, trace, why, n: unchecked.add(trace),
+        confirm=store)
     st.add(spans, now=0.0)
     st.finish_all()
     return got, unchecked
@@ -64,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         for sp in spans:
             by[sp.trace_id].append(sp)
         whole, wu = _findings(spans)
+        store = whole_store(spans)
         total["whole_traces"] += len(by)
         total["whole_unchecked"] += len(wu)
         print(f"seed {seed}: {len(spans)} spans, {len(by)} traces, {len(whole)} findings on whole traces, {len(wu)} "
@@ -77,6 +95,13 @@ def main(argv: list[str] | None = None) -> int:
                 heads += sps[:k]
                 tails += sps[k:]
             (h, hu), (t, tu) = _findings(heads), _findings(tails)
+            hs, hsu = _findings(heads, store)
+            fhs, missed_s = hs - whole, whole - hs - t
+            silent_s = {x for x in missed_s if x[0] not in hsu | tu}
+            for name, n in (("store_head_false", len(fhs)), ("store_head_unchecked", len(hsu)),
+                            ("store_missed", len(missed_s)), ("store_silent", len(silent_s)),
+                            ("store_cuts_head_false", bool(fhs))):
+                total[name] += n
             total["head_unchecked"] += len(hu)
             total["tail_unchecked"] += len(tu)
             total["tails"] += len({sp.trace_id for sp in tails})
@@ -90,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"({len(ft)} false, {len(tu)} of {len({sp.trace_id for sp in tails})} traces UNCHECKED), "
                   f"{len(missed)} missed ({len(silent)} silently)"
                   f"{'; false ones: ' + ', '.join(rules) if rules else ''}")
+            print(f"    with the store: head {len(hs)} findings ({len(fhs)} false, {len(hsu)} traces UNCHECKED), "
+                  f"{len(missed_s)} missed ({len(silent_s)} silently)")
             for x in sorted(silent, key=str):
                 print(f"    missed silently: {x[1:]}")
     print(f"all: {total['whole_unchecked']} of {total['whole_traces']} whole traces reported UNCHECKED; "
@@ -98,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{total['tail_unchecked']} of {total['tails']}, heads {total['head_unchecked']}; "
           f"missed (neither part reports it) {total['missed']}, of them silently (the trace not reported UNCHECKED "
           f"either) {total['silent']}")
+    print(f"heads with the span store (--confirm-url): false findings {total['store_head_false']} "
+          f"({total['store_cuts_head_false']} cuts), heads reported UNCHECKED {total['store_head_unchecked']}; "
+          f"missed {total['store_missed']}, of them silently {total['store_silent']}")
     return 0
 
 

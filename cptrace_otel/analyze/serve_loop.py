@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from ..model.exits import EXIT_FINDINGS, EXIT_INCOMPLETE, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 from .finding_sinks import FindingSinks, SinkSetupError
+from .serve_confirm import StoreConfirm
 from .serve_journal import Journal, JournalError, default_dir
 from .serve_state import ServeState, TraceState, unchecked_rules
 
@@ -76,7 +77,7 @@ class Checker:
         self.state = ServeState(self._report, idle_s=idle, max_nodes=args.max_nodes, max_runs=args.max_runs,
                                 note=note, journal=self.journal, unchecked=self.sinks.unchecked, live=args.live,
                                 window=args.reorder_records, window_s=reorder,
-                                max_trace_records=args.max_trace_records)
+                                max_trace_records=args.max_trace_records, confirm=_store(args, note))
         if self.journal is not None:
             j = self.journal
             note(f"journal in {state_dir}: {len(lost)} trace(s) held when the previous process died, reported "
@@ -182,15 +183,33 @@ class Checker:
         state, sinks = self.state, self.sinks
         st = state.stats()
         suppressed = ", ".join(f"{r} ({n})" for r, n in sorted(state.suppressed.items())) or "none"
+        withheld = ", ".join(f"{r} ({n})" for r, n in sorted(state.withheld.items()))
         line = (f"{st['events_checked']} records checked, {sinks.total} finding(s), "
                 f"{st['late_records']} late record(s) not checked, {st['past_window']} behind the reorder window not "
                 f"checked, {st['finalised_early']} trace(s) checked early, {st['check_errors']} trace(s) NOT checked "
                 f"(an error, said above), {st['unchecked']} trace(s) UNCHECKED (state lost at a kill, or moved) and "
                 f"{st['lost_records']} later record(s) of them; UNCHECKED here (a rank's whole stream or the run's "
                 f"order needed): {', '.join(unchecked_rules())}; their findings on one trace, not trusted "
-                f"and not reported: {suppressed}")
+                f"and not reported: {suppressed}"
+                f"{'; of traces the span store showed cut here, not reported: ' + withheld if withheld else ''}")
         # no finding but traces whose state was lost: not a clean run (as check's 4 when rules could not run)
         return line, EXIT_FINDINGS if sinks.total else EXIT_INCOMPLETE if st["unchecked"] else EXIT_OK
+
+
+def _store(args: argparse.Namespace, note: Callable[[str], None]) -> StoreConfirm | None:
+    """The span store ``--confirm-url`` names, asked once now (:meth:`StoreConfirm.probe`): one that cannot be
+    asked raises :class:`SetupError` (exit 3, its URL without the password), before anything listens."""
+    if not getattr(args, "confirm_url", None):
+        return None
+    from .sources.jaegerquery import parse_duration
+
+    store = StoreConfirm(args.confirm_url, args.confirm_store, timeout_s=parse_duration(args.confirm_timeout))
+    try:
+        store.probe()
+    except (OSError, RuntimeError) as e:
+        raise SetupError(f"--confirm-url: {e}", EXIT_UNREACHABLE) from None
+    note(f"span store {store.base_url} ({store.store}) asked at a trace's end when it decided C3-C5 or H4-open")
+    return store
 
 
 def _records_by_trace(spans: Any) -> list[tuple[str, str, int]]:

@@ -44,6 +44,10 @@ So the unit of checking is the trace, not the rank's stream:
   it here mid-life) is not checked: reported through :meth:`ServeState.lost` with reason :data:`CUT`. One holding
   records of fewer ranks than its CP group (``cp_size`` of the stamps) is checked without :data:`LOCKSTEP_RULES`
   and reported through :meth:`ServeState.lost` with reason :data:`GROUP_SHORT` (no record counted lost).
+* With a :class:`~.serve_confirm.StoreConfirm` (``confirm``, ``serve --confirm-url``), a trace whose end decided a
+  finding of :data:`END_DECIDED` is first looked up in the span store: if the store holds records of it that never
+  came here (a head whose tail the resolver moved away), those findings are not reported and the trace is reported
+  through :meth:`ServeState.lost` with reason :data:`~.serve_confirm.MOVED`.
 * Memory: at most ``max_nodes`` traces held (past it, the least recently changed is finalised early, counted in
   :attr:`ServeState.early`) and ``max_runs`` runs (past it, the least recently changed run is finished: its traces
   finalised early). A run with no held trace and nothing new for ``run_idle_s`` is finished and forgotten.
@@ -61,6 +65,7 @@ from ..checks import Finding
 from ..model.events import Event, int_field
 from .incremental import SpanRef
 from .otlp_intake import SpanRecords
+from .serve_confirm import MOVED, StoreConfirm
 from .serve_journal import Journal, ranks_without_start, trace_node
 from .serve_live import MERGE_CAP, WINDOW, WINDOW_S, LiveCheck
 
@@ -85,6 +90,10 @@ PARTIAL_RULES = frozenset(("HASH", "H2b", "H3"))
 # see (it is in the order of the whole stream), ``check`` stops judging later nodes (their ids may no longer line
 # up) while a replica judges each node trace apart: it may then report C3-C5 on a node ``check`` no longer judges
 LOCKSTEP_RULES = frozenset(("C3", "C4", "C5"))
+# findings a trace's end decides that a trace cut by a resolver change can make false (the later records of a rank
+# went to another replica): a join without that rank's side, a backup whose ack went away. With a span store to ask
+# (serve --confirm-url, serve_confirm) they are reported only when the store holds no record that did not come here
+END_DECIDED = LOCKSTEP_RULES | frozenset(("H4-open",))
 # the registry's rule ids (cptrace_otel.checks.registry) whose findings a replica reports, exact or partial
 REPORTED_IDS = frozenset(("H2c", "H4", "ZERO", "HASH", "H2b", "H3", "C3", "C4", "C5"))
 CUT = ("first records not seen here (moved here mid-life by a resolver change, or begun on a replica since "
@@ -125,7 +134,8 @@ class TraceState:
         self.configs: dict[int, Event] = {}   # rank -> its config record, stamped on the resource
         self.live: LiveCheck | None = None    # the live check (live mode), None idle-only
         self.broken = False                   # its check raised: NOT checked from then on (said on stderr)
-        self.segmented = 0                    # records checked in earlier segments (max_trace_records)
+        self.segmented = 0                    # records checked (idle-only) or span refs dropped (live) in
+                                              # earlier segments (max_trace_records)
 
     def span_of(self, rank: int, seq: int) -> SpanRef | None:
         """The span holding record ``seq`` of ``rank`` (what :class:`~.finding_sinks.WriteBack` links to)."""
@@ -184,8 +194,9 @@ class ServeState:
                  run_idle_s: float | None = None, note: Callable[[str], None] = lambda s: None,
                  journal: Journal | None = None, unchecked: Unchecked | None = None, live: bool = False,
                  window: int = WINDOW, window_s: float = WINDOW_S, merge_cap: int = MERGE_CAP,
-                 max_trace_records: int = MAX_TRACE_RECORDS) -> None:
+                 max_trace_records: int = MAX_TRACE_RECORDS, confirm: StoreConfirm | None = None) -> None:
         self.report, self.note = report, note
+        self.confirm = confirm                       # the span store that tells a cut head from a whole trace
         self.journal = journal                       # serve_journal: restart-safe late/lost and finding ids
         self.on_unchecked = unchecked or (lambda run_id, trace_id, why, n: None)
         self.unchecked = Counter[tuple[str, str]]()  # (run id, why) -> traces reported UNCHECKED
@@ -207,6 +218,7 @@ class ServeState:
         self.due: deque[tuple[float, tuple[str, str]]] = deque()   # (arrival, trace) of records in a window
         self.past_window = 0  # records behind their rank's reorder window (not fed: said at finalisation)
         self.duplicates = 0   # records whose (rank, seq) the trace already had (sent again: dropped)
+        self.withheld = Counter[str]()   # rule -> end-of-trace findings of a trace the span store showed cut here
 
     @property
     def records_held(self) -> int:
@@ -352,6 +364,8 @@ class ServeState:
                 kept.append(f)
             else:
                 self.suppressed[f.rule] += 1
+        if final and self.confirm is not None and not tr.segmented and any(f.rule in END_DECIDED for f in kept):
+            kept = self._confirmed(tr, kept)
         if self.journal is not None:   # journaled before they are emitted; none emitted twice across restarts
             kept = self.journal.fresh(tr.run_id, tr.trace_id, kept)
         self.events_checked += fed
@@ -361,6 +375,31 @@ class ServeState:
             self.findings[(tr.run_id, f.code)] += 1
         if kept or final:
             self.report(tr, kept)
+
+    def _confirmed(self, tr: TraceState, kept: list[Finding]) -> list[Finding]:
+        """``kept`` less its :data:`END_DECIDED` findings when the span store holds records of ``tr`` that never came
+        here (then ``tr`` is reported UNCHECKED, :data:`~.serve_confirm.MOVED`); all of ``kept`` when it holds none,
+        or when that is not known (the store could not be asked: said once per failure)."""
+        conf = self.confirm
+        assert conf is not None
+        moved = conf.missing(tr.trace_id, tr.refs.keys())
+        if moved is None:
+            if conf.last_error:   # a failure just now (not a query skipped on hold): said once
+                self.note(f"run {tr.run_id} trace {tr.trace_id}: the span store at {conf.base_url} could not be "
+                          f"asked whether the trace was whole here ({conf.last_error}): its end-of-trace findings "
+                          f"are reported unconfirmed; no store query for {conf.backoff_s:g}s")
+                conf.last_error = ""
+            return kept
+        if not moved:
+            return kept
+        out = [f for f in kept if f.rule not in END_DECIDED]
+        for f in kept:
+            if f.rule in END_DECIDED:
+                self.withheld[f.rule] += 1
+        self.note(f"run {tr.run_id} trace {tr.trace_id}: {moved} record(s) of it in the span store never came here: "
+                  f"{len(kept) - len(out)} end-of-trace finding(s) not reported, the trace reported UNCHECKED")
+        self.lost(tr.run_id, tr.trace_id, MOVED)
+        return out
 
     def sweep(self, now: float | None = None) -> int:
         """Finalise the traces idle past ``idle_s`` and finish the runs idle past ``run_idle_s``; traces
@@ -460,6 +499,8 @@ class ServeState:
             tr.ranks.clear()
             tr.segmented += held
             self._counted(tr, held, res.findings, lockstep=lockstep)
+        else:
+            tr.segmented += len(tr.refs)
         tr.refs.clear()
 
     @staticmethod
@@ -493,5 +534,5 @@ class ServeState:
                 "late_records": self.late, "finalised_early": self.early, "check_errors": self.errors,
                 "findings": sum(self.findings.values()), "suppressed": dict(self.suppressed),
                 "past_window": self.past_window, "duplicate_records": self.duplicates,
-                "unchecked": sum(self.unchecked.values()),
+                "unchecked": sum(self.unchecked.values()), "withheld": dict(self.withheld),
                 "lost_records": self.journal.lost_records if self.journal is not None else 0}

@@ -107,6 +107,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     s.add_argument("--alert-hold", default="1h", metavar="DURATION",
                    help="keep re-posting an alert this long after its last finding (default 1h)")
     s.add_argument("--jaeger-url", default="http://127.0.0.1:16686", help="Jaeger base URL for the links")
+    s.add_argument("--confirm-url", default=None, metavar="URL",
+                   help="the span store the collector also writes to (Jaeger's query service, or Tempo with "
+                        "--confirm-store tempo): asked at a trace's end, when that end decided C3-C5 or H4-open, "
+                        "whether records of the trace went to another replica (a resolver change cut it); if so "
+                        "those findings are not reported and the trace is reported UNCHECKED. Default: not asked")
+    s.add_argument("--confirm-store", default="jaeger", choices=["jaeger", "tempo"],
+                   help="what --confirm-url is (default jaeger: its api_v3)")
+    s.add_argument("--confirm-timeout", default="2s", metavar="DURATION",
+                   help="bound of one --confirm-url query (default 2s; after a failure none for 30s)")
     s.add_argument("--state-dir", default=None, metavar="DIR",
                    help="the replica's journal (traces held, checked, findings emitted), read at start so a kill "
                         "loses nothing silently; 'off' for none (default: $XDG_STATE_HOME/cptrace-otel/serve-PORT, "
@@ -179,6 +188,15 @@ def metrics_text(state: ServeState, c: Counters, queued: int, now_ns: int) -> st
            [("", j.lost_records if j is not None else 0)])
     metric("cptrace_serve_journal_errors_total", "counter", "journal writes that failed (see stderr)",
            [("", j.errors if j is not None else 0)])
+    conf = state.confirm
+    metric("cptrace_serve_confirm_queries_total", "counter",
+           "span store queries made at a trace's end (--confirm-url)", [("", conf.asked if conf else 0)])
+    metric("cptrace_serve_confirm_unknown_total", "counter",
+           "end-of-trace findings reported unconfirmed: the span store could not be asked (error, timeout, on hold)",
+           [("", conf.unknown if conf else 0)])
+    metric("cptrace_serve_withheld_total", "counter",
+           "end-of-trace findings not reported: the span store held records of their trace that never came here",
+           [(f'{{rule="{esc(rule)}"}}', n) for rule, n in sorted(state.withheld.items())])
     metric("cptrace_serve_traces_held", "gauge", "traces held (state size)", [("", len(state.traces))])
     metric("cptrace_serve_records_held", "gauge", "records held", [("", state.records_held)])
     metric("cptrace_serve_runs_held", "gauge", "runs held", [("", len(state.runs))])
@@ -214,6 +232,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         grpc_at = _host_port(args.grpc) if args.grpc else None
         idle = parse_duration(args.idle)
         reorder = parse_duration(args.reorder)
+        parse_duration(args.confirm_timeout)   # said here, before listening (the checker reads it again)
         alert_every = parse_duration(args.alert_interval)
         parse_duration(args.alert_hold)   # said here, before listening (the sinks read it again)
         bad = links.bad_link_base(args)
