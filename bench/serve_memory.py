@@ -1,6 +1,7 @@
 """Memory of one ``serve`` replica's state over a long stream of nodes that end: RSS sampled as records flow.
 
-In-process (the HTTP server left out: its memory is its bounded queue): the requests of a clean replicated-mode run
+In-process (the HTTP server left out: its memory is its bounded queue; the collector set as a running replica
+sets it, ``serve_loop.GC_THRESHOLD``): the requests of a clean replicated-mode run
 of 2 ranks (bench/check_throughput.py's generator, replayed into OTLP by ``cptrace-otel ingest``, 200 spans per
 request) are decoded by the replica's intake (``otlp_intake.decode``, fresh records each time) and given to a
 ``ServeState`` with the replica's defaults (``--idle 30s``, ``--max-nodes 100000``; live as ``serve --live``,
@@ -41,6 +42,50 @@ def rss_mib() -> float:
     return 0.0
 
 
+def _trace_kinds(bodies: list[bytes]) -> dict[tuple[str, str], tuple]:
+    """(run id, trace id) -> ("node", epoch, node id) | ("rank", rank) | ("other",), from every span of the run."""
+    from cptrace_otel.analyze.otlp_intake import decode
+    from cptrace_otel.analyze.serve_journal import trace_node
+    from cptrace_otel.model.trace_ids import rank_trace_id
+
+    evs: dict[tuple[str, str], list] = {}
+    for b in bodies:
+        for s in decode(b).spans:
+            evs.setdefault((s.run_id, s.trace_id), []).extend(s.events)
+    out: dict[tuple[str, str], tuple] = {}
+    for (run, tid), events in evs.items():
+        node = trace_node(run, tid, events)
+        if node is not None:
+            out[(run, tid)] = ("node", *node)
+        elif events and rank_trace_id(run, events[0].rank).hex() == tid:
+            out[(run, tid)] = ("rank", events[0].rank)
+        else:
+            out[(run, tid)] = ("other",)
+    return out
+
+
+def _renamed(s, run: str, kinds: dict[tuple[str, str], tuple]):
+    """Span ``s`` as the exporter would have sent it under run id ``run``: its trace id, and a first lane span's id,
+    are made of the run id (so the replica knows a node trace, a rank trace and each rank's first lane span as it
+    does a real run's), its config stamp kept."""
+    from cptrace_otel.analyze.incremental import SpanRef
+    from cptrace_otel.analyze.otlp_intake import SpanRecords
+    from cptrace_otel.model.trace_ids import hashed_id, lane_span_id, node_trace_id, rank_trace_id
+
+    kind = kinds[(s.run_id, s.trace_id)]
+    span_id = s.ref.span_id
+    if kind[0] == "node":
+        tid = node_trace_id(run, kind[1], kind[2]).hex()
+        rank = s.events[0].rank if s.events else None
+        if rank is not None and span_id == lane_span_id(s.run_id, kind[1], kind[2], rank).hex():
+            span_id = lane_span_id(run, kind[1], kind[2], rank).hex()
+    elif kind[0] == "rank":
+        tid = rank_trace_id(run, kind[1]).hex()
+    else:
+        tid = hashed_id(f"{run}|{s.trace_id}", 16).hex()
+    return SpanRecords(run, tid, SpanRef(tid, span_id, s.ref.start_us, s.ref.codes), s.level, s.events, s.config)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rate", type=float, default=20000, help="stream records per second (default 20000)")
@@ -55,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench.check_throughput import generate
     from bench.serve_throughput import _bodies
-    from cptrace_otel.analyze.otlp_intake import SpanRecords, decode
+    from cptrace_otel.analyze.otlp_intake import decode
+    from cptrace_otel.analyze.serve_loop import GC_THRESHOLD
     from cptrace_otel.analyze.serve_state import ServeState
 
     tmp = Path(tempfile.mkdtemp(prefix="serve-memory-"))
@@ -66,8 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "ingest", "--no-progress", "--file", str(otlp), *logs],
                    check=True, env=env, cwd=ROOT, capture_output=True)
     bodies = _bodies(otlp)
+    kinds = _trace_kinds(bodies)
     st = ServeState(lambda tr, found: None, idle_s=args.idle, max_nodes=args.max_nodes, live=not args.idle_only)
     gc.collect()
+    gc.set_threshold(*GC_THRESHOLD)   # the collector's setting of a running replica (serve_loop.Checker.start)
     base = rss_mib()
     print(f"{'live' if not args.idle_only else 'idle-only'}: replaying {len(bodies)} requests under a new run id each "
           f"time; stream {args.rate:,.0f} records/s, --idle {args.idle:g}s, --max-nodes {args.max_nodes}; RSS with "
@@ -83,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         for b in bodies:
             if time.monotonic() - t0 >= args.seconds:
                 break
-            spans = [SpanRecords(run, s.trace_id, s.ref, s.level, s.events) for s in decode(b).spans]
+            spans = [_renamed(s, run, kinds) for s in decode(b).spans]
             now = n / args.rate
             st.add(spans, now=now)
             st.sweep(now=now)

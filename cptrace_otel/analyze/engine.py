@@ -84,7 +84,8 @@ class Analysis:
             self.findings.extend(out)
         return out
 
-    def run(self, events: Iterable[Event]) -> Result:
+    def run(self, events: Iterable[Event], findings_only: bool = False) -> Result:
+        """Feed every record of ``events``, then :meth:`result` (``findings_only`` as there)."""
         hint = getattr(events, "ranks", None)   # sources that know their ranks up front (log files)
         if hint:
             self.cross.expect_ranks(hint)
@@ -104,23 +105,29 @@ class Analysis:
                 found.extend(out)
             cross(ev)
         self.events += n
-        res = self.result()
+        res = self.result(findings_only=findings_only)
         if self.l3_prior is not None:
             self.l3_prior.absorb(self.run_name, self.checkers.values())
         return res
 
-    def result(self, extra_stats: dict[str, Any] | None = None) -> Result:
+    def result(self, extra_stats: dict[str, Any] | None = None, findings_only: bool = False) -> Result:
+        """The end of the stream: every finding, sorted; the unchecked rules, the stats and the localization, unless
+        ``findings_only`` (a ``serve`` replica's trace, which reports findings alone: the rest costs more than a
+        small trace's records, and the findings are the same either way)."""
         findings = list(self.findings)
         unchecked: list[Unchecked] = []
         for r in sorted(self.checkers):
             chk = self.checkers[r]
             findings.extend(chk.finish())
-            unchecked.extend(chk.unchecked())
+            if not findings_only:
+                unchecked.extend(chk.unchecked())
         if self.cross.level < 2 and any(c.level >= 2 for c in self.checkers.values()):
             self.cross.seen_level = 2
         findings.extend(self.cross.finish())
-        unchecked.extend(self.cross.unchecked())
         findings.sort(key=Finding.sort_key)
+        if findings_only:
+            return Result(findings, [], {"events": self.events})
+        unchecked.extend(self.cross.unchecked())
         stats: dict[str, Any] = {
             "events": self.events,
             "ranks": sorted(self.checkers),

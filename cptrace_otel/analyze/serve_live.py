@@ -188,7 +188,7 @@ class LiveCheck:
     def finish(self, now: float) -> list[Finding]:
         """Feed everything held, then the end of stream: the findings only the end reveals (the state is spent)."""
         out = self.release(now, final=True)
-        out.extend(self.analysis.result().findings)
+        out.extend(self.analysis.result(findings_only=True).findings)
         return out
 
 

@@ -22,6 +22,7 @@ Contract (:class:`Checker`):
 from __future__ import annotations
 
 import argparse
+import gc
 import queue
 import threading
 from collections.abc import Callable
@@ -40,6 +41,7 @@ T = TypeVar("T")
 
 LOST = "state lost: held when a previous process of this replica died, its records were not checked"
 ALERT_GAP = 0.25   # seconds between two posts of new findings to Alertmanager
+GC_THRESHOLD = (50_000, 20, 20)   # the collector's thresholds while the replica runs (Checker.start), as check's
 
 
 class SetupError(Exception):
@@ -91,6 +93,7 @@ class Checker:
         self.stopping = threading.Event()
         self._checker = threading.Thread(target=self._check_loop, name="cptrace-serve-check", daemon=True)
         self._poster = threading.Thread(target=self._alert_loop, name="cptrace-serve-alerts", daemon=True)
+        self._gc_was = gc.get_threshold()
 
     def _report(self, tr: TraceState, found: list) -> None:   # the checking thread, under `lock`
         self.sinks.report(tr.run_id, tr, found)
@@ -98,6 +101,14 @@ class Checker:
             self.fresh.set()
 
     def start(self) -> None:
+        # From here to the end of stop(), the young generation is collected every 50,000 allocations instead of 700
+        # (the process's setting: a replica is a process of its own). A live replica holds every trace's rule state
+        # (many objects) while it allocates a few short-lived ones per record, and with the default the collector
+        # took a third of its CPU (in-process, 100,012 records: 58.8k -> 88.9k records per CPU second). The rule
+        # checkers leave no reference cycles, so what waits for a collection is young garbage, bounded by the
+        # threshold.
+        self._gc_was = gc.get_threshold()
+        gc.set_threshold(*GC_THRESHOLD)
         self._checker.start()
         if self.sinks.alerts is not None:
             self._poster.start()
@@ -175,6 +186,7 @@ class Checker:
             self.journal.close()
         self.sinks.post_alerts()
         self.sinks.close()
+        gc.set_threshold(*self._gc_was)
 
     def summary(self) -> tuple[str, int]:
         """What was checked and what not (the stop line's part after the receivers' counts) and the exit code: 0

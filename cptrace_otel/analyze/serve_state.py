@@ -167,7 +167,7 @@ def check_trace(tr: TraceState) -> Result:
     from .sources.otlpfile import merge_streams
 
     streams = [with_config(tr, r, sorted(evs, key=lambda e: (e.epoch, e.seq))) for r, evs in sorted(tr.ranks.items())]
-    return Analysis(rank_levels=tr.levels).run(merge_streams(streams))
+    return Analysis(rank_levels=tr.levels).run(merge_streams(streams), findings_only=True)
 
 
 class RunState:

@@ -273,7 +273,7 @@ def test_state_a_trace_whose_check_raises_is_reported_not_checked(demo_bodies, m
     notes: list[str] = []
     st, got, spans = _state_with(demo_bodies, idle_s=3600, live=False)   # live: tests/unit/test_serve_live.py
     st.note = notes.append
-    monkeypatch.setattr(engine.Analysis, "run", lambda self, evs: (_ for _ in ()).throw(KeyError("boom")))
+    monkeypatch.setattr(engine.Analysis, "run", lambda self, evs, **kw: (_ for _ in ()).throw(KeyError("boom")))
     st.add(spans, now=0.0)
     n = len(st.traces)
     st.finish_all()

@@ -374,3 +374,21 @@ def test_a_long_request_trace_past_the_merge_bound_is_not_called_unchecked():
     st.add(spans, now=0.0)
     st.finish_all()
     assert st.events_checked == 600 and not st.unchecked
+
+
+def test_findings_only_gives_the_findings_of_the_whole_result(faulted_spans):
+    """``Analysis.result(findings_only=True)`` (what a replica asks for: no unchecked list, stats or localization)
+    gives the same findings, in the same order, as the whole result, on every faulted run."""
+    from cptrace_otel.analyze.engine import Analysis
+    from cptrace_otel.analyze.sources.otlpfile import merge_streams
+
+    for spans in faulted_spans:
+        by_rank: dict[int, list] = {}
+        for s in spans:
+            for ev in s.events:
+                by_rank.setdefault(ev.rank, []).append(ev)
+        streams = [sorted(evs, key=lambda e: (e.epoch, e.seq)) for _, evs in sorted(by_rank.items())]
+        whole = Analysis().run(merge_streams(streams))
+        only = Analysis().run(merge_streams(streams), findings_only=True)
+        assert whole.findings and [_key("", "", f) for f in only.findings] == [_key("", "", f) for f in whole.findings]
+        assert only.unchecked == []
