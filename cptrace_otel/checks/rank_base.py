@@ -85,3 +85,32 @@ def handler_table(cls: type) -> dict[str, tuple[int, Handler | None, bool, bool]
         tab = _TABLES[cls] = {tag: (lv, getattr(cls, HANDLERS[tag]) if tag in HANDLERS else None, tag in EPOCH_TAGS,
                                     tag not in _UNKEYED) for tag, lv in levels.items()}
     return tab
+
+
+# (checker class, the tags observed) -> its table (observed_table)
+_OBSERVED: dict[tuple[type, frozenset[str]], dict[str, tuple[int, Handler | None, bool, bool]]] = {}
+
+
+def observed_table(cls: type, tags: frozenset[str]) -> dict[str, tuple[int, Handler | None, bool, bool]]:
+    """``cls``'s table (:func:`handler_table`) where each tag of ``tags`` first calls the checker's observers of it
+    (``checker._observers[tag]``, set by ``RankChecker.observe``), then the tag's rule as its own entry would. Made
+    once per (class, tags) and shared, like the class's table."""
+    key = (cls, tags)
+    tab = _OBSERVED.get(key)
+    if tab is None:
+        base = handler_table(cls)
+        tab = _OBSERVED[key] = dict(base)
+        for t in tags:
+            lv, rule, moves, keyed = base.get(t, (LEVEL_OF_TAG.get(t, 1), None, t in EPOCH_TAGS, False))
+            tab[t] = (lv, _observed(t, rule, keyed), moves, False)
+    return tab
+
+
+def _observed(tag: str, rule: Handler | None, keyed: bool) -> Handler:
+    def observed(chk: Any, ev: Event, f: dict, nid: object, ref: tuple) -> list[Finding] | None:
+        for fn in chk._observers[tag]:
+            fn(ev)
+        if rule is None or (keyed and type(nid) is not int):
+            return None
+        return rule(chk, ev, f, nid, ref)
+    return observed

@@ -25,7 +25,7 @@ from .epochs import EPOCH_TAGS, EpochTracker
 from .findings import Finding, Unchecked
 from .lineage import UNKNOWN, Backup, Bounded, EpochState, Node, PendingLoad, PendingWrite
 from .ranges import Slots, is_none_range, overlap, slice_slots, slots_of
-from .rank_base import Handler, handler_table
+from .rank_base import Handler, handler_table, observed_table
 from .registry import LEVEL_RECORDS, RANK, Rule, unchecked_at
 from .rules_canary import CanaryOwner
 from .rules_content import HashCompare, ZeroFlag
@@ -44,6 +44,8 @@ from .rules_swa import PAGES_KEPT, SwaRules
 class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare, CanaryOwner, L3Rules,
                   SideRules, LoadRules, RestRules, SwaRules, MambaRules):
     """Streaming checker of one rank. See the package docstring for the contract."""
+
+    _observers: dict[str, tuple[Callable[[Event], Any], ...]] | None = None   # tag -> observe()'s fns
 
     def __init__(self, rank: int, level: int | None = None) -> None:
         self.rank = rank
@@ -81,16 +83,13 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
 
     def observe(self, tag: str, fn: Callable[[Event], Any]) -> None:
         """Also pass every record with ``tag`` to ``fn`` (before the tag's rule, if it has one; ``fn``'s result is
-        ignored). Through the per-tag table the hot path looks up anyway, so records of other tags pay nothing."""
-        lv, rule, moves, keyed = self._tab.get(tag, (LEVEL_OF_TAG.get(tag, 1), None, tag in EPOCH_TAGS, False))
-
-        def observed(chk: RankChecker, ev: Event, f: dict, nid: object, ref: tuple) -> list[Finding] | None:
-            fn(ev)
-            if rule is None or (keyed and type(nid) is not int):
-                return None
-            return rule(chk, ev, f, nid, ref)
-
-        self._tab = {**self._tab, tag: (lv, observed, moves, False)}   # (the class's table is shared)
+        ignored; several per tag are called in the order given). Through the per-tag table the hot path looks up
+        anyway, so records of other tags pay nothing. The checker's ``fn``s are its own; the table that calls them
+        is shared by every checker of its class observing the same tags (a replica makes a checker per rank of
+        every trace: a table each was 2 KB and a copy per checker)."""
+        cur = self._observers or {}
+        self._observers = {**cur, tag: (*cur.get(tag, ()), fn)}
+        self._tab = observed_table(type(self), frozenset(self._observers))
 
     # -- level --------------------------------------------------------------------------------------------------
     @property

@@ -129,6 +129,7 @@ def _mutated_request(draw) -> str:
 @example(lines=["\x00"])   # a NUL on a later line once made the whole file "binary data" (found by this test)
 @example(lines=['{"resourceSpans": [{"resource": {"attributes": [{"key": "sglang.cp.rank", "value": {"intValue": '
                 'Infinity}}]}, "scopeSpans": []}]}'])   # int(inf): a traceback (found by this test)
+@example(lines=["[CPTRACE"])   # the log marker on a later line once made the file a log: exit 3 (found by this test)
 def test_check_reads_any_otlp_json(lines):
     with _file("rank0.otlp.jsonl", (otlp_line(0) + "\n".join(lines) + "\n" + otlp_line(1)).encode()) as p:
         rc, out, err = check("--json", str(p))

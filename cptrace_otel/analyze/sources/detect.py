@@ -4,7 +4,8 @@
 
 * ``"log"``: text holding a ``[CPTRACE`` marker somewhere (the whole file is scanned when its start has none:
   an SGLang log may print a lot before the first record), or SGLang's kv-canary violation marker
-  (:data:`cptrace_otel.model.canary.MARKER`: a server log whose only records are violations);
+  (:data:`cptrace_otel.model.canary.MARKER`: a server log whose only records are violations), unless its first
+  line is a whole OTLP request or trace document (JSON lines with a stray line of log text: that line is reported);
 * ``"otlp"``: OTLP JSON lines (one ``ExportTraceServiceRequest`` per line, the project's file sink);
 * ``"jaeger"``: a JSON document from a trace backend: Jaeger's ``/api/traces`` (api_v2: ``{"data": [trace...]}``,
   also the UI's "Download Results" and a single trace object), ``/api/v3/traces`` (``{"result": {"resourceSpans"``)
@@ -71,9 +72,14 @@ def sniff(path: str) -> Sniff:
 def _classify(path: str, head: bytes, fh) -> Sniff:
     if not head:
         return Sniff(path, None, "empty")
-    if MARKER in head or CANARY in head:   # first: a log may hold a few binary bytes (NULs after a crash) and still
-        return Sniff(path, "log")         # its records
     body = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    # a first line that is a whole OTLP request or trace document: JSON lines, even where a later line holds the
+    # marker (a line of log text pasted into the file: the reader reports that line and reads the rest)
+    kind = _json_line_kind(body) if body[:1] == b"{" else None
+    if kind is not None:
+        return Sniff(path, kind)
+    if MARKER in head or CANARY in head:   # before the JSON and text tests: a log may hold a few binary bytes (NULs
+        return Sniff(path, "log")         # after a crash) and still its records, or begin with a JSON object
     if body[:1] == b"{":   # before the text test: a JSON-lines file whose first line parses is JSON even where a
         js = _json_kind(path, body)   # later line holds a NUL (that line is reported by the reader, the rest read)
         if js is not None:
@@ -108,6 +114,23 @@ def _is_text(b: bytes) -> bool:
     if ctrl * 100 > len(b):
         return False
     return b.decode("utf-8", "replace").count("\ufffd") * 50 <= len(b)
+
+
+def _json_line_kind(body: bytes) -> str | None:
+    """"otlp" or "jaeger" when ``body``'s first line (ended by a newline) is a JSON object of that kind, else None."""
+    first, nl, _ = body.partition(b"\n")
+    if not nl:
+        return None
+    try:
+        obj = json.loads(first)
+    except (ValueError, RecursionError):
+        return None
+    if isinstance(obj, dict):
+        if any(k in obj for k in _OTLP_KEYS):
+            return "otlp"
+        if any(k in obj for k in _DOC_KEYS):
+            return "jaeger"
+    return None
 
 
 def _json_kind(path: str, body: bytes) -> Sniff | None:
