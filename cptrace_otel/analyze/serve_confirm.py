@@ -66,7 +66,7 @@ class StoreConfirm:
         self.hold_until = 0.0
         self.asked = 0      # queries made
         self.moved = 0      # traces the store showed to be cut here
-        self.unknown = 0    # confirmations that could not be made (error, timeout, on hold)
+        self.unknown = 0    # traces whose confirmation could not be made (error, timeout, on hold)
         self.last_error = ""
 
     def probe(self) -> None:

@@ -192,7 +192,8 @@ def metrics_text(state: ServeState, c: Counters, queued: int, now_ns: int) -> st
     metric("cptrace_serve_confirm_queries_total", "counter",
            "span store queries made at a trace's end (--confirm-url)", [("", conf.asked if conf else 0)])
     metric("cptrace_serve_confirm_unknown_total", "counter",
-           "end-of-trace findings reported unconfirmed: the span store could not be asked (error, timeout, on hold)",
+           "traces whose end-of-trace findings were reported unconfirmed: the span store could not be asked (error, "
+           "timeout, or on hold after one)",
            [("", conf.unknown if conf else 0)])
     metric("cptrace_serve_withheld_total", "counter",
            "end-of-trace findings not reported: the span store held records of their trace that never came here",
