@@ -13,7 +13,7 @@ reports none of its findings). The replica reports a tail that lacks a rank's fi
 Each head is checked twice, side by side: alone (a replica without ``--confirm-url``) and with a span store that
 holds every span of the run, as the Jaeger the collector also writes to does (``serve --confirm-url``,
 :class:`~cptrace_otel.analyze.serve_confirm.StoreConfirm`; here :func:`whole_store` answers from the decoded
-spans, the lookup a real Jaeger answers is tests/integration/test_serve_confirm.py's).
+spans, the lookup a real Jaeger answers is tests/integration/test_serve_confirm_jaeger.py's).
 
     python bench/serve_moved_traces.py              # seeds 1-3
     python bench/serve_moved_traces.py --seeds 1,2,3,4,5
