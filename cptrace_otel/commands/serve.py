@@ -68,6 +68,8 @@ _PFX = "cptrace-otel serve"
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """The ``serve`` subcommand's parser, added to ``sub`` (the ``cli`` subparsers)."""
+    from ..analyze.serve_confirm import STORES  # (light: the store's client is imported only when one is made)
+
     s = sub.add_parser("serve", help="receive OTLP/HTTP from a collector and check node traces as they arrive "
                                      "(one replica behind the loadbalancing exporter)")
     s.add_argument("--listen", default="127.0.0.1:4320", metavar="HOST:PORT",
@@ -112,7 +114,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
                         "--confirm-store tempo): asked at a trace's end, when that end decided C3-C5 or H4-open, "
                         "whether records of the trace went to another replica (a resolver change cut it); if so "
                         "those findings are not reported and the trace is reported UNCHECKED. Default: not asked")
-    s.add_argument("--confirm-store", default="jaeger", choices=["jaeger", "tempo"],
+    s.add_argument("--confirm-store", default="jaeger", choices=STORES,
                    help="what --confirm-url is (default jaeger: its api_v3)")
     s.add_argument("--confirm-timeout", default="2s", metavar="DURATION",
                    help="bound of one --confirm-url query (default 2s; after a failure none for 30s)")

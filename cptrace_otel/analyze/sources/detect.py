@@ -75,14 +75,15 @@ def _classify(path: str, head: bytes, fh) -> Sniff:
     body = head.lstrip(b"\xef\xbb\xbf \t\r\n")
     # a first line that is a whole OTLP request or trace document: JSON lines, even where a later line holds the
     # marker (a line of log text pasted into the file: the reader reports that line and reads the rest)
-    kind = _json_line_kind(body) if body[:1] == b"{" else None
+    parsed = _first_line(body) if body[:1] == b"{" else None
+    kind = _object_kind(parsed[0]) if parsed is not None and parsed[1] else None
     if kind is not None:
         return Sniff(path, kind)
     if MARKER in head or CANARY in head:   # before the JSON and text tests: a log may hold a few binary bytes (NULs
         return Sniff(path, "log")         # after a crash) and still its records, or begin with a JSON object
-    if body[:1] == b"{":   # before the text test: a JSON-lines file whose first line parses is JSON even where a
-        js = _json_kind(path, body)   # later line holds a NUL (that line is reported by the reader, the rest read)
-        if js is not None:
+    if parsed is not None:   # before the text test: a JSON-lines file whose first line parses is JSON even where a
+        js = _json_kind(path, body, *parsed)   # later line holds a NUL (that line is reported by the reader, the rest
+        if js is not None:                    # read)
             return js
     if not _is_text(head):
         return Sniff(path, None, f"binary data, not text (starts with bytes {head[:8].hex(' ')})")
@@ -116,15 +117,21 @@ def _is_text(b: bytes) -> bool:
     return b.decode("utf-8", "replace").count("\ufffd") * 50 <= len(b)
 
 
-def _json_line_kind(body: bytes) -> str | None:
-    """"otlp" or "jaeger" when ``body``'s first line (ended by a newline) is a JSON object of that kind, else None."""
+def _first_line(body: bytes) -> tuple[object, bool]:
+    """(``body``'s first line as JSON, None where it does not parse or is not whole: it did not end before the
+    head did; whether a newline ended it)."""
     first, nl, _ = body.partition(b"\n")
-    if not nl:
-        return None
-    try:
-        obj = json.loads(first)
-    except (ValueError, RecursionError):
-        return None
+    obj = None
+    if nl or len(body) < HEAD:
+        try:
+            obj = json.loads(first)
+        except (ValueError, RecursionError):   # too deep for json: the reader records it as malformed
+            obj = None
+    return obj, bool(nl)
+
+
+def _object_kind(obj: object) -> str | None:
+    """"otlp" or "jaeger" for a JSON object of that kind, else None."""
     if isinstance(obj, dict):
         if any(k in obj for k in _OTLP_KEYS):
             return "otlp"
@@ -133,21 +140,13 @@ def _json_line_kind(body: bytes) -> str | None:
     return None
 
 
-def _json_kind(path: str, body: bytes) -> Sniff | None:
-    """OTLP JSON lines, a trace document, or None (not JSON: then it is text)."""
-    first, nl, _ = body.partition(b"\n")
-    obj = None
-    if nl or len(body) < HEAD:
-        try:
-            obj = json.loads(first)
-        except (ValueError, RecursionError):   # too deep for json: the reader records it as malformed
-            obj = None
+def _json_kind(path: str, body: bytes, obj: object, nl: bool) -> Sniff | None:
+    """OTLP JSON lines, a trace document, or None (not JSON: then it is text); ``obj``, ``nl``: :func:`_first_line`
+    of ``body``."""
     if isinstance(obj, dict):   # the first line is a JSON object of its own: JSON lines
-        if any(k in obj for k in _OTLP_KEYS):
-            return Sniff(path, "otlp")
-        if any(k in obj for k in _DOC_KEYS):
-            return Sniff(path, "jaeger")
-        return Sniff(path, None, f"JSON of another kind (keys: {_keys(obj)})")
+        kind = _object_kind(obj)
+        return Sniff(path, kind) if kind is not None else Sniff(path, None, f"JSON of another kind (keys: "
+                                                                          f"{_keys(obj)})")
     m = _FIRST_KEY.match(body)
     if m is not None and not nl:   # one line longer than the head: its first key says what it is
         key = m.group(1).decode()
