@@ -12,8 +12,10 @@ reports none of its findings). The replica reports a tail that lacks a rank's fi
 
 Each head is checked twice, side by side: alone (a replica without ``--confirm-url``) and with a span store that
 holds every span of the run, as the Jaeger the collector also writes to does (``serve --confirm-url``,
-:class:`~cptrace_otel.analyze.serve_confirm.StoreConfirm`; here :func:`whole_store` answers from the decoded
-spans, the lookup a real Jaeger answers is tests/integration/test_serve_confirm_jaeger.py's).
+:class:`~cptrace_otel.analyze.serve_confirm.StoreConfirm`; here ``StoreConfirm.holding`` answers from the decoded
+spans, the lookup a real Jaeger answers is tests/integration/test_serve_confirm_jaeger.py's). With the store, the tail's
+replica checks the whole trace from it and reports what the head's replica did not: the last line counts what the
+two replicas report together (missed, doubled: reported by both, false), each with the store.
 
     python bench/serve_moved_traces.py              # seeds 1-3
     python bench/serve_moved_traces.py --seeds 1,2,3,4,5
@@ -32,16 +34,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 FAULTS = "HASH_flip,ZERO_nostore,H1_ack,H4_nolock,C3_writer"
-
-
-def whole_store(spans: list):
-    """A span store holding every span of ``spans``, as the Jaeger the collector also writes to does."""
-    from cptrace_otel.analyze.serve_confirm import StoreConfirm
-
-    records: dict[str, set[tuple[int, int]]] = defaultdict(set)
-    for sp in spans:
-        records[sp.trace_id].update((ev.rank, ev.seq) for ev in sp.events)
-    return StoreConfirm(lookup=lambda trace_id: records.get(trace_id, set()))
 
 
 def _findings(spans: list, store=None) -> tuple[set[tuple], set[str]]:
@@ -66,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--random-cuts", type=int, default=5, help="random cuts per run (default 5)")
     args = ap.parse_args(argv)
     from cptrace_otel.analyze.otlp_intake import decode
+    from cptrace_otel.analyze.serve_confirm import StoreConfirm
     from tests.helpers.otlp_receiver import parse_json_line
 
     tmp = Path(tempfile.mkdtemp(prefix="serve-moved-"))
@@ -81,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         for sp in spans:
             by[sp.trace_id].append(sp)
         whole, wu = _findings(spans)
-        store = whole_store(spans)
+        store = StoreConfirm.holding(spans)
         total["whole_traces"] += len(by)
         total["whole_unchecked"] += len(wu)
         print(f"seed {seed}: {len(spans)} spans, {len(by)} traces, {len(whole)} findings on whole traces, {len(wu)} "
@@ -96,6 +89,12 @@ def main(argv: list[str] | None = None) -> int:
                 tails += sps[k:]
             (h, hu), (t, tu) = _findings(heads), _findings(tails)
             hs, hsu = _findings(heads, store)
+            ts, tsu = _findings(tails, store)
+            both_missed, doubled, both_false = whole - hs - ts, hs & ts, (hs | ts) - whole
+            for name, n in (("both_missed", len(both_missed)), ("both_doubled", len(doubled)),
+                            ("both_false", len(both_false)), ("both_tail_unchecked", len(tsu)),
+                            ("both_silent", len({x for x in both_missed if x[0] not in hsu | tsu}))):
+                total[name] += n
             fhs, missed_s = hs - whole, whole - hs - t
             silent_s = {x for x in missed_s if x[0] not in hsu | tu}
             for name, n in (("store_head_false", len(fhs)), ("store_head_unchecked", len(hsu)),
@@ -117,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{'; false ones: ' + ', '.join(rules) if rules else ''}")
             print(f"    with the store: head {len(hs)} findings ({len(fhs)} false, {len(hsu)} traces UNCHECKED), "
                   f"{len(missed_s)} missed ({len(silent_s)} silently)")
+            print(f"    both replicas with the store: {len(both_missed)} missed, {len(doubled)} doubled, "
+                  f"{len(both_false)} false; tails UNCHECKED {len(tsu)}")
             for x in sorted(silent, key=str):
                 print(f"    missed silently: {x[1:]}")
     print(f"all: {total['whole_unchecked']} of {total['whole_traces']} whole traces reported UNCHECKED; "
@@ -128,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"heads with the span store (--confirm-url): false findings {total['store_head_false']} "
           f"({total['store_cuts_head_false']} cuts), heads reported UNCHECKED {total['store_head_unchecked']}; "
           f"missed {total['store_missed']}, of them silently {total['store_silent']}")
+    print(f"both replicas with the span store (the tail's checks the whole trace from it): missed "
+          f"{total['both_missed']} (silently {total['both_silent']}), doubled {total['both_doubled']}, false "
+          f"{total['both_false']}; tails reported UNCHECKED {total['both_tail_unchecked']} of {total['tails']}")
     return 0
 
 

@@ -1,7 +1,7 @@
 """Which rules one ``serve`` replica can decide: each node trace of simulator runs checked alone against ``check``.
 
 For every (mode, faults) run of the simulator (``cptrace-otel demo``): ``check --json`` over the run's log files is
-the reference; then every trace of the run's OTLP requests is checked alone (``serve_state.check_trace``: what a
+the reference; then every trace of the run's OTLP requests is checked alone (``serve_trace.check_trace``: what a
 replica runs on a trace once idle, before it keeps only the rules it reports), once as the exporter sends them
 (each rank's config record stamped on the resource) and once with the stamp taken off (what a replica saw before
 it). Per rule it prints the findings of ``check`` and, for each variant, how many of them the traces found, missed,
@@ -76,7 +76,8 @@ def _requests(out: Path, stamped: bool, bump: int = 0) -> list:
 def per_trace(out: Path, stamped: bool, bump: int = 0) -> set:
     """Every finding of every trace of the run in ``out``, each trace checked alone."""
     from cptrace_otel.analyze.otlp_intake import from_request
-    from cptrace_otel.analyze.serve_state import ServeState, check_trace
+    from cptrace_otel.analyze.serve_state import ServeState
+    from cptrace_otel.analyze.serve_trace import check_trace
 
     st = ServeState(lambda tr, found: None, idle_s=3600, max_nodes=10 ** 9)
     for req in _requests(out, stamped, bump):

@@ -108,7 +108,7 @@ class LiveCheck:
 
     def lead(self, ev: Event) -> None:
         """Feed ``ev`` at once, before any record of its rank: the rank's config record from the resource stamp
-        (serve_state.with_config), which leads the rank's records here as it does on the idle path. Not a record of
+        (serve_trace.with_config), which leads the rank's records here as it does on the idle path. Not a record of
         the trace, so not counted in :attr:`fed`."""
         found = self.analysis.feed_rank(ev)
         if found:

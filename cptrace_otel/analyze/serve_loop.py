@@ -32,7 +32,8 @@ from ..model.exits import EXIT_FINDINGS, EXIT_INCOMPLETE, EXIT_OK, EXIT_UNREACHA
 from .finding_sinks import FindingSinks, SinkSetupError
 from .serve_confirm import StoreConfirm
 from .serve_journal import Journal, JournalError, default_dir
-from .serve_state import ServeState, TraceState, unchecked_rules
+from .serve_state import ServeState, unchecked_rules
+from .serve_trace import TraceState
 
 if TYPE_CHECKING:
     from .otlp_intake import Intake

@@ -55,22 +55,18 @@ So the unit of checking is the trace, not the rank's stream:
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..checks import Finding
-from ..model.events import Event, int_field
-from .incremental import SpanRef
+from ..model.trace_ids import lane_span_id
 from .otlp_intake import SpanRecords
 from .serve_confirm import MOVED, StoreConfirm
-from .serve_journal import Journal, ranks_without_start, trace_node
+from .serve_journal import Journal, finding_id, trace_node
 from .serve_live import MERGE_CAP, WINDOW, WINDOW_S, LiveCheck
-
-if TYPE_CHECKING:
-    from .engine import Result
+from .serve_trace import TraceState, check_trace, cp_size, from_spans, is_cut, joins_trusted, with_config
 
 # rules whose findings on one trace are exactly those of ``check`` over the whole run (per rank, about one node).
 # Not H1a, H1b nor H2a: on real SGLang (4 sharded ranks) a node split more than once has its lineage in the other
@@ -116,58 +112,6 @@ def unchecked_rules() -> list[str]:
     from ..checks.registry import RULES
 
     return [r.id for r in RULES if r.id not in REPORTED_IDS]
-
-
-class TraceState:
-    """The held records of one trace: rank -> events, (rank, seq) -> span, levels, last change."""
-
-    __slots__ = ("run_id", "trace_id", "ranks", "refs", "levels", "changed", "records", "configs", "live",
-                 "broken", "segmented")
-
-    def __init__(self, run_id: str, trace_id: str, now: float) -> None:
-        self.run_id, self.trace_id = run_id, trace_id
-        self.ranks: dict[int, list[Event]] = {}
-        self.refs: dict[tuple[int, int], SpanRef] = {}
-        self.levels: dict[int, int] = {}
-        self.changed = now
-        self.records = 0
-        self.configs: dict[int, Event] = {}   # rank -> its config record, stamped on the resource
-        self.live: LiveCheck | None = None    # the live check (live mode), None idle-only
-        self.broken = False                   # its check raised: NOT checked from then on (said on stderr)
-        self.segmented = 0                    # records checked (idle-only) or span refs dropped (live) in
-                                              # earlier segments (max_trace_records)
-
-    def span_of(self, rank: int, seq: int) -> SpanRef | None:
-        """The span holding record ``seq`` of ``rank`` (what :class:`~.finding_sinks.WriteBack` links to)."""
-        return self.refs.get((rank, seq))
-
-
-def _cp_size(stamps: dict[int, Event]) -> int:
-    """The CP group size the ranks' config stamps give (the largest ``cp_size``; 0 without one)."""
-    return max((int_field(c.fields.get("cp_size")) or 0 for c in stamps.values()), default=0)
-
-
-def with_config(tr: TraceState, rank: int, stream: list[Event]) -> list[Event]:
-    """``rank``'s records of ``tr`` led by its config record (from the resource stamp, for the rules that read the
-    CP group, mode, IO rank, sidecars or storage identity), unless the trace holds that record itself (a rank
-    trace) or no stamp came with it."""
-    cfg = tr.configs.get(rank)
-    if cfg is None or (rank, cfg.seq) in tr.refs:
-        return stream
-    if cfg.rank != rank:   # a process that records for several ranks: one stamp, its rank
-        cfg = dataclasses.replace(cfg, rank=rank)
-    return [cfg, *stream]
-
-
-def check_trace(tr: TraceState) -> Result:
-    """``check``'s analysis over ``tr``'s records alone: each rank's in (epoch, seq) order led by its config record
-    (:func:`with_config`), the ranks merged by ``ts``; every rule's findings, unfiltered (:meth:`ServeState.sweep`
-    reports only the rules one trace decides)."""
-    from .engine import Analysis
-    from .sources.otlpfile import merge_streams
-
-    streams = [with_config(tr, r, sorted(evs, key=lambda e: (e.epoch, e.seq))) for r, evs in sorted(tr.ranks.items())]
-    return Analysis(rank_levels=tr.levels).run(merge_streams(streams), findings_only=True)
 
 
 class RunState:
@@ -219,6 +163,7 @@ class ServeState:
         self.past_window = 0  # records behind their rank's reorder window (not fed: said at finalisation)
         self.duplicates = 0   # records whose (rank, seq) the trace already had (sent again: dropped)
         self.withheld = Counter[str]()   # rule -> end-of-trace findings of a trace the span store showed cut here
+        self.rechecked = 0   # tails (first records not seen here) checked whole from the span store
 
     @property
     def records_held(self) -> int:
@@ -320,7 +265,7 @@ class ServeState:
             if live.node is not None:
                 # (the stamps as they will be once this span's records are taken: every rank's, or not known)
                 stamps = tr.configs if s.config is None else {**tr.configs, rank: s.config}
-                size = _cp_size(stamps) if all(r in stamps for r in (*tr.ranks, rank)) else 0
+                size = cp_size(stamps) if all(r in stamps for r in (*tr.ranks, rank)) else 0
                 live.group = frozenset(range(size)) if size >= 1 else None
             elif not tr.ranks and rank_trace_id(tr.run_id, rank).hex() == tr.trace_id:
                 live.group = frozenset((rank,)) if (rank in tr.configs or s.config is not None) else None
@@ -358,14 +303,12 @@ class ServeState:
         """Count ``fed`` records as checked and report the reported rules' findings (the others: suppressed);
         ``lockstep``: :data:`LOCKSTEP_RULES` are reported too (idle-only, every rank stamped)."""
         run = self.runs[tr.run_id]
-        kept = []
-        for f in found:
-            if f.rule in TRACE_RULES or f.rule in PARTIAL_RULES or (lockstep and f.rule in LOCKSTEP_RULES):
-                kept.append(f)
-            else:
-                self.suppressed[f.rule] += 1
-        if final and self.confirm is not None and not tr.segmented and any(f.rule in END_DECIDED for f in kept):
-            kept = self._confirmed(tr, kept)
+        kept = self._trusted(found, lockstep)
+        if self.confirm is not None:
+            if final and not tr.segmented and any(f.rule in END_DECIDED for f in kept):
+                kept = self._confirmed(tr, kept)
+            elif not final and kept:   # (live: what a recheck from the store must not report again)
+                tr.reported = (tr.reported or set()) | {finding_id(tr.run_id, tr.trace_id, f) for f in kept}
         if self.journal is not None:   # journaled before they are emitted; none emitted twice across restarts
             kept = self.journal.fresh(tr.run_id, tr.trace_id, kept)
         self.events_checked += fed
@@ -376,6 +319,17 @@ class ServeState:
         if kept or final:
             self.report(tr, kept)
 
+    def _trusted(self, found: list[Finding], lockstep: bool) -> list[Finding]:
+        """The findings of the reported rules (:data:`LOCKSTEP_RULES` only with ``lockstep``); the rest counted in
+        :attr:`suppressed`."""
+        kept = []
+        for f in found:
+            if f.rule in TRACE_RULES or f.rule in PARTIAL_RULES or (lockstep and f.rule in LOCKSTEP_RULES):
+                kept.append(f)
+            else:
+                self.suppressed[f.rule] += 1
+        return kept
+
     def _confirmed(self, tr: TraceState, kept: list[Finding]) -> list[Finding]:
         """``kept`` less its :data:`END_DECIDED` findings when the span store holds records of ``tr`` that never came
         here (then ``tr`` is reported UNCHECKED, :data:`~.serve_confirm.MOVED`); all of ``kept`` when it holds none,
@@ -384,11 +338,8 @@ class ServeState:
         assert conf is not None
         moved = conf.missing(tr.trace_id, tr.refs.keys())
         if moved is None:
-            if conf.last_error:   # a failure just now (not a query skipped on hold): said once
-                self.note(f"run {tr.run_id} trace {tr.trace_id}: the span store at {conf.base_url} could not be "
-                          f"asked whether the trace was whole here ({conf.last_error}): its end-of-trace findings "
-                          f"are reported unconfirmed; no store query for {conf.backoff_s:g}s")
-                conf.last_error = ""
+            self._store_failed(tr, "whether the trace was whole here", "its end-of-trace findings are reported "
+                                                                        "unconfirmed")
             return kept
         if not moved:
             return kept
@@ -400,6 +351,121 @@ class ServeState:
                   f"{len(kept) - len(out)} end-of-trace finding(s) not reported, the trace reported UNCHECKED")
         self.lost(tr.run_id, tr.trace_id, MOVED)
         return out
+
+    def _rechecked(self, tr: TraceState) -> bool:
+        """A tail ``tr`` (first records not seen here) checked whole from the span store: True when done. Reported:
+        the whole trace's findings less those the head's replica reported (:meth:`_head_reported`) and those
+        reported here before the end (live). False, the caller reports ``tr`` UNCHECKED as before: the store could
+        not be asked, lacks a record that came here (it lags), or lacks a rank's first records too."""
+        got = self._whole(tr)
+        if got is None:
+            return False
+        mine, whole = got
+        try:
+            lockstep, short = joins_trusted(whole)
+            found = self._trusted(check_trace(whole).findings, lockstep)
+            before = self._head_reported(tr, mine) | (tr.reported or set())
+        except Exception as e:   # as in _finalise: a bug or an input no rule foresaw
+            self._broken(tr, e)
+            return True
+        self.rechecked += 1
+        kept = [f for f in found if finding_id(tr.run_id, tr.trace_id, f) not in before and not (
+            # live, a join whose deciding record the head holds may have been reported there before its end
+            self.live and f.rule in LOCKSTEP_RULES and (f.rank, f.evidence[-1] if f.evidence else -1) not in tr.refs)]
+        self.note(f"run {tr.run_id} trace {tr.trace_id}: its first records came to another replica; checked whole "
+                  f"from the span store ({whole.records} records, {len(tr.refs)} of them here): "
+                  f"{len(kept)} finding(s) the head's replica did not report")
+        fed = tr.records - tr.segmented if tr.live is None else 0   # (live: its records were counted when fed)
+        self.events_checked += fed
+        self.runs[tr.run_id].events += fed
+        tr.ranks.clear()
+        tr.live = None
+        self._emit(whole, kept)
+        if short:
+            self.lost(tr.run_id, tr.trace_id, GROUP_SHORT)
+        return True
+
+    def _whole(self, tr: TraceState) -> tuple[list[SpanRecords], TraceState] | None:
+        """(the store's spans of ``tr``'s run, the whole trace they hold); None, said when the store failed, when
+        it could not be asked, lags (a record that came here is not in it yet) or lacks a rank's first records."""
+        conf = self.confirm
+        assert conf is not None
+        spans = conf.whole(tr.trace_id)
+        if spans is None:
+            self._store_failed(tr, "for the whole trace", "it is reported UNCHECKED")
+            return None
+        mine = [s for s in spans if s.run_id == tr.run_id]
+        whole = from_spans(tr.run_id, tr.trace_id, mine, tr.changed)
+        if any(rk not in whole.refs for rk in tr.refs) or is_cut(whole):
+            return None
+        return mine, whole
+
+    def _short_rechecked(self, tr: TraceState) -> bool:
+        """A node trace ``tr`` short of a rank of its CP group (each rank here whole: the others' records went to
+        another replica) whose joins C3-C5 were checked over the whole trace from the span store: True when they
+        were, here or, by the same rule, on the replica holding the first records of the trace's lowest rank (the
+        one that reports them, so none is doubled). False: the caller reports it UNCHECKED (GROUP_SHORT)."""
+        if self.confirm is None or tr.segmented:
+            return False
+        got = self._whole(tr)
+        if got is None:
+            return False
+        whole = got[1]
+        lockstep, short = joins_trusted(whole)
+        if short or not lockstep:
+            return False
+        first = min(whole.ranks)
+        node = trace_node(tr.run_id, tr.trace_id, whole.events())
+        assert node is not None   # (a short trace is a node trace)
+        self.rechecked += 1
+        if lane_span_id(tr.run_id, node[0], node[1], first).hex() not in {r.span_id for r in tr.refs.values()}:
+            self.note(f"run {tr.run_id} trace {tr.trace_id}: records of fewer ranks than its CP group came here; its "
+                      f"joins C3-C5 are checked whole from the span store by the replica holding rank {first}'s")
+            return True
+        try:
+            found = [f for f in check_trace(whole).findings if f.rule in LOCKSTEP_RULES]
+        except Exception as e:   # as in _finalise: a bug or an input no rule foresaw
+            self._broken(tr, e)
+            return True
+        self.note(f"run {tr.run_id} trace {tr.trace_id}: records of fewer ranks than its CP group came here; its "
+                  f"joins C3-C5 checked whole from the span store: {len(found)} finding(s)")
+        self._emit(whole, found)
+        return True
+
+    def _emit(self, tr: TraceState, found: list[Finding]) -> None:
+        """Report ``found`` of ``tr`` (a trace read from the span store), journaled and counted."""
+        if self.journal is not None:
+            found = self.journal.fresh(tr.run_id, tr.trace_id, found)
+        self.runs[tr.run_id].findings += len(found)
+        for f in found:
+            self.findings[(tr.run_id, f.code)] += 1
+        self.report(tr, found)
+
+    def _head_reported(self, tr: TraceState, spans: list[SpanRecords]) -> set[str]:
+        """The ids of the findings the replica that held the head of ``tr`` (the records of ``spans``, the store's
+        whole trace, that never came here) reported: a replica set up as this one, given the head and asking a
+        store that holds ``spans`` (so its end-of-trace findings were withheld there). None when the head lacks a
+        rank's first records too (a trace moved twice: that replica reported it UNCHECKED)."""
+        head = [SpanRecords(s.run_id, s.trace_id, s.ref, s.level, evs, s.config) for s in spans
+                if (evs := [ev for ev in s.events if (ev.rank, ev.seq) not in tr.refs])]
+        if not head or is_cut(from_spans(tr.run_id, tr.trace_id, head)):
+            return set()
+        head.sort(key=lambda s: min((ev.epoch, ev.seq) for ev in s.events))   # each rank's in order, as sent
+        got: set[str] = set()
+        sim = ServeState(lambda t, found: got.update(finding_id(t.run_id, t.trace_id, f) for f in found),
+                         idle_s=self.idle_s, live=self.live, window=self.window, window_s=self.window_s,
+                         merge_cap=self.merge_cap, confirm=StoreConfirm(lookup=lambda _tid: spans))
+        sim.add(head, now=0.0)
+        sim.finish_all()
+        return got
+
+    def _store_failed(self, tr: TraceState, asked: str, so: str) -> None:
+        """Say the span store's failure just now (once per failure: not a query skipped on hold)."""
+        conf = self.confirm
+        if conf is not None and conf.last_error:
+            self.note(f"run {tr.run_id} trace {tr.trace_id}: the span store at {conf.base_url} could not be asked "
+                      f"{asked} ({conf.last_error}): {so}; no store query for {conf.backoff_s:g}s")
+            conf.last_error = ""
 
     def sweep(self, now: float | None = None) -> int:
         """Finalise the traces idle past ``idle_s`` and finish the runs idle past ``run_idle_s``; traces
@@ -442,8 +508,11 @@ class ServeState:
             run.done.popitem(last=False)
         if early:
             self.early += 1
-        if tr.ranks and ranks_without_start(tr.run_id, tr.trace_id, tr.ranks, {r.span_id for r in tr.refs.values()},
-                                            (ev for evs in tr.ranks.values() for ev in evs)):
+        if tr.ranks and is_cut(tr):
+            if self.confirm is not None and not tr.segmented and self._rechecked(tr):
+                if self.journal is not None:
+                    self.journal.finalised(tr.run_id, tr.trace_id)
+                return
             tr.ranks.clear()   # a tail alone: reported, not checked (live: what was reported of it stands)
             tr.live = None
             self.lost(tr.run_id, tr.trace_id, CUT, tr.records)
@@ -452,14 +521,14 @@ class ServeState:
             return
         if tr.live is not None:
             live = tr.live
-            lockstep, short = self._joins_trusted(tr)
+            lockstep, short = joins_trusted(tr)
             self._feed(tr, time.monotonic(), final=True, lockstep=lockstep and not live.cross_gone)
             tr.live = None   # spent: its state freed now
             tr.ranks.clear()
             if live.past_window:
                 self.note(f"run {tr.run_id} trace {tr.trace_id}: {live.past_window} record(s) came behind their "
                           f"rank's reorder window ({self.window} records, {self.window_s:g}s): NOT checked")
-            if short:
+            if short and not self._short_rechecked(tr):
                 self.lost(tr.run_id, tr.trace_id, GROUP_SHORT)
             elif live.cross_gone and live.node is not None:   # (C3-C5 join a node's records: node traces only)
                 self.lost(tr.run_id, tr.trace_id, MERGE_GONE)
@@ -469,10 +538,10 @@ class ServeState:
             except Exception as e:   # a bug or an input no rule foresaw: this trace is unchecked, the replica goes on
                 self._broken(tr, e)
             else:
-                lockstep, short = self._joins_trusted(tr)
+                lockstep, short = joins_trusted(tr)
                 tr.ranks.clear()
                 self._counted(tr, tr.records - tr.segmented, res.findings, final=True, lockstep=lockstep)
-                if short:
+                if short and not self._short_rechecked(tr):
                     self.lost(tr.run_id, tr.trace_id, GROUP_SHORT)
         if self.journal is not None:
             self.journal.finalised(tr.run_id, tr.trace_id)
@@ -495,31 +564,13 @@ class ServeState:
             except Exception as e:   # as in _finalise: this trace is unchecked from here on
                 self._broken(tr, e)
                 return
-            lockstep, _short = self._joins_trusted(tr)
+            lockstep, _short = joins_trusted(tr)
             tr.ranks.clear()
             tr.segmented += held
             self._counted(tr, held, res.findings, lockstep=lockstep)
         else:
             tr.segmented += len(tr.refs)
         tr.refs.clear()
-
-    @staticmethod
-    def _joins_trusted(tr: TraceState) -> tuple[bool, bool]:
-        """(whether ``tr``'s C3-C5 findings may be reported, whether it is short of a rank of its CP group).
-
-        C3-C5 need every rank's group size and mode: a rank without a config stamp (an older exporter) leaves them
-        to guess the group from the ranks seen, so then they are not trusted. And every rank of the group: a node
-        trace with records of fewer ranks than its CP group has (``cp_size`` of the stamps; the rest went to
-        another replica when the resolver changed, or came before this one) would judge a join without that rank's
-        side: a false C3 where it holds the others, a C3 missed where it holds that rank alone. Such a trace is
-        short (its C3-C5 not reported, the trace named UNCHECKED for them); a rank or request trace (one rank's by
-        nature) and a trace outside CP never are."""
-        if not all(r in tr.configs for r in tr.ranks):
-            return False, False
-        size = _cp_size(tr.configs)
-        short = size >= 2 and len(tr.ranks) < size and trace_node(
-            tr.run_id, tr.trace_id, (ev for evs in tr.ranks.values() for ev in evs)) is not None
-        return not short, short
 
     def lost(self, run_id: str, trace_id: str, why: str, records: int = 0) -> None:
         """Report a trace NOT checked (its state died with a previous process): counted by run and reason,
@@ -535,4 +586,5 @@ class ServeState:
                 "findings": sum(self.findings.values()), "suppressed": dict(self.suppressed),
                 "past_window": self.past_window, "duplicate_records": self.duplicates,
                 "unchecked": sum(self.unchecked.values()), "withheld": dict(self.withheld),
+                "rechecked": self.rechecked,
                 "lost_records": self.journal.lost_records if self.journal is not None else 0}

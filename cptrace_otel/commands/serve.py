@@ -113,7 +113,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
                    help="the span store the collector also writes to (Jaeger's query service, or Tempo with "
                         "--confirm-store tempo): asked at a trace's end, when that end decided C3-C5 or H4-open, "
                         "whether records of the trace went to another replica (a resolver change cut it); if so "
-                        "those findings are not reported and the trace is reported UNCHECKED. Default: not asked")
+                        "those findings are not reported here and the trace is reported UNCHECKED. The replica "
+                        "that received the later records (or a short CP group) checks the trace whole from the "
+                        "store, reporting what the other did not. Default: not asked")
     s.add_argument("--confirm-store", default="jaeger", choices=STORES,
                    help="what --confirm-url is (default jaeger: its api_v3)")
     s.add_argument("--confirm-timeout", default="2s", metavar="DURATION",
@@ -197,6 +199,9 @@ def metrics_text(state: ServeState, c: Counters, queued: int, now_ns: int) -> st
            "traces whose end-of-trace findings were reported unconfirmed: the span store could not be asked (error, "
            "timeout, or on hold after one)",
            [("", conf.unknown if conf else 0)])
+    metric("cptrace_serve_rechecked_total", "counter",
+           "traces cut by a resolver change (first records, or a rank of the CP group, elsewhere) checked whole from "
+           "the span store (--confirm-url)", [("", state.rechecked)])
     metric("cptrace_serve_withheld_total", "counter",
            "end-of-trace findings not reported: the span store held records of their trace that never came here",
            [(f'{{rule="{esc(rule)}"}}', n) for rule, n in sorted(state.withheld.items())])

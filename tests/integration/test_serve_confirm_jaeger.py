@@ -9,7 +9,9 @@ Jaeger's OTLP/HTTP port (the whole run is in the store); each trace is cut after
 * with the store, the replica reports no finding the whole trace does not give, and each trace whose end-of-trace
   findings it held back is reported UNCHECKED with the moved reason; the ``serve`` process does the same (its
   stdout lines, its /metrics);
-* the whole run with the store gives exactly the findings it gives without one.
+* the whole run with the store gives exactly the findings it gives without one;
+* a replica holding the tails checks each trace whole from Jaeger's answer (records, span ids, config stamps as
+  Jaeger gives them back): the two replicas report exactly the whole run's findings, none twice.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from cptrace_otel.analyze.serve_confirm import MOVED, StoreConfirm
 from tests.unit.test_serve import Serve
-from tests.unit.test_serve_confirm import demo_spans, findings, heads
+from tests.unit.test_serve_confirm import demo_spans, findings, heads, split
 
 pytestmark = [pytest.mark.integration]
 
@@ -41,7 +43,7 @@ def _in_jaeger(store: StoreConfirm, spans: list) -> None:
     deadline = time.monotonic() + 60
     while want:
         tid, recs = next(iter(want.items()))
-        if recs <= store.lookup(tid):
+        if recs <= {(ev.rank, ev.seq) for sp in store.lookup(tid) for ev in sp.events}:
             del want[tid]
             continue
         assert time.monotonic() < deadline, f"Jaeger does not hold trace {tid} whole after 60 s"
@@ -65,12 +67,18 @@ def _head_bodies(bodies: list[bytes], keep: set[str]) -> list[bytes]:
     return out
 
 
-def test_a_cut_head_is_confirmed_against_jaeger(tmp_path, jaeger):
-    bodies, spans = demo_spans(tmp_path / "run", seed=1)
+def _run_in_jaeger(tmp_path, jaeger, seed: int) -> tuple[list[bytes], list, StoreConfirm]:
+    """A faulted simulator run's requests, spans, and a store asking the Jaeger they were all sent to."""
+    bodies, spans = demo_spans(tmp_path / "run", seed=seed)
     for b in bodies:
         _post(f"{jaeger.otlp_http}/v1/traces", b)
     store = StoreConfirm(jaeger.query_url)
     _in_jaeger(store, spans)
+    return bodies, spans, store
+
+
+def test_a_cut_head_is_confirmed_against_jaeger(tmp_path, jaeger):
+    bodies, spans, store = _run_in_jaeger(tmp_path, jaeger, seed=1)
 
     whole, u_whole, _ = findings(spans)
     got_w, u_w, _ = findings(spans, confirm=store)
@@ -100,3 +108,37 @@ def test_a_cut_head_is_confirmed_against_jaeger(tmp_path, jaeger):
     printed = [ln.split(" ", 3)[2] for ln in out if not ln.startswith("UNCHECKED")]   # SEVERITY CODE RULE run ...
     assert sorted(printed) == sorted(k[2] for k in got), out   # what the in-process replica reported, no more
     assert "of traces the span store showed cut here, not reported: C3" in s.err.read_text()
+
+
+def test_moved_tails_are_checked_whole_from_jaeger(tmp_path, jaeger):
+    bodies, spans, _ = _run_in_jaeger(tmp_path, jaeger, seed=2)
+    whole, _, _ = findings(spans)
+    lost_alone = 0
+    for cut in range(3):
+        head, tail = split(spans, cut)
+        got_h, _, _ = findings(head, confirm=StoreConfirm(jaeger.query_url))
+        lost_alone += len(whole - got_h - findings(tail)[0])
+        got_t, u_t, st = findings(tail, confirm=StoreConfirm(jaeger.query_url))
+        assert st.rechecked > 0
+        assert not got_h & got_t, sorted(got_h & got_t)
+        assert got_h | got_t == whole, (sorted(whole - got_h - got_t), sorted((got_h | got_t) - whole))
+        assert not u_t, u_t   # every tail checked (whole from Jaeger)
+    assert lost_alone > 0, "no tail lost a finding alone: the test would prove nothing"
+
+    # the serve process, given the last cut's tails over OTLP/HTTP, asking the same Jaeger
+    (tmp_path / "tails").mkdir()
+    s = Serve(tmp_path / "tails", "--idle", "1s", "--state-dir", "off", "--confirm-url", jaeger.query_url)
+    try:
+        for b in _head_bodies(bodies, {sp.ref.span_id for sp in tail}):
+            assert s.post(b)[0] == 200
+        deadline = time.monotonic() + 60
+        while s.metrics()["cptrace_serve_rechecked_total"] < st.rechecked:   # the tails checked at their idle end
+            assert time.monotonic() < deadline, s.metrics()
+            time.sleep(0.3)
+    finally:
+        s.stop()
+    out = s.out.read_text().splitlines()
+    assert not [ln for ln in out if ln.startswith("UNCHECKED")], out
+    printed = [ln.split(" ", 3)[2] for ln in out]   # SEVERITY CODE RULE run ...
+    assert sorted(printed) == sorted(k[2] for k in got_t), out
+    assert "checked whole from the span store" in s.err.read_text()

@@ -21,7 +21,7 @@ import pytest
 
 from cptrace_otel.analyze.otlp_intake import SpanRecords, decode
 from cptrace_otel.analyze.serve_confirm import MOVED, StoreConfirm
-from cptrace_otel.analyze.serve_state import END_DECIDED, ServeState
+from cptrace_otel.analyze.serve_state import CUT, END_DECIDED, ServeState
 from tests.helpers import free_port
 from tests.helpers.integration import ROOT
 from tests.helpers.otlp_receiver import parse_json_line
@@ -42,14 +42,25 @@ def demo_spans(tmp, seed: int) -> tuple[list[bytes], list[SpanRecords]]:
     return bodies, [sp for b in bodies for sp in decode(b).spans]
 
 
-def heads(spans: list[SpanRecords], cut: int) -> list[SpanRecords]:
-    """Each trace's first k spans (k random per trace, seeded by ``cut``): what the old replica holds when the
-    resolver moved the rest."""
+def split(spans: list[SpanRecords], cut: int) -> tuple[list[SpanRecords], list[SpanRecords]]:
+    """Each trace's first k spans and the rest (k random per trace, seeded by ``cut``): what the old replica holds
+    when the resolver moved the rest, and what the new one receives."""
     by: dict[str, list[SpanRecords]] = defaultdict(list)
     for sp in spans:
         by[sp.trace_id].append(sp)
     rnd = random.Random(f"cut{cut}")
-    return [sp for sps in by.values() for sp in sps[:rnd.randrange(len(sps) + 1)]]
+    head: list[SpanRecords] = []
+    tail: list[SpanRecords] = []
+    for sps in by.values():
+        k = rnd.randrange(len(sps) + 1)
+        head += sps[:k]
+        tail += sps[k:]
+    return head, tail
+
+
+def heads(spans: list[SpanRecords], cut: int) -> list[SpanRecords]:
+    """The heads of :func:`split`."""
+    return split(spans, cut)[0]
 
 
 def findings(spans: list[SpanRecords], live: bool = False, confirm: StoreConfirm | None = None
@@ -67,13 +78,6 @@ def findings(spans: list[SpanRecords], live: bool = False, confirm: StoreConfirm
     return got, unchecked, st
 
 
-def whole_store(spans: list[SpanRecords], **kw) -> StoreConfirm:
-    records: dict[str, set[tuple[int, int]]] = defaultdict(set)
-    for sp in spans:
-        records[sp.trace_id].update((ev.rank, ev.seq) for ev in sp.events)
-    return StoreConfirm(lookup=lambda tid: records.get(tid, set()), **kw)
-
-
 @pytest.fixture(scope="module")
 def run_spans(tmp_path_factory) -> list[list[SpanRecords]]:
     return [demo_spans(tmp_path_factory.mktemp(f"seed{seed}"), seed)[1] for seed in (1, 2)]
@@ -88,7 +92,7 @@ def test_a_head_cut_by_a_resolver_change_gives_no_false_finding_with_the_store(r
             part = heads(spans, cut)
             alone, _, _ = findings(part, live)
             false_alone += len(alone - whole)
-            got, unchecked, st = findings(part, live, whole_store(spans))
+            got, unchecked, st = findings(part, live, StoreConfirm.holding(spans))
             assert got <= whole, sorted(got - whole)
             withheld = alone - got
             assert all(k[2] in END_DECIDED for k in withheld)
@@ -101,10 +105,45 @@ def test_a_head_cut_by_a_resolver_change_gives_no_false_finding_with_the_store(r
 def test_a_whole_trace_gives_the_same_findings_with_the_store(run_spans, live):
     for spans in run_spans:
         alone, u_alone, _ = findings(spans, live)
-        store = whole_store(spans)
+        store = StoreConfirm.holding(spans)
         got, unchecked, st = findings(spans, live, store)
         assert got == alone and unchecked == u_alone
         assert store.asked > 0 and store.moved == 0 and not st.withheld   # it was asked, and said "whole"
+
+
+@pytest.mark.parametrize("live", [False, True], ids=["idle-only", "live"])
+def test_a_moved_tail_is_checked_whole_from_the_store_and_no_finding_is_doubled(run_spans, live):
+    """Both replicas of a cut (head and tail) ask the store: the tail's replica checks the whole trace and reports
+    what the head's did not. Idle-only, the two report exactly the whole run's findings, each once; live, no
+    finding twice and none false, and one not reported (a join the head's replica decided) belongs to a trace
+    the head's replica said UNCHECKED."""
+    missed_alone = rechecked = 0
+    for spans in run_spans:
+        whole, _, _ = findings(spans, live)
+        for cut in range(CUTS):
+            head, tail = split(spans, cut)
+            got_h, u_h, _ = findings(head, live, StoreConfirm.holding(spans))
+            got_t_alone, _, _ = findings(tail, live)
+            got_t, u_t, st = findings(tail, live, StoreConfirm.holding(spans))
+            missed_alone += len(whole - got_h - got_t_alone)
+            rechecked += st.rechecked
+            assert not got_h & got_t, sorted(got_h & got_t)   # none doubled
+            assert got_h | got_t <= whole, sorted((got_h | got_t) - whole)
+            missed = whole - got_h - got_t
+            if not live:
+                assert not missed, sorted(missed)
+            assert all(k[2] in END_DECIDED and MOVED in u_h[k[0]] for k in missed), sorted(missed)
+            assert not any(CUT in why for why in u_t.values())   # every tail checked whole
+    assert missed_alone > 0 and rechecked > 0, "no tail lost a finding alone: the test would prove nothing"
+
+
+def test_a_tail_the_store_lags_on_is_reported_unchecked_as_without_it(run_spans):
+    head, tail = split(run_spans[0], 1)
+    lagging = StoreConfirm.holding(head)   # the store has the head only: records that came here are not in it yet
+    got, unchecked, st = findings(tail, confirm=lagging)
+    assert st.rechecked == 0 and any(CUT in why for why in unchecked.values())
+    alone, u_alone, _ = findings(tail)
+    assert got == alone and unchecked == u_alone
 
 
 def test_a_store_that_cannot_be_asked_leaves_the_findings_reported_and_backs_off(run_spans):
@@ -112,7 +151,7 @@ def test_a_store_that_cannot_be_asked_leaves_the_findings_reported_and_backs_off
     now = [0.0]
     calls = []
 
-    def down(tid: str) -> set[tuple[int, int]]:
+    def down(tid: str) -> list[SpanRecords]:
         calls.append(tid)
         raise OSError("Jaeger query service unreachable at http://store:16686: connection refused")
 

@@ -350,25 +350,33 @@ def events_from_otlp(td: Mapping[str, Any], src: str = "") -> list[Event]:
     fields = :func:`cptrace_otel.model.attrs.attributes_to_fields` of its attributes (exact inverse of the exporter)."""
     out: list[Event] = []
     for res, span in iter_spans(td):
-        sattrs = dict(otlp_attrs(span.get("attributes")))
-        rank = sattrs.get(sc.RANK, res.get(sc.CP_RANK, -1))
-        for ev in span.get("events", []) or []:
-            name = ev.get("name", "")
-            if name == sc.EVENT_VIOLATION:
-                continue
-            attrs = otlp_attrs(ev.get("attributes"))
-            meta = dict(attrs)
-            out.append(Event(
-                tag=name,
-                rank=int(rank) if isinstance(rank, int) else -1,
-                seq=int(meta.get(sc.SEQ, 0)),
-                ts=int(ev.get("timeUnixNano", 0)),
-                epoch=int(meta.get(sc.EPOCH, 0)),
-                fields=attributes_to_fields(attrs),
-                level=int(meta.get(sc.LEVEL, 1)),
-                src=src,
-            ))
+        out += span_events(res, span, dict(otlp_attrs(span.get("attributes"))), src)
     out.sort(key=lambda e: (e.rank, e.epoch, e.seq))
+    return out
+
+
+def span_events(res: Mapping[str, Any], span: Mapping[str, Any], sattrs: Mapping[str, Any], src: str = ""
+                ) -> list[Event]:
+    """The cptrace records of one OTLP/JSON span (``res``: its resource's attributes, ``sattrs``: its own), read
+    as :func:`events_from_otlp` says; finding events (``hicache.violation``) are not records."""
+    rank = sattrs.get(sc.RANK, res.get(sc.CP_RANK, -1))
+    out = []
+    for ev in span.get("events", []) or []:
+        name = ev.get("name", "")
+        if name == sc.EVENT_VIOLATION:
+            continue
+        attrs = otlp_attrs(ev.get("attributes"))
+        meta = dict(attrs)
+        out.append(Event(
+            tag=name,
+            rank=int(rank) if isinstance(rank, int) else -1,
+            seq=int(meta.get(sc.SEQ, 0)),
+            ts=int(ev.get("timeUnixNano", 0)),
+            epoch=int(meta.get(sc.EPOCH, 0)),
+            fields=attributes_to_fields(attrs),
+            level=int(meta.get(sc.LEVEL, 1)),
+            src=src,
+        ))
     return out
 
 
@@ -383,14 +391,14 @@ def findings_from_otlp(td: Mapping[str, Any]) -> list[dict[str, Any]]:
             if ev.get("name") != sc.EVENT_VIOLATION:
                 continue
             f = dict(otlp_attrs(ev.get("attributes")))
-            f.update(trace_id=_hex_id(span.get("traceId", "")), span_id=_hex_id(span.get("spanId", "")),
+            f.update(trace_id=hex_id(span.get("traceId", "")), span_id=hex_id(span.get("spanId", "")),
                      span=span.get("name", ""), rank=sattrs.get(sc.RANK, res.get(sc.CP_RANK, -1)),
                      codes=sattrs.get(sc.VIOLATION, ""))
             out.append(f)
     return out
 
 
-def _hex_id(v: str) -> str:
+def hex_id(v: str) -> str:
     """OTLP/JSON ids are hex (Jaeger's api_v3 and the OTLP JSON spec); tolerate base64 from protobuf-JSON writers."""
     if all(c in "0123456789abcdefABCDEF" for c in v):
         return v.lower()
