@@ -4,7 +4,8 @@ records as they arrive (``--live``) beside one that checks a trace only when it 
 The path: this process sends OTLP/HTTP protobuf to the real collector (built from deploy/collector/builder.yaml,
 configured from deploy/collector/config-checkers.yaml with free ports, its Jaeger exporter left out), whose pipeline
 fans every span out through two ``load_balancing`` exporters (routing key traceID, OTLP/gRPC), one per replica:
-``live`` (``--live``) and ``idle-only`` (the default). Each replica posts to its own real Alertmanager (Debian's
+``live`` (``--live``) and ``idle-only`` (the default), and with ``--paths`` a run checker ``run`` (``--scope run``:
+the whole stream as one replica's runs). Each replica posts to its own real Alertmanager (Debian's
 ``prometheus-alertmanager``, deploy/alertmanager/alertmanager.yml, on a free port); this process polls each
 Alertmanager's ``GET /api/v2/alerts`` every 50 ms.
 
@@ -48,6 +49,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
 SPANS_PER_REQUEST = 200
+PATH_ARGS = {"live": ["--live"], "idle-only": [], "run": ["--scope", "run"]}   # each path's replica: serve's arguments
 
 
 def _free_port() -> int:
@@ -110,7 +112,7 @@ def _collector_config(http_port: int, health: int, metrics: int, replicas: dict[
     cfg["extensions"]["health_check"]["endpoint"] = f"127.0.0.1:{health}"
     cfg["service"]["telemetry"]["metrics"]["readers"][0]["pull"]["exporter"]["prometheus"]["port"] = metrics
     lb = cfg["exporters"].pop("load_balancing/checkers")
-    del cfg["exporters"]["otlp/jaeger"]
+    del cfg["exporters"]["otlp/jaeger"], cfg["exporters"]["load_balancing/runs"]
     for name, port in replicas.items():
         e = json.loads(json.dumps(lb))
         e["resolver"]["static"]["hostnames"] = [f"127.0.0.1:{port}"]
@@ -133,12 +135,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--idle", default="30s", help="both replicas' --idle (default 30s, serve's default)")
     ap.add_argument("--keep", default=None, help="folder to keep the generated files and logs in")
     ap.add_argument("--paths", default="live,idle-only",
-                    help="the replicas to run, of live and idle-only (default both; one alone leaves it the CPU the "
-                         "other would take)")
+                    help="the replicas to run, of live, idle-only and run (a run checker, --scope run; default live "
+                         "and idle-only; one alone leaves it the CPU the others would take)")
     args = ap.parse_args(argv)
     names = tuple(dict.fromkeys(x.strip() for x in args.paths.split(",") if x.strip()))
-    if not names or not set(names) <= {"live", "idle-only"}:
-        ap.error("--paths: a comma-separated list of live and idle-only")
+    if not names or not set(names) <= set(PATH_ARGS):
+        ap.error(f"--paths: a comma-separated list of {', '.join(PATH_ARGS)}")
     at = sorted(float(x) for x in args.at.split(","))
     col_bin = Path(os.environ.get("COLLECTOR_BIN") or ROOT / "deploy" / "collector" / "bin" / "otelcol-cptrace")
     am_bin = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
@@ -192,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             p = subprocess.Popen(
                 [sys.executable, "-m", "cptrace_otel.cli", "serve", "--listen", f"127.0.0.1:{ports[n][0]}",
                  "--grpc", f"127.0.0.1:{ports[n][1]}", "--idle", args.idle, "--queue", "256",
-                 "--alertmanager", f"http://127.0.0.1:{ports[n][2]}", *(["--live"] if n == "live" else [])],
+                 "--alertmanager", f"http://127.0.0.1:{ports[n][2]}", *PATH_ARGS[n]],
                 stdout=open(tmp / f"{n}.out", "w"), stderr=open(tmp / f"{n}.err", "w"), env=env, cwd=ROOT)
             procs.append(p)
             replicas[n] = p

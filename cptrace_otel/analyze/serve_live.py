@@ -48,6 +48,10 @@ WINDOW = 4096      # records per rank held for reordering (default)
 WINDOW_S = 2.0
 # records of one trace waiting in the cross-rank merge for a rank of the group (default)
 MERGE_CAP = 4096
+# a run-scope replica's (serve --scope run) reorder window per rank: a rank's records of every node, so its
+# window_s must hold all it records in that time (20k records/s for 2 s: 40k), and its merge waits for every rank
+RUN_WINDOW = 65536
+RUN_MERGE_CAP = 1 << 20
 
 
 class _RankBuf:
@@ -64,7 +68,7 @@ class LiveCheck:
     fed, as the idle-only path reads it)."""
 
     __slots__ = ("analysis", "bufs", "window", "window_s", "held", "past_window", "fed", "pending", "group",
-                 "node", "starts", "xq", "xheld", "merge_cap", "cross_gone")
+                 "node", "starts", "xq", "xheld", "merge_cap", "cross_gone", "led")
 
     def __init__(self, levels: dict[int, int], window: int = WINDOW, window_s: float = WINDOW_S,
                  merge_cap: int = MERGE_CAP) -> None:
@@ -85,6 +89,7 @@ class LiveCheck:
         self.xheld = 0
         self.merge_cap = merge_cap
         self.cross_gone = False                    # the merge overflowed: cross-rank rules unchecked from there
+        self.led: set[tuple[int, int]] = set()     # (rank, seq) of the config records fed by lead()
 
     def push(self, ev: Event, now: float) -> bool:
         """Hold ``ev`` (arrived at ``now``) in its rank's window; False when it came behind the window (not fed,
@@ -109,7 +114,9 @@ class LiveCheck:
     def lead(self, ev: Event) -> None:
         """Feed ``ev`` at once, before any record of its rank: the rank's config record from the resource stamp
         (serve_trace.with_config), which leads the rank's records here as it does on the idle path. Not a record of
-        the trace, so not counted in :attr:`fed`."""
+        the trace, so not counted in :attr:`fed`; its (rank, seq) kept in :attr:`led`, so the record itself, when
+        it comes too, is known as had."""
+        self.led.add((ev.rank, ev.seq))
         found = self.analysis.feed_rank(ev)
         if found:
             self.pending.extend(found)

@@ -32,6 +32,7 @@ from ..model.exits import EXIT_FINDINGS, EXIT_INCOMPLETE, EXIT_OK, EXIT_UNREACHA
 from .finding_sinks import FindingSinks, SinkSetupError
 from .serve_confirm import StoreConfirm
 from .serve_journal import Journal, JournalError, default_dir
+from .serve_live import MERGE_CAP, RUN_MERGE_CAP
 from .serve_state import ServeState, unchecked_rules
 from .serve_trace import TraceState
 
@@ -80,7 +81,8 @@ class Checker:
         self.state = ServeState(self._report, idle_s=idle, max_nodes=args.max_nodes, max_runs=args.max_runs,
                                 note=note, journal=self.journal, unchecked=self.sinks.unchecked, live=args.live,
                                 window=args.reorder_records, window_s=reorder,
-                                max_trace_records=args.max_trace_records, confirm=_store(args, note))
+                                max_trace_records=args.max_trace_records, confirm=_store(args, note),
+                                scope=args.scope, merge_cap=RUN_MERGE_CAP if args.scope == "run" else MERGE_CAP)
         if self.journal is not None:
             j = self.journal
             note(f"journal in {state_dir}: {len(lost)} trace(s) held when the previous process died, reported "
@@ -123,7 +125,7 @@ class Checker:
         except queue.Full:
             return "queue full"
         if self.journal is not None:   # before the 200: once answered, the collector forgets these spans
-            self.journal.opened(_records_by_trace(intake.spans))
+            self.journal.opened(_records_by_trace(intake.spans, self.state.held_id))
         return None
 
     def ready(self) -> bool:
@@ -202,8 +204,8 @@ class Checker:
                 f"checked, {st['finalised_early']} trace(s) checked early, {st['check_errors']} trace(s) NOT checked "
                 f"(an error, said above), {st['unchecked']} trace(s) UNCHECKED (state lost at a kill, or moved) and "
                 f"{st['lost_records']} later record(s) of them; UNCHECKED here (a rank's whole stream or the run's "
-                f"order needed): {', '.join(unchecked_rules())}; their findings on one trace, not trusted "
-                f"and not reported: {suppressed}"
+                f"order needed): {', '.join(unchecked_rules(state.scope)) or 'none'}; their findings on one trace, not "
+                f"trusted and not reported: {suppressed}"
                 f"{'; of traces the span store showed cut here, not reported: ' + withheld if withheld else ''}")
         # no finding but traces whose state was lost: not a clean run (as check's 4 when rules could not run)
         return line, EXIT_FINDINGS if sinks.total else EXIT_INCOMPLETE if st["unchecked"] else EXIT_OK
@@ -225,11 +227,12 @@ def _store(args: argparse.Namespace, note: Callable[[str], None]) -> StoreConfir
     return store
 
 
-def _records_by_trace(spans: Any) -> list[tuple[str, str, int]]:
-    """(run id, trace id, records) of each trace in a decoded request, what the journal writes for it."""
+def _records_by_trace(spans: Any, held_id: Callable[[Any], str]) -> list[tuple[str, str, int]]:
+    """(run id, held id, records) of what a decoded request adds to each held trace (``held_id``: the state's,
+    a trace id or a run scope's), what the journal writes for it."""
     from collections import Counter
 
     n: Counter[tuple[str, str]] = Counter()
     for sp in spans:
-        n[(sp.run_id, sp.trace_id)] += len(sp.events)
+        n[(sp.run_id, held_id(sp))] += len(sp.events)
     return [(r, t, k) for (r, t), k in n.items()]

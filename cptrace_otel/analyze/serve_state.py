@@ -19,7 +19,7 @@ So the unit of checking is the trace, not the rank's stream:
   :class:`~.engine.Analysis` fed each rank's records (led by its config record) in (epoch, seq) order through a
   small reorder window per rank (``window`` records, ``window_s`` seconds; a record behind it is not fed and is
   counted in :attr:`ServeState.past_window`), and its cross-rank rules the ranks merged by ``ts`` as on the idle
-  path, as far as every rank of the CP group has sent (:meth:`ServeState._merge_facts` tells it the group). A
+  path, as far as every rank of the CP group has sent (:func:`~.serve_trace.merge_facts` tells it the group). A
   finding is reported as soon as the record that decides it is fed; the end-of-stream ones (H4-open) at the
   finalisation. Only each rank's first record is held (for the moved-trace test at the finalisation: a tail found
   then is reported UNCHECKED, though per-rank findings of it may have been reported already; its cross-rank merge
@@ -48,6 +48,11 @@ So the unit of checking is the trace, not the rank's stream:
   finding of :data:`END_DECIDED` is first looked up in the span store: if the store holds records of it that never
   came here (a head whose tail the resolver moved away), those findings are not reported and the trace is reported
   through :meth:`ServeState.lost` with reason :data:`~.serve_confirm.MOVED`.
+* Scope run (``scope="run"``, ``serve --scope run``, behind a ``loadbalancing`` exporter keyed by the run id): every
+  span of a run is held under one id (:data:`RUN_TRACE`, :meth:`ServeState.held_id`) and checked live as one stream,
+  each rank's records of every node through its reorder window, the ranks merged as soon as every rank of the CP
+  group (the config stamps) has records queued: ``check``'s analysis over the whole run, so every rule's findings are
+  reported (none suppressed, :func:`unchecked_rules` is empty) and no trace is cut or short. It takes no span store.
 * Memory: at most ``max_nodes`` traces held (past it, the least recently changed is finalised early, counted in
   :attr:`ServeState.early`) and ``max_runs`` runs (past it, the least recently changed run is finished: its traces
   finalised early). A run with no held trace and nothing new for ``run_idle_s`` is finished and forgotten.
@@ -66,7 +71,7 @@ from .otlp_intake import SpanRecords
 from .serve_confirm import MOVED, StoreConfirm
 from .serve_journal import Journal, finding_id, trace_node
 from .serve_live import MERGE_CAP, WINDOW, WINDOW_S, LiveCheck
-from .serve_trace import TraceState, check_trace, cp_size, from_spans, is_cut, joins_trusted, with_config
+from .serve_trace import TraceState, check_trace, from_spans, is_cut, joins_trusted, merge_facts, with_config
 
 # rules whose findings on one trace are exactly those of ``check`` over the whole run (per rank, about one node).
 # Not H1a, H1b nor H2a: on real SGLang (4 sharded ranks) a node split more than once has its lineage in the other
@@ -98,6 +103,8 @@ GROUP_SHORT = ("records of fewer ranks than the CP group has (the others' went t
                "this one): its cross-rank joins C3-C5 not checked here")
 MERGE_GONE = ("more records waited in the live cross-rank merge for a rank of the group than it holds: its "
               "cross-rank joins C3-C5 not checked from there on")
+SCOPES = ("trace", "run")   # what a replica holds and checks as one: a trace, or a whole run (serve --scope)
+RUN_TRACE = "run"           # the id a run-scope replica holds a run's records under (not a trace id)
 MAX_DONE = 200_000   # finalised trace ids remembered per run (a late span of one is counted, not checked again)
 # records one trace holds (idle-only) or remembers the spans of (live) before its records so far are checked as one
 # segment: a rank trace lives as long as its run (SGLang's device frees by index land there, one per finished
@@ -105,13 +112,13 @@ MAX_DONE = 200_000   # finalised trace ids remembered per run (a late span of on
 MAX_TRACE_RECORDS = 200_000
 
 
-def unchecked_rules() -> list[str]:
+def unchecked_rules(scope: str = "trace") -> list[str]:
     """The registry's rule ids a replica does not check (they need a rank's whole stream or the whole run's order),
     live or idle-only alike: stated at start and in the summary, so a run with a fault only they find is never read
-    as clean."""
+    as clean. None in scope run (the replica holds the whole run)."""
     from ..checks.registry import RULES
 
-    return [r.id for r in RULES if r.id not in REPORTED_IDS]
+    return [r.id for r in RULES if r.id not in REPORTED_IDS] if scope == "trace" else []
 
 
 class RunState:
@@ -138,7 +145,13 @@ class ServeState:
                  run_idle_s: float | None = None, note: Callable[[str], None] = lambda s: None,
                  journal: Journal | None = None, unchecked: Unchecked | None = None, live: bool = False,
                  window: int = WINDOW, window_s: float = WINDOW_S, merge_cap: int = MERGE_CAP,
-                 max_trace_records: int = MAX_TRACE_RECORDS, confirm: StoreConfirm | None = None) -> None:
+                 max_trace_records: int = MAX_TRACE_RECORDS, confirm: StoreConfirm | None = None,
+                 scope: str = "trace") -> None:
+        if scope not in SCOPES:
+            raise ValueError(f"scope {scope!r}: expected one of {', '.join(SCOPES)}")
+        if scope == "run" and (not live or confirm is not None):
+            raise ValueError("scope run: a run's records are checked live (live=True), and no span store is asked")
+        self.scope = scope   # "run": every span of a run held as one stream, every rule reported (module doc)
         self.report, self.note = report, note
         self.confirm = confirm                       # the span store that tells a cut head from a whole trace
         self.journal = journal                       # serve_journal: restart-safe late/lost and finding ids
@@ -171,6 +184,10 @@ class ServeState:
         the held traces."""
         return sum(t.records if t.live is None else t.live.held + t.live.xheld for t in self.traces.values())
 
+    def held_id(self, s: SpanRecords) -> str:
+        """The id the records of span ``s`` are held under: its trace's, or (scope run) :data:`RUN_TRACE`."""
+        return s.trace_id if self.scope == "trace" else RUN_TRACE
+
     def add(self, spans: list[SpanRecords], now: float | None = None) -> None:
         """Hold the records of ``spans`` (one decoded request)."""
         now = time.monotonic() if now is None else now
@@ -184,13 +201,14 @@ class ServeState:
                                              "recently changed is finished early")
                 run = self.runs[s.run_id] = RunState(s.run_id, now)
             run.changed = now
-            if s.trace_id in run.done:
+            tid = self.held_id(s)
+            if tid in run.done:
                 self.late += len(s.events)
                 continue
-            key = (s.run_id, s.trace_id)
+            key = (s.run_id, tid)
             tr = self.traces.get(key)
             if tr is None:
-                why = self.journal.state_of(s.run_id, s.trace_id) if self.journal is not None else None
+                why = self.journal.state_of(s.run_id, tid) if self.journal is not None else None
                 if why is not None:   # checked before a restart (late), or its state died with the process (lost)
                     if why == "late":
                         self.late += len(s.events)
@@ -199,7 +217,7 @@ class ServeState:
                     continue
                 if len(self.traces) >= self.max_nodes:
                     self._finalise(next(iter(self.traces.values())), early=True)
-                tr = self.traces[key] = TraceState(s.run_id, s.trace_id, now)
+                tr = self.traces[key] = TraceState(s.run_id, tid, now)
                 if self.live:
                     tr.live = LiveCheck(tr.levels, self.window, self.window_s, self.merge_cap)
                 run.traces += 1
@@ -208,11 +226,13 @@ class ServeState:
                 tr.changed = now
             live, refs = tr.live, tr.refs
             if live is not None and s.events:
-                self._merge_facts(tr, live, s)
+                merge_facts(tr, live, s, whole_run=self.scope == "run")
             n = 0
             for ev in s.events:
                 rk = (ev.rank, ev.seq)
-                if rk in refs:   # the same record again (a batch the collector resent): checked once
+                # the same record again (a batch the collector resent; or a config record whose stamp led its rank
+                # here, in a rank trace or a run scope): checked once
+                if rk in refs or (live is not None and rk in live.led):
                     self.duplicates += 1
                     continue
                 if s.level is not None:
@@ -250,29 +270,6 @@ class ServeState:
             if self.traces.get(key) is tr:   # not finalised early by a later span of this request (a bound)
                 self.due.append((now, key))
                 self._feed(tr, now)
-
-    def _merge_facts(self, tr: TraceState, live: LiveCheck, s: SpanRecords) -> None:
-        """Live: what ``tr``'s cross-rank merge waits for (:class:`~.serve_live.LiveCheck`), from span ``s``: the
-        trace's kind (a rank trace: its one rank; a node trace: the CP group of the config stamps, once every rank
-        seen has one, as the idle path's C3-C5 need), and the ranks whose first lane span came (a node trace's
-        merge starts only then: a tail moved here by a resolver change is never joined)."""
-        from ..model.trace_ids import lane_span_id, rank_trace_id
-
-        rank = s.events[0].rank
-        if rank not in tr.ranks:   # a new rank (its first record is taken below): the group may be known now
-            if live.node is None:
-                live.node = trace_node(tr.run_id, tr.trace_id, s.events)
-            if live.node is not None:
-                # (the stamps as they will be once this span's records are taken: every rank's, or not known)
-                stamps = tr.configs if s.config is None else {**tr.configs, rank: s.config}
-                size = cp_size(stamps) if all(r in stamps for r in (*tr.ranks, rank)) else 0
-                live.group = frozenset(range(size)) if size >= 1 else None
-            elif not tr.ranks and rank_trace_id(tr.run_id, rank).hex() == tr.trace_id:
-                live.group = frozenset((rank,)) if (rank in tr.configs or s.config is not None) else None
-        node = live.node
-        if (node is not None and rank not in live.starts
-                and lane_span_id(tr.run_id, node[0], node[1], rank).hex() == s.ref.span_id):
-            live.starts.add(rank)
 
     def _feed(self, tr: TraceState, now: float, final: bool = False, lockstep: bool = True) -> None:
         """Live: feed what ``tr``'s reorder windows let go (``final``: all, and the end of stream); report the
@@ -320,8 +317,10 @@ class ServeState:
             self.report(tr, kept)
 
     def _trusted(self, found: list[Finding], lockstep: bool) -> list[Finding]:
-        """The findings of the reported rules (:data:`LOCKSTEP_RULES` only with ``lockstep``); the rest counted in
-        :attr:`suppressed`."""
+        """The findings of the reported rules (:data:`LOCKSTEP_RULES` only with ``lockstep``; scope run: all); the
+        rest counted in :attr:`suppressed`."""
+        if self.scope == "run":
+            return found
         kept = []
         for f in found:
             if f.rule in TRACE_RULES or f.rule in PARTIAL_RULES or (lockstep and f.rule in LOCKSTEP_RULES):
@@ -555,9 +554,10 @@ class ServeState:
         UNCHECKED: a node trace this long is not expected; a rank trace is one (it lives as long as its run)."""
         self.segments += 1
         held = sum(len(v) for v in tr.ranks.values())
-        what = "checked as one segment" if tr.live is None else "their span refs dropped"
-        self.note(f"run {tr.run_id} trace {tr.trace_id}: {tr.records} records, --max-trace-records "
-                  f"{self.max_trace_records} reached: {what}; the rest is checked on its own")
+        what = ("checked as one segment; the rest is checked on its own" if tr.live is None else
+                "their span refs dropped (a finding's evidence among them is written back without its span link)")
+        self.note(f"run {tr.run_id} {'trace ' + tr.trace_id if self.scope == 'trace' else '(whole)'}: {tr.records} "
+                  f"records, --max-trace-records {self.max_trace_records} reached: {what}")
         if tr.live is None and not tr.broken:
             try:
                 res = check_trace(tr)

@@ -124,3 +124,28 @@ def joins_trusted(tr: TraceState) -> tuple[bool, bool]:
     short = size >= 2 and len(tr.ranks) < size and trace_node(
         tr.run_id, tr.trace_id, tr.events()) is not None
     return not short, short
+
+
+def merge_facts(tr: TraceState, live: LiveCheck, s: SpanRecords, whole_run: bool = False) -> None:
+    """Live: what ``tr``'s cross-rank merge waits for (:class:`~.serve_live.LiveCheck`), from span ``s`` (before
+    its records are taken): the group, the CP group of the config stamps once every rank seen has one, as the idle
+    path's C3-C5 need, for a node trace and a whole run (``whole_run``, scope run), the one rank for a rank trace;
+    and, for a node trace, the ranks whose first lane span came (its merge starts only then: a tail moved here by a
+    resolver change is never joined)."""
+    from ..model.trace_ids import lane_span_id, rank_trace_id
+
+    rank = s.events[0].rank
+    if rank not in tr.ranks:   # a new rank (its first record is taken by the caller): the group may be known now
+        if live.node is None and not whole_run:
+            live.node = trace_node(tr.run_id, tr.trace_id, s.events)
+        if live.node is not None or whole_run:
+            # (the stamps as they will be once this span's records are taken: every rank's, or not known)
+            stamps = tr.configs if s.config is None else {**tr.configs, rank: s.config}
+            size = cp_size(stamps) if all(r in stamps for r in (*tr.ranks, rank)) else 0
+            live.group = frozenset(range(size)) if size >= 1 else None
+        elif not tr.ranks and rank_trace_id(tr.run_id, rank).hex() == tr.trace_id:
+            live.group = frozenset((rank,)) if (rank in tr.configs or s.config is not None) else None
+    node = live.node
+    if (node is not None and rank not in live.starts
+            and lane_span_id(tr.run_id, node[0], node[1], rank).hex() == s.ref.span_id):
+        live.starts.add(rank)

@@ -25,6 +25,9 @@ on TLS, ``--tls-client-ca`` requires client certificates (mutual TLS), ``--auth-
 require the ``--auth-header`` value on OTLP requests and ``/metrics`` (401 / ``UNAUTHENTICATED``, counted;
 ``/healthz`` and ``/readyz`` stay open): the server side of the exporter's ``OTEL_EXPORTER_OTLP_*`` settings.
 
+``--scope run`` (behind the collector's ``load_balancing/runs`` exporter, keyed by the run id): each run is held and
+checked live as one stream, every rule (C1, C2 and C5-fence included), instead of each trace.
+
 The checking thread owns a :class:`~cptrace_otel.analyze.serve_state.ServeState`: records held by trace, each trace
 checked when idle for ``--idle`` (default 30s); with ``--live``, records are fed to the per-rank rules as they arrive
 through a per-rank reorder window (``--reorder``, ``--reorder-records``), so such a finding is reported as soon as the
@@ -82,9 +85,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     s.add_argument("--reorder", default="2s", metavar="DURATION",
                    help="how long a record may wait in its rank's reorder window before it is checked (default 2s: "
                         "more than the exporter's 1s span timeout)")
-    s.add_argument("--reorder-records", type=int, default=4096, metavar="N",
-                   help="records per rank and trace in the reorder window (default 4096); a record that comes "
-                        "behind it is not checked and is counted")
+    s.add_argument("--reorder-records", type=int, default=None, metavar="N",
+                   help="records per rank and trace in the reorder window (default 4096; with --scope run 65536, "
+                        "which must exceed a rank's records per --reorder); a record that comes behind it is not "
+                        "checked and is counted")
+    s.add_argument("--scope", default="trace", choices=("trace", "run"),
+                   help="what one replica checks as one stream: each trace (default; behind the loadbalancing "
+                        "exporter's routing_key traceID, every rule one trace decides), or each whole run (behind "
+                        "routing_key attributes on cptrace.run_id: every rule check runs, C1, C2 and C5-fence "
+                        "included, live; a run's rate is then one replica's). --scope run implies --live")
     s.add_argument("--live", action="store_true",
                    help="check each record as it arrives (through the reorder window): a finding of the per-rank "
                         "rules is reported within --reorder, not --idle, late; one of the cross-rank C3-C5 once "
@@ -224,6 +233,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     import time
 
     from ..analyze import links, serve_guard
+    from ..analyze.serve_live import RUN_WINDOW, WINDOW
     from ..analyze.serve_loop import Checker, SetupError
     from ..analyze.serve_receivers import TRACES_PATH, Receivers
     from ..analyze.serve_state import unchecked_rules
@@ -253,8 +263,14 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             tls_ctx = guard.ssl_context()
         except OSError as e:   # ssl.SSLError included: a PEM that does not parse, a key that does not match
             raise ValueError(f"--tls-cert/--tls-key/--tls-client-ca: {getattr(e, 'reason', None) or e}") from None
+        if args.reorder_records is None:
+            args.reorder_records = RUN_WINDOW if args.scope == "run" else WINDOW
         if args.reorder_records < 0:
             raise ValueError("--reorder-records must be at least 0")
+        if args.scope == "run":
+            if args.confirm_url:
+                raise ValueError("--confirm-url: a run-scope replica holds whole runs, no trace of one is cut")
+            args.live = True
         checker = Checker(args, idle, reorder, alert_every, port, out, note)
     except (ValueError, SetupError) as e:
         print(f"{_PFX}: {e}", file=err)
@@ -282,13 +298,16 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     web.start()
     bound_host, bound_port = server.server_address[:2]
     scheme = "https" if guard.tls else "http"
+    what = "a trace" if args.scope == "trace" else "a run"
     when = (f"a trace is checked after {args.idle} without new records" if not args.live else
-            f"records are checked as they arrive (reorder window {args.reorder}), a trace is finalised after "
-            f"{args.idle} without new records")
+            f"records are checked as they arrive (reorder window {args.reorder}, {args.reorder_records} records), "
+            f"{what} is finalised after {args.idle} without new records")
+    unchecked = ("not checked by a replica (they need a rank's whole stream or the run's order: run check or watch, "
+                 f"or replicas with --scope run, for them): {', '.join(unchecked_rules())}" if args.scope == "trace"
+                 else "each run checked whole, every rule (the replica must receive every span of a run: "
+                      "routing_key attributes, routing_attributes [cptrace.run_id])")
     note(f"listening on {scheme}://{bound_host!s}:{bound_port}{TRACES_PATH} (OTLP/HTTP protobuf), /metrics, /healthz, "
-         f"/readyz; {when}; not checked by a replica (they need "
-         f"a rank's whole stream or the run's order: run check or watch for them): "
-         f"{', '.join(unchecked_rules())}")
+         f"/readyz; {when}; {unchecked}")
     if gserver is not None:
         note(f"OTLP/gRPC on {gserver[1]}")
     note(f"receivers: {guard.describe()}")

@@ -61,7 +61,11 @@ def _metrics(port: int) -> dict[str, float]:
     return out
 
 
-def _config(http: int, grpc: int, health: int, metrics: int, checkers: list[int]) -> dict:
+def _config(http: int, grpc: int, health: int, metrics: int, checkers: list[int], runs: list[int] | None = None
+            ) -> dict:
+    """deploy/collector/config-checkers.yaml on these ports, without its Jaeger exporter; its run checkers'
+    exporter (``load_balancing/runs``) kept only with ``runs`` (their gRPC ports), and then the trace checkers'
+    only with ``checkers``."""
     cfg = yaml.safe_load((COLLECTOR_DIR / "config-checkers.yaml").read_text())
     cfg["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"] = f"127.0.0.1:{grpc}"
     cfg["receivers"]["otlp"]["protocols"]["http"]["endpoint"] = f"127.0.0.1:{http}"
@@ -70,43 +74,51 @@ def _config(http: int, grpc: int, health: int, metrics: int, checkers: list[int]
     lb = cfg["exporters"]["load_balancing/checkers"]
     assert lb["routing_key"] == "traceID"
     lb["resolver"]["static"]["hostnames"] = [f"127.0.0.1:{p}" for p in checkers]
+    lr = cfg["exporters"]["load_balancing/runs"]
+    assert (lr["routing_key"], lr["routing_attributes"]) == ("attributes", ["cptrace.run_id"])
+    lr["resolver"]["static"]["hostnames"] = [f"127.0.0.1:{p}" for p in runs or ()]
     pipe = cfg["service"]["pipelines"]["traces"]
-    assert pipe["exporters"] == ["otlp/jaeger", "load_balancing/checkers"]
-    pipe["exporters"] = ["load_balancing/checkers"]
-    del cfg["exporters"]["otlp/jaeger"]
+    assert pipe["exporters"] == ["otlp/jaeger", "load_balancing/checkers", "load_balancing/runs"]
+    pipe["exporters"] = [e for e, keep in (("load_balancing/checkers", checkers), ("load_balancing/runs", runs))
+                         if keep]
+    for e in ("otlp/jaeger", *(() if checkers else ("load_balancing/checkers",)), *(() if runs else
+                                                                                     ("load_balancing/runs",))):
+        del cfg["exporters"][e]
     return cfg
 
 
-def _start_serve(tmp: Path, name: str, http: int, grpc: int) -> subprocess.Popen:
+def _start_serve(tmp: Path, name: str, http: int, grpc: int, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "cptrace_otel.cli", "serve", "--listen", f"127.0.0.1:{http}", "--grpc",
-         f"127.0.0.1:{grpc}", "--idle", "2s", "--state-dir", str(tmp / f"state-{name}")],
+         f"127.0.0.1:{grpc}", "--idle", "2s", "--state-dir", str(tmp / f"state-{name}"), *extra],
         stdout=open(tmp / f"{name}.out", "w"), stderr=open(tmp / f"{name}.err", "w"), env=_env(), cwd=ROOT)
 
 
-def collector_setup(tmp_path: Path) -> tuple[Path, list[int]]:
+def collector_setup(tmp_path: Path, scope: str = "trace") -> tuple[Path, list[int]]:
     """The collector binary (else skip, or fail under ``CPTRACE_REQUIRE_COLLECTOR``) and eight free ports: the
     collector's HTTP, gRPC, health and metrics, then replica a's HTTP and gRPC, then b's; its config written to
-    ``tmp_path/col.yaml``."""
+    ``tmp_path/col.yaml``: a and b the trace checkers, or (``scope`` run) a the one run checker."""
     b = collector_binary()
     ports = [free_port() for _ in range(8)]
-    (tmp_path / "col.yaml").write_text(yaml.safe_dump(_config(*ports[:4], [ports[5], ports[7]])))
+    checkers, runs = ([ports[5], ports[7]], None) if scope == "trace" else ([], [ports[5]])
+    (tmp_path / "col.yaml").write_text(yaml.safe_dump(_config(*ports[:4], checkers, runs)))
     return b, ports
 
 
-def two_replicas(tmp_path: Path, send: Callable[[str], int],
-                 wait_s: float = 120) -> tuple[dict[str, dict[str, float]], dict[str, int], int]:
+def two_replicas(tmp_path: Path, send: Callable[[str], int], wait_s: float = 120,
+                 scope: str = "trace") -> tuple[dict[str, dict[str, float]], dict[str, int], int]:
     """Two ``serve`` replicas (``a``, ``b``: stdout and stderr in ``tmp_path/<name>.out``/``.err``) behind the
-    collector (:func:`collector_setup`'s config); ``send(url)`` sends a run to the collector's OTLP/HTTP traces URL
-    and returns how many records it holds. Once the replicas together have checked that many and hold no trace:
-    each replica's /metrics then, its exit code after SIGTERM, and that count; every process started here is
-    stopped."""
-    b, ports = collector_setup(tmp_path)
+    collector (:func:`collector_setup`'s config), or (``scope`` run) the one run checker ``a``; ``send(url)`` sends
+    a run to the collector's OTLP/HTTP traces URL and returns how many records it holds. Once the replicas together
+    have checked that many and hold no trace: each replica's /metrics then, its exit code after SIGTERM, and that
+    count; every process started here is stopped."""
+    b, ports = collector_setup(tmp_path, scope)
     col_http, health, a_http, a_grpc, b_http, b_grpc = ports[0], ports[2], *ports[4:]
     procs: list[subprocess.Popen] = []
     try:
-        replicas = {"a": (_start_serve(tmp_path, "a", a_http, a_grpc), a_http),
-                    "b": (_start_serve(tmp_path, "b", b_http, b_grpc), b_http)}
+        replicas = ({"a": (_start_serve(tmp_path, "a", a_http, a_grpc), a_http),
+                     "b": (_start_serve(tmp_path, "b", b_http, b_grpc), b_http)} if scope == "trace" else
+                    {"a": (_start_serve(tmp_path, "a", a_http, a_grpc, "--scope", "run"), a_http)})
         procs += [p for p, _ in replicas.values()]
         for name, (_p, port) in replicas.items():
             wait_for(lambda port=port: up_url(f"http://127.0.0.1:{port}/readyz"), 60, f"replica {name} ready")
@@ -131,19 +143,44 @@ def two_replicas(tmp_path: Path, send: Callable[[str], int],
     return ms, codes, n
 
 
-@pytest.mark.parametrize("run", sorted(RUNS))
-def test_two_replicas_behind_the_collector_find_what_check_finds(tmp_path, run):
-    ranks, mode, faults, cross = RUNS[run]
-    out = tmp_path / "demo"
-
-    def demo(url: str) -> int:
+def _demo(ranks: int, mode: str, faults: str, out: Path) -> Callable[[str], int]:
+    """A ``send`` for :func:`two_replicas`: the faulted simulator run exported to the collector (logs in ``out``)."""
+    def send(url: str) -> int:
         d = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "demo", "--ranks", str(ranks), "--mode", mode,
                             "--faults", faults, "--endpoint", url, "--out", str(out), "--json"],
                            capture_output=True, text=True, timeout=300, env=_env(), cwd=ROOT)
         assert d.returncode in (0, 1), d.stderr[-2000:]
         return json.loads(d.stdout)["events"]["simulated"]
+    return send
 
-    ms, codes, n = two_replicas(tmp_path, demo)
+
+def _printed(tmp_path: Path, replicas: tuple[str, ...]) -> list[tuple]:
+    """The findings the replicas printed: (code, rule, rank, node, epoch, last evidence seq) each."""
+    got = []
+    for name in replicas:
+        for ln in (tmp_path / f"{name}.out").read_text().splitlines():
+            if ln.strip():
+                m = LINE.match(ln)
+                assert m, ln
+                got.append((m[2], m[3], int(m[5]), int(m[6]) if m[6] else None, int(m[7]), m[8]))
+    return got
+
+
+def _check_findings(out: Path) -> set[tuple]:
+    """What ``check`` finds on the run's log files, keyed as :func:`_printed` keys a printed finding."""
+    c = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "check", "--json",
+                        *sorted(str(p) for p in out.glob("rank*.log"))], capture_output=True, text=True, timeout=300,
+                       env=_env(), cwd=ROOT)
+    assert c.returncode == 1, c.stderr[-2000:]
+    return {(f["code"], f["rule"], f["rank"], f["node_id"], f["epoch"], str(f["evidence"][-1]))
+            for f in json.loads(c.stdout)["findings"]}
+
+
+@pytest.mark.parametrize("run", sorted(RUNS))
+def test_two_replicas_behind_the_collector_find_what_check_finds(tmp_path, run):
+    ranks, mode, faults, cross = RUNS[run]
+    out = tmp_path / "demo"
+    ms, codes, n = two_replicas(tmp_path, _demo(ranks, mode, faults, out))
     replicas = ("a", "b")
 
     checked = {name: m["cptrace_serve_events_checked_total"] for name, m in ms.items()}
@@ -152,24 +189,12 @@ def test_two_replicas_behind_the_collector_find_what_check_finds(tmp_path, run):
     assert all(m["cptrace_serve_spans_dropped_total"] == 0 and m["cptrace_serve_late_records_total"] == 0
                for m in ms.values())
 
-    lines = []
-    for name in replicas:
-        lines += [ln for ln in (tmp_path / f"{name}.out").read_text().splitlines() if ln.strip()]
-    got = []
-    for ln in lines:
-        m = LINE.match(ln)
-        assert m, ln
-        got.append((m[2], m[3], int(m[5]), int(m[6]) if m[6] else None, int(m[7]), m[8]))
+    got = _printed(tmp_path, replicas)
     assert len(got) == len(set(got)), "no finding is printed twice"
     assert codes == {name: 1 if any(True for _ in (tmp_path / f"{name}.out").read_text().splitlines()) else 0
                      for name in replicas}
 
-    c = subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "check", "--json",
-                        *sorted(str(p) for p in out.glob("rank*.log"))], capture_output=True, text=True, timeout=300,
-                       env=_env(), cwd=ROOT)
-    assert c.returncode == 1, c.stderr[-2000:]
-    want = {(f["code"], f["rule"], f["rank"], f["node_id"], f["epoch"], str(f["evidence"][-1]))
-            for f in json.loads(c.stdout)["findings"]}
+    want = _check_findings(out)
     have = set(got)
     exact = {f for f in want if f[1] in TRACE_RULES | LOCKSTEP_RULES}
     assert exact, "the faults give findings of rules one trace decides"
@@ -181,6 +206,34 @@ def test_two_replicas_behind_the_collector_find_what_check_finds(tmp_path, run):
         last = (tmp_path / f"{name}.err").read_text().strip().splitlines()[-1]
         assert re.search(r"UNCHECKED here [^;]*\bC1\b", last), last
         assert not re.search(rf"UNCHECKED here [^;]*(?<![\w-]){cross}(?![\w-])", last), last
+
+
+# (ranks, mode, faults) whose findings include rules one trace cannot decide (C1, C2: a rank's whole stream)
+RUN_FAULTS = {"4-sharded": (4, "sharded", FAULTS + ",C1_div,C2_round"),
+              "4-shared": (4, "shared", "H4_nolock,HASH_flip,C1_div"),
+              "16-sharded": (16, "sharded", "C3_writer,HASH_flip,C1_div,C2_round")}
+
+
+@pytest.mark.parametrize("run", sorted(RUN_FAULTS))
+def test_a_run_checker_behind_the_collector_finds_everything_check_finds(tmp_path, run):
+    """The collector's ``load_balancing/runs`` exporter (routing_key attributes on cptrace.run_id) -> one
+    ``serve --scope run`` replica: every record checked once, none behind its reorder window, and exactly the
+    findings ``check`` gives on the run's log files, every rule (C1 and C2 among them), none printed twice."""
+    ranks, mode, faults = RUN_FAULTS[run]
+    out = tmp_path / "demo"
+    ms, codes, n = two_replicas(tmp_path, _demo(ranks, mode, faults, out), scope="run")
+    m = ms["a"]
+    assert m["cptrace_serve_events_checked_total"] == n
+    assert (m["cptrace_serve_past_window_records_total"], m["cptrace_serve_spans_dropped_total"],
+            m["cptrace_serve_late_records_total"]) == (0, 0, 0)
+    got = _printed(tmp_path, ("a",))
+    assert len(got) == len(set(got)), "no finding is printed twice"
+    want = _check_findings(out)
+    assert {"C1", "C3" if mode == "sharded" else "C5"} <= {f[1] for f in want}
+    assert set(got) == want, (sorted(want - set(got)), sorted(set(got) - want))
+    assert codes == {"a": 1}
+    last = (tmp_path / "a.err").read_text().strip().splitlines()[-1]
+    assert "UNCHECKED here (a rank's whole stream or the run's order needed): none;" in last, last
 
 
 def stop_all(procs: list[subprocess.Popen]) -> None:

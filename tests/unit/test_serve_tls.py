@@ -240,11 +240,11 @@ def test_guard_allows_exactly_the_token(token: bytes, other: bytes) -> None:
 
 
 def test_deploy_checker_up_starts_a_tls_replica(tmp_path: Path, pki: dict[str, str]) -> None:
-    """deploy/checker/up with CHECKER_TLS_* and CHECKER_TOKEN_FILE: the replica serves https with mutual TLS and the
-    token, its readiness checked over https with the given CA; down stops it."""
+    """deploy/checker/up with CHECKER_TLS_* and CHECKER_TOKEN_FILE: the replica and the run checker serve https with
+    mutual TLS and the token, their readiness checked over https with the given CA; down stops them."""
     import socket
 
-    for port in (4331, 4341):   # the script's fixed loopback ports
+    for port in (4331, 4341, 4351, 4361):   # the script's fixed loopback ports
         with socket.socket() as sk:
             if sk.connect_ex(("127.0.0.1", port)) == 0:
                 pytest.skip(f"127.0.0.1:{port} is in use (a replica of deploy/checker/up is running)")
@@ -256,7 +256,7 @@ def test_deploy_checker_up_starts_a_tls_replica(tmp_path: Path, pki: dict[str, s
     up = subprocess.run(["bash", str(deploy / "up")], capture_output=True, text=True, timeout=90, env=env, cwd=ROOT)
     try:
         assert up.returncode == 0, up.stdout + up.stderr
-        assert "https://127.0.0.1:4341/readyz" in up.stdout
+        assert "https://127.0.0.1:4341/readyz" in up.stdout and "https://127.0.0.1:4361/readyz" in up.stdout
         ctx = ssl.create_default_context(cafile=pki["ca"])
         ctx.load_cert_chain(pki["client_cert"], pki["client_key"])
         req = urllib.request.Request("https://127.0.0.1:4341/metrics", headers={"Authorization": TOKEN})
@@ -268,4 +268,7 @@ def test_deploy_checker_up_starts_a_tls_replica(tmp_path: Path, pki: dict[str, s
     finally:
         down = subprocess.run(["bash", str(deploy / "down")], capture_output=True, text=True, timeout=60, env=env)
     assert down.returncode == 0 and "stopped" in down.stdout, down.stdout + down.stderr
-    assert TOKEN not in up.stdout + up.stderr + (tmp_path / "run" / "checker-a.log").read_text()
+    assert down.stdout.count("stopped") == 2, down.stdout
+    logs = "".join((tmp_path / "run" / f"checker-{n}.log").read_text() for n in ("a", "run-a"))
+    assert TOKEN not in up.stdout + up.stderr + logs
+    assert "each run checked whole, every rule" in logs
