@@ -13,6 +13,7 @@ records so far, RSS (``/proc/self/status`` VmRSS), traces and runs held, records
 
     python bench/serve_memory.py --seconds 240               # live, stream at 20,000 records/s
     python bench/serve_memory.py --seconds 240 --idle-only
+    python bench/serve_memory.py --seconds 240 --scope run   # a run checker (serve --scope run)
 
 Runs until ``--events`` records or ``--seconds`` of wall time, whichever first; prints the RSS range after the
 state filled (``--idle`` of stream time in), the records per wall second, and the held traces' size.
@@ -92,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--idle", type=float, default=30.0, help="seconds of stream time (default 30, serve's default)")
     ap.add_argument("--max-nodes", type=int, default=100_000)
     ap.add_argument("--idle-only", action="store_true")
+    ap.add_argument("--scope", default="trace", choices=("trace", "run"),
+                    help="the replica's --scope (run: a run checker, live; each replay is a run that ends)")
     ap.add_argument("--events", type=int, default=10_000_000)
     ap.add_argument("--seconds", type=float, default=300.0, help="wall-time budget (default 300)")
     ap.add_argument("--lines", type=int, default=20_000, help="log lines per rank of the replayed run")
@@ -101,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench.check_throughput import generate
     from bench.serve_throughput import _bodies
     from cptrace_otel.analyze.otlp_intake import decode
+    from cptrace_otel.analyze.serve_live import RUN_MERGE_CAP, RUN_WINDOW
     from cptrace_otel.analyze.serve_loop import GC_THRESHOLD
     from cptrace_otel.analyze.serve_state import ServeState
 
@@ -113,11 +117,16 @@ def main(argv: list[str] | None = None) -> int:
                    check=True, env=env, cwd=ROOT, capture_output=True)
     bodies = _bodies(otlp)
     kinds = _trace_kinds(bodies)
-    st = ServeState(lambda tr, found: None, idle_s=args.idle, max_nodes=args.max_nodes, live=not args.idle_only)
+    if args.scope == "run" and args.idle_only:
+        ap.error("--scope run checks live: no --idle-only")
+    st = ServeState(lambda tr, found: None, idle_s=args.idle, max_nodes=args.max_nodes, live=not args.idle_only,
+                    scope=args.scope, **({"window": RUN_WINDOW, "merge_cap": RUN_MERGE_CAP} if args.scope == "run"
+                                         else {}))
     gc.collect()
     gc.set_threshold(*GC_THRESHOLD)   # the collector's setting of a running replica (serve_loop.Checker.start)
     base = rss_mib()
-    print(f"{'live' if not args.idle_only else 'idle-only'}: replaying {len(bodies)} requests under a new run id each "
+    mode = "run scope" if args.scope == "run" else "live" if not args.idle_only else "idle-only"
+    print(f"{mode}: replaying {len(bodies)} requests under a new run id each "
           f"time; stream {args.rate:,.0f} records/s, --idle {args.idle:g}s, --max-nodes {args.max_nodes}; RSS with "
           f"the workload loaded {base:.0f} MiB")
     print(f"{'records':>10} {'stream s':>9} {'RSS MiB':>8} {'traces':>7} {'runs':>5} {'held rec':>9} {'early':>6}")
