@@ -43,9 +43,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .otlp_intake import SRC, SpanRecords
+if TYPE_CHECKING:   # (the intake is imported when a store is asked: the CLI's parser imports STORES from here)
+    from .otlp_intake import SpanRecords
 
 MOVED = ("records of this trace in the span store never came here (the resolver moved its later spans to another "
          "replica): its end-of-trace findings C3-C5 and H4-open not reported here (that replica, with --confirm-url, "
@@ -53,7 +54,7 @@ MOVED = ("records of this trace in the span store never came here (the resolver 
 STORES = ("jaeger", "tempo")
 
 
-Lookup = Callable[[str], list[SpanRecords]]
+Lookup = Callable[[str], "list[SpanRecords]"]
 
 
 class StoreConfirm:
@@ -143,6 +144,7 @@ def spans_from_otlp(td: Mapping[str, Any]) -> list[SpanRecords]:
     from ..model import semconv as sc
     from ..model.config_stamp import record as config_record
     from .incremental import WATCH_SERVICE, SpanRef
+    from .otlp_intake import SRC, SpanRecords
     from .sources.jaeger import hex_id, iter_spans, otlp_attrs, span_events
 
     out: list[SpanRecords] = []

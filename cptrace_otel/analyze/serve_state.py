@@ -443,8 +443,8 @@ class ServeState:
     def _head_reported(self, tr: TraceState, spans: list[SpanRecords]) -> set[str]:
         """The ids of the findings the replica that held the head of ``tr`` (the records of ``spans``, the store's
         whole trace, that never came here) reported: a replica set up as this one, given the head and asking a
-        store that holds ``spans`` (so its end-of-trace findings were withheld there). None when the head lacks a
-        rank's first records too (a trace moved twice: that replica reported it UNCHECKED)."""
+        store that holds ``spans`` (so its end-of-trace findings were withheld there). Empty when there is no head or
+        it lacks a rank's first records too (a trace moved twice: that replica reported it UNCHECKED)."""
         head = [SpanRecords(s.run_id, s.trace_id, s.ref, s.level, evs, s.config) for s in spans
                 if (evs := [ev for ev in s.events if (ev.rank, ev.seq) not in tr.refs])]
         if not head or is_cut(from_spans(tr.run_id, tr.trace_id, head)):
