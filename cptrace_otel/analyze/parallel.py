@@ -39,7 +39,7 @@ from typing import Any
 from ..model.exits import CptraceError
 
 PIPE_BYTES = 1 << 20     # each worker's pipe (Linux F_SETPIPE_SZ, else the default 64 KiB): how far it reads ahead
-MIN_BYTES = 8 << 20      # without an explicit -j, runs smaller than this are checked in one process (start-up cost)
+MIN_BYTES = 16 << 20     # without -j N, smaller runs are checked in one process (-j 2: 0.95x at 9 MiB, 1.21x at 17)
 _LOC_TAG = "fwd_hash"    # the records the advisory localizer reads (Analysis observes them on each rank)
 
 
@@ -59,22 +59,38 @@ def default_jobs() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def idle_jobs(cpus: int, load: float | None) -> int:
+    """Of ``cpus``, those the 1-minute ``load`` average leaves idle, rounded (at least 1; all of them when the load
+    is unknown). Why not all of them: the workers and the cross-rank stage in this process are ``jobs + 1``
+    processes that each need a core; on a 2-core machine whose load was 1.9-3.5, ``-j 2`` ran at 0.52-1.15x of
+    ``-j 1``, and at 1.45-1.56x when it was idle (docs/performance.md)."""
+    if load is None:
+        return cpus
+    return max(1, min(cpus, int(cpus - load + 0.5)))
+
+
+def _load() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
 def jobs_for(args: Any, paths: list[str]) -> int:
-    """How many workers ``check`` uses for the log files ``paths`` of one run: ``args.jobs`` (None or a namespace
-    without ``jobs``: 1; 0: the CPUs available, and 1 below :data:`MIN_BYTES` of input), at most one per file; 1
-    for standard input."""
+    """How many workers ``check`` uses for the log files ``paths`` of one run: ``args.jobs`` when given (0: the
+    CPUs available); by default (None, or a namespace without ``jobs``) the idle CPUs (:func:`idle_jobs`). Without
+    an explicit ``-j N``, runs under :data:`MIN_BYTES` are checked in one process (the workers' start costs more
+    than they save). At most one worker per file; 1 for standard input."""
     if "-" in paths or len(paths) < 2:
         return 1
-    j = getattr(args, "jobs", 1)
-    if j is None:   # opt-in: the transfer to the cross-rank stage costs more than a worker saves (performance.md)
-        return 1
-    if j == 0:
+    j = getattr(args, "jobs", None)
+    if j is None or j == 0:
         try:
             if sum(os.path.getsize(p) for p in paths) < MIN_BYTES:
                 return 1
         except OSError:
             return 1   # the one-process reader reports it
-        j = default_jobs()
+        j = default_jobs() if j == 0 else idle_jobs(default_jobs(), _load())
     return max(1, min(j, len(paths)))
 
 

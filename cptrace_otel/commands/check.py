@@ -80,8 +80,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     j.add_argument("--limit", type=int, default=None,
                    help="traces per search (the memory store's search depth, at most its max_traces; default 1000)")
     c.add_argument("-j", "--jobs", type=int, default=None, metavar="N",
-                   help="worker processes for log files (default 1: -j 2 measured 0.52-1.15x of -j 1 on a busy "
-                        "2-core machine; 0: the CPUs available, runs under 8 MiB in one). "
+                   help="worker processes for log files (default: the CPUs the 1-minute load average leaves idle, "
+                        "one process for runs under 16 MiB; 0: every CPU available). "
                         "Each worker reads some rank files and runs their per-rank rules; this process runs the "
                         "cross-rank rules over what they send: the same output as -j 1. One file, standard input, "
                         "a file of several ranks, OTLP files, Jaeger and Tempo input: one process")

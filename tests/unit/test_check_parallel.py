@@ -198,7 +198,9 @@ class _Keys(dict):
 def test_jobs_default_and_single_file():
     ns = parse_args(["check", "a", "b"])
     assert ns.jobs is None
-    assert parallel.jobs_for(ns, ["a", "b"]) == 1       # opt-in: one process unless -j says otherwise
+    assert parallel.jobs_for(ns, [__file__, __file__]) == 1   # by default a small run stays in one process
+    assert parallel.idle_jobs(2, 0.3) == 2 and parallel.idle_jobs(2, 0.6) == 1   # the CPUs the load leaves idle
+    assert parallel.idle_jobs(2, 7.5) == 1 and parallel.idle_jobs(16, 3.0) == 13 and parallel.idle_jobs(4, None) == 4
     assert parallel.default_jobs() == len(os.sched_getaffinity(0))
     auto = parse_args(["check", "-j", "0", "a", "b"])
     assert parallel.jobs_for(auto, [__file__, __file__]) == 1   # -j 0: the CPUs, but a small run stays in one
@@ -209,6 +211,22 @@ def test_jobs_default_and_single_file():
     assert parallel.jobs_for(two, ["a", "b"]) == 2       # at most one worker per file
     rc = check_cmd.run(parse_args(["check", "-j", "-1", "a"]), io.StringIO(), io.StringIO())
     assert rc == 2
+
+
+def test_jobs_default_follows_the_idle_cpus(monkeypatch):
+    """Without -j, a run past MIN_BYTES gets the CPUs the load average leaves idle: all on an idle machine, one
+    process on a busy one (where -j 2 was measured slower than -j 1), and -j 0 every CPU whatever the load."""
+    ns, auto = parse_args(["check", "a", "b"]), parse_args(["check", "-j", "0", "a", "b"])
+    monkeypatch.setattr(parallel, "MIN_BYTES", 0)
+    monkeypatch.setattr(parallel, "default_jobs", lambda: 4)
+    files = [__file__, __file__, __file__]
+    monkeypatch.setattr(parallel, "_load", lambda: 0.2)
+    assert parallel.jobs_for(ns, files) == 3   # 4 idle CPUs, one worker per file
+    monkeypatch.setattr(parallel, "_load", lambda: 2.7)
+    assert parallel.jobs_for(ns, files) == 1
+    assert parallel.jobs_for(auto, files) == 3
+    monkeypatch.setattr(parallel, "_load", lambda: None)
+    assert parallel.jobs_for(ns, files) == 3
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
