@@ -24,7 +24,7 @@ import base64
 import email.utils
 import gzip
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 
@@ -83,6 +83,19 @@ def parse_retry_after(raw: str | None, now: float | None = None) -> float | None
     return min(max(0.0, s), MAX_RETRY_AFTER_S)
 
 
+def gzip_level1() -> Callable[[bytes], bytes]:
+    """The gzip member of a request body at level 1: ISA-L's deflate (the ``isal`` package, a dependency where it
+    has wheels) when it imports, else the standard library's zlib. On the exporter's OTLP bodies ISA-L is 5x as fast
+    (0.24 against 1.22 µs of CPU per exported event, 1.5 against 0.3 GB/s) for 8% more bytes (ratio 8.4 against
+    9.1): the compression was a sixth of the exporter's instructions per event (``bench/exporter_instructions.py``).
+    Any gzip reader decodes both."""
+    try:
+        from isal import igzip
+    except ImportError:
+        return lambda body: gzip.compress(body, compresslevel=1)
+    return lambda body: igzip.compress(body, compresslevel=1)
+
+
 class HttpTransport:
     """A :class:`~.sinks.Transport`: POST to ``url`` over one keep-alive session. Raises
     :class:`~.sinks.ConfigError` for bad headers or TLS files."""
@@ -100,6 +113,7 @@ class HttpTransport:
         self.redirects_refused = 0
         self.timeout_s = timeout_s
         self.gzip = compression == "gzip"
+        self._gzip = gzip_level1() if self.gzip else None
         self.retry_after: float | None = None
         self._strikes = HandshakeStrikes()
         self._requests = requests
@@ -123,7 +137,7 @@ class HttpTransport:
 
     def send(self, body: bytes) -> SendResult:
         self.retry_after = None
-        data = gzip.compress(body, compresslevel=1) if self.gzip else body
+        data = self._gzip(body) if self._gzip is not None else body
         rq = self._requests
         try:
             r = self._post(data)

@@ -214,3 +214,32 @@ def test_file_sink_writes_bounded_lines_that_parse_and_keep_every_span(tmp_path,
     _assert_matches(a, got[:20], RESOURCE)
     _assert_matches(b, got[20:29], other)
     _assert_matches(a[:3], got[29:], RESOURCE)
+
+
+def test_request_bodies_gzip_through_isal_when_installed_else_zlib(monkeypatch) -> None:
+    """The HTTP transport's compressor: ISA-L's deflate when ``isal`` imports (it is a dependency where it has
+    wheels), the standard library's otherwise; either way a gzip member any reader decodes to the body."""
+    import gzip
+    import sys
+
+    from cptrace_otel.export.otlp_http import HttpTransport, gzip_level1
+
+    rng = random.Random(7)
+    body = b"".join(rng.choice([b"hicache.prepare", b"\x0a\x10node_id", bytes([rng.randrange(256)])])
+                    for _ in range(50_000))
+    isal = pytest.importorskip("isal.igzip", reason="isal not installed (no wheel for this machine)")
+    calls: list[int] = []
+    real = isal.compress
+
+    def spy(data: bytes, compresslevel: int = 2) -> bytes:
+        calls.append(compresslevel)
+        return real(data, compresslevel=compresslevel)
+
+    monkeypatch.setattr(isal, "compress", spy)
+    fast = gzip_level1()(body)
+    assert calls == [1] and gzip.decompress(fast) == body
+    assert HttpTransport("http://127.0.0.1:9/v1/traces")._gzip is not None
+    assert HttpTransport("http://127.0.0.1:9/v1/traces", compression="none")._gzip is None
+    monkeypatch.setitem(sys.modules, "isal", None)   # as on a machine without it: the import fails
+    plain = gzip_level1()(body)
+    assert calls == [1] and gzip.decompress(plain) == body
