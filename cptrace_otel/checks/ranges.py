@@ -184,7 +184,8 @@ def overlap(a: Slots | None, b: Slots | None) -> str | None:
 def concat(parts: list[Slots | None]) -> Slots | None:
     """Summary (and runs, when all parts are exact) of the parts concatenated in order; None if a part is unknown."""
     if len(parts) == 1:
-        # one part (a single-node reload chain): the part itself, its one run (if any) as a plain tuple
+        # one part (a single-node reload chain): the part itself (a Slots is never mutated, and its runs are tuples:
+        # the copy this made had the same fields), when it has no runs or one
         p = parts[0]
         if p is None:
             return None
@@ -192,9 +193,10 @@ def concat(parts: list[Slots | None]) -> Slots | None:
             runs = p.runs
             if runs is None:
                 if not p.ordered:
-                    return Slots(p.cnt, p.lo, p.hi, p.first, p.last, None, False)
+                    return p
             elif len(runs) == 1:
-                return Slots(p.cnt, p.lo, p.hi, p.first, p.last, (tuple(runs[0]),), p.ordered)
+                return p if type(runs) is tuple and type(runs[0]) is tuple else Slots(
+                    p.cnt, p.lo, p.hi, p.first, p.last, (tuple(runs[0]),), p.ordered)
     if not parts or any(p is None for p in parts):
         return None
     nonempty = [p for p in parts if p is not None and p.cnt > 0]   # (no None left: the check above)

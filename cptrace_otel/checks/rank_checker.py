@@ -52,6 +52,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         self.forced_level = level
         self.config_level: int | None = None
         self.seen_level = 1
+        self._lv = level if level is not None else 1   # self.level, kept in step with its three inputs (hot paths)
         self.mode = "none"
         self.io_rank = 0
         self.sidecars: tuple[str, ...] = ()   # the config's sidecar pools (rules_side)
@@ -123,6 +124,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
             lv = evl
         if lv > self.seen_level:
             self.seen_level = lv
+            self._lv = self.level
         t = self._tracker
         late = None   # a due H2c of an epoch this record ends: reported with this record's findings
         if moves or t.pending or ev.epoch > t.epoch:
@@ -185,6 +187,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         lv = int_field(f.get("level"))
         if lv is not None:
             self.config_level = lv
+            self._lv = self.level
         if isinstance(f.get("mode"), str):
             self.mode = f["mode"]
         io = int_field(f.get("io_rank"))
@@ -288,9 +291,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
 
     def _backup(self, ev: Event, f: dict, nid: int, ref: tuple) -> list[Finding] | None:
         st = self.st
-        op = f.get("op")
-        if type(op) is not int:
-            op = None
+        op = op if type(op := f.get("op")) is int else None
         w = st.find_write(nid, op, True)
         dv, dx = f.get("dev"), f.get("devx")
         d = slots_of(dv, dx) if dx is not None or type(dv) is Rng or type(dv) is str else None
@@ -324,16 +325,14 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
             return self._ack_h2d(ev, f, nid, ref) if d == "h2d" else None
         # -- ack dir=d2h (inline here: the commonest ack, one call less)
         st = self.st
-        op = f.get("op")
-        if type(op) is not int:
-            op = None
+        op = op if type(op := f.get("op")) is int else None
         w = st.find_write(nid, op)
         if w is None:
             return None   # a duplicate record of an ack already closed, or a copy issued before the trace began
         out: list[Finding] = []
         w.ops.add(op)
         if (w.splits or w.viol_a is not None or w.viol_b is not None or w.undec_a is not None
-                or w.undec_b is not None) and self.level >= 2:
+                or w.undec_b is not None) and self._lv >= 2:
             # the write's op as every finding about it names it: its prepare's (the lowest known), not the id of
             # the merged op that carried it, so H1b/H4 here, H4-open at the end and ZERO@backup agree
             wop = w.op()
@@ -358,7 +357,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
 
     def _ack_h2d(self, ev: Event, f: dict, nid: int, ref: tuple) -> list[Finding] | None:
         st = self.st
-        op = int_field(f.get("op"))
+        op = op if type(op := f.get("op")) is int else None   # int_field(), inlined (hot path)
         ld = None
         lst = st.loads_by_node.get(nid)
         if lst:   # an open load of this node: this is its first ack record (it ends the H2c window)
@@ -372,26 +371,28 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
                 return None   # no reload of this node in the stream (it began mid-run)
             first = False
         out: list[Finding] = []
-        if self.level >= 2:
-            fnd = self._h2c_at_ack(ev, ref, nid, ld, first)
-            if fnd is not None:
-                out.append(fnd)
-            elif first and ld.viol is None and ld.undec is not None:
+        if self._lv >= 2:
+            if not first or ld.viol is not None:
+                fnd = self._h2c_at_ack(ev, ref, nid, ld, first)
+                if fnd is not None:
+                    out.append(fnd)
+            elif ld.undec is not None:   # (no breach in the window: _h2c_at_ack's None, without the call)
                 self._undecidable("H2c", "H2", ld.node_id, ld.undec)
         if first:
             old = st.close_load(ld)
             if old is not None:
-                late = self._h2c_late(old, None)
-                if late:
-                    out.extend(late)
+                if old.due is not None:   # (_h2c_late has nothing to report otherwise)
+                    out.extend(self._h2c_late(old, None) or ())
                 self._count_unhashed(old)
             nodes = st.nodes
+            gr = (ref, "ack h2d")
             for cid in ld.chain:
                 n = nodes.get(cid)
-                if n is not None:
-                    n.bump(ref, "ack h2d")
+                if n is not None:   # n.bump(ref, "ack h2d"), inlined (one tuple for the chain)
+                    n.gen += 1
+                    n.gen_ref, n.dev_loaded = gr, True
         nz = f.get("nz")
-        if type(nz) is int:
+        if nz == 0 and type(nz) is int:   # (ZERO@reload fires on nz=0 only)
             fnd = self._zero_reload(ev, ref, nid, ld, nz, True)
             if fnd is not None:
                 out.append(fnd)
@@ -445,7 +446,8 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
                 st.delete(nid, ref, f"evict kind={kind}")
             elif node is not None:
                 node.dev = None
-                node.bump(ref, "evict tier=dev")
+                node.gen += 1   # node.bump(ref, "evict tier=dev"), inlined
+                node.gen_ref, node.dev_loaded = (ref, "evict tier=dev"), False
         elif tier == "host":
             hs = None
             if st.writes or st.loads or st.l3:   # the freed host slots matter only to copies in flight
@@ -468,12 +470,14 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
     def _free(self, ev: Event, f: dict, nid: object, ref: tuple) -> None:
         st = self.st
         self.free_owner = None   # (the breach marks below name the copy's node: free_owner, rules_h2)
+        pool = f.get("pool")
+        if pool != "host" and (pool != "dev" or not (st.writes or st.fills)):   # (nothing the slots matter to)
+            return None
         s = slots_of(f.get("idx"), f.get("idx_x"))
         if s is None:
             return None
         if type(nid) is not int:   # int_field(), inlined (hot path)
             nid = None
-        pool = f.get("pool")
         if pool == "dev":
             if st.writes:
                 self._h4_breach(s, "dev", None, ref, f"free pool=dev (why={f.get('why')}) of the copy's "
@@ -503,7 +507,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
             chain = [x for x in chain if type(x) is int] if isinstance(chain, list) and chain else [nid]
         H = slots_of(f.get("host"), f.get("hostx"))
         D = slots_of(f.get("dev"), f.get("devx"))
-        op = int_field(f.get("op"))
+        op = op if type(op := f.get("op")) is int else None   # int_field(), inlined (hot path)
         out: list[Finding] = []
         fnd = self._h2a(ev, ref, nid, chain, H, op)
         if fnd is not None:
@@ -512,7 +516,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
             fnd = self._side_missing(ev, f, nid, ref, "reload")
             if fnd is not None:
                 out.append(fnd)
-        if self.level >= 2:
+        if self._lv >= 2:
             self._h2b(ev, ref, chain, op, out)
         # -- H4 and H2c windows of other copies
         if D is not None and st.writes:
@@ -524,10 +528,13 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
                 self._h2c_breach(H, nid, ref, f"reload of node {nid} was given host slots being loaded")
             if st.l3:
                 self._l3_breach(H, ref, f"reload of node {nid} read host slots", ("prefetch",))
+        nodes = st.nodes
+        snap = {}   # each chain node's backup witness; a placeholder node at first sight (trace began mid-run)
         for cid in chain:
-            if cid not in st.nodes and cid not in st.dead:   # first sight (trace began mid-run): a placeholder
-                st.nodes[cid] = Node(cid, H.cnt if H is not None and len(chain) == 1 else 0, None, UNKNOWN, ref)
-        snap = {cid: (st.nodes[cid].bk if cid in st.nodes else None) for cid in chain}
+            n = nodes.get(cid)
+            if n is None and cid not in st.dead:
+                n = nodes[cid] = Node(cid, H.cnt if H is not None and len(chain) == 1 else 0, None, UNKNOWN, ref)
+            snap[cid] = n.bk if n is not None else None
         ld = PendingLoad(op, nid, chain, H, D, ref, snap)
         # -- ZERO / HASH when the emitter synchronized before hashing
         if f.get("sync") == 1:
@@ -541,8 +548,9 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
                 self._hash_reload(ev, ref, nid, ld, hr, hp_r, out)
         # -- the chain nodes get the new device slots, in chain order
         start = 0
+        gr = (ref, "reload")
         for cid in chain:
-            n = st.nodes.get(cid)
+            n = nodes.get(cid)
             if n is None:
                 continue
             # slice_slots gives None for a set whose order is unknown (and a non-empty slice): skip the call
@@ -552,7 +560,8 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
                 part = D   # the node takes the whole range (a one-node chain): its summary is the node's, in any order
             n.dev = part if part is not None else UNKNOWN
             start += n.len
-            n.bump(ref, "reload")
+            n.gen += 1   # n.bump(ref, "reload"), inlined
+            n.gen_ref, n.dev_loaded = gr, True
         old = st.open_load(ld)
         if old is not None:   # over MAX_PENDING: the oldest load is forgotten
             self._count_unhashed(old)
@@ -573,7 +582,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         if hit == 0:
             self._h3_fill(ev, ref, key, chain)
             return None
-        if hit != 1 or self.level < 2:
+        if hit != 1 or self._lv < 2:
             return None
         return self._h3(ev, ref, key, nid, chain)
 
