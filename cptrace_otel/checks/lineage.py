@@ -269,6 +269,10 @@ class EpochState:
         for cid in ld.chain:
             lst = lbn.get(cid)
             if lst:
+                if len(lst) == 1:   # (the usual case: the node's only load)
+                    if lst[0] is ld:
+                        del lbn[cid]
+                    continue
                 try:
                     lst.remove(ld)
                 except ValueError:
