@@ -383,11 +383,11 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
             if old is not None:
                 if old.due is not None:   # (_h2c_late has nothing to report otherwise)
                     out.extend(self._h2c_late(old, None) or ())
-                self._count_unhashed(old)
-            nodes = st.nodes
+                if not old.hashed.issuperset(old.chain):   # (_count_unhashed skips the hashed nodes)
+                    self._count_unhashed(old)
             gr = (ref, "ack h2d")
             for cid in ld.chain:
-                n = nodes.get(cid)
+                n = st.nodes.get(cid)
                 if n is not None:   # n.bump(ref, "ack h2d"), inlined (one tuple for the chain)
                     n.gen += 1
                     n.gen_ref, n.dev_loaded = gr, True
@@ -476,8 +476,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         s = slots_of(f.get("idx"), f.get("idx_x"))
         if s is None:
             return None
-        if type(nid) is not int:   # int_field(), inlined (hot path)
-            nid = None
+        nid = nid if type(nid) is int else None   # int_field(), inlined (hot path)
         if pool == "dev":
             if st.writes:
                 self._h4_breach(s, "dev", None, ref, f"free pool=dev (why={f.get('why')}) of the copy's "
@@ -516,7 +515,19 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
             fnd = self._side_missing(ev, f, nid, ref, "reload")
             if fnd is not None:
                 out.append(fnd)
-        if self._lv >= 2:
+        nodes = st.nodes
+        snap = {}   # each chain node's backup witness; a placeholder node at first sight (trace began mid-run)
+        pend = False   # a chain node's backup is pending (H2b; a placeholder's is not)
+        for cid in chain:
+            n = nodes.get(cid)
+            if n is None and cid not in st.dead:
+                n = nodes[cid] = Node(cid, H.cnt if H is not None and len(chain) == 1 else 0, None, UNKNOWN, ref)
+            if n is not None:
+                snap[cid], bs = n.bk, n.bk_state
+                pend = pend or (bs is not None and bs[0] == "pending")
+            else:
+                snap[cid] = None
+        if pend and self._lv >= 2:
             self._h2b(ev, ref, chain, op, out)
         # -- H4 and H2c windows of other copies
         if D is not None and st.writes:
@@ -528,13 +539,6 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
                 self._h2c_breach(H, nid, ref, f"reload of node {nid} was given host slots being loaded")
             if st.l3:
                 self._l3_breach(H, ref, f"reload of node {nid} read host slots", ("prefetch",))
-        nodes = st.nodes
-        snap = {}   # each chain node's backup witness; a placeholder node at first sight (trace began mid-run)
-        for cid in chain:
-            n = nodes.get(cid)
-            if n is None and cid not in st.dead:
-                n = nodes[cid] = Node(cid, H.cnt if H is not None and len(chain) == 1 else 0, None, UNKNOWN, ref)
-            snap[cid] = n.bk if n is not None else None
         ld = PendingLoad(op, nid, chain, H, D, ref, snap)
         # -- ZERO / HASH when the emitter synchronized before hashing
         if f.get("sync") == 1:

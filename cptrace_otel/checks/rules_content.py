@@ -17,6 +17,8 @@ from .lineage import Backup, PendingLoad, PendingWrite
 from .ranges import EXACT, Slots
 from .rank_base import RankRuleBase
 
+_ABSENT = Backup(None, None, None, (), None, False, 0)   # (a node not in a load's snap: its witness is not None)
+
 
 class ZeroFlag(RankRuleBase):
     def _zero_backup(self, ev: Event, ref: tuple, nid: int, op: int | None, nz: int, d: Slots | None,
@@ -75,9 +77,8 @@ class HashCompare(RankRuleBase):
 
     def _hash_ack(self, ev: Event, ref: tuple, nid: int, ld: PendingLoad, hr: object, hp_r: object) -> Finding | None:
         """HASH at an ``ack dir=h2d`` of node ``nid`` (of load ``ld``) not hashed yet."""
-        if nid in ld.snap:
-            bk = ld.snap[nid]
-        else:
+        bk = ld.snap.get(nid, _ABSENT)
+        if bk is _ABSENT:
             n = self.st.nodes.get(nid)
             bk = n.bk if n is not None else None
         ld.hashed.add(nid)

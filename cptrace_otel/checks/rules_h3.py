@@ -26,22 +26,20 @@ class H3Compose(RankRuleBase):
         nodes = st.nodes
         src = slots_of(ev.fields.get("src"))
         one = len(chain) == 1
-        for c in chain:
-            if c not in nodes and c not in st.dead:   # first sight of a node (trace began mid-run)
-                nodes[c] = Node(c, src.cnt if src is not None and one else 0,
-                                src if src is not None and one else UNKNOWN, UNKNOWN, ref)
         gens = {}
-        for c in chain:
-            n = nodes.get(c)
-            gens[c] = n.gen if n is not None else None
-        st.fills[key] = Fill(ref, src, gens)
         fbn = st.fills_by_node
-        for c in chain:
+        for c in chain:   # (one pass: each node's placeholder, generation and index entry concern that node alone)
+            n = nodes.get(c)
+            if n is None and c not in st.dead:   # first sight of a node (trace began mid-run)
+                n = nodes[c] = Node(c, src.cnt if src is not None and one else 0,
+                                    src if src is not None and one else UNKNOWN, UNKNOWN, ref)
+            gens[c] = n.gen if n is not None else None
             keys = fbn.get(c)
             if keys is None:
                 fbn[c] = {key}
             else:
                 keys.add(key)
+        st.fills[key] = Fill(ref, src, gens)
 
     def _h3(self, ev: Event, ref: tuple, key: Hashable, nid: int, chain: list[int]) -> list[Finding] | None:
         """H3 at a hit (``hit=1``) of ``key``; a fill is reported once."""
