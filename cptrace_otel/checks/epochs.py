@@ -39,7 +39,12 @@ class EpochTracker:
         if hint > self.epoch:
             self.epoch = hint
             self._max_new = -1
-        new_id = created_id(tag, fields)
+        if tag == "insert":   # created_id(tag, fields), inlined for the commonest tag that creates ids
+            new_id = fields.get("node_id") if fields.get("kind") == "new" else None
+            if type(new_id) is not int:
+                new_id = None
+        else:
+            new_id = created_id(tag, fields)
         if new_id is not None:
             if new_id <= self._max_new:
                 self._new_epoch()

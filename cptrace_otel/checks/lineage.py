@@ -188,7 +188,10 @@ class EpochState:
     def delete(self, nid: int, ref: Ref, why: str) -> None:
         """Node ``nid`` left the tree at ``ref``: remembered as dead (H2a names why), its compose fills dropped."""
         if self.nodes.pop(nid, None) is not None:
-            self.dead.put(nid, (ref, why))
+            dead = self.dead   # dead.put(nid, (ref, why)), inlined
+            dead[nid] = (ref, why)
+            if len(dead) > dead.cap:
+                dead.popitem(last=False)
         keys = self.fills_by_node.pop(nid, None)
         if keys:
             fills = self.fills
@@ -231,6 +234,9 @@ class EpochState:
         lst = self.writes_by_node.get(nid)
         if not lst:
             return None
+        if len(lst) == 1:   # (the usual case: the node's only write, whatever its op)
+            w = lst[0]
+            return w if not need_unbacked or w.b_ref is None else None
         if need_unbacked:
             for w in lst:
                 if w.b_ref is None and op in w.ops:

@@ -304,7 +304,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         if node is not None:   # the content witness HASH compares a later reload with
             h = f.get("h")
             node.bk = Backup(h if type(h) is int and h >= 0 else None, f.get("hp"), f.get("hs"), ref, op, True,
-                             node.len, side_witness(f, self.sidecars))
+                             node.len, side_witness(f, self.sidecars) if self.sidecars else None)
         out = None
         nz = f.get("nz")
         if nz == 0 and type(nz) is int:   # (ZERO@backup fires on nz=0 only)
