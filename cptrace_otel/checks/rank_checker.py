@@ -515,18 +515,32 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
             fnd = self._side_missing(ev, f, nid, ref, "reload")
             if fnd is not None:
                 out.append(fnd)
+        # one pass over the chain: each node's backup witness (a placeholder node at first sight: the trace began
+        # mid-run), whether one is pending (H2b; a placeholder's is not), then its new device slots, in chain order
+        # (nothing below reads a node's device state or generation)
         nodes = st.nodes
-        snap = {}   # each chain node's backup witness; a placeholder node at first sight (trace began mid-run)
-        pend = False   # a chain node's backup is pending (H2b; a placeholder's is not)
+        snap: dict[int, Backup | None] = {}
+        pend = False
+        start = 0
+        gr = (ref, "reload")
         for cid in chain:
             n = nodes.get(cid)
-            if n is None and cid not in st.dead:
+            if n is None:
+                if cid in st.dead:
+                    snap[cid] = None
+                    continue
                 n = nodes[cid] = Node(cid, H.cnt if H is not None and len(chain) == 1 else 0, None, UNKNOWN, ref)
-            if n is not None:
-                snap[cid], bs = n.bk, n.bk_state
-                pend = pend or (bs is not None and bs[0] == "pending")
-            else:
-                snap[cid] = None
+            snap[cid], bs = n.bk, n.bk_state
+            pend = pend or (bs is not None and bs[0] == "pending")
+            # slice_slots gives None for a set whose order is unknown (and a non-empty slice): skip the call
+            part = (slice_slots(D, start, n.len) if D is not None and (n.len <= 0 or (D.ordered and D.runs is not None))
+                    else None)
+            if part is None and D is not None and start == 0 and n.len == D.cnt:
+                part = D   # the node takes the whole range (a one-node chain): its summary is the node's, in any order
+            n.dev = part if part is not None else UNKNOWN
+            start += n.len
+            n.gen += 1   # n.bump(ref, "reload"), inlined
+            n.gen_ref, n.dev_loaded = gr, True
         if pend and self._lv >= 2:
             self._h2b(ev, ref, chain, op, out)
         # -- H4 and H2c windows of other copies
@@ -550,22 +564,6 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
             hr, hp_r = f.get("h"), f.get("hp")
             if type(hr) is int or isinstance(hp_r, list):
                 self._hash_reload(ev, ref, nid, ld, hr, hp_r, out)
-        # -- the chain nodes get the new device slots, in chain order
-        start = 0
-        gr = (ref, "reload")
-        for cid in chain:
-            n = nodes.get(cid)
-            if n is None:
-                continue
-            # slice_slots gives None for a set whose order is unknown (and a non-empty slice): skip the call
-            part = (slice_slots(D, start, n.len) if D is not None and (n.len <= 0 or (D.ordered and D.runs is not None))
-                    else None)
-            if part is None and D is not None and start == 0 and n.len == D.cnt:
-                part = D   # the node takes the whole range (a one-node chain): its summary is the node's, in any order
-            n.dev = part if part is not None else UNKNOWN
-            start += n.len
-            n.gen += 1   # n.bump(ref, "reload"), inlined
-            n.gen_ref, n.dev_loaded = gr, True
         old = st.open_load(ld)
         if old is not None:   # over MAX_PENDING: the oldest load is forgotten
             self._count_unhashed(old)
