@@ -119,7 +119,10 @@ def _runs_intersect(a: tuple, b: tuple) -> bool:
         a, b = b, a   # (intersection is symmetric)
     if len(a) == 1:
         a0, a1 = a[0]
-        return any(a0 <= b1 and b0 <= a1 for b0, b1 in b)
+        for b0, b1 in b:   # noqa: SIM110  (any() over a generator, without the generator)
+            if a0 <= b1 and b0 <= a1:
+                return True
+        return False
     sa, sb = sorted(a), sorted(b)
     na, nb = len(sa), len(sb)
     if not na or not nb:

@@ -205,7 +205,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
             node.dev = d if d is not None else UNKNOWN
             node.bump(ref, "insert kind=revive")
         else:
-            length = int_field(f.get("len")) or (d.cnt if d is not None else 0)
+            length = ln if type(ln := f.get("len")) is int and ln else (d.cnt if d is not None else 0)   # int_field
             node = Node(nid, length, d if d is not None else UNKNOWN, None, ref)
             st.nodes[nid] = node
             st.dead.pop(nid, None)
@@ -443,7 +443,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
                 self._h4_evicted(lst, "a", ref, f"device eviction of node {nid}")
             kind = f.get("kind")
             if kind == "regular" or kind == "drop":
-                st.delete(nid, ref, f"evict kind={kind}")
+                st.delete(nid, ref, "evict kind=regular" if kind == "regular" else "evict kind=drop")   # (no format)
             elif node is not None:
                 node.dev = None
                 node.gen += 1   # node.bump(ref, "evict tier=dev"), inlined

@@ -75,7 +75,10 @@ class H3Compose(RankRuleBase):
         st = self.st
         fills = st.fills
         if nid is not None and nid >= 0:   # the fills that read this node's slots
-            cand: Any = (fills.get(k) for k in st.fills_by_node.get(nid, ()))
+            keys = st.fills_by_node.get(nid)
+            if not keys:
+                return
+            cand: Any = [fills.get(k) for k in keys]   # (overlap() changes no index: the same fills, in order)
         else:
             cand = fills.values()
         for fl in cand:
