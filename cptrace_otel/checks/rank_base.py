@@ -27,6 +27,34 @@ class RankRuleBase:
     # after a ``free`` without a node: the node whose in-flight copy it newly breached (the first one), else None;
     # set by the H2c and H4 breach marks (rules_h2 documents it), reset by the free's handler
     free_owner: int | None = None
+    forced_level: int | None
+    seen_level: int
+    _config_level: int | None = None
+    # the checker's level (:attr:`level`) as the hot paths read it: refreshed whenever one of its three inputs
+    # changes (the forced level is set once; config_level by its setter, also when the analysis sets it from the
+    # source's recorded level; seen_level by feed_fast)
+    _lv: int
+
+    @property
+    def level(self) -> int:
+        """Explicit level, else ``config level=``, else the highest level whose records occurred (docs/domain.md
+        §3.4)."""
+        if self.forced_level is not None:
+            return self.forced_level
+        if self._config_level is not None:
+            return self._config_level
+        return self.seen_level
+
+    @property
+    def config_level(self) -> int | None:
+        """The level a ``config`` record stated, or the level the source recorded for the rank (set by the
+        analysis before the rank's first record)."""
+        return self._config_level
+
+    @config_level.setter
+    def config_level(self, v: int | None) -> None:
+        self._config_level = v
+        self._lv = self.level
 
     def _finding(self, code: str, rule: str, node_id: int | None, op: int | None, cert: str, refs: list, msg: str,
                  ev: Event | None = None, severity: str = ERROR) -> Finding:

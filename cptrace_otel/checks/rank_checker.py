@@ -50,9 +50,8 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
     def __init__(self, rank: int, level: int | None = None) -> None:
         self.rank = rank
         self.forced_level = level
-        self.config_level: int | None = None
         self.seen_level = 1
-        self._lv = level if level is not None else 1   # self.level, kept in step with its three inputs (hot paths)
+        self._lv = level if level is not None else 1   # self.level, kept in step with its three inputs (rank_base)
         self.mode = "none"
         self.io_rank = 0
         self.sidecars: tuple[str, ...] = ()   # the config's sidecar pools (rules_side)
@@ -91,17 +90,6 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         cur = self._observers or {}
         self._observers = {**cur, tag: (*cur.get(tag, ()), fn)}
         self._tab = observed_table(type(self), frozenset(self._observers))
-
-    # -- level --------------------------------------------------------------------------------------------------
-    @property
-    def level(self) -> int:
-        """Explicit level, else ``config level=``, else the highest level whose records occurred (docs/domain.md
-        §3.4)."""
-        if self.forced_level is not None:
-            return self.forced_level
-        if self.config_level is not None:
-            return self.config_level
-        return self.seen_level
 
     # -- driving ------------------------------------------------------------------------------------------------
     def feed(self, ev: Event) -> list[Finding]:
@@ -187,7 +175,6 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         lv = int_field(f.get("level"))
         if lv is not None:
             self.config_level = lv
-            self._lv = self.level
         if isinstance(f.get("mode"), str):
             self.mode = f["mode"]
         io = int_field(f.get("io_rank"))

@@ -141,6 +141,37 @@ def test_h2b_reload_before_backup_ack(tmp_path):
     assert ("H4a", 1, 1) in {(f.rule, f.node_id, f.op) for f in res.findings}  # evicted while in flight
 
 
+def test_level_set_by_the_analysis_reaches_the_level_2_rules():
+    """A rank's level recorded by its source (the exporter's, as ``check`` of OTLP files and ``watch`` set it on the
+    checker before the rank's first record) enables the level-2 rules at once, before any level-2 record: the
+    reload of a node whose backup is still unacknowledged is H2b, as with a ``config level=2`` record."""
+    from cptrace_otel.model.logline import Rng
+
+    def run(configure) -> set:
+        chk = RankChecker(0)
+        configure(chk)
+        dev, host = Rng(32, 512, 543, 512, 543), Rng(32, 64, 95, 64, 95)
+        recs = [("insert", {"node_id": 1, "len": 32, "dev": dev, "kind": "new"}),
+                ("prepare", {"node_id": 1, "op": 1, "len": 32, "dev": dev, "host": host}),
+                ("backup", {"node_id": 1, "op": 1, "dev": dev, "host": host, "io": 1}),
+                ("evict", {"tier": "dev", "node_id": 1, "kind": "backuped", "dev": dev}),
+                ("reload", {"node_id": 1, "chain": [1], "op": 2, "host": host, "dev": Rng(32, 900, 931, 900, 931)})]
+        out = set()
+        for i, (tag, f) in enumerate(recs):
+            out |= {(x.rule, x.node_id, x.op) for x in chk.feed(Event(tag, 0, i, i, 0, f, 1))}
+        assert chk.level == 2
+        return out
+
+    def by_source(chk):
+        chk.config_level = 2
+
+    def by_record(chk):
+        chk.feed(Event("config", 0, -1, 0, 0, {"level": 2, "mode": "none"}, 1))
+
+    assert ("H2b", 1, 2) in run(by_source)
+    assert run(by_source) == run(by_record)
+
+
 def test_h4b_host_slots_reused_during_backup(tmp_path):
     lines = ["[CPTRACE config] cp_size=1 cp_rank=0 mode=none page_size=16 policy=wt level=2"] + _lifecycle(1) + [
         f"[CPTRACE free] pool=host idx={R(64, 95)} node_id=-1 why=dup",
