@@ -7,13 +7,18 @@ from __future__ import annotations
 import hashlib
 
 _DIGEST = hashlib.blake2b
+# Empty hashers of the two id sizes: copying one is cheaper than a new hasher's parameter setup (the same digests).
+_BLANK = {n: _DIGEST(digest_size=n) for n in (8, 16)}
 
 
 def hashed_id(text: str, size: int) -> bytes:
     """The ``size``-byte id (trace id 16, span id 8) of ``text``: blake2b, never all zero (invalid in OTLP). Every
     trace and span id of the model is one of these, so any process can name a span without coordination."""
-    d = _DIGEST(text.encode("utf-8", "replace"), digest_size=size).digest()
-    return d if any(d) else (b"\x00" * (size - 1) + b"\x01")  # all-zero ids are invalid in OTLP
+    blank = _BLANK.get(size)
+    h = blank.copy() if blank is not None else _DIGEST(digest_size=size)
+    h.update(text.encode("utf-8", "replace"))
+    d = h.digest()
+    return d if d.strip(b"\0") else (b"\x00" * (size - 1) + b"\x01")  # all-zero ids are invalid in OTLP
 
 
 def node_trace_id(run_id: str, epoch: int, node_id: int) -> bytes:
