@@ -172,6 +172,9 @@ class SpanBuilder:
         self.traces: set[bytes] = set()
         self._track = track_traces
         self._max_ts = 0
+        # No span times out before a record this late: the head's start + timeout when spans open in time order (a
+        # later head started no earlier), so add skips looking at the head until then; 0 when unknown / unordered.
+        self._expire_at = 0
         self._opened = 0
         self._last_open_ts = 0
         self._unordered = False
@@ -210,6 +213,7 @@ class SpanBuilder:
             lane.open_kids.append(sp)
         if ev.ts < self._last_open_ts:
             self._unordered = True
+            self._expire_at = 0
         else:
             self._last_open_ts = ev.ts
         self._open[key] = sp
@@ -290,10 +294,12 @@ class SpanBuilder:
         opened = self._open
         if ts > self._max_ts:
             self._max_ts = ts
-            if opened:
+            if ts >= self._expire_at and opened:
                 head = next(iter(opened.values()))
                 if ts - head.start >= self.timeout_ns:
                     self.expire(ts)
+                elif not self._unordered:
+                    self._expire_at = head.start + self.timeout_ns
         tag = ev.tag
         f = ev.fields
         rank = ev.rank
