@@ -94,7 +94,7 @@ _ACK_STAGE: dict[tuple[str, Any], tuple[str, str]] = {
     (L3_ACK, DIR_BACKUP): _OPEN_STAGE[L3_BACKUP], (L3_ACK, DIR_PREFETCH): _OPEN_STAGE[L3_PREFETCH]}
 
 # What add does with a record, by tag (one dict lookup instead of a chain of tag comparisons per record).
-_R_PLAIN, _R_OPEN, _R_BACKUP, _R_ACK, _R_RID_MAP, _R_L3_HIT, _R_FWD_HASH, _R_CANARY, _R_RESET, _R_FREE = range(10)
+_R_PLAIN, _R_FREE, _R_OPEN, _R_BACKUP, _R_ACK, _R_RID_MAP, _R_L3_HIT, _R_FWD_HASH, _R_CANARY, _R_RESET = range(10)
 _ROLE: dict[str, int] = {**{t: _R_OPEN for t in _OPEN_STAGE}, "backup": _R_BACKUP, "ack": _R_ACK, L3_ACK: _R_ACK,
                          "rid_map": _R_RID_MAP, L3_HIT: _R_L3_HIT, "fwd_hash": _R_FWD_HASH, CANARY_TAG: _R_CANARY,
                          "reset": _R_RESET, "free": _R_FREE}
@@ -116,10 +116,8 @@ class Span:
         self.start = start
         self.end = start
         self.attrs = attrs
-        # (time_ns, name, attributes)
-        self.events: list[tuple[int, str, EventAttrs | dict[str, Any]]] = []   # (ts, tag, attributes)
-        # (trace_id, span_id, attributes)
-        self.links: list[tuple[bytes, bytes, dict[str, Any]]] = []
+        self.events: list[tuple[int, str, EventAttrs | dict[str, Any]]] = []   # (time_ns, name = tag, attributes)
+        self.links: list[tuple[bytes, bytes, dict[str, Any]]] = []   # (trace_id, span_id, attributes)
         self.status_code = STATUS_UNSET
         self.status_message = ""
         self.rank = rank
@@ -165,7 +163,7 @@ class SpanBuilder:
         self._cut: dict[Any, Span] = {}
         self._lanes_seen: set[tuple[int, int, int]] = set()
         self._l3p_refs: dict[tuple, tuple[bytes, bytes]] = {}   # (rank, op) -> span of that L3 prefetch
-        self.events = 0
+        self._sent_recs = 0   # records in the spans sent (the events property: these + the ones held)
         self.spans = 0
         self.findings = 0
         # distinct trace ids, for summaries (ingest); a long-running exporter turns it off to stay bounded
@@ -200,22 +198,27 @@ class SpanBuilder:
             n = self._names[k] = sc.span_name(rank, kind)
         return n
 
-    def _open_span(self, key: tuple[object, ...], trace_id: bytes, kind: str, ev: Event, extra: dict[str, Any],
-                   span_id: bytes | None = None, lane: Span | None = None) -> Span:
-        self._opened += 1  # part of the id: unique even for spans opened without a record (annotations)
+    def _open_span(self, key: tuple[object, ...], trace_id: bytes, kind: str, ev: Event, akey: str | None = None,
+                   aval: object = None, span_id: bytes | None = None, lane: Span | None = None) -> Span:
+        """A new open span; attributes rank, ``akey`` = ``aval`` (node id or rid, when given) and kind."""
+        rank, ts = ev.rank, ev.ts
+        n = self._opened = self._opened + 1  # part of the id: unique even for spans opened without a record
         if span_id is None:
-            span_id = hashed_id(f"{self.instance}|{ev.rank}|{ev.epoch}|{ev.seq}|{kind}|{key[-1]}|{self._opened}", 8)
-        attrs: dict[str, Any] = {sc.RANK: ev.rank, **extra, sc.SPAN_KIND: kind}
-        sp = Span(trace_id, span_id, self._name(ev.rank, kind), ev.ts, ev.rank, key, attrs,
-                  lane.span_id if lane is not None else b"", kind)
-        if lane is not None:
+            span_id = hashed_id(f"{self.instance}|{rank}|{ev.epoch}|{ev.seq}|{kind}|{key[-1]}|{n}", 8)
+        attrs: dict[str, Any] = ({sc.RANK: rank, sc.SPAN_KIND: kind} if akey is None else
+                                 {sc.RANK: rank, akey: aval, sc.SPAN_KIND: kind})
+        name = self._names.get((rank, kind)) or self._name(rank, kind)
+        if lane is None:
+            sp = Span(trace_id, span_id, name, ts, rank, key, attrs, b"", kind)
+        else:
+            sp = Span(trace_id, span_id, name, ts, rank, key, attrs, lane.span_id, kind)
             sp.lane = lane
             lane.open_kids.append(sp)
-        if ev.ts < self._last_open_ts:
+        if ts < self._last_open_ts:
             self._unordered = True
             self._expire_at = 0
         else:
-            self._last_open_ts = ev.ts
+            self._last_open_ts = ts
         self._open[key] = sp
         return sp
 
@@ -228,22 +231,23 @@ class SpanBuilder:
             first = lane_span_id(self.run_id, epoch, node, rank)
             if lk in self._lanes_seen:
                 # a later segment: nested under the first (already sent), so the rank keeps one top-level row
-                sp = self._open_span(key, self._node_trace(epoch, node), sc.SPAN_NODE, ev, {sc.NODE_ID: node},
+                sp = self._open_span(key, self._node_trace(epoch, node), sc.SPAN_NODE, ev, sc.NODE_ID, node,
                                      lane_span_id(self.run_id, epoch, node, rank, ev.seq))
                 sp.parent = first
             else:
                 if len(self._lanes_seen) >= MAX_LANES_SEEN:
                     self._lanes_seen.clear()
                 self._lanes_seen.add(lk)
-                sp = self._open_span(key, self._node_trace(epoch, node), sc.SPAN_NODE, ev, {sc.NODE_ID: node}, first)
+                sp = self._open_span(key, self._node_trace(epoch, node), sc.SPAN_NODE, ev, sc.NODE_ID, node, first)
         return sp
 
-    def _stage(self, key: tuple[object, ...], kind: str, ev: Event, node: int) -> Span:
-        """A new stage span for ``key`` under the current lane (a continuation when the key was cut)."""
-        lane = self._lane(ev.rank, ev.epoch, node, ev)
-        sp = self._open_span(key, lane.trace_id, kind, ev, {sc.NODE_ID: node}, None, lane)
+    def _stage(self, key: tuple[object, ...], kind: str, ev: Event, node: int, cont: bool = True) -> Span:
+        """A new stage span for ``key`` under the current lane (a continuation when the key was cut and ``cont``)."""
+        rank, epoch = ev.rank, ev.epoch
+        lane = self._open.get((rank, epoch, node, "node")) or self._lane(rank, epoch, node, ev)
+        sp = self._open_span(key, lane.trace_id, kind, ev, sc.NODE_ID, node, None, lane)
         prev = self._cut.pop(key, None)
-        if prev is not None:
+        if prev is not None and cont:
             sp.attrs[sc.CONTINUES] = True
             sp.links.append((prev.trace_id, prev.span_id, {sc.LINK_KIND: "continues"}))
         return sp
@@ -255,8 +259,8 @@ class SpanBuilder:
             del self._open[sp.key]
         sp.attrs[sc.STAGE_CLOSED] = why
         sp.nrec = len(sp.events)   # (before the violation events are added)
-        if sp.findings:
-            self._stamp(sp)
+        if sp.findings:   # violation attributes, status ERROR, violation events, links to the evidence spans
+            stamp_findings(sp, self._seq_refs)
         if sp.end < sp.start:
             sp.end = sp.start
         lane = sp.lane
@@ -281,7 +285,9 @@ class SpanBuilder:
         if self._track:
             self.traces.add(sp.trace_id)
         self._done.append(sp)
-        self._held -= sp.nrec + sum(c.nrec for c in sp.children)
+        n = sp.nrec + sum(c.nrec for c in sp.children)
+        self._held -= n
+        self._sent_recs += n
         if sp.children:
             self.spans += len(sp.children)
             self._done.extend(sp.children)
@@ -306,97 +312,98 @@ class SpanBuilder:
         epoch = ev.epoch
         node = f.get("node_id")
         role = _ROLE.get(tag, _R_PLAIN)
-        closing = False
-        link_rid = None
+        link_rid = found = None
+        closing = fed = False
         sp: Span | None
         key: tuple[Any, ...]
-        fed, found = False, None
-        if role >= _R_CANARY:
-            if role == _R_CANARY and self._checker_factory is not None:
-                # SGLang's kv-canary record names a slot, not a node: the checker decides whose slot it was (rule
-                # CANARY), so it runs before the record is placed, and the record goes to that node's lane with its
-                # finding
-                found, fed = self._feed_now(ev), True
-                owner = next((x.node_id for x in found or () if type(getattr(x, "node_id", None)) is int), None)
-                if owner is not None:
-                    node = owner
-            elif role == _R_RESET:
-                # A reset ends every open span of this rank: node ids restart, so nothing may join them any more.
-                for sp in [s for s in opened.values() if s.rank == rank and s.lane is None]:
-                    self._close(sp, "reset")
-            elif role == _R_FREE:
-                if (type(node) is not int or node < 0) and self._checker_factory is not None:
+        if role <= _R_FREE and type(node) is int and node >= 0:
+            # the most common record: a structural one (a free naming its node among them), on its node's lane
+            sp = opened.get((rank, epoch, node, "node")) or self._lane(rank, epoch, node, ev)
+        else:
+            if role >= _R_CANARY:
+                if role == _R_CANARY and self._checker_factory is not None:
+                    # SGLang's kv-canary record names a slot, not a node: the checker decides whose slot it was (rule
+                    # CANARY), so it runs before the record is placed, and the record goes to that node's lane with its
+                    # finding
+                    found, fed = self._feed_now(ev), True
+                    owner = next((x.node_id for x in found or () if type(getattr(x, "node_id", None)) is int), None)
+                    if owner is not None:
+                        node = owner
+                elif role == _R_RESET:
+                    # A reset ends every open span of this rank: node ids restart, so nothing may join them any more.
+                    for sp in [s for s in opened.values() if s.rank == rank and s.lane is None]:
+                        self._close(sp, "reset")
+            elif role == _R_FREE:   # (without a valid node)
+                if self._checker_factory is not None:
                     # (in the copy's node trace a checker of that trace alone, a serve replica, sees the breach)
                     found, fed = self._feed_now(ev), True
                     owner = getattr(self._checkers.get(rank), "free_owner", None)
                     node = owner if type(owner) is int and owner >= 0 else node
                 role = _R_PLAIN
-        if role == _R_FWD_HASH:
-            rid = render_value(f.get("rid", "?"))
-            key = (rank, "req", rid)
-            sp = opened.get(key)
-            if sp is None:
-                sp = self._open_span(key, request_trace_id(self.run_id, rid), sc.SPAN_REQUEST, ev, {sc.RID: rid})
-        elif type(node) is int and node >= 0:
-            if role == _R_PLAIN:   # the most common record: a structural one, on its node's lane
-                sp = opened.get((rank, epoch, node, "node")) or self._lane(rank, epoch, node, ev)
-            elif role == _R_OPEN:   # prepare, reload, l3_backup, l3_prefetch: a new stage instance
-                opening = _OPEN_STAGE[tag]
-                op = f.get("op")
-                key = (rank, epoch, node, opening[0], op)
-                old = opened.get(key)
-                if old is not None:
-                    self._close(old, "tag")
-                if key in self._cut:
-                    del self._cut[key]
-                sp = self._stage(key, opening[1], ev, node)
-                if tag == L3_PREFETCH:
-                    self._remember_prefetch(rank, op, sp)
-            elif role == _R_BACKUP:
-                key = (rank, epoch, node, "d2h", f.get("op"))
-                # (the open span is looked up first: a new one only when its prepare's span is gone)
+            if role == _R_FWD_HASH:
+                rid = render_value(f.get("rid", "?"))
+                key = (rank, "req", rid)
                 sp = opened.get(key)
                 if sp is None:
-                    sp = self._stage(key, sc.SPAN_D2H, ev, node)
+                    sp = self._open_span(key, request_trace_id(self.run_id, rid), sc.SPAN_REQUEST, ev, sc.RID, rid)
+            elif type(node) is int and node >= 0:
+                if role == _R_PLAIN:   # (a free the checker gave its copy's node)
+                    sp = opened.get((rank, epoch, node, "node")) or self._lane(rank, epoch, node, ev)
+                elif role == _R_OPEN:   # prepare, reload, l3_backup, l3_prefetch: a new stage instance
+                    opening = _OPEN_STAGE[tag]
+                    op = f.get("op")
+                    key = (rank, epoch, node, opening[0], op)
+                    old = opened.get(key)
+                    if old is not None:
+                        self._close(old, "tag")
+                    sp = self._stage(key, opening[1], ev, node, False)   # (a cut span of the key is forgotten)
+                    if tag == L3_PREFETCH:
+                        self._remember_prefetch(rank, op, sp)
+                elif role == _R_BACKUP:
+                    key = (rank, epoch, node, "d2h", f.get("op"))
+                    # (the open span is looked up first: a new one only when its prepare's span is gone)
+                    sp = opened.get(key)
+                    if sp is None:
+                        sp = self._stage(key, sc.SPAN_D2H, ev, node)
+                else:
+                    sp = None
+                    if role == _R_ACK:
+                        stage = _ACK_STAGE.get((tag, f.get("dir")))   # the stage this ack closes: (key word, kind)
+                        if stage is not None:
+                            key = (rank, epoch, node, stage[0], f.get("op"))
+                            sp = opened.get(key)
+                            if sp is None and key in self._cut:
+                                sp = self._stage(key, stage[1], ev, node)
+                            closing = sp is not None
+                    if sp is None:
+                        sp = self._lane(rank, epoch, node, ev)
+                        if role == _R_RID_MAP and "rid" in f:
+                            link_rid = render_value(f["rid"])
+                            sp.attrs[sc.RID] = link_rid
+                        elif role == _R_L3_HIT:
+                            self._link_prefetch(rank, f.get("op"), sp)
             else:
-                sp = None
-                if role == _R_ACK:
-                    stage = _ACK_STAGE.get((tag, f.get("dir")))   # the stage this ack closes: (key word, kind)
-                    if stage is not None:
-                        key = (rank, epoch, node, stage[0], f.get("op"))
-                        sp = opened.get(key)
-                        if sp is None and key in self._cut:
-                            sp = self._stage(key, stage[1], ev, node)
-                        closing = sp is not None
+                key = (rank, "rank")
+                sp = opened.get(key)
                 if sp is None:
-                    sp = self._lane(rank, epoch, node, ev)
-                    if role == _R_RID_MAP and "rid" in f:
-                        link_rid = render_value(f["rid"])
-                        sp.attrs[sc.RID] = link_rid
-                    elif role == _R_L3_HIT:
-                        self._link_prefetch(rank, f.get("op"), sp)
-        else:
-            key = (rank, "rank")
-            sp = opened.get(key)
-            if sp is None:
-                sp = self._open_span(key, rank_trace_id(self.run_id, rank), sc.SPAN_RANK, ev, {})
-            if tag == "config" and self.on_config is not None:
-                self.on_config(ev)
+                    sp = self._open_span(key, rank_trace_id(self.run_id, rank), sc.SPAN_RANK, ev)
+                if tag == "config" and self.on_config is not None:
+                    self.on_config(ev)
 
-        sp.events.append((ts, tag, EventAttrs(f, ev.seq, epoch, ev.level)))
-        sp.nbytes += self._sizer(f)
+        evs = sp.events
+        evs.append((ts, tag, EventAttrs(f, ev.seq, epoch, ev.level)))
+        nbytes = sp.nbytes = sp.nbytes + self._sizer(f)
         if REQ_SPAN in f:   # the span of SGLang's request that used the node (rid_map): an OTLP link to it
             link_request(sp, f[REQ_SPAN], f.get("rid"))
         if ts > sp.end:
             sp.end = ts
-        self.events += 1
 
         if link_rid is not None:
             rkey = (rank, "req", link_rid)
             rsp = self._open.get(rkey)
             if rsp is None:
-                rsp = self._open_span(rkey, request_trace_id(self.run_id, link_rid), sc.SPAN_REQUEST, ev,
-                                      {sc.RID: link_rid})
+                rsp = self._open_span(rkey, request_trace_id(self.run_id, link_rid), sc.SPAN_REQUEST, ev, sc.RID,
+                                      link_rid)
             link_attrs: dict[str, Any] = {sc.RANK: rank, sc.NODE_ID: node}
             if "hit" in f:
                 link_attrs[sc.field_key("hit")] = render_value(f["hit"])
@@ -404,44 +411,41 @@ class SpanBuilder:
             if ts > rsp.end:
                 rsp.end = ts
 
-        if fed:   # (checked before it was placed)
-            self._seq_refs[ev.seq] = (sp.trace_id, sp.span_id, tag, f.get("op"))
+        if fed or self._checker_factory is not None:   # (fed: checked before it was placed)
+            refs = self._seq_refs
+            if not fed and len(refs) >= MAX_SEQ_REFS:
+                refs.clear()
+            refs[ev.seq] = (sp.trace_id, sp.span_id, tag, f.get("op"))
+            if not fed:
+                fd = self._feeds.get(rank)
+                if fd is None:
+                    ck = self._checkers.get(rank)
+                    if ck is not None:
+                        # feed_fast (RankChecker): feed without the empty list per record; same findings
+                        fd = self._feeds[rank] = getattr(ck, "feed_fast", None) or ck.feed
+                if fd is None:
+                    found = self._feed_now(ev)   # (the rank's checker created)
+                else:
+                    try:
+                        found = fd(ev)
+                    except Exception as e:  # a broken rule must not stop tracing
+                        self._checker_factory = None
+                        print(f"cptrace_otel: online checks disabled after an error in the checker: {e!r}",
+                              file=sys.stderr)
             if found:
                 sp.findings.extend(found)
                 self.findings += len(found)
-        elif self._checker_factory is not None:
-            refs = self._seq_refs
-            if len(refs) >= MAX_SEQ_REFS:
-                refs.clear()
-            refs[ev.seq] = (sp.trace_id, sp.span_id, tag, f.get("op"))
-            fd = self._feeds.get(rank)
-            if fd is None:
-                ck = self._checkers.get(rank)
-                if ck is not None:
-                    # feed_fast (RankChecker): feed without the empty list per record; same findings
-                    fd = self._feeds[rank] = getattr(ck, "feed_fast", None) or ck.feed
-            if fd is not None:
-                try:
-                    found = fd(ev)
-                except Exception as e:  # a broken rule must not stop tracing
-                    self._checker_factory = None
-                    print(f"cptrace_otel: online checks disabled after an error in the checker: {e!r}",
-                          file=sys.stderr)
-                    found = None
-                if found:
-                    sp.findings.extend(found)
-                    self.findings += len(found)
-            else:
-                self._check(ev, sp)
 
         if closing:
             self._close(sp, "tag")
-        elif len(sp.events) >= MAX_EVENTS or sp.nbytes >= MAX_SPAN_BYTES:
+        elif len(evs) >= MAX_EVENTS or nbytes >= MAX_SPAN_BYTES:
             self._close(sp, "limit")
-        elif sp.lane is not None and len(sp.lane.children) >= MAX_CHILDREN:
-            self._close(sp.lane, "limit")
-        self._held += 1
-        if self._held > MAX_HELD or len(opened) > MAX_OPEN:
+        else:
+            lane = sp.lane
+            if lane is not None and len(lane.children) >= MAX_CHILDREN:
+                self._close(lane, "limit")
+        held = self._held = self._held + 1
+        if held > MAX_HELD or len(opened) > MAX_OPEN:
             self._shed()
         return sp
 
@@ -490,17 +494,6 @@ class SpanBuilder:
             self._checker_factory = None
             print(f"cptrace_otel: online checks disabled after an error in the checker: {e!r}", file=sys.stderr)
             return None
-
-    def _check(self, ev: Event, sp: Span) -> None:
-        try:
-            found = self._checker(ev.rank).feed(ev)
-        except Exception as e:  # a broken rule must not stop tracing
-            self._checker_factory = None
-            print(f"cptrace_otel: online checks disabled after an error in the checker: {e!r}", file=sys.stderr)
-            return
-        if found:
-            sp.findings.extend(found)
-            self.findings += len(found)
 
     def expire(self, now_ns: int) -> None:
         """Close every span (lane, rank or request span, with a lane's children) open ``span_timeout_s`` at
@@ -560,13 +553,18 @@ class SpanBuilder:
         sp = self._open.get((rank, "rank"))
         if sp is None:
             fake = Event(why, rank, -1, self._max_ts or time.time_ns(), 0, {})
-            sp = self._open_span((rank, "rank"), rank_trace_id(self.run_id, rank), sc.SPAN_RANK, fake, {})
+            sp = self._open_span((rank, "rank"), rank_trace_id(self.run_id, rank), sc.SPAN_RANK, fake)
         return sp
 
     def take(self) -> list[Span]:
         """Spans finished since the last call (a lane segment is followed by its children)."""
         done, self._done = self._done, []
         return done
+
+    @property
+    def events(self) -> int:
+        """Records added so far."""
+        return self._held + self._sent_recs
 
     @property
     def open_spans(self) -> int:
@@ -595,10 +593,3 @@ class SpanBuilder:
             except Exception:
                 pass
         return out
-
-    def _stamp(self, sp: Span) -> None:
-        """Put a span's findings on it: :func:`violation_attributes`, rules, certainty, status ERROR with every
-        finding's message (``CODE: message (evidence ...)``, joined by ``; ``), one violation event per finding
-        naming its evidence records, and one OTLP link per other span holding evidence."""
-        stamp_findings(sp, self._seq_refs)
-
