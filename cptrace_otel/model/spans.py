@@ -319,70 +319,68 @@ class SpanBuilder:
         if role <= _R_FREE and type(node) is int and node >= 0:
             # the most common record: a structural one (a free naming its node among them), on its node's lane
             sp = opened.get((rank, epoch, node, "node")) or self._lane(rank, epoch, node, ev)
+        elif role < _R_FWD_HASH and type(node) is int and node >= 0:   # a stage's record, rid_map, l3_hit
+            if role == _R_ACK:
+                sp = None
+                stage = _ACK_STAGE.get((tag, f.get("dir")))   # the stage this ack closes: (key word, kind)
+                if stage is not None:
+                    key = (rank, epoch, node, stage[0], f.get("op"))
+                    sp = opened.get(key)
+                    if sp is None and key in self._cut:
+                        sp = self._stage(key, stage[1], ev, node)
+                    closing = sp is not None
+                if sp is None:
+                    sp = self._lane(rank, epoch, node, ev)
+            elif role == _R_OPEN:   # prepare, reload, l3_backup, l3_prefetch: a new stage instance
+                opening = _OPEN_STAGE[tag]
+                op = f.get("op")
+                key = (rank, epoch, node, opening[0], op)
+                old = opened.get(key)
+                if old is not None:
+                    self._close(old, "tag")
+                sp = self._stage(key, opening[1], ev, node, False)   # (a cut span of the key is forgotten)
+                if tag == L3_PREFETCH:
+                    self._remember_prefetch(rank, op, sp)
+            elif role == _R_BACKUP:
+                key = (rank, epoch, node, "d2h", f.get("op"))
+                # (the open span is looked up first: a new one only when its prepare's span is gone)
+                sp = opened.get(key)
+                if sp is None:
+                    sp = self._stage(key, sc.SPAN_D2H, ev, node)
+            else:
+                sp = self._lane(rank, epoch, node, ev)
+                if role == _R_RID_MAP and "rid" in f:
+                    link_rid = render_value(f["rid"])
+                    sp.attrs[sc.RID] = link_rid
+                elif role == _R_L3_HIT:
+                    self._link_prefetch(rank, f.get("op"), sp)
         else:
-            if role >= _R_CANARY:
-                if role == _R_CANARY and self._checker_factory is not None:
-                    # SGLang's kv-canary record names a slot, not a node: the checker decides whose slot it was (rule
-                    # CANARY), so it runs before the record is placed, and the record goes to that node's lane with its
-                    # finding
-                    found, fed = self._feed_now(ev), True
-                    owner = next((x.node_id for x in found or () if type(getattr(x, "node_id", None)) is int), None)
-                    if owner is not None:
-                        node = owner
-                elif role == _R_RESET:
-                    # A reset ends every open span of this rank: node ids restart, so nothing may join them any more.
-                    for sp in [s for s in opened.values() if s.rank == rank and s.lane is None]:
-                        self._close(sp, "reset")
-            elif role == _R_FREE:   # (without a valid node)
-                if self._checker_factory is not None:
-                    # (in the copy's node trace a checker of that trace alone, a serve replica, sees the breach)
-                    found, fed = self._feed_now(ev), True
-                    owner = getattr(self._checkers.get(rank), "free_owner", None)
-                    node = owner if type(owner) is int and owner >= 0 else node
-                role = _R_PLAIN
+            if role == _R_CANARY and self._checker_factory is not None:
+                # SGLang's kv-canary record names a slot, not a node: the checker decides whose slot it was (rule
+                # CANARY), so it runs before the record is placed, and the record goes to that node's lane with its
+                # finding
+                found, fed = self._feed_now(ev), True
+                owner = next((x.node_id for x in found or () if type(getattr(x, "node_id", None)) is int), None)
+                if owner is not None:
+                    node = owner
+            elif role == _R_RESET:
+                # A reset ends every open span of this rank: node ids restart, so nothing may join them any more.
+                for sp in [s for s in opened.values() if s.rank == rank and s.lane is None]:
+                    self._close(sp, "reset")
+            elif role == _R_FREE and self._checker_factory is not None:   # (without a node)
+                # (in the copy's node trace a checker of that trace alone, a serve replica, sees the breach)
+                found, fed = self._feed_now(ev), True
+                owner = getattr(self._checkers.get(rank), "free_owner", None)
+                node = owner if type(owner) is int and owner >= 0 else node
             if role == _R_FWD_HASH:
                 rid = render_value(f.get("rid", "?"))
                 key = (rank, "req", rid)
                 sp = opened.get(key)
                 if sp is None:
                     sp = self._open_span(key, request_trace_id(self.run_id, rid), sc.SPAN_REQUEST, ev, sc.RID, rid)
-            elif type(node) is int and node >= 0:
-                if role == _R_PLAIN:   # (a free the checker gave its copy's node)
-                    sp = opened.get((rank, epoch, node, "node")) or self._lane(rank, epoch, node, ev)
-                elif role == _R_OPEN:   # prepare, reload, l3_backup, l3_prefetch: a new stage instance
-                    opening = _OPEN_STAGE[tag]
-                    op = f.get("op")
-                    key = (rank, epoch, node, opening[0], op)
-                    old = opened.get(key)
-                    if old is not None:
-                        self._close(old, "tag")
-                    sp = self._stage(key, opening[1], ev, node, False)   # (a cut span of the key is forgotten)
-                    if tag == L3_PREFETCH:
-                        self._remember_prefetch(rank, op, sp)
-                elif role == _R_BACKUP:
-                    key = (rank, epoch, node, "d2h", f.get("op"))
-                    # (the open span is looked up first: a new one only when its prepare's span is gone)
-                    sp = opened.get(key)
-                    if sp is None:
-                        sp = self._stage(key, sc.SPAN_D2H, ev, node)
-                else:
-                    sp = None
-                    if role == _R_ACK:
-                        stage = _ACK_STAGE.get((tag, f.get("dir")))   # the stage this ack closes: (key word, kind)
-                        if stage is not None:
-                            key = (rank, epoch, node, stage[0], f.get("op"))
-                            sp = opened.get(key)
-                            if sp is None and key in self._cut:
-                                sp = self._stage(key, stage[1], ev, node)
-                            closing = sp is not None
-                    if sp is None:
-                        sp = self._lane(rank, epoch, node, ev)
-                        if role == _R_RID_MAP and "rid" in f:
-                            link_rid = render_value(f["rid"])
-                            sp.attrs[sc.RID] = link_rid
-                        elif role == _R_L3_HIT:
-                            self._link_prefetch(rank, f.get("op"), sp)
-            else:
+            elif type(node) is int and node >= 0:   # a canary, reset or free the checker gave a node, on its lane
+                sp = opened.get((rank, epoch, node, "node")) or self._lane(rank, epoch, node, ev)
+            else:   # on the rank span (a record of a stage role without a node among them)
                 key = (rank, "rank")
                 sp = opened.get(key)
                 if sp is None:
