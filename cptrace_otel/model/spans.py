@@ -99,6 +99,9 @@ _ROLE: dict[str, int] = {**{t: _R_OPEN for t in _OPEN_STAGE}, "backup": _R_BACKU
                          "rid_map": _R_RID_MAP, L3_HIT: _R_L3_HIT, "fwd_hash": _R_FWD_HASH, CANARY_TAG: _R_CANARY,
                          "reset": _R_RESET, "free": _R_FREE}
 
+_NONE: Any = ()   # findings / children / open children of a builder's span until it has some (lanes: in _lane)
+
+
 class Span:
     """One finished (or open) span, in the shape the OTLP encoders need. ``parent`` is the parent span id (b"" for
     a root); ``kind`` the semconv SPAN_* kind; ``lane`` the open lane span a stage span hangs under (None when
@@ -109,7 +112,7 @@ class Span:
                  "open_kids", "nrec")
 
     def __init__(self, trace_id: bytes, span_id: bytes, name: str, start: int, rank: int, key: tuple[object, ...],
-                 attrs: dict[str, Any], parent: bytes = b"", kind: str = "") -> None:
+                 attrs: dict[str, Any], parent: bytes = b"", kind: str = "", findings: Any = None) -> None:
         self.trace_id = trace_id
         self.span_id = span_id
         self.name = name
@@ -123,12 +126,12 @@ class Span:
         self.rank = rank
         self.key = key
         self.nbytes = 0
-        self.findings: list[Any] = []
+        self.findings: list[Any] = [] if findings is None else findings   # (the builder's: _NONE until one)
         self.parent = parent
         self.kind = kind or name
         self.lane: Span | None = None
-        self.children: list[Span] = []
-        self.open_kids: list[Span] = []
+        self.children: list[Span] = _NONE
+        self.open_kids: list[Span] = _NONE
         self.nrec = 0   # records it held when it closed (its violation events not counted)
 
     def __repr__(self) -> str:  # for test failures
@@ -209,9 +212,9 @@ class SpanBuilder:
                                  {sc.RANK: rank, akey: aval, sc.SPAN_KIND: kind})
         name = self._names.get((rank, kind)) or self._name(rank, kind)
         if lane is None:
-            sp = Span(trace_id, span_id, name, ts, rank, key, attrs, b"", kind)
+            sp = Span(trace_id, span_id, name, ts, rank, key, attrs, b"", kind, _NONE)
         else:
-            sp = Span(trace_id, span_id, name, ts, rank, key, attrs, lane.span_id, kind)
+            sp = Span(trace_id, span_id, name, ts, rank, key, attrs, lane.span_id, kind, _NONE)
             sp.lane = lane
             lane.open_kids.append(sp)
         if ts < self._last_open_ts:
@@ -239,6 +242,7 @@ class SpanBuilder:
                     self._lanes_seen.clear()
                 self._lanes_seen.add(lk)
                 sp = self._open_span(key, self._node_trace(epoch, node), sc.SPAN_NODE, ev, sc.NODE_ID, node, first)
+            sp.children, sp.open_kids = [], []
         return sp
 
     def _stage(self, key: tuple[object, ...], kind: str, ev: Event, node: int, cont: bool = True) -> Span:
@@ -285,13 +289,16 @@ class SpanBuilder:
         if self._track:
             self.traces.add(sp.trace_id)
         self._done.append(sp)
-        n = sp.nrec + sum(c.nrec for c in sp.children)
+        n = sp.nrec
+        children = sp.children
+        if children:
+            for c in children:
+                n += c.nrec
+            self.spans += len(children)
+            self._done.extend(children)
+            sp.children = _NONE
         self._held -= n
         self._sent_recs += n
-        if sp.children:
-            self.spans += len(sp.children)
-            self._done.extend(sp.children)
-            sp.children = []
 
     # -- public --------------------------------------------------------------------------------------------------
     def add(self, ev: Event) -> Span:
@@ -431,6 +438,8 @@ class SpanBuilder:
                         print(f"cptrace_otel: online checks disabled after an error in the checker: {e!r}",
                               file=sys.stderr)
             if found:
+                if not sp.findings:
+                    sp.findings = []
                 sp.findings.extend(found)
                 self.findings += len(found)
 
@@ -476,17 +485,13 @@ class SpanBuilder:
         if not any(lk[0] == ref[0] and lk[1] == ref[1] for lk in lane.links):
             lane.links.append((ref[0], ref[1], {sc.LINK_KIND: "l3-prefetch", sc.OP: op}))
 
-    def _checker(self, rank: int) -> Any:
-        ck = self._checkers.get(rank)
-        if ck is None and self._checker_factory is not None:
-            ck = self._checkers[rank] = self._checker_factory(rank)
-        return ck
-
     def _feed_now(self, ev: Event) -> list[Any] | None:
         """The findings of ``ev`` from its rank's checker (created if needed); None when the checks are off or the
         checker failed (it is then switched off, as in :meth:`add`)."""
         try:
-            ck = self._checker(ev.rank)
+            ck = self._checkers.get(ev.rank)
+            if ck is None and self._checker_factory is not None:
+                ck = self._checkers[ev.rank] = self._checker_factory(ev.rank)
             return ck.feed(ev) if ck is not None else None
         except Exception as e:  # a broken rule must not stop tracing
             self._checker_factory = None
@@ -538,7 +543,8 @@ class SpanBuilder:
                 if sp.rank == rank and any(a.get(sc.SEQ) == want for _, _, a in sp.events):
                     target = sp
                     break
-        (target or self._rank_span(rank, "finish")).findings.append(fd)
+        target = target or self._rank_span(rank, "finish")
+        target.findings = [*target.findings, fd]   # (a new list: a builder's span has _NONE until its first)
         self.findings += 1
 
     def annotate_rank(self, rank: int, attrs: dict[str, Any]) -> None:
