@@ -40,6 +40,7 @@ class CrossRuleBase:
     findings: list[Finding]
     _c1: dict[int, EpochC1]
     _ranks_sorted: list[int]          # sorted(ranks), rebuilt (a new list) when a rank appears
+    _is_ready: bool                   # _ready()'s answer once True (reset when the group may have grown)
     _joins: dict[tuple, dict[int, dict]]
     _occ: dict[tuple, int]
     _split_since: set[tuple]
