@@ -230,12 +230,19 @@ class CrossRank(C1Lockstep, C2AckRounds, JoinRules, L3Cross):
         self._l3_occ.clear()
 
     def _forget_one(self) -> None:
-        r, epoch, nid = self._forget.popleft()
-        for t in ("prepare", "reload"):
-            self._occ.pop((r, epoch, t, nid), None)
-        self._split_since.discard((r, epoch, nid))
-        self._l3_occ.pop((r, epoch, nid), None)
-        if r == self.io_rank and not (self._reload_hashes and any(x[1] == nid for x in self._reload_hashes)):
+        k = self._forget.popleft()
+        r, epoch, nid = k
+        occ = self._occ
+        occ.pop((r, epoch, "prepare", nid), None)
+        occ.pop((r, epoch, "reload", nid), None)
+        # the maps below are empty in most runs (no split, no l3_backup, not mode shared): a truth test is cheaper
+        # than a lookup with a new key
+        if self._split_since:
+            self._split_since.discard(k)
+        if self._l3_occ:
+            self._l3_occ.pop(k, None)
+        if self._io_hs and r == self.io_rank \
+                and not (self._reload_hashes and any(x[1] == nid for x in self._reload_hashes)):
             self._io_hs.pop((epoch, nid), None)
 
     def expect_ranks(self, ranks: Iterable[int]) -> None:
