@@ -79,15 +79,19 @@ class C1Lockstep(CrossRuleBase):
                 # _c1_compare's loop while the heads agree, inlined (the common case: one step, as the tuple that
                 # completes the heads arrives); the first disagreement is left to _c1_compare, from the same state
                 while True:
-                    heads = [q[0][0] for q in qs]
-                    if heads.count(heads[0]) != len(heads):
-                        self._c1_compare(epoch, st, final=False)
+                    h0 = qs[0][0][0]
+                    for q in qs:   # (no list of heads to build: one comparison per rank)
+                        if q[0][0] != h0:
+                            break
+                    else:   # every head agrees: pop them, and go on while every rank still has a tuple
+                        for q in qs:
+                            q.popleft()
+                        st.index += 1
+                        if all(qs):
+                            continue
                         break
-                    for q in qs:
-                        q.popleft()
-                    st.index += 1
-                    if not all(qs):
-                        break
+                    self._c1_compare(epoch, st, final=False)   # the first disagreement
+                    break
                 if st.wait:
                     self._c1_release(epoch, st)
                 return

@@ -107,10 +107,11 @@ class C2AckRounds(CrossRuleBase):
                 # _c2_compare's loop while the heads agree, inlined (the common case: one step, as the round that
                 # completes the heads closes); the first mismatch is left to _c2_compare, from the same state
                 while True:
-                    heads = [q[0][:3] for q in qs]
-                    if heads.count(heads[0]) != len(heads):
-                        self._c2_compare(epoch, final=False)
-                        return
+                    h0 = qs[0][0][:3]
+                    for q in qs:   # (no list of heads to build: one comparison per rank)
+                        if q[0][:3] != h0:
+                            self._c2_compare(epoch, final=False)
+                            return
                     for q in qs:
                         q.popleft()
                     if not all(qs):

@@ -62,10 +62,12 @@ class JoinRules(CrossRuleBase):
                  "hslots": h}
         per = self._joins.get(key)
         if per is None:
-            self._joins[key] = {r: facts}
+            per = self._joins[key] = {r: facts}
         else:
             per[r] = facts
-        if tag != "prepare":
+        # (a join that lacks a rank's record is not decided yet, _decide would return at once: its ranks are among
+        # self.ranks, which feed adds each record's rank to first)
+        if tag != "prepare" and len(per) >= len(self._ranks_sorted):
             self._decide(key, final=False)
 
     def _backup(self, ev: Event) -> None:
@@ -98,7 +100,8 @@ class JoinRules(CrossRuleBase):
         hs = f.get("hs")
         facts["hs"] = hs if isinstance(hs, list) else None
         facts["bseq"] = ev.seq
-        self._decide(key, final=False)
+        if len(per) >= len(self._ranks_sorted):   # (else a rank's prepare is missing: see _join_add)
+            self._decide(key, final=False)
 
     def _decide(self, key: tuple, final: bool) -> None:
         """Decide a join once complete (``final``: at the end of the stream, with what it has): C3 and C5 for a
