@@ -201,9 +201,11 @@ class CrossRank(C1Lockstep, C2AckRounds, JoinRules, L3Cross):
         if f.get("tier") == "host" or f.get("kind") in ("regular", "drop"):
             # the node's lifecycle ended: forget its per-node counters a little later (an in-flight
             # load may still be acked), so memory follows live nodes
-            self._forget.append((ev.rank, ev.epoch, int_field(f.get("node_id"))))
-            if len(self._forget) > self.FORGET_LAG:
-                self._forget_one()
+            nid = f.get("node_id")
+            fq = self._forget
+            fq.append((ev.rank, ev.epoch, nid if type(nid) is int else None))   # (int_field(), inlined)
+            if len(fq) > self.FORGET_LAG:
+                self._forget_one(fq.popleft())
 
     def _on_split(self, ev: Event) -> None:
         self._c1_add(ev)
@@ -229,8 +231,8 @@ class CrossRank(C1Lockstep, C2AckRounds, JoinRules, L3Cross):
         self._l3_joins.clear()
         self._l3_occ.clear()
 
-    def _forget_one(self) -> None:
-        k = self._forget.popleft()
+    def _forget_one(self, k: tuple) -> None:
+        """Forget the per-node counters of ``k`` = (rank, epoch, node), the oldest entry of ``_forget``."""
         r, epoch, nid = k
         occ = self._occ
         occ.pop((r, epoch, "prepare", nid), None)

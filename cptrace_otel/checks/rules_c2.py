@@ -95,9 +95,11 @@ class C2AckRounds(CrossRuleBase):
         if q is None:
             q = self._rounds[(r, epoch)] = deque()
         if parts is None:
-            q.append((cur[2], len(cur[3]), frozenset(cur[4]), cur[5], cur[6], cur[7], cur[8]))
+            # the node set as it is (no frozenset copy per round): the round list is closed, nothing adds to it
+            # again; _c2_compare makes a hashable copy only where heads differ
+            q.append((cur[2], len(cur[3]), cur[4], cur[5], cur[6], cur[7], cur[8]))
         else:
-            q.extend((d, len(p[3]), frozenset(p[4]), p[5], p[6], p[7], p[8]) for d, p in parts)
+            q.extend((d, len(p[3]), p[4], p[5], p[6], p[7], p[8]) for d, p in parts)
         c = self._c2_qs.get(epoch)
         if c is not None and c[0] is self._ranks_sorted:   # (then two ranks or more: see _c2_compare)
             qs = c[1]
@@ -143,6 +145,7 @@ class C2AckRounds(CrossRuleBase):
             if st is not None and st.diverged is not None:
                 self._c2_done.add(epoch)  # node sets no longer comparable after a C1 divergence
                 return
+            heads = [(h[0], h[1], frozenset(h[2])) for h in heads]   # hashable (a round keeps its node set as is)
             counts: dict[tuple, int] = {}
             for h in heads:
                 counts[h] = counts.get(h, 0) + 1
