@@ -46,7 +46,7 @@ class CrossRuleBase:
     _split_since: set[tuple]
     _io_hs: dict[tuple, dict]
     _reload_hashes: list[tuple]
-    _saw_hash: bool
+    _saw_hash: bool = False            # set on the instance by the first h (C5)
     _fence: StoreFence
     _ready: Callable[[], bool]         # all ranks of the group have shown up
     _decide: Callable[[tuple, bool], None]   # (JoinRules: decide a join, or wait for C1)
