@@ -72,7 +72,8 @@ _PLAIN = [
      "        cur: list | None\n        if type(rk) is int:\n            cur = self._keyed_part("),
     ("(its ignores it no longer needs)", "cur = self._cur_round.get(r)  # type: ignore[assignment]",
      "cur = self._cur_round.get(r)"),
-    ("", "cur[3].add(int_field(f.get(\"op\")))  # type: ignore[index]", "cur[3].add(int_field(f.get(\"op\")))"),
+    ("", "cur[3].add(op if type(op) is int else None)  # type: ignore[index]",
+     "cur[3].add(op if type(op) is int else None)"),
     ("", "cur[4].add(nid)  # type: ignore[index]", "cur[4].add(nid)"),
     ("the fence's window at an eviction may be None",
      "            w = self.by_node.get((ev.epoch, nid)) if type(nid) is int else None  # type: ignore[assignment]\n"

@@ -40,12 +40,13 @@ class CrossRuleBase:
     findings: list[Finding]
     _c1: dict[int, EpochC1]
     _ranks_sorted: list[int]          # sorted(ranks), rebuilt (a new list) when a rank appears
+    _is_ready: bool                   # _ready()'s answer once True (reset when the group may have grown)
     _joins: dict[tuple, dict[int, dict]]
     _occ: dict[tuple, int]
     _split_since: set[tuple]
     _io_hs: dict[tuple, dict]
     _reload_hashes: list[tuple]
-    _saw_hash: bool
+    _saw_hash: bool = False            # set on the instance by the first h (C5)
     _fence: StoreFence
     _ready: Callable[[], bool]         # all ranks of the group have shown up
     _decide: Callable[[tuple, bool], None]   # (JoinRules: decide a join, or wait for C1)

@@ -52,8 +52,8 @@ class CrossRank(C1Lockstep, C2AckRounds, JoinRules, L3Cross):
         self.seen_level = 1
         self.ranks: set[int] = set()
         self.sampled: dict[int, tuple[str, float]] = {}   # rank -> (run id, fraction) of sampled streams
-        self._split_origin: dict[int, int] = {}           # split child -> its lineage origin (sampled runs only)
-        self._kept: dict[int, bool] = {}                  # lineage origin -> kept by every sampled rank
+        # sampled runs only: (split child -> its lineage origin, lineage origin -> kept by every sampled rank)
+        self._sampling: tuple[dict[int, int], dict[int, bool]] = ({}, {})
         self.mode: str | None = None
         self.io_rank = 0
         self.findings: list[Finding] = []
@@ -67,20 +67,20 @@ class CrossRank(C1Lockstep, C2AckRounds, JoinRules, L3Cross):
         self._c2_done: set[int] = set()
         self._reload_hashes: list[tuple] = []             # shared mode C5 waiting for the IO rank's hs
         self._io_hs: dict[tuple, dict] = {}              # shared: (epoch, node) -> occ -> IO rank's hs
-        self._saw_hash = False
         self._forget: deque = deque()
         self.expected: set[int] = set()
         self.cp_size = 0
         self.disabled = False
-        self._n = 0
-        self._counting = True   # records are counted (_n) only while the single-rank switch-off can still happen
+        self._count: list[int] | None = [0]   # records so far, counted only while the single-rank switch-off can
+        #                                       still happen (None after)
         self._is_ready = False
         self._ranks_sorted: list[int] = []
         self._fence = StoreFence()
         self._c2_qs: dict[int, tuple] = {}                # epoch -> (ranks list it was built for, round queues)
-        self._l3_joins: dict[tuple, dict[int, dict]] = {}
-        self._l3_occ: dict[tuple, int] = {}
-        self._l3_seen = False
+        self._l3: tuple[dict[tuple, dict[int, dict]], dict[tuple, int]] = ({}, {})   # L3c/L3d: (joins, occurrences)
+        # (_saw_hash and _l3_seen: class defaults False, set on the instance when first true. An instance of 30
+        # attributes or more no longer shares its class's dict keys, and every attribute load on it gets slower:
+        # hence the few grouped in tuples above)
 
     # -- driving ------------------------------------------------------------------------------------------------
     def feed(self, ev: Event) -> None:
@@ -91,10 +91,11 @@ class CrossRank(C1Lockstep, C2AckRounds, JoinRules, L3Cross):
         r = ev.rank
         if r not in self.ranks:
             self._new_rank(r)
-        if self._counting:
-            self._n = n = self._n + 1
+        c = self._count
+        if c is not None:
+            c[0] = n = c[0] + 1
             if n >= self.SINGLE_RANK_AFTER:
-                self._counting = False   # decided once, at that record
+                self._count = None   # decided once, at that record
                 if n == self.SINGLE_RANK_AFTER and len(self.ranks) < 2 and len(self.expected) < 2 \
                         and self.cp_size < 2:
                     self._disable()   # one rank only: nothing to compare, and the joins would only pile up
@@ -129,7 +130,7 @@ class CrossRank(C1Lockstep, C2AckRounds, JoinRules, L3Cross):
         self._ranks_sorted = sorted(self.ranks)
         self._is_ready = False   # recomputed: a new rank can only make the group more complete
         if len(self.ranks) >= 2:
-            self._counting = False   # the single-rank switch-off of feed can no longer happen
+            self._count = None   # the single-rank switch-off of feed can no longer happen
 
     def skip(self, r: int, n: int, level: int) -> None:
         """The same as :meth:`feed` of ``n`` consecutive records of rank ``r`` whose tags are not in :data:`READS`
@@ -141,11 +142,11 @@ class CrossRank(C1Lockstep, C2AckRounds, JoinRules, L3Cross):
             return
         if r not in self.ranks:
             self._new_rank(r)
-        if self._counting:
-            n0 = self._n
-            self._n = min(n0 + n, self.SINGLE_RANK_AFTER)
-            if self._n >= self.SINGLE_RANK_AFTER:
-                self._counting = False   # at one record of this run, as feed decides it
+        c = self._count
+        if c is not None:
+            c[0] = min(c[0] + n, self.SINGLE_RANK_AFTER)
+            if c[0] >= self.SINGLE_RANK_AFTER:
+                self._count = None   # at one record of this run, as feed decides it
                 if len(self.ranks) < 2 and len(self.expected) < 2 and self.cp_size < 2:
                     self._disable()
                     return
@@ -162,16 +163,17 @@ class CrossRank(C1Lockstep, C2AckRounds, JoinRules, L3Cross):
         nid = int_field(f.get("node_id"))
         if nid is None or nid < 0:
             return True   # no node: always kept
-        origin = self._split_origin.get(nid, nid)
+        split_origin, kept = self._sampling
+        origin = split_origin.get(nid, nid)
         if ev.tag == "split":
             new = int_field(f.get("new_id"))
             if new is not None:
-                self._split_origin[new] = origin
-        key = self._kept.get(origin)
+                split_origin[new] = origin
+        key = kept.get(origin)
         if key is None:
             from ..model.sampling import keep_node
 
-            key = self._kept[origin] = all(keep_node(rid, origin, frac) for rid, frac in self.sampled.values())
+            key = kept[origin] = all(keep_node(rid, origin, frac) for rid, frac in self.sampled.values())
         return key
 
     def _config(self, ev: Event) -> None:
@@ -201,9 +203,11 @@ class CrossRank(C1Lockstep, C2AckRounds, JoinRules, L3Cross):
         if f.get("tier") == "host" or f.get("kind") in ("regular", "drop"):
             # the node's lifecycle ended: forget its per-node counters a little later (an in-flight
             # load may still be acked), so memory follows live nodes
-            self._forget.append((ev.rank, ev.epoch, int_field(f.get("node_id"))))
-            if len(self._forget) > self.FORGET_LAG:
-                self._forget_one()
+            nid = f.get("node_id")
+            fq = self._forget
+            fq.append((ev.rank, ev.epoch, nid if type(nid) is int else None))   # (int_field(), inlined)
+            if len(fq) > self.FORGET_LAG:
+                self._forget_one(fq.popleft())
 
     def _on_split(self, ev: Event) -> None:
         self._c1_add(ev)
@@ -226,16 +230,24 @@ class CrossRank(C1Lockstep, C2AckRounds, JoinRules, L3Cross):
         self._cur_keyed.clear()
         self._forget.clear()
         self._split_since.clear()
-        self._l3_joins.clear()
-        self._l3_occ.clear()
+        self._l3[0].clear()
+        self._l3[1].clear()
 
-    def _forget_one(self) -> None:
-        r, epoch, nid = self._forget.popleft()
-        for t in ("prepare", "reload"):
-            self._occ.pop((r, epoch, t, nid), None)
-        self._split_since.discard((r, epoch, nid))
-        self._l3_occ.pop((r, epoch, nid), None)
-        if r == self.io_rank and not (self._reload_hashes and any(x[1] == nid for x in self._reload_hashes)):
+    def _forget_one(self, k: tuple) -> None:
+        """Forget the per-node counters of ``k`` = (rank, epoch, node), the oldest entry of ``_forget``."""
+        r, epoch, nid = k
+        occ = self._occ
+        occ.pop((r, epoch, "prepare", nid), None)
+        occ.pop((r, epoch, "reload", nid), None)
+        # the maps below are empty in most runs (no split, no l3_backup, not mode shared): a truth test is cheaper
+        # than a lookup with a new key
+        if self._split_since:
+            self._split_since.discard(k)
+        l3_occ = self._l3[1]
+        if l3_occ:
+            l3_occ.pop(k, None)
+        if self._io_hs and r == self.io_rank \
+                and not (self._reload_hashes and any(x[1] == nid for x in self._reload_hashes)):
             self._io_hs.pop((epoch, nid), None)
 
     def expect_ranks(self, ranks: Iterable[int]) -> None:

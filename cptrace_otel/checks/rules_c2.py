@@ -17,13 +17,9 @@ from __future__ import annotations
 
 from collections import deque
 
-from ..model.events import Event, int_field
+from ..model.events import Event
 from .cross_base import CrossRuleBase
 from .findings import ERROR, Finding
-
-
-def _str(v: object) -> str | None:
-    return v if type(v) is str else None
 
 
 def _dir_order(d: str | None) -> tuple:
@@ -43,21 +39,26 @@ class C2AckRounds(CrossRuleBase):
     def _round_add(self, ev: Event) -> None:
         f = ev.fields
         r = ev.rank
-        d = _str(f.get("dir"))
+        d = f.get("dir")
+        if type(d) is not str:   # a str or None (hot path: no helper call)
+            d = None
         rk = f.get("round")
         if type(rk) is int:
             cur = self._keyed_part(ev, r, d, rk)
         else:   # (the common upstream record: kept to one flat list per round)
             if r in self._cur_keyed:
                 self._round_close(r)
+            epoch = ev.epoch
             cur = self._cur_round.get(r)  # type: ignore[assignment]
-            if cur is not None and (cur[0] != ev.epoch or cur[2] != d):
+            if cur is not None and (cur[0] != epoch or cur[2] != d):
                 self._round_close(r)
                 cur = None
             if cur is None:
-                cur = self._cur_round[r] = [ev.epoch, None, d, set(), set(), ev.seq, ev.line_no, ev.src,
-                                            self._index(r, ev.epoch)]
-        cur[3].add(int_field(f.get("op")))  # type: ignore[index]
+                st = self._c1.get(epoch)   # self._index(r, epoch), inlined
+                cur = self._cur_round[r] = [epoch, None, d, set(), set(), ev.seq, ev.line_no, ev.src,
+                                            st.counts.get(r, 0) if st is not None else 0]
+        op = f.get("op")   # int_field(), inlined (hot path)
+        cur[3].add(op if type(op) is int else None)  # type: ignore[index]
         nid = f.get("node_id")
         if type(nid) is int:
             cur[4].add(nid)  # type: ignore[index]
@@ -94,12 +95,29 @@ class C2AckRounds(CrossRuleBase):
         if q is None:
             q = self._rounds[(r, epoch)] = deque()
         if parts is None:
-            q.append((cur[2], len(cur[3]), frozenset(cur[4]), cur[5], cur[6], cur[7], cur[8]))
+            # the node set as it is (no frozenset copy per round): the round list is closed, nothing adds to it
+            # again; _c2_compare makes a hashable copy only where heads differ
+            q.append((cur[2], len(cur[3]), cur[4], cur[5], cur[6], cur[7], cur[8]))
         else:
-            q.extend((d, len(p[3]), frozenset(p[4]), p[5], p[6], p[7], p[8]) for d, p in parts)
+            q.extend((d, len(p[3]), p[4], p[5], p[6], p[7], p[8]) for d, p in parts)
         c = self._c2_qs.get(epoch)
-        if c is not None and c[0] is self._ranks_sorted and not all(c[1]):
-            return   # another rank has no round yet: _c2_compare would stop at once
+        if c is not None and c[0] is self._ranks_sorted:   # (then two ranks or more: see _c2_compare)
+            qs = c[1]
+            if not all(qs):
+                return   # another rank has no round yet: _c2_compare would stop at once
+            if self._is_ready:
+                # _c2_compare's loop while the heads agree, inlined (the common case: one step, as the round that
+                # completes the heads closes); the first mismatch is left to _c2_compare, from the same state
+                while True:
+                    h0 = qs[0][0][:3]
+                    for q in qs:   # (no list of heads to build: one comparison per rank)
+                        if q[0][:3] != h0:
+                            self._c2_compare(epoch, final=False)
+                            return
+                    for q in qs:
+                        q.popleft()
+                    if not all(qs):
+                        return
         self._c2_compare(epoch, final=False)
 
     def _c2_compare(self, epoch: int, final: bool) -> None:
@@ -127,6 +145,7 @@ class C2AckRounds(CrossRuleBase):
             if st is not None and st.diverged is not None:
                 self._c2_done.add(epoch)  # node sets no longer comparable after a C1 divergence
                 return
+            heads = [(h[0], h[1], frozenset(h[2])) for h in heads]   # hashable (a round keeps its node set as is)
             counts: dict[tuple, int] = {}
             for h in heads:
                 counts[h] = counts.get(h, 0) + 1

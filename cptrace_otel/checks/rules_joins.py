@@ -46,23 +46,28 @@ class JoinRules(CrossRuleBase):
         tag = ev.tag
         r = ev.rank
         epoch = ev.epoch
-        occ = self._occurrence(ev, tag, nid, True)
+        k = (r, epoch, tag, nid)   # _occurrence(ev, tag, nid, True), inlined (hot path)
+        occ = self._occ.get(k, 0)
+        self._occ[k] = occ + 1
         if tag == "prepare" and self._split_since:
             self._split_since.discard((r, epoch, nid))
         key = (epoch, tag, nid, occ)
         d = slots_of(f.get("dev"), f.get("devx"))
         h = slots_of(f.get("host"), f.get("hostx"))
         # "hslots": the host Slots, whose summary only mode shared compares (taken when the join is decided)
-        facts = {"seq": ev.seq, "line": ev.line_no, "src": ev.src, "op": int_field(f.get("op")),
+        op = f.get("op")
+        facts = {"seq": ev.seq, "line": ev.line_no, "src": ev.src, "op": op if type(op) is int else None,
                  "idx": self._c1[epoch].counts.get(r, 1) - 1,
                  "dev": d.cnt if d is not None else None, "host": h.cnt if h is not None else None,
                  "hslots": h}
         per = self._joins.get(key)
         if per is None:
-            self._joins[key] = {r: facts}
+            per = self._joins[key] = {r: facts}
         else:
             per[r] = facts
-        if tag != "prepare":
+        # (a join that lacks a rank's record is not decided yet, _decide would return at once: its ranks are among
+        # self.ranks, which feed adds each record's rank to first)
+        if tag != "prepare" and len(per) >= len(self._ranks_sorted):
             self._decide(key, final=False)
 
     def _backup(self, ev: Event) -> None:
@@ -72,25 +77,31 @@ class JoinRules(CrossRuleBase):
         if type(nid) is not int:   # int_field(), inlined (hot path)
             return
         r = ev.rank
-        occ = self._occurrence(ev, "prepare", nid, False)
+        epoch = ev.epoch
+        # _occurrence(ev, "prepare", nid, False), inlined (hot path): the latest prepare's occurrence
+        occ = self._occ.get((r, epoch, "prepare", nid), 0) - 1
         if occ < 0:
             return
-        key = (ev.epoch, "prepare", nid, occ)
+        key = (epoch, "prepare", nid, occ)
         per = self._joins.get(key)
         if per is None:
             return
         facts = per.get(r)
         if facts is None:
             return
-        facts["io"] = int_field(f.get("io"))
-        h = int_field(f.get("h"))
-        if h is not None:
+        io = f.get("io")
+        facts["io"] = io if type(io) is int else None   # int_field(), inlined (hot path), as for h
+        h = f.get("h")
+        if type(h) is int:
             self._saw_hash = True
+        else:
+            h = None
         facts["h"] = h
         hs = f.get("hs")
         facts["hs"] = hs if isinstance(hs, list) else None
         facts["bseq"] = ev.seq
-        self._decide(key, final=False)
+        if len(per) >= len(self._ranks_sorted):   # (else a rank's prepare is missing: see _join_add)
+            self._decide(key, final=False)
 
     def _decide(self, key: tuple, final: bool) -> None:
         """Decide a join once complete (``final``: at the end of the stream, with what it has): C3 and C5 for a
@@ -101,7 +112,7 @@ class JoinRules(CrossRuleBase):
         epoch, tag, nid, occ = key
         ranks = self._ranks_sorted   # sorted(self.ranks), kept up to date by feed (read-only here)
         if not final:
-            if not (self._ready()):
+            if not (self._is_ready or self._ready()):
                 return
             if tag == "prepare":
                 for r in ranks:

@@ -36,9 +36,8 @@ SHARD_MODES = frozenset(("sharded", "dcp", "layersplit"))
 
 
 class L3Cross(CrossRuleBase):
-    _l3_joins: dict[tuple, dict[int, dict]]
-    _l3_occ: dict[tuple, int]
-    _l3_seen: bool
+    _l3: tuple[dict[tuple, dict[int, dict]], dict[tuple, int]]   # (joins, occurrences), see CrossRank.__init__
+    _l3_seen: bool = False   # set on the instance by the first l3_backup
 
     def _l3_join(self, ev: Event) -> None:
         """An ``l3_backup``: its rank's facts enter the node's L3 join."""
@@ -49,20 +48,21 @@ class L3Cross(CrossRuleBase):
         self._l3_seen = True
         r, epoch = ev.rank, ev.epoch
         k = (r, epoch, nid)
-        occ = self._l3_occ.get(k, 0)
-        self._l3_occ[k] = occ + 1
+        joins, l3_occ = self._l3
+        occ = l3_occ.get(k, 0)
+        l3_occ[k] = occ + 1
         keys = f.get("keys")
         facts = {"seq": ev.seq, "line": ev.line_no, "src": ev.src, "op": int_field(f.get("op")),
                  "io": f.get("io", 1), "keys": keys if type(keys) is list else None,
                  "idx": self._index(r, epoch)}
         key = (epoch, nid, occ)
-        per = self._l3_joins.setdefault(key, {})
+        per = joins.setdefault(key, {})
         per[r] = facts
         if self._ready() and all(x in per for x in self._ranks_sorted):
             self._l3_decide(key)
 
     def _l3_decide(self, key: tuple) -> None:
-        per = self._l3_joins.pop(key, None)
+        per = self._l3[0].pop(key, None)
         ranks = self._ranks_sorted
         mode = self.mode
         if not per or len(ranks) < 2 or (mode not in SHARD_MODES and mode not in REPLICA_MODES):
@@ -130,5 +130,5 @@ class L3Cross(CrossRuleBase):
                     break
 
     def _l3x_finish(self) -> None:
-        for key in list(self._l3_joins):
+        for key in list(self._l3[0]):
             self._l3_decide(key)
