@@ -15,18 +15,6 @@ from .cross_base import CrossRuleBase, EpochC1
 from .findings import ERROR, Finding
 
 
-def _proj(ev: Event) -> tuple:
-    """A record's C1 tuple: (tag, node id, length, split length, tier), ints and str only."""
-    f = ev.fields
-    tag = ev.tag
-    nid = f.get("node_id")
-    ln = f.get("pre_len" if tag == "split" else "len")
-    sl = f.get("split_len")
-    tier = f.get("tier") if tag == "evict" else None
-    return (tag, nid if type(nid) is int else None, ln if type(ln) is int else None,
-            sl if type(sl) is int else None, tier if type(tier) is str else None)
-
-
 def _fmt(t: tuple) -> str:
     tag, nid, ln, sl, tier = t
     parts = [tag, f"node_id={nid}"]
@@ -41,8 +29,9 @@ def _fmt(t: tuple) -> str:
 
 class C1Lockstep(CrossRuleBase):
     def _c1_add(self, ev: Event) -> None:
-        """Append the record's structural tuple (:func:`_proj`) to its rank's queue and compare the queue heads when
-        that can decide something."""
+        """Append the record's structural tuple to its rank's queue and compare the queue heads when that can decide
+        something. The tuple (built here, the one place that defines it): (tag, node id, length: ``pre_len`` of a
+        split, else ``len``; ``split_len``; an evict's ``tier``), each int or str as the field is, else None."""
         epoch = ev.epoch
         r = ev.rank
         st = self._c1.get(epoch)
@@ -56,7 +45,6 @@ class C1Lockstep(CrossRuleBase):
         if q is None:
             q = st.queues[r] = deque()
         n = len(q)
-        # _proj(ev), inlined (one call less per structural record)
         f = ev.fields
         tag = ev.tag
         nid = f.get("node_id")
