@@ -69,7 +69,8 @@ def idle_jobs(cpus: int, load: float | None) -> int:
     return max(1, min(cpus, int(cpus - load + 0.5)))
 
 
-def _load() -> float | None:
+def load_average() -> float | None:
+    """The 1-minute load average (None where the platform has none)."""
     try:
         return os.getloadavg()[0]
     except (AttributeError, OSError):
@@ -90,7 +91,7 @@ def jobs_for(args: Any, paths: list[str]) -> int:
                 return 1
         except OSError:
             return 1   # the one-process reader reports it
-        j = default_jobs() if j == 0 else idle_jobs(default_jobs(), _load())
+        j = default_jobs() if j == 0 else idle_jobs(default_jobs(), load_average())
     return max(1, min(j, len(paths)))
 
 

@@ -220,12 +220,12 @@ def test_jobs_default_follows_the_idle_cpus(monkeypatch):
     monkeypatch.setattr(parallel, "MIN_BYTES", 0)
     monkeypatch.setattr(parallel, "default_jobs", lambda: 4)
     files = [__file__, __file__, __file__]
-    monkeypatch.setattr(parallel, "_load", lambda: 0.2)
+    monkeypatch.setattr(parallel, "load_average", lambda: 0.2)
     assert parallel.jobs_for(ns, files) == 3   # 4 idle CPUs, one worker per file
-    monkeypatch.setattr(parallel, "_load", lambda: 2.7)
+    monkeypatch.setattr(parallel, "load_average", lambda: 2.7)
     assert parallel.jobs_for(ns, files) == 1
     assert parallel.jobs_for(auto, files) == 3
-    monkeypatch.setattr(parallel, "_load", lambda: None)
+    monkeypatch.setattr(parallel, "load_average", lambda: None)
     assert parallel.jobs_for(ns, files) == 3
 
 

@@ -238,8 +238,16 @@ def test_request_bodies_gzip_through_isal_when_installed_else_zlib(monkeypatch) 
     monkeypatch.setattr(isal, "compress", spy)
     fast = gzip_level1()(body)
     assert calls == [1] and gzip.decompress(fast) == body
-    assert HttpTransport("http://127.0.0.1:9/v1/traces")._gzip is not None
-    assert HttpTransport("http://127.0.0.1:9/v1/traces", compression="none")._gzip is None
+    # the transport's requests: ISA-L's gzip on the wire, decoded by the receiver; none with compression=none
+    from tests.helpers.otlp_receiver import HttpReceiver
+
+    req = otlp.encode_requests([({"service.name": "x"}, [Span(b"\x01" * 16, b"\x02" * 8, "s", 1, 0, (), {})])])[0]
+    with HttpReceiver() as rx:
+        HttpTransport(rx.url).send(req)
+        HttpTransport(rx.url, compression="none").send(req)
+        assert [h.get("content-encoding") for h in rx.headers] == ["gzip", None]
+        assert len(rx.requests) == 2 and rx.requests[0] == rx.requests[1]
+    assert calls == [1, 1]
     monkeypatch.setitem(sys.modules, "isal", None)   # as on a machine without it: the import fails
     plain = gzip_level1()(body)
-    assert calls == [1] and gzip.decompress(plain) == body
+    assert calls == [1, 1] and gzip.decompress(plain) == body
