@@ -289,21 +289,7 @@ class EpochState:
     def close_load(self, ld: PendingLoad) -> PendingLoad | None:
         """``ld``'s first h2d ack came: it leaves the open loads and waits for its other chain nodes' acks. Returns
         the oldest closed load when one had to be forgotten (over ``MAX_CLOSED``): its unacked nodes are final."""
-        self.loads.pop(id(ld), None)   # self._unindex(ld), inlined (hot path)
-        lbn = self.loads_by_node
-        for cid in ld.chain:
-            lst = lbn.get(cid)
-            if lst:
-                if len(lst) == 1:   # (the usual case: the node's only load)
-                    if lst[0] is ld:
-                        del lbn[cid]
-                    continue
-                try:
-                    lst.remove(ld)
-                except ValueError:
-                    pass
-                if not lst:
-                    del lbn[cid]
+        self._unindex(ld)
         self.closed_loads[id(ld)] = ld
         cbn = self.closed_by_node
         for cid in ld.chain:
