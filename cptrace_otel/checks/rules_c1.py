@@ -27,6 +27,21 @@ def _fmt(t: tuple) -> str:
     return " ".join(parts)
 
 
+def _agree(qs: list[deque]) -> int:
+    """Pop the queues' heads while every queue has one and all of them are the same C1 tuple; returns how many
+    steps were popped (the structural index moves by that). Then some queue is empty, or the heads disagree."""
+    n = 0
+    while all(qs):
+        h0 = qs[0][0][0]
+        for q in qs:   # (no list of heads to build: one comparison per rank)
+            if q[0][0] != h0:
+                return n
+        for q in qs:
+            q.popleft()
+        n += 1
+    return n
+
+
 class C1Lockstep(CrossRuleBase):
     def _c1_add(self, ev: Event) -> None:
         """Append the record's structural tuple to its rank's queue and compare the queue heads when that can decide
@@ -64,22 +79,11 @@ class C1Lockstep(CrossRuleBase):
             if not all(qs):
                 return   # another rank has no tuple yet: _c1_compare would stop at once (its queues are all built)
             if self._is_ready:
-                # _c1_compare's loop while the heads agree, inlined (the common case: one step, as the tuple that
-                # completes the heads arrives); the first disagreement is left to _c1_compare, from the same state
-                while True:
-                    h0 = qs[0][0][0]
-                    for q in qs:   # (no list of heads to build: one comparison per rank)
-                        if q[0][0] != h0:
-                            break
-                    else:   # every head agrees: pop them, and go on while every rank still has a tuple
-                        for q in qs:
-                            q.popleft()
-                        st.index += 1
-                        if all(qs):
-                            continue
-                        break
-                    self._c1_compare(epoch, st, final=False)   # the first disagreement
-                    break
+                # the common case, without _c1_compare's checks: the heads agree (one step, as the tuple that
+                # completes them arrives); a disagreement is left to _c1_compare, from the same state
+                st.index += _agree(qs)
+                if all(qs):
+                    self._c1_compare(epoch, st, final=False)
                 if st.wait:
                     self._c1_release(epoch, st)
                 return
@@ -113,29 +117,23 @@ class C1Lockstep(CrossRuleBase):
                     queues[r] = deque()
             qs = st.qs = [queues[r] for r in ranks]
             st.qs_ranks = ranks
-        while True:
-            if not all(qs):
-                if not final or not any(qs):
-                    return
-                # end of stream: some ranks have records the others never logged
-                short = [r for r, q in zip(ranks, qs, strict=False) if not q]
-                longq = next(q for q in qs if q)
-                t0 = longq[0]
-                for r in short:
-                    self._emit_c1(epoch, r, t0, st.index, f"rank {r} ends after {st.index} structural records; "
-                                  f"other ranks continue with {t0[0]}", t0[1])
-                st.diverged = st.index
+        st.index += _agree(qs)
+        if not all(qs):
+            if not final or not any(qs):
                 return
-            heads = [q[0][0] for q in qs]
-            if heads.count(heads[0]) == len(heads):   # all equal (C-level, no generator per tuple)
-                for q in qs:
-                    q.popleft()
-                st.index += 1
-                continue
-            if not final and min(map(len, qs)) < 2:
-                return  # wait for one more tuple per rank to break ties
-            self._c1_diverge(epoch, st, ranks, qs)
+            # end of stream: some ranks have records the others never logged
+            short = [r for r, q in zip(ranks, qs, strict=False) if not q]
+            longq = next(q for q in qs if q)
+            t0 = longq[0]
+            for r in short:
+                self._emit_c1(epoch, r, t0, st.index, f"rank {r} ends after {st.index} structural records; "
+                              f"other ranks continue with {t0[0]}", t0[1])
+            st.diverged = st.index
             return
+        # the heads disagree
+        if not final and min(map(len, qs)) < 2:
+            return  # wait for one more tuple per rank to break ties
+        self._c1_diverge(epoch, st, ranks, qs)
 
     def _c1_diverge(self, epoch: int, st: EpochC1, ranks: list[int], qs: list[deque]) -> None:
         heads = [q[0][0] for q in qs]

@@ -22,6 +22,18 @@ from .cross_base import CrossRuleBase
 from .findings import ERROR, Finding
 
 
+def _agree(qs: list[deque]) -> None:
+    """Pop the queues' heads while every queue has one and all of them are the same round (direction, op count,
+    nodes). Then some queue is empty, or the heads disagree."""
+    while all(qs):
+        h0 = qs[0][0][:3]
+        for q in qs:   # (no list of heads to build: one comparison per rank)
+            if q[0][:3] != h0:
+                return
+        for q in qs:
+            q.popleft()
+
+
 def _dir_order(d: str | None) -> tuple:
     """The order a keyed round's directions are compared in: d2h, h2d, then any other (None last)."""
     return (d != "d2h", d != "h2d", d is None, d or "")
@@ -106,18 +118,12 @@ class C2AckRounds(CrossRuleBase):
             if not all(qs):
                 return   # another rank has no round yet: _c2_compare would stop at once
             if self._is_ready:
-                # _c2_compare's loop while the heads agree, inlined (the common case: one step, as the round that
-                # completes the heads closes); the first mismatch is left to _c2_compare, from the same state
-                while True:
-                    h0 = qs[0][0][:3]
-                    for q in qs:   # (no list of heads to build: one comparison per rank)
-                        if q[0][:3] != h0:
-                            self._c2_compare(epoch, final=False)
-                            return
-                    for q in qs:
-                        q.popleft()
-                    if not all(qs):
-                        return
+                # the common case, without _c2_compare's checks: the heads agree (one step, as the round that
+                # completes them closes); a mismatch is left to _c2_compare, from the same state
+                _agree(qs)
+                if all(qs):
+                    self._c2_compare(epoch, final=False)
+                return
         self._c2_compare(epoch, final=False)
 
     def _c2_compare(self, epoch: int, final: bool) -> None:
@@ -133,19 +139,14 @@ class C2AckRounds(CrossRuleBase):
         else:   # (re)built when a rank appears: the round queue of every rank, in rank order
             qs = [self._rounds.setdefault((r, epoch), deque()) for r in ranks]
             self._c2_qs[epoch] = (ranks, qs)
-        n = 0
-        while all(qs):
-            heads = [q[0][:3] for q in qs]
-            if heads.count(heads[0]) == len(heads):
-                for q in qs:
-                    q.popleft()
-                n += 1
-                continue
+        _agree(qs)
+        if all(qs):   # the heads disagree
             st = self._c1.get(epoch)
             if st is not None and st.diverged is not None:
                 self._c2_done.add(epoch)  # node sets no longer comparable after a C1 divergence
                 return
-            heads = [(h[0], h[1], frozenset(h[2])) for h in heads]   # hashable (a round keeps its node set as is)
+            # the heads, hashable (a round keeps its node set as is)
+            heads = [(h[0], h[1], frozenset(h[2])) for h in (q[0] for q in qs)]
             counts: dict[tuple, int] = {}
             for h in heads:
                 counts[h] = counts.get(h, 0) + 1
