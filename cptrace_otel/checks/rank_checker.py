@@ -372,12 +372,11 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
                     out.extend(self._h2c_late(old, None) or ())
                 if not old.hashed.issuperset(old.chain):   # (_count_unhashed skips the hashed nodes)
                     self._count_unhashed(old)
-            gr = (ref, "ack h2d")
+            nodes = st.nodes
             for cid in ld.chain:
-                n = st.nodes.get(cid)
-                if n is not None:   # n.bump(ref, "ack h2d"), inlined (one tuple for the chain)
-                    n.gen += 1
-                    n.gen_ref, n.dev_loaded = gr, True
+                n = nodes.get(cid)
+                if n is not None:
+                    n.bump(ref, "ack h2d")
         nz = f.get("nz")
         if nz == 0 and type(nz) is int:   # (ZERO@reload fires on nz=0 only)
             fnd = self._zero_reload(ev, ref, nid, ld, nz, True)
@@ -433,8 +432,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
                 st.delete(nid, ref, "evict kind=regular" if kind == "regular" else "evict kind=drop")   # (no format)
             elif node is not None:
                 node.dev = None
-                node.gen += 1   # node.bump(ref, "evict tier=dev"), inlined
-                node.gen_ref, node.dev_loaded = (ref, "evict tier=dev"), False
+                node.bump(ref, "evict tier=dev")
         elif tier == "host":
             hs = None
             if st.writes or st.loads or st.l3:   # the freed host slots matter only to copies in flight
@@ -509,7 +507,6 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
         snap: dict[int, Backup | None] = {}
         pend = False
         start = 0
-        gr = (ref, "reload")
         for cid in chain:
             n = nodes.get(cid)
             if n is None:
@@ -526,8 +523,7 @@ class RankChecker(H1Split, H2Reload, H3Compose, H4Recycle, ZeroFlag, HashCompare
                 part = D   # the node takes the whole range (a one-node chain): its summary is the node's, in any order
             n.dev = part if part is not None else UNKNOWN
             start += n.len
-            n.gen += 1   # n.bump(ref, "reload"), inlined
-            n.gen_ref, n.dev_loaded = gr, True
+            n.bump(ref, "reload")
         if pend and self._lv >= 2:
             self._h2b(ev, ref, chain, op, out)
         # -- H4 and H2c windows of other copies
