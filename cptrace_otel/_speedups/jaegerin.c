@@ -34,6 +34,9 @@
 
 #include <stdint.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #define MAX_DEPTH 64
 #define MAX_PROCS 256
@@ -67,6 +70,20 @@ static inline int lit(Rd *r, char c)
     return 0;
 }
 
+#if defined(__SSE2__)
+/* The offset of the first '"', '\\' or control character (< 0x20) among the 16 bytes at p, or 16: a string's body is
+ * scanned 16 bytes at a time up to the next byte the loop below must look at (strings are most of an answer's bytes;
+ * byte by byte, they were a third of index()'s time). */
+static inline int special16(const char *p)
+{
+    __m128i x = _mm_loadu_si128((const __m128i *)p);
+    __m128i m = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(x, _mm_set1_epi8('"')), _mm_cmpeq_epi8(x, _mm_set1_epi8('\\'))),
+                             _mm_cmpeq_epi8(_mm_min_epu8(x, _mm_set1_epi8(0x1F)), x));
+    int mask = _mm_movemask_epi8(m);
+    return mask ? __builtin_ctz((unsigned)mask) : 16;
+}
+#endif
+
 /* a string (r at its '"'): its body in *s; esc set when it holds an escape */
 static int str_tok(Rd *r, Str *s, int *esc)
 {
@@ -76,6 +93,16 @@ static int str_tok(Rd *r, Str *s, int *esc)
     const char *q = ++r->p;
     *esc = 0;
     while (r->p < r->end) {
+#if defined(__SSE2__)
+        while (r->end - r->p >= 16) {
+            int k = special16(r->p);
+            r->p += k;
+            if (k < 16)
+                break;
+        }
+        if (r->p >= r->end)
+            break;
+#endif
         unsigned char c = (unsigned char)*r->p;
         if (c == '"') {
             s->p = q;

@@ -265,3 +265,30 @@ def test_what_c_leaves_to_python():
     assert C.index(body, 100) is None   # longer than max_item: the twin hands it out as Unread
     assert C.index(body.replace(b'"errors":null', b'"errors":[{"msg":"x"}]'), MAX_ITEM) is None
     assert C.index(b'{"total":0,"data":[]}', MAX_ITEM) is None   # another layout: parsed whole by the twin
+
+
+@needs_c
+def test_strings_are_scanned_alike_at_every_offset_of_a_16_byte_block():
+    """The string scan takes 16 bytes at a time where it can (SSE2): a quote, a backslash escape, a raw control
+    character or a non-ASCII byte at each position of strings up to 40 bytes long, ending at the answer's last bytes
+    too, is read (or refused) as the Python twin reads it."""
+    specials = ['\\"', "\\\\", "\\n", "\\u00e9", "\u00e9", "\x01", "\x1f", " ", "\x7f"]
+    for n in range(0, 41, 3):
+        for sp in specials:
+            for at in sorted({0, n // 2, n}):
+                text = "a" * at + sp + "b" * (n - at)
+                for where in ("value", "key"):
+                    tr = exporter_trace(5)
+                    if where == "value":
+                        raw = json.dumps(tr).replace('"value": "wt"', f'"value": "{text}"')
+                    else:
+                        raw = json.dumps(tr).replace('"host.name"', f'"{text}"')
+                    check_alike(answer_text([raw]))
+                    check_alike(answer_text([raw], tail=False))
+
+
+def answer_text(traces: list[str], tail: bool = True) -> bytes:
+    """An answer holding the traces' JSON texts as written (control characters unescaped included); without
+    ``tail`` the answer ends at the last trace's closing bracket (no bytes for a 16-byte read past a string)."""
+    body = '{"data":[' + ",".join(traces) + "]"
+    return (body + (',"total":0,"limit":0,"offset":0,"errors":null}' if tail else "}")).encode()

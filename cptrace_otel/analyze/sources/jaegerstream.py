@@ -245,7 +245,10 @@ def iter_data(parts: str | Iterable[str], url: str, with_text: bool = False,
                 break
     rest = (buf[pos:] + "".join(src)).lstrip()
     try:
-        tail = json.loads("{" + rest[1:] if rest.startswith(",") else rest or "{}")
+        # after the data array: more members (", ...}"), or the object's end alone ("}": Jaeger always writes more,
+        # but an answer of the data member alone is JSON all the same, and the C reader reads it)
+        tail = json.loads("{" + rest[1:] if rest.startswith(",") else "{" + rest if rest.startswith("}") else
+                          rest or "{}")
     except (ValueError, RecursionError):
         raise JaegerError(url, 200, f"not Jaeger's JSON after the traces: {excerpt(rest)}") from None
     data_list(dict(tail, data=None) if isinstance(tail, dict) else tail, url)
