@@ -8,6 +8,8 @@ They all live in ``cptrace_otel/_speedups/``, each C module next to the Python l
 * ``cptrace_otel._speedups._otlpin``: ``cptrace-otel serve``'s reading of OTLP protobuf requests into records.
 * ``cptrace_otel._speedups._hot``: the gate of ``cptrace`` (level compare, sampled-out lookup) before any dict, and
   the record ring (``ring.c``: records encoded on the caller's thread into memory the exporter process reads).
+* ``cptrace_otel._speedups._lockstep``: the cross-rank rule C1's per-epoch state and step (``check``, ``watch``,
+  ``serve``).
 * ``cptrace_otel._speedups._fingerprint``: exact CPU ``khash``/``knz``/``rng`` at memory speed (AVX2 where the CPU
   has it, chosen at import; a portable kernel elsewhere).
 
@@ -58,6 +60,7 @@ setup(
     cmdclass={"build_py": _BuildPyWithPth},
     ext_modules=[
         _ext("_otlp", [_DIR + "otlp.c"]),
+        _ext("_lockstep", [_DIR + "lockstep.c"]),
         _ext("_logreader", [_DIR + "logreader.c"] + _SHARED),
         _ext("_intake", [_DIR + "intake.c"] + _SHARED),
         _ext("_otlpin", [_DIR + "otlpin.c"] + _SHARED),

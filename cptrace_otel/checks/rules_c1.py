@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import deque
 
 from ..model.events import Event, int_field
-from .cross_base import CrossRuleBase, EpochC1
+from .cross_base import CrossRuleBase, EpochC1, agree, new_epoch_c1
 from .findings import ERROR, Finding
 
 
@@ -27,69 +27,20 @@ def _fmt(t: tuple) -> str:
     return " ".join(parts)
 
 
-def _agree(qs: list[deque]) -> int:
-    """Pop the queues' heads while every queue has one and all of them are the same C1 tuple; returns how many
-    steps were popped (the structural index moves by that). Then some queue is empty, or the heads disagree."""
-    n = 0
-    while all(qs):
-        h0 = qs[0][0][0]
-        for q in qs:   # (no list of heads to build: one comparison per rank)
-            if q[0][0] != h0:
-                return n
-        for q in qs:
-            q.popleft()
-        n += 1
-    return n
-
-
 class C1Lockstep(CrossRuleBase):
     def _c1_add(self, ev: Event) -> None:
-        """Append the record's structural tuple to its rank's queue and compare the queue heads when that can decide
-        something. The tuple (built here, the one place that defines it): (tag, node id, length: ``pre_len`` of a
-        split, else ``len``; ``split_len``; an evict's ``tier``), each int or str as the field is, else None."""
+        """C1 for one structural record: :meth:`EpochC1.push <.cross_base.EpochC1.push>` (the C twin's where it
+        was built) counts and queues it and pops the agreeing heads; the rest is done here when it says so."""
         epoch = ev.epoch
-        r = ev.rank
         st = self._c1.get(epoch)
         if st is None:
-            st = self._c1[epoch] = EpochC1()
-        counts = st.counts
-        counts[r] = counts.get(r, 0) + 1   # this rank's structural index in the epoch (counted after a divergence too)
-        if st.diverged is not None:
-            return
-        q = st.queues.get(r)
-        if q is None:
-            q = st.queues[r] = deque()
-        n = len(q)
-        f = ev.fields
-        tag = ev.tag
-        nid = f.get("node_id")
-        ln = f.get("pre_len" if tag == "split" else "len")
-        sl = f.get("split_len")
-        tier = f.get("tier") if tag == "evict" else None
-        # (tuple, record): the record gives seq, line, src and op if this tuple is ever reported
-        q.append(((tag, nid if type(nid) is int else None, ln if type(ln) is int else None,
-                   sl if type(sl) is int else None, tier if type(tier) is str else None), ev))
-        if n >= 2:
-            # this rank was already two or more tuples ahead: the last comparison stopped on another rank's empty
-            # queue, readiness, or a tie-break wait that needs the other ranks' second tuples, none of which a
-            # tuple appended here changes (heads are untouched), so comparing again would return at once
-            return
-        if st.qs_ranks is self._ranks_sorted:   # (then two ranks or more: _c1_compare builds qs only for those)
-            qs = st.qs
-            if not all(qs):
-                return   # another rank has no tuple yet: _c1_compare would stop at once (its queues are all built)
-            if self._is_ready:
-                # the common case, without _c1_compare's checks: the heads agree (one step, as the tuple that
-                # completes them arrives); a disagreement is left to _c1_compare, from the same state
-                st.index += _agree(qs)
-                if all(qs):
-                    self._c1_compare(epoch, st, final=False)
-                if st.wait:
-                    self._c1_release(epoch, st)
-                return
-        self._c1_compare(epoch, st, final=False)
-        if st.wait:
-            self._c1_release(epoch, st)
+            st = self._c1[epoch] = new_epoch_c1()
+        act = st.push(ev, self._ranks_sorted, self._is_ready)
+        if act:
+            if act == 1:
+                self._c1_compare(epoch, st, final=False)
+            if st.wait:
+                self._c1_release(epoch, st)
 
     def _c1_release(self, epoch: int, st: EpochC1) -> None:
         """Decide the joins that waited for C1 (see :meth:`~.rules_joins.JoinRules._decide`) once it has diverged
@@ -117,7 +68,7 @@ class C1Lockstep(CrossRuleBase):
                     queues[r] = deque()
             qs = st.qs = [queues[r] for r in ranks]
             st.qs_ranks = ranks
-        st.index += _agree(qs)
+        st.index += agree(qs)
         if not all(qs):
             if not final or not any(qs):
                 return

@@ -159,6 +159,13 @@ def test_the_cross_rank_rules_judge_these_logs(runs, tmp_path, code, tag, edit):
     _mutate(logs[1], altered, tag, edit)
     d = _check([logs[0], altered, *logs[2:]])
     assert code in {f["code"] for f in d["findings"]}, _fmt(d)
+    # C1's C twin (the default where it was built) and its Python twin judge the real streams alike
+    from cptrace_otel.checks import cross_base
+
+    paths = [logs[0], altered, *logs[2:]]
+    with_c = [f.to_dict() for f in _analysis(paths)[1].findings]
+    with cross_base.python_lockstep():
+        assert [f.to_dict() for f in _analysis(paths)[1].findings] == with_c
 
 
 # -- one rank's fault -----------------------------------------------------------------------------------------------

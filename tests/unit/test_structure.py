@@ -230,7 +230,7 @@ def test_find_cycles_reports_a_cycle() -> None:
 MAY_IMPORT: dict[str, set[str]] = {
     "model": set(),
     "fingerprint": {"_speedups"},   # the C kernel of CPU fingerprints (_speedups/fingerprint.py imports nothing)
-    "checks": {"model"},
+    "checks": {"model", "_speedups"},   # the C twin of C1's state (_speedups/lockstep.py imports nothing)
     "_speedups": {"model", "checks"},
     "export": {"model", "checks", "_speedups", "_version"},
     "traced": {"model", "export", "fingerprint", "_speedups"},   # the C gate of cptrace (_speedups/hot.py)
