@@ -324,7 +324,11 @@ def serve() -> None:
 
 
 # the worker's program: the collector tuned as the command tunes its own (the worker allocates as check does)
-_ENTRY = ("from cptrace_otel.commands import fewer_collections\n"
+# (python -c puts the working directory first on sys.path, before PYTHONPATH: a folder named cptrace_otel there would
+# be the workers' package instead of the parent's; -P, which leaves it out, needs Python 3.11)
+_ENTRY = ("import sys\n"
+          "if sys.path and sys.path[0] == '':\n    del sys.path[0]\n"
+          "from cptrace_otel.commands import fewer_collections\n"
           "from cptrace_otel.analyze.parallel import serve\n"
           "with fewer_collections():\n    serve()\n")
 

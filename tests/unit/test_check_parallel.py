@@ -368,3 +368,17 @@ def test_gzip_rank_files_and_a_cut_off_stream(tmp_path, monkeypatch):
     rc, _out, err = _same(gz, jobs=(2,))
     assert rc == 1
     assert "ends early" in err and spy
+
+
+def test_workers_import_the_parents_package_whatever_the_working_directory(tmp_path, monkeypatch):
+    """``check -j`` started in a folder that holds another ``cptrace_otel`` (a checkout, a broken copy): the workers
+    run the parent's package, not that one."""
+    spy = _spy(monkeypatch)
+    paths = run_fault("H1_ack", "replicated", ranks=2).emitter.write(str(tmp_path / "logs"))
+    decoy = tmp_path / "cwd" / "cptrace_otel"
+    decoy.mkdir(parents=True)
+    (decoy / "__init__.py").write_text("raise ImportError('the decoy package in the working directory')\n")
+    monkeypatch.chdir(decoy.parent)
+    rc, out, _err = _same(paths, jobs=(2,))
+    assert rc == 1 and "H1" in out
+    assert spy == [2]
