@@ -172,11 +172,7 @@ static Py_ssize_t agree(PyObject *qs) {
     Py_ssize_t nq = PySequence_Fast_GET_SIZE(seq), steps = 0;
     PyObject **items = PySequence_Fast_ITEMS(seq);
     for (;;) {
-        int all = 1;
-        for (Py_ssize_t i = 0; i < nq && all == 1; i++) {
-            int t = PyObject_IsTrue(items[i]);
-            all = t < 0 ? -1 : t;
-        }
+        int all = all_nonempty(seq);
         if (all < 0) goto fail;
         if (!all) break;
         PyObject *h0 = head(items[0]);

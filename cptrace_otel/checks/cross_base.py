@@ -25,7 +25,7 @@ REPLICA_MODES = frozenset(("replicated", "prefill_cp"))
 C1_NAMES = ("node_id", "len", "pre_len", "split_len", "tier", "split", "evict")
 _NODE, _LEN, _PRE_LEN, _SPLIT_LEN, _TIER, _SPLIT, _EVICT = C1_NAMES
 
-# the C twin of EpochC1 (None: not built; tests switch it off with _speedups.twin_off)
+# the C twin of EpochC1 (None: not built; python_lockstep() switches it off)
 _LOCKSTEP = lockstep.load(C1_NAMES)
 
 
