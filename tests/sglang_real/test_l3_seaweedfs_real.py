@@ -117,9 +117,27 @@ def endpoint(tmp_path_factory) -> object:
     up = subprocess.run(["bash", str(DEPLOY / "up")], env=env, capture_output=True, text=True, timeout=180)
     try:
         assert up.returncode == 0, up.stderr[-3000:]
+        _SERVER_LOG.append(Path(env["SEAWEEDFS_RUN_DIR"]) / "seaweedfs.log")
         yield f"http://127.0.0.1:{s3}"
     finally:
         subprocess.run(["bash", str(DEPLOY / "down")], env=env, capture_output=True, timeout=60)
+
+
+_SERVER_LOG: list[Path] = []   # the log of the server the endpoint fixture started, if it started one
+
+
+def _with_server_log(run):
+    """``run()``; when it fails, the error also carries the server's own words (its log's warnings and errors: an
+    S3 InternalError says nothing of the cause)."""
+    try:
+        return run()
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        if not _SERVER_LOG or not _SERVER_LOG[-1].exists():
+            raise
+        lines = _SERVER_LOG[-1].read_text(errors="replace").splitlines()
+        said = [ln for ln in lines if ln[:1] in ("W", "E", "F")] or lines
+        raise RuntimeError(f"{e}\n--- SeaweedFS log ({_SERVER_LOG[-1]}), last warnings and errors:\n"
+                           + "\n".join(said[-40:])) from e
 
 
 def _backend_args(endpoint: str) -> list[str]:
@@ -131,7 +149,8 @@ def single(endpoint, tmp_path_factory) -> list[dict]:
     from tests.sglang_real import l3_driver
 
     out = tmp_path_factory.mktemp("l3s3")
-    return l3_driver.run_matrix(VERSION, str(out), SINGLE, *_backend_args(endpoint), timeout=1100)
+    return _with_server_log(lambda: l3_driver.run_matrix(VERSION, str(out), SINGLE, *_backend_args(endpoint),
+                                                         timeout=1100))
 
 
 @pytest.fixture(scope="module")
@@ -139,9 +158,9 @@ def cp(endpoint, tmp_path_factory) -> list[list[dict]]:
     from tests.sglang_real import driver
 
     out = tmp_path_factory.mktemp("l3s3cp")
-    return driver.run_ranks(VERSION, str(out), world=CP_WORLD, fault_rank=CP_FAULT_RANK, matrix=CP,
-                            module="l3_driver", backend="seaweedfs",
-                            backend_config=json.dumps({"endpoint": endpoint, **CREDS}))
+    return _with_server_log(lambda: driver.run_ranks(
+        VERSION, str(out), world=CP_WORLD, fault_rank=CP_FAULT_RANK, matrix=CP, module="l3_driver",
+        backend="seaweedfs", backend_config=json.dumps({"endpoint": endpoint, **CREDS})))
 
 
 _check, _events, _fmt = runtime.check_json, runtime.log_events, runtime.fmt_findings
