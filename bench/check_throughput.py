@@ -10,7 +10,8 @@ recycle slots so the number of live nodes stays bounded while the file grows), t
 * ours: ``cptrace-otel check`` (streaming fast parser + per-rank rules + cross-rank rules);
 * parse: our reader alone (the events built, no rules), which splits ours into reading and checking.
 
-Each measurement runs in a fresh subprocess pinned to one core (``taskset`` when present) and reports events/s
+Each measurement runs in a fresh subprocess (the package's bytecode cached, as an installed package has it:
+``_proc.installed_env``) pinned to one core (``taskset`` when present) and reports events/s
 (wall and CPU time) and peak RSS (VmHWM). Two file lengths show that our peak RSS does not grow with the file, the
 baseline's does.
 
@@ -33,6 +34,7 @@ run is ~50x slower).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -41,6 +43,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import _proc  # (bench/: this script's own directory, first on sys.path)
 
 
 def _r(lo: int, n: int) -> str:
@@ -235,8 +239,14 @@ def _run_child(kind: str, paths: list[str], cores: int = 1) -> dict:
     if shutil.which("taskset"):
         mine = sorted(os.sched_getaffinity(0))[:cores]
         cmd = ["taskset", "-c", ",".join(map(str, mine)), *cmd]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    # (started as an installed package is: its bytecode cached, which -j's workers would otherwise each compile)
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=_env()).stdout
     return json.loads(out.strip().splitlines()[-1])
+
+
+@functools.cache
+def _env() -> dict[str, str]:
+    return _proc.installed_env()
 
 
 def _instructions(kind: str, paths: list[str]) -> int | None:

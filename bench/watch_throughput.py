@@ -16,7 +16,8 @@ Then, each in a fresh subprocess against the same Jaeger, ``--repeat`` times in 
   ``cptrace_otel._speedups.twin_off``): the code path before the compiled reader, and its reference twin.
 * ``watch``: ``watch --once`` as shipped (the compiled reader when it was built).
 
-Printed per peer: wall seconds, the peer's own CPU (user + sys of its process, from ``/proc``), Jaeger's CPU over the
+Each peer starts as an installed package does, its bytecode read from the cache (``_proc.installed_env``). Printed
+per peer: wall seconds, the peer's own CPU (user + sys of its process, from ``/proc``), Jaeger's CPU over the
 same interval, the records it checked (``watch`` says so on stderr; ``fetch+json`` counts the span logs), records/s
 of wall and of its own CPU, the findings line, and the ratio of ``watch`` to each peer. The load average is printed
 before and after (2 cores shared: a busy machine slows every peer, not their ratio).
@@ -134,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="watch-tput-"))
     jproc, query, otlp = start_jaeger(tmp, a.max_traces)
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # each peer starts as an installed package does: its bytecode read from the cache, not compiled from source
+    env = _proc.installed_env(dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")))
     rows: list[dict] = []
     try:
         run_id, n = load(query, otlp, a.records, a.ranks, a.seed, tmp)
