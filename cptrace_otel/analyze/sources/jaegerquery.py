@@ -8,11 +8,12 @@ How (Jaeger v1.76 / v2.13 and later, any storage; facts in the project's backend
   HTTP search takes no attribute filter before v2.19; ``raw=true`` keeps the spans as stored: no dedup, no sorting.)
 * Pagination: a search returns at most L traces (the memory store walks its ring newest-first until L match; L, its
   "search depth", must not exceed ``max_traces``) and has no offset. A window [start, end] (µs, bounds on span start
-  times, inclusive) that comes back full is split in two closed windows that share their end (so every span start
-  of the window is in one of them), at the median span start of the page, until no window is full; traces are
-  deduplicated by id. A node trace lives as long as its node, so windows overlap in traces: the searches grow
-  faster than traces / L, and a larger L (up to ``max_traces``) saves most of them. When Jaeger refuses L ("search
-  depth ... max traces"), L is halved and the search retried.
+  times, inclusive) that comes back full is split into closed windows that share their ends (so every span start
+  of the window is in one of them): at the median span start of the page, and older than it into windows as long
+  as the page's newer half (:meth:`Search._split`), until no window is full; traces are deduplicated by id. A node
+  trace lives as long as its node, so windows overlap in traces: the searches grow faster than traces / L, and a
+  larger L (up to ``max_traces``) saves most of them. When Jaeger refuses L ("search depth ... max traces"), L is
+  halved and the search retried.
 * Without ``--run-id``: the newest L traces of the service in the window are searched and the run ids of their
   processes listed; exactly one must be there.
 
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 
 DEFAULT_SINCE_S = 7 * 86400
 DEFAULT_LIMIT = 1000
+SPLIT_BACK = 8   # the windows a full page's window is split into, at most (see Search._split)
 _DUR = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)", re.IGNORECASE)
 _UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
@@ -252,9 +254,16 @@ class Search:
                 self.progress(len(seen), self.searches)
 
     def _split(self, a: int, b: int, starts: list[int], what: str) -> list[tuple[int, int]]:
-        """Two closed windows covering [a, b] (they share their end) for a search that came back full, split at the
-        median of the page's span ``starts`` inside the window (a run is short next to a default window of days, and
-        its traces live long: halving the time would take many searches to reach the data), else at the middle."""
+        """Closed windows covering [a, b], oldest first (neighbours share their end), for a search that came back
+        full: ``[m, b]``, ``m`` the median of the page's span ``starts`` inside the window (else the middle; a run is
+        short next to a default window of days, and its traces live long: halving the time would take many searches
+        to reach the data); then, back from ``m``, windows as long as the page's newer half (its newest start minus
+        ``m``), at most :data:`SPLIT_BACK` in all, the oldest reaching back to ``a``. A search answers newest first
+        (Jaeger's memory store does), so the page is the window's newest traces and each window back from ``m``
+        holds about half a page where the run goes on at the page's rate: the older traces are read in windows that
+        come back short, not by halving the older part again and again (each time a full page fetched and dropped:
+        about three fetches a trace over a run several pages long). A window that comes back full is split again;
+        with another answer order the page's starts spread over [a, b] and this is the split at ``m`` alone."""
         if b - a < 2:
             raise PageTooSmall(f"more than {self.limit} traces of {what} have spans starting within "
                                f"{iso_us(a)}..{iso_us(b)}: raise --limit (at most the store's max_traces)")
@@ -262,7 +271,16 @@ class Search:
         m = starts[len(starts) // 2] if starts else a
         if not a < m < b:
             m = (a + b) // 2
-        return [(a, m), (m, b)]
+        w = starts[-1] - m if starts else 0
+        out = [(m, b)]
+        t = m
+        for _ in range(SPLIT_BACK - 1):
+            if w <= 0 or t - w <= a:
+                break
+            out.append((t - w, t))
+            t -= w
+        out.append((a, t))
+        return out[::-1]
 
 
 def _starts(trace: object) -> list[int] | None:
