@@ -9,7 +9,8 @@ into Jaeger with ``cptrace-otel ingest --endpoint`` (the exporter's span mapping
 Then, each in a fresh subprocess against the same Jaeger, ``--repeat`` times in turn:
 
 * ``fetch+json``: what a Python consumer of Jaeger's API pays before any check: the same paginated
-  ``/api/traces`` searches (``raw=true``, the run's tag, ``--limit`` traces each, a full page split in two) with the
+  ``/api/traces`` searches (``raw=true``, the run's tag, ``--limit`` traces each, a full page split as ``watch``
+  splits it) with the
   standard library's ``urllib`` and ``json.loads`` of each answer; no event is built, no rule runs (a floor, not a
   checker).
 * ``watch (python)``: ``watch --once`` on its pure-Python reader (the compiled Jaeger reader switched off with
@@ -58,12 +59,16 @@ while todo:
                                  "tags": json.dumps({"cptrace.run_id": run_id})})
     with urllib.request.urlopen(f"{q}/api/traces?{qs}", timeout=120) as r:
         data = json.loads(r.read())["data"]
-    if len(data) >= limit:
+    if len(data) >= limit:   # the windows watch searches next (jaegerquery.Search._split), the oldest last
         starts = sorted(s["startTime"] for t in data for s in t["spans"] if a <= s["startTime"] <= b)
         m = starts[len(starts) // 2] if starts else (a + b) // 2
         if not a < m < b:
             m = (a + b) // 2
-        todo += [(m, b), (a, m)]
+        w, t, wins = (starts[-1] - m if starts else 0), m, [(m, b)]
+        while len(wins) < 8 and 0 < w < t - a:
+            wins.append((t - w, t))
+            t -= w
+        todo += wins + [(a, t)]
         continue
     for t in data:
         if t["traceID"] not in seen:

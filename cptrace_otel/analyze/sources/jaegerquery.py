@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 DEFAULT_SINCE_S = 7 * 86400
 DEFAULT_LIMIT = 1000
-SPLIT_BACK = 8   # the windows a full page's window is split into, at most (see Search._split)
+SPLIT_BACK = 9   # the windows a full page's window is split into, at most (see Search._split)
 _DUR = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)", re.IGNORECASE)
 _UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
@@ -274,7 +274,7 @@ class Search:
         w = starts[-1] - m if starts else 0
         out = [(m, b)]
         t = m
-        for _ in range(SPLIT_BACK - 1):
+        for _ in range(SPLIT_BACK - 2):   # ([m, b] and the oldest window are the other two)
             if w <= 0 or t - w <= a:
                 break
             out.append((t - w, t))
