@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from . import semconv as sc
-from .logline import Rng, parse_value, render_value
+from .logline import Rng, fast_value, render_value
 
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _PREFIX = sc.FIELD_PREFIX
@@ -82,25 +82,52 @@ def fields_to_attributes(fields: dict[str, Any], out: dict[str, Any] | None = No
     return out
 
 
-def attributes_to_fields(attrs: Iterable[tuple[str, Any]]) -> dict[str, Any]:
-    """Inverse of :func:`fields_to_attributes`: typed fields, in attribute order. Non-``hicache.`` keys are skipped."""
-    fields: dict[str, Any] = {}
-    pending: dict[str, dict[str, Any]] = {}
-    for key, val in attrs:
-        if not key.startswith(_PREFIX):
-            continue
+def _key_layout(key: str) -> tuple[str, str | None] | None:
+    """What attribute ``key`` is, computed and cached in :data:`_LAYOUT`: None when it is not a field's (no
+    ``hicache.`` prefix); ``(field, None)`` for a field's own key; ``(field, part)`` for a part of a range summary."""
+    if len(_LAYOUT) >= _KEYS_MAX:
+        _LAYOUT.clear()
+    got: tuple[str, str | None] | None = None
+    if key.startswith(_PREFIX):
         name = key[_PLEN:]
         base, dot, part = name.rpartition(".")
-        if dot and part in sc.RNG_PARTS:
-            parts = pending.setdefault(base, {})
+        got = (base, part) if dot and part in sc.RNG_PARTS else (name, None)
+    _LAYOUT[key] = got
+    return got
+
+
+_LAYOUT: dict[str, tuple[str, str | None] | None] = {}   # attribute key -> _key_layout (bounded as _KEYS)
+
+
+def attributes_to_fields(attrs: Iterable[tuple[str, Any]]) -> dict[str, Any]:
+    """Inverse of :func:`fields_to_attributes`: typed fields, in attribute order. Non-``hicache.`` keys are skipped.
+    Text values are read by the grammar's fast path (``logline.fast_value``: the same values as ``parse_value``)."""
+    fields: dict[str, Any] = {}
+    pending: dict[str, dict[str, Any]] | None = None
+    layout = _LAYOUT
+    for key, val in attrs:
+        lay = layout.get(key)
+        if lay is None:
+            if key in layout:
+                continue   # a key known not to be a field's
+            lay = _key_layout(key)
+            if lay is None:
+                continue
+        name, part = lay
+        if part is not None:
+            if pending is None:
+                pending = {}
+            parts = pending.setdefault(name, {})
             if not parts:
-                fields[base] = None  # keep the field's position
-            parts[part] = val if not isinstance(val, str) else parse_value(val)
+                fields[name] = None  # keep the field's position
+            parts[part] = val if not isinstance(val, str) else fast_value(val)
             if len(parts) == 5:
-                fields[base] = Rng(*(parts[p] for p in sc.RNG_PARTS))
-                del pending[base]
+                fields[name] = Rng(*(parts[p] for p in sc.RNG_PARTS))
+                del pending[name]
             continue
-        fields[name] = parse_value(val) if isinstance(val, str) else val
+        fields[name] = fast_value(val) if isinstance(val, str) else val
+    if not pending:
+        return fields
     for base, parts in pending.items():  # incomplete summaries (should not happen): keep what is there, as text
         fields[base] = ",".join(f"{p}={parts[p]}" for p in sc.RNG_PARTS if p in parts)
     return fields
