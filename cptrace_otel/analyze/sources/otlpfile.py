@@ -258,17 +258,7 @@ def collect(req: dict, path: str, info: OtlpInfo, per_rank: dict, line_no: int =
                             continue
                         fattrs, meta = [], {}   # (one pass: the record's fields, and seq / epoch / level)
                         for a in e.get("attributes") or ():
-                            k, v = a.get("key"), a.get("value")
-                            # any_value(), its commonest shapes inlined (hot: every attribute of every record)
-                            if type(v) is dict and len(v) == 1:
-                                x = v.get("stringValue")
-                                if x is not None:
-                                    v = x
-                                else:
-                                    x = v.get("intValue")
-                                    v = int(x) if x is not None else any_value(v)
-                            else:
-                                v = any_value(v)   # (None for a missing value, as any_value({}) is)
+                            k, v = a.get("key"), any_value(a.get("value", {}))
                             if k.startswith(prefix):
                                 fattrs.append((k, v))
                             else:
