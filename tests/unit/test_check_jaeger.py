@@ -9,7 +9,6 @@ import copy
 import json
 import subprocess
 import sys
-from typing import ClassVar
 
 import pytest
 
@@ -200,27 +199,31 @@ def test_search_answer_in_pieces_parses_across_every_cut():
         assert list(iter_data(parts, "u")) == tr, n
 
 
+class _NewestFirst:
+    """A search client over ``n`` short traces (two spans 25 µs apart, one trace every 10 µs from t=1000) that
+    answers as Jaeger's memory store does: newest first, at most ``limit`` traces. ``answers``: each page's size."""
+
+    def __init__(self, n: int) -> None:
+        self.traces = [{"traceID": f"{i:04x}", "spans": [{"startTime": 1000 + 10 * i},
+                                                          {"startTime": 1000 + 10 * i + 25}]} for i in range(n)]
+        self.answers: list[int] = []
+
+    def search_iter(self, service, tags, start_us, end_us, limit, raw, with_text):
+        hit = [t for t in self.traces if any(start_us <= s["startTime"] <= end_us for s in t["spans"])]
+        page = hit[::-1][:limit]   # newest first
+        self.answers.append(len(page))
+        return iter([(t, json.dumps(t)) for t in page])
+
+
 def test_run_traces_hands_out_each_trace_once_oldest_first_and_never_a_full_page():
     """Against a store that answers newest first and at most `limit` traces (as Jaeger's memory store): every trace
     once, in start order (watch feeds records in seq order, so it holds only what waits for an older trace)."""
     from cptrace_otel.analyze.sources.jaegerquery import Search
 
-    traces = [{"traceID": f"{i:04x}", "spans": [{"startTime": 1000 + 10 * i}, {"startTime": 1000 + 10 * i + 25}]}
-              for i in range(60)]
-
-    class Store:
-        answers: ClassVar[list[int]] = []
-
-        def search_iter(self, service, tags, start_us, end_us, limit, raw, with_text):
-            hit = [t for t in traces if any(start_us <= s["startTime"] <= end_us for s in t["spans"])]
-            page = hit[::-1][:limit]   # newest first
-            self.answers.append(len(page))
-            return iter([(t, json.dumps(t)) for t in page])
-
-    store = Store()
+    store = _NewestFirst(60)
     s = Search(store, limit=8)   # type: ignore[arg-type]
     got = [t["traceID"] for t in s.run_traces("r", 0, 10**6)]
-    assert got == [t["traceID"] for t in traces]
+    assert got == [t["traceID"] for t in store.traces]
     assert max(store.answers) == 8 and s.searches == len(store.answers) > 60 // 8
 
 
@@ -230,20 +233,10 @@ def test_a_long_window_is_paged_without_fetching_each_trace_three_times():
     each full page came back full again, half a page read each time)."""
     from cptrace_otel.analyze.sources.jaegerquery import Search
 
-    traces = [{"traceID": f"{i:04x}", "spans": [{"startTime": 1000 + 10 * i}, {"startTime": 1000 + 10 * i + 25}]}
-              for i in range(400)]
-    fetched = []
-
-    class Store:
-        def search_iter(self, service, tags, start_us, end_us, limit, raw, with_text):
-            hit = [t for t in traces if any(start_us <= s["startTime"] <= end_us for s in t["spans"])]
-            page = hit[::-1][:limit]
-            fetched.append(len(page))
-            return iter([(t, json.dumps(t)) for t in page])
-
-    s = Search(Store(), limit=50)   # type: ignore[arg-type]
-    assert [t["traceID"] for t in s.run_traces("r", 0, 10**6)] == [t["traceID"] for t in traces]
-    assert sum(fetched) <= 1.4 * len(traces) and s.searches < 20, (sum(fetched), s.searches)
+    store = _NewestFirst(400)
+    s = Search(store, limit=50)   # type: ignore[arg-type]
+    assert [t["traceID"] for t in s.run_traces("r", 0, 10**6)] == [t["traceID"] for t in store.traces]
+    assert sum(store.answers) <= 1.4 * len(store.traces) and s.searches < 20, (sum(store.answers), s.searches)
 
 
 def test_a_trace_past_the_bound_is_skipped_across_every_cut(monkeypatch):
