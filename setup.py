@@ -6,6 +6,8 @@ They all live in ``cptrace_otel/_speedups/``, each C module next to the Python l
 * ``cptrace_otel._speedups._logreader``: the upstream log-line reader used by ``cptrace-otel check``.
 * ``cptrace_otel._speedups._intake``: the exporter worker's intake of live records.
 * ``cptrace_otel._speedups._otlpin``: ``cptrace-otel serve``'s reading of OTLP protobuf requests into records.
+* ``cptrace_otel._speedups._jaegerin``, ``_otlpjson``: the readers of Jaeger's answers (``watch``) and of OTLP JSON
+  lines (``check``, ``report``) into records.
 * ``cptrace_otel._speedups._hot``: the gate of ``cptrace`` (level compare, sampled-out lookup) before any dict, and
   the record ring (``ring.c``: records encoded on the caller's thread into memory the exporter process reads).
 * ``cptrace_otel._speedups._lockstep``: the cross-rank rule C1's per-epoch state and step (``check``, ``watch``,
@@ -48,7 +50,8 @@ _DIR = "cptrace_otel/_speedups/"
 # every reader's: the value grammar and the readers' configured state (value.c), the Event builder (event.c)
 _SHARED = [_DIR + "value.c", _DIR + "event.c"]
 # grammar.h: the record grammar's constants, generated from cptrace_otel/model/grammar.py (a changed one rebuilds all)
-_HEADERS = [_DIR + "value.h", _DIR + "event.h", _DIR + "ring.h", _DIR + "idset.h", _DIR + "grammar.h"]
+_HEADERS = [_DIR + "value.h", _DIR + "event.h", _DIR + "jsonscan.h", _DIR + "ring.h", _DIR + "idset.h",
+            _DIR + "grammar.h"]
 
 
 def _ext(name: str, sources: list[str], flags: tuple[str, ...] = ()) -> Extension:
@@ -65,6 +68,7 @@ setup(
         _ext("_intake", [_DIR + "intake.c"] + _SHARED),
         _ext("_otlpin", [_DIR + "otlpin.c"] + _SHARED),
         _ext("_jaegerin", [_DIR + "jaegerin.c"] + _SHARED),
+        _ext("_otlpjson", [_DIR + "otlpjson.c"] + _SHARED),
         _ext("_hot", [_DIR + "hot.c", _DIR + "ring.c", _DIR + "idset.c"]),
         # -O3: the portable kernel's row loops and the rng min/max loops are left to the auto-vectorizer
         _ext("_fingerprint", [_DIR + "fingerprint.c"], ("-O3",)),

@@ -19,6 +19,11 @@ baseline's does.
     python bench/check_throughput.py --lines 200000 400000 --keep /tmp/bench-logs
     python bench/check_throughput.py --lines 20000 --no-naive --instructions   # + valgrind instruction counts
     python bench/check_throughput.py --lines 400000 --no-naive --jobs 2   # check -j 1 vs -j 2 on 2 cores, ratio
+    python bench/check_throughput.py --lines 400000 1600000 --no-naive --jobs 1 --otlp   # + OTLP JSON lines
+
+``--otlp`` also writes the same records as OTLP JSON lines (``cptrace-otel ingest --file``: the file sink's format)
+and checks them twice, with the C reader of those lines (``otlp``) and with the Python one (``otlp-py``), and prints
+their ratio.
 
 ``--jobs N`` (default 2) adds ``ours-j1`` and ``ours-jN``: ``check -j 1`` and ``check -j N`` each pinned to the same
 N cores, and prints their ratio (wall) with the CPU time of each (workers included) and the load average: on a
@@ -203,15 +208,21 @@ def _measure(kind: str, paths: list[str]) -> dict:
         n = len(events)
         res = Analysis().run(events)
         findings = len(res.findings)
-    else:   # ours: one process; ours-jN: ``check -j N`` (N worker processes, their CPU time counted too)
+    else:   # ours: one process; ours-jN: ``check -j N`` (N worker processes, their CPU time counted too);
+        # otlp: ``check`` over the OTLP JSON lines; otlp-py: the same with the Python reader of those lines (the C
+        # reader switched off)
+        import contextlib
         import io
         from types import SimpleNamespace
 
+        from cptrace_otel._speedups import twin_off
+        from cptrace_otel.analyze.sources import otlpfile
         from cptrace_otel.commands import check as check_cmd
         jobs = int(kind.rsplit("-j", 1)[1]) if "-j" in kind else 1
         buf = io.StringIO()
-        rc = check_cmd.run(SimpleNamespace(paths=paths, json=True, level=None, jaeger_url=None, run_id=None,
-                                           jobs=jobs), buf, io.StringIO())
+        with twin_off(vars(otlpfile), "C_READER") if kind == "otlp-py" else contextlib.nullcontext():
+            rc = check_cmd.run(SimpleNamespace(paths=paths, json=True, level=None, jaeger_url=None, run_id=None,
+                                               jobs=jobs), buf, io.StringIO())
         obj = json.loads(buf.getvalue())
         n = obj["stats"]["events"]
         findings = len(obj["findings"]) if rc in (0, 1) else f"rc={rc}"
@@ -273,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="also count CPU instructions per event of raw and ours under valgrind (slow; small files)")
     ap.add_argument("--jobs", type=int, default=2,
                     help="also run check -j 1 and -j N side by side, pinned to N cores (1: skip; default 2)")
+    ap.add_argument("--otlp", action="store_true",
+                    help="also check the same records as OTLP JSON lines (cptrace-otel ingest --file), with the C "
+                         "reader of those lines and with the Python one (otlp, otlp-py)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("paths", nargs="*", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -331,11 +345,29 @@ def main(argv: list[str] | None = None) -> int:
                               flush=True)
                     print(f"  rules  {per['ours'] - per['parse']:>10,.0f} instructions/event (ours - parse: per-rank "
                           "and cross-rank rules, report)", flush=True)
+            if a.otlp:   # the same records as OTLP JSON lines (the file sink's format), read by check
+                otlp = os.path.join(base, f"n{total}.otlp.jsonl")
+                subprocess.run([sys.executable, "-m", "cptrace_otel.cli", "ingest", *paths, "--file", otlp,
+                                "--no-progress"], check=True, capture_output=True, env=_env())
+                print(f"  OTLP JSON lines: {os.path.getsize(otlp) / 2**20:.0f} MiB (cptrace-otel ingest --file)",
+                      flush=True)
+                for k in ("otlp-py", "otlp"):
+                    r = res[k] = _run_child(k, [otlp])
+                    print(f"  {k:<7} {r['events']:>9} events  {r['seconds']:7.2f}s  {r['events_per_s']:>10,.0f} ev/s "
+                          f"(CPU time: {r['cpu_events_per_s']:>10,.0f} ev/s)  peak RSS {r['peak_rss_mib']:7.1f} MiB  "
+                          f"findings={r['findings']}", flush=True)
+                print(f"  otlp / otlp-py (C reader of OTLP JSON lines / Python reader): "
+                      f"{res['otlp']['events_per_s'] / res['otlp-py']['events_per_s']:.2f}x; "
+                      f"otlp / ours (log lines): {res['otlp']['events_per_s'] / res['ours']['events_per_s']:.2f}x",
+                      flush=True)
+                os.remove(otlp)
             rows.append((total, res))
         if len(rows) >= 2:
             (n1, r1), (n2, r2) = rows[0], rows[-1]
             print(f"peak RSS, ours: {r1['ours']['peak_rss_mib']:.1f} MiB at {n1} lines -> "
                   f"{r2['ours']['peak_rss_mib']:.1f} MiB at {n2} lines ({n2 / n1:.1f}x the lines)")
+            if "otlp" in r1 and "otlp" in r2:
+                print(f"peak RSS, otlp: {r1['otlp']['peak_rss_mib']:.1f} MiB -> {r2['otlp']['peak_rss_mib']:.1f} MiB")
             if "naive" in r1 and "naive" in r2:
                 print(f"peak RSS, naive: {r1['naive']['peak_rss_mib']:.1f} MiB -> "
                       f"{r2['naive']['peak_rss_mib']:.1f} MiB")

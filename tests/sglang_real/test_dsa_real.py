@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from cptrace_otel.model import semconv as sc
+from tests.helpers.otlp_twins import assert_file_alike
 from tests.sglang_real import runtime
 from tests.sglang_real.test_sglang_real import _check_json as _check, _records  # (the same readers)
 
@@ -100,6 +101,10 @@ def test_the_indexer_left_out_of_the_backup_is_found(runs):
     assert all(f["severity"] == "ERROR" and f["certainty"] == "exact" for f in rep["findings"])
     assert len([f for f in rep["findings"] if f["rule"] == "SIDE-missing"]) == len(fault["dsa_fault_hits"])
     assert set(_online(fault["otlp"])) == {"SIDE-missing", "SIDE-hash"}
+    # the file sink's output with the online findings on it: the C reader of OTLP JSON lines reads every line
+    # itself, as its Python twin does
+    got = assert_file_alike(fault["otlp"])
+    assert got["answered"] == got["lines"] and got["events"] > 0, got
 
 
 RUN_L3 = RUN.replace('(None, "dsa_no_idx_backup")', '(None, "dsa_l3_no_idx")').replace(

@@ -31,6 +31,7 @@ from collections import Counter
 
 import pytest
 
+from tests.helpers.otlp_twins import assert_file_alike
 from tests.sglang_real import l3_driver, runtime
 
 VERSIONS = ("0.5.20", "0.5.23")
@@ -373,6 +374,9 @@ def test_an_earlier_runs_trace_resolves_hits_on_its_objects(persisted, tmp_path)
         d = _check(paths)
         assert d["findings"] == [], _fmt(d)
         assert _l3_skipped(d) == 0 and d["stats"]["runs"] == 2, (d["unchecked"], d["stats"])
+    for run in (a, b):   # the C reader of OTLP JSON lines reads every line itself, as its Python twin does
+        got = assert_file_alike(run["otlp"])
+        assert got["answered"] == got["lines"] and got["events"] > 0, got
 
 
 def test_an_earlier_runs_trace_finds_foreign_hits_on_its_objects(persisted):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from test_bad_input import run_rss  # (pytest puts this folder on sys.path)
 
-from cptrace_otel.analyze.sources import tracedocs
+from cptrace_otel.analyze.sources import sortedruns, tracedocs
 from cptrace_otel.analyze.sources.tracedocs import TraceDocs
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
@@ -64,10 +64,21 @@ def test_sorted_runs_on_disk_give_the_stream_of_one_sort(big, tmp_path, monkeypa
     paths = _two_rank_files(big, tmp_path, 400)
     whole = _read(paths)
     monkeypatch.setattr(tracedocs, "SPILL_AT", 9)
-    monkeypatch.setattr(tracedocs, "CHUNK", 4)
+    monkeypatch.setattr(sortedruns, "CHUNK", 4)
     spilled = _read(paths)
     assert len(whole[0]) > 400 and whole[3] and whole[4], "the input has no duplicates or conflicts to keep"
     assert spilled == whole
+    monkeypatch.setattr(sortedruns, "FAN_IN", 3)   # runs merged into longer ones as they accumulate, several levels
+    merged = []
+    real = sortedruns.RunFile.compact
+
+    def counted(self, runs):
+        n = len(runs)
+        real(self, runs)
+        merged.append(n - len(runs))
+    monkeypatch.setattr(sortedruns.RunFile, "compact", counted)
+    assert _read(paths) == whole
+    assert sum(merged) > 20 and max(merged) >= 4, merged   # (4: a merge that made two levels at once)
 
 
 def test_check_peak_rss_is_flat_in_the_number_of_otlp_records(big, tmp_path):

@@ -289,7 +289,7 @@ def test_runs_apart_hold_with_records_sorted_on_disk(tmp_path, runs, monkeypatch
     ``--run-id``: the same output as with everything in memory."""
     import shutil
 
-    from cptrace_otel.analyze.sources import tracedocs
+    from cptrace_otel.analyze.sources import sortedruns, tracedocs
 
     r1, r2, bad = runs["r1"], runs["r2"], runs["bad"]
     d = tmp_path / "mixed"
@@ -302,7 +302,8 @@ def test_runs_apart_hold_with_records_sorted_on_disk(tmp_path, runs, monkeypatch
              ("--json", "--run-id", bad["run_id"], *r1["otlp"], *bad["otlp"])]
     before = [check(*c) for c in cases]
     monkeypatch.setattr(tracedocs, "SPILL_AT", 7)
-    monkeypatch.setattr(tracedocs, "CHUNK", 3)
+    monkeypatch.setattr(sortedruns, "CHUNK", 3)
+    monkeypatch.setattr(sortedruns, "FAN_IN", 4)
     after = [check(*c) for c in cases]
     for (rc0, out0, _err0), (rc1, out1, err1) in zip(before, after, strict=True):
         assert rc0 == rc1, err1

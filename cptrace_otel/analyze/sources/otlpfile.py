@@ -7,8 +7,11 @@ Rank: the span's ``sglang.cp.rank`` attribute, else the resource's. Spans reach 
 are sorted per rank by seq (:func:`read_otlp_events` holds one run in memory; :class:`.tracedocs.TraceDocs`, what
 ``check`` and ``report`` read with, sorts runs of a bounded size on disk and merges them).
 
-Parsed with the standard library's ``json`` (proto3 JSON: int64 values are strings, both camelCase and the
-original snake_case field names are accepted).
+Two twins read a line. The C reader (``_speedups/otlpjson.c``, when built) reads the line's text straight into the
+records :func:`collect` builds, for every line it reads with certainty (strict JSON, camelCase names, the common
+value shapes); any other line it leaves to :func:`collect` over the standard library's ``json`` (proto3 JSON: int64
+values are strings, both camelCase and the original snake_case field names are accepted), which is the reference.
+tests/unit/test_otlpjson_c.py holds the two equal; ``twin_off(vars(otlpfile), "C_READER")`` runs the Python one.
 
 Bad input costs only itself: a line that is not JSON, is nested too deeply, or is not shaped like a request (a
 list where an object belongs, ...) is recorded in :attr:`OtlpInfo.malformed` with its file and line and adds
@@ -131,6 +134,29 @@ def bad_shape(e: BaseException, what: str = "not an OTLP request of the expected
 def json_lines(fh, path: str, info: OtlpInfo) -> Iterator[tuple[int, Any]]:
     """``(line number, value)`` of each non-blank line of ``fh`` that parses as JSON; the others (not JSON, too
     deep, longer than :data:`MAX_JSON_LINE`, read only up to that bound) are recorded in ``info.malformed``."""
+    for line_no, line in text_lines(fh, path, info):
+        req = loads(line, path, line_no, info)
+        if req is not NOT_JSON:
+            yield line_no, req
+
+
+NOT_JSON: Any = object()   # what :func:`loads` returns for a line that is not JSON
+
+
+def loads(line: str, path: str, line_no: int, info: OtlpInfo) -> Any:
+    """``json.loads(line)``, or :data:`NOT_JSON` with the reason recorded in ``info.malformed``."""
+    try:
+        return json.loads(line)
+    except RecursionError:
+        info.malformed.append((path, line_no, "not JSON: nested too deeply"))
+    except ValueError as e:
+        info.malformed.append((path, line_no, f"not JSON: {e}"))
+    return NOT_JSON
+
+
+def text_lines(fh, path: str, info: OtlpInfo) -> Iterator[tuple[int, str]]:
+    """``(line number, text)`` of each non-blank line of ``fh``; a line longer than :data:`MAX_JSON_LINE` is
+    recorded in ``info.malformed`` and not read (only up to that bound at a time)."""
     line_no = 0
     readline = fh.readline
     while True:
@@ -145,12 +171,7 @@ def json_lines(fh, path: str, info: OtlpInfo) -> Iterator[tuple[int, Any]]:
             continue
         if not line.strip():
             continue
-        try:
-            yield line_no, json.loads(line)
-        except RecursionError:
-            info.malformed.append((path, line_no, "not JSON: nested too deeply"))
-        except ValueError as e:
-            info.malformed.append((path, line_no, f"not JSON: {e}"))
+        yield line_no, line
 
 
 def collect_guarded(req: object, path: str, line_no: int, info: OtlpInfo, per_rank: dict) -> int:
@@ -181,10 +202,16 @@ def collect_file(path: str, info: OtlpInfo, per_rank: dict, after_line: Callable
     except OSError as e:
         raise LogReadError(path, e.strerror or str(e)) from None
     line_no = 0
+    c = c_reader()
     with fh:
         try:
-            for line_no, req in json_lines(fh, path, info):
-                n = collect_guarded(req, path, line_no, info, per_rank)
+            for line_no, line in text_lines(fh, path, info):
+                rows = c(line, path) if c is not None else None
+                if rows is not None:
+                    n = add_rows(rows, path, info, per_rank)
+                else:
+                    req = loads(line, path, line_no, info)
+                    n = 0 if req is NOT_JSON else collect_guarded(req, path, line_no, info, per_rank)
                 if after_line is not None:
                     after_line(n)
         except OSError as e:
@@ -228,17 +255,7 @@ def collect(req: dict, path: str, info: OtlpInfo, per_rank: dict, line_no: int =
     for rs in _g(req, "resourceSpans", "resource_spans", []) or []:
         res = dict(_attrs((rs.get("resource") or {}).get("attributes")))
         rrank = res.get(sc.CP_RANK)
-        run_id = res.get(sc.RUN_ID)
-        if isinstance(run_id, str):
-            info.run_ids.add(run_id)
-        lvl = res.get(sc.TRACE_LEVEL)
-        if type(rrank) is int:
-            info.streams[str(res.get(sc.SERVICE_INSTANCE_ID, path))] = rrank
-            frac = res.get(sc.SAMPLE)
-            if type(frac) is float and rrank >= 0 and isinstance(run_id, str):
-                info.sampled[rrank] = (run_id, frac)
-                info.run_sampled.setdefault(run_id, {})[rrank] = (run_id, frac)
-        run = run_id if isinstance(run_id, str) else ""
+        run, lvl = resource(res, path, info)
         for ss in _g(rs, "scopeSpans", "scope_spans", []) or []:
             for sp in ss.get("spans", []) or []:
                 info.spans += 1
@@ -246,10 +263,7 @@ def collect(req: dict, path: str, info: OtlpInfo, per_rank: dict, line_no: int =
                 rank = sattrs.get(sc.RANK, rrank)
                 if type(rank) is not int:
                     rank = 0
-                if type(lvl) is int:
-                    info.levels[rank] = max(info.levels.get(rank, 0), lvl)
-                    by = info.run_levels.setdefault(run, {})
-                    by[rank] = max(by.get(rank, 0), lvl)
+                span_level(info, run, rank, lvl)
                 key = (run, rank) if info.by_run else rank
                 for e in sp.get("events", []) or []:
                     try:
@@ -279,3 +293,56 @@ def collect(req: dict, path: str, info: OtlpInfo, per_rank: dict, line_no: int =
                     ev = Event(name, rank, seq, ts, epoch if type(epoch) is int else 0, fields,
                                level if type(level) is int else 1, path, 0)
                     per_rank.setdefault(key, []).append((ev.epoch, seq, ts, ev))
+
+
+def resource(res: dict[str, Any], path: str, info: OtlpInfo) -> tuple[str, Any]:
+    """What a resource's attributes ``res`` tell ``info`` (its run id, its stream's rank, its sampling), and
+    ``(run, level)``: its run id (``""`` when it has none) and its trace-level attribute (any value)."""
+    rrank = res.get(sc.CP_RANK)
+    run_id = res.get(sc.RUN_ID)
+    if isinstance(run_id, str):
+        info.run_ids.add(run_id)
+    if type(rrank) is int:
+        info.streams[str(res.get(sc.SERVICE_INSTANCE_ID, path))] = rrank
+        frac = res.get(sc.SAMPLE)
+        if type(frac) is float and rrank >= 0 and isinstance(run_id, str):
+            info.sampled[rrank] = (run_id, frac)
+            info.run_sampled.setdefault(run_id, {})[rrank] = (run_id, frac)
+    return (run_id if isinstance(run_id, str) else ""), res.get(sc.TRACE_LEVEL)
+
+
+def span_level(info: OtlpInfo, run: str, rank: int, lvl: Any) -> None:
+    """A span of ``rank`` under a resource of trace level ``lvl`` (kept when an int): the highest level per rank."""
+    if type(lvl) is int:
+        info.levels[rank] = max(info.levels.get(rank, 0), lvl)
+        by = info.run_levels.setdefault(run, {})
+        by[rank] = max(by.get(rank, 0), lvl)
+
+
+def add_rows(rows: list, path: str, info: OtlpInfo, per_rank: dict) -> int:
+    """The C reader's answer for one line (otlpjson.c: ``[(resource, spans, ranks, records), ...]``) into ``info``
+    and ``per_rank`` as :func:`collect_guarded` adds the same line; returns the events it added."""
+    n = 0
+    for res, spans, ranks, records in rows:
+        run, lvl = resource(res, path, info)
+        info.spans += spans
+        for rank in ranks:
+            span_level(info, run, rank, lvl)
+        for rank, lst in records.items():
+            per_rank.setdefault((run, rank) if info.by_run else rank, []).extend(lst)
+            n += len(lst)
+    return n
+
+
+_UNLOADED: Any = object()
+C_READER: Any = _UNLOADED   # otlpjson.c's read() once loaded; None when not built (or switched off: twin_off)
+
+
+def c_reader() -> Callable[[str, str], Any] | None:
+    """The C reader of a line (loaded on first use), or None: :func:`collect` reads every line."""
+    global C_READER
+    if C_READER is _UNLOADED:
+        from ..._speedups.otlpjson import load
+
+        C_READER = load()
+    return C_READER

@@ -19,9 +19,11 @@ Contract:
   stored twice) and are kept once. Events are ordered per rank by ``cptrace.seq``, never by the order a backend
   returned them.
 * Memory is bounded by :data:`SPILL_AT`, not by the run's length: once OTLP JSON-lines files have added that many
-  records, each (run, rank)'s records are sorted and written to an unnamed temporary file (a sorted run, pickled in
-  chunks of :data:`CHUNK`) and dropped from memory; :meth:`TraceDocs.dedupe` and :meth:`TraceDocs.events` merge
+  records, each (run, rank)'s records are sorted and written to an unnamed temporary file (a sorted run:
+  :mod:`.sortedruns`) and dropped from memory; :meth:`TraceDocs.dedupe` and :meth:`TraceDocs.events` merge
   the runs lazily (a stable merge: the same order, and the same records kept, as one sort of everything).
+  Runs are merged into longer ones as they accumulate (:meth:`.sortedruns.RunFile.compact`), so a merge reads few
+  runs, each holding one chunk, however long the input.
 
 Documents in Jaeger's ``{"data": [...]}`` layout are read trace by trace (a trace too large is skipped and reported);
 others are parsed whole up to a bound (:meth:`TraceDocs.add_document_file`). The events kept are the run's, like
@@ -38,21 +40,19 @@ import heapq
 import io
 import itertools
 import json
-import pickle
-import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from typing import IO, Any, TypeVar
+from typing import Any, TypeVar
 
 from ...model import semconv as sc
 from ...model.events import Event
 from .inputs import open_text, truncated
 from .logs import LogReadError
 from .otlpfile import BAD_SHAPE, OtlpInfo, bad_shape, collect, collect_file, json_lines, merge_ranks, merge_streams
+from .sortedruns import Run, RunFile
 
 _JS_SAFE = 1 << 53
 SPILL_AT = 20_000   # records held in memory before they are sorted to disk (about 1.5 KiB each while held)
-CHUNK = 256         # records per pickled chunk of a sorted run: what each run's reader holds while merging
 _FINGERPRINTS = ("hicache.h", "hicache.pfp")   # random 63-bit values: a round one is a rounded one
 _Doc = TypeVar("_Doc")  # a parsed JSON document, as add_guarded's ``add`` takes it
 
@@ -71,8 +71,8 @@ class TraceDocs:
         self.duplicates: Counter = Counter()       # (source kept, source dropped) -> records given twice
         self.conflicts: Counter = Counter()        # (source, source) -> same (rank, epoch, seq), other content
         self._line = 1                             # the line of the JSON value being read, for malformed records
-        self._disk: Any = None                     # the temporary file of the sorted runs, once there is one
-        self._runs: dict[tuple[str, int], list[tuple[int, int]]] = {}   # key -> sorted runs on disk: (offset, n)
+        self._disk = RunFile()                     # the sorted runs' temporary file (shared with the views)
+        self._runs: dict[tuple[str, int], list[Run]] = {}   # key -> its sorted runs on disk, oldest first
         self._held = 0                             # records added to per_rank since the last spill
         self._srcs: dict[tuple[str, int], set[str]] = {}   # key -> sources of its records on disk
         self._only: set[str] | None = None         # a view's sources (:meth:`only`): records on disk filtered on read
@@ -108,40 +108,23 @@ class TraceDocs:
 
     def _spill(self) -> None:
         """Each rank's records in memory -> one sorted run on disk (stable sort by (epoch, seq, ts))."""
-        if self._disk is None:
-            self._disk = tempfile.TemporaryFile(prefix="cptrace-sort-")  # noqa: SIM115 - lives as long as the docs
-        fh = self._disk
         for rank, lst in self.per_rank.items():
             if not lst:
                 continue
             lst.sort(key=lambda t: (t[0], t[1], t[2]))
             self._srcs.setdefault(rank, set()).update(t[3].src for t in lst)
-            fh.seek(0, 2)
-            off = fh.tell()
-            for i in range(0, len(lst), CHUNK):
-                _dump(lst[i:i + CHUNK], fh)
-            self._runs.setdefault(rank, []).append((off, len(lst)))
+            runs = self._runs.setdefault(rank, [])
+            runs.append(self._disk.write(lst))
             lst.clear()   # in place: collect_file holds this list's dict
+            self._disk.compact(runs)
         self._held = 0
-
-    def _read_run(self, off: int, n: int) -> Iterator[tuple]:
-        """The records of one sorted run, a chunk at a time (the file is shared: each read seeks to its place)."""
-        fh = self._disk
-        while n > 0:
-            fh.seek(off)
-            chunk = pickle.load(fh)
-            off = fh.tell()
-            n -= len(chunk)
-            for x in chunk:
-                ev = Event(*x)
-                yield ev.epoch, ev.seq, ev.ts, ev
 
     def _sorted(self, key: tuple[str, int]) -> Iterator[tuple]:
         """The records of ``key`` sorted by (epoch, seq, ts): its runs on disk, then its records in memory, merged
         stably (ties keep the order they were read in)."""
         lst = self.per_rank.get(key, [])
         lst.sort(key=lambda t: (t[0], t[1], t[2]))
-        runs = [self._read_run(o, n) for o, n in self._runs.get(key, ())]
+        runs = [self._disk.read(o, n) for o, n in self._runs.get(key, ())]
         if not runs:
             return iter(lst)
         merged = heapq.merge(*runs, iter(lst), key=lambda t: (t[0], t[1], t[2]))
@@ -293,30 +276,42 @@ class TraceDocs:
     # -- the stream --------------------------------------------------------------------------------------------
     def dedupe(self) -> None:
         """Sort each rank by (epoch, seq, ts) and keep one of the records given twice (see the module doc); counts go
-        to :attr:`duplicates` and :attr:`conflicts`. With runs on disk, the kept records are written as one run per
-        rank."""
+        to :attr:`duplicates` and :attr:`conflicts`. With runs on disk, a rank that held a record twice has its kept
+        records written as one new run; the others keep their runs (merged when read: writing them again cost more
+        than the merge)."""
         spilled = bool(self._runs)
         if spilled:
             self._spill()   # (the records still in memory become the last run of their rank)
         for rank in list(self._runs) if spilled else list(self.per_rank):
-            out: Any = _RunWriter(self) if spilled else []
-            n = 0
-            first = None   # the first kept record of the current (epoch, seq)
-            for t in self._sorted(rank):
-                n += 1
-                if first is not None and t[0] == first[0] and t[1] == first[1]:
-                    a, b = first[3], t[3]
-                    if a.tag == b.tag and a.fields == b.fields:
-                        self.duplicates[(a.src, b.src)] += 1
-                        continue
-                    self.conflicts[(a.src, b.src)] += 1
-                else:
-                    first = t
-                out.append(t)
-            if spilled:
+            kept = list(self._kept(rank, count=True)) if not spilled else None
+            if kept is not None:
+                if len(kept) != len(self.per_rank[rank]):
+                    self.per_rank[rank] = kept
+                continue
+            n = sum(1 for _t in self._kept(rank, count=True))
+            if n != sum(k for _o, k in self._runs[rank]):   # (records dropped: the kept ones as one run)
+                out = self._disk.writer()
+                for t in self._kept(rank, count=False):
+                    out.append(t)
                 self._runs[rank] = [out.close()]
-            elif len(out) != n:
-                self.per_rank[rank] = out
+
+    def _kept(self, rank: tuple[str, int], count: bool) -> Iterator[tuple]:
+        """The records of ``rank`` in order, one of each record given twice: a record with the (epoch, seq) of the
+        record kept before it and the same tag and fields is dropped (counted in :attr:`duplicates` when ``count``);
+        one with other content is kept (counted in :attr:`conflicts`)."""
+        first = None   # the first kept record of the current (epoch, seq)
+        for t in self._sorted(rank):
+            if first is not None and t[0] == first[0] and t[1] == first[1]:
+                a, b = first[3], t[3]
+                if a.tag == b.tag and a.fields == b.fields:
+                    if count:
+                        self.duplicates[(a.src, b.src)] += 1
+                    continue
+                if count:
+                    self.conflicts[(a.src, b.src)] += 1
+            else:
+                first = t
+            yield t
 
     def runs(self) -> list[tuple[str, Iterator[Event]]]:
         """``(run id, events)`` per run, sorted by run id; each run's ranks merged by ts
@@ -353,7 +348,7 @@ class TraceDocs:
                 if not self._srcs.get(key, set()) & srcs and not any(t[3].src in srcs for t in
                                                                    self.per_rank.get(key, ())):
                     continue
-                w = _RunWriter(self)
+                w = self._disk.writer()
                 for t in self._sorted(key):
                     if t[3].src not in srcs:
                         w.append(t)
@@ -423,42 +418,6 @@ class TraceDocs:
             if self._n(key):
                 return [t[3] for t in itertools.islice(self._sorted(key), k)]
         return []
-
-
-def _dump(chunk: list[tuple], fh: IO[bytes]) -> None:
-    """``(epoch, seq, ts, Event)`` records -> one pickled chunk of the events' values (plain tuples pickle several
-    times faster than dataclass instances; the sort key is the event's own epoch, seq, ts)."""
-    pickle.dump([(e.tag, e.rank, e.seq, e.ts, e.epoch, e.fields, e.level, e.src, e.line_no) for *_k, e in chunk],
-                fh, pickle.HIGHEST_PROTOCOL)
-
-
-class _RunWriter:
-    """One new sorted run of ``rank`` written at the end of the docs' temporary file, chunk by chunk (it is written
-    while the old runs are read: each write seeks to the end)."""
-
-    def __init__(self, docs: TraceDocs) -> None:
-        self.fh = docs._disk
-        self.fh.seek(0, 2)
-        self.off, self.n = self.fh.tell(), 0
-        self.buf: list[tuple] = []
-        self.end = self.off
-
-    def append(self, t: tuple) -> None:
-        self.buf.append(t)
-        if len(self.buf) >= CHUNK:
-            self._flush()
-
-    def _flush(self) -> None:
-        self.fh.seek(self.end)
-        _dump(self.buf, self.fh)
-        self.end = self.fh.tell()
-        self.n += len(self.buf)
-        self.buf = []
-
-    def close(self) -> tuple[int, int]:
-        if self.buf:
-            self._flush()
-        return self.off, self.n
 
 
 class _pieces:

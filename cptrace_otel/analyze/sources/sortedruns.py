@@ -1,0 +1,131 @@
+"""Sorted runs of records on disk: the external sort behind :class:`.tracedocs.TraceDocs`, which holds only a
+bounded number of records in memory however long its input.
+
+Contract:
+
+* A record is ``(epoch, seq, ts, Event)``; runs are sorted by ``(epoch, seq, ts)``. On disk a record is the Event's
+  values as a plain tuple (plain tuples pickle several times faster than dataclass instances), pickled in chunks
+  of :data:`CHUNK`: reading a run holds one chunk of it.
+* :class:`RunFile` is one unnamed temporary file (created on the first write, deleted when closed or collected)
+  holding any number of runs; a run is :data:`Run`, its ``(offset, records)``. :meth:`RunFile.write` writes a
+  sorted list as a run, :meth:`RunFile.writer` a run record by record, :meth:`RunFile.read` reads one back.
+* :meth:`RunFile.compact` bounds how many runs one key's list holds: once :data:`FAN_IN` runs of one level (its
+  newest) are there, they are merged (stably: ties keep the order of the runs) into one run of the next level. A key
+  whose records arrive in R spills then holds at most ``(FAN_IN - 1) * log_FAN_IN(R)`` runs, so a merge of all of
+  them holds that many chunks; each record is written once more per level (the file keeps the merged runs' bytes
+  until it is closed).
+"""
+
+from __future__ import annotations
+
+import heapq
+import pickle
+import tempfile
+from collections.abc import Iterator
+from typing import IO
+
+from ...model.events import Event
+
+CHUNK = 256         # records per pickled chunk of a run: what each run's reader holds while merging
+FAN_IN = 32         # runs of one level merged into one of the next (:meth:`RunFile.compact`)
+
+Run = tuple[int, int]   # (offset in the file, records)
+
+
+class RunFile:
+    """Sorted runs in one temporary file (see the module doc)."""
+
+    def __init__(self) -> None:
+        self._fh: IO[bytes] | None = None
+        self._level: dict[int, int] = {}   # a run's offset -> its level, when above 0
+
+    def _file(self) -> IO[bytes]:
+        if self._fh is None:
+            self._fh = tempfile.TemporaryFile(prefix="cptrace-sort-")  # noqa: SIM115 - lives as long as the runs
+        return self._fh
+
+    def write(self, records: list[tuple]) -> Run:
+        """``records`` (sorted) as one new run."""
+        w = self.writer()
+        for t in records:
+            w.append(t)
+        return w.close()
+
+    def writer(self) -> RunWriter:
+        """A new run written at the end of the file record by record (:meth:`RunWriter.close` gives it)."""
+        return RunWriter(self._file())
+
+    def read(self, off: int, n: int) -> Iterator[tuple]:
+        """The records of one run as ``(epoch, seq, ts, Event)``, a chunk at a time."""
+        for x in self._read_raw(off, n):
+            ev = Event(*x)
+            yield ev.epoch, ev.seq, ev.ts, ev
+
+    def _read_raw(self, off: int, n: int) -> Iterator[tuple]:
+        """The records of one run as written (the Events' values), a chunk at a time (the file is shared by the
+        runs read at once: each read seeks to its place)."""
+        fh = self._file()
+        while n > 0:
+            fh.seek(off)
+            chunk = pickle.load(fh)
+            off = fh.tell()
+            n -= len(chunk)
+            yield from chunk
+
+    def compact(self, runs: list[Run]) -> None:
+        """Merge the newest runs of ``runs`` (one key's, oldest first) in place while :data:`FAN_IN` of them share
+        a level (see the module doc)."""
+        level = self._level
+        while len(runs) >= FAN_IN:
+            tail = runs[-FAN_IN:]
+            lv = level.get(tail[-1][0], 0)
+            if any(level.get(o, 0) != lv for o, _n in tail):
+                return
+            w = self.writer()
+            for x in heapq.merge(*(self._read_raw(o, n) for o, n in tail), key=_raw_key):
+                w.append_raw(x)
+            runs[-FAN_IN:] = [w.close()]
+            for o, _n in tail:
+                level.pop(o, None)
+            level[runs[-1][0]] = lv + 1
+
+
+def _raw_key(x: tuple) -> tuple[int, int, int]:
+    """The sort key (epoch, seq, ts) of a record as written: Event(tag, rank, seq, ts, epoch, ...)'s values."""
+    return x[4], x[2], x[3]
+
+
+class RunWriter:
+    """One new run at the end of the file, written chunk by chunk (while other runs of the file are read: each
+    write seeks to the run's end)."""
+
+    def __init__(self, fh: IO[bytes]) -> None:
+        self.fh = fh
+        self.fh.seek(0, 2)
+        self.off, self.n = self.fh.tell(), 0
+        self.buf: list[tuple] = []
+        self.end = self.off
+
+    def append(self, t: tuple) -> None:
+        """A record ``(epoch, seq, ts, Event)``."""
+        e = t[3]
+        self.append_raw((e.tag, e.rank, e.seq, e.ts, e.epoch, e.fields, e.level, e.src, e.line_no))
+
+    def append_raw(self, x: tuple) -> None:
+        """A record as written (the Event's values)."""
+        self.buf.append(x)
+        if len(self.buf) >= CHUNK:
+            self._flush()
+
+    def _flush(self) -> None:
+        self.fh.seek(self.end)
+        pickle.dump(self.buf, self.fh, pickle.HIGHEST_PROTOCOL)
+        self.end = self.fh.tell()
+        self.n += len(self.buf)
+        self.buf = []
+
+    def close(self) -> Run:
+        """The run written."""
+        if self.buf:
+            self._flush()
+        return self.off, self.n
