@@ -173,25 +173,48 @@ static int any_value(Rd *r, int depth, int mode, PyObject **out)
     return OK;
 }
 
-/* one attribute {"key": str, "value": AnyValue} (other keys skipped, as collect skips them): its key, and its
- * value's text, which the caller reads as the key asks */
+/* one attribute {"key": str, "value": AnyValue} (other keys skipped, as collect skips them) as the sink's add
+ * function sees it: its key, and a reader at its value, which add reads as the key asks (attr_value) */
 typedef struct {
     Str key;
-    Rd val;
+    Rd *val;
+    int whole;   /* val holds the value's text and nothing else (it came before the key, and was skipped) */
 } Attr;
 
-static int read_attr(Rd *r, Attr *a)
+typedef struct {
+    int (*add)(const Attr *, void *);
+    void *ctx;
+} AttrSink;
+
+/* the value of an attribute, read as mode asks */
+static int attr_value(const Attr *a, int mode, PyObject **out)
 {
+    int st = any_value(a->val, 8, mode, out);
+    if (st == OK && a->whole && a->val->p != a->val->end) {   /* (only whitespace can remain: skip read it) */
+        if (mode != AS_CHECK)
+            Py_CLEAR(*out);
+        st = FALLBACK;
+    }
+    return st;
+}
+
+/* one attribute handed to the sink: read in one pass where its key comes first (as every encoder writes it), else
+ * its value skipped and read once the key is known */
+static int attr_item(Rd *r, void *p)
+{
+    const AttrSink *sink = p;
     if (!lit(r, '{'))
         return FALLBACK;
-    int seen = 0;
+    int seen = 0, st = OK;
+    Rd later = {NULL, NULL};
+    Attr a = {{NULL, 0}, NULL, 0};
     if (!lit(r, '}')) {
         do {
             Str k;
             if (plain_str(r, &k) != OK || !lit(r, ':'))
                 return FALLBACK;
             if (str_is(k, "key")) {
-                if (seen & 1 || plain_str(r, &a->key) != OK)
+                if (seen & 1 || plain_str(r, &a.key) != OK)
                     return FALLBACK;
                 seen |= 1;
             } else if (str_is(k, "value")) {
@@ -199,10 +222,16 @@ static int read_attr(Rd *r, Attr *a)
                     return FALLBACK;
                 seen |= 2;
                 ws(r);
-                a->val.p = r->p;
-                if (skip(r, 8) != OK)
-                    return FALLBACK;
-                a->val.end = r->p;
+                if (seen & 1) {
+                    a.val = r;
+                    if ((st = sink->add(&a, sink->ctx)) != OK)
+                        return st;
+                } else {
+                    later.p = r->p;
+                    if (skip(r, 8) != OK)
+                        return FALLBACK;
+                    later.end = r->p;
+                }
             } else if (skip(r, 8) != OK) {
                 return FALLBACK;
             }
@@ -210,17 +239,13 @@ static int read_attr(Rd *r, Attr *a)
         if (!lit(r, '}'))
             return FALLBACK;
     }
-    return seen == 3 ? OK : FALLBACK;   /* (no key, or no value, which any_value reads as None: the twin) */
-}
-
-/* the value of an attribute, read as mode asks (the whole of its text) */
-static int attr_value(const Attr *a, int mode, PyObject **out)
-{
-    Rd v = a->val;
-    int st = any_value(&v, 8, mode, out);
-    if (st == OK && v.p != v.end && mode != AS_CHECK)
-        Py_CLEAR(*out);
-    return st == OK && v.p != v.end ? FALLBACK : st;   /* (only whitespace can remain: skip read the value) */
+    if (seen != 3)
+        return FALLBACK;   /* (no key, or no value, which any_value reads as None: the twin) */
+    if (later.p == NULL)
+        return OK;
+    a.val = &later;
+    a.whole = 1;
+    return sink->add(&a, sink->ctx);
 }
 
 /* an object (r at its '{') whose one key collect reads holds a list, each element read by item(r, ctx); its
@@ -242,19 +267,6 @@ static int list_field(Rd *r, const char *key, int (*item)(Rd *, void *), void *c
             st = skip(r, 4);
     } while (st == OK && lit(r, ','));
     return st == OK && !lit(r, '}') ? FALLBACK : st;
-}
-
-typedef struct {
-    int (*add)(const Attr *, void *);
-    void *ctx;
-} AttrSink;
-
-static int attr_item(Rd *r, void *p)
-{
-    const AttrSink *sink = p;
-    Attr a;
-    int st = read_attr(r, &a);
-    return st == OK ? sink->add(&a, sink->ctx) : st;
 }
 
 /* a list "[attr, ...]" (r at its '['), each attribute handed to add(a, ctx): OK, FALLBACK or ERR */

@@ -81,6 +81,28 @@ def test_sorted_runs_on_disk_give_the_stream_of_one_sort(big, tmp_path, monkeypa
     assert sum(merged) > 20 and max(merged) >= 4, merged   # (4: a merge that made two levels at once)
 
 
+def test_sorted_runs_without_a_record_given_twice_are_not_read_to_dedupe(big, tmp_path, monkeypatch):
+    """Runs on disk whose seqs all differ hold no record twice: dedupe reads none of them (the seq bits say so), and
+    the stream is still the one of one sort in memory; a file given twice makes it read them and drop the copies."""
+    a = _two_rank_files(big, tmp_path, 400)[0]
+    whole = _read([a])
+    monkeypatch.setattr(tracedocs, "SPILL_AT", 9)
+    reads = []
+    real = sortedruns.RunFile.read
+    monkeypatch.setattr(sortedruns.RunFile, "read", lambda self, o, n: reads.append(n) or real(self, o, n))
+    docs = TraceDocs()
+    docs.add_otlp_lines(a)
+    docs.dedupe()
+    assert reads == [] and not docs.duplicates
+    assert _read([a]) == whole and reads   # (read once, for the events)
+    reads.clear()
+    docs = TraceDocs()
+    for p in (a, a):
+        docs.add_otlp_lines(p)
+    docs.dedupe()
+    assert reads and sum(docs.duplicates.values()) == len(whole[0])
+
+
 def test_check_peak_rss_is_flat_in_the_number_of_otlp_records(big, tmp_path):
     rss = {}
     for n in (30_000, 120_000):

@@ -14,6 +14,7 @@ Contract:
   whose records arrive in R spills then holds at most ``(FAN_IN - 1) * log_FAN_IN(R)`` runs, so a merge of all of
   them holds that many chunks; each record is written once more per level (the file keeps the merged runs' bytes
   until it is closed).
+* :class:`SeqBits` tells whether a key's records may hold two of one (epoch, seq), without merging its runs.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ...model.events import Event
 
 CHUNK = 256         # records per pickled chunk of a run: what each run's reader holds while merging
 FAN_IN = 32         # runs of one level merged into one of the next (:meth:`RunFile.compact`)
+SEQ_BITS_MAX = 1 << 28   # seqs a :class:`SeqBits` holds (32 MiB at most): past that, it reports a clash
 
 Run = tuple[int, int]   # (offset in the file, records)
 
@@ -47,8 +49,10 @@ class RunFile:
     def write(self, records: list[tuple]) -> Run:
         """``records`` (sorted) as one new run."""
         w = self.writer()
-        for t in records:
-            w.append(t)
+        for i in range(0, len(records), CHUNK):
+            w.buf = [(e.tag, e.rank, e.seq, e.ts, e.epoch, e.fields, e.level, e.src, e.line_no)
+                     for *_k, e in records[i:i + CHUNK]]
+            w._flush()
         return w.close()
 
     def writer(self) -> RunWriter:
@@ -72,14 +76,18 @@ class RunFile:
             n -= len(chunk)
             yield from chunk
 
+    def level(self, run: Run) -> int:
+        """How many merges ``run`` went through (0: written as one spill)."""
+        return self._level.get(run[0], 0)
+
     def compact(self, runs: list[Run]) -> None:
         """Merge the newest runs of ``runs`` (one key's, oldest first) in place while :data:`FAN_IN` of them share
         a level (see the module doc)."""
         level = self._level
         while len(runs) >= FAN_IN:
             tail = runs[-FAN_IN:]
-            lv = level.get(tail[-1][0], 0)
-            if any(level.get(o, 0) != lv for o, _n in tail):
+            lv = self.level(tail[-1])
+            if any(self.level(r) != lv for r in tail):
                 return
             w = self.writer()
             for x in heapq.merge(*(self._read_raw(o, n) for o, n in tail), key=_raw_key):
@@ -88,6 +96,32 @@ class RunFile:
             for o, _n in tail:
                 level.pop(o, None)
             level[runs[-1][0]] = lv + 1
+
+
+class SeqBits:
+    """The seqs of one key's records, one bit each (1 bit a record: 2 MiB for 16M records), to tell whether two of
+    its records may share an (epoch, seq), the only way a record can be given twice: :attr:`clash` once a seq came
+    twice, or one the bits cannot hold did (not an int in ``[0, SEQ_BITS_MAX)``)."""
+
+    def __init__(self) -> None:
+        self.bits = bytearray()
+        self.clash = False
+
+    def add(self, records: list[tuple]) -> None:
+        """The seqs of ``records`` (``(epoch, seq, ts, Event)``)."""
+        bits = self.bits
+        for t in records:
+            if self.clash:
+                return
+            q = t[1]
+            if type(q) is not int or not 0 <= q < SEQ_BITS_MAX:
+                self.clash = True
+                return
+            i, b = q >> 3, 1 << (q & 7)
+            if i >= len(bits):
+                bits.extend(bytes(max(i + 1 - len(bits), len(bits))))   # (doubled: amortised growth)
+            self.clash = bool(bits[i] & b)
+            bits[i] |= b
 
 
 def _raw_key(x: tuple) -> tuple[int, int, int]:

@@ -49,7 +49,7 @@ from ...model.events import Event
 from .inputs import open_text, truncated
 from .logs import LogReadError
 from .otlpfile import BAD_SHAPE, OtlpInfo, bad_shape, collect, collect_file, json_lines, merge_ranks, merge_streams
-from .sortedruns import Run, RunFile
+from .sortedruns import Run, RunFile, SeqBits
 
 _JS_SAFE = 1 << 53
 SPILL_AT = 20_000   # records held in memory before they are sorted to disk (about 1.5 KiB each while held)
@@ -75,6 +75,7 @@ class TraceDocs:
         self._runs: dict[tuple[str, int], list[Run]] = {}   # key -> its sorted runs on disk, oldest first
         self._held = 0                             # records added to per_rank since the last spill
         self._srcs: dict[tuple[str, int], set[str]] = {}   # key -> sources of its records on disk
+        self._seqs: dict[tuple[str, int], SeqBits] = {}    # key -> the seqs of its records on disk
         self._only: set[str] | None = None         # a view's sources (:meth:`only`): records on disk filtered on read
         self._filtered_n: dict[tuple[str, int], int] = {}   # a view's records on disk per key, counted once
 
@@ -113,6 +114,10 @@ class TraceDocs:
                 continue
             lst.sort(key=lambda t: (t[0], t[1], t[2]))
             self._srcs.setdefault(rank, set()).update(t[3].src for t in lst)
+            seen = self._seqs.get(rank)
+            if seen is None:
+                seen = self._seqs[rank] = SeqBits()
+            seen.add(lst)
             runs = self._runs.setdefault(rank, [])
             runs.append(self._disk.write(lst))
             lst.clear()   # in place: collect_file holds this list's dict
@@ -276,9 +281,10 @@ class TraceDocs:
     # -- the stream --------------------------------------------------------------------------------------------
     def dedupe(self) -> None:
         """Sort each rank by (epoch, seq, ts) and keep one of the records given twice (see the module doc); counts go
-        to :attr:`duplicates` and :attr:`conflicts`. With runs on disk, a rank that held a record twice has its kept
-        records written as one new run; the others keep their runs (merged when read: writing them again cost more
-        than the merge)."""
+        to :attr:`duplicates` and :attr:`conflicts`. With runs on disk, a rank whose records hold no seq twice
+        (:class:`.sortedruns.SeqBits`) is not read at all, a rank that held a record twice has its kept records
+        written as one new run, and the others keep their runs (merged when read: writing them again cost more than
+        the merge)."""
         spilled = bool(self._runs)
         if spilled:
             self._spill()   # (the records still in memory become the last run of their rank)
@@ -288,6 +294,9 @@ class TraceDocs:
                 if len(kept) != len(self.per_rank[rank]):
                     self.per_rank[rank] = kept
                 continue
+            seqs = self._seqs.get(rank)
+            if seqs is not None and not seqs.clash:
+                continue   # every seq once: no two records share an (epoch, seq), so none to count or drop
             n = sum(1 for _t in self._kept(rank, count=True))
             if n != sum(k for _o, k in self._runs[rank]):   # (records dropped: the kept ones as one run)
                 out = self._disk.writer()
