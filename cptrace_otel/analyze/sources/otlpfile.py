@@ -32,6 +32,7 @@ from ...model.attrs import attributes_to_fields
 from ...model.events import Event
 from .inputs import MAX_JSON_LINE, STDIN, open_text, stdin_head, truncated
 from .logs import LogReadError
+from .sortedruns import RECORD_KEY
 
 
 def _g(d: dict, camel: str, snake: str, default: object = None) -> Any:
@@ -226,7 +227,7 @@ def merge_ranks(per_rank: dict) -> Iterator[Event]:
     merged by the records' ``ts`` field."""
     streams = []
     for lst in per_rank.values():
-        lst.sort(key=lambda t: (t[0], t[1], t[2]))
+        lst.sort(key=RECORD_KEY)
         streams.append([t[3] for t in lst])
     return merge_streams(streams)
 

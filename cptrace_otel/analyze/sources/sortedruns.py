@@ -20,6 +20,7 @@ Contract:
 from __future__ import annotations
 
 import heapq
+import operator
 import pickle
 import tempfile
 from collections.abc import Iterator
@@ -62,8 +63,7 @@ class RunFile:
     def read(self, off: int, n: int) -> Iterator[tuple]:
         """The records of one run as ``(epoch, seq, ts, Event)``, a chunk at a time."""
         for x in self._read_raw(off, n):
-            ev = Event(*x)
-            yield ev.epoch, ev.seq, ev.ts, ev
+            yield x[4], x[2], x[3], Event(*x)
 
     def _read_raw(self, off: int, n: int) -> Iterator[tuple]:
         """The records of one run as written (the Events' values), a chunk at a time (the file is shared by the
@@ -124,9 +124,10 @@ class SeqBits:
             bits[i] |= b
 
 
-def _raw_key(x: tuple) -> tuple[int, int, int]:
-    """The sort key (epoch, seq, ts) of a record as written: Event(tag, rank, seq, ts, epoch, ...)'s values."""
-    return x[4], x[2], x[3]
+# the sort key (epoch, seq, ts) of a record, and of a record as written (Event(tag, rank, seq, ts, epoch, ...)'s
+# values); itemgetter builds the key in C, a lambda cost 0.3 µs a record
+RECORD_KEY = operator.itemgetter(0, 1, 2)
+_raw_key = operator.itemgetter(4, 2, 3)
 
 
 class RunWriter:

@@ -49,7 +49,7 @@ from ...model.events import Event
 from .inputs import open_text, truncated
 from .logs import LogReadError
 from .otlpfile import BAD_SHAPE, OtlpInfo, bad_shape, collect, collect_file, json_lines, merge_ranks, merge_streams
-from .sortedruns import Run, RunFile, SeqBits
+from .sortedruns import RECORD_KEY, Run, RunFile, SeqBits
 
 _JS_SAFE = 1 << 53
 SPILL_AT = 20_000   # records held in memory before they are sorted to disk (about 1.5 KiB each while held)
@@ -112,7 +112,7 @@ class TraceDocs:
         for rank, lst in self.per_rank.items():
             if not lst:
                 continue
-            lst.sort(key=lambda t: (t[0], t[1], t[2]))
+            lst.sort(key=RECORD_KEY)
             self._srcs.setdefault(rank, set()).update(t[3].src for t in lst)
             seen = self._seqs.get(rank)
             if seen is None:
@@ -128,11 +128,11 @@ class TraceDocs:
         """The records of ``key`` sorted by (epoch, seq, ts): its runs on disk, then its records in memory, merged
         stably (ties keep the order they were read in)."""
         lst = self.per_rank.get(key, [])
-        lst.sort(key=lambda t: (t[0], t[1], t[2]))
+        lst.sort(key=RECORD_KEY)
         runs = [self._disk.read(o, n) for o, n in self._runs.get(key, ())]
         if not runs:
             return iter(lst)
-        merged = heapq.merge(*runs, iter(lst), key=lambda t: (t[0], t[1], t[2]))
+        merged = heapq.merge(*runs, iter(lst), key=RECORD_KEY)
         only = self._only
         return merged if only is None else (t for t in merged if t[3].src in only)
 
