@@ -289,8 +289,8 @@ class TraceDocs:
         if spilled:
             self._spill()   # (the records still in memory become the last run of their rank)
         for rank in list(self._runs) if spilled else list(self.per_rank):
-            kept = list(self._kept(rank, count=True)) if not spilled else None
-            if kept is not None:
+            if not spilled:
+                kept = list(self._kept(rank, count=True))
                 if len(kept) != len(self.per_rank[rank]):
                     self.per_rank[rank] = kept
                 continue
