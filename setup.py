@@ -69,6 +69,7 @@ setup(
         _ext("_otlpin", [_DIR + "otlpin.c"] + _SHARED),
         _ext("_jaegerin", [_DIR + "jaegerin.c"] + _SHARED),
         _ext("_otlpjson", [_DIR + "otlpjson.c"] + _SHARED),
+        _ext("_sortedruns", [_DIR + "sortedruns.c", _DIR + "event.c"]),
         _ext("_hot", [_DIR + "hot.c", _DIR + "ring.c", _DIR + "idset.c"]),
         # -O3: the portable kernel's row loops and the rng min/max loops are left to the auto-vectorizer
         _ext("_fingerprint", [_DIR + "fingerprint.c"], ("-O3",)),

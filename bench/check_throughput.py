@@ -22,8 +22,9 @@ baseline's does.
     python bench/check_throughput.py --lines 400000 1600000 --no-naive --jobs 1 --otlp   # + OTLP JSON lines
 
 ``--otlp`` also writes the same records as OTLP JSON lines (``cptrace-otel ingest --file``: the file sink's format)
-and checks them twice, with the C reader of those lines (``otlp``) and with the Python one (``otlp-py``), and prints
-their ratio.
+and checks them three times: with the C reader of those lines and the C packer of the sorted runs on disk
+(``otlp``), with the C reader and the runs pickled (``otlp-pickled``), and with the Python twins of both
+(``otlp-py``), and prints the ratios.
 
 ``--jobs N`` (default 2) adds ``ours-j1`` and ``ours-jN``: ``check -j 1`` and ``check -j N`` each pinned to the same
 N cores, and prints their ratio (wall) with the CPU time of each (workers included) and the load average: on a
@@ -209,18 +210,22 @@ def _measure(kind: str, paths: list[str]) -> dict:
         res = Analysis().run(events)
         findings = len(res.findings)
     else:   # ours: one process; ours-jN: ``check -j N`` (N worker processes, their CPU time counted too);
-        # otlp: ``check`` over the OTLP JSON lines; otlp-py: the same with the Python reader of those lines (the C
-        # reader switched off)
+        # otlp: ``check`` over the OTLP JSON lines; otlp-pickled: the same with the sorted runs' chunks pickled (the C
+        # packer switched off); otlp-py: with the Python twins of both (the C reader switched off too)
         import contextlib
         import io
         from types import SimpleNamespace
 
         from cptrace_otel._speedups import twin_off
-        from cptrace_otel.analyze.sources import otlpfile
+        from cptrace_otel.analyze.sources import otlpfile, sortedruns
         from cptrace_otel.commands import check as check_cmd
         jobs = int(kind.rsplit("-j", 1)[1]) if "-j" in kind else 1
         buf = io.StringIO()
-        with twin_off(vars(otlpfile), "C_READER") if kind == "otlp-py" else contextlib.nullcontext():
+        with contextlib.ExitStack() as twins:
+            if kind == "otlp-py":
+                twins.enter_context(twin_off(vars(otlpfile), "C_READER"))
+            if kind in ("otlp-py", "otlp-pickled"):
+                twins.enter_context(twin_off(vars(sortedruns), "C_RUNS"))
             rc = check_cmd.run(SimpleNamespace(paths=paths, json=True, level=None, jaeger_url=None, run_id=None,
                                                jobs=jobs), buf, io.StringIO())
         obj = json.loads(buf.getvalue())
@@ -286,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run check -j 1 and -j N side by side, pinned to N cores (1: skip; default 2)")
     ap.add_argument("--otlp", action="store_true",
                     help="also check the same records as OTLP JSON lines (cptrace-otel ingest --file), with the C "
-                         "reader of those lines and with the Python one (otlp, otlp-py)")
+                         "reader and packer, with the runs on disk pickled, and with the Python twins of both "
+                         "(otlp, otlp-pickled, otlp-py)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("paths", nargs="*", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -351,13 +357,15 @@ def main(argv: list[str] | None = None) -> int:
                                 "--no-progress"], check=True, capture_output=True, env=_env())
                 print(f"  OTLP JSON lines: {os.path.getsize(otlp) / 2**20:.0f} MiB (cptrace-otel ingest --file)",
                       flush=True)
-                for k in ("otlp-py", "otlp"):
+                for k in ("otlp-py", "otlp-pickled", "otlp"):
                     r = res[k] = _run_child(k, [otlp])
-                    print(f"  {k:<7} {r['events']:>9} events  {r['seconds']:7.2f}s  {r['events_per_s']:>10,.0f} ev/s "
+                    print(f"  {k:<12} {r['events']:>9} events  {r['seconds']:7.2f}s  {r['events_per_s']:>10,.0f} ev/s "
                           f"(CPU time: {r['cpu_events_per_s']:>10,.0f} ev/s)  peak RSS {r['peak_rss_mib']:7.1f} MiB  "
                           f"findings={r['findings']}", flush=True)
-                print(f"  otlp / otlp-py (C reader of OTLP JSON lines / Python reader): "
+                print(f"  otlp / otlp-py (C reader and packer / their Python twins): "
                       f"{res['otlp']['events_per_s'] / res['otlp-py']['events_per_s']:.2f}x; "
+                      f"otlp / otlp-pickled (the packer alone): "
+                      f"{res['otlp']['events_per_s'] / res['otlp-pickled']['events_per_s']:.2f}x; "
                       f"otlp / ours (log lines): {res['otlp']['events_per_s'] / res['ours']['events_per_s']:.2f}x",
                       flush=True)
                 os.remove(otlp)

@@ -9,6 +9,7 @@ loader (Python)        C module (built by setup)   mirrors (the same results, he
 :mod:`.hot`            ``_hot``                    the gate of ``api.cptrace`` (level compare, sampled-out lookup)
 :mod:`.fingerprint`    ``_fingerprint``            CPU ``khash``/``knz``/``rng`` (``fingerprint.cpu``'s numpy path)
 :mod:`.lockstep`       ``_lockstep``               C1's per-epoch state and step (``checks.cross_base.EpochC1``)
+:mod:`.sortedruns`     ``_sortedruns``             records packed and runs merged (``analyze.sources.sortedruns``)
 =====================  ==========================  ===============================================================
 
 ``value.c`` (the common shapes of :func:`cptrace_otel.model.logline.fast_value`, and the readers' shared configured

@@ -84,6 +84,13 @@ PyObject *event_new(PyObject *const *argv)
     return ev;
 }
 
+PyObject *event_slot(PyObject *ev, int i)
+{
+    if (event_off[0] == 0 || (PyObject *)Py_TYPE(ev) != event_type)
+        return NULL;
+    return *(PyObject **)((char *)ev + event_off[i]);
+}
+
 PyObject *event_new_tracker(void)
 {
     return PyObject_CallNoArgs(tracker_type);

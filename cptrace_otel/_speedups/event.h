@@ -22,6 +22,10 @@ int event_configure(PyObject *event, PyObject *tracker, PyObject *epoch_tags, Py
 /* Event(*argv) with the 9 constructor arguments: a new reference, or NULL with an exception set. */
 PyObject *event_new(PyObject *const *argv);
 
+/* Slot i (constructor order) of ev when ev's type is exactly Event and event_new writes its slots directly: a borrowed
+ * reference; NULL, with no exception set, for any other object or an unset slot (the caller takes its generic path). */
+PyObject *event_slot(PyObject *ev, int i);
+
 /* A new EpochTracker(), or NULL with an exception set. */
 PyObject *event_new_tracker(void);
 

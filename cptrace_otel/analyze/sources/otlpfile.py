@@ -233,17 +233,26 @@ def merge_ranks(per_rank: dict) -> Iterator[Event]:
 
 
 def merge_streams(streams: list) -> Iterator[Event]:
-    """Per-rank event streams (each in its rank's order) merged by the records' ``ts`` field, lazily."""
+    """Per-rank event streams (each in its rank's order) merged by :func:`merge_key`, lazily (in C where
+    ``_speedups/sortedruns.c`` is built: its ``merge`` keys Events as :func:`merge_key` does)."""
     if len(streams) == 1:
         return iter(streams[0])
-    return heapq.merge(*streams, key=merge_key)
+    from .sortedruns import c_runs
+
+    c = c_runs()
+    if c is None:
+        return heapq.merge(*streams, key=merge_key)
+    return c.merge(streams, MERGE_FIELD)
+
+
+MERGE_FIELD = "ts"   # the record field the ranks' streams are merged by (merge_key)
 
 
 def merge_key(e: Event) -> int:
     """The key the ranks' streams are merged by: the record's ``ts=`` field (monotonic, one clock for the ranks of a
     host) when it carries one, else its event time (each process's own call time, which does not order records
     across ranks as well). Ties go to the lower rank (the streams are given in rank order)."""
-    t = e.fields.get("ts")
+    t = e.fields.get(MERGE_FIELD)
     return t if type(t) is int else e.ts
 
 

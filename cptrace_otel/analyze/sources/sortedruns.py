@@ -3,9 +3,12 @@ bounded number of records in memory however long its input.
 
 Contract:
 
-* A record is ``(epoch, seq, ts, Event)``; runs are sorted by ``(epoch, seq, ts)``. On disk a record is the Event's
-  values as a plain tuple (plain tuples pickle several times faster than dataclass instances), pickled in chunks
-  of :data:`CHUNK`: reading a run holds one chunk of it.
+* A record is ``(epoch, seq, ts, Event)``; runs are sorted by ``(epoch, seq, ts)``. On disk a run is chunks of
+  :data:`CHUNK` records (reading a run holds one chunk of it), each chunk its kind (a byte), its length and its
+  bytes: packed by ``_speedups/sortedruns.c`` where it is built and the chunk's values are of the types it holds
+  (:data:`C_RUNS`), else the Events' values as plain tuples, pickled (plain tuples pickle several times faster than
+  dataclass instances): the Python twin, the same records back. Runs merge in the same C module (:func:`merge`;
+  twin: ``heapq.merge``). ``twin_off(vars(sortedruns), "C_RUNS")`` runs both twins.
 * :class:`RunFile` is one unnamed temporary file (created on the first write, deleted when closed or collected)
   holding any number of runs; a run is :data:`Run`, its ``(offset, records)``. :meth:`RunFile.write` writes a
   sorted list as a run, :meth:`RunFile.writer` a run record by record, :meth:`RunFile.read` reads one back.
@@ -22,17 +25,33 @@ from __future__ import annotations
 import heapq
 import operator
 import pickle
+import struct
 import tempfile
 from collections.abc import Iterator
-from typing import IO
+from typing import IO, Any
 
 from ...model.events import Event
 
-CHUNK = 256         # records per pickled chunk of a run: what each run's reader holds while merging
+CHUNK = 256         # records per chunk of a run: what each run's reader holds while merging
 FAN_IN = 32         # runs of one level merged into one of the next (:meth:`RunFile.compact`)
 SEQ_BITS_MAX = 1 << 28   # seqs a :class:`SeqBits` holds (32 MiB at most): past that, it reports a clash
 
 Run = tuple[int, int]   # (offset in the file, records)
+
+_UNLOADED: Any = object()
+C_RUNS: Any = _UNLOADED   # sortedruns.c's module once loaded; None when not built (or switched off: twin_off)
+PACKED, PICKLED = 1, 2    # a chunk's kind
+CHUNK_HEAD = struct.Struct("<BQ")   # a chunk's kind and its length in bytes
+
+
+def c_runs() -> Any:
+    """The C half of the sorted runs (loaded on first use), or None: every chunk is pickled, runs merge in Python."""
+    global C_RUNS
+    if C_RUNS is _UNLOADED:
+        from ..._speedups.sortedruns import load
+
+        C_RUNS = load()
+    return C_RUNS
 
 
 class RunFile:
@@ -41,9 +60,11 @@ class RunFile:
     def __init__(self) -> None:
         self._fh: IO[bytes] | None = None
         self._level: dict[int, int] = {}   # a run's offset -> its level, when above 0
+        self._pack: Any = None             # set with the file: its own (a later twin_off strands no packed chunk)
 
     def _file(self) -> IO[bytes]:
         if self._fh is None:
+            self._pack = c_runs()
             self._fh = tempfile.TemporaryFile(prefix="cptrace-sort-")  # noqa: SIM115 - lives as long as the runs
         return self._fh
 
@@ -55,21 +76,20 @@ class RunFile:
 
     def writer(self) -> RunWriter:
         """A new run written at the end of the file record by record (:meth:`RunWriter.close` gives it)."""
-        return RunWriter(self._file())
+        fh = self._file()
+        return RunWriter(fh, self._pack)
 
     def read(self, off: int, n: int) -> Iterator[tuple]:
-        """The records of one run as ``(epoch, seq, ts, Event)``, a chunk at a time."""
-        for x in self._read_raw(off, n):
-            yield x[4], x[2], x[3], Event(*x)
-
-    def _read_raw(self, off: int, n: int) -> Iterator[tuple]:
-        """The records of one run as written (the Events' values), a chunk at a time (the file is shared by the
-        runs read at once: each read seeks to its place)."""
+        """The records of one run as ``(epoch, seq, ts, Event)``, a chunk at a time (the file is shared by the runs
+        read at once: each read seeks to its place)."""
         fh = self._file()
+        head = CHUNK_HEAD.size
         while n > 0:
             fh.seek(off)
-            chunk = pickle.load(fh)
-            off = fh.tell()
+            kind, size = CHUNK_HEAD.unpack(fh.read(head))
+            data = fh.read(size)
+            off += head + size
+            chunk = load_chunk(kind, data, self._pack)
             n -= len(chunk)
             yield from chunk
 
@@ -87,8 +107,8 @@ class RunFile:
             if any(self.level(r) != lv for r in tail):
                 return
             w = self.writer()
-            for x in heapq.merge(*(self._read_raw(o, n) for o, n in tail), key=_raw_key):
-                w.append_raw(x)
+            for t in merge([self.read(o, n) for o, n in tail]):
+                w.append(t)
             runs[-FAN_IN:] = [w.close()]
             for o, _n in tail:
                 level.pop(o, None)
@@ -121,47 +141,80 @@ class SeqBits:
             bits[i] |= b
 
 
-# a record as written: its Event's values in the constructor's order (Event(*values) rebuilds it), as a plain tuple
+# a record as pickled: its Event's values in the constructor's order (Event(*values) rebuilds it), as a plain tuple
 _values = operator.attrgetter("tag", "rank", "seq", "ts", "epoch", "fields", "level", "src", "line_no")
-# the sort key (epoch, seq, ts) of a record, and of a record as written; itemgetter builds it without a Python call
+
+
+def pickle_chunk(records: list[tuple]) -> bytes:
+    """A chunk of records ``(epoch, seq, ts, Event)`` as bytes: sortedruns.c's ``pack``'s Python twin (it holds every
+    value pickle holds)."""
+    return pickle.dumps([_values(t[3]) for t in records], pickle.HIGHEST_PROTOCOL)
+
+
+def unpickle_chunk(data: bytes) -> list[tuple]:
+    """The records :func:`pickle_chunk` was given, rebuilt: sortedruns.c's ``unpack``'s Python twin."""
+    return [(x[4], x[2], x[3], Event(*x)) for x in pickle.loads(data)]
+
+
+def dump_chunk(records: list[tuple], pack: Any) -> tuple[int, bytes]:
+    """``(kind, bytes)`` of a chunk of records ``(epoch, seq, ts, Event)``, each key its Event's own values: packed
+    by ``pack`` (:func:`c_runs`'s module) where it can, else pickled (``pack`` None: always)."""
+    data = None if pack is None else pack.pack(records)
+    if data is None:   # (not built, switched off, or a value of a type sortedruns.c does not hold)
+        return PICKLED, pickle_chunk(records)
+    return PACKED, data
+
+
+def merge(runs: list[Iterator[tuple]]) -> Iterator[tuple]:
+    """The records of sorted ``runs`` merged by (epoch, seq, ts), stably (ties in the order of the runs), lazily:
+    sortedruns.c's ``merge`` where it is built, else its twin ``heapq.merge``."""
+    pack = c_runs()
+    if pack is None:
+        return heapq.merge(*runs, key=RECORD_KEY)
+    return pack.merge(runs)
+
+
+def load_chunk(kind: int, data: bytes, pack: Any) -> list[tuple]:
+    """The records of a chunk :func:`dump_chunk` gave (a packed one needs ``pack``)."""
+    return pack.unpack(data) if kind == PACKED else unpickle_chunk(data)
+
+# the sort key (epoch, seq, ts) of a record; itemgetter builds it without a Python call
 RECORD_KEY = operator.itemgetter(0, 1, 2)
-_raw_key = operator.itemgetter(4, 2, 3)
 
 
 class RunWriter:
     """One new run at the end of the file, written chunk by chunk (while other runs of the file are read: each
     write seeks to the run's end)."""
 
-    def __init__(self, fh: IO[bytes]) -> None:
+    def __init__(self, fh: IO[bytes], pack: Any) -> None:
         self.fh = fh
         self.fh.seek(0, 2)
         self.off, self.n = self.fh.tell(), 0
         self.buf: list[tuple] = []
         self.end = self.off
+        self.pack = pack   # sortedruns.c's module, or None: pickled
 
     def append(self, t: tuple) -> None:
         """A record ``(epoch, seq, ts, Event)``."""
-        self.append_raw(_values(t[3]))
+        self.buf.append(t)
+        if len(self.buf) >= CHUNK:
+            self._flush()
 
     def extend(self, records: list[tuple]) -> None:
-        """Records ``(epoch, seq, ts, Event)``, converted a chunk at a time."""
+        """Records ``(epoch, seq, ts, Event)``, written a chunk at a time."""
         i = 0
         while i < len(records):
             take = CHUNK - len(self.buf)
-            self.buf += [_values(t[3]) for t in records[i:i + take]]
+            self.buf += records[i:i + take]
             i += take
             if len(self.buf) >= CHUNK:
                 self._flush()
 
-    def append_raw(self, x: tuple) -> None:
-        """A record as written (the Event's values)."""
-        self.buf.append(x)
-        if len(self.buf) >= CHUNK:
-            self._flush()
-
     def _flush(self) -> None:
+        kind, data = dump_chunk(self.buf, self.pack)
         self.fh.seek(self.end)
-        pickle.dump(self.buf, self.fh, pickle.HIGHEST_PROTOCOL)
+        self.fh.write(CHUNK_HEAD.pack(kind, len(data)))
+        self.fh.write(data)
         self.end = self.fh.tell()
         self.n += len(self.buf)
         self.buf = []

@@ -36,7 +36,6 @@ parsed whole) and adds nothing; the other traces of the document are read.
 
 from __future__ import annotations
 
-import heapq
 import io
 import itertools
 import json
@@ -49,7 +48,7 @@ from ...model.events import Event
 from .inputs import open_text, truncated
 from .logs import LogReadError
 from .otlpfile import BAD_SHAPE, OtlpInfo, bad_shape, collect, collect_file, json_lines, merge_ranks, merge_streams
-from .sortedruns import RECORD_KEY, Run, RunFile, SeqBits
+from .sortedruns import RECORD_KEY, Run, RunFile, SeqBits, merge
 
 _JS_SAFE = 1 << 53
 SPILL_AT = 20_000   # records held in memory before they are sorted to disk (about 1.5 KiB each while held)
@@ -132,7 +131,7 @@ class TraceDocs:
         runs = [self._disk.read(o, n) for o, n in self._runs.get(key, ())]
         if not runs:
             return iter(lst)
-        merged = heapq.merge(*runs, iter(lst), key=RECORD_KEY)
+        merged = merge([*runs, iter(lst)])
         only = self._only
         return merged if only is None else (t for t in merged if t[3].src in only)
 

@@ -1,0 +1,783 @@
+/* The sorted runs on disk of ``check`` over span files (analyze/sources/sortedruns.py, the external sort behind
+ * TraceDocs), their two hot steps in C: records packed to bytes and back, and runs merged; loaded by
+ * _speedups/sortedruns.py.
+ *
+ *   configure(Rng, Event, EpochTracker, epoch_tags, event_slots)   as every reader takes them (event.h)
+ *   pack(records) -> bytes | None
+ *       records: a list of (epoch, seq, ts, Event), each key its Event's own values (what the sorted runs hold). The
+ *       bytes hold each Event's nine values; None when one of them is of a type this format does not hold (below),
+ *       or the Event is not exactly an Event whose slots this code reads: the caller then pickles the chunk instead
+ *       (the twin).
+ *   unpack(data) -> [(epoch, seq, ts, Event), ...]
+ *       the records pack was given, rebuilt: Event(*values), the key (Event.epoch, Event.seq, Event.ts), each value
+ *       of its type (bool stays bool, an int an int, a float the same 8 bytes, an Rng an Rng). Sharing is not
+ *       kept: two records that held one dict get equal dicts. A ValueError for bytes pack did not write.
+ *   merge(runs, ts_field=None) -> iterator
+ *       heapq.merge(*runs, key=itemgetter(0, 1, 2)) of records, or with ts_field heapq.merge(*runs,
+ *       key=otlpfile.merge_key) of Events (see the merge section below).
+ *
+ * The format (one chunk, little-endian): u32 count, then each record's nine values in Event's constructor order.
+ * A value is a type byte and its body: N (None), F, T (False, True), i (int64), d (float64), s (a str not yet in
+ * this chunk: u32 length, UTF-8; it joins the chunk's string table), r (a str of the table: u32 index), l (a list:
+ * u32 length, values), R (an Rng: its five values), D (a dict: u32 length, then key and value for each, every key a
+ * str). Only the exact types: a subclass, an int outside int64, a str that is not valid UTF-8 (lone surrogates), a
+ * tuple that is not an Rng or nesting deeper than MAX_DEPTH make pack answer None.
+ *
+ * Why C: a record's round trip through the sorted runs with pickle (each Event's values taken out as a tuple,
+ * pickled, unpickled, an Rng rebuilt by a Python call, the Event rebuilt) cost about 5 µs, more than reading it
+ * from its OTLP JSON line in C; heapq.merge is a Python generator, a step and a key tuple per record.
+ *
+ * Twin: cptrace_otel.analyze.sources.sortedruns.pickle_chunk
+ * Twin: cptrace_otel.analyze.sources.sortedruns.unpickle_chunk
+ * Twin: heapq.merge
+ * Twin: cptrace_otel.analyze.sources.otlpfile.merge_key
+ * Held equal by: tests/unit/test_sortedruns_c.py
+ */
+#include "event.h"
+
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_DEPTH 32
+#define RNG_PARTS 5
+#define KEY_EPOCH 4   /* Event's constructor order: tag, rank, seq, ts, epoch, fields, level, src, line_no */
+#define KEY_SEQ 2
+#define KEY_TS 3
+
+enum { V_NONE = 'N', V_FALSE = 'F', V_TRUE = 'T', V_INT = 'i', V_FLOAT = 'd', V_STR = 's', V_REF = 'r',
+       V_LIST = 'l', V_RNG = 'R', V_DICT = 'D' };
+
+static PyObject *rng_type;   /* logline.Rng (configure) */
+static int configured;
+
+/* -- pack ------------------------------------------------------------------------------------------------------ */
+
+#define SEEN 512   /* slots of the cache of str objects met (a power of two) */
+
+typedef struct {
+    char *p;
+    size_t n, cap;
+    PyObject *strs;   /* dict: str -> its index in the chunk's string table */
+    /* the same str objects recur (tags, field names, src): by address first, without hashing or comparing text.
+     * The records hold every str met for the whole call, so no address is reused meanwhile. */
+    struct { PyObject *s; Py_ssize_t ix; } seen[SEEN];
+} Out;
+
+enum { PACKED = 1, NOT_PACKABLE = 0, FAILED = -1 };
+
+static int grow(Out *o, size_t add)
+{
+    if (o->n + add <= o->cap)
+        return PACKED;
+    size_t cap = o->cap ? o->cap : 4096;
+    while (cap < o->n + add)
+        cap *= 2;
+    char *p = PyMem_Realloc(o->p, cap);
+    if (p == NULL) {
+        PyErr_NoMemory();
+        return FAILED;
+    }
+    o->p = p;
+    o->cap = cap;
+    return PACKED;
+}
+
+static int put(Out *o, const void *src, size_t n)
+{
+    if (grow(o, n) < 0)
+        return FAILED;
+    memcpy(o->p + o->n, src, n);
+    o->n += n;
+    return PACKED;
+}
+
+static int put_byte(Out *o, char c) { return put(o, &c, 1); }
+
+/* a length or index, 4 bytes: NOT_PACKABLE past what they hold */
+static int put_len(Out *o, Py_ssize_t v)
+{
+    if ((size_t)v > UINT32_MAX)
+        return NOT_PACKABLE;
+    unsigned char b[4] = {v & 0xff, (v >> 8) & 0xff, (v >> 16) & 0xff, (v >> 24) & 0xff};
+    return put(o, b, 4);
+}
+
+static int put_u32(Out *o, char type, Py_ssize_t v)
+{
+    int r = put_byte(o, type);
+    return r == PACKED ? put_len(o, v) : r;
+}
+
+static int put_u64(Out *o, char type, uint64_t v)
+{
+    unsigned char b[9];
+    b[0] = (unsigned char)type;
+    for (int i = 0; i < 8; i++)
+        b[1 + i] = (unsigned char)(v >> (8 * i));
+    return put(o, b, 9);
+}
+
+static int put_str(Out *o, PyObject *s)
+{
+    size_t h = ((uintptr_t)s >> 4) & (SEEN - 1);
+    if (o->seen[h].s == s)
+        return put_u32(o, V_REF, o->seen[h].ix);
+    PyObject *ix = PyDict_GetItemWithError(o->strs, s);
+    if (ix != NULL) {
+        o->seen[h].s = s;
+        o->seen[h].ix = PyLong_AsSsize_t(ix);
+        return put_u32(o, V_REF, o->seen[h].ix);
+    }
+    if (PyErr_Occurred())
+        return FAILED;
+    Py_ssize_t n;
+    PyObject *tmp = NULL;
+    const char *u;
+    if (PyUnicode_IS_COMPACT_ASCII(s)) {   /* the text is its UTF-8: no copy made or cached on the str */
+        u = (const char *)PyUnicode_DATA(s);
+        n = PyUnicode_GET_LENGTH(s);
+    } else {
+        tmp = PyUnicode_AsUTF8String(s);
+        if (tmp == NULL) {   /* lone surrogates: pickle keeps them, this format does not */
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError))
+                return FAILED;
+            PyErr_Clear();
+            return NOT_PACKABLE;
+        }
+        u = PyBytes_AS_STRING(tmp);
+        n = PyBytes_GET_SIZE(tmp);
+    }
+    int r = put_u32(o, V_STR, n);
+    if (r == PACKED)
+        r = put(o, u, (size_t)n);
+    Py_XDECREF(tmp);
+    if (r != PACKED)
+        return r;
+    PyObject *k = PyLong_FromSsize_t(PyDict_GET_SIZE(o->strs));
+    if (k == NULL)
+        return FAILED;
+    r = PyDict_SetItem(o->strs, s, k);
+    Py_DECREF(k);
+    return r < 0 ? FAILED : PACKED;
+}
+
+static int put_value(Out *o, PyObject *v, int depth)
+{
+    if (v == Py_None)
+        return put_byte(o, V_NONE);
+    if (v == Py_True)
+        return put_byte(o, V_TRUE);
+    if (v == Py_False)
+        return put_byte(o, V_FALSE);
+    PyTypeObject *t = Py_TYPE(v);
+    if (t == &PyUnicode_Type)
+        return put_str(o, v);
+    if (t == &PyLong_Type) {
+        int overflow;
+        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (overflow)
+            return NOT_PACKABLE;
+        if (x == -1 && PyErr_Occurred())
+            return FAILED;
+        return put_u64(o, V_INT, (uint64_t)x);
+    }
+    if (t == &PyFloat_Type) {
+        double d = PyFloat_AS_DOUBLE(v);
+        uint64_t bits;
+        memcpy(&bits, &d, 8);
+        return put_u64(o, V_FLOAT, bits);
+    }
+    if (depth >= MAX_DEPTH)
+        return NOT_PACKABLE;
+    int r;
+    if (t == &PyList_Type) {
+        Py_ssize_t n = PyList_GET_SIZE(v);
+        if ((r = put_u32(o, V_LIST, n)) != PACKED)
+            return r;
+        /* no Python code runs below (str hashes and compares, ints, floats): the list cannot change meanwhile */
+        for (Py_ssize_t i = 0; i < n; i++)
+            if ((r = put_value(o, PyList_GET_ITEM(v, i), depth + 1)) != PACKED)
+                return r;
+        return PACKED;
+    }
+    if ((PyObject *)t == rng_type && PyTuple_GET_SIZE(v) == RNG_PARTS) {
+        if ((r = put_byte(o, V_RNG)) != PACKED)
+            return r;
+        for (int i = 0; i < RNG_PARTS; i++)
+            if ((r = put_value(o, PyTuple_GET_ITEM(v, i), depth + 1)) != PACKED)
+                return r;
+        return PACKED;
+    }
+    if (t == &PyDict_Type) {
+        if ((r = put_u32(o, V_DICT, PyDict_GET_SIZE(v))) != PACKED)
+            return r;
+        Py_ssize_t pos = 0;
+        PyObject *k, *x;
+        while (PyDict_Next(v, &pos, &k, &x)) {
+            if (!PyUnicode_CheckExact(k))
+                return NOT_PACKABLE;
+            if ((r = put_str(o, k)) != PACKED || (r = put_value(o, x, depth + 1)) != PACKED)
+                return r;
+        }
+        return PACKED;
+    }
+    return NOT_PACKABLE;
+}
+
+static int put_records(Out *o, PyObject *records)
+{
+    Py_ssize_t n = PyList_GET_SIZE(records);
+    int r = put_len(o, n);
+    if (r != PACKED)
+        return r;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *t = PyList_GET_ITEM(records, i);
+        if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != 4)
+            return NOT_PACKABLE;
+        PyObject *ev = PyTuple_GET_ITEM(t, 3);
+        for (int f = 0; f < EVENT_NFIELDS; f++) {
+            PyObject *v = event_slot(ev, f);
+            if (v == NULL)
+                return NOT_PACKABLE;
+            if ((r = put_value(o, v, 0)) != PACKED)
+                return r;
+        }
+    }
+    return PACKED;
+}
+
+static PyObject *py_pack(PyObject *self, PyObject *records)
+{
+    if (!configured) {
+        PyErr_SetString(PyExc_RuntimeError, "pack: not configured");
+        return NULL;
+    }
+    if (!PyList_CheckExact(records)) {
+        PyErr_SetString(PyExc_TypeError, "pack: records must be a list");
+        return NULL;
+    }
+    Out o;
+    memset(&o, 0, sizeof(o));
+    if ((o.strs = PyDict_New()) == NULL)
+        return NULL;
+    int r = put_records(&o, records);
+    PyObject *res = NULL;
+    if (r == PACKED)
+        res = PyBytes_FromStringAndSize(o.p, (Py_ssize_t)o.n);
+    else if (r == NOT_PACKABLE)
+        res = Py_NewRef(Py_None);
+    PyMem_Free(o.p);
+    Py_DECREF(o.strs);
+    return res;
+}
+
+/* -- unpack ---------------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    const unsigned char *p, *end;
+    PyObject *strs;   /* list: the chunk's string table */
+} In;
+
+static PyObject *corrupt(void)
+{
+    PyErr_SetString(PyExc_ValueError, "unpack: not records written by pack (truncated or corrupt)");
+    return NULL;
+}
+
+static int get_u32(In *in, uint32_t *v)
+{
+    if (in->end - in->p < 4)
+        return -1;
+    *v = (uint32_t)in->p[0] | (uint32_t)in->p[1] << 8 | (uint32_t)in->p[2] << 16 | (uint32_t)in->p[3] << 24;
+    in->p += 4;
+    return 0;
+}
+
+static PyObject *get_value(In *in, int depth)
+{
+    if (in->p >= in->end || depth > MAX_DEPTH)
+        return corrupt();
+    unsigned char type = *in->p++;
+    uint32_t n;
+    uint64_t bits;
+    switch (type) {
+    case V_NONE:
+        return Py_NewRef(Py_None);
+    case V_FALSE:
+        return Py_NewRef(Py_False);
+    case V_TRUE:
+        return Py_NewRef(Py_True);
+    case V_INT:
+    case V_FLOAT:
+        if (in->end - in->p < 8)
+            return corrupt();
+        bits = 0;
+        for (int i = 7; i >= 0; i--)
+            bits = bits << 8 | in->p[i];
+        in->p += 8;
+        if (type == V_INT)
+            return PyLong_FromLongLong((long long)bits);
+        double d;
+        memcpy(&d, &bits, 8);
+        return PyFloat_FromDouble(d);
+    case V_STR: {
+        if (get_u32(in, &n) < 0 || (size_t)(in->end - in->p) < n)
+            return corrupt();
+        PyObject *s = PyUnicode_DecodeUTF8((const char *)in->p, n, NULL);
+        in->p += n;
+        if (s == NULL || PyList_Append(in->strs, s) < 0) {
+            Py_XDECREF(s);
+            return NULL;
+        }
+        return s;
+    }
+    case V_REF:
+        if (get_u32(in, &n) < 0 || n >= (uint32_t)PyList_GET_SIZE(in->strs))
+            return corrupt();
+        return Py_NewRef(PyList_GET_ITEM(in->strs, n));
+    case V_LIST: {
+        if (get_u32(in, &n) < 0 || (size_t)(in->end - in->p) < n)   /* each item takes a byte at least */
+            return corrupt();
+        PyObject *l = PyList_New(n);
+        if (l == NULL)
+            return NULL;
+        for (uint32_t i = 0; i < n; i++) {
+            PyObject *x = get_value(in, depth + 1);
+            if (x == NULL) {
+                Py_DECREF(l);
+                return NULL;
+            }
+            PyList_SET_ITEM(l, i, x);
+        }
+        return l;
+    }
+    case V_RNG: {
+        /* what Rng(*parts) builds: tuple.__new__(Rng, parts), as the readers build it (value.c) */
+        PyTypeObject *t = (PyTypeObject *)rng_type;
+        PyObject *r = t->tp_alloc(t, RNG_PARTS);
+        int atomic = 1;
+        if (r == NULL)
+            return NULL;
+        for (int i = 0; i < RNG_PARTS; i++) {
+            PyObject *x = get_value(in, depth + 1);
+            if (x == NULL) {
+                Py_DECREF(r);
+                return NULL;
+            }
+            PyTuple_SET_ITEM(r, i, x);
+            atomic &= x == Py_None || PyLong_CheckExact(x) || PyFloat_CheckExact(x) || PyUnicode_CheckExact(x);
+        }
+        if (atomic)   /* no cycle through it: untracked, as the collector would (a dict holding it stays untracked) */
+            PyObject_GC_UnTrack(r);
+        return r;
+    }
+    case V_DICT: {
+        if (get_u32(in, &n) < 0)
+            return corrupt();
+        PyObject *d = _PyDict_NewPresized(n);   /* (CPython's: no resize while it fills) */
+        if (d == NULL)
+            return NULL;
+        for (uint32_t i = 0; i < n; i++) {
+            PyObject *k = get_value(in, depth + 1);
+            if (k == NULL || !PyUnicode_CheckExact(k)) {
+                Py_XDECREF(k);
+                Py_DECREF(d);
+                return k == NULL ? NULL : corrupt();
+            }
+            PyObject *x = get_value(in, depth + 1);
+            int rc = x == NULL ? -1 : PyDict_SetItem(d, k, x);
+            Py_DECREF(k);
+            Py_XDECREF(x);
+            if (rc < 0) {
+                Py_DECREF(d);
+                return NULL;
+            }
+        }
+        return d;
+    }
+    default:
+        return corrupt();
+    }
+}
+
+static PyObject *get_record(In *in)
+{
+    PyObject *argv[EVENT_NFIELDS] = {NULL};
+    PyObject *res = NULL;
+    for (int f = 0; f < EVENT_NFIELDS; f++)
+        if ((argv[f] = get_value(in, 0)) == NULL)
+            goto done;
+    PyObject *ev = event_new(argv);
+    if (ev != NULL)
+        res = PyTuple_Pack(4, argv[KEY_EPOCH], argv[KEY_SEQ], argv[KEY_TS], ev);
+    Py_XDECREF(ev);
+done:
+    for (int f = 0; f < EVENT_NFIELDS; f++)
+        Py_XDECREF(argv[f]);
+    return res;
+}
+
+static PyObject *py_unpack(PyObject *self, PyObject *arg)
+{
+    if (!configured) {
+        PyErr_SetString(PyExc_RuntimeError, "unpack: not configured");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    In in = {view.buf, (const unsigned char *)view.buf + view.len, PyList_New(0)};
+    PyObject *out = NULL;
+    uint32_t n;
+    if (in.strs == NULL)
+        goto done;
+    if (get_u32(&in, &n) < 0 || (size_t)(in.end - in.p) < (size_t)n * EVENT_NFIELDS) {
+        corrupt();
+        goto done;
+    }
+    out = PyList_New(n);
+    if (out == NULL)
+        goto done;
+    for (uint32_t i = 0; i < n; i++) {
+        PyObject *r = get_record(&in);
+        if (r == NULL) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyList_SET_ITEM(out, i, r);
+    }
+    if (in.p != in.end) {
+        Py_CLEAR(out);
+        corrupt();
+    }
+done:
+    Py_XDECREF(in.strs);
+    PyBuffer_Release(&view);
+    return out;
+}
+
+/* -- merge ----------------------------------------------------------------------------------------------------- */
+
+/* merge(runs, ts_field=None) -> iterator: heapq.merge(*runs, key=...) lazily as the twin (each run's first item
+ * taken at the first next(), a run's next item once the one it gave was taken) and stably (ties come in the order of
+ * the runs). Without ts_field the runs hold records (tuples of three items at least), keyed by itemgetter(0, 1, 2)
+ * (sortedruns.RECORD_KEY): the keys compare as tuples do (== then <; exact ints of 64 bits without a call). With it
+ * they hold Events, keyed as otlpfile.merge_key keys them: the ts_field entry of Event.fields when it is an int (not
+ * a bool), else Event.ts. An item of another kind is a TypeError. */
+
+typedef struct {
+    PyObject *rec;
+    PyObject *key;    /* (ts_field mode) the Event's key, a new reference */
+    Py_ssize_t run;
+} Head;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *runs;   /* tuple of iterators, by run */
+    PyObject *ts_field;   /* NULL: records by (epoch, seq, ts); else Events by merge_key */
+    Head *heap;
+    Py_ssize_t n;     /* heads in the heap */
+    Py_ssize_t taken; /* run of the record given last (-1: none: prime, or already advanced) */
+    int primed;
+} Merge;
+
+static PyTypeObject Merge_Type;
+
+/* the keys of records a and b compared as tuples are: -1 (a's less), 0 (equal), 1 (a's greater), or ERR with an
+ * exception set */
+#define ERR (-2)
+
+static int key_cmp(PyObject *a, PyObject *b)
+{
+    for (int i = 0; i < 3; i++) {
+        PyObject *p = PyTuple_GET_ITEM(a, i), *q = PyTuple_GET_ITEM(b, i);
+        if (p == q)
+            continue;
+        if (PyLong_CheckExact(p) && PyLong_CheckExact(q)) {
+            int o1, o2;
+            long long u = PyLong_AsLongLongAndOverflow(p, &o1), v = PyLong_AsLongLongAndOverflow(q, &o2);
+            if (!o1 && !o2) {
+                if (u != v)
+                    return u < v ? -1 : 1;
+                continue;
+            }
+        }
+        int eq = PyObject_RichCompareBool(p, q, Py_EQ);
+        if (eq < 0)
+            return ERR;
+        if (!eq) {   /* the first items that differ decide, by < alone, as a tuple's comparison does */
+            int lt = PyObject_RichCompareBool(p, q, Py_LT);
+            return lt < 0 ? ERR : lt ? -1 : 1;
+        }
+    }
+    return 0;
+}
+
+/* two keys compared as ints (or by == then <): as key_cmp */
+static int one_cmp(PyObject *p, PyObject *q)
+{
+    if (p == q)
+        return 0;
+    if (PyLong_CheckExact(p) && PyLong_CheckExact(q)) {
+        int o1, o2;
+        long long u = PyLong_AsLongLongAndOverflow(p, &o1), v = PyLong_AsLongLongAndOverflow(q, &o2);
+        if (!o1 && !o2)
+            return u < v ? -1 : u > v;
+    }
+    int eq = PyObject_RichCompareBool(p, q, Py_EQ);
+    if (eq < 0)
+        return ERR;
+    if (eq)
+        return 0;
+    int lt = PyObject_RichCompareBool(p, q, Py_LT);
+    return lt < 0 ? ERR : lt ? -1 : 1;
+}
+
+/* head a before head b: 1, 0, or -1 with an exception set (ties: the earlier run first) */
+static int head_less(const Head *a, const Head *b)
+{
+    int c = a->key != NULL ? one_cmp(a->key, b->key) : key_cmp(a->rec, b->rec);
+    if (c == ERR)
+        return -1;
+    return c < 0 || (c == 0 && a->run < b->run);
+}
+
+static int sift_down(Merge *m, Py_ssize_t i)
+{
+    Head *h = m->heap;
+    for (;;) {
+        Py_ssize_t l = 2 * i + 1, small = i;
+        if (l >= m->n)
+            return 0;
+        int lt = head_less(&h[l], &h[small]);
+        if (lt < 0)
+            return -1;
+        if (lt)
+            small = l;
+        if (l + 1 < m->n) {
+            lt = head_less(&h[l + 1], &h[small]);
+            if (lt < 0)
+                return -1;
+            if (lt)
+                small = l + 1;
+        }
+        if (small == i)
+            return 0;
+        Head t = h[i];
+        h[i] = h[small];
+        h[small] = t;
+        i = small;
+    }
+}
+
+/* rec (a new reference, stolen) as head h of m, its key taken: 0, or -1 with an exception set (rec released) */
+static int set_head(Merge *m, Head *h, PyObject *rec)
+{
+    PyObject *key = NULL;
+    if (m->ts_field == NULL) {
+        if (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) < 3) {
+            PyErr_SetString(PyExc_TypeError, "merge: records must be tuples of (epoch, seq, ts, ...)");
+            Py_DECREF(rec);
+            return -1;
+        }
+    } else {
+        PyObject *fields = event_slot(rec, 5), *ts = event_slot(rec, KEY_TS);
+        if (fields == NULL || ts == NULL || !PyDict_CheckExact(fields)) {
+            PyErr_SetString(PyExc_TypeError, "merge: the runs must hold Events (with a fields dict)");
+            Py_DECREF(rec);
+            return -1;
+        }
+        key = PyDict_GetItemWithError(fields, m->ts_field);
+        if (key == NULL && PyErr_Occurred()) {
+            Py_DECREF(rec);
+            return -1;
+        }
+        key = Py_NewRef(key != NULL && PyLong_CheckExact(key) ? key : ts);   /* (type(t) is int: not a bool) */
+    }
+    Py_XSETREF(h->rec, rec);
+    Py_XSETREF(h->key, key);
+    return 0;
+}
+
+/* the next item of the top head's run into its slot, or the slot dropped at the run's end */
+static int advance_top(Merge *m)
+{
+    PyObject *rec = PyIter_Next(PyTuple_GET_ITEM(m->runs, m->heap[0].run));
+    if (rec == NULL) {
+        if (PyErr_Occurred())
+            return -1;
+        Py_CLEAR(m->heap[0].rec);
+        Py_CLEAR(m->heap[0].key);
+        m->heap[0] = m->heap[--m->n];
+        m->heap[m->n].rec = m->heap[m->n].key = NULL;
+    } else if (set_head(m, &m->heap[0], rec) < 0) {
+        return -1;
+    }
+    return sift_down(m, 0);
+}
+
+static int prime(Merge *m)
+{
+    Py_ssize_t k = PyTuple_GET_SIZE(m->runs);
+    for (Py_ssize_t r = 0; r < k; r++) {
+        PyObject *rec = PyIter_Next(PyTuple_GET_ITEM(m->runs, r));
+        if (rec == NULL) {
+            if (PyErr_Occurred())
+                return -1;
+            continue;
+        }
+        if (set_head(m, &m->heap[m->n], rec) < 0)
+            return -1;
+        m->heap[m->n].run = r;
+        m->n++;
+    }
+    for (Py_ssize_t i = m->n / 2 - 1; i >= 0; i--)
+        if (sift_down(m, i) < 0)
+            return -1;
+    return 0;
+}
+
+static PyObject *Merge_next(Merge *m)
+{
+    if (!m->primed) {
+        m->primed = 1;
+        if (prime(m) < 0)
+            return NULL;
+    } else if (m->taken >= 0) {
+        m->taken = -1;
+        if (advance_top(m) < 0)
+            return NULL;
+    }
+    if (m->n == 0)
+        return NULL;
+    m->taken = m->heap[0].run;
+    return Py_NewRef(m->heap[0].rec);
+}
+
+static PyObject *Merge_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    PyObject *runs, *ts_field = Py_None;
+    static char *kwlist[] = {"runs", "ts_field", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:merge", kwlist, &runs, &ts_field))
+        return NULL;
+    if (ts_field != Py_None && !PyUnicode_CheckExact(ts_field)) {
+        PyErr_SetString(PyExc_TypeError, "merge: ts_field must be a str or None");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Tuple(runs);
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t k = PyTuple_GET_SIZE(seq);
+    PyObject *its = PyTuple_New(k);
+    for (Py_ssize_t r = 0; its != NULL && r < k; r++) {
+        PyObject *it = PyObject_GetIter(PyTuple_GET_ITEM(seq, r));
+        if (it == NULL)
+            Py_CLEAR(its);
+        else
+            PyTuple_SET_ITEM(its, r, it);
+    }
+    Py_DECREF(seq);
+    if (its == NULL)
+        return NULL;
+    Merge *m = PyObject_GC_New(Merge, type);
+    if (m == NULL) {
+        Py_DECREF(its);
+        return NULL;
+    }
+    m->runs = its;
+    m->ts_field = ts_field == Py_None ? NULL : Py_NewRef(ts_field);
+    m->heap = PyMem_Calloc(k ? k : 1, sizeof(Head));
+    m->n = 0;
+    m->taken = -1;
+    m->primed = 0;
+    if (m->heap == NULL) {
+        Py_DECREF(m);
+        return PyErr_NoMemory();
+    }
+    PyObject_GC_Track(m);
+    return (PyObject *)m;
+}
+
+static int Merge_traverse(Merge *m, visitproc visit, void *arg)
+{
+    Py_VISIT(m->runs);
+    for (Py_ssize_t i = 0; m->heap != NULL && i < m->n; i++) {
+        Py_VISIT(m->heap[i].rec);
+        Py_VISIT(m->heap[i].key);
+    }
+    return 0;
+}
+
+static int Merge_clear(Merge *m)
+{
+    for (Py_ssize_t i = 0; m->heap != NULL && i < m->n; i++) {
+        Py_CLEAR(m->heap[i].rec);
+        Py_CLEAR(m->heap[i].key);
+    }
+    m->n = 0;
+    Py_CLEAR(m->runs);
+    Py_CLEAR(m->ts_field);
+    return 0;
+}
+
+static void Merge_dealloc(Merge *m)
+{
+    PyObject_GC_UnTrack(m);
+    Merge_clear(m);
+    PyMem_Free(m->heap);
+    PyObject_GC_Del(m);
+}
+
+static PyTypeObject Merge_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "_sortedruns.merge",
+    .tp_basicsize = sizeof(Merge),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "merge(runs, ts_field=None): heapq.merge(*runs, key=...) of records or Events, in C",
+    .tp_new = Merge_new,
+    .tp_traverse = (traverseproc)Merge_traverse,
+    .tp_clear = (inquiry)Merge_clear,
+    .tp_dealloc = (destructor)Merge_dealloc,
+    .tp_iter = PyObject_SelfIter,
+    .tp_iternext = (iternextfunc)Merge_next,
+};
+
+/* -- module ---------------------------------------------------------------------------------------------------- */
+
+static PyObject *py_configure(PyObject *self, PyObject *args)
+{
+    PyObject *rng, *ev, *tracker, *tags, *slots;
+    if (!PyArg_ParseTuple(args, "OOOOO:configure", &rng, &ev, &tracker, &tags, &slots))
+        return NULL;
+    if (!PyType_Check(rng) || !PyType_IsSubtype((PyTypeObject *)rng, &PyTuple_Type) ||
+        ((PyTypeObject *)rng)->tp_dictoffset != 0) {
+        PyErr_SetString(PyExc_TypeError, "configure: Rng must be a tuple subclass without instance dicts");
+        return NULL;
+    }
+    configured = 0;
+    if (event_configure(ev, tracker, tags, slots) < 0)
+        return NULL;
+    Py_INCREF(rng);
+    Py_XSETREF(rng_type, rng);
+    configured = 1;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"configure", py_configure, METH_VARARGS, "configure(Rng, Event, EpochTracker, epoch_tags, event_slots)"},
+    {"pack", py_pack, METH_O, "pack(records) -> bytes | None (None: pickle them)"},
+    {"unpack", py_unpack, METH_O, "unpack(data) -> [(epoch, seq, ts, Event), ...]"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_sortedruns", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__sortedruns(void)
+{
+    if (PyType_Ready(&Merge_Type) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddObjectRef(m, "merge", (PyObject *)&Merge_Type) < 0)
+        Py_CLEAR(m);
+    return m;
+}

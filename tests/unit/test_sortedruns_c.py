@@ -1,0 +1,314 @@
+"""``_speedups/sortedruns.c`` against its Python twins, as the sorted runs on disk use them
+(``analyze/sources/sortedruns.py``): ``pack``/``unpack`` against pickle of the Events' values (the same records
+back, every value of the same type and bits; ``None``, pickle the chunk, exactly for the values the format does not
+hold; bytes it did not write refused with a ValueError; runs mixing packed and pickled chunks read back as written),
+``merge`` against ``heapq.merge`` (the same records in the same order, pulled from the runs in the same order, the
+same errors), and ``check``'s whole report over a real run's records sorted on disk the same with either."""
+
+from __future__ import annotations
+
+import heapq
+import math
+import struct
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from cptrace_otel._speedups import twin_off
+from cptrace_otel.analyze.sources import sortedruns, tracedocs
+from cptrace_otel.analyze.sources.sortedruns import RECORD_KEY, RunFile, pickle_chunk, unpickle_chunk
+from cptrace_otel.model.events import Event
+from cptrace_otel.model.logline import Rng
+
+P = sortedruns.c_runs()
+pytestmark = pytest.mark.skipif(P is None, reason="the _sortedruns extension was not built (pip install -e . builds "
+                                "it)")
+
+INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def packable(v: object, depth: int = 0) -> bool:
+    """The format's domain, stated in Python: what pack must take (anything else: None)."""
+    if v is None or type(v) in (bool, float):
+        return True
+    if type(v) is int:
+        return INT64[0] <= v <= INT64[1]
+    if type(v) is str:
+        try:
+            v.encode()
+        except UnicodeEncodeError:
+            return False
+        return True
+    if depth >= 32:
+        return False
+    if type(v) is list:
+        return all(packable(x, depth + 1) for x in v)
+    if type(v) is Rng:
+        return all(packable(x, depth + 1) for x in v)
+    if type(v) is dict:
+        return all(type(k) is str and packable(k) and packable(x, depth + 1) for k, x in v.items())
+    return False
+
+
+def _values(e: Event) -> tuple:
+    return (e.tag, e.rank, e.seq, e.ts, e.epoch, e.fields, e.level, e.src, e.line_no)
+
+
+def same(a: object, b: object) -> bool:
+    """Equal and of the same types all the way down (floats by their bits: -0.0 and NaN too)."""
+    if type(a) is not type(b):
+        return False
+    if type(a) is float:
+        return struct.pack("<d", a) == struct.pack("<d", b)  # type: ignore[arg-type]
+    if type(a) in (list, Rng, tuple):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))  # type: ignore[arg-type]
+    if type(a) is dict:
+        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)  # type: ignore[index, arg-type]
+    if isinstance(a, Event):
+        return same(_values(a), _values(b))
+    return a == b
+
+
+def twin(records: list[tuple]) -> list[tuple]:
+    """What the sorted runs read back from a pickled chunk of ``records``."""
+    return unpickle_chunk(pickle_chunk(records))
+
+
+scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-(1 << 70), 1 << 70), st.integers(-300, 300),
+    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12),
+    st.sampled_from(["stage", "node_id", "\ud800x", "é", ""]))
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.builds(Rng, inner, inner, inner, inner, inner),
+        st.tuples(inner),                                   # (not an Rng: pickled)
+        st.dictionaries(st.text(max_size=6), inner, max_size=4)),
+    max_leaves=12)
+fields = st.dictionaries(st.sampled_from(["node_id", "len", "rng", "hash", "x", "\ud800"]) | st.text(max_size=4),
+                         values, max_size=6)
+ints = st.integers(-(1 << 64), 1 << 64) | st.integers(0, 1000)
+events = st.builds(Event, st.sampled_from(["insert", "ack", "reload"]) | st.text(max_size=5), ints, ints, ints, ints,
+                   fields, ints, st.sampled_from(["a.jsonl", "b.jsonl"]), st.none() | ints)
+
+
+def as_records(evs: list[Event]) -> list[tuple]:
+    return [(e.epoch, e.seq, e.ts, e) for e in evs]
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(events, max_size=8))
+def test_pack_gives_the_records_pickle_gives_or_none_exactly_outside_its_domain(evs):
+    recs = as_records(evs)
+    data = P.pack(recs)
+    if not all(packable(v) for e in evs for v in _values(e)):
+        assert data is None
+        return
+    assert isinstance(data, bytes)
+    got, want = P.unpack(data), twin(recs)
+    assert len(got) == len(want) == len(recs)
+    for g, w in zip(got, want, strict=True):
+        assert type(g) is tuple and len(g) == 4
+        assert all(same(x, y) for x, y in zip(g, w, strict=True)), (g, w)
+        assert g[0] is g[3].epoch and g[1] is g[3].seq and g[2] is g[3].ts
+
+
+def test_the_shapes_the_readers_build_are_packed():
+    ev = Event("reload", 3, 17, 1_784_343_786_000_000_000, 2,
+               {"node_id": 9, "rng": Rng(16, 0, 15, 0, 15), "frng": Rng(4, -0.5, 2.0, 1.0, math.inf),
+                "hash": "ab12", "slots": [1, 2, [3]], "ok": True, "none": None, "nested": {"k": [1.5]}},
+               2, "run.otlp.jsonl", None)
+    data = P.pack([(2, 17, ev.ts, ev)] * 3)
+    assert data is not None
+    back = P.unpack(data)
+    assert all(same(b[3], ev) for b in back)
+    assert type(back[0][3].fields["rng"]) is Rng
+
+
+@pytest.mark.parametrize("odd", [
+    pytest.param(("not", "a", "list"), id="tuple"),
+    pytest.param(1 << 64, id="int beyond int64"),
+    pytest.param("\udcff", id="lone surrogate"),
+    pytest.param(type("Sub", (str,), {})("x"), id="str subclass"),
+    pytest.param(type("Flag", (int,), {})(1), id="int subclass"),
+    pytest.param({1: "int key"}, id="dict with an int key"),
+    pytest.param(frozenset(), id="frozenset"),
+])
+def test_values_outside_the_format_leave_the_chunk_to_pickle(odd):
+    ev = Event("ack", 0, 1, 2, 0, {"x": odd}, 1, "s", 0)
+    assert P.pack([(0, 1, 2, ev)]) is None
+
+
+def test_nesting_past_the_depth_bound_is_pickled():
+    deep: list = []
+    for _ in range(40):
+        deep = [deep]
+    ev = Event("ack", 0, 1, 2, 0, {"x": deep}, 1, "s", 0)
+    assert P.pack([(0, 1, 2, ev)]) is None
+
+
+def test_not_an_event_or_not_a_record_is_pickled():
+    class Other(Event):
+        __slots__ = ()
+
+    ev = Event("ack", 0, 1, 2, 0, {}, 1, "s", 0)
+    assert P.pack([(0, 1, 2, Other(*_values(ev)))]) is None
+    assert P.pack([(0, 1, 2, ev, "extra")]) is None
+    with pytest.raises(TypeError):
+        P.pack(((0, 1, 2, ev),))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(events, min_size=1, max_size=3), st.data())
+def test_bytes_pack_did_not_write_are_refused_not_read(evs, data):
+    recs = [(e.epoch, e.seq, e.ts, e) for e in evs if all(packable(v) for v in _values(e))]
+    packed = P.pack(recs)
+    if not packed:
+        return
+    cut = data.draw(st.integers(0, len(packed) - 1))
+    with pytest.raises(ValueError):
+        P.unpack(packed[:cut])
+    with pytest.raises(ValueError):
+        P.unpack(packed + b"N")
+    pos = data.draw(st.integers(0, len(packed) - 1))
+    byte = data.draw(st.integers(0, 255))
+    bad = packed[:pos] + bytes([byte]) + packed[pos + 1:]
+    try:   # a changed byte may still spell records: then they are whole records, never a crash
+        out = P.unpack(bad)
+    except ValueError:
+        return
+    assert all(isinstance(t[3], Event) for t in out)
+
+
+def test_a_run_mixing_packed_and_pickled_chunks_reads_back_as_written(monkeypatch):
+    monkeypatch.setattr(sortedruns, "CHUNK", 3)
+    pickled = []
+    monkeypatch.setattr(sortedruns, "pickle_chunk", lambda recs: pickled.append(len(recs)) or pickle_chunk(recs))
+    recs = []
+    for i in range(20):
+        v = (i,) if i % 7 == 0 else i   # a tuple value: its chunk is pickled
+        ev = Event("ack", 0, i, 100 + i, 0, {"v": v, "r": Rng(1, i, i, i, i)}, 1, "s", i)
+        recs.append((0, i, 100 + i, ev))
+    f = RunFile()
+    run = f.write(recs)
+    assert pickled == [3, 3, 3]   # (records 0, 7 and 14: the rest packed)
+    back = list(f.read(*run))
+    assert len(back) == len(recs)
+    assert all(same(a, b) for a, b in zip(back, recs, strict=True))
+
+
+# keys as the runs hold them (ints, some past 64 bits, equal ones across runs) and of other types (floats, which
+# compare with ints; None, which compares with nothing: a TypeError in both twins)
+key_parts = st.integers(0, 3) | st.integers(-(1 << 70), 1 << 70) | st.sampled_from([0.5, 2.0, -0.0])
+
+
+class Pulls:
+    """An iterator over ``items`` that logs each pull in ``log`` (to hold the twins' laziness equal)."""
+
+    def __init__(self, name: int, items: list, log: list) -> None:
+        self.name, self.it, self.log = name, iter(items), log
+
+    def __iter__(self) -> Pulls:
+        return self
+
+    def __next__(self) -> object:
+        self.log.append(self.name)
+        return next(self.it)
+
+
+def _both(runs: list[list], take: int | None = None) -> tuple:
+    """(records, pulls, error) of each twin over ``runs``, ``take`` records at most."""
+    out = []
+    for twin_merge in (lambda its: heapq.merge(*its, key=RECORD_KEY), P.merge):
+        log: list = []
+        got: list = []
+        err = None
+        try:
+            for t in twin_merge([Pulls(i, r, log) for i, r in enumerate(runs)]):
+                got.append(t)
+                if take is not None and len(got) >= take:
+                    break
+        except TypeError as e:
+            err = type(e)
+        out.append((got, log, err))
+    return tuple(out)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.tuples(key_parts, key_parts, key_parts), max_size=8), max_size=6),
+       st.none() | st.integers(0, 20))
+def test_merge_gives_heapq_merges_records_in_its_order_pulled_alike(run_keys, take):
+    runs = []
+    for ri, keys in enumerate(run_keys):
+        recs = [(*k, f"run{ri}#{j}") for j, k in enumerate(keys)]
+        runs.append(sorted(recs, key=RECORD_KEY))
+    (got, log, err), (want, log_py, err_py) = _both(runs, take)
+    assert err == err_py is None
+    assert [id(t) for t in got] == [id(t) for t in want]   # the same objects: stable, ties in the order of the runs
+    assert log == log_py
+
+
+ts_values = st.integers(0, 5) | st.integers(-(1 << 70), 1 << 70) | st.booleans() | st.just("7") | st.none()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.tuples(ts_values, st.integers(0, 5)), max_size=8), max_size=5))
+def test_merge_of_events_gives_merge_streams_python_order(run_specs):
+    """merge(runs, "ts"): the ranks' Event streams as otlpfile.merge_streams merges them in Python (merge_key: the
+    ts field when an int, not a bool; else Event.ts)."""
+    from cptrace_otel.analyze.sources.otlpfile import MERGE_FIELD, merge_key
+
+    runs = []
+    for r, spec in enumerate(run_specs):
+        evs = []
+        for j, (f, ts) in enumerate(spec):
+            fields = {} if f is None else {MERGE_FIELD: f}
+            evs.append(Event("ack", r, j, ts, 0, fields, 1, "s", j))
+        runs.append(sorted(evs, key=merge_key))
+    want = list(heapq.merge(*runs, key=merge_key))
+    got = list(P.merge(runs, MERGE_FIELD))
+    assert [id(e) for e in got] == [id(e) for e in want]
+    with pytest.raises(TypeError):
+        list(P.merge([[(0, 1, 2)], [(0, 1, 3)]], MERGE_FIELD))   # (records, not Events)
+
+
+def test_merge_raises_where_heapq_merge_does():
+    (got, _log, err), (want, _log_py, err_py) = _both([[(None, 1, 2, "a")], [(0, 1, 2, "b")]])
+    assert err is err_py is TypeError and got == want == []
+    with pytest.raises(TypeError):
+        list(P.merge([[(0, 1)]]))   # (not a record: heapq.merge would take it; the runs never hold one)
+
+    def broken():
+        yield (0, 0, 0, "x")
+        raise OSError("disk gone")
+    m = P.merge([broken(), [(1, 0, 0, "y")]])
+    assert next(m) == (0, 0, 0, "x")
+    with pytest.raises(OSError, match="disk gone"):
+        next(m)
+
+
+def test_check_over_a_real_runs_records_sorted_on_disk_says_the_same_with_either(tmp_path, monkeypatch):
+    """A demo run (our exporter's file sink in real rank processes, faults injected) checked with its records
+    sorted on disk: every record packed (none of their values left to pickle), the same report as pickled."""
+    import json
+
+    from tests.helpers.demo_run import check, run_demo
+
+    demo = run_demo(tmp_path / "demo", ranks=2)
+    monkeypatch.setattr(tracedocs, "SPILL_AT", 1)
+    monkeypatch.setattr(sortedruns, "CHUNK", 16)
+    answers = []
+    real = P.pack
+
+    def pack(recs):
+        answers.append((len(recs), real(recs)))
+        return answers[-1][1]
+    monkeypatch.setattr(P, "pack", pack)
+    rc, out, _err = check("--json", *demo["otlp"])
+    with twin_off(vars(sortedruns), "C_RUNS"):
+        rc_py, out_py, _err_py = check("--json", *demo["otlp"])
+    assert sum(n for n, _d in answers) == json.loads(out)["stats"]["events"] > 100
+    assert all(d is not None for _n, d in answers)
+    assert (rc, json.loads(out)) == (rc_py, json.loads(out_py))
+    assert rc == 1 and json.loads(out)["findings"]
