@@ -5,6 +5,8 @@
  *
  *   configure(Rng, Event, EpochTracker, epoch_tags, event_slots, keys, parse_value)   as otlpin.c takes them
  *   read(line, src) -> [(resource, spans, ranks, records), ...] | None
+ *       line: a str, or bytes as the file holds them (read only when they are UTF-8: else None, and the caller
+ *       reads their text decoded with replacement characters)
  *       one row per resourceSpans element, in order. resource: the dict of its resource's attributes, each value as
  *       otlpfile.any_value reads it; spans: how many spans it holds; ranks: the distinct ranks of its spans in order
  *       (a span's rank attribute when it has one, else its resource's cp rank attribute; 0 where that is not an int);
@@ -593,18 +595,72 @@ static int resource_spans_item(Rd *r, void *p)
     return st;
 }
 
+/* 1 when p[0:n] is UTF-8 as Python's strict decoder takes it (no overlong forms, no surrogates, at most U+10FFFF):
+ * then its decoded text's UTF-8 is these bytes, and every part of it between ASCII delimiters decodes alone */
+static int utf8_valid(const unsigned char *p, Py_ssize_t n)
+{
+    const unsigned char *e = p + n;
+    while (p < e) {
+        while (e - p >= 8) {   /* ASCII, 8 bytes at a time */
+            uint64_t w;
+            memcpy(&w, p, 8);
+            if (w & 0x8080808080808080ULL)
+                break;
+            p += 8;
+        }
+        if (p >= e)
+            break;
+        unsigned c = *p;
+        Py_ssize_t left = e - p;
+        if (c < 0x80) {
+            p++;
+        } else if (c < 0xC2) {
+            return 0;
+        } else if (c < 0xE0) {
+            if (left < 2 || (p[1] & 0xC0) != 0x80)
+                return 0;
+            p += 2;
+        } else if (c < 0xF0) {
+            if (left < 3 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80 || (c == 0xE0 && p[1] < 0xA0) ||
+                (c == 0xED && p[1] >= 0xA0))
+                return 0;
+            p += 3;
+        } else if (c < 0xF5) {
+            if (left < 4 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80 || (p[3] & 0xC0) != 0x80 ||
+                (c == 0xF0 && p[1] < 0x90) || (c == 0xF4 && p[1] >= 0x90))
+                return 0;
+            p += 4;
+        } else {
+            return 0;
+        }
+    }
+    return 1;
+}
+
 static PyObject *py_read(PyObject *self, PyObject *args)
 {
     PyObject *line, *src;
-    if (!PyArg_ParseTuple(args, "UU:read", &line, &src))
+    if (!PyArg_ParseTuple(args, "OU:read", &line, &src))
         return NULL;
     if (!reader_configured("_otlpjson"))
         return NULL;
     Py_ssize_t n;
-    const char *p = PyUnicode_AsUTF8AndSize(line, &n);
-    if (p == NULL) {   /* (a lone surrogate: json reads it) */
-        PyErr_Clear();
-        Py_RETURN_NONE;
+    const char *p;
+    if (PyBytes_Check(line)) {   /* a line as the file holds it: read only when it is UTF-8 (else: decoded with
+                                  * replacement characters by the caller, a text the twin reads) */
+        p = PyBytes_AS_STRING(line);
+        n = PyBytes_GET_SIZE(line);
+        if (!utf8_valid((const unsigned char *)p, n))
+            Py_RETURN_NONE;
+    } else if (PyUnicode_Check(line)) {
+        p = PyUnicode_AsUTF8AndSize(line, &n);
+        if (p == NULL) {   /* (a lone surrogate: json reads it) */
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+    } else {
+        PyErr_SetString(PyExc_TypeError, "read: line must be str or bytes");
+        return NULL;
     }
     Rd r = {p, p + n};
     PyObject *rows = PyList_New(0);
@@ -643,7 +699,7 @@ static PyObject *py_configure(PyObject *self, PyObject *args)
 static PyMethodDef methods[] = {
     {"configure", py_configure, METH_VARARGS, READER_SPANS_CONFIGURE_DOC},
     {"read", py_read, METH_VARARGS,
-     "read(line, src) -> [(resource, spans, ranks, records), ...] | None (None: let Python decide)"},
+     "read(line: str | bytes, src) -> [(resource, spans, ranks, records), ...] | None (None: let Python decide)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -12,6 +12,8 @@
  *       the records pack was given, rebuilt: Event(*values), the key (Event.epoch, Event.seq, Event.ts), each value
  *       of its type (bool stays bool, an int an int, a float the same 8 bytes, an Rng an Rng). Sharing is not
  *       kept: two records that held one dict get equal dicts. A ValueError for bytes pack did not write.
+ *   mark_seqs(bits, records, limit) -> bool
+ *       SeqBits.add's loop (see the seq bits section below).
  *   merge(runs, ts_field=None) -> iterator
  *       heapq.merge(*runs, key=itemgetter(0, 1, 2)) of records, or with ts_field heapq.merge(*runs,
  *       key=otlpfile.merge_key) of Events (see the merge section below).
@@ -31,6 +33,7 @@
  * Twin: cptrace_otel.analyze.sources.sortedruns.unpickle_chunk
  * Twin: heapq.merge
  * Twin: cptrace_otel.analyze.sources.otlpfile.merge_key
+ * Twin: cptrace_otel.analyze.sources.sortedruns.SeqBits._add_py
  * Held equal by: tests/unit/test_sortedruns_c.py
  */
 #include "event.h"
@@ -742,6 +745,48 @@ static PyTypeObject Merge_Type = {
     .tp_iternext = (iternextfunc)Merge_next,
 };
 
+/* -- seq bits -------------------------------------------------------------------------------------------------- */
+
+/* mark_seqs(bits, records, limit) -> clash: SeqBits.add's loop (its twin, SeqBits._add_py) over records (tuples
+ * (epoch, seq, ...)): each seq's bit set in the bytearray bits, grown as the twin grows it (to at least the byte
+ * needed, at least doubled, zeroed); True at the first seq that is not an exact int in [0, limit) or whose bit was
+ * set already (the records after it are not looked at), else False. */
+static PyObject *py_mark_seqs(PyObject *self, PyObject *args)
+{
+    PyObject *bits, *records;
+    long long limit;
+    if (!PyArg_ParseTuple(args, "O!O!L:mark_seqs", &PyByteArray_Type, &bits, &PyList_Type, &records, &limit))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(records);
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *t = PyList_GET_ITEM(records, k);
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) < 2) {
+            PyErr_SetString(PyExc_TypeError, "mark_seqs: records must be tuples of (epoch, seq, ...)");
+            return NULL;
+        }
+        PyObject *seq = PyTuple_GET_ITEM(t, 1);
+        if (!PyLong_CheckExact(seq))
+            Py_RETURN_TRUE;
+        int overflow;
+        long long q = PyLong_AsLongLongAndOverflow(seq, &overflow);
+        if (overflow || q < 0 || q >= limit)
+            Py_RETURN_TRUE;
+        Py_ssize_t i = (Py_ssize_t)(q >> 3), len = PyByteArray_GET_SIZE(bits);
+        if (i >= len) {
+            Py_ssize_t grow = i + 1 - len > len ? i + 1 - len : len;
+            if (PyByteArray_Resize(bits, len + grow) < 0)
+                return NULL;
+            memset(PyByteArray_AS_STRING(bits) + len, 0, (size_t)grow);
+        }
+        unsigned char *b = (unsigned char *)PyByteArray_AS_STRING(bits) + i, bit = (unsigned char)(1u << (q & 7));
+        int seen = (*b & bit) != 0;
+        *b |= bit;
+        if (seen)
+            Py_RETURN_TRUE;
+    }
+    Py_RETURN_FALSE;
+}
+
 /* -- module ---------------------------------------------------------------------------------------------------- */
 
 static PyObject *py_configure(PyObject *self, PyObject *args)
@@ -767,6 +812,7 @@ static PyMethodDef methods[] = {
     {"configure", py_configure, METH_VARARGS, "configure(Rng, Event, EpochTracker, epoch_tags, event_slots)"},
     {"pack", py_pack, METH_O, "pack(records) -> bytes | None (None: pickle them)"},
     {"unpack", py_unpack, METH_O, "unpack(data) -> [(epoch, seq, ts, Event), ...]"},
+    {"mark_seqs", py_mark_seqs, METH_VARARGS, "mark_seqs(bits, records, limit) -> clash (SeqBits.add's loop)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -34,7 +34,7 @@ def assert_file_alike(path: str) -> dict[str, Any]:
     assert c is not None, "the C reader of OTLP JSON lines is not built"
     seen = {"lines": 0, "answered": 0}
 
-    def counted(line: str, src: str) -> Any:
+    def counted(line: str | bytes, src: str) -> Any:
         got = c(line, src)
         seen["lines"] += 1
         seen["answered"] += got is not None

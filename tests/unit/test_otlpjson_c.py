@@ -54,7 +54,7 @@ def py_malformed(line: str) -> list:
     return info.malformed
 
 
-def c_line(line: str, by_run: bool) -> Any:
+def c_line(line: str | bytes, by_run: bool) -> Any:
     assert C is not None
     rows = C(line, SRC)
     if rows is None:
@@ -66,9 +66,20 @@ def c_line(line: str, by_run: bool) -> Any:
     return _snap(info, per_rank, n)
 
 
+def utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def check_alike(line: str) -> bool:
-    """Assert C reads ``line`` as the twin does wherever it answers; whether it answered."""
+    """Assert C reads ``line`` as the twin does wherever it answers, given as text and as the bytes a file holds
+    (``collect_file`` hands C the bytes, and the twin their text decoded with replacement characters); whether it
+    answered."""
     read = False
+    raw = line.encode("utf-8", "surrogatepass")
     for by_run in (False, True):
         got = c_line(line, by_run)
         if got is not None:
@@ -76,6 +87,11 @@ def check_alike(line: str) -> bool:
             assert got == want
             assert not py_malformed(line), "C answered a line the twin reports as malformed"
             read = True
+        got_b = c_line(raw, by_run)
+        if utf8(raw):   # the same text: read alike, or left to Python alike
+            assert got_b == got
+        else:           # (a lone surrogate's bytes: the twin reads the text with replacement characters)
+            assert got_b is None
     return read
 
 
@@ -260,6 +276,48 @@ def test_broken_lines_read_or_refused_alike(req_clean, data):
     else:
         line = line.replace('{"doubleValue":', '{"doubleValue":NaN,"x":', 1)
     check_alike(line)
+
+
+# bytes between JSON delimiters: no quote, backslash or control character
+TEXT_BYTES = st.binary(max_size=12).map(lambda b: bytes(x for x in b if x >= 0x20 and x not in b'"\\'))
+
+
+@needs_c
+@settings(max_examples=600, deadline=None)
+@given(TEXT_BYTES, st.sampled_from([b"\xc3\xa9", b"\xe2\x82\xac", b"\xf0\x9f\x98\x80", b"\xed\xa0\x80",
+                                    b"\xc0\xaf", b"\xe0\x80\xaf", b"\xf4\x90\x80\x80", b"\xc3", b"\xff", b""]))
+def test_bytes_are_read_exactly_when_they_are_utf8(junk, odd):
+    """A line given as bytes is read by C only when it is UTF-8 as Python's strict decoder takes it (no overlong
+    forms, no encoded surrogates, nothing past U+10FFFF, no cut sequence); else Python decodes its text."""
+    text = junk + odd + junk
+    line = b'{"x":"' + text + b'","resourceSpans":[]}'
+    assert (C(line, SRC) is not None) == utf8(text), text
+    if utf8(text):
+        assert C(line, SRC) == C(line.decode(), SRC) == []
+
+
+BREAKS = st.sampled_from(["\n", "\r\n", "\r", ""])
+FILE_LINES = st.lists(st.tuples(st.sampled_from(["", " ", "\x1c", "\u00a0", "\t", "x", "{}", "caf\u00e9",
+                                                 "\ud800", "{\"a\":1}"]), BREAKS), max_size=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(parts=FILE_LINES, invalid=st.booleans())
+def test_lines_read_as_bytes_are_the_text_lines_of_the_file(parts, invalid, tmp_path_factory):
+    """collect_file reads a file's bytes (byte_lines): its lines, numbered and split (at \\n, \\r\\n, \\r) and
+    decoded (replacement characters for what is not UTF-8) as text_lines reads the same file's text, blank lines
+    left out alike."""
+    from cptrace_otel.analyze.sources.inputs import open_text
+    from cptrace_otel.analyze.sources.otlpfile import byte_lines, text_lines
+
+    data = "".join(a + b for a, b in parts).encode("utf-8", "surrogatepass") + (b"\xff\xfe" if invalid else b"")
+    p = tmp_path_factory.mktemp("lines") / "f.jsonl"
+    p.write_bytes(data)
+    with open_text(str(p)) as fh:
+        want = list(text_lines(fh, str(p), OtlpInfo()))
+    with open_text(str(p)) as fh:
+        got = [(n, b.decode("utf-8", "replace")) for n, b in byte_lines(fh.buffer, str(p), OtlpInfo())]
+    assert [(n, t) for n, t in got if t.strip()] == want
 
 
 # -- shapes C must read itself, and those it leaves ---------------------------------------------------------------

@@ -288,6 +288,27 @@ def test_merge_raises_where_heapq_merge_does():
         next(m)
 
 
+seqs = st.integers(-2, 80) | st.sampled_from([True, None, 2.0, 1 << 70, sortedruns.SEQ_BITS_MAX - 1,
+                                              sortedruns.SEQ_BITS_MAX, 4000])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.lists(seqs, max_size=15), max_size=6))
+def test_mark_seqs_is_seq_bits_add(batches):
+    """SeqBits.add in C (mark_seqs) and in Python (_add_py): the same clash after every batch, the same bits (grown
+    alike) while none came."""
+    from cptrace_otel.analyze.sources.sortedruns import SeqBits
+
+    c, py = SeqBits(), SeqBits()
+    for batch in batches:
+        recs = [(0, q, 0, None) for q in batch]
+        c.add(recs)
+        py._add_py(recs)
+        assert c.clash == py.clash
+        if not py.clash:
+            assert c.bits == py.bits
+
+
 def test_check_over_a_real_runs_records_sorted_on_disk_says_the_same_with_either(tmp_path, monkeypatch):
     """A demo run (our exporter's file sink in real rank processes, faults injected) checked with its records
     sorted on disk: every record packed (none of their values left to pickle), the same report as pickled."""

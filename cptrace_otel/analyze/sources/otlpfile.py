@@ -23,6 +23,7 @@ recorded and not read.
 from __future__ import annotations
 
 import heapq
+import io
 import json
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -175,6 +176,31 @@ def text_lines(fh, path: str, info: OtlpInfo) -> Iterator[tuple[int, str]]:
         yield line_no, line
 
 
+def byte_lines(fh, path: str, info: OtlpInfo) -> Iterator[tuple[int, bytes]]:
+    """:func:`text_lines` over the bytes of a file from :func:`.inputs.open_text` (its ``buffer``, which the text
+    layer must not read from too): ``(line number, bytes)`` of each line, numbered as :func:`text_lines` numbers
+    them (a line ends at ``\n``, ``\r\n`` or ``\r``, as ``open_text``'s ``newline=""`` has them). Blank lines are
+    given too (``text.strip()`` of the decoded line decides, as :func:`text_lines` does). A line longer than
+    :data:`MAX_JSON_LINE` bytes is recorded in ``info.malformed`` and not read (only up to that bound at a time).
+    Why bytes: the C reader reads them as they are (UTF-8 checked), where a text line was decoded, then encoded
+    again for it; only a line it declines is decoded (``"replace"``, as ``open_text`` decodes)."""
+    line_no = 0
+    readline = fh.readline
+    while True:
+        raw = readline(MAX_JSON_LINE)
+        if not raw:
+            return
+        if len(raw) >= MAX_JSON_LINE and raw[-1] != 10:   # (10: "\n", the only end binary readline stops at)
+            line_no += 1
+            info.malformed.append((path, line_no, f"a line longer than {MAX_JSON_LINE} bytes (not read)"))
+            while raw and raw[-1] != 10:
+                raw = readline(MAX_JSON_LINE)
+            continue
+        for line in raw.splitlines(keepends=True) if b"\r" in raw else (raw,):   # (bytes split at \r, \n only)
+            line_no += 1
+            yield line_no, line
+
+
 def collect_guarded(req: object, path: str, line_no: int, info: OtlpInfo, per_rank: dict) -> int:
     """:func:`collect` of one request; returns the events it added. When it is not shaped like one, it is recorded
     as malformed at ``line_no`` and adds no event (they are collected aside, then added)."""
@@ -206,12 +232,16 @@ def collect_file(path: str, info: OtlpInfo, per_rank: dict, after_line: Callable
     c = c_reader()
     with fh:
         try:
-            for line_no, line in text_lines(fh, path, info):
+            assert isinstance(fh, io.TextIOWrapper)   # (what open_text gives: its bytes are fh.buffer)
+            for line_no, line in byte_lines(fh.buffer, path, info):
                 rows = c(line, path) if c is not None else None
                 if rows is not None:
                     n = add_rows(rows, path, info, per_rank)
                 else:
-                    req = loads(line, path, line_no, info)
+                    text = line.decode("utf-8", "replace")
+                    if not text.strip():
+                        continue
+                    req = loads(text, path, line_no, info)
                     n = 0 if req is NOT_JSON else collect_guarded(req, path, line_no, info, per_rank)
                 if after_line is not None:
                     after_line(n)
@@ -348,7 +378,7 @@ _UNLOADED: Any = object()
 C_READER: Any = _UNLOADED   # otlpjson.c's read() once loaded; None when not built (or switched off: twin_off)
 
 
-def c_reader() -> Callable[[str, str], Any] | None:
+def c_reader() -> Callable[[str | bytes, str], Any] | None:
     """The C reader of a line (loaded on first use), or None: :func:`collect` reads every line."""
     global C_READER
     if C_READER is _UNLOADED:

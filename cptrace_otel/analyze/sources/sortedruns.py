@@ -125,7 +125,15 @@ class SeqBits:
         self.clash = False
 
     def add(self, records: list[tuple]) -> None:
-        """The seqs of ``records`` (``(epoch, seq, ts, Event)``)."""
+        """The seqs of ``records`` (``(epoch, seq, ts, Event)``): in C where it is built (``mark_seqs``)."""
+        c = c_runs()
+        if c is None:
+            self._add_py(records)
+        elif not self.clash:
+            self.clash = c.mark_seqs(self.bits, records, SEQ_BITS_MAX)
+
+    def _add_py(self, records: list[tuple]) -> None:
+        """:meth:`add` in Python: sortedruns.c's ``mark_seqs``'s twin."""
         bits = self.bits
         for t in records:
             if self.clash:
