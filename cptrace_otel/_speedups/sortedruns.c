@@ -12,6 +12,8 @@
  *       the records pack was given, rebuilt: Event(*values), the key (Event.epoch, Event.seq, Event.ts), each value
  *       of its type (bool stays bool, an int an int, a float the same 8 bytes, an Rng an Rng). Sharing is not
  *       kept: two records that held one dict get equal dicts. A ValueError for bytes pack did not write.
+ *   merge_packed(runs, chunk, write) -> bool
+ *       merge of runs of packed chunks straight from bytes to bytes (see its section below).
  *   mark_seqs(bits, records, limit) -> bool
  *       SeqBits.add's loop (see the seq bits section below).
  *   merge(runs, ts_field=None) -> iterator
@@ -34,6 +36,7 @@
  * Twin: heapq.merge
  * Twin: cptrace_otel.analyze.sources.otlpfile.merge_key
  * Twin: cptrace_otel.analyze.sources.sortedruns.SeqBits._add_py
+ * Twin: cptrace_otel.analyze.sources.sortedruns.RunFile._merge_records
  * Held equal by: tests/unit/test_sortedruns_c.py
  */
 #include "event.h"
@@ -745,6 +748,372 @@ static PyTypeObject Merge_Type = {
     .tp_iternext = (iternextfunc)Merge_next,
 };
 
+/* -- merge of packed runs ------------------------------------------------------------------------------------ */
+
+/* merge_packed(runs, chunk, write) -> bool: the merge of sorted runs (each an iterator of the packed chunks pack
+ * wrote, in order) by (epoch, seq, ts), stably, as merge(runs of the records unpack gives) then pack of every chunk
+ * records would give, without a Python object per record: each record's bytes are copied into new chunks of `chunk`
+ * records, its texts re-entered in the new chunk's string table. write(count, data) takes each new chunk. False,
+ * at the first record whose epoch, seq or ts is not an int64 (the caller merges the records instead: what was
+ * written is left unused); a ValueError for bytes pack did not write. */
+
+typedef struct {
+    const unsigned char *p;
+    uint32_t n;
+} Span;
+
+typedef struct {
+    PyObject *it;          /* the run's chunks */
+    PyObject *chunk;       /* the chunk read now (bytes) */
+    const unsigned char *p, *end;
+    uint32_t left;         /* records of the chunk not yet scanned */
+    Span *strs;            /* the chunk's string table, as far as scanned */
+    Py_ssize_t nstrs, cap;
+    const unsigned char *rec;   /* the head record's bytes: rec[0:rec_n] */
+    size_t rec_n;
+    long long key[3];      /* its (epoch, seq, ts) */
+} Cursor;
+
+enum { SCAN_OK = 1, SCAN_END = 0, SCAN_ERR = -1, SCAN_NOT_RAW = -2 };
+
+static int scan_value(Cursor *c, int depth, int want_int, long long *out)
+{
+    if (c->p >= c->end || depth > MAX_DEPTH)
+        return SCAN_ERR;
+    unsigned char type = *c->p++;
+    uint32_t n;
+    if (want_int && type != V_INT)
+        return SCAN_NOT_RAW;
+    switch (type) {
+    case V_NONE:
+    case V_FALSE:
+    case V_TRUE:
+        return SCAN_OK;
+    case V_INT:
+    case V_FLOAT:
+        if (c->end - c->p < 8)
+            return SCAN_ERR;
+        if (want_int) {
+            uint64_t bits = 0;
+            for (int i = 7; i >= 0; i--)
+                bits = bits << 8 | c->p[i];
+            *out = (long long)bits;
+        }
+        c->p += 8;
+        return SCAN_OK;
+    case V_STR:
+    case V_REF:
+    case V_LIST:
+    case V_DICT:
+        if (c->end - c->p < 4)
+            return SCAN_ERR;
+        n = (uint32_t)c->p[0] | (uint32_t)c->p[1] << 8 | (uint32_t)c->p[2] << 16 | (uint32_t)c->p[3] << 24;
+        c->p += 4;
+        if (type == V_STR) {
+            if ((size_t)(c->end - c->p) < n)
+                return SCAN_ERR;
+            if (c->nstrs == c->cap) {
+                Py_ssize_t cap = c->cap ? 2 * c->cap : 64;
+                Span *s = PyMem_Realloc(c->strs, (size_t)cap * sizeof(Span));
+                if (s == NULL) {
+                    PyErr_NoMemory();
+                    return SCAN_ERR;
+                }
+                c->strs = s;
+                c->cap = cap;
+            }
+            c->strs[c->nstrs].p = c->p;
+            c->strs[c->nstrs++].n = n;
+            c->p += n;
+            return SCAN_OK;
+        }
+        if (type == V_REF)
+            return n < (uint32_t)c->nstrs ? SCAN_OK : SCAN_ERR;
+        for (uint64_t i = 0; i < (type == V_DICT ? 2 * (uint64_t)n : n); i++) {
+            int r = scan_value(c, depth + 1, 0, NULL);
+            if (r != SCAN_OK)
+                return r == SCAN_END ? SCAN_ERR : r;
+        }
+        return SCAN_OK;
+    case V_RNG:
+        for (int i = 0; i < RNG_PARTS; i++) {
+            int r = scan_value(c, depth + 1, 0, NULL);
+            if (r != SCAN_OK)
+                return r;
+        }
+        return SCAN_OK;
+    default:
+        return SCAN_ERR;
+    }
+}
+
+/* the run's next record as its head: SCAN_OK, SCAN_END (the run has no more), SCAN_NOT_RAW, or SCAN_ERR (an
+ * exception set) */
+static int next_record(Cursor *c)
+{
+    while (c->left == 0) {
+        PyObject *chunk = PyIter_Next(c->it);
+        if (chunk == NULL)
+            return PyErr_Occurred() ? SCAN_ERR : SCAN_END;
+        if (!PyBytes_CheckExact(chunk)) {
+            Py_DECREF(chunk);
+            PyErr_SetString(PyExc_TypeError, "merge_packed: the runs must give the bytes of packed chunks");
+            return SCAN_ERR;
+        }
+        Py_XSETREF(c->chunk, chunk);
+        c->p = (const unsigned char *)PyBytes_AS_STRING(chunk);
+        c->end = c->p + PyBytes_GET_SIZE(chunk);
+        c->nstrs = 0;
+        if (c->end - c->p < 4)
+            goto corrupt;
+        c->left = (uint32_t)c->p[0] | (uint32_t)c->p[1] << 8 | (uint32_t)c->p[2] << 16 | (uint32_t)c->p[3] << 24;
+        c->p += 4;
+        if (c->left == 0 && c->p != c->end)
+            goto corrupt;
+    }
+    c->rec = c->p;
+    for (int f = 0; f < EVENT_NFIELDS; f++) {
+        int key = f == KEY_EPOCH ? 0 : f == KEY_SEQ ? 1 : f == KEY_TS ? 2 : -1;
+        int r = scan_value(c, 0, key >= 0, key >= 0 ? &c->key[key] : NULL);
+        if (r == SCAN_NOT_RAW)
+            return r;
+        if (r != SCAN_OK)
+            goto corrupt;
+    }
+    c->rec_n = (size_t)(c->p - c->rec);
+    if (--c->left == 0 && c->p != c->end)
+        goto corrupt;
+    return SCAN_OK;
+corrupt:
+    if (!PyErr_Occurred())
+        corrupt();
+    return SCAN_ERR;
+}
+
+/* the new chunk being written: the records' bytes, its string table a hash set of the texts written in it (by
+ * their offset in the buffer: the texts live there) */
+typedef struct {
+    size_t off;
+    uint32_t n, ix;
+} Text;
+
+typedef struct {
+    Out o;            /* (its strs and seen unused) */
+    Text *texts;      /* open addressing, cap a power of two, at most half full */
+    size_t cap, used;
+    uint32_t count;
+} NewChunk;
+
+static uint64_t text_hash(const unsigned char *p, uint32_t n)
+{
+    uint64_t h = 1469598103934665603ULL;   /* FNV-1a */
+    for (uint32_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 1099511628211ULL;
+    return h;
+}
+
+static int put_text(NewChunk *w, const unsigned char *p, uint32_t n)
+{
+    if (2 * (w->used + 1) > w->cap) {
+        size_t cap = w->cap ? 2 * w->cap : 256;
+        Text *t = PyMem_Calloc(cap, sizeof(Text));
+        if (t == NULL) {
+            PyErr_NoMemory();
+            return FAILED;
+        }
+        for (size_t i = 0; i < w->cap; i++)
+            if (w->texts[i].n || w->texts[i].off) {
+                Text e = w->texts[i];
+                size_t j = text_hash((const unsigned char *)w->o.p + e.off, e.n) & (cap - 1);
+                while (t[j].n || t[j].off)
+                    j = (j + 1) & (cap - 1);
+                t[j] = e;
+            }
+        PyMem_Free(w->texts);
+        w->texts = t;
+        w->cap = cap;
+    }
+    size_t j = text_hash(p, n) & (w->cap - 1);
+    while (w->texts[j].n || w->texts[j].off) {   /* (a slot is empty when both are 0: no text sits at offset 0) */
+        Text e = w->texts[j];
+        if (e.n == n && memcmp(w->o.p + e.off, p, n) == 0)
+            return put_u32(&w->o, V_REF, e.ix);
+        j = (j + 1) & (w->cap - 1);
+    }
+    int r = put_u32(&w->o, V_STR, n);
+    if (r != PACKED)
+        return r;
+    size_t off = w->o.n;
+    if ((r = put(&w->o, p, n)) != PACKED)
+        return r;
+    w->texts[j].off = off;
+    w->texts[j].n = n;
+    w->texts[j].ix = (uint32_t)w->used++;
+    return PACKED;
+}
+
+/* one value of the head record of c (at *pp) into w, its texts re-entered: PACKED or FAILED (the bytes were
+ * scanned already: they are whole) */
+static int copy_value(Cursor *c, const unsigned char **pp, NewChunk *w, int depth)
+{
+    const unsigned char *p = *pp;
+    unsigned char type = *p++;
+    uint32_t n = 0;
+    int r = PACKED;
+    switch (type) {
+    case V_NONE:
+    case V_FALSE:
+    case V_TRUE:
+        r = put_byte(&w->o, (char)type);
+        break;
+    case V_INT:
+    case V_FLOAT:
+        r = put(&w->o, p - 1, 9);
+        p += 8;
+        break;
+    case V_STR:
+    case V_REF:
+    case V_LIST:
+    case V_DICT:
+        n = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+        p += 4;
+        if (type == V_STR) {
+            r = put_text(w, p, n);
+            p += n;
+        } else if (type == V_REF) {
+            r = put_text(w, c->strs[n].p, c->strs[n].n);
+        } else {
+            r = put_u32(&w->o, (char)type, n);
+            for (uint64_t i = 0; r == PACKED && i < (type == V_DICT ? 2 * (uint64_t)n : n); i++)
+                r = copy_value(c, &p, w, depth + 1);
+        }
+        break;
+    case V_RNG:
+        r = put_byte(&w->o, (char)type);
+        for (int i = 0; r == PACKED && i < RNG_PARTS; i++)
+            r = copy_value(c, &p, w, depth + 1);
+        break;
+    }
+    *pp = p;
+    return r;
+}
+
+static int cursor_less(const Cursor *a, Py_ssize_t ia, const Cursor *b, Py_ssize_t ib)
+{
+    for (int i = 0; i < 3; i++)
+        if (a->key[i] != b->key[i])
+            return a->key[i] < b->key[i];
+    return ia < ib;
+}
+
+static void sift_cursors(Cursor *cur, Py_ssize_t *heap, Py_ssize_t n, Py_ssize_t i)
+{
+    for (;;) {
+        Py_ssize_t l = 2 * i + 1, small = i;
+        if (l < n && cursor_less(&cur[heap[l]], heap[l], &cur[heap[small]], heap[small]))
+            small = l;
+        if (l + 1 < n && cursor_less(&cur[heap[l + 1]], heap[l + 1], &cur[heap[small]], heap[small]))
+            small = l + 1;
+        if (small == i)
+            return;
+        Py_ssize_t t = heap[i];
+        heap[i] = heap[small];
+        heap[small] = t;
+        i = small;
+    }
+}
+
+static int flush_chunk(NewChunk *w, PyObject *write)
+{
+    if (w->count == 0)
+        return 0;
+    unsigned char *b = (unsigned char *)w->o.p;
+    for (int i = 0; i < 4; i++)
+        b[i] = (unsigned char)(w->count >> (8 * i));
+    PyObject *res = PyObject_CallFunction(write, "Iy#", (unsigned int)w->count, w->o.p, (Py_ssize_t)w->o.n);
+    if (res == NULL)
+        return -1;
+    Py_DECREF(res);
+    w->o.n = 4;   /* (the count's place) */
+    w->count = 0;
+    w->used = 0;
+    memset(w->texts, 0, w->cap * sizeof(Text));
+    return 0;
+}
+
+static PyObject *py_merge_packed(PyObject *self, PyObject *args)
+{
+    PyObject *runs, *write;
+    unsigned int per_chunk;
+    if (!PyArg_ParseTuple(args, "OIO:merge_packed", &runs, &per_chunk, &write))
+        return NULL;
+    PyObject *seq = PySequence_Tuple(runs);
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t k = PyTuple_GET_SIZE(seq), live = 0;
+    Cursor *cur = PyMem_Calloc(k ? k : 1, sizeof(Cursor));
+    Py_ssize_t *heap = PyMem_Calloc(k ? k : 1, sizeof(Py_ssize_t));
+    NewChunk w;
+    memset(&w, 0, sizeof(w));
+    PyObject *res = NULL;
+    int st = SCAN_OK;
+    if (cur == NULL || heap == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t r = 0; r < k; r++)
+        if ((cur[r].it = PyObject_GetIter(PyTuple_GET_ITEM(seq, r))) == NULL)
+            goto done;
+    if (put_len(&w.o, 0) != PACKED)   /* the count's place */
+        goto done;
+    for (Py_ssize_t r = 0; r < k; r++) {
+        st = next_record(&cur[r]);
+        if (st == SCAN_OK)
+            heap[live++] = r;
+        else if (st != SCAN_END)
+            goto done;
+    }
+    for (Py_ssize_t i = live / 2 - 1; i >= 0; i--)
+        sift_cursors(cur, heap, live, i);
+    while (live > 0) {
+        Cursor *c = &cur[heap[0]];
+        const unsigned char *p = c->rec;
+        for (int f = 0; f < EVENT_NFIELDS; f++)
+            if (copy_value(c, &p, &w, 0) != PACKED)
+                goto done;
+        if (++w.count >= per_chunk && flush_chunk(&w, write) < 0)
+            goto done;
+        st = next_record(c);
+        if (st == SCAN_END)
+            heap[0] = heap[--live];
+        else if (st != SCAN_OK)
+            goto done;
+        sift_cursors(cur, heap, live, 0);
+    }
+    st = SCAN_OK;
+    if (flush_chunk(&w, write) < 0)
+        goto done;
+    res = Py_NewRef(Py_True);
+done:
+    if (res == NULL && !PyErr_Occurred()) {   /* (declined, or a length past 32 bits: not written by pack) */
+        if (st == SCAN_NOT_RAW)
+            res = Py_NewRef(Py_False);
+        else
+            corrupt();
+    }
+    for (Py_ssize_t r = 0; cur != NULL && r < k; r++) {
+        Py_XDECREF(cur[r].it);
+        Py_XDECREF(cur[r].chunk);
+        PyMem_Free(cur[r].strs);
+    }
+    PyMem_Free(cur);
+    PyMem_Free(heap);
+    PyMem_Free(w.o.p);
+    PyMem_Free(w.texts);
+    Py_DECREF(seq);
+    return res;
+}
+
 /* -- seq bits -------------------------------------------------------------------------------------------------- */
 
 /* mark_seqs(bits, records, limit) -> clash: SeqBits.add's loop (its twin, SeqBits._add_py) over records (tuples
@@ -812,6 +1181,8 @@ static PyMethodDef methods[] = {
     {"configure", py_configure, METH_VARARGS, "configure(Rng, Event, EpochTracker, epoch_tags, event_slots)"},
     {"pack", py_pack, METH_O, "pack(records) -> bytes | None (None: pickle them)"},
     {"unpack", py_unpack, METH_O, "unpack(data) -> [(epoch, seq, ts, Event), ...]"},
+    {"merge_packed", py_merge_packed, METH_VARARGS,
+     "merge_packed(runs, chunk, write) -> bool (False: a key not an int64; merge the records instead)"},
     {"mark_seqs", py_mark_seqs, METH_VARARGS, "mark_seqs(bits, records, limit) -> clash (SeqBits.add's loop)"},
     {NULL, NULL, 0, NULL},
 };

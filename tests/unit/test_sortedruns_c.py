@@ -309,6 +309,68 @@ def test_mark_seqs_is_seq_bits_add(batches):
             assert c.bits == py.bits
 
 
+def _run_bytes(f: RunFile, run: tuple) -> bytes:
+    """The bytes of the file from ``run`` on (the last run written)."""
+    fh = f._file()
+    end = fh.seek(0, 2)
+    fh.seek(run[0])
+    return fh.read(end - run[0])
+
+
+texts = st.text(st.characters(exclude_categories=["Cs"]), max_size=5) | st.sampled_from(["ack", "node_id", "é"])
+clean_values = st.recursive(
+    st.none() | st.booleans() | st.integers(*INT64) | st.floats() | texts,
+    lambda inner: st.lists(inner, max_size=3) | st.builds(Rng, inner, inner, inner, inner, inner)
+    | st.dictionaries(texts, inner, max_size=3),
+    max_leaves=8)
+clean_fields = st.dictionaries(texts, clean_values, max_size=4) | st.just({"odd": (1,)})   # (a tuple: pickled)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 40), st.integers(0, 3), clean_fields),
+                         max_size=9), min_size=2, max_size=5), st.integers(1, 4))
+def test_merge_packed_writes_the_chunks_merge_and_pack_write(spills, chunk):
+    """A merge of runs straight from their packed bytes (merge_packed) writes the same bytes as merging their
+    records and packing them again (_merge_records, its twin), chunk for chunk; where a run holds a pickled chunk the
+    records are merged instead, and read back the same."""
+    old = sortedruns.CHUNK
+    sortedruns.CHUNK = chunk
+    try:
+        outs = []
+        for raw in (True, False):
+            f, runs = RunFile(), []
+            for si, spill in enumerate(spills):
+                lst = [(e, q, t, Event("ack", si, q, t, e, flds, 1, f"s{si}", j))
+                       for j, (e, q, t, flds) in enumerate(spill)]
+                runs.append(f.write(sorted(lst, key=RECORD_KEY)))
+            w = f.writer()
+            in_c = raw and f._merge_packed(runs, w)
+            if not in_c:
+                w = f.writer()
+                f._merge_records(runs, w)
+            new = w.close()
+            outs.append((_run_bytes(f, new), [_values(t[3]) for t in f.read(*new)], bool(f._mixed), in_c))
+        (got, got_recs, mixed, in_c), (want, want_recs, _m, _c) = outs
+        assert len(got_recs) == sum(map(len, spills))
+        assert all(same(a, b) for a, b in zip(got_recs, want_recs, strict=True))
+        if not mixed:
+            assert in_c and got == want and (len(got) > 0) == (len(got_recs) > 0)
+    finally:
+        sortedruns.CHUNK = old
+
+
+def test_merge_packed_declines_keys_that_are_not_int64_and_refuses_bytes_pack_did_not_write():
+    ev = Event("ack", 0, 1, 2, 0, {}, 1, "s", 0)
+    good = P.pack([(0, 1, 2, ev)])
+    big = P.pack([(1 << 40, 1, 2, Event("ack", 0, 1, 2, 1 << 40, {}, 1, "s", 0))])
+    assert P.merge_packed([[good], [big]], 4, lambda n, d: None) is True
+    odd = P.pack([(True, 1, 2, Event("ack", 0, 1, 2, True, {}, 1, "s", 0))])   # (a bool epoch: records compare it)
+    assert P.merge_packed([[good], [odd]], 4, lambda n, d: None) is False
+    for bad in (good[:-1], good + b"N", b"\x01\x00\x00\x00Z"):
+        with pytest.raises(ValueError):
+            P.merge_packed([[bad]], 4, lambda n, d: None)
+
+
 def test_check_over_a_real_runs_records_sorted_on_disk_says_the_same_with_either(tmp_path, monkeypatch):
     """A demo run (our exporter's file sink in real rank processes, faults injected) checked with its records
     sorted on disk: every record packed (none of their values left to pickle), the same report as pickled."""

@@ -4,11 +4,12 @@ bounded number of records in memory however long its input.
 Contract:
 
 * A record is ``(epoch, seq, ts, Event)``; runs are sorted by ``(epoch, seq, ts)``. On disk a run is chunks of
-  :data:`CHUNK` records (reading a run holds one chunk of it), each chunk its kind (a byte), its length and its
-  bytes: packed by ``_speedups/sortedruns.c`` where it is built and the chunk's values are of the types it holds
-  (:data:`C_RUNS`), else the Events' values as plain tuples, pickled (plain tuples pickle several times faster than
-  dataclass instances): the Python twin, the same records back. Runs merge in the same C module (:func:`merge`;
-  twin: ``heapq.merge``). ``twin_off(vars(sortedruns), "C_RUNS")`` runs both twins.
+  :data:`CHUNK` records (reading a run holds one chunk of it), each chunk its kind, record count and length
+  (:data:`CHUNK_HEAD`) and its bytes: packed by ``_speedups/sortedruns.c`` where it is built and the chunk's values
+  are of the types it holds (:data:`C_RUNS`), else the Events' values as plain tuples, pickled (plain tuples pickle
+  several times faster than dataclass instances): the Python twin, the same records back. Runs merge in the same C
+  module (:func:`merge`; twin: ``heapq.merge``), and runs of packed chunks merge a level up from bytes to bytes
+  (:meth:`RunFile.compact`). ``twin_off(vars(sortedruns), "C_RUNS")`` runs the twins.
 * :class:`RunFile` is one unnamed temporary file (created on the first write, deleted when closed or collected)
   holding any number of runs; a run is :data:`Run`, its ``(offset, records)``. :meth:`RunFile.write` writes a
   sorted list as a run, :meth:`RunFile.writer` a run record by record, :meth:`RunFile.read` reads one back.
@@ -41,7 +42,7 @@ Run = tuple[int, int]   # (offset in the file, records)
 _UNLOADED: Any = object()
 C_RUNS: Any = _UNLOADED   # sortedruns.c's module once loaded; None when not built (or switched off: twin_off)
 PACKED, PICKLED = 1, 2    # a chunk's kind
-CHUNK_HEAD = struct.Struct("<BQ")   # a chunk's kind and its length in bytes
+CHUNK_HEAD = struct.Struct("<BIQ")   # a chunk's kind, its records and its length in bytes
 
 
 def c_runs() -> Any:
@@ -61,6 +62,7 @@ class RunFile:
         self._fh: IO[bytes] | None = None
         self._level: dict[int, int] = {}   # a run's offset -> its level, when above 0
         self._pack: Any = None             # set with the file: its own (a later twin_off strands no packed chunk)
+        self._mixed: set[int] = set()      # offsets of the runs holding a pickled chunk
 
     def _file(self) -> IO[bytes]:
         if self._fh is None:
@@ -77,21 +79,24 @@ class RunFile:
     def writer(self) -> RunWriter:
         """A new run written at the end of the file record by record (:meth:`RunWriter.close` gives it)."""
         fh = self._file()
-        return RunWriter(fh, self._pack)
+        return RunWriter(fh, self._pack, self._mixed)
 
     def read(self, off: int, n: int) -> Iterator[tuple]:
-        """The records of one run as ``(epoch, seq, ts, Event)``, a chunk at a time (the file is shared by the runs
-        read at once: each read seeks to its place)."""
+        """The records of one run as ``(epoch, seq, ts, Event)``, a chunk at a time."""
+        for kind, data in self._chunks(off, n):
+            yield from load_chunk(kind, data, self._pack)
+
+    def _chunks(self, off: int, n: int) -> Iterator[tuple[int, bytes]]:
+        """The chunks of one run as written, ``(kind, bytes)`` (the file is shared by the runs read at once: each
+        read seeks to its place)."""
         fh = self._file()
         head = CHUNK_HEAD.size
         while n > 0:
             fh.seek(off)
-            kind, size = CHUNK_HEAD.unpack(fh.read(head))
-            data = fh.read(size)
+            kind, count, size = CHUNK_HEAD.unpack(fh.read(head))
             off += head + size
-            chunk = load_chunk(kind, data, self._pack)
-            n -= len(chunk)
-            yield from chunk
+            n -= count
+            yield kind, fh.read(size)
 
     def level(self, run: Run) -> int:
         """How many merges ``run`` went through (0: written as one spill)."""
@@ -107,12 +112,31 @@ class RunFile:
             if any(self.level(r) != lv for r in tail):
                 return
             w = self.writer()
-            for t in merge([self.read(o, n) for o, n in tail]):
-                w.append(t)
+            if not self._merge_packed(tail, w):
+                w = self.writer()   # (declined: what it wrote is left unused)
+                self._merge_records(tail, w)
             runs[-FAN_IN:] = [w.close()]
             for o, _n in tail:
                 level.pop(o, None)
+                self._mixed.discard(o)
             level[runs[-1][0]] = lv + 1
+
+
+    def _merge_records(self, tail: list[Run], w: RunWriter) -> None:
+        """The records of the runs ``tail`` merged (stably) into ``w``: sortedruns.c's ``merge_packed``'s twin."""
+        for t in merge([self.read(o, n) for o, n in tail]):
+            w.append(t)
+
+    def _merge_packed(self, tail: list[Run], w: RunWriter) -> bool:
+        """:meth:`_merge_records` from bytes to bytes in C, where every chunk of ``tail`` is packed (no Python
+        object a record: the same chunks ``w`` would pack); False when it cannot (then nothing in ``w`` counts)."""
+        if self._pack is None or any(o in self._mixed for o, _n in tail):
+            return False
+        return bool(self._pack.merge_packed([self._packed(o, n) for o, n in tail], CHUNK, w.append_packed))
+
+    def _packed(self, off: int, n: int) -> Iterator[bytes]:
+        """The packed chunks of one run, as written (the run holds no pickled chunk)."""
+        return (data for _kind, data in self._chunks(off, n))
 
 
 class SeqBits:
@@ -194,13 +218,14 @@ class RunWriter:
     """One new run at the end of the file, written chunk by chunk (while other runs of the file are read: each
     write seeks to the run's end)."""
 
-    def __init__(self, fh: IO[bytes], pack: Any) -> None:
+    def __init__(self, fh: IO[bytes], pack: Any, mixed: set[int]) -> None:
         self.fh = fh
         self.fh.seek(0, 2)
         self.off, self.n = self.fh.tell(), 0
         self.buf: list[tuple] = []
         self.end = self.off
-        self.pack = pack   # sortedruns.c's module, or None: pickled
+        self.pack = pack     # sortedruns.c's module, or None: pickled
+        self.mixed = mixed   # (the file's: this run's offset joins it once it holds a pickled chunk)
 
     def append(self, t: tuple) -> None:
         """A record ``(epoch, seq, ts, Event)``."""
@@ -218,14 +243,23 @@ class RunWriter:
             if len(self.buf) >= CHUNK:
                 self._flush()
 
+    def append_packed(self, count: int, data: bytes) -> None:
+        """A chunk of ``count`` records as sortedruns.c packed them (``merge_packed`` writes through this)."""
+        self._write(PACKED, data, count)
+
     def _flush(self) -> None:
         kind, data = dump_chunk(self.buf, self.pack)
+        self._write(kind, data, len(self.buf))
+        self.buf = []
+
+    def _write(self, kind: int, data: bytes, count: int) -> None:
+        if kind == PICKLED:
+            self.mixed.add(self.off)
         self.fh.seek(self.end)
-        self.fh.write(CHUNK_HEAD.pack(kind, len(data)))
+        self.fh.write(CHUNK_HEAD.pack(kind, count, len(data)))
         self.fh.write(data)
         self.end = self.fh.tell()
-        self.n += len(self.buf)
-        self.buf = []
+        self.n += count
 
     def close(self) -> Run:
         """The run written."""
