@@ -290,11 +290,22 @@ static PyObject *corrupt(void)
     return NULL;
 }
 
+/* the little-endian numbers of the format (what put_len and put_u64 wrote) */
+static uint32_t le32(const unsigned char *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t le64(const unsigned char *p)
+{
+    return (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32;
+}
+
 static int get_u32(In *in, uint32_t *v)
 {
     if (in->end - in->p < 4)
         return -1;
-    *v = (uint32_t)in->p[0] | (uint32_t)in->p[1] << 8 | (uint32_t)in->p[2] << 16 | (uint32_t)in->p[3] << 24;
+    *v = le32(in->p);
     in->p += 4;
     return 0;
 }
@@ -317,9 +328,7 @@ static PyObject *get_value(In *in, int depth)
     case V_FLOAT:
         if (in->end - in->p < 8)
             return corrupt();
-        bits = 0;
-        for (int i = 7; i >= 0; i--)
-            bits = bits << 8 | in->p[i];
+        bits = le64(in->p);
         in->p += 8;
         if (type == V_INT)
             return PyLong_FromLongLong((long long)bits);
@@ -489,37 +498,10 @@ typedef struct {
 
 static PyTypeObject Merge_Type;
 
-/* the keys of records a and b compared as tuples are: -1 (a's less), 0 (equal), 1 (a's greater), or ERR with an
- * exception set */
+/* two keys compared as a tuple's items are: -1 (p's less), 0 (equal), 1 (p's greater), or ERR with an exception
+ * set (exact ints of 64 bits without a call; else == then <, by < alone, as a tuple's comparison does) */
 #define ERR (-2)
 
-static int key_cmp(PyObject *a, PyObject *b)
-{
-    for (int i = 0; i < 3; i++) {
-        PyObject *p = PyTuple_GET_ITEM(a, i), *q = PyTuple_GET_ITEM(b, i);
-        if (p == q)
-            continue;
-        if (PyLong_CheckExact(p) && PyLong_CheckExact(q)) {
-            int o1, o2;
-            long long u = PyLong_AsLongLongAndOverflow(p, &o1), v = PyLong_AsLongLongAndOverflow(q, &o2);
-            if (!o1 && !o2) {
-                if (u != v)
-                    return u < v ? -1 : 1;
-                continue;
-            }
-        }
-        int eq = PyObject_RichCompareBool(p, q, Py_EQ);
-        if (eq < 0)
-            return ERR;
-        if (!eq) {   /* the first items that differ decide, by < alone, as a tuple's comparison does */
-            int lt = PyObject_RichCompareBool(p, q, Py_LT);
-            return lt < 0 ? ERR : lt ? -1 : 1;
-        }
-    }
-    return 0;
-}
-
-/* two keys compared as ints (or by == then <): as key_cmp */
 static int one_cmp(PyObject *p, PyObject *q)
 {
     if (p == q)
@@ -537,6 +519,17 @@ static int one_cmp(PyObject *p, PyObject *q)
         return 0;
     int lt = PyObject_RichCompareBool(p, q, Py_LT);
     return lt < 0 ? ERR : lt ? -1 : 1;
+}
+
+/* the keys (first three items) of records a and b compared as tuples are: the first items that differ decide */
+static int key_cmp(PyObject *a, PyObject *b)
+{
+    for (int i = 0; i < 3; i++) {
+        int c = one_cmp(PyTuple_GET_ITEM(a, i), PyTuple_GET_ITEM(b, i));
+        if (c != 0)
+            return c;
+    }
+    return 0;
 }
 
 /* head a before head b: 1, 0, or -1 with an exception set (ties: the earlier run first) */
@@ -793,12 +786,8 @@ static int scan_value(Cursor *c, int depth, int want_int, long long *out)
     case V_FLOAT:
         if (c->end - c->p < 8)
             return SCAN_ERR;
-        if (want_int) {
-            uint64_t bits = 0;
-            for (int i = 7; i >= 0; i--)
-                bits = bits << 8 | c->p[i];
-            *out = (long long)bits;
-        }
+        if (want_int)
+            *out = (long long)le64(c->p);
         c->p += 8;
         return SCAN_OK;
     case V_STR:
@@ -807,7 +796,7 @@ static int scan_value(Cursor *c, int depth, int want_int, long long *out)
     case V_DICT:
         if (c->end - c->p < 4)
             return SCAN_ERR;
-        n = (uint32_t)c->p[0] | (uint32_t)c->p[1] << 8 | (uint32_t)c->p[2] << 16 | (uint32_t)c->p[3] << 24;
+        n = le32(c->p);
         c->p += 4;
         if (type == V_STR) {
             if ((size_t)(c->end - c->p) < n)
@@ -866,7 +855,7 @@ static int next_record(Cursor *c)
         c->nstrs = 0;
         if (c->end - c->p < 4)
             goto corrupt;
-        c->left = (uint32_t)c->p[0] | (uint32_t)c->p[1] << 8 | (uint32_t)c->p[2] << 16 | (uint32_t)c->p[3] << 24;
+        c->left = le32(c->p);
         c->p += 4;
         if (c->left == 0 && c->p != c->end)
             goto corrupt;
@@ -975,7 +964,7 @@ static int copy_value(Cursor *c, const unsigned char **pp, NewChunk *w, int dept
     case V_REF:
     case V_LIST:
     case V_DICT:
-        n = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+        n = le32(p);
         p += 4;
         if (type == V_STR) {
             r = put_text(w, p, n);

@@ -121,7 +121,6 @@ class RunFile:
                 self._mixed.discard(o)
             level[runs[-1][0]] = lv + 1
 
-
     def _merge_records(self, tail: list[Run], w: RunWriter) -> None:
         """The records of the runs ``tail`` merged (stably) into ``w``: sortedruns.c's ``merge_packed``'s twin."""
         for t in merge([self.read(o, n) for o, n in tail]):
