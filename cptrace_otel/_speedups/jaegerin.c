@@ -41,75 +41,60 @@ static PyObject *thousand_obj;   /* the rest of what configure sets is the reade
 
 /* -- index -------------------------------------------------------------------------------------------------------- */
 
-/* one trace of the data array: (trace_id, starts, off, end) appended to out */
-static int index_trace(Rd *r, const char *base, Py_ssize_t max_item, PyObject *out)
+/* one span of a trace: its startTime (0 when it has none) appended to the list starts */
+static int span_start(Rd *r, void *starts)
 {
+    PyObject *t = NULL;
+    int st = OK, n = 0, is_int;
+    Str k, num;
+    while (st == OK && next_key(r, &n, &k, &st)) {
+        if (!str_is(k, "startTime"))
+            st = skip(r, 3);
+        else if (t != NULL || num_tok(r, &num, &is_int) != OK || !is_int)
+            st = FALLBACK;
+        else
+            st = int_py(num, &t);
+    }
+    if (st == OK && t == NULL)
+        t = Py_NewRef(zero_obj);
+    if (st == OK && PyList_Append(starts, t) < 0)
+        st = ERR;
+    Py_XDECREF(t);
+    return st;
+}
+
+typedef struct {
+    const char *base;      /* the answer's first byte */
+    Py_ssize_t max_item;   /* the largest trace read (larger: the twin hands it out as Unread) */
+    PyObject *out;         /* the traces' rows */
+} TraceSink;
+
+/* one trace of the data array (an element read by each(), p a TraceSink): (trace_id, starts, off, end) appended to
+ * out */
+static int index_trace(Rd *r, void *p)
+{
+    const TraceSink *sink = p;
+    const char *base = sink->base;
+    PyObject *out = sink->out;
     ws(r);
     const char *start = r->p;
-    if (!lit(r, '{'))
-        return FALLBACK;
     PyObject *tid = NULL, *starts = PyList_New(0);
     if (starts == NULL)
         return ERR;
-    int st = OK, seen_id = 0, seen_spans = 0;
-    if (!lit(r, '}')) {
-        do {
-            Str k;
-            if (plain_str(r, &k) != OK || !lit(r, ':')) {
+    int st = OK, n = 0, seen_id = 0, seen_spans = 0;
+    Str k;
+    while (st == OK && next_key(r, &n, &k, &st)) {
+        if (str_is(k, "traceID")) {
+            Str v;
+            if (seen_id++ || plain_str(r, &v) != OK || (tid = str_py(v)) == NULL)
                 st = FALLBACK;
-                break;
-            }
-            if (str_is(k, "traceID")) {
-                Str v;
-                if (seen_id++ || plain_str(r, &v) != OK || (tid = str_py(v)) == NULL)
-                    st = FALLBACK;
-            } else if (str_is(k, "spans")) {
-                if (seen_spans++ || !lit(r, '[')) {
-                    st = FALLBACK;
-                    break;
-                }
-                if (lit(r, ']'))
-                    continue;
-                do {   /* each span: its startTime (0 when it has none) */
-                    if (!lit(r, '{')) {
-                        st = FALLBACK;
-                        break;
-                    }
-                    PyObject *t = NULL;
-                    if (!lit(r, '}')) {
-                        do {
-                            Str sk, num;
-                            int is_int;
-                            if (plain_str(r, &sk) != OK || !lit(r, ':')) {
-                                st = FALLBACK;
-                            } else if (str_is(sk, "startTime")) {
-                                if (t != NULL || num_tok(r, &num, &is_int) != OK || !is_int)
-                                    st = FALLBACK;
-                                else
-                                    st = int_py(num, &t);
-                            } else {
-                                st = skip(r, 3);
-                            }
-                        } while (st == OK && lit(r, ','));
-                        if (st == OK && !lit(r, '}'))
-                            st = FALLBACK;
-                    }
-                    if (st == OK && t == NULL)
-                        t = Py_NewRef(zero_obj);
-                    if (st == OK && PyList_Append(starts, t) < 0)
-                        st = ERR;
-                    Py_XDECREF(t);
-                } while (st == OK && lit(r, ','));
-                if (st == OK && !lit(r, ']'))
-                    st = FALLBACK;
-            } else {
-                st = skip(r, 2);
-            }
-        } while (st == OK && lit(r, ','));
-        if (st == OK && !lit(r, '}'))
-            st = FALLBACK;
+        } else if (str_is(k, "spans")) {
+            st = seen_spans++ ? FALLBACK : each(r, span_start, starts);
+        } else {
+            st = skip(r, 2);
+        }
     }
-    if (st == OK && r->p - start > max_item)
+    if (st == OK && r->p - start > sink->max_item)
         st = FALLBACK;   /* too large to check: the Python twin hands it out as Unread */
     if (st == OK) {
         PyObject *row = Py_BuildValue("(OOnn)", tid ? tid : Py_None, starts, (Py_ssize_t)(start - base),
@@ -135,33 +120,23 @@ static PyObject *py_index(PyObject *self, PyObject *args)
     }
     Rd r = {b.buf, (const char *)b.buf + b.len};
     PyObject *out = PyList_New(0);
-    int st = out ? OK : ERR, seen_data = 0;
+    int st = out ? OK : ERR, n = 0;
+    TraceSink sink = {b.buf, max_item, out};
     Str k;
-    /* the layout Jaeger writes: "data" first (the Python twin parses any other layout whole) */
-    if (st == OK && (!lit(&r, '{') || plain_str(&r, &k) != OK || !str_is(k, "data") || !lit(&r, ':') || !lit(&r, '[')))
-        st = FALLBACK;
-    if (st == OK && !lit(&r, ']')) {
-        do
-            st = index_trace(&r, b.buf, max_item, out);
-        while (st == OK && lit(&r, ','));
-        if (st == OK && !lit(&r, ']'))
+    while (st == OK && next_key(&r, &n, &k, &st)) {
+        if (n == 1)   /* the layout Jaeger writes: "data" first (the Python twin parses any other layout whole) */
+            st = str_is(k, "data") ? each(&r, index_trace, &sink) : FALLBACK;
+        else if (str_is(k, "data"))
             st = FALLBACK;
-    }
-    seen_data = 1;
-    while (st == OK && lit(&r, ',')) {
-        if (plain_str(&r, &k) != OK || !lit(&r, ':') || str_is(k, "data")) {
-            st = FALLBACK;
-        } else if (str_is(k, "errors")) {   /* null or []: no error (anything else: the twin raises it) */
+        else if (str_is(k, "errors")) {   /* null or []: no error (anything else: the twin raises it) */
             ws(&r);
             if (word(&r, "null") != OK && !(lit(&r, '[') && lit(&r, ']')))
                 st = FALLBACK;
-        } else {
+        } else
             st = skip(&r, 1);
-        }
     }
-    (void)seen_data;
-    if (st == OK && !lit(&r, '}'))
-        st = FALLBACK;
+    if (st == OK && n < 2)
+        st = FALLBACK;   /* {}: no data (the twin) */
     ws(&r);
     if (st == OK && r.p != r.end)
         st = FALLBACK;
@@ -216,17 +191,10 @@ static int tag_value(Rd *r, Str tv, Tag *t)
  * first, as Jaeger writes them) */
 static int read_tag(Rd *r, Tag *t)
 {
-    if (!lit(r, '{'))
-        return FALLBACK;
-    int seen = 0, done = 0;
-    Str tv = {0, 0};
+    int n = 0, st = OK, seen = 0, done = 0;
+    Str tv = {0, 0}, k;
     const char *vstart = NULL;
-    if (lit(r, '}'))
-        return FALLBACK;
-    do {
-        Str k;
-        if (plain_str(r, &k) != OK || !lit(r, ':'))
-            return FALLBACK;
+    while (st == OK && next_key(r, &n, &k, &st)) {
         if (str_is(k, "key")) {
             if (seen & 1 || plain_str(r, &t->key) != OK)
                 return FALLBACK;
@@ -252,8 +220,8 @@ static int read_tag(Rd *r, Tag *t)
         } else {
             return FALLBACK;
         }
-    } while (lit(r, ','));
-    if (!lit(r, '}') || seen != 7 || !utf8_ok(t->key.p, t->key.n))
+    }
+    if (st != OK || seen != 7 || !utf8_ok(t->key.p, t->key.n))
         return FALLBACK;
     Rd v = {vstart, r->p};
     return done ? OK : tag_value(&v, tv, t);
@@ -306,29 +274,21 @@ typedef struct {
 /* the "processes" object: each process's id, service name, rank and level; run ids appended to run_ids */
 static int read_procs(Rd *r, Proc *procs, int *np, PyObject *run_ids)
 {
-    if (!lit(r, '{'))
-        return FALLBACK;
-    if (lit(r, '}'))
-        return OK;
-    int st = OK;
-    do {
+    int n = 0, st = OK;
+    Str id;
+    while (st == OK && next_key(r, &n, &id, &st)) {
         if (*np >= MAX_PROCS)
             return FALLBACK;
         Proc *p = &procs[*np];
         memset(p, 0, sizeof *p);
         (*np)++;
-        if (plain_str(r, &p->id) != OK || !lit(r, ':') || !lit(r, '{'))
-            return FALLBACK;
+        p->id = id;
         for (int i = 0; i < *np - 1; i++)
             if (procs[i].id.n == p->id.n && memcmp(procs[i].id.p, p->id.p, (size_t)p->id.n) == 0)
                 return FALLBACK;
-        int seen = 0;
-        if (lit(r, '}'))
-            return FALLBACK;
-        do {
-            Str k;
-            if (plain_str(r, &k) != OK || !lit(r, ':'))
-                return FALLBACK;
+        int m = 0, seen = 0;
+        Str k;
+        while (st == OK && next_key(r, &m, &k, &st)) {
             if (str_is(k, "serviceName")) {
                 if (seen & 1 || plain_str(r, &p->service) != OK || !utf8_ok(p->service.p, p->service.n))
                     return FALLBACK;
@@ -368,87 +328,87 @@ static int read_procs(Rd *r, Proc *procs, int *np, PyObject *run_ids)
             } else if (skip(r, 3) != OK) {
                 return FALLBACK;
             }
-        } while (lit(r, ','));
-        if (!lit(r, '}') || !(seen & 1))
-            return FALLBACK;
-    } while (lit(r, ','));
-    return lit(r, '}') ? OK : FALLBACK;
+        }
+        if (st == OK && !(seen & 1))
+            return FALLBACK;   /* (no service name: the twin decides) */
+    }
+    return st;
 }
 
-/* one log: its first seq field (or None) appended to seqs, its record (if any) to events */
-static int read_log(Rd *r, PyObject *rank, PyObject *seqs, PyObject *events)
+typedef struct {
+    PyObject *rank;     /* the span's rank */
+    PyObject *seqs;     /* each log's first seq field */
+    PyObject *events;   /* the logs' records */
+} LogSink;
+
+/* one log (an element read by each(), p a LogSink): its first seq field (or None) appended to seqs, its record (if
+ * any) to events */
+static int read_log(Rd *r, void *p)
 {
-    if (!lit(r, '{'))
-        return FALLBACK;
+    const LogSink *sink = p;
+    PyObject *rank = sink->rank, *seqs = sink->seqs, *events = sink->events;
     /* the fields, read where they are: the event name, the record's fields (range parts joined), seq / epoch /
      * level; the timestamp wherever it is */
     PyObject *fields = PyDict_New(), *seq = NULL, *epoch = NULL, *level = NULL, *first_seq = NULL, *name = NULL;
     ValueFields vf = {0};
     if (fields == NULL)
         return ERR;
-    Str ts = {0, 0};
-    int seen = 0, is_int, st = OK;
+    Str ts = {0, 0}, k;
+    int n = 0, seen = 0, is_int, st = OK;
     Py_ssize_t plen = PyBytes_GET_SIZE(k_prefix);
-    if (!lit(r, '}')) {
-        do {
-            Str k;
-            if (plain_str(r, &k) != OK || !lit(r, ':')) {
+    while (st == OK && next_key(r, &n, &k, &st)) {
+        if (str_is(k, "timestamp")) {
+            if (seen & 1 || num_tok(r, &ts, &is_int) != OK || !is_int)
                 st = FALLBACK;
-            } else if (str_is(k, "timestamp")) {
-                if (seen & 1 || num_tok(r, &ts, &is_int) != OK || !is_int)
-                    st = FALLBACK;
-                seen |= 1;
-            } else if (str_is(k, "fields")) {
-                if (seen & 2 || !lit(r, '[')) {
-                    st = FALLBACK;   /* (twice, or not a list: the twin decides) */
-                    break;
-                }
-                seen |= 2;
-                if (lit(r, ']'))
-                    continue;
-                do {
-                    Tag t;
-                    if ((st = read_tag(r, &t)) != OK)
-                        break;
-                    if ((name == NULL || PyUnicode_GET_LENGTH(name) == 0) && str_is(t.key, "event")) {
-                        PyObject *x = NULL;   /* the event name: the first "event" field that is not empty */
-                        if (t.type != 's')
-                            st = FALLBACK;   /* str() of another type: the twin decides */
-                        else if ((st = tag_py(&t, &x)) == OK)
-                            Py_XSETREF(name, x);
-                        continue;
-                    }
-                    if (t.key.n < plen || memcmp(t.key.p, PyBytes_AS_STRING(k_prefix), (size_t)plen) != 0) {
-                        int is_seq = str_is_key(t.key, k_seq);
-                        PyObject **slot = is_seq ? &seq : str_is_key(t.key, k_epoch) ? &epoch
-                                          : str_is_key(t.key, k_level) ? &level : NULL;
-                        if (slot) {
-                            PyObject *x;
-                            if ((st = tag_py(&t, &x)) != OK)
-                                break;
-                            if (is_seq && first_seq == NULL)
-                                first_seq = t.type == 'i' ? Py_NewRef(x) : NULL;
-                            if (is_seq && first_seq == NULL && t.type != 'i') {
-                                Py_DECREF(x);
-                                st = FALLBACK;   /* _as_int of a str seq: the twin decides */
-                                break;
-                            }
-                            Py_XSETREF(*slot, x);
-                        }
-                        continue;
-                    }
-                    PyObject *x;
-                    if ((st = field_value(&t, &x)) == OK)
-                        st = value_field_add(&vf, fields, t.key.p + plen, t.key.n - plen, rng_suffix, x);
-                } while (st == OK && lit(r, ','));
-                if (st == OK && !lit(r, ']'))
-                    st = FALLBACK;
-            } else {
-                st = skip(r, 4);
+            seen |= 1;
+        } else if (str_is(k, "fields")) {
+            if (seen & 2 || !lit(r, '[')) {
+                st = FALLBACK;   /* (twice, or not a list: the twin decides) */
+                break;
             }
-        } while (st == OK && lit(r, ','));
-        if (st == OK && !lit(r, '}'))
-            st = FALLBACK;
+            seen |= 2;
+            if (lit(r, ']'))
+                continue;
+            do {
+                Tag t;
+                if ((st = read_tag(r, &t)) != OK)
+                    break;
+                if ((name == NULL || PyUnicode_GET_LENGTH(name) == 0) && str_is(t.key, "event")) {
+                    PyObject *x = NULL;   /* the event name: the first "event" field that is not empty */
+                    if (t.type != 's')
+                        st = FALLBACK;   /* str() of another type: the twin decides */
+                    else if ((st = tag_py(&t, &x)) == OK)
+                        Py_XSETREF(name, x);
+                    continue;
+                }
+                if (t.key.n < plen || memcmp(t.key.p, PyBytes_AS_STRING(k_prefix), (size_t)plen) != 0) {
+                    int is_seq = str_is_key(t.key, k_seq);
+                    PyObject **slot = is_seq ? &seq : str_is_key(t.key, k_epoch) ? &epoch
+                                      : str_is_key(t.key, k_level) ? &level : NULL;
+                    if (slot) {
+                        PyObject *x;
+                        if ((st = tag_py(&t, &x)) != OK)
+                            break;
+                        if (is_seq && first_seq == NULL)
+                            first_seq = t.type == 'i' ? Py_NewRef(x) : NULL;
+                        if (is_seq && first_seq == NULL && t.type != 'i') {
+                            Py_DECREF(x);
+                            st = FALLBACK;   /* _as_int of a str seq: the twin decides */
+                            break;
+                        }
+                        Py_XSETREF(*slot, x);
+                    }
+                    continue;
+                }
+                PyObject *x;
+                if ((st = field_value(&t, &x)) == OK)
+                    st = value_field_add(&vf, fields, t.key.p + plen, t.key.n - plen, rng_suffix, x);
+            } while (st == OK && lit(r, ','));
+            if (st == OK && !lit(r, ']'))
+                st = FALLBACK;
+        } else {
+            st = skip(r, 4);
+        }
     }
     st = value_fields_end(&vf, st);
     if (st == OK && PyList_Append(seqs, first_seq ? first_seq : Py_None) < 0)
@@ -496,92 +456,88 @@ static int read_log(Rd *r, PyObject *rank, PyObject *seqs, PyObject *events)
 /* a span's "logs" list: each log's first seq appended to seqs, its record to events */
 static int read_logs(Rd *r, PyObject *rank, PyObject *seqs, PyObject *events)
 {
-    if (!lit(r, '['))
-        return FALLBACK;
-    if (lit(r, ']'))
-        return OK;
-    int st;
-    do
-        st = read_log(r, rank, seqs, events);
-    while (st == OK && lit(r, ','));
-    return st == OK && !lit(r, ']') ? FALLBACK : st;
+    LogSink sink = {rank, seqs, events};
+    return each(r, read_log, &sink);
 }
 
-/* one span: (service, rank, codes, trace_id, span_id, start_us, level, seqs, events) appended to out */
-static int read_span(Rd *r, const Proc *procs, int np, PyObject *out)
+typedef struct {
+    const Proc *procs;   /* the answer's processes */
+    int np;
+    PyObject *out;       /* the spans' rows */
+} SpanSink;
+
+/* one span (an element read by each(), p a SpanSink): (service, rank, codes, trace_id, span_id, start_us, level,
+ * seqs, events) appended to out */
+static int read_span(Rd *r, void *p)
 {
-    if (!lit(r, '{'))
-        return FALLBACK;
+    const SpanSink *sink = p;
+    const Proc *procs = sink->procs;
+    int np = sink->np;
+    PyObject *out = sink->out;
     Str tid = {0, 0}, sid = {0, 0}, pid = {0, 0}, logs = {0, 0}, start = {0, 0};
     PyObject *rank = NULL, *codes = NULL, *seqs = NULL, *events = NULL;
-    int seen = 0, st = OK, is_int;
-    if (!lit(r, '}')) {
-        do {
-            Str k;
-            if (plain_str(r, &k) != OK || !lit(r, ':'))
+    int n = 0, seen = 0, st = OK, is_int;
+    Str k;
+    while (st == OK && next_key(r, &n, &k, &st)) {
+        if (str_is(k, "traceID"))
+            st = seen & 1 || plain_str(r, &tid) != OK ? FALLBACK : (seen |= 1, OK);
+        else if (str_is(k, "spanID"))
+            st = seen & 2 || plain_str(r, &sid) != OK ? FALLBACK : (seen |= 2, OK);
+        else if (str_is(k, "processID"))
+            st = seen & 4 || plain_str(r, &pid) != OK ? FALLBACK : (seen |= 4, OK);
+        else if (str_is(k, "startTime"))
+            st = seen & 8 || num_tok(r, &start, &is_int) != OK || !is_int ? FALLBACK : (seen |= 8, OK);
+        else if (str_is(k, "process"))
+            st = FALLBACK;   /* an inline process: the twin reads it */
+        else if (str_is(k, "logs")) {
+            if (seen & 16)
                 st = FALLBACK;
-            else if (str_is(k, "traceID"))
-                st = seen & 1 || plain_str(r, &tid) != OK ? FALLBACK : (seen |= 1, OK);
-            else if (str_is(k, "spanID"))
-                st = seen & 2 || plain_str(r, &sid) != OK ? FALLBACK : (seen |= 2, OK);
-            else if (str_is(k, "processID"))
-                st = seen & 4 || plain_str(r, &pid) != OK ? FALLBACK : (seen |= 4, OK);
-            else if (str_is(k, "startTime"))
-                st = seen & 8 || num_tok(r, &start, &is_int) != OK || !is_int ? FALLBACK : (seen |= 8, OK);
-            else if (str_is(k, "process"))
-                st = FALLBACK;   /* an inline process: the twin reads it */
-            else if (str_is(k, "logs")) {
-                if (seen & 16)
-                    st = FALLBACK;
-                seen |= 16;
-                ws(r);
-                logs.p = r->p;
-                if (st == OK && rank != NULL && (seen & 32)) {
-                    /* the rank is known (the span's rank tag, read before): the records are read here, in one
-                     * pass; else after the span, when its process is known */
-                    if ((seqs = PyList_New(0)) == NULL || (events = PyList_New(0)) == NULL)
-                        st = ERR;
-                    else
-                        st = read_logs(r, rank, seqs, events);
-                    logs.p = NULL;
-                } else if (st == OK && (st = skip(r, 3)) == OK) {
-                    logs.n = r->p - logs.p;
-                }
-            } else if (str_is(k, "tags")) {
-                if (seen & 32 || !lit(r, '[')) {
-                    st = FALLBACK;
+            seen |= 16;
+            ws(r);
+            logs.p = r->p;
+            if (st == OK && rank != NULL && (seen & 32)) {
+                /* the rank is known (the span's rank tag, read before): the records are read here, in one
+                 * pass; else after the span, when its process is known */
+                if ((seqs = PyList_New(0)) == NULL || (events = PyList_New(0)) == NULL)
+                    st = ERR;
+                else
+                    st = read_logs(r, rank, seqs, events);
+                logs.p = NULL;
+            } else if (st == OK && (st = skip(r, 3)) == OK) {
+                logs.n = r->p - logs.p;
+            }
+        } else if (str_is(k, "tags")) {
+            if (seen & 32 || !lit(r, '[')) {
+                st = FALLBACK;
+                break;
+            }
+            seen |= 32;
+            if (lit(r, ']'))
+                continue;
+            do {
+                Tag t;
+                if ((st = read_tag(r, &t)) != OK)
                     break;
-                }
-                seen |= 32;
-                if (lit(r, ']'))
-                    continue;
-                do {
-                    Tag t;
-                    if ((st = read_tag(r, &t)) != OK)
+                if (str_is_key(t.key, k_rank)) {   /* (the last one, as the twin's loop and dict keep it) */
+                    PyObject *v;
+                    if (t.type != 'i' || (st = tag_py(&t, &v)) != OK) {
+                        st = FALLBACK;
                         break;
-                    if (str_is_key(t.key, k_rank)) {   /* (the last one, as the twin's loop and dict keep it) */
-                        PyObject *v;
-                        if (t.type != 'i' || (st = tag_py(&t, &v)) != OK) {
-                            st = FALLBACK;
-                            break;
-                        }
-                        Py_XSETREF(rank, v);
-                    } else if (str_is_key(t.key, k_violation)) {
-                        PyObject *v;
-                        if (t.type != 's' || (st = tag_py(&t, &v)) != OK) {
-                            st = FALLBACK;
-                            break;
-                        }
-                        Py_XSETREF(codes, v);
                     }
-                } while (lit(r, ','));
-                if (st == OK && !lit(r, ']'))
-                    st = FALLBACK;
-            } else
-                st = skip(r, 3);
-        } while (st == OK && lit(r, ','));
-        if (st == OK && !lit(r, '}'))
-            st = FALLBACK;
+                    Py_XSETREF(rank, v);
+                } else if (str_is_key(t.key, k_violation)) {
+                    PyObject *v;
+                    if (t.type != 's' || (st = tag_py(&t, &v)) != OK) {
+                        st = FALLBACK;
+                        break;
+                    }
+                    Py_XSETREF(codes, v);
+                }
+            } while (lit(r, ','));
+            if (st == OK && !lit(r, ']'))
+                st = FALLBACK;
+        } else
+            st = skip(r, 3);
     }
     const Proc *proc = NULL;
     for (int i = 0; st == OK && i < np && proc == NULL; i++)
@@ -645,44 +601,29 @@ static PyObject *py_records(PyObject *self, PyObject *arg)
     if (run_ids == NULL || out == NULL)
         st = ERR;
     /* the processes first (Jaeger writes them after the spans) */
-    if (st == OK && !lit(&r, '{'))
-        st = FALLBACK;
-    if (st == OK && !lit(&r, '}')) {
-        do {
-            Str k;
-            if (plain_str(&r, &k) != OK || !lit(&r, ':'))
+    int n = 0;
+    Str k;
+    while (st == OK && next_key(&r, &n, &k, &st)) {
+        if (str_is(k, "spans")) {
+            if (seen & 1)
                 st = FALLBACK;
-            else if (str_is(k, "spans")) {
-                if (seen & 1)
-                    st = FALLBACK;
-                seen |= 1;
-                ws(&r);
-                spans.p = r.p;
-                if (st == OK && (st = skip(&r, 1)) == OK)
-                    spans.end = r.p;
-            } else if (str_is(k, "processes")) {
-                st = seen & 2 ? FALLBACK : read_procs(&r, procs, &np, run_ids);
-                seen |= 2;
-            } else
-                st = skip(&r, 1);
-        } while (st == OK && lit(&r, ','));
-        if (st == OK && !lit(&r, '}'))
-            st = FALLBACK;
+            seen |= 1;
+            ws(&r);
+            spans.p = r.p;
+            if (st == OK && (st = skip(&r, 1)) == OK)
+                spans.end = r.p;
+        } else if (str_is(k, "processes")) {
+            st = seen & 2 ? FALLBACK : read_procs(&r, procs, &np, run_ids);
+            seen |= 2;
+        } else
+            st = skip(&r, 1);
     }
     ws(&r);
     if (st == OK && r.p != r.end)
         st = FALLBACK;
     if (st == OK && spans.p) {
-        Rd q = spans;
-        if (!lit(&q, '['))
-            st = FALLBACK;
-        else if (!lit(&q, ']')) {
-            do
-                st = read_span(&q, procs, np, out);
-            while (st == OK && lit(&q, ','));
-            if (st == OK && !lit(&q, ']'))
-                st = FALLBACK;
-        }
+        SpanSink sink = {procs, np, out};
+        st = each(&spans, read_span, &sink);
     }
     for (int i = 0; i < np; i++) {
         Py_XDECREF(procs[i].rank);

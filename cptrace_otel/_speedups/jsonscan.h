@@ -207,6 +207,38 @@ static int skip(Rd *r, int depth)
     }
 }
 
+/* An object's members, one at a time: the object grammar (its braces, each key and its ':', the ',' between) read
+ * here, the readers reading each value where they stand:
+ *
+ *     int n = 0, st = OK;
+ *     Str k;
+ *     while (st == OK && next_key(r, &n, &k, &st)) {
+ *         <the value at r, read as key k asks; st set to FALLBACK or ERR to stop>
+ *     }
+ *
+ * next_key: 1 with the next key in *k (r at its value, *st untouched); 0 at the object's end (r past its '}'), or
+ * with *st = FALLBACK when the text is not an object whose keys are plain strings (an escaped key: the twin reads
+ * it). *n counts the keys met (0 before the first: r then at the object's '{'). */
+static inline int next_key(Rd *r, int *n, Str *k, int *st)
+{
+    if ((*n)++ == 0) {
+        if (!lit(r, '{')) {
+            *st = FALLBACK;
+            return 0;
+        }
+        if (lit(r, '}'))
+            return 0;
+    } else if (!lit(r, ',')) {
+        if (!lit(r, '}'))
+            *st = FALLBACK;
+        return 0;
+    }
+    if (plain_str(r, k) == OK && lit(r, ':'))
+        return 1;
+    *st = FALLBACK;
+    return 0;
+}
+
 /* a list (r at its '['), each element read by item(r, ctx): OK, FALLBACK (not a list, or item's answer) or ERR */
 static inline int each(Rd *r, int (*item)(Rd *, void *), void *ctx)
 {

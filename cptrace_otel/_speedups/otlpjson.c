@@ -205,43 +205,35 @@ static int attr_value(const Attr *a, int mode, PyObject **out)
 static int attr_item(Rd *r, void *p)
 {
     const AttrSink *sink = p;
-    if (!lit(r, '{'))
-        return FALLBACK;
-    int seen = 0, st = OK;
+    int n = 0, seen = 0, st = OK;
     Rd later = {NULL, NULL};
     Attr a = {{NULL, 0}, NULL, 0};
-    if (!lit(r, '}')) {
-        do {
-            Str k;
-            if (plain_str(r, &k) != OK || !lit(r, ':'))
+    Str k;
+    while (st == OK && next_key(r, &n, &k, &st)) {
+        if (str_is(k, "key")) {
+            if (seen & 1 || plain_str(r, &a.key) != OK)
                 return FALLBACK;
-            if (str_is(k, "key")) {
-                if (seen & 1 || plain_str(r, &a.key) != OK)
-                    return FALLBACK;
-                seen |= 1;
-            } else if (str_is(k, "value")) {
-                if (seen & 2)
-                    return FALLBACK;
-                seen |= 2;
-                ws(r);
-                if (seen & 1) {
-                    a.val = r;
-                    if ((st = sink->add(&a, sink->ctx)) != OK)
-                        return st;
-                } else {
-                    later.p = r->p;
-                    if (skip(r, 8) != OK)
-                        return FALLBACK;
-                    later.end = r->p;
-                }
-            } else if (skip(r, 8) != OK) {
+            seen |= 1;
+        } else if (str_is(k, "value")) {
+            if (seen & 2)
                 return FALLBACK;
+            seen |= 2;
+            ws(r);
+            if (seen & 1) {
+                a.val = r;
+                if ((st = sink->add(&a, sink->ctx)) != OK)
+                    return st;
+            } else {
+                later.p = r->p;
+                if (skip(r, 8) != OK)
+                    return FALLBACK;
+                later.end = r->p;
             }
-        } while (lit(r, ','));
-        if (!lit(r, '}'))
+        } else if (skip(r, 8) != OK) {
             return FALLBACK;
+        }
     }
-    if (seen != 3)
+    if (st != OK || seen != 3)
         return FALLBACK;   /* (no key, or no value, which any_value reads as None: the twin) */
     if (later.p == NULL)
         return OK;
@@ -251,24 +243,21 @@ static int attr_item(Rd *r, void *p)
 }
 
 /* an object (r at its '{') whose one key collect reads holds a list, each element read by item(r, ctx); its
- * other keys skipped (the key twice: the twin) */
-static int list_field(Rd *r, const char *key, int (*item)(Rd *, void *), void *ctx)
+ * other keys skipped (values nested depth deep in the line); the key twice, or its alias (the spelling protobuf's
+ * JSON mapping also reads, or NULL), are the twin's */
+static int list_field(Rd *r, const char *key, const char *alias, int depth, int (*item)(Rd *, void *), void *ctx)
 {
-    if (!lit(r, '{'))
-        return FALLBACK;
-    if (lit(r, '}'))
-        return OK;
-    int seen = 0, st;
-    do {
-        Str k;
-        if (plain_str(r, &k) != OK || !lit(r, ':'))
-            st = FALLBACK;
-        else if (str_is(k, key))
+    int n = 0, seen = 0, st = OK;
+    Str k;
+    while (st == OK && next_key(r, &n, &k, &st)) {
+        if (str_is(k, key))
             st = seen++ ? FALLBACK : each(r, item, ctx);
+        else if (alias != NULL && str_is(k, alias))
+            st = FALLBACK;
         else
-            st = skip(r, 4);
-    } while (st == OK && lit(r, ','));
-    return st == OK && !lit(r, '}') ? FALLBACK : st;
+            st = skip(r, depth);
+    }
+    return st;
 }
 
 /* a list "[attr, ...]" (r at its '['), each attribute handed to add(a, ctx): OK, FALLBACK or ERR */
@@ -304,7 +293,7 @@ static int add_resource_attr(const Attr *a, void *ctx)
 static int read_resource(Rd *r, Resource *res)
 {
     AttrSink sink = {add_resource_attr, res};
-    return list_field(r, "attributes", attr_item, &sink);
+    return list_field(r, "attributes", NULL, 4, attr_item, &sink);
 }
 
 /* -- spans and their events --------------------------------------------------------------------------------------- */
@@ -344,39 +333,29 @@ static int add_event_attr(const Attr *a, void *ctx)
 /* one span event: its record (if it is one) appended to *lst (created, and put in out->records, on the first) */
 static int read_event(Rd *r, PyObject *rank, Out *out, PyObject **lst)
 {
-    if (!lit(r, '{'))
-        return FALLBACK;
     EventAttrs ea = {PyDict_New(), NULL, NULL, NULL, {0}};
     if (ea.fields == NULL)
         return ERR;
-    Str name = {"", 0}, ts = {0, 0};
-    int seen = 0, st = OK;
-    if (!lit(r, '}')) {
-        do {
-            Str k;
-            int is_int;
-            if (plain_str(r, &k) != OK || !lit(r, ':'))
+    Str name = {"", 0}, ts = {0, 0}, k;
+    int n = 0, seen = 0, st = OK, is_int;
+    while (st == OK && next_key(r, &n, &k, &st)) {
+        if (str_is(k, "name"))
+            st = seen & 1 || plain_str(r, &name) != OK ? FALLBACK : (seen |= 1, OK);
+        else if (str_is(k, "timeUnixNano")) {
+            ws(r);
+            if (seen & 2)
                 st = FALLBACK;
-            else if (str_is(k, "name"))
-                st = seen & 1 || plain_str(r, &name) != OK ? FALLBACK : (seen |= 1, OK);
-            else if (str_is(k, "timeUnixNano")) {
-                ws(r);
-                if (seen & 2)
-                    st = FALLBACK;
-                else if (r->p < r->end && *r->p == '"')
-                    st = plain_str(r, &ts);
-                else
-                    st = num_tok(r, &ts, &is_int) != OK || !is_int ? FALLBACK : OK;
-                seen |= 2;
-            } else if (str_is(k, "attributes"))
-                st = seen & 4 ? FALLBACK : (seen |= 4, read_attrs(r, add_event_attr, &ea));
-            else if (str_is(k, "time_unix_nano"))
-                st = FALLBACK;
+            else if (r->p < r->end && *r->p == '"')
+                st = plain_str(r, &ts);
             else
-                st = skip(r, 6);
-        } while (st == OK && lit(r, ','));
-        if (st == OK && !lit(r, '}'))
+                st = num_tok(r, &ts, &is_int) != OK || !is_int ? FALLBACK : OK;
+            seen |= 2;
+        } else if (str_is(k, "attributes"))
+            st = seen & 4 ? FALLBACK : (seen |= 4, read_attrs(r, add_event_attr, &ea));
+        else if (str_is(k, "time_unix_nano"))
             st = FALLBACK;
+        else
+            st = skip(r, 6);
     }
     st = value_fields_end(&ea.vf, st);
     PyObject *nm = NULL, *t = NULL;
@@ -474,35 +453,27 @@ static PyObject *span_rank(const SpanAttrs *sa, PyObject *rrank)
 /* one span: its rank noted in out->ranks, its records appended to out->records; rrank: its resource's cp rank */
 static int read_span(Rd *r, PyObject *rrank, Out *out)
 {
-    if (!lit(r, '{'))
-        return FALLBACK;
     SpanAttrs sa = {NULL};
     Rd events = {NULL, NULL};
-    int seen = 0, st = OK;
-    if (!lit(r, '}')) {
-        do {
-            Str k;
-            if (plain_str(r, &k) != OK || !lit(r, ':'))
+    int n = 0, seen = 0, st = OK;
+    Str k;
+    while (st == OK && next_key(r, &n, &k, &st)) {
+        if (str_is(k, "attributes"))
+            st = seen & 1 ? FALLBACK : (seen |= 1, read_attrs(r, add_span_attr, &sa));
+        else if (str_is(k, "events")) {
+            if (seen & 2)
                 st = FALLBACK;
-            else if (str_is(k, "attributes"))
-                st = seen & 1 ? FALLBACK : (seen |= 1, read_attrs(r, add_span_attr, &sa));
-            else if (str_is(k, "events")) {
-                if (seen & 2)
-                    st = FALLBACK;
-                else if (seen & 1)   /* the rank is known (the attributes came first, as encoders write them) */
-                    st = read_events(r, span_rank(&sa, rrank), out);
-                else {   /* read after the span, once its attributes are */
-                    ws(r);
-                    events.p = r->p;
-                    if ((st = skip(r, 5)) == OK)
-                        events.end = r->p;
-                }
-                seen |= 2;
-            } else
-                st = skip(r, 5);
-        } while (st == OK && lit(r, ','));
-        if (st == OK && !lit(r, '}'))
-            st = FALLBACK;
+            else if (seen & 1)   /* the rank is known (the attributes came first, as encoders write them) */
+                st = read_events(r, span_rank(&sa, rrank), out);
+            else {   /* read after the span, once its attributes are */
+                ws(r);
+                events.p = r->p;
+                if ((st = skip(r, 5)) == OK)
+                    events.end = r->p;
+            }
+            seen |= 2;
+        } else
+            st = skip(r, 5);
     }
     PyObject *rank = span_rank(&sa, rrank);
     out->spans++;
@@ -528,7 +499,7 @@ static int span_item(Rd *r, void *p)
 /* one scopeSpans element: its spans */
 static int scope_item(Rd *r, void *p)
 {
-    return list_field(r, "spans", span_item, p);
+    return list_field(r, "spans", NULL, 4, span_item, p);
 }
 
 static int read_scope_spans(Rd *r, PyObject *rrank, Out *out)
@@ -545,38 +516,29 @@ typedef struct {
 static int resource_spans_item(Rd *r, void *p)
 {
     PyObject *src = ((RowSink *)p)->src, *rows = ((RowSink *)p)->rows;
-    if (!lit(r, '{'))
-        return FALLBACK;
     Resource res = {PyDict_New(), NULL};
     Out out = {src, PyDict_New(), PyDict_New(), 0};
     Rd scopes = {NULL, NULL};
-    int seen = 0, st = res.attrs && out.ranks && out.records ? OK : ERR;
-    if (st == OK && !lit(r, '}')) {
-        do {
-            Str k;
-            if (plain_str(r, &k) != OK || !lit(r, ':'))
-                st = FALLBACK;
-            else if (str_is(k, "resource"))
-                st = seen & 1 ? FALLBACK : (seen |= 1, read_resource(r, &res));
-            else if (str_is(k, "scopeSpans")) {
-                if (seen & 2)
-                    st = FALLBACK;
-                seen |= 2;
-                ws(r);
-                if (st == OK && (seen & 1))
-                    st = read_scope_spans(r, res.rank, &out);
-                else if (st == OK) {   /* before the resource: read once its cp rank is known */
-                    scopes.p = r->p;
-                    if ((st = skip(r, 2)) == OK)
-                        scopes.end = r->p;
-                }
-            } else if (str_is(k, "scope_spans"))
-                st = FALLBACK;
-            else
-                st = skip(r, 2);
-        } while (st == OK && lit(r, ','));
-        if (st == OK && !lit(r, '}'))
+    int n = 0, seen = 0, st = res.attrs && out.ranks && out.records ? OK : ERR;
+    Str k;
+    while (st == OK && next_key(r, &n, &k, &st)) {
+        if (str_is(k, "resource"))
+            st = seen & 1 ? FALLBACK : (seen |= 1, read_resource(r, &res));
+        else if (str_is(k, "scopeSpans")) {
+            st = seen & 2 ? FALLBACK : OK;
+            seen |= 2;
+            ws(r);
+            if (st == OK && (seen & 1))
+                st = read_scope_spans(r, res.rank, &out);
+            else if (st == OK) {   /* before the resource: read once its cp rank is known */
+                scopes.p = r->p;
+                if ((st = skip(r, 2)) == OK)
+                    scopes.end = r->p;
+            }
+        } else if (str_is(k, "scope_spans"))
             st = FALLBACK;
+        else
+            st = skip(r, 2);
     }
     if (st == OK && scopes.p)
         st = read_scope_spans(&scopes, res.rank, &out);
@@ -664,25 +626,10 @@ static PyObject *py_read(PyObject *self, PyObject *args)
     }
     Rd r = {p, p + n};
     PyObject *rows = PyList_New(0);
-    int st = rows ? OK : ERR, seen = 0;
-    if (st == OK && !lit(&r, '{'))
-        st = FALLBACK;
-    if (st == OK && !lit(&r, '}')) {
-        do {
-            Str k;
-            if (plain_str(&r, &k) != OK || !lit(&r, ':'))
-                st = FALLBACK;
-            else if (str_is(k, "resourceSpans")) {
-                RowSink sink = {src, rows};
-                st = seen++ ? FALLBACK : each(&r, resource_spans_item, &sink);
-            } else if (str_is(k, "resource_spans"))
-                st = FALLBACK;
-            else
-                st = skip(&r, 1);
-        } while (st == OK && lit(&r, ','));
-        if (st == OK && !lit(&r, '}'))
-            st = FALLBACK;
-    }
+    if (rows == NULL)
+        return NULL;
+    RowSink sink = {src, rows};
+    int st = list_field(&r, "resourceSpans", "resource_spans", 1, resource_spans_item, &sink);
     ws(&r);
     if (st == OK && r.p != r.end)
         st = FALLBACK;

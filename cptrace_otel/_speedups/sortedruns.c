@@ -310,14 +310,73 @@ static int get_u32(In *in, uint32_t *v)
     return 0;
 }
 
+/* One value's head as the format lays it out: the grammar of the bytes, read in this one place by every reader of
+ * them (unpack's get_value, merge_packed's scan_value and copy_value). */
+typedef struct {
+    unsigned char type;
+    uint32_t n;                   /* s: the text's length; r: its index in the table; l: items; D: pairs */
+    const unsigned char *body;    /* i, d: the 8 bytes; s: the text */
+    uint64_t kids;                /* the values nested in it, which follow: l n, D 2n (key, value), R 5 */
+} Tok;
+
+/* the head of the value at *pp (before end) into t and *pp past it (at its first nested value): 0, or -1 when the
+ * bytes are not a value's head (an unknown type byte, cut short, or fewer bytes left than its nested values need:
+ * each takes one at least) */
+static Py_ALWAYS_INLINE inline int read_tok(const unsigned char **pp, const unsigned char *end, Tok *t)
+{
+    const unsigned char *p = *pp;
+    if (p >= end)
+        return -1;
+    t->type = *p++;
+    t->n = 0;
+    t->body = p;
+    t->kids = 0;
+    switch (t->type) {
+    case V_NONE:
+    case V_FALSE:
+    case V_TRUE:
+        break;
+    case V_INT:
+    case V_FLOAT:
+        if (end - p < 8)
+            return -1;
+        p += 8;
+        break;
+    case V_STR:
+    case V_REF:
+    case V_LIST:
+    case V_DICT:
+        if (end - p < 4)
+            return -1;
+        t->n = le32(p);
+        p += 4;
+        t->body = p;
+        if (t->type == V_STR) {
+            if ((size_t)(end - p) < t->n)
+                return -1;
+            p += t->n;
+        } else if (t->type != V_REF) {
+            t->kids = t->type == V_DICT ? 2 * (uint64_t)t->n : t->n;
+        }
+        break;
+    case V_RNG:
+        t->kids = RNG_PARTS;
+        break;
+    default:
+        return -1;
+    }
+    if ((uint64_t)(end - p) < t->kids)
+        return -1;
+    *pp = p;
+    return 0;
+}
+
 static PyObject *get_value(In *in, int depth)
 {
-    if (in->p >= in->end || depth > MAX_DEPTH)
+    Tok t;
+    if (depth > MAX_DEPTH || read_tok(&in->p, in->end, &t) < 0)
         return corrupt();
-    unsigned char type = *in->p++;
-    uint32_t n;
-    uint64_t bits;
-    switch (type) {
+    switch (t.type) {
     case V_NONE:
         return Py_NewRef(Py_None);
     case V_FALSE:
@@ -325,21 +384,15 @@ static PyObject *get_value(In *in, int depth)
     case V_TRUE:
         return Py_NewRef(Py_True);
     case V_INT:
-    case V_FLOAT:
-        if (in->end - in->p < 8)
-            return corrupt();
-        bits = le64(in->p);
-        in->p += 8;
-        if (type == V_INT)
-            return PyLong_FromLongLong((long long)bits);
+        return PyLong_FromLongLong((long long)le64(t.body));
+    case V_FLOAT: {
+        uint64_t bits = le64(t.body);
         double d;
         memcpy(&d, &bits, 8);
         return PyFloat_FromDouble(d);
+    }
     case V_STR: {
-        if (get_u32(in, &n) < 0 || (size_t)(in->end - in->p) < n)
-            return corrupt();
-        PyObject *s = PyUnicode_DecodeUTF8((const char *)in->p, n, NULL);
-        in->p += n;
+        PyObject *s = PyUnicode_DecodeUTF8((const char *)t.body, t.n, NULL);
         if (s == NULL || PyList_Append(in->strs, s) < 0) {
             Py_XDECREF(s);
             return NULL;
@@ -347,16 +400,14 @@ static PyObject *get_value(In *in, int depth)
         return s;
     }
     case V_REF:
-        if (get_u32(in, &n) < 0 || n >= (uint32_t)PyList_GET_SIZE(in->strs))
+        if (t.n >= (uint32_t)PyList_GET_SIZE(in->strs))
             return corrupt();
-        return Py_NewRef(PyList_GET_ITEM(in->strs, n));
+        return Py_NewRef(PyList_GET_ITEM(in->strs, t.n));
     case V_LIST: {
-        if (get_u32(in, &n) < 0 || (size_t)(in->end - in->p) < n)   /* each item takes a byte at least */
-            return corrupt();
-        PyObject *l = PyList_New(n);
+        PyObject *l = PyList_New(t.n);
         if (l == NULL)
             return NULL;
-        for (uint32_t i = 0; i < n; i++) {
+        for (uint32_t i = 0; i < t.n; i++) {
             PyObject *x = get_value(in, depth + 1);
             if (x == NULL) {
                 Py_DECREF(l);
@@ -368,8 +419,8 @@ static PyObject *get_value(In *in, int depth)
     }
     case V_RNG: {
         /* what Rng(*parts) builds: tuple.__new__(Rng, parts), as the readers build it (value.c) */
-        PyTypeObject *t = (PyTypeObject *)rng_type;
-        PyObject *r = t->tp_alloc(t, RNG_PARTS);
+        PyTypeObject *rt = (PyTypeObject *)rng_type;
+        PyObject *r = rt->tp_alloc(rt, RNG_PARTS);
         int atomic = 1;
         if (r == NULL)
             return NULL;
@@ -386,13 +437,11 @@ static PyObject *get_value(In *in, int depth)
             PyObject_GC_UnTrack(r);
         return r;
     }
-    case V_DICT: {
-        if (get_u32(in, &n) < 0)
-            return corrupt();
-        PyObject *d = _PyDict_NewPresized(n);   /* (CPython's: no resize while it fills) */
+    default: {   /* V_DICT (read_tok knows no other) */
+        PyObject *d = _PyDict_NewPresized(t.n);   /* (CPython's: no resize while it fills) */
         if (d == NULL)
             return NULL;
-        for (uint32_t i = 0; i < n; i++) {
+        for (uint32_t i = 0; i < t.n; i++) {
             PyObject *k = get_value(in, depth + 1);
             if (k == NULL || !PyUnicode_CheckExact(k)) {
                 Py_XDECREF(k);
@@ -410,8 +459,6 @@ static PyObject *get_value(In *in, int depth)
         }
         return d;
     }
-    default:
-        return corrupt();
     }
 }
 
@@ -771,69 +818,36 @@ enum { SCAN_OK = 1, SCAN_END = 0, SCAN_ERR = -1, SCAN_NOT_RAW = -2 };
 
 static int scan_value(Cursor *c, int depth, int want_int, long long *out)
 {
-    if (c->p >= c->end || depth > MAX_DEPTH)
+    Tok t;
+    if (depth > MAX_DEPTH || read_tok(&c->p, c->end, &t) < 0)
         return SCAN_ERR;
-    unsigned char type = *c->p++;
-    uint32_t n;
-    if (want_int && type != V_INT)
-        return SCAN_NOT_RAW;
-    switch (type) {
-    case V_NONE:
-    case V_FALSE:
-    case V_TRUE:
-        return SCAN_OK;
-    case V_INT:
-    case V_FLOAT:
-        if (c->end - c->p < 8)
-            return SCAN_ERR;
-        if (want_int)
-            *out = (long long)le64(c->p);
-        c->p += 8;
-        return SCAN_OK;
-    case V_STR:
-    case V_REF:
-    case V_LIST:
-    case V_DICT:
-        if (c->end - c->p < 4)
-            return SCAN_ERR;
-        n = le32(c->p);
-        c->p += 4;
-        if (type == V_STR) {
-            if ((size_t)(c->end - c->p) < n)
+    if (want_int) {
+        if (t.type != V_INT)
+            return SCAN_NOT_RAW;
+        *out = (long long)le64(t.body);
+    }
+    if (t.type == V_STR) {
+        if (c->nstrs == c->cap) {
+            Py_ssize_t cap = c->cap ? 2 * c->cap : 64;
+            Span *sp = PyMem_Realloc(c->strs, (size_t)cap * sizeof(Span));
+            if (sp == NULL) {
+                PyErr_NoMemory();
                 return SCAN_ERR;
-            if (c->nstrs == c->cap) {
-                Py_ssize_t cap = c->cap ? 2 * c->cap : 64;
-                Span *s = PyMem_Realloc(c->strs, (size_t)cap * sizeof(Span));
-                if (s == NULL) {
-                    PyErr_NoMemory();
-                    return SCAN_ERR;
-                }
-                c->strs = s;
-                c->cap = cap;
             }
-            c->strs[c->nstrs].p = c->p;
-            c->strs[c->nstrs++].n = n;
-            c->p += n;
-            return SCAN_OK;
+            c->strs = sp;
+            c->cap = cap;
         }
-        if (type == V_REF)
-            return n < (uint32_t)c->nstrs ? SCAN_OK : SCAN_ERR;
-        for (uint64_t i = 0; i < (type == V_DICT ? 2 * (uint64_t)n : n); i++) {
-            int r = scan_value(c, depth + 1, 0, NULL);
-            if (r != SCAN_OK)
-                return r == SCAN_END ? SCAN_ERR : r;
-        }
-        return SCAN_OK;
-    case V_RNG:
-        for (int i = 0; i < RNG_PARTS; i++) {
-            int r = scan_value(c, depth + 1, 0, NULL);
-            if (r != SCAN_OK)
-                return r;
-        }
-        return SCAN_OK;
-    default:
+        c->strs[c->nstrs].p = t.body;
+        c->strs[c->nstrs++].n = t.n;
+    } else if (t.type == V_REF && t.n >= (uint32_t)c->nstrs) {
         return SCAN_ERR;
     }
+    for (uint64_t i = 0; i < t.kids; i++) {
+        int r = scan_value(c, depth + 1, 0, NULL);
+        if (r != SCAN_OK)
+            return r;
+    }
+    return SCAN_OK;
 }
 
 /* the run's next record as its head: SCAN_OK, SCAN_END (the run has no more), SCAN_NOT_RAW, or SCAN_ERR (an
@@ -943,47 +957,21 @@ static int put_text(NewChunk *w, const unsigned char *p, uint32_t n)
 
 /* one value of the head record of c (at *pp) into w, its texts re-entered: PACKED or FAILED (the bytes were
  * scanned already: they are whole) */
-static int copy_value(Cursor *c, const unsigned char **pp, NewChunk *w, int depth)
+static int copy_value(Cursor *c, const unsigned char **pp, NewChunk *w)
 {
-    const unsigned char *p = *pp;
-    unsigned char type = *p++;
-    uint32_t n = 0;
-    int r = PACKED;
-    switch (type) {
-    case V_NONE:
-    case V_FALSE:
-    case V_TRUE:
-        r = put_byte(&w->o, (char)type);
-        break;
-    case V_INT:
-    case V_FLOAT:
-        r = put(&w->o, p - 1, 9);
-        p += 8;
-        break;
-    case V_STR:
-    case V_REF:
-    case V_LIST:
-    case V_DICT:
-        n = le32(p);
-        p += 4;
-        if (type == V_STR) {
-            r = put_text(w, p, n);
-            p += n;
-        } else if (type == V_REF) {
-            r = put_text(w, c->strs[n].p, c->strs[n].n);
-        } else {
-            r = put_u32(&w->o, (char)type, n);
-            for (uint64_t i = 0; r == PACKED && i < (type == V_DICT ? 2 * (uint64_t)n : n); i++)
-                r = copy_value(c, &p, w, depth + 1);
-        }
-        break;
-    case V_RNG:
-        r = put_byte(&w->o, (char)type);
-        for (int i = 0; r == PACKED && i < RNG_PARTS; i++)
-            r = copy_value(c, &p, w, depth + 1);
-        break;
-    }
-    *pp = p;
+    const unsigned char *head = *pp;
+    Tok t;
+    if (read_tok(pp, c->end, &t) < 0)   /* (cannot fail: scan_value read the same bytes) */
+        return FAILED;
+    int r;
+    if (t.type == V_STR)
+        r = put_text(w, t.body, t.n);
+    else if (t.type == V_REF)
+        r = put_text(w, c->strs[t.n].p, c->strs[t.n].n);
+    else   /* the head's bytes as they are: a value, or a container's type and length */
+        r = put(&w->o, head, (size_t)(*pp - head));
+    for (uint64_t i = 0; r == PACKED && i < t.kids; i++)
+        r = copy_value(c, pp, w);
     return r;
 }
 
@@ -1068,7 +1056,7 @@ static PyObject *py_merge_packed(PyObject *self, PyObject *args)
         Cursor *c = &cur[heap[0]];
         const unsigned char *p = c->rec;
         for (int f = 0; f < EVENT_NFIELDS; f++)
-            if (copy_value(c, &p, &w, 0) != PACKED)
+            if (copy_value(c, &p, &w) != PACKED)
                 goto done;
         if (++w.count >= per_chunk && flush_chunk(&w, write) < 0)
             goto done;

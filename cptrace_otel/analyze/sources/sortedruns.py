@@ -83,8 +83,9 @@ class RunFile:
 
     def read(self, off: int, n: int) -> Iterator[tuple]:
         """The records of one run as ``(epoch, seq, ts, Event)``, a chunk at a time."""
+        pack = self._pack
         for kind, data in self._chunks(off, n):
-            yield from load_chunk(kind, data, self._pack)
+            yield from pack.unpack(data) if kind == PACKED else unpickle_chunk(data)
 
     def _chunks(self, off: int, n: int) -> Iterator[tuple[int, bytes]]:
         """The chunks of one run as written, ``(kind, bytes)`` (the file is shared by the runs read at once: each
@@ -187,15 +188,6 @@ def unpickle_chunk(data: bytes) -> list[tuple]:
     return [(x[4], x[2], x[3], Event(*x)) for x in pickle.loads(data)]
 
 
-def dump_chunk(records: list[tuple], pack: Any) -> tuple[int, bytes]:
-    """``(kind, bytes)`` of a chunk of records ``(epoch, seq, ts, Event)``, each key its Event's own values: packed
-    by ``pack`` (:func:`c_runs`'s module) where it can, else pickled (``pack`` None: always)."""
-    data = None if pack is None else pack.pack(records)
-    if data is None:   # (not built, switched off, or a value of a type sortedruns.c does not hold)
-        return PICKLED, pickle_chunk(records)
-    return PACKED, data
-
-
 def merge(runs: list[Iterator[tuple]]) -> Iterator[tuple]:
     """The records of sorted ``runs`` merged by (epoch, seq, ts), stably (ties in the order of the runs), lazily:
     sortedruns.c's ``merge`` where it is built, else its twin ``heapq.merge``."""
@@ -204,10 +196,6 @@ def merge(runs: list[Iterator[tuple]]) -> Iterator[tuple]:
         return heapq.merge(*runs, key=RECORD_KEY)
     return pack.merge(runs)
 
-
-def load_chunk(kind: int, data: bytes, pack: Any) -> list[tuple]:
-    """The records of a chunk :func:`dump_chunk` gave (a packed one needs ``pack``)."""
-    return pack.unpack(data) if kind == PACKED else unpickle_chunk(data)
 
 # the sort key (epoch, seq, ts) of a record; itemgetter builds it without a Python call
 RECORD_KEY = operator.itemgetter(0, 1, 2)
@@ -247,8 +235,13 @@ class RunWriter:
         self._write(PACKED, data, count)
 
     def _flush(self) -> None:
-        kind, data = dump_chunk(self.buf, self.pack)
-        self._write(kind, data, len(self.buf))
+        """The buffered records as one chunk: packed where sortedruns.c is built and holds every value in it,
+        else pickled."""
+        data = None if self.pack is None else self.pack.pack(self.buf)
+        if data is None:   # (not built, switched off, or a value of a type sortedruns.c does not hold)
+            self._write(PICKLED, pickle_chunk(self.buf), len(self.buf))
+        else:
+            self._write(PACKED, data, len(self.buf))
         self.buf = []
 
     def _write(self, kind: int, data: bytes, count: int) -> None:
