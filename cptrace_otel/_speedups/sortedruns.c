@@ -20,12 +20,15 @@
  *       heapq.merge(*runs, key=itemgetter(0, 1, 2)) of records, or with ts_field heapq.merge(*runs,
  *       key=otlpfile.merge_key) of Events (see the merge section below).
  *
- * The format (one chunk, little-endian): u32 count, then each record's nine values in Event's constructor order.
- * A value is a type byte and its body: N (None), F, T (False, True), i (int64), d (float64), s (a str not yet in
- * this chunk: u32 length, UTF-8; it joins the chunk's string table), r (a str of the table: u32 index), l (a list:
- * u32 length, values), R (an Rng: its five values), D (a dict: u32 length, then key and value for each, every key a
- * str). Only the exact types: a subclass, an int outside int64, a str that is not valid UTF-8 (lone surrogates), a
- * tuple that is not an Rng or nesting deeper than MAX_DEPTH make pack answer None.
+ * The format (one chunk): its record count (4 bytes, little-endian), then each record's nine values in Event's
+ * constructor order. A value is a type byte and its body: N (None), F, T (False, True), i (an int64, zigzag varint),
+ * d (a float64, 8 bytes little-endian), s (a str not yet in this chunk: its length, UTF-8; it joins the chunk's string
+ * table), r (a str of the table: its index), l (a list: its length, values), R (an Rng: its five values), D (a dict:
+ * its length, then key and value for each, every key a str); lengths and indices are varints of at most 32 bits
+ * (LEB128: 7 bits a byte, lowest first). Varints, not fixed widths: a record's ints are mostly small (rank, epoch,
+ * level, slot numbers, string indices), and the runs of a long run's records fill the temporary disk (217 bytes a
+ * record with 4 and 8 byte numbers). Only the exact types: a subclass, an int outside int64, a str that is not valid
+ * UTF-8 (lone surrogates), a tuple that is not an Rng or nesting deeper than MAX_DEPTH make pack answer None.
  *
  * Why C: a record's round trip through the sorted runs with pickle (each Event's values taken out as a tuple,
  * pickled, unpickled, an Rng rebuilt by a Python call, the Event rebuilt) cost about 5 µs, more than reading it
@@ -99,8 +102,8 @@ static int put(Out *o, const void *src, size_t n)
 
 static int put_byte(Out *o, char c) { return put(o, &c, 1); }
 
-/* a length or index, 4 bytes: NOT_PACKABLE past what they hold */
-static int put_len(Out *o, Py_ssize_t v)
+/* a chunk's record count: 4 bytes, little-endian (its place is written before the records are counted) */
+static int put_count(Out *o, Py_ssize_t v)
 {
     if ((size_t)v > UINT32_MAX)
         return NOT_PACKABLE;
@@ -108,19 +111,24 @@ static int put_len(Out *o, Py_ssize_t v)
     return put(o, b, 4);
 }
 
-static int put_u32(Out *o, char type, Py_ssize_t v)
+/* a type byte, then v as a varint (LEB128: 7 bits a byte, the lowest first, the high bit set on all but the last) */
+static int put_varint(Out *o, char type, uint64_t v)
 {
-    int r = put_byte(o, type);
-    return r == PACKED ? put_len(o, v) : r;
+    unsigned char b[11];
+    int n = 0;
+    b[n++] = (unsigned char)type;
+    do {
+        b[n] = v & 0x7f;
+        v >>= 7;
+        b[n++] |= v ? 0x80 : 0;
+    } while (v);
+    return put(o, b, (size_t)n);
 }
 
-static int put_u64(Out *o, char type, uint64_t v)
+/* a type byte and a length or table index: NOT_PACKABLE past 32 bits */
+static int put_u32(Out *o, char type, Py_ssize_t v)
 {
-    unsigned char b[9];
-    b[0] = (unsigned char)type;
-    for (int i = 0; i < 8; i++)
-        b[1 + i] = (unsigned char)(v >> (8 * i));
-    return put(o, b, 9);
+    return (size_t)v > UINT32_MAX ? NOT_PACKABLE : put_varint(o, type, (uint64_t)v);
 }
 
 static int put_str(Out *o, PyObject *s)
@@ -185,13 +193,17 @@ static int put_value(Out *o, PyObject *v, int depth)
             return NOT_PACKABLE;
         if (x == -1 && PyErr_Occurred())
             return FAILED;
-        return put_u64(o, V_INT, (uint64_t)x);
+        return put_varint(o, V_INT, ((uint64_t)x << 1) ^ (uint64_t)(x >> 63));   /* zigzag: small negatives short */
     }
     if (t == &PyFloat_Type) {
         double d = PyFloat_AS_DOUBLE(v);
         uint64_t bits;
         memcpy(&bits, &d, 8);
-        return put_u64(o, V_FLOAT, bits);
+        unsigned char b[9];
+        b[0] = V_FLOAT;
+        for (int i = 0; i < 8; i++)
+            b[1 + i] = (unsigned char)(bits >> (8 * i));
+        return put(o, b, 9);
     }
     if (depth >= MAX_DEPTH)
         return NOT_PACKABLE;
@@ -233,7 +245,7 @@ static int put_value(Out *o, PyObject *v, int depth)
 static int put_records(Out *o, PyObject *records)
 {
     Py_ssize_t n = PyList_GET_SIZE(records);
-    int r = put_len(o, n);
+    int r = put_count(o, n);
     if (r != PACKED)
         return r;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -290,7 +302,7 @@ static PyObject *corrupt(void)
     return NULL;
 }
 
-/* the little-endian numbers of the format (what put_len and put_u64 wrote) */
+/* the little-endian numbers of the format (a chunk's count, put_count; a float's 8 bytes) */
 static uint32_t le32(const unsigned char *p)
 {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
@@ -315,9 +327,31 @@ static int get_u32(In *in, uint32_t *v)
 typedef struct {
     unsigned char type;
     uint32_t n;                   /* s: the text's length; r: its index in the table; l: items; D: pairs */
-    const unsigned char *body;    /* i, d: the 8 bytes; s: the text */
+    long long ival;               /* i: the int */
+    const unsigned char *body;    /* d: the 8 bytes; s: the text */
     uint64_t kids;                /* the values nested in it, which follow: l n, D 2n (key, value), R 5 */
 } Tok;
+
+/* a varint (put_varint's) at *p (before end) into *v and *p past it: 0, or -1 when cut short or past 64 bits */
+static Py_ALWAYS_INLINE inline int get_varint(const unsigned char **pp, const unsigned char *end, uint64_t *v)
+{
+    const unsigned char *p = *pp;
+    uint64_t x = 0;
+    for (int shift = 0; p < end; shift += 7) {
+        unsigned char c = *p++;
+        if (shift == 63 && c > 1)
+            return -1;
+        x |= (uint64_t)(c & 0x7f) << shift;
+        if (!(c & 0x80)) {
+            *pp = p;
+            *v = x;
+            return 0;
+        }
+        if (shift == 63)
+            return -1;
+    }
+    return -1;
+}
 
 /* the head of the value at *pp (before end) into t and *pp past it (at its first nested value): 0, or -1 when the
  * bytes are not a value's head (an unknown type byte, cut short, or fewer bytes left than its nested values need:
@@ -327,8 +361,10 @@ static Py_ALWAYS_INLINE inline int read_tok(const unsigned char **pp, const unsi
     const unsigned char *p = *pp;
     if (p >= end)
         return -1;
+    uint64_t v;
     t->type = *p++;
     t->n = 0;
+    t->ival = 0;
     t->body = p;
     t->kids = 0;
     switch (t->type) {
@@ -337,6 +373,10 @@ static Py_ALWAYS_INLINE inline int read_tok(const unsigned char **pp, const unsi
     case V_TRUE:
         break;
     case V_INT:
+        if (get_varint(&p, end, &v) < 0)
+            return -1;
+        t->ival = (long long)((v >> 1) ^ (0 - (v & 1)));   /* (zigzag) */
+        break;
     case V_FLOAT:
         if (end - p < 8)
             return -1;
@@ -346,10 +386,9 @@ static Py_ALWAYS_INLINE inline int read_tok(const unsigned char **pp, const unsi
     case V_REF:
     case V_LIST:
     case V_DICT:
-        if (end - p < 4)
+        if (get_varint(&p, end, &v) < 0 || v > UINT32_MAX)
             return -1;
-        t->n = le32(p);
-        p += 4;
+        t->n = (uint32_t)v;
         t->body = p;
         if (t->type == V_STR) {
             if ((size_t)(end - p) < t->n)
@@ -384,7 +423,7 @@ static PyObject *get_value(In *in, int depth)
     case V_TRUE:
         return Py_NewRef(Py_True);
     case V_INT:
-        return PyLong_FromLongLong((long long)le64(t.body));
+        return PyLong_FromLongLong(t.ival);
     case V_FLOAT: {
         uint64_t bits = le64(t.body);
         double d;
@@ -824,7 +863,7 @@ static int scan_value(Cursor *c, int depth, int want_int, long long *out)
     if (want_int) {
         if (t.type != V_INT)
             return SCAN_NOT_RAW;
-        *out = (long long)le64(t.body);
+        *out = t.ival;
     }
     if (t.type == V_STR) {
         if (c->nstrs == c->cap) {
@@ -1041,7 +1080,7 @@ static PyObject *py_merge_packed(PyObject *self, PyObject *args)
     for (Py_ssize_t r = 0; r < k; r++)
         if ((cur[r].it = PyObject_GetIter(PyTuple_GET_ITEM(seq, r))) == NULL)
             goto done;
-    if (put_len(&w.o, 0) != PACKED)   /* the count's place */
+    if (put_count(&w.o, 0) != PACKED)   /* the count's place */
         goto done;
     for (Py_ssize_t r = 0; r < k; r++) {
         st = next_record(&cur[r]);
