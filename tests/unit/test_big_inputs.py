@@ -5,6 +5,7 @@ files written by ``bench/big_inputs.py``'s generators)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from test_bad_input import run_rss  # (pytest puts this folder on sys.path)
 
 from cptrace_otel.analyze.sources import sortedruns, tracedocs
 from cptrace_otel.analyze.sources.tracedocs import TraceDocs
+from cptrace_otel.model.events import Event
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
@@ -85,6 +87,36 @@ def test_sorted_runs_on_disk_give_the_stream_of_one_sort(big, tmp_path, monkeypa
     monkeypatch.setattr(sortedruns.RunFile, "compact", counted)
     assert _read(paths) == whole
     assert sum(merged) > 20 and max(merged) >= 4, merged   # (4: a merge that made two levels at once)
+
+
+def test_merged_runs_give_their_disk_blocks_back(tmp_path, monkeypatch):
+    """The runs merged a level up are punched out of the temporary file (Linux's hole punching): the disk holds about
+    the live run's bytes, not every level's, and what is still read is untouched (a hole takes only its own bytes,
+    whatever the blocks they share with a neighbour)."""
+    probe = tmp_path / "probe"
+    probe.write_bytes(b"x" * (1 << 20))
+    with open(probe, "r+b") as fh:
+        if not sortedruns.punch_hole(fh, 4000, (1 << 20) - 8000):
+            pytest.skip("this platform or file system cannot punch holes (merged runs keep their blocks until the "
+                        "file is closed)")
+        fh.seek(0)
+        data = fh.read()
+    assert data[:4000] == b"x" * 4000 and data[-4000:] == b"x" * 4000
+    assert data[4000:-4000] == bytes(len(data) - 8000)
+    assert os.stat(probe).st_blocks * 512 <= 64 << 10
+    monkeypatch.setattr(sortedruns, "FAN_IN", 4)
+    rf, runs, want = sortedruns.RunFile(), [], []
+    for k in range(16):   # 16 runs of level 0 -> 4 of level 1 -> 1 of level 2: each record written 3 times
+        recs = [(0, 16 * i + k, i, Event("backup", 0, 16 * i + k, i, 0, {"node_id": i, "h": (i * 7919) << 20,
+                                                                          "dir": "d2h"}, 2, "x", i))
+                for i in range(2000)]
+        want += recs
+        runs.append(rf.write(recs))
+        rf.compact(runs)
+    assert len(runs) == 1 and rf.level(runs[0]) == 2
+    assert list(rf.read(*runs[0])) == sorted(want, key=sortedruns.RECORD_KEY)
+    st = os.fstat(rf._fh.fileno())
+    assert st.st_blocks * 512 < 0.5 * st.st_size, (st.st_blocks * 512, st.st_size)
 
 
 def test_sorted_runs_without_a_record_given_twice_are_not_read_to_dedupe(big, tmp_path, monkeypatch):

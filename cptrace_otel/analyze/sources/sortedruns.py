@@ -16,8 +16,8 @@ Contract:
 * :meth:`RunFile.compact` bounds how many runs one key's list holds: once :data:`FAN_IN` runs of one level (its
   newest) are there, they are merged (stably: ties keep the order of the runs) into one run of the next level. A key
   whose records arrive in R spills then holds at most ``(FAN_IN - 1) * log_FAN_IN(R)`` runs, so a merge of all of
-  them holds that many chunks; each record is written once more per level (the file keeps the merged runs' bytes
-  until it is closed).
+  them holds that many chunks; each record is written once more per level. The merged runs' disk blocks are given
+  back as they are merged (:func:`punch_hole`, where the system can), so the disk holds about the live runs' bytes.
 * :class:`SeqBits` tells whether a key's records may hold two of one (epoch, seq), without merging its runs.
 """
 
@@ -27,6 +27,7 @@ import heapq
 import operator
 import pickle
 import struct
+import sys
 import tempfile
 from collections.abc import Iterator
 from typing import IO, Any
@@ -63,6 +64,7 @@ class RunFile:
         self._level: dict[int, int] = {}   # a run's offset -> its level, when above 0
         self._pack: Any = None             # set with the file: its own (a later twin_off strands no packed chunk)
         self._mixed: set[int] = set()      # offsets of the runs holding a pickled chunk
+        self._ends: dict[int, int] = {}    # a run's offset -> the offset past its last chunk
 
     def _file(self) -> IO[bytes]:
         if self._fh is None:
@@ -79,7 +81,7 @@ class RunFile:
     def writer(self) -> RunWriter:
         """A new run written at the end of the file record by record (:meth:`RunWriter.close` gives it)."""
         fh = self._file()
-        return RunWriter(fh, self._pack, self._mixed)
+        return RunWriter(fh, self._pack, self._mixed, self._ends)
 
     def read(self, off: int, n: int) -> Iterator[tuple]:
         """The records of one run as ``(epoch, seq, ts, Event)``, a chunk at a time."""
@@ -120,6 +122,8 @@ class RunFile:
             for o, _n in tail:
                 level.pop(o, None)
                 self._mixed.discard(o)
+                end = self._ends.pop(o, o)
+                punch_hole(self._fh, o, end - o)   # (never read again: their records are in the new run)
             level[runs[-1][0]] = lv + 1
 
     def _merge_records(self, tail: list[Run], w: RunWriter) -> None:
@@ -137,6 +141,34 @@ class RunFile:
     def _packed(self, off: int, n: int) -> Iterator[bytes]:
         """The packed chunks of one run, as written (the run holds no pickled chunk)."""
         return (data for _kind, data in self._chunks(off, n))
+
+
+_FALLOC_PUNCH = 0x01 | 0x02   # FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE (linux/falloc.h)
+_fallocate: Any = _UNLOADED
+
+
+def punch_hole(fh: Any, off: int, length: int) -> bool:
+    """Give the disk blocks of bytes ``[off, off + length)`` of the open file ``fh`` back to the file system (Linux's
+    ``fallocate`` with ``FALLOC_FL_PUNCH_HOLE``: the file keeps its size and reads zeros there). True when done;
+    False where the system has no such call or the file system refuses it (then the blocks stay used until the file
+    is closed, as before). Why ctypes: Python's ``os`` has ``posix_fallocate``, which only allocates."""
+    global _fallocate
+    if _fallocate is _UNLOADED:
+        _fallocate = None
+        if sys.platform.startswith("linux"):
+            try:
+                import ctypes
+
+                libc = ctypes.CDLL(None, use_errno=True)
+                f = getattr(libc, "fallocate64", None) or libc.fallocate
+                f.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+                f.restype = ctypes.c_int
+                _fallocate = f
+            except (OSError, AttributeError):
+                pass
+    if _fallocate is None or length <= 0:
+        return False
+    return _fallocate(fh.fileno(), _FALLOC_PUNCH, off, length) == 0
 
 
 class SeqBits:
@@ -205,7 +237,7 @@ class RunWriter:
     """One new run at the end of the file, written chunk by chunk (while other runs of the file are read: each
     write seeks to the run's end)."""
 
-    def __init__(self, fh: IO[bytes], pack: Any, mixed: set[int]) -> None:
+    def __init__(self, fh: IO[bytes], pack: Any, mixed: set[int], ends: dict[int, int]) -> None:
         self.fh = fh
         self.fh.seek(0, 2)
         self.off, self.n = self.fh.tell(), 0
@@ -213,6 +245,7 @@ class RunWriter:
         self.end = self.off
         self.pack = pack     # sortedruns.c's module, or None: pickled
         self.mixed = mixed   # (the file's: this run's offset joins it once it holds a pickled chunk)
+        self.ends = ends     # (the file's: this run's end, once closed)
 
     def append(self, t: tuple) -> None:
         """A record ``(epoch, seq, ts, Event)``."""
@@ -257,4 +290,5 @@ class RunWriter:
         """The run written."""
         if self.buf:
             self._flush()
+        self.ends[self.off] = self.end
         return self.off, self.n
