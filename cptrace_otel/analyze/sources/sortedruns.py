@@ -64,7 +64,9 @@ class RunFile:
         self._level: dict[int, int] = {}   # a run's offset -> its level, when above 0
         self._pack: Any = None             # set with the file: its own (a later twin_off strands no packed chunk)
         self._mixed: set[int] = set()      # offsets of the runs holding a pickled chunk
-        self._ends: dict[int, int] = {}    # a run's offset -> the offset past its last chunk
+        # a run's offset -> the offset past its last chunk; runs of no record are left out: one starts where the next
+        # run written does, and its end would be taken for that run's
+        self._ends: dict[int, int] = {}
 
     def _file(self) -> IO[bytes]:
         if self._fh is None:
@@ -119,11 +121,11 @@ class RunFile:
                 w = self.writer()   # (declined: what it wrote is left unused)
                 self._merge_records(tail, w)
             runs[-FAN_IN:] = [w.close()]
-            for o, _n in tail:
+            for o, n in tail:
                 level.pop(o, None)
                 self._mixed.discard(o)
-                end = self._ends.pop(o, o)
-                punch_hole(self._fh, o, end - o)   # (never read again: their records are in the new run)
+                if n:   # (never read again: their records are in the new run)
+                    punch_hole(self._fh, o, self._ends.pop(o) - o)
             level[runs[-1][0]] = lv + 1
 
     def _merge_records(self, tail: list[Run], w: RunWriter) -> None:
@@ -290,5 +292,6 @@ class RunWriter:
         """The run written."""
         if self.buf:
             self._flush()
-        self.ends[self.off] = self.end
+        if self.n:
+            self.ends[self.off] = self.end
         return self.off, self.n
