@@ -271,6 +271,39 @@ typedef struct {
     PyObject *rank, *level;   /* the cp rank tag (int or NULL), the trace-level tag (int or NULL) */
 } Proc;
 
+typedef struct {
+    Proc *proc;           /* the process whose tags these are */
+    PyObject *run_ids;    /* the answer's run ids */
+} ProcTags;
+
+/* one tag of a process (an element read by each(), p a ProcTags): its rank and level kept, its run id appended */
+static int proc_tag(Rd *r, void *p)
+{
+    ProcTags *sink = p;
+    Tag t;
+    PyObject *v = NULL;
+    int st;
+    if (read_tag(r, &t) != OK)
+        return FALLBACK;
+    PyObject **slot = str_is_key(t.key, k_cp_rank) ? &sink->proc->rank : str_is_key(t.key, k_trace_level)
+                      ? &sink->proc->level : NULL;
+    int rid = str_is_key(t.key, k_run_id);
+    if (!slot && !rid)
+        return OK;
+    if ((slot && (*slot != NULL || t.type != 'i')) || (rid && t.type != 's'))
+        return FALLBACK;   /* twice, or of another type: the twin decides */
+    if ((st = tag_py(&t, &v)) != OK)
+        return st;
+    if (slot) {
+        *slot = v;
+        return OK;
+    }
+    if (PyUnicode_GET_LENGTH(v) > 0 && PyList_Append(sink->run_ids, v) < 0)
+        st = ERR;
+    Py_DECREF(v);
+    return st;
+}
+
 /* the "processes" object: each process's id, service name, rank and level; run ids appended to run_ids */
 static int read_procs(Rd *r, Proc *procs, int *np, PyObject *run_ids)
 {
@@ -294,37 +327,12 @@ static int read_procs(Rd *r, Proc *procs, int *np, PyObject *run_ids)
                     return FALLBACK;
                 seen |= 1;
             } else if (str_is(k, "tags")) {
-                if (seen & 2 || !lit(r, '['))
+                if (seen & 2)
                     return FALLBACK;
                 seen |= 2;
-                if (lit(r, ']'))
-                    continue;
-                do {
-                    Tag t;
-                    PyObject *v = NULL;
-                    if (read_tag(r, &t) != OK)
-                        return FALLBACK;
-                    PyObject **slot = str_is_key(t.key, k_cp_rank) ? &p->rank : str_is_key(t.key, k_trace_level)
-                                      ? &p->level : NULL;
-                    int rid = str_is_key(t.key, k_run_id);
-                    if (slot || rid) {
-                        if ((slot && (*slot != NULL || t.type != 'i')) || (rid && t.type != 's'))
-                            return FALLBACK;   /* twice, or of another type: the twin decides */
-                        if ((st = tag_py(&t, &v)) != OK)
-                            return st;
-                        if (slot)
-                            *slot = v;
-                        else {
-                            if (PyUnicode_GET_LENGTH(v) > 0 && PyList_Append(run_ids, v) < 0)
-                                st = ERR;
-                            Py_DECREF(v);
-                            if (st != OK)
-                                return st;
-                        }
-                    }
-                } while (lit(r, ','));
-                if (!lit(r, ']'))
-                    return FALLBACK;
+                ProcTags sink = {p, run_ids};
+                if ((st = each(r, proc_tag, &sink)) != OK)
+                    return st;
             } else if (skip(r, 3) != OK) {
                 return FALLBACK;
             }
@@ -341,6 +349,57 @@ typedef struct {
     PyObject *events;   /* the logs' records */
 } LogSink;
 
+typedef struct {
+    PyObject *fields;                  /* the record's fields */
+    PyObject *seq, *epoch, *level;     /* the last seq / epoch / level field (or NULL) */
+    PyObject *first_seq;               /* the first seq field, when an int */
+    PyObject *name;                    /* the event name: the first "event" field that is not empty */
+    ValueFields vf;                    /* range parts being joined */
+} LogFields;
+
+/* one field of a log (an element read by each(), p a LogFields): the event name, a seq / epoch / level, or one of
+ * the record's fields (its prefix taken off) */
+static int log_field(Rd *r, void *p)
+{
+    LogFields *lf = p;
+    Tag t;
+    int st;
+    if ((st = read_tag(r, &t)) != OK)
+        return st;
+    if ((lf->name == NULL || PyUnicode_GET_LENGTH(lf->name) == 0) && str_is(t.key, "event")) {
+        PyObject *x = NULL;
+        if (t.type != 's')
+            return FALLBACK;   /* str() of another type: the twin decides */
+        if ((st = tag_py(&t, &x)) == OK)
+            Py_XSETREF(lf->name, x);
+        return st;
+    }
+    Py_ssize_t plen = PyBytes_GET_SIZE(k_prefix);
+    if (t.key.n < plen || memcmp(t.key.p, PyBytes_AS_STRING(k_prefix), (size_t)plen) != 0) {
+        int is_seq = str_is_key(t.key, k_seq);
+        PyObject **slot = is_seq ? &lf->seq : str_is_key(t.key, k_epoch) ? &lf->epoch
+                          : str_is_key(t.key, k_level) ? &lf->level : NULL;
+        if (slot == NULL)
+            return OK;
+        PyObject *x;
+        if ((st = tag_py(&t, &x)) != OK)
+            return st;
+        if (is_seq && lf->first_seq == NULL) {
+            if (t.type != 'i') {
+                Py_DECREF(x);
+                return FALLBACK;   /* _as_int of a str seq: the twin decides */
+            }
+            lf->first_seq = Py_NewRef(x);
+        }
+        Py_XSETREF(*slot, x);
+        return OK;
+    }
+    PyObject *x;
+    if ((st = field_value(&t, &x)) != OK)
+        return st;
+    return value_field_add(&lf->vf, lf->fields, t.key.p + plen, t.key.n - plen, rng_suffix, x);
+}
+
 /* one log (an element read by each(), p a LogSink): its first seq field (or None) appended to seqs, its record (if
  * any) to events */
 static int read_log(Rd *r, void *p)
@@ -349,68 +408,26 @@ static int read_log(Rd *r, void *p)
     PyObject *rank = sink->rank, *seqs = sink->seqs, *events = sink->events;
     /* the fields, read where they are: the event name, the record's fields (range parts joined), seq / epoch /
      * level; the timestamp wherever it is */
-    PyObject *fields = PyDict_New(), *seq = NULL, *epoch = NULL, *level = NULL, *first_seq = NULL, *name = NULL;
-    ValueFields vf = {0};
-    if (fields == NULL)
+    LogFields lf = {PyDict_New(), NULL, NULL, NULL, NULL, NULL, {0}};
+    if (lf.fields == NULL)
         return ERR;
     Str ts = {0, 0}, k;
     int n = 0, seen = 0, is_int, st = OK;
-    Py_ssize_t plen = PyBytes_GET_SIZE(k_prefix);
     while (st == OK && next_key(r, &n, &k, &st)) {
         if (str_is(k, "timestamp")) {
             if (seen & 1 || num_tok(r, &ts, &is_int) != OK || !is_int)
                 st = FALLBACK;
             seen |= 1;
         } else if (str_is(k, "fields")) {
-            if (seen & 2 || !lit(r, '[')) {
-                st = FALLBACK;   /* (twice, or not a list: the twin decides) */
-                break;
-            }
+            st = seen & 2 ? FALLBACK : each(r, log_field, &lf);   /* (twice: the twin decides) */
             seen |= 2;
-            if (lit(r, ']'))
-                continue;
-            do {
-                Tag t;
-                if ((st = read_tag(r, &t)) != OK)
-                    break;
-                if ((name == NULL || PyUnicode_GET_LENGTH(name) == 0) && str_is(t.key, "event")) {
-                    PyObject *x = NULL;   /* the event name: the first "event" field that is not empty */
-                    if (t.type != 's')
-                        st = FALLBACK;   /* str() of another type: the twin decides */
-                    else if ((st = tag_py(&t, &x)) == OK)
-                        Py_XSETREF(name, x);
-                    continue;
-                }
-                if (t.key.n < plen || memcmp(t.key.p, PyBytes_AS_STRING(k_prefix), (size_t)plen) != 0) {
-                    int is_seq = str_is_key(t.key, k_seq);
-                    PyObject **slot = is_seq ? &seq : str_is_key(t.key, k_epoch) ? &epoch
-                                      : str_is_key(t.key, k_level) ? &level : NULL;
-                    if (slot) {
-                        PyObject *x;
-                        if ((st = tag_py(&t, &x)) != OK)
-                            break;
-                        if (is_seq && first_seq == NULL)
-                            first_seq = t.type == 'i' ? Py_NewRef(x) : NULL;
-                        if (is_seq && first_seq == NULL && t.type != 'i') {
-                            Py_DECREF(x);
-                            st = FALLBACK;   /* _as_int of a str seq: the twin decides */
-                            break;
-                        }
-                        Py_XSETREF(*slot, x);
-                    }
-                    continue;
-                }
-                PyObject *x;
-                if ((st = field_value(&t, &x)) == OK)
-                    st = value_field_add(&vf, fields, t.key.p + plen, t.key.n - plen, rng_suffix, x);
-            } while (st == OK && lit(r, ','));
-            if (st == OK && !lit(r, ']'))
-                st = FALLBACK;
         } else {
             st = skip(r, 4);
         }
     }
-    st = value_fields_end(&vf, st);
+    PyObject *fields = lf.fields, *seq = lf.seq, *epoch = lf.epoch, *level = lf.level, *first_seq = lf.first_seq,
+             *name = lf.name;
+    st = value_fields_end(&lf.vf, st);
     if (st == OK && PyList_Append(seqs, first_seq ? first_seq : Py_None) < 0)
         st = ERR;
     int finding = 0;
@@ -466,6 +483,28 @@ typedef struct {
     PyObject *out;       /* the spans' rows */
 } SpanSink;
 
+typedef struct {
+    PyObject **rank, **codes;   /* the span's rank tag and its findings' codes (the last of each, as a dict keeps) */
+} SpanTags;
+
+/* one tag of a span (an element read by each(), p a SpanTags) */
+static int span_tag(Rd *r, void *p)
+{
+    SpanTags *sink = p;
+    Tag t;
+    int st;
+    if ((st = read_tag(r, &t)) != OK)
+        return st;
+    int is_rank = str_is_key(t.key, k_rank);
+    if (!is_rank && !str_is_key(t.key, k_violation))
+        return OK;
+    PyObject *v;
+    if (t.type != (is_rank ? 'i' : 's') || tag_py(&t, &v) != OK)
+        return FALLBACK;
+    Py_XSETREF(*(is_rank ? sink->rank : sink->codes), v);
+    return OK;
+}
+
 /* one span (an element read by each(), p a SpanSink): (service, rank, codes, trace_id, span_id, start_us, level,
  * seqs, events) appended to out */
 static int read_span(Rd *r, void *p)
@@ -507,35 +546,9 @@ static int read_span(Rd *r, void *p)
                 logs.n = r->p - logs.p;
             }
         } else if (str_is(k, "tags")) {
-            if (seen & 32 || !lit(r, '[')) {
-                st = FALLBACK;
-                break;
-            }
+            SpanTags tags = {&rank, &codes};
+            st = seen & 32 ? FALLBACK : each(r, span_tag, &tags);
             seen |= 32;
-            if (lit(r, ']'))
-                continue;
-            do {
-                Tag t;
-                if ((st = read_tag(r, &t)) != OK)
-                    break;
-                if (str_is_key(t.key, k_rank)) {   /* (the last one, as the twin's loop and dict keep it) */
-                    PyObject *v;
-                    if (t.type != 'i' || (st = tag_py(&t, &v)) != OK) {
-                        st = FALLBACK;
-                        break;
-                    }
-                    Py_XSETREF(rank, v);
-                } else if (str_is_key(t.key, k_violation)) {
-                    PyObject *v;
-                    if (t.type != 's' || (st = tag_py(&t, &v)) != OK) {
-                        st = FALLBACK;
-                        break;
-                    }
-                    Py_XSETREF(codes, v);
-                }
-            } while (lit(r, ','));
-            if (st == OK && !lit(r, ']'))
-                st = FALLBACK;
         } else
             st = skip(r, 3);
     }

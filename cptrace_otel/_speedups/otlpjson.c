@@ -84,33 +84,42 @@ static int double_value(Rd *r, int check, PyObject **out)
 
 static int any_value(Rd *r, int depth, int mode, PyObject **out);
 
+typedef struct {
+    int depth, check;
+    PyObject *lst;   /* the values (NULL when check) */
+} ArraySink;
+
+/* one value of an arrayValue's list (an element read by each(), p an ArraySink) */
+static int array_item(Rd *r, void *p)
+{
+    ArraySink *a = p;
+    PyObject *x = NULL;
+    int st = any_value(r, a->depth + 1, a->check ? AS_CHECK : AS_VALUE, &x);
+    if (st == OK && !a->check) {
+        if (PyList_Append(a->lst, x) < 0)
+            st = ERR;
+        Py_DECREF(x);
+    }
+    return st;
+}
+
 /* an arrayValue: {"values": [AnyValue, ...]} or {} -> a list of any_value of each (a record's list field is kept as
  * any_value builds it, as attributes_to_fields keeps every value that is not a str) */
 static int array_value(Rd *r, int depth, int check, PyObject **out)
 {
     if (!lit(r, '{'))
         return FALLBACK;
-    PyObject *lst = check ? NULL : PyList_New(0);
-    if (!check && lst == NULL)
+    ArraySink a = {depth, check, check ? NULL : PyList_New(0)};
+    if (!check && a.lst == NULL)
         return ERR;
+    PyObject *lst = a.lst;
     int st = OK;
     if (!lit(r, '}')) {
         Str k;
-        if (plain_str(r, &k) != OK || !str_is(k, "values") || !lit(r, ':') || !lit(r, '[')) {
+        if (plain_str(r, &k) != OK || !str_is(k, "values") || !lit(r, ':'))
             st = FALLBACK;
-        } else if (!lit(r, ']')) {
-            do {
-                PyObject *x = NULL;
-                st = any_value(r, depth + 1, check ? AS_CHECK : AS_VALUE, &x);
-                if (st == OK && !check) {
-                    if (PyList_Append(lst, x) < 0)
-                        st = ERR;
-                    Py_DECREF(x);
-                }
-            } while (st == OK && lit(r, ','));
-            if (st == OK && !lit(r, ']'))
-                st = FALLBACK;
-        }
+        else
+            st = each(r, array_item, &a);
         if (st == OK && !lit(r, '}'))
             st = FALLBACK;
     }

@@ -362,6 +362,23 @@ def test_our_shape_is_read_in_c():
 
 
 @needs_c
+def test_list_values_are_read_in_c_whole():
+    """A field written as an ``arrayValue`` (what another producer writes for a list): C reads every value of it,
+    nested lists too, as the twin does."""
+    req = exporter_line()
+    rec = req["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["events"][0]["attributes"]
+    iv = lambda v: {"intValue": str(v)}   # noqa: E731
+    rec.append({"key": sc.field_key("pub"), "value": {"arrayValue": {"values": [iv(7), iv(8), iv(9)]}}})
+    rec.append({"key": sc.field_key("hp"), "value": {"arrayValue": {"values": [
+        {"stringValue": "a"}, {"arrayValue": {"values": [iv(1), {"boolValue": True}]}}, {"arrayValue": {}}]}}})
+    line = json.dumps(req)
+    assert check_alike(line)
+    (_res, _n, _ranks, records), = C(line, SRC)
+    ev = records[1][0][3]
+    assert ev.fields["pub"] == [7, 8, 9] and ev.fields["hp"] == ["a", [1, True], []]
+
+
+@needs_c
 def test_what_c_leaves_to_python():
     """Shapes C does not read itself: it says so (None) rather than read them differently."""
     base = exporter_line()

@@ -104,12 +104,15 @@ class RunFile:
             yield kind, fh.read(size)
 
     def level(self, run: Run) -> int:
-        """How many merges ``run`` went through (0: written as one spill)."""
-        return self._level.get(run[0], 0)
+        """How many merges ``run`` went through (0: written as one spill, or a run of no record)."""
+        return self._level.get(run[0], 0) if run[1] else 0
 
     def compact(self, runs: list[Run]) -> None:
         """Merge the newest runs of ``runs`` (one key's, oldest first) in place while :data:`FAN_IN` of them share
-        a level (see the module doc)."""
+        a level (see the module doc). Runs of no record are dropped from ``runs`` first: one starts where the next
+        run written does, so the marks kept by offset (level, pickled chunks, end) are that run's, never its own."""
+        if not all(n for _o, n in runs):
+            runs[:] = [r for r in runs if r[1]]
         level = self._level
         while len(runs) >= FAN_IN:
             tail = runs[-FAN_IN:]
@@ -118,14 +121,14 @@ class RunFile:
                 return
             w = self.writer()
             if not self._merge_packed(tail, w):
-                w = self.writer()   # (declined: what it wrote is left unused)
+                punch_hole(self._fh, w.off, w.end - w.off)   # (declined: what it wrote is never read)
+                w = self.writer()
                 self._merge_records(tail, w)
             runs[-FAN_IN:] = [w.close()]
-            for o, n in tail:
+            for o, _n in tail:   # (never read again: their records are in the new run)
                 level.pop(o, None)
                 self._mixed.discard(o)
-                if n:   # (never read again: their records are in the new run)
-                    punch_hole(self._fh, o, self._ends.pop(o) - o)
+                punch_hole(self._fh, o, self._ends.pop(o) - o)
             level[runs[-1][0]] = lv + 1
 
     def _merge_records(self, tail: list[Run], w: RunWriter) -> None:
