@@ -130,8 +130,11 @@ def _mutated_request(draw) -> str:
 @example(lines=['{"resourceSpans": [{"resource": {"attributes": [{"key": "sglang.cp.rank", "value": {"intValue": '
                 'Infinity}}]}, "scopeSpans": []}]}'])   # int(inf): a traceback (found by this test)
 @example(lines=["[CPTRACE"])   # the log marker on a later line once made the file a log: exit 3 (found by this test)
+@example(lines=["\ud800"])   # a lone surrogate (undecodable bytes in the file; the test could not write it before)
 def test_check_reads_any_otlp_json(lines):
-    with _file("rank0.otlp.jsonl", (otlp_line(0) + "\n".join(lines) + "\n" + otlp_line(1)).encode()) as p:
+    # (surrogatepass: a lone surrogate drawn in a text line is written as the bytes no UTF-8 decoder accepts)
+    text = otlp_line(0) + "\n".join(lines) + "\n" + otlp_line(1)
+    with _file("rank0.otlp.jsonl", text.encode("utf-8", "surrogatepass")) as p:
         rc, out, err = check("--json", str(p))
         assert rc in (0, 1), err
         assert json.loads(out)["stats"]["events"] >= 2

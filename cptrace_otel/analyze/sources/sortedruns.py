@@ -24,6 +24,7 @@ Contract:
 from __future__ import annotations
 
 import heapq
+import itertools
 import operator
 import pickle
 import struct
@@ -86,10 +87,11 @@ class RunFile:
         return RunWriter(fh, self._pack, self._mixed, self._ends)
 
     def read(self, off: int, n: int) -> Iterator[tuple]:
-        """The records of one run as ``(epoch, seq, ts, Event)``, a chunk at a time."""
+        """The records of one run as ``(epoch, seq, ts, Event)``, a chunk at a time (read when the iterator comes to
+        it). Each chunk's list is chained in C: no Python frame is resumed per record, only per chunk."""
         pack = self._pack
-        for kind, data in self._chunks(off, n):
-            yield from pack.unpack(data) if kind == PACKED else unpickle_chunk(data)
+        return itertools.chain.from_iterable(pack.unpack(data) if kind == PACKED else unpickle_chunk(data)
+                                             for kind, data in self._chunks(off, n))
 
     def _chunks(self, off: int, n: int) -> Iterator[tuple[int, bytes]]:
         """The chunks of one run as written, ``(kind, bytes)`` (the file is shared by the runs read at once: each
