@@ -6,7 +6,10 @@ rules (C1-C5, the store fence, the epochs they compare) and the advisory localiz
 so they stay in the parent, which gets from the workers only what they read: the records whose tags are in
 :data:`~cptrace_otel.checks.crossrank.READS` and the ``fwd_hash`` records, packed as tuples, each other run of
 records as a count (:meth:`~cptrace_otel.checks.crossrank.CrossRank.skip`), plus the per-rank findings of each
-chunk.
+chunk. Free and store records, which only the store fence of mode shared reads
+(:data:`~cptrace_otel.checks.crossrank.FENCE_ONLY`), are counts too once the rank's config names another mode;
+a chunk that counted some is replayed only while the group's mode is not shared (else the run is checked in one
+process).
 
 Same output, by construction: the one-process reader merges the files in chunks by the first ``ts`` of each chunk
 (:func:`.sources.logs.read_log_events`); a worker reads its files in the same chunks and in the order that merge
@@ -48,7 +51,8 @@ class WorkerFailed(CptraceError):
 
 
 class _Layout(Exception):
-    """The files are not one rank each: the run is checked in one process."""
+    """A run the split cannot reproduce (files not one rank each; a rank whose config names a mode other than shared
+    in a group whose mode is shared): it is checked in one process."""
 
 
 def default_jobs() -> int:
@@ -112,7 +116,7 @@ def _worker(q: Any, files: list[tuple[int, str]], level: int | None, prior: tupl
 
 def _work(q: Any, files: list[tuple[int, str]], level: int | None, prior: tuple[int, list] | None) -> None:
     from ..checks import RankChecker
-    from ..checks.crossrank import READS
+    from ..checks.crossrank import FENCE_ONLY, READS
     from ..checks.rules_l3 import L3Prior
     from .sources.inputs import consumed
     from .sources.logs import LogReadError, LogStats, file_chunks
@@ -138,6 +142,8 @@ def _work(q: Any, files: list[tuple[int, str]], level: int | None, prior: tuple[
     sizes = [os.path.getsize(p) for _i, p in files]
     checkers: dict[int, RankChecker] = {}
     file_rank: dict[int, int] = {}
+    file_mode: dict[int, str] = {}   # file -> the mode its rank's first config with one named
+    quiet: set[int] = set()   # files whose rank's first config named a mode other than shared (see below)
     loc: list = []
 
     def read(k: int) -> list | None:
@@ -159,6 +165,12 @@ def _work(q: Any, files: list[tuple[int, str]], level: int | None, prior: tuple[
         found: list = []
         del loc[:]
         gap = glv = 0
+        # Once this rank's config names a mode other than shared, its free and store records (FENCE_ONLY) go as
+        # skips: the fence reads them only in mode shared, and the group's mode, set once by the first config the
+        # merge meets, is this one or an earlier rank's. The parent checks that it is not shared (else the run is
+        # checked in one process): in a run whose ranks agree on the mode, these are a quarter of what is sent
+        fence_free = k in quiet
+        dropped = False
         for ev in chunk:
             r = ev.rank
             if r != rank:
@@ -173,19 +185,28 @@ def _work(q: Any, files: list[tuple[int, str]], level: int | None, prior: tuple[
             if out:
                 found.extend(out)
             tag = ev.tag
-            if tag in READS:
+            if tag in READS and not (fence_free and tag in FENCE_ONLY):
                 if gap:
                     items.append((gap, glv))
                     gap = glv = 0
                 items.append((tag, ev.seq, ev.ts, ev.epoch, ev.fields, ev.level, ev.line_no))
+                if tag == "config" and k not in file_mode:
+                    m = ev.fields.get("mode")
+                    if isinstance(m, str):   # (as CrossRank._config takes it)
+                        file_mode[k] = m
+                        fence_free = m != "shared"
+                        if fence_free:
+                            quiet.add(k)
             else:
+                if tag in READS:
+                    dropped = True
                 gap += 1
                 if ev.level > glv:
                     glv = ev.level
         if gap:
             items.append((gap, glv))
         locs = [(e.tag, e.seq, e.ts, e.epoch, e.fields, e.level, e.line_no) for e in loc]
-        q.put(("read", i, (chunk[0].ts, rank, len(chunk), items, found, locs), list(bad), done))
+        q.put(("read", i, (chunk[0].ts, rank, len(chunk), items, found, locs, dropped), list(bad), done))
         return chunk
 
     try:
@@ -413,13 +434,14 @@ def _replay(pool: _Pool, paths: list[str], level: int | None, l3_prior: Any, run
     an = Analysis(level, l3_prior=l3_prior, run=run)
     if ranks:
         an.cross.expect_ranks(ranks)
-    cross, skip, localize, found = an.cross.feed, an.cross.skip, an.localizer.feed, an.findings
+    xr = an.cross
+    cross, skip, localize, found = xr.feed, xr.skip, an.localizer.feed, an.findings
     order: list[int] = []   # ranks in the order their first chunk was merged (the order Analysis met them)
     events = 0
     heads = [(s[0], i, s) for i, s in enumerate(firsts) if s]
     heapq.heapify(heads)
     while heads:
-        _ts, i, (_t0, rank, count, items, fnd, locs) = heads[0]
+        _ts, i, (_t0, rank, count, items, fnd, locs, dropped) = heads[0]
         if progress is not None:
             progress(sum(done), total)
         if rank not in order:
@@ -435,6 +457,8 @@ def _replay(pool: _Pool, paths: list[str], level: int | None, l3_prior: Any, run
                 skip(rank, it[0], it[1])
             else:
                 cross(Event(it[0], rank, it[1], it[2], it[3], it[4], it[5], src, it[6]))
+        if dropped and not (xr.disabled or (xr.mode is not None and xr.mode != "shared")):
+            raise _Layout   # the worker skipped free/store records the store fence reads: ranks differ in mode
         nxt = read(i)
         if nxt:
             heapq.heapreplace(heads, (nxt[0], i, nxt))

@@ -42,6 +42,9 @@ _NO_MODE = "CP mode unknown (no config record, or one without mode)"
 
 # the tags whose records :meth:`CrossRank.feed` does more with than the bookkeeping :meth:`CrossRank.skip` repeats
 READS: frozenset[str] = STRUCTURAL | FENCE_TAGS | frozenset(("config", "ack", "backup", "l3_backup"))
+# those of them that only the store fence reads, and it only in mode shared (free, store): under any other mode set,
+# feed does with them what skip does
+FENCE_ONLY: frozenset[str] = FENCE_TAGS - STRUCTURAL - frozenset(("config", "ack", "backup", "l3_backup"))
 
 
 class CrossRank(C1Lockstep, C2AckRounds, JoinRules, L3Cross):
@@ -133,8 +136,9 @@ class CrossRank(C1Lockstep, C2AckRounds, JoinRules, L3Cross):
             self._count = None   # the single-rank switch-off of feed can no longer happen
 
     def skip(self, r: int, n: int, level: int) -> None:
-        """The same as :meth:`feed` of ``n`` consecutive records of rank ``r`` whose tags are not in :data:`READS`
-        (their highest ``level`` given): the bookkeeping only (the rank, the record count of the single-rank
+        """The same as :meth:`feed` of ``n`` consecutive records of rank ``r`` whose tags are not in :data:`READS`,
+        or are in :data:`FENCE_ONLY` once :attr:`mode` is set and is not ``shared`` (their highest ``level`` given):
+        the bookkeeping only (the rank, the record count of the single-rank
         switch-off, the level seen, the end of the rank's open ack round). For streams without sampled ranks (log
         files): the sampled-node test of :meth:`feed` needs each record. Lets a parallel ``check`` send the cross-rank
         stage only the records it reads."""

@@ -151,6 +151,28 @@ def test_file_of_several_ranks_falls_back_to_one_process(tmp_path, monkeypatch):
     assert spy == []
 
 
+def test_ranks_that_differ_in_mode_fall_back_to_one_process(tmp_path, monkeypatch):
+    """A worker sends a rank's free and store records as counts once the rank's config names a mode other than
+    shared (only the store fence of mode shared reads them). Here the group's mode is shared (rank 1's config
+    comes first) while rank 0's says replicated, and only rank 0 logs the store the fence finds: the run is checked
+    in one process, with the same output (the workers' result would lack what rank 0's records give)."""
+    spy = _spy(monkeypatch)
+    sim = run_fault("ZERO_race", "shared", ranks=2)
+    paths = sim.emitter.write(str(tmp_path))
+    with open(paths[0]) as fh:
+        r0 = fh.read()
+    with open(paths[0], "w") as fh:
+        fh.write(r0.replace("mode=shared", "mode=replicated", 1))
+    with open(paths[1]) as fh:
+        r1 = fh.read().replace("ts=1000000002", "ts=1", 1)   # (rank 1's config, and its file, first in the merge)
+    assert "mode=shared" in r1.splitlines()[0] and "ts=1\n" in r1.splitlines(True)[0]
+    with open(paths[1], "w") as fh:
+        fh.write("".join(line for line in r1.splitlines(True) if "CPTRACE store" not in line))
+    rc, out, _err = _same(paths, jobs=(2,))
+    assert rc == 1 and "C5-fence" in out
+    assert spy == []
+
+
 def test_worker_that_dies_is_an_error_never_a_pass(tmp_path, monkeypatch):
     """A worker killed mid-run (it cannot have finished: its pipe is full until the parent reads): exit 3 with a
     message naming its files, no report on stdout."""
@@ -253,27 +275,37 @@ def test_generated_streams_split_across_ranks(tmp_path_factory, seed, mode, rank
 
 
 def _cross_both_ways(events: list) -> tuple[list, list]:
-    """CrossRank fed every record, and fed only READS with the rest as skip() runs: findings and unchecked of each."""
-    from cptrace_otel.checks.crossrank import READS, CrossRank
+    """CrossRank fed every record, and fed only what a check -j worker sends, the rest as skip() runs: READS, less
+    FENCE_ONLY once the record's rank's config named a mode other than shared. Findings and unchecked of each."""
+    from cptrace_otel.checks.crossrank import FENCE_ONLY, READS, CrossRank
     from cptrace_otel.model.events import Event
 
     assert all(isinstance(e, Event) for e in events)
     a, b = CrossRank(), CrossRank()
     for e in events:
         a.feed(e)
+    modes: dict[int, str] = {}
+
+    def sent(e: Event) -> bool:
+        if e.tag == "config" and e.rank not in modes and isinstance(e.fields.get("mode"), str):
+            modes[e.rank] = e.fields["mode"]
+        return e.tag in READS and not (e.tag in FENCE_ONLY and modes.get(e.rank, "shared") != "shared")
+
     run: list = []
     for e in events + [None]:
-        if e is not None and e.tag not in READS and (not run or run[0].rank == e.rank):
+        if e is not None and not sent(e) and (not run or run[0].rank == e.rank):
             run.append(e)
             continue
         if run:
             b.skip(run[0].rank, len(run), max(x.level for x in run))
             run = []
         if e is not None:
-            if e.tag in READS:
+            if sent(e):
                 b.feed(e)
             else:
                 run.append(e)
+    assert b.mode != "shared" or not any(e.tag in FENCE_ONLY and modes.get(e.rank, "shared") != "shared"
+                                        for e in events)   # (the parent's condition for replaying such skips)
     got = []
     for c in (a, b):
         got.append(([f.to_dict() for f in c.finish()], [repr(u) for u in c.unchecked()], c.level, c.disabled))
@@ -283,13 +315,14 @@ def _cross_both_ways(events: list) -> tuple[list, list]:
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 10_000), mode=st.sampled_from(["replicated", "shared", "sharded"]),
        faults=st.lists(st.sampled_from(["C2_round", "C1_div", "H1_ack", "C3_writer"]), max_size=2),
-       noise=st.lists(st.tuples(st.integers(0, 10_000), st.sampled_from(["compose", "rid_map", "fwd_hash", "free"]),
+       noise=st.lists(st.tuples(st.integers(0, 10_000),
+                                st.sampled_from(["compose", "rid_map", "fwd_hash", "free", "store"]),
                                 st.integers(1, 3)), max_size=60), merge=st.booleans(),
        keyless=st.booleans())
 def test_skip_is_feed_of_records_no_cross_rule_reads(seed, mode, faults, noise, merge, keyless):
     """Generated streams with records no cross-rank rule reads dropped in anywhere (between the acks of a round
-    too, with and without round=): the cross-rank rules give the same findings, unchecked list and level with
-    those records skipped."""
+    too, with and without round=), and free and store records, which only mode shared's fence reads: the
+    cross-rank rules give the same findings, unchecked list and level with those records skipped."""
     from cptrace_otel.sim.faults import FaultPlan
 
     plans = [FaultPlan(k, rank=1, nth=1) for k in faults if mode in FAULTS[k].modes]
