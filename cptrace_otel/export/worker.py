@@ -233,6 +233,7 @@ class Exporter:
                 break
             except Exception as e:  # this record only (e.g. an unhashable op): the loop goes on with the next
                 self._bad_record(e)
+        self.builder.flush_checks()   # (the batch's online checks, run over it in one go: SpanBuilder.add)
         self.next_seq = seq + len(items)
         self.records += len(events)
         self.bad += len(items) - len(events)  # (reported where they were found)

@@ -43,7 +43,8 @@ Contract:
   findings it returns are stamped on the span that holds the event (:func:`violation_attributes`, status ERROR with
   every finding's message, one ``hicache.violation`` event per finding naming its evidence records, and one OTLP link
   per evidence span). A checker that raises is switched off (once, with a warning): tracing must not die because a
-  rule did.
+  rule did. The checks run over batches of records, with the same result as one record at a time
+  (:mod:`cptrace_otel.model.span_checks`).
 
 Time is whatever ``ev.ts`` says (wall-clock ns for live records); :meth:`expire` takes "now" explicitly so replays
 and tests are deterministic.
@@ -63,6 +64,7 @@ from .events import Event
 from .l3 import ACK as L3_ACK, BACKUP as L3_BACKUP, DIR_BACKUP, DIR_PREFETCH, HIT as L3_HIT, PREFETCH as L3_PREFETCH
 from .logline import render_value
 from .reqlink import FIELD as REQ_SPAN, link_request
+from .span_checks import CHECK_BATCH, MAX_SEQ_REFS, SpanChecks
 from .trace_ids import hashed_id, lane_span_id, node_trace_id, rank_trace_id, request_trace_id
 
 # violation_attributes: the one helper making the per-code violation keys (the watcher imports it from here)
@@ -74,9 +76,8 @@ MAX_EVENTS = 1000
 MAX_SPAN_BYTES = 1 << 20
 # A lane segment closes once it has this many children (a node copied back and forth very often).
 MAX_CHILDREN = 200
-# Bounded memories: records whose span can still be named as evidence, stage instances cut (for continuations),
-# lanes that already had their first segment.
-MAX_SEQ_REFS = 1 << 16
+# Bounded memories (with span_checks.MAX_SEQ_REFS, the records whose span can still be named as evidence): stage
+# instances cut (for continuations), lanes that already had their first segment.
 MAX_CUT = 1 << 16
 MAX_LANES_SEEN = 1 << 18
 # What one builder holds at once, however dense the records are in time (a replay of records 1 ns apart never
@@ -138,7 +139,7 @@ class Span:
         return f"Span({self.name} trace={self.trace_id.hex()} events={len(self.events)} attrs={self.attrs})"
 
 
-class SpanBuilder:
+class SpanBuilder(SpanChecks):
     """Maps one rank process's events to spans. Not thread-safe: one builder per exporter loop.
 
     ``instance`` makes span ids unique per traced process (two processes may run with the same rank). Finished spans
@@ -162,6 +163,9 @@ class SpanBuilder:
         self._names: dict[tuple[int, str], str] = {}
         # seq -> (trace id, span id, tag, op) of recent records: a finding links to the spans of its evidence
         self._seq_refs: dict[int, tuple[bytes, bytes, str, Any]] = {}
+        # records placed whose checks have not run yet, (record, its span), in order; (None, span) for a span closed
+        # after them, stamped with its findings in that order (flush_checks)
+        self._pending: list[tuple[Event | None, Span]] = []
         # stage key -> the stage span cut before its closing record (a later record of it opens a continuation)
         self._cut: dict[Any, Span] = {}
         self._lanes_seen: set[tuple[int, int, int]] = set()
@@ -263,7 +267,9 @@ class SpanBuilder:
             del self._open[sp.key]
         sp.attrs[sc.STAGE_CLOSED] = why
         sp.nrec = len(sp.events)   # (before the violation events are added)
-        if sp.findings:   # violation attributes, status ERROR, violation events, links to the evidence spans
+        if self._pending:   # records it may hold are not checked yet: stamped after them, in flush_checks
+            self._pending.append((None, sp))
+        elif sp.findings:   # violation attributes, status ERROR, violation events, links to the evidence spans
             stamp_findings(sp, self._seq_refs)
         if sp.end < sp.start:
             sp.end = sp.start
@@ -362,7 +368,7 @@ class SpanBuilder:
                 elif role == _R_L3_HIT:
                     self._link_prefetch(rank, f.get("op"), sp)
         else:
-            if role == _R_CANARY and self._checker_factory is not None:
+            if role == _R_CANARY and self._checks_on():
                 # SGLang's kv-canary record names a slot, not a node: the checker decides whose slot it was (rule
                 # CANARY), so it runs before the record is placed, and the record goes to that node's lane with its
                 # finding
@@ -374,7 +380,7 @@ class SpanBuilder:
                 # A reset ends every open span of this rank: node ids restart, so nothing may join them any more.
                 for sp in [s for s in opened.values() if s.rank == rank and s.lane is None]:
                     self._close(sp, "reset")
-            elif role == _R_FREE and self._checker_factory is not None:   # (without a node)
+            elif role == _R_FREE and self._checks_on():   # (without a node)
                 # (in the copy's node trace a checker of that trace alone, a serve replica, sees the breach)
                 found, fed = self._feed_now(ev), True
                 owner = getattr(self._checkers.get(rank), "free_owner", None)
@@ -416,32 +422,15 @@ class SpanBuilder:
             if ts > rsp.end:
                 rsp.end = ts
 
-        if fed or self._checker_factory is not None:   # (fed: checked before it was placed)
-            refs = self._seq_refs
-            if not fed and len(refs) >= MAX_SEQ_REFS:
-                refs.clear()
-            refs[ev.seq] = (sp.trace_id, sp.span_id, tag, f.get("op"))
-            if not fed:
-                fd = self._feeds.get(rank)
-                if fd is None:
-                    ck = self._checkers.get(rank)
-                    if ck is not None:
-                        # feed_fast (RankChecker): feed without the empty list per record; same findings
-                        fd = self._feeds[rank] = getattr(ck, "feed_fast", None) or ck.feed
-                if fd is None:
-                    found = self._feed_now(ev)   # (the rank's checker created)
-                else:
-                    try:
-                        found = fd(ev)
-                    except Exception as e:  # a broken rule must not stop tracing
-                        self._checker_factory = None
-                        print(f"cptrace_otel: online checks disabled after an error in the checker: {e!r}",
-                              file=sys.stderr)
+        if fed:   # checked before it was placed (the pending records were checked before it)
+            self._seq_refs[ev.seq] = (sp.trace_id, sp.span_id, tag, f.get("op"))
             if found:
-                if not sp.findings:
-                    sp.findings = []
-                sp.findings.extend(found)
-                self.findings += len(found)
+                self._found(sp, found)
+        elif self._checker_factory is not None:
+            pend = self._pending
+            pend.append((ev, sp))
+            if len(pend) >= CHECK_BATCH:
+                self.flush_checks()
 
         if closing:
             self._close(sp, "tag")
@@ -485,22 +474,10 @@ class SpanBuilder:
         if not any(lk[0] == ref[0] and lk[1] == ref[1] for lk in lane.links):
             lane.links.append((ref[0], ref[1], {sc.LINK_KIND: "l3-prefetch", sc.OP: op}))
 
-    def _feed_now(self, ev: Event) -> list[Any] | None:
-        """The findings of ``ev`` from its rank's checker (created if needed); None when the checks are off or the
-        checker failed (it is then switched off, as in :meth:`add`)."""
-        try:
-            ck = self._checkers.get(ev.rank)
-            if ck is None and self._checker_factory is not None:
-                ck = self._checkers[ev.rank] = self._checker_factory(ev.rank)
-            return ck.feed(ev) if ck is not None else None
-        except Exception as e:  # a broken rule must not stop tracing
-            self._checker_factory = None
-            print(f"cptrace_otel: online checks disabled after an error in the checker: {e!r}", file=sys.stderr)
-            return None
-
     def expire(self, now_ns: int) -> None:
         """Close every span (lane, rank or request span, with a lane's children) open ``span_timeout_s`` at
         ``now_ns``."""
+        self.flush_checks()
         limit = now_ns - self.timeout_ns
         while self._open:
             sp = next(iter(self._open.values()))
@@ -515,6 +492,7 @@ class SpanBuilder:
 
     def close_all(self, why: str = "flush") -> None:
         """Close every open span (flush)."""
+        self.flush_checks()
         for sp in list(self._open.values()):
             if sp.lane is None and self._open.get(sp.key) is sp:
                 self._close(sp, why)
@@ -523,7 +501,7 @@ class SpanBuilder:
         """End of stream: findings that only the end reveals (``RankChecker.finish``), then close everything.
 
         A finding is stamped on the open span holding its last evidence record, else on a rank span."""
-        if self._checker_factory is not None:
+        if self._checks_on():
             for rank, ck in list(self._checkers.items()):
                 try:
                     found = ck.finish() or []
@@ -533,19 +511,6 @@ class SpanBuilder:
                 for fd in found:
                     self._stamp_late(rank, fd)
         self.close_all("flush")
-
-    def _stamp_late(self, rank: int, fd: object) -> None:
-        evidence = list(getattr(fd, "evidence", None) or [])
-        target = None
-        if evidence:
-            want = evidence[-1]
-            for sp in self._open.values():
-                if sp.rank == rank and any(a.get(sc.SEQ) == want for _, _, a in sp.events):
-                    target = sp
-                    break
-        target = target or self._rank_span(rank, "finish")
-        target.findings = [*target.findings, fd]   # (a new list: a builder's span has _NONE until its first)
-        self.findings += 1
 
     def annotate_rank(self, rank: int, attrs: dict[str, Any]) -> None:
         """Set span attributes (e.g. the pipeline's drop counter) on the rank's rank span, opening one if needed."""
@@ -562,6 +527,7 @@ class SpanBuilder:
 
     def take(self) -> list[Span]:
         """Spans finished since the last call (a lane segment is followed by its children)."""
+        self.flush_checks()
         done, self._done = self._done, []
         return done
 
@@ -588,12 +554,3 @@ class SpanBuilder:
     def rank_span_open(self, rank: int) -> bool:
         """True while ``rank``'s rank span (the one :meth:`annotate_rank` writes to) is open."""
         return (rank, "rank") in self._open
-
-    def unchecked(self) -> list[Any]:
-        out: list[Any] = []
-        for ck in self._checkers.values():
-            try:
-                out.extend(ck.unchecked())
-            except Exception:
-                pass
-        return out

@@ -236,6 +236,77 @@ def test_real_rank_checker_can_be_plugged_in() -> None:
     assert sum(len(s.events) for s in b.take()) >= 4
 
 
+def _spans_of(events: list[Event], factory, batch: int, monkeypatch: pytest.MonkeyPatch, timeout_s: float,
+              take_every: int) -> list[bytes]:
+    """The OTLP bytes of the spans one builder per rank makes of ``events``, its checks run every ``batch``
+    records; MAX_SEQ_REFS small, so the evidence references are cleared inside the batches too."""
+    import copy
+
+    from cptrace_otel.export.otlp_proto import encode_requests
+    from cptrace_otel.model import span_checks, spans as spans_mod
+
+    monkeypatch.setattr(spans_mod, "CHECK_BATCH", batch)
+    monkeypatch.setattr(span_checks, "MAX_SEQ_REFS", 16)
+    builders: dict[int, SpanBuilder] = {}
+    out: list = []
+    for i, ev in enumerate(copy.deepcopy(events)):
+        b = builders.get(ev.rank)
+        if b is None:
+            b = builders[ev.rank] = SpanBuilder("run", f"i{ev.rank}", timeout_s, factory)
+        b.add(ev)
+        if i % take_every == take_every - 1:
+            out += b.take()
+    for b in builders.values():
+        b.finish()
+        out += b.take()
+    assert sum(b.findings for b in builders.values()) == sum(len(s.findings) for s in out)
+    return list(encode_requests([({"service.name": "x"}, out)]))
+
+
+@pytest.mark.parametrize("kind", ["H1_ack", "H2_stale", "H2_release", "H3_noinval", "H4_nolock", "HASH_flip",
+                                  "ZERO_race"])
+def test_checks_run_in_batches_stamp_the_spans_as_checked_per_record(kind: str,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """SpanBuilder runs the online checks over batches of records (CHECK_BATCH): the spans, their findings,
+    violation events, status and evidence links are byte for byte those of checks run as each record is placed
+    (a batch of one), on fault runs whose findings are stamped on spans closed inside a batch; with spans that time
+    out and batches taken in between."""
+    from cptrace_otel.checks.rank_checker import checker_factory
+    from cptrace_otel.sim.workload import run_fault
+
+    events = run_fault(kind, "replicated", ranks=2).emitter.events()
+    for timeout_s, take_every in ((1.0, 1 << 30), (0.00002, 7)):
+        one = _spans_of(events, checker_factory(True, 3), 1, monkeypatch, timeout_s, take_every)
+        assert any(sc.EVENT_VIOLATION.encode() in body for body in one), "no finding stamped: the test proves nothing"
+        for batch in (3, 512):
+            assert _spans_of(events, checker_factory(True, 3), batch, monkeypatch, timeout_s, take_every) == one
+
+
+def test_a_checker_failing_inside_a_batch_stops_the_checks_where_it_did(monkeypatch: pytest.MonkeyPatch,
+                                                                       capsys: pytest.CaptureFixture) -> None:
+    """A checker that raises at its 5th record: the records before it keep their findings, the ones after are not
+    checked, whether the checks run per record or in a batch."""
+    from cptrace_otel.checks.rank_checker import RankChecker
+    from cptrace_otel.sim.workload import run_fault
+
+    class Flaky(RankChecker):
+        n = 0
+
+        def feed_fast(self, ev):
+            Flaky.n += 1
+            if Flaky.n == 5:
+                raise RuntimeError("rule bug")
+            return super().feed_fast(ev)
+
+    events = run_fault("HASH_flip", "none").emitter.events()
+    got = []
+    for batch in (1, 512):
+        Flaky.n = 0
+        got.append(_spans_of(events, lambda r: Flaky(r, 3), batch, monkeypatch, 1.0, 1 << 30))
+        assert capsys.readouterr().err.count("online checks disabled") == 1
+    assert got[0] == got[1]
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_event_attributes_equal_fields_to_attributes(seed: int) -> None:
     rng = random.Random(seed)
