@@ -52,6 +52,11 @@ import time
 
 import _proc  # (bench/: this script's own directory, first on sys.path)
 
+# this checkout's package, in this process and in the children it starts, whatever is installed (an editable
+# install of another checkout would otherwise be the one measured: an A/B of two trees measured one of them twice)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
 
 def _r(lo: int, n: int) -> str:
     return f"(cnt={n},min={lo},max={lo + n - 1},first={lo},last={lo + n - 1})"
@@ -262,7 +267,9 @@ def _run_child(kind: str, paths: list[str], cores: int = 1) -> dict:
 
 @functools.cache
 def _env() -> dict[str, str]:
-    return _proc.installed_env()
+    env = _proc.installed_env()
+    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
 
 
 def _instructions(kind: str, paths: list[str]) -> int | None:
@@ -271,7 +278,7 @@ def _instructions(kind: str, paths: list[str]) -> int | None:
         return None
     cmd = ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
            sys.executable, __file__, "--child", kind, *paths]
-    err = subprocess.run(cmd, check=True, capture_output=True, text=True).stderr
+    err = subprocess.run(cmd, check=True, capture_output=True, text=True, env=_env()).stderr
     for line in err.splitlines():
         if "I   refs:" in line or "I refs:" in line:
             return int(line.split(":")[1].replace(",", "").split()[0])

@@ -11,6 +11,7 @@ Feed events in an order that keeps each rank's seq order (the sources do); ``res
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from .sources.tracedocs import TraceDocs
 
 _FWD_HASH = "fwd_hash"
+RUN_BATCH = 2048   # records each stage of Analysis.run takes in turn (see there)
 
 
 @dataclasses.dataclass
@@ -89,21 +91,28 @@ class Analysis:
         hint = getattr(events, "ranks", None)   # sources that know their ranks up front (log files)
         if hint:
             self.cross.expect_ranks(hint)
-        # the same as calling self.feed per event, with the lookups hoisted (this loop is the hot path of `check`)
+        # The same as calling self.feed per event, with the lookups hoisted (this loop is the hot path of `check`),
+        # a batch of records at a time: the per-rank rules over the batch, then the cross-rank rules over it. The two
+        # stages share no state (feed_rank's contract: a `serve --live` replica feeds the cross-rank rules in its
+        # own order), and each runs with its own code and data in the CPU's caches: over 400k log lines, one record
+        # through both in turn took 2.02-2.25 s, batches of 2,048 1.62-1.75 s.
         checkers = self.checkers
         cross = self.cross.feed
         found = self.findings
         n = 0
-        for ev in events:
-            chk = checkers.get(ev.rank)
-            if chk is None:   # first event of a rank: the full path (creates its checker, counts itself)
-                self.feed(ev)
-                continue
-            n += 1
-            out = chk.feed_fast(ev)
-            if out:
-                found.extend(out)
-            cross(ev)
+        it = iter(events)
+        while batch := list(itertools.islice(it, RUN_BATCH)):
+            for ev in batch:
+                chk = checkers.get(ev.rank)
+                if chk is None:   # first event of a rank: the full path (creates its checker, counts itself)
+                    self.feed_rank(ev)
+                    continue
+                n += 1
+                out = chk.feed_fast(ev)
+                if out:
+                    found.extend(out)
+            for ev in batch:
+                cross(ev)
         self.events += n
         res = self.result(findings_only=findings_only)
         if self.l3_prior is not None:

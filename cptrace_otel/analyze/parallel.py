@@ -171,19 +171,22 @@ def _work(q: Any, files: list[tuple[int, str]], level: int | None, prior: tuple[
         # checked in one process): in a run whose ranks agree on the mode, these are a quarter of what is sent
         fence_free = k in quiet
         dropped = False
+        chk = checkers.get(rank)
+        if chk is None:
+            chk = checkers[rank] = RankChecker(rank, level)
+            chk.l3_prior = l3_prior
+            chk.observe(_LOC_TAG, loc.append)
+        feed = chk.feed_fast
+        # the chunk through the rank's rules, then what the parent gets of it: each loop with its own code and data
+        # in the CPU's caches (as Analysis.run does its two stages)
         for ev in chunk:
-            r = ev.rank
-            if r != rank:
+            if ev.rank != rank:
                 q.put(("mixed", path))
                 raise _Stop
-            chk = checkers.get(r)
-            if chk is None:
-                chk = checkers[r] = RankChecker(r, level)
-                chk.l3_prior = l3_prior
-                chk.observe(_LOC_TAG, loc.append)
-            out = chk.feed_fast(ev)
+            out = feed(ev)
             if out:
                 found.extend(out)
+        for ev in chunk:
             tag = ev.tag
             if tag in READS and not (fence_free and tag in FENCE_ONLY):
                 if gap:

@@ -53,8 +53,8 @@ class SpanChecks:
     def flush_checks(self) -> None:
         """Run the online checks of the records placed since the last call, in order, and stamp the spans closed
         among them where they closed: each span gets the findings, and the evidence references, it would have had
-        with each record checked as it was placed. :meth:`take`, :meth:`finish`, :meth:`close_all`, :meth:`expire`
-        and :meth:`unchecked` call it first; :meth:`add` every :data:`CHECK_BATCH` records."""
+        with each record checked as it was placed. The builder's ``take``, ``finish``, ``close_all`` and ``expire``
+        and :meth:`unchecked` call it first; its ``add`` every :data:`CHECK_BATCH` records."""
         pend = self._pending
         if not pend:
             return
@@ -106,7 +106,7 @@ class SpanChecks:
 
     def _feed_now(self, ev: Event) -> list[Any] | None:
         """The findings of ``ev`` from its rank's checker (created if needed); None when the checks are off or the
-        checker failed (it is then switched off, as in :meth:`add`)."""
+        checker failed (it is then switched off, as in :meth:`flush_checks`)."""
         try:
             ck = self._checkers.get(ev.rank)
             if ck is None and self._checker_factory is not None:
