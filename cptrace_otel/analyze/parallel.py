@@ -142,8 +142,7 @@ def _work(q: Any, files: list[tuple[int, str]], level: int | None, prior: tuple[
     sizes = [os.path.getsize(p) for _i, p in files]
     checkers: dict[int, RankChecker] = {}
     file_rank: dict[int, int] = {}
-    file_mode: dict[int, str] = {}   # file -> the mode its rank's first config with one named
-    quiet: set[int] = set()   # files whose rank's first config named a mode other than shared (see below)
+    file_mode: dict[int, str] = {}   # file -> the mode its rank's first config with one named (see below)
     loc: list = []
 
     def read(k: int) -> list | None:
@@ -169,7 +168,7 @@ def _work(q: Any, files: list[tuple[int, str]], level: int | None, prior: tuple[
         # skips: the fence reads them only in mode shared, and the group's mode, set once by the first config the
         # merge meets, is this one or an earlier rank's. The parent checks that it is not shared (else the run is
         # checked in one process): in a run whose ranks agree on the mode, these are a quarter of what is sent
-        fence_free = k in quiet
+        fence_free = file_mode.get(k, "shared") != "shared"
         dropped = False
         chk = checkers.get(rank)
         if chk is None:
@@ -198,8 +197,6 @@ def _work(q: Any, files: list[tuple[int, str]], level: int | None, prior: tuple[
                     if isinstance(m, str):   # (as CrossRank._config takes it)
                         file_mode[k] = m
                         fence_free = m != "shared"
-                        if fence_free:
-                            quiet.add(k)
             else:
                 if tag in READS:
                     dropped = True

@@ -40,11 +40,13 @@ from .rules_l3x import L3Cross
 # where SGLang's server arguments do not explain the CP group)
 _NO_MODE = "CP mode unknown (no config record, or one without mode)"
 
+# the tags read besides the structural and fence ones: the mode and group (config), C2 (ack), C3/C5 (backup), L3c/L3d
+_OTHER_READS = frozenset(("config", "ack", "backup", "l3_backup"))
 # the tags whose records :meth:`CrossRank.feed` does more with than the bookkeeping :meth:`CrossRank.skip` repeats
-READS: frozenset[str] = STRUCTURAL | FENCE_TAGS | frozenset(("config", "ack", "backup", "l3_backup"))
+READS: frozenset[str] = STRUCTURAL | FENCE_TAGS | _OTHER_READS
 # those of them that only the store fence reads, and it only in mode shared (free, store): under any other mode set,
 # feed does with them what skip does
-FENCE_ONLY: frozenset[str] = FENCE_TAGS - STRUCTURAL - frozenset(("config", "ack", "backup", "l3_backup"))
+FENCE_ONLY: frozenset[str] = FENCE_TAGS - STRUCTURAL - _OTHER_READS
 
 
 class CrossRank(C1Lockstep, C2AckRounds, JoinRules, L3Cross):

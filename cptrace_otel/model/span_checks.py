@@ -48,7 +48,6 @@ class SpanChecks:
     _open: dict[Any, Span]
     findings: int
     _rank_span: Callable[[int, str], Span]
-    close_all: Callable[[str], None]
 
     def flush_checks(self) -> None:
         """Run the online checks of the records placed since the last call, in order, and stamp the spans closed
@@ -84,9 +83,7 @@ class SpanChecks:
                 try:
                     found = fd(ev)
                 except Exception as e:  # a broken rule must not stop tracing
-                    self._checker_factory = None
-                    print(f"cptrace_otel: online checks disabled after an error in the checker: {e!r}",
-                          file=sys.stderr)
+                    self._checks_failed(e)
                     continue
             if found:
                 self._found(sp, found)
@@ -100,9 +97,13 @@ class SpanChecks:
     def _checks_on(self) -> bool:
         """Whether the online checks run, the records placed before now checked first (a record checked before it
         is placed, a canary or a free without a node, is checked after them)."""
-        if self._pending:
-            self.flush_checks()
+        self.flush_checks()
         return self._checker_factory is not None
+
+    def _checks_failed(self, e: Exception) -> None:
+        """The checker raised ``e``: the online checks are switched off, said once on stderr."""
+        self._checker_factory = None
+        print(f"cptrace_otel: online checks disabled after an error in the checker: {e!r}", file=sys.stderr)
 
     def _feed_now(self, ev: Event) -> list[Any] | None:
         """The findings of ``ev`` from its rank's checker (created if needed); None when the checks are off or the
@@ -113,8 +114,7 @@ class SpanChecks:
                 ck = self._checkers[ev.rank] = self._checker_factory(ev.rank)
             return ck.feed(ev) if ck is not None else None
         except Exception as e:  # a broken rule must not stop tracing
-            self._checker_factory = None
-            print(f"cptrace_otel: online checks disabled after an error in the checker: {e!r}", file=sys.stderr)
+            self._checks_failed(e)
             return None
 
     def _stamp_late(self, rank: int, fd: object) -> None:
