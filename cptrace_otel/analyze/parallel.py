@@ -116,7 +116,7 @@ def _worker(q: Any, files: list[tuple[int, str]], level: int | None, prior: tupl
 
 def _work(q: Any, files: list[tuple[int, str]], level: int | None, prior: tuple[int, list] | None) -> None:
     from ..checks import RankChecker
-    from ..checks.crossrank import FENCE_ONLY, READS
+    from ..checks.crossrank import READS, sent_tags
     from ..checks.rules_l3 import L3Prior
     from .sources.inputs import consumed
     from .sources.logs import LogReadError, LogStats, file_chunks
@@ -168,7 +168,7 @@ def _work(q: Any, files: list[tuple[int, str]], level: int | None, prior: tuple[
         # skips: the fence reads them only in mode shared, and the group's mode, set once by the first config the
         # merge meets, is this one or an earlier rank's. The parent checks that it is not shared (else the run is
         # checked in one process): in a run whose ranks agree on the mode, these are a quarter of what is sent
-        fence_free = file_mode.get(k, "shared") != "shared"
+        send = sent_tags(file_mode.get(k))
         dropped = False
         chk = checkers.get(rank)
         if chk is None:
@@ -187,7 +187,7 @@ def _work(q: Any, files: list[tuple[int, str]], level: int | None, prior: tuple[
                 found.extend(out)
         for ev in chunk:
             tag = ev.tag
-            if tag in READS and not (fence_free and tag in FENCE_ONLY):
+            if tag in send:
                 if gap:
                     items.append((gap, glv))
                     gap = glv = 0
@@ -196,7 +196,7 @@ def _work(q: Any, files: list[tuple[int, str]], level: int | None, prior: tuple[
                     m = ev.fields.get("mode")
                     if isinstance(m, str):   # (as CrossRank._config takes it)
                         file_mode[k] = m
-                        fence_free = m != "shared"
+                        send = sent_tags(m)
             else:
                 if tag in READS:
                     dropped = True

@@ -47,6 +47,14 @@ READS: frozenset[str] = STRUCTURAL | FENCE_TAGS | _OTHER_READS
 # those of them that only the store fence reads, and it only in mode shared (free, store): under any other mode set,
 # feed does with them what skip does
 FENCE_ONLY: frozenset[str] = FENCE_TAGS - STRUCTURAL - _OTHER_READS
+_READS_UNSHARED = READS - FENCE_ONLY
+
+
+def sent_tags(mode: str | None) -> frozenset[str]:
+    """The tags whose records :meth:`CrossRank.feed` must see once the group's mode is ``mode`` (None: not known
+    yet); a run of other records may be given to :meth:`CrossRank.skip` instead. The rule ``check -j``'s workers send
+    by (with the mode of their rank's first config that names one)."""
+    return READS if mode is None or mode == "shared" else _READS_UNSHARED
 
 
 class CrossRank(C1Lockstep, C2AckRounds, JoinRules, L3Cross):

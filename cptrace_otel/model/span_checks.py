@@ -52,8 +52,8 @@ class SpanChecks:
     def flush_checks(self) -> None:
         """Run the online checks of the records placed since the last call, in order, and stamp the spans closed
         among them where they closed: each span gets the findings, and the evidence references, it would have had
-        with each record checked as it was placed. The builder's ``take``, ``finish``, ``close_all`` and ``expire``
-        and :meth:`unchecked` call it first; its ``add`` every :data:`CHECK_BATCH` records."""
+        with each record checked as it was placed. The builder's ``take``, ``close_all`` and ``expire``,
+        :meth:`finish_checks` and :meth:`unchecked` call it first; its ``add`` every :data:`CHECK_BATCH` records."""
         pend = self._pending
         if not pend:
             return
@@ -116,6 +116,21 @@ class SpanChecks:
         except Exception as e:  # a broken rule must not stop tracing
             self._checks_failed(e)
             return None
+
+    def finish_checks(self) -> None:
+        """End of stream: the findings that only the end reveals (each checker's ``finish``), each stamped on the open
+        span holding its last evidence record, else on its rank's rank span. A checker whose ``finish`` raises is
+        skipped (one message on stderr); the others still finish."""
+        if not self._checks_on():
+            return
+        for rank, ck in list(self._checkers.items()):
+            try:
+                found = ck.finish() or []
+            except Exception as e:  # a broken rule must not stop tracing
+                print(f"cptrace_otel: checker finish failed: {e!r}", file=sys.stderr)
+                continue
+            for fd in found:
+                self._stamp_late(rank, fd)
 
     def _stamp_late(self, rank: int, fd: object) -> None:
         evidence = list(getattr(fd, "evidence", None) or [])

@@ -52,7 +52,6 @@ and tests are deterministic.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -498,18 +497,9 @@ class SpanBuilder(SpanChecks):
                 self._close(sp, why)
 
     def finish(self) -> None:
-        """End of stream: findings that only the end reveals (``RankChecker.finish``), then close everything.
-
-        A finding is stamped on the open span holding its last evidence record, else on a rank span."""
-        if self._checks_on():
-            for rank, ck in list(self._checkers.items()):
-                try:
-                    found = ck.finish() or []
-                except Exception as e:
-                    print(f"cptrace_otel: checker finish failed: {e!r}", file=sys.stderr)
-                    continue
-                for fd in found:
-                    self._stamp_late(rank, fd)
+        """End of stream: the findings only the end reveals (:meth:`~.span_checks.SpanChecks.finish_checks`), then
+        close everything."""
+        self.finish_checks()
         self.close_all("flush")
 
     def annotate_rank(self, rank: int, attrs: dict[str, Any]) -> None:

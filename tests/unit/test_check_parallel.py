@@ -275,9 +275,9 @@ def test_generated_streams_split_across_ranks(tmp_path_factory, seed, mode, rank
 
 
 def _cross_both_ways(events: list) -> tuple[list, list]:
-    """CrossRank fed every record, and fed only what a check -j worker sends, the rest as skip() runs: READS, less
-    FENCE_ONLY once the record's rank's config named a mode other than shared. Findings and unchecked of each."""
-    from cptrace_otel.checks.crossrank import FENCE_ONLY, READS, CrossRank
+    """CrossRank fed every record, and fed only what a check -j worker sends (crossrank.sent_tags of the mode of the
+    record's rank's first config naming one), the rest as skip() runs. Findings and unchecked of each."""
+    from cptrace_otel.checks.crossrank import READS, CrossRank, sent_tags
     from cptrace_otel.model.events import Event
 
     assert all(isinstance(e, Event) for e in events)
@@ -289,7 +289,7 @@ def _cross_both_ways(events: list) -> tuple[list, list]:
     def sent(e: Event) -> bool:
         if e.tag == "config" and e.rank not in modes and isinstance(e.fields.get("mode"), str):
             modes[e.rank] = e.fields["mode"]
-        return e.tag in READS and not (e.tag in FENCE_ONLY and modes.get(e.rank, "shared") != "shared")
+        return e.tag in sent_tags(modes.get(e.rank))
 
     run: list = []
     for e in events + [None]:
@@ -304,7 +304,7 @@ def _cross_both_ways(events: list) -> tuple[list, list]:
                 b.feed(e)
             else:
                 run.append(e)
-    assert b.mode != "shared" or not any(e.tag in FENCE_ONLY and modes.get(e.rank, "shared") != "shared"
+    assert b.mode != "shared" or not any(e.tag in READS and e.tag not in sent_tags(modes.get(e.rank))
                                         for e in events)   # (the parent's condition for replaying such skips)
     got = []
     for c in (a, b):
