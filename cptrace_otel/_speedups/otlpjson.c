@@ -617,29 +617,41 @@ static PyObject *py_read(PyObject *self, PyObject *args)
         return NULL;
     Py_ssize_t n;
     const char *p;
-    if (PyBytes_Check(line)) {   /* a line as the file holds it: read only when it is UTF-8 (else: decoded with
-                                  * replacement characters by the caller, a text the twin reads) */
-        p = PyBytes_AS_STRING(line);
-        n = PyBytes_GET_SIZE(line);
-        if (!utf8_valid((const unsigned char *)p, n))
-            Py_RETURN_NONE;
-    } else if (PyUnicode_Check(line)) {
+    Py_buffer view = {0};
+    if (PyUnicode_Check(line)) {
         p = PyUnicode_AsUTF8AndSize(line, &n);
         if (p == NULL) {   /* (a lone surrogate: json reads it) */
             PyErr_Clear();
             Py_RETURN_NONE;
         }
     } else {
-        PyErr_SetString(PyExc_TypeError, "read: line must be str or bytes");
-        return NULL;
+        /* a line as the file holds it (bytes, or a memoryview of the reader's buffer): read only when it is UTF-8
+         * (else: decoded with replacement characters by the caller, a text the twin reads). Nothing read keeps a
+         * pointer into it: every value read is copied into its own object */
+        if (PyObject_GetBuffer(line, &view, PyBUF_SIMPLE) < 0) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError, "read: line must be str or bytes-like");
+            return NULL;
+        }
+        p = view.buf;
+        n = view.len;
+        if (!utf8_valid((const unsigned char *)p, n)) {
+            PyBuffer_Release(&view);
+            Py_RETURN_NONE;
+        }
     }
     Rd r = {p, p + n};
     PyObject *rows = PyList_New(0);
-    if (rows == NULL)
+    if (rows == NULL) {
+        if (view.obj != NULL)
+            PyBuffer_Release(&view);
         return NULL;
+    }
     RowSink sink = {src, rows};
     int st = list_field(&r, "resourceSpans", "resource_spans", 1, resource_spans_item, &sink);
     ws(&r);
+    if (view.obj != NULL)
+        PyBuffer_Release(&view);
     if (st == OK && r.p != r.end)
         st = FALLBACK;
     return st == OK ? rows : reader_decline(st, rows);
@@ -655,7 +667,7 @@ static PyObject *py_configure(PyObject *self, PyObject *args)
 static PyMethodDef methods[] = {
     {"configure", py_configure, METH_VARARGS, READER_SPANS_CONFIGURE_DOC},
     {"read", py_read, METH_VARARGS,
-     "read(line: str | bytes, src) -> [(resource, spans, ranks, records), ...] | None (None: let Python decide)"},
+     "read(line: str | bytes-like, src) -> [(resource, spans, ranks, records), ...] | None (None: let Python decide)"},
     {NULL, NULL, 0, NULL},
 };
 

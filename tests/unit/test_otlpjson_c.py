@@ -12,6 +12,7 @@ processes), every line of which C must read itself, and ``check`` must report th
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from typing import Any
@@ -302,11 +303,11 @@ FILE_LINES = st.lists(st.tuples(st.sampled_from(["", " ", "\x1c", "\u00a0", "\t"
 
 
 @settings(max_examples=300, deadline=None)
-@given(parts=FILE_LINES, invalid=st.booleans())
-def test_lines_read_as_bytes_are_the_text_lines_of_the_file(parts, invalid, tmp_path_factory):
+@given(parts=FILE_LINES, invalid=st.booleans(), block=st.sampled_from([1, 2, 3, 7, 4 << 20]))
+def test_lines_read_as_bytes_are_the_text_lines_of_the_file(parts, invalid, block, tmp_path_factory):
     """collect_file reads a file's bytes (byte_lines): its lines, numbered and split (at \\n, \\r\\n, \\r) and
     decoded (replacement characters for what is not UTF-8) as text_lines reads the same file's text, blank lines
-    left out alike."""
+    left out alike, whatever the size of the blocks it reads the file in."""
     from cptrace_otel.analyze.sources.inputs import open_text
     from cptrace_otel.analyze.sources.otlpfile import byte_lines, text_lines
 
@@ -316,9 +317,43 @@ def test_lines_read_as_bytes_are_the_text_lines_of_the_file(parts, invalid, tmp_
     with open_text(str(p)) as fh:
         want = list(text_lines(fh, str(p), OtlpInfo()))
     with open_text(str(p)) as fh:
-        got = [(n, b.decode("utf-8", "replace")) for n, b in byte_lines(fh.buffer, str(p), OtlpInfo())]
+        got = [(n, str(b, "utf-8", "replace")) for n, b in byte_lines(fh.buffer, str(p), OtlpInfo(), block)]
     assert [(n, t) for n, t in got if t.strip()] == want
 
+
+
+def _readline_lines(data: bytes, limit: int) -> tuple[list, list]:
+    """The lines and the too-long lines' numbers of ``data`` as byte_lines read them with ``readline(limit)``, one
+    bytes object a line (the specification of its rule for long lines)."""
+    fh, out, long_ones, n = io.BytesIO(data), [], [], 0
+    while raw := fh.readline(limit):
+        if len(raw) >= limit and raw[-1] != 10:
+            n += 1
+            long_ones.append(n)
+            while raw and raw[-1] != 10:
+                raw = fh.readline(limit)
+            continue
+        for line in raw.splitlines(keepends=True) if b"\r" in raw else (raw,):
+            n += 1
+            out.append((n, line))
+    return out, long_ones
+
+
+@settings(max_examples=400, deadline=None)
+@given(parts=st.lists(st.tuples(st.integers(0, 40), st.sampled_from([b"\n", b"\r\n", b"\r", b"", b"x\ry\n"])),
+                      max_size=10),
+       limit=st.integers(1, 24), block=st.integers(1, 24))
+def test_byte_lines_reads_long_lines_in_any_block_size_as_readline_did(parts, limit, block):
+    """Lines longer than the limit (with or without an end, at the file's end too) are reported once, with their
+    number, and skipped to their end; the others are given whole, however the blocks cut them."""
+    from cptrace_otel.analyze.sources.otlpfile import byte_lines
+
+    data = b"".join(b"a" * k + end for k, end in parts)
+    want, long_ones = _readline_lines(data, limit)
+    info = OtlpInfo()
+    got = [(n, bytes(b)) for n, b in byte_lines(io.BytesIO(data), "f.jsonl", info, block, limit)]
+    assert got == want
+    assert [line for _p, line, _why in info.malformed] == long_ones
 
 # -- shapes C must read itself, and those it leaves ---------------------------------------------------------------
 def exporter_line(seq0: int = 5, rank: int = 1) -> dict:

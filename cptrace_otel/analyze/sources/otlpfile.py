@@ -176,29 +176,76 @@ def text_lines(fh, path: str, info: OtlpInfo) -> Iterator[tuple[int, str]]:
         yield line_no, line
 
 
-def byte_lines(fh, path: str, info: OtlpInfo) -> Iterator[tuple[int, bytes]]:
+READ_BLOCK = 4 << 20   # bytes byte_lines reads at a time (its buffer grows to hold a longer line)
+
+
+def byte_lines(fh, path: str, info: OtlpInfo, block: int = READ_BLOCK,
+               limit: int = MAX_JSON_LINE) -> Iterator[tuple[int, memoryview]]:
     """:func:`text_lines` over the bytes of a file from :func:`.inputs.open_text` (its ``buffer``, which the text
     layer must not read from too): ``(line number, bytes)`` of each line, numbered as :func:`text_lines` numbers
     them (a line ends at ``\n``, ``\r\n`` or ``\r``, as ``open_text``'s ``newline=""`` has them). Blank lines are
     given too (``text.strip()`` of the decoded line decides, as :func:`text_lines` does). A line longer than
-    :data:`MAX_JSON_LINE` bytes is recorded in ``info.malformed`` and not read (only up to that bound at a time).
-    Why bytes: the C reader reads them as they are (UTF-8 checked), where a text line was decoded, then encoded
-    again for it; only a line it declines is decoded (``"replace"``, as ``open_text`` decodes)."""
+    ``limit`` (:data:`MAX_JSON_LINE`) bytes is recorded in ``info.malformed`` and not read (only up to that bound at
+    a time).
+
+    Each line is a memoryview of the reader's own buffer, valid until the next line is asked for (copy it to keep
+    it). Why bytes: the C reader reads them as they are (UTF-8 checked), where a text line was decoded, then encoded
+    again for it; only a line it declines is decoded (``"replace"``, as ``open_text`` decodes). Why one buffer, read
+    ``block`` bytes at a time: an export batch is a line of megabytes, and ``readline`` gave each one a new bytes
+    object, whose fresh pages cost more than reading them (400 MB of OTLP JSON lines: 0.38-0.68 s of CPU against
+    0.14 s)."""
+    buf = bytearray(block)
+    mv = memoryview(buf)
+    start = end = 0   # the bytes read and not yet given: buf[start:end]
     line_no = 0
-    readline = fh.readline
+    eof = skipping = False   # skipping: inside a line longer than limit (reported; read up to its end)
+    readinto = fh.readinto
     while True:
-        raw = readline(MAX_JSON_LINE)
-        if not raw:
-            return
-        if len(raw) >= MAX_JSON_LINE and raw[-1] != 10:   # (10: "\n", the only end binary readline stops at)
-            line_no += 1
-            info.malformed.append((path, line_no, f"a line longer than {MAX_JSON_LINE} bytes (not read)"))
-            while raw and raw[-1] != 10:
-                raw = readline(MAX_JSON_LINE)
+        nl = buf.find(b"\n", start, end)
+        if nl >= 0:
+            stop = nl + 1
+        elif end - start >= limit or skipping:   # (a line without its end yet, at least limit bytes long)
+            if not skipping:
+                line_no += 1
+                info.malformed.append((path, line_no, f"a line longer than {limit} bytes (not read)"))
+                skipping = True
+            start = end = 0
+            stop = -1
+        elif eof:
+            if end == start:
+                return
+            stop = end   # the last line, without an end
+        else:
+            stop = -1
+        if stop < 0:   # more bytes, at the end of the ones not given
+            if eof:
+                return
+            if start:   # (the same size: a line given before may still be held, so the buffer cannot be resized)
+                buf[:end - start] = buf[start:end]
+                end -= start
+                start = 0
+            if end == len(buf):   # a line longer than the buffer: a larger one (the old one stays the caller's)
+                buf = buf + bytearray(len(buf))
+                mv = memoryview(buf)
+            got = readinto(mv[end:])
+            if got:
+                end += got
+            else:
+                eof = True
             continue
-        for line in raw.splitlines(keepends=True) if b"\r" in raw else (raw,):   # (bytes split at \r, \n only)
+        if skipping:
+            skipping = False
+        elif stop - start > limit:
             line_no += 1
-            yield line_no, line
+            info.malformed.append((path, line_no, f"a line longer than {limit} bytes (not read)"))
+        elif buf.find(b"\r", start, stop) < 0:
+            line_no += 1
+            yield line_no, mv[start:stop]
+        else:   # (bytes split at \r, \n only)
+            for line in bytes(mv[start:stop]).splitlines(keepends=True):
+                line_no += 1
+                yield line_no, memoryview(line)
+        start = stop
 
 
 def collect_guarded(req: object, path: str, line_no: int, info: OtlpInfo, per_rank: dict) -> int:
@@ -238,7 +285,7 @@ def collect_file(path: str, info: OtlpInfo, per_rank: dict, after_line: Callable
                 if rows is not None:
                     n = add_rows(rows, path, info, per_rank)
                 else:
-                    text = line.decode("utf-8", "replace")
+                    text = str(line, "utf-8", "replace")
                     if not text.strip():
                         continue
                     req = loads(text, path, line_no, info)
@@ -378,7 +425,7 @@ _UNLOADED: Any = object()
 C_READER: Any = _UNLOADED   # otlpjson.c's read() once loaded; None when not built (or switched off: twin_off)
 
 
-def c_reader() -> Callable[[str | bytes, str], Any] | None:
+def c_reader() -> Callable[[str | bytes | memoryview, str], Any] | None:
     """The C reader of a line (loaded on first use), or None: :func:`collect` reads every line."""
     global C_READER
     if C_READER is _UNLOADED:
