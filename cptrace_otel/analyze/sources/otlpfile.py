@@ -156,6 +156,11 @@ def loads(line: str, path: str, line_no: int, info: OtlpInfo) -> Any:
     return NOT_JSON
 
 
+def _too_long(info: OtlpInfo, path: str, line_no: int, limit: int) -> None:
+    """Line ``line_no`` of ``path`` is longer than ``limit`` and was not read: a malformed line."""
+    info.malformed.append((path, line_no, f"a line longer than {limit} bytes (not read)"))
+
+
 def text_lines(fh, path: str, info: OtlpInfo) -> Iterator[tuple[int, str]]:
     """``(line number, text)`` of each non-blank line of ``fh``; a line longer than :data:`MAX_JSON_LINE` is
     recorded in ``info.malformed`` and not read (only up to that bound at a time)."""
@@ -167,7 +172,7 @@ def text_lines(fh, path: str, info: OtlpInfo) -> Iterator[tuple[int, str]]:
             return
         line_no += 1
         if len(line) >= MAX_JSON_LINE and line[-1] not in "\r\n":
-            info.malformed.append((path, line_no, f"a line longer than {MAX_JSON_LINE} bytes (not read)"))
+            _too_long(info, path, line_no, MAX_JSON_LINE)
             while line and line[-1] not in "\r\n":
                 line = readline(MAX_JSON_LINE)
             continue
@@ -182,7 +187,7 @@ READ_BLOCK = 4 << 20   # bytes byte_lines reads at a time (its buffer grows to h
 def byte_lines(fh, path: str, info: OtlpInfo, block: int = READ_BLOCK,
                limit: int = MAX_JSON_LINE) -> Iterator[tuple[int, memoryview]]:
     """:func:`text_lines` over the bytes of a file from :func:`.inputs.open_text` (its ``buffer``, which the text
-    layer must not read from too): ``(line number, bytes)`` of each line, numbered as :func:`text_lines` numbers
+    layer must not read from too): ``(line number, line)`` of each line, numbered as :func:`text_lines` numbers
     them (a line ends at ``\n``, ``\r\n`` or ``\r``, as ``open_text``'s ``newline=""`` has them). Blank lines are
     given too (``text.strip()`` of the decoded line decides, as :func:`text_lines` does). A line longer than
     ``limit`` (:data:`MAX_JSON_LINE`) bytes is recorded in ``info.malformed`` and not read (only up to that bound at
@@ -207,7 +212,7 @@ def byte_lines(fh, path: str, info: OtlpInfo, block: int = READ_BLOCK,
         elif end - start >= limit or skipping:   # (a line without its end yet, at least limit bytes long)
             if not skipping:
                 line_no += 1
-                info.malformed.append((path, line_no, f"a line longer than {limit} bytes (not read)"))
+                _too_long(info, path, line_no, limit)
                 skipping = True
             start = end = 0
             stop = -1
@@ -237,7 +242,7 @@ def byte_lines(fh, path: str, info: OtlpInfo, block: int = READ_BLOCK,
             skipping = False
         elif stop - start > limit:
             line_no += 1
-            info.malformed.append((path, line_no, f"a line longer than {limit} bytes (not read)"))
+            _too_long(info, path, line_no, limit)
         elif buf.find(b"\r", start, stop) < 0:
             line_no += 1
             yield line_no, mv[start:stop]
