@@ -321,7 +321,6 @@ def test_lines_read_as_bytes_are_the_text_lines_of_the_file(parts, invalid, bloc
     assert [(n, t) for n, t in got if t.strip()] == want
 
 
-
 def _readline_lines(data: bytes, limit: int) -> tuple[list, list]:
     """The lines and the too-long lines' numbers of ``data`` as byte_lines read them with ``readline(limit)``, one
     bytes object a line (the specification of its rule for long lines)."""
@@ -354,6 +353,7 @@ def test_byte_lines_reads_long_lines_in_any_block_size_as_readline_did(parts, li
     got = [(n, bytes(b)) for n, b in byte_lines(io.BytesIO(data), "f.jsonl", info, block, limit)]
     assert got == want
     assert [line for _p, line, _why in info.malformed] == long_ones
+
 
 # -- shapes C must read itself, and those it leaves ---------------------------------------------------------------
 def exporter_line(seq0: int = 5, rank: int = 1) -> dict:
